@@ -1,0 +1,108 @@
+//! The contract every memory backend fulfils, so that groups, rendezvous
+//! and the operations are written once.
+//!
+//! A backend allocates exportable memory (a POSIX fd names it), maps peers'
+//! allocations from their fds, and implements stream-ordered signals over the
+//! signal pads of a rendezvoused set of allocations. Addresses are `u64` in
+//! the backend's address space: host virtual addresses for `host`, device
+//! virtual addresses for `cuda`.
+
+pub mod host;
+
+use crate::error::Result;
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+/// Which backend a group runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Host,
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// A caller's stream (`CUstream` on CUDA, ignored on the host, where every
+/// operation completes before it returns). Zero is the default stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stream(pub usize);
+
+/// A mapped range of memory in this rank's address space.
+pub trait Mapping: Send + Sync {
+    /// Base address of the mapping.
+    fn addr(&self) -> u64;
+    /// Length in bytes (granularity-rounded).
+    fn len(&self) -> usize;
+}
+
+/// Memory this rank allocated and can export to its peers.
+pub trait Allocation: Mapping {
+    /// A new fd naming the allocation, to pass to a peer over SCM_RIGHTS.
+    fn export_fd(&self) -> Result<OwnedFd>;
+}
+
+/// Signalling over the pads of one rendezvoused handle.
+///
+/// Slots are `u32` at `pad[channel][src_rank]`. A put waits for the slot in
+/// the peer's pad to be 0 and sets it to 1 (release, system scope); a wait
+/// waits for its own slot to be 1 and sets it back to 0 (acquire), so pads
+/// are reusable and replayable. Waits give up after `timeout` and report the
+/// peer they waited for.
+pub trait Signals: Send + Sync {
+    fn put(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()>;
+    fn wait(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()>;
+    /// Put to and wait for every other rank on `channel`.
+    fn barrier(&self, channel: usize, stream: Stream, timeout: Duration) -> Result<()>;
+}
+
+/// Where the signal pad of each rank's allocation lives (in this rank's
+/// address space), and who we are.
+#[derive(Clone, Debug)]
+pub struct PadSet {
+    pub rank: usize,
+    pub world: usize,
+    /// `pads[r]` = address of rank r's pad as mapped here.
+    pub pads: Vec<u64>,
+}
+
+/// Number of signal channels in every pad.
+pub const SIGNAL_CHANNELS: usize = 16;
+/// Largest group symm supports (bounds the pad size).
+pub const MAX_WORLD: usize = 256;
+
+/// Bytes of signal pad an allocation carries for a group of `world` ranks.
+pub fn pad_bytes(world: usize) -> usize {
+    SIGNAL_CHANNELS * world * std::mem::size_of::<u32>()
+}
+
+/// Byte offset of slot `pad[channel][src]` within a pad.
+pub fn slot_offset(world: usize, channel: usize, src: usize) -> usize {
+    (channel * world + src) * std::mem::size_of::<u32>()
+}
+
+/// One device (or the host) that groups allocate on.
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    /// The CUDA device ordinal, or -1 on the host.
+    fn device(&self) -> i32;
+    /// Allocation sizes are rounded up to a multiple of this.
+    fn granularity(&self) -> usize;
+    /// Allocates `bytes` (a multiple of `granularity`) of zeroed, exportable memory.
+    fn allocate(&self, bytes: usize) -> Result<Box<dyn Allocation>>;
+    /// Maps a peer's allocation of `bytes` from the fd it exported.
+    fn import(&self, fd: OwnedFd, bytes: usize) -> Result<Box<dyn Mapping>>;
+    /// Builds the signalling state for one rendezvoused handle.
+    fn signals(&self, pads: PadSet) -> Result<Box<dyn Signals>>;
+}
+
+/// Rounds `n` up to a multiple of `to` (a power of two or not).
+pub fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}

@@ -1,0 +1,75 @@
+//! How ranks find each other and exchange small metadata.
+//!
+//! Every way of bootstrapping implements [`Bootstrap`]: an all-gather of
+//! equal-length byte strings, in rank order. Everything collective in symm
+//! (group formation, rendezvous, argument agreement) is built on it.
+//!
+//! Four ways exist:
+//! - [`tcp`]: an embedded TCP store started by `symm_get_unique_id`, found
+//!   through a 128-byte [`unique_id::UniqueId`] that carries its address and
+//!   a secret;
+//! - [`callback`]: the caller's own allgather/barrier functions;
+//! - [`env`]: torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
+//!   rank 0 hosting the TCP store;
+//! - [`local`]: several ranks in one process, exchanging through memory.
+
+pub mod callback;
+pub mod env;
+pub mod local;
+pub mod tcp;
+pub mod unique_id;
+
+use crate::error::Result;
+use std::time::Duration;
+
+/// Collective exchange among the ranks of one group.
+///
+/// Calls are collective: every rank calls the same sequence of methods.
+/// Implementations are internally synchronized, but callers must not issue
+/// two collectives of one group concurrently from different threads.
+pub trait Bootstrap: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+
+    /// Gathers `data` (the same length on every rank) from all ranks and
+    /// returns the concatenation in rank order (`world * data.len()` bytes).
+    ///
+    /// Fails with `ErrorKind::Timeout` when some rank has not contributed
+    /// within `timeout`; the message names those ranks ("ranks [2, 3] did not
+    /// arrive within 5000 ms"). A length that differs between ranks is
+    /// `ErrorKind::Mismatch` where it can be detected.
+    fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>>;
+
+    /// Returns once every rank has entered the barrier (or times out, naming
+    /// the missing ranks).
+    fn barrier(&self, timeout: Duration) -> Result<()> {
+        self.allgather(&[0u8], timeout).map(|_| ())
+    }
+}
+
+/// All-gather of byte strings whose length may differ per rank: lengths go
+/// first, then payloads padded to the longest.
+pub fn allgather_var(bs: &dyn Bootstrap, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+    let lens = bs.allgather(&(data.len() as u64).to_le_bytes(), timeout)?;
+    let lens: Vec<usize> = lens
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
+        .collect();
+    let max = lens.iter().copied().max().unwrap_or(0);
+    let mut padded = data.to_vec();
+    padded.resize(max, 0);
+    let all = bs.allgather(&padded, timeout)?;
+    Ok(lens
+        .iter()
+        .enumerate()
+        .map(|(r, &n)| all[r * max..r * max + n].to_vec())
+        .collect())
+}
+
+/// Formats a rank list for error messages: "rank 3" or "ranks [1, 3]".
+pub fn name_ranks(ranks: &[usize]) -> String {
+    match ranks {
+        [r] => format!("rank {r}"),
+        _ => format!("ranks {ranks:?}"),
+    }
+}

@@ -1,0 +1,13 @@
+//! symm: symmetric memory and fused tensor-parallel operations for
+//! multi-GPU programs, behind a stable C ABI (`include/symm.h`).
+//!
+//! Layers, each depending only on those below it:
+//! `ffi` (the C shell) -> `ops` -> `group`/`buffer` -> `bootstrap`, `ipc`,
+//! `backend` -> `error`.
+
+pub mod backend;
+pub mod bootstrap;
+pub mod error;
+pub mod ipc;
+
+pub use error::{Error, ErrorKind, Result};
