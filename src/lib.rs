@@ -11,3 +11,7 @@ pub mod error;
 pub mod ipc;
 
 pub use error::{Error, ErrorKind, Result};
+pub mod buffer;
+pub mod ffi;
+pub mod group;
+pub(crate) mod wire;

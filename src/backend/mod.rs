@@ -9,8 +9,9 @@
 
 pub mod host;
 
-use crate::error::Result;
+use crate::error::{err, Result};
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which backend a group runs on.
@@ -29,16 +30,50 @@ impl BackendKind {
     }
 }
 
+/// Which backend a group should use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// CUDA when a driver and the requested device exist, else host.
+    Auto,
+    Cuda,
+    Host,
+}
+
+impl BackendChoice {
+    /// Parses `SYMM_BACKEND`'s value.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(BackendChoice::Auto),
+            "cuda" => Ok(BackendChoice::Cuda),
+            "host" | "cpu" => Ok(BackendChoice::Host),
+            other => Err(err!(InvalidArgument, "SYMM_BACKEND={other:?}: expected auto, cuda or host")),
+        }
+    }
+}
+
+/// The backend for `device` that `choice` asks for.
+pub fn select(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
+    match choice {
+        BackendChoice::Host => Ok(Arc::new(host::HostBackend)),
+        BackendChoice::Auto => Ok(Arc::new(host::HostBackend)),
+        BackendChoice::Cuda => Err(err!(
+            Unsupported,
+            "the CUDA backend is not available in this build of symm (device {device} requested); use the host backend"
+        )),
+    }
+}
+
 /// A caller's stream (`CUstream` on CUDA, ignored on the host, where every
 /// operation completes before it returns). Zero is the default stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stream(pub usize);
 
 /// A mapped range of memory in this rank's address space.
+#[allow(clippy::len_without_is_empty)] // mappings are never empty
 pub trait Mapping: Send + Sync {
     /// Base address of the mapping.
     fn addr(&self) -> u64;
-    /// Length in bytes (granularity-rounded).
+    /// Length in bytes (granularity-rounded, never 0).
     fn len(&self) -> usize;
 }
 
@@ -100,6 +135,11 @@ pub trait Backend: Send + Sync {
     fn import(&self, fd: OwnedFd, bytes: usize) -> Result<Box<dyn Mapping>>;
     /// Builds the signalling state for one rendezvoused handle.
     fn signals(&self, pads: PadSet) -> Result<Box<dyn Signals>>;
+    /// Reports a failure recorded asynchronously (e.g. by a kernel whose
+    /// signal wait timed out); the host backend reports errors synchronously.
+    fn check_async_error(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Rounds `n` up to a multiple of `to` (a power of two or not).

@@ -9,7 +9,7 @@
 //!   through a 128-byte [`unique_id::UniqueId`] that carries its address and
 //!   a secret;
 //! - [`callback`]: the caller's own allgather/barrier functions;
-//! - [`env`]: torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
+//! - [`env`](self::env): torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
 //!   rank 0 hosting the TCP store;
 //! - [`local`]: several ranks in one process, exchanging through memory.
 
@@ -51,19 +51,12 @@ pub trait Bootstrap: Send + Sync {
 /// first, then payloads padded to the longest.
 pub fn allgather_var(bs: &dyn Bootstrap, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
     let lens = bs.allgather(&(data.len() as u64).to_le_bytes(), timeout)?;
-    let lens: Vec<usize> = lens
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
-        .collect();
+    let lens: Vec<usize> = lens.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize).collect();
     let max = lens.iter().copied().max().unwrap_or(0);
     let mut padded = data.to_vec();
     padded.resize(max, 0);
     let all = bs.allgather(&padded, timeout)?;
-    Ok(lens
-        .iter()
-        .enumerate()
-        .map(|(r, &n)| all[r * max..r * max + n].to_vec())
-        .collect())
+    Ok(lens.iter().enumerate().map(|(r, &n)| all[r * max..r * max + n].to_vec()).collect())
 }
 
 /// Formats a rank list for error messages: "rank 3" or "ranks [1, 3]".

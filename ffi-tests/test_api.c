@@ -1,0 +1,118 @@
+/*
+ * The C API's contract on one process: version, status strings, NULL
+ * arguments, destroyed and foreign handles, option structs, out-parameters
+ * untouched on failure.
+ */
+#include "harness.h"
+
+static void version_and_strings(void) {
+    int v = -1;
+    CHECK(symm_get_version(&v));
+    EXPECT(v == SYMM_VERSION_CODE);
+    EXPECT_STATUS(symm_get_version(NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("version is NULL");
+    EXPECT(!strcmp(symm_status_string(SYMM_ERROR_TIMEOUT), "SYMM_ERROR_TIMEOUT"));
+    EXPECT(!strcmp(symm_status_string(SYMM_SUCCESS), "SYMM_SUCCESS"));
+    EXPECT(!strcmp(symm_status_string(12345), "SYMM_ERROR_UNKNOWN_STATUS"));
+}
+
+static void null_and_destroyed_handles(symm_group_t g) {
+    int x = 7;
+    EXPECT_STATUS(symm_group_rank(NULL, &x), SYMM_ERROR_INVALID_HANDLE);
+    EXPECT_MESSAGE("NULL");
+    EXPECT(x == 7);
+    EXPECT_STATUS(symm_group_rank(g, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    /* A pointer symm never returned, and a handle of another type. */
+    EXPECT_STATUS(symm_group_rank((symm_group_t)&x, &x), SYMM_ERROR_INVALID_HANDLE);
+    EXPECT_MESSAGE("not a live symm_group_t");
+    symm_buffer_t b;
+    CHECK(symm_create(g, 100, &b));
+    EXPECT_STATUS(symm_group_rank((symm_group_t)b, &x), SYMM_ERROR_INVALID_HANDLE);
+    CHECK(symm_buffer_destroy(b));
+    void *p = &x;
+    EXPECT_STATUS(symm_buffer_ptr(b, &p), SYMM_ERROR_INVALID_HANDLE);
+    EXPECT(p == &x);
+    EXPECT_STATUS(symm_buffer_destroy(b), SYMM_ERROR_INVALID_HANDLE);
+    /* Destroy accepts NULL. */
+    CHECK(symm_group_destroy(NULL));
+    CHECK(symm_buffer_destroy(NULL));
+    CHECK(symm_handle_destroy(NULL));
+    EXPECT_STATUS(symm_rendezvous(NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(symm_barrier(NULL, 0, NULL), SYMM_ERROR_INVALID_HANDLE);
+}
+
+static void bad_arguments(symm_group_t g) {
+    symm_buffer_t b = (symm_buffer_t)0x99;
+    EXPECT_STATUS(symm_create(g, 0, &b), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT(b == (symm_buffer_t)0x99);
+    EXPECT_STATUS(symm_create(g, 64, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+
+    symm_group_t g2 = NULL;
+    symm_group_config_t cfg = SYMM_GROUP_CONFIG_INIT;
+    cfg.struct_size = 3;
+    EXPECT_STATUS(symm_group_init_local(&g2, 1, NULL, &cfg), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("struct_size");
+    cfg = (symm_group_config_t)SYMM_GROUP_CONFIG_INIT;
+    cfg.backend = 42;
+    EXPECT_STATUS(symm_group_init_local(&g2, 1, NULL, &cfg), SYMM_ERROR_INVALID_ARGUMENT);
+    cfg = (symm_group_config_t)SYMM_GROUP_CONFIG_INIT;
+    cfg.timeout_ms = -5;
+    EXPECT_STATUS(symm_group_init_local(&g2, 1, NULL, &cfg), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT(g2 == NULL);
+    EXPECT_STATUS(symm_group_init_local(&g2, 0, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+
+    symm_unique_id_t id;
+    memset(&id, 0xab, sizeof id);
+    EXPECT_STATUS(symm_group_init(&g2, 2, 0, 0, &id, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    CHECK(symm_get_unique_id(&id));
+    EXPECT_STATUS(symm_group_init(&g2, 2, 2, 0, &id, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(symm_group_init(&g2, 0, 0, 0, &id, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(symm_group_init(&g2, 2, 0, 0, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(symm_get_unique_id_at("not an address", &id), SYMM_ERROR_INVALID_ARGUMENT);
+
+    symm_bootstrap_t bs = SYMM_BOOTSTRAP_INIT;
+    EXPECT_STATUS(symm_group_init_bootstrap(&g2, 1, 0, 0, &bs, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("allgather is NULL");
+    EXPECT(g2 == NULL);
+
+    /* Until the CUDA backend is built in, asking for it is a clear refusal. */
+    cfg = (symm_group_config_t)SYMM_GROUP_CONFIG_INIT;
+    cfg.backend = SYMM_BACKEND_CUDA;
+    symm_status_t st = symm_group_init_local(&g2, 1, NULL, &cfg);
+    EXPECT(st == SYMM_ERROR_UNSUPPORTED || st == SYMM_ERROR_NO_DEVICE || st == SYMM_SUCCESS);
+    if (st == SYMM_SUCCESS) CHECK(symm_group_destroy(g2));
+}
+
+static void handle_outlives_group(void) {
+    /* Destroying the group first leaves buffers and handles usable. */
+    symm_group_config_t cfg = SYMM_GROUP_CONFIG_INIT;
+    cfg.backend = SYMM_BACKEND_HOST;
+    symm_group_t g;
+    CHECK(symm_group_init_local(&g, 1, NULL, &cfg));
+    symm_buffer_t b;
+    symm_handle_t h;
+    CHECK(symm_create(g, 1 << 20, &b));
+    CHECK(symm_rendezvous(b, &h));
+    CHECK(symm_group_destroy(g));
+    CHECK(symm_buffer_destroy(b));
+    char *p;
+    CHECK(symm_handle_peer_ptr(h, 0, (void **)&p));
+    p[(1 << 20) - 1] = 1;
+    CHECK(symm_barrier(h, 0, NULL)); /* world of one: returns at once */
+    EXPECT_STATUS(symm_barrier(h, 16, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    CHECK(symm_handle_destroy(h));
+}
+
+int main(void) {
+    version_and_strings();
+    symm_group_config_t cfg = SYMM_GROUP_CONFIG_INIT;
+    cfg.backend = SYMM_BACKEND_HOST;
+    symm_group_t g;
+    CHECK(symm_group_init_local(&g, 1, NULL, &cfg));
+    null_and_destroyed_handles(g);
+    bad_arguments(g);
+    CHECK(symm_group_destroy(g));
+    handle_outlives_group();
+    printf("test_api: ok\n");
+    return 0;
+}

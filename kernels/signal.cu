@@ -1,0 +1,73 @@
+// Signal and barrier kernels over symmetric signal pads.
+//
+// Common arguments:
+//   pads        device array of `world` addresses: pads[r] is rank r's signal
+//               pad as mapped in this process (uint32 slots pad[channel][src]).
+//   rank, world this rank and the group size.
+//   channel     which row of slots to use (the host checks it is in range).
+//   timeout_ns  how long to wait before giving up; 0 = SYMM_DEFAULT_TIMEOUT_NS.
+//   err         this rank's symm_async_error in host-visible memory.
+// On timeout a kernel records the failure in *err and returns; it never
+// traps, so the context stays usable. See common.cuh for the protocol.
+#include "common.cuh"
+
+// Launch with one block of one thread.
+extern "C" __global__ void symm_put_signal(const uint64_t* pads, int rank, int world, int peer,
+                                           int channel, uint64_t timeout_ns,
+                                           symm_async_error* err) {
+    if (threadIdx.x != 0) {
+        return;
+    }
+    if (!symm_args_valid(rank, world, peer)) {
+        symm_record_error(err, SYMM_ASYNC_INVALID_ARG, rank, peer, channel, SYMM_SIGNAL_KIND_PUT, 0);
+        return;
+    }
+    // Make everything this stream wrote before (earlier kernels and copies)
+    // visible system-wide before the release of the flag.
+    __threadfence_system();
+    symm_signal_put(pads, rank, world, peer, channel, timeout_ns, err);
+}
+
+// Launch with one block of one thread.
+extern "C" __global__ void symm_wait_signal(const uint64_t* pads, int rank, int world, int peer,
+                                            int channel, uint64_t timeout_ns,
+                                            symm_async_error* err) {
+    if (threadIdx.x != 0) {
+        return;
+    }
+    if (!symm_args_valid(rank, world, peer)) {
+        symm_record_error(err, SYMM_ASYNC_INVALID_ARG, rank, peer, channel, SYMM_SIGNAL_KIND_WAIT,
+                          0);
+        return;
+    }
+    symm_signal_wait(pads, rank, world, peer, channel, timeout_ns, err);
+    __threadfence_system();
+}
+
+// All ranks of the group meet: no rank leaves before every rank has entered,
+// and memory operations of the stream before the barrier (on any rank) are
+// visible to those after it (on any rank).
+// Launch with one block of at least `world` threads (e.g. world rounded up
+// to 32); thread t < world, t != rank, signals and then waits for peer t.
+extern "C" __global__ void symm_barrier(const uint64_t* pads, int rank, int world, int channel,
+                                        uint64_t timeout_ns, symm_async_error* err) {
+    const int peer = (int)threadIdx.x;
+    if (!symm_args_valid(rank, world, 0) || (unsigned)world > blockDim.x) {
+        if (peer == 0) {
+            symm_record_error(err, SYMM_ASYNC_INVALID_ARG, rank, -1, channel, SYMM_SIGNAL_KIND_NONE,
+                              0);
+        }
+        return;
+    }
+    const bool active = peer < world && peer != rank;
+    if (active) {
+        __threadfence_system();
+        symm_signal_put(pads, rank, world, peer, channel, timeout_ns, err);
+    }
+    __syncthreads();
+    if (active) {
+        symm_signal_wait(pads, rank, world, peer, channel, timeout_ns, err);
+    }
+    __syncthreads();
+    __threadfence_system();
+}

@@ -1,0 +1,96 @@
+//! The CUDA kernels of `kernels/`, as built by `build.rs`.
+//!
+//! * [`fatbin`]: the fatbin nvcc produced at build time (SASS for sm_80,
+//!   sm_90, sm_90a, sm_100 and PTX for compute_90), or `None` when the crate
+//!   was built without nvcc. Load it with `cuModuleLoadData` (or
+//!   `cuLibraryLoadData`); the driver picks the SASS matching the device or
+//!   JIT-compiles the PTX.
+//! * [`sources`] and [`unity_source`]: always present, for the NVRTC
+//!   fallback. Compile [`unity_source`] (it `#include`s every `.cu` by bare
+//!   name) with every entry of [`sources`] given to `nvrtcCreateProgram` as
+//!   an in-memory header (`headers` = texts, `includeNames` = names), for
+//!   the device's own architecture (`--gpu-architecture=sm_XY`,
+//!   `-std=c++17`), and load the resulting CUBIN.
+//!
+//! Entry points are `extern "C"`, so their names are not mangled; the
+//! signal kernels' C signatures and the error record are documented in
+//! `kernels/signal.cu` and `kernels/common.cuh`.
+
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/symm_kernel_sources.rs"));
+}
+
+/// `include_bytes!` data is only byte-aligned; the driver expects a fatbin
+/// image at least 8-byte aligned (as nvcc places it in `.nv_fatbin`).
+#[cfg(symm_fatbin)]
+#[repr(C, align(16))]
+struct Aligned<B: ?Sized>(B);
+
+#[cfg(symm_fatbin)]
+static FATBIN: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/symm_kernels.fatbin")));
+
+/// The build-time fatbin, if nvcc was available when the crate was built.
+/// The slice is 16-byte aligned and lives for the whole program, so its
+/// pointer can go straight to `cuModuleLoadData`.
+pub fn fatbin() -> Option<&'static [u8]> {
+    #[cfg(symm_fatbin)]
+    {
+        Some(&FATBIN.0)
+    }
+    #[cfg(not(symm_fatbin))]
+    {
+        None
+    }
+}
+
+/// (file name, text) of every `kernels/*.cu` and `kernels/*.cuh`, sorted by
+/// name. Always embedded, whether or not a fatbin was built.
+pub fn sources() -> &'static [(&'static str, &'static str)] {
+    generated::KERNEL_SOURCES
+}
+
+/// The single translation unit to compile with NVRTC: one `#include "x.cu"`
+/// line per kernel file, resolved against [`sources`] as in-memory headers.
+pub fn unity_source() -> &'static str {
+    generated::KERNEL_UNITY_SOURCE
+}
+
+/// How the kernels were built, for diagnostics: "fatbin by nvcc 13.0.88
+/// (path)" or "sources only (NVRTC at run time)".
+pub fn build_info() -> &'static str {
+    env!("SYMM_KERNELS_BUILD")
+}
+
+/// Kernel entry-point names (`extern "C"`, unmangled).
+pub mod names {
+    pub const PUT_SIGNAL: &str = "symm_put_signal";
+    pub const WAIT_SIGNAL: &str = "symm_wait_signal";
+    pub const BARRIER: &str = "symm_barrier";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_are_embedded() {
+        let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
+        assert!(names.contains(&"common.cuh"));
+        assert!(names.contains(&"signal.cu"));
+        assert!(unity_source().contains("#include \"signal.cu\""));
+        for (_, text) in sources() {
+            assert!(!text.is_empty());
+        }
+    }
+
+    #[test]
+    fn fatbin_matches_cfg() {
+        assert_eq!(fatbin().is_some(), cfg!(symm_fatbin));
+        if let Some(f) = fatbin() {
+            // Fatbin container magic 0xBA55ED50, little endian.
+            assert_eq!(&f[..4], &[0x50, 0xED, 0x55, 0xBA]);
+            assert_eq!(f.as_ptr() as usize % 16, 0);
+        }
+        assert!(!build_info().is_empty());
+    }
+}

@@ -1,0 +1,165 @@
+//! Shared memory for the host backend: anonymous memfds, mapped MAP_SHARED
+//! so that every rank that maps the fd sees the same bytes.
+
+use crate::backend::{Allocation, Mapping};
+use crate::error::{ensure, Error, Result};
+use std::ffi::CStr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
+/// A shared, writable mapping of `len` bytes of `fd`, unmapped on drop.
+struct SharedMap {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the map is plain memory shared between processes; all access to
+// its contents goes through raw addresses whose users synchronize.
+unsafe impl Send for SharedMap {}
+unsafe impl Sync for SharedMap {}
+
+impl SharedMap {
+    fn new(fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
+        // SAFETY: mapping a valid fd with a fresh address; the kernel checks the rest.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(Error::last_os(format!("mmap of {len} bytes of shared memory")));
+        }
+        Ok(SharedMap { addr, len })
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: addr/len came from a successful mmap and are unmapped once.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
+/// Memory this rank allocated: the memfd (kept for export) and its map.
+pub struct HostAllocation {
+    fd: OwnedFd,
+    map: SharedMap,
+}
+
+impl HostAllocation {
+    pub fn new(len: usize) -> Result<Self> {
+        ensure!(len > 0, InvalidArgument, "cannot allocate 0 bytes");
+        let name: &CStr = c"symm";
+        // SAFETY: name is a valid C string; flags are constants.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::last_os("memfd_create"));
+        }
+        // SAFETY: raw is a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // ftruncate zero-fills, which is what a fresh symmetric buffer promises.
+        // SAFETY: fd is valid.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            let e = std::io::Error::last_os_error();
+            let kind = if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::ENOMEM) {
+                crate::ErrorKind::OutOfMemory
+            } else {
+                crate::ErrorKind::System
+            };
+            return Err(Error::new(kind, format!("sizing shared memory to {len} bytes: {e}")));
+        }
+        let map = SharedMap::new(fd.as_fd(), len)?;
+        Ok(HostAllocation { fd, map })
+    }
+}
+
+impl Mapping for HostAllocation {
+    fn addr(&self) -> u64 {
+        self.map.addr as u64
+    }
+    fn len(&self) -> usize {
+        self.map.len
+    }
+}
+
+impl Allocation for HostAllocation {
+    fn export_fd(&self) -> Result<OwnedFd> {
+        self.fd.try_clone().map_err(|e| Error::os("duplicating a shared-memory fd", e))
+    }
+}
+
+/// A peer's allocation mapped into this process. The fd is closed once
+/// mapped: the map alone keeps the memory alive.
+pub struct HostMapping {
+    map: SharedMap,
+}
+
+impl HostMapping {
+    pub fn import(fd: OwnedFd, len: usize) -> Result<Self> {
+        // A peer's memfd smaller than announced would fault on access: check.
+        // SAFETY: fstat into a zeroed struct on a valid fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(Error::last_os("fstat of a peer's shared memory"));
+        }
+        ensure!(
+            st.st_size as u64 >= len as u64,
+            Mismatch,
+            "a peer's shared memory holds {} bytes, {len} expected",
+            st.st_size
+        );
+        Ok(HostMapping { map: SharedMap::new(fd.as_fd(), len)? })
+    }
+}
+
+impl Mapping for HostMapping {
+    fn addr(&self) -> u64 {
+        self.map.addr as u64
+    }
+    fn len(&self) -> usize {
+        self.map.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_and_import_share_bytes() {
+        let a = HostAllocation::new(page_size()).unwrap();
+        // SAFETY: the allocation is page_size bytes, zeroed.
+        let local = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, a.len()) };
+        assert!(local.iter().all(|&b| b == 0));
+        let peer = HostMapping::import(a.export_fd().unwrap(), a.len()).unwrap();
+        local[17] = 0x5a;
+        // SAFETY: the mapping is the same memfd.
+        assert_eq!(unsafe { *(peer.addr() as *const u8).add(17) }, 0x5a);
+    }
+
+    #[test]
+    fn import_rejects_short_memory() {
+        let a = HostAllocation::new(page_size()).unwrap();
+        let e = HostMapping::import(a.export_fd().unwrap(), 2 * page_size()).err().unwrap();
+        assert_eq!(e.kind, crate::ErrorKind::Mismatch);
+    }
+
+    #[test]
+    fn zero_bytes_is_invalid() {
+        assert_eq!(HostAllocation::new(0).err().unwrap().kind, crate::ErrorKind::InvalidArgument);
+    }
+}

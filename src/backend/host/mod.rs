@@ -1,0 +1,36 @@
+//! The host backend: the same contract as CUDA, on CPUs. Symmetric memory is
+//! a memfd mapped shared by every rank; signals are atomics in those maps.
+//! Operations complete before they return, so streams are ignored.
+
+mod memory;
+mod signals;
+
+use super::{Allocation, Backend, BackendKind, Mapping, PadSet, Signals};
+use crate::error::Result;
+use std::os::fd::OwnedFd;
+
+pub use memory::{HostAllocation, HostMapping};
+
+#[derive(Debug, Default)]
+pub struct HostBackend;
+
+impl Backend for HostBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+    fn device(&self) -> i32 {
+        -1
+    }
+    fn granularity(&self) -> usize {
+        memory::page_size()
+    }
+    fn allocate(&self, bytes: usize) -> Result<Box<dyn Allocation>> {
+        Ok(Box::new(HostAllocation::new(bytes)?))
+    }
+    fn import(&self, fd: OwnedFd, bytes: usize) -> Result<Box<dyn Mapping>> {
+        Ok(Box::new(HostMapping::import(fd, bytes)?))
+    }
+    fn signals(&self, pads: PadSet) -> Result<Box<dyn Signals>> {
+        Ok(Box::new(signals::HostSignals::new(pads)))
+    }
+}

@@ -1,0 +1,188 @@
+//! Signals on the host: `u32` slots in the shared pads, driven by atomics.
+//! Put = CAS 0 -> 1 (release) on the peer's slot for us; wait = CAS 1 -> 0
+//! (acquire) on our slot for the peer. Waiting spins briefly, then yields,
+//! then sleeps, so many ranks on few cores still make progress.
+
+use crate::backend::{slot_offset, PadSet, Signals, Stream};
+use crate::error::{err, Result};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub struct HostSignals {
+    pads: PadSet,
+}
+
+impl HostSignals {
+    pub fn new(pads: PadSet) -> Self {
+        HostSignals { pads }
+    }
+
+    /// The slot `pad[channel][src]` in `owner`'s pad.
+    fn slot(&self, owner: usize, channel: usize, src: usize) -> &AtomicU32 {
+        let addr = self.pads.pads[owner] + slot_offset(self.pads.world, channel, src) as u64;
+        // SAFETY: pads are mapped for the lifetime of the handle that owns
+        // these signals, slots are 4-byte aligned, and every access to them
+        // (ours and peers') is atomic.
+        unsafe { &*(addr as *const AtomicU32) }
+    }
+
+    fn check(&self, peer: usize, channel: usize) -> Result<()> {
+        let PadSet { rank, world, .. } = self.pads;
+        if peer >= world || peer == rank {
+            return Err(err!(
+                InvalidArgument,
+                "peer {peer} is not another rank of this group of {world} (this is rank {rank})"
+            ));
+        }
+        check_channel(channel)
+    }
+
+    fn put_unchecked(&self, peer: usize, channel: usize, deadline: Instant, timeout: Duration) -> Result<()> {
+        let slot = self.slot(peer, channel, self.pads.rank);
+        let done = || slot.compare_exchange(0, 1, Ordering::Release, Ordering::Relaxed).is_ok();
+        spin_until(done, deadline).map_err(|_| {
+            err!(
+                Timeout,
+                "put_signal: rank {peer} did not consume the previous signal on channel {channel} within {} ms",
+                timeout.as_millis()
+            )
+        })
+    }
+
+    fn wait_unchecked(&self, peer: usize, channel: usize, deadline: Instant, timeout: Duration) -> Result<()> {
+        let slot = self.slot(self.pads.rank, channel, peer);
+        let done = || slot.compare_exchange(1, 0, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        spin_until(done, deadline).map_err(|_| {
+            err!(Timeout, "wait_signal: rank {peer} did not signal channel {channel} within {} ms", timeout.as_millis())
+        })
+    }
+}
+
+impl Signals for HostSignals {
+    fn put(&self, peer: usize, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
+        self.check(peer, channel)?;
+        self.put_unchecked(peer, channel, Instant::now() + timeout, timeout)
+    }
+
+    fn wait(&self, peer: usize, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
+        self.check(peer, channel)?;
+        self.wait_unchecked(peer, channel, Instant::now() + timeout, timeout)
+    }
+
+    fn barrier(&self, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
+        check_channel(channel)?;
+        let PadSet { rank, world, .. } = self.pads;
+        let deadline = Instant::now() + timeout;
+        let peers = || (1..world).map(move |i| (rank + i) % world);
+        for p in peers() {
+            self.put_unchecked(p, channel, deadline, timeout)?;
+        }
+        // Wait for everyone before failing, so the error names every late rank.
+        let late: Vec<usize> =
+            peers().filter(|&p| self.wait_unchecked(p, channel, deadline, timeout).is_err()).collect();
+        if late.is_empty() {
+            Ok(())
+        } else {
+            Err(err!(
+                Timeout,
+                "barrier on channel {channel}: {} did not arrive within {} ms",
+                crate::bootstrap::name_ranks(&late),
+                timeout.as_millis()
+            ))
+        }
+    }
+}
+
+fn check_channel(channel: usize) -> Result<()> {
+    if channel >= crate::backend::SIGNAL_CHANNELS {
+        return Err(err!(
+            InvalidArgument,
+            "channel {channel} is out of range (0..{})",
+            crate::backend::SIGNAL_CHANNELS
+        ));
+    }
+    Ok(())
+}
+
+/// Polls `done` until it returns true or `deadline` passes.
+fn spin_until(mut done: impl FnMut() -> bool, deadline: Instant) -> std::result::Result<(), ()> {
+    let mut tries = 0u32;
+    loop {
+        if done() {
+            return Ok(());
+        }
+        tries = tries.saturating_add(1);
+        if tries < 256 {
+            std::hint::spin_loop();
+        } else if tries < 1024 {
+            std::thread::yield_now();
+        } else {
+            if Instant::now() >= deadline {
+                // One last look: the peer may have arrived while we slept.
+                return if done() { Ok(()) } else { Err(()) };
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::pad_bytes;
+
+    fn pads(world: usize) -> (Vec<Vec<u32>>, Vec<HostSignals>) {
+        let mut mem: Vec<Vec<u32>> = (0..world).map(|_| vec![0u32; pad_bytes(world) / 4]).collect();
+        let addrs: Vec<u64> = mem.iter_mut().map(|m| m.as_mut_ptr() as u64).collect();
+        let sigs = (0..world).map(|rank| HostSignals::new(PadSet { rank, world, pads: addrs.clone() })).collect();
+        (mem, sigs)
+    }
+
+    #[test]
+    fn put_then_wait_resets_slot() {
+        let (mem, s) = pads(2);
+        let t = Duration::from_millis(200);
+        s[0].put(1, 3, Stream(0), t).unwrap();
+        assert_eq!(mem[1][slot_offset(2, 3, 0) / 4], 1);
+        s[1].wait(0, 3, Stream(0), t).unwrap();
+        assert_eq!(mem[1][slot_offset(2, 3, 0) / 4], 0);
+    }
+
+    #[test]
+    fn wait_times_out_naming_peer() {
+        let (_mem, s) = pads(3);
+        let e = s[0].wait(2, 0, Stream(0), Duration::from_millis(30)).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Timeout);
+        assert!(e.msg.contains("rank 2"), "{}", e.msg);
+    }
+
+    #[test]
+    fn barrier_across_threads_and_missing_rank() {
+        let (_mem, s) = pads(3);
+        let t = Duration::from_secs(5);
+        std::thread::scope(|sc| {
+            for sig in &s {
+                sc.spawn(move || sig.barrier(1, Stream(0), t).unwrap());
+            }
+        });
+        // Rank 2 never arrives: ranks 0 and 1 name it.
+        let short = Duration::from_millis(50);
+        std::thread::scope(|sc| {
+            for sig in &s[..2] {
+                sc.spawn(move || {
+                    let e = sig.barrier(2, Stream(0), short).unwrap_err();
+                    assert!(e.msg.contains("rank 2 did not arrive"), "{}", e.msg);
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn bad_peer_and_channel() {
+        let (_mem, s) = pads(2);
+        let t = Duration::from_millis(10);
+        assert_eq!(s[0].put(0, 0, Stream(0), t).unwrap_err().kind, crate::ErrorKind::InvalidArgument);
+        assert_eq!(s[0].put(5, 0, Stream(0), t).unwrap_err().kind, crate::ErrorKind::InvalidArgument);
+        assert_eq!(s[0].wait(1, 99, Stream(0), t).unwrap_err().kind, crate::ErrorKind::InvalidArgument);
+    }
+}

@@ -1,0 +1,190 @@
+//! Symmetric buffers and their rendezvous.
+//!
+//! A [`Buffer`] is one rank's allocation: the data the caller asked for,
+//! rounded to the backend's granularity, followed by a signal pad. A
+//! [`Handle`] is the rendezvoused view: every rank's allocation mapped here,
+//! plus signalling over their pads.
+
+use crate::backend::{pad_bytes, round_up, Allocation, Mapping, PadSet, Signals, Stream};
+use crate::error::{err, Result};
+use crate::group::Group;
+use crate::ipc;
+use crate::wire::{Reader, Writer};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+pub struct Buffer {
+    group: Arc<Group>,
+    alloc: Box<dyn Allocation>,
+    /// Bytes the caller asked for.
+    size: usize,
+    /// Offset of the signal pad (the rounded data size).
+    pad_offset: usize,
+}
+
+impl Buffer {
+    /// Allocates `size` bytes of symmetric memory on this rank (not collective).
+    pub fn create(group: &Arc<Group>, size: usize) -> Result<Arc<Buffer>> {
+        if size == 0 {
+            return Err(err!(InvalidArgument, "size is 0: a symmetric buffer needs at least one byte"));
+        }
+        let gran = group.backend().granularity();
+        let pad_offset =
+            size.checked_next_multiple_of(gran).ok_or_else(|| err!(InvalidArgument, "size {size} is too large"))?;
+        let total = pad_offset
+            .checked_add(round_up(pad_bytes(group.world()), gran))
+            .ok_or_else(|| err!(InvalidArgument, "size {size} is too large"))?;
+        let alloc = group.backend().allocate(total)?;
+        Ok(Arc::new(Buffer { group: group.clone(), alloc, size, pad_offset }))
+    }
+
+    pub fn group(&self) -> &Arc<Group> {
+        &self.group
+    }
+    /// Address of this rank's data.
+    pub fn addr(&self) -> u64 {
+        self.alloc.addr()
+    }
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    fn total(&self) -> usize {
+        self.alloc.len()
+    }
+}
+
+/// Every rank's copy of one buffer, mapped into this rank.
+pub struct Handle {
+    // Field order is drop order: signals reference the mappings' pads.
+    signals: Box<dyn Signals>,
+    peers: Vec<Option<Box<dyn Mapping>>>,
+    data: Vec<u64>,
+    pads: Vec<u64>,
+    buffer: Arc<Buffer>,
+}
+
+impl Handle {
+    pub fn buffer(&self) -> &Arc<Buffer> {
+        &self.buffer
+    }
+    pub fn group(&self) -> &Arc<Group> {
+        &self.buffer.group
+    }
+    /// Address, in this process, of `rank`'s data.
+    pub fn peer_addr(&self, rank: usize) -> Result<u64> {
+        self.data.get(rank).copied().ok_or_else(|| self.bad_rank(rank))
+    }
+    /// Address, in this process, of `rank`'s signal pad.
+    pub fn pad_addr(&self, rank: usize) -> Result<u64> {
+        self.pads.get(rank).copied().ok_or_else(|| self.bad_rank(rank))
+    }
+    fn bad_rank(&self, rank: usize) -> crate::Error {
+        err!(InvalidArgument, "rank {rank} is out of range for a group of {}", self.data.len())
+    }
+    pub fn put_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
+        self.signals.put(peer, channel, stream, self.group().timeout())
+    }
+    pub fn wait_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
+        self.signals.wait(peer, channel, stream, self.group().timeout())
+    }
+    pub fn barrier(&self, channel: usize, stream: Stream) -> Result<()> {
+        self.signals.barrier(channel, stream, self.group().timeout())
+    }
+    /// Number of peer mappings held (for tests of resource release).
+    pub fn mapped_peers(&self) -> usize {
+        self.peers.iter().filter(|p| p.is_some()).count()
+    }
+}
+
+/// What each rank announces about its buffer at rendezvous.
+struct Announce {
+    size: u64,
+    total: u64,
+    token: u64,
+    server: Vec<u8>,
+}
+
+impl Announce {
+    fn encode(&self) -> Vec<u8> {
+        Writer::new().u64(self.size).u64(self.total).u64(self.token).bytes(&self.server).finish()
+    }
+    fn decode(b: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(b, "rendezvous announcement");
+        Ok(Announce { size: r.u64()?, total: r.u64()?, token: r.u64()?, server: r.bytes()?.to_vec() })
+    }
+}
+
+/// Collective: maps every rank's copy of `buffer` into this rank.
+///
+/// Three exchanges: announce (size, where to fetch our fd), then every rank
+/// fetches and maps its peers' fds, then all confirm, so our fd stays
+/// published until every peer holds it and a failure anywhere fails everyone.
+pub fn rendezvous(buffer: &Arc<Buffer>) -> Result<Handle> {
+    let group = buffer.group.clone();
+    let _lock = group.lock_collective();
+    let (rank, world) = (group.rank(), group.world());
+
+    let publish = || -> Result<(ipc::Publication, Announce)> {
+        let server = ipc::fd_server()?;
+        let mut token = [0u8; 8];
+        getrandom::fill(&mut token).map_err(|e| err!(System, "getrandom: {e}"))?;
+        let token = u64::from_le_bytes(token);
+        let fd = buffer.alloc.export_fd()?;
+        let publication = server.publish(token, *group.secret(), fd.as_fd())?;
+        let announce =
+            Announce { size: buffer.size as u64, total: buffer.total() as u64, token, server: server.name().to_vec() };
+        Ok((publication, announce))
+    };
+    let published = publish();
+    let announced = group.exchange(published.as_ref().map(|(_, a)| a.encode()).map_err(|e| e.clone()))?;
+    let _publication = published?.0;
+    let peers: Vec<Announce> = announced.iter().map(|b| Announce::decode(b)).collect::<Result<_>>()?;
+
+    let mapped = check_sizes(&peers, rank).and_then(|_| map_peers(buffer, &peers));
+    group.exchange(mapped.as_ref().map(|_| Vec::new()).map_err(|e| e.clone()))?;
+    let peers_mapped = mapped?;
+
+    let mut data = Vec::with_capacity(world);
+    for (r, m) in peers_mapped.iter().enumerate() {
+        data.push(m.as_ref().map_or(buffer.addr(), |m| m.addr()));
+        debug_assert!(r != rank || m.is_none());
+    }
+    let pads: Vec<u64> = data.iter().map(|a| a + buffer.pad_offset as u64).collect();
+    let signals = group.backend().signals(PadSet { rank, world, pads: pads.clone() })?;
+    Ok(Handle { signals, peers: peers_mapped, data, pads, buffer: buffer.clone() })
+}
+
+/// Every rank must have allocated the same size; report all that differ.
+fn check_sizes(peers: &[Announce], me: usize) -> Result<()> {
+    let mine = peers[me].size;
+    let differ: Vec<String> = peers
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.size != mine)
+        .map(|(r, a)| format!("rank {r} has {} bytes", a.size))
+        .collect();
+    if differ.is_empty() {
+        Ok(())
+    } else {
+        Err(err!(Mismatch, "buffer sizes differ between ranks: rank {me} has {mine} bytes, {}", differ.join(", ")))
+    }
+}
+
+fn map_peers(buffer: &Buffer, peers: &[Announce]) -> Result<Vec<Option<Box<dyn Mapping>>>> {
+    let group = &buffer.group;
+    let mut out = Vec::with_capacity(peers.len());
+    for (r, a) in peers.iter().enumerate() {
+        if r == group.rank() {
+            out.push(None);
+            continue;
+        }
+        let fd = ipc::fetch_fd(&a.server, a.token, group.secret(), group.timeout())
+            .map_err(|e| e.context(format!("fetching rank {r}'s buffer")))?;
+        let m = group
+            .backend()
+            .import(fd, a.total as usize)
+            .map_err(|e| e.context(format!("mapping rank {r}'s buffer")))?;
+        out.push(Some(m));
+    }
+    Ok(out)
+}

@@ -1,0 +1,108 @@
+//! Types that appear in `include/symm.h`.
+//!
+//! Enumerations are `int32_t` typedefs with named constants rather than C
+//! enums: a value a caller makes up is then a checked error, not undefined
+//! behaviour on the Rust side, and the ABI size is fixed.
+
+use std::ffi::{c_char, c_int, c_void};
+
+/// Result of every symm call. `SYMM_SUCCESS` is 0; on any other value,
+/// `symm_last_error()` describes what happened.
+pub type symm_status_t = i32;
+pub const SYMM_SUCCESS: symm_status_t = 0;
+/// An argument is NULL, out of range or malformed. Nothing was changed.
+pub const SYMM_ERROR_INVALID_ARGUMENT: symm_status_t = 1;
+/// A handle is NULL, destroyed, or of another type.
+pub const SYMM_ERROR_INVALID_HANDLE: symm_status_t = 2;
+/// Valid, but not supported by this build, backend or device.
+pub const SYMM_ERROR_UNSUPPORTED: symm_status_t = 3;
+/// A peer did not arrive in time; the message names it.
+pub const SYMM_ERROR_TIMEOUT: symm_status_t = 4;
+/// Ranks could not find or talk to each other.
+pub const SYMM_ERROR_BOOTSTRAP: symm_status_t = 5;
+/// Ranks passed arguments that disagree (sizes, shapes, world size...).
+pub const SYMM_ERROR_MISMATCH: symm_status_t = 6;
+/// Out of device or host memory.
+pub const SYMM_ERROR_OUT_OF_MEMORY: symm_status_t = 7;
+/// The CUDA driver or a CUDA library failed.
+pub const SYMM_ERROR_CUDA: symm_status_t = 8;
+/// No CUDA driver, or no such device.
+pub const SYMM_ERROR_NO_DEVICE: symm_status_t = 9;
+/// An operating-system call failed.
+pub const SYMM_ERROR_SYSTEM: symm_status_t = 10;
+/// Another rank failed the collective this call took part in.
+pub const SYMM_ERROR_REMOTE: symm_status_t = 11;
+/// A bug in symm; please report it with the message.
+pub const SYMM_ERROR_INTERNAL: symm_status_t = 12;
+
+/// Which memory backend a group uses.
+pub type symm_backend_t = i32;
+/// CUDA when a driver and the requested device exist, else host.
+pub const SYMM_BACKEND_AUTO: symm_backend_t = 0;
+pub const SYMM_BACKEND_CUDA: symm_backend_t = 1;
+/// Shared host memory; operations run on CPUs and ignore streams.
+pub const SYMM_BACKEND_HOST: symm_backend_t = 2;
+
+/// Group flag: several ranks may share one CUDA device.
+pub const SYMM_GROUP_ALLOW_SHARED_DEVICE: u32 = 1;
+
+/// Number of signal channels of every handle (valid channels are 0..15).
+pub const SYMM_SIGNAL_CHANNELS: c_int = 16;
+
+/// Options for forming a group. Initialize with `SYMM_GROUP_CONFIG_INIT`;
+/// fields are only ever appended, and `struct_size` tells symm which exist.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct symm_group_config_t {
+    /// `sizeof(symm_group_config_t)` as the caller compiled it.
+    pub struct_size: usize,
+    /// `SYMM_BACKEND_*`; `SYMM_BACKEND_AUTO` defers to env `SYMM_BACKEND`.
+    pub backend: symm_backend_t,
+    /// How long any rank waits for the others, in ms; 0 = env
+    /// `SYMM_TIMEOUT_MS`, else 300000.
+    pub timeout_ms: i32,
+    /// `SYMM_GROUP_*` flags.
+    pub flags: u32,
+}
+
+/// Names an embedded bootstrap store: its address and a secret. Made by
+/// `symm_get_unique_id` on one rank and passed to the others.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct symm_unique_id_t {
+    pub internal: [c_char; 128],
+}
+
+/// A caller-provided bootstrap (MPI, a torch store, ...). Callbacks return
+/// 0 on success and must return nonzero rather than wait forever.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct symm_bootstrap_t {
+    /// `sizeof(symm_bootstrap_t)`.
+    pub struct_size: usize,
+    /// Passed back to the callbacks unchanged.
+    pub ctx: *mut c_void,
+    /// Gathers `bytes_per_rank` bytes from every rank into `recv`, in rank order.
+    pub allgather: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, send: *const c_void, recv: *mut c_void, bytes_per_rank: usize) -> c_int,
+    >,
+    /// Optional (may be NULL: symm then uses `allgather`).
+    pub barrier: Option<unsafe extern "C" fn(ctx: *mut c_void) -> c_int>,
+}
+
+/// A group of ranks sharing symmetric memory.
+pub struct symm_group {
+    _opaque: [u8; 0],
+}
+/// One rank's symmetric allocation.
+pub struct symm_buffer {
+    _opaque: [u8; 0],
+}
+/// The rendezvoused view of every rank's copy of one buffer.
+pub struct symm_handle {
+    _opaque: [u8; 0],
+}
+
+pub type symm_group_t = *mut symm_group;
+pub type symm_buffer_t = *mut symm_buffer;
+pub type symm_handle_t = *mut symm_handle;

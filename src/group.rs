@@ -1,0 +1,360 @@
+//! A group: the ranks that share symmetric memory, their bootstrap, and the
+//! backend this rank allocates on.
+//!
+//! Forming a group is collective: every rank announces who it is (host,
+//! process, device, backend) and the group checks the announcements agree
+//! before anything else happens, so a misconfigured rank fails every rank
+//! with a message instead of corrupting data later.
+
+use crate::backend::{self, Backend, BackendChoice, BackendKind};
+use crate::bootstrap::{allgather_var, Bootstrap};
+use crate::error::{err, Result};
+use crate::wire::{Reader, Writer};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Default time any rank waits for the others.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Debug, Default)]
+pub struct GroupConfig {
+    /// `None`: take `SYMM_BACKEND`, else Auto.
+    pub backend: Option<BackendChoice>,
+    /// `None`: take `SYMM_TIMEOUT_MS`, else [`DEFAULT_TIMEOUT`].
+    pub timeout: Option<Duration>,
+    /// Let several ranks of the group use one device (tests, oversubscription).
+    pub allow_shared_device: bool,
+}
+
+impl GroupConfig {
+    pub fn resolved_timeout(&self) -> Result<Duration> {
+        if let Some(t) = self.timeout {
+            return Ok(t);
+        }
+        match std::env::var("SYMM_TIMEOUT_MS") {
+            Ok(v) => v.trim().parse::<u64>().ok().filter(|&ms| ms > 0).map(Duration::from_millis).ok_or_else(|| {
+                err!(InvalidArgument, "SYMM_TIMEOUT_MS={v:?}: expected a positive number of milliseconds")
+            }),
+            Err(_) => Ok(DEFAULT_TIMEOUT),
+        }
+    }
+
+    fn resolved_backend(&self) -> Result<BackendChoice> {
+        match (self.backend, std::env::var("SYMM_BACKEND")) {
+            (Some(b), _) => Ok(b),
+            (None, Ok(v)) => BackendChoice::parse(&v),
+            (None, Err(_)) => Ok(BackendChoice::Auto),
+        }
+    }
+}
+
+/// What each rank tells the others when the group forms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    pub host: String,
+    pub pid: u32,
+    pub device: i32,
+    pub backend: BackendKind,
+}
+
+pub struct Group {
+    rank: usize,
+    world: usize,
+    /// Milliseconds; adjustable after formation (`set_timeout`).
+    timeout_ms: AtomicU64,
+    backend: Arc<dyn Backend>,
+    bootstrap: Box<dyn Bootstrap>,
+    /// Serializes this rank's collectives: they must reach the bootstrap in
+    /// the same order on every rank.
+    collective: Mutex<()>,
+    /// Shared by all ranks (rank 0's draw): authenticates fd requests.
+    secret: [u8; 32],
+    ranks: Vec<RankInfo>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("backend", &self.backend.kind())
+            .finish()
+    }
+}
+
+impl Group {
+    /// Forms a group. Collective over `bootstrap`: every rank calls it.
+    /// `device` is the CUDA ordinal this rank uses (ignored by the host backend).
+    pub fn new(bootstrap: Box<dyn Bootstrap>, device: i32, cfg: &GroupConfig) -> Result<Arc<Group>> {
+        let (rank, world) = (bootstrap.rank(), bootstrap.world());
+        if world == 0 || world > backend::MAX_WORLD || rank >= world {
+            return Err(err!(
+                InvalidArgument,
+                "rank {rank} of world {world}: need 0 <= rank < world <= {}",
+                backend::MAX_WORLD
+            ));
+        }
+        // A configuration error here must still reach the exchange below, so
+        // the other ranks fail with a message instead of timing out.
+        let timeout = cfg.resolved_timeout();
+        let wait = *timeout.as_ref().unwrap_or(&DEFAULT_TIMEOUT);
+        let local = timeout.and_then(|_| cfg.resolved_backend()).and_then(|choice| backend::select(choice, device));
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).map_err(|e| err!(System, "getrandom: {e}"))?;
+        let payload = match &local {
+            Ok(b) => Ok(encode_rank_info(
+                &RankInfo { host: host_identity(), pid: std::process::id(), device: b.device(), backend: b.kind() },
+                &secret,
+            )),
+            Err(e) => Err(e.clone()),
+        };
+        let all = exchange(bootstrap.as_ref(), payload, wait)?;
+        let backend = local?;
+        let mut ranks = Vec::with_capacity(world);
+        let mut rank0_secret = [0u8; 32];
+        for (r, bytes) in all.iter().enumerate() {
+            let (info, s) = decode_rank_info(bytes)?;
+            if r == 0 {
+                rank0_secret = s;
+            }
+            ranks.push(info);
+        }
+        check_ranks(&ranks, rank, cfg.allow_shared_device)?;
+        Ok(Arc::new(Group {
+            rank,
+            world,
+            timeout_ms: AtomicU64::new(wait.as_millis() as u64),
+            backend,
+            bootstrap,
+            collective: Mutex::new(()),
+            secret: rank0_secret,
+            ranks,
+        }))
+    }
+
+    /// Forms one group per entry of `devices` in this process (rank i on
+    /// `devices[i]`), each on its own thread so that they can meet.
+    pub fn new_local(devices: &[i32], cfg: &GroupConfig) -> Result<Vec<Arc<Group>>> {
+        let bootstraps = crate::bootstrap::local::local_bootstraps(devices.len());
+        std::thread::scope(|s| {
+            let joins: Vec<_> = bootstraps
+                .into_iter()
+                .zip(devices)
+                .map(|(bs, &dev)| s.spawn(move || Group::new(Box::new(bs), dev, cfg)))
+                .collect();
+            let results: Vec<Result<Arc<Group>>> = joins
+                .into_iter()
+                .map(|j| j.join().unwrap_or_else(|_| Err(err!(Internal, "panic while forming an in-process group"))))
+                .collect();
+            // Report the root cause, not a peer's echo of it.
+            let first = results.iter().position(|r| matches!(r, Err(e) if e.kind != crate::ErrorKind::Remote));
+            match first.or_else(|| results.iter().position(Result::is_err)) {
+                Some(i) => Err(results.into_iter().nth(i).unwrap().unwrap_err()),
+                None => Ok(results.into_iter().map(Result::unwrap).collect()),
+            }
+        })
+    }
+
+    /// Reports an asynchronous failure (a device-side signal timeout).
+    pub fn check_async_error(&self) -> Result<()> {
+        self.backend.check_async_error()
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn world(&self) -> usize {
+        self.world
+    }
+    pub fn device(&self) -> i32 {
+        self.backend.device()
+    }
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+    /// Changes how long this rank waits for the others from now on.
+    pub fn set_timeout(&self, t: Duration) -> Result<()> {
+        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 {
+            return Err(err!(InvalidArgument, "timeout must be positive"));
+        }
+        self.timeout_ms.store(ms, Ordering::Relaxed);
+        Ok(())
+    }
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+    pub fn secret(&self) -> &[u8; 32] {
+        &self.secret
+    }
+    pub fn ranks(&self) -> &[RankInfo] {
+        &self.ranks
+    }
+
+    /// Takes the collective lock for a multi-step collective.
+    pub fn lock_collective(&self) -> MutexGuard<'_, ()> {
+        self.collective.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Collective: every rank offers its own result; all get every rank's
+    /// payload if all succeeded, else an error (this rank's own, or
+    /// `Remote` naming the rank that failed and why). Call with the
+    /// collective lock held.
+    pub fn exchange(&self, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        exchange(self.bootstrap.as_ref(), local, self.timeout())
+    }
+
+    /// Collective barrier over the bootstrap (not the data path).
+    pub fn bootstrap_barrier(&self) -> Result<()> {
+        let _g = self.lock_collective();
+        self.bootstrap.barrier(self.timeout())
+    }
+}
+
+/// See [`Group::exchange`].
+fn exchange(bs: &dyn Bootstrap, local: Result<Vec<u8>>, timeout: Duration) -> Result<Vec<Vec<u8>>> {
+    let msg = match &local {
+        Ok(p) => Writer::new().u8(0).bytes(p).finish(),
+        Err(e) => Writer::new().u8(1).str(&e.msg).finish(),
+    };
+    let all = allgather_var(bs, &msg, timeout)?;
+    local?;
+    let mut out = Vec::with_capacity(all.len());
+    let mut failures = Vec::new();
+    for (r, m) in all.iter().enumerate() {
+        let mut rd = Reader::new(m, "collective status");
+        if rd.u8()? == 0 {
+            out.push(rd.bytes()?.to_vec());
+        } else {
+            failures.push(format!("rank {r}: {}", rd.str()?));
+        }
+    }
+    if failures.is_empty() {
+        Ok(out)
+    } else {
+        Err(err!(Remote, "another rank failed: {}", failures.join("; ")))
+    }
+}
+
+fn encode_rank_info(m: &RankInfo, secret: &[u8; 32]) -> Vec<u8> {
+    Writer::new().str(&m.host).u32(m.pid).u32(m.device as u32).str(m.backend.name()).bytes(secret).finish()
+}
+
+fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
+    let mut r = Reader::new(b, "group announcement");
+    let host = r.str()?;
+    let pid = r.u32()?;
+    let device = r.u32()? as i32;
+    let backend = match r.str()?.as_str() {
+        "cuda" => BackendKind::Cuda,
+        _ => BackendKind::Host,
+    };
+    let secret: [u8; 32] = r.bytes()?.try_into().map_err(|_| err!(Internal, "malformed group secret"))?;
+    Ok((RankInfo { host, pid, device, backend }, secret))
+}
+
+/// Every rank must use the same backend; CUDA ranks must not share a device
+/// (unless allowed) and must be on one host, since peers are mapped by IPC.
+fn check_ranks(ranks: &[RankInfo], me: usize, allow_shared_device: bool) -> Result<()> {
+    let mine = &ranks[me];
+    for (r, info) in ranks.iter().enumerate() {
+        if info.backend != mine.backend {
+            return Err(err!(
+                Mismatch,
+                "rank {r} uses the {} backend and rank {me} the {}; set the same backend on every rank (SYMM_BACKEND)",
+                info.backend.name(),
+                mine.backend.name()
+            ));
+        }
+        if info.host != mine.host {
+            return Err(err!(
+                Unsupported,
+                "rank {r} runs on host {:?} and rank {me} on {:?}; symmetric memory needs every rank on one host",
+                info.host,
+                mine.host
+            ));
+        }
+    }
+    if mine.backend == BackendKind::Cuda && !allow_shared_device {
+        for (a, x) in ranks.iter().enumerate() {
+            for (b, y) in ranks.iter().enumerate().skip(a + 1) {
+                if x.device == y.device {
+                    return Err(err!(Mismatch, "ranks {a} and {b} both use CUDA device {}; give each rank its own device or allow shared devices in the group config", x.device));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Identifies this host (and boot), so ranks can tell whether IPC reaches.
+fn host_identity() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+    format!("{}/{}", read("/proc/sys/kernel/hostname"), read("/proc/sys/kernel/random/boot_id"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::local::local_bootstraps;
+    use crate::ErrorKind;
+
+    fn host_cfg() -> GroupConfig {
+        GroupConfig { backend: Some(BackendChoice::Host), timeout: Some(Duration::from_secs(5)), ..Default::default() }
+    }
+
+    #[test]
+    fn forms_group_and_shares_rank0_secret() {
+        let groups: Vec<Arc<Group>> = std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(3)
+                .into_iter()
+                .map(|b| s.spawn(move || Group::new(Box::new(b), 0, &host_cfg()).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(groups[2].rank(), 2);
+        assert_eq!(groups[0].world(), 3);
+        assert_eq!(groups[0].secret(), groups[2].secret());
+        assert_eq!(groups[1].backend().kind(), BackendKind::Host);
+    }
+
+    #[test]
+    fn one_rank_failing_fails_all_with_its_reason() {
+        let res: Vec<Result<Arc<Group>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(2)
+                .into_iter()
+                .enumerate()
+                .map(|(r, b)| {
+                    s.spawn(move || {
+                        let mut cfg = host_cfg();
+                        if r == 1 {
+                            cfg.backend = Some(BackendChoice::Cuda);
+                        }
+                        Group::new(Box::new(b), 7, &cfg)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let e0 = res[0].as_ref().unwrap_err();
+        assert_eq!(e0.kind, ErrorKind::Remote);
+        assert!(e0.msg.contains("rank 1"), "{}", e0.msg);
+        assert_ne!(res[1].as_ref().unwrap_err().kind, ErrorKind::Remote);
+    }
+
+    #[test]
+    fn parse_backend() {
+        assert_eq!(BackendChoice::parse("HOST").unwrap(), BackendChoice::Host);
+        assert_eq!(BackendChoice::parse("cuda").unwrap(), BackendChoice::Cuda);
+        assert!(BackendChoice::parse("tpu").is_err());
+    }
+
+    #[test]
+    fn shared_device_rejected_for_cuda() {
+        let info = |d| RankInfo { host: "h".into(), pid: 1, device: d, backend: BackendKind::Cuda };
+        let ranks = vec![info(0), info(0)];
+        assert_eq!(check_ranks(&ranks, 0, false).unwrap_err().kind, ErrorKind::Mismatch);
+        assert!(check_ranks(&ranks, 0, true).is_ok());
+    }
+}

@@ -1,0 +1,90 @@
+//! A minimal little-endian encoding for the metadata ranks exchange through
+//! the bootstrap. Records are small and versioned by their callers, so a
+//! serialization framework would be more than the job needs.
+
+use crate::error::{err, Result};
+
+#[derive(Default)]
+pub struct Writer(Vec<u8>);
+
+impl Writer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn u8(mut self, v: u8) -> Self {
+        self.0.push(v);
+        self
+    }
+    pub fn u32(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn bytes(mut self, v: &[u8]) -> Self {
+        self = self.u32(v.len() as u32);
+        self.0.extend_from_slice(v);
+        self
+    }
+    pub fn str(self, v: &str) -> Self {
+        self.bytes(v.as_bytes())
+    }
+    pub fn finish(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    /// `what` names the record in errors ("rendezvous metadata").
+    pub fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Reader { buf, what }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.buf.len() < n {
+            return Err(err!(Internal, "truncated {} from a peer", self.what));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    pub fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    pub fn str(&mut self) -> Result<String> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let b = Writer::new().u8(7).u32(9).u64(u64::MAX).str("hé").bytes(&[1, 2]).finish();
+        let mut r = Reader::new(&b, "test");
+        assert_eq!(r.u8().unwrap(), 7);
+        assert_eq!(r.u32().unwrap(), 9);
+        assert_eq!(r.u64().unwrap(), u64::MAX);
+        assert_eq!(r.str().unwrap(), "hé");
+        assert_eq!(r.bytes().unwrap(), &[1, 2]);
+        assert!(r.u8().is_err());
+    }
+}
