@@ -171,6 +171,16 @@ symm_status_t symm_put_signal(symm_handle_t handle, int peer, int channel, void 
 // Stream-ordered: waits for `peer`'s signal on `channel` and consumes it.
 symm_status_t symm_wait_signal(symm_handle_t handle, int peer, int channel, void *stream);
 
+// Stream-ordered: after the stream's earlier work, sets the `uint32_t` at
+// byte `offset` of rank `rank`'s buffer to `value` (a progress flag).
+symm_status_t symm_write_value(symm_handle_t handle, int rank, size_t offset, uint32_t value, void *stream);
+
+// Stream-ordered: the stream waits until the `uint32_t` at byte `offset` of
+// rank `rank`'s buffer is >= `value` (acquire), or the group's timeout
+// passes (then `symm_group_check_async_error` reports it on CUDA; the host
+// backend returns `SYMM_ERROR_TIMEOUT` at once).
+symm_status_t symm_wait_value(symm_handle_t handle, int rank, size_t offset, uint32_t value, void *stream);
+
 // Starts an embedded bootstrap store in this process and describes it in
 // `id`, to be passed to every rank (including this one) for
 // `symm_group_init`. Listens on env `SYMM_BOOTSTRAP_ADDR`, else loopback.

@@ -68,6 +68,7 @@ struct symm_async_error {
 #define SYMM_SIGNAL_KIND_NONE 0u
 #define SYMM_SIGNAL_KIND_PUT 1u   // waiting for the peer to consume our previous signal
 #define SYMM_SIGNAL_KIND_WAIT 2u  // waiting for the peer's signal to arrive
+#define SYMM_SIGNAL_KIND_VALUE 3u // waiting for a 32-bit flag to reach a value
 
 // A timeout of 0 does NOT mean "wait forever" (a kernel that never returns
 // hangs the context): it means this default, 60 s.
@@ -93,6 +94,12 @@ static __device__ __forceinline__ uint64_t symm_globaltimer_ns() {
 static __device__ __forceinline__ uint32_t symm_ld_relaxed_sys(const uint32_t* p) {
     uint32_t v;
     asm volatile("ld.relaxed.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ uint32_t symm_ld_acquire_sys(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 

@@ -71,3 +71,39 @@ extern "C" __global__ void symm_barrier(const uint64_t* pads, int rank, int worl
     __syncthreads();
     __threadfence_system();
 }
+
+// Waits until the 32-bit flag at `flag` (in any rank's symmetric buffer, as
+// mapped here) is >= `value`, with acquire semantics at system scope, so data
+// written before the flag by its writer is visible to this stream after.
+// Unlike cuStreamWaitValue32 it gives up after `timeout_ns`, recording the
+// failure (peer = the flag's owner rank, channel = -1) instead of hanging.
+// Launch with one block of one thread.
+extern "C" __global__ void symm_wait_value(const uint32_t* flag, uint32_t value, int rank, int owner,
+                                           uint64_t timeout_ns, symm_async_error* err) {
+    if (threadIdx.x != 0) {
+        return;
+    }
+    if (timeout_ns == 0) {
+        timeout_ns = SYMM_DEFAULT_TIMEOUT_NS;
+    }
+    const uint64_t start = symm_globaltimer_ns();
+    uint64_t next_err_poll = start;
+    uint32_t backoff = 8u;
+    while (symm_ld_acquire_sys(flag) < value) {
+        const uint64_t now = symm_globaltimer_ns();
+        if (now - start >= timeout_ns) {
+            symm_record_error(err, SYMM_ASYNC_TIMEOUT, rank, owner, -1, SYMM_SIGNAL_KIND_VALUE,
+                              now - start);
+            return;
+        }
+        if (now >= next_err_poll) {
+            if (symm_error_pending(err)) {
+                return;
+            }
+            next_err_poll = now + SYMM_ERR_POLL_NS;
+        }
+        __nanosleep(backoff);
+        backoff = backoff < SYMM_MAX_BACKOFF_NS ? backoff * 2u : backoff;
+    }
+    __threadfence_system();
+}

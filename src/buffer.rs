@@ -90,6 +90,26 @@ impl Handle {
     pub fn barrier(&self, channel: usize, stream: Stream) -> Result<()> {
         self.signals.barrier(channel, stream, self.group().timeout())
     }
+    /// Address here of the `u32` flag at byte `offset` of `rank`'s buffer.
+    fn flag_addr(&self, rank: usize, offset: usize) -> Result<u64> {
+        let size = self.buffer.size;
+        if offset % 4 != 0 || offset.checked_add(4).is_none_or(|end| end > size) {
+            return Err(err!(
+                InvalidArgument,
+                "offset {offset} is not a 4-byte aligned u32 inside the buffer's {size} bytes"
+            ));
+        }
+        Ok(self.peer_addr(rank)? + offset as u64)
+    }
+    /// Stream-ordered: sets the `u32` at `offset` of `rank`'s buffer to `value`.
+    pub fn write_value(&self, rank: usize, offset: usize, value: u32, stream: Stream) -> Result<()> {
+        self.signals.write_value(self.flag_addr(rank, offset)?, value, stream)
+    }
+    /// Stream-ordered: waits until the `u32` at `offset` of `rank`'s buffer is >= `value`.
+    pub fn wait_value(&self, rank: usize, offset: usize, value: u32, stream: Stream) -> Result<()> {
+        let addr = self.flag_addr(rank, offset)?;
+        self.signals.wait_value(addr, value, rank, stream, self.group().timeout())
+    }
     /// Number of peer mappings held (for tests of resource release).
     pub fn mapped_peers(&self) -> usize {
         self.peers.iter().filter(|p| p.is_some()).count()

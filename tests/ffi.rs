@@ -16,7 +16,11 @@ fn root() -> &'static Path {
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    assert!(dir.join("libsymm.so").exists(), "libsymm.so not found in {}", dir.display());
+    assert!(
+        dir.join("libsymm.so").exists(),
+        "libsymm.so not found in {}: `cargo test` does not build the cdylib; run `cargo build` (same profile) first, or .ci/test",
+        dir.display()
+    );
     dir
 }
 

@@ -7,6 +7,7 @@
 //! the backend's address space: host virtual addresses for `host`, device
 //! virtual addresses for `cuda`.
 
+pub mod cuda;
 pub mod host;
 
 use crate::error::{err, Result};
@@ -55,11 +56,9 @@ impl BackendChoice {
 pub fn select(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
     match choice {
         BackendChoice::Host => Ok(Arc::new(host::HostBackend)),
+        BackendChoice::Auto if cuda::available(device) => Ok(Arc::new(cuda::CudaBackend::new(device)?)),
         BackendChoice::Auto => Ok(Arc::new(host::HostBackend)),
-        BackendChoice::Cuda => Err(err!(
-            Unsupported,
-            "the CUDA backend is not available in this build of symm (device {device} requested); use the host backend"
-        )),
+        BackendChoice::Cuda => Ok(Arc::new(cuda::CudaBackend::new(device)?)),
     }
 }
 
@@ -95,6 +94,12 @@ pub trait Signals: Send + Sync {
     fn wait(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()>;
     /// Put to and wait for every other rank on `channel`.
     fn barrier(&self, channel: usize, stream: Stream, timeout: Duration) -> Result<()>;
+    /// Stream-ordered store of `value` to the `u32` at `addr` (any rank's
+    /// buffer as mapped here), after the stream's earlier work.
+    fn write_value(&self, addr: u64, value: u32, stream: Stream) -> Result<()>;
+    /// Stream-ordered wait until the `u32` at `addr` is >= `value`;
+    /// `owner` is the rank whose buffer holds it (for the error message).
+    fn wait_value(&self, addr: u64, value: u32, owner: usize, stream: Stream, timeout: Duration) -> Result<()>;
 }
 
 /// Where the signal pad of each rank's allocation lives (in this rank's

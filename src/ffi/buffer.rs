@@ -143,3 +143,35 @@ pub extern "C" fn symm_wait_signal(
         )
     })
 }
+
+/// Stream-ordered: after the stream's earlier work, sets the `uint32_t` at
+/// byte `offset` of rank `rank`'s buffer to `value` (a progress flag).
+#[no_mangle]
+pub extern "C" fn symm_write_value(
+    handle: symm_handle_t,
+    rank: c_int,
+    offset: usize,
+    value: u32,
+    stream: *mut c_void,
+) -> symm_status_t {
+    call("symm_write_value", || {
+        self::handle(handle)?.write_value(non_negative(rank, "rank")?, offset, value, Stream(stream as usize))
+    })
+}
+
+/// Stream-ordered: the stream waits until the `uint32_t` at byte `offset` of
+/// rank `rank`'s buffer is >= `value` (acquire), or the group's timeout
+/// passes (then `symm_group_check_async_error` reports it on CUDA; the host
+/// backend returns `SYMM_ERROR_TIMEOUT` at once).
+#[no_mangle]
+pub extern "C" fn symm_wait_value(
+    handle: symm_handle_t,
+    rank: c_int,
+    offset: usize,
+    value: u32,
+    stream: *mut c_void,
+) -> symm_status_t {
+    call("symm_wait_value", || {
+        self::handle(handle)?.wait_value(non_negative(rank, "rank")?, offset, value, Stream(stream as usize))
+    })
+}

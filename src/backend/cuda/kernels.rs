@@ -66,6 +66,7 @@ pub mod names {
     pub const PUT_SIGNAL: &str = "symm_put_signal";
     pub const WAIT_SIGNAL: &str = "symm_wait_signal";
     pub const BARRIER: &str = "symm_barrier";
+    pub const WAIT_VALUE: &str = "symm_wait_value";
 }
 
 #[cfg(test)]

@@ -59,6 +59,23 @@ impl HostSignals {
 }
 
 impl Signals for HostSignals {
+    fn write_value(&self, addr: u64, value: u32, _stream: Stream) -> Result<()> {
+        flag(addr).store(value, Ordering::Release);
+        Ok(())
+    }
+
+    fn wait_value(&self, addr: u64, value: u32, owner: usize, _stream: Stream, timeout: Duration) -> Result<()> {
+        let f = flag(addr);
+        spin_until(|| f.load(Ordering::Acquire) >= value, Instant::now() + timeout).map_err(|_| {
+            err!(
+                Timeout,
+                "wait_value: the flag in rank {owner}'s buffer did not reach {value} within {} ms (it is {})",
+                timeout.as_millis(),
+                f.load(Ordering::Relaxed)
+            )
+        })
+    }
+
     fn put(&self, peer: usize, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
         self.check(peer, channel)?;
         self.put_unchecked(peer, channel, Instant::now() + timeout, timeout)
@@ -91,6 +108,13 @@ impl Signals for HostSignals {
             ))
         }
     }
+}
+
+/// The `u32` at `addr`, shared with other processes.
+fn flag(addr: u64) -> &'static AtomicU32 {
+    // SAFETY: callers pass a 4-byte aligned address inside a live mapping
+    // of a handle (checked by the buffer layer); all accesses are atomic.
+    unsafe { &*(addr as *const AtomicU32) }
 }
 
 fn check_channel(channel: usize) -> Result<()> {

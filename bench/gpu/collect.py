@@ -1,0 +1,59 @@
+"""Turns the JSON records a GPU run printed into one results file in the
+format of DESIGN.md ("Benchmark results format"), named
+<date>-<device-kind>-w<world>-<commit>.json, written into the output folder.
+
+Each rank prints its own record; the file keeps every rank's number and, per
+(op, shape, impl), the maximum over ranks as `ms` (or the worst latency)."""
+import datetime
+import json
+import subprocess
+import sys
+
+
+def gpus():
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    names = [l.split(",")[0].strip() for l in out]
+    return names[0], out[0].split(",")[1].strip(), len(names)
+
+
+def main(log, out_dir, commit):
+    records = []
+    for line in open(log):
+        line = line.strip()
+        if line.startswith("{") and '"op"' in line:
+            records.append(json.loads(line))
+    if not records:
+        print("collect: no records in", log)
+        return 0
+    name, driver, count = gpus()
+    world = max(r.get("world", 1) for r in records)
+    date = datetime.date.today().isoformat()
+    kind = f"{name.split()[-1].lower()}-x{count}"
+    merged = {}
+    for r in records:
+        key = (r["op"], tuple(r["shape"]), r["impl"], r.get("world", 1))
+        merged.setdefault(key, []).append(r)
+    out = []
+    for (op, shape, impl, w), rs in sorted(merged.items()):
+        rec = {"op": op, "shape": list(shape), "dtype": rs[0].get("dtype", "bytes"), "impl": impl,
+               "world": w, "iters": rs[0].get("iters")}
+        for field in ("ms", "us_per_barrier"):
+            if field in rs[0]:
+                rec[field] = max(r[field] for r in rs)
+                rec[field + "_per_rank"] = [r[field] for r in sorted(rs, key=lambda r: r.get("rank", 0))]
+        if "GBps" in rs[0]:
+            rec["GBps"] = min(r["GBps"] for r in rs)
+        out.append(rec)
+    result = {"device": name, "device_count": count, "world_size": world, "date": date,
+              "commit": commit, "driver": driver, "records": out}
+    path = f"{out_dir}/{date}-{kind}-w{world}-{commit}.json"
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print("collect: wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))

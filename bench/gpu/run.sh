@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (nvidia-h200-x2) from the repository root, with
+# bundle/ carried: builds the GPU test programs with the machine's nvcc
+# against bundle/libsymm.so, runs them, and writes the log and the results
+# JSON (bench/results format) into $OUT.
+#   bash bench/gpu/run.sh [memory]
+set -uo pipefail
+# Never NVLink multicast on these machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/symm-out}
+mkdir -p "$OUT" /tmp/symm-bin
+log="$OUT/log.txt"
+root=$PWD
+fail=0
+
+say() { echo "$*" | tee -a "$log"; }
+run() { say "\$ $*"; "$@" 2>&1 | tee -a "$log"; local rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || { say "exit $rc"; fail=1; }; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpus.txt" | tee -a "$log"
+nvidia-smi topo -m >>"$log" 2>&1 || true
+
+build() { # build NAME SOURCE
+    nvcc -O2 -std=c++17 -arch=native -I include -I examples-c "$2" -o "/tmp/symm-bin/$1" \
+        -L bundle -lsymm -Xlinker -rpath -Xlinker "$root/bundle" 2>&1 | tee -a "$log"
+}
+
+ngpu=$(nvidia-smi -L | wc -l)
+build cuda_memory ffi-tests/gpu/cuda_memory.cu || fail=1
+if [ "$ngpu" -ge 2 ]; then
+    run /tmp/symm-bin/cuda_memory --world-size 2 --bench
+    run /tmp/symm-bin/cuda_memory --world-size 2 --local
+fi
+run /tmp/symm-bin/cuda_memory --world-size 4 --shared-device
+run /tmp/symm-bin/cuda_memory --world-size 2 --local --shared-device
+
+python3 bench/gpu/collect.py "$log" "$OUT" "$(cat bundle/commit)" || fail=1
+say "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+exit $fail

@@ -1,0 +1,106 @@
+//! The asynchronous error record: where a kernel whose signal wait timed out
+//! says so (layout: `struct symm_async_error` in kernels/common.cuh). It is
+//! pinned host memory mapped into the device, so the host reads it without
+//! synchronizing any stream.
+
+use super::driver::check;
+use crate::error::{err, Result};
+use cudarc::driver::sys;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Mirror of `struct symm_async_error`.
+#[repr(C)]
+struct Record {
+    status: u32,
+    published: u32,
+    rank: i32,
+    peer: i32,
+    channel: i32,
+    kind: u32,
+    waited_ns: u64,
+}
+
+const TIMEOUT: u32 = 1;
+const INVALID_ARG: u32 = 2;
+
+pub struct AsyncError {
+    host: *mut Record,
+    device: u64,
+}
+
+// SAFETY: the record is plain pinned memory; the host only reads it (and
+// zeroes it at creation) and the device writes it atomically.
+unsafe impl Send for AsyncError {}
+unsafe impl Sync for AsyncError {}
+
+impl AsyncError {
+    /// Allocates a zeroed record. The current context must be the device's.
+    pub fn new() -> Result<Self> {
+        let mut p = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: out-pointer valid; flags are driver constants.
+        check(unsafe { sys::cuMemHostAlloc(&mut p, std::mem::size_of::<Record>(), flags) }, "cuMemHostAlloc")?;
+        let host = p as *mut Record;
+        // SAFETY: freshly allocated, large enough, not yet shared.
+        unsafe { host.write(std::mem::zeroed()) };
+        let mut device = 0;
+        // SAFETY: p is mapped host memory.
+        if let Err(e) =
+            check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0) }, "cuMemHostGetDevicePointer")
+        {
+            // SAFETY: allocated above.
+            unsafe { sys::cuMemFreeHost(p) };
+            return Err(e);
+        }
+        Ok(AsyncError { host, device })
+    }
+
+    /// The device pointer kernels receive as `err`.
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    /// `Err(Timeout)` naming the peer once a kernel recorded a failure. The
+    /// record stays set: the pads are in an unknown state after a timeout,
+    /// so the group must be rebuilt.
+    pub fn check(&self) -> Result<()> {
+        // SAFETY: the record is valid for our lifetime; the device writes the
+        // status word atomically, so read it atomically.
+        let status = unsafe { &*(std::ptr::addr_of!((*self.host).status) as *const AtomicU32) }.load(Ordering::Acquire);
+        if status == 0 {
+            return Ok(());
+        }
+        let published =
+            unsafe { &*(std::ptr::addr_of!((*self.host).published) as *const AtomicU32) }.load(Ordering::Acquire);
+        if published == 0 {
+            return Err(err!(Timeout, "a signal wait on the device failed (details still being written)"));
+        }
+        // SAFETY: published == 1 (acquire) orders the reads of the fields.
+        let r = unsafe { std::ptr::read_volatile(self.host) };
+        let what = match r.kind {
+            1 => {
+                format!("put_signal to rank {} on channel {}: the previous signal was not consumed", r.peer, r.channel)
+            }
+            2 => format!("wait_signal for rank {} on channel {}", r.peer, r.channel),
+            3 => format!("wait_value for a flag of rank {}", r.peer),
+            _ => format!("barrier on channel {}", r.channel),
+        };
+        match r.status {
+            TIMEOUT => Err(err!(
+                Timeout,
+                "rank {}: {what} timed out on the device after {} ms; the group's signal pads are now undefined, destroy the group",
+                r.rank,
+                r.waited_ns / 1_000_000
+            )),
+            INVALID_ARG => Err(err!(Internal, "rank {}: a signal kernel got invalid arguments ({what})", r.rank)),
+            other => Err(err!(Internal, "rank {}: unknown device error {other} ({what})", r.rank)),
+        }
+    }
+}
+
+impl Drop for AsyncError {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in new().
+        unsafe { sys::cuMemFreeHost(self.host.cast()) };
+    }
+}

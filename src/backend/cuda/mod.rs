@@ -1,0 +1,127 @@
+//! The CUDA backend: VMM symmetric memory exported and imported as POSIX
+//! fds, peers mapped into this rank's address space, and signal kernels.
+//! The driver is loaded at run time (no link-time dependency); a machine
+//! without one gets `SYMM_ERROR_NO_DEVICE`, never a crash.
+
+mod async_error;
+pub mod driver;
+pub mod kernels;
+mod module;
+mod signals;
+mod vmm;
+
+use super::{Allocation, Backend, BackendKind, Mapping, PadSet, Signals};
+use crate::error::Result;
+use async_error::AsyncError;
+use cudarc::driver::{sys, CudaContext};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    device: i32,
+    granularity: usize,
+    /// Private stream for setup work (zeroing new buffers), never the caller's.
+    setup: SetupStream,
+    errors: Arc<AsyncError>,
+}
+
+impl CudaBackend {
+    /// The backend for CUDA device `device` (its primary context).
+    pub fn new(device: i32) -> Result<Self> {
+        let ctx = driver::context(device)?;
+        let vmm = driver::attribute(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+        )?;
+        let fds = driver::attribute(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+        )?;
+        if vmm == 0 || fds == 0 {
+            return Err(crate::error::err!(
+                Unsupported,
+                "CUDA device {device} does not support virtual memory management with POSIX fd handles"
+            ));
+        }
+        Ok(CudaBackend {
+            granularity: vmm::granularity(device)?,
+            setup: SetupStream::new()?,
+            errors: Arc::new(AsyncError::new()?),
+            ctx,
+            device,
+        })
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver::cuda_err(e, "making the context current"))
+    }
+}
+
+/// Whether CUDA device `device` exists (for `SYMM_BACKEND=auto`).
+pub fn available(device: i32) -> bool {
+    device >= 0 && (device as usize) < driver::device_count()
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+    fn granularity(&self) -> usize {
+        self.granularity
+    }
+    fn allocate(&self, bytes: usize) -> Result<Box<dyn Allocation>> {
+        self.bind()?;
+        let a = vmm::VmmAllocation::new(self.device, bytes)?;
+        // Fresh VMM memory holds garbage; symmetric buffers (and their
+        // signal pads) promise zeros.
+        self.setup.zero(a.addr(), bytes)?;
+        Ok(Box::new(a))
+    }
+    fn import(&self, fd: OwnedFd, bytes: usize) -> Result<Box<dyn Mapping>> {
+        self.bind()?;
+        Ok(Box::new(vmm::VmmMapping::import(fd, bytes, self.device)?))
+    }
+    fn signals(&self, pads: PadSet) -> Result<Box<dyn Signals>> {
+        self.bind()?;
+        let kernels = module::kernels(&self.ctx)?;
+        Ok(Box::new(signals::CudaSignals::new(self.ctx.clone(), kernels, self.errors.clone(), pads)?))
+    }
+    fn check_async_error(&self) -> Result<()> {
+        self.errors.check()
+    }
+}
+
+/// A non-blocking stream of our own for synchronous setup steps.
+struct SetupStream(sys::CUstream);
+
+// SAFETY: a CUstream may be used from any thread.
+unsafe impl Send for SetupStream {}
+unsafe impl Sync for SetupStream {}
+
+impl SetupStream {
+    fn new() -> Result<Self> {
+        let mut s = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: out-pointer valid; the context is current.
+        driver::check(unsafe { sys::cuStreamCreate(&mut s, flags) }, "cuStreamCreate")?;
+        Ok(SetupStream(s))
+    }
+
+    fn zero(&self, addr: u64, bytes: usize) -> Result<()> {
+        // SAFETY: addr..addr+bytes is a mapping of this device.
+        driver::check(unsafe { sys::cuMemsetD8Async(addr, 0, bytes, self.0) }, "cuMemsetD8Async")?;
+        // SAFETY: our own stream.
+        driver::check(unsafe { sys::cuStreamSynchronize(self.0) }, "cuStreamSynchronize")
+    }
+}
+
+impl Drop for SetupStream {
+    fn drop(&mut self) {
+        // SAFETY: created in new().
+        unsafe { sys::cuStreamDestroy_v2(self.0) };
+    }
+}

@@ -1,0 +1,125 @@
+//! The kernels of `kernels/`, loaded once per device: from the fatbin nvcc
+//! built into the library, or compiled at run time by NVRTC for the
+//! device's own architecture when the library was built without nvcc.
+
+use super::driver::{cuda_err, describe};
+use super::kernels;
+use crate::error::{err, Result};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
+use std::collections::BTreeMap;
+use std::ffi::{c_int, CString};
+use std::sync::{Arc, Mutex};
+
+/// The entry points of one device's module.
+pub struct Kernels {
+    _module: Arc<CudaModule>,
+    pub put_signal: CudaFunction,
+    pub wait_signal: CudaFunction,
+    pub barrier: CudaFunction,
+    pub wait_value: CudaFunction,
+}
+
+// SAFETY: CUfunction handles are usable from any thread of the process.
+unsafe impl Send for Kernels {}
+unsafe impl Sync for Kernels {}
+
+/// The kernels for `ctx`'s device, loaded on first use.
+pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
+    static LOADED: Mutex<BTreeMap<usize, Arc<Kernels>>> = Mutex::new(BTreeMap::new());
+    let mut map = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(k) = map.get(&ctx.ordinal()) {
+        return Ok(k.clone());
+    }
+    let module = load(ctx)?;
+    let f = |name: &str| module.load_function(name).map_err(|e| cuda_err(e, &format!("loading kernel {name}")));
+    let k = Arc::new(Kernels {
+        put_signal: f(kernels::names::PUT_SIGNAL)?,
+        wait_signal: f(kernels::names::WAIT_SIGNAL)?,
+        barrier: f(kernels::names::BARRIER)?,
+        wait_value: f(kernels::names::WAIT_VALUE)?,
+        _module: module,
+    });
+    map.insert(ctx.ordinal(), k.clone());
+    Ok(k)
+}
+
+fn load(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
+    let image = match kernels::fatbin() {
+        Some(f) => f.to_vec(),
+        None => nvrtc_cubin(ctx)?,
+    };
+    ctx.load_module(Ptx::from_binary(image)).map_err(|e| {
+        let hint = match e.0 {
+            sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION => {
+                ": the kernels' PTX is newer than this driver; build symm with nvcc 13.0 (see .ci/install-nvcc.sh)"
+            }
+            sys::CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU => ": the kernels were not built for this GPU",
+            _ => "",
+        };
+        err!(Cuda, "loading symm's kernels ({}) failed: {}{hint}", kernels::build_info(), describe(e.0))
+    })
+}
+
+/// Compiles the embedded kernel sources with NVRTC into a cubin for the
+/// device's architecture.
+fn nvrtc_cubin(ctx: &Arc<CudaContext>) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result as nr, sys as nv};
+    // SAFETY: only dlopens candidates.
+    if !unsafe { nv::is_culib_present() } {
+        return Err(err!(
+            Unsupported,
+            "symm was built without nvcc and NVRTC (libnvrtc.so.13) is not available to compile its kernels at run time"
+        ));
+    }
+    let (major, minor) = ctx.compute_capability().map_err(|e| cuda_err(e, "querying the compute capability"))?;
+    let suffix = if major == 9 && minor == 0 { "a" } else { "" };
+    let arch = format!("--gpu-architecture=sm_{major}{minor}{suffix}");
+    let cstr = |s: &str| CString::new(s).expect("kernel sources contain no NUL");
+    let names: Vec<CString> = kernels::sources().iter().map(|(n, _)| cstr(n)).collect();
+    let texts: Vec<CString> = kernels::sources().iter().map(|(_, t)| cstr(t)).collect();
+    let name_ptrs: Vec<_> = names.iter().map(|c| c.as_ptr()).collect();
+    let text_ptrs: Vec<_> = texts.iter().map(|c| c.as_ptr()).collect();
+    let unity = cstr(kernels::unity_source());
+    let mut prog = std::ptr::null_mut();
+    let fail = |what: &str, e: nv::nvrtcResult| err!(Cuda, "NVRTC {what} failed: {e:?}");
+    // SAFETY: all pointers outlive the program; counts match the arrays.
+    unsafe {
+        let r = nv::nvrtcCreateProgram(
+            &mut prog,
+            unity.as_ptr(),
+            c"symm_kernels.cu".as_ptr(),
+            names.len() as c_int,
+            text_ptrs.as_ptr(),
+            name_ptrs.as_ptr(),
+        );
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            return Err(fail("nvrtcCreateProgram", r));
+        }
+        let compiled = nr::compile_program(prog, &[arch.as_str(), "-std=c++17"]);
+        let result = match compiled {
+            Ok(()) => {
+                let mut size = 0usize;
+                let r = nv::nvrtcGetCUBINSize(prog, &mut size);
+                let mut cubin = vec![0u8; size];
+                let r2 = if r == nv::nvrtcResult::NVRTC_SUCCESS {
+                    nv::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+                } else {
+                    r
+                };
+                if r2 == nv::nvrtcResult::NVRTC_SUCCESS {
+                    Ok(cubin)
+                } else {
+                    Err(fail("nvrtcGetCUBIN", r2))
+                }
+            }
+            Err(_) => {
+                let log = nr::get_program_log(prog).unwrap_or_default();
+                let log: Vec<u8> = log.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                Err(err!(Cuda, "NVRTC could not compile symm's kernels for {arch}:\n{}", String::from_utf8_lossy(&log)))
+            }
+        };
+        let _ = nr::destroy_program(prog);
+        result
+    }
+}

@@ -1,0 +1,145 @@
+//! Stream-ordered signals on CUDA: tiny kernels (kernels/signal.cu) that
+//! spin on the pads with system-scope atomics and a `%globaltimer` timeout.
+//! A timeout is recorded in the group's async error record, not returned
+//! here: the launch has long returned by then.
+
+use super::async_error::AsyncError;
+use super::driver::check;
+use super::module::Kernels;
+use crate::backend::{PadSet, Signals, Stream, SIGNAL_CHANNELS};
+use crate::error::{err, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction};
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct CudaSignals {
+    ctx: Arc<CudaContext>,
+    kernels: Arc<Kernels>,
+    errors: Arc<AsyncError>,
+    /// Device array of the pads' addresses, `world` u64s (cuMemAlloc).
+    pads: u64,
+    rank: usize,
+    world: usize,
+}
+
+// SAFETY: device pointers and function handles are process-wide.
+unsafe impl Send for CudaSignals {}
+unsafe impl Sync for CudaSignals {}
+
+impl CudaSignals {
+    pub fn new(ctx: Arc<CudaContext>, kernels: Arc<Kernels>, errors: Arc<AsyncError>, pads: PadSet) -> Result<Self> {
+        let bytes = pads.pads.len() * 8;
+        let mut dev = 0;
+        // SAFETY: the device's context is current (the backend binds it).
+        check(unsafe { sys::cuMemAlloc_v2(&mut dev, bytes) }, "cuMemAlloc")?;
+        // SAFETY: dev has `bytes` bytes; the source slice too.
+        if let Err(e) = check(unsafe { sys::cuMemcpyHtoD_v2(dev, pads.pads.as_ptr().cast(), bytes) }, "cuMemcpyHtoD") {
+            // SAFETY: allocated above.
+            unsafe { sys::cuMemFree_v2(dev) };
+            return Err(e);
+        }
+        Ok(CudaSignals { ctx, kernels, errors, pads: dev, rank: pads.rank, world: pads.world })
+    }
+
+    fn check_peer(&self, peer: usize, channel: usize) -> Result<()> {
+        if peer >= self.world || peer == self.rank {
+            return Err(err!(
+                InvalidArgument,
+                "peer {peer} is not another rank of this group of {} (this is rank {})",
+                self.world,
+                self.rank
+            ));
+        }
+        check_channel(channel)
+    }
+
+    fn launch(&self, f: &CudaFunction, block: u32, stream: Stream, params: &mut [*mut c_void]) -> Result<()> {
+        // A wait may already have failed: report it instead of queueing more.
+        self.errors.check()?;
+        // The caller's thread may have another device current.
+        self.ctx.bind_to_thread().map_err(|e| super::driver::cuda_err(e, "making the context current"))?;
+        // SAFETY: the parameters match the kernel's signature (kernels/signal.cu)
+        // and live until the launch returns.
+        let r = unsafe {
+            result::launch_kernel(f.cu_function(), (1, 1, 1), (block, 1, 1), 0, stream.0 as sys::CUstream, params)
+        };
+        r.map_err(|e| super::driver::cuda_err(e, "launching a signal kernel"))
+    }
+}
+
+fn check_channel(channel: usize) -> Result<()> {
+    if channel >= SIGNAL_CHANNELS {
+        return Err(err!(InvalidArgument, "channel {channel} is out of range (0..{SIGNAL_CHANNELS})"));
+    }
+    Ok(())
+}
+
+fn nanos(t: Duration) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Kernel parameter: the address of an argument value.
+fn p<T>(v: &mut T) -> *mut c_void {
+    (v as *mut T).cast()
+}
+
+impl Signals for CudaSignals {
+    fn put(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
+        self.check_peer(peer, channel)?;
+        let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
+        let (mut peer, mut channel, mut t, mut e) =
+            (peer as i32, channel as i32, nanos(timeout), self.errors.device_ptr());
+        let mut params =
+            [p(&mut pads), p(&mut rank), p(&mut world), p(&mut peer), p(&mut channel), p(&mut t), p(&mut e)];
+        self.launch(&self.kernels.put_signal, 1, stream, &mut params)
+    }
+
+    fn wait(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
+        self.check_peer(peer, channel)?;
+        let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
+        let (mut peer, mut channel, mut t, mut e) =
+            (peer as i32, channel as i32, nanos(timeout), self.errors.device_ptr());
+        let mut params =
+            [p(&mut pads), p(&mut rank), p(&mut world), p(&mut peer), p(&mut channel), p(&mut t), p(&mut e)];
+        self.launch(&self.kernels.wait_signal, 1, stream, &mut params)
+    }
+
+    fn barrier(&self, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
+        check_channel(channel)?;
+        if self.world == 1 {
+            return Ok(());
+        }
+        let block = (self.world as u32).div_ceil(32) * 32;
+        let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
+        let (mut channel, mut t, mut e) = (channel as i32, nanos(timeout), self.errors.device_ptr());
+        let mut params = [p(&mut pads), p(&mut rank), p(&mut world), p(&mut channel), p(&mut t), p(&mut e)];
+        self.launch(&self.kernels.barrier, block, stream, &mut params)
+    }
+
+    fn write_value(&self, addr: u64, value: u32, stream: Stream) -> Result<()> {
+        self.errors.check()?;
+        self.ctx.bind_to_thread().map_err(|e| super::driver::cuda_err(e, "making the context current"))?;
+        // Default flags order the write after the stream's earlier work
+        // (memory barrier included), which is what a flag must publish.
+        // SAFETY: addr lies in a VMM mapping (checked by the caller).
+        check(
+            unsafe { sys::cuStreamWriteValue32_v2(stream.0 as sys::CUstream, addr, value, 0) },
+            "cuStreamWriteValue32",
+        )
+    }
+
+    fn wait_value(&self, addr: u64, value: u32, owner: usize, stream: Stream, timeout: Duration) -> Result<()> {
+        let (mut flag, mut value, mut rank, mut owner) = (addr, value, self.rank as i32, owner as i32);
+        let (mut t, mut e) = (nanos(timeout), self.errors.device_ptr());
+        let mut params = [p(&mut flag), p(&mut value), p(&mut rank), p(&mut owner), p(&mut t), p(&mut e)];
+        self.launch(&self.kernels.wait_value, 1, stream, &mut params)
+    }
+}
+
+impl Drop for CudaSignals {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new().
+        unsafe { sys::cuMemFree_v2(self.pads) };
+    }
+}
