@@ -69,7 +69,9 @@ static void data_through_peers(ctx_t *c, cudaStream_t s) {
     unsigned *wrong;
     CUDA_CHECK(cudaMalloc(&dpeers, c->world * sizeof(void *)));
     CUDA_CHECK(cudaMalloc(&wrong, sizeof(unsigned)));
-    CUDA_CHECK(cudaMemcpy(dpeers, peers.data(), c->world * sizeof(void *), cudaMemcpyHostToDevice));
+    // Async on our stream: a plain cudaMemcpy from pageable memory may return
+    // before the DMA lands, and `s` (non-blocking) would not wait for it.
+    CUDA_CHECK(cudaMemcpyAsync(dpeers, peers.data(), c->world * sizeof(void *), cudaMemcpyHostToDevice, s));
     for (uint32_t round = 1; round <= 20; round++) {
         CUDA_CHECK(cudaMemsetAsync(wrong, 0, sizeof(unsigned), s));
         write_to_peers<<<64, 256, 0, s>>>(dpeers, c->world, c->rank, chunk, round);
@@ -79,6 +81,11 @@ static void data_through_peers(ctx_t *c, cudaStream_t s) {
         unsigned w;
         CUDA_CHECK(cudaMemcpyAsync(&w, wrong, sizeof w, cudaMemcpyDeviceToHost, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
+        if (w != 0) {
+            symm_status_t st = symm_group_check_async_error(c->g);
+            fprintf(stderr, "rank %d round %u: %u of %u words wrong (async: %s %s)\n", c->rank, round, w,
+                    chunk * c->world, symm_status_string(st), st ? symm_last_error() : "");
+        }
         EXPECT(w == 0);
     }
     CHECK(symm_group_check_async_error(c->g));

@@ -39,7 +39,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemHostAlloc",
     "cuMemHostGetDevicePointer_v2",
     "cuMemFreeHost",
-    "cuMemcpyHtoD_v2",
+    "cuMemcpyHtoDAsync_v2",
     "cuMemsetD8Async",
     "cuMemcpyAsync",
     "cuStreamCreate",

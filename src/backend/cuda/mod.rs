@@ -88,7 +88,10 @@ impl Backend for CudaBackend {
     fn signals(&self, pads: PadSet) -> Result<Box<dyn Signals>> {
         self.bind()?;
         let kernels = module::kernels(&self.ctx)?;
-        Ok(Box::new(signals::CudaSignals::new(self.ctx.clone(), kernels, self.errors.clone(), pads)?))
+        let table: Vec<u8> = pads.pads.iter().flat_map(|a| a.to_le_bytes()).collect();
+        let sig = signals::CudaSignals::new(self.ctx.clone(), kernels, self.errors.clone(), pads)?;
+        self.setup.upload(sig.pads_table(), &table)?;
+        Ok(Box::new(sig))
     }
     fn check_async_error(&self) -> Result<()> {
         self.errors.check()
@@ -109,6 +112,19 @@ impl SetupStream {
         // SAFETY: out-pointer valid; the context is current.
         driver::check(unsafe { sys::cuStreamCreate(&mut s, flags) }, "cuStreamCreate")?;
         Ok(SetupStream(s))
+    }
+
+    /// Copies `src` to device memory at `dst` and waits for it to land. A
+    /// plain cuMemcpyHtoD may return before its DMA completes, and kernels
+    /// on the caller's non-blocking streams would not wait for it.
+    fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: dst holds src.len() bytes; src outlives the synchronize.
+        driver::check(
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), self.0) },
+            "cuMemcpyHtoDAsync",
+        )?;
+        // SAFETY: our own stream.
+        driver::check(unsafe { sys::cuStreamSynchronize(self.0) }, "cuStreamSynchronize")
     }
 
     fn zero(&self, addr: u64, bytes: usize) -> Result<()> {

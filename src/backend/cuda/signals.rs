@@ -17,7 +17,8 @@ pub struct CudaSignals {
     ctx: Arc<CudaContext>,
     kernels: Arc<Kernels>,
     errors: Arc<AsyncError>,
-    /// Device array of the pads' addresses, `world` u64s (cuMemAlloc).
+    /// Device array of the pads' addresses, `world` u64s (cuMemAlloc),
+    /// filled by the backend before the signals are handed out.
     pads: u64,
     rank: usize,
     world: usize,
@@ -29,17 +30,15 @@ unsafe impl Sync for CudaSignals {}
 
 impl CudaSignals {
     pub fn new(ctx: Arc<CudaContext>, kernels: Arc<Kernels>, errors: Arc<AsyncError>, pads: PadSet) -> Result<Self> {
-        let bytes = pads.pads.len() * 8;
         let mut dev = 0;
         // SAFETY: the device's context is current (the backend binds it).
-        check(unsafe { sys::cuMemAlloc_v2(&mut dev, bytes) }, "cuMemAlloc")?;
-        // SAFETY: dev has `bytes` bytes; the source slice too.
-        if let Err(e) = check(unsafe { sys::cuMemcpyHtoD_v2(dev, pads.pads.as_ptr().cast(), bytes) }, "cuMemcpyHtoD") {
-            // SAFETY: allocated above.
-            unsafe { sys::cuMemFree_v2(dev) };
-            return Err(e);
-        }
+        check(unsafe { sys::cuMemAlloc_v2(&mut dev, pads.pads.len() * 8) }, "cuMemAlloc")?;
         Ok(CudaSignals { ctx, kernels, errors, pads: dev, rank: pads.rank, world: pads.world })
+    }
+
+    /// The device array of pad addresses, for the backend to fill.
+    pub fn pads_table(&self) -> u64 {
+        self.pads
     }
 
     fn check_peer(&self, peer: usize, channel: usize) -> Result<()> {
