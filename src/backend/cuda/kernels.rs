@@ -67,6 +67,17 @@ pub mod names {
     pub const WAIT_SIGNAL: &str = "symm_wait_signal";
     pub const BARRIER: &str = "symm_barrier";
     pub const WAIT_VALUE: &str = "symm_wait_value";
+    /// kernels/reduce.cu, indexed by `GemmDtype as usize` (F32, BF16, F16).
+    pub const REDUCE: [&str; 3] = ["symm_reduce_f32", "symm_reduce_bf16", "symm_reduce_f16"];
+    /// kernels/pack.cu, contiguous rows copied with 2^i-byte accesses.
+    pub const PACK_ROWS: [&str; 5] =
+        ["symm_pack_rows_v1", "symm_pack_rows_v2", "symm_pack_rows_v4", "symm_pack_rows_v8", "symm_pack_rows_v16"];
+    /// kernels/pack.cu, strided rows of 2^i-byte elements.
+    pub const PACK_STRIDED: [&str; 4] =
+        ["symm_pack_strided_e1", "symm_pack_strided_e2", "symm_pack_strided_e4", "symm_pack_strided_e8"];
+    /// kernels/pack.cu, tiled transposes of 2^i-byte elements.
+    pub const PACK_TILED: [&str; 4] =
+        ["symm_pack_tiled_e1", "symm_pack_tiled_e2", "symm_pack_tiled_e4", "symm_pack_tiled_e8"];
 }
 
 #[cfg(test)]
@@ -78,6 +89,8 @@ mod tests {
         let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
         assert!(names.contains(&"common.cuh"));
         assert!(names.contains(&"signal.cu"));
+        assert!(names.contains(&"reduce.cu"));
+        assert!(names.contains(&"pack.cu"));
         assert!(unity_source().contains("#include \"signal.cu\""));
         for (_, text) in sources() {
             assert!(!text.is_empty());

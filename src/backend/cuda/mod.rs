@@ -4,13 +4,21 @@
 //! without one gets `SYMM_ERROR_NO_DEVICE`, never a crash.
 
 mod async_error;
+mod compute;
 pub mod driver;
+pub mod gemm;
+#[cfg(test)]
+mod gpu_testing;
 pub mod kernels;
 mod module;
+pub mod pack;
+pub mod reduce;
 mod signals;
+mod streams;
 mod vmm;
 
-use super::{Allocation, Backend, BackendKind, Mapping, PadSet, Signals};
+use super::{Allocation, Backend, BackendKind, Mapping, PadSet, Signals, Stream};
+use crate::array::Array;
 use crate::error::Result;
 use async_error::AsyncError;
 use cudarc::driver::{sys, CudaContext};
@@ -24,6 +32,10 @@ pub struct CudaBackend {
     /// Private stream for setup work (zeroing new buffers), never the caller's.
     setup: SetupStream,
     errors: Arc<AsyncError>,
+    /// cuBLASLt, made on the first matmul (outside graph capture).
+    gemm: once_cell::sync::OnceCell<gemm::Gemm>,
+    tables: compute::SourceTables,
+    side: streams::SideStreams,
 }
 
 impl CudaBackend {
@@ -48,6 +60,9 @@ impl CudaBackend {
             granularity: vmm::granularity(device)?,
             setup: SetupStream::new()?,
             errors: Arc::new(AsyncError::new()?),
+            gemm: once_cell::sync::OnceCell::new(),
+            tables: compute::SourceTables::default(),
+            side: streams::SideStreams::default(),
             ctx,
             device,
         })
@@ -95,6 +110,37 @@ impl Backend for CudaBackend {
     }
     fn check_async_error(&self) -> Result<()> {
         self.errors.check()
+    }
+    fn copy(&self, dst: &Array, src: &Array, stream: Stream) -> Result<()> {
+        self.bind()?;
+        compute::copy(&*module::kernels(&self.ctx)?, dst, src, stream)
+    }
+    fn reduce(&self, dst: &Array, srcs: &[Array], scale: f32, stream: Stream) -> Result<()> {
+        self.bind()?;
+        let upload = |bytes: &[u8]| -> Result<u64> {
+            let mut dev = 0;
+            // SAFETY: the context is current; out-pointer valid.
+            driver::check(unsafe { sys::cuMemAlloc_v2(&mut dev, bytes.len()) }, "cuMemAlloc")?;
+            self.setup.upload(dev, bytes).inspect_err(|_| {
+                // SAFETY: allocated just above.
+                unsafe { sys::cuMemFree_v2(dev) };
+            })?;
+            Ok(dev)
+        };
+        compute::reduce(&*module::kernels(&self.ctx)?, &self.tables, upload, dst, srcs, scale, stream)
+    }
+    fn side_stream(&self, i: usize) -> Result<Stream> {
+        self.bind()?;
+        self.side.stream(i)
+    }
+    fn stream_wait(&self, waiter: Stream, on: Stream) -> Result<()> {
+        self.bind()?;
+        self.side.wait(waiter, on)
+    }
+    fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
+        self.bind()?;
+        let g = self.gemm.get_or_try_init(|| gemm::Gemm::new(&self.ctx))?;
+        compute::gemm(g, dst, a, b, accumulate, stream)
     }
 }
 

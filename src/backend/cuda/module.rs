@@ -18,6 +18,18 @@ pub struct Kernels {
     pub wait_signal: CudaFunction,
     pub barrier: CudaFunction,
     pub wait_value: CudaFunction,
+    /// `symm_reduce_*`, indexed by `GemmDtype as usize` (reduce.rs).
+    pub reduce: [CudaFunction; 3],
+    /// `symm_pack_rows_v{1,2,4,8,16}`, indexed by log2 of the access width (pack.rs).
+    pub pack_rows: [CudaFunction; 5],
+    /// `symm_pack_strided_e{1,2,4,8}`, indexed by log2 of the element size (pack.rs).
+    pub pack_strided: [CudaFunction; 4],
+    /// `symm_pack_tiled_e{1,2,4,8}`, indexed by log2 of the element size (pack.rs).
+    pub pack_tiled: [CudaFunction; 4],
+    /// The device's multiprocessor count, for sizing grids.
+    pub sm_count: u32,
+    /// The context the module lives in (made current before launches).
+    pub ctx: Arc<CudaContext>,
 }
 
 // SAFETY: CUfunction handles are usable from any thread of the process.
@@ -38,6 +50,28 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         wait_signal: f(kernels::names::WAIT_SIGNAL)?,
         barrier: f(kernels::names::BARRIER)?,
         wait_value: f(kernels::names::WAIT_VALUE)?,
+        reduce: {
+            let n = kernels::names::REDUCE;
+            [f(n[0])?, f(n[1])?, f(n[2])?]
+        },
+        pack_rows: {
+            let n = kernels::names::PACK_ROWS;
+            [f(n[0])?, f(n[1])?, f(n[2])?, f(n[3])?, f(n[4])?]
+        },
+        pack_strided: {
+            let n = kernels::names::PACK_STRIDED;
+            [f(n[0])?, f(n[1])?, f(n[2])?, f(n[3])?]
+        },
+        pack_tiled: {
+            let n = kernels::names::PACK_TILED;
+            [f(n[0])?, f(n[1])?, f(n[2])?, f(n[3])?]
+        },
+        sm_count: super::driver::attribute(
+            ctx.ordinal() as i32,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?
+        .max(1) as u32,
+        ctx: ctx.clone(),
         _module: module,
     });
     map.insert(ctx.ordinal(), k.clone());

@@ -1,0 +1,151 @@
+//! The data-moving primitives the operations are written over
+//! (`Backend::{copy, reduce, gemm}`), on CUDA: copy engines for dense and
+//! pitched copies (no SMs spent on payload), the pack kernels for other
+//! strides, the reduction kernel, and cuBLASLt.
+
+use super::driver::check;
+use super::gemm::{Gemm, GemmDtype, MatmulParams};
+use super::module::Kernels;
+use super::{pack, reduce};
+use crate::array::{Array, DType};
+use crate::backend::Stream;
+use crate::error::{err, Result};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+fn gemm_dtype(d: DType) -> Result<GemmDtype> {
+    match d {
+        DType::F32 => Ok(GemmDtype::F32),
+        DType::BF16 => Ok(GemmDtype::BF16),
+        DType::F16 => Ok(GemmDtype::F16),
+        other => Err(err!(Unsupported, "{other} is not supported by the CUDA backend yet")),
+    }
+}
+
+fn i64s(v: &[usize]) -> Vec<i64> {
+    v.iter().map(|&x| x as i64).collect()
+}
+
+/// Copies between arrays of one dtype and shape.
+pub fn copy(kernels: &Kernels, dst: &Array, src: &Array, stream: Stream) -> Result<()> {
+    if dst.dtype != src.dtype {
+        return Err(err!(Unsupported, "the CUDA backend copies without converting ({} to {})", src.dtype, dst.dtype));
+    }
+    if dst.shape != src.shape {
+        return Err(err!(Internal, "copy between shapes {:?} and {:?}", src.shape, dst.shape));
+    }
+    let size = src.dtype.size();
+    if src.numel() == 0 {
+        return Ok(());
+    }
+    let s = stream.0 as sys::CUstream;
+    if src.is_contiguous() && dst.is_contiguous() {
+        // SAFETY: both ranges were checked by the operation; UVA addresses.
+        return check(unsafe { sys::cuMemcpyAsync(dst.addr, src.addr, src.numel() * size, s) }, "cuMemcpyAsync");
+    }
+    if let (Some(d), Some(sm)) = (dst.as_matrix(), src.as_matrix()) {
+        if d.strides[1] == 1 && sm.strides[1] == 1 {
+            return copy_2d(&d, &sm, size, s);
+        }
+    }
+    if dst.is_contiguous() {
+        return pack::pack(kernels, src.addr, &i64s(&src.shape), &i64s(&src.strides), size, dst.addr, None, stream);
+    }
+    if src.is_contiguous() {
+        return pack::unpack(kernels, src.addr, dst.addr, &i64s(&dst.shape), &i64s(&dst.strides), size, None, stream);
+    }
+    Err(err!(Internal, "the CUDA backend copies only when one side is contiguous or both are pitched matrices"))
+}
+
+/// A pitched copy of rows by a copy engine.
+fn copy_2d(dst: &Array, src: &Array, size: usize, s: sys::CUstream) -> Result<()> {
+    // SAFETY: a zeroed descriptor is the documented starting point.
+    let mut d: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+    d.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    d.srcDevice = src.addr;
+    d.srcPitch = src.strides[0] * size;
+    d.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    d.dstDevice = dst.addr;
+    d.dstPitch = dst.strides[0] * size;
+    d.WidthInBytes = src.shape[1] * size;
+    d.Height = src.shape[0];
+    // SAFETY: the descriptor describes ranges the operation checked.
+    check(unsafe { sys::cuMemcpy2DAsync_v2(&d, s) }, "cuMemcpy2DAsync")
+}
+
+/// Device tables of source addresses for the reduction kernel, made once per
+/// distinct list (operations reuse their workspace, so lists repeat) and kept
+/// for the backend's lifetime, so graphs captured with them stay valid.
+#[derive(Default)]
+pub struct SourceTables {
+    tables: Mutex<HashMap<Vec<u64>, u64>>,
+}
+
+impl SourceTables {
+    fn get(&self, addrs: Vec<u64>, upload: impl FnOnce(&[u8]) -> Result<u64>) -> Result<u64> {
+        let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&dev) = t.get(&addrs) {
+            return Ok(dev);
+        }
+        let bytes: Vec<u8> = addrs.iter().flat_map(|a| a.to_le_bytes()).collect();
+        let dev = upload(&bytes)?;
+        t.insert(addrs, dev);
+        Ok(dev)
+    }
+}
+
+impl Drop for SourceTables {
+    fn drop(&mut self) {
+        for &dev in self.tables.get_mut().unwrap_or_else(|p| p.into_inner()).values() {
+            // SAFETY: allocated by the upload closure with cuMemAlloc.
+            unsafe { sys::cuMemFree_v2(dev) };
+        }
+    }
+}
+
+/// `dst = scale * sum(srcs)` for contiguous arrays of one dtype.
+pub fn reduce(
+    kernels: &Kernels,
+    tables: &SourceTables,
+    upload: impl FnOnce(&[u8]) -> Result<u64>,
+    dst: &Array,
+    srcs: &[Array],
+    scale: f32,
+    stream: Stream,
+) -> Result<()> {
+    let dtype = gemm_dtype(dst.dtype)?;
+    if !dst.is_contiguous() || srcs.iter().any(|s| !s.is_contiguous() || s.dtype != dst.dtype || s.shape != dst.shape) {
+        return Err(err!(Internal, "the CUDA reduction takes contiguous sources and output of one dtype and shape"));
+    }
+    let table = tables.get(srcs.iter().map(|s| s.addr).collect(), upload)?;
+    reduce::reduce(kernels, table, srcs.len(), dst.addr, dst.numel(), dtype, scale, None, stream)
+}
+
+/// One row-major matrix, its leading dimension and whether it is stored transposed.
+fn operand(m: &Array) -> Result<(u64, usize, bool)> {
+    match (m.strides[0], m.strides[1]) {
+        (ld, 1) => Ok((m.addr, ld.max(m.shape[1]), false)),
+        (1, ld) => Ok((m.addr, ld.max(m.shape[0]), true)),
+        _ => Err(err!(Internal, "matmul operand with strides {:?} is neither row- nor column-major", m.strides)),
+    }
+}
+
+/// `dst (+)= a @ b` through cuBLASLt.
+pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let (a_addr, lda, a_trans) = operand(a)?;
+    let (b_addr, ldb, b_trans) = operand(b)?;
+    if dst.strides[1] != 1 {
+        return Err(err!(Internal, "matmul output must have unit column stride"));
+    }
+    let mut p = MatmulParams::new(m, n, k, a_addr, b_addr, dst.addr, gemm_dtype(a.dtype)?);
+    p.lda = lda;
+    p.a_trans = a_trans;
+    p.ldb = ldb;
+    p.b_trans = b_trans;
+    p.ldc = dst.strides[0].max(n);
+    p.out_dtype = gemm_dtype(dst.dtype)?;
+    p.accumulate = accumulate;
+    g.matmul(&p, stream)
+}

@@ -1,0 +1,1013 @@
+//! Matrix multiplication with cuBLASLt on ROW-MAJOR operands.
+//!
+//! cuBLASLt is loaded at run time like the driver: [`ensure_cublaslt`]
+//! checks the library and every symbol used here before anything is called,
+//! so a machine without `libcublasLt.so` gets an `Unsupported` error with a
+//! message, never a panic (cudarc panics on a missing library or symbol).
+//!
+//! `C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] (+ C when accumulating)`, all
+//! row-major with leading dimensions in elements. cuBLASLt is column-major,
+//! so the product is computed as `C^T = op(B)^T op(A)^T`: a row-major matrix
+//! with leading dimension `ld` is the same memory as its transpose in
+//! column-major with the same `ld`, which swaps A with B and m with n and
+//! needs no data movement (see [`ColMajor::from_row_major`]).
+//!
+//! Descriptors, layouts and the heuristic's algorithm are cached per shape
+//! key (which includes each pointer's alignment class and the workspace
+//! size), so repeated calls and calls during CUDA graph capture do no
+//! heuristic query once a shape has been seen. The workspace is plain
+//! `cuMemAlloc` memory (never stream-ordered pool memory), allocated up
+//! front, so matmuls are capture-safe.
+
+use super::driver::{self, check};
+use crate::backend::Stream;
+use crate::error::{err, Error, ErrorKind, Result};
+use cudarc::cublaslt::sys as lt;
+use cudarc::driver::{sys, CudaContext};
+use once_cell::sync::OnceCell;
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex};
+
+/// Every cuBLASLt entry point this module calls, checked once up front.
+const LT_SYMBOLS: &[&str] = &[
+    "cublasLtGetVersion",
+    "cublasLtGetStatusName",
+    "cublasLtGetStatusString",
+    "cublasLtCreate",
+    "cublasLtDestroy",
+    "cublasLtMatmulDescCreate",
+    "cublasLtMatmulDescDestroy",
+    "cublasLtMatmulDescSetAttribute",
+    "cublasLtMatrixLayoutCreate",
+    "cublasLtMatrixLayoutDestroy",
+    "cublasLtMatmulPreferenceCreate",
+    "cublasLtMatmulPreferenceDestroy",
+    "cublasLtMatmulPreferenceSetAttribute",
+    "cublasLtMatmulAlgoGetHeuristic",
+    "cublasLtMatmul",
+];
+
+/// Oldest cuBLASLt accepted (`cublasLtGetVersion()`: major * 10000 + minor * 100 + patch).
+const MIN_VERSION: usize = 12_00_00;
+
+/// Workspace sizes, as cuBLAS recommends: 32 MiB on Hopper and newer.
+const WORKSPACE_SM90: usize = 32 << 20;
+const WORKSPACE_OLDER: usize = 4 << 20;
+
+/// More cached plans than this and the cache starts over (each plan is a
+/// few hundred bytes of host memory; this only bounds pathological use).
+const MAX_PLANS: usize = 4096;
+
+/// The cuBLASLt version once the library and all its symbols are present.
+pub fn ensure_cublaslt() -> Result<usize> {
+    static CHECKED: OnceCell<std::result::Result<usize, String>> = OnceCell::new();
+    CHECKED.get_or_init(check_cublaslt).clone().map_err(|m| Error::new(ErrorKind::Unsupported, m))
+}
+
+fn check_cublaslt() -> std::result::Result<usize, String> {
+    // SAFETY: only dlopens candidate names; never panics.
+    if !unsafe { lt::is_culib_present() } {
+        return Err("cuBLASLt is not available: libcublasLt.so could not be loaded \
+                    (install the CUDA toolkit's cuBLAS or the nvidia-cublas wheel and put it on the loader path)"
+            .into());
+    }
+    // SAFETY: the library is present (same candidate list), so culib() does not panic.
+    let lib = unsafe { lt::culib() };
+    let missing: Vec<&str> = LT_SYMBOLS
+        .iter()
+        .copied()
+        .filter(|s| {
+            let name = format!("{s}\0");
+            // SAFETY: looking a symbol up has no side effects.
+            unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err()
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!("the loaded cuBLASLt is too old: it lacks {}", missing.join(", ")));
+    }
+    // SAFETY: symbol checked above; no arguments.
+    let version = unsafe { lt::cublasLtGetVersion() };
+    if version < MIN_VERSION {
+        return Err(format!(
+            "the loaded cuBLASLt is version {}.{}.{}; symm needs 12.0 or newer",
+            version / 10000,
+            version / 100 % 100,
+            version % 100
+        ));
+    }
+    Ok(version)
+}
+
+/// Element types of the matmul (and of the reduction kernels, which index
+/// their entry points by `as usize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum GemmDtype {
+    F32 = 0,
+    BF16 = 1,
+    F16 = 2,
+}
+
+impl GemmDtype {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            GemmDtype::F32 => 4,
+            GemmDtype::BF16 | GemmDtype::F16 => 2,
+        }
+    }
+
+    fn cuda(self) -> lt::cudaDataType {
+        match self {
+            GemmDtype::F32 => lt::cudaDataType::CUDA_R_32F,
+            GemmDtype::BF16 => lt::cudaDataType::CUDA_R_16BF,
+            GemmDtype::F16 => lt::cudaDataType::CUDA_R_16F,
+        }
+    }
+}
+
+/// One row-major matmul: `C[m, n] = alpha * op(A) @ op(B)`, plus the old C
+/// when `accumulate` (beta = 1; else beta = 0 and C is not read).
+///
+/// All leading dimensions are in elements and describe the matrix as
+/// stored, row-major:
+/// * A: `a_trans == false`: stored `[m, k]`, `lda >= k`, element (i, p) at
+///   `a + (i * lda + p) * size`; `a_trans == true`: stored `[k, m]` (A^T
+///   row-major, i.e. A column-major), `lda >= m`.
+/// * B: `b_trans == false`: stored `[k, n]`, `ldb >= n`; `b_trans == true`:
+///   stored `[n, k]` (e.g. a `torch.nn.Linear` weight), `ldb >= k`.
+/// * C: stored `[m, n]`, `ldc >= n`, of `out_dtype`.
+///
+/// Pointers are device addresses (UVA: peers' mappings too), aligned at
+/// least to their element size; 16-byte alignment (of pointers and of
+/// `ld * size`) lets cuBLASLt pick its fastest kernels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatmulParams {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: u64,
+    pub lda: usize,
+    pub a_trans: bool,
+    pub b: u64,
+    pub ldb: usize,
+    pub b_trans: bool,
+    pub c: u64,
+    pub ldc: usize,
+    /// Type of A and B.
+    pub dtype: GemmDtype,
+    /// Type of C: `dtype`, or F32 (f32 output from bf16/f16 inputs).
+    pub out_dtype: GemmDtype,
+    pub alpha: f32,
+    /// beta = 1 (C += A @ B) when true, else beta = 0.
+    pub accumulate: bool,
+    /// `CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`: run on (about) this many SMs,
+    /// leaving the rest to concurrent communication kernels.
+    pub sm_count_target: Option<u32>,
+    /// (device address, bytes) of a workspace to use instead of the
+    /// [`Gemm`]'s own: needed when matmuls of one `Gemm` may run
+    /// concurrently on several streams (see [`Gemm::alloc_workspace`]).
+    /// Must be `cuMemAlloc`/VMM memory that outlives the work (and any graph
+    /// captured with it).
+    pub workspace: Option<(u64, usize)>,
+}
+
+impl MatmulParams {
+    /// Dense row-major `C[m, n] = A[m, k] @ B[k, n]`, all of `dtype`.
+    pub fn new(m: usize, n: usize, k: usize, a: u64, b: u64, c: u64, dtype: GemmDtype) -> Self {
+        MatmulParams {
+            m,
+            n,
+            k,
+            a,
+            lda: k,
+            a_trans: false,
+            b,
+            ldb: n,
+            b_trans: false,
+            c,
+            ldc: n,
+            dtype,
+            out_dtype: dtype,
+            alpha: 1.0,
+            accumulate: false,
+            sm_count_target: None,
+            workspace: None,
+        }
+    }
+
+    /// Checks shapes, leading dimensions, types and pointers.
+    pub fn validate(&self) -> Result<()> {
+        use GemmDtype::*;
+        match (self.dtype, self.out_dtype) {
+            (F32, F32) | (BF16, BF16) | (BF16, F32) | (F16, F16) | (F16, F32) => {}
+            (i, o) => return Err(err!(Unsupported, "matmul of {i:?} inputs into {o:?} output is not supported")),
+        }
+        let limit = i64::MAX as usize;
+        for (name, v) in [("m", self.m), ("n", self.n), ("k", self.k), ("lda", self.lda), ("ldb", self.ldb)] {
+            if v > limit {
+                return Err(err!(InvalidArgument, "matmul {name} = {v} is too large"));
+            }
+        }
+        if self.ldc > limit {
+            return Err(err!(InvalidArgument, "matmul ldc = {} is too large", self.ldc));
+        }
+        if self.m == 0 || self.n == 0 {
+            return Ok(());
+        }
+        let (a_row, b_row) = (if self.a_trans { self.m } else { self.k }, if self.b_trans { self.k } else { self.n });
+        let mut checks = vec![("ldc", self.ldc, self.n)];
+        if self.k > 0 {
+            checks.extend([("lda", self.lda, a_row), ("ldb", self.ldb, b_row)]);
+        }
+        for (name, ld, min) in checks {
+            if ld < min {
+                return Err(err!(InvalidArgument, "matmul {name} = {ld} is smaller than its row length {min}"));
+            }
+        }
+        let (s, so) = (self.dtype.size() as u64, self.out_dtype.size() as u64);
+        let mut ptrs = vec![("C", self.c, so)];
+        if self.k > 0 {
+            ptrs.extend([("A", self.a, s), ("B", self.b, s)]);
+        }
+        for (name, p, size) in ptrs {
+            if p == 0 {
+                return Err(err!(InvalidArgument, "matmul {name} is NULL"));
+            }
+            if p % size != 0 {
+                return Err(err!(InvalidArgument, "matmul {name} = {p:#x} is not aligned to its element size {size}"));
+            }
+        }
+        if let Some((ws, bytes)) = self.workspace {
+            if ws == 0 || ws % 256 != 0 || bytes == 0 {
+                return Err(err!(
+                    InvalidArgument,
+                    "matmul workspace ({ws:#x}, {bytes} bytes) must be non-empty and 256-byte aligned"
+                ));
+            }
+        }
+        if self.sm_count_target == Some(0) {
+            return Err(err!(InvalidArgument, "matmul sm_count_target must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// One operand of the column-major problem cuBLASLt sees: the stored
+/// matrix is `rows x cols` column-major with leading dimension `ld`, and
+/// `trans` applies `op = T`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ColOperand {
+    pub rows: u64,
+    pub cols: u64,
+    pub ld: i64,
+    pub trans: bool,
+}
+
+/// The column-major problem `D = op(A') op(B')` equivalent to a row-major
+/// [`MatmulParams`]: A' is the caller's B, B' the caller's A, m' = n, n' = m.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ColMajor {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub a: ColOperand,
+    pub b: ColOperand,
+    pub c: ColOperand,
+}
+
+impl ColMajor {
+    /// Maps a row-major problem (already validated) onto cuBLASLt's
+    /// column-major one, and returns it with the (A', B') pointers.
+    pub fn from_row_major(p: &MatmulParams) -> (ColMajor, u64, u64) {
+        let (m, n, k) = (p.m as u64, p.n as u64, p.k as u64);
+        // Caller's B row-major [k, n] == column-major [n, k]: op N gives
+        // B^T (n x k). Stored transposed ([n, k] row-major == [k, n]
+        // column-major), op T gives the same n x k.
+        let a = if p.b_trans {
+            ColOperand { rows: k, cols: n, ld: p.ldb as i64, trans: true }
+        } else {
+            ColOperand { rows: n, cols: k, ld: p.ldb as i64, trans: false }
+        };
+        // Caller's A row-major [m, k] == column-major [k, m] = A^T (k x m).
+        let b = if p.a_trans {
+            ColOperand { rows: m, cols: k, ld: p.lda as i64, trans: true }
+        } else {
+            ColOperand { rows: k, cols: m, ld: p.lda as i64, trans: false }
+        };
+        // C row-major [m, n] == column-major [n, m] = C^T.
+        let c = ColOperand { rows: n, cols: m, ld: p.ldc as i64, trans: false };
+        (ColMajor { m: n, n: m, k, a, b, c }, p.b, p.a)
+    }
+}
+
+/// Largest power of two dividing `addr`, capped at 256 (cuBLASLt's
+/// default and largest alignment requirement).
+pub fn alignment_class(addr: u64) -> u32 {
+    if addr == 0 {
+        256
+    } else {
+        1u32 << addr.trailing_zeros().min(8)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct PlanKey {
+    shape: ColMajor,
+    dtype: GemmDtype,
+    out_dtype: GemmDtype,
+    sm_count_target: u32,
+    /// Alignment classes of A', B', C.
+    align: [u32; 3],
+    workspace: usize,
+}
+
+/// What cuBLASLt needs for one shape: created once, reused for every call.
+struct Plan {
+    desc: lt::cublasLtMatmulDesc_t,
+    layouts: [lt::cublasLtMatrixLayout_t; 3],
+    algo: lt::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: cuBLASLt descriptors are plain host objects; we only touch them
+// under the Gemm's mutex.
+unsafe impl Send for Plan {}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: created by Plan::new and destroyed only here; errors are
+        // not actionable in a destructor.
+        unsafe {
+            for l in self.layouts {
+                if !l.is_null() {
+                    lt::cublasLtMatrixLayoutDestroy(l);
+                }
+            }
+            if !self.desc.is_null() {
+                lt::cublasLtMatmulDescDestroy(self.desc);
+            }
+        }
+    }
+}
+
+/// Converts a cuBLASLt status into our error, naming the call.
+fn lt_check(s: lt::cublasStatus_t, what: &str) -> Result<()> {
+    if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Ok(());
+    }
+    let kind = match s {
+        lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED | lt::cublasStatus_t::CUBLAS_STATUS_ARCH_MISMATCH => {
+            ErrorKind::Unsupported
+        }
+        lt::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => ErrorKind::OutOfMemory,
+        _ => ErrorKind::Cuda,
+    };
+    // SAFETY: symbols checked by ensure_cublaslt; they return static strings.
+    let text = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            format!("{s:?}")
+        } else {
+            // SAFETY: non-null static C string from cuBLASLt.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    let (name, desc) = unsafe { (text(lt::cublasLtGetStatusName(s)), text(lt::cublasLtGetStatusString(s))) };
+    Err(Error::new(kind, format!("{what} failed: {name} ({desc})")))
+}
+
+fn set_desc<T>(desc: lt::cublasLtMatmulDesc_t, attr: lt::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+    // SAFETY: `v` is the attribute's documented type and outlives the call.
+    let s = unsafe { lt::cublasLtMatmulDescSetAttribute(desc, attr, (v as *const T).cast(), std::mem::size_of::<T>()) };
+    lt_check(s, "cublasLtMatmulDescSetAttribute")
+}
+
+fn set_pref<T>(
+    pref: lt::cublasLtMatmulPreference_t,
+    attr: lt::cublasLtMatmulPreferenceAttributes_t,
+    v: &T,
+) -> Result<()> {
+    // SAFETY: as set_desc.
+    let s = unsafe {
+        lt::cublasLtMatmulPreferenceSetAttribute(pref, attr, (v as *const T).cast(), std::mem::size_of::<T>())
+    };
+    lt_check(s, "cublasLtMatmulPreferenceSetAttribute")
+}
+
+/// A matmul preference, destroyed on drop.
+struct Pref(lt::cublasLtMatmulPreference_t);
+
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created in Plan::new.
+        unsafe { lt::cublasLtMatmulPreferenceDestroy(self.0) };
+    }
+}
+
+impl Plan {
+    /// Builds descriptors and asks the heuristic for the best algorithm.
+    fn new(handle: lt::cublasLtHandle_t, key: &PlanKey) -> Result<Plan> {
+        use lt::cublasLtMatmulDescAttributes_t as D;
+        use lt::cublasLtMatmulPreferenceAttributes_t as P;
+        let mut plan = Plan {
+            desc: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+            // SAFETY: plain old data; overwritten by the heuristic's result.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        // SAFETY: out-pointer valid.
+        lt_check(
+            unsafe {
+                lt::cublasLtMatmulDescCreate(
+                    &mut plan.desc,
+                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    lt::cudaDataType::CUDA_R_32F,
+                )
+            },
+            "cublasLtMatmulDescCreate",
+        )?;
+        let op = |t: bool| if t { 1i32 } else { 0i32 }; // CUBLAS_OP_T / CUBLAS_OP_N
+        set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(key.shape.a.trans))?;
+        set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(key.shape.b.trans))?;
+        if key.sm_count_target > 0 {
+            let sms = i32::try_from(key.sm_count_target).unwrap_or(i32::MAX);
+            set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms)?;
+        }
+        let types = [key.dtype, key.dtype, key.out_dtype];
+        let operands = [key.shape.a, key.shape.b, key.shape.c];
+        for (i, (ty, o)) in types.iter().zip(operands).enumerate() {
+            // SAFETY: out-pointer valid.
+            lt_check(
+                unsafe { lt::cublasLtMatrixLayoutCreate(&mut plan.layouts[i], ty.cuda(), o.rows, o.cols, o.ld) },
+                "cublasLtMatrixLayoutCreate",
+            )?;
+        }
+
+        let mut pref = Pref(std::ptr::null_mut());
+        // SAFETY: out-pointer valid.
+        lt_check(unsafe { lt::cublasLtMatmulPreferenceCreate(&mut pref.0) }, "cublasLtMatmulPreferenceCreate")?;
+        set_pref(pref.0, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(key.workspace as u64))?;
+        let [aa, ab, ac] = key.align;
+        set_pref(pref.0, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa)?;
+        set_pref(pref.0, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab)?;
+        set_pref(pref.0, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac)?;
+        set_pref(pref.0, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac)?;
+
+        // SAFETY: plain old data (state 0 = success).
+        let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        let mut count = 0;
+        let [la, lb, lc] = plan.layouts;
+        // SAFETY: every descriptor was created above; one result slot.
+        lt_check(
+            unsafe {
+                lt::cublasLtMatmulAlgoGetHeuristic(
+                    handle,
+                    plan.desc,
+                    la,
+                    lb,
+                    lc,
+                    lc,
+                    pref.0,
+                    1,
+                    &mut result,
+                    &mut count,
+                )
+            },
+            "cublasLtMatmulAlgoGetHeuristic",
+        )?;
+        if count < 1 || result.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(err!(
+                Unsupported,
+                "cuBLASLt has no algorithm for this matmul ({key:?}); \
+                 16-byte aligned pointers and leading dimensions widen the choice"
+            ));
+        }
+        plan.algo = result.algo;
+        Ok(plan)
+    }
+}
+
+/// Device memory from `cuMemAlloc` (never pool memory), freed on drop.
+pub struct GemmWorkspace {
+    ctx: Arc<CudaContext>,
+    ptr: u64,
+    bytes: usize,
+}
+
+impl GemmWorkspace {
+    fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        ctx.bind_to_thread().map_err(|e| driver::cuda_err(e, "making the context current"))?;
+        let mut ptr = 0;
+        // SAFETY: out-pointer valid; the device's context is current.
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }, "cuMemAlloc (cuBLASLt workspace)")
+            .map_err(|e| e.context("allocating a matmul workspace (not possible during graph capture)"))?;
+        Ok(GemmWorkspace { ctx: ctx.clone(), ptr, bytes })
+    }
+
+    /// Device address (256-byte aligned).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// For [`MatmulParams::workspace`].
+    pub fn as_param(&self) -> Option<(u64, usize)> {
+        Some((self.ptr, self.bytes))
+    }
+}
+
+impl Drop for GemmWorkspace {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated in alloc(); the owner guarantees no pending work uses it.
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+struct Inner {
+    handle: lt::cublasLtHandle_t,
+    plans: HashMap<PlanKey, Plan>,
+}
+
+// SAFETY: the handle and plans are only used under the Gemm's mutex.
+unsafe impl Send for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.plans.clear();
+        // SAFETY: created in Gemm::new, destroyed once.
+        unsafe { lt::cublasLtDestroy(self.handle) };
+    }
+}
+
+/// cuBLASLt matmuls on one device: a handle, a workspace and a plan cache.
+/// `Send + Sync`; calls are serialized on an internal mutex (enqueueing
+/// only: the GPU work itself runs on the caller's stream).
+///
+/// Every call uses the same built-in workspace unless it passes its own:
+/// matmuls of one `Gemm` that may run concurrently (on different streams
+/// without ordering between them) must use distinct workspaces. Drop a
+/// `Gemm` (and its workspaces) only once the work it enqueued, and every
+/// graph captured with it, is finished with.
+pub struct Gemm {
+    ctx: Arc<CudaContext>,
+    inner: Mutex<Inner>,
+    workspace: GemmWorkspace,
+}
+
+impl Gemm {
+    /// A handle and a workspace for `ctx`'s device (not during graph capture:
+    /// it allocates).
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        driver::ensure_driver()?;
+        ensure_cublaslt()?;
+        ctx.bind_to_thread().map_err(|e| driver::cuda_err(e, "making the context current"))?;
+        let major = driver::attribute(
+            ctx.ordinal() as i32,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        )?;
+        let bytes = if major >= 9 { WORKSPACE_SM90 } else { WORKSPACE_OLDER };
+        let workspace = GemmWorkspace::alloc(ctx, bytes)?;
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: symbols checked; out-pointer valid; the device's context is current.
+        lt_check(unsafe { lt::cublasLtCreate(&mut handle) }, "cublasLtCreate")?;
+        Ok(Gemm { ctx: ctx.clone(), inner: Mutex::new(Inner { handle, plans: HashMap::new() }), workspace })
+    }
+
+    /// Size of the built-in workspace (and of those from [`Self::alloc_workspace`]).
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace.bytes
+    }
+
+    /// Another workspace of [`Self::workspace_bytes`], for matmuls running
+    /// concurrently with others of this `Gemm`. Not during graph capture.
+    pub fn alloc_workspace(&self) -> Result<GemmWorkspace> {
+        GemmWorkspace::alloc(&self.ctx, self.workspace.bytes)
+    }
+
+    /// Number of cached plans (shapes seen).
+    pub fn cached_plans(&self) -> usize {
+        self.lock().plans.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Enqueues `p` on `stream` (a stream of this device). Legal during
+    /// graph capture; the first call for a shape queries the heuristic
+    /// (host only), later calls reuse the cached plan.
+    pub fn matmul(&self, p: &MatmulParams, stream: Stream) -> Result<()> {
+        p.validate()?;
+        if p.m == 0 || p.n == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(|e| driver::cuda_err(e, "making the context current"))?;
+        if p.k == 0 {
+            return self.zero_output(p, stream);
+        }
+        let (shape, a_ptr, b_ptr) = ColMajor::from_row_major(p);
+        let (ws, ws_bytes) = p.workspace.unwrap_or((self.workspace.ptr, self.workspace.bytes));
+        let key = PlanKey {
+            shape,
+            dtype: p.dtype,
+            out_dtype: p.out_dtype,
+            sm_count_target: p.sm_count_target.unwrap_or(0),
+            align: [alignment_class(a_ptr), alignment_class(b_ptr), alignment_class(p.c)],
+            workspace: ws_bytes,
+        };
+        let mut inner = self.lock();
+        if !inner.plans.contains_key(&key) {
+            let plan = Plan::new(inner.handle, &key)
+                .map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))?;
+            if inner.plans.len() >= MAX_PLANS {
+                inner.plans.clear();
+            }
+            inner.plans.insert(key, plan);
+        }
+        let plan = &inner.plans[&key];
+        let alpha = p.alpha;
+        let beta: f32 = if p.accumulate { 1.0 } else { 0.0 };
+        let [la, lb, lc] = plan.layouts;
+        let c = p.c as *mut c_void;
+        // SAFETY: descriptors belong to this handle; pointers were validated
+        // by the caller's contract (device memory of the described shapes);
+        // alpha/beta are host f32 (default pointer mode) read during the call.
+        let s = unsafe {
+            lt::cublasLtMatmul(
+                inner.handle,
+                plan.desc,
+                (&alpha as *const f32).cast(),
+                a_ptr as *const c_void,
+                la,
+                b_ptr as *const c_void,
+                lb,
+                (&beta as *const f32).cast(),
+                c,
+                lc,
+                c,
+                lc,
+                &plan.algo,
+                ws as *mut c_void,
+                ws_bytes,
+                stream.0 as lt::cudaStream_t,
+            )
+        };
+        lt_check(s, "cublasLtMatmul").map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))
+    }
+
+    /// k == 0: the product is empty, so C = beta * C: nothing to do when
+    /// accumulating, zeros otherwise.
+    fn zero_output(&self, p: &MatmulParams, stream: Stream) -> Result<()> {
+        if p.accumulate {
+            return Ok(());
+        }
+        let size = p.out_dtype.size();
+        let s = stream.0 as sys::CUstream;
+        if p.ldc == p.n {
+            // SAFETY: C holds m * n elements (validated contract).
+            check(unsafe { sys::cuMemsetD8Async(p.c, 0, p.m * p.n * size, s) }, "cuMemsetD8Async")
+        } else {
+            // SAFETY: C holds m rows of pitch ldc, n used elements each.
+            check(unsafe { sys::cuMemsetD2D8Async(p.c, p.ldc * size, 0, p.n * size, p.m, s) }, "cuMemsetD2D8Async")
+        }
+    }
+}
+
+// SAFETY: the context is process-wide; the handle and plans are behind the
+// mutex; the workspace is a device address.
+unsafe impl Send for Gemm {}
+unsafe impl Sync for Gemm {}
+
+impl Drop for Gemm {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Naive column-major `D = op(A) op(B)` as cuBLASLt defines it.
+    fn colmajor_ref(cm: &ColMajor, a: &[f64], b: &[f64], d: &mut [f64]) {
+        let at = |i: u64, p: u64| {
+            let (r, c) = if cm.a.trans { (p, i) } else { (i, p) };
+            a[(c as i64 * cm.a.ld + r as i64) as usize]
+        };
+        let bt = |p: u64, j: u64| {
+            let (r, c) = if cm.b.trans { (j, p) } else { (p, j) };
+            b[(c as i64 * cm.b.ld + r as i64) as usize]
+        };
+        for i in 0..cm.m {
+            for j in 0..cm.n {
+                let s: f64 = (0..cm.k).map(|p| at(i, p) * bt(p, j)).sum();
+                d[(j as i64 * cm.c.ld + i as i64) as usize] = s;
+            }
+        }
+    }
+
+    fn value(seed: usize) -> f64 {
+        ((seed * 7919 + 13) % 97) as f64 - 48.0
+    }
+
+    /// Row-major reference and the col-major mapping agree for every
+    /// transpose combination and padded leading dimensions.
+    #[test]
+    fn row_major_maps_onto_column_major() {
+        let (m, n, k) = (5usize, 3usize, 4usize);
+        for (a_trans, b_trans) in [(false, false), (true, false), (false, true), (true, true)] {
+            let lda = if a_trans { m + 2 } else { k + 1 };
+            let ldb = if b_trans { k + 3 } else { n + 1 };
+            let ldc = n + 2;
+            let a_rows = if a_trans { k } else { m };
+            let b_rows = if b_trans { n } else { k };
+            let a: Vec<f64> = (0..a_rows * lda).map(value).collect();
+            let b: Vec<f64> = (0..b_rows * ldb).map(|i| value(i + 1000)).collect();
+            let a_el = |i: usize, p: usize| if a_trans { a[p * lda + i] } else { a[i * lda + p] };
+            let b_el = |p: usize, j: usize| if b_trans { b[j * ldb + p] } else { b[p * ldb + j] };
+            let mut p = MatmulParams::new(m, n, k, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+            (p.lda, p.ldb, p.ldc, p.a_trans, p.b_trans) = (lda, ldb, ldc, a_trans, b_trans);
+            p.validate().unwrap();
+            let (cm, pa, pb) = ColMajor::from_row_major(&p);
+            assert_eq!((pa, pb), (0x2000, 0x1000), "A' is the caller's B");
+            assert_eq!((cm.m, cm.n, cm.k), (n as u64, m as u64, k as u64));
+            // Stored shapes fit their leading dimensions.
+            for o in [cm.a, cm.b, cm.c] {
+                assert!(o.ld as u64 >= o.rows, "{o:?}");
+            }
+            let mut d = vec![f64::NAN; m * ldc];
+            colmajor_ref(&cm, &b, &a, &mut d);
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k).map(|q| a_el(i, q) * b_el(q, j)).sum();
+                    assert_eq!(d[i * ldc + j], want, "C[{i},{j}] trans=({a_trans},{b_trans})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn validation() {
+        let ok = MatmulParams::new(64, 32, 16, 0x1000, 0x2000, 0x3000, GemmDtype::F16);
+        ok.validate().unwrap();
+        let mut p = ok;
+        p.lda = 15;
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::InvalidArgument);
+        p = ok;
+        p.a_trans = true;
+        assert!(p.validate().is_err(), "transposed A needs lda >= m");
+        p.lda = 64;
+        p.validate().unwrap();
+        p = ok;
+        p.b_trans = true;
+        p.ldb = 16;
+        p.validate().unwrap();
+        p = ok;
+        p.ldc = 31;
+        assert!(p.validate().is_err());
+        p = ok;
+        p.out_dtype = GemmDtype::F32;
+        p.validate().unwrap();
+        p.dtype = GemmDtype::F32;
+        p.validate().unwrap();
+        p.out_dtype = GemmDtype::BF16;
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::Unsupported);
+        p = ok;
+        p.dtype = GemmDtype::BF16;
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::Unsupported, "bf16 into f16");
+        p = ok;
+        p.b = 0;
+        assert!(p.validate().is_err());
+        p = ok;
+        p.c = 0x3001;
+        assert!(p.validate().is_err(), "misaligned C");
+        p = ok;
+        p.sm_count_target = Some(0);
+        assert!(p.validate().is_err());
+        p = ok;
+        p.workspace = Some((0x1000, 0));
+        assert!(p.validate().is_err());
+        // Empty problems are valid (and no-ops), even with NULL pointers.
+        p = MatmulParams::new(0, 32, 16, 0, 0, 0, GemmDtype::F32);
+        p.validate().unwrap();
+        // k == 0 needs only C.
+        p = MatmulParams::new(4, 4, 0, 0, 0, 0x100, GemmDtype::F32);
+        p.validate().unwrap();
+        p.ldc = 3;
+        assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn alignment_classes() {
+        assert_eq!(alignment_class(0x1000), 256);
+        assert_eq!(alignment_class(0x1010), 16);
+        assert_eq!(alignment_class(0x1002), 2);
+        assert_eq!(alignment_class(0x1080), 128);
+        assert_eq!(alignment_class(0), 256);
+    }
+
+    #[test]
+    fn dtype_sizes_and_indices() {
+        assert_eq!(GemmDtype::F32.size(), 4);
+        assert_eq!(GemmDtype::BF16.size(), 2);
+        assert_eq!(GemmDtype::F16.size(), 2);
+        // The reduction kernels are indexed by these values (kernels/reduce.cu SYMM_DT_*).
+        assert_eq!(GemmDtype::F32 as usize, 0);
+        assert_eq!(GemmDtype::BF16 as usize, 1);
+        assert_eq!(GemmDtype::F16 as usize, 2);
+    }
+
+    // ---- on a GPU (pass vacuously without one) ----
+
+    use crate::backend::cuda::gpu_testing::{capture_and_replay, gpu, time_ms, values, DevBuf, Gpu};
+    use half::{bf16, f16};
+
+    fn encode(dtype: GemmDtype, v: &[f32]) -> Vec<u8> {
+        match dtype {
+            GemmDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            GemmDtype::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
+            GemmDtype::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+        }
+    }
+
+    fn decode(dtype: GemmDtype, b: &[u8]) -> Vec<f32> {
+        match dtype {
+            GemmDtype::F32 => b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            GemmDtype::BF16 => b.chunks(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+            GemmDtype::F16 => b.chunks(2).map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+        }
+    }
+
+    /// Device buffers and the host reference for one problem.
+    struct Case {
+        p: MatmulParams,
+        bufs: [DevBuf; 3],
+        c: Vec<f32>,
+        expect: Vec<f64>,
+    }
+
+    /// Builds `p`'s operands (random, as stored, with padding), C's initial
+    /// contents and the expected result. `shift` moves every pointer by
+    /// that many elements (to exercise weaker alignment).
+    fn setup(g: &Gpu, mut p: MatmulParams, shift: usize) -> Case {
+        let (s, so) = (p.dtype.size(), p.out_dtype.size());
+        let a_rows = if p.a_trans { p.k } else { p.m };
+        let b_rows = if p.b_trans { p.n } else { p.k };
+        let q = |v: Vec<f32>, t| decode(t, &encode(t, &v));
+        let a = q(values(a_rows * p.lda + shift, 1), p.dtype);
+        let b = q(values(b_rows * p.ldb + shift, 2), p.dtype);
+        let c = q(values(p.m * p.ldc + shift, 3), p.out_dtype);
+        let bufs = [g.upload(&encode(p.dtype, &a)), g.upload(&encode(p.dtype, &b)), g.upload(&encode(p.out_dtype, &c))];
+        p.a = bufs[0].ptr + (shift * s) as u64;
+        p.b = bufs[1].ptr + (shift * s) as u64;
+        p.c = bufs[2].ptr + (shift * so) as u64;
+        let a_el = |i: usize, t: usize| if p.a_trans { a[shift + t * p.lda + i] } else { a[shift + i * p.lda + t] };
+        let b_el = |t: usize, j: usize| if p.b_trans { b[shift + j * p.ldb + t] } else { b[shift + t * p.ldb + j] };
+        let mut expect = vec![0f64; p.m * p.n];
+        for i in 0..p.m {
+            for j in 0..p.n {
+                let dot: f64 = (0..p.k).map(|t| a_el(i, t) as f64 * b_el(t, j) as f64).sum();
+                let old = if p.accumulate { c[shift + i * p.ldc + j] as f64 } else { 0.0 };
+                expect[i * p.n + j] = p.alpha as f64 * dot + old;
+            }
+        }
+        Case { p, bufs, c, expect }
+    }
+
+    fn verify(case: &Case, what: &str) {
+        let p = &case.p;
+        let so = p.out_dtype.size();
+        let shift = (p.c - case.bufs[2].ptr) as usize / so;
+        let got = decode(p.out_dtype, &case.bufs[2].read_bytes());
+        let tol = match (p.dtype, p.out_dtype) {
+            (_, GemmDtype::BF16) => 1.0 / 64.0,
+            (_, GemmDtype::F16) => 1.0 / 512.0,
+            (GemmDtype::F32, _) => 1e-5,
+            _ => 1e-4,
+        };
+        for i in 0..p.m {
+            for j in 0..p.ldc {
+                let idx = shift + i * p.ldc + j;
+                if j >= p.n {
+                    assert_eq!(got[idx].to_bits(), case.c[idx].to_bits(), "{what}: padding C[{i},{j}] was written");
+                    continue;
+                }
+                let want = case.expect[i * p.n + j];
+                let err = (got[idx] as f64 - want).abs();
+                assert!(
+                    err <= tol * (want.abs() + (p.k as f64).sqrt()),
+                    "{what}: C[{i},{j}] = {} want {want}",
+                    got[idx]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gpu_matmul_matches_host() {
+        let Some(g) = gpu() else { return };
+        let gemm = Gemm::new(&g.ctx).unwrap();
+        use GemmDtype::*;
+        let shapes = [(64usize, 48usize, 40usize), (129, 67, 33), (1, 256, 512), (300, 1, 70), (256, 256, 1024)];
+        let types = [(BF16, BF16), (BF16, F32), (F16, F16), (F16, F32), (F32, F32)];
+        for (m, n, k) in shapes {
+            for (dt, ot) in types {
+                for (a_trans, b_trans) in [(false, false), (true, false), (false, true), (true, true)] {
+                    for (pad, shift, accumulate) in [(0, 0, false), (8, 0, true), (3, 1, false)] {
+                        let mut p = MatmulParams::new(m, n, k, 0, 0, 0, dt);
+                        p.out_dtype = ot;
+                        (p.a_trans, p.b_trans, p.accumulate) = (a_trans, b_trans, accumulate);
+                        p.lda = if a_trans { m } else { k } + pad;
+                        p.ldb = if b_trans { k } else { n } + pad;
+                        p.ldc = n + pad;
+                        p.alpha = if accumulate { 0.5 } else { 1.0 };
+                        let case = setup(&g, p, shift);
+                        let what = format!("{:?}", case.p);
+                        gemm.matmul(&case.p, g.stream()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        g.sync();
+                        verify(&case, &what);
+                    }
+                }
+            }
+        }
+        // An SM count target, a workspace of our own, k == 0.
+        let mut p = MatmulParams::new(512, 384, 256, 0, 0, 0, BF16);
+        p.sm_count_target = Some(16);
+        let ws = gemm.alloc_workspace().unwrap();
+        p.workspace = ws.as_param();
+        let case = setup(&g, p, 0);
+        gemm.matmul(&case.p, g.stream()).unwrap();
+        g.sync();
+        verify(&case, "sm_count_target 16, own workspace");
+        for accumulate in [false, true] {
+            let mut p = MatmulParams::new(33, 20, 0, 0, 0, 0, BF16);
+            (p.ldc, p.accumulate) = (24, accumulate);
+            let case = setup(&g, p, 0);
+            gemm.matmul(&case.p, g.stream()).unwrap();
+            g.sync();
+            verify(&case, &format!("k == 0, accumulate {accumulate}"));
+        }
+        assert!(gemm.cached_plans() > 100);
+    }
+
+    #[test]
+    fn gpu_matmul_in_graph_capture() {
+        let Some(g) = gpu() else { return };
+        let gemm = Gemm::new(&g.ctx).unwrap();
+        // A shape seen before capture (cached plan) ...
+        let mut p = MatmulParams::new(256, 192, 128, 0, 0, 0, GemmDtype::BF16);
+        p.accumulate = true;
+        let warm = setup(&g, p, 0);
+        gemm.matmul(&warm.p, g.stream()).unwrap();
+        g.sync();
+        let case = setup(&g, p, 0);
+        // ... and one first seen during capture (heuristic query in capture).
+        let fresh = setup(&g, MatmulParams::new(96, 80, 72, 0, 0, 0, GemmDtype::F16), 0);
+        let before = gemm.cached_plans();
+        capture_and_replay(&g, 1, || {
+            gemm.matmul(&case.p, g.stream()).unwrap();
+            gemm.matmul(&fresh.p, g.stream()).unwrap();
+        });
+        assert_eq!(gemm.cached_plans(), before + 1);
+        verify(&case, "captured, cached plan, accumulate, replayed once");
+        verify(&fresh, "captured, plan made during capture");
+    }
+
+    /// TFLOP/s of large bf16 matmuls, with and without an SM target (run
+    /// with --ignored on a GPU machine).
+    #[test]
+    #[ignore]
+    fn gpu_matmul_throughput() {
+        let Some(g) = gpu() else { return };
+        let gemm = Gemm::new(&g.ctx).unwrap();
+        for (m, n, k) in [(8192usize, 8192usize, 8192usize), (16384, 8192, 8192), (4096, 4096, 4096)] {
+            let a = g.alloc(m * k * 2);
+            let b = g.alloc(k * n * 2);
+            let c = g.alloc(m * n * 2);
+            for target in [None, Some(120), Some(100)] {
+                let mut p = MatmulParams::new(m, n, k, a.ptr, b.ptr, c.ptr, GemmDtype::BF16);
+                p.sm_count_target = target;
+                let ms = time_ms(&g, 3, 10, || gemm.matmul(&p, g.stream()).unwrap());
+                let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 / 1e3) / 1e12;
+                eprintln!("matmul bf16 {m}x{n}x{k} sm_target={target:?}: {ms:.3} ms, {tflops:.0} TFLOP/s");
+            }
+        }
+    }
+
+    #[test]
+    fn missing_cublaslt_is_an_error_not_a_panic() {
+        // Without the library this is Unsupported with a message; with it,
+        // the version is at least 12.0.
+        match ensure_cublaslt() {
+            Ok(v) => assert!(v >= MIN_VERSION),
+            Err(e) => {
+                assert_eq!(e.kind, ErrorKind::Unsupported);
+                assert!(e.msg.contains("cuBLASLt"), "{}", e.msg);
+            }
+        }
+    }
+}

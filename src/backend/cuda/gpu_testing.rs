@@ -1,0 +1,168 @@
+//! Test helpers for the CUDA kernels and cuBLASLt wrappers: a device, its
+//! kernels, a private stream and device buffers. Tests that need a GPU call
+//! [`gpu`] and return early (passing) on machines without one, so the same
+//! suite runs in CI and checks the real thing on a GPU machine
+//! (`cargo test --release --lib backend::cuda`).
+
+use super::driver::{self, check};
+use super::module::{self, Kernels};
+use crate::backend::Stream;
+use cudarc::driver::{sys, CudaContext};
+use std::sync::Arc;
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub kernels: Arc<Kernels>,
+    stream: sys::CUstream,
+}
+
+/// Device 0 with its kernels, or `None` (the test then passes vacuously)
+/// when this machine has no GPU.
+pub fn gpu() -> Option<Gpu> {
+    if driver::device_count() == 0 {
+        eprintln!("no CUDA device: GPU part of the test skipped");
+        return None;
+    }
+    let ctx = driver::context(0).expect("context of device 0");
+    let kernels = module::kernels(&ctx).expect("loading symm's kernels");
+    let mut stream = std::ptr::null_mut();
+    let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+    // SAFETY: out-pointer valid; the context is current.
+    check(unsafe { sys::cuStreamCreate(&mut stream, flags) }, "cuStreamCreate").unwrap();
+    Some(Gpu { ctx, kernels, stream })
+}
+
+impl Gpu {
+    pub fn stream(&self) -> Stream {
+        Stream(self.stream as usize)
+    }
+
+    pub fn sync(&self) {
+        self.ctx.bind_to_thread().unwrap();
+        // SAFETY: our own stream.
+        check(unsafe { sys::cuStreamSynchronize(self.stream) }, "cuStreamSynchronize").unwrap();
+    }
+
+    pub fn alloc(&self, bytes: usize) -> DevBuf {
+        self.ctx.bind_to_thread().unwrap();
+        let mut ptr = 0;
+        // SAFETY: out-pointer valid.
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) }, "cuMemAlloc").unwrap();
+        DevBuf { ptr, bytes }
+    }
+
+    /// A buffer holding `data`.
+    pub fn upload<T: Copy>(&self, data: &[T]) -> DevBuf {
+        let b = self.alloc(std::mem::size_of_val(data));
+        b.write(data);
+        b
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: created in gpu().
+        unsafe { sys::cuStreamDestroy_v2(self.stream) };
+    }
+}
+
+/// `cuMemAlloc` memory, freed on drop. Copies are synchronous.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    pub fn write<T: Copy>(&self, data: &[T]) {
+        let bytes = std::mem::size_of_val(data);
+        assert!(bytes <= self.bytes);
+        // SAFETY: the buffer holds `bytes`; the source is valid host memory.
+        check(unsafe { sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), bytes) }, "cuMemcpyHtoD").unwrap();
+        // cuMemcpyHtoD from pageable memory may return before the DMA has
+        // landed, and kernels on non-blocking streams do not wait for it.
+        // SAFETY: no arguments.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize").unwrap();
+    }
+
+    /// The first `n` elements of type `T`.
+    pub fn read<T: Copy + Default>(&self, n: usize) -> Vec<T> {
+        let mut v = vec![T::default(); n];
+        let bytes = std::mem::size_of_val(v.as_slice());
+        assert!(bytes <= self.bytes);
+        // SAFETY: as write, in the other direction.
+        check(unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), self.ptr, bytes) }, "cuMemcpyDtoH").unwrap();
+        v
+    }
+
+    pub fn read_bytes(&self) -> Vec<u8> {
+        self.read(self.bytes)
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by Gpu::alloc.
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+/// Milliseconds per iteration of `f` enqueued `iters` times on `g`'s stream
+/// (after `warmup` untimed ones), measured with CUDA events.
+pub fn time_ms(g: &Gpu, warmup: usize, iters: usize, mut f: impl FnMut()) -> f32 {
+    for _ in 0..warmup {
+        f();
+    }
+    let mut ev = [std::ptr::null_mut(); 2];
+    for e in &mut ev {
+        // SAFETY: out-pointer valid.
+        check(unsafe { sys::cuEventCreate(e, 0) }, "cuEventCreate").unwrap();
+    }
+    // SAFETY: events and stream are ours.
+    check(unsafe { sys::cuEventRecord(ev[0], g.stream) }, "cuEventRecord").unwrap();
+    for _ in 0..iters {
+        f();
+    }
+    check(unsafe { sys::cuEventRecord(ev[1], g.stream) }, "cuEventRecord").unwrap();
+    g.sync();
+    let mut ms = 0.0f32;
+    check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]) }, "cuEventElapsedTime").unwrap();
+    for e in ev {
+        unsafe { sys::cuEventDestroy_v2(e) };
+    }
+    ms / iters as f32
+}
+
+/// Captures what `f` enqueues on `g`'s stream into a graph, then launches
+/// the graph `replays` times and waits. Returns `f`'s result from capture.
+pub fn capture_and_replay<R>(g: &Gpu, replays: usize, f: impl FnOnce() -> R) -> R {
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    // SAFETY: our own stream; graph handles are created and destroyed here.
+    unsafe {
+        check(sys::cuStreamBeginCapture_v2(g.stream, mode), "cuStreamBeginCapture").unwrap();
+        let r = f();
+        let mut graph = std::ptr::null_mut();
+        check(sys::cuStreamEndCapture(g.stream, &mut graph), "cuStreamEndCapture").unwrap();
+        let mut exec = std::ptr::null_mut();
+        check(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), "cuGraphInstantiate").unwrap();
+        for _ in 0..replays {
+            check(sys::cuGraphLaunch(exec, g.stream), "cuGraphLaunch").unwrap();
+        }
+        g.sync();
+        sys::cuGraphExecDestroy(exec);
+        sys::cuGraphDestroy(graph);
+        r
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+pub fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}

@@ -1,0 +1,73 @@
+//! Side streams and the events that fork them from, and join them back to,
+//! the caller's stream. Made on first use (outside graph capture) and kept:
+//! a captured graph refers to them.
+
+use super::driver::check;
+use crate::backend::Stream;
+use crate::error::{err, Result};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Up to this many side streams (one per concurrent copy engine is plenty).
+const MAX_SIDE: usize = 8;
+
+#[derive(Default)]
+pub struct SideStreams {
+    streams: Mutex<Vec<usize>>,
+    /// One event per stream that others wait on: a wait refers to the
+    /// event's latest record at the time of the wait, so record-then-wait
+    /// back to back needs no more.
+    events: Mutex<HashMap<usize, usize>>,
+}
+
+impl SideStreams {
+    pub fn stream(&self, i: usize) -> Result<Stream> {
+        if i >= MAX_SIDE {
+            return Err(err!(Internal, "side stream {i} requested; at most {MAX_SIDE}"));
+        }
+        let mut v = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        while v.len() <= i {
+            let mut s = std::ptr::null_mut();
+            let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+            // SAFETY: out-pointer valid; the backend made its context current.
+            check(unsafe { sys::cuStreamCreate(&mut s, flags) }, "cuStreamCreate")?;
+            v.push(s as usize);
+        }
+        Ok(Stream(v[i]))
+    }
+
+    pub fn wait(&self, waiter: Stream, on: Stream) -> Result<()> {
+        if waiter == on {
+            return Ok(());
+        }
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let ev = match events.get(&on.0) {
+            Some(&e) => e,
+            None => {
+                let mut e = std::ptr::null_mut();
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+                // SAFETY: out-pointer valid; context current.
+                check(unsafe { sys::cuEventCreate(&mut e, flags) }, "cuEventCreate")?;
+                events.insert(on.0, e as usize);
+                e as usize
+            }
+        };
+        // SAFETY: both streams belong to the current context; the event too.
+        check(unsafe { sys::cuEventRecord(ev as sys::CUevent, on.0 as sys::CUstream) }, "cuEventRecord")?;
+        check(unsafe { sys::cuStreamWaitEvent(waiter.0 as sys::CUstream, ev as sys::CUevent, 0) }, "cuStreamWaitEvent")
+    }
+}
+
+impl Drop for SideStreams {
+    fn drop(&mut self) {
+        for &e in self.events.get_mut().unwrap_or_else(|p| p.into_inner()).values() {
+            // SAFETY: created in wait().
+            unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) };
+        }
+        for &s in self.streams.get_mut().unwrap_or_else(|p| p.into_inner()).iter() {
+            // SAFETY: created in stream().
+            unsafe { sys::cuStreamDestroy_v2(s as sys::CUstream) };
+        }
+    }
+}
