@@ -103,8 +103,28 @@ static void handle_outlives_group(void) {
     CHECK(symm_handle_destroy(h));
 }
 
+/* A group that checks operation arguments on every call, with one op. */
+static void check_args_always_flag(void) {
+    symm_group_config_t cfg = SYMM_GROUP_CONFIG_INIT;
+    cfg.backend = SYMM_BACKEND_HOST;
+    cfg.flags = SYMM_GROUP_CHECK_ARGS_ALWAYS;
+    symm_group_t g;
+    CHECK(symm_group_init_local(&g, 1, NULL, &cfg));
+    float in[4] = {1, 2, 3, 4}, out[4] = {0};
+    int64_t shape[1] = {4};
+    symm_tensor_t it = symm_tensor_contiguous(in, SYMM_DTYPE_F32, 1, shape);
+    symm_tensor_t ot = symm_tensor_contiguous(out, SYMM_DTYPE_F32, 1, shape);
+    CHECK(symm_lc_allgather(g, &it, &ot, NULL));
+    EXPECT(out[3] == 4);
+    CHECK(symm_group_destroy(g));
+    cfg.flags = 4;
+    EXPECT_STATUS(symm_group_init_local(&g, 1, NULL, &cfg), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("unknown bits 0x4");
+}
+
 int main(void) {
     version_and_strings();
+    check_args_always_flag();
     symm_group_config_t cfg = SYMM_GROUP_CONFIG_INIT;
     cfg.backend = SYMM_BACKEND_HOST;
     symm_group_t g;

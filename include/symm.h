@@ -17,8 +17,17 @@
 // Group flag: several ranks may share one CUDA device.
 #define SYMM_GROUP_ALLOW_SHARED_DEVICE 1
 
+// Group flag: the ranks check that they agree on an operation's arguments
+// on every call. By default a call whose arguments all ranks agreed on
+// before skips the check (one bootstrap round trip); env
+// `SYMM_CHECK_ARGS=always` sets this flag too.
+#define SYMM_GROUP_CHECK_ARGS_ALWAYS 2
+
 // Number of signal channels of every handle (valid channels are 0..15).
 #define SYMM_SIGNAL_CHANNELS 16
+
+// Most dimensions a tensor may have.
+#define SYMM_MAX_DIMS 8
 
 #define SYMM_VERSION_MAJOR 0
 
@@ -81,6 +90,60 @@ typedef struct {
   int (*barrier)(void *ctx);
 } symm_bootstrap_t;
 
+// Element type of a tensor.
+typedef int32_t symm_dtype_t;
+
+// A tensor the caller owns: where its elements are and how they are laid
+// out (PyTorch-style sizes and element strides). For an operation's
+// outputs symm writes the elements, never the descriptor.
+typedef struct {
+  // The first element, aligned to the element size: device memory of
+  // the group's device on CUDA, host memory on the host backend.
+  void *data;
+  // `SYMM_DTYPE_*`.
+  symm_dtype_t dtype;
+  // Number of dimensions, 1 to `SYMM_MAX_DIMS`.
+  int32_t ndim;
+  // Sizes of the first `ndim` dimensions, each at least 1.
+  int64_t shape[SYMM_MAX_DIMS];
+  // Strides in elements of the first `ndim` dimensions, each at least 0
+  // (row-major contiguous: `strides[i]` = product of `shape[i+1..]`).
+  int64_t strides[SYMM_MAX_DIMS];
+} symm_tensor_t;
+
+// Options of `symm_fused_ag_mm`. Initialize with `SYMM_AG_MM_OPTIONS_INIT`;
+// fields are only ever appended, and `struct_size` tells symm which exist.
+// The fields are for fp8 matmuls, which a later version implements: in
+// this version they must stay NULL (else `SYMM_ERROR_UNSUPPORTED`). The
+// output dtype is each output tensor's own `dtype`.
+typedef struct {
+  // `sizeof(symm_ag_mm_options_t)` as the caller compiled it.
+  size_t struct_size;
+  // Scale of `a_shard`.
+  const symm_tensor_t *a_scale;
+  // `num_b` scales, one per B.
+  const symm_tensor_t *b_scales;
+  // `num_b` bias vectors `[N_i]`, added to each output.
+  const symm_tensor_t *biases;
+} symm_ag_mm_options_t;
+
+// How `symm_mm_rs` combines the ranks' products.
+typedef int32_t symm_reduce_op_t;
+
+// Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`;
+// as `symm_ag_mm_options_t`, the fields are for fp8 matmuls of a later
+// version and must stay NULL in this one.
+typedef struct {
+  // `sizeof(symm_mm_rs_options_t)` as the caller compiled it.
+  size_t struct_size;
+  // Scale of `a`.
+  const symm_tensor_t *a_scale;
+  // Scale of `b`.
+  const symm_tensor_t *b_scale;
+  // Bias vector `[N]` of the matmul.
+  const symm_tensor_t *bias;
+} symm_mm_rs_options_t;
+
 #define SYMM_SUCCESS 0
 
 // An argument is NULL, out of range or malformed. Nothing was changed.
@@ -126,6 +189,23 @@ typedef struct {
 
 // Shared host memory; operations run on CPUs and ignore streams.
 #define SYMM_BACKEND_HOST 2
+
+#define SYMM_DTYPE_F32 1
+
+#define SYMM_DTYPE_BF16 2
+
+#define SYMM_DTYPE_F16 3
+
+// 8-bit floats (OCP E4M3 and E5M2): copied by `symm_lc_allgather`; matmuls
+// on them need scales, which a later version adds.
+#define SYMM_DTYPE_FP8_E4M3 4
+
+#define SYMM_DTYPE_FP8_E5M2 5
+
+#define SYMM_REDUCE_SUM 0
+
+// The sum divided by the world size.
+#define SYMM_REDUCE_AVG 1
 
 #ifdef __cplusplus
 extern "C" {
@@ -209,8 +289,9 @@ symm_status_t symm_group_init_env(symm_group_t *group, const symm_group_config_t
 // Collectives of such groups must then be called from n threads at once.
 symm_status_t symm_group_init_local(symm_group_t *groups, int n, const int *devices, const symm_group_config_t *cfg);
 
-// Releases this rank's reference to the group. NULL is accepted. Buffers
-// and handles of the group stay valid until they are destroyed.
+// Releases this rank's reference to the group and frees its operations'
+// workspace. NULL is accepted. Buffers and handles of the group stay valid
+// until they are destroyed.
 symm_status_t symm_group_destroy(symm_group_t group);
 
 symm_status_t symm_group_rank(symm_group_t group, int *rank);
@@ -231,6 +312,68 @@ symm_status_t symm_group_set_timeout(symm_group_t group, int timeout_ms);
 // wait that timed out inside a kernel), as `SYMM_ERROR_TIMEOUT` naming the
 // peer. Returns `SYMM_SUCCESS` when none happened.
 symm_status_t symm_group_check_async_error(symm_group_t group);
+
+// Collective: makes the group's workspace at least `bytes` large now, so
+// that operations up to that size do not grow it later (growing is
+// collective, and on CUDA not allowed during graph capture). Every rank
+// passes the same `bytes`. The workspace never shrinks.
+//
+// The operations below are collective over the group: every rank calls
+// them in the same order. Before moving data the ranks agree on the call:
+// an argument that is invalid on any rank fails the call on every rank
+// (that rank gets `SYMM_ERROR_INVALID_ARGUMENT` naming the argument, the
+// others `SYMM_ERROR_REMOTE` quoting it), and arguments that differ
+// between ranks fail it everywhere with `SYMM_ERROR_MISMATCH`; outputs
+// are then untouched. A call identical to one all ranks agreed on before
+// skips that check (one bootstrap round trip) unless the group has
+// `SYMM_GROUP_CHECK_ARGS_ALWAYS` or env `SYMM_CHECK_ARGS=always`; a rank
+// that then alone errs or differs makes its peers time out instead. After
+// `SYMM_ERROR_TIMEOUT` inside an operation, outputs may be partly written
+// and the group's signals out of step: destroy the group.
+symm_status_t symm_group_reserve_workspace(symm_group_t group, size_t bytes);
+
+// Collective: `all_gather(a_shard, gather_dim) @ bs[i]` for i < `num_b`,
+// as PyTorch's `fused_all_gather_matmul`.
+//
+// The gathered A is the ranks' `a_shard`s (rank >= 2, `[..., K]`, any
+// strides) concatenated along `gather_dim` (0 to ndim-1) in rank order.
+// Each `bs[i]` is `[K_total, N_i]` with K_total = K, or K * world when
+// `gather_dim` is the last dimension. `outs[i]` receives gathered A @
+// `bs[i]`: the gathered shape with the last dimension N_i. `ag_out`, if
+// not NULL, receives the gathered A. Types: f32, bf16 or f16, all the
+// same; products are summed in f32. `opts` may be NULL.
+//
+// Every rank passes the same dtype, shapes, `gather_dim` and `num_b`
+// (else `SYMM_ERROR_MISMATCH` on every rank). Outputs may be strided but
+// must not overlap themselves, each other or the inputs. On any error
+// before data moved, no output was written.
+symm_status_t symm_fused_ag_mm(symm_group_t group, const symm_tensor_t *a_shard, const symm_tensor_t *bs, int num_b, int gather_dim, const symm_tensor_t *ag_out, const symm_tensor_t *outs, const symm_ag_mm_options_t *opts, void *stream);
+
+// Collective: `reduce_scatter(a @ b, op, scatter_dim)`, as PyTorch's
+// `fused_matmul_reduce_scatter`.
+//
+// `a` is `[..., K]` (rank >= 2, any strides), `b` is `[K, N]`; their
+// product has `a`'s shape with the last dimension N, and its dimension
+// `scatter_dim` (0 to ndim-1) must divide by the world size. Rank r's
+// `out` receives chunk r of that dimension, summed over the ranks
+// (`SYMM_REDUCE_SUM`) or averaged (`SYMM_REDUCE_AVG`). Types: f32, bf16 or
+// f16, all the same; products and sums in f32. `opts` may be NULL.
+//
+// Every rank passes the same dtype, shapes, `scatter_dim` and `op` (else
+// `SYMM_ERROR_MISMATCH` on every rank). `out` may be strided but must not
+// overlap itself or the inputs. On any error before data moved, `out` was
+// not written.
+symm_status_t symm_mm_rs(symm_group_t group, const symm_tensor_t *a, const symm_tensor_t *b, int scatter_dim, symm_reduce_op_t op, const symm_tensor_t *out, const symm_mm_rs_options_t *opts, void *stream);
+
+// Collective: gathers every rank's `input` along dimension 0 into
+// `output` (`[world * d0, ...]`, rank r's input at rows r*d0), as PyTorch's
+// `_low_contention_all_gather`: pure copies, each rank pulling from one
+// peer at a time. Any dtype and strides. When `input` is contiguous in a
+// rendezvoused symmetric buffer, peers read it in place; otherwise it is
+// first copied to the group's workspace. Every rank passes the same dtype
+// and shape, and its input either at the same offset of the same symmetric
+// buffer or in ordinary memory (else `SYMM_ERROR_MISMATCH`).
+symm_status_t symm_lc_allgather(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *output, void *stream);
 
 // Writes the library's version as `MAJOR * 10000 + MINOR * 100 + PATCH`,
 // to compare with `SYMM_VERSION_CODE` from the header.
@@ -254,3 +397,29 @@ const char *symm_last_error(void);
 /* Default-initialize option structs with these: they set struct_size. */
 #define SYMM_GROUP_CONFIG_INIT {sizeof(symm_group_config_t), SYMM_BACKEND_AUTO, 0, 0}
 #define SYMM_BOOTSTRAP_INIT {sizeof(symm_bootstrap_t), NULL, NULL, NULL}
+#define SYMM_AG_MM_OPTIONS_INIT {sizeof(symm_ag_mm_options_t), NULL, NULL, NULL}
+#define SYMM_MM_RS_OPTIONS_INIT {sizeof(symm_mm_rs_options_t), NULL, NULL, NULL}
+
+#ifndef SYMM_TENSOR_HELPERS
+#define SYMM_TENSOR_HELPERS
+/* A row-major contiguous tensor of `ndim` dimensions of sizes `shape`. */
+static inline symm_tensor_t symm_tensor_contiguous(void *data, symm_dtype_t dtype, int32_t ndim,
+                                                   const int64_t *shape) {
+    symm_tensor_t t;
+    int64_t stride = 1;
+    int32_t i;
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = ndim;
+    for (i = 0; i < SYMM_MAX_DIMS; i++) {
+        t.shape[i] = 1;
+        t.strides[i] = 0;
+    }
+    for (i = ndim - 1; i >= 0 && i < SYMM_MAX_DIMS; i--) {
+        t.shape[i] = shape[i];
+        t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+#endif

@@ -61,6 +61,10 @@ pub struct Handle {
     data: Vec<u64>,
     pads: Vec<u64>,
     buffer: Arc<Buffer>,
+    /// The same on every rank's handle of one rendezvous and different for
+    /// every rendezvous (rank 0's random token), so ranks can tell whether
+    /// they hold the same symmetric memory.
+    id: u64,
 }
 
 impl Handle {
@@ -69,6 +73,9 @@ impl Handle {
     }
     pub fn group(&self) -> &Arc<Group> {
         &self.buffer.group
+    }
+    pub fn id(&self) -> u64 {
+        self.id
     }
     /// Address, in this process, of `rank`'s data.
     pub fn peer_addr(&self, rank: usize) -> Result<u64> {
@@ -134,14 +141,20 @@ impl Announce {
     }
 }
 
-/// Collective: maps every rank's copy of `buffer` into this rank.
+/// Collective: maps every rank's copy of `buffer` into this rank, and
+/// registers the handle with the group (see [`Group::find_symmetric`]).
+pub fn rendezvous(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
+    let _lock = buffer.group.lock_collective();
+    rendezvous_locked(buffer)
+}
+
+/// [`rendezvous`] for a caller that holds the group's collective lock.
 ///
 /// Three exchanges: announce (size, where to fetch our fd), then every rank
 /// fetches and maps its peers' fds, then all confirm, so our fd stays
 /// published until every peer holds it and a failure anywhere fails everyone.
-pub fn rendezvous(buffer: &Arc<Buffer>) -> Result<Handle> {
+pub fn rendezvous_locked(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
     let group = buffer.group.clone();
-    let _lock = group.lock_collective();
     let (rank, world) = (group.rank(), group.world());
 
     let publish = || -> Result<(ipc::Publication, Announce)> {
@@ -171,7 +184,10 @@ pub fn rendezvous(buffer: &Arc<Buffer>) -> Result<Handle> {
     }
     let pads: Vec<u64> = data.iter().map(|a| a + buffer.pad_offset as u64).collect();
     let signals = group.backend().signals(PadSet { rank, world, pads: pads.clone() })?;
-    Ok(Handle { signals, peers: peers_mapped, data, pads, buffer: buffer.clone() })
+    let handle =
+        Arc::new(Handle { signals, peers: peers_mapped, data, pads, buffer: buffer.clone(), id: peers[0].token });
+    group.register_symmetric(&handle);
+    Ok(handle)
 }
 
 /// Every rank must have allocated the same size; report all that differ.

@@ -5,13 +5,19 @@
 //! process, device, backend) and the group checks the announcements agree
 //! before anything else happens, so a misconfigured rank fails every rank
 //! with a message instead of corrupting data later.
+//!
+//! A group also keeps what its operations share between calls: the
+//! symmetric workspace they move data through, the rendezvoused buffers an
+//! operation may use in place, and the call signatures all ranks agreed on.
 
 use crate::backend::{self, Backend, BackendChoice, BackendKind};
 use crate::bootstrap::{allgather_var, Bootstrap};
+use crate::buffer::Handle;
 use crate::error::{err, Result};
 use crate::wire::{Reader, Writer};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 /// Default time any rank waits for the others.
@@ -25,6 +31,10 @@ pub struct GroupConfig {
     pub timeout: Option<Duration>,
     /// Let several ranks of the group use one device (tests, oversubscription).
     pub allow_shared_device: bool,
+    /// Check that the ranks agree on every operation's arguments on every
+    /// call, not only the first time a signature is seen (also forced by
+    /// env `SYMM_CHECK_ARGS=always`).
+    pub check_args_always: bool,
 }
 
 impl GroupConfig {
@@ -37,6 +47,17 @@ impl GroupConfig {
                 err!(InvalidArgument, "SYMM_TIMEOUT_MS={v:?}: expected a positive number of milliseconds")
             }),
             Err(_) => Ok(DEFAULT_TIMEOUT),
+        }
+    }
+
+    fn resolved_check_args_always(&self) -> Result<bool> {
+        match std::env::var("SYMM_CHECK_ARGS") {
+            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "always" => Ok(true),
+                "" | "cached" => Ok(self.check_args_always),
+                _ => Err(err!(InvalidArgument, "SYMM_CHECK_ARGS={v:?}: expected always or cached")),
+            },
+            Err(_) => Ok(self.check_args_always),
         }
     }
 
@@ -71,7 +92,23 @@ pub struct Group {
     /// Shared by all ranks (rank 0's draw): authenticates fd requests.
     secret: [u8; 32],
     ranks: Vec<RankInfo>,
+    check_args_always: bool,
+    /// Signatures of calls all ranks agreed on, so that repeats skip the
+    /// exchange. Every rank inserts and clears in the same order (inserts
+    /// follow an exchange all ranks took part in), so the sets stay equal.
+    agreed: Mutex<HashSet<Vec<u8>>>,
+    /// The operations' symmetric workspace, grown collectively on demand.
+    /// It refers back to this group, so [`Group::release_workspace`] breaks
+    /// the cycle when the caller gives the group up.
+    workspace: Mutex<Option<Arc<Handle>>>,
+    /// Every live rendezvoused handle of this group, by the address range
+    /// of this rank's data.
+    symmetric: Mutex<Vec<(std::ops::Range<u64>, Weak<Handle>)>>,
 }
+
+/// A workload cycling through more distinct calls than this re-agrees
+/// after each wrap-around; memory stays bounded.
+const MAX_AGREED: usize = 1024;
 
 impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,7 +136,11 @@ impl Group {
         // the other ranks fail with a message instead of timing out.
         let timeout = cfg.resolved_timeout();
         let wait = *timeout.as_ref().unwrap_or(&DEFAULT_TIMEOUT);
-        let local = timeout.and_then(|_| cfg.resolved_backend()).and_then(|choice| backend::select(choice, device));
+        let check_args_always = cfg.resolved_check_args_always();
+        let local = timeout
+            .and_then(|_| check_args_always.clone())
+            .and_then(|_| cfg.resolved_backend())
+            .and_then(|choice| backend::select(choice, device));
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| err!(System, "getrandom: {e}"))?;
         let payload = match &local {
@@ -130,6 +171,10 @@ impl Group {
             collective: Mutex::new(()),
             secret: rank0_secret,
             ranks,
+            check_args_always: check_args_always?,
+            agreed: Mutex::default(),
+            workspace: Mutex::new(None),
+            symmetric: Mutex::new(Vec::new()),
         }))
     }
 
@@ -194,7 +239,7 @@ impl Group {
 
     /// Takes the collective lock for a multi-step collective.
     pub fn lock_collective(&self) -> MutexGuard<'_, ()> {
-        self.collective.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.collective)
     }
 
     /// Collective: every rank offers its own result; all get every rank's
@@ -205,11 +250,68 @@ impl Group {
         exchange(self.bootstrap.as_ref(), local, self.timeout())
     }
 
+    /// Whether operations exchange their signature on every call.
+    pub fn check_args_always(&self) -> bool {
+        self.check_args_always
+    }
+
+    /// Whether every rank agreed on this signature before.
+    pub fn is_agreed(&self, signature: &[u8]) -> bool {
+        lock(&self.agreed).contains(signature)
+    }
+
+    /// Records a signature every rank just agreed on. Call on every rank,
+    /// right after the exchange that showed the agreement.
+    pub fn mark_agreed(&self, signature: Vec<u8>) {
+        let mut agreed = lock(&self.agreed);
+        if agreed.len() >= MAX_AGREED {
+            agreed.clear();
+        }
+        agreed.insert(signature);
+    }
+
+    /// The operations' workspace, if one was made.
+    pub fn workspace(&self) -> Option<Arc<Handle>> {
+        lock(&self.workspace).clone()
+    }
+
+    /// Replaces the workspace (the old one is freed once no call uses it).
+    pub fn set_workspace(&self, ws: Arc<Handle>) {
+        *lock(&self.workspace) = Some(ws);
+    }
+
+    /// Frees the workspace, which otherwise keeps the group alive through
+    /// its buffer's reference. Called when the caller destroys the group.
+    pub fn release_workspace(&self) {
+        lock(&self.workspace).take();
+    }
+
+    /// Adds a rendezvoused handle to the registry that
+    /// [`Group::find_symmetric`] searches.
+    pub fn register_symmetric(&self, h: &Arc<Handle>) {
+        let start = h.buffer().addr();
+        let mut reg = lock(&self.symmetric);
+        reg.retain(|(_, w)| w.strong_count() > 0);
+        reg.push((start..start + h.buffer().size() as u64, Arc::downgrade(h)));
+    }
+
+    /// A live rendezvoused handle whose data on this rank holds all of
+    /// `range`.
+    pub fn find_symmetric(&self, range: std::ops::Range<u64>) -> Option<Arc<Handle>> {
+        let reg = lock(&self.symmetric);
+        reg.iter().filter(|(r, _)| r.start <= range.start && range.end <= r.end).find_map(|(_, w)| w.upgrade())
+    }
+
     /// Collective barrier over the bootstrap (not the data path).
     pub fn bootstrap_barrier(&self) -> Result<()> {
         let _g = self.lock_collective();
         self.bootstrap.barrier(self.timeout())
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded values stay consistent even if a holder panicked.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// See [`Group::exchange`].

@@ -3,8 +3,9 @@
 //!
 //! Layers, each depending only on those below it:
 //! `ffi` (the C shell) -> `ops` -> `group`/`buffer` -> `bootstrap`, `ipc`,
-//! `backend` -> `error`.
+//! `backend` -> `array`, `error`.
 
+pub mod array;
 pub mod backend;
 pub mod bootstrap;
 pub mod error;
@@ -14,4 +15,6 @@ pub use error::{Error, ErrorKind, Result};
 pub mod buffer;
 pub mod ffi;
 pub mod group;
+pub mod ops;
+pub mod plan;
 pub(crate) mod wire;

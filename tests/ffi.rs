@@ -3,26 +3,13 @@
 //! 1 to 4 ranks over every bootstrap. A rank that hangs is killed by the
 //! program's own launcher (`--deadline`), so a hang fails, never stalls.
 
+mod common;
+
+use common::{lib_dir, root};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Where cargo put libsymm.so: the profile dir above this test's `deps/`.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    assert!(
-        dir.join("libsymm.so").exists(),
-        "libsymm.so not found in {}: `cargo test` does not build the cdylib; run `cargo build` (same profile) first, or .ci/test",
-        dir.display()
-    );
-    dir
-}
 
 /// Compiles one C or C++ file into an executable linked with libsymm, once
 /// per test binary even when tests run in parallel.
@@ -65,7 +52,7 @@ fn compile(src: &str, std: &str) -> PathBuf {
         .arg(&exe)
         .arg(format!("-L{}", lib.display()))
         .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .args(["-lsymm", "-lpthread"])
+        .args(["-lsymm", "-lpthread", "-lm"])
         .status()
         .expect("running the C compiler");
     assert!(status.success(), "compiling ffi-tests/{src} failed");
@@ -74,10 +61,16 @@ fn compile(src: &str, std: &str) -> PathBuf {
 
 /// Runs a program with arguments; the run must exit 0.
 fn run(exe: &Path, args: &[&str]) {
+    run_with_env(exe, args, &[]);
+}
+
+fn run_with_env(exe: &Path, args: &[&str], env: &[(&str, &str)]) {
     let out = Command::new(exe)
         .args(args)
         .env("SYMM_BACKEND", "host")
         .env_remove("RANK")
+        .env_remove("SYMM_CHECK_ARGS")
+        .envs(env.iter().copied())
         .output()
         .expect("starting the test program");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -130,6 +123,25 @@ fn missing_rank_is_named() {
     for mode in ["uid", "env", "callback"] {
         run(&exe, &["--world-size", "3", "--mode", mode, "--skip-rank", "2", "--deadline", "60"]);
     }
+}
+
+#[test]
+fn ops_unique_id() {
+    worlds_and_modes("test_ops.c", &[1, 2, 3, 4], &["uid"]);
+}
+
+#[test]
+fn ops_in_process() {
+    worlds_and_modes("test_ops.c", &[1, 2, 3, 4], &["local"]);
+}
+
+/// Checking arguments on every call catches ranks that disagree on a call
+/// whose arguments were agreed before.
+#[test]
+fn ops_check_args_always() {
+    let exe = build("test_ops.c", "c11");
+    let args = ["--world-size", "3", "--mode", "uid", "--deadline", "60"];
+    run_with_env(&exe, &args, &[("SYMM_CHECK_ARGS", "always")]);
 }
 
 #[test]

@@ -10,6 +10,7 @@
 pub mod cuda;
 pub mod host;
 
+use crate::array::Array;
 use crate::error::{err, Result};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -143,6 +144,46 @@ pub trait Backend: Send + Sync {
     /// Reports a failure recorded asynchronously (e.g. by a kernel whose
     /// signal wait timed out); the host backend reports errors synchronously.
     fn check_async_error(&self) -> Result<()> {
+        Ok(())
+    }
+
+    // The data-moving primitives the operations (`crate::ops`) are written
+    // over. Arguments are checked by the operations; a backend may still
+    // refuse a combination it does not implement (Unsupported).
+
+    /// Copies `src` into `dst` (same shape, any strides), converting the
+    /// element type through f32 when the two differ.
+    fn copy(&self, dst: &Array, src: &Array, stream: Stream) -> Result<()> {
+        let _ = (dst, src, stream);
+        Err(err!(Unsupported, "the {} backend does not implement copy", self.kind().name()))
+    }
+
+    /// `dst = scale * (srcs[0] + srcs[1] + ...)`, summed in f32; every
+    /// source has `dst`'s shape.
+    fn reduce(&self, dst: &Array, srcs: &[Array], scale: f32, stream: Stream) -> Result<()> {
+        let _ = (dst, srcs, scale, stream);
+        Err(err!(Unsupported, "the {} backend does not implement reduce", self.kind().name()))
+    }
+
+    /// Matrices: `dst = a @ b`, or `dst += a @ b` with `accumulate` (which
+    /// needs an f32 `dst`); products are summed in f32 whatever the types.
+    fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
+        let _ = (dst, a, b, accumulate, stream);
+        Err(err!(Unsupported, "the {} backend does not implement gemm", self.kind().name()))
+    }
+
+    /// Stream `i` of the backend's own side streams, which run concurrently
+    /// with the caller's (copy-engine pulls overlapping matmuls). The host
+    /// backend completes work as it is issued, so any stream will do.
+    fn side_stream(&self, i: usize) -> Result<Stream> {
+        let _ = i;
+        Ok(Stream(0))
+    }
+
+    /// Makes `waiter` wait for the work queued on `on` so far (fork and
+    /// join of side streams; legal during graph capture).
+    fn stream_wait(&self, waiter: Stream, on: Stream) -> Result<()> {
+        let _ = (waiter, on);
         Ok(())
     }
 }

@@ -308,17 +308,15 @@ pub fn create_unique_id(listen: Option<&str>) -> Result<UniqueId> {
         },
     };
     let addr = parse_listen(&spec).map_err(|e| e.context(format!("{source} '{spec}'")))?;
-    let server = server_for(addr)?;
     let secret = random_secret()?;
-    server.register(secret);
+    let server = server_for(addr, secret)?;
     Ok(UniqueId::new(server.advertised, secret))
 }
 
 /// Hosts a store on exactly `listen` (reusing this process's store there, if
 /// any) for the group with `secret`. Used by the env bootstrap on rank 0.
 pub fn host_store(listen: SocketAddr, secret: [u8; SECRET_BYTES]) -> Result<UniqueId> {
-    let server = server_for(listen)?;
-    server.register(secret);
+    let server = server_for(listen, secret)?;
     Ok(UniqueId::new(server.advertised, secret))
 }
 
@@ -430,16 +428,19 @@ struct Registry {
 static REGISTRY: Lazy<Mutex<Registry>> =
     Lazy::new(|| Mutex::new(Registry { pid: std::process::id(), servers: HashMap::new() }));
 
-fn server_for(listen: SocketAddr) -> Result<Arc<Server>> {
+/// This process's store on `listen`, started if needed, serving the group
+/// of `secret`.
+fn server_for(listen: SocketAddr, secret: [u8; SECRET_BYTES]) -> Result<Arc<Server>> {
     let mut reg = lock(&REGISTRY);
     if reg.pid != std::process::id() {
         reg.pid = std::process::id();
         reg.servers.clear();
     }
     if let Some(s) = reg.servers.get(&listen) {
+        s.register(secret);
         return Ok(s.clone());
     }
-    let s = Server::start(listen)?;
+    let s = Server::start(listen, secret)?;
     reg.servers.insert(listen, s.clone());
     Ok(s)
 }
@@ -459,7 +460,10 @@ struct Group {
 }
 
 impl Server {
-    fn start(listen: SocketAddr) -> Result<Arc<Server>> {
+    /// Binds and serves `listen`, with the group of `secret` registered
+    /// before the first connection is accepted: env-bootstrap ranks dial
+    /// as soon as the port is open, and must not be refused in between.
+    fn start(listen: SocketAddr, secret: [u8; SECRET_BYTES]) -> Result<Arc<Server>> {
         let listener =
             TcpListener::bind(listen).map_err(|e| err!(Bootstrap, "bootstrap: cannot listen on {listen}: {e}"))?;
         let local = listener.local_addr().map_err(|e| err!(Bootstrap, "bootstrap: store on {listen}: {e}"))?;
@@ -468,6 +472,7 @@ impl Server {
             groups: Mutex::new(Vec::new()),
             next_conn: AtomicU64::new(0),
         });
+        server.register(secret);
         let s = server.clone();
         thread::Builder::new()
             .name("symm-store".into())

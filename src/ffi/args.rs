@@ -2,9 +2,11 @@
 //! on success, and option structs read up to the size the caller compiled.
 
 use super::types::*;
+use crate::array::{Array, DType};
 use crate::backend::BackendChoice;
 use crate::error::{err, Result};
 use crate::group::GroupConfig;
+use crate::ops::ReduceOp;
 use std::time::Duration;
 
 /// Checks an out-pointer is non-NULL before any work is done.
@@ -67,10 +69,128 @@ pub fn group_config(p: *const symm_group_config_t) -> Result<GroupConfig> {
             return Err(err!(InvalidArgument, "config->timeout_ms is {ms}; use 0 for the default or a positive value"))
         }
     };
-    let known = SYMM_GROUP_ALLOW_SHARED_DEVICE;
+    let known = SYMM_GROUP_ALLOW_SHARED_DEVICE | SYMM_GROUP_CHECK_ARGS_ALWAYS;
     if c.flags & !known != 0 {
         return Err(err!(InvalidArgument, "config->flags has unknown bits {:#x}", c.flags & !known));
     }
     cfg.allow_shared_device = c.flags & SYMM_GROUP_ALLOW_SHARED_DEVICE != 0;
+    cfg.check_args_always = c.flags & SYMM_GROUP_CHECK_ARGS_ALWAYS != 0;
     Ok(cfg)
+}
+
+pub fn dtype(d: symm_dtype_t, name: &str) -> Result<DType> {
+    match d {
+        SYMM_DTYPE_F32 => Ok(DType::F32),
+        SYMM_DTYPE_BF16 => Ok(DType::BF16),
+        SYMM_DTYPE_F16 => Ok(DType::F16),
+        SYMM_DTYPE_FP8_E4M3 => Ok(DType::F8E4M3),
+        SYMM_DTYPE_FP8_E5M2 => Ok(DType::F8E5M2),
+        other => Err(err!(InvalidArgument, "{name} is {other}; expected one of the SYMM_DTYPE_* values")),
+    }
+}
+
+pub fn reduce_op(op: symm_reduce_op_t) -> Result<ReduceOp> {
+    match op {
+        SYMM_REDUCE_SUM => Ok(ReduceOp::Sum),
+        SYMM_REDUCE_AVG => Ok(ReduceOp::Avg),
+        other => Err(err!(InvalidArgument, "op is {other}; expected SYMM_REDUCE_SUM or SYMM_REDUCE_AVG")),
+    }
+}
+
+/// Reads a tensor descriptor, checking what the descriptor alone can show:
+/// dimensions, sizes, strides, type, and a non-NULL, aligned data pointer
+/// whose extent fits in the address space. The memory itself is the
+/// caller's promise.
+pub fn tensor(t: &symm_tensor_t, name: &str) -> Result<Array> {
+    let ndim = usize::try_from(t.ndim)
+        .ok()
+        .filter(|n| (1..=SYMM_MAX_DIMS).contains(n))
+        .ok_or_else(|| err!(InvalidArgument, "{name}.ndim is {}; expected 1 to {SYMM_MAX_DIMS}", t.ndim))?;
+    let dtype = dtype(t.dtype, &format!("{name}.dtype"))?;
+    let mut shape = Vec::with_capacity(ndim);
+    let mut strides = Vec::with_capacity(ndim);
+    for i in 0..ndim {
+        let n = usize::try_from(t.shape[i]).ok().filter(|&n| n >= 1).ok_or_else(|| {
+            err!(
+                InvalidArgument,
+                "{name}.shape[{i}] is {}; expected at least 1 (empty tensors are not supported)",
+                t.shape[i]
+            )
+        })?;
+        let s = usize::try_from(t.strides[i])
+            .map_err(|_| err!(InvalidArgument, "{name}.strides[{i}] is {}; expected at least 0", t.strides[i]))?;
+        shape.push(n);
+        strides.push(s);
+    }
+    if t.data.is_null() {
+        return Err(err!(InvalidArgument, "{name}.data is NULL"));
+    }
+    let addr = t.data as u64;
+    if addr % dtype.size() as u64 != 0 {
+        return Err(err!(
+            InvalidArgument,
+            "{name}.data is {addr:#x}; expected a multiple of the {dtype} size ({})",
+            dtype.size()
+        ));
+    }
+    let a = Array { addr, dtype, shape, strides };
+    if a.extent_bytes().is_none() || a.shape.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n)).is_none() {
+        return Err(err!(
+            InvalidArgument,
+            "{name} (shape {:?}, strides {:?}) is larger than the address space",
+            a.shape,
+            a.strides
+        ));
+    }
+    Ok(a)
+}
+
+/// Reads the tensor descriptor `p` points to.
+pub fn tensor_arg(p: *const symm_tensor_t, name: &str) -> Result<Array> {
+    tensor(in_ref(p, name)?, name)
+}
+
+/// As [`tensor_arg`], with NULL meaning "not wanted".
+pub fn optional_tensor(p: *const symm_tensor_t, name: &str) -> Result<Option<Array>> {
+    if p.is_null() {
+        Ok(None)
+    } else {
+        tensor_arg(p, name).map(Some)
+    }
+}
+
+/// Reads `n` tensor descriptors from an array of them.
+pub fn tensors(p: *const symm_tensor_t, n: usize, name: &str) -> Result<Vec<Array>> {
+    in_ref(p, name)?;
+    // SAFETY: non-NULL, and the caller promises `n` descriptors.
+    let ts = unsafe { std::slice::from_raw_parts(p, n) };
+    ts.iter().enumerate().map(|(i, t)| tensor(t, &format!("{name}[{i}]"))).collect()
+}
+
+/// Reads an option struct (NULL = all defaults), honouring `struct_size`:
+/// it must cover this version's fields, and whatever a newer caller added
+/// beyond them must be zero, since this version cannot honour it.
+pub fn options<T: Copy>(p: *const T, name: &str, init: &str) -> Result<Option<T>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: `struct_size` is the first field of every option struct.
+    let size = unsafe { std::ptr::read(p as *const usize) };
+    let ours = std::mem::size_of::<T>();
+    if size < ours {
+        return Err(err!(
+            InvalidArgument,
+            "{name}->struct_size is {size}; expected at least {ours} (initialize it with {init})"
+        ));
+    }
+    // SAFETY: the caller's struct holds `size` readable bytes.
+    let tail = unsafe { std::slice::from_raw_parts((p as *const u8).add(ours), size - ours) };
+    if tail.iter().any(|&b| b != 0) {
+        return Err(err!(
+            Unsupported,
+            "{name} sets fields that this version of symm ({ours}-byte {name}) does not know"
+        ));
+    }
+    // SAFETY: at least `ours` bytes are readable and T is plain data.
+    Ok(Some(unsafe { std::ptr::read(p) }))
 }

@@ -64,7 +64,7 @@ pub extern "C" fn symm_rendezvous(buffer: symm_buffer_t, handle: *mut symm_handl
     call("symm_rendezvous", || {
         let out = out_ptr(handle, "handle")?;
         let h = buffer::rendezvous(&BUFFERS.get(buffer as usize)?)?;
-        write(out, HANDLES.insert(Arc::new(h)) as symm_handle_t);
+        write(out, HANDLES.insert(h) as symm_handle_t);
         Ok(())
     })
 }

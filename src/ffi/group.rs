@@ -156,11 +156,17 @@ pub unsafe extern "C" fn symm_group_init_local(
     })
 }
 
-/// Releases this rank's reference to the group. NULL is accepted. Buffers
-/// and handles of the group stay valid until they are destroyed.
+/// Releases this rank's reference to the group and frees its operations'
+/// workspace. NULL is accepted. Buffers and handles of the group stay valid
+/// until they are destroyed.
 #[no_mangle]
 pub extern "C" fn symm_group_destroy(group: symm_group_t) -> symm_status_t {
-    call("symm_group_destroy", || GROUPS.remove(group as usize).map(drop))
+    call("symm_group_destroy", || {
+        if let Some(g) = GROUPS.remove(group as usize)? {
+            g.release_workspace();
+        }
+        Ok(())
+    })
 }
 
 fn query<T>(g: symm_group_t, out: *mut T, name: &str, f: impl FnOnce(&Group) -> T) -> Result<()> {

@@ -12,6 +12,7 @@ mod buffer;
 mod callback;
 mod group;
 mod handles;
+mod ops;
 pub mod types;
 mod version;
 

@@ -45,6 +45,11 @@ pub const SYMM_BACKEND_HOST: symm_backend_t = 2;
 
 /// Group flag: several ranks may share one CUDA device.
 pub const SYMM_GROUP_ALLOW_SHARED_DEVICE: u32 = 1;
+/// Group flag: the ranks check that they agree on an operation's arguments
+/// on every call. By default a call whose arguments all ranks agreed on
+/// before skips the check (one bootstrap round trip); env
+/// `SYMM_CHECK_ARGS=always` sets this flag too.
+pub const SYMM_GROUP_CHECK_ARGS_ALWAYS: u32 = 2;
 
 /// Number of signal channels of every handle (valid channels are 0..15).
 pub const SYMM_SIGNAL_CHANNELS: c_int = 16;
@@ -106,3 +111,76 @@ pub struct symm_handle {
 pub type symm_group_t = *mut symm_group;
 pub type symm_buffer_t = *mut symm_buffer;
 pub type symm_handle_t = *mut symm_handle;
+
+/// Element type of a tensor.
+pub type symm_dtype_t = i32;
+pub const SYMM_DTYPE_F32: symm_dtype_t = 1;
+pub const SYMM_DTYPE_BF16: symm_dtype_t = 2;
+pub const SYMM_DTYPE_F16: symm_dtype_t = 3;
+/// 8-bit floats (OCP E4M3 and E5M2): copied by `symm_lc_allgather`; matmuls
+/// on them need scales, which a later version adds.
+pub const SYMM_DTYPE_FP8_E4M3: symm_dtype_t = 4;
+pub const SYMM_DTYPE_FP8_E5M2: symm_dtype_t = 5;
+
+/// Most dimensions a tensor may have.
+pub const SYMM_MAX_DIMS: usize = 8;
+
+/// A tensor the caller owns: where its elements are and how they are laid
+/// out (PyTorch-style sizes and element strides). For an operation's
+/// outputs symm writes the elements, never the descriptor.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct symm_tensor_t {
+    /// The first element, aligned to the element size: device memory of
+    /// the group's device on CUDA, host memory on the host backend.
+    pub data: *mut c_void,
+    /// `SYMM_DTYPE_*`.
+    pub dtype: symm_dtype_t,
+    /// Number of dimensions, 1 to `SYMM_MAX_DIMS`.
+    pub ndim: i32,
+    /// Sizes of the first `ndim` dimensions, each at least 1.
+    pub shape: [i64; SYMM_MAX_DIMS],
+    /// Strides in elements of the first `ndim` dimensions, each at least 0
+    /// (row-major contiguous: `strides[i]` = product of `shape[i+1..]`).
+    pub strides: [i64; SYMM_MAX_DIMS],
+}
+
+/// How `symm_mm_rs` combines the ranks' products.
+pub type symm_reduce_op_t = i32;
+pub const SYMM_REDUCE_SUM: symm_reduce_op_t = 0;
+/// The sum divided by the world size.
+pub const SYMM_REDUCE_AVG: symm_reduce_op_t = 1;
+
+/// Options of `symm_fused_ag_mm`. Initialize with `SYMM_AG_MM_OPTIONS_INIT`;
+/// fields are only ever appended, and `struct_size` tells symm which exist.
+/// The fields are for fp8 matmuls, which a later version implements: in
+/// this version they must stay NULL (else `SYMM_ERROR_UNSUPPORTED`). The
+/// output dtype is each output tensor's own `dtype`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct symm_ag_mm_options_t {
+    /// `sizeof(symm_ag_mm_options_t)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Scale of `a_shard`.
+    pub a_scale: *const symm_tensor_t,
+    /// `num_b` scales, one per B.
+    pub b_scales: *const symm_tensor_t,
+    /// `num_b` bias vectors `[N_i]`, added to each output.
+    pub biases: *const symm_tensor_t,
+}
+
+/// Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`;
+/// as `symm_ag_mm_options_t`, the fields are for fp8 matmuls of a later
+/// version and must stay NULL in this one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct symm_mm_rs_options_t {
+    /// `sizeof(symm_mm_rs_options_t)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Scale of `a`.
+    pub a_scale: *const symm_tensor_t,
+    /// Scale of `b`.
+    pub b_scale: *const symm_tensor_t,
+    /// Bias vector `[N]` of the matmul.
+    pub bias: *const symm_tensor_t,
+}

@@ -1,11 +1,15 @@
 //! The host backend: the same contract as CUDA, on CPUs. Symmetric memory is
 //! a memfd mapped shared by every rank; signals are atomics in those maps.
-//! Operations complete before they return, so streams are ignored.
+//! Operations complete before they return, so streams are ignored; the
+//! data-moving primitives are strided loops and the `gemm` crate.
 
+mod elementwise;
+mod matmul;
 mod memory;
 mod signals;
 
-use super::{Allocation, Backend, BackendKind, Mapping, PadSet, Signals};
+use super::{Allocation, Backend, BackendKind, Mapping, PadSet, Signals, Stream};
+use crate::array::Array;
 use crate::error::Result;
 use std::os::fd::OwnedFd;
 
@@ -32,5 +36,14 @@ impl Backend for HostBackend {
     }
     fn signals(&self, pads: PadSet) -> Result<Box<dyn Signals>> {
         Ok(Box::new(signals::HostSignals::new(pads)))
+    }
+    fn copy(&self, dst: &Array, src: &Array, _stream: Stream) -> Result<()> {
+        elementwise::copy(dst, src)
+    }
+    fn reduce(&self, dst: &Array, srcs: &[Array], scale: f32, _stream: Stream) -> Result<()> {
+        elementwise::reduce(dst, srcs, scale)
+    }
+    fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, _stream: Stream) -> Result<()> {
+        matmul::gemm(dst, a, b, accumulate)
     }
 }

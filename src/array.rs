@@ -1,0 +1,226 @@
+//! Typed, strided arrays at raw addresses: the vocabulary the operations
+//! plan with and the backends' data-moving primitives read and write.
+//!
+//! An [`Array`] owns nothing. Its address is in the backend's address space
+//! (host virtual or CUDA device virtual), its strides are in elements and
+//! never negative. Constructing one from a caller's description is checked
+//! by the FFI layer ([`Array::extent_bytes`] must not overflow); every view
+//! derived from a checked array here stays inside it.
+
+/// Element types. The 8-bit floats are carried through copies already;
+/// matmuls on them need scales, which a later version adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    BF16,
+    F16,
+    F8E4M3,
+    F8E5M2,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::BF16 | DType::F16 => 2,
+            DType::F8E4M3 | DType::F8E5M2 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F8E4M3 => "fp8_e4m3",
+            DType::F8E5M2 => "fp8_e5m2",
+        }
+    }
+
+    /// Whether values convert to and from f32 without scales.
+    pub fn is_unscaled_float(self) -> bool {
+        matches!(self, DType::F32 | DType::BF16 | DType::F16)
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Array {
+    pub addr: u64,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// In elements, one per dimension.
+    pub strides: Vec<usize>,
+}
+
+impl Array {
+    /// A row-major array of `shape` starting at `addr`.
+    pub fn contiguous(addr: u64, dtype: DType, shape: &[usize]) -> Array {
+        Array { addr, dtype, shape: shape.to_vec(), strides: contiguous_strides(shape) }
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Bytes from `addr` to the end of the last element, or `None` when
+    /// that does not fit in a `u64` address range.
+    pub fn extent_bytes(&self) -> Option<u64> {
+        let mut last = 0u64;
+        for (&n, &s) in self.shape.iter().zip(&self.strides) {
+            let step = (n as u64).checked_sub(1)?.checked_mul(s as u64)?;
+            last = last.checked_add(step)?;
+        }
+        let bytes = last.checked_add(1)?.checked_mul(self.dtype.size() as u64)?;
+        self.addr.checked_add(bytes).map(|_| bytes)
+    }
+
+    /// `[first byte, one past the last byte)` the array touches.
+    pub fn byte_range(&self) -> std::ops::Range<u64> {
+        let bytes = self.extent_bytes().expect("an array's extent is checked when it is made");
+        self.addr..self.addr + bytes
+    }
+
+    /// Whether the two arrays' byte ranges intersect (a conservative test:
+    /// interleaved arrays that share no element still count).
+    pub fn overlaps(&self, other: &Array) -> bool {
+        let (a, b) = (self.byte_range(), other.byte_range());
+        a.start < b.end && b.start < a.end
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.shape.iter().zip(&self.strides).zip(contiguous_strides(&self.shape)).all(|((&n, &s), c)| n == 1 || s == c)
+    }
+
+    /// Whether two different indices may address the same element, judged
+    /// by the usual sufficient test: with dimensions ordered by stride, each
+    /// stride must step past everything the smaller ones span.
+    pub fn self_overlaps(&self) -> bool {
+        let mut dims: Vec<(usize, usize)> =
+            self.strides.iter().copied().zip(self.shape.iter().copied()).filter(|&(_, n)| n > 1).collect();
+        dims.sort_unstable();
+        let mut span = 0usize; // highest element offset reachable with the dims so far
+        for (stride, n) in dims {
+            if stride <= span {
+                return true;
+            }
+            span += stride * (n - 1);
+        }
+        false
+    }
+
+    /// The elements `start..start + len` along `dim`.
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Array {
+        assert!(start + len <= self.shape[dim], "narrow out of bounds");
+        let mut a = self.clone();
+        a.addr += (start * self.strides[dim] * self.dtype.size()) as u64;
+        a.shape[dim] = len;
+        a
+    }
+
+    /// The same elements as a `[rows, last dim]` matrix, when the leading
+    /// dimensions collapse into rows of one stride (`None` when they do not,
+    /// e.g. a slice in the middle of a row-major array).
+    pub fn as_matrix(&self) -> Option<Array> {
+        let (&cols, lead) = self.shape.split_last()?;
+        let col_stride = *self.strides.last()?;
+        let mut rows = 1usize;
+        let mut row_stride: Option<usize> = None;
+        for (&n, &s) in lead.iter().zip(&self.strides).rev().filter(|&(&n, _)| n > 1) {
+            match row_stride {
+                None => row_stride = Some(s),
+                Some(inner) if s == inner * rows => {}
+                Some(_) => return None,
+            }
+            rows *= n;
+        }
+        let row_stride = row_stride.unwrap_or(cols * col_stride.max(1));
+        Some(Array {
+            addr: self.addr,
+            dtype: self.dtype,
+            shape: vec![rows, cols],
+            strides: vec![row_stride, col_stride],
+        })
+    }
+}
+
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arr(shape: &[usize], strides: &[usize]) -> Array {
+        Array { addr: 4096, dtype: DType::BF16, shape: shape.to_vec(), strides: strides.to_vec() }
+    }
+
+    #[test]
+    fn contiguous_strides_and_extent() {
+        let a = Array::contiguous(4096, DType::F32, &[2, 3, 4]);
+        assert_eq!(a.strides, vec![12, 4, 1]);
+        assert!(a.is_contiguous());
+        assert_eq!(a.extent_bytes(), Some(96));
+        assert_eq!(a.byte_range(), 4096..4192);
+        assert_eq!(arr(&[2, 3], &[1, 2]).extent_bytes(), Some(12));
+        assert_eq!(Array { addr: u64::MAX - 2, ..arr(&[2], &[1]) }.extent_bytes(), None);
+        assert_eq!(arr(&[3, usize::MAX], &[usize::MAX, 1]).extent_bytes(), None);
+    }
+
+    #[test]
+    fn narrow_moves_address_and_breaks_contiguity() {
+        let a = arr(&[4, 6, 8], &[48, 8, 1]);
+        let n = a.narrow(1, 2, 3);
+        assert_eq!(n.addr, 4096 + 2 * 8 * 2);
+        assert_eq!(n.shape, vec![4, 3, 8]);
+        assert!(!n.is_contiguous());
+        assert!(a.narrow(0, 1, 2).is_contiguous());
+    }
+
+    #[test]
+    fn matrix_views() {
+        // Leading dims of a row-major array collapse.
+        let m = arr(&[2, 3, 5], &[15, 5, 1]).as_matrix().unwrap();
+        assert_eq!((m.shape, m.strides), (vec![6, 5], vec![5, 1]));
+        // A column-major 2-D array is a matrix with its own strides.
+        let t = arr(&[4, 3], &[1, 4]).as_matrix().unwrap();
+        assert_eq!((t.shape, t.strides), (vec![4, 3], vec![1, 4]));
+        // A slice along a middle dimension does not collapse ...
+        assert!(arr(&[4, 6, 8], &[48, 8, 1]).narrow(1, 0, 3).as_matrix().is_none());
+        // ... unless the outer dimension is 1.
+        let m = arr(&[1, 6, 8], &[48, 8, 1]).narrow(1, 2, 3).as_matrix().unwrap();
+        assert_eq!((m.shape, m.strides), (vec![3, 8], vec![8, 1]));
+        // Rows of one element take the natural row stride.
+        let m = arr(&[1, 1, 7], &[7, 7, 1]).as_matrix().unwrap();
+        assert_eq!((m.shape, m.strides), (vec![1, 7], vec![7, 1]));
+    }
+
+    #[test]
+    fn overlap_tests() {
+        assert!(!arr(&[3, 4], &[4, 1]).self_overlaps());
+        assert!(!arr(&[3, 4], &[1, 3]).self_overlaps());
+        assert!(!arr(&[3, 4], &[10, 2]).self_overlaps());
+        assert!(arr(&[3, 4], &[0, 1]).self_overlaps());
+        assert!(arr(&[3, 4], &[2, 1]).self_overlaps());
+        assert!(!arr(&[1, 4], &[0, 1]).self_overlaps());
+        let a = arr(&[4], &[1]);
+        let b = Array { addr: 4096 + 6, ..arr(&[4], &[1]) };
+        let c = Array { addr: 4096 + 8, ..arr(&[4], &[1]) };
+        assert!(a.overlaps(&b) && b.overlaps(&a));
+        assert!(!a.overlaps(&c));
+    }
+}

@@ -1,0 +1,108 @@
+//! Matrix products on the host with the `gemm` crate, in f32 over all
+//! cores. bf16 and f16 operands are widened to f32 first (the crate has no
+//! bf16 kernel, and widening keeps the sums in f32 for every type).
+
+use super::elementwise;
+use crate::array::{Array, DType};
+use crate::error::{err, Result};
+
+/// An f32 view of a matrix: the caller's memory when it already is f32,
+/// else a widened contiguous copy.
+struct F32Matrix {
+    ptr: *const f32,
+    row_stride: isize,
+    col_stride: isize,
+    _widened: Option<Vec<f32>>,
+}
+
+impl F32Matrix {
+    fn of(m: &Array) -> Result<F32Matrix> {
+        if m.dtype == DType::F32 {
+            return Ok(F32Matrix {
+                ptr: m.addr as *const f32,
+                row_stride: m.strides[0] as isize,
+                col_stride: m.strides[1] as isize,
+                _widened: None,
+            });
+        }
+        let mut v = vec![0f32; m.numel()];
+        elementwise::copy(&Array::contiguous(v.as_mut_ptr() as u64, DType::F32, &m.shape), m)?;
+        Ok(F32Matrix { ptr: v.as_ptr(), row_stride: m.shape[1] as isize, col_stride: 1, _widened: Some(v) })
+    }
+}
+
+pub fn gemm(dst: &Array, a: &Array, b: &Array, accumulate: bool) -> Result<()> {
+    let shapes_ok = a.ndim() == 2
+        && b.ndim() == 2
+        && dst.ndim() == 2
+        && a.shape[1] == b.shape[0]
+        && dst.shape == [a.shape[0], b.shape[1]];
+    if !shapes_ok {
+        return Err(err!(Internal, "gemm of {:?} @ {:?} into {:?}", a.shape, b.shape, dst.shape));
+    }
+    if accumulate && dst.dtype != DType::F32 {
+        return Err(err!(Internal, "gemm accumulates only into f32, not {}", dst.dtype));
+    }
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let (lhs, rhs) = (F32Matrix::of(a)?, F32Matrix::of(b)?);
+    let run = |ptr: *mut f32, row_stride: isize, col_stride: isize| {
+        // SAFETY: the three matrices lie in memory the operations checked,
+        // with the strides given; `dst` does not overlap the operands.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                ptr,
+                col_stride,
+                row_stride,
+                accumulate,
+                lhs.ptr,
+                lhs.col_stride,
+                lhs.row_stride,
+                rhs.ptr,
+                rhs.col_stride,
+                rhs.row_stride,
+                1.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(0),
+            )
+        }
+    };
+    if dst.dtype == DType::F32 {
+        run(dst.addr as *mut f32, dst.strides[0] as isize, dst.strides[1] as isize);
+        return Ok(());
+    }
+    let mut out = vec![0f32; m * n];
+    run(out.as_mut_ptr(), n as isize, 1);
+    elementwise::copy(dst, &Array::contiguous(out.as_ptr() as u64, DType::F32, &dst.shape))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn mixed_types_strides_and_accumulation() {
+        // a = [[1, 2], [3, 4], [5, 6]] stored column-major in bf16.
+        let mut a: Vec<u16> = [1f32, 3., 5., 2., 4., 6.].iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+        let mut b = vec![1f32, 0., 2., 0., 1., 3.]; // [[1, 0, 2], [0, 1, 3]]
+        let mut c = vec![100f32; 9];
+        let av = Array { addr: a.as_mut_ptr() as u64, dtype: DType::BF16, shape: vec![3, 2], strides: vec![1, 3] };
+        let bv = Array::contiguous(b.as_mut_ptr() as u64, DType::F32, &[2, 3]);
+        let cv = Array::contiguous(c.as_mut_ptr() as u64, DType::F32, &[3, 3]);
+        gemm(&cv, &av, &bv, false).unwrap();
+        assert_eq!(c, vec![1., 2., 8., 3., 4., 18., 5., 6., 28.]);
+        gemm(&cv, &av, &bv, true).unwrap();
+        assert_eq!(c, vec![2., 4., 16., 6., 8., 36., 10., 12., 56.]);
+        let mut h = vec![0u16; 9];
+        let hv = Array::contiguous(h.as_mut_ptr() as u64, DType::BF16, &[3, 3]);
+        assert_eq!(gemm(&hv, &av, &bv, true).unwrap_err().kind, crate::ErrorKind::Internal);
+        gemm(&hv, &av, &bv, false).unwrap();
+        assert_eq!(bf16::from_bits(h[8]).to_f32(), 28.0);
+    }
+}

@@ -1,0 +1,165 @@
+//! The tensor-parallel operations and the workspace they share.
+//!
+//! Each entry point reads the caller's descriptors into a call for
+//! `crate::ops` without returning early on a bad argument: the error goes
+//! into the call, so that the operation still meets its peers and they
+//! fail with `SYMM_ERROR_REMOTE` instead of waiting for this rank.
+//!
+//! What every operation shares is documented once, on
+//! `symm_group_reserve_workspace`.
+
+use super::args::{non_negative, optional_tensor, options, reduce_op, tensor_arg, tensors};
+use super::boundary::call;
+use super::group::group;
+use super::types::*;
+use crate::backend::Stream;
+use crate::error::{err, Result};
+use crate::ops::{self, AgMm, LcAllgather, MmRs};
+use std::ffi::{c_int, c_void};
+
+/// Collective: makes the group's workspace at least `bytes` large now, so
+/// that operations up to that size do not grow it later (growing is
+/// collective, and on CUDA not allowed during graph capture). Every rank
+/// passes the same `bytes`. The workspace never shrinks.
+///
+/// The operations below are collective over the group: every rank calls
+/// them in the same order. Before moving data the ranks agree on the call:
+/// an argument that is invalid on any rank fails the call on every rank
+/// (that rank gets `SYMM_ERROR_INVALID_ARGUMENT` naming the argument, the
+/// others `SYMM_ERROR_REMOTE` quoting it), and arguments that differ
+/// between ranks fail it everywhere with `SYMM_ERROR_MISMATCH`; outputs
+/// are then untouched. A call identical to one all ranks agreed on before
+/// skips that check (one bootstrap round trip) unless the group has
+/// `SYMM_GROUP_CHECK_ARGS_ALWAYS` or env `SYMM_CHECK_ARGS=always`; a rank
+/// that then alone errs or differs makes its peers time out instead. After
+/// `SYMM_ERROR_TIMEOUT` inside an operation, outputs may be partly written
+/// and the group's signals out of step: destroy the group.
+#[no_mangle]
+pub extern "C" fn symm_group_reserve_workspace(group: symm_group_t, bytes: usize) -> symm_status_t {
+    call("symm_group_reserve_workspace", || ops::reserve_workspace(&self::group(group)?, bytes))
+}
+
+/// Collective: `all_gather(a_shard, gather_dim) @ bs[i]` for i < `num_b`,
+/// as PyTorch's `fused_all_gather_matmul`.
+///
+/// The gathered A is the ranks' `a_shard`s (rank >= 2, `[..., K]`, any
+/// strides) concatenated along `gather_dim` (0 to ndim-1) in rank order.
+/// Each `bs[i]` is `[K_total, N_i]` with K_total = K, or K * world when
+/// `gather_dim` is the last dimension. `outs[i]` receives gathered A @
+/// `bs[i]`: the gathered shape with the last dimension N_i. `ag_out`, if
+/// not NULL, receives the gathered A. Types: f32, bf16 or f16, all the
+/// same; products are summed in f32. `opts` may be NULL.
+///
+/// Every rank passes the same dtype, shapes, `gather_dim` and `num_b`
+/// (else `SYMM_ERROR_MISMATCH` on every rank). Outputs may be strided but
+/// must not overlap themselves, each other or the inputs. On any error
+/// before data moved, no output was written.
+#[no_mangle]
+pub unsafe extern "C" fn symm_fused_ag_mm(
+    group: symm_group_t,
+    a_shard: *const symm_tensor_t,
+    bs: *const symm_tensor_t,
+    num_b: c_int,
+    gather_dim: c_int,
+    ag_out: *const symm_tensor_t,
+    outs: *const symm_tensor_t,
+    opts: *const symm_ag_mm_options_t,
+    stream: *mut c_void,
+) -> symm_status_t {
+    call("symm_fused_ag_mm", || {
+        let g = self::group(group)?;
+        let read = || -> Result<AgMm> {
+            let n = non_negative(num_b, "num_b")?;
+            if n == 0 {
+                return Err(err!(InvalidArgument, "num_b is 0; expected at least 1"));
+            }
+            let opts = options(opts, "opts", "SYMM_AG_MM_OPTIONS_INIT")?;
+            let later = opts.map_or(Vec::new(), |o| {
+                set_fields(&[("opts->a_scale", o.a_scale), ("opts->b_scales", o.b_scales), ("opts->biases", o.biases)])
+            });
+            Ok(AgMm {
+                a_shard: tensor_arg(a_shard, "a_shard")?,
+                bs: tensors(bs, n, "bs")?,
+                gather_dim: gather_dim.into(),
+                ag_out: optional_tensor(ag_out, "ag_out")?,
+                outs: tensors(outs, n, "outs")?,
+                later_options: later,
+            })
+        };
+        ops::fused_ag_mm(&g, read(), Stream(stream as usize))
+    })
+}
+
+/// Collective: `reduce_scatter(a @ b, op, scatter_dim)`, as PyTorch's
+/// `fused_matmul_reduce_scatter`.
+///
+/// `a` is `[..., K]` (rank >= 2, any strides), `b` is `[K, N]`; their
+/// product has `a`'s shape with the last dimension N, and its dimension
+/// `scatter_dim` (0 to ndim-1) must divide by the world size. Rank r's
+/// `out` receives chunk r of that dimension, summed over the ranks
+/// (`SYMM_REDUCE_SUM`) or averaged (`SYMM_REDUCE_AVG`). Types: f32, bf16 or
+/// f16, all the same; products and sums in f32. `opts` may be NULL.
+///
+/// Every rank passes the same dtype, shapes, `scatter_dim` and `op` (else
+/// `SYMM_ERROR_MISMATCH` on every rank). `out` may be strided but must not
+/// overlap itself or the inputs. On any error before data moved, `out` was
+/// not written.
+#[no_mangle]
+pub unsafe extern "C" fn symm_mm_rs(
+    group: symm_group_t,
+    a: *const symm_tensor_t,
+    b: *const symm_tensor_t,
+    scatter_dim: c_int,
+    op: symm_reduce_op_t,
+    out: *const symm_tensor_t,
+    opts: *const symm_mm_rs_options_t,
+    stream: *mut c_void,
+) -> symm_status_t {
+    call("symm_mm_rs", || {
+        let g = self::group(group)?;
+        let read = || -> Result<MmRs> {
+            let opts = options(opts, "opts", "SYMM_MM_RS_OPTIONS_INIT")?;
+            let later = opts.map_or(Vec::new(), |o| {
+                set_fields(&[("opts->a_scale", o.a_scale), ("opts->b_scale", o.b_scale), ("opts->bias", o.bias)])
+            });
+            Ok(MmRs {
+                a: tensor_arg(a, "a")?,
+                b: tensor_arg(b, "b")?,
+                scatter_dim: scatter_dim.into(),
+                op: reduce_op(op)?,
+                out: tensor_arg(out, "out")?,
+                later_options: later,
+            })
+        };
+        ops::mm_rs(&g, read(), Stream(stream as usize))
+    })
+}
+
+/// Collective: gathers every rank's `input` along dimension 0 into
+/// `output` (`[world * d0, ...]`, rank r's input at rows r*d0), as PyTorch's
+/// `_low_contention_all_gather`: pure copies, each rank pulling from one
+/// peer at a time. Any dtype and strides. When `input` is contiguous in a
+/// rendezvoused symmetric buffer, peers read it in place; otherwise it is
+/// first copied to the group's workspace. Every rank passes the same dtype
+/// and shape, and its input either at the same offset of the same symmetric
+/// buffer or in ordinary memory (else `SYMM_ERROR_MISMATCH`).
+#[no_mangle]
+pub unsafe extern "C" fn symm_lc_allgather(
+    group: symm_group_t,
+    input: *const symm_tensor_t,
+    output: *const symm_tensor_t,
+    stream: *mut c_void,
+) -> symm_status_t {
+    call("symm_lc_allgather", || {
+        let g = self::group(group)?;
+        let read = || -> Result<LcAllgather> {
+            Ok(LcAllgather { input: tensor_arg(input, "input")?, output: tensor_arg(output, "output")? })
+        };
+        ops::lc_allgather(&g, read(), Stream(stream as usize))
+    })
+}
+
+/// The names of the option pointers that are set.
+fn set_fields(fields: &[(&'static str, *const symm_tensor_t)]) -> Vec<&'static str> {
+    fields.iter().filter(|(_, p)| !p.is_null()).map(|(name, _)| *name).collect()
+}

@@ -1,0 +1,239 @@
+//! `symm_fused_ag_mm`: `all_gather(a_shard, gather_dim) @ bs[i]` for one or
+//! more B sharing one gathered A, as PyTorch's `fused_all_gather_matmul`.
+//!
+//! The gathered A is the ranks' shards concatenated along `gather_dim` in
+//! rank order; output i is gathered A @ `bs[i]`, the gathered shape with the
+//! last dimension N_i. Gathering the last dimension concatenates K: each
+//! B then has K * world rows, and output i is the sum over ranks r of
+//! `shard_r @ bs[i][r*K .. (r+1)*K]`.
+//!
+//! Execution: every rank copies its shard, contiguous, into its workspace
+//! region; after a barrier it reads every rank's shard (its own first) and
+//! copies it to its slice of `ag_out`. For gather_dim < last, shard r times
+//! B is slice r of each output, written directly when that slice is a
+//! matrix, else through f32 scratch. For the last dimension the products
+//! are summed in f32 scratch in rank order (so that every rank's outputs
+//! are bit-identical), then converted into the output.
+
+use super::agree::Signature;
+use super::workspace::Layout;
+use super::{check, shape_text, Exec, Plan};
+use crate::array::{Array, DType};
+use crate::backend::Stream;
+use crate::error::{err, Result};
+use crate::group::Group;
+use std::sync::Arc;
+
+/// One rank's call, as read from the caller.
+#[derive(Clone, Debug)]
+pub struct AgMm {
+    pub a_shard: Array,
+    pub bs: Vec<Array>,
+    pub gather_dim: i64,
+    pub ag_out: Option<Array>,
+    pub outs: Vec<Array>,
+    /// Options of a later version that the caller set (named as in C).
+    pub later_options: Vec<&'static str>,
+}
+
+/// Collective over `group`: see the module documentation. `call` is `Err`
+/// when the caller's arguments could not be read; this rank still takes
+/// part in the agreement so its peers fail too.
+pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Result<()> {
+    let world = group.world();
+    let backend = group.backend().kind().name();
+    super::run(group, stream, call.map(|c| (c.signature(), c.plan(world, backend))))
+}
+
+impl AgMm {
+    fn signature(&self) -> Signature {
+        let a = &self.a_shard;
+        let mut s = Signature::new("fused_ag_mm")
+            .arg("a_shard.dtype", a.dtype)
+            .arg("a_shard.shape", shape_text(&a.shape))
+            .arg("gather_dim", self.gather_dim)
+            .arg("num_b", self.bs.len());
+        for (i, b) in self.bs.iter().enumerate() {
+            s = s.arg(format!("bs[{i}].shape"), shape_text(&b.shape));
+        }
+        s
+    }
+
+    fn plan(self, world: usize, backend: &str) -> Result<AgMmPlan> {
+        let a = &self.a_shard;
+        check::matmul_dtype(a, "a_shard", backend)?;
+        check::ndim_at_least(a, "a_shard", 2)?;
+        let dim = check::dim(self.gather_dim, "gather_dim", a.ndim(), "a_shard")?;
+        check::no_later_options(&self.later_options, backend)?;
+        let last = a.ndim() - 1;
+        let mut gathered = a.shape.clone();
+        gathered[dim] = check::mul(a.shape[dim], world, "the gathered a_shard")?;
+        let k_total = gathered[last];
+        for (i, b) in self.bs.iter().enumerate() {
+            let name = format!("bs[{i}]");
+            check::same_dtype(b, &name, a.dtype, "a_shard")?;
+            check::ndim_is(b, &name, 2)?;
+            if b.shape[0] != k_total {
+                let why = if dim == last {
+                    format!("a_shard's last dimension {} times the world size {world}", a.shape[last])
+                } else {
+                    "a_shard's last dimension".to_string()
+                };
+                return Err(err!(InvalidArgument, "{name}.shape[0] is {}; expected {k_total}, {why}", b.shape[0]));
+            }
+        }
+        if let Some(ag) = &self.ag_out {
+            check::same_dtype(ag, "ag_out", a.dtype, "a_shard")?;
+            check::shape_is(ag, "ag_out", &gathered)?;
+        }
+        for (i, (o, b)) in self.outs.iter().zip(&self.bs).enumerate() {
+            let name = format!("outs[{i}]");
+            check::output_dtype(o, &name, a.dtype, backend)?;
+            let mut want = gathered[..last].to_vec();
+            want.push(b.shape[1]);
+            check::shape_is(o, &name, &want)?;
+        }
+        let outputs: Vec<(String, &Array)> = self
+            .ag_out
+            .iter()
+            .map(|t| ("ag_out".to_string(), t))
+            .chain(self.outs.iter().enumerate().map(|(i, t)| (format!("outs[{i}]"), t)))
+            .collect();
+        let inputs: Vec<(String, &Array)> = std::iter::once(("a_shard".to_string(), a))
+            .chain(self.bs.iter().enumerate().map(|(i, t)| (format!("bs[{i}]"), t)))
+            .collect();
+        check::outputs_disjoint(&outputs, &inputs)?;
+
+        // Workspace: this rank's shard, then f32 scratch for one product
+        // (shard rows x the widest N); from agreed shapes only.
+        let rows = a.numel() / a.shape[last];
+        let max_n = self.bs.iter().map(|b| b.shape[1]).max().unwrap_or(0);
+        let mut layout = Layout::default();
+        let shard = layout.region(check::mul(a.numel(), a.dtype.size(), "a_shard")?);
+        let scratch =
+            layout.region(check::mul(check::mul(rows, max_n, "the product")?, DType::F32.size(), "the product")?);
+        Ok(AgMmPlan { call: self, dim, shard, scratch, workspace: layout.bytes() })
+    }
+}
+
+#[derive(Debug)]
+struct AgMmPlan {
+    call: AgMm,
+    dim: usize,
+    /// Workspace offsets.
+    shard: usize,
+    scratch: usize,
+    workspace: usize,
+}
+
+impl Plan for AgMmPlan {
+    fn workspace_bytes(&self) -> usize {
+        self.workspace
+    }
+
+    fn execute(&self, ex: &Exec<'_>) -> Result<()> {
+        let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
+        let shard_of = |r: usize| -> Result<Array> { Ok(Array::contiguous(ex.at(r, self.shard)?, a.dtype, &a.shape)) };
+        ex.copy(&shard_of(ex.rank())?, a)?;
+        ex.barrier()?;
+        let (dim, len) = (self.dim, a.shape[self.dim]);
+        let gathers_k = dim == a.ndim() - 1;
+        for r in ex.rotation() {
+            let shard = shard_of(r)?;
+            if let Some(ag) = ag_out {
+                ex.copy(&ag.narrow(dim, r * len, len), &shard)?;
+            }
+            if gathers_k {
+                continue;
+            }
+            let lhs = shard.as_matrix().expect("a contiguous shard is a matrix");
+            for (b, out) in bs.iter().zip(outs) {
+                let part = out.narrow(dim, r * len, len);
+                match part.as_matrix() {
+                    Some(m) => ex.gemm(&m, &lhs, b, false)?,
+                    None => {
+                        let product = self.f32_scratch(ex, &part.shape);
+                        ex.gemm(&product.as_matrix().expect("contiguous"), &lhs, b, false)?;
+                        ex.copy(&part, &product)?;
+                    }
+                }
+            }
+        }
+        if gathers_k {
+            for (b, out) in bs.iter().zip(outs) {
+                let sum = self.f32_scratch(ex, &out.shape);
+                let sum_matrix = sum.as_matrix().expect("contiguous");
+                for r in 0..ex.world() {
+                    let lhs = shard_of(r)?.as_matrix().expect("a contiguous shard is a matrix");
+                    ex.gemm(&sum_matrix, &lhs, &b.narrow(0, r * len, len), r > 0)?;
+                }
+                ex.copy(out, &sum)?;
+            }
+        }
+        ex.barrier()
+    }
+}
+
+impl AgMmPlan {
+    fn f32_scratch(&self, ex: &Exec<'_>, shape: &[usize]) -> Array {
+        Array::contiguous(ex.local(self.scratch), DType::F32, shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    /// A call on fake, well-separated addresses (planning never reads them).
+    fn call(shard: &[usize], dim: i64, b_rows: usize, ns: &[usize], out_lead: &[usize]) -> AgMm {
+        let at = |i: u64, shape: &[usize]| Array::contiguous(0x100_0000 * (i + 1), DType::BF16, shape);
+        let out_shape = |n: usize| out_lead.iter().copied().chain([n]).collect::<Vec<_>>();
+        AgMm {
+            a_shard: at(0, shard),
+            bs: ns.iter().enumerate().map(|(i, &n)| at(1 + i as u64, &[b_rows, n])).collect(),
+            gather_dim: dim,
+            ag_out: None,
+            outs: ns.iter().enumerate().map(|(i, &n)| at(10 + i as u64, &out_shape(n))).collect(),
+            later_options: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn gathered_shapes_for_each_dim() {
+        // Leading dims: the gathered dim grows by the world size; K is kept.
+        let p = call(&[2, 3, 4], 1, 4, &[5, 6], &[2, 9]).plan(3, "host").unwrap();
+        assert_eq!(p.dim, 1);
+        // Workspace: the bf16 shard (48 bytes), then f32 scratch of 6 rows x 6.
+        assert_eq!((p.shard, p.scratch, p.workspace), (0, 256, 256 + 6 * 6 * 4));
+        // The last dim: K grows, so B has K * world rows and outputs keep the shard's rows.
+        assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).plan(3, "host").is_ok());
+        let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).plan(3, "host").unwrap_err();
+        assert_eq!(e.msg, "bs[0].shape[0] is 4; expected 12, a_shard's last dimension 4 times the world size 3");
+        let e = call(&[2, 3, 4], 0, 4, &[5, 7], &[6, 4]).plan(3, "host").unwrap_err();
+        assert_eq!(e.msg, "outs[0].shape is [6, 4, 5]; expected [6, 3, 5]");
+    }
+
+    #[test]
+    fn ag_out_and_options() {
+        let mut c = call(&[4, 8], 0, 8, &[3], &[8]);
+        c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[4, 8]));
+        assert_eq!(c.clone().plan(2, "host").unwrap_err().msg, "ag_out.shape is [4, 8]; expected [8, 8]");
+        c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[8, 8]));
+        assert!(c.clone().plan(2, "host").is_ok());
+        c.later_options = vec!["opts->a_scale"];
+        assert_eq!(c.plan(2, "host").unwrap_err().kind, ErrorKind::Unsupported);
+    }
+
+    #[test]
+    fn signature_holds_what_ranks_must_share_only() {
+        let a = call(&[4, 8], 0, 8, &[3, 5], &[8]);
+        let mut b = a.clone();
+        b.a_shard.strides = vec![1, 4];
+        b.a_shard.addr += 0x40;
+        b.outs[0].strides = vec![1, 8];
+        assert_eq!(a.signature(), b.signature());
+        b.gather_dim = 1;
+        assert_ne!(a.signature(), b.signature());
+    }
+}

@@ -1,0 +1,274 @@
+//! Agreement: before an operation moves data, every rank learns that every
+//! other rank makes the same call (else all fail with `Mismatch`) and can
+//! make it (else all fail: the failing rank with its own error, the others
+//! with `Remote` carrying it), so a bad call never hangs or corrupts data.
+//!
+//! Each rank describes its call by a [`Signature`]: the arguments that must
+//! agree (operation, dtype, shapes, dims, reduce op, number of B, where an
+//! input read in place lives). Signatures are exchanged over the bootstrap.
+//!
+//! The exchange is a round trip through the bootstrap, too slow to repeat
+//! on every call of a GPU pipeline, so a signature that every rank sent
+//! identically is cached in the group and a later call with the same
+//! signature skips the exchange. The trade-off: after a signature has been
+//! agreed, a rank that alone changes its call, or fails locally while its
+//! peers' identical calls skip the exchange, is no longer reported here;
+//! the peers then wait at the operation's first signal and fail with
+//! `Timeout` naming it (or, if both calls were agreed before, compute with
+//! mismatched arguments). `SYMM_CHECK_ARGS=always` (or the group flag
+//! `SYMM_GROUP_CHECK_ARGS_ALWAYS`) exchanges on every call instead.
+
+use crate::error::{err, Error, Result};
+use crate::group::Group;
+use crate::wire::{Reader, Writer};
+use std::fmt::Display;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Field {
+    name: String,
+    value: String,
+}
+
+/// A compact, human-readable description of one rank's call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signature {
+    fields: Vec<Field>,
+}
+
+impl Signature {
+    pub fn new(operation: &str) -> Signature {
+        Signature { fields: Vec::new() }.arg("operation", operation)
+    }
+
+    /// An argument every rank must pass identically.
+    pub fn arg(mut self, name: impl Into<String>, value: impl Display) -> Signature {
+        self.fields.push(Field { name: name.into(), value: value.to_string() });
+        self
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new().u32(self.fields.len() as u32);
+        for f in &self.fields {
+            w = w.str(&f.name).str(&f.value);
+        }
+        w.finish()
+    }
+
+    fn decode(b: &[u8]) -> Result<Signature> {
+        let mut r = Reader::new(b, "call signature");
+        let n = r.u32()?;
+        let mut fields = Vec::new();
+        for _ in 0..n {
+            fields.push(Field { name: r.str()?, value: r.str()? });
+        }
+        Ok(Signature { fields })
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.fields.iter().find(|f| f.name == name).map(|f| f.value.as_str())
+    }
+}
+
+/// Collective: agrees on a call. `sig` is this rank's signature (`None`
+/// when the call could not even be read, in which case `local` is the
+/// error); `local` is whether this rank's call is valid.
+pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<()> {
+    let encoded = sig.map(Signature::encode);
+    if let Some(bytes) = &encoded {
+        if !group.check_args_always() && group.is_agreed(bytes) {
+            // Peers making this call skip the exchange as well, so a local
+            // failure has nobody to tell (see the module's trade-off).
+            return local;
+        }
+    }
+    let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));
+    let all = group.exchange(payload)?;
+    let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
+    check_same(&sigs)?;
+    group.mark_agreed(all[0].clone());
+    Ok(())
+}
+
+/// Every rank's arguments against rank 0's, so that all ranks report the
+/// same message.
+fn check_same(sigs: &[Signature]) -> Result<()> {
+    const SHOWN: usize = 4;
+    let first = &sigs[0];
+    let mut diffs = Vec::new();
+    for (r, s) in sigs.iter().enumerate().skip(1) {
+        for f in &first.fields {
+            match s.get(&f.name) {
+                Some(v) if v == f.value => {}
+                Some(v) => diffs.push(format!("{} is {} on rank 0 but {v} on rank {r}", f.name, f.value)),
+                None => diffs.push(format!("{} is {} on rank 0 but absent on rank {r}", f.name, f.value)),
+            }
+        }
+        for f in s.fields.iter().filter(|f| first.get(&f.name).is_none()) {
+            diffs.push(format!("{} is absent on rank 0 but {} on rank {r}", f.name, f.value));
+        }
+    }
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    let more = diffs.len().saturating_sub(SHOWN);
+    diffs.truncate(SHOWN);
+    let tail = if more > 0 { format!(" (and {more} more)") } else { String::new() };
+    Err(Error::new(
+        crate::ErrorKind::Mismatch,
+        format!("the ranks passed different arguments: {}{tail}", diffs.join("; ")),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::{local::local_bootstraps, Bootstrap};
+    use crate::ops::testing::{host_config, on_each};
+    use crate::ErrorKind;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Counts the all-gathers a rank makes, to see exchanges skipped.
+    struct Counting<B> {
+        inner: B,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl<B: Bootstrap> Bootstrap for Counting<B> {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world(&self) -> usize {
+            self.inner.world()
+        }
+        fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.allgather(data, timeout)
+        }
+    }
+
+    /// An in-process group whose ranks count their all-gathers.
+    fn counting_groups(world: usize, always: bool) -> Vec<(Arc<Group>, Arc<AtomicUsize>)> {
+        let cfg = host_config(always);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(world)
+                .into_iter()
+                .map(|b| {
+                    let cfg = cfg.clone();
+                    s.spawn(move || {
+                        let calls = Arc::new(AtomicUsize::new(0));
+                        let g = Group::new(Box::new(Counting { inner: b, calls: calls.clone() }), 0, &cfg).unwrap();
+                        (g, calls)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Runs `f(rank, group, all-gathers so far)` on every rank of a new
+    /// counting group, with the collective lock held as operations do.
+    fn on_group<T: Send>(
+        world: usize,
+        always: bool,
+        f: impl Fn(usize, &Group, &dyn Fn() -> usize) -> T + Sync,
+    ) -> Vec<T> {
+        let groups = counting_groups(world, always);
+        let gs: Vec<Arc<Group>> = groups.iter().map(|(g, _)| g.clone()).collect();
+        on_each(&gs, |r, g| {
+            let _lock = g.lock_collective();
+            f(r, g, &|| groups[r].1.load(Ordering::SeqCst))
+        })
+    }
+
+    #[test]
+    fn agreed_signatures_skip_the_exchange_unless_always() {
+        for always in [false, true] {
+            let skipped = on_group(3, always, |_, g, calls| {
+                agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+                let before = calls();
+                agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+                let repeat = calls() - before;
+                agree(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap();
+                (repeat, calls() - before)
+            });
+            for (repeat, total) in skipped {
+                assert_eq!(repeat == 0, !always);
+                assert!(total > repeat, "a new signature is exchanged");
+            }
+        }
+    }
+
+    #[test]
+    fn a_local_failure_reaches_every_rank() {
+        let res = on_group(3, false, |r, g, _| {
+            let local = if r == 1 { Err(err!(InvalidArgument, "out.shape is wrong")) } else { Ok(()) };
+            agree(g, Some(&sig(0, &[4, 8])), local)
+        });
+        assert_eq!(res[1].as_ref().unwrap_err().kind, ErrorKind::InvalidArgument);
+        for r in [0, 2] {
+            let e = res[r].as_ref().unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Remote);
+            assert!(e.msg.contains("rank 1: out.shape is wrong"), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn differing_calls_fail_everywhere_and_are_not_cached() {
+        let res = on_group(2, false, |r, g, calls| {
+            let first = agree(g, Some(&sig(r, &[4, 8])), Ok(()));
+            let before = calls();
+            let again = agree(g, Some(&sig(r, &[4, 8])), Ok(()));
+            (first, again, calls() - before)
+        });
+        for (first, again, exchanged) in res {
+            let e = first.unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Mismatch);
+            assert!(e.msg.contains("gather_dim is 0 on rank 0 but 1 on rank 1"), "{}", e.msg);
+            assert_eq!(again.unwrap_err().kind, ErrorKind::Mismatch);
+            assert!(exchanged > 0);
+        }
+    }
+
+    #[test]
+    fn a_local_failure_on_an_agreed_call_returns_at_once() {
+        let res = on_group(2, false, |_, g, calls| {
+            agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+            let before = calls();
+            let e = agree(g, Some(&sig(0, &[4, 8])), Err(err!(InvalidArgument, "bad"))).unwrap_err();
+            (e.kind, calls() - before)
+        });
+        assert!(res.iter().all(|&(kind, exchanged)| kind == ErrorKind::InvalidArgument && exchanged == 0));
+    }
+
+    fn sig(dim: usize, shape: &[usize]) -> Signature {
+        Signature::new("ag_mm").arg("gather_dim", dim).arg("a_shard.shape", format!("{shape:?}"))
+    }
+
+    #[test]
+    fn encodes_and_decodes() {
+        let s = sig(1, &[4, 8]);
+        assert_eq!(Signature::decode(&s.encode()).unwrap(), s);
+        assert!(Signature::decode(&s.encode()[..5]).is_err());
+    }
+
+    #[test]
+    fn reports_differences_against_rank_0() {
+        assert!(check_same(&[sig(0, &[4, 8]), sig(0, &[4, 8])]).is_ok());
+        let e = check_same(&[sig(0, &[4, 8]), sig(0, &[4, 8]), sig(1, &[2, 8])]).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Mismatch);
+        assert!(e.msg.contains("gather_dim is 0 on rank 0 but 1 on rank 2"), "{}", e.msg);
+        assert!(e.msg.contains("a_shard.shape is [4, 8] on rank 0 but [2, 8] on rank 2"), "{}", e.msg);
+        let extra = sig(0, &[4, 8]).arg("bs[1].shape", "[8, 2]");
+        let e = check_same(&[sig(0, &[4, 8]), extra]).unwrap_err();
+        assert!(e.msg.contains("bs[1].shape is absent on rank 0 but [8, 2] on rank 1"), "{}", e.msg);
+    }
+
+    #[test]
+    fn long_reports_are_cut() {
+        let many = |v: usize| (0..10).fold(Signature::new("x"), |s, i| s.arg(format!("f{i}"), v));
+        let e = check_same(&[many(0), many(1)]).unwrap_err();
+        assert!(e.msg.ends_with("(and 6 more)"), "{}", e.msg);
+    }
+}

@@ -1,0 +1,162 @@
+//! Argument checks shared by the operations. Each names the argument as
+//! the C caller wrote it and says what was expected. None of them touches
+//! memory: they run before anything is written.
+
+use crate::array::{Array, DType};
+use crate::error::{err, Result};
+
+/// The tensor has at least `min` dimensions.
+pub fn ndim_at_least(t: &Array, name: &str, min: usize) -> Result<()> {
+    if t.ndim() < min {
+        return Err(err!(InvalidArgument, "{name}.ndim is {}; expected at least {min}", t.ndim()));
+    }
+    Ok(())
+}
+
+pub fn ndim_is(t: &Array, name: &str, want: usize) -> Result<()> {
+    if t.ndim() != want {
+        return Err(err!(InvalidArgument, "{name}.ndim is {}; expected {want}", t.ndim()));
+    }
+    Ok(())
+}
+
+/// A matmul operand's type: f32, bf16 or f16 (fp8 needs scales, which
+/// `backend` does not implement yet).
+pub fn matmul_dtype(t: &Array, name: &str, backend: &str) -> Result<()> {
+    if t.dtype.is_unscaled_float() {
+        return Ok(());
+    }
+    Err(err!(
+        Unsupported,
+        "{name}.dtype is {}: 8-bit matmuls need scales, which the {backend} backend does not support yet; \
+         use f32, bf16 or f16",
+        t.dtype
+    ))
+}
+
+/// An input of the same type as `of`.
+pub fn same_dtype(t: &Array, name: &str, want: DType, of: &str) -> Result<()> {
+    if t.dtype != want {
+        return Err(err!(InvalidArgument, "{name}.dtype is {}; expected {want}, the dtype of {of}", t.dtype));
+    }
+    Ok(())
+}
+
+/// A matmul output: its type is the inputs' (another output type is a
+/// later addition, hence Unsupported rather than invalid).
+pub fn output_dtype(t: &Array, name: &str, want: DType, backend: &str) -> Result<()> {
+    if t.dtype != want {
+        return Err(err!(
+            Unsupported,
+            "{name}.dtype is {} but the inputs are {want}; an output dtype other than the inputs' is not \
+             supported by the {backend} backend yet",
+            t.dtype
+        ));
+    }
+    Ok(())
+}
+
+/// A gather/scatter dimension of a `ndim`-dimensional tensor named `of`.
+pub fn dim(value: i64, name: &str, ndim: usize, of: &str) -> Result<usize> {
+    match usize::try_from(value) {
+        Ok(d) if d < ndim => Ok(d),
+        _ => Err(err!(InvalidArgument, "{name} is {value}; expected 0..{} ({of} has {ndim} dimensions)", ndim - 1)),
+    }
+}
+
+pub fn shape_is(t: &Array, name: &str, want: &[usize]) -> Result<()> {
+    if t.shape != want {
+        return Err(err!(InvalidArgument, "{name}.shape is {:?}; expected {want:?}", t.shape));
+    }
+    Ok(())
+}
+
+/// Outputs are written element by element, so no two of an output's
+/// elements may share memory, and no output may share memory with an
+/// input or another output (they would be read after being written).
+pub fn outputs_disjoint(outputs: &[(String, &Array)], inputs: &[(String, &Array)]) -> Result<()> {
+    for (i, (name, out)) in outputs.iter().enumerate() {
+        if out.self_overlaps() {
+            return Err(err!(
+                InvalidArgument,
+                "{name} has strides {:?} for shape {:?}, so its elements overlap; expected non-overlapping strides",
+                out.strides,
+                out.shape
+            ));
+        }
+        let others = inputs.iter().chain(&outputs[..i]);
+        if let Some((other, _)) = others.into_iter().find(|(_, t)| out.overlaps(t)) {
+            return Err(err!(InvalidArgument, "{name} overlaps {other} in memory; expected separate memory"));
+        }
+    }
+    Ok(())
+}
+
+/// Options a later version implements, set by the caller.
+pub fn no_later_options(set: &[&'static str], backend: &str) -> Result<()> {
+    match set {
+        [] => Ok(()),
+        _ => Err(err!(
+            Unsupported,
+            "{} set: fp8 scaling and bias are not supported by the {backend} backend yet; leave them NULL",
+            set.join(", ")
+        )),
+    }
+}
+
+/// `a * b`, or an error naming what would not fit.
+pub fn mul(a: usize, b: usize, what: &str) -> Result<usize> {
+    a.checked_mul(b).ok_or_else(|| err!(InvalidArgument, "{what} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    fn t(addr: u64, shape: &[usize]) -> Array {
+        Array::contiguous(addr, DType::BF16, shape)
+    }
+
+    #[test]
+    fn messages_name_argument_and_expectation() {
+        let e = ndim_at_least(&t(0x1000, &[4]), "a_shard", 2).unwrap_err();
+        assert_eq!(e.msg, "a_shard.ndim is 1; expected at least 2");
+        let e = dim(3, "gather_dim", 3, "a_shard").unwrap_err();
+        assert_eq!(e.msg, "gather_dim is 3; expected 0..2 (a_shard has 3 dimensions)");
+        assert_eq!(dim(-1, "gather_dim", 3, "a_shard").unwrap_err().kind, ErrorKind::InvalidArgument);
+        assert_eq!(dim(2, "gather_dim", 3, "a_shard").unwrap(), 2);
+        let e = shape_is(&t(0x1000, &[8, 3]), "outs[1]", &[8, 5]).unwrap_err();
+        assert_eq!(e.msg, "outs[1].shape is [8, 3]; expected [8, 5]");
+        let e = same_dtype(&Array::contiguous(0x1000, DType::F16, &[2]), "bs[0]", DType::BF16, "a_shard").unwrap_err();
+        assert_eq!(e.msg, "bs[0].dtype is f16; expected bf16, the dtype of a_shard");
+    }
+
+    #[test]
+    fn later_features_are_unsupported() {
+        let fp8 = Array::contiguous(0x1000, DType::F8E4M3, &[2, 2]);
+        assert_eq!(matmul_dtype(&fp8, "a", "host").unwrap_err().kind, ErrorKind::Unsupported);
+        let f32_out = Array::contiguous(0x1000, DType::F32, &[2, 2]);
+        assert_eq!(output_dtype(&f32_out, "out", DType::BF16, "host").unwrap_err().kind, ErrorKind::Unsupported);
+        let e = no_later_options(&["opts->a_scale", "opts->bias"], "host").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+        assert!(e.msg.starts_with("opts->a_scale, opts->bias set"), "{}", e.msg);
+        assert!(no_later_options(&[], "host").is_ok());
+    }
+
+    #[test]
+    fn overlapping_outputs_are_rejected() {
+        let a = t(0x1000, &[4, 4]); // 32 bytes
+        let out = |addr| (String::from("out"), t(addr, &[2, 4]));
+        let (name, o) = out(0x1010);
+        let e = outputs_disjoint(&[(name, &o)], &[("a".into(), &a)]).unwrap_err();
+        assert_eq!(e.msg, "out overlaps a in memory; expected separate memory");
+        let (name, o) = out(0x1020);
+        assert!(outputs_disjoint(&[(name.clone(), &o)], &[("a".into(), &a)]).is_ok());
+        let e = outputs_disjoint(&[(name.clone(), &o), ("out2".into(), &o)], &[]).unwrap_err();
+        assert_eq!(e.msg, "out2 overlaps out in memory; expected separate memory");
+        let bad = Array { strides: vec![1, 1], ..t(0x2000, &[2, 4]) };
+        let e = outputs_disjoint(&[("out".into(), &bad)], &[]).unwrap_err();
+        assert!(e.msg.contains("overlap"), "{}", e.msg);
+    }
+}

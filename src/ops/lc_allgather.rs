@@ -1,0 +1,180 @@
+//! `symm_lc_allgather`: the ranks' inputs concatenated along dimension 0
+//! in rank order, as PyTorch's `_low_contention_all_gather`: pure copies,
+//! each rank pulling from one peer at a time (its own input first, then
+//! the others in turn), so that on GPUs the copy engines move the data and
+//! no two ranks read one peer at once.
+//!
+//! An input that is contiguous and lies in a rendezvoused symmetric buffer
+//! is read by the peers in place; otherwise every rank first copies its
+//! input into its workspace region. Where the input lives is part of the
+//! agreed arguments: every rank's input is at the same offset of the same
+//! symmetric buffer, or in ordinary memory on every rank. (Peers then know
+//! where to read without an exchange per call, which copy engines reading
+//! a cached call need; PyTorch's rendezvous of the tensor is collective
+//! for the same reason.) Barriers before and after the pulls keep a rank
+//! from reading an input before its owner wrote it, or after its owner
+//! returned and may overwrite it.
+
+use super::agree::Signature;
+use super::workspace::Layout;
+use super::{check, shape_text, Exec, Plan};
+use crate::array::Array;
+use crate::backend::Stream;
+use crate::buffer::Handle;
+use crate::error::Result;
+use crate::group::Group;
+use std::sync::Arc;
+
+/// One rank's call, as read from the caller.
+#[derive(Clone, Debug)]
+pub struct LcAllgather {
+    pub input: Array,
+    pub output: Array,
+}
+
+/// Collective over `group`: see the module documentation. `call` is `Err`
+/// when the caller's arguments could not be read; this rank still takes
+/// part in the agreement so its peers fail too.
+pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
+    let world = group.world();
+    let prepared = call.map(|c| {
+        let symmetric = c.symmetric_input(group);
+        (c.signature(symmetric.as_ref()), c.plan(world, symmetric))
+    });
+    super::run(group, stream, prepared)
+}
+
+/// Where a symmetric input lives: its handle and offset in the buffer.
+type InPlace = (Arc<Handle>, usize);
+
+impl LcAllgather {
+    fn symmetric_input(&self, group: &Group) -> Option<InPlace> {
+        if !self.input.is_contiguous() {
+            return None;
+        }
+        let h = group.find_symmetric(self.input.byte_range())?;
+        let offset = (self.input.addr - h.buffer().addr()) as usize;
+        Some((h, offset))
+    }
+
+    fn signature(&self, symmetric: Option<&InPlace>) -> Signature {
+        let memory = match symmetric {
+            Some((h, offset)) => format!("symmetric buffer {:#x} at offset {offset}", h.id()),
+            None => "ordinary memory".to_string(),
+        };
+        Signature::new("lc_allgather")
+            .arg("input.dtype", self.input.dtype)
+            .arg("input.shape", shape_text(&self.input.shape))
+            .arg("input memory", memory)
+    }
+
+    fn plan(self, world: usize, symmetric: Option<InPlace>) -> Result<LcPlan> {
+        let (input, output) = (&self.input, &self.output);
+        check::same_dtype(output, "output", input.dtype, "input")?;
+        let mut want = input.shape.clone();
+        want[0] = check::mul(want[0], world, "the gathered input")?;
+        check::shape_is(output, "output", &want)?;
+        check::outputs_disjoint(&[("output".into(), output)], &[("input".into(), input)])?;
+        // Workspace: the staged input, unless it is read in place (then the
+        // workspace only carries the barriers).
+        let mut layout = Layout::default();
+        let staged = match symmetric {
+            Some(_) => 0,
+            None => layout.region(check::mul(input.numel(), input.dtype.size(), "input")?),
+        };
+        Ok(LcPlan { call: self, symmetric, staged, workspace: layout.bytes() })
+    }
+}
+
+struct LcPlan {
+    call: LcAllgather,
+    /// Where every rank's input is read in place, if it is.
+    symmetric: Option<InPlace>,
+    /// Workspace offset of the staged input otherwise.
+    staged: usize,
+    workspace: usize,
+}
+
+impl Plan for LcPlan {
+    fn workspace_bytes(&self) -> usize {
+        self.workspace
+    }
+
+    fn execute(&self, ex: &Exec<'_>) -> Result<()> {
+        let LcAllgather { input, output } = &self.call;
+        let in_place = self.symmetric.as_ref();
+        let source = |r: usize| -> Result<Array> {
+            let addr = match in_place {
+                Some((h, offset)) => h.peer_addr(r)? + *offset as u64,
+                None => ex.at(r, self.staged)?,
+            };
+            Ok(Array::contiguous(addr, input.dtype, &input.shape))
+        };
+        if in_place.is_none() {
+            ex.copy(&source(ex.rank())?, input)?;
+        }
+        ex.barrier()?;
+        let len = input.shape[0];
+        for r in ex.rotation() {
+            ex.copy(&output.narrow(0, r * len, len), &source(r)?)?;
+        }
+        ex.barrier()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::array::DType;
+    use crate::buffer::{rendezvous, Buffer};
+    use crate::ops::testing::{host_groups, on_each};
+
+    #[test]
+    fn output_must_hold_every_rank() {
+        let call = |out: &[usize]| LcAllgather {
+            input: Array::contiguous(0x100_0000, DType::F8E5M2, &[2, 3]),
+            output: Array::contiguous(0x200_0000, DType::F8E5M2, out),
+        };
+        let e = call(&[4, 3]).plan(3, None).err().unwrap();
+        assert_eq!(e.msg, "output.shape is [4, 3]; expected [6, 3]");
+        assert_eq!(call(&[6, 3]).plan(3, None).ok().unwrap().workspace, 6);
+    }
+
+    /// 3 MiB per rank gathered from symmetric memory needs no more than the
+    /// smallest workspace; from ordinary memory it is staged in a larger one.
+    /// (The u32 values travel as f32 elements: same-type copies move bits.)
+    #[test]
+    fn symmetric_inputs_are_read_in_place() {
+        let groups = host_groups(2);
+        let n = 3 << 18; // u32 elements: 3 MiB per rank
+        let sizes = on_each(&groups, |r, g| {
+            let value = |q: usize, i: usize| (q * n + i) as u32 ^ 0x5a5a_5a5a;
+            let mut out = vec![0u32; 2 * n];
+            let output = Array::contiguous(out.as_mut_ptr() as u64, DType::F32, &[2 * n]);
+            let check = |out: &[u32]| assert!((0..2 * n).all(|i| out[i] == value(i / n, i % n)));
+
+            let buf = Buffer::create(g, 4 * n).unwrap();
+            let h = rendezvous(&buf).unwrap();
+            // SAFETY: the buffer holds n u32s.
+            let mine = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut u32, n) };
+            mine.iter_mut().enumerate().for_each(|(i, v)| *v = value(r, i));
+            let input = Array::contiguous(buf.addr(), DType::F32, &[n]);
+            lc_allgather(g, Ok(LcAllgather { input, output: output.clone() }), Stream(0)).unwrap();
+            check(&out);
+            let in_place = g.workspace().unwrap().buffer().size();
+
+            out.fill(0);
+            let mut ordinary: Vec<u32> = (0..n).map(|i| value(r, i)).collect();
+            let input = Array::contiguous(ordinary.as_mut_ptr() as u64, DType::F32, &[n]);
+            lc_allgather(g, Ok(LcAllgather { input, output }), Stream(0)).unwrap();
+            check(&out);
+            drop(h);
+            (in_place, g.workspace().unwrap().buffer().size())
+        });
+        for (in_place, staged) in sizes {
+            assert!(in_place < 4 * n, "the in-place gather staged its input ({in_place} bytes of workspace)");
+            assert!(staged >= 4 * n);
+        }
+        groups.iter().for_each(|g| g.release_workspace());
+    }
+}

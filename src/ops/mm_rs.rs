@@ -1,0 +1,196 @@
+//! `symm_mm_rs`: `reduce_scatter(a @ b, op, scatter_dim)`, as PyTorch's
+//! `fused_matmul_reduce_scatter`.
+//!
+//! Each rank's product `a @ b` has the shape of `a` with the last dimension
+//! N; `scatter_dim` of that shape is split into `world` equal chunks, and
+//! rank r receives the sum (or mean) over ranks of their chunk r.
+//!
+//! Execution: every rank computes its chunk r of the product for every r,
+//! in the output dtype (as NCCL-then-cuBLAS and PyTorch's fused op do: half
+//! the bytes over the links of f32 partials; each partial is still summed
+//! over K in f32), into region r of its workspace (a chunk is a slice of `a` along
+//! `scatter_dim`, or, for the last dimension, a slice of `b`'s columns).
+//! After a barrier, rank r sums region r of every rank in rank order (so
+//! that the result does not depend on who computes it), scales it for avg
+//! and converts it into `out`.
+
+use super::agree::Signature;
+use super::workspace::Layout;
+use super::{check, shape_text, Exec, Plan};
+use crate::array::Array;
+use crate::backend::Stream;
+use crate::error::{err, Result};
+use crate::group::Group;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Avg,
+}
+
+impl ReduceOp {
+    fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+        }
+    }
+}
+
+/// One rank's call, as read from the caller.
+#[derive(Clone, Debug)]
+pub struct MmRs {
+    pub a: Array,
+    pub b: Array,
+    pub scatter_dim: i64,
+    pub op: ReduceOp,
+    pub out: Array,
+    /// Options of a later version that the caller set (named as in C).
+    pub later_options: Vec<&'static str>,
+}
+
+/// Collective over `group`: see the module documentation. `call` is `Err`
+/// when the caller's arguments could not be read; this rank still takes
+/// part in the agreement so its peers fail too.
+pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<()> {
+    let world = group.world();
+    let backend = group.backend().kind().name();
+    super::run(group, stream, call.map(|c| (c.signature(), c.plan(world, backend))))
+}
+
+impl MmRs {
+    fn signature(&self) -> Signature {
+        Signature::new("mm_rs")
+            .arg("a.dtype", self.a.dtype)
+            .arg("a.shape", shape_text(&self.a.shape))
+            .arg("b.shape", shape_text(&self.b.shape))
+            .arg("scatter_dim", self.scatter_dim)
+            .arg("op", self.op.name())
+    }
+
+    fn plan(self, world: usize, backend: &str) -> Result<MmRsPlan> {
+        let (a, b) = (&self.a, &self.b);
+        check::matmul_dtype(a, "a", backend)?;
+        check::ndim_at_least(a, "a", 2)?;
+        check::same_dtype(b, "b", a.dtype, "a")?;
+        check::ndim_is(b, "b", 2)?;
+        let dim = check::dim(self.scatter_dim, "scatter_dim", a.ndim(), "a")?;
+        check::no_later_options(&self.later_options, backend)?;
+        let last = a.ndim() - 1;
+        if b.shape[0] != a.shape[last] {
+            return Err(err!(
+                InvalidArgument,
+                "b.shape[0] is {}; expected {}, a's last dimension",
+                b.shape[0],
+                a.shape[last]
+            ));
+        }
+        let mut chunk = a.shape.clone();
+        chunk[last] = b.shape[1];
+        if chunk[dim] % world != 0 {
+            return Err(err!(
+                InvalidArgument,
+                "dimension {dim} of a @ b ({:?}) has size {}, which the world size {world} does not divide; \
+                 expected a multiple of {world}",
+                chunk,
+                chunk[dim]
+            ));
+        }
+        chunk[dim] /= world;
+        check::output_dtype(&self.out, "out", a.dtype, backend)?;
+        check::shape_is(&self.out, "out", &chunk)?;
+        check::outputs_disjoint(&[("out".into(), &self.out)], &[("a".into(), a), ("b".into(), b)])?;
+
+        // Workspace: one product chunk per destination rank (peers read
+        // them), then room to pack `a` (or a slice of it) into a matrix.
+        let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
+        let mut layout = Layout::default();
+        let chunks = (0..world).map(|_| layout.region(chunk_bytes)).collect();
+        let packed_a = layout.region(check::mul(a.numel(), a.dtype.size(), "a")?);
+        Ok(MmRsPlan { call: self, dim, chunks, packed_a, workspace: layout.bytes() })
+    }
+}
+
+#[derive(Debug)]
+struct MmRsPlan {
+    call: MmRs,
+    dim: usize,
+    /// Workspace offsets: `chunks[r]` holds the product chunk for rank r.
+    chunks: Vec<usize>,
+    packed_a: usize,
+    workspace: usize,
+}
+
+impl Plan for MmRsPlan {
+    fn workspace_bytes(&self) -> usize {
+        self.workspace
+    }
+
+    fn execute(&self, ex: &Exec<'_>) -> Result<()> {
+        let MmRs { a, b, op, out, .. } = &self.call;
+        let (dim, world) = (self.dim, ex.world());
+        let scatters_n = dim == a.ndim() - 1;
+        let len = out.shape[dim];
+        // Scattering N multiplies all of `a` by column slices of `b`.
+        let whole_a = if scatters_n { Some(ex.matrix(a, self.packed_a)?) } else { None };
+        for r in 0..world {
+            let (lhs, rhs) = match &whole_a {
+                Some(m) => (m.clone(), b.narrow(1, r * len, len)),
+                None => (ex.matrix(&a.narrow(dim, r * len, len), self.packed_a)?, b.clone()),
+            };
+            let dst = Array::contiguous(ex.local(self.chunks[r]), out.dtype, &[lhs.shape[0], rhs.shape[1]]);
+            ex.gemm(&dst, &lhs, &rhs, false)?;
+        }
+        ex.barrier()?;
+        let mine = self.chunks[ex.rank()];
+        let srcs: Vec<Array> =
+            (0..world).map(|q| Ok(Array::contiguous(ex.at(q, mine)?, out.dtype, &out.shape))).collect::<Result<_>>()?;
+        let scale = match op {
+            ReduceOp::Sum => 1.0,
+            ReduceOp::Avg => 1.0 / world as f32,
+        };
+        ex.reduce(out, &srcs, scale)?;
+        ex.barrier()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::array::DType;
+
+    fn call(a: &[usize], b: &[usize], dim: i64, out: &[usize]) -> MmRs {
+        MmRs {
+            a: Array::contiguous(0x100_0000, DType::F16, a),
+            b: Array::contiguous(0x200_0000, DType::F16, b),
+            scatter_dim: dim,
+            op: ReduceOp::Avg,
+            out: Array::contiguous(0x300_0000, DType::F16, out),
+            later_options: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn output_chunks_for_each_dim() {
+        assert!(call(&[4, 3, 5], &[5, 6], 0, &[2, 3, 6]).plan(2, "host").is_ok());
+        assert!(call(&[4, 3, 5], &[5, 6], 2, &[4, 3, 3]).plan(2, "host").is_ok());
+        let e = call(&[4, 3, 5], &[5, 6], 1, &[4, 1, 6]).plan(2, "host").unwrap_err();
+        assert_eq!(
+            e.msg,
+            "dimension 1 of a @ b ([4, 3, 6]) has size 3, which the world size 2 does not divide; expected a multiple of 2"
+        );
+        let e = call(&[4, 3, 5], &[5, 6], 0, &[4, 3, 6]).plan(2, "host").unwrap_err();
+        assert_eq!(e.msg, "out.shape is [4, 3, 6]; expected [2, 3, 6]");
+        let e = call(&[4, 3, 5], &[4, 6], 0, &[2, 3, 6]).plan(2, "host").unwrap_err();
+        assert_eq!(e.msg, "b.shape[0] is 4; expected 5, a's last dimension");
+    }
+
+    #[test]
+    fn workspace_holds_a_chunk_per_rank_and_packed_a() {
+        let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).plan(4, "host").unwrap();
+        // Chunks of 18 f32 (72 bytes) at 256-byte steps, then 60 f16 of a.
+        assert_eq!(p.chunks, vec![0, 256, 512, 768]);
+        assert_eq!((p.packed_a, p.workspace), (1024, 1024 + 120));
+    }
+}

@@ -1,0 +1,134 @@
+//! The tensor-parallel operations, written once over the backend's
+//! data-moving primitives (`Backend::{copy, reduce, gemm}`) and the signals
+//! of the group's workspace.
+//!
+//! Every operation runs the same steps (`run`):
+//! 1. check the call on this rank and plan it; nothing is written yet;
+//! 2. agree on the call with every rank (`agree`), so that a call that is
+//!    invalid on any rank, or differs between ranks, fails on all of them;
+//! 3. size the group's workspace from the agreed arguments (`workspace`);
+//! 4. execute: stage this rank's data in its workspace region, barrier,
+//!    read the peers' regions and write the outputs, barrier again so that
+//!    no rank's next call overwrites a region a peer still reads.
+//!
+//! Tensors become matrices the same way in every operation: the part of a
+//! tensor that belongs to one rank is a slice along the gathered (or
+//! scattered) dimension, kept in its natural order, whose leading
+//! dimensions collapse into matrix rows; a slice whose strides do not
+//! collapse is copied to contiguous scratch first.
+
+pub mod ag_mm;
+mod agree;
+mod check;
+pub mod lc_allgather;
+pub mod mm_rs;
+#[cfg(test)]
+mod testing;
+mod workspace;
+
+pub use ag_mm::{fused_ag_mm, AgMm};
+pub use lc_allgather::{lc_allgather, LcAllgather};
+pub use mm_rs::{mm_rs, MmRs, ReduceOp};
+pub use workspace::reserve as reserve_workspace;
+
+use crate::array::Array;
+use crate::backend::Stream;
+use crate::buffer::Handle;
+use crate::error::Result;
+use crate::group::Group;
+use agree::Signature;
+use std::sync::Arc;
+
+/// A checked call, ready to run once the ranks agree on it.
+trait Plan {
+    /// Workspace bytes the call needs, computed from agreed arguments only
+    /// (never from local strides or addresses), so every rank sizes the
+    /// workspace alike.
+    fn workspace_bytes(&self) -> usize;
+    fn execute(&self, ex: &Exec<'_>) -> Result<()>;
+}
+
+/// Runs one collective call. `prepared` is this rank's signature and plan,
+/// or why the call could not be read at all; either way every rank takes
+/// part in the agreement, so that peers learn of a failure.
+fn run<P: Plan>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
+    let _lock = group.lock_collective();
+    let (sig, plan) = match prepared {
+        Ok((s, p)) => (Some(s), p),
+        Err(e) => (None, Err(e)),
+    };
+    agree::agree(group, sig.as_ref(), plan.as_ref().map(drop).map_err(Clone::clone))?;
+    let plan = plan?;
+    let ws = workspace::ensure(group, plan.workspace_bytes())?;
+    plan.execute(&Exec { group, ws, stream })
+}
+
+/// The signal channel of the workspace that operations synchronize on
+/// (the workspace is private to them, so one channel serves all).
+const CHANNEL: usize = 0;
+
+/// What a plan executes with: the group, its workspace, the caller's stream.
+struct Exec<'a> {
+    group: &'a Group,
+    ws: Arc<Handle>,
+    stream: Stream,
+}
+
+impl Exec<'_> {
+    fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.group.world()
+    }
+
+    /// Address of `offset` in rank `r`'s workspace, as mapped here.
+    fn at(&self, r: usize, offset: usize) -> Result<u64> {
+        Ok(self.ws.peer_addr(r)? + offset as u64)
+    }
+
+    /// Address of `offset` in this rank's workspace.
+    fn local(&self, offset: usize) -> u64 {
+        self.ws.buffer().addr() + offset as u64
+    }
+
+    /// Every rank once, starting with this one and going down, so that at
+    /// each step the ranks read from different peers.
+    fn rotation(&self) -> impl Iterator<Item = usize> {
+        let (rank, world) = (self.rank(), self.world());
+        (0..world).map(move |step| (rank + world - step) % world)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.ws.barrier(CHANNEL, self.stream)
+    }
+
+    fn copy(&self, dst: &Array, src: &Array) -> Result<()> {
+        self.group.backend().copy(dst, src, self.stream)
+    }
+
+    fn reduce(&self, dst: &Array, srcs: &[Array], scale: f32) -> Result<()> {
+        self.group.backend().reduce(dst, srcs, scale, self.stream)
+    }
+
+    fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool) -> Result<()> {
+        self.group.backend().gemm(dst, a, b, accumulate, self.stream)
+    }
+
+    /// `t` as a matrix: itself when its strides allow, else a contiguous
+    /// copy at `scratch` (which must hold it).
+    fn matrix(&self, t: &Array, scratch: usize) -> Result<Array> {
+        if let Some(m) = t.as_matrix() {
+            return Ok(m);
+        }
+        let packed = Array::contiguous(self.local(scratch), t.dtype, &t.shape);
+        self.copy(&packed, t)?;
+        Ok(packed.as_matrix().expect("a contiguous array is a matrix"))
+    }
+}
+
+/// `shape` as the signature and messages show it.
+fn shape_text(shape: &[usize]) -> String {
+    format!("{shape:?}")
+}

@@ -1,0 +1,29 @@
+//! Helpers for the operations' tests: in-process groups on the host
+//! backend, driven one thread per rank.
+
+use crate::backend::BackendChoice;
+use crate::group::{Group, GroupConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub fn host_config(check_args_always: bool) -> GroupConfig {
+    GroupConfig {
+        backend: Some(BackendChoice::Host),
+        timeout: Some(Duration::from_secs(10)),
+        check_args_always,
+        ..Default::default()
+    }
+}
+
+pub fn host_groups(world: usize) -> Vec<Arc<Group>> {
+    Group::new_local(&vec![0; world], &host_config(false)).unwrap()
+}
+
+/// Runs `f(rank, group)` on every rank at once and collects the results.
+pub fn on_each<T: Send>(groups: &[Arc<Group>], f: impl Fn(usize, &Arc<Group>) -> T + Sync) -> Vec<T> {
+    let f = &f;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = groups.iter().enumerate().map(|(r, g)| s.spawn(move || f(r, g))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}

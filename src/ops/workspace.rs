@@ -1,0 +1,130 @@
+//! The group's symmetric workspace: one rendezvoused buffer per group that
+//! operations stage data in (each rank's region at the same offset, so a
+//! peer's region is `peer_addr(r) + offset`) and keep local scratch in.
+//!
+//! Growing it is a rendezvous, hence collective. Every rank decides to grow
+//! from the agreed arguments and its current size, both equal on every
+//! rank, so all ranks grow together. It never shrinks and is reused by
+//! every later call.
+
+use crate::buffer::{self, Buffer, Handle};
+use crate::error::{err, Result};
+use crate::group::Group;
+use std::sync::Arc;
+
+/// Sizes grow in steps of this, so a run of slightly larger calls does not
+/// rendezvous on every one.
+const GROWTH_STEP: usize = 1 << 20;
+
+/// Regions are aligned to this, as vectorized device copies want.
+const ALIGN: usize = 256;
+
+/// Plans the regions of one call's workspace.
+#[derive(Debug, Default)]
+pub struct Layout {
+    end: usize,
+}
+
+impl Layout {
+    /// Reserves `bytes` and returns their offset.
+    pub fn region(&mut self, bytes: usize) -> usize {
+        let offset = self.end.next_multiple_of(ALIGN);
+        self.end = offset + bytes;
+        offset
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.end
+    }
+}
+
+/// Collective (with the collective lock held): a workspace of at least
+/// `bytes`, grown on every rank when the current one is smaller.
+pub fn ensure(group: &Arc<Group>, bytes: usize) -> Result<Arc<Handle>> {
+    if let Some(ws) = group.workspace() {
+        if ws.buffer().size() >= bytes {
+            return Ok(ws);
+        }
+    }
+    let size = bytes
+        .max(1)
+        .checked_next_multiple_of(GROWTH_STEP)
+        .ok_or_else(|| err!(InvalidArgument, "a workspace of {bytes} bytes is too large"))?;
+    let buf = match Buffer::create(group, size) {
+        Ok(b) => b,
+        Err(e) => {
+            // Meet the peers at the rendezvous's first exchange, so they
+            // fail with this reason instead of waiting for us.
+            group.exchange(Err(e.clone()))?;
+            return Err(e);
+        }
+    };
+    let ws = buffer::rendezvous_locked(&buf).map_err(|e| e.context("growing the workspace"))?;
+    group.set_workspace(ws.clone());
+    Ok(ws)
+}
+
+/// Collective: sizes the workspace to at least `bytes` now, so later
+/// calls up to that size do not grow it. Every rank must pass the same size.
+pub fn reserve(group: &Arc<Group>, bytes: usize) -> Result<()> {
+    let _lock = group.lock_collective();
+    let all = group.exchange(Ok((bytes as u64).to_le_bytes().to_vec()))?;
+    let sizes: Vec<u64> =
+        all.iter().map(|b| b.as_slice().try_into().map(u64::from_le_bytes).unwrap_or(u64::MAX)).collect();
+    let differ: Vec<String> =
+        sizes.iter().enumerate().filter(|&(_, &s)| s != sizes[0]).map(|(r, s)| format!("rank {r} {s}")).collect();
+    if !differ.is_empty() {
+        let first = sizes[0];
+        return Err(err!(
+            Mismatch,
+            "the ranks reserve different workspace sizes: rank 0 {first} bytes, {}",
+            differ.join(", ")
+        ));
+    }
+    ensure(group, bytes).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::{host_groups, on_each};
+
+    #[test]
+    fn layout_aligns_regions() {
+        let mut l = Layout::default();
+        assert_eq!(l.region(10), 0);
+        assert_eq!(l.region(300), 256);
+        assert_eq!(l.bytes(), 556);
+    }
+
+    #[test]
+    fn grows_in_lockstep_and_is_reused() {
+        let gs = host_groups(2);
+        let ids = on_each(&gs, |_, g| {
+            let _l = g.lock_collective();
+            let small = ensure(g, 100).unwrap();
+            let again = ensure(g, GROWTH_STEP).unwrap();
+            assert!(Arc::ptr_eq(&small, &again));
+            let big = ensure(g, GROWTH_STEP + 1).unwrap();
+            assert_eq!(big.buffer().size(), 2 * GROWTH_STEP);
+            (small.id(), big.id())
+        });
+        assert_eq!(ids[0], ids[1]);
+        assert_ne!(ids[0].0, ids[0].1);
+        gs.iter().for_each(|g| g.release_workspace());
+    }
+
+    #[test]
+    fn reserve_sizes_must_match() {
+        let gs = host_groups(3);
+        let res = on_each(&gs, |r, g| reserve(g, if r == 2 { 8 << 20 } else { 4 << 20 }));
+        for e in res {
+            let e = e.unwrap_err();
+            assert_eq!(e.kind, crate::ErrorKind::Mismatch);
+            assert!(e.msg.contains("rank 0 4194304 bytes, rank 2 8388608"), "{}", e.msg);
+        }
+        on_each(&gs, |_, g| reserve(g, 3 << 20).unwrap());
+        assert!(gs.iter().all(|g| g.workspace().unwrap().buffer().size() == 3 << 20));
+        gs.iter().for_each(|g| g.release_workspace());
+    }
+}

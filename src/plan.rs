@@ -1,0 +1,212 @@
+//! The cost model: for a fused operation on a given group and shape, the
+//! predicted matmul time, communication time and exposed (not hidden)
+//! communication of each algorithm, and the choice among them.
+//!
+//! Times come from a roofline of the device (matmul rate, copy-engine link
+//! bandwidth, HBM bandwidth, launch and barrier latencies) plus the cost of
+//! splitting a matmul into pieces, calibrated on 2 x H200
+//! (`../shared/anchors/`): cuBLAS loses efficiency on every split (up to 24%
+//! at 16384x8192x8192), so overlap only pays when the communication it hides
+//! is larger than what the split costs.
+
+/// What the device can do, in the units the model uses.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceModel {
+    /// Dense bf16/f16 matmul rate on large problems, TFLOP/s.
+    pub matmul_tflops: f64,
+    /// Copy-engine pull bandwidth from one peer, GB/s.
+    pub link_gbps: f64,
+    /// Device memory bandwidth, GB/s (reads + writes).
+    pub hbm_gbps: f64,
+    /// Fixed cost of one kernel or copy launch in a pipeline, microseconds.
+    pub launch_us: f64,
+    /// One barrier or signal round trip between ranks, microseconds.
+    pub barrier_us: f64,
+    /// Relative matmul slowdown for each extra piece a matmul is split into.
+    pub split_penalty: f64,
+}
+
+impl DeviceModel {
+    /// Hopper (H100/H200 SXM) with NVLink, measured on 2 x H200.
+    pub const HOPPER: DeviceModel = DeviceModel {
+        matmul_tflops: 790.0,
+        link_gbps: 358.0,
+        hbm_gbps: 4300.0,
+        launch_us: 6.0,
+        barrier_us: 4.0,
+        split_penalty: 0.06,
+    };
+}
+
+/// How an operation is carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Communicate everything, then one matmul (or matmul, then reduce).
+    Sequential,
+    /// One matmul piece per rank's chunk, the communication of the next
+    /// chunk overlapping the matmul of the current one.
+    Pipelined,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Sequential => "sequential",
+            Algorithm::Pipelined => "pipelined",
+        }
+    }
+}
+
+/// The prediction for one algorithm.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimate {
+    pub algorithm: Algorithm,
+    /// Matmul time, including what splitting costs (ms).
+    pub compute_ms: f64,
+    /// Communication time if it ran alone (ms).
+    pub comm_ms: f64,
+    /// Communication not hidden behind the matmul (ms).
+    pub exposed_ms: f64,
+    /// Predicted time of the whole operation (ms).
+    pub total_ms: f64,
+}
+
+/// Shape of a fused operation as the model sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Problem {
+    /// Rows of the whole matmul (all ranks' rows for all-gather + matmul;
+    /// this rank's rows of A for matmul + reduce-scatter).
+    pub m: usize,
+    pub k: usize,
+    /// Sum of the N of every B.
+    pub n: usize,
+    pub world: usize,
+    /// Bytes per element of A and of the output.
+    pub elem_bytes: usize,
+}
+
+fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
+    let flops = 2.0 * rows as f64 * p.k as f64 * p.n as f64;
+    let bytes = ((rows * p.k + p.k * p.n + rows * p.n) * p.elem_bytes) as f64;
+    (flops / (d.matmul_tflops * 1e9)).max(bytes / (d.hbm_gbps * 1e6)) + d.launch_us / 1e3
+}
+
+fn transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
+    bytes / (d.link_gbps * 1e6)
+}
+
+/// All-gather of A (`m` rows in all) then matmul.
+pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
+    let whole = matmul_ms(p, p.m, d);
+    // Each rank pulls every peer's shard; peers are pulled one after another.
+    let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
+    let pulls = p.world.saturating_sub(1) as f64;
+    let comm = pulls * transfer_ms(shard_bytes, d) + 2.0 * d.barrier_us / 1e3;
+    let sequential = Estimate {
+        algorithm: Algorithm::Sequential,
+        compute_ms: whole,
+        comm_ms: comm,
+        exposed_ms: comm,
+        total_ms: whole + comm,
+    };
+    let mut out = vec![sequential];
+    if p.world > 1 {
+        // Own shard first, each peer's shard's pull hidden behind the
+        // previous piece; only the barriers stay exposed, unless a pull is
+        // slower than a piece.
+        let pieces = p.world as f64;
+        let split = whole * (1.0 + d.split_penalty * (pieces - 1.0)) + (pieces - 1.0) * d.launch_us / 1e3;
+        let piece = split / pieces;
+        let per_pull = transfer_ms(shard_bytes, d);
+        let exposed = 2.0 * d.barrier_us / 1e3 + pulls * (per_pull - piece).max(0.0);
+        out.push(Estimate {
+            algorithm: Algorithm::Pipelined,
+            compute_ms: split,
+            comm_ms: comm,
+            exposed_ms: exposed,
+            total_ms: split + exposed,
+        });
+    }
+    out
+}
+
+/// Matmul of this rank's `m` rows, then reduce-scatter of the result.
+pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
+    let whole = matmul_ms(p, p.m, d);
+    let chunk_bytes = (p.m / p.world * p.n * p.elem_bytes) as f64;
+    let pulls = p.world.saturating_sub(1) as f64;
+    // The reduction reads every peer's chunk over the links and writes ours.
+    let comm = pulls * transfer_ms(chunk_bytes, d) + 2.0 * d.barrier_us / 1e3;
+    let sequential = Estimate {
+        algorithm: Algorithm::Sequential,
+        compute_ms: whole,
+        comm_ms: comm,
+        exposed_ms: comm,
+        total_ms: whole + comm,
+    };
+    let mut out = vec![sequential];
+    if p.world > 1 {
+        // Peers' chunks first, ours last: their pulls overlap our later
+        // pieces, and the final reduction is local (HBM speed).
+        let pieces = p.world as f64;
+        let split = whole * (1.0 + d.split_penalty * (pieces - 1.0)) + (pieces - 1.0) * d.launch_us / 1e3;
+        let piece = split / pieces;
+        let local_reduce = (pieces + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
+        let per_pull = transfer_ms(chunk_bytes, d);
+        let exposed = 2.0 * d.barrier_us / 1e3 + local_reduce + (per_pull - piece).max(0.0);
+        out.push(Estimate {
+            algorithm: Algorithm::Pipelined,
+            compute_ms: split,
+            comm_ms: comm,
+            exposed_ms: exposed,
+            total_ms: split + exposed,
+        });
+    }
+    out
+}
+
+/// The estimate with the smallest predicted total.
+pub fn best(estimates: &[Estimate]) -> Estimate {
+    *estimates.iter().min_by(|a, b| a.total_ms.total_cmp(&b.total_ms)).expect("at least the sequential estimate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prob(m: usize, k: usize, n: usize) -> Problem {
+        Problem { m, k, n, world: 2, elem_bytes: 2 }
+    }
+
+    #[test]
+    fn large_ag_mm_matmul_time_is_near_measured_cublas() {
+        // 16384x8192x8192 bf16 ran in 2.65-2.71 ms through cuBLAS on an H200.
+        let e = ag_mm(&prob(16384, 8192, 8192), &DeviceModel::HOPPER);
+        assert!((2.6..2.9).contains(&e[0].compute_ms), "{:?}", e[0]);
+    }
+
+    #[test]
+    fn world_one_has_only_the_sequential_plan_and_no_comm_cost_beyond_barriers() {
+        let p = Problem { world: 1, ..prob(1024, 1024, 1024) };
+        let e = ag_mm(&p, &DeviceModel::HOPPER);
+        assert_eq!(e.len(), 1);
+        assert!(e[0].comm_ms < 0.01);
+    }
+
+    #[test]
+    fn tiny_problems_take_the_sequential_path() {
+        // At M=512 the split costs more than the 4 MB pull it would hide.
+        let e = ag_mm(&prob(512, 8192, 14336), &DeviceModel::HOPPER);
+        assert_eq!(best(&e).algorithm, Algorithm::Sequential, "{e:?}");
+    }
+
+    #[test]
+    fn exposed_comm_never_exceeds_comm_plus_local_work() {
+        for &(m, k, n) in &[(16384, 4096, 8192), (8192, 14336, 8192), (2048, 14336, 8192), (512, 14336, 8192)] {
+            for e in mm_rs(&prob(m, k, n), &DeviceModel::HOPPER) {
+                assert!(e.exposed_ms <= e.comm_ms + 0.1, "{e:?}");
+                assert!(e.total_ms >= e.compute_ms, "{e:?}");
+            }
+        }
+    }
+}
