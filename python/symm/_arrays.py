@@ -1,0 +1,116 @@
+"""What the operations need to know about an array argument, from whichever
+protocol the object speaks: pointer, shape, strides in elements, dtype, and
+whether the memory is host or CUDA memory.
+
+Order of preference: a numpy array as itself (so extension dtypes such as
+``ml_dtypes.bfloat16`` keep their name); then DLPack, which also carries
+bf16 and lets the producer order its pending work before our stream; then
+``__cuda_array_interface__``; then ``__array_interface__``.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _dlpack
+
+MAX_DIMS = 8  # symm_tensor_t's shape/strides capacity
+
+
+@dataclass(frozen=True)
+class ArrayView:
+    ptr: int
+    shape: tuple
+    strides: tuple  # in elements
+    dtype: str  # numpy-style name: "float32", "bfloat16", ...
+    memory: str  # "host", "cuda", or "managed" (usable from both)
+    writable: bool
+    keepalive: tuple  # what must stay alive while the library uses ptr
+
+    def accessible_from(self, backend):
+        return self.memory == "managed" or self.memory == ("host" if backend == "host" else "cuda")
+
+
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.insert(0, step)
+        step *= n
+    return tuple(strides)
+
+
+def _element_strides(byte_strides, itemsize, what):
+    if any(s % itemsize for s in byte_strides):
+        raise ValueError(f"{what} has strides {byte_strides} bytes, not whole {itemsize}-byte elements")
+    return tuple(s // itemsize for s in byte_strides)
+
+
+def _from_numpy(arr, keep):
+    return ArrayView(
+        ptr=arr.ctypes.data,
+        shape=arr.shape,
+        strides=_element_strides(arr.strides, arr.dtype.itemsize, "the array"),
+        dtype=arr.dtype.name,
+        memory="host",
+        writable=arr.flags.writeable,
+        keepalive=(keep, arr),
+    )
+
+
+_DLPACK_MEMORY = {
+    _dlpack.KDL_CPU: "host",
+    _dlpack.KDL_CUDA_HOST: "host",
+    _dlpack.KDL_CUDA: "cuda",
+    _dlpack.KDL_CUDA_MANAGED: "managed",
+}
+
+
+def _from_dlpack(obj, stream):
+    device_type = _dlpack.device_type_of(obj)
+    if device_type not in _DLPACK_MEMORY:
+        raise ValueError(f"DLPack device type {device_type} is neither host nor CUDA memory")
+    # For CUDA memory the producer makes its pending work visible to
+    # `stream` (None: the legacy default stream, as for our NULL stream).
+    capsule = obj.__dlpack__() if _DLPACK_MEMORY[device_type] == "host" else obj.__dlpack__(stream=stream)
+    ptr, shape, strides, dtype = _dlpack.read(capsule)
+    strides = _contiguous_strides(shape) if strides is None else strides
+    # Legacy capsules carry no read-only flag; a producer that hands out
+    # DLPack for memory it must not see written is outside this contract.
+    return ArrayView(ptr, shape, strides, dtype, _DLPACK_MEMORY[device_type], True, (obj, capsule))
+
+
+def _from_cai(obj):
+    cai = obj.__cuda_array_interface__
+    if cai.get("mask") is not None:
+        raise ValueError("masked __cuda_array_interface__ arrays are not supported")
+    ptr, readonly = cai["data"]
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    byte_strides = cai.get("strides")
+    strides = (
+        _contiguous_strides(shape)
+        if byte_strides is None
+        else _element_strides(tuple(byte_strides), dtype.itemsize, "the CUDA array")
+    )
+    return ArrayView(ptr or 0, shape, strides, dtype.name, "cuda", not readonly, (obj,))
+
+
+def view(obj, stream=None):
+    """The ``ArrayView`` of ``obj``. ``stream`` (a CUstream int or None) is
+    the stream the library will use, for the DLPack exchange."""
+    if isinstance(obj, np.ndarray):
+        v = _from_numpy(obj, obj)
+    elif hasattr(obj, "__dlpack__"):
+        v = _from_dlpack(obj, stream)
+    elif hasattr(obj, "__cuda_array_interface__"):
+        v = _from_cai(obj)
+    elif hasattr(obj, "__array_interface__"):
+        v = _from_numpy(np.asarray(obj), obj)
+    else:
+        raise TypeError(
+            f"{type(obj).__name__} is not an array: pass a numpy array, or an object with "
+            "__dlpack__, __cuda_array_interface__ or __array_interface__"
+        )
+    if len(v.shape) > MAX_DIMS:
+        raise ValueError(f"arrays of up to {MAX_DIMS} dimensions are supported; this one has {len(v.shape)}")
+    return v

@@ -1,0 +1,61 @@
+"""Finds and loads libsymm.so.
+
+Search order: env ``SYMM_LIBRARY``, a copy shipped inside this package,
+the repository's ``target/release`` then ``target/debug`` (for working from a
+checkout), then the system loader. An explicit ``SYMM_LIBRARY`` is never
+second-guessed: if it cannot be loaded that is the error, because silently
+picking another build would hide a misconfiguration.
+"""
+
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+
+LIBRARY_NAME = "libsymm.so"
+
+
+class LibraryNotFoundError(ImportError):
+    """libsymm.so could not be loaded from any place symm looks."""
+
+
+def _candidates():
+    package_dir = Path(__file__).resolve().parent
+    repo = package_dir.parent.parent  # python/symm/ -> repository root
+    yield package_dir / LIBRARY_NAME
+    yield repo / "target" / "release" / LIBRARY_NAME
+    yield repo / "target" / "debug" / LIBRARY_NAME
+
+
+def load():
+    """Returns the loaded library as a ``ctypes.CDLL``.
+
+    CDLL (not PyDLL) releases the GIL during every call, which collectives of
+    several ranks in one process (threads) depend on.
+    """
+    explicit = os.environ.get("SYMM_LIBRARY")
+    if explicit:
+        try:
+            return ctypes.CDLL(explicit)
+        except OSError as e:
+            raise LibraryNotFoundError(f"SYMM_LIBRARY={explicit!r} could not be loaded: {e}") from e
+
+    tried = ["env SYMM_LIBRARY (not set)"]
+    for path in _candidates():
+        if path.is_file():
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError as e:
+                tried.append(f"{path} ({e})")
+        else:
+            tried.append(f"{path} (missing)")
+
+    system = ctypes.util.find_library("symm") or LIBRARY_NAME
+    try:
+        return ctypes.CDLL(system)
+    except OSError as e:
+        tried.append(f"system loader for {system!r} ({e})")
+    raise LibraryNotFoundError(
+        "libsymm.so not found; build it with `cargo build --release` or set SYMM_LIBRARY to its path. Looked at:\n  "
+        + "\n  ".join(tried)
+    )

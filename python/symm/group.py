@@ -1,0 +1,202 @@
+"""Groups of ranks: the four ways to form one, and their properties."""
+
+import ctypes
+
+from . import _lib
+from ._callback import CallbackBootstrap
+from ._lib import lib
+from ._owned import Owned
+from .errors import SymmInvalidHandle, check
+from .memory import Buffer
+
+BACKENDS = {"auto": _lib.BACKEND_AUTO, "cuda": _lib.BACKEND_CUDA, "host": _lib.BACKEND_HOST}
+_BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
+UNIQUE_ID_BYTES = ctypes.sizeof(_lib.UniqueId)
+
+
+def _config(backend, timeout_ms, allow_shared_device, check_args_always):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {sorted(BACKENDS)}")
+    flags = (_lib.GROUP_ALLOW_SHARED_DEVICE if allow_shared_device else 0) | (
+        _lib.GROUP_CHECK_ARGS_ALWAYS if check_args_always else 0
+    )
+    # timeout_ms None -> 0, which the library reads as env SYMM_TIMEOUT_MS or
+    # its default; other values go through unchanged so it validates them.
+    return _lib.GroupConfig(ctypes.sizeof(_lib.GroupConfig), BACKENDS[backend], timeout_ms or 0, flags)
+
+
+def get_unique_id(listen_addr=None):
+    """Starts a bootstrap store in this process and returns its 128-byte id.
+
+    Pass the bytes to every rank (this one included) for
+    ``Group.from_unique_id``. ``listen_addr`` ("host:port", "ip:port" or
+    "ip") defaults to env ``SYMM_BOOTSTRAP_ADDR``, else loopback.
+    """
+    uid = _lib.UniqueId()
+    if listen_addr is None:
+        check(lib.symm_get_unique_id(ctypes.byref(uid)))
+    else:
+        check(lib.symm_get_unique_id_at(listen_addr.encode(), ctypes.byref(uid)))
+    return ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES)
+
+
+class Group:
+    """One rank's membership of a group. Form it with a ``from_*`` method
+    or ``local_groups``; ``close()`` (or a ``with`` block) releases it.
+    Buffers and handles of the group stay valid after it is closed.
+
+    Every way of forming a group takes ``backend`` ("auto", "cuda",
+    "host"), ``timeout_ms`` (None: env ``SYMM_TIMEOUT_MS`` or 300000),
+    ``allow_shared_device`` (several ranks on one GPU) and
+    ``check_args_always`` (the ranks compare an operation's arguments on
+    every call, not only the first time they see them)."""
+
+    def __init__(self, raw, bootstrap=None):
+        """Wraps a ``symm_group_t`` the caller owns (internal)."""
+        # The C group, and every buffer and handle made from it, may call the
+        # bootstrap back in later collectives: each of their owners keeps it.
+        self._owned = Owned(raw, lib.symm_group_destroy, keep=bootstrap)
+        self._bootstrap = bootstrap
+        # Immutable for the group's life; cached so they stay readable after close().
+        self.rank = self._query(lib.symm_group_rank, ctypes.c_int)
+        self.world_size = self._query(lib.symm_group_world_size, ctypes.c_int)
+        self.device = self._query(lib.symm_group_device, ctypes.c_int)
+        self.backend = _BACKEND_NAMES[self._query(lib.symm_group_backend, _lib.backend_t)]
+
+    # --- formation ------------------------------------------------------------
+    @classmethod
+    def from_unique_id(
+        cls,
+        uid,
+        world_size,
+        rank,
+        device=None,
+        backend="auto",
+        timeout_ms=None,
+        allow_shared_device=False,
+        check_args_always=False,
+    ):
+        """Collective: joins the group whose store ``get_unique_id`` started.
+        ``device`` defaults to ``rank``."""
+        if len(uid) != UNIQUE_ID_BYTES:
+            raise ValueError(f"uid has {len(uid)} bytes; a unique id has {UNIQUE_ID_BYTES}")
+        cuid = _lib.UniqueId.from_buffer_copy(bytes(uid))
+        cfg = _config(backend, timeout_ms, allow_shared_device, check_args_always)
+        raw = _lib.handle_t()
+        dev = rank if device is None else device
+        check(lib.symm_group_init(ctypes.byref(raw), world_size, rank, dev, ctypes.byref(cuid), ctypes.byref(cfg)))
+        return cls(raw.value)
+
+    @classmethod
+    def from_env(cls, backend="auto", timeout_ms=None, allow_shared_device=False, check_args_always=False):
+        """Collective: forms the group torchrun describes (``RANK``,
+        ``WORLD_SIZE``, ``LOCAL_RANK`` = device, ``MASTER_ADDR``, and
+        ``SYMM_BOOTSTRAP_PORT`` or ``MASTER_PORT + 1``)."""
+        cfg = _config(backend, timeout_ms, allow_shared_device, check_args_always)
+        raw = _lib.handle_t()
+        check(lib.symm_group_init_env(ctypes.byref(raw), ctypes.byref(cfg)))
+        return cls(raw.value)
+
+    @classmethod
+    def from_callback(
+        cls,
+        allgather,
+        barrier=None,
+        *,
+        world_size,
+        rank,
+        device=None,
+        backend="auto",
+        timeout_ms=None,
+        allow_shared_device=False,
+        check_args_always=False,
+    ):
+        """Collective: forms the group over your own communication.
+
+        ``allgather(data: bytes)`` must return ``world_size`` bytes-like
+        objects, every rank's ``data`` in rank order (``mpi4py``'s
+        ``comm.allgather`` does). ``barrier()`` is optional. Both are called
+        on the calling thread during this and later collective calls of the
+        group; they should raise rather than wait forever. An exception they
+        raise fails the symm call with ``SymmBootstrapError`` whose
+        ``__cause__`` is that exception.
+        """
+        bs = CallbackBootstrap(allgather, barrier, world_size)
+        cfg = _config(backend, timeout_ms, allow_shared_device, check_args_always)
+        raw = _lib.handle_t()
+        dev = rank if device is None else device
+        status = lib.symm_group_init_bootstrap(
+            ctypes.byref(raw), world_size, rank, dev, ctypes.byref(bs.table), ctypes.byref(cfg)
+        )
+        check(status, cause=bs.take_failure())
+        return cls(raw.value, bootstrap=bs)
+
+    # --- use ------------------------------------------------------------------
+    @property
+    def closed(self):
+        return self._owned is None
+
+    @property
+    def raw(self):
+        """The ``symm_group_t`` value, for passing to other C code."""
+        if self._owned is None:
+            raise SymmInvalidHandle(_lib.ERROR_INVALID_HANDLE, f"{self!r} is closed")
+        return self._owned.raw
+
+    def _check(self, status):
+        """Raises for a failed call on this group, chaining a bootstrap callback's exception."""
+        cause = self._bootstrap.take_failure() if self._bootstrap is not None else None
+        check(status, cause=cause)
+
+    def _query(self, fn, ctype):
+        out = ctype()
+        self._check(fn(self.raw, ctypes.byref(out)))
+        return out.value
+
+    def set_timeout(self, timeout_ms):
+        """How long this rank waits for its peers from now on (ms, > 0)."""
+        self._check(lib.symm_group_set_timeout(self.raw, timeout_ms))
+
+    def check_async_error(self):
+        """Raises ``SymmTimeoutError`` if a device-side signal wait timed out."""
+        self._check(lib.symm_group_check_async_error(self.raw))
+
+    def reserve_workspace(self, nbytes):
+        """Collective: grows the operations' workspace to ``nbytes`` now (same
+        on every rank), so later operations up to that size need no growth
+        (on CUDA, growth is not allowed during graph capture)."""
+        self._check(lib.symm_group_reserve_workspace(self.raw, nbytes))
+
+    def create(self, nbytes):
+        """Allocates ``nbytes`` of zeroed symmetric memory on this rank (not
+        collective; every rank allocates the same size, then rendezvous)."""
+        raw = _lib.handle_t()
+        self._check(lib.symm_create(self.raw, nbytes, ctypes.byref(raw)))
+        return Buffer(self, raw.value)
+
+    def close(self):
+        """Releases this rank's reference. Idempotent."""
+        self._owned = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = " closed" if self.closed else ""
+        return f"<symm.Group rank {self.rank}/{self.world_size} {self.backend} device {self.device}{state}>"
+
+
+def local_groups(n, devices=None, backend="auto", timeout_ms=None, allow_shared_device=False, check_args_always=False):
+    """Forms ``n`` groups in this process, one per rank (rank i on
+    ``devices[i]``, default device i). Collectives of these groups must then
+    be called from ``n`` threads at once, one per rank."""
+    if devices is not None and len(devices) != n:
+        raise ValueError(f"{len(devices)} devices given for {n} ranks")
+    cfg = _config(backend, timeout_ms, allow_shared_device, check_args_always)
+    raws = (_lib.handle_t * max(n, 0))()  # n <= 0 is the library's to reject
+    devs = None if devices is None else (ctypes.c_int * n)(*devices)
+    check(lib.symm_group_init_local(raws, n, devs, ctypes.byref(cfg)))
+    return [Group(raw) for raw in raws]

@@ -1,0 +1,134 @@
+"""The tensor-parallel operations: fused all-gather + matmul, matmul +
+reduce-scatter, and the copy-engine all-gather.
+
+Arrays are numpy arrays on the host backend; on CUDA, anything speaking
+DLPack or ``__cuda_array_interface__`` (torch, cupy, ...). Outputs not
+given are allocated like the first input (numpy, torch or cupy). Every call
+is collective and stream-ordered: it returns once enqueued on ``stream``.
+"""
+
+from . import _lib
+from ._alloc import empty_like
+from ._lib import lib
+from ._stream import as_stream
+from ._tensor import Arg, array_of
+from .errors import SymmError, SymmInvalidArgument
+
+REDUCE_OPS = {"sum": _lib.REDUCE_SUM, "avg": _lib.REDUCE_AVG}
+
+
+def _dim(dim, ndim, name):
+    """``dim`` in 0..ndim-1, counting from the end when negative (numpy style)."""
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"{name} is {dim}; expected {-ndim}..{ndim - 1} for {ndim} dimensions")
+    return dim % ndim
+
+
+def _collective(group, fn, prepare, failed_args):
+    """Calls ``fn(group.raw, *args)`` where ``args, keep, result = prepare()``;
+    returns ``result``. ``keep`` holds the arrays (and DLPack capsules)
+    behind ``args`` until the call has returned.
+
+    If ``prepare`` finds an argument symm cannot even be given, this rank
+    still enters the call (with ``failed_args``, which the library rejects):
+    the library then fails the call on every rank, peers with
+    ``SymmRemoteError``, instead of leaving them to wait for this one.
+    """
+    raw = group.raw
+    try:
+        args, _keep, result = prepare()
+    except (TypeError, ValueError) as e:
+        try:
+            group._check(fn(raw, *failed_args))
+        except SymmError:
+            pass  # certain: the library rejects failed_args; the error to report is ours
+        raise SymmInvalidArgument(_lib.ERROR_INVALID_ARGUMENT, f"{fn.__name__}: {e}") from e
+    group._check(fn(raw, *args))
+    return result
+
+
+def _with_ndim(arg, n, name):
+    if len(arg.shape) != n:
+        raise ValueError(f"{name} has {len(arg.shape)} dimensions; expected {n}")
+    return arg
+
+
+def fused_ag_mm(group, a_shard, bs, gather_dim, out=None, ag_out=None, return_ag=False, stream=None):
+    """``all_gather(a_shard, gather_dim) @ b`` for each ``b`` of ``bs``.
+
+    ``a_shard`` is ``[..., K]``; ``bs`` one ``[K, N]`` matrix or a list of
+    them (``K * world`` rows when ``gather_dim`` is the last dimension).
+    Returns the output, or a list of them when ``bs`` is a list, each the
+    gathered shape with last dimension N; with ``return_ag``, returns
+    ``(gathered_a, outputs)``. ``out`` and ``ag_out`` are written when given.
+    """
+    single = not isinstance(bs, (list, tuple))
+    b_objs = [bs] if single else list(bs)
+    out_objs = None if out is None else ([out] if single else list(out))
+
+    def prepare():
+        s = as_stream(stream)
+        a = Arg(group, a_shard, "a_shard", s)
+        b = [_with_ndim(Arg(group, x, f"bs[{i}]", s), 2, f"bs[{i}]") for i, x in enumerate(b_objs)]
+        dim = _dim(gather_dim, len(a.shape), "gather_dim")
+        gathered = list(a.shape)
+        gathered[dim] *= group.world_size
+        outs = out_objs or [empty_like(a_shard, (*gathered[:-1], x.shape[1])) for x in b]
+        if len(outs) != len(b):
+            raise ValueError(f"{len(outs)} outputs for {len(b)} B matrices")
+        ag = ag_out if ag_out is not None or not return_ag else empty_like(a_shard, gathered)
+        o = [Arg(group, x, f"out[{i}]", s, output=True) for i, x in enumerate(outs)]
+        g = None if ag is None else Arg(group, ag, "ag_out", s, output=True)
+        args = (a.c, array_of(b), len(b), dim, None if g is None else g.c, array_of(o), None, s)
+        return args, (a, b, o, g), (ag, outs)
+
+    ag, outs = _collective(group, lib.symm_fused_ag_mm, prepare, (None, None, 0, 0, None, None, None, None))
+    outs = outs[0] if single else outs
+    return (ag, outs) if return_ag else outs
+
+
+def mm_rs(group, a, b, scatter_dim, op="sum", out=None, stream=None):
+    """``reduce_scatter(a @ b, op, scatter_dim)``: this rank's chunk of
+    dimension ``scatter_dim`` of the product, summed (``op="sum"``) or
+    averaged (``"avg"``) over the ranks. ``a`` is ``[..., K]``, ``b`` is
+    ``[K, N]``. Returns ``out`` (allocated when not given)."""
+
+    def prepare():
+        s = as_stream(stream)
+        if op not in REDUCE_OPS:
+            raise ValueError(f"op is {op!r}; expected one of {sorted(REDUCE_OPS)}")
+        x = Arg(group, a, "a", s)
+        y = _with_ndim(Arg(group, b, "b", s), 2, "b")
+        dim = _dim(scatter_dim, len(x.shape), "scatter_dim")
+        result = out
+        if result is None:
+            shape, world = [*x.shape[:-1], y.shape[1]], group.world_size
+            if shape[dim] % world:
+                raise ValueError(
+                    f"dimension {dim} of the product ({shape[dim]}) does not divide by the world size ({world})"
+                )
+            shape[dim] //= world
+            result = empty_like(a, tuple(shape))
+        o = Arg(group, result, "out", s, output=True)
+        return (x.c, y.c, dim, REDUCE_OPS[op], o.c, None, s), (x, y, o), result
+
+    return _collective(group, lib.symm_mm_rs, prepare, (None, None, 0, _lib.REDUCE_SUM, None, None, None))
+
+
+def lc_allgather(group, x, out=None, stream=None):
+    """Gathers every rank's ``x`` along dimension 0 (``[world * d0, ...]``)
+    with copies only, leaving compute units to concurrent work. Returns
+    ``out`` (allocated when not given)."""
+
+    def prepare():
+        s = as_stream(stream)
+        i = Arg(group, x, "input", s)
+        result = out
+        if result is None:
+            if not i.shape:
+                raise ValueError("input has no dimension 0 to gather along")
+            result = empty_like(x, (i.shape[0] * group.world_size, *i.shape[1:]))
+        o = Arg(group, result, "output", s, output=True)
+        return (i.c, o.c, s), (i, o), result
+
+    return _collective(group, lib.symm_lc_allgather, prepare, (None, None, None))

@@ -1,0 +1,133 @@
+"""Per-rank test bodies shared by the thread tests (local groups) and the
+multi-process tests (rank_worker.py): the same checks over every bootstrap.
+Each takes this rank's Group and raises on failure."""
+
+import numpy as np
+import pytest
+
+import symm
+
+N = 4096  # uint32 elements per rank
+
+
+def exchange(group, rounds=3):
+    """Every rank writes its slot of every peer's buffer through peer arrays;
+    after a barrier each rank sees all slots, in several rounds."""
+    rank, world = group.rank, group.world_size
+    part = N // world
+    with group.create(N * 4) as buf:
+        mine = buf.array(np.uint32)
+        assert not mine.any(), "fresh symmetric memory is zeroed"  # checked before peers can write
+        h = buf.rendezvous()
+        assert h.peer_ptr(rank) == buf.ptr
+        for rnd in range(rounds):
+            for p in range(world):
+                slot = slice(rank * part, (rank + 1) * part)
+                h.peer_array(p, np.uint32)[slot] = (rnd << 24) | (rank << 16) | np.arange(part)
+            h.barrier()
+            expect = np.concatenate([(rnd << 24) | (r << 16) | np.arange(part) for r in range(world)])
+            np.testing.assert_array_equal(mine[: world * part], expect.astype(np.uint32))
+            h.barrier()  # nobody writes the next round before all have read
+        h.close()
+
+
+def ring_signals(group, rounds=20):
+    """A token passes to rank+1 with a signal on channel 5 and is acknowledged
+    on channel 6; the signal pad shows the signal until it is consumed."""
+    rank, world = group.rank, group.world_size
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    with group.create(N * 4) as buf, buf.rendezvous() as h:
+        mine, peer = h.peer_array(rank, np.uint32), h.peer_array(nxt, np.uint32)
+        for rnd in range(1, rounds + 1):
+            if rnd > 1:
+                h.wait_signal(nxt, channel=6)
+            peer[N - 1 - rank] = 1000 * rnd + rank
+            h.put_signal(nxt, channel=5)
+            h.wait_signal(prev, channel=5)
+            assert mine[N - 1 - prev] == 1000 * rnd + prev
+            h.put_signal(prev, channel=6)
+        h.wait_signal(nxt, channel=6)
+        # Only rank 0 -> last rank on channel 7: its slot reads 1 until waited on.
+        last = world - 1
+        if rank == 0:
+            h.put_signal(last, channel=7)
+        h.barrier(channel=1)
+        pad = h.signal_pad(rank)
+        assert pad.shape == (symm.SIGNAL_CHANNELS, world)
+        assert pad[7, 0] == (1 if rank == last else 0)
+        if rank == last:
+            h.wait_signal(0, channel=7)
+            assert pad[7, 0] == 0, "waiting consumes the signal"
+        h.barrier(channel=1)
+
+
+def progress_flags(group, rounds=20):
+    """Each round, a rank writes a block into rank+1's buffer, then raises a
+    flag there with write_value; rank+1 waits for it with wait_value."""
+    rank, world = group.rank, group.world_size
+    nxt = (rank + 1) % world
+    flag = N * 4 - 4  # byte offset of the flag: the buffer's last uint32
+    with group.create(N * 4) as buf, buf.rendezvous() as h:
+        mine, peer = h.peer_array(rank, np.uint32), h.peer_array(nxt, np.uint32)
+        for rnd in range(1, rounds + 1):
+            peer[rnd] = rnd * 7 + rank
+            h.write_value(nxt, flag, rnd)
+            h.wait_value(rank, flag, rnd)
+            assert mine[rnd] == rnd * 7 + (rank - 1) % world
+        with pytest.raises(symm.SymmInvalidArgument, match="4-byte aligned"):
+            h.write_value(nxt, 2, 1)
+        h.barrier()
+        group.set_timeout(100)
+        with pytest.raises(symm.SymmTimeoutError, match=f"rank {rank}'s buffer did not reach {rounds + 1}"):
+            h.wait_value(rank, flag, rounds + 1)
+        group.set_timeout(10000)
+        h.barrier()
+
+
+def mismatched_sizes(group):
+    """The last rank allocates 8 more bytes: rendezvous fails on every rank."""
+    extra = 8 if group.rank == group.world_size - 1 else 0
+    with group.create(4096 + extra) as buf:
+        with pytest.raises(symm.SymmMismatchError, match="sizes differ") as e:
+            buf.rendezvous()
+        assert e.value.status_name == "SYMM_ERROR_MISMATCH"
+
+
+def peer_skips_barrier(group):
+    """The last rank never enters a barrier: the others time out naming it."""
+    last = group.world_size - 1
+    with group.create(64) as buf, buf.rendezvous() as h:
+        h.barrier()
+        group.set_timeout(300)
+        if group.rank != last:
+            with pytest.raises(symm.SymmTimeoutError, match=f"rank {last}") as e:
+                h.barrier(channel=2)
+            assert isinstance(e.value, TimeoutError) and e.value.status == 4
+
+
+def tensor_ops(group):
+    """The three operations on float32, against float64 references; every
+    rank builds every rank's inputs from one seed."""
+    rank, world = group.rank, group.world_size
+    rng = np.random.default_rng(11)
+    a = [rng.standard_normal((2 * world, 16)).astype(np.float32) for _ in range(world)]
+    b = rng.standard_normal((16, 4)).astype(np.float32)
+    full = np.concatenate(a).astype(np.float64)
+
+    ag, out = symm.fused_ag_mm(group, a[rank], b, 0, return_ag=True)
+    np.testing.assert_array_equal(ag, full)
+    np.testing.assert_allclose(out, full @ b, rtol=1e-5, atol=1e-5)
+
+    total = sum(x.astype(np.float64) @ b for x in a)
+    np.testing.assert_allclose(symm.mm_rs(group, a[rank], b, 0), np.split(total, world)[rank], rtol=1e-5, atol=1e-5)
+
+    np.testing.assert_array_equal(symm.lc_allgather(group, a[rank]), full)
+
+
+def all_scenarios(group):
+    exchange(group)
+    tensor_ops(group)
+    ring_signals(group)
+    progress_flags(group)
+    mismatched_sizes(group)
+    peer_skips_barrier(group)  # last: it leaves the group with a short timeout

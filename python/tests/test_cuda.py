@@ -1,0 +1,122 @@
+"""The operations on the CUDA backend with torch and cupy arrays: two GPUs
+as two ranks on threads. Skipped unless torch sees at least two GPUs."""
+
+import numpy as np
+import pytest
+from ranks import on_threads
+
+import symm
+
+torch = pytest.importorskip("torch")
+if torch.cuda.device_count() < 2:
+    pytest.skip("needs two CUDA devices", allow_module_level=True)
+
+WORLD = 2
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def cuda_groups():
+    return symm.local_groups(WORLD, backend="cuda", timeout_ms=30000)
+
+
+def inputs(seed, shape, dtype):
+    """Every rank's input, made on the CPU from one seed."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g).to(dtype) for _ in range(WORLD)]
+
+
+def assert_close(got, ref):
+    err = (got.double().cpu() - ref).abs().max() / ref.abs().max()
+    assert err <= TOLERANCE[got.dtype], f"relative error {err:.2e} for {got.dtype}"
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+def test_ag_mm_torch_outputs_on_the_input_device(dtype):
+    shards, (b,) = inputs(1, (64, 128), dtype), inputs(2, (128, 96), dtype)[:1]
+    gathered = torch.cat(shards).double()
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        a, w = shards[g.rank].cuda(), b.cuda()
+        ag, out = symm.fused_ag_mm(g, a, w, 0, return_ag=True)
+        torch.cuda.synchronize()
+        assert out.device == a.device and out.dtype == dtype and ag.shape == (64 * WORLD, 128)
+        return ag.cpu(), out.cpu()
+
+    for ag, out in on_threads(rank_main, cuda_groups(), deadline_s=120):
+        assert torch.equal(ag.double(), gathered)
+        assert_close(out, gathered @ b.double())
+
+
+def test_mm_rs_on_a_side_stream():
+    dtype = torch.bfloat16
+    a, b = inputs(3, (2, 64, 128), dtype), inputs(4, (128, 64), dtype)
+    total = sum(x.double() @ y.double() for x, y in zip(a, b))
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            out = symm.mm_rs(g, a[g.rank].cuda(), b[g.rank].cuda(), 1, stream=side)
+        side.synchronize()
+        return out.cpu()
+
+    for r, out in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+        assert out.shape == (2, 64 // WORLD, 64)
+        assert_close(out, torch.chunk(total, WORLD, dim=1)[r])
+
+
+def test_mm_rs_avg_into_a_strided_output():
+    dtype = torch.float16
+    a, b = inputs(5, (64, 128), dtype), inputs(6, (128, 64), dtype)
+    mean = sum(x.double() @ y.double() for x, y in zip(a, b)) / WORLD
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        whole = torch.full((64 // WORLD, 128), float("nan"), dtype=dtype, device="cuda")
+        out = whole[:, ::2]
+        symm.mm_rs(g, a[g.rank].cuda(), b[g.rank].cuda(), 0, op="avg", out=out)
+        torch.cuda.synchronize()
+        assert whole[:, 1::2].isnan().all(), "wrote outside the output"
+        return out.cpu()
+
+    for r, out in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+        assert_close(out, torch.chunk(mean, WORLD, dim=0)[r])
+
+
+class CudaArrayOnly:
+    """Hides DLPack, so the CUDA array interface is what symm reads."""
+
+    def __init__(self, arr):
+        self.__cuda_array_interface__ = arr.__cuda_array_interface__
+        self._arr = arr
+
+
+def test_lc_allgather_with_cupy_through_the_cuda_array_interface():
+    cupy = pytest.importorskip("cupy")
+    xs = [np.arange(4096, dtype=np.float32).reshape(64, 64) + 1000 * r for r in range(WORLD)]
+
+    def rank_main(g):
+        with cupy.cuda.Device(g.rank):
+            x = cupy.asarray(xs[g.rank])
+            out = cupy.full((64 * WORLD, 64), cupy.nan, dtype=cupy.float32)
+            symm.lc_allgather(g, CudaArrayOnly(x), out=CudaArrayOnly(out), stream=cupy.cuda.get_current_stream())
+            allocated = symm.lc_allgather(g, x)
+            cupy.cuda.get_current_stream().synchronize()
+            return cupy.asnumpy(out), cupy.asnumpy(allocated)
+
+    for out, allocated in on_threads(rank_main, cuda_groups(), deadline_s=120):
+        np.testing.assert_array_equal(out, np.concatenate(xs))
+        np.testing.assert_array_equal(allocated, np.concatenate(xs))
+
+
+def test_host_arrays_and_numpy_views_are_refused_on_cuda():
+    def rank_main(g):
+        with pytest.raises(symm.SymmInvalidArgument, match="host memory"):
+            symm.lc_allgather(g, np.ones((2, 2), np.float32))
+        with g.create(4096) as buf, buf.rendezvous() as h:
+            assert h.peer_ptr(1 - g.rank) != 0
+            with pytest.raises(symm.SymmUnsupported, match="host backend"):
+                h.peer_array(0, np.float32)
+
+    on_threads(rank_main, cuda_groups(), deadline_s=120)

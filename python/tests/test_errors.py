@@ -1,0 +1,123 @@
+"""Status codes become exceptions carrying the status, its name and the
+library's message; misuse is reported, never a crash."""
+
+import pytest
+from ranks import on_threads
+
+import symm
+from symm import _lib, errors
+
+CLASSES = {
+    _lib.ERROR_INVALID_ARGUMENT: (symm.SymmInvalidArgument, ValueError),
+    _lib.ERROR_INVALID_HANDLE: (symm.SymmInvalidHandle, ValueError),
+    _lib.ERROR_UNSUPPORTED: (symm.SymmUnsupported, NotImplementedError),
+    _lib.ERROR_TIMEOUT: (symm.SymmTimeoutError, TimeoutError),
+    _lib.ERROR_BOOTSTRAP: (symm.SymmBootstrapError, ConnectionError),
+    _lib.ERROR_MISMATCH: (symm.SymmMismatchError, ValueError),
+    _lib.ERROR_OUT_OF_MEMORY: (symm.SymmOutOfMemoryError, MemoryError),
+    _lib.ERROR_CUDA: (symm.SymmCudaError, symm.SymmError),
+    _lib.ERROR_NO_DEVICE: (symm.SymmNoDeviceError, symm.SymmError),
+    _lib.ERROR_SYSTEM: (symm.SymmSystemError, OSError),
+    _lib.ERROR_REMOTE: (symm.SymmRemoteError, symm.SymmError),
+    _lib.ERROR_INTERNAL: (symm.SymmInternalError, symm.SymmError),
+}
+
+
+@pytest.mark.parametrize("status", sorted(CLASSES))
+def test_every_status_has_its_class(status):
+    cls, builtin = CLASSES[status]
+    e = errors.error(status, "what happened")
+    assert type(e) is cls and isinstance(e, symm.SymmError) and isinstance(e, builtin)
+    assert e.status == status and e.message == "what happened"
+    assert e.status_name == _lib.lib.symm_status_string(status).decode()
+    assert e.status_name.startswith("SYMM_ERROR_") and e.status_name in str(e)
+
+
+def test_unknown_status_is_the_base_class():
+    e = errors.error(999, "?")
+    assert type(e) is symm.SymmError and e.status_name == "SYMM_ERROR_UNKNOWN_STATUS"
+
+
+@pytest.fixture
+def group():
+    (g,) = symm.local_groups(1, backend="host")
+    with g:
+        yield g
+
+
+def test_library_messages_reach_the_exception(group):
+    with pytest.raises(symm.SymmInvalidArgument, match=r"^symm_create: .*0") as e:
+        group.create(0)
+    assert e.value.status == _lib.ERROR_INVALID_ARGUMENT and e.value.status_name == "SYMM_ERROR_INVALID_ARGUMENT"
+    with pytest.raises(symm.SymmInvalidArgument, match="symm_group_set_timeout"):
+        group.set_timeout(-1)
+
+
+def test_out_of_range_ranks_and_channels(group):
+    with group.create(64) as buf, buf.rendezvous() as h:
+        with pytest.raises(symm.SymmInvalidArgument, match="rank"):
+            h.peer_ptr(1)
+        with pytest.raises(symm.SymmInvalidArgument, match="rank"):
+            h.peer_ptr(-1)
+        with pytest.raises(symm.SymmInvalidArgument, match="channel"):
+            h.barrier(channel=symm.SIGNAL_CHANNELS)
+        with pytest.raises(symm.SymmInvalidArgument, match="not another rank"):
+            h.put_signal(0)
+
+
+def test_closed_objects_raise_invalid_handle(group):
+    buf = group.create(64)
+    buf.close()
+    buf.close()
+    with pytest.raises(symm.SymmInvalidHandle, match="closed"):
+        buf.rendezvous()
+    group.close()
+    with pytest.raises(symm.SymmInvalidHandle, match="closed"):
+        group.create(64)
+    # Cached properties stay readable for messages and logs.
+    assert group.rank == 0 and "closed" in repr(group)
+
+
+def test_a_forged_handle_is_reported_by_the_library(group):
+    # symm.Buffer wrapping a handle value symm never returned.
+    with pytest.raises(symm.SymmInvalidHandle, match="not a live symm_buffer_t"):
+        symm.Buffer(group, 0x12340)
+
+
+def test_group_formation_arguments():
+    with pytest.raises(symm.SymmInvalidArgument, match="local"):
+        symm.local_groups(0)
+    with pytest.raises(symm.SymmInvalidArgument, match="timeout_ms"):
+        symm.local_groups(1, timeout_ms=-5)
+    with pytest.raises(ValueError, match="backend 'gpu'"):
+        symm.local_groups(1, backend="gpu")
+    with pytest.raises(ValueError, match="2 devices given for 3 ranks"):
+        symm.local_groups(3, devices=[0, 1])
+    with pytest.raises(symm.SymmInvalidArgument):
+        symm.Group.from_unique_id(b"\xab" * 128, 2, 0)
+    uid = symm.get_unique_id()
+    with pytest.raises(symm.SymmInvalidArgument, match="rank 2 is not in"):
+        symm.Group.from_unique_id(uid, 2, 2)
+    with pytest.raises(ValueError, match="uid has 3 bytes"):
+        symm.Group.from_unique_id(b"abc", 2, 0)
+    with pytest.raises(symm.SymmInvalidArgument, match="listen_addr|address"):
+        symm.get_unique_id("not an address")
+
+
+def test_group_formation_timeout_names_the_missing_rank():
+    uid = symm.get_unique_id()
+    with pytest.raises(symm.SymmTimeoutError, match="rank 1"):
+        symm.Group.from_unique_id(uid, 2, 0, backend="host", timeout_ms=300)
+
+
+def test_errors_are_per_thread():
+    """Each thread's exception carries its own call's message, even when
+    several threads fail at once."""
+
+    def fail(n):
+        (g,) = symm.local_groups(1, backend="host")
+        for _ in range(50):
+            with pytest.raises(symm.SymmInvalidArgument, match=f"channel {n} "):
+                g.create(64).rendezvous().barrier(channel=n)
+
+    on_threads(fail, [16, 17, 18, 19])

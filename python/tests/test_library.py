@@ -1,0 +1,109 @@
+"""Loading libsymm.so, its version, and the declarations in symm._lib
+checked against include/symm.h (functions, constants, struct layouts)."""
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ranks import PYTHON_DIR
+
+import symm
+from symm import _lib
+
+HEADER = PYTHON_DIR.parent / "include" / "symm.h"
+
+
+def _header_text():
+    # Comments may contain parentheses and names; drop them first.
+    text = HEADER.read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def _header_functions():
+    """name -> number of parameters, for every function prototype."""
+    protos = re.findall(r"\b(symm_\w+)\s*\(([^;{}]*?)\)\s*;", _header_text())
+    return {name: 0 if params.strip() in ("", "void") else params.count(",") + 1 for name, params in protos}
+
+
+def test_version_matches_header():
+    assert symm.library_version() == (_lib.VERSION_MAJOR, _lib.VERSION_MINOR, _lib.VERSION_PATCH)
+    assert Path(symm.library_path()).is_file()
+
+
+def test_every_header_function_is_declared_with_its_arity():
+    header = _header_functions()
+    assert len(header) >= 27, "the prototype parser found too few functions"
+    # Callback parameters contain commas; none of the declared functions
+    # takes a function pointer directly, so a plain count is exact.
+    assert sorted(set(header) - set(_lib.FUNCTIONS)) == [], "functions in symm.h missing from symm/_lib.py"
+    assert sorted(set(_lib.FUNCTIONS) - set(header)) == [], "functions in symm/_lib.py not in symm.h"
+    assert {n: len(_lib.FUNCTIONS[n][1]) for n in header} == header
+
+
+def test_constants_match_header():
+    defines = dict(re.findall(r"#define SYMM_(\w+) (-?\d+)\s*$", _header_text(), flags=re.M))
+    assert len(defines) >= 20
+    for name, value in defines.items():
+        assert getattr(_lib, name) == int(value), f"SYMM_{name}"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_struct_layouts_match_c(tmp_path):
+    """Every struct's size and field offsets as ctypes lays them out equal
+    what the C compiler makes of the header."""
+    lines, expect = [], []
+    for cls, cname in _lib.C_STRUCT_NAMES.items():
+        lines.append(f'printf("%zu\\n", sizeof({cname}));')
+        expect.append(ctypes.sizeof(cls))
+        for field, *_ in cls._fields_:
+            lines.append(f'printf("%zu\\n", offsetof({cname}, {field}));')
+            expect.append(getattr(cls, field).offset)
+    src = tmp_path / "layout.c"
+    body = "\n    ".join(lines)
+    src.write_text(
+        f'#include <stddef.h>\n#include <stdio.h>\n#include "symm.h"\n'
+        f"int main(void) {{\n    {body}\n    return 0;\n}}\n"
+    )
+    exe = tmp_path / "layout"
+    subprocess.run(["cc", f"-I{HEADER.parent}", str(src), "-o", str(exe)], check=True)
+    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    assert got == expect
+
+
+def _import_in_subprocess(package_parent, env_extra):
+    env = {k: v for k, v in os.environ.items() if k != "SYMM_LIBRARY"}
+    env.update(env_extra, PYTHONPATH=str(package_parent), LD_LIBRARY_PATH="")
+    code = "import symm; print(symm.library_path())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=package_parent)
+
+
+def test_symm_library_env_is_used_and_never_second_guessed(tmp_path):
+    copy = tmp_path / "renamed.so"
+    shutil.copy(symm.library_path(), copy)
+    r = _import_in_subprocess(PYTHON_DIR, {"SYMM_LIBRARY": str(copy)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(copy)
+    r = _import_in_subprocess(PYTHON_DIR, {"SYMM_LIBRARY": str(tmp_path / "missing.so")})
+    assert r.returncode != 0
+    assert "LibraryNotFoundError" in r.stderr and "missing.so" in r.stderr
+
+
+def test_search_order_outside_the_repository(tmp_path):
+    """A package copied out of the repository finds no target/ dirs: it
+    fails listing every place it looked, and loads a copy placed inside it."""
+    pkg = tmp_path / "site" / "symm"
+    shutil.copytree(PYTHON_DIR / "symm", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    r = _import_in_subprocess(pkg.parent, {})
+    assert r.returncode != 0
+    for place in ("SYMM_LIBRARY", str(pkg / "libsymm.so"), str(tmp_path / "target" / "release"), "system loader"):
+        assert place in r.stderr
+    shutil.copy(symm.library_path(), pkg / "libsymm.so")
+    r = _import_in_subprocess(pkg.parent, {})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(pkg / "libsymm.so")

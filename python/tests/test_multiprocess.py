@@ -1,0 +1,37 @@
+"""Ranks as separate processes over the unique-id and torchrun bootstraps."""
+
+import os
+import socket
+
+import pytest
+from ranks import in_processes
+
+import symm
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_unique_id_bootstrap(world):
+    uid = symm.get_unique_id()
+    assert isinstance(uid, bytes) and len(uid) == 128
+    in_processes("all_scenarios", world, {"SYMM_TEST_BOOTSTRAP": "uid", "SYMM_TEST_UID": uid.hex()})
+
+
+def _free_port_pair():
+    """A port p with p + 1 free too (the env bootstrap's store uses
+    MASTER_PORT + 1). Searched below Linux's ephemeral range (32768 up), so
+    that no outgoing connection takes the port before the store binds it."""
+    start = 20000 + os.getpid() % 10000  # spreads concurrent test runs apart
+    for port in range(start, start + 2000, 2):
+        try:
+            for p in (port, port + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port pair in {start}..{start + 2000}")
+
+
+def test_env_bootstrap():
+    env = {"SYMM_TEST_BOOTSTRAP": "env", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_pair())}
+    in_processes("exchange", 2, env)

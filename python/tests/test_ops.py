@@ -1,0 +1,262 @@
+"""The operations on the host backend against numpy float64 references:
+ranks as threads, seeded inputs, outputs poisoned beforehand, and argument
+errors that fail every rank instead of hanging any."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from fakes import DLPackOnly, FakeCudaArray
+from ranks import on_threads
+
+import symm
+
+# Largest error allowed, relative to the reference's largest magnitude:
+# inputs are exact in the dtype and products are summed in f32, so the
+# error is the output's rounding to the dtype (half an ulp: 2^-9 for bf16,
+# 2^-12 for f16), up to once per rank where partial sums are rounded.
+TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3, ml_dtypes.bfloat16: 1e-2}
+DTYPES = list(TOLERANCE)
+
+
+def random(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def assert_close(got, ref, dtype):
+    err = np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max()
+    assert err <= TOLERANCE[dtype], f"relative error {err:.2e} > {TOLERANCE[dtype]:.0e} for {np.dtype(dtype).name}"
+
+
+def poisoned(shape, dtype):
+    """An output that shows any element the operation failed to write (NaN)."""
+    return np.full(shape, np.nan, dtype)
+
+
+def strided_poisoned(shape, dtype):
+    """A poisoned output with gaps: every other column of a larger array.
+    Returns (output view, the whole array) to check the gaps stay NaN."""
+    whole = poisoned((*shape[:-1], 2 * shape[-1]), dtype)
+    return whole[..., ::2], whole
+
+
+def groups_of(world):
+    return symm.local_groups(world, backend="host", timeout_ms=10000)
+
+
+# --- fused all-gather + matmul --------------------------------------------------
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ag_mm_2d_allocated_outputs(world, dtype):
+    rng = np.random.default_rng(1)
+    shards = [random(rng, (6, 16), dtype) for _ in range(world)]
+    b = random(rng, (16, 10), dtype)
+
+    def rank_main(g):
+        return symm.fused_ag_mm(g, shards[g.rank], b, 0, return_ag=True)
+
+    gathered = np.concatenate(shards).astype(np.float64)
+    for ag, out in on_threads(rank_main, groups_of(world)):
+        assert ag.dtype == dtype and out.dtype == dtype and out.shape == (6 * world, 10)
+        np.testing.assert_array_equal(ag.astype(np.float64), gathered)
+        assert_close(out, gathered @ b.astype(np.float64), dtype)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ag_mm_3d_middle_dim_two_bs_into_strided_outputs(world, dtype):
+    rng = np.random.default_rng(2)
+    shards = [random(rng, (2, 3, 16), dtype) for _ in range(world)]
+    bs = [random(rng, (16, 7), dtype), random(rng, (16, 5), dtype)]
+    gathered = np.concatenate(shards, axis=1).astype(np.float64)
+
+    def rank_main(g):
+        outs = [strided_poisoned((2, 3 * world, b.shape[1]), dtype) for b in bs]
+        ag = poisoned((2, 3 * world, 16), dtype)
+        got = symm.fused_ag_mm(g, shards[g.rank], bs, 1, out=[o for o, _ in outs], ag_out=ag)
+        assert got[0] is outs[0][0] and got[1] is outs[1][0]
+        np.testing.assert_array_equal(ag.astype(np.float64), gathered)
+        for (view, whole), b in zip(outs, bs):
+            assert_close(view, gathered @ b.astype(np.float64), dtype)
+            assert np.isnan(whole[..., 1::2].astype(np.float32)).all(), "wrote outside the output"
+
+    on_threads(rank_main, groups_of(world))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ag_mm_gather_along_k_from_transposed_shards(world, dtype):
+    """gather_dim is the last dimension (K grows to K * world), given as -1,
+    and each shard is a transposed (non-contiguous) view."""
+    rng = np.random.default_rng(3)
+    shards = [random(rng, (8, 5), dtype).T for _ in range(world)]  # [5, 8], strides (1, 5)
+    b = random(rng, (8 * world, 6), dtype)
+    gathered = np.concatenate(shards, axis=1).astype(np.float64)
+
+    def rank_main(g):
+        return symm.fused_ag_mm(g, shards[g.rank], [b], -1)
+
+    for (out,) in on_threads(rank_main, groups_of(world)):
+        assert_close(out, gathered @ b.astype(np.float64), dtype)
+
+
+# --- matmul + reduce-scatter -------------------------------------------------------
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mm_rs_2d_sum(world, dtype):
+    rng = np.random.default_rng(4)
+    a = [random(rng, (6, 16), dtype) for _ in range(world)]
+    b = [random(rng, (16, 8), dtype) for _ in range(world)]
+    total = sum(x.astype(np.float64) @ y.astype(np.float64) for x, y in zip(a, b))
+
+    def rank_main(g):
+        return symm.mm_rs(g, a[g.rank], b[g.rank], 0)
+
+    for r, out in enumerate(on_threads(rank_main, groups_of(world))):
+        assert out.shape == (6 // world, 8) and out.dtype == dtype
+        assert_close(out, np.split(total, world, axis=0)[r], dtype)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scatter_dim", [1, -1])
+def test_mm_rs_3d_avg_into_strided_output(world, dtype, scatter_dim):
+    rng = np.random.default_rng(5)
+    a = [random(rng, (2, 6, 16), dtype) for _ in range(world)]
+    b = [random(rng, (16, 6), dtype) for _ in range(world)]
+    mean = sum(x.astype(np.float64) @ y.astype(np.float64) for x, y in zip(a, b)) / world
+
+    def rank_main(g):
+        shape = [2, 6, 6]
+        shape[scatter_dim] //= world
+        out, whole = strided_poisoned(tuple(shape), dtype)
+        assert symm.mm_rs(g, a[g.rank], b[g.rank], scatter_dim, op="avg", out=out) is out
+        assert_close(out, np.split(mean, world, axis=scatter_dim)[g.rank], dtype)
+        assert np.isnan(whole[..., 1::2].astype(np.float32)).all(), "wrote outside the output"
+
+    on_threads(rank_main, groups_of(world))
+
+
+# --- copy-engine all-gather -------------------------------------------------------
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
+def test_lc_allgather_is_exact(world, dtype):
+    rng = np.random.default_rng(6)
+    xs = [random(rng, (3, 10), dtype)[:, ::2] for _ in range(world)]  # strided inputs
+    gathered = np.concatenate(xs)
+
+    def rank_main(g):
+        out = poisoned((3 * world, 5), dtype)
+        assert symm.lc_allgather(g, xs[g.rank], out=out) is out
+        allocated = symm.lc_allgather(g, xs[g.rank])
+        for got in (out, allocated):
+            np.testing.assert_array_equal(got.view(np.uint8), gathered.view(np.uint8))
+
+    on_threads(rank_main, groups_of(world))
+
+
+def test_lc_allgather_from_symmetric_memory():
+    """An input inside a rendezvoused buffer, at the same offset on every rank."""
+    world = 3
+
+    def rank_main(g):
+        with g.create(4096) as buf, buf.rendezvous() as h:
+            x = buf.array(np.float32, (4, 8), offset=256)
+            x[:] = np.arange(32).reshape(4, 8) + 100 * g.rank
+            h.barrier()
+            out = symm.lc_allgather(g, x)
+            h.barrier()  # peers may still read x until every rank is done
+        expect = np.concatenate([np.arange(32).reshape(4, 8) + 100 * r for r in range(world)])
+        np.testing.assert_array_equal(out, expect)
+
+    on_threads(rank_main, groups_of(world))
+
+
+def test_reserved_workspace_serves_the_operation():
+    rng = np.random.default_rng(7)
+    xs = [random(rng, (64, 64), np.float32) for _ in range(2)]
+
+    def rank_main(g):
+        g.reserve_workspace(1 << 20)
+        return symm.lc_allgather(g, xs[g.rank])
+
+    for out in on_threads(rank_main, groups_of(2)):
+        np.testing.assert_array_equal(out, np.concatenate(xs))
+
+
+def test_dlpack_inputs():
+    """Inputs that speak only DLPack work; outputs like them cannot be
+    allocated, so ``out`` is required."""
+    rng = np.random.default_rng(8)
+    shards = [random(rng, (4, 8), np.float32) for _ in range(2)]
+    b = random(rng, (8, 3), np.float32)
+
+    def rank_main(g):
+        out = poisoned((8, 3), np.float32)
+        symm.fused_ag_mm(g, DLPackOnly(shards[g.rank]), DLPackOnly(b), 0, out=out)
+        assert_close(out, np.concatenate(shards).astype(np.float64) @ b, np.float32)
+        with pytest.raises(symm.SymmInvalidArgument, match="pass out="):
+            symm.fused_ag_mm(g, DLPackOnly(shards[g.rank]), b, 0)
+
+    on_threads(rank_main, groups_of(2))
+
+
+# --- argument errors --------------------------------------------------------------
+def fail_on_rank_1(call, error, match):
+    """Rank 1 makes a bad call: it raises ``error``; rank 0, whose own call
+    is fine, learns of it (SymmRemoteError) instead of timing out."""
+
+    def rank_main(g):
+        if g.rank == 1:
+            with pytest.raises(error, match=match):
+                call(g, bad=True)
+        else:
+            with pytest.raises(symm.SymmRemoteError, match="rank 1"):
+                call(g, bad=False)
+
+    on_threads(rank_main, groups_of(2))
+
+
+def test_library_rejection_on_one_rank_fails_all():
+    a, b = np.ones((4, 8), np.float32), np.ones((8, 3), np.float32)
+    fail_on_rank_1(lambda g, bad: symm.fused_ag_mm(g, a, b[:7] if bad else b, 0), symm.SymmInvalidArgument, r"bs\[0\]")
+
+
+def test_python_side_rejection_on_one_rank_fails_all():
+    a, b = np.ones((4, 8), np.float32), np.ones((8, 3), np.float32)
+
+    def call(g, bad):
+        return symm.mm_rs(g, a.astype(np.float64) if bad else a, b, 0)
+
+    fail_on_rank_1(call, symm.SymmInvalidArgument, "a has dtype float64")
+
+
+def test_ranks_that_disagree_all_fail_with_mismatch():
+    def rank_main(g):
+        with pytest.raises(symm.SymmMismatchError):
+            symm.lc_allgather(g, np.ones((4 + g.rank, 2), np.float32))
+
+    on_threads(rank_main, groups_of(2))
+
+
+def test_output_and_argument_checks():
+    (g,) = groups_of(1)
+    a, b = np.ones((4, 8), np.float32), np.ones((8, 3), np.float32)
+    readonly = np.zeros((4, 3), np.float32)
+    readonly.flags.writeable = False
+    cases = [
+        (lambda: symm.fused_ag_mm(g, a, b, 0, out=readonly), "out\\[0\\] is read-only"),
+        (lambda: symm.fused_ag_mm(g, a, b, 0, out=np.zeros((4, 4), np.float32)), "shape"),
+        (lambda: symm.fused_ag_mm(g, a, b, 2), "gather_dim is 2"),
+        (lambda: symm.fused_ag_mm(g, a, [b, b], 0, out=[np.zeros((4, 3), np.float32)]), "1 outputs for 2 B"),
+        (lambda: symm.fused_ag_mm(g, a, b[None], 0), "bs\\[0\\] has 3 dimensions"),
+        (lambda: symm.mm_rs(g, a, b, 0, op="max"), "op is 'max'"),
+        (lambda: symm.mm_rs(g, [[1.0]], b, 0), "list is not an array"),
+        (lambda: symm.lc_allgather(g, FakeCudaArray(shape=(2,), typestr="<f4", data=(4096, False))), "cuda memory"),
+        (lambda: symm.lc_allgather(g, a, stream="s"), "stream must be"),
+    ]
+    for call, match in cases:
+        with pytest.raises(symm.SymmInvalidArgument, match=match):
+            call()
+    g.close()
+    with pytest.raises(symm.SymmInvalidHandle, match="closed"):
+        symm.lc_allgather(g, a)
