@@ -62,7 +62,8 @@ class Bench:
         return t.item()
 
     def record(self, op, shape, impl, ms, **extra):
-        rec = {"op": op, "shape": list(shape), "dtype": "bf16", "impl": impl, "ms": round(ms, 4), "iters": self.iters}
+        rec = {"op": op, "shape": list(shape), "dtype": "bf16", "impl": impl, "ms": round(ms, 4), "iters": self.iters,
+               "world": self.world}
         rec.update(extra)
         self.records.append(rec)
         if self.rank == 0:

@@ -43,6 +43,8 @@ def main(log, out_dir, commit):
             if field in rs[0]:
                 rec[field] = max(r[field] for r in rs)
                 rec[field + "_per_rank"] = [r[field] for r in sorted(rs, key=lambda r: r.get("rank", 0))]
+        if "relerr" in rs[0]:
+            rec["relerr"] = max(r["relerr"] for r in rs)
         if "GBps" in rs[0]:
             rec["GBps"] = min(r["GBps"] for r in rs)
         out.append(rec)

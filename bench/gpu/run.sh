@@ -33,6 +33,14 @@ fi
 run /tmp/symm-bin/cuda_memory --world-size 4 --shared-device
 run /tmp/symm-bin/cuda_memory --world-size 2 --local --shared-device
 
+if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
+    export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
+    run python3 -m pytest -q python/tests/test_cuda.py -x
+    if [ "$ngpu" -ge 2 ]; then
+        run torchrun --nproc-per-node 2 bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
+    fi
+fi
+
 python3 bench/gpu/collect.py "$log" "$OUT" "$(cat bundle/commit)" || fail=1
 say "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail
