@@ -93,12 +93,17 @@ def bench_ag_mm(b, g, shapes):
             symm.fused_ag_mm(g, a_shard, [w], gather_dim=0, out=[out], stream=b.stream.cuda_stream)
 
         nccl_cublas()
-        out.fill_(float("nan"))
-        ours()
-        err = rel_err(out, ref)
-        assert err < 1e-2, f"ag_mm {m}x{k}x{n}: relative error {err}"
         shape = (m, k, n)
-        b.record("ag_mm", shape, "symm", b.time(ours), relerr=err)
+        # symm's choice, then each algorithm forced (SYMM_ALGO), each checked.
+        for algo in (None, "sequential", "pipelined"):
+            if algo:
+                os.environ["SYMM_ALGO"] = algo
+            out.fill_(float("nan"))
+            ours()
+            err = rel_err(out, ref)
+            assert err < 1e-2, f"ag_mm {m}x{k}x{n} ({algo}): relative error {err}"
+            b.record("ag_mm", shape, f"symm_{algo}" if algo else "symm", b.time(ours), relerr=err)
+            os.environ.pop("SYMM_ALGO", None)
         b.record("ag_mm", shape, "torch_fused", b.time(
             lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name)))
         b.record("ag_mm", shape, "nccl_cublas", b.time(nccl_cublas))

@@ -173,17 +173,18 @@ pub fn rendezvous_locked(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
     let _publication = published?.0;
     let peers: Vec<Announce> = announced.iter().map(|b| Announce::decode(b)).collect::<Result<_>>()?;
 
-    let mapped = check_sizes(&peers, rank).and_then(|_| map_peers(buffer, &peers));
+    // Everything that allocates happens before the last exchange: once it
+    // passes, a peer may be spinning in a kernel on the device, and a
+    // device-synchronizing call here (cuMemAlloc, say) could wait for it
+    // when the two ranks share one device.
+    let mapped = check_sizes(&peers, rank).and_then(|_| map_peers(buffer, &peers)).and_then(|peers_mapped| {
+        let data: Vec<u64> = peers_mapped.iter().map(|m| m.as_ref().map_or(buffer.addr(), |m| m.addr())).collect();
+        let pads: Vec<u64> = data.iter().map(|a| a + buffer.pad_offset as u64).collect();
+        let signals = group.backend().signals(PadSet { rank, world, pads: pads.clone() })?;
+        Ok((peers_mapped, data, pads, signals))
+    });
     group.exchange(mapped.as_ref().map(|_| Vec::new()).map_err(|e| e.clone()))?;
-    let peers_mapped = mapped?;
-
-    let mut data = Vec::with_capacity(world);
-    for (r, m) in peers_mapped.iter().enumerate() {
-        data.push(m.as_ref().map_or(buffer.addr(), |m| m.addr()));
-        debug_assert!(r != rank || m.is_none());
-    }
-    let pads: Vec<u64> = data.iter().map(|a| a + buffer.pad_offset as u64).collect();
-    let signals = group.backend().signals(PadSet { rank, world, pads: pads.clone() })?;
+    let (peers_mapped, data, pads, signals) = mapped?;
     let handle =
         Arc::new(Handle { signals, peers: peers_mapped, data, pads, buffer: buffer.clone(), id: peers[0].token });
     group.register_symmetric(&handle);

@@ -165,6 +165,17 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     out
 }
 
+/// The algorithm to run: `SYMM_ALGO` (`sequential` or `pipelined`) when
+/// set, for benchmarking and tuning, else the best estimate.
+pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
+    match std::env::var("SYMM_ALGO").as_deref() {
+        Ok("sequential") => Ok(Algorithm::Sequential),
+        Ok("pipelined") => Ok(Algorithm::Pipelined),
+        Ok(other) => Err(crate::error::err!(InvalidArgument, "SYMM_ALGO={other:?}: expected sequential or pipelined")),
+        Err(_) => Ok(best(estimates).algorithm),
+    }
+}
+
 /// The estimate with the smallest predicted total.
 pub fn best(estimates: &[Estimate]) -> Estimate {
     *estimates.iter().min_by(|a, b| a.total_ms.total_cmp(&b.total_ms)).expect("at least the sequential estimate")

@@ -33,6 +33,16 @@
 static __thread int g_rank = -1;
 static int g_bench = 0;
 
+// Ranks that share one device inside one process share its context: a
+// device-synchronizing call (cudaMalloc, cudaFree, ...) by one rank waits
+// for a peer's signal kernel, which may wait for this rank: a deadlock until
+// the timeout. Such ranks separate allocation phases from signalling ones.
+static int g_local = 0;
+static pthread_barrier_t g_phase;
+static void phase(void) {
+    if (g_local) pthread_barrier_wait(&g_phase);
+}
+
 static __device__ uint32_t value_of(int rank, uint32_t i, uint32_t round) { return (uint32_t)rank * 0x01000193u ^ (i * 2654435761u) ^ round; }
 
 // Rank `rank` writes its chunk of every peer's buffer (all peers' pointers in `peers`).
@@ -72,6 +82,7 @@ static void data_through_peers(ctx_t *c, cudaStream_t s) {
     // Async on our stream: a plain cudaMemcpy from pageable memory may return
     // before the DMA lands, and `s` (non-blocking) would not wait for it.
     CUDA_CHECK(cudaMemcpyAsync(dpeers, peers.data(), c->world * sizeof(void *), cudaMemcpyHostToDevice, s));
+    phase();
     for (uint32_t round = 1; round <= 20; round++) {
         CUDA_CHECK(cudaMemsetAsync(wrong, 0, sizeof(unsigned), s));
         write_to_peers<<<64, 256, 0, s>>>(dpeers, c->world, c->rank, chunk, round);
@@ -89,6 +100,7 @@ static void data_through_peers(ctx_t *c, cudaStream_t s) {
         EXPECT(w == 0);
     }
     CHECK(symm_group_check_async_error(c->g));
+    phase();
     CUDA_CHECK(cudaFree(dpeers));
     CUDA_CHECK(cudaFree(wrong));
     CHECK(symm_handle_destroy(h));
@@ -109,6 +121,7 @@ static void ring_signals_and_flags(ctx_t *c, cudaStream_t s) {
     CHECK(symm_handle_peer_ptr(h, c->rank, (void **)&mine));
     CUDA_CHECK(cudaMalloc(&wrong, sizeof(unsigned)));
     CUDA_CHECK(cudaMemsetAsync(wrong, 0, sizeof(unsigned), s));
+    phase();
     for (uint32_t round = 1; round <= 100; round++) {
         if (round > 1) CHECK(symm_wait_signal(h, next, 6, s)); // next consumed our last token
         write_token<<<1, 1, 0, s>>>(peer_next + c->rank, 1000 * round + c->rank);
@@ -130,6 +143,7 @@ static void ring_signals_and_flags(ctx_t *c, cudaStream_t s) {
     CUDA_CHECK(cudaStreamSynchronize(s));
     CHECK(symm_group_check_async_error(c->g));
     EXPECT(w == 0);
+    phase();
     CUDA_CHECK(cudaFree(wrong));
     CHECK(symm_handle_destroy(h));
     CHECK(symm_buffer_destroy(b));
@@ -144,15 +158,16 @@ static void graph_replayed_barrier(ctx_t *c, cudaStream_t s) {
     const int per_graph = 100, replays = 10; // 1,000 barriers in all
     cudaGraph_t graph;
     cudaGraphExec_t exec;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < per_graph; i++) CHECK(symm_barrier(h, 3, s));
     CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    phase();
     CUDA_CHECK(cudaGraphLaunch(exec, s)); // warm up
     CUDA_CHECK(cudaStreamSynchronize(s));
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
     CUDA_CHECK(cudaEventRecord(e0, s));
     for (int r = 0; r < replays; r++) CUDA_CHECK(cudaGraphLaunch(exec, s));
     CUDA_CHECK(cudaEventRecord(e1, s));
@@ -160,6 +175,7 @@ static void graph_replayed_barrier(ctx_t *c, cudaStream_t s) {
     CHECK(symm_group_check_async_error(c->g));
     float ms;
     CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    phase();
     // Pads are back to zero after balanced barriers (waiters reset them).
     std::vector<uint32_t> pad(16 * c->world);
     void *mypad;
@@ -186,6 +202,7 @@ static void peer_copy_bandwidth(ctx_t *c, cudaStream_t s) {
     void *peer, *dst;
     CHECK(symm_handle_peer_ptr(h, (c->rank + 1) % c->world, &peer));
     CUDA_CHECK(cudaMalloc(&dst, bytes));
+    phase();
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
@@ -207,6 +224,7 @@ static void peer_copy_bandwidth(ctx_t *c, cudaStream_t s) {
            bytes, c->world, c->rank, med, bytes / (med * 1e6), times.size());
     CHECK(symm_barrier(h, 0, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
+    phase();
     CUDA_CHECK(cudaFree(dst));
     CHECK(symm_handle_destroy(h));
     CHECK(symm_buffer_destroy(b));
@@ -253,6 +271,7 @@ static void skipped_barrier_times_out(ctx_t *c, cudaStream_t s) {
     // Wait out the others' timeout before unmapping (keeps their pads mapped).
     CHECK(symm_group_set_timeout(c->g, 30000));
     usleep(1500 * 1000);
+    phase();
     CHECK(symm_handle_destroy(h));
     CHECK(symm_buffer_destroy(b));
 }
@@ -265,12 +284,19 @@ static int run_rank(ctx_t *c) {
     int backend;
     CHECK(symm_group_backend(c->g, &backend));
     EXPECT(backend == SYMM_BACKEND_CUDA);
+    phase();
     data_through_peers(c, s);
+    phase();
     ring_signals_and_flags(c, s);
+    phase();
     graph_replayed_barrier(c, s);
+    phase();
     if (g_bench) peer_copy_bandwidth(c, s);
+    phase();
     no_leak(c);
+    phase();
     skipped_barrier_times_out(c, s);
+    phase();
     CUDA_CHECK(cudaStreamDestroy(s));
     return 0;
 }
@@ -305,6 +331,8 @@ int main(int argc, char **argv) {
     cfg.timeout_ms = 30000;
     if (g_shared) cfg.flags = SYMM_GROUP_ALLOW_SHARED_DEVICE;
     if (local) {
+        g_local = 1;
+        pthread_barrier_init(&g_phase, NULL, world);
         std::vector<symm_group_t> groups(world);
         std::vector<int> devices(world);
         for (int r = 0; r < world; r++) devices[r] = g_shared ? 0 : r % ngpus;

@@ -7,9 +7,9 @@
 //! B then has K * world rows, and output i is the sum over ranks r of
 //! `shard_r @ bs[i][r*K .. (r+1)*K]`.
 //!
-//! Execution: every rank copies its shard, contiguous, into its workspace
-//! region; after a barrier it reads every rank's shard (its own first) and
-//! copies it to its slice of `ag_out`. For gather_dim < last, shard r times
+//! Execution (see `AgMmPlan::execute`): every rank copies its shard,
+//! contiguous, into its workspace; after a barrier it pulls every peer's
+//! shard into its own workspace and copies each to its slice of `ag_out`. For gather_dim < last, shard r times
 //! B is slice r of each output, written directly when that slice is a
 //! matrix, else through f32 scratch. For the last dimension the products
 //! are summed in f32 scratch in rank order (so that every rank's outputs
@@ -22,6 +22,7 @@ use crate::array::{Array, DType};
 use crate::backend::Stream;
 use crate::error::{err, Result};
 use crate::group::Group;
+use crate::plan;
 use std::sync::Arc;
 
 /// One rank's call, as read from the caller.
@@ -104,15 +105,26 @@ impl AgMm {
             .collect();
         check::outputs_disjoint(&outputs, &inputs)?;
 
-        // Workspace: this rank's shard, then f32 scratch for one product
-        // (shard rows x the widest N); from agreed shapes only.
+        // Workspace: every rank's shard back to back (this rank's own at its
+        // rank's place, the others pulled there), so that for gather_dim 0
+        // they form the gathered A; then f32 scratch for one product (shard
+        // rows x the widest N). From agreed shapes only.
         let rows = a.numel() / a.shape[last];
         let max_n = self.bs.iter().map(|b| b.shape[1]).max().unwrap_or(0);
+        let shard_bytes = check::mul(a.numel(), a.dtype.size(), "a_shard")?;
         let mut layout = Layout::default();
-        let shard = layout.region(check::mul(a.numel(), a.dtype.size(), "a_shard")?);
+        let shards = layout.region(check::mul(shard_bytes, world, "the gathered a_shard")?);
         let scratch =
             layout.region(check::mul(check::mul(rows, max_n, "the product")?, DType::F32.size(), "the product")?);
-        Ok(AgMmPlan { call: self, dim, shard, scratch, workspace: layout.bytes() })
+        let problem = plan::Problem {
+            m: rows * world,
+            k: a.shape[last],
+            n: self.bs.iter().map(|b| b.shape[1]).sum(),
+            world,
+            elem_bytes: a.dtype.size(),
+        };
+        let algorithm = plan::choose(&plan::ag_mm(&problem, &plan::DeviceModel::HOPPER))?;
+        Ok(AgMmPlan { call: self, dim, shards, shard_bytes, scratch, algorithm, workspace: layout.bytes() })
     }
 }
 
@@ -120,9 +132,11 @@ impl AgMm {
 struct AgMmPlan {
     call: AgMm,
     dim: usize,
-    /// Workspace offsets.
-    shard: usize,
+    /// Workspace offsets: rank r's shard at `shards + r * shard_bytes`.
+    shards: usize,
+    shard_bytes: usize,
     scratch: usize,
+    algorithm: plan::Algorithm,
     workspace: usize,
 }
 
@@ -131,50 +145,98 @@ impl Plan for AgMmPlan {
         self.workspace
     }
 
+    /// This rank's shard goes to its place in its workspace; a side stream
+    /// waits for every rank to be there, then pulls the peers' shards into
+    /// this rank's workspace (copy engines on CUDA), rank-1 first. Pipelined:
+    /// the main stream multiplies this rank's shard at once and each pulled
+    /// shard as it lands. Sequential: one matmul over the gathered A once
+    /// everything has landed (cuBLAS runs one large matmul faster than
+    /// pieces, which pays when the pulls are short).
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
         let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
-        let shard_of = |r: usize| -> Result<Array> { Ok(Array::contiguous(ex.at(r, self.shard)?, a.dtype, &a.shape)) };
-        ex.copy(&shard_of(ex.rank())?, a)?;
-        ex.barrier()?;
-        let (dim, len) = (self.dim, a.shape[self.dim]);
+        let (dim, len, me, world) = (self.dim, a.shape[self.dim], ex.rank(), ex.world());
+        let offset = |r: usize| self.shards + r * self.shard_bytes;
+        let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
+        ex.copy(&local_shard(me), a)?;
+        let side = ex.side()?;
+        ex.fork(side)?;
+        ex.ws.barrier(super::CHANNEL, side)?;
         let gathers_k = dim == a.ndim() - 1;
-        for r in ex.rotation() {
-            let shard = shard_of(r)?;
-            if let Some(ag) = ag_out {
-                ex.copy(&ag.narrow(dim, r * len, len), &shard)?;
+        let gathered = self.gathered_matrix(ex);
+        let whole = self.algorithm == plan::Algorithm::Sequential && !gathers_k && gathered.is_some();
+        let pipelined = !gathers_k && !whole;
+        if pipelined {
+            self.multiply_shard(ex, &local_shard(me), me, len)?;
+        }
+        for step in 1..world {
+            let r = (me + world - step) % world;
+            let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
+            ex.copy_on(side, &local_shard(r), &remote)?;
+            if pipelined {
+                ex.join(side)?;
+                self.multiply_shard(ex, &local_shard(r), r, len)?;
             }
-            if gathers_k {
-                continue;
+        }
+        // Every rank has pulled this rank's shard once this barrier passes.
+        ex.ws.barrier(super::CHANNEL, side)?;
+        ex.join(side)?;
+        if let Some(ag) = ag_out {
+            for r in 0..world {
+                ex.copy(&ag.narrow(dim, r * len, len), &local_shard(r))?;
             }
-            let lhs = shard.as_matrix().expect("a contiguous shard is a matrix");
+        }
+        if whole {
+            let lhs = gathered.expect("checked above");
             for (b, out) in bs.iter().zip(outs) {
-                let part = out.narrow(dim, r * len, len);
-                match part.as_matrix() {
-                    Some(m) => ex.gemm(&m, &lhs, b, false)?,
-                    None => {
-                        let product = self.f32_scratch(ex, &part.shape);
-                        ex.gemm(&product.as_matrix().expect("contiguous"), &lhs, b, false)?;
-                        ex.copy(&part, &product)?;
-                    }
-                }
+                let m = out.as_matrix().expect("checked by gathered_matrix");
+                ex.gemm(&m, &lhs, b, false)?;
             }
         }
         if gathers_k {
             for (b, out) in bs.iter().zip(outs) {
                 let sum = self.f32_scratch(ex, &out.shape);
                 let sum_matrix = sum.as_matrix().expect("contiguous");
-                for r in 0..ex.world() {
-                    let lhs = shard_of(r)?.as_matrix().expect("a contiguous shard is a matrix");
+                for r in 0..world {
+                    let lhs = local_shard(r).as_matrix().expect("a contiguous shard is a matrix");
                     ex.gemm(&sum_matrix, &lhs, &b.narrow(0, r * len, len), r > 0)?;
                 }
                 ex.copy(out, &sum)?;
             }
         }
-        ex.barrier()
+        Ok(())
     }
 }
 
 impl AgMmPlan {
+    /// The gathered A as one matrix in this rank's workspace, when it is one
+    /// (gathering dim 0) and every output is a matrix too.
+    fn gathered_matrix(&self, ex: &Exec<'_>) -> Option<Array> {
+        let a = &self.call.a_shard;
+        if self.dim != 0 || self.call.outs.iter().any(|o| o.as_matrix().is_none()) {
+            return None;
+        }
+        let mut shape = a.shape.clone();
+        shape[0] *= ex.world();
+        Array::contiguous(ex.local(self.shards), a.dtype, &shape).as_matrix()
+    }
+
+    /// Shard r (local, contiguous) times every B, into slice r of each output.
+    fn multiply_shard(&self, ex: &Exec<'_>, shard: &Array, r: usize, len: usize) -> Result<()> {
+        let lhs = shard.as_matrix().expect("a contiguous shard is a matrix");
+        for (b, out) in self.call.bs.iter().zip(&self.call.outs) {
+            let part = out.narrow(self.dim, r * len, len);
+            match part.as_matrix() {
+                Some(m) => ex.gemm(&m, &lhs, b, false)?,
+                None => {
+                    let product = self.f32_scratch(ex, &part.shape);
+                    ex.gemm(&product.as_matrix().expect("contiguous"), &lhs, b, false)?;
+                    ex.copy(&part, &product)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn f32_scratch(&self, ex: &Exec<'_>, shape: &[usize]) -> Array {
         Array::contiguous(ex.local(self.scratch), DType::F32, shape)
     }
@@ -204,8 +266,8 @@ mod tests {
         // Leading dims: the gathered dim grows by the world size; K is kept.
         let p = call(&[2, 3, 4], 1, 4, &[5, 6], &[2, 9]).plan(3, "host").unwrap();
         assert_eq!(p.dim, 1);
-        // Workspace: the bf16 shard (48 bytes), then f32 scratch of 6 rows x 6.
-        assert_eq!((p.shard, p.scratch, p.workspace), (0, 256, 256 + 6 * 6 * 4));
+        // Workspace: three bf16 shards of 48 bytes, then f32 scratch of 6 rows x 6.
+        assert_eq!((p.shards, p.shard_bytes, p.scratch, p.workspace), (0, 48, 256, 256 + 6 * 6 * 4));
         // The last dim: K grows, so B has K * world rows and outputs keep the shard's rows.
         assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).plan(3, "host").is_ok());
         let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).plan(3, "host").unwrap_err();

@@ -5,7 +5,7 @@
 //! N; `scatter_dim` of that shape is split into `world` equal chunks, and
 //! rank r receives the sum (or mean) over ranks of their chunk r.
 //!
-//! Execution: every rank computes its chunk r of the product for every r,
+//! Execution (pipelined, see `MmRsPlan::execute`): every rank computes its chunk r of the product for every r,
 //! in the output dtype (as NCCL-then-cuBLAS and PyTorch's fused op do: half
 //! the bytes over the links of f32 partials; each partial is still summed
 //! over K in f32), into region r of its workspace (a chunk is a slice of `a` along
@@ -102,13 +102,17 @@ impl MmRs {
         check::shape_is(&self.out, "out", &chunk)?;
         check::outputs_disjoint(&[("out".into(), &self.out)], &[("a".into(), a), ("b".into(), b)])?;
 
-        // Workspace: one product chunk per destination rank (peers read
-        // them), then room to pack `a` (or a slice of it) into a matrix.
+        // Workspace: one product chunk per destination rank (peers pull
+        // them), local copies of the peers' chunks for this rank, the
+        // reduced chunk (when `out` is not contiguous), then room to pack
+        // `a` (or a slice of it) into a matrix. Agreed shapes only.
         let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
         let mut layout = Layout::default();
         let chunks = (0..world).map(|_| layout.region(chunk_bytes)).collect();
+        let staged = (0..world).map(|_| layout.region(chunk_bytes)).collect();
+        let reduced = layout.region(chunk_bytes);
         let packed_a = layout.region(check::mul(a.numel(), a.dtype.size(), "a")?);
-        Ok(MmRsPlan { call: self, dim, chunks, packed_a, workspace: layout.bytes() })
+        Ok(MmRsPlan { call: self, dim, chunks, staged, reduced, packed_a, workspace: layout.bytes() })
     }
 }
 
@@ -116,8 +120,11 @@ impl MmRs {
 struct MmRsPlan {
     call: MmRs,
     dim: usize,
-    /// Workspace offsets: `chunks[r]` holds the product chunk for rank r.
+    /// Workspace offsets: `chunks[r]` holds the product chunk for rank r;
+    /// `staged[q]` the copy of rank q's chunk for this rank.
     chunks: Vec<usize>,
+    staged: Vec<usize>,
+    reduced: usize,
     packed_a: usize,
     workspace: usize,
 }
@@ -127,33 +134,60 @@ impl Plan for MmRsPlan {
         self.workspace
     }
 
+    /// Pipelined: the chunks for the peers first (rank+1, rank+2, ...),
+    /// each announced to its destination by a signal as soon as it is
+    /// computed; a side stream pulls the chunks the peers computed for this
+    /// rank (copy engines on CUDA) while the main stream computes the rest;
+    /// the final reduction reads local memory only.
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
         let MmRs { a, b, op, out, .. } = &self.call;
-        let (dim, world) = (self.dim, ex.world());
+        let (dim, world, me) = (self.dim, ex.world(), ex.rank());
         let scatters_n = dim == a.ndim() - 1;
         let len = out.shape[dim];
         // Scattering N multiplies all of `a` by column slices of `b`.
         let whole_a = if scatters_n { Some(ex.matrix(a, self.packed_a)?) } else { None };
-        for r in 0..world {
+        let chunk = |offset: u64| Array::contiguous(offset, out.dtype, &out.shape);
+        let side = ex.side()?;
+        ex.fork(side)?;
+        for step in 1..=world {
+            let r = (me + step) % world;
             let (lhs, rhs) = match &whole_a {
                 Some(m) => (m.clone(), b.narrow(1, r * len, len)),
                 None => (ex.matrix(&a.narrow(dim, r * len, len), self.packed_a)?, b.clone()),
             };
             let dst = Array::contiguous(ex.local(self.chunks[r]), out.dtype, &[lhs.shape[0], rhs.shape[1]]);
             ex.gemm(&dst, &lhs, &rhs, false)?;
+            if r != me {
+                ex.ws.put_signal(r, READY, ex.stream)?;
+            }
         }
-        ex.barrier()?;
-        let mine = self.chunks[ex.rank()];
+        for step in 1..world {
+            let q = (me + world - step) % world;
+            ex.ws.wait_signal(q, READY, side)?;
+            ex.copy_on(side, &chunk(ex.local(self.staged[q])), &chunk(ex.at(q, self.chunks[me])?))?;
+        }
+        ex.join(side)?;
+        // Summed in rank order, so every rank's result is reproducible.
         let srcs: Vec<Array> =
-            (0..world).map(|q| Ok(Array::contiguous(ex.at(q, mine)?, out.dtype, &out.shape))).collect::<Result<_>>()?;
+            (0..world).map(|q| chunk(ex.local(if q == me { self.chunks[me] } else { self.staged[q] }))).collect();
         let scale = match op {
             ReduceOp::Sum => 1.0,
             ReduceOp::Avg => 1.0 / world as f32,
         };
-        ex.reduce(out, &srcs, scale)?;
+        if out.is_contiguous() {
+            ex.reduce(out, &srcs, scale)?;
+        } else {
+            let reduced = chunk(ex.local(self.reduced));
+            ex.reduce(&reduced, &srcs, scale)?;
+            ex.copy(out, &reduced)?;
+        }
+        // No rank's next call may overwrite chunks a peer still pulls.
         ex.barrier()
     }
 }
+
+/// Signal channel announcing "the chunk for you is in my workspace".
+const READY: usize = super::CHANNEL + 1;
 
 #[cfg(test)]
 mod tests {
@@ -187,10 +221,13 @@ mod tests {
     }
 
     #[test]
-    fn workspace_holds_a_chunk_per_rank_and_packed_a() {
+    fn workspace_holds_chunks_staging_and_packed_a() {
         let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).plan(4, "host").unwrap();
-        // Chunks of 18 f32 (72 bytes) at 256-byte steps, then 60 f16 of a.
+        // Chunks of 18 f16 (36 bytes) at 256-byte steps: one per rank, a
+        // staged copy per rank, the reduced chunk; then 60 f16 of a.
         assert_eq!(p.chunks, vec![0, 256, 512, 768]);
-        assert_eq!((p.packed_a, p.workspace), (1024, 1024 + 120));
+        assert_eq!(p.staged, vec![1024, 1280, 1536, 1792]);
+        assert_eq!(p.reduced, 2048);
+        assert_eq!((p.packed_a, p.workspace), (2304, 2304 + 120));
     }
 }

@@ -104,6 +104,25 @@ impl Exec<'_> {
         self.ws.barrier(CHANNEL, self.stream)
     }
 
+    /// The side stream for communication that overlaps the main stream.
+    fn side(&self) -> Result<Stream> {
+        self.group.backend().side_stream(0)
+    }
+
+    /// The side stream starts after the main stream's work so far.
+    fn fork(&self, side: Stream) -> Result<()> {
+        self.group.backend().stream_wait(side, self.stream)
+    }
+
+    /// The main stream continues after the side stream's work so far.
+    fn join(&self, side: Stream) -> Result<()> {
+        self.group.backend().stream_wait(self.stream, side)
+    }
+
+    fn copy_on(&self, stream: Stream, dst: &Array, src: &Array) -> Result<()> {
+        self.group.backend().copy(dst, src, stream)
+    }
+
     fn copy(&self, dst: &Array, src: &Array) -> Result<()> {
         self.group.backend().copy(dst, src, self.stream)
     }
