@@ -127,12 +127,16 @@ def bench_mm_rs(b, g, shapes):
             symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=b.stream.cuda_stream)
 
         nccl_cublas()
-        out.fill_(float("nan"))
-        ours()
-        err = rel_err(out, ref)
-        assert err < 2e-2, f"mm_rs {m}x{k}x{n}: relative error {err}"
         shape = (m, k, n)
-        b.record("mm_rs", shape, "symm", b.time(ours), relerr=err)
+        for algo in (None, "sequential", "pipelined"):
+            if algo:
+                os.environ["SYMM_ALGO"] = algo
+            out.fill_(float("nan"))
+            ours()
+            err = rel_err(out, ref)
+            assert err < 2e-2, f"mm_rs {m}x{k}x{n} ({algo}): relative error {err}"
+            b.record("mm_rs", shape, f"symm_{algo}" if algo else "symm", b.time(ours), relerr=err)
+            os.environ.pop("SYMM_ALGO", None)
         b.record("mm_rs", shape, "torch_fused", b.time(
             lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name)))
         b.record("mm_rs", shape, "nccl_cublas", b.time(nccl_cublas))

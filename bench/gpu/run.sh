@@ -31,7 +31,9 @@ if [ "$ngpu" -ge 2 ]; then
     run /tmp/symm-bin/cuda_memory --world-size 2 --local
 fi
 run /tmp/symm-bin/cuda_memory --world-size 4 --shared-device
-run /tmp/symm-bin/cuda_memory --world-size 2 --local --shared-device
+# Two ranks sharing one context: lazy module loading would synchronize the
+# device at a kernel's first launch while the other rank spins in a signal.
+run env CUDA_MODULE_LOADING=EAGER /tmp/symm-bin/cuda_memory --world-size 2 --local --shared-device
 
 if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so

@@ -177,9 +177,11 @@ impl Plan for AgMmPlan {
                 self.multiply_shard(ex, &local_shard(r), r, len)?;
             }
         }
-        // Every rank has pulled this rank's shard once this barrier passes.
-        ex.ws.barrier(super::CHANNEL, side)?;
+        // The pulls have landed once the main stream joins the side here;
+        // the closing barrier (every rank has pulled this rank's shard, so
+        // the next call may overwrite it) then overlaps the matmuls below.
         ex.join(side)?;
+        ex.ws.barrier(super::CHANNEL, side)?;
         if let Some(ag) = ag_out {
             for r in 0..world {
                 ex.copy(&ag.narrow(dim, r * len, len), &local_shard(r))?;
@@ -203,7 +205,7 @@ impl Plan for AgMmPlan {
                 ex.copy(out, &sum)?;
             }
         }
-        Ok(())
+        ex.join(side)
     }
 }
 

@@ -21,6 +21,7 @@ use crate::array::Array;
 use crate::backend::Stream;
 use crate::error::{err, Result};
 use crate::group::Group;
+use crate::plan;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,11 +109,21 @@ impl MmRs {
         // `a` (or a slice of it) into a matrix. Agreed shapes only.
         let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
         let mut layout = Layout::default();
-        let chunks = (0..world).map(|_| layout.region(chunk_bytes)).collect();
+        // Back to back, so that for scatter_dim 0 they form the whole product.
+        let product = layout.region(check::mul(chunk_bytes, world, "the product")?);
+        let chunks = (0..world).map(|r| product + r * chunk_bytes).collect();
         let staged = (0..world).map(|_| layout.region(chunk_bytes)).collect();
         let reduced = layout.region(chunk_bytes);
         let packed_a = layout.region(check::mul(a.numel(), a.dtype.size(), "a")?);
-        Ok(MmRsPlan { call: self, dim, chunks, staged, reduced, packed_a, workspace: layout.bytes() })
+        let problem = plan::Problem {
+            m: a.numel() / a.shape[a.ndim() - 1],
+            k: a.shape[a.ndim() - 1],
+            n: b.shape[1],
+            world,
+            elem_bytes: a.dtype.size(),
+        };
+        let algorithm = plan::choose(&plan::mm_rs(&problem, &plan::DeviceModel::HOPPER))?;
+        Ok(MmRsPlan { call: self, dim, chunks, staged, reduced, packed_a, algorithm, workspace: layout.bytes() })
     }
 }
 
@@ -126,6 +137,7 @@ struct MmRsPlan {
     staged: Vec<usize>,
     reduced: usize,
     packed_a: usize,
+    algorithm: plan::Algorithm,
     workspace: usize,
 }
 
@@ -134,19 +146,54 @@ impl Plan for MmRsPlan {
         self.workspace
     }
 
+    fn execute(&self, ex: &Exec<'_>) -> Result<()> {
+        let MmRs { a, b, out, .. } = &self.call;
+        // One matmul over all of `a` when its rows are the chunks in order.
+        let whole = match (self.dim, a.as_matrix()) {
+            (0, Some(m)) if self.algorithm == plan::Algorithm::Sequential => Some(m),
+            _ => None,
+        };
+        match whole {
+            Some(lhs) => {
+                let dst = Array::contiguous(ex.local(self.chunks[0]), out.dtype, &[lhs.shape[0], b.shape[1]]);
+                ex.gemm(&dst, &lhs, b, false)?;
+                self.sequential(ex)
+            }
+            None => self.pipelined(ex),
+        }
+    }
+}
+
+impl MmRsPlan {
+    fn chunk(&self, addr: u64) -> Array {
+        Array::contiguous(addr, self.call.out.dtype, &self.call.out.shape)
+    }
+
+    /// After a barrier, the reduction reads every rank's chunk for this rank
+    /// where it lies (over the links for peers): fewest steps, for small
+    /// problems.
+    fn sequential(&self, ex: &Exec<'_>) -> Result<()> {
+        ex.barrier()?;
+        let me = ex.rank();
+        let srcs: Vec<Array> =
+            (0..ex.world()).map(|q| Ok(self.chunk(ex.at(q, self.chunks[me])?))).collect::<Result<_>>()?;
+        self.reduce_into_out(ex, &srcs)?;
+        // No rank's next call may overwrite chunks a peer still reads.
+        ex.barrier()
+    }
+
     /// Pipelined: the chunks for the peers first (rank+1, rank+2, ...),
     /// each announced to its destination by a signal as soon as it is
     /// computed; a side stream pulls the chunks the peers computed for this
     /// rank (copy engines on CUDA) while the main stream computes the rest;
     /// the final reduction reads local memory only.
-    fn execute(&self, ex: &Exec<'_>) -> Result<()> {
-        let MmRs { a, b, op, out, .. } = &self.call;
+    fn pipelined(&self, ex: &Exec<'_>) -> Result<()> {
+        let MmRs { a, b, out, .. } = &self.call;
         let (dim, world, me) = (self.dim, ex.world(), ex.rank());
         let scatters_n = dim == a.ndim() - 1;
         let len = out.shape[dim];
         // Scattering N multiplies all of `a` by column slices of `b`.
         let whole_a = if scatters_n { Some(ex.matrix(a, self.packed_a)?) } else { None };
-        let chunk = |offset: u64| Array::contiguous(offset, out.dtype, &out.shape);
         let side = ex.side()?;
         ex.fork(side)?;
         for step in 1..=world {
@@ -164,25 +211,33 @@ impl Plan for MmRsPlan {
         for step in 1..world {
             let q = (me + world - step) % world;
             ex.ws.wait_signal(q, READY, side)?;
-            ex.copy_on(side, &chunk(ex.local(self.staged[q])), &chunk(ex.at(q, self.chunks[me])?))?;
+            ex.copy_on(side, &self.chunk(ex.local(self.staged[q])), &self.chunk(ex.at(q, self.chunks[me])?))?;
         }
         ex.join(side)?;
-        // Summed in rank order, so every rank's result is reproducible.
+        // Once every rank has pulled its chunks (side barrier), the next
+        // call may overwrite them; that barrier overlaps the reduction.
+        ex.ws.barrier(super::CHANNEL, side)?;
         let srcs: Vec<Array> =
-            (0..world).map(|q| chunk(ex.local(if q == me { self.chunks[me] } else { self.staged[q] }))).collect();
-        let scale = match op {
+            (0..world).map(|q| self.chunk(ex.local(if q == me { self.chunks[me] } else { self.staged[q] }))).collect();
+        self.reduce_into_out(ex, &srcs)?;
+        ex.join(side)
+    }
+
+    /// Sums `srcs` in rank order (so every rank's result is reproducible),
+    /// scaled for avg, into `out`.
+    fn reduce_into_out(&self, ex: &Exec<'_>, srcs: &[Array]) -> Result<()> {
+        let out = &self.call.out;
+        let scale = match self.call.op {
             ReduceOp::Sum => 1.0,
-            ReduceOp::Avg => 1.0 / world as f32,
+            ReduceOp::Avg => 1.0 / ex.world() as f32,
         };
         if out.is_contiguous() {
-            ex.reduce(out, &srcs, scale)?;
+            ex.reduce(out, srcs, scale)
         } else {
-            let reduced = chunk(ex.local(self.reduced));
-            ex.reduce(&reduced, &srcs, scale)?;
-            ex.copy(out, &reduced)?;
+            let reduced = self.chunk(ex.local(self.reduced));
+            ex.reduce(&reduced, srcs, scale)?;
+            ex.copy(out, &reduced)
         }
-        // No rank's next call may overwrite chunks a peer still pulls.
-        ex.barrier()
     }
 }
 
@@ -223,11 +278,11 @@ mod tests {
     #[test]
     fn workspace_holds_chunks_staging_and_packed_a() {
         let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).plan(4, "host").unwrap();
-        // Chunks of 18 f16 (36 bytes) at 256-byte steps: one per rank, a
-        // staged copy per rank, the reduced chunk; then 60 f16 of a.
-        assert_eq!(p.chunks, vec![0, 256, 512, 768]);
-        assert_eq!(p.staged, vec![1024, 1280, 1536, 1792]);
-        assert_eq!(p.reduced, 2048);
-        assert_eq!((p.packed_a, p.workspace), (2304, 2304 + 120));
+        // Chunks of 18 f16 (36 bytes): one per rank back to back, then at
+        // 256-byte steps a staged copy per rank, the reduced chunk, 60 f16 of a.
+        assert_eq!(p.chunks, vec![0, 36, 72, 108]);
+        assert_eq!(p.staged, vec![256, 512, 768, 1024]);
+        assert_eq!(p.reduced, 1280);
+        assert_eq!((p.packed_a, p.workspace), (1536, 1536 + 120));
     }
 }
