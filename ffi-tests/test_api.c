@@ -122,6 +122,29 @@ static void check_args_always_flag(void) {
     EXPECT_MESSAGE("unknown bits 0x4");
 }
 
+static void plan_queries(void) {
+    /* Two in-process ranks: a large all-gather + matmul overlaps its pulls. */
+    symm_group_config_t cfg = SYMM_GROUP_CONFIG_INIT;
+    cfg.backend = SYMM_BACKEND_HOST;
+    symm_group_t g[2];
+    CHECK(symm_group_init_local(g, 2, NULL, &cfg));
+    symm_plan_t p = SYMM_PLAN_INIT;
+    CHECK(symm_plan_ag_mm(g[0], 16384, 8192, 8192, SYMM_DTYPE_BF16, &p));
+    EXPECT(p.algorithm == SYMM_ALGORITHM_PIPELINED);
+    EXPECT(p.compute_ms > 2.0 && p.exposed_ms < p.comm_ms && p.total_ms < p.compute_ms + p.comm_ms);
+    CHECK(symm_plan_mm_rs(g[1], 512, 14336, 8192, SYMM_DTYPE_F16, &p));
+    EXPECT(p.total_ms > 0);
+    symm_plan_t untouched = SYMM_PLAN_INIT;
+    EXPECT_STATUS(symm_plan_ag_mm(g[0], -1, 8, 8, SYMM_DTYPE_BF16, &untouched), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT(untouched.total_ms == 0);
+    EXPECT_STATUS(symm_plan_ag_mm(g[0], 8, 8, 8, 99, &untouched), SYMM_ERROR_INVALID_ARGUMENT);
+    untouched.struct_size = 8;
+    EXPECT_STATUS(symm_plan_ag_mm(g[0], 8, 8, 8, SYMM_DTYPE_BF16, &untouched), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("SYMM_PLAN_INIT");
+    CHECK(symm_group_destroy(g[0]));
+    CHECK(symm_group_destroy(g[1]));
+}
+
 int main(void) {
     version_and_strings();
     check_args_always_flag();
@@ -133,6 +156,7 @@ int main(void) {
     bad_arguments(g);
     CHECK(symm_group_destroy(g));
     handle_outlives_group();
+    plan_queries();
     printf("test_api: ok\n");
     return 0;
 }

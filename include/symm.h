@@ -144,6 +144,31 @@ typedef struct {
   const symm_tensor_t *bias;
 } symm_mm_rs_options_t;
 
+// The algorithm chosen for an operation.
+typedef int32_t symm_algorithm_t;
+
+// A prediction, in milliseconds. Initialize with `SYMM_PLAN_INIT`.
+typedef struct {
+  // `sizeof(symm_plan_t)`.
+  size_t struct_size;
+  // `SYMM_ALGORITHM_*` that the operation would run.
+  symm_algorithm_t algorithm;
+  // Matmul time, including what splitting it costs.
+  double compute_ms;
+  // Communication time if it ran alone.
+  double comm_ms;
+  // Communication not hidden behind the matmul.
+  double exposed_ms;
+  // The whole operation.
+  double total_ms;
+} symm_plan_t;
+
+// Communicate everything, then one matmul (or matmul, then reduce).
+#define SYMM_ALGORITHM_SEQUENTIAL 0
+
+// One matmul piece per rank, communication overlapped with the matmul.
+#define SYMM_ALGORITHM_PIPELINED 1
+
 #define SYMM_SUCCESS 0
 
 // An argument is NULL, out of range or malformed. Nothing was changed.
@@ -375,6 +400,13 @@ symm_status_t symm_mm_rs(symm_group_t group, const symm_tensor_t *a, const symm_
 // buffer or in ordinary memory (else `SYMM_ERROR_MISMATCH`).
 symm_status_t symm_lc_allgather(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *output, void *stream);
 
+// Predicts `symm_fused_ag_mm` of an `m_total x k` gathered A (all ranks'
+// rows) times B of `n` columns (the sum over every B) on this group.
+symm_status_t symm_plan_ag_mm(symm_group_t group, int64_t m_total, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
+
+// Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this group.
+symm_status_t symm_plan_mm_rs(symm_group_t group, int64_t m, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
+
 // Writes the library's version as `MAJOR * 10000 + MINOR * 100 + PATCH`,
 // to compare with `SYMM_VERSION_CODE` from the header.
 symm_status_t symm_get_version(int32_t *version);
@@ -396,6 +428,7 @@ const char *symm_last_error(void);
 
 /* Default-initialize option structs with these: they set struct_size. */
 #define SYMM_GROUP_CONFIG_INIT {sizeof(symm_group_config_t), SYMM_BACKEND_AUTO, 0, 0}
+#define SYMM_PLAN_INIT {sizeof(symm_plan_t), 0, 0, 0, 0, 0}
 #define SYMM_BOOTSTRAP_INIT {sizeof(symm_bootstrap_t), NULL, NULL, NULL}
 #define SYMM_AG_MM_OPTIONS_INIT {sizeof(symm_ag_mm_options_t), NULL, NULL, NULL}
 #define SYMM_MM_RS_OPTIONS_INIT {sizeof(symm_mm_rs_options_t), NULL, NULL, NULL}

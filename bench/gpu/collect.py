@@ -10,24 +10,37 @@ import subprocess
 import sys
 
 
-def gpus():
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True, check=True).stdout.strip().splitlines()
+def gpus(out_dir):
+    """(name, driver, count) from run.sh's gpus.txt, else nvidia-smi."""
+    try:
+        out = open(f"{out_dir}/gpus.txt").read().strip().splitlines()
+    except OSError:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, check=True).stdout.strip().splitlines()
     names = [l.split(",")[0].strip() for l in out]
     return names[0], out[0].split(",")[1].strip(), len(names)
 
 
 def main(log, out_dir, commit):
-    records = []
+    # Ranks print concurrently, so one line may hold several records (or a
+    # record and other text): decode every JSON object found on each line.
+    records, decoder = [], json.JSONDecoder()
     for line in open(log):
-        line = line.strip()
-        if line.startswith("{") and '"op"' in line:
-            records.append(json.loads(line))
+        pos = line.find("{")
+        while pos != -1:
+            try:
+                obj, end = decoder.raw_decode(line, pos)
+            except json.JSONDecodeError:
+                pos = line.find("{", pos + 1)
+                continue
+            if isinstance(obj, dict) and "op" in obj:
+                records.append(obj)
+            pos = line.find("{", end)
     if not records:
         print("collect: no records in", log)
         return 0
-    name, driver, count = gpus()
+    name, driver, count = gpus(out_dir)
     world = max(r.get("world", 1) for r in records)
     date = datetime.date.today().isoformat()
     kind = f"{name.split()[-1].lower()}-x{count}"

@@ -60,6 +60,9 @@ DTYPE_FP8_E5M2 = 5
 REDUCE_SUM = 0
 REDUCE_AVG = 1
 
+ALGORITHM_SEQUENTIAL = 0
+ALGORITHM_PIPELINED = 1
+
 
 # --- structs ------------------------------------------------------------------
 class UniqueId(ctypes.Structure):
@@ -118,6 +121,17 @@ class MmRsOptions(ctypes.Structure):
     ]
 
 
+class Plan(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("algorithm", c_int32),
+        ("compute_ms", ctypes.c_double),
+        ("comm_ms", ctypes.c_double),
+        ("exposed_ms", ctypes.c_double),
+        ("total_ms", ctypes.c_double),
+    ]
+
+
 # The header's C spelling of each struct, for the layout check.
 C_STRUCT_NAMES = {
     UniqueId: "symm_unique_id_t",
@@ -126,6 +140,7 @@ C_STRUCT_NAMES = {
     Tensor: "symm_tensor_t",
     AgMmOptions: "symm_ag_mm_options_t",
     MmRsOptions: "symm_mm_rs_options_t",
+    Plan: "symm_plan_t",
 }
 
 # --- functions: name -> (restype, argtypes) --------------------------------------
@@ -184,6 +199,9 @@ FUNCTIONS = {
         [_h, POINTER(Tensor), POINTER(Tensor), c_int, reduce_op_t, POINTER(Tensor), POINTER(MmRsOptions), stream_t],
     ),
     "symm_lc_allgather": (status_t, [_h, POINTER(Tensor), POINTER(Tensor), stream_t]),
+    # cost queries
+    "symm_plan_ag_mm": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
+    "symm_plan_mm_rs": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
     # version and errors
     "symm_get_version": (status_t, [POINTER(c_int32)]),
     "symm_status_string": (c_char_p, [status_t]),

@@ -121,3 +121,15 @@ def test_errors_are_per_thread():
                 g.create(64).rendezvous().barrier(channel=n)
 
     on_threads(fail, [16, 17, 18, 19])
+
+
+def test_plan_query_predicts_and_validates():
+    import symm
+
+    (g,) = symm.local_groups(1, backend="host")
+    with g:
+        p = g.plan("ag_mm", 16384, 8192, 8192)
+        assert p["algorithm"] == "sequential"  # one rank: nothing to overlap
+        assert 2.0 < p["compute_ms"] < 4.0 and p["total_ms"] >= p["compute_ms"]
+        with pytest.raises(symm.SymmInvalidArgument, match="m is 0"):
+            g.plan("mm_rs", 0, 8, 8)

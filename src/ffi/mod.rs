@@ -13,6 +13,7 @@ mod callback;
 mod group;
 mod handles;
 mod ops;
+mod plan;
 pub mod types;
 mod version;
 
