@@ -94,6 +94,13 @@ fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
     (flops / (d.matmul_tflops * 1e9)).max(bytes / (d.hbm_gbps * 1e6)) + d.launch_us / 1e3
 }
 
+/// The whole matmul split into one piece per rank: (all pieces, one piece).
+fn split_ms(whole: f64, world: usize, d: &DeviceModel) -> (f64, f64) {
+    let extra = world as f64 - 1.0;
+    let split = whole * (1.0 + d.split_penalty * extra) + extra * d.launch_us / 1e3;
+    (split, split / world as f64)
+}
+
 fn transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
     bytes / (d.link_gbps * 1e6)
 }
@@ -117,9 +124,7 @@ pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
         // Own shard first, each peer's shard's pull hidden behind the
         // previous piece; only the barriers stay exposed, unless a pull is
         // slower than a piece.
-        let pieces = p.world as f64;
-        let split = whole * (1.0 + d.split_penalty * (pieces - 1.0)) + (pieces - 1.0) * d.launch_us / 1e3;
-        let piece = split / pieces;
+        let (split, piece) = split_ms(whole, p.world, d);
         let per_pull = transfer_ms(shard_bytes, d);
         let exposed = 2.0 * d.barrier_us / 1e3 + pulls * (per_pull - piece).max(0.0);
         out.push(Estimate {
@@ -151,10 +156,8 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     if p.world > 1 {
         // Peers' chunks first, ours last: their pulls overlap our later
         // pieces, and the final reduction is local (HBM speed).
-        let pieces = p.world as f64;
-        let split = whole * (1.0 + d.split_penalty * (pieces - 1.0)) + (pieces - 1.0) * d.launch_us / 1e3;
-        let piece = split / pieces;
-        let local_reduce = (pieces + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
+        let (split, piece) = split_ms(whole, p.world, d);
+        let local_reduce = (p.world as f64 + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
         let per_pull = transfer_ms(chunk_bytes, d);
         let exposed = 2.0 * d.barrier_us / 1e3 + local_reduce + (per_pull - piece).max(0.0);
         out.push(Estimate {

@@ -3,7 +3,7 @@
 # bundle/ carried: builds the GPU test programs with the machine's nvcc
 # against bundle/libsymm.so, runs them, and writes the log and the results
 # JSON (bench/results format) into $OUT.
-#   bash bench/gpu/run.sh [memory]
+#   [SYMM_BENCH=0] bash bench/gpu/run.sh   (SYMM_BENCH=0: tests only, no benchmark)
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -38,7 +38,7 @@ run env CUDA_MODULE_LOADING=EAGER /tmp/symm-bin/cuda_memory --world-size 2 --loc
 if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
     run python3 -m pytest -q python/tests/test_cuda.py -x
-    if [ "$ngpu" -ge 2 ]; then
+    if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
         run torchrun --nproc-per-node 2 bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
     fi
 fi

@@ -75,20 +75,19 @@ fn check_driver() -> std::result::Result<(), String> {
     }
     // SAFETY: the library is present, so culib() does not panic.
     let lib = unsafe { sys::culib() };
-    let missing: Vec<&str> = SYMBOLS
-        .iter()
-        .copied()
-        .filter(|s| {
-            let name = format!("{s}\0");
-            // SAFETY: looking a symbol up has no side effects.
-            unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err()
-        })
-        .collect();
+    // SAFETY (in the closure): looking a symbol up has no side effects.
+    let missing = missing_symbols(SYMBOLS, |n| unsafe { lib.get::<unsafe extern "C" fn()>(n) }.is_ok());
     if !missing.is_empty() {
         return Err(format!("the CUDA driver is too old: it lacks {}", missing.join(", ")));
     }
     // SAFETY: symbols checked above.
     check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.msg)
+}
+
+/// The names in `symbols` for which `present` (given the NUL-terminated
+/// name) says no: cudarc would panic on first use of any of them.
+pub fn missing_symbols<'a>(symbols: &[&'a str], present: impl Fn(&[u8]) -> bool) -> Vec<&'a str> {
+    symbols.iter().copied().filter(|s| !present(format!("{s}\0").as_bytes())).collect()
 }
 
 /// Converts a driver result into ours, naming the call.

@@ -74,15 +74,9 @@ fn check_cublaslt() -> std::result::Result<usize, String> {
     }
     // SAFETY: the library is present (same candidate list), so culib() does not panic.
     let lib = unsafe { lt::culib() };
-    let missing: Vec<&str> = LT_SYMBOLS
-        .iter()
-        .copied()
-        .filter(|s| {
-            let name = format!("{s}\0");
-            // SAFETY: looking a symbol up has no side effects.
-            unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err()
-        })
-        .collect();
+    // SAFETY (in the closure): looking a symbol up has no side effects.
+    let missing =
+        super::driver::missing_symbols(LT_SYMBOLS, |n| unsafe { lib.get::<unsafe extern "C" fn()>(n) }.is_ok());
     if !missing.is_empty() {
         return Err(format!("the loaded cuBLASLt is too old: it lacks {}", missing.join(", ")));
     }

@@ -67,6 +67,26 @@ impl CudaSignals {
     }
 }
 
+impl CudaSignals {
+    /// `symm_put_signal` or `symm_wait_signal` (same parameters) for one peer.
+    fn point_to_point(
+        &self,
+        f: &CudaFunction,
+        peer: usize,
+        channel: usize,
+        stream: Stream,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.check_peer(peer, channel)?;
+        let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
+        let (mut peer, mut channel, mut t, mut e) =
+            (peer as i32, channel as i32, nanos(timeout), self.errors.device_ptr());
+        let mut params =
+            [p(&mut pads), p(&mut rank), p(&mut world), p(&mut peer), p(&mut channel), p(&mut t), p(&mut e)];
+        self.launch(f, 1, stream, &mut params)
+    }
+}
+
 fn check_channel(channel: usize) -> Result<()> {
     if channel >= SIGNAL_CHANNELS {
         return Err(err!(InvalidArgument, "channel {channel} is out of range (0..{SIGNAL_CHANNELS})"));
@@ -85,23 +105,11 @@ fn p<T>(v: &mut T) -> *mut c_void {
 
 impl Signals for CudaSignals {
     fn put(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
-        self.check_peer(peer, channel)?;
-        let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
-        let (mut peer, mut channel, mut t, mut e) =
-            (peer as i32, channel as i32, nanos(timeout), self.errors.device_ptr());
-        let mut params =
-            [p(&mut pads), p(&mut rank), p(&mut world), p(&mut peer), p(&mut channel), p(&mut t), p(&mut e)];
-        self.launch(&self.kernels.put_signal, 1, stream, &mut params)
+        self.point_to_point(&self.kernels.put_signal, peer, channel, stream, timeout)
     }
 
     fn wait(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
-        self.check_peer(peer, channel)?;
-        let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
-        let (mut peer, mut channel, mut t, mut e) =
-            (peer as i32, channel as i32, nanos(timeout), self.errors.device_ptr());
-        let mut params =
-            [p(&mut pads), p(&mut rank), p(&mut world), p(&mut peer), p(&mut channel), p(&mut t), p(&mut e)];
-        self.launch(&self.kernels.wait_signal, 1, stream, &mut params)
+        self.point_to_point(&self.kernels.wait_signal, peer, channel, stream, timeout)
     }
 
     fn barrier(&self, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
