@@ -120,3 +120,48 @@ def test_host_arrays_and_numpy_views_are_refused_on_cuda():
                 h.peer_array(0, np.float32)
 
     on_threads(rank_main, cuda_groups(), deadline_s=120)
+
+
+def test_ops_captured_in_a_cuda_graph_replay_like_eager():
+    """Once a call's workspace exists, all three operations can be captured
+    in a CUDA graph; every replay writes what the eager call wrote."""
+    dtype = torch.bfloat16
+    shards, (b,) = inputs(7, (128, 256), dtype), inputs(8, (256, 96), dtype)[:1]
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        a, w = shards[g.rank].cuda(), b.cuda()
+        outs = [
+            torch.empty(128 * WORLD, 96, dtype=dtype, device="cuda"),
+            torch.empty(128 // WORLD, 96, dtype=dtype, device="cuda"),
+            torch.empty(128 * WORLD, 256, dtype=dtype, device="cuda"),
+        ]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+
+        def step():
+            symm.fused_ag_mm(g, a, w, 0, out=outs[0], stream=s)
+            symm.mm_rs(g, a, w, 0, out=outs[1], stream=s)
+            symm.lc_allgather(g, a, out=outs[2], stream=s)
+
+        with torch.cuda.stream(s):
+            step()  # eager: sizes the workspace, plans the matmuls
+            eager = [t.clone() for t in outs]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=s, capture_error_mode="thread_local"):
+                step()
+            replays = []
+            for _ in range(3):
+                for t in outs:
+                    t.fill_(float("nan"))
+                graph.replay()
+                replays.append([t.clone() for t in outs])
+        s.synchronize()
+        g.check_async_error()
+        return [t.cpu() for t in eager], [[t.cpu() for t in r] for r in replays]
+
+    for eager, replays in on_threads(rank_main, cuda_groups(), deadline_s=120):
+        assert not any(t.isnan().any() for t in eager)
+        for replay in replays:
+            for got, want in zip(replay, eager):
+                assert torch.equal(got, want)
