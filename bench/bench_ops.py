@@ -74,6 +74,20 @@ def rel_err(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
+def time_symm_algorithms(b, op, shape, ours, out, ref, tolerance):
+    """symm's own choice, then each algorithm forced (SYMM_ALGO); every one
+    is checked against `ref` (outputs poisoned first) before it is timed."""
+    for algo in (None, "sequential", "pipelined"):
+        if algo:
+            os.environ["SYMM_ALGO"] = algo
+        out.fill_(float("nan"))
+        ours()
+        err = rel_err(out, ref)
+        assert err < tolerance, f"{op} {shape} ({algo or 'auto'}): relative error {err}"
+        b.record(op, shape, f"symm_{algo}" if algo else "symm", b.time(ours), relerr=err)
+        os.environ.pop("SYMM_ALGO", None)
+
+
 def bench_ag_mm(b, g, shapes):
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -94,16 +108,7 @@ def bench_ag_mm(b, g, shapes):
 
         nccl_cublas()
         shape = (m, k, n)
-        # symm's choice, then each algorithm forced (SYMM_ALGO), each checked.
-        for algo in (None, "sequential", "pipelined"):
-            if algo:
-                os.environ["SYMM_ALGO"] = algo
-            out.fill_(float("nan"))
-            ours()
-            err = rel_err(out, ref)
-            assert err < 1e-2, f"ag_mm {m}x{k}x{n} ({algo}): relative error {err}"
-            b.record("ag_mm", shape, f"symm_{algo}" if algo else "symm", b.time(ours), relerr=err)
-            os.environ.pop("SYMM_ALGO", None)
+        time_symm_algorithms(b, "ag_mm", shape, ours, out, ref, 1e-2)
         b.record("ag_mm", shape, "torch_fused", b.time(
             lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name)))
         b.record("ag_mm", shape, "nccl_cublas", b.time(nccl_cublas))
@@ -128,15 +133,7 @@ def bench_mm_rs(b, g, shapes):
 
         nccl_cublas()
         shape = (m, k, n)
-        for algo in (None, "sequential", "pipelined"):
-            if algo:
-                os.environ["SYMM_ALGO"] = algo
-            out.fill_(float("nan"))
-            ours()
-            err = rel_err(out, ref)
-            assert err < 2e-2, f"mm_rs {m}x{k}x{n} ({algo}): relative error {err}"
-            b.record("mm_rs", shape, f"symm_{algo}" if algo else "symm", b.time(ours), relerr=err)
-            os.environ.pop("SYMM_ALGO", None)
+        time_symm_algorithms(b, "mm_rs", shape, ours, out, ref, 2e-2)
         b.record("mm_rs", shape, "torch_fused", b.time(
             lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name)))
         b.record("mm_rs", shape, "nccl_cublas", b.time(nccl_cublas))

@@ -105,28 +105,26 @@ fn transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
     bytes / (d.link_gbps * 1e6)
 }
 
-/// All-gather of A (`m` rows in all) then matmul.
-pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
-    let whole = matmul_ms(p, p.m, d);
-    // Each rank pulls every peer's shard; peers are pulled one after another.
-    let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
-    let pulls = p.world.saturating_sub(1) as f64;
-    let comm = pulls * transfer_ms(shard_bytes, d) + 2.0 * d.barrier_us / 1e3;
-    let sequential = Estimate {
+/// Both algorithms of an operation whose communication is `pulls`
+/// transfers of `bytes` each (one after another) around a matmul taking
+/// `whole` ms; `local_ms` is work the pipelined form adds after the last
+/// piece (a local reduction).
+fn estimates(whole: f64, bytes: f64, world: usize, local_ms: f64, d: &DeviceModel) -> Vec<Estimate> {
+    let pulls = world.saturating_sub(1) as f64;
+    let barriers = 2.0 * d.barrier_us / 1e3;
+    let comm = pulls * transfer_ms(bytes, d) + barriers;
+    let mut out = vec![Estimate {
         algorithm: Algorithm::Sequential,
         compute_ms: whole,
         comm_ms: comm,
         exposed_ms: comm,
         total_ms: whole + comm,
-    };
-    let mut out = vec![sequential];
-    if p.world > 1 {
-        // Own shard first, each peer's shard's pull hidden behind the
-        // previous piece; only the barriers stay exposed, unless a pull is
-        // slower than a piece.
-        let (split, piece) = split_ms(whole, p.world, d);
-        let per_pull = transfer_ms(shard_bytes, d);
-        let exposed = 2.0 * d.barrier_us / 1e3 + pulls * (per_pull - piece).max(0.0);
+    }];
+    if world > 1 {
+        // Each pull hides behind a matmul piece; only the barriers (and the
+        // local work) stay exposed, unless a pull is slower than a piece.
+        let (split, piece) = split_ms(whole, world, d);
+        let exposed = barriers + local_ms + pulls * (transfer_ms(bytes, d) - piece).max(0.0);
         out.push(Estimate {
             algorithm: Algorithm::Pipelined,
             compute_ms: split,
@@ -138,37 +136,20 @@ pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     out
 }
 
-/// Matmul of this rank's `m` rows, then reduce-scatter of the result.
+/// All-gather of A (`m` rows in all) then matmul: each rank pulls every
+/// peer's shard; pipelined, its own shard's piece runs first.
+pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
+    let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
+    estimates(matmul_ms(p, p.m, d), shard_bytes, p.world, 0.0, d)
+}
+
+/// Matmul of this rank's `m` rows, then reduce-scatter of the result: each
+/// rank pulls the chunk every peer computed for it; pipelined, the peers'
+/// chunks come first and the final reduction is local (HBM speed).
 pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
-    let whole = matmul_ms(p, p.m, d);
     let chunk_bytes = (p.m / p.world * p.n * p.elem_bytes) as f64;
-    let pulls = p.world.saturating_sub(1) as f64;
-    // The reduction reads every peer's chunk over the links and writes ours.
-    let comm = pulls * transfer_ms(chunk_bytes, d) + 2.0 * d.barrier_us / 1e3;
-    let sequential = Estimate {
-        algorithm: Algorithm::Sequential,
-        compute_ms: whole,
-        comm_ms: comm,
-        exposed_ms: comm,
-        total_ms: whole + comm,
-    };
-    let mut out = vec![sequential];
-    if p.world > 1 {
-        // Peers' chunks first, ours last: their pulls overlap our later
-        // pieces, and the final reduction is local (HBM speed).
-        let (split, piece) = split_ms(whole, p.world, d);
-        let local_reduce = (p.world as f64 + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
-        let per_pull = transfer_ms(chunk_bytes, d);
-        let exposed = 2.0 * d.barrier_us / 1e3 + local_reduce + (per_pull - piece).max(0.0);
-        out.push(Estimate {
-            algorithm: Algorithm::Pipelined,
-            compute_ms: split,
-            comm_ms: comm,
-            exposed_ms: exposed,
-            total_ms: split + exposed,
-        });
-    }
-    out
+    let local_reduce = (p.world as f64 + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
+    estimates(matmul_ms(p, p.m, d), chunk_bytes, p.world, local_reduce, d)
 }
 
 /// The algorithm to run: `SYMM_ALGO` (`sequential` or `pipelined`) when
