@@ -38,6 +38,7 @@ run env CUDA_MODULE_LOADING=EAGER /tmp/symm-bin/cuda_memory --world-size 2 --loc
 if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
     run python3 -m pytest -q python/tests/test_cuda.py -x
+    run python3 bench/gpu/ops_one_gpu.py --world 4
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
         run torchrun --nproc-per-node 2 bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
     fi
