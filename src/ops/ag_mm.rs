@@ -9,16 +9,16 @@
 //!
 //! Execution (see `AgMmPlan::execute`): every rank copies its shard,
 //! contiguous, into its workspace; after a barrier it pulls every peer's
-//! shard into its own workspace and copies each to its slice of `ag_out`. For gather_dim < last, shard r times
-//! B is slice r of each output, written directly when that slice is a
-//! matrix, else through f32 scratch. For the last dimension the products
-//! are summed in f32 scratch in rank order (so that every rank's outputs
-//! are bit-identical), then converted into the output.
+//! shard into its own workspace and copies each to its slice of `ag_out`.
+//! For gather_dim < last, shard r times B is slice r of each output, written
+//! directly when that slice is a matrix, else through scratch. For the last
+//! dimension the shards are laid side by side into one matrix and multiplied
+//! once over the whole K.
 
 use super::agree::Signature;
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Plan};
-use crate::array::{Array, DType};
+use crate::array::Array;
 use crate::backend::Stream;
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -107,15 +107,21 @@ impl AgMm {
 
         // Workspace: every rank's shard back to back (this rank's own at its
         // rank's place, the others pulled there), so that for gather_dim 0
-        // they form the gathered A; then f32 scratch for one product (shard
-        // rows x the widest N). From agreed shapes only.
+        // they form the gathered A; when gathering K, the gathered A laid
+        // out as one matrix; then scratch for one product in the output
+        // dtype (the gathered rows x the widest N). From agreed shapes only.
         let rows = a.numel() / a.shape[last];
         let max_n = self.bs.iter().map(|b| b.shape[1]).max().unwrap_or(0);
         let shard_bytes = check::mul(a.numel(), a.dtype.size(), "a_shard")?;
         let mut layout = Layout::default();
         let shards = layout.region(check::mul(shard_bytes, world, "the gathered a_shard")?);
+        let gathered_k = if dim == last {
+            Some(layout.region(check::mul(shard_bytes, world, "the gathered a_shard")?))
+        } else {
+            None
+        };
         let scratch =
-            layout.region(check::mul(check::mul(rows, max_n, "the product")?, DType::F32.size(), "the product")?);
+            layout.region(check::mul(check::mul(rows, max_n, "the product")?, a.dtype.size(), "the product")?);
         let problem = plan::Problem {
             m: rows * world,
             k: a.shape[last],
@@ -124,7 +130,7 @@ impl AgMm {
             elem_bytes: a.dtype.size(),
         };
         let algorithm = plan::choose(&plan::ag_mm(&problem, &plan::DeviceModel::HOPPER))?;
-        Ok(AgMmPlan { call: self, dim, shards, shard_bytes, scratch, algorithm, workspace: layout.bytes() })
+        Ok(AgMmPlan { call: self, dim, shards, shard_bytes, gathered_k, scratch, algorithm, workspace: layout.bytes() })
     }
 }
 
@@ -135,6 +141,8 @@ struct AgMmPlan {
     /// Workspace offsets: rank r's shard at `shards + r * shard_bytes`.
     shards: usize,
     shard_bytes: usize,
+    /// The gathered A as one `[rows, K * world]` matrix, when gathering K.
+    gathered_k: Option<usize>,
     scratch: usize,
     algorithm: plan::Algorithm,
     workspace: usize,
@@ -194,15 +202,18 @@ impl Plan for AgMmPlan {
                 ex.gemm(&m, &lhs, b, false)?;
             }
         }
-        if gathers_k {
+        if let Some(offset) = self.gathered_k {
+            // Lay the shards side by side (pitched copies), then one matmul
+            // over the whole K per B.
+            let mut shape = a.shape.clone();
+            shape[dim] *= world;
+            let gathered = Array::contiguous(ex.local(offset), a.dtype, &shape);
+            for r in 0..world {
+                ex.copy(&gathered.narrow(dim, r * len, len), &local_shard(r))?;
+            }
+            let lhs = gathered.as_matrix().expect("a contiguous array is a matrix");
             for (b, out) in bs.iter().zip(outs) {
-                let sum = self.f32_scratch(ex, &out.shape);
-                let sum_matrix = sum.as_matrix().expect("contiguous");
-                for r in 0..world {
-                    let lhs = local_shard(r).as_matrix().expect("a contiguous shard is a matrix");
-                    ex.gemm(&sum_matrix, &lhs, &b.narrow(0, r * len, len), r > 0)?;
-                }
-                ex.copy(out, &sum)?;
+                self.gemm_into(ex, out, &lhs, b)?;
             }
         }
         ex.join(side)
@@ -226,27 +237,30 @@ impl AgMmPlan {
     fn multiply_shard(&self, ex: &Exec<'_>, shard: &Array, r: usize, len: usize) -> Result<()> {
         let lhs = shard.as_matrix().expect("a contiguous shard is a matrix");
         for (b, out) in self.call.bs.iter().zip(&self.call.outs) {
-            let part = out.narrow(self.dim, r * len, len);
-            match part.as_matrix() {
-                Some(m) => ex.gemm(&m, &lhs, b, false)?,
-                None => {
-                    let product = self.f32_scratch(ex, &part.shape);
-                    ex.gemm(&product.as_matrix().expect("contiguous"), &lhs, b, false)?;
-                    ex.copy(&part, &product)?;
-                }
-            }
+            self.gemm_into(ex, &out.narrow(self.dim, r * len, len), &lhs, b)?;
         }
         Ok(())
     }
 
-    fn f32_scratch(&self, ex: &Exec<'_>, shape: &[usize]) -> Array {
-        Array::contiguous(ex.local(self.scratch), DType::F32, shape)
+    /// `dst = lhs @ b`: straight into `dst` when it is a matrix, else into
+    /// contiguous scratch of `dst`'s dtype and then copied (no conversion, so
+    /// every backend's plain strided copy serves).
+    fn gemm_into(&self, ex: &Exec<'_>, dst: &Array, lhs: &Array, b: &Array) -> Result<()> {
+        match dst.as_matrix() {
+            Some(m) => ex.gemm(&m, lhs, b, false),
+            None => {
+                let product = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);
+                ex.gemm(&product.as_matrix().expect("contiguous"), lhs, b, false)?;
+                ex.copy(dst, &product)
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::array::DType;
     use crate::ErrorKind;
 
     /// A call on fake, well-separated addresses (planning never reads them).
@@ -268,8 +282,9 @@ mod tests {
         // Leading dims: the gathered dim grows by the world size; K is kept.
         let p = call(&[2, 3, 4], 1, 4, &[5, 6], &[2, 9]).plan(3, "host").unwrap();
         assert_eq!(p.dim, 1);
-        // Workspace: three bf16 shards of 48 bytes, then f32 scratch of 6 rows x 6.
-        assert_eq!((p.shards, p.shard_bytes, p.scratch, p.workspace), (0, 48, 256, 256 + 6 * 6 * 4));
+        // Workspace: three bf16 shards of 48 bytes, then bf16 scratch of 6 rows x 6.
+        assert_eq!((p.shards, p.shard_bytes, p.gathered_k, p.scratch), (0, 48, None, 256));
+        assert_eq!(p.workspace, 256 + 6 * 6 * 2);
         // The last dim: K grows, so B has K * world rows and outputs keep the shard's rows.
         assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).plan(3, "host").is_ok());
         let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).plan(3, "host").unwrap_err();
