@@ -117,6 +117,14 @@ fn memory_in_process() {
     worlds_and_modes("test_memory.c", &[1, 2, 3, 4], &["local"]);
 }
 
+/// Tensor parallelism runs at 8 ranks per node: the host backend at world 8,
+/// as processes and in one process (the GPU runs at 8 need 8-GPU machines).
+#[test]
+fn world_8() {
+    worlds_and_modes("test_memory.c", &[8], &["uid", "local"]);
+    worlds_and_modes("test_ops.c", &[8], &["uid", "local"]);
+}
+
 #[test]
 fn missing_rank_is_named() {
     let exe = build("test_memory.c", "c11");
