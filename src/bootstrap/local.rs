@@ -334,27 +334,11 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bootstrap::allgather_var;
+    use crate::bootstrap::{allgather_var, on_ranks};
     use crate::error::ErrorKind;
     use std::thread;
 
     const T: Duration = Duration::from_secs(10);
-
-    /// Runs `f` on every rank of a local group, each on its own thread.
-    fn on_ranks<R: Send + 'static>(
-        bs: Vec<LocalBootstrap>,
-        f: impl Fn(&LocalBootstrap) -> R + Send + Sync + 'static,
-    ) -> Vec<R> {
-        let f = Arc::new(f);
-        let hs: Vec<_> = bs
-            .into_iter()
-            .map(|b| {
-                let f = f.clone();
-                thread::spawn(move || f(&b))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    }
 
     #[test]
     fn allgather_in_rank_order() {

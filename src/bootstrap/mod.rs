@@ -59,6 +59,24 @@ pub fn allgather_var(bs: &dyn Bootstrap, data: &[u8], timeout: Duration) -> Resu
     Ok(lens.iter().enumerate().map(|(r, &n)| all[r * max..r * max + n].to_vec()).collect())
 }
 
+/// Test helper: runs `f` on every rank's bootstrap, each on its own thread,
+/// and returns the results in rank order.
+#[cfg(test)]
+pub(crate) fn on_ranks<B: Bootstrap + 'static, R: Send + 'static>(
+    bs: Vec<B>,
+    f: impl Fn(&B) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let f = std::sync::Arc::new(f);
+    let hs: Vec<_> = bs
+        .into_iter()
+        .map(|b| {
+            let f = f.clone();
+            std::thread::spawn(move || f(&b))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// Formats a rank list for error messages: "rank 3" or "ranks [1, 3]".
 pub fn name_ranks(ranks: &[usize]) -> String {
     match ranks {

@@ -881,6 +881,7 @@ fn open_rounds(id: &UniqueId) -> usize {
 mod tests {
     use super::wire::*;
     use super::*;
+    use crate::bootstrap::on_ranks;
     use crate::error::ErrorKind;
     use std::io::{Read, Write};
 
@@ -889,22 +890,6 @@ mod tests {
 
     fn connect_all(id: &UniqueId, world: usize) -> Vec<TcpBootstrap> {
         (0..world).map(|r| TcpBootstrap::connect(id, r, world, T).unwrap()).collect()
-    }
-
-    /// Runs `f` on every client, each on its own thread.
-    fn on_ranks<R: Send + 'static>(
-        bs: Vec<TcpBootstrap>,
-        f: impl Fn(&TcpBootstrap) -> R + Send + Sync + 'static,
-    ) -> Vec<R> {
-        let f = Arc::new(f);
-        let hs: Vec<_> = bs
-            .into_iter()
-            .map(|b| {
-                let f = f.clone();
-                thread::spawn(move || f(&b))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
     }
 
     #[test]

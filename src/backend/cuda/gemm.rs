@@ -817,24 +817,7 @@ mod tests {
 
     // ---- on a GPU (pass vacuously without one) ----
 
-    use crate::backend::cuda::gpu_testing::{capture_and_replay, gpu, time_ms, values, DevBuf, Gpu};
-    use half::{bf16, f16};
-
-    fn encode(dtype: GemmDtype, v: &[f32]) -> Vec<u8> {
-        match dtype {
-            GemmDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            GemmDtype::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
-            GemmDtype::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
-        }
-    }
-
-    fn decode(dtype: GemmDtype, b: &[u8]) -> Vec<f32> {
-        match dtype {
-            GemmDtype::F32 => b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-            GemmDtype::BF16 => b.chunks(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
-            GemmDtype::F16 => b.chunks(2).map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
-        }
-    }
+    use crate::backend::cuda::gpu_testing::{capture_and_replay, decode, encode, gpu, time_ms, values, DevBuf, Gpu};
 
     /// Device buffers and the host reference for one problem.
     struct Case {

@@ -5,9 +5,11 @@
 //! (`cargo test --release --lib backend::cuda`).
 
 use super::driver::{self, check};
+use super::gemm::GemmDtype;
 use super::module::{self, Kernels};
 use crate::backend::Stream;
 use cudarc::driver::{sys, CudaContext};
+use half::{bf16, f16};
 use std::sync::Arc;
 
 pub struct Gpu {
@@ -165,4 +167,22 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
+}
+
+/// `v` as little-endian bytes of `dtype`.
+pub fn encode(dtype: GemmDtype, v: &[f32]) -> Vec<u8> {
+    match dtype {
+        GemmDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        GemmDtype::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
+        GemmDtype::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+    }
+}
+
+/// Little-endian bytes of `dtype` as f32 values.
+pub fn decode(dtype: GemmDtype, b: &[u8]) -> Vec<f32> {
+    match dtype {
+        GemmDtype::F32 => b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+        GemmDtype::BF16 => b.chunks(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+        GemmDtype::F16 => b.chunks(2).map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+    }
 }

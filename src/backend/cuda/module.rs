@@ -4,11 +4,12 @@
 
 use super::driver::{cuda_err, describe};
 use super::kernels;
+use crate::backend::Stream;
 use crate::error::{err, Result};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 use std::collections::BTreeMap;
-use std::ffi::{c_int, CString};
+use std::ffi::{c_int, c_void, CString};
 use std::sync::{Arc, Mutex};
 
 /// The entry points of one device's module.
@@ -35,6 +36,35 @@ pub struct Kernels {
 // SAFETY: CUfunction handles are usable from any thread of the process.
 unsafe impl Send for Kernels {}
 unsafe impl Sync for Kernels {}
+
+/// Kernel parameter: the address of an argument value.
+pub fn arg<T>(v: &mut T) -> *mut c_void {
+    (v as *mut T).cast()
+}
+
+impl Kernels {
+    /// Launches `f` on `stream` with this device's context current (the
+    /// caller's thread may have another device's current). `what` names the
+    /// kernel in errors.
+    ///
+    /// # Safety
+    /// `params` must match `f`'s parameters (see kernels/) and stay valid
+    /// until this returns.
+    pub unsafe fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: (u32, u32, u32),
+        stream: Stream,
+        params: &mut [*mut c_void],
+        what: &str,
+    ) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| cuda_err(e, "making the context current"))?;
+        // SAFETY: the caller's contract.
+        unsafe { result::launch_kernel(f.cu_function(), (grid, 1, 1), block, 0, stream.0 as sys::CUstream, params) }
+            .map_err(|e| cuda_err(e, &format!("launching {what}")))
+    }
+}
 
 /// The kernels for `ctx`'s device, loaded on first use.
 pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {

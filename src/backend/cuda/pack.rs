@@ -13,11 +13,10 @@
 //! anything else is copied element by element.
 
 use super::driver::{check, cuda_err};
-use super::module::Kernels;
-use super::reduce::arg;
+use super::module::{arg, Kernels};
 use crate::backend::Stream;
 use crate::error::{err, Result};
-use cudarc::driver::{result, sys};
+use cudarc::driver::sys;
 use std::ffi::c_void;
 
 /// Threads per block (`SYMM_PACK_THREADS`).
@@ -360,40 +359,20 @@ fn run(
             let grid = tile_grid(desc, kernels.sm_count, max_blocks);
             let (mut src, mut dst, mut desc) = (src, dst, *desc);
             let mut params: [*mut c_void; 3] = [arg(&mut src), arg(&mut dst), arg(&mut desc)];
-            kernels.ctx.bind_to_thread().map_err(|e| cuda_err(e, "making the context current"))?;
             // SAFETY: the parameters match symm_pack_tiled_*'s signature
             // (TileDesc mirrors symm_tile_desc) and live until the launch returns.
             return unsafe {
-                result::launch_kernel(
-                    f.cu_function(),
-                    (grid, 1, 1),
-                    (TILE_DIM, TILE_ROWS, 1),
-                    0,
-                    stream.0 as sys::CUstream,
-                    &mut params,
-                )
-            }
-            .map_err(|e| cuda_err(e, "launching the transpose kernel"));
+                kernels.launch(f, grid, (TILE_DIM, TILE_ROWS, 1), stream, &mut params, "the transpose kernel")
+            };
         }
     };
     let grid = pack_grid(desc, kernels.sm_count, max_blocks);
     let (mut src, mut dst, mut desc) = (src, dst, *desc);
     let mut scatter: i32 = (dir == Direction::Unpack).into();
     let mut params: [*mut c_void; 4] = [arg(&mut src), arg(&mut dst), arg(&mut desc), arg(&mut scatter)];
-    kernels.ctx.bind_to_thread().map_err(|e| cuda_err(e, "making the context current"))?;
     // SAFETY: the parameters match symm_pack_*'s signature (kernels/pack.cu;
     // PackDesc mirrors symm_pack_desc) and live until the launch returns.
-    unsafe {
-        result::launch_kernel(
-            f.cu_function(),
-            (grid, 1, 1),
-            (PACK_THREADS, 1, 1),
-            0,
-            stream.0 as sys::CUstream,
-            &mut params,
-        )
-    }
-    .map_err(|e| cuda_err(e, "launching the pack kernel"))
+    unsafe { kernels.launch(f, grid, (PACK_THREADS, 1, 1), stream, &mut params, "the pack kernel") }
 }
 
 #[cfg(test)]

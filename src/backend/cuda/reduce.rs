@@ -9,12 +9,10 @@
 //! The grid is sized by the SM count, and can be capped so the reduction
 //! runs beside a GEMM on a few SMs.
 
-use super::driver::cuda_err;
 use super::gemm::GemmDtype;
-use super::module::Kernels;
+use super::module::{arg, Kernels};
 use crate::backend::Stream;
 use crate::error::{err, Result};
-use cudarc::driver::{result, sys};
 use std::ffi::c_void;
 
 /// Element types of the reduction (the matmul's).
@@ -156,26 +154,10 @@ pub fn reduce_with(kernels: &Kernels, p: &ReduceParams, stream: Stream) -> Resul
         arg(&mut n),
         arg(&mut scale),
     ];
-    kernels.ctx.bind_to_thread().map_err(|e| cuda_err(e, "making the context current"))?;
     // SAFETY: the parameters match symm_reduce_*'s signature (kernels/reduce.cu)
     // and live until the launch returns; pointers were checked above and the
     // caller guarantees they address n elements on this device.
-    unsafe {
-        result::launch_kernel(
-            f.cu_function(),
-            (grid, 1, 1),
-            (REDUCE_THREADS, 1, 1),
-            0,
-            stream.0 as sys::CUstream,
-            &mut params,
-        )
-    }
-    .map_err(|e| cuda_err(e, "launching the reduction kernel"))
-}
-
-/// Kernel parameter: the address of an argument value.
-pub(super) fn arg<T>(v: &mut T) -> *mut c_void {
-    (v as *mut T).cast()
+    unsafe { kernels.launch(f, grid, (REDUCE_THREADS, 1, 1), stream, &mut params, "the reduction kernel") }
 }
 
 #[cfg(test)]
@@ -237,24 +219,7 @@ mod tests {
 
     // ---- on a GPU (pass vacuously without one) ----
 
-    use crate::backend::cuda::gpu_testing::{gpu, time_ms, values, DevBuf, Gpu};
-    use half::{bf16, f16};
-
-    fn encode(dtype: GemmDtype, v: &[f32]) -> Vec<u8> {
-        match dtype {
-            GemmDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            GemmDtype::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
-            GemmDtype::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
-        }
-    }
-
-    fn decode(dtype: GemmDtype, b: &[u8]) -> Vec<f32> {
-        match dtype {
-            GemmDtype::F32 => b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-            GemmDtype::BF16 => b.chunks(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
-            GemmDtype::F16 => b.chunks(2).map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
-        }
-    }
+    use crate::backend::cuda::gpu_testing::{decode, encode, gpu, time_ms, values, DevBuf, Gpu};
 
     #[derive(Clone, Copy, Debug, PartialEq)]
     enum Mode {

@@ -5,10 +5,10 @@
 
 use super::async_error::AsyncError;
 use super::driver::check;
-use super::module::Kernels;
+use super::module::{arg, Kernels};
 use crate::backend::{PadSet, Signals, Stream, SIGNAL_CHANNELS};
 use crate::error::{err, Result};
-use cudarc::driver::{result, sys, CudaContext, CudaFunction};
+use cudarc::driver::{sys, CudaContext, CudaFunction};
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,14 +56,9 @@ impl CudaSignals {
     fn launch(&self, f: &CudaFunction, block: u32, stream: Stream, params: &mut [*mut c_void]) -> Result<()> {
         // A wait may already have failed: report it instead of queueing more.
         self.errors.check()?;
-        // The caller's thread may have another device current.
-        self.ctx.bind_to_thread().map_err(|e| super::driver::cuda_err(e, "making the context current"))?;
         // SAFETY: the parameters match the kernel's signature (kernels/signal.cu)
         // and live until the launch returns.
-        let r = unsafe {
-            result::launch_kernel(f.cu_function(), (1, 1, 1), (block, 1, 1), 0, stream.0 as sys::CUstream, params)
-        };
-        r.map_err(|e| super::driver::cuda_err(e, "launching a signal kernel"))
+        unsafe { self.kernels.launch(f, 1, (block, 1, 1), stream, params, "a signal kernel") }
     }
 }
 
@@ -81,8 +76,15 @@ impl CudaSignals {
         let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
         let (mut peer, mut channel, mut t, mut e) =
             (peer as i32, channel as i32, nanos(timeout), self.errors.device_ptr());
-        let mut params =
-            [p(&mut pads), p(&mut rank), p(&mut world), p(&mut peer), p(&mut channel), p(&mut t), p(&mut e)];
+        let mut params = [
+            arg(&mut pads),
+            arg(&mut rank),
+            arg(&mut world),
+            arg(&mut peer),
+            arg(&mut channel),
+            arg(&mut t),
+            arg(&mut e),
+        ];
         self.launch(f, 1, stream, &mut params)
     }
 }
@@ -96,11 +98,6 @@ fn check_channel(channel: usize) -> Result<()> {
 
 fn nanos(t: Duration) -> u64 {
     u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1)
-}
-
-/// Kernel parameter: the address of an argument value.
-fn p<T>(v: &mut T) -> *mut c_void {
-    (v as *mut T).cast()
 }
 
 impl Signals for CudaSignals {
@@ -120,7 +117,7 @@ impl Signals for CudaSignals {
         let block = (self.world as u32).div_ceil(32) * 32;
         let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
         let (mut channel, mut t, mut e) = (channel as i32, nanos(timeout), self.errors.device_ptr());
-        let mut params = [p(&mut pads), p(&mut rank), p(&mut world), p(&mut channel), p(&mut t), p(&mut e)];
+        let mut params = [arg(&mut pads), arg(&mut rank), arg(&mut world), arg(&mut channel), arg(&mut t), arg(&mut e)];
         self.launch(&self.kernels.barrier, block, stream, &mut params)
     }
 
@@ -139,7 +136,7 @@ impl Signals for CudaSignals {
     fn wait_value(&self, addr: u64, value: u32, owner: usize, stream: Stream, timeout: Duration) -> Result<()> {
         let (mut flag, mut value, mut rank, mut owner) = (addr, value, self.rank as i32, owner as i32);
         let (mut t, mut e) = (nanos(timeout), self.errors.device_ptr());
-        let mut params = [p(&mut flag), p(&mut value), p(&mut rank), p(&mut owner), p(&mut t), p(&mut e)];
+        let mut params = [arg(&mut flag), arg(&mut value), arg(&mut rank), arg(&mut owner), arg(&mut t), arg(&mut e)];
         self.launch(&self.kernels.wait_value, 1, stream, &mut params)
     }
 }
