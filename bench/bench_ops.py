@@ -3,6 +3,9 @@
 Launch on the GPU machine with one process per GPU:
     torchrun --nproc-per-node 2 bench/bench_ops.py --out DIR [--quick]
 
+At more than 2 ranks the shapes are divided as tensor parallelism does
+(`tp_shapes`).
+
 For every shape it times, with CUDA events (median of --iters after
 --warmup, maximum over ranks): symm's op; PyTorch's fused symmetric-memory op;
 NCCL then cuBLAS; the matmul alone and the communication alone (the floor is
@@ -205,6 +208,15 @@ def table(records):
             print(f"{op:<14}4 GEMMs: {t}")
 
 
+def tp_shapes(shapes, world, sharded):
+    """The anchor shapes are for 2 GPUs. Tensor parallelism over more ranks
+    divides the sharded dimension (N of the column-parallel ag_mm, K of the
+    row-parallel mm_rs; index 2 or 1 of M x K x N) by the world size."""
+    if world <= 2:
+        return shapes
+    return [tuple(d // world if i == sharded else d for i, d in enumerate(s)) for s in shapes]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -221,9 +233,11 @@ def main():
     g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
     only = args.only.split(",")
     if "ag_mm" in only:
-        bench_ag_mm(b, g, AG_MM_SHAPES[-1:] if args.quick else AG_MM_SHAPES)
+        shapes = tp_shapes(AG_MM_SHAPES, b.world, sharded=2)
+        bench_ag_mm(b, g, shapes[-1:] if args.quick else shapes)
     if "mm_rs" in only:
-        bench_mm_rs(b, g, MM_RS_SHAPES[-1:] if args.quick else MM_RS_SHAPES)
+        shapes = tp_shapes(MM_RS_SHAPES, b.world, sharded=1)
+        bench_mm_rs(b, g, shapes[-1:] if args.quick else shapes)
     if "lc_allgather" in only:
         bench_lc_allgather(b, g, LC_SIZES_MB[:2] if args.quick else LC_SIZES_MB)
     if "contention" in only and not args.quick:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (nvidia-h200-x2) from the repository root, with
+# Runs on the GPU machine (nvidia-h200-x2, or -x4 for world 4) from the repository root, with
 # bundle/ carried: builds the GPU test programs with the machine's nvcc
 # against bundle/libsymm.so, runs them, and writes the log and the results
 # JSON (bench/results format) into $OUT.
@@ -26,11 +26,17 @@ build() { # build NAME SOURCE
 
 ngpu=$(nvidia-smi -L | wc -l)
 build cuda_memory ffi-tests/gpu/cuda_memory.cu || fail=1
-if [ "$ngpu" -ge 2 ]; then
+if [ "$ngpu" -ge 4 ]; then
+    run /tmp/symm-bin/cuda_memory --world-size 4 --bench
+    run /tmp/symm-bin/cuda_memory --world-size 4 --local
+    run /tmp/symm-bin/cuda_memory --world-size 2 --bench
+elif [ "$ngpu" -ge 2 ]; then
     run /tmp/symm-bin/cuda_memory --world-size 2 --bench
     run /tmp/symm-bin/cuda_memory --world-size 2 --local
+    run /tmp/symm-bin/cuda_memory --world-size 4 --shared-device
+else
+    run /tmp/symm-bin/cuda_memory --world-size 4 --shared-device
 fi
-run /tmp/symm-bin/cuda_memory --world-size 4 --shared-device
 # Two ranks sharing one context: lazy module loading would synchronize the
 # device at a kernel's first launch while the other rank spins in a signal.
 run env CUDA_MODULE_LOADING=EAGER /tmp/symm-bin/cuda_memory --world-size 2 --local --shared-device
@@ -38,9 +44,15 @@ run env CUDA_MODULE_LOADING=EAGER /tmp/symm-bin/cuda_memory --world-size 2 --loc
 if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
     run python3 -m pytest -q python/tests/test_cuda.py -x
-    run python3 bench/gpu/ops_one_gpu.py --world 4
+    if [ "$ngpu" -ge 4 ]; then
+        run python3 bench/gpu/ops_check.py --world 4 --gpus 4
+        [ "$ngpu" -ge 8 ] && run python3 bench/gpu/ops_check.py --world 8 --gpus 8
+    else
+        run python3 bench/gpu/ops_check.py --world 4 --gpus 1
+    fi
+    # World = every GPU of the machine (2, 4 or 8), or SYMM_BENCH_WORLD.
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
-        run torchrun --nproc-per-node 2 bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
+        run torchrun --nproc-per-node "${SYMM_BENCH_WORLD:-$ngpu}" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
     fi
 fi
 

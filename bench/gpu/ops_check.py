@@ -1,7 +1,10 @@
-"""The three operations at world 4 on ONE GPU: four processes share device 0
-(correctness only: contexts time-slice, so nothing here is timed).
+"""The three operations at world N, one process per rank, against float64
+references (correctness only: nothing here is timed).
 
-    python3 bench/gpu/ops_one_gpu.py [--world 4]
+    python3 bench/gpu/ops_check.py [--world 4] [--gpus 1]
+
+With --gpus 1 (the default) every rank shares device 0, so world 4 runs on a
+one-GPU machine (contexts time-slice); with --gpus G rank r uses device r % G.
 
 Every rank builds every rank's inputs from one seed, so each checks its own
 outputs against a float64 reference on the CPU; outputs are poisoned (NaN)
@@ -27,10 +30,11 @@ def rel(got, ref):
     return ((got.double().cpu() - ref).norm() / ref.norm()).item()
 
 
-def rank_main(rank, world, uid):
-    torch.cuda.set_device(0)
-    g = symm.Group.from_unique_id(uid, world, rank, device=0, backend="cuda", timeout_ms=120000,
-                                  allow_shared_device=True)
+def rank_main(rank, world, gpus, uid):
+    device = rank % gpus
+    torch.cuda.set_device(device)
+    g = symm.Group.from_unique_id(uid, world, rank, device=device, backend="cuda", timeout_ms=120000,
+                                  allow_shared_device=gpus < world)
     failures = []
     for dtype in TOL:
         for dim in (0, 1):
@@ -67,16 +71,18 @@ def rank_main(rank, world, uid):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--world", type=int, default=4)
+    p.add_argument("--gpus", type=int, default=1, help="rank r runs on device r %% gpus")
     args = p.parse_args()
     if "SYMM_TEST_RANK" in os.environ:
-        sys.exit(rank_main(int(os.environ["SYMM_TEST_RANK"]), args.world, bytes.fromhex(os.environ["SYMM_TEST_UID"])))
+        rank = int(os.environ["SYMM_TEST_RANK"])
+        sys.exit(rank_main(rank, args.world, args.gpus, bytes.fromhex(os.environ["SYMM_TEST_UID"])))
     uid = symm.get_unique_id()
     env = dict(os.environ, SYMM_TEST_UID=uid.hex())
-    procs = [subprocess.Popen([sys.executable, __file__, "--world", str(args.world)],
+    procs = [subprocess.Popen([sys.executable, __file__, "--world", str(args.world), "--gpus", str(args.gpus)],
                               env=dict(env, SYMM_TEST_RANK=str(r))) for r in range(args.world)]
     codes = [p.wait(timeout=600) for p in procs]
     ok = all(c == 0 for c in codes)
-    print(f"{'PASS' if ok else 'FAIL'} ops_one_gpu world={args.world} (fused_ag_mm, mm_rs, lc_allgather; f32/bf16/f16)")
+    print(f"{'PASS' if ok else 'FAIL'} ops_check world={args.world} gpus={args.gpus} (fused_ag_mm, mm_rs, lc_allgather; f32/bf16/f16)")
     sys.exit(0 if ok else 1)
 
 
