@@ -29,59 +29,16 @@
 // tail) it uses scalar accesses. Pointers must be aligned to their element
 // size. Sources and destinations must not overlap, except acc_out == acc_in.
 #include "common.cuh"
+#include "dtype.cuh"
 
 #define SYMM_REDUCE_THREADS 256
 #define SYMM_REDUCE_MAX_WORLD 128
 // Blocks per SM the launcher aims for (caps registers at 64 per thread).
 #define SYMM_REDUCE_MIN_BLOCKS 4
 
-// Element type codes (match GemmDtype's order on the Rust side).
-#define SYMM_DT_F32 0
-#define SYMM_DT_BF16 1
-#define SYMM_DT_F16 2
-
 struct alignas(16) symm_vec16 {
     uint32_t w[4];
 };
-
-// ---------------------------------------------------------------------------
-// Conversions (no toolkit headers: bit manipulation and PTX cvt, sm_80+).
-// ---------------------------------------------------------------------------
-static __device__ __forceinline__ float symm_bf16_bits_to_f32(uint32_t h) {
-    return __uint_as_float(h << 16);
-}
-
-static __device__ __forceinline__ float symm_f16_bits_to_f32(uint32_t h) {
-    float f;
-    unsigned short s = (unsigned short)h;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
-    return f;
-}
-
-static __device__ __forceinline__ unsigned short symm_f32_to_bf16_bits(float f) {
-    unsigned short s;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(s) : "f"(f));
-    return s;
-}
-
-static __device__ __forceinline__ unsigned short symm_f32_to_f16_bits(float f) {
-    unsigned short s;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s) : "f"(f));
-    return s;
-}
-
-// Two f32 -> one 32-bit word holding {hi: cvt(hi), lo: cvt(lo)}.
-static __device__ __forceinline__ uint32_t symm_pack_bf16x2(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-static __device__ __forceinline__ uint32_t symm_pack_f16x2(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 // Per-type traits: element size, elements per 16-byte vector, and scalar /
 // vector loads and stores in f32.

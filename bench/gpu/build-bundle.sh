@@ -9,6 +9,16 @@ bash .ci/install-nvcc.sh >/dev/null
 SYMM_REQUIRE_NVCC=1 cargo build --release
 mkdir -p bundle
 cp target/release/libsymm.so bundle/
+# The library's unit tests, whose GPU parts (gpu_* tests) run on the device.
+tests=$(SYMM_REQUIRE_NVCC=1 cargo test --release --lib --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "rlib" in m["target"]["kind"]:
+        print(m["executable"])' | tail -1)
+cp "$tests" bundle/symm-lib-tests
+# Debug info would push the bundle past what the device tool carries (64 MiB).
+strip --strip-debug bundle/libsymm.so bundle/symm-lib-tests
 git rev-parse --short HEAD > bundle/commit
 if [ -n "$(git status --porcelain -- src kernels build.rs Cargo.toml)" ]; then echo "-dirty" >> bundle/commit; fi
 echo "bundle/: $(du -sh bundle/libsymm.so | cut -f1) libsymm.so, commit $(tr -d '\n' < bundle/commit)"

@@ -22,6 +22,8 @@ struct Record {
 
 const TIMEOUT: u32 = 1;
 const INVALID_ARG: u32 = 2;
+/// `SYMM_GEMM_CHANNEL`: the waits of kernels/gemm_sm90.cu.
+const GEMM_CHANNEL: i32 = -2;
 
 pub struct AsyncError {
     host: *mut Record,
@@ -78,6 +80,7 @@ impl AsyncError {
         // SAFETY: published == 1 (acquire) orders the reads of the fields.
         let r = unsafe { std::ptr::read_volatile(self.host) };
         let what = match r.kind {
+            _ if r.channel == GEMM_CHANNEL => format!("the fused matmul waiting for rank {}", r.peer),
             1 => {
                 format!("put_signal to rank {} on channel {}: the previous signal was not consumed", r.peer, r.channel)
             }

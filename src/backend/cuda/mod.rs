@@ -14,6 +14,7 @@ mod module;
 pub mod pack;
 pub mod reduce;
 mod signals;
+pub mod sm90_gemm;
 mod streams;
 mod vmm;
 

@@ -27,6 +27,9 @@ pub struct Kernels {
     pub pack_strided: [CudaFunction; 4],
     /// `symm_pack_tiled_e{1,2,4,8}`, indexed by log2 of the element size (pack.rs).
     pub pack_tiled: [CudaFunction; 4],
+    /// symm's own Hopper matmul (kernels/gemm_sm90.cu), when this device
+    /// runs its sm_90a code.
+    pub gemm_sm90: Option<super::sm90_gemm::Sm90Kernels>,
     /// The device's multiprocessor count, for sizing grids.
     pub sm_count: u32,
     /// The context the module lives in (made current before launches).
@@ -96,6 +99,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
             let n = kernels::names::PACK_TILED;
             [f(n[0])?, f(n[1])?, f(n[2])?, f(n[3])?]
         },
+        gemm_sm90: super::sm90_gemm::Sm90Kernels::load(&module, ctx.ordinal() as i32)?,
         sm_count: super::driver::attribute(
             ctx.ordinal() as i32,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,

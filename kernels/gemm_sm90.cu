@@ -1,0 +1,477 @@
+// One persistent matmul for Hopper (sm_90a) whose tiles can wait for their
+// rows to arrive (all-gather + matmul) or push their results to the rank
+// that reduces them (matmul + reduce-scatter).
+//
+//   C[m, n] = A[m, k] * B[n, k]^T      A row-major, B "K-major" (a Linear
+//                                      weight [n, k], i.e. B = W.t()), f32
+//                                      accumulation, C of any SYMM_DT_*.
+//
+// Structure (as CUTLASS's warp-specialized persistent kernels):
+//   * 3 warpgroups per CTA, one CTA per SM: warpgroup 0 is the producer (one
+//     thread issues TMA loads of A and B k-blocks into a STAGES-deep
+//     shared-memory ring, each stage completed on an mbarrier); warpgroups 1
+//     and 2 are consumers, each multiplying 64 rows of the 128-row tile with
+//     wgmma (B and A straight from shared memory, 128-byte swizzle) and
+//     handing the stage back on an "empty" mbarrier.
+//   * Tiles are walked in a fixed order by every CTA (tile = blockIdx.x +
+//     i * gridDim.x), grouped along M for L2 reuse. The rows of A are split
+//     into `chunks` equal row chunks (one per rank in the fused operations)
+//     visited in `order`; a tile never straddles two chunks.
+//   * Edges: TMA fills out-of-range rows/columns/k with zeros, the epilogue
+//     masks rows past the chunk and columns past n. K must give 16-byte row
+//     strides (k % 8 == 0 for 16-bit types), which the host checks.
+//
+// Fused all-gather (ready != NULL): before loading A for a tile of chunk c,
+// the producer waits (acquire, system scope, bounded by the timeout) until
+// ready[c] != 0; the copy engine that pulled the chunk wrote that flag
+// after the data. The local chunk is read from its own tensor map (the
+// caller's shard, no copy).
+//
+// Fused reduce-scatter (rs != 0): chunk c of the rows is rank c's output.
+// Tiles of a peer's chunk are written (in C's dtype) into that peer's inbox
+// slot for this rank, then flagged with a release store into the peer's
+// tile flags; the tiles of this rank's own chunk come last in `order`, and
+// their epilogue waits for every peer's flag of the same tile, adds the
+// peers' partial tiles to its accumulators and writes the output. Flags are
+// consumed (1 -> 0) by the reader, so nothing needs resetting between calls
+// (or graph replays).
+#include "common.cuh"
+#include "dtype.cuh"
+#include "wgmma.cuh"
+
+#define SYMM_GEMM_MAX_CHUNKS 16
+#define SYMM_GEMM_BM 128
+#define SYMM_GEMM_BK 64
+#define SYMM_GEMM_THREADS 384
+// Tiles of a group of this many row-tiles are visited column by column, so
+// concurrently running tiles share A rows and B columns in L2.
+#define SYMM_GEMM_GROUP_M 8
+// Signal channel named in timeout errors of the fused matmul's waits.
+#define SYMM_GEMM_CHANNEL (-2)
+
+// A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
+struct alignas(64) symm_tmap {
+    uint64_t opaque[16];
+};
+
+// Mirrored by `GemmParams` in src/backend/cuda/sm90_gemm.rs (#[repr(C)]).
+struct symm_gemm_params {
+    int32_t m, n, k;
+    int32_t out_dtype;     // SYMM_DT_*
+    uint64_t c;            // C (plain) or this rank's output chunk (rs)
+    int64_t ldc;           // elements
+    int32_t chunks;        // row chunks of A (1 for a plain matmul)
+    int32_t chunk_rows;    // rows per chunk (the last one may be shorter)
+    int32_t order[SYMM_GEMM_MAX_CHUNKS];  // chunk visited at position i
+    int32_t local_chunk;   // chunk read through tm_a_local (-1: none)
+    int32_t rs;            // 1: reduce-scatter epilogue
+    const uint32_t* ready; // all-gather arrival flags per chunk (NULL: none)
+    int32_t rank, world;
+    uint64_t inbox[SYMM_GEMM_MAX_CHUNKS];       // rs: rank d's inbox, [world][chunk_rows][n] of C's dtype
+    uint64_t tile_flags[SYMM_GEMM_MAX_CHUNKS];  // rs: rank d's flags, [world][tiles per chunk] u32
+    float alpha;           // scales the product (1/world for an average)
+    int32_t pad_;
+    uint64_t timeout_ns;
+    symm_async_error* err;
+};
+
+// Which SASS the driver loaded: 1 when this module has the sm_90a kernels.
+extern "C" __global__ void symm_gemm_sm90_probe(int32_t* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// ---------------------------------------------------------------------------
+// mbarriers, TMA and wgmma plumbing (PTX).
+// ---------------------------------------------------------------------------
+static __device__ __forceinline__ uint32_t symm_smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void symm_mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(symm_smem_addr(bar)), "r"(count));
+}
+
+static __device__ __forceinline__ void symm_mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(symm_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void symm_mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(symm_smem_addr(bar)) : "memory");
+}
+
+static __device__ __forceinline__ void symm_mbar_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n}\n" ::"r"(symm_smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// 2-D tile load: box at (x = element along the contiguous dim, y = row).
+static __device__ __forceinline__ void symm_tma_load(void* dst, const symm_tmap* map, int32_t x, int32_t y,
+                                                     uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];" ::"r"(symm_smem_addr(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(symm_smem_addr(bar))
+        : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile with 128-byte rows and
+// the 128-byte swizzle TMA wrote: stride between 8-row groups 1024 bytes.
+static __device__ __forceinline__ uint64_t symm_smem_desc(const void* p) {
+    const uint64_t addr = symm_smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+static __device__ __forceinline__ void symm_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void symm_wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+static __device__ __forceinline__ void symm_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// The two consumer warpgroups (256 threads) meet here; named barrier 1
+// leaves barrier 0 (__syncthreads) to the whole CTA.
+static __device__ __forceinline__ void symm_consumers_sync() {
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+}
+
+// One wgmma of the tile's 64-row slice: 64 x BN x 16.
+template <int IN_DT, int BN>
+static __device__ __forceinline__ void symm_wgmma(float (&d)[BN / 2], uint64_t da, uint64_t db, int acc) {
+    if constexpr (IN_DT == SYMM_DT_BF16 && BN == 256) symm_wgmma_bf16_n256(d, da, db, acc);
+    if constexpr (IN_DT == SYMM_DT_BF16 && BN == 128) symm_wgmma_bf16_n128(d, da, db, acc);
+    if constexpr (IN_DT == SYMM_DT_F16 && BN == 256) symm_wgmma_f16_n256(d, da, db, acc);
+    if constexpr (IN_DT == SYMM_DT_F16 && BN == 128) symm_wgmma_f16_n128(d, da, db, acc);
+}
+
+// ---------------------------------------------------------------------------
+// Tile order.
+// ---------------------------------------------------------------------------
+struct symm_tile {
+    int32_t chunk;     // row chunk (rank) the tile belongs to
+    int32_t index;     // tile index within its chunk (for rs flags)
+    int32_t row0;      // first row in A / C coordinates
+    int32_t row_end;   // one past the last valid row (chunk end or m)
+    int32_t col0;
+};
+
+struct symm_tiling {
+    int32_t tiles_m;    // row tiles per chunk
+    int32_t tiles_n;
+    int32_t per_chunk;  // tiles_m * tiles_n
+    int32_t total;
+
+    __device__ symm_tiling(const symm_gemm_params& p, int bn) {
+        tiles_m = (p.chunk_rows + SYMM_GEMM_BM - 1) / SYMM_GEMM_BM;
+        tiles_n = (p.n + bn - 1) / bn;
+        per_chunk = tiles_m * tiles_n;
+        total = per_chunk * p.chunks;
+    }
+
+    __device__ symm_tile at(const symm_gemm_params& p, int bn, int t) const {
+        symm_tile tile;
+        tile.chunk = p.order[t / per_chunk];
+        tile.index = t % per_chunk;
+        const int group = SYMM_GEMM_GROUP_M * tiles_n;
+        const int first_m = (tile.index / group) * SYMM_GEMM_GROUP_M;
+        const int group_m = min(tiles_m - first_m, SYMM_GEMM_GROUP_M);
+        const int in_group = tile.index % group;
+        const int tm = first_m + in_group % group_m;
+        const int tn = in_group / group_m;
+        const int chunk_row0 = tile.chunk * p.chunk_rows;
+        tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
+        tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
+        tile.col0 = tn * bn;
+        return tile;
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Epilogue: accumulator fragment layout of wgmma m64nNk16 (f32): thread t
+// of the warpgroup holds, for each 8-column block j, rows
+// 16 * (t / 32) + (t % 32) / 4 (+ 8) and columns 8 * j + 2 * (t % 4) (+ 1):
+// d[4j + 0..1] on the first row, d[4j + 2..3] on the row 8 below.
+// ---------------------------------------------------------------------------
+template <int DT>
+static __device__ __forceinline__ void symm_store2(uint64_t base, int64_t idx, float x, float y, bool both,
+                                                   bool vec) {
+    if constexpr (DT == SYMM_DT_F32) {
+        float* p = (float*)base + idx;
+        if (both && vec) {
+            *(float2*)p = make_float2(x, y);
+        } else {
+            p[0] = x;
+            if (both) p[1] = y;
+        }
+    } else {
+        unsigned short* p = (unsigned short*)base + idx;
+        if (both && vec) {
+            *(uint32_t*)p = DT == SYMM_DT_BF16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y);
+        } else {
+            p[0] = DT == SYMM_DT_BF16 ? symm_f32_to_bf16_bits(x) : symm_f32_to_f16_bits(x);
+            if (both) p[1] = DT == SYMM_DT_BF16 ? symm_f32_to_bf16_bits(y) : symm_f32_to_f16_bits(y);
+        }
+    }
+}
+
+// Adds two elements at `idx` of `base` (a peer's partial tile, written over
+// NVLink) to x, y; read through L2 only, never a stale L1 line.
+template <int DT>
+static __device__ __forceinline__ void symm_load2_add(uint64_t base, int64_t idx, float& x, float& y, bool both) {
+    if constexpr (DT == SYMM_DT_F32) {
+        const float* p = (const float*)base + idx;
+        x += __ldcg(p);
+        if (both) y += __ldcg(p + 1);
+    } else {
+        const unsigned short* p = (const unsigned short*)base + idx;
+        const uint32_t a = __ldcg(p), b = both ? __ldcg(p + 1) : 0u;
+        x += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(a) : symm_f16_bits_to_f32(a);
+        if (both) y += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(b) : symm_f16_bits_to_f32(b);
+    }
+}
+
+// Writes (rows tile.row0 + slice .. tile.row_end, columns col0 .. n) of the
+// accumulators into `base` + (row - row_base) * ld + col, after adding the
+// partial tiles at `adds[0..nadds)` (same layout) and scaling by alpha.
+template <int DT, int BN>
+static __device__ __forceinline__ void symm_epilogue(const float (&d)[BN / 2], const symm_tile& tile, int n,
+                                                     int slice_row0, uint64_t base, int64_t row_base, int64_t ld,
+                                                     const uint64_t* adds, int nadds, float alpha) {
+    const int t = threadIdx.x % 128;
+    const int r0 = tile.row0 + slice_row0 + 16 * (t / 32) + (t % 32) / 4;
+    const bool vec = (ld % 2 == 0) && (base % (DT == SYMM_DT_F32 ? 8 : 4) == 0);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        const int col = tile.col0 + 8 * j + 2 * (t % 4);
+        if (col >= n) continue;
+        const bool both = col + 1 < n;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = r0 + 8 * h;
+            if (row >= tile.row_end) continue;
+            float x = d[4 * j + 2 * h] * alpha, y = d[4 * j + 2 * h + 1] * alpha;
+            const int64_t idx = (int64_t)(row - row_base) * ld + col;
+            for (int s = 0; s < nadds; s++) symm_load2_add<DT>(adds[s], idx, x, y, both);
+            symm_store2<DT>(base, idx, x, y, both, vec);
+        }
+    }
+}
+
+// Waits until *flag != 0 (acquire, system scope), or times out (recorded in
+// err, returns false): a missing peer never hangs the kernel.
+static __device__ bool symm_wait_nonzero(const uint32_t* flag, const symm_gemm_params& p, int peer) {
+    uint64_t timeout = p.timeout_ns ? p.timeout_ns : SYMM_DEFAULT_TIMEOUT_NS;
+    if (symm_ld_acquire_sys(flag) != 0) return true;
+    const uint64_t start = symm_globaltimer_ns();
+    uint64_t next_err_poll = start;
+    for (;;) {
+        __nanosleep(64);
+        if (symm_ld_acquire_sys(flag) != 0) return true;
+        const uint64_t now = symm_globaltimer_ns();
+        if (now - start >= timeout) {
+            symm_record_error(p.err, SYMM_ASYNC_TIMEOUT, p.rank, peer, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_VALUE,
+                              now - start);
+            return false;
+        }
+        if (now >= next_err_poll) {
+            if (symm_error_pending(p.err)) return false;
+            next_err_poll = now + SYMM_ERR_POLL_NS;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The kernel.
+// ---------------------------------------------------------------------------
+template <int BN>
+struct symm_gemm_cfg {
+    static constexpr int STAGES = BN == 256 ? 4 : 6;
+    static constexpr int A_BYTES = SYMM_GEMM_BM * SYMM_GEMM_BK * 2;
+    static constexpr int B_BYTES = BN * SYMM_GEMM_BK * 2;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    // Ring, then 2 * STAGES mbarriers; +1024 to align the ring for the swizzle.
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
+};
+
+template <int IN_DT, int BN>
+static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, const symm_tmap* tm_a_local,
+                                                      const symm_tmap* tm_b, const symm_gemm_params& p) {
+    using Cfg = symm_gemm_cfg<BN>;
+    constexpr int STAGES = Cfg::STAGES;
+    extern __shared__ __align__(1024) unsigned char symm_gemm_smem[];
+    unsigned char* ring = (unsigned char*)(((uintptr_t)symm_gemm_smem + 1023) & ~(uintptr_t)1023);
+    uint64_t* full = (uint64_t*)(ring + STAGES * Cfg::STAGE_BYTES);
+    uint64_t* empty = full + STAGES;
+    auto stage_a = [&](int s) { return ring + s * Cfg::STAGE_BYTES; };
+    auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
+
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            symm_mbar_init(&full[s], 1);
+            symm_mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+
+    const symm_tiling tiling(p, BN);
+    const int kblocks = (p.k + SYMM_GEMM_BK - 1) / SYMM_GEMM_BK;
+
+    if (wg == 0) {
+        // Producer: one thread issues every load; the others only donate
+        // their registers to the consumers.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x != 0) return;
+        int stage = 0;
+        uint32_t phase = 0;
+        int arrived = -1;  // last chunk seen ready (tiles come chunk by chunk)
+        for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+            const symm_tile tile = tiling.at(p, BN, t);
+            const bool local = tile.chunk == p.local_chunk;
+            if (p.ready != nullptr && !local && tile.chunk != arrived) {
+                symm_wait_nonzero(&p.ready[tile.chunk], p, tile.chunk);
+                // The rows were written by a copy engine; order our (async
+                // proxy) TMA reads after the flag.
+                asm volatile("fence.proxy.async.global;" ::: "memory");
+                arrived = tile.chunk;
+            }
+            const symm_tmap* map_a = local ? tm_a_local : tm_a;
+            const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
+            for (int kb = 0; kb < kblocks; kb++) {
+                symm_mbar_wait(&empty[stage], phase ^ 1);
+                symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
+                symm_tma_load(stage_a(stage), map_a, kb * SYMM_GEMM_BK, a_row, &full[stage]);
+                symm_tma_load(stage_b(stage), tm_b, kb * SYMM_GEMM_BK, tile.col0, &full[stage]);
+                if (++stage == STAGES) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    // Consumers: warpgroup 1 takes rows 0-63 of each tile, warpgroup 2 rows 64-127.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int slice = (wg - 1) * 64;
+    const int t128 = threadIdx.x % 128;
+    float d[BN / 2];
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, BN, t);
+        int prev = -1;
+        for (int kb = 0; kb < kblocks; kb++) {
+            symm_mbar_wait(&full[stage], phase);
+            symm_wgmma_fence();
+            const unsigned char* a = stage_a(stage) + slice * SYMM_GEMM_BK * 2;
+            const unsigned char* b = stage_b(stage);
+#pragma unroll
+            for (int kk = 0; kk < SYMM_GEMM_BK / 16; kk++) {
+                // 16 elements of k = 32 bytes along the swizzled 128-byte row.
+                symm_wgmma<IN_DT, BN>(d, symm_smem_desc(a + 32 * kk), symm_smem_desc(b + 32 * kk),
+                                      (kb | kk) != 0);
+            }
+            symm_wgmma_commit();
+            // Keep one k-block of wgmma in flight; the one before it is done
+            // reading its stage, which goes back to the producer.
+            symm_wgmma_wait<1>();
+            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+            prev = stage;
+            if (++stage == STAGES) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+        symm_wgmma_wait<0>();
+        if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+
+        const int dt = p.out_dtype;
+        if (!p.rs) {
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(d, tile, p.n, slice, p.c, 0, p.ldc, nullptr, 0, p.alpha)
+            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+            else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
+            continue;
+        }
+        const int64_t chunk_row0 = (int64_t)tile.chunk * p.chunk_rows;
+        const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
+        const int elem = dt == SYMM_DT_F32 ? 4 : 2;
+        if (tile.chunk != p.rank) {
+            // A peer's rows: into its inbox slot for this rank, then its flag.
+            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(d, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
+            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+            else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
+            symm_consumers_sync();
+            if (threadIdx.x == 128) {
+                uint32_t* flag = (uint32_t*)p.tile_flags[tile.chunk] + (int64_t)p.rank * tiling.per_chunk + tile.index;
+                __threadfence_system();
+                symm_spin_cas(flag, 0u, 1u, true, p.timeout_ns, p.err, p.rank, tile.chunk, SYMM_GEMM_CHANNEL,
+                              SYMM_SIGNAL_KIND_PUT);
+            }
+        } else {
+            // Our own rows: wait for every peer's partial tile, then sum.
+            if (threadIdx.x == 128) {
+                uint32_t* flags = (uint32_t*)p.tile_flags[p.rank];
+                for (int src = 0; src < p.world; src++) {
+                    if (src == p.rank) continue;
+                    symm_spin_cas(flags + (int64_t)src * tiling.per_chunk + tile.index, 1u, 0u, false, p.timeout_ns,
+                                  p.err, p.rank, src, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_WAIT);
+                }
+            }
+            symm_consumers_sync();
+            uint64_t adds[SYMM_GEMM_MAX_CHUNKS];
+            int nadds = 0;
+            for (int src = 0; src < p.world; src++) {
+                if (src != p.rank) adds[nadds++] = p.inbox[p.rank] + (uint64_t)(src * slot_elems * elem);
+            }
+            // Peers' partials were scaled by alpha already; ours is scaled in
+            // the epilogue before the adds.
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(d, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
+            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+            else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
+        }
+    }
+}
+
+#define SYMM_GEMM_ENTRY(NAME, IN_DT, BN)                                                                    \
+    extern "C" __global__ void __launch_bounds__(SYMM_GEMM_THREADS, 1)                                      \
+        NAME(const __grid_constant__ symm_tmap tm_a, const __grid_constant__ symm_tmap tm_a_local,          \
+             const __grid_constant__ symm_tmap tm_b, const __grid_constant__ symm_gemm_params p) {          \
+        symm_gemm_sm90<IN_DT, BN>(&tm_a, &tm_a_local, &tm_b, p);                                            \
+    }
+
+#else  // not sm_90a: the entry points exist (so the module loads) but do nothing; the host
+       // only launches them after symm_gemm_sm90_probe reported the sm_90a code.
+#define SYMM_GEMM_ENTRY(NAME, IN_DT, BN)                                                                    \
+    extern "C" __global__ void NAME(const __grid_constant__ symm_tmap tm_a,                                 \
+                                    const __grid_constant__ symm_tmap tm_a_local,                           \
+                                    const __grid_constant__ symm_tmap tm_b,                                 \
+                                    const __grid_constant__ symm_gemm_params p) {}
+#endif
+
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, 128)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, 128)

@@ -1,0 +1,818 @@
+//! Host side of `kernels/gemm_sm90.cu`: symm's own persistent Hopper matmul,
+//! whose tiles can wait for all-gathered rows or push reduce-scatter
+//! partials (see the kernel's header comment for the design).
+//!
+//! Available only on compute capability 9.0 devices whose loaded module
+//! holds the sm_90a code (checked once by launching a probe kernel), with
+//! the driver's tensor-map encoder. Operands: A row-major `[m, k]`, B
+//! K-major (stored `[n, k]`, a Linear weight), C row-major `[m, n]`; A and B
+//! bf16 or f16 with 16-byte aligned base addresses and row strides (TMA's
+//! rules); C f32 or the input type. [`Sm90Matmul::check`] says why a
+//! problem does not qualify, and callers then use cuBLASLt.
+
+use super::driver::{self, check};
+use super::gemm::GemmDtype;
+use crate::backend::Stream;
+use crate::error::{err, Result};
+use cudarc::driver::{sys, CudaFunction, CudaModule};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Most row chunks (ranks) a fused call may have (`SYMM_GEMM_MAX_CHUNKS`).
+pub const MAX_CHUNKS: usize = 16;
+/// Rows of a tile (`SYMM_GEMM_BM`) and its k-block (`SYMM_GEMM_BK`).
+pub const BM: usize = 128;
+const BK: usize = 64;
+const THREADS: u32 = 384;
+
+/// Driver entry points beyond the backend's base set.
+const SYMBOLS: &[&str] = &["cuTensorMapEncodeTiled", "cuFuncSetAttribute"];
+
+/// Mirror of `struct symm_gemm_params`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Params {
+    m: i32,
+    n: i32,
+    k: i32,
+    out_dtype: i32,
+    c: u64,
+    ldc: i64,
+    chunks: i32,
+    chunk_rows: i32,
+    order: [i32; MAX_CHUNKS],
+    local_chunk: i32,
+    rs: i32,
+    ready: u64,
+    rank: i32,
+    world: i32,
+    inbox: [u64; MAX_CHUNKS],
+    tile_flags: [u64; MAX_CHUNKS],
+    alpha: f32,
+    pad: i32,
+    timeout_ns: u64,
+    err: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Params>() == 408);
+
+/// A `CUtensorMap` (128 bytes, 64-byte aligned).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TensorMap([u64; 16]);
+
+/// Tile widths the kernels come in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileN {
+    N128,
+    N256,
+}
+
+impl TileN {
+    pub const fn cols(self) -> usize {
+        match self {
+            TileN::N128 => 128,
+            TileN::N256 => 256,
+        }
+    }
+
+    const fn stages(self) -> usize {
+        match self {
+            TileN::N128 => 6,
+            TileN::N256 => 4,
+        }
+    }
+
+    /// Dynamic shared memory of the kernel (`symm_gemm_cfg::SMEM_BYTES`).
+    const fn smem_bytes(self) -> usize {
+        let stage = (BM + self.cols()) * BK * 2;
+        self.stages() * stage + 2 * self.stages() * 8 + 1024
+    }
+}
+
+/// The loaded kernels of one device: `[bf16, f16][N128, N256]`.
+pub struct Sm90Kernels {
+    functions: [[CudaFunction; 2]; 2],
+}
+
+impl Sm90Kernels {
+    /// The kernels when `module` can run them on this device, else `None`
+    /// (another architecture, a driver without the tensor-map encoder, or a
+    /// module the driver loaded from non-sm_90a code).
+    pub fn load(module: &Arc<CudaModule>, ordinal: i32) -> Result<Option<Self>> {
+        use sys::CUdevice_attribute::*;
+        let major = driver::attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = driver::attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        if (major, minor) != (9, 0) || !driver_has_symbols() {
+            return Ok(None);
+        }
+        let f =
+            |name: &str| module.load_function(name).map_err(|e| driver::cuda_err(e, &format!("loading kernel {name}")));
+        if !probe(&f("symm_gemm_sm90_probe")?)? {
+            return Ok(None);
+        }
+        let functions = [
+            [f("symm_gemm_sm90_bf16_n128")?, f("symm_gemm_sm90_bf16_n256")?],
+            [f("symm_gemm_sm90_f16_n128")?, f("symm_gemm_sm90_f16_n256")?],
+        ];
+        for (i, tile) in [TileN::N128, TileN::N256].into_iter().enumerate() {
+            for row in &functions {
+                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                // SAFETY: a loaded function; symbols checked.
+                check(
+                    unsafe { sys::cuFuncSetAttribute(row[i].cu_function(), attr, tile.smem_bytes() as i32) },
+                    "cuFuncSetAttribute",
+                )?;
+            }
+        }
+        Ok(Some(Sm90Kernels { functions }))
+    }
+
+    fn function(&self, dtype: GemmDtype, tile: TileN) -> &CudaFunction {
+        let row = if dtype == GemmDtype::F16 { 1 } else { 0 };
+        &self.functions[row][tile as usize]
+    }
+}
+
+fn driver_has_symbols() -> bool {
+    // SAFETY: the driver was checked present by the backend before any module loads.
+    let lib = unsafe { sys::culib() };
+    // SAFETY (in the closure): looking a symbol up has no side effects.
+    driver::missing_symbols(SYMBOLS, |n| unsafe { lib.get::<unsafe extern "C" fn()>(n) }.is_ok()).is_empty()
+}
+
+/// Runs `symm_gemm_sm90_probe` on a private stream: true when the driver
+/// loaded the sm_90a code. Writes into mapped host memory and synchronizes
+/// only that stream, so ranks sharing the device are never waited for.
+fn probe(f: &CudaFunction) -> Result<bool> {
+    let mut host = std::ptr::null_mut();
+    // SAFETY: out-pointer valid; flags are driver constants.
+    check(unsafe { sys::cuMemHostAlloc(&mut host, 4, sys::CU_MEMHOSTALLOC_DEVICEMAP) }, "cuMemHostAlloc")?;
+    let result = (|| {
+        // SAFETY: 4 bytes just allocated.
+        unsafe { (host as *mut i32).write_volatile(-1) };
+        let mut dev = 0u64;
+        // SAFETY: mapped host memory.
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }, "cuMemHostGetDevicePointer")?;
+        let mut stream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: out-pointer valid.
+        check(unsafe { sys::cuStreamCreate(&mut stream, flags) }, "cuStreamCreate")?;
+        let mut params = [(&mut dev as *mut u64).cast::<c_void>()];
+        // SAFETY: the probe takes one pointer; `dev` outlives the launch.
+        let launched = check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f.cu_function(),
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "launching symm_gemm_sm90_probe",
+        )
+        .and_then(|()| check(unsafe { sys::cuStreamSynchronize(stream) }, "cuStreamSynchronize"));
+        // SAFETY: created above.
+        unsafe { sys::cuStreamDestroy_v2(stream) };
+        launched?;
+        // SAFETY: the stream finished; the kernel wrote 0 or 1.
+        Ok(unsafe { (host as *const i32).read_volatile() } == 1)
+    })();
+    // SAFETY: allocated above, no longer used by the device.
+    unsafe { sys::cuMemFreeHost(host) };
+    result
+}
+
+/// A row-major (2-D) operand as stored: `rows x cols` elements, `ld`
+/// elements between rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand {
+    pub ptr: u64,
+    pub rows: usize,
+    pub ld: usize,
+}
+
+/// How the fused all-gather feeds the matmul: A's rows arrive chunk by
+/// chunk, each announced by a nonzero u32 at `ready + 4 * chunk`; this
+/// rank's own chunk is read in place from `local`.
+#[derive(Clone, Copy, Debug)]
+pub struct Gather {
+    pub ready: u64,
+    pub local_chunk: usize,
+    pub local: Operand,
+}
+
+/// The fused reduce-scatter epilogue: chunk `d` of the product's rows is
+/// rank `d`'s output. `inbox[d]` / `tile_flags[d]` are rank `d`'s buffers as
+/// mapped here (sizes from [`Sm90Matmul::inbox_bytes`] and
+/// [`Sm90Matmul::flag_bytes`]); C is this rank's output chunk.
+#[derive(Clone, Debug)]
+pub struct Scatter {
+    pub rank: usize,
+    pub inbox: Vec<u64>,
+    pub tile_flags: Vec<u64>,
+}
+
+/// One launch: `C[m, n] = alpha * A[m, k] @ B[n, k]^T`, A's rows in
+/// `chunks` equal chunks of `chunk_rows` visited in `order`.
+#[derive(Clone, Debug)]
+pub struct Sm90Matmul {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Operand,
+    pub b: Operand,
+    pub c: Operand,
+    pub dtype: GemmDtype,
+    pub out_dtype: GemmDtype,
+    pub alpha: f32,
+    pub chunk_rows: usize,
+    pub order: Vec<usize>,
+    pub gather: Option<Gather>,
+    pub scatter: Option<Scatter>,
+    pub tile: TileN,
+    /// CTAs to launch at most (default: one per SM); fewer leave SMs free.
+    pub max_ctas: Option<u32>,
+    pub timeout_ns: u64,
+    /// Device pointer of the group's `symm_async_error` record.
+    pub err: u64,
+}
+
+impl Sm90Matmul {
+    /// A plain matmul of `a.rows x k` by `b.rows x k` (one chunk), the tile
+    /// width chosen for the shape.
+    pub fn plain(a: Operand, b: Operand, c: Operand, k: usize, dtype: GemmDtype, err: u64) -> Self {
+        let (m, n) = (a.rows, b.rows);
+        Sm90Matmul {
+            m,
+            n,
+            k,
+            a,
+            b,
+            c,
+            dtype,
+            out_dtype: dtype,
+            alpha: 1.0,
+            chunk_rows: m,
+            order: vec![0],
+            gather: None,
+            scatter: None,
+            tile: choose_tile(m, n, 1, 132),
+            max_ctas: None,
+            timeout_ns: 0,
+            err,
+        }
+    }
+
+    pub fn chunks(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Tiles in one chunk (the rs flags per source rank).
+    pub fn tiles_per_chunk(&self) -> usize {
+        self.chunk_rows.div_ceil(BM) * self.n.div_ceil(self.tile.cols())
+    }
+
+    /// Bytes of one rank's rs inbox: a slot of `chunk_rows x n` per rank.
+    pub fn inbox_bytes(&self) -> usize {
+        self.chunks() * self.chunk_rows * self.n * self.out_dtype.size()
+    }
+
+    /// Bytes of one rank's rs tile flags: `tiles_per_chunk` u32 per rank.
+    pub fn flag_bytes(&self) -> usize {
+        self.chunks() * self.tiles_per_chunk() * 4
+    }
+
+    /// `Err(Unsupported)` naming the first reason the kernel cannot run
+    /// this problem.
+    pub fn check(&self) -> Result<()> {
+        let el = self.dtype.size();
+        let no = |why: String| Err(err!(Unsupported, "symm's sm90 matmul: {why}"));
+        if !matches!(self.dtype, GemmDtype::BF16 | GemmDtype::F16) {
+            return no(format!("inputs must be bf16 or f16, not {:?}", self.dtype));
+        }
+        if self.out_dtype != self.dtype && self.out_dtype != GemmDtype::F32 {
+            return no(format!("output must be {:?} or f32, not {:?}", self.dtype, self.out_dtype));
+        }
+        if self.m == 0 || self.n == 0 || self.k == 0 {
+            return no("empty problem".into());
+        }
+        if self.m > i32::MAX as usize || self.n > i32::MAX as usize || self.k > i32::MAX as usize {
+            return no("dimensions past 2^31".into());
+        }
+        let chunks = self.chunks();
+        if chunks == 0 || chunks > MAX_CHUNKS || self.chunk_rows == 0 || self.chunk_rows * chunks < self.m {
+            return no(format!("{chunks} chunks of {} rows do not cover {} rows", self.chunk_rows, self.m));
+        }
+        let mut seen = [false; MAX_CHUNKS];
+        for &c in &self.order {
+            if c >= chunks || std::mem::replace(&mut seen[c], true) {
+                return no(format!("order {:?} is not a permutation", self.order));
+            }
+        }
+        let tma_ok = |o: &Operand| o.ptr % 16 == 0 && (o.ld * el) % 16 == 0 && o.ld >= self.k;
+        if !tma_ok(&self.a) || !tma_ok(&self.b) {
+            return no("A and B need 16-byte aligned addresses and row strides (k a multiple of 8)".into());
+        }
+        if let Some(g) = &self.gather {
+            if !tma_ok(&g.local) || g.local_chunk >= chunks || g.ready == 0 || g.ready % 4 != 0 {
+                return no("the gathered chunk's operand or flags are misaligned".into());
+            }
+        }
+        if let Some(s) = &self.scatter {
+            if s.rank >= chunks || s.inbox.len() != chunks || s.tile_flags.len() != chunks {
+                return no("reduce-scatter needs one inbox and flag area per rank".into());
+            }
+            if self.order.last() != Some(&s.rank) {
+                return no("reduce-scatter must visit this rank's own chunk last".into());
+            }
+        }
+        if self.c.ld < self.n {
+            return no("C's row stride is shorter than n".into());
+        }
+        Ok(())
+    }
+
+    /// Enqueues the matmul on `stream`. `sm_count` is the device's.
+    pub fn launch(&self, kernels: &Sm90Kernels, sm_count: u32, stream: Stream) -> Result<()> {
+        self.check()?;
+        let box_rows_b = self.tile.cols();
+        let tm_a = encode(self.dtype, &self.a, self.k, BM)?;
+        let tm_a_local = match &self.gather {
+            Some(g) => encode(self.dtype, &g.local, self.k, BM)?,
+            None => tm_a,
+        };
+        let tm_b = encode(self.dtype, &self.b, self.k, box_rows_b)?;
+        let mut p = self.params();
+        let total = self.tiles_per_chunk() * self.chunks();
+        let grid = (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
+        let (mut a, mut al, mut b) = (tm_a, tm_a_local, tm_b);
+        let mut args = [
+            (&mut a as *mut TensorMap).cast::<c_void>(),
+            (&mut al as *mut TensorMap).cast(),
+            (&mut b as *mut TensorMap).cast(),
+            (&mut p as *mut Params).cast(),
+        ];
+        let f = kernels.function(self.dtype, self.tile);
+        // SAFETY: the arguments match the kernel's four parameters and live
+        // until the call returns (the driver copies them).
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f.cu_function(),
+                    grid,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    self.tile.smem_bytes() as u32,
+                    stream.0 as sys::CUstream,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "launching symm's sm90 matmul",
+        )
+    }
+
+    fn params(&self) -> Params {
+        let mut order = [0i32; MAX_CHUNKS];
+        for (o, &c) in order.iter_mut().zip(&self.order) {
+            *o = c as i32;
+        }
+        let (mut inbox, mut tile_flags) = ([0u64; MAX_CHUNKS], [0u64; MAX_CHUNKS]);
+        let (mut rank, mut world, mut rs) = (0, self.chunks() as i32, 0);
+        if let Some(s) = &self.scatter {
+            inbox[..s.inbox.len()].copy_from_slice(&s.inbox);
+            tile_flags[..s.tile_flags.len()].copy_from_slice(&s.tile_flags);
+            (rank, rs) = (s.rank as i32, 1);
+        }
+        if let Some(g) = &self.gather {
+            rank = g.local_chunk as i32;
+        }
+        world = world.max(1);
+        Params {
+            m: self.m as i32,
+            n: self.n as i32,
+            k: self.k as i32,
+            out_dtype: self.out_dtype as i32,
+            c: self.c.ptr,
+            ldc: self.c.ld as i64,
+            chunks: self.chunks() as i32,
+            chunk_rows: self.chunk_rows as i32,
+            order,
+            local_chunk: self.gather.as_ref().map_or(-1, |g| g.local_chunk as i32),
+            rs,
+            ready: self.gather.as_ref().map_or(0, |g| g.ready),
+            rank,
+            world,
+            inbox,
+            tile_flags,
+            alpha: self.alpha,
+            pad: 0,
+            timeout_ns: self.timeout_ns,
+            err: self.err,
+        }
+    }
+}
+
+/// The tile width for an `m x n` problem split into `chunks` row chunks on
+/// `sms` multiprocessors: the one with fewer predicted tile-waves, where a
+/// 128-wide tile costs about half a 256-wide one plus its fixed overhead.
+pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN {
+    let cost = |t: TileN, rel: f64| {
+        let tiles = m_chunk.div_ceil(BM) * n.div_ceil(t.cols()) * chunks;
+        tiles.div_ceil(sms.max(1)) as f64 * rel
+    };
+    // Relative time of one tile: N128 does half the work but runs its
+    // tensor cores a little less efficiently (smaller wgmma, same loads of A).
+    if cost(TileN::N128, 0.56) < cost(TileN::N256, 1.0) {
+        TileN::N128
+    } else {
+        TileN::N256
+    }
+}
+
+/// A 2-D tensor map over `o` (`o.rows` rows of `k` elements) with boxes of
+/// `box_rows x 64` elements, 128-byte swizzle, zeros outside.
+fn encode(dtype: GemmDtype, o: &Operand, k: usize, box_rows: usize) -> Result<TensorMap> {
+    let el = dtype.size();
+    let data_type = match dtype {
+        GemmDtype::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let dims = [k as u64, o.rows as u64];
+    let strides = [(o.ld * el) as u64];
+    let boxes = [BK as u32, box_rows as u32];
+    let elem_strides = [1u32, 1];
+    let mut map = TensorMap([0; 16]);
+    // SAFETY: every array has the rank's length (strides: rank - 1); the
+    // map is 128 bytes, 64-byte aligned.
+    check(
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                (&mut map as *mut TensorMap).cast(),
+                data_type,
+                2,
+                o.ptr as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                elem_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        },
+        "cuTensorMapEncodeTiled",
+    )?;
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_layout_matches_the_kernel() {
+        // Offsets of struct symm_gemm_params (kernels/gemm_sm90.cu).
+        let p = std::mem::MaybeUninit::<Params>::uninit();
+        let base = p.as_ptr() as usize;
+        // SAFETY: only field addresses are taken.
+        let off = |f: *const u8| f as usize - base;
+        unsafe {
+            let q = p.as_ptr();
+            assert_eq!(off(std::ptr::addr_of!((*q).c).cast()), 16);
+            assert_eq!(off(std::ptr::addr_of!((*q).order).cast()), 40);
+            assert_eq!(off(std::ptr::addr_of!((*q).ready).cast()), 112);
+            assert_eq!(off(std::ptr::addr_of!((*q).inbox).cast()), 128);
+            assert_eq!(off(std::ptr::addr_of!((*q).alpha).cast()), 384);
+            assert_eq!(off(std::ptr::addr_of!((*q).err).cast()), 400);
+        }
+    }
+
+    #[test]
+    fn smem_fits_hopper() {
+        for t in [TileN::N128, TileN::N256] {
+            assert!(t.smem_bytes() <= 227 * 1024, "{t:?}: {}", t.smem_bytes());
+        }
+    }
+
+    #[test]
+    fn tile_choice_avoids_wave_tails() {
+        // 16384 x 8192: 128 x 32 = 4096 N256 tiles, 31.03 waves vs 62.06 at N128.
+        assert_eq!(choose_tile(16384, 8192, 1, 132), TileN::N256);
+        // 512 x 14336 (one chunk): N256 needs 224 tiles = 2 waves, N128 448 = 4 waves x 0.56.
+        assert_eq!(choose_tile(512, 14336, 1, 132), TileN::N256);
+        // 128 x 3584 in 4 chunks: N256 56 tiles = 1 wave, N128 112 = 1 wave at 0.56.
+        assert_eq!(choose_tile(128, 3584, 4, 132), TileN::N128);
+    }
+
+    #[test]
+    fn check_rejects_what_the_kernel_cannot_run() {
+        let op = |ptr, rows, ld| Operand { ptr, rows, ld };
+        let good =
+            Sm90Matmul::plain(op(0x1000, 256, 64), op(0x2000, 256, 64), op(0x3000, 256, 256), 64, GemmDtype::BF16, 0);
+        good.check().unwrap();
+        let mut bad = good.clone();
+        bad.a.ld = 60; // not 16-byte rows, and < k
+        assert!(bad.check().is_err());
+        let mut bad = good.clone();
+        bad.a.ptr += 2;
+        assert!(bad.check().is_err());
+        let mut bad = good.clone();
+        bad.dtype = GemmDtype::F32;
+        assert!(bad.check().is_err());
+        let mut bad = good.clone();
+        bad.order = vec![0, 0];
+        bad.chunk_rows = 128;
+        assert!(bad.check().unwrap_err().msg.contains("permutation"));
+        let mut bad = good.clone();
+        bad.out_dtype = GemmDtype::F16;
+        assert!(bad.check().is_err());
+    }
+
+    // ---- on a GPU (pass vacuously without one, or on a non-Hopper GPU) ----
+
+    use super::super::gemm::{Gemm, MatmulParams};
+    use crate::backend::cuda::async_error::AsyncError;
+    use crate::backend::cuda::gpu_testing::{decode, encode as enc, gpu, time_ms, values, DevBuf, Gpu};
+
+    fn hopper(g: &Gpu) -> Option<&Sm90Kernels> {
+        let k = g.kernels.gemm_sm90.as_ref();
+        if k.is_none() {
+            eprintln!("no sm_90a kernels on this device: sm90 matmul tests skipped");
+        }
+        k
+    }
+
+    struct Problem {
+        n: usize,
+        k: usize,
+        a: Vec<f32>,
+        b: Vec<f32>,
+        bufs: Vec<DevBuf>,
+    }
+
+    /// Random A [m, k] and B [n, k] (rounded to `dt`), on the device.
+    fn problem(g: &Gpu, m: usize, n: usize, k: usize, dt: GemmDtype, seed: u64) -> Problem {
+        let q = |v: Vec<f32>| decode(dt, &enc(dt, &v));
+        let a = q(values(m * k, seed));
+        let b = q(values(n * k, seed + 1));
+        let bufs = vec![g.upload(&enc(dt, &a)), g.upload(&enc(dt, &b))];
+        Problem { n, k, a, b, bufs }
+    }
+
+    impl Problem {
+        fn reference(&self, rows: std::ops::Range<usize>) -> Vec<f64> {
+            let mut out = Vec::with_capacity(rows.len() * self.n);
+            for i in rows {
+                for j in 0..self.n {
+                    let (ra, rb) = (&self.a[i * self.k..][..self.k], &self.b[j * self.k..][..self.k]);
+                    out.push(ra.iter().zip(rb).map(|(x, y)| *x as f64 * *y as f64).sum());
+                }
+            }
+            out
+        }
+    }
+
+    /// ‖got − want‖ / ‖want‖, and every element written (no NaN poison left).
+    fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+        assert_eq!(got.len(), want.len());
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(want) {
+            assert!(g.is_finite(), "an output element was not written (or is not finite): {g}");
+            num += (*g as f64 - w).powi(2);
+            den += w * w;
+        }
+        (num / den).sqrt()
+    }
+
+    fn poisoned(g: &Gpu, elems: usize, dt: GemmDtype) -> DevBuf {
+        g.upload(&enc(dt, &vec![f32::NAN; elems]))
+    }
+
+    #[test]
+    fn gpu_sm90_matmul_matches_reference_on_any_shape() {
+        let Some(g) = gpu() else { return };
+        let Some(kern) = hopper(&g) else { return };
+        let errors = AsyncError::new().unwrap();
+        use GemmDtype::*;
+        let shapes = [(128, 256, 64), (1, 8, 8), (300, 200, 72), (129, 257, 136), (640, 384, 1000), (77, 1000, 512)];
+        for (m, n, k) in shapes {
+            for (dt, ot) in [(BF16, BF16), (BF16, F32), (F16, F16), (F16, F32)] {
+                for tile in [TileN::N128, TileN::N256] {
+                    let p = problem(&g, m, n, k, dt, (m * n + k) as u64);
+                    let c = poisoned(&g, m * n, ot);
+                    let mut mm = Sm90Matmul::plain(
+                        Operand { ptr: p.bufs[0].ptr, rows: m, ld: k },
+                        Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
+                        Operand { ptr: c.ptr, rows: m, ld: n },
+                        k,
+                        dt,
+                        errors.device_ptr(),
+                    );
+                    (mm.out_dtype, mm.tile) = (ot, tile);
+                    mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+                    g.sync();
+                    let e = rel_err(&decode(ot, &c.read_bytes()), &p.reference(0..m));
+                    let tol = if ot == F32 { 1e-5 } else { 8e-3 };
+                    assert!(e < tol, "{m}x{n}x{k} {dt:?}->{ot:?} {tile:?}: relative error {e}");
+                }
+            }
+        }
+        errors.check().unwrap();
+    }
+
+    /// Times the sm90 kernel against cuBLASLt on the same operands (the
+    /// benchmark's shapes), printing one JSON line per shape; fails if the
+    /// results differ.
+    #[test]
+    fn gpu_sm90_matmul_against_cublaslt() {
+        let Some(g) = gpu() else { return };
+        let Some(kern) = hopper(&g) else { return };
+        let errors = AsyncError::new().unwrap();
+        let lt = Gemm::new(&g.ctx).unwrap();
+        let shapes = [
+            (16384, 8192, 8192),
+            (8192, 14336, 8192),
+            (2048, 14336, 8192),
+            (512, 14336, 8192),
+            (16384, 8192, 4096),
+            (8192, 8192, 14336),
+            (2048, 8192, 14336),
+            (512, 8192, 14336),
+        ];
+        let dt = GemmDtype::BF16;
+        for (m, n, k) in shapes {
+            let a = g.upload(&enc(dt, &values(m * k, 1)));
+            let b = g.upload(&enc(dt, &values(n * k, 2)));
+            let (c1, c2) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
+            let mm = Sm90Matmul::plain(
+                Operand { ptr: a.ptr, rows: m, ld: k },
+                Operand { ptr: b.ptr, rows: n, ld: k },
+                Operand { ptr: c1.ptr, rows: m, ld: n },
+                k,
+                dt,
+                errors.device_ptr(),
+            );
+            let mut lp = MatmulParams::new(m, n, k, a.ptr, b.ptr, c2.ptr, dt);
+            (lp.b_trans, lp.ldb) = (true, k);
+            let ours = time_ms(&g, 3, 20, || mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap());
+            let theirs = time_ms(&g, 3, 20, || lt.matmul(&lp, g.stream()).unwrap());
+            let ours2 = time_ms(&g, 3, 20, || mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap());
+            g.sync();
+            let (x, y) = (decode(dt, &c1.read_bytes()), decode(dt, &c2.read_bytes()));
+            let want: Vec<f64> = y.iter().map(|v| *v as f64).collect();
+            let e = rel_err(&x, &want);
+            let tflops = |ms: f32| 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
+            println!(
+                "{{\"op\": \"matmul\", \"shape\": [{m}, {k}, {n}], \"dtype\": \"bf16\", \"tile\": \"{:?}\", \
+                 \"symm_ms\": {ours:.4}, \"symm_ms_again\": {ours2:.4}, \"cublaslt_ms\": {theirs:.4}, \
+                 \"symm_tflops\": {:.1}, \"cublaslt_tflops\": {:.1}, \"ratio\": {:.3}, \"relerr_vs_cublaslt\": {e:.2e}}}",
+                mm.tile,
+                tflops(ours.min(ours2)),
+                tflops(theirs),
+                ours.min(ours2) / theirs
+            );
+            assert!(e < 1e-2, "{m}x{n}x{k}: sm90 and cuBLASLt differ by {e}");
+        }
+        errors.check().unwrap();
+    }
+
+    /// All-gather mode on one GPU: chunks arrive (flags set by the stream
+    /// after copies) while the kernel runs; a flag that never comes is a
+    /// timeout error, not a hang.
+    #[test]
+    fn gpu_sm90_matmul_waits_for_gathered_chunks() {
+        let Some(g) = gpu() else { return };
+        let Some(kern) = hopper(&g) else { return };
+        let dt = GemmDtype::BF16;
+        let (world, rows, n, k) = (4usize, 200usize, 384usize, 256usize);
+        let m = world * rows;
+        let p = problem(&g, m, n, k, dt, 7);
+        let rank = 2;
+        // The local chunk lives elsewhere (the caller's shard); the gathered
+        // buffer holds garbage there, so reading it would show.
+        let local = g.upload(&enc(dt, &p.a[rank * rows * k..(rank + 1) * rows * k]));
+        let gathered = poisoned(&g, m * k, dt);
+        let flags = g.upload(&[0u32; 4]);
+        let c = poisoned(&g, m * n, dt);
+        let errors = AsyncError::new().unwrap();
+        let mut mm = Sm90Matmul::plain(
+            Operand { ptr: gathered.ptr, rows: m, ld: k },
+            Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
+            Operand { ptr: c.ptr, rows: m, ld: n },
+            k,
+            dt,
+            errors.device_ptr(),
+        );
+        mm.chunk_rows = rows;
+        mm.order = (0..world).map(|i| (rank + i) % world).collect();
+        mm.gather =
+            Some(Gather { ready: flags.ptr, local_chunk: rank, local: Operand { ptr: local.ptr, rows, ld: k } });
+        mm.timeout_ns = 5_000_000_000;
+        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        // Deliver the other chunks after the kernel started waiting.
+        let bytes = rows * k * 2;
+        for c in mm.order[1..].iter().copied() {
+            check(
+                unsafe {
+                    sys::cuMemcpyHtoD_v2(
+                        gathered.ptr + (c * bytes) as u64,
+                        enc(dt, &p.a[c * rows * k..(c + 1) * rows * k]).as_ptr().cast(),
+                        bytes,
+                    )
+                },
+                "cuMemcpyHtoD",
+            )
+            .unwrap();
+            let one = 1u32;
+            check(unsafe { sys::cuMemcpyHtoD_v2(flags.ptr + 4 * c as u64, (&one as *const u32).cast(), 4) }, "flag")
+                .unwrap();
+        }
+        g.sync();
+        errors.check().unwrap();
+        let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
+        assert!(e < 8e-3, "gathered matmul: relative error {e}");
+
+        // A chunk that never arrives: the kernel gives up and says who.
+        flags.write(&[1u32, 1, 1, 0]);
+        mm.timeout_ns = 200_000_000;
+        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        g.sync();
+        let e = errors.check().unwrap_err();
+        assert!(e.msg.contains("fused matmul waiting for rank 3"), "{}", e.msg);
+    }
+
+    /// Reduce-scatter mode: `world` ranks simulated on one GPU, each kernel
+    /// on half the SMs / its own stream so they run concurrently.
+    #[test]
+    fn gpu_sm90_matmul_reduce_scatter_epilogue() {
+        let Some(g) = gpu() else { return };
+        let Some(kern) = hopper(&g) else { return };
+        let dt = GemmDtype::BF16;
+        let (world, rows, n, k) = (2usize, 192usize, 320usize, 128usize);
+        let m = world * rows;
+        let ps: Vec<Problem> = (0..world).map(|r| problem(&g, m, n, k, dt, 40 + r as u64)).collect();
+        let errors = AsyncError::new().unwrap();
+        let template = |r: usize, c: u64| {
+            let mut mm = Sm90Matmul::plain(
+                Operand { ptr: ps[r].bufs[0].ptr, rows: m, ld: k },
+                Operand { ptr: ps[r].bufs[1].ptr, rows: n, ld: k },
+                Operand { ptr: c, rows, ld: n },
+                k,
+                dt,
+                errors.device_ptr(),
+            );
+            mm.chunk_rows = rows;
+            mm.order = (1..=world).map(|i| (r + i) % world).collect();
+            mm.alpha = 0.5;
+            mm.max_ctas = Some(g.kernels.sm_count / world as u32);
+            mm.timeout_ns = 5_000_000_000;
+            mm
+        };
+        let probe = template(0, 0);
+        let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, probe.inbox_bytes() / 2, dt)).collect();
+        let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.flag_bytes()])).collect();
+        let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, rows * n, dt)).collect();
+        let mut streams = Vec::new();
+        for (r, out) in outs.iter().enumerate() {
+            let mut mm = template(r, out.ptr);
+            mm.scatter = Some(Scatter {
+                rank: r,
+                inbox: inboxes.iter().map(|b| b.ptr).collect(),
+                tile_flags: flags.iter().map(|b| b.ptr).collect(),
+            });
+            let mut s = std::ptr::null_mut();
+            check(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate").unwrap();
+            mm.launch(kern, g.kernels.sm_count, Stream(s as usize)).unwrap();
+            streams.push(s);
+        }
+        for s in streams {
+            check(unsafe { sys::cuStreamSynchronize(s) }, "sync").unwrap();
+            unsafe { sys::cuStreamDestroy_v2(s) };
+        }
+        errors.check().unwrap();
+        for (r, out) in outs.iter().enumerate() {
+            let rows_r = r * rows..(r + 1) * rows;
+            let want: Vec<f64> = {
+                let parts: Vec<Vec<f64>> = ps.iter().map(|p| p.reference(rows_r.clone())).collect();
+                (0..rows * n).map(|i| 0.5 * parts.iter().map(|p| p[i]).sum::<f64>()).collect()
+            };
+            let e = rel_err(&decode(dt, &out.read_bytes()), &want);
+            assert!(e < 1e-2, "rank {r}: relative error {e}");
+            // Every flag was consumed, so a replay starts clean.
+            assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
+        }
+    }
+}
