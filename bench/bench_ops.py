@@ -80,7 +80,7 @@ def rel_err(x, ref):
 def time_symm_algorithms(b, op, shape, ours, out, ref, tolerance):
     """symm's own choice, then each algorithm forced (SYMM_ALGO); every one
     is checked against `ref` (outputs poisoned first) before it is timed."""
-    for algo in (None, "sequential", "pipelined"):
+    for algo in (None, "sequential", "pipelined", "fused"):
         if algo:
             os.environ["SYMM_ALGO"] = algo
         out.fill_(float("nan"))
@@ -91,13 +91,20 @@ def time_symm_algorithms(b, op, shape, ours, out, ref, tolerance):
         os.environ.pop("SYMM_ALGO", None)
 
 
+def linear_weight(k, n):
+    """B as tensor parallelism has it: an nn.Linear weight [n, k] used as
+    `x @ weight.t()`, i.e. a K-major [k, n] (every implementation gets the
+    same tensor)."""
+    return (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
+
+
 def bench_ag_mm(b, g, shapes):
     import torch.distributed._symmetric_memory as symm_mem
 
     symm_mem.enable_symm_mem_for_group(b.group_name)
     for m, k, n in shapes:
         a_shard = torch.randn(m // b.world, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / k**0.5
+        w = linear_weight(k, n)
         gathered = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         ref = torch.empty_like(out)
@@ -122,7 +129,7 @@ def bench_ag_mm(b, g, shapes):
 def bench_mm_rs(b, g, shapes):
     for m, k, n in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / k**0.5
+        w = linear_weight(k, n)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m // b.world, n, device="cuda", dtype=torch.bfloat16)
         ref = torch.empty_like(out)

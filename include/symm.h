@@ -169,6 +169,12 @@ typedef struct {
 // One matmul piece per rank, communication overlapped with the matmul.
 #define SYMM_ALGORITHM_PIPELINED 1
 
+// One persistent matmul kernel over the whole problem whose tiles wait for
+// gathered rows or push reduce-scatter partials (Hopper, sm_90a; bf16/f16,
+// gather or scatter dim 0, B K-major, i.e. a Linear weight's transpose;
+// the query assumes that layout, other layouts run the pipelined path).
+#define SYMM_ALGORITHM_FUSED 2
+
 #define SYMM_SUCCESS 0
 
 // An argument is NULL, out of range or malformed. Nothing was changed.

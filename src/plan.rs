@@ -27,6 +27,9 @@ pub struct DeviceModel {
     pub barrier_us: f64,
     /// Relative matmul slowdown for each extra piece a matmul is split into.
     pub split_penalty: f64,
+    /// Time of symm's own fused matmul relative to cuBLAS on the whole
+    /// problem (kernels/gemm_sm90.cu; 0.97-1.08 x measured on an H100).
+    pub fused_slowdown: f64,
 }
 
 impl DeviceModel {
@@ -38,6 +41,7 @@ impl DeviceModel {
         launch_us: 6.0,
         barrier_us: 4.0,
         split_penalty: 0.01,
+        fused_slowdown: 1.04,
     };
 }
 
@@ -49,6 +53,9 @@ pub enum Algorithm {
     /// One matmul piece per rank's chunk, the communication of the next
     /// chunk overlapping the matmul of the current one.
     Pipelined,
+    /// One persistent matmul kernel over the whole problem whose tiles wait
+    /// for their rows (all-gather) or push their results (reduce-scatter).
+    Fused,
 }
 
 impl Algorithm {
@@ -56,6 +63,7 @@ impl Algorithm {
         match self {
             Algorithm::Sequential => "sequential",
             Algorithm::Pipelined => "pipelined",
+            Algorithm::Fused => "fused",
         }
     }
 }
@@ -86,6 +94,8 @@ pub struct Problem {
     pub world: usize,
     /// Bytes per element of A and of the output.
     pub elem_bytes: usize,
+    /// Whether the fused kernel can run this problem on every rank.
+    pub fused: bool,
 }
 
 fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
@@ -109,7 +119,7 @@ fn transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
 /// transfers of `bytes` each (one after another) around a matmul taking
 /// `whole` ms; `local_ms` is work the pipelined form adds after the last
 /// piece (a local reduction).
-fn estimates(whole: f64, bytes: f64, world: usize, local_ms: f64, d: &DeviceModel) -> Vec<Estimate> {
+fn estimates(whole: f64, bytes: f64, world: usize, local_ms: f64, fused: bool, d: &DeviceModel) -> Vec<Estimate> {
     let pulls = world.saturating_sub(1) as f64;
     let barriers = 2.0 * d.barrier_us / 1e3;
     let comm = pulls * transfer_ms(bytes, d) + barriers;
@@ -133,6 +143,21 @@ fn estimates(whole: f64, bytes: f64, world: usize, local_ms: f64, d: &DeviceMode
             total_ms: split + exposed,
         });
     }
+    if fused && world > 1 {
+        // One kernel over the whole problem: no split or launch costs; each
+        // chunk's transfer hides behind the tiles of the chunks before it,
+        // and one barrier stays exposed.
+        let compute = whole * d.fused_slowdown;
+        let piece = compute / world as f64;
+        let exposed = d.barrier_us / 1e3 + local_ms + pulls * (transfer_ms(bytes, d) - piece).max(0.0);
+        out.push(Estimate {
+            algorithm: Algorithm::Fused,
+            compute_ms: compute,
+            comm_ms: comm,
+            exposed_ms: exposed,
+            total_ms: compute + exposed,
+        });
+    }
     out
 }
 
@@ -140,25 +165,45 @@ fn estimates(whole: f64, bytes: f64, world: usize, local_ms: f64, d: &DeviceMode
 /// peer's shard; pipelined, its own shard's piece runs first.
 pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
-    estimates(matmul_ms(p, p.m, d), shard_bytes, p.world, 0.0, d)
+    estimates(matmul_ms(p, p.m, d), shard_bytes, p.world, 0.0, p.fused, d)
 }
 
 /// Matmul of this rank's `m` rows, then reduce-scatter of the result: each
 /// rank pulls the chunk every peer computed for it; pipelined, the peers'
-/// chunks come first and the final reduction is local (HBM speed).
+/// chunks come first and the final reduction is local (HBM speed). Fused,
+/// the reduction happens in the epilogue of this rank's own tiles, which
+/// read the peers' partials from local memory.
 pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let chunk_bytes = (p.m / p.world * p.n * p.elem_bytes) as f64;
     let local_reduce = (p.world as f64 + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
-    estimates(matmul_ms(p, p.m, d), chunk_bytes, p.world, local_reduce, d)
+    let whole = matmul_ms(p, p.m, d);
+    let mut out = estimates(whole, chunk_bytes, p.world, local_reduce, p.fused, d);
+    if let Some(f) = out.iter_mut().find(|e| e.algorithm == Algorithm::Fused) {
+        let reads = (p.world as f64 - 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
+        f.exposed_ms += reads - local_reduce;
+        f.total_ms = f.compute_ms + f.exposed_ms;
+    }
+    out
 }
 
-/// The algorithm to run: `SYMM_ALGO` (`sequential` or `pipelined`) when
-/// set, for benchmarking and tuning, else the best estimate.
+/// The algorithm to run: `SYMM_ALGO` (`sequential`, `pipelined` or
+/// `fused`) when set, for benchmarking and tuning, else the best estimate.
+/// `fused` is an error (Unsupported) where the fused kernel cannot run the
+/// call, so that a benchmark or test never measures a silent fallback.
 pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
     match std::env::var("SYMM_ALGO").as_deref() {
         Ok("sequential") => Ok(Algorithm::Sequential),
         Ok("pipelined") => Ok(Algorithm::Pipelined),
-        Ok(other) => Err(crate::error::err!(InvalidArgument, "SYMM_ALGO={other:?}: expected sequential or pipelined")),
+        Ok("fused") if estimates.iter().any(|e| e.algorithm == Algorithm::Fused) => Ok(Algorithm::Fused),
+        Ok("fused") => Err(crate::error::err!(
+            Unsupported,
+            "SYMM_ALGO=fused, but the fused kernel cannot run this call: it needs every rank on a GPU of its own \
+             that runs symm's sm_90a kernels, bf16 or f16 operands with k a multiple of 8, gather/scatter \
+             dimension 0 of matrices, B K-major (a Linear weight's transpose) and 16-byte aligned rows"
+        )),
+        Ok(other) => {
+            Err(crate::error::err!(InvalidArgument, "SYMM_ALGO={other:?}: expected sequential, pipelined or fused"))
+        }
         Err(_) => Ok(best(estimates).algorithm),
     }
 }
@@ -173,7 +218,7 @@ mod tests {
     use super::*;
 
     fn prob(m: usize, k: usize, n: usize) -> Problem {
-        Problem { m, k, n, world: 2, elem_bytes: 2 }
+        Problem { m, k, n, world: 2, elem_bytes: 2, fused: false }
     }
 
     #[test]
@@ -207,6 +252,23 @@ mod tests {
         // A few KB to pull cannot pay for splitting a large matmul.
         let e = ag_mm(&prob(16, 65536, 65536), &DeviceModel::HOPPER);
         assert_eq!(best(&e).algorithm, Algorithm::Sequential, "{e:?}");
+    }
+
+    #[test]
+    fn the_fused_kernel_hides_more_communication_and_is_offered_only_where_it_runs() {
+        // One barrier and no pieces: never more exposed communication than
+        // the pipelined path.
+        for &(m, k, n) in &[(16384, 8192, 8192), (8192, 8192, 14336), (2048, 8192, 14336), (512, 8192, 14336)] {
+            let p = Problem { fused: true, ..prob(m, k, n) };
+            for est in [ag_mm(&p, &DeviceModel::HOPPER), mm_rs(&p, &DeviceModel::HOPPER)] {
+                let of = |a| est.iter().find(|e| e.algorithm == a).copied().unwrap();
+                assert!(of(Algorithm::Fused).exposed_ms <= of(Algorithm::Pipelined).exposed_ms, "{est:?}");
+            }
+        }
+        // Never offered at world 1 or without the kernel.
+        let p = Problem { fused: true, world: 1, ..prob(1024, 1024, 1024) };
+        assert!(ag_mm(&p, &DeviceModel::HOPPER).iter().all(|e| e.algorithm != Algorithm::Fused));
+        assert!(mm_rs(&prob(1024, 1024, 1024), &DeviceModel::HOPPER).iter().all(|e| e.algorithm != Algorithm::Fused));
     }
 
     #[test]

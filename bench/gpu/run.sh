@@ -43,7 +43,7 @@ run env CUDA_MODULE_LOADING=EAGER /tmp/symm-bin/cuda_memory --world-size 2 --loc
 
 if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
-    run python3 -m pytest -q python/tests/test_cuda.py -x
+    run python3 -m pytest -q python/tests/test_cuda.py python/tests/test_cuda_fused.py -x
     if [ "$ngpu" -ge 4 ]; then
         run python3 bench/gpu/ops_check.py --world 4 --gpus 4
         [ "$ngpu" -ge 8 ] && run python3 bench/gpu/ops_check.py --world 8 --gpus 8

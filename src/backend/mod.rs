@@ -186,6 +186,84 @@ pub trait Backend: Send + Sync {
         let _ = (waiter, on);
         Ok(())
     }
+
+    /// Zeroes `bytes` at `addr` (this backend's memory) in stream order.
+    fn zero(&self, addr: u64, bytes: usize, stream: Stream) -> Result<()> {
+        let _ = (addr, bytes, stream);
+        Err(err!(Unsupported, "the {} backend does not implement zero", self.kind().name()))
+    }
+
+    /// Whether this backend has a fused matmul kernel at all (the CUDA
+    /// backend on a device that runs symm's sm_90a kernels).
+    fn has_fused_matmul(&self) -> bool {
+        false
+    }
+
+    /// `Ok` when [`Backend::fused_matmul`] can run `call` (its operands'
+    /// layouts and types), else why not.
+    fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
+        let _ = call;
+        Err(err!(Unsupported, "the {} backend has no fused matmul", self.kind().name()))
+    }
+
+    /// Enqueues one fused matmul (see [`FusedMatmul`]).
+    fn fused_matmul(&self, call: &FusedMatmul, stream: Stream) -> Result<()> {
+        let _ = (call, stream);
+        Err(err!(Unsupported, "the {} backend has no fused matmul", self.kind().name()))
+    }
+}
+
+/// One launch of a fused matmul: `c = alpha * a @ b` (matrices; `b` is
+/// `[k, n]`), `a`'s rows in equal chunks of `chunk_rows` (one per rank)
+/// visited in `order`, with an all-gather feeding it or a reduce-scatter
+/// taking its result. Addresses are this rank's mappings.
+#[derive(Clone, Debug)]
+pub struct FusedMatmul {
+    pub a: Array,
+    pub b: Array,
+    pub c: Array,
+    pub chunk_rows: usize,
+    pub order: Vec<usize>,
+    pub gather: Option<FusedGather>,
+    pub scatter: Option<FusedScatter>,
+    pub alpha: f32,
+    /// Multiprocessors to leave free for kernels that must run beside this
+    /// one (the signal kernels of a concurrent barrier).
+    pub spare_sms: u32,
+    pub timeout: Duration,
+}
+
+/// Rows of `a` arrive chunk by chunk, each announced by a nonzero u32 at
+/// `ready + 4 * chunk`; chunk `local_chunk` is read from `local` instead.
+#[derive(Clone, Debug)]
+pub struct FusedGather {
+    pub ready: u64,
+    pub local_chunk: usize,
+    pub local: Array,
+}
+
+/// Chunk `d` of the product is rank `d`'s: pushed into `inbox[d]` (slot
+/// `rank`) and announced in `flags[d]`; this rank's own chunk, visited last,
+/// is summed with the peers' partials into `c`. Sizes: [`FusedMatmul::inbox_bytes`]
+/// and [`FusedMatmul::flag_bytes`].
+#[derive(Clone, Debug)]
+pub struct FusedScatter {
+    pub rank: usize,
+    pub inbox: Vec<u64>,
+    pub flags: Vec<u64>,
+}
+
+impl FusedMatmul {
+    /// Bytes of one rank's inbox: a `chunk_rows x n` slot per rank.
+    pub fn inbox_bytes(chunk_rows: usize, n: usize, world: usize, out_elem: usize) -> usize {
+        chunk_rows * n * world * out_elem
+    }
+
+    /// Bytes of one rank's tile flags (at most; any tile width fits).
+    pub fn flag_bytes(chunk_rows: usize, n: usize, world: usize) -> usize {
+        // 128 x 128 is the smallest tile the kernels use.
+        chunk_rows.div_ceil(128) * n.div_ceil(128) * world * 4
+    }
 }
 
 /// Rounds `n` up to a multiple of `to` (a power of two or not).

@@ -15,6 +15,11 @@ pub type symm_algorithm_t = i32;
 pub const SYMM_ALGORITHM_SEQUENTIAL: symm_algorithm_t = 0;
 /// One matmul piece per rank, communication overlapped with the matmul.
 pub const SYMM_ALGORITHM_PIPELINED: symm_algorithm_t = 1;
+/// One persistent matmul kernel over the whole problem whose tiles wait for
+/// gathered rows or push reduce-scatter partials (Hopper, sm_90a; bf16/f16,
+/// gather or scatter dim 0, B K-major, i.e. a Linear weight's transpose;
+/// the query assumes that layout, other layouts run the pipelined path).
+pub const SYMM_ALGORITHM_FUSED: symm_algorithm_t = 2;
 
 /// A prediction, in milliseconds. Initialize with `SYMM_PLAN_INIT`.
 #[repr(C)]
@@ -56,12 +61,14 @@ fn query(
             .ok_or_else(|| err!(InvalidArgument, "{name} is {v}; it must be positive"))
     };
     let g = group(g)?;
+    let (dtype, k) = (dtype(dt, "dtype")?, dim(k, "k")?);
     let problem = Problem {
         m: dim(m, "m")?,
-        k: dim(k, "k")?,
+        k,
         n: dim(n, "n")?,
         world: g.world(),
-        elem_bytes: dtype(dt, "dtype")?.size(),
+        elem_bytes: dtype.size(),
+        fused: crate::ops::fused::available(&g, dtype, k),
     };
     let estimates = model(&problem, &DeviceModel::HOPPER);
     let chosen = plan::choose(&estimates)?;
@@ -73,6 +80,7 @@ fn query(
             algorithm: match e.algorithm {
                 Algorithm::Sequential => SYMM_ALGORITHM_SEQUENTIAL,
                 Algorithm::Pipelined => SYMM_ALGORITHM_PIPELINED,
+                Algorithm::Fused => SYMM_ALGORITHM_FUSED,
             },
             compute_ms: e.compute_ms,
             comm_ms: e.comm_ms,

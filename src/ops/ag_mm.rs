@@ -17,9 +17,9 @@
 
 use super::agree::Signature;
 use super::workspace::Layout;
-use super::{check, shape_text, Exec, Plan};
+use super::{check, fused, shape_text, Exec, Plan};
 use crate::array::Array;
-use crate::backend::Stream;
+use crate::backend::{FusedGather, FusedMatmul, Stream};
 use crate::error::{err, Result};
 use crate::group::Group;
 use crate::plan;
@@ -43,11 +43,18 @@ pub struct AgMm {
 pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Result<()> {
     let world = group.world();
     let backend = group.backend().kind().name();
-    super::run(group, stream, call.map(|c| (c.signature(), c.plan(world, backend))))
+    super::run(
+        group,
+        stream,
+        call.map(|c| {
+            let fused = c.fused_field(group);
+            (c.signature(fused.as_ref()), c.plan(world, backend, fused::chosen(fused.as_ref())))
+        }),
+    )
 }
 
 impl AgMm {
-    fn signature(&self) -> Signature {
+    fn signature(&self, fused: Option<&String>) -> Signature {
         let a = &self.a_shard;
         let mut s = Signature::new("fused_ag_mm")
             .arg("a_shard.dtype", a.dtype)
@@ -57,10 +64,32 @@ impl AgMm {
         for (i, b) in self.bs.iter().enumerate() {
             s = s.arg(format!("bs[{i}].shape"), shape_text(&b.shape));
         }
-        s
+        match fused {
+            Some(f) => s.arg("fused", f),
+            None => s,
+        }
     }
 
-    fn plan(self, world: usize, backend: &str) -> Result<AgMmPlan> {
+    /// Whether this rank's call suits the fused kernel (see `fused::field`):
+    /// gathering dim 0 into matrices.
+    fn fused_field(&self, group: &Group) -> Option<String> {
+        let a = &self.a_shard;
+        let k = *a.shape.last()?;
+        fused::field(group, a.dtype, k, || {
+            if self.gather_dim != 0 || self.bs.len() != self.outs.len() {
+                return None;
+            }
+            let lhs = a.as_matrix()?;
+            let rows = lhs.shape[0];
+            self.bs
+                .iter()
+                .zip(&self.outs)
+                .map(|(b, o)| Some(fused::prototype(lhs.clone(), b.clone(), o.as_matrix()?, rows, group.world())))
+                .collect()
+        })
+    }
+
+    fn plan(self, world: usize, backend: &str, fused: bool) -> Result<AgMmPlan> {
         let a = &self.a_shard;
         check::matmul_dtype(a, "a_shard", backend)?;
         check::ndim_at_least(a, "a_shard", 2)?;
@@ -122,15 +151,28 @@ impl AgMm {
         };
         let scratch =
             layout.region(check::mul(check::mul(rows, max_n, "the product")?, a.dtype.size(), "the product")?);
+        // The fused kernel's arrival flags, one u32 per rank.
+        let ready = layout.region(4 * world);
         let problem = plan::Problem {
             m: rows * world,
             k: a.shape[last],
             n: self.bs.iter().map(|b| b.shape[1]).sum(),
             world,
             elem_bytes: a.dtype.size(),
+            fused,
         };
         let algorithm = plan::choose(&plan::ag_mm(&problem, &plan::DeviceModel::HOPPER))?;
-        Ok(AgMmPlan { call: self, dim, shards, shard_bytes, gathered_k, scratch, algorithm, workspace: layout.bytes() })
+        Ok(AgMmPlan {
+            call: self,
+            dim,
+            shards,
+            shard_bytes,
+            gathered_k,
+            scratch,
+            ready,
+            algorithm,
+            workspace: layout.bytes(),
+        })
     }
 }
 
@@ -144,6 +186,8 @@ struct AgMmPlan {
     /// The gathered A as one `[rows, K * world]` matrix, when gathering K.
     gathered_k: Option<usize>,
     scratch: usize,
+    /// The fused kernel's arrival flags.
+    ready: usize,
     algorithm: plan::Algorithm,
     workspace: usize,
 }
@@ -161,6 +205,9 @@ impl Plan for AgMmPlan {
     /// everything has landed (cuBLAS runs one large matmul faster than
     /// pieces, which pays when the pulls are short).
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
+        if self.algorithm == plan::Algorithm::Fused {
+            return self.fused(ex);
+        }
         let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
         let (dim, len, me, world) = (self.dim, a.shape[self.dim], ex.rank(), ex.world());
         let offset = |r: usize| self.shards + r * self.shard_bytes;
@@ -221,6 +268,57 @@ impl Plan for AgMmPlan {
 }
 
 impl AgMmPlan {
+    /// Fused (gathering dim 0 into matrices, see `fused_field`): the main
+    /// stream zeroes the arrival flags and launches one matmul per B at
+    /// once, starting with this rank's own rows read in place (a side
+    /// stream forked after the zeroing, so it never waits for the matmuls). A side
+    /// stream stages this rank's shard for the peers, waits for every rank
+    /// (barrier), pulls the peers' shards rank+1 first, each followed by its
+    /// flag, and waits for every rank again (then nobody still reads a
+    /// shard the next call overwrites). One multiprocessor is left to the
+    /// side stream's barrier kernel.
+    fn fused(&self, ex: &Exec<'_>) -> Result<()> {
+        let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
+        let (len, me, world) = (a.shape[0], ex.rank(), ex.world());
+        let backend = ex.group.backend();
+        let offset = |r: usize| self.shards + r * self.shard_bytes;
+        let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
+        backend.zero(ex.local(self.ready), 4 * world, ex.stream)?;
+        let side = ex.side()?;
+        ex.fork(side)?;
+        // The matmuls are enqueued first, so they start while the host is
+        // still issuing the side stream's work.
+        let lhs = a.as_matrix().expect("checked by fused_field");
+        let rows = lhs.shape[0];
+        let gathered = Array::contiguous(ex.local(self.shards), a.dtype, &[rows * world, lhs.shape[1]]);
+        for (b, out) in bs.iter().zip(outs) {
+            let call = FusedMatmul {
+                gather: Some(FusedGather { ready: ex.local(self.ready), local_chunk: me, local: lhs.clone() }),
+                order: (0..world).map(|i| (me + i) % world).collect(),
+                spare_sms: 1,
+                timeout: ex.group.timeout(),
+                ..fused::prototype(gathered.clone(), b.clone(), out.as_matrix().expect("checked"), rows, world)
+            };
+            backend.fused_matmul(&call, ex.stream)?;
+        }
+        ex.copy_on(side, &local_shard(me), a)?;
+        ex.ws.barrier(super::CHANNEL, side)?;
+        for step in 1..world {
+            let r = (me + step) % world;
+            let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
+            ex.copy_on(side, &local_shard(r), &remote)?;
+            ex.ws.write_value(me, self.ready + 4 * r, 1, side)?;
+        }
+        ex.ws.barrier(super::CHANNEL, side)?;
+        ex.join(side)?;
+        if let Some(ag) = ag_out {
+            for r in 0..world {
+                ex.copy(&ag.narrow(0, r * len, len), &local_shard(r))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The gathered A as one matrix in this rank's workspace, when it is one
     /// (gathering dim 0) and every output is a matrix too.
     fn gathered_matrix(&self, ex: &Exec<'_>) -> Option<Array> {
@@ -280,16 +378,17 @@ mod tests {
     #[test]
     fn gathered_shapes_for_each_dim() {
         // Leading dims: the gathered dim grows by the world size; K is kept.
-        let p = call(&[2, 3, 4], 1, 4, &[5, 6], &[2, 9]).plan(3, "host").unwrap();
+        let p = call(&[2, 3, 4], 1, 4, &[5, 6], &[2, 9]).plan(3, "host", false).unwrap();
         assert_eq!(p.dim, 1);
         // Workspace: three bf16 shards of 48 bytes, then bf16 scratch of 6 rows x 6.
         assert_eq!((p.shards, p.shard_bytes, p.gathered_k, p.scratch), (0, 48, None, 256));
-        assert_eq!(p.workspace, 256 + 6 * 6 * 2);
+        // Then the fused kernel's arrival flags, one u32 per rank.
+        assert_eq!((p.ready, p.workspace), (512, 512 + 3 * 4));
         // The last dim: K grows, so B has K * world rows and outputs keep the shard's rows.
-        assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).plan(3, "host").is_ok());
-        let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).plan(3, "host").unwrap_err();
+        assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).plan(3, "host", false).is_ok());
+        let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).plan(3, "host", false).unwrap_err();
         assert_eq!(e.msg, "bs[0].shape[0] is 4; expected 12, a_shard's last dimension 4 times the world size 3");
-        let e = call(&[2, 3, 4], 0, 4, &[5, 7], &[6, 4]).plan(3, "host").unwrap_err();
+        let e = call(&[2, 3, 4], 0, 4, &[5, 7], &[6, 4]).plan(3, "host", false).unwrap_err();
         assert_eq!(e.msg, "outs[0].shape is [6, 4, 5]; expected [6, 3, 5]");
     }
 
@@ -297,11 +396,11 @@ mod tests {
     fn ag_out_and_options() {
         let mut c = call(&[4, 8], 0, 8, &[3], &[8]);
         c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[4, 8]));
-        assert_eq!(c.clone().plan(2, "host").unwrap_err().msg, "ag_out.shape is [4, 8]; expected [8, 8]");
+        assert_eq!(c.clone().plan(2, "host", false).unwrap_err().msg, "ag_out.shape is [4, 8]; expected [8, 8]");
         c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[8, 8]));
-        assert!(c.clone().plan(2, "host").is_ok());
+        assert!(c.clone().plan(2, "host", false).is_ok());
         c.later_options = vec!["opts->a_scale"];
-        assert_eq!(c.plan(2, "host").unwrap_err().kind, ErrorKind::Unsupported);
+        assert_eq!(c.plan(2, "host", false).unwrap_err().kind, ErrorKind::Unsupported);
     }
 
     #[test]
@@ -311,8 +410,8 @@ mod tests {
         b.a_shard.strides = vec![1, 4];
         b.a_shard.addr += 0x40;
         b.outs[0].strides = vec![1, 8];
-        assert_eq!(a.signature(), b.signature());
+        assert_eq!(a.signature(None), b.signature(None));
         b.gather_dim = 1;
-        assert_ne!(a.signature(), b.signature());
+        assert_ne!(a.signature(None), b.signature(None));
     }
 }

@@ -16,9 +16,9 @@
 
 use super::agree::Signature;
 use super::workspace::Layout;
-use super::{check, shape_text, Exec, Plan};
+use super::{check, fused, shape_text, Exec, Plan};
 use crate::array::Array;
-use crate::backend::Stream;
+use crate::backend::{FusedMatmul, FusedScatter, Stream};
 use crate::error::{err, Result};
 use crate::group::Group;
 use crate::plan;
@@ -57,20 +57,48 @@ pub struct MmRs {
 pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<()> {
     let world = group.world();
     let backend = group.backend().kind().name();
-    super::run(group, stream, call.map(|c| (c.signature(), c.plan(world, backend))))
+    super::run(
+        group,
+        stream,
+        call.map(|c| {
+            let fused = c.fused_field(group);
+            (c.signature(fused.as_ref()), c.plan(world, backend, fused::chosen(fused.as_ref())))
+        }),
+    )
 }
 
 impl MmRs {
-    fn signature(&self) -> Signature {
-        Signature::new("mm_rs")
+    fn signature(&self, fused: Option<&String>) -> Signature {
+        let s = Signature::new("mm_rs")
             .arg("a.dtype", self.a.dtype)
             .arg("a.shape", shape_text(&self.a.shape))
             .arg("b.shape", shape_text(&self.b.shape))
             .arg("scatter_dim", self.scatter_dim)
-            .arg("op", self.op.name())
+            .arg("op", self.op.name());
+        match fused {
+            Some(f) => s.arg("fused", f),
+            None => s,
+        }
     }
 
-    fn plan(self, world: usize, backend: &str) -> Result<MmRsPlan> {
+    /// Whether this rank's call suits the fused kernel (see `fused::field`):
+    /// scattering dim 0 of matrices.
+    fn fused_field(&self, group: &Group) -> Option<String> {
+        let k = *self.a.shape.last()?;
+        fused::field(group, self.a.dtype, k, || {
+            if self.scatter_dim != 0 {
+                return None;
+            }
+            let (lhs, out) = (self.a.as_matrix()?, self.out.as_matrix()?);
+            if lhs.shape[0] % group.world() != 0 {
+                return None;
+            }
+            let rows = lhs.shape[0] / group.world();
+            Some(vec![fused::prototype(lhs, self.b.clone(), out, rows, group.world())])
+        })
+    }
+
+    fn plan(self, world: usize, backend: &str, fused: bool) -> Result<MmRsPlan> {
         let (a, b) = (&self.a, &self.b);
         check::matmul_dtype(a, "a", backend)?;
         check::ndim_at_least(a, "a", 2)?;
@@ -103,27 +131,49 @@ impl MmRs {
         check::shape_is(&self.out, "out", &chunk)?;
         check::outputs_disjoint(&[("out".into(), &self.out)], &[("a".into(), a), ("b".into(), b)])?;
 
-        // Workspace: one product chunk per destination rank (peers pull
-        // them), local copies of the peers' chunks for this rank, the
-        // reduced chunk (when `out` is not contiguous), then room to pack
-        // `a` (or a slice of it) into a matrix. Agreed shapes only.
-        let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
-        let mut layout = Layout::default();
-        // Back to back, so that for scatter_dim 0 they form the whole product.
-        let product = layout.region(check::mul(chunk_bytes, world, "the product")?);
-        let chunks = (0..world).map(|r| product + r * chunk_bytes).collect();
-        let staged = (0..world).map(|_| layout.region(chunk_bytes)).collect();
-        let reduced = layout.region(chunk_bytes);
-        let packed_a = layout.region(check::mul(a.numel(), a.dtype.size(), "a")?);
         let problem = plan::Problem {
             m: a.numel() / a.shape[a.ndim() - 1],
             k: a.shape[a.ndim() - 1],
             n: b.shape[1],
             world,
             elem_bytes: a.dtype.size(),
+            fused,
         };
         let algorithm = plan::choose(&plan::mm_rs(&problem, &plan::DeviceModel::HOPPER))?;
-        Ok(MmRsPlan { call: self, dim, chunks, staged, reduced, packed_a, algorithm, workspace: layout.bytes() })
+
+        // Workspace: one product chunk per destination rank (peers pull
+        // them), local copies of the peers' chunks for this rank, the
+        // reduced chunk (when `out` is not contiguous), then room to pack
+        // `a` (or a slice of it) into a matrix. Fused: only the inbox, a
+        // slot per source rank that the peers' kernels write into, and the
+        // tile flags. Agreed shapes only.
+        let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
+        let mut layout = Layout::default();
+        let mut region = |bytes| layout.region(bytes);
+        let (chunks, staged, reduced, packed_a, inbox, flags) = if algorithm == plan::Algorithm::Fused {
+            let rows = self.out.numel() / self.out.shape[last];
+            let inbox = region(check::mul(chunk_bytes, world, "the product")?);
+            (Vec::new(), Vec::new(), 0, 0, inbox, region(FusedMatmul::flag_bytes(rows, b.shape[1], world)))
+        } else {
+            // Back to back, so that for scatter_dim 0 they form the whole product.
+            let product = region(check::mul(chunk_bytes, world, "the product")?);
+            let chunks = (0..world).map(|r| product + r * chunk_bytes).collect();
+            let staged = (0..world).map(|_| region(chunk_bytes)).collect();
+            let reduced = region(chunk_bytes);
+            (chunks, staged, reduced, region(check::mul(a.numel(), a.dtype.size(), "a")?), 0, 0)
+        };
+        Ok(MmRsPlan {
+            call: self,
+            dim,
+            chunks,
+            staged,
+            reduced,
+            packed_a,
+            inbox,
+            flags,
+            algorithm,
+            workspace: layout.bytes(),
+        })
     }
 }
 
@@ -137,6 +187,9 @@ struct MmRsPlan {
     staged: Vec<usize>,
     reduced: usize,
     packed_a: usize,
+    /// Fused: the inbox (`world` chunks) and the tile flags.
+    inbox: usize,
+    flags: usize,
     algorithm: plan::Algorithm,
     workspace: usize,
 }
@@ -147,6 +200,9 @@ impl Plan for MmRsPlan {
     }
 
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
+        if self.algorithm == plan::Algorithm::Fused {
+            return self.fused(ex);
+        }
         let MmRs { a, b, out, .. } = &self.call;
         // One matmul over all of `a` when its rows are the chunks in order.
         let whole = match (self.dim, a.as_matrix()) {
@@ -165,6 +221,39 @@ impl Plan for MmRsPlan {
 }
 
 impl MmRsPlan {
+    /// Fused (dim 0 of matrices, see `fused_field`): zero this rank's tile
+    /// flags, barrier (every rank has zeroed its flags and finished its
+    /// previous call, so nobody still reads an inbox), then one kernel: the
+    /// peers' chunks first (rank+1 first), each tile pushed into the
+    /// destination's inbox slot for this rank and flagged; this rank's own
+    /// chunk last, each tile summed with the peers' partials as their flags
+    /// arrive and written to `out`.
+    fn fused(&self, ex: &Exec<'_>) -> Result<()> {
+        let MmRs { a, b, out, .. } = &self.call;
+        let (me, world) = (ex.rank(), ex.world());
+        let backend = ex.group.backend();
+        let lhs = a.as_matrix().expect("checked by fused_field");
+        let rows = lhs.shape[0] / world;
+        backend.zero(ex.local(self.flags), FusedMatmul::flag_bytes(rows, b.shape[1], world), ex.stream)?;
+        ex.barrier()?;
+        let scale = match self.call.op {
+            ReduceOp::Sum => 1.0,
+            ReduceOp::Avg => 1.0 / world as f32,
+        };
+        let call = FusedMatmul {
+            order: (1..=world).map(|i| (me + i) % world).collect(),
+            scatter: Some(FusedScatter {
+                rank: me,
+                inbox: (0..world).map(|r| ex.at(r, self.inbox)).collect::<Result<_>>()?,
+                flags: (0..world).map(|r| ex.at(r, self.flags)).collect::<Result<_>>()?,
+            }),
+            alpha: scale,
+            timeout: ex.group.timeout(),
+            ..fused::prototype(lhs, b.clone(), out.as_matrix().expect("checked"), rows, world)
+        };
+        backend.fused_matmul(&call, ex.stream)
+    }
+
     fn chunk(&self, addr: u64) -> Array {
         Array::contiguous(addr, self.call.out.dtype, &self.call.out.shape)
     }
@@ -262,22 +351,22 @@ mod tests {
 
     #[test]
     fn output_chunks_for_each_dim() {
-        assert!(call(&[4, 3, 5], &[5, 6], 0, &[2, 3, 6]).plan(2, "host").is_ok());
-        assert!(call(&[4, 3, 5], &[5, 6], 2, &[4, 3, 3]).plan(2, "host").is_ok());
-        let e = call(&[4, 3, 5], &[5, 6], 1, &[4, 1, 6]).plan(2, "host").unwrap_err();
+        assert!(call(&[4, 3, 5], &[5, 6], 0, &[2, 3, 6]).plan(2, "host", false).is_ok());
+        assert!(call(&[4, 3, 5], &[5, 6], 2, &[4, 3, 3]).plan(2, "host", false).is_ok());
+        let e = call(&[4, 3, 5], &[5, 6], 1, &[4, 1, 6]).plan(2, "host", false).unwrap_err();
         assert_eq!(
             e.msg,
             "dimension 1 of a @ b ([4, 3, 6]) has size 3, which the world size 2 does not divide; expected a multiple of 2"
         );
-        let e = call(&[4, 3, 5], &[5, 6], 0, &[4, 3, 6]).plan(2, "host").unwrap_err();
+        let e = call(&[4, 3, 5], &[5, 6], 0, &[4, 3, 6]).plan(2, "host", false).unwrap_err();
         assert_eq!(e.msg, "out.shape is [4, 3, 6]; expected [2, 3, 6]");
-        let e = call(&[4, 3, 5], &[4, 6], 0, &[2, 3, 6]).plan(2, "host").unwrap_err();
+        let e = call(&[4, 3, 5], &[4, 6], 0, &[2, 3, 6]).plan(2, "host", false).unwrap_err();
         assert_eq!(e.msg, "b.shape[0] is 4; expected 5, a's last dimension");
     }
 
     #[test]
     fn workspace_holds_chunks_staging_and_packed_a() {
-        let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).plan(4, "host").unwrap();
+        let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).plan(4, "host", false).unwrap();
         // Chunks of 18 f16 (36 bytes): one per rank back to back, then at
         // 256-byte steps a staged copy per rank, the reduced chunk, 60 f16 of a.
         assert_eq!(p.chunks, vec![0, 36, 72, 108]);

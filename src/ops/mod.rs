@@ -20,6 +20,7 @@
 pub mod ag_mm;
 mod agree;
 mod check;
+pub(crate) mod fused;
 pub mod lc_allgather;
 pub mod mm_rs;
 #[cfg(test)]

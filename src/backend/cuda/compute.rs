@@ -14,7 +14,7 @@ use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-fn gemm_dtype(d: DType) -> Result<GemmDtype> {
+pub(super) fn gemm_dtype(d: DType) -> Result<GemmDtype> {
     match d {
         DType::F32 => Ok(GemmDtype::F32),
         DType::BF16 => Ok(GemmDtype::BF16),

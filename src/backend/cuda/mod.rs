@@ -18,9 +18,9 @@ pub mod sm90_gemm;
 mod streams;
 mod vmm;
 
-use super::{Allocation, Backend, BackendKind, Mapping, PadSet, Signals, Stream};
+use super::{Allocation, Backend, BackendKind, FusedMatmul, Mapping, PadSet, Signals, Stream};
 use crate::array::Array;
-use crate::error::Result;
+use crate::error::{err, Result};
 use async_error::AsyncError;
 use cudarc::driver::{sys, CudaContext};
 use std::os::fd::OwnedFd;
@@ -142,6 +142,30 @@ impl Backend for CudaBackend {
         self.bind()?;
         let g = self.gemm.get_or_try_init(|| gemm::Gemm::new(&self.ctx))?;
         compute::gemm(g, dst, a, b, accumulate, stream)
+    }
+    fn zero(&self, addr: u64, bytes: usize, stream: Stream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller's device memory of at least `bytes`.
+        driver::check(unsafe { sys::cuMemsetD8Async(addr, 0, bytes, stream.0 as sys::CUstream) }, "cuMemsetD8Async")
+    }
+    fn has_fused_matmul(&self) -> bool {
+        module::kernels(&self.ctx).is_ok_and(|k| k.gemm_sm90.is_some())
+    }
+    fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
+        if !self.has_fused_matmul() {
+            return Err(err!(Unsupported, "this device does not run symm's sm_90a matmul"));
+        }
+        sm90_gemm::Sm90Matmul::from_fused(call, 0)?.check()
+    }
+    fn fused_matmul(&self, call: &FusedMatmul, stream: Stream) -> Result<()> {
+        self.bind()?;
+        let k = module::kernels(&self.ctx)?;
+        let Some(sm90) = k.gemm_sm90.as_ref() else {
+            return Err(err!(Unsupported, "this device does not run symm's sm_90a matmul"));
+        };
+        let mut mm = sm90_gemm::Sm90Matmul::from_fused(call, self.errors.device_ptr())?;
+        mm.max_ctas = Some(k.sm_count.saturating_sub(call.spare_sms).max(1));
+        mm.launch(sm90, k.sm_count, stream)
     }
 }
 

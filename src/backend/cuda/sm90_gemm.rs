@@ -10,9 +10,11 @@
 //! rules); C f32 or the input type. [`Sm90Matmul::check`] says why a
 //! problem does not qualify, and callers then use cuBLASLt.
 
+use super::compute::gemm_dtype;
 use super::driver::{self, check};
 use super::gemm::GemmDtype;
-use crate::backend::Stream;
+use crate::array::Array;
+use crate::backend::{FusedMatmul, Stream};
 use crate::error::{err, Result};
 use cudarc::driver::{sys, CudaFunction, CudaModule};
 use std::ffi::c_void;
@@ -269,6 +271,52 @@ impl Sm90Matmul {
             timeout_ns: 0,
             err,
         }
+    }
+
+    /// The launch for a backend-neutral fused call; `err` is the device
+    /// pointer of the group's error record. The tile width depends on the
+    /// shape only (never on this device's SM count), so that every rank
+    /// numbers the tiles, and their flags, alike.
+    pub fn from_fused(call: &FusedMatmul, err: u64) -> Result<Self> {
+        let no = |why: String| err!(Unsupported, "symm's sm90 matmul: {why}");
+        let row_major = |t: &Array, name: &str| -> Result<Operand> {
+            match (t.shape.as_slice(), t.strides.as_slice()) {
+                ([rows, _], [ld, 1]) => Ok(Operand { ptr: t.addr, rows: *rows, ld: (*ld).max(1) }),
+                _ => Err(no(format!("{name} must be a row-major matrix (strides {:?})", t.strides))),
+            }
+        };
+        let a = row_major(&call.a, "A")?;
+        // B [k, n] stored K-major is the row-major [n, k] matrix.
+        let b = match (call.b.shape.as_slice(), call.b.strides.as_slice()) {
+            ([_, n], [1, ld]) => Operand { ptr: call.b.addr, rows: *n, ld: (*ld).max(1) },
+            _ => {
+                return Err(no(format!(
+                    "B must be K-major (a Linear weight's transpose), strides {:?}",
+                    call.b.strides
+                )))
+            }
+        };
+        let c = row_major(&call.c, "C")?;
+        let (k, n) = (call.a.shape[1], call.b.shape[1]);
+        let chunks = call.order.len();
+        let mut mm = Sm90Matmul::plain(a, b, c, k, gemm_dtype(call.a.dtype)?, err);
+        mm.out_dtype = gemm_dtype(call.c.dtype)?;
+        mm.alpha = call.alpha;
+        mm.chunk_rows = call.chunk_rows;
+        mm.order = call.order.clone();
+        mm.tile = choose_tile(call.chunk_rows, n, chunks, 132);
+        mm.timeout_ns = call.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        if let Some(g) = &call.gather {
+            mm.gather = Some(Gather {
+                ready: g.ready,
+                local_chunk: g.local_chunk,
+                local: row_major(&g.local, "the local shard")?,
+            });
+        }
+        if let Some(s) = &call.scatter {
+            mm.scatter = Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), tile_flags: s.flags.clone() });
+        }
+        Ok(mm)
     }
 
     pub fn chunks(&self) -> usize {

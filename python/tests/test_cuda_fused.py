@@ -1,0 +1,146 @@
+"""The fused path (symm's own Hopper matmul kernel) of fused_ag_mm and
+mm_rs: two GPUs as two ranks on threads, forced with SYMM_ALGO=fused, which
+fails instead of falling back when the kernel cannot run the call. Skipped
+unless torch sees two GPUs of compute capability 9.0."""
+
+import pytest
+from ranks import on_threads
+
+import symm
+
+torch = pytest.importorskip("torch")
+if torch.cuda.device_count() < 2 or torch.cuda.get_device_capability(0) != (9, 0):
+    pytest.skip("needs two Hopper GPUs", allow_module_level=True)
+
+WORLD = 2
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.2e-2}
+
+
+@pytest.fixture(autouse=True)
+def forced_fused(monkeypatch):
+    monkeypatch.setenv("SYMM_ALGO", "fused")
+
+
+def cuda_groups():
+    return symm.local_groups(WORLD, backend="cuda", timeout_ms=30000)
+
+
+def randn(seed, shape, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def weight(seed, k, n, dtype):
+    """A K-major [k, n] B: a Linear weight [n, k] transposed."""
+    return (randn(seed, (n, k), dtype) / k**0.5).t()
+
+
+def rel_err(got, ref):
+    got = got.double().cpu()
+    assert not got.isnan().any(), "an output element was not written"
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                                             (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("rows,k,ns", [(64, 128, [96]), (200, 264, [136, 40]), (512, 1024, [768])])
+def test_fused_ag_mm_matches_float64(dtype, out_dtype, rows, k, ns):
+    shards = [randn(10 + r, (rows, k), dtype) for r in range(WORLD)]
+    bs = [weight(20 + i, k, n, dtype) for i, n in enumerate(ns)]
+    gathered = torch.cat(shards).double()
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        a = shards[g.rank].cuda()
+        ws = [b.cuda() for b in bs]
+        outs = [torch.full((rows * WORLD, b.shape[1]), float("nan"), dtype=out_dtype, device="cuda") for b in bs]
+        ag = torch.full((rows * WORLD, k), float("nan"), dtype=dtype, device="cuda")
+        symm.fused_ag_mm(g, a, ws, 0, out=outs, ag_out=ag)
+        torch.cuda.synchronize()
+        g.check_async_error()
+        return ag.cpu(), [o.cpu() for o in outs]
+
+    for ag, outs in on_threads(rank_main, cuda_groups(), deadline_s=120):
+        assert torch.equal(ag.double(), gathered)
+        for out, b in zip(outs, bs):
+            e = rel_err(out, gathered @ b.double())
+            assert e < TOLERANCE[out_dtype if out_dtype != torch.float32 else dtype], e
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("m,k,n", [(256, 128, 256), (400, 136, 200), (2048, 1024, 1280)])
+def test_fused_mm_rs_matches_float64(dtype, op, m, k, n):
+    a = [randn(30 + r, (m, k), dtype) for r in range(WORLD)]
+    b = [weight(40 + r, k, n, dtype) for r in range(WORLD)]
+    total = sum(x.double() @ y.double() for x, y in zip(a, b))
+    if op == "avg":
+        total /= WORLD
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        out = torch.full((m // WORLD, n), float("nan"), dtype=dtype, device="cuda")
+        for _ in range(3):  # repeated calls reuse the flags and inbox
+            out.fill_(float("nan"))
+            symm.mm_rs(g, a[g.rank].cuda(), b[g.rank].cuda(), 0, op=op, out=out)
+        torch.cuda.synchronize()
+        g.check_async_error()
+        return out.cpu()
+
+    for rank, out in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+        e = rel_err(out, total.chunk(WORLD)[rank])
+        assert e < TOLERANCE[dtype], e
+
+
+def test_fused_refuses_what_it_cannot_run():
+    """A row-major B cannot feed the kernel: with SYMM_ALGO=fused the call
+    fails on every rank with a message (nothing hangs)."""
+    dtype = torch.bfloat16
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        a, w = randn(1, (64, 128), dtype).cuda(), randn(2, (128, 64), dtype).cuda()
+        with pytest.raises(symm.SymmError, match="SYMM_ALGO=fused"):
+            symm.fused_ag_mm(g, a, w, 0)
+
+    on_threads(rank_main, cuda_groups(), deadline_s=120)
+
+
+def test_fused_ops_captured_in_a_cuda_graph_replay_like_eager():
+    dtype = torch.bfloat16
+    shards = [randn(50 + r, (256, 512), dtype) for r in range(WORLD)]
+    b = weight(60, 512, 384, dtype)
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        a, w = shards[g.rank].cuda(), b.cuda()
+        outs = [torch.empty(256 * WORLD, 384, dtype=dtype, device="cuda"),
+                torch.empty(256 // WORLD, 384, dtype=dtype, device="cuda")]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+
+        def step():
+            symm.fused_ag_mm(g, a, w, 0, out=outs[0], stream=s)
+            symm.mm_rs(g, a, w, 0, out=outs[1], stream=s)
+
+        with torch.cuda.stream(s):
+            step()
+            eager = [t.clone() for t in outs]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=s, capture_error_mode="thread_local"):
+                step()
+            replays = []
+            for _ in range(3):
+                for t in outs:
+                    t.fill_(float("nan"))
+                graph.replay()
+                replays.append([t.clone() for t in outs])
+        s.synchronize()
+        g.check_async_error()
+        return [t.cpu() for t in eager], [[t.cpu() for t in r] for r in replays]
+
+    for eager, replays in on_threads(rank_main, cuda_groups(), deadline_s=120):
+        assert not any(t.isnan().any() for t in eager)
+        for replay in replays:
+            for got, want in zip(replay, eager):
+                assert torch.equal(got, want)
