@@ -185,7 +185,8 @@ def test_handler_rejects_bad_attributes_on_every_device(mesh):
     message (the devices still meet, so none hangs)."""
 
     def body(a, b):
-        return jax.ffi.ffi_call("symm_fused_ag_mm", jax.ShapeDtypeStruct((WORLD * 4, 3), a.dtype))(a, b, dim=np.int64(0))
+        result = jax.ShapeDtypeStruct((WORLD * 4, 3), a.dtype)
+        return jax.ffi.ffi_call("symm_fused_ag_mm", result)(a, b, dim=np.int64(0))
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x")))
     with pytest.raises(Exception, match="symm_fused_ag_mm.*attribute gather_dim is missing") as e:
