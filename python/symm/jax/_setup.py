@@ -38,7 +38,9 @@ def _platform(devices):
     kind = kinds.pop()
     if kind == "cpu":
         return _lib.XLA_PLATFORM_CPU, "host"
-    if kind == "gpu" and "cuda" in devices[0].client.platform_version.lower():
+    # JAX calls CUDA and ROCm GPUs both "gpu"; only the version text tells
+    # them apart (its CUDA wording varies between plugins, ROCm's does not).
+    if kind == "gpu" and "rocm" not in devices[0].client.platform_version.lower():
         return _lib.XLA_PLATFORM_CUDA, "cuda"
     raise ValueError(f"symm serves JAX's CPU and CUDA devices, not {kind} ({devices[0].client.platform_version})")
 
