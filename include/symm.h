@@ -163,6 +163,9 @@ typedef struct {
   double total_ms;
 } symm_plan_t;
 
+// The XLA platform a device ordinal belongs to (`symm_xla_bind_device`).
+typedef int32_t symm_xla_platform_t;
+
 // Communicate everything, then one matmul (or matmul, then reduce).
 #define SYMM_ALGORITHM_SEQUENTIAL 0
 
@@ -237,6 +240,12 @@ typedef struct {
 
 // The sum divided by the world size.
 #define SYMM_REDUCE_AVG 1
+
+// XLA's CPU platform: devices are served by a group on the host backend.
+#define SYMM_XLA_PLATFORM_CPU 1
+
+// XLA's CUDA platform: device ordinal = CUDA device of a cuda-backend group.
+#define SYMM_XLA_PLATFORM_CUDA 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -423,6 +432,18 @@ const char *symm_status_string(symm_status_t status);
 // The message of the most recent failed symm call on this thread (empty if
 // none). Valid until the thread's next failing call.
 const char *symm_last_error(void);
+
+// Makes symm's XLA FFI handlers run as `group`'s rank when XLA calls them
+// on device `device_ordinal` of `platform` (what `XLA_FFI_DeviceOrdinal_Get`
+// reports there). A NULL `group` unbinds the device. Rebinding replaces.
+//
+// The handlers, exported by this library with XLA's handler signature
+// (`XLA_FFI_Error *(XLA_FFI_CallFrame *)`), are
+// `symm_xla_{fused_ag_mm,mm_rs,lc_allgather}_{cuda,cpu}`; register them
+// with XLA under the platform of their suffix. The binding refers to the
+// handle: after `symm_group_destroy`, calls on the device fail until it is
+// bound again.
+symm_status_t symm_xla_bind_device(symm_xla_platform_t platform, int device_ordinal, symm_group_t group);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -3,7 +3,9 @@
 # bundle/ carried: builds the GPU test programs with the machine's nvcc
 # against bundle/libsymm.so, runs them, and writes the log and the results
 # JSON (bench/results format) into $OUT.
-#   [SYMM_BENCH=0] bash bench/gpu/run.sh   (SYMM_BENCH=0: tests only, no benchmark)
+#   [SYMM_BENCH=0] [SYMM_JAX=1] bash bench/gpu/run.sh
+#   SYMM_BENCH=0: tests only, no benchmark. SYMM_JAX=1: also symm.jax on CUDA
+#   (one process, two GPUs): its tests, and with the benchmark, bench_jax.py.
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -53,6 +55,16 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     # World = every GPU of the machine (2, 4 or 8), or SYMM_BENCH_WORLD.
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
         run torchrun --nproc-per-node "${SYMM_BENCH_WORLD:-$ngpu}" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
+    fi
+fi
+
+if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ]; then
+    export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
+    run python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
+    # Its own pytest process: the CPU-platform tests pin JAX to the CPU.
+    run python3 -m pytest -q python/tests/test_jax_cuda.py -x
+    if [ "${SYMM_BENCH:-1}" = 1 ]; then
+        run python3 bench/bench_jax.py ${SYMM_JAX_BENCH_ARGS:-}
     fi
 fi
 

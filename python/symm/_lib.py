@@ -63,6 +63,9 @@ REDUCE_AVG = 1
 ALGORITHM_SEQUENTIAL = 0
 ALGORITHM_PIPELINED = 1
 
+XLA_PLATFORM_CPU = 1
+XLA_PLATFORM_CUDA = 2
+
 
 # --- structs ------------------------------------------------------------------
 class UniqueId(ctypes.Structure):
@@ -202,6 +205,8 @@ FUNCTIONS = {
     # cost queries
     "symm_plan_ag_mm": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
     "symm_plan_mm_rs": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
+    # XLA FFI handlers: which group serves a device
+    "symm_xla_bind_device": (status_t, [c_int32, c_int, _h]),
     # version and errors
     "symm_get_version": (status_t, [POINTER(c_int32)]),
     "symm_status_string": (c_char_p, [status_t]),

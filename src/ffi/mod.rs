@@ -16,5 +16,8 @@ mod ops;
 mod plan;
 pub mod types;
 mod version;
+/// cbindgen:ignore
+mod xla;
+mod xla_bind;
 
 pub use boundary::status_of;

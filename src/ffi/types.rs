@@ -184,3 +184,10 @@ pub struct symm_mm_rs_options_t {
     /// Bias vector `[N]` of the matmul.
     pub bias: *const symm_tensor_t,
 }
+
+/// The XLA platform a device ordinal belongs to (`symm_xla_bind_device`).
+pub type symm_xla_platform_t = i32;
+/// XLA's CPU platform: devices are served by a group on the host backend.
+pub const SYMM_XLA_PLATFORM_CPU: symm_xla_platform_t = 1;
+/// XLA's CUDA platform: device ordinal = CUDA device of a cuda-backend group.
+pub const SYMM_XLA_PLATFORM_CUDA: symm_xla_platform_t = 2;

@@ -1,0 +1,116 @@
+"""The operations as JAX functions: shapes and dtypes are checked and the
+results' shapes computed at trace time, then each lowers to a custom call
+of symm's handlers. Call them on per-device arrays, i.e. inside
+``jax.shard_map`` over the devices given to ``symm.jax.init``.
+
+The calls are pure (no ``has_side_effect``): every device runs the same
+SPMD program, so when XLA drops a call whose result is unused, or merges
+two equal calls, it does so on every device alike and the collectives still
+pair up. (A side-effecting call would also leave a runtime token behind
+that re-raises a failed call at every later effects barrier.)
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._setup import state
+
+# What the matmuls take; the all-gather moves any of symm's types.
+MATMUL_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+COPY_DTYPES = MATMUL_DTYPES + (jnp.float8_e4m3fn, jnp.float8_e5m2)
+REDUCE_OPS = ("sum", "avg")
+
+
+def _world(axis_name):
+    """The group's size, checked against the mapped axis when one is named."""
+    world = len(state().devices)
+    if axis_name is not None:
+        size = jax.lax.axis_size(axis_name)
+        if size != world:
+            raise ValueError(f"axis {axis_name!r} has {size} devices but the symm group {world}")
+    return world
+
+
+def _dtype(x, name, allowed):
+    dt = jnp.dtype(x.dtype)
+    if dt not in [jnp.dtype(a) for a in allowed]:
+        names = ", ".join(jnp.dtype(a).name for a in allowed)
+        raise TypeError(f"{name} has dtype {dt.name}; expected one of {names}")
+    return dt
+
+
+def _dim(dim, ndim, name):
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"{name} is {dim}; expected {-ndim}..{ndim - 1} for {ndim} dimensions")
+    return dim % ndim
+
+
+def _call(target, results, *args, **attrs):
+    return jax.ffi.ffi_call(target, results)(*args, **attrs)
+
+
+def fused_ag_mm(a_shard, bs, gather_dim=0, *, return_ag=False, axis_name=None):
+    """``all_gather(a_shard, gather_dim) @ b`` for ``b`` in ``bs`` (one
+    ``[K, N]`` matrix or a list; ``K * world`` rows when gathering the last
+    dimension). Returns the product (a list for a list of ``bs``), or
+    ``(gathered_a, products)`` with ``return_ag``. ``axis_name`` names the
+    shard_map axis, to check its size against the group's."""
+    world = _world(axis_name)
+    single = not isinstance(bs, (list, tuple))
+    blist = [bs] if single else list(bs)
+    if not blist:
+        raise ValueError("bs is empty")
+    if a_shard.ndim < 2:
+        raise ValueError(f"a_shard has {a_shard.ndim} dimensions; expected at least 2")
+    dt = _dtype(a_shard, "a_shard", MATMUL_DTYPES)
+    dim = _dim(gather_dim, a_shard.ndim, "gather_dim")
+    gathered = list(a_shard.shape)
+    gathered[dim] *= world
+    for i, b in enumerate(blist):
+        if b.ndim != 2:
+            raise ValueError(f"bs[{i}] has {b.ndim} dimensions; expected 2")
+        if jnp.dtype(b.dtype) != dt:
+            raise TypeError(f"bs[{i}] has dtype {jnp.dtype(b.dtype).name}; a_shard has {dt.name}")
+        if b.shape[0] != gathered[-1]:
+            raise ValueError(f"bs[{i}] has {b.shape[0]} rows; the gathered a_shard has {gathered[-1]} columns")
+    results = [jax.ShapeDtypeStruct((*gathered[:-1], b.shape[1]), dt) for b in blist]
+    if return_ag:
+        results.append(jax.ShapeDtypeStruct(tuple(gathered), dt))
+    out = _call("symm_fused_ag_mm", results, a_shard, *blist, gather_dim=np.int64(dim))
+    products = out[: len(blist)]
+    products = products[0] if single else list(products)
+    return (out[-1], products) if return_ag else products
+
+
+def mm_rs(a, b, scatter_dim=0, op="sum", *, axis_name=None):
+    """``reduce_scatter(a @ b, op, scatter_dim)``: this device's chunk of
+    dimension ``scatter_dim`` of the product, summed (``op="sum"``) or
+    averaged (``"avg"``) over the devices. ``a`` is ``[..., K]``, ``b``
+    ``[K, N]``."""
+    world = _world(axis_name)
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op is {op!r}; expected one of {REDUCE_OPS}")
+    if a.ndim < 2 or b.ndim != 2:
+        raise ValueError(f"a has {a.ndim} dimensions and b {b.ndim}; expected at least 2 and exactly 2")
+    dt = _dtype(a, "a", MATMUL_DTYPES)
+    if jnp.dtype(b.dtype) != dt:
+        raise TypeError(f"b has dtype {jnp.dtype(b.dtype).name}; a has {dt.name}")
+    if b.shape[0] != a.shape[-1]:
+        raise ValueError(f"b has {b.shape[0]} rows; a has {a.shape[-1]} columns")
+    shape = [*a.shape[:-1], b.shape[1]]
+    dim = _dim(scatter_dim, len(shape), "scatter_dim")
+    if shape[dim] % world:
+        raise ValueError(f"dimension {dim} of the product ({shape[dim]}) does not divide by the world size ({world})")
+    shape[dim] //= world
+    return _call("symm_mm_rs", jax.ShapeDtypeStruct(tuple(shape), dt), a, b, scatter_dim=np.int64(dim), op=op)
+
+
+def lc_allgather(x, *, axis_name=None):
+    """Every device's ``x`` gathered along dimension 0 (``[world * d0, ...]``),
+    moved by copies only."""
+    world = _world(axis_name)
+    if x.ndim < 1:
+        raise ValueError("x has no dimension 0 to gather along")
+    dt = _dtype(x, "x", COPY_DTYPES)
+    return _call("symm_lc_allgather", jax.ShapeDtypeStruct((x.shape[0] * world, *x.shape[1:]), dt), x)

@@ -1,0 +1,221 @@
+"""symm.jax on JAX's CPU platform (host backend): the three operations under
+jit + shard_map over 4 CPU devices of one process, against jnp references
+in float64, plus the errors a user meets: bad shapes at trace time, bad
+attributes and unbound devices at run time, and a collective whose peers
+never come timing out instead of hanging.
+
+XLA's CPU client runs the per-device programs of one multi-device
+executable on its own thread pool, sized to at least the device count for
+collectives, so the devices' calls meet. Needs jax (CI installs a pinned
+one; set SYMM_REQUIRE_JAX=1 to fail rather than skip without it)."""
+
+import os
+from functools import partial
+
+import numpy as np
+import pytest
+
+if os.environ.get("SYMM_REQUIRE_JAX") != "1":
+    pytest.importorskip("jax")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import symm.jax as sj  # noqa: E402
+
+WORLD = 4
+# Before JAX makes its CPU client (no test before this one touches JAX).
+jax.config.update("jax_num_cpu_devices", WORLD)
+jax.config.update("jax_platforms", "cpu")
+
+# Relative to the reference's largest magnitude: inputs are exact in the
+# dtype, products summed in f32, outputs rounded once per partial sum.
+TOLERANCE = {jnp.float32: 1e-5, jnp.float16: 2e-3, jnp.bfloat16: 1e-2}
+DTYPES = list(TOLERANCE)
+
+
+@pytest.fixture
+def mesh():
+    assert len(jax.devices()) == WORLD, "JAX made its CPU client before this module configured it"
+    sj.init(timeout_ms=60_000)
+    yield sj.mesh("x")
+    sj.shutdown()
+
+
+def random(rng, shape, dtype):
+    # Non-zero everywhere, so an unwritten (zero) element cannot pass.
+    x = rng.standard_normal(shape)
+    x += np.where(x >= 0, 0.25, -0.25)
+    return jnp.asarray(x, dtype)
+
+
+def assert_close(got, ref, dtype):
+    got = np.asarray(got, np.float64)
+    assert got.shape == ref.shape
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err <= TOLERANCE[dtype], f"relative error {err:.2e} > {TOLERANCE[dtype]:.0e} for {jnp.dtype(dtype).name}"
+
+
+def f64(x):
+    return np.asarray(x, np.float64)
+
+
+def per_device(out):
+    """The devices' results stacked along dimension 0 (out_specs P("x")),
+    split back into one array per device."""
+    return np.split(np.asarray(out), WORLD)
+
+
+# --- fused all-gather + matmul ----------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ag_mm_rows_two_bs_and_gathered_a(mesh, dtype):
+    rng = np.random.default_rng(1)
+    a = random(rng, (WORLD * 8, 32), dtype)  # device r holds rows 8r..8r+7
+    b0, b1 = random(rng, (32, 24), dtype), random(rng, (32, 8), dtype)
+
+    def body(a_shard, b0, b1):
+        ag, (o0, o1) = sj.fused_ag_mm(a_shard, [b0, b1], 0, return_ag=True, axis_name="x")
+        return ag, o0, o1
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=P("x")))
+    ag, o0, o1 = f(a, b0, b1)
+    for r in range(WORLD):
+        np.testing.assert_array_equal(per_device(ag)[r], np.asarray(a))
+        assert_close(per_device(o0)[r], f64(a) @ f64(b0), dtype)
+        assert_close(per_device(o1)[r], f64(a) @ f64(b1), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ag_mm_last_dim_concatenates_k(mesh, dtype):
+    rng = np.random.default_rng(2)
+    a = random(rng, (16, WORLD * 8), dtype)  # device r holds columns 8r..8r+7
+    b = random(rng, (WORLD * 8, 20), dtype)
+    body = partial(sj.fused_ag_mm, gather_dim=-1, axis_name="x")
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "x"), P()), out_specs=P("x")))
+    out = f(a, b)
+    for r in range(WORLD):
+        assert_close(per_device(out)[r], f64(a) @ f64(b), dtype)
+
+
+def test_ag_mm_3d_middle_dim(mesh):
+    rng = np.random.default_rng(3)
+    a = random(rng, (2, WORLD * 3, 16), jnp.float32)
+    b = random(rng, (16, 12), jnp.float32)
+    body = partial(sj.fused_ag_mm, gather_dim=1)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "x"), P()), out_specs=P("x")))
+    out = f(a, b)
+    for r in range(WORLD):
+        assert_close(per_device(out)[r], np.einsum("ijk,kn->ijn", f64(a), f64(b)), jnp.float32)
+
+
+# --- matmul + reduce-scatter ------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_mm_rs_rows(mesh, dtype, op):
+    rng = np.random.default_rng(4)
+    a = random(rng, (WORLD * 4, WORLD * 16), dtype)  # device r: all rows, K-slice r
+    b = random(rng, (WORLD * 16, 24), dtype)  # device r: K-slice r
+    body = partial(sj.mm_rs, scatter_dim=0, op=op, axis_name="x")
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x")))
+    ref = f64(a) @ f64(b) / (WORLD if op == "avg" else 1)
+    assert_close(f(a, b), ref, dtype)  # device r's rows are chunk r of the sum
+
+
+def test_mm_rs_last_dim(mesh):
+    rng = np.random.default_rng(5)
+    a = random(rng, (2, 6, WORLD * 8), jnp.float32)
+    b = random(rng, (WORLD * 8, WORLD * 5), jnp.float32)
+    body = partial(sj.mm_rs, scatter_dim=-1)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, None, "x"), P("x")), out_specs=P(None, None, "x")))
+    assert_close(f(a, b), np.einsum("ijk,kn->ijn", f64(a), f64(b)), jnp.float32)
+
+
+# --- copy-engine all-gather -----------------------------------------------------
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn])
+def test_lc_allgather(mesh, dtype):
+    rng = np.random.default_rng(6)
+    x = random(rng, (WORLD * 3, 5, 7), dtype)
+    f = jax.jit(jax.shard_map(partial(sj.lc_allgather, axis_name="x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    out = f(x)
+    for r in range(WORLD):
+        np.testing.assert_array_equal(f64(per_device(out)[r]), f64(x))
+
+
+def test_several_calls_in_one_program_and_repeated(mesh):
+    """Calls that depend on each other and calls that do not, in one
+    program, run many times: every device must run them in one order."""
+    rng = np.random.default_rng(7)
+    a = random(rng, (WORLD * 4, 16), jnp.float32)
+    b = random(rng, (16, WORLD * 4), jnp.float32)
+    c = random(rng, (WORLD * 2, 3), jnp.float32)
+
+    def body(a, b, c):
+        y = sj.fused_ag_mm(a, b)  # [WORLD*4, WORLD*4] on every device
+        z = sj.mm_rs(y, b.T, scatter_dim=0)  # chunk of rows of sum over devices of y @ b.T
+        g = sj.lc_allgather(c)  # independent of the others
+        return z, g
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P(), P("x")), out_specs=P("x")))
+    ref = WORLD * (f64(a) @ f64(b) @ f64(b).T)
+    for _ in range(20):
+        z, g = f(a, b, c)
+        assert_close(z, ref, jnp.float32)
+        for r in range(WORLD):
+            np.testing.assert_array_equal(per_device(g)[r], np.asarray(c))
+
+
+# --- errors ---------------------------------------------------------------------------
+def test_trace_time_checks(mesh):
+    def traced(body, *args, specs):
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("x"))).trace(*args)
+
+    a, b = jnp.ones((WORLD * 4, 8)), jnp.ones((9, 3))
+    with pytest.raises(ValueError, match=r"bs\[0\] has 9 rows; the gathered a_shard has 8 columns"):
+        traced(sj.fused_ag_mm, a, b, specs=(P("x"), P()))
+    with pytest.raises(TypeError, match="bs\\[0\\] has dtype bfloat16; a_shard has float32"):
+        traced(sj.fused_ag_mm, a, jnp.ones((8, 3), jnp.bfloat16), specs=(P("x"), P()))
+    with pytest.raises(ValueError, match=r"does not divide by the world size \(4\)"):
+        traced(partial(sj.mm_rs, scatter_dim=1), a, jnp.ones((WORLD * 2, 6)), specs=(P(None, "x"), P("x")))
+    with pytest.raises(TypeError, match="expected one of"):
+        traced(sj.lc_allgather, jnp.ones((WORLD, 2), jnp.int32), specs=(P("x"),))
+
+
+def test_handler_rejects_bad_attributes_on_every_device(mesh):
+    """A call the handlers cannot read fails on every device with our
+    message (the devices still meet, so none hangs)."""
+
+    def body(a, b):
+        result = jax.ShapeDtypeStruct((WORLD * 4, 3), a.dtype)
+        return jax.ffi.ffi_call("symm_fused_ag_mm", result)(a, b, dim=np.int64(0))
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x")))
+    with pytest.raises(Exception, match="symm_fused_ag_mm.*attribute gather_dim is missing") as e:
+        f(jnp.ones((WORLD * 4, 8)), jnp.ones((8, 3))).block_until_ready()
+    assert "rank" in str(e.value)
+
+
+def test_unbound_device_is_reported():
+    sj.init(timeout_ms=60_000)
+    m = sj.mesh("x")
+    sj.shutdown()  # unbinds every device
+    f = jax.jit(jax.shard_map(sj.lc_allgather, mesh=m, in_specs=P("x"), out_specs=P("x")))
+    with pytest.raises(RuntimeError, match="not initialized"):
+        f(jnp.ones((WORLD, 2)))  # traced after shutdown: the wrapper knows
+    sj.init(timeout_ms=60_000)
+    g = jax.jit(jax.shard_map(sj.lc_allgather, mesh=m, in_specs=P("x"), out_specs=P("x")))
+    g(jnp.ones((WORLD, 2))).block_until_ready()  # traced while bound
+    sj.shutdown()
+    with pytest.raises(Exception, match="cpu device 0 is bound to no symm group"):
+        g(jnp.ones((WORLD, 2))).block_until_ready()
+
+
+def test_a_call_without_its_peers_times_out():
+    """Under plain jit (one device) the collective's peers never come: the
+    call fails after the group's timeout, naming it, instead of hanging."""
+    sj.init(timeout_ms=1500)
+    try:
+        x = jax.device_put(jnp.ones((2, 3)), jax.devices()[0])
+        with pytest.raises(Exception, match="DEADLINE_EXCEEDED.*rank 0 of 4.*did not arrive within 1500 ms"):
+            jax.jit(sj.lc_allgather)(x).block_until_ready()
+    finally:
+        sj.shutdown()
