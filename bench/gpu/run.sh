@@ -27,6 +27,9 @@ build() { # build NAME SOURCE
 }
 
 ngpu=$(nvidia-smi -L | wc -l)
+# The library's own GPU unit tests (cuBLASLt, reduce, pack, the sm90 matmul
+# against cuBLASLt on the benchmark shapes), built here by build-bundle.sh.
+run timeout 600 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
 build cuda_memory ffi-tests/gpu/cuda_memory.cu || fail=1
 if [ "$ngpu" -ge 4 ]; then
     run /tmp/symm-bin/cuda_memory --world-size 4 --bench
