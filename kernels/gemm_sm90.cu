@@ -243,19 +243,117 @@ static __device__ __forceinline__ void symm_load2_add(uint64_t base, int64_t idx
     }
 }
 
+// Transposes 4 x 4 values within each quad of lanes: afterwards lane q of
+// the quad holds what lanes 0..3 held at index q. Applied to accumulators of
+// 4 consecutive 8-column blocks, lane q then holds 8 consecutive columns of
+// its row (block q), which it writes with one 16-byte access: a warp writes
+// 64 contiguous bytes per row instead of 16, which matters most for the
+// partial tiles pushed to a peer over NVLink.
+static __device__ __forceinline__ void symm_quad_transpose(float (&v)[4], int q) {
+    const unsigned all = 0xffffffffu;
+    const bool odd = q & 1, high = q & 2;
+    float s0 = odd ? v[0] : v[1], s1 = odd ? v[2] : v[3];
+    float r0 = __shfl_xor_sync(all, s0, 1), r1 = __shfl_xor_sync(all, s1, 1);
+    if (odd) {
+        v[0] = r0;
+        v[2] = r1;
+    } else {
+        v[1] = r0;
+        v[3] = r1;
+    }
+    s0 = high ? v[0] : v[2];
+    s1 = high ? v[1] : v[3];
+    r0 = __shfl_xor_sync(all, s0, 2);
+    r1 = __shfl_xor_sync(all, s1, 2);
+    if (high) {
+        v[0] = r0;
+        v[1] = r1;
+    } else {
+        v[2] = r0;
+        v[3] = r1;
+    }
+}
+
+// 8 consecutive 16-bit values: out[i] += the f32 of element i at p (16-byte
+// aligned), read through L2 only (a peer's partial tile, written over NVLink).
+template <int DT>
+static __device__ __forceinline__ void symm_add8(const void* p, float (&x)[8]) {
+    const uint4 v = __ldcg((const uint4*)p);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        x[2 * i] += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(w[i] & 0xffffu) : symm_f16_bits_to_f32(w[i] & 0xffffu);
+        x[2 * i + 1] += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(w[i] >> 16) : symm_f16_bits_to_f32(w[i] >> 16);
+    }
+}
+
 // Writes (rows tile.row0 + slice .. tile.row_end, columns col0 .. n) of the
-// accumulators into `base` + (row - row_base) * ld + col, after adding the
-// partial tiles at `adds[0..nadds)` (same layout) and scaling by alpha.
+// accumulators into `base` + (row - row_base) * ld + col, after scaling by
+// alpha and adding the partial tiles at `adds[0..nadds)` (same layout).
+// 16-bit outputs with 16-byte aligned rows take the quad-transposed path.
 template <int DT, int BN>
 static __device__ __forceinline__ void symm_epilogue(const float (&d)[BN / 2], const symm_tile& tile, int n,
                                                      int slice_row0, uint64_t base, int64_t row_base, int64_t ld,
                                                      const uint64_t* adds, int nadds, float alpha) {
     const int t = threadIdx.x % 128;
+    const int q = t % 4;
     const int r0 = tile.row0 + slice_row0 + 16 * (t / 32) + (t % 32) / 4;
+    bool wide = DT != SYMM_DT_F32 && ld % 8 == 0 && base % 16 == 0;
+    for (int s = 0; s < nadds; s++) wide = wide && adds[s] % 16 == 0;
+    if (wide) {
+#pragma unroll
+        for (int i = 0; i < BN / 32; i++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float lo[4], hi[4];
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    lo[jj] = d[4 * (4 * i + jj) + 2 * h] * alpha;
+                    hi[jj] = d[4 * (4 * i + jj) + 2 * h + 1] * alpha;
+                }
+                symm_quad_transpose(lo, q);
+                symm_quad_transpose(hi, q);
+                const int row = r0 + 8 * h;
+                const int col = tile.col0 + 32 * i + 8 * q;
+                if (row >= tile.row_end || col >= n) continue;
+                float x[8];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    x[2 * kk] = lo[kk];
+                    x[2 * kk + 1] = hi[kk];
+                }
+                const int64_t idx = (int64_t)(row - row_base) * ld + col;
+                unsigned short* out = (unsigned short*)base + idx;
+                if (col + 8 <= n) {
+                    for (int s = 0; s < nadds; s++) symm_add8<DT>((const unsigned short*)adds[s] + idx, x);
+                    uint4 v;
+                    if constexpr (DT == SYMM_DT_BF16) {
+                        v = make_uint4(symm_pack_bf16x2(x[0], x[1]), symm_pack_bf16x2(x[2], x[3]),
+                                       symm_pack_bf16x2(x[4], x[5]), symm_pack_bf16x2(x[6], x[7]));
+                    } else {
+                        v = make_uint4(symm_pack_f16x2(x[0], x[1]), symm_pack_f16x2(x[2], x[3]),
+                                       symm_pack_f16x2(x[4], x[5]), symm_pack_f16x2(x[6], x[7]));
+                    }
+                    *(uint4*)out = v;
+                } else {
+                    // The last, partial group of columns: element by element.
+                    for (int e = 0; col + e < n; e++) {
+                        float y = x[e];
+                        for (int s = 0; s < nadds; s++) {
+                            const uint32_t b = __ldcg((const unsigned short*)adds[s] + idx + e);
+                            y += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(b) : symm_f16_bits_to_f32(b);
+                        }
+                        out[e] = DT == SYMM_DT_BF16 ? symm_f32_to_bf16_bits(y) : symm_f32_to_f16_bits(y);
+                    }
+                }
+            }
+        }
+        return;
+    }
     const bool vec = (ld % 2 == 0) && (base % (DT == SYMM_DT_F32 ? 8 : 4) == 0);
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
-        const int col = tile.col0 + 8 * j + 2 * (t % 4);
+        const int col = tile.col0 + 8 * j + 2 * q;
         if (col >= n) continue;
         const bool both = col + 1 < n;
 #pragma unroll

@@ -269,14 +269,14 @@ impl Plan for AgMmPlan {
 
 impl AgMmPlan {
     /// Fused (gathering dim 0 into matrices, see `fused_field`): the main
-    /// stream zeroes the arrival flags and launches one matmul per B at
-    /// once, starting with this rank's own rows read in place (a side
-    /// stream forked after the zeroing, so it never waits for the matmuls). A side
-    /// stream stages this rank's shard for the peers, waits for every rank
-    /// (barrier), pulls the peers' shards rank+1 first, each followed by its
-    /// flag, and waits for every rank again (then nobody still reads a
-    /// shard the next call overwrites). One multiprocessor is left to the
-    /// side stream's barrier kernel.
+    /// stream zeroes the arrival flags, stages this rank's shard for the
+    /// peers, and launches one matmul per B, which starts with this rank's
+    /// own rows read in place. A side stream forked before the matmuls (so
+    /// it never waits for them) waits for every rank (barrier), pulls the
+    /// peers' shards rank+1 first, each followed by its flag, and waits for
+    /// every rank again (then nobody still reads a shard the next call
+    /// overwrites). One multiprocessor is left to the side stream's barrier
+    /// kernels.
     fn fused(&self, ex: &Exec<'_>) -> Result<()> {
         let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
         let (len, me, world) = (a.shape[0], ex.rank(), ex.world());
@@ -284,6 +284,11 @@ impl AgMmPlan {
         let offset = |r: usize| self.shards + r * self.shard_bytes;
         let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
         backend.zero(ex.local(self.ready), 4 * world, ex.stream)?;
+        // Staged for the peers on the main stream, before the matmul: a copy
+        // within one device runs on the SMs (measured: on the side stream,
+        // beside a persistent kernel that leaves it one SM, it made the
+        // whole operation 9-12x slower).
+        ex.copy(&local_shard(me), a)?;
         let side = ex.side()?;
         ex.fork(side)?;
         // The matmuls are enqueued first, so they start while the host is
@@ -301,7 +306,6 @@ impl AgMmPlan {
             };
             backend.fused_matmul(&call, ex.stream)?;
         }
-        ex.copy_on(side, &local_shard(me), a)?;
         ex.ws.barrier(super::CHANNEL, side)?;
         for step in 1..world {
             let r = (me + step) % world;

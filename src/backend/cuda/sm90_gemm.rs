@@ -681,6 +681,34 @@ mod tests {
         errors.check().unwrap();
     }
 
+    /// A padded C (row stride a multiple of 8, n not): the 16-byte epilogue
+    /// with a partial last group of columns; the padding stays untouched.
+    #[test]
+    fn gpu_sm90_matmul_padded_output() {
+        let Some(g) = gpu() else { return };
+        let Some(kern) = hopper(&g) else { return };
+        let errors = AsyncError::new().unwrap();
+        let dt = GemmDtype::BF16;
+        let (m, n, k, ld) = (130usize, 257usize, 64usize, 272usize);
+        let p = problem(&g, m, n, k, dt, 99);
+        let c = poisoned(&g, m * ld, dt);
+        let mm = Sm90Matmul::plain(
+            Operand { ptr: p.bufs[0].ptr, rows: m, ld: k },
+            Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
+            Operand { ptr: c.ptr, rows: m, ld },
+            k,
+            dt,
+            errors.device_ptr(),
+        );
+        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        g.sync();
+        let got = decode(dt, &c.read_bytes());
+        let inside: Vec<f32> = (0..m).flat_map(|i| got[i * ld..i * ld + n].to_vec()).collect();
+        let e = rel_err(&inside, &p.reference(0..m));
+        assert!(e < 8e-3, "padded C: relative error {e}");
+        assert!((0..m).all(|i| got[i * ld + n..(i + 1) * ld].iter().all(|x| x.is_nan())), "padding was written");
+    }
+
     /// Times the sm90 kernel against cuBLASLt on the same operands (the
     /// benchmark's shapes), printing one JSON line per shape; fails if the
     /// results differ.
