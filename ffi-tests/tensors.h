@@ -4,6 +4,10 @@
  * operation failed to write show, reproducible random values, and the
  * element conversions a float64 reference needs.
  *
+ * fp8 values are decoded here independently of the library (OCP E4M3 as
+ * torch.float8_e4m3fn, E5M2 as torch.float8_e5m2), so the references check
+ * its decoding too.
+ *
  * Every value is a pure function of (tag, rank, logical index), so any rank
  * can recompute its peers' inputs for a reference without communicating.
  */
@@ -68,6 +72,19 @@ static inline uint16_t f32_to_f16(float f) {
     return sign | (uint16_t)(((e - 1 + 15) << 10) | m);
 }
 
+/* E4M3 (fn): exponent bias 7, 3 mantissa bits, no infinities, NaN = S.1111.111.
+ * E5M2: exponent bias 15, 2 mantissa bits, IEEE-like top exponent. */
+static inline double fp8_to_f64(int dt, uint8_t b) {
+    int e4m3 = dt == SYMM_DTYPE_FP8_E4M3, mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+    int exp = (b & 0x7f) >> mbits, man = b & ((1 << mbits) - 1), top = e4m3 ? 15 : 31;
+    double v;
+    if (e4m3 && (b & 0x7f) == 0x7f) return NAN;
+    if (!e4m3 && exp == top) v = man ? NAN : INFINITY;
+    else if (exp == 0) v = ldexp(man, 1 - bias - mbits);
+    else v = ldexp(man + (1 << mbits), exp - bias - mbits);
+    return (b & 0x80) ? -v : v;
+}
+
 static inline double load_elem(int dt, const void *p) {
     uint16_t h;
     float f;
@@ -75,7 +92,7 @@ static inline double load_elem(int dt, const void *p) {
     case SYMM_DTYPE_F32: memcpy(&f, p, 4); return f;
     case SYMM_DTYPE_BF16: memcpy(&h, p, 2); return bf16_to_f32(h);
     case SYMM_DTYPE_F16: memcpy(&h, p, 2); return f16_to_f32(h);
-    default: return *(const uint8_t *)p; /* fp8: compared as bytes */
+    default: return fp8_to_f64(dt, *(const uint8_t *)p);
     }
 }
 
@@ -88,7 +105,9 @@ static inline uint64_t mix64(uint64_t x) { /* splitmix64's finalizer */
 }
 
 /* The bytes of element `i` of rank `rank`'s tensor `tag`: uniform in
- * [-1, 1) rounded to the type, or a random fp8 byte other than 0xFF. */
+ * [-1, 1) rounded to the type, or for fp8 a random finite value of
+ * magnitude 1/8 to 15 (random sign and mantissa, exponent within 3 of 1,
+ * so products and sums stay far from fp8's and bf16's limits). */
 static inline void value_bytes(int dt, uint64_t tag, int rank, int64_t i, void *out) {
     uint64_t h = mix64(mix64(tag * 1000003u + (uint64_t)rank) ^ (uint64_t)i);
     float v = (float)((double)(h >> 11) * ldexp(1.0, -52) - 1.0);
@@ -97,7 +116,12 @@ static inline void value_bytes(int dt, uint64_t tag, int rank, int64_t i, void *
     case SYMM_DTYPE_F32: memcpy(out, &v, 4); break;
     case SYMM_DTYPE_BF16: b = f32_to_bf16(v); memcpy(out, &b, 2); break;
     case SYMM_DTYPE_F16: b = f32_to_f16(v); memcpy(out, &b, 2); break;
-    default: *(uint8_t *)out = (uint8_t)(h % 255); break;
+    default: {
+        int mbits = dt == SYMM_DTYPE_FP8_E4M3 ? 3 : 2, bias = dt == SYMM_DTYPE_FP8_E4M3 ? 7 : 15;
+        int exp = bias - 3 + (int)((h >> 8) % 7);
+        *(uint8_t *)out = (uint8_t)((h & 0x80) | (exp << mbits) | ((h >> 16) & ((1u << mbits) - 1)));
+        break;
+    }
     }
 }
 
@@ -112,6 +136,7 @@ enum layout {
     CONTIGUOUS,
     PADDED,     /* row-major, every dimension padded by one: strided, leading dims do not collapse */
     TRANSPOSED, /* dimension 0 fastest, padded: column-major for matrices */
+    COLUMN_MAJOR, /* dimension 0 fastest, unpadded (fp8 B operands: K-major) */
 };
 
 #define GUARD 16 /* poisoned elements before the view */
@@ -150,9 +175,9 @@ static inline tbuf_t tb_make(int dt, int ndim, const int64_t *shape, int layout)
     if (layout == PADDED) {
         int64_t s = 1;
         for (int d = ndim - 1; d >= 0; d--) { b.t.strides[d] = s; s *= shape[d] + 1; }
-    } else if (layout == TRANSPOSED) {
+    } else if (layout == TRANSPOSED || layout == COLUMN_MAJOR) {
         int64_t s = 1;
-        for (int d = 0; d < ndim; d++) { b.t.strides[d] = s; s *= shape[d] + (d == 0); }
+        for (int d = 0; d < ndim; d++) { b.t.strides[d] = s; s *= shape[d] + (d == 0 && layout == TRANSPOSED); }
     }
     for (int d = 0; d < ndim; d++) extent += (shape[d] - 1) * b.t.strides[d];
     b.bytes = (size_t)(extent + 2 * GUARD) * dtype_size(dt);

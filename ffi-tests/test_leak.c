@@ -59,8 +59,10 @@ static int rank_main(symm_group_t g, int rank, int world) {
     int fds_after = count_entries("/proc/self/fd"), maps_after = count_lines("/proc/self/maps");
     long rss_after = rss_kb();
     /* Each round maps 2 x 16 KiB; a leak of either over 10,000 rounds is
-     * hundreds of MiB, far beyond allocator noise. */
-    if (fds_after != fds || maps_after > maps + 2 || rss_after > rss + 4096) {
+     * thousands of mappings and hundreds of MiB, far beyond noise. The
+     * slack of 16 mappings is for what appears lazily under load (a thread's
+     * stack and guard, a malloc arena: seen as +4 on a busy CI machine). */
+    if (fds_after != fds || maps_after > maps + 16 || rss_after > rss + 4096) {
         fprintf(stderr, "rank %d: fds %d -> %d, maps %d -> %d, rss %ld -> %ld KiB after %d rounds\n", rank, fds,
                 fds_after, maps, maps_after, rss, rss_after, rounds);
         return 1;

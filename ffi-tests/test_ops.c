@@ -297,7 +297,7 @@ static void ag_mm_checks(symm_group_t g, int world) {
     CASE(x.agt.data = x.at.data, SYMM_ERROR_INVALID_ARGUMENT, "ag_out overlaps a_shard");
     CASE(x.ot[0].data = x.bt[0].data, SYMM_ERROR_INVALID_ARGUMENT, "outs[0] overlaps");
     CASE(x.ot[0].dtype = SYMM_DTYPE_F32, SYMM_ERROR_UNSUPPORTED, "outs[0].dtype is f32 but the inputs are bf16");
-    CASE(x.at.dtype = SYMM_DTYPE_FP8_E4M3, SYMM_ERROR_UNSUPPORTED, "a_shard.dtype is fp8_e4m3: 8-bit matmuls need scales");
+    CASE(x.at.dtype = SYMM_DTYPE_FP8_E4M3, SYMM_ERROR_INVALID_ARGUMENT, "a_shard is fp8_e4m3, and fp8 matmuls need scales");
 #undef CASE
 
     x = ag_args(world);
@@ -316,10 +316,10 @@ static void ag_mm_checks(symm_group_t g, int world) {
 
     symm_ag_mm_options_t opts = SYMM_AG_MM_OPTIONS_INIT;
     opts.a_scale = &x.at;
-    EXPECT_FAIL(AG_MM(x, &opts), SYMM_ERROR_UNSUPPORTED, "opts->a_scale set: fp8 scaling and bias");
+    EXPECT_FAIL(AG_MM(x, &opts), SYMM_ERROR_INVALID_ARGUMENT, "opts->a_scale is set but a_shard is bf16");
     opts = (symm_ag_mm_options_t)SYMM_AG_MM_OPTIONS_INIT;
     opts.biases = x.bt;
-    EXPECT_FAIL(AG_MM(x, &opts), SYMM_ERROR_UNSUPPORTED, "opts->biases set");
+    EXPECT_FAIL(AG_MM(x, &opts), SYMM_ERROR_UNSUPPORTED, "opts->biases is set but a_shard is bf16");
     opts = (symm_ag_mm_options_t)SYMM_AG_MM_OPTIONS_INIT;
     opts.struct_size = sizeof(size_t);
     EXPECT_FAIL(AG_MM(x, &opts), SYMM_ERROR_INVALID_ARGUMENT, "SYMM_AG_MM_OPTIONS_INIT");
@@ -376,8 +376,8 @@ static void mm_rs_checks(symm_group_t g, int world) {
                 "b is NULL");
     symm_mm_rs_options_t opts = SYMM_MM_RS_OPTIONS_INIT;
     opts.b_scale = &b.t;
-    EXPECT_FAIL(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, &opts, NULL), SYMM_ERROR_UNSUPPORTED,
-                "opts->b_scale set");
+    EXPECT_FAIL(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, &opts, NULL), SYMM_ERROR_INVALID_ARGUMENT,
+                "opts->b_scale is set but a is f16");
     EXPECT(tb_untouched(&out));
     tb_free(&a);
     tb_free(&b);

@@ -113,34 +113,67 @@ typedef struct {
 
 // Options of `symm_fused_ag_mm`. Initialize with `SYMM_AG_MM_OPTIONS_INIT`;
 // fields are only ever appended, and `struct_size` tells symm which exist.
-// The fields are for fp8 matmuls, which a later version implements: in
-// this version they must stay NULL (else `SYMM_ERROR_UNSUPPORTED`). The
-// output dtype is each output tensor's own `dtype`.
+//
+// The fields make the matmuls scaled fp8 ones, as PyTorch's
+// `fused_all_gather_scaled_matmul` and `torch._scaled_mm`:
+// `outs[i] = (A * a_scale) @ (bs[i] * b_scales[i]) (+ biases[i])`, products
+// summed in f32. With an fp8 `a_shard` (`SYMM_DTYPE_FP8_E4M3` or `_E5M2`)
+// `a_scale` and `b_scales` are required; with any other dtype they must be
+// NULL. Each `bs[i]` is fp8 too (not both operands E5M2, which cuBLASLt
+// cannot multiply) and column-major, i.e. K-major: strides `[1, ld]` with
+// `ld` a multiple of 16 and 16-byte aligned data, as `W.t()` of a
+// row-major `[N, K]` weight (any other layout: `SYMM_ERROR_UNSUPPORTED`,
+// on every backend, naming this layout). K and every N_i must be
+// multiples of 16. `a_shard` may have any strides. The output dtype is
+// each output tensor's own `dtype`: bf16, f16 or f32 (fp8 outputs,
+// torch's `result_scale`, are not supported).
+//
+// Scales are f32. Tensor-wise when `a_scale` and every `b_scales[i]` hold
+// one element (any shape, e.g. `[1]`): `a_scale` is this rank's and scales
+// the whole gathered A, so every rank should pass the same value (as in
+// PyTorch). Otherwise row-wise: `a_scale` has `a_shard`'s shape with the
+// last dimension 1 (one scale per row of the shard, any strides) and is
+// gathered along with the rows; `b_scales[i]` is a contiguous `[1, N_i]`.
+// Row-wise scales need `gather_dim` other than the last dimension, and on
+// CUDA cuBLASLt 12.9+ on compute capability 9.0+ (fp8 itself needs 8.9+).
+// Scales, like every tensor, are in the group's memory (device memory on
+// CUDA) and are read when the matmuls run.
 typedef struct {
   // `sizeof(symm_ag_mm_options_t)` as the caller compiled it.
   size_t struct_size;
-  // Scale of `a_shard`.
+  // Scale of `a_shard`; NULL unless `a_shard` is fp8.
   const symm_tensor_t *a_scale;
-  // `num_b` scales, one per B.
+  // `num_b` scales, one per B; NULL unless `a_shard` is fp8.
   const symm_tensor_t *b_scales;
-  // `num_b` bias vectors `[N_i]`, added to each output.
+  // NULL, or `num_b` bias vectors `[N_i]` (contiguous, of `outs[i]`'s
+  // dtype, which must then be bf16 or f16), added to each output after
+  // scaling; an entry whose `data` is NULL adds none. fp8 matmuls only.
   const symm_tensor_t *biases;
 } symm_ag_mm_options_t;
 
 // How `symm_mm_rs` combines the ranks' products.
 typedef int32_t symm_reduce_op_t;
 
-// Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`;
-// as `symm_ag_mm_options_t`, the fields are for fp8 matmuls of a later
-// version and must stay NULL in this one.
+// Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`.
+//
+// As `symm_ag_mm_options_t`, the fields make the matmul a scaled fp8 one,
+// as PyTorch's `fused_scaled_matmul_reduce_scatter`: each rank's product
+// is `(a * a_scale) @ (b * b_scale) (+ bias)`, then reduced and scattered.
+// The same rules hold: fp8 `a` needs both scales, `b` fp8 and
+// column-major, K and N multiples of 16 (N / world when `scatter_dim` is
+// the last dimension), `out` bf16, f16 or f32. Tensor-wise: one-element
+// scales. Row-wise: `a_scale` has `a`'s shape with the last dimension 1,
+// `b_scale` is a contiguous `[1, N]`.
 typedef struct {
   // `sizeof(symm_mm_rs_options_t)` as the caller compiled it.
   size_t struct_size;
-  // Scale of `a`.
+  // Scale of `a`; NULL unless `a` is fp8.
   const symm_tensor_t *a_scale;
-  // Scale of `b`.
+  // Scale of `b`; NULL unless `a` is fp8.
   const symm_tensor_t *b_scale;
-  // Bias vector `[N]` of the matmul.
+  // NULL, or a contiguous `[N]` of `out`'s dtype (bf16 or f16) added to
+  // each rank's product, so that, as in PyTorch, `SYMM_REDUCE_SUM`
+  // includes it world times and `SYMM_REDUCE_AVG` once. fp8 only.
   const symm_tensor_t *bias;
 } symm_mm_rs_options_t;
 
@@ -230,8 +263,10 @@ typedef int32_t symm_xla_platform_t;
 
 #define SYMM_DTYPE_F16 3
 
-// 8-bit floats (OCP E4M3 and E5M2): copied by `symm_lc_allgather`; matmuls
-// on them need scales, which a later version adds.
+// 8-bit floats (OCP E4M3 as `torch.float8_e4m3fn`: bias 7, no
+// infinities, NaN 0x7f/0xff; and E5M2 as `torch.float8_e5m2`). Copied by
+// `symm_lc_allgather` and gathered by `symm_fused_ag_mm`; matmul inputs
+// with scales (see `symm_ag_mm_options_t`), never outputs.
 #define SYMM_DTYPE_FP8_E4M3 4
 
 #define SYMM_DTYPE_FP8_E5M2 5
@@ -380,13 +415,15 @@ symm_status_t symm_group_reserve_workspace(symm_group_t group, size_t bytes);
 // Each `bs[i]` is `[K_total, N_i]` with K_total = K, or K * world when
 // `gather_dim` is the last dimension. `outs[i]` receives gathered A @
 // `bs[i]`: the gathered shape with the last dimension N_i. `ag_out`, if
-// not NULL, receives the gathered A. Types: f32, bf16 or f16, all the
-// same; products are summed in f32. `opts` may be NULL.
+// not NULL, receives the gathered A (of `a_shard`'s dtype). Types: f32,
+// bf16 or f16, all the same; or fp8 inputs with scales, into bf16, f16 or
+// f32 outputs (see `symm_ag_mm_options_t`). Products are summed in f32.
+// `opts` may be NULL.
 //
-// Every rank passes the same dtype, shapes, `gather_dim` and `num_b`
-// (else `SYMM_ERROR_MISMATCH` on every rank). Outputs may be strided but
-// must not overlap themselves, each other or the inputs. On any error
-// before data moved, no output was written.
+// Every rank passes the same dtypes, shapes (of scales too), `gather_dim`
+// and `num_b` (else `SYMM_ERROR_MISMATCH` on every rank). Outputs may be
+// strided but must not overlap themselves, each other or the inputs. On
+// any error before data moved, no output was written.
 symm_status_t symm_fused_ag_mm(symm_group_t group, const symm_tensor_t *a_shard, const symm_tensor_t *bs, int num_b, int gather_dim, const symm_tensor_t *ag_out, const symm_tensor_t *outs, const symm_ag_mm_options_t *opts, void *stream);
 
 // Collective: `reduce_scatter(a @ b, op, scatter_dim)`, as PyTorch's
@@ -397,12 +434,15 @@ symm_status_t symm_fused_ag_mm(symm_group_t group, const symm_tensor_t *a_shard,
 // `scatter_dim` (0 to ndim-1) must divide by the world size. Rank r's
 // `out` receives chunk r of that dimension, summed over the ranks
 // (`SYMM_REDUCE_SUM`) or averaged (`SYMM_REDUCE_AVG`). Types: f32, bf16 or
-// f16, all the same; products and sums in f32. `opts` may be NULL.
+// f16, all the same; or fp8 inputs with scales, into a bf16, f16 or f32
+// `out` (see `symm_mm_rs_options_t`). Products and sums in f32; each
+// rank's product is rounded to `out`'s dtype before it travels. `opts`
+// may be NULL.
 //
-// Every rank passes the same dtype, shapes, `scatter_dim` and `op` (else
-// `SYMM_ERROR_MISMATCH` on every rank). `out` may be strided but must not
-// overlap itself or the inputs. On any error before data moved, `out` was
-// not written.
+// Every rank passes the same dtypes, shapes (of scales too), `scatter_dim`
+// and `op` (else `SYMM_ERROR_MISMATCH` on every rank). `out` may be
+// strided but must not overlap itself or the inputs. On any error before
+// data moved, `out` was not written.
 symm_status_t symm_mm_rs(symm_group_t group, const symm_tensor_t *a, const symm_tensor_t *b, int scatter_dim, symm_reduce_op_t op, const symm_tensor_t *out, const symm_mm_rs_options_t *opts, void *stream);
 
 // Collective: gathers every rank's `input` along dimension 0 into

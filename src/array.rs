@@ -7,8 +7,10 @@
 //! by the FFI layer ([`Array::extent_bytes`] must not overflow); every view
 //! derived from a checked array here stays inside it.
 
-/// Element types. The 8-bit floats are carried through copies already;
-/// matmuls on them need scales, which a later version adds.
+use crate::fp8::Fp8;
+
+/// Element types. The 8-bit floats are matmul inputs only with scales
+/// (see `ops::scaled`), and never converted by copies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -40,6 +42,15 @@ impl DType {
     /// Whether values convert to and from f32 without scales.
     pub fn is_unscaled_float(self) -> bool {
         matches!(self, DType::F32 | DType::BF16 | DType::F16)
+    }
+
+    /// The 8-bit float format, for the two fp8 types.
+    pub fn fp8(self) -> Option<Fp8> {
+        match self {
+            DType::F8E4M3 => Some(Fp8::E4M3),
+            DType::F8E5M2 => Some(Fp8::E5M2),
+            _ => None,
+        }
     }
 }
 

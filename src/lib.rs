@@ -9,6 +9,7 @@ pub mod array;
 pub mod backend;
 pub mod bootstrap;
 pub mod error;
+pub mod fp8;
 pub mod ipc;
 
 pub use error::{Error, ErrorKind, Result};

@@ -143,6 +143,12 @@ fn ops_in_process() {
     worlds_and_modes("test_ops.c", &[1, 2, 3, 4], &["local"]);
 }
 
+/// Scaled fp8 matmuls and their argument checks, as processes and in-process.
+#[test]
+fn fp8_ops() {
+    worlds_and_modes("test_fp8.c", &[1, 2, 3, 4], &["uid", "local"]);
+}
+
 /// Checking arguments on every call catches ranks that disagree on a call
 /// whose arguments were agreed before.
 #[test]

@@ -30,6 +30,43 @@ def rel(got, ref):
     return ((got.double().cpu() - ref).norm() / ref.norm()).item()
 
 
+def fp8_checks(g, rank, world):
+    """fp8 (torch._scaled_mm semantics, cuBLASLt): ag_mm along dims 0 and 1
+    and mm_rs along dims 0 and 2, tensor-wise and row-wise scales, bf16
+    outputs with a bias, against float64 references of the decoded values."""
+    failures = []
+    e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    fp8 = lambda seed, n, shape: [(x * 2).to(e4m3) for x in inputs(seed, n, shape, torch.float32)]  # noqa: E731
+    for row_wise in (False, True):
+        for dim in (0, 1):
+            shards = fp8(6, world, (4, 6, 32))
+            (w,) = fp8(7, 1, (48, 32))  # B = w.t(): column-major [32, 48]
+            sa = [s.abs() + 0.25 for s in inputs(8, world, (4, 6, 1) if row_wise else (1,), torch.float32)]
+            sa = sa if row_wise else [sa[0]] * world
+            (sb,) = [s.abs() + 0.25 for s in inputs(9, 1, (1, 48) if row_wise else (1,), torch.float32)]
+            (bias,) = inputs(10, 1, (48,), bf16)
+            out = symm.fused_ag_mm(g, shards[rank].cuda(), w.cuda().t(), dim, a_scale=sa[rank].cuda(),
+                                   b_scales=sb.cuda(), biases=bias.cuda())
+            gathered = torch.cat([s.double() * t.double() for s, t in zip(shards, sa)], dim=dim)
+            e = rel(out, gathered @ (w.double().t() * sb.double()) + bias.double())
+            if not e < TOL[bf16]:
+                failures.append(f"ag_mm fp8 row_wise {row_wise} dim {dim}: {e}")
+        for dim in (0, 2):
+            a = fp8(11, world, (8, 12, 32))
+            w = fp8(12, world, (16 * world, 32))
+            sa = [s.abs() + 0.25 for s in inputs(13, world, (8, 12, 1) if row_wise else (1,), torch.float32)]
+            sb = [s.abs() + 0.25 for s in inputs(14, world, (1, 16 * world) if row_wise else (1,), torch.float32)]
+            bias = inputs(15, world, (16 * world,), bf16)
+            got = symm.mm_rs(g, a[rank].cuda(), w[rank].cuda().t(), dim, a_scale=sa[rank].cuda(),
+                             b_scale=sb[rank].cuda(), bias=bias[rank].cuda())
+            total = sum((x.double() * s.double()) @ (y.double().t() * t.double()) + c.double()
+                        for x, y, s, t, c in zip(a, w, sa, sb, bias))
+            e = rel(got, torch.chunk(total, world, dim=dim)[rank])
+            if not e < TOL[bf16]:
+                failures.append(f"mm_rs fp8 row_wise {row_wise} dim {dim}: {e}")
+    return failures
+
+
 def rank_main(rank, world, gpus, uid):
     device = rank % gpus
     torch.cuda.set_device(device)
@@ -60,6 +97,7 @@ def rank_main(rank, world, gpus, uid):
         symm.lc_allgather(g, xs[rank].cuda(), out=out)
         if not torch.equal(out.cpu(), torch.cat(xs)):
             failures.append(f"lc_allgather {dtype}")
+    failures += fp8_checks(g, rank, world)
     torch.cuda.synchronize()
     g.check_async_error()
     g.close()
@@ -82,7 +120,8 @@ def main():
                               env=dict(env, SYMM_TEST_RANK=str(r))) for r in range(args.world)]
     codes = [p.wait(timeout=600) for p in procs]
     ok = all(c == 0 for c in codes)
-    print(f"{'PASS' if ok else 'FAIL'} ops_check world={args.world} gpus={args.gpus} (fused_ag_mm, mm_rs, lc_allgather; f32/bf16/f16)")
+    print(f"{'PASS' if ok else 'FAIL'} ops_check world={args.world} gpus={args.gpus} "
+          "(fused_ag_mm, mm_rs, lc_allgather; f32/bf16/f16; fp8)")
     sys.exit(0 if ok else 1)
 
 

@@ -7,17 +7,19 @@ import sys
 import numpy as np
 
 
-def empty_like(like, shape):
-    """An uninitialized array of ``shape`` with ``like``'s dtype, in the same
-    kind of memory and from the same library as ``like``."""
+def empty_like(like, shape, dtype=None):
+    """An uninitialized array of ``shape`` with ``dtype`` (default: ``like``'s
+    dtype), in the same kind of memory and from the same library as ``like``.
+    ``dtype`` is that library's dtype object (``np.float32``,
+    ``torch.bfloat16``, ...)."""
     if isinstance(like, np.ndarray):
-        return np.empty(shape, like.dtype)
+        return np.empty(shape, like.dtype if dtype is None else dtype)
     library = type(like).__module__.split(".")[0]
     if library == "torch":
         torch = sys.modules["torch"]
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
+        return torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
     if library == "cupy":
         cupy = sys.modules["cupy"]
         with like.device:
-            return cupy.empty(shape, like.dtype)
+            return cupy.empty(shape, like.dtype if dtype is None else dtype)
     raise TypeError(f"cannot allocate an output like a {type(like).__module__}.{type(like).__name__}; pass out=")

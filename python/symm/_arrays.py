@@ -3,12 +3,16 @@ protocol the object speaks: pointer, shape, strides in elements, dtype, and
 whether the memory is host or CUDA memory.
 
 Order of preference: a numpy array as itself (so extension dtypes such as
-``ml_dtypes.bfloat16`` keep their name); then DLPack, which also carries
-bf16 and lets the producer order its pending work before our stream; then
-``__cuda_array_interface__``; then ``__array_interface__``.
+``ml_dtypes.bfloat16`` and ``float8_e4m3fn`` keep their name); then DLPack,
+which also carries bf16 and lets the producer order its pending work before
+our stream; then ``__cuda_array_interface__``; then ``__array_interface__``.
+torch's 8-bit floats go through DLPack as bytes (``view(torch.uint8)``,
+same shape and strides) and keep their name: not every torch version
+exports them through DLPack, and none through the array interfaces.
 """
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -95,11 +99,26 @@ def _from_cai(obj):
     return ArrayView(ptr or 0, shape, strides, dtype.name, "cuda", not readonly, (obj,))
 
 
+# torch's 8-bit float dtypes (by name) -> our (ml_dtypes-style) names.
+_TORCH_FP8 = {"torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "float8_e5m2"}
+
+
+def _torch_fp8(obj):
+    """The fp8 dtype name of a torch tensor of one, else None."""
+    if type(obj).__module__.split(".")[0] != "torch":
+        return None
+    return _TORCH_FP8.get(str(getattr(obj, "dtype", "")))
+
+
 def view(obj, stream=None):
     """The ``ArrayView`` of ``obj``. ``stream`` (a CUstream int or None) is
     the stream the library will use, for the DLPack exchange."""
+    fp8 = _torch_fp8(obj)
     if isinstance(obj, np.ndarray):
         v = _from_numpy(obj, obj)
+    elif fp8 is not None:
+        raw = _from_dlpack(obj.view(sys.modules["torch"].uint8), stream)
+        v = replace(raw, dtype=fp8, keepalive=(obj, *raw.keepalive))
     elif hasattr(obj, "__dlpack__"):
         v = _from_dlpack(obj, stream)
     elif hasattr(obj, "__cuda_array_interface__"):

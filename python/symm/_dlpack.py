@@ -16,6 +16,8 @@ KDL_CUDA_MANAGED = 13
 
 # DLDataTypeCode -> name prefix; a dtype is prefix + bits ("float16").
 _CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat"}
+# DLPack 1.1's 8-bit float codes -> the full (ml_dtypes/torch) name.
+_FP8_CODES = {10: "float8_e4m3fn", 12: "float8_e5m2"}
 
 
 class _Device(ctypes.Structure):
@@ -54,11 +56,11 @@ def read(capsule):
     strides are in elements, or None for compact row-major."""
     addr = _get_pointer(capsule, b"dltensor")  # raises ValueError if it is another kind of capsule
     t = _Tensor.from_address(addr)  # a DLManagedTensor begins with its DLTensor
-    if t.dtype.lanes != 1 or t.dtype.code not in _CODES:
+    if t.dtype.lanes != 1 or (t.dtype.code not in _CODES and t.dtype.code not in _FP8_CODES):
         dt = t.dtype
         raise TypeError(f"DLPack dtype (code {dt.code}, bits {dt.bits}, lanes {dt.lanes}) is not supported")
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
     ptr = (t.data or 0) + t.byte_offset
-    dtype = f"{_CODES[t.dtype.code]}{t.dtype.bits}"
+    dtype = _FP8_CODES.get(t.dtype.code) or f"{_CODES[t.dtype.code]}{t.dtype.bits}"
     return ptr, shape, strides, dtype

@@ -62,6 +62,7 @@ REDUCE_AVG = 1
 
 ALGORITHM_SEQUENTIAL = 0
 ALGORITHM_PIPELINED = 1
+ALGORITHM_FUSED = 2
 
 XLA_PLATFORM_CPU = 1
 XLA_PLATFORM_CUDA = 2
@@ -104,8 +105,7 @@ class Tensor(ctypes.Structure):
     ]
 
 
-# The options' fields are for fp8 matmuls of a later library version and
-# must be NULL in this one; declared for the layout check and for then.
+# The options of the operations: fp8 scales and biases (see symm.h).
 class AgMmOptions(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),

@@ -177,7 +177,8 @@ class Group:
             raise ValueError(f"op must be one of {sorted(fns)} and dtype one of {sorted(dtypes)}")
         p = _lib.Plan(struct_size=ctypes.sizeof(_lib.Plan))
         self._check(fns[op](self.raw, m, k, n, dtypes[dtype], ctypes.byref(p)))
-        names = {_lib.ALGORITHM_SEQUENTIAL: "sequential", _lib.ALGORITHM_PIPELINED: "pipelined"}
+        names = {_lib.ALGORITHM_SEQUENTIAL: "sequential", _lib.ALGORITHM_PIPELINED: "pipelined",
+                 _lib.ALGORITHM_FUSED: "fused"}
         return {"algorithm": names[p.algorithm], "compute_ms": p.compute_ms, "comm_ms": p.comm_ms,
                 "exposed_ms": p.exposed_ms, "total_ms": p.total_ms}
 

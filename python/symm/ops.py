@@ -5,7 +5,19 @@ Arrays are numpy arrays on the host backend; on CUDA, anything speaking
 DLPack or ``__cuda_array_interface__`` (torch, cupy, ...). Outputs not
 given are allocated like the first input (numpy, torch or cupy). Every call
 is collective and stream-ordered: it returns once enqueued on ``stream``.
+
+fp8 matmuls (``float8_e4m3fn`` / ``float8_e5m2`` inputs: ml_dtypes arrays on
+the host, torch tensors on CUDA) take f32 scales and compute
+``(a * a_scale) @ (b * b_scale) (+ bias)`` as ``torch._scaled_mm``: scales
+of one element each are tensor-wise; otherwise ``a_scale`` has A's shape
+with the last dimension 1 and ``b_scale`` is ``[1, N]`` (row-wise). B must
+be column-major (``w.t()`` of a row-major ``[N, K]`` weight), K and N
+multiples of 16; outputs are bf16 (the default), f16 or f32, and a bias
+(bf16/f16 outputs only) has the output's dtype. ``include/symm.h``
+documents every rule.
 """
+
+import ctypes
 
 from . import _lib
 from ._alloc import empty_like
@@ -47,13 +59,58 @@ def _collective(group, fn, prepare, failed_args):
     return result
 
 
+def _listed(x, n, name):
+    """``x`` as a list of ``n`` (one value for a single B, or a list)."""
+    items = list(x) if isinstance(x, (list, tuple)) else [x]
+    if len(items) != n:
+        raise ValueError(f"{len(items)} {name} for {n} B matrices")
+    return items
+
+
+def _is_fp8(arg):
+    return arg.view.dtype.startswith("float8")
+
+
+def _out_dtype(like, arg, out_dtype):
+    """The dtype of allocated outputs: ``out_dtype``, else the input's, or
+    bf16 for fp8 inputs (symm writes no fp8 outputs)."""
+    if out_dtype is not None or not _is_fp8(arg):
+        return out_dtype
+    if type(like).__module__.split(".")[0] == "torch":
+        return __import__("torch").bfloat16
+    return __import__("ml_dtypes").bfloat16
+
+
+def _options(struct, **tensors):
+    """An option struct with the given tensor pointers (a descriptor, a C
+    array of them, or None), or None when none is given."""
+    if all(t is None for t in tensors.values()):
+        return None
+    ptr = ctypes.POINTER(_lib.Tensor)
+    fields = {k: (None if t is None else ctypes.cast(ctypes.pointer(t), ptr)) for k, t in tensors.items()}
+    return ctypes.pointer(struct(ctypes.sizeof(struct), **fields))
+
+
 def _with_ndim(arg, n, name):
     if len(arg.shape) != n:
         raise ValueError(f"{name} has {len(arg.shape)} dimensions; expected {n}")
     return arg
 
 
-def fused_ag_mm(group, a_shard, bs, gather_dim, out=None, ag_out=None, return_ag=False, stream=None):
+def fused_ag_mm(
+    group,
+    a_shard,
+    bs,
+    gather_dim,
+    out=None,
+    ag_out=None,
+    return_ag=False,
+    stream=None,
+    a_scale=None,
+    b_scales=None,
+    biases=None,
+    out_dtype=None,
+):
     """``all_gather(a_shard, gather_dim) @ b`` for each ``b`` of ``bs``.
 
     ``a_shard`` is ``[..., K]``; ``bs`` one ``[K, N]`` matrix or a list of
@@ -61,6 +118,12 @@ def fused_ag_mm(group, a_shard, bs, gather_dim, out=None, ag_out=None, return_ag
     Returns the output, or a list of them when ``bs`` is a list, each the
     gathered shape with last dimension N; with ``return_ag``, returns
     ``(gathered_a, outputs)``. ``out`` and ``ag_out`` are written when given.
+
+    fp8 (as torch's ``fused_all_gather_scaled_matmul``): ``a_scale``, and
+    ``b_scales`` and ``biases`` given like ``bs`` (a bias may be None);
+    ``out_dtype`` is that of allocated outputs. A row-wise ``a_scale`` is
+    gathered with the rows; a tensor-wise one scales the whole gathered A,
+    so every rank passes the same value.
     """
     single = not isinstance(bs, (list, tuple))
     b_objs = [bs] if single else list(bs)
@@ -73,25 +136,46 @@ def fused_ag_mm(group, a_shard, bs, gather_dim, out=None, ag_out=None, return_ag
         dim = _dim(gather_dim, len(a.shape), "gather_dim")
         gathered = list(a.shape)
         gathered[dim] *= group.world_size
-        outs = out_objs or [empty_like(a_shard, (*gathered[:-1], x.shape[1])) for x in b]
+        dtype = _out_dtype(a_shard, a, out_dtype)
+        outs = out_objs or [empty_like(a_shard, (*gathered[:-1], x.shape[1]), dtype) for x in b]
         if len(outs) != len(b):
             raise ValueError(f"{len(outs)} outputs for {len(b)} B matrices")
         ag = ag_out if ag_out is not None or not return_ag else empty_like(a_shard, gathered)
         o = [Arg(group, x, f"out[{i}]", s, output=True) for i, x in enumerate(outs)]
         g = None if ag is None else Arg(group, ag, "ag_out", s, output=True)
-        args = (a.c, array_of(b), len(b), dim, None if g is None else g.c, array_of(o), None, s)
-        return args, (a, b, o, g), (ag, outs)
+        sa = None if a_scale is None else Arg(group, a_scale, "a_scale", s)
+        sb = None
+        if b_scales is not None:
+            sb = [Arg(group, x, f"b_scales[{i}]", s) for i, x in enumerate(_listed(b_scales, len(b), "b_scales"))]
+        bias = None
+        if biases is not None:
+            listed = _listed(biases, len(b), "biases")
+            bias = [None if x is None else Arg(group, x, f"biases[{i}]", s) for i, x in enumerate(listed)]
+        opts = _options(
+            _lib.AgMmOptions,
+            a_scale=None if sa is None else sa.c,
+            b_scales=None if sb is None else array_of(sb),
+            biases=None if bias is None else (_lib.Tensor * len(bias))(*(x.c if x else _lib.Tensor() for x in bias)),
+        )
+        args = (a.c, array_of(b), len(b), dim, None if g is None else g.c, array_of(o), opts, s)
+        return args, (a, b, o, g, sa, sb, bias), (ag, outs)
 
     ag, outs = _collective(group, lib.symm_fused_ag_mm, prepare, (None, None, 0, 0, None, None, None, None))
     outs = outs[0] if single else outs
     return (ag, outs) if return_ag else outs
 
 
-def mm_rs(group, a, b, scatter_dim, op="sum", out=None, stream=None):
+def mm_rs(
+    group, a, b, scatter_dim, op="sum", out=None, stream=None, a_scale=None, b_scale=None, bias=None, out_dtype=None
+):
     """``reduce_scatter(a @ b, op, scatter_dim)``: this rank's chunk of
     dimension ``scatter_dim`` of the product, summed (``op="sum"``) or
     averaged (``"avg"``) over the ranks. ``a`` is ``[..., K]``, ``b`` is
-    ``[K, N]``. Returns ``out`` (allocated when not given)."""
+    ``[K, N]``. Returns ``out`` (allocated when not given, of ``out_dtype``).
+
+    fp8 (as torch's ``fused_scaled_matmul_reduce_scatter``): ``a_scale``,
+    ``b_scale`` and ``bias``; each rank's product includes its bias, so a
+    sum holds the biases of every rank."""
 
     def prepare():
         s = as_stream(stream)
@@ -108,9 +192,12 @@ def mm_rs(group, a, b, scatter_dim, op="sum", out=None, stream=None):
                     f"dimension {dim} of the product ({shape[dim]}) does not divide by the world size ({world})"
                 )
             shape[dim] //= world
-            result = empty_like(a, tuple(shape))
+            result = empty_like(a, tuple(shape), _out_dtype(a, x, out_dtype))
         o = Arg(group, result, "out", s, output=True)
-        return (x.c, y.c, dim, REDUCE_OPS[op], o.c, None, s), (x, y, o), result
+        given = {"a_scale": a_scale, "b_scale": b_scale, "bias": bias}
+        extra = {k: None if t is None else Arg(group, t, k, s) for k, t in given.items()}
+        opts = _options(_lib.MmRsOptions, **{k: None if t is None else t.c for k, t in extra.items()})
+        return (x.c, y.c, dim, REDUCE_OPS[op], o.c, opts, s), (x, y, o, extra), result
 
     return _collective(group, lib.symm_mm_rs, prepare, (None, None, 0, _lib.REDUCE_SUM, None, None, None))
 

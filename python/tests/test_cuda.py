@@ -84,6 +84,123 @@ def test_mm_rs_avg_into_a_strided_output():
         assert_close(out, torch.chunk(mean, WORLD, dim=0)[r])
 
 
+# --- fp8: torch.float8_e4m3fn / float8_e5m2 tensors, checked against a
+# float64 reference of torch._scaled_mm's definition and, where this torch
+# and GPU run it, against torch._scaled_mm itself. ---------------------------
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def fp8_inputs(seed, shape, dtype=E4M3, n=WORLD):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.rand(shape, generator=g) * 8 - 4).to(dtype) for _ in range(n)]
+
+
+def scale_inputs(seed, shape, n=WORLD):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(shape, generator=g) * 1.75 + 0.25 for _ in range(n)]
+
+
+def scaled_mm_or_none(a, b, sa, sb, bias, out_dtype):
+    """torch._scaled_mm where this torch/GPU supports the combination."""
+    try:
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+@pytest.mark.parametrize("row_wise", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_ag_mm_fp8_like_scaled_mm(row_wise, out_dtype):
+    m, k, n = 64, 128, 96
+    shards = fp8_inputs(11, (m, k))
+    (w,) = fp8_inputs(12, (n, k), E5M2, n=1)  # a row-major [N, K] weight; B = w.t()
+    sa = scale_inputs(13, (m, 1) if row_wise else (1,))
+    if not row_wise:
+        sa = [sa[0]] * WORLD  # tensor-wise: one scale for the whole gathered A
+    (sb,) = scale_inputs(14, (1, n) if row_wise else (1,), n=1)
+    bias = torch.randn(n).to(out_dtype) if out_dtype != torch.float32 else None
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        r, dev = g.rank, torch.device("cuda", g.rank)
+        b = w.to(dev).t()
+        out = symm.fused_ag_mm(
+            g,
+            shards[r].to(dev),
+            b,
+            0,
+            a_scale=sa[r].to(dev),
+            b_scales=sb.to(dev),
+            biases=None if bias is None else bias.to(dev),
+            out_dtype=out_dtype,
+        )
+        gsa = torch.cat(sa).to(dev) if row_wise else sa[0].to(dev)
+        ref = scaled_mm_or_none(
+            torch.cat(shards).to(dev), b, gsa, sb.to(dev), None if bias is None else bias.to(dev), out_dtype
+        )
+        torch.cuda.synchronize()
+        assert out.dtype == out_dtype and out.shape == (m * WORLD, n)
+        return out.cpu(), None if ref is None else ref.cpu()
+
+    want = (torch.cat(shards).double() * torch.cat(sa).double()) @ (w.double().t() * sb.double())
+    want = want + (0 if bias is None else bias.double())
+    for out, ref in on_threads(rank_main, cuda_groups(), deadline_s=120):
+        assert_close(out, want)
+        if ref is not None:
+            assert_close(out, ref.double())
+
+
+@pytest.mark.parametrize("row_wise", [False, True])
+@pytest.mark.parametrize("scatter_dim", [0, 1])
+def test_mm_rs_fp8_with_bias(row_wise, scatter_dim):
+    """Each rank's product includes its bias (torch's
+    fused_scaled_matmul_reduce_scatter), so the sum holds both."""
+    m, k, n = 128, 64, 64
+    a = fp8_inputs(21, (m, k))
+    w = fp8_inputs(22, (n, k))
+    sa = scale_inputs(23, (m, 1) if row_wise else (1,))
+    sb = scale_inputs(24, (1, n) if row_wise else (1,))
+    g_bias = torch.Generator().manual_seed(25)
+    bias = [torch.randn(n, generator=g_bias).to(torch.bfloat16) for _ in range(WORLD)]
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        r, dev = g.rank, torch.device("cuda", g.rank)
+        out = symm.mm_rs(
+            g,
+            a[r].to(dev),
+            w[r].to(dev).t(),
+            scatter_dim,
+            a_scale=sa[r].to(dev),
+            b_scale=sb[r].to(dev),
+            bias=bias[r].to(dev),
+        )
+        torch.cuda.synchronize()
+        assert out.dtype == torch.bfloat16
+        return out.cpu()
+
+    total = sum(
+        (x.double() * s.double()) @ (y.double().t() * t.double()) + c.double()
+        for x, y, s, t, c in zip(a, w, sa, sb, bias)
+    )
+    for r, out in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+        assert_close(out, torch.chunk(total, WORLD, dim=scatter_dim)[r])
+
+
+def test_fp8_row_major_b_is_refused_with_the_layout_named():
+    (a,) = fp8_inputs(31, (16, 32), n=1)
+    one = torch.ones(1)
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        dev = torch.device("cuda", g.rank)
+        b = torch.zeros(32, 16, device=dev).to(E4M3)  # row-major [K, N]
+        with pytest.raises(symm.SymmUnsupported, match="column-major"):
+            symm.fused_ag_mm(g, a.to(dev), b, 0, a_scale=one.to(dev), b_scales=one.to(dev))
+
+    on_threads(rank_main, cuda_groups(), deadline_s=120)
+
+
 class CudaArrayOnly:
     """Hides DLPack, so the CUDA array interface is what symm reads."""
 

@@ -41,10 +41,11 @@ def rel_err(got, ref):
     return ((got - ref).norm() / ref.norm()).item()
 
 
-@pytest.mark.parametrize("dtype,out_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
-                                             (torch.bfloat16, torch.float32)])
+# Outputs in the operands' dtype: the CUDA backend (as torch's fused op)
+# writes no wider output.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows,k,ns", [(64, 128, [96]), (200, 264, [136, 40]), (512, 1024, [768])])
-def test_fused_ag_mm_matches_float64(dtype, out_dtype, rows, k, ns):
+def test_fused_ag_mm_matches_float64(dtype, rows, k, ns):
     shards = [randn(10 + r, (rows, k), dtype) for r in range(WORLD)]
     bs = [weight(20 + i, k, n, dtype) for i, n in enumerate(ns)]
     gathered = torch.cat(shards).double()
@@ -53,7 +54,7 @@ def test_fused_ag_mm_matches_float64(dtype, out_dtype, rows, k, ns):
         torch.cuda.set_device(g.rank)
         a = shards[g.rank].cuda()
         ws = [b.cuda() for b in bs]
-        outs = [torch.full((rows * WORLD, b.shape[1]), float("nan"), dtype=out_dtype, device="cuda") for b in bs]
+        outs = [torch.full((rows * WORLD, b.shape[1]), float("nan"), dtype=dtype, device="cuda") for b in bs]
         ag = torch.full((rows * WORLD, k), float("nan"), dtype=dtype, device="cuda")
         symm.fused_ag_mm(g, a, ws, 0, out=outs, ag_out=ag)
         torch.cuda.synchronize()
@@ -64,7 +65,7 @@ def test_fused_ag_mm_matches_float64(dtype, out_dtype, rows, k, ns):
         assert torch.equal(ag.double(), gathered)
         for out, b in zip(outs, bs):
             e = rel_err(out, gathered @ b.double())
-            assert e < TOLERANCE[out_dtype if out_dtype != torch.float32 else dtype], e
+            assert e < TOLERANCE[dtype], e
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

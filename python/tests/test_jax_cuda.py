@@ -28,6 +28,7 @@ if len(GPUS) < 2:
 import symm.jax as sj  # noqa: E402
 
 WORLD = 2
+HIGHEST = jax.lax.Precision.HIGHEST
 TOLERANCE = {jnp.float32: 1e-4, jnp.float16: 4e-3, jnp.bfloat16: 2e-2}
 DTYPES = list(TOLERANCE)
 
@@ -70,7 +71,8 @@ def test_ag_mm_against_jnp_and_xla_all_gather(mesh, dtype):
 
     def xla(a, w):
         ag = jax.lax.all_gather(a, "x", axis=0, tiled=True)
-        return ag, jnp.matmul(ag, w, preferred_element_type=jnp.float32).astype(dtype)
+        # HIGHEST: XLA's default multiplies f32 through TF32 on these GPUs.
+        return ag, jnp.matmul(ag, w, precision=HIGHEST, preferred_element_type=jnp.float32).astype(dtype)
 
     specs = dict(in_specs=(P("x"), P(None, "x")), out_specs=(P("x"), P(None, "x")))
     ag, out = smap(mesh, ours, **specs)(a, w)
@@ -101,7 +103,7 @@ def test_mm_rs_against_jnp_and_xla_psum_scatter(mesh, dtype, op):
         return sj.mm_rs(a, w, 0, op, axis_name="x")
 
     def xla(a, w):
-        part = jnp.matmul(a, w, preferred_element_type=jnp.float32)
+        part = jnp.matmul(a, w, precision=HIGHEST, preferred_element_type=jnp.float32)
         out = jax.lax.psum_scatter(part, "x", scatter_dimension=0, tiled=True)
         return (out / WORLD if op == "avg" else out).astype(dtype)
 

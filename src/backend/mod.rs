@@ -128,6 +128,32 @@ pub fn slot_offset(world: usize, channel: usize, src: usize) -> usize {
     (channel * world + src) * std::mem::size_of::<u32>()
 }
 
+/// How [`Backend::scaled_gemm`] scales its product. Every array is a
+/// contiguous vector of f32 in the backend's memory, read when the matmul
+/// runs (so earlier stream work may fill it).
+#[derive(Clone, Debug)]
+pub struct GemmScales {
+    /// Row-wise: `a` has one scale per row of A (m) and `b` one per column
+    /// of B (n). Tensor-wise: each holds one scale.
+    pub row_wise: bool,
+    pub a: Array,
+    pub b: Array,
+    /// `[n]` of `dst`'s dtype (never f32), added after scaling.
+    pub bias: Option<Array>,
+}
+
+impl GemmScales {
+    /// The scales and bias of columns `start..start + len` of the product.
+    pub fn columns(&self, start: usize, len: usize) -> GemmScales {
+        GemmScales {
+            row_wise: self.row_wise,
+            a: self.a.clone(),
+            b: if self.row_wise { self.b.narrow(0, start, len) } else { self.b.clone() },
+            bias: self.bias.as_ref().map(|v| v.narrow(0, start, len)),
+        }
+    }
+}
+
 /// One device (or the host) that groups allocate on.
 pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
@@ -170,6 +196,23 @@ pub trait Backend: Send + Sync {
     fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
         let _ = (dst, a, b, accumulate, stream);
         Err(err!(Unsupported, "the {} backend does not implement gemm", self.kind().name()))
+    }
+
+    /// Matrices of 8-bit floats (A row-major, B column-major, i.e. both
+    /// K-major): `dst[i, j] = sa * sb * sum_k a[i, k] * b[k, j] (+ bias[j])`
+    /// with the scales of `scales`, products summed in f32, as
+    /// `torch._scaled_mm`. `dst` is f32, bf16 or f16.
+    fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, stream: Stream) -> Result<()> {
+        let _ = (dst, a, b, scales, stream);
+        Err(err!(Unsupported, "the {} backend does not implement fp8 matmuls", self.kind().name()))
+    }
+
+    /// Whether this backend and device can run [`Backend::scaled_gemm`]
+    /// (with row-wise scales when `row_wise`); asked while a call is
+    /// planned, so an fp8 call it cannot run fails before any data moves.
+    fn check_scaled_gemm(&self, row_wise: bool) -> Result<()> {
+        let _ = row_wise;
+        Err(err!(Unsupported, "the {} backend does not implement fp8 matmuls", self.kind().name()))
     }
 
     /// Stream `i` of the backend's own side streams, which run concurrently

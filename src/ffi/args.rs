@@ -167,6 +167,30 @@ pub fn tensors(p: *const symm_tensor_t, n: usize, name: &str) -> Result<Vec<Arra
     ts.iter().enumerate().map(|(i, t)| tensor(t, &format!("{name}[{i}]"))).collect()
 }
 
+/// As [`tensors`], with NULL meaning "not given".
+pub fn optional_tensors(p: *const symm_tensor_t, n: usize, name: &str) -> Result<Option<Vec<Array>>> {
+    if p.is_null() {
+        Ok(None)
+    } else {
+        tensors(p, n, name).map(Some)
+    }
+}
+
+/// As [`optional_tensors`], where an entry whose `data` is NULL is absent
+/// (torch's `Tensor?[]`).
+pub fn optional_entries(p: *const symm_tensor_t, n: usize, name: &str) -> Result<Option<Vec<Option<Array>>>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL, and the caller promises `n` descriptors.
+    let ts = unsafe { std::slice::from_raw_parts(p, n) };
+    let read = |(i, t): (usize, &symm_tensor_t)| match t.data.is_null() {
+        true => Ok(None),
+        false => tensor(t, &format!("{name}[{i}]")).map(Some),
+    };
+    ts.iter().enumerate().map(read).collect::<Result<_>>().map(Some)
+}
+
 /// Reads an option struct (NULL = all defaults), honouring `struct_size`:
 /// it must cover this version's fields, and whatever a newer caller added
 /// beyond them must be zero, since this version cannot honour it.

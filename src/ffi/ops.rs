@@ -8,13 +8,15 @@
 //! What every operation shares is documented once, on
 //! `symm_group_reserve_workspace`.
 
-use super::args::{non_negative, optional_tensor, options, reduce_op, tensor_arg, tensors};
+use super::args::{
+    non_negative, optional_entries, optional_tensor, optional_tensors, options, reduce_op, tensor_arg, tensors,
+};
 use super::boundary::call;
 use super::group::group;
 use super::types::*;
 use crate::backend::Stream;
 use crate::error::{err, Result};
-use crate::ops::{self, AgMm, LcAllgather, MmRs};
+use crate::ops::{self, AgMm, AgMmScales, LcAllgather, MmRs, MmRsScales};
 use std::ffi::{c_int, c_void};
 
 /// Collective: makes the group's workspace at least `bytes` large now, so
@@ -47,13 +49,15 @@ pub extern "C" fn symm_group_reserve_workspace(group: symm_group_t, bytes: usize
 /// Each `bs[i]` is `[K_total, N_i]` with K_total = K, or K * world when
 /// `gather_dim` is the last dimension. `outs[i]` receives gathered A @
 /// `bs[i]`: the gathered shape with the last dimension N_i. `ag_out`, if
-/// not NULL, receives the gathered A. Types: f32, bf16 or f16, all the
-/// same; products are summed in f32. `opts` may be NULL.
+/// not NULL, receives the gathered A (of `a_shard`'s dtype). Types: f32,
+/// bf16 or f16, all the same; or fp8 inputs with scales, into bf16, f16 or
+/// f32 outputs (see `symm_ag_mm_options_t`). Products are summed in f32.
+/// `opts` may be NULL.
 ///
-/// Every rank passes the same dtype, shapes, `gather_dim` and `num_b`
-/// (else `SYMM_ERROR_MISMATCH` on every rank). Outputs may be strided but
-/// must not overlap themselves, each other or the inputs. On any error
-/// before data moved, no output was written.
+/// Every rank passes the same dtypes, shapes (of scales too), `gather_dim`
+/// and `num_b` (else `SYMM_ERROR_MISMATCH` on every rank). Outputs may be
+/// strided but must not overlap themselves, each other or the inputs. On
+/// any error before data moved, no output was written.
 #[no_mangle]
 pub unsafe extern "C" fn symm_fused_ag_mm(
     group: symm_group_t,
@@ -73,17 +77,21 @@ pub unsafe extern "C" fn symm_fused_ag_mm(
             if n == 0 {
                 return Err(err!(InvalidArgument, "num_b is 0; expected at least 1"));
             }
-            let opts = options(opts, "opts", "SYMM_AG_MM_OPTIONS_INIT")?;
-            let later = opts.map_or(Vec::new(), |o| {
-                set_fields(&[("opts->a_scale", o.a_scale), ("opts->b_scales", o.b_scales), ("opts->biases", o.biases)])
-            });
+            let scales = match options(opts, "opts", "SYMM_AG_MM_OPTIONS_INIT")? {
+                None => AgMmScales::default(),
+                Some(o) => AgMmScales {
+                    a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
+                    b_scales: optional_tensors(o.b_scales, n, "opts->b_scales")?,
+                    biases: optional_entries(o.biases, n, "opts->biases")?,
+                },
+            };
             Ok(AgMm {
                 a_shard: tensor_arg(a_shard, "a_shard")?,
                 bs: tensors(bs, n, "bs")?,
                 gather_dim: gather_dim.into(),
                 ag_out: optional_tensor(ag_out, "ag_out")?,
                 outs: tensors(outs, n, "outs")?,
-                later_options: later,
+                scales,
             })
         };
         ops::fused_ag_mm(&g, read(), Stream(stream as usize))
@@ -98,12 +106,15 @@ pub unsafe extern "C" fn symm_fused_ag_mm(
 /// `scatter_dim` (0 to ndim-1) must divide by the world size. Rank r's
 /// `out` receives chunk r of that dimension, summed over the ranks
 /// (`SYMM_REDUCE_SUM`) or averaged (`SYMM_REDUCE_AVG`). Types: f32, bf16 or
-/// f16, all the same; products and sums in f32. `opts` may be NULL.
+/// f16, all the same; or fp8 inputs with scales, into a bf16, f16 or f32
+/// `out` (see `symm_mm_rs_options_t`). Products and sums in f32; each
+/// rank's product is rounded to `out`'s dtype before it travels. `opts`
+/// may be NULL.
 ///
-/// Every rank passes the same dtype, shapes, `scatter_dim` and `op` (else
-/// `SYMM_ERROR_MISMATCH` on every rank). `out` may be strided but must not
-/// overlap itself or the inputs. On any error before data moved, `out` was
-/// not written.
+/// Every rank passes the same dtypes, shapes (of scales too), `scatter_dim`
+/// and `op` (else `SYMM_ERROR_MISMATCH` on every rank). `out` may be
+/// strided but must not overlap itself or the inputs. On any error before
+/// data moved, `out` was not written.
 #[no_mangle]
 pub unsafe extern "C" fn symm_mm_rs(
     group: symm_group_t,
@@ -118,17 +129,21 @@ pub unsafe extern "C" fn symm_mm_rs(
     call("symm_mm_rs", || {
         let g = self::group(group)?;
         let read = || -> Result<MmRs> {
-            let opts = options(opts, "opts", "SYMM_MM_RS_OPTIONS_INIT")?;
-            let later = opts.map_or(Vec::new(), |o| {
-                set_fields(&[("opts->a_scale", o.a_scale), ("opts->b_scale", o.b_scale), ("opts->bias", o.bias)])
-            });
+            let scales = match options(opts, "opts", "SYMM_MM_RS_OPTIONS_INIT")? {
+                None => MmRsScales::default(),
+                Some(o) => MmRsScales {
+                    a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
+                    b_scale: optional_tensor(o.b_scale, "opts->b_scale")?,
+                    bias: optional_tensor(o.bias, "opts->bias")?,
+                },
+            };
             Ok(MmRs {
                 a: tensor_arg(a, "a")?,
                 b: tensor_arg(b, "b")?,
                 scatter_dim: scatter_dim.into(),
                 op: reduce_op(op)?,
                 out: tensor_arg(out, "out")?,
-                later_options: later,
+                scales,
             })
         };
         ops::mm_rs(&g, read(), Stream(stream as usize))
@@ -157,9 +172,4 @@ pub unsafe extern "C" fn symm_lc_allgather(
         };
         ops::lc_allgather(&g, read(), Stream(stream as usize))
     })
-}
-
-/// The names of the option pointers that are set.
-fn set_fields(fields: &[(&'static str, *const symm_tensor_t)]) -> Vec<&'static str> {
-    fields.iter().filter(|(_, p)| !p.is_null()).map(|(name, _)| *name).collect()
 }

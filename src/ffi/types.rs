@@ -117,8 +117,10 @@ pub type symm_dtype_t = i32;
 pub const SYMM_DTYPE_F32: symm_dtype_t = 1;
 pub const SYMM_DTYPE_BF16: symm_dtype_t = 2;
 pub const SYMM_DTYPE_F16: symm_dtype_t = 3;
-/// 8-bit floats (OCP E4M3 and E5M2): copied by `symm_lc_allgather`; matmuls
-/// on them need scales, which a later version adds.
+/// 8-bit floats (OCP E4M3 as `torch.float8_e4m3fn`: bias 7, no
+/// infinities, NaN 0x7f/0xff; and E5M2 as `torch.float8_e5m2`). Copied by
+/// `symm_lc_allgather` and gathered by `symm_fused_ag_mm`; matmul inputs
+/// with scales (see `symm_ag_mm_options_t`), never outputs.
 pub const SYMM_DTYPE_FP8_E4M3: symm_dtype_t = 4;
 pub const SYMM_DTYPE_FP8_E5M2: symm_dtype_t = 5;
 
@@ -153,35 +155,68 @@ pub const SYMM_REDUCE_AVG: symm_reduce_op_t = 1;
 
 /// Options of `symm_fused_ag_mm`. Initialize with `SYMM_AG_MM_OPTIONS_INIT`;
 /// fields are only ever appended, and `struct_size` tells symm which exist.
-/// The fields are for fp8 matmuls, which a later version implements: in
-/// this version they must stay NULL (else `SYMM_ERROR_UNSUPPORTED`). The
-/// output dtype is each output tensor's own `dtype`.
+///
+/// The fields make the matmuls scaled fp8 ones, as PyTorch's
+/// `fused_all_gather_scaled_matmul` and `torch._scaled_mm`:
+/// `outs[i] = (A * a_scale) @ (bs[i] * b_scales[i]) (+ biases[i])`, products
+/// summed in f32. With an fp8 `a_shard` (`SYMM_DTYPE_FP8_E4M3` or `_E5M2`)
+/// `a_scale` and `b_scales` are required; with any other dtype they must be
+/// NULL. Each `bs[i]` is fp8 too (not both operands E5M2, which cuBLASLt
+/// cannot multiply) and column-major, i.e. K-major: strides `[1, ld]` with
+/// `ld` a multiple of 16 and 16-byte aligned data, as `W.t()` of a
+/// row-major `[N, K]` weight (any other layout: `SYMM_ERROR_UNSUPPORTED`,
+/// on every backend, naming this layout). K and every N_i must be
+/// multiples of 16. `a_shard` may have any strides. The output dtype is
+/// each output tensor's own `dtype`: bf16, f16 or f32 (fp8 outputs,
+/// torch's `result_scale`, are not supported).
+///
+/// Scales are f32. Tensor-wise when `a_scale` and every `b_scales[i]` hold
+/// one element (any shape, e.g. `[1]`): `a_scale` is this rank's and scales
+/// the whole gathered A, so every rank should pass the same value (as in
+/// PyTorch). Otherwise row-wise: `a_scale` has `a_shard`'s shape with the
+/// last dimension 1 (one scale per row of the shard, any strides) and is
+/// gathered along with the rows; `b_scales[i]` is a contiguous `[1, N_i]`.
+/// Row-wise scales need `gather_dim` other than the last dimension, and on
+/// CUDA cuBLASLt 12.9+ on compute capability 9.0+ (fp8 itself needs 8.9+).
+/// Scales, like every tensor, are in the group's memory (device memory on
+/// CUDA) and are read when the matmuls run.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct symm_ag_mm_options_t {
     /// `sizeof(symm_ag_mm_options_t)` as the caller compiled it.
     pub struct_size: usize,
-    /// Scale of `a_shard`.
+    /// Scale of `a_shard`; NULL unless `a_shard` is fp8.
     pub a_scale: *const symm_tensor_t,
-    /// `num_b` scales, one per B.
+    /// `num_b` scales, one per B; NULL unless `a_shard` is fp8.
     pub b_scales: *const symm_tensor_t,
-    /// `num_b` bias vectors `[N_i]`, added to each output.
+    /// NULL, or `num_b` bias vectors `[N_i]` (contiguous, of `outs[i]`'s
+    /// dtype, which must then be bf16 or f16), added to each output after
+    /// scaling; an entry whose `data` is NULL adds none. fp8 matmuls only.
     pub biases: *const symm_tensor_t,
 }
 
-/// Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`;
-/// as `symm_ag_mm_options_t`, the fields are for fp8 matmuls of a later
-/// version and must stay NULL in this one.
+/// Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`.
+///
+/// As `symm_ag_mm_options_t`, the fields make the matmul a scaled fp8 one,
+/// as PyTorch's `fused_scaled_matmul_reduce_scatter`: each rank's product
+/// is `(a * a_scale) @ (b * b_scale) (+ bias)`, then reduced and scattered.
+/// The same rules hold: fp8 `a` needs both scales, `b` fp8 and
+/// column-major, K and N multiples of 16 (N / world when `scatter_dim` is
+/// the last dimension), `out` bf16, f16 or f32. Tensor-wise: one-element
+/// scales. Row-wise: `a_scale` has `a`'s shape with the last dimension 1,
+/// `b_scale` is a contiguous `[1, N]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct symm_mm_rs_options_t {
     /// `sizeof(symm_mm_rs_options_t)` as the caller compiled it.
     pub struct_size: usize,
-    /// Scale of `a`.
+    /// Scale of `a`; NULL unless `a` is fp8.
     pub a_scale: *const symm_tensor_t,
-    /// Scale of `b`.
+    /// Scale of `b`; NULL unless `a` is fp8.
     pub b_scale: *const symm_tensor_t,
-    /// Bias vector `[N]` of the matmul.
+    /// NULL, or a contiguous `[N]` of `out`'s dtype (bf16 or f16) added to
+    /// each rank's product, so that, as in PyTorch, `SYMM_REDUCE_SUM`
+    /// includes it world times and `SYMM_REDUCE_AVG` once. fp8 only.
     pub bias: *const symm_tensor_t,
 }
 

@@ -1,5 +1,7 @@
 //! `symm_fused_ag_mm`: `all_gather(a_shard, gather_dim) @ bs[i]` for one or
-//! more B sharing one gathered A, as PyTorch's `fused_all_gather_matmul`.
+//! more B sharing one gathered A, as PyTorch's `fused_all_gather_matmul`,
+//! and with fp8 operands and scales as `fused_all_gather_scaled_matmul`
+//! (see `super::scaled`).
 //!
 //! The gathered A is the ranks' shards concatenated along `gather_dim` in
 //! rank order; output i is gathered A @ `bs[i]`, the gathered shape with the
@@ -7,19 +9,26 @@
 //! B then has K * world rows, and output i is the sum over ranks r of
 //! `shard_r @ bs[i][r*K .. (r+1)*K]`.
 //!
-//! Execution (see `AgMmPlan::execute`): every rank copies its shard,
-//! contiguous, into its workspace; after a barrier it pulls every peer's
-//! shard into its own workspace and copies each to its slice of `ag_out`.
-//! For gather_dim < last, shard r times B is slice r of each output, written
-//! directly when that slice is a matrix, else through scratch. For the last
-//! dimension the shards are laid side by side into one matrix and multiplied
-//! once over the whole K.
+//! Scales: a tensor-wise `a_scale` is this rank's, applied to the whole
+//! gathered A (as torch: every rank should pass the same value); a row-wise
+//! one belongs to the shard's rows and is gathered with them. Row-wise
+//! scales with gather_dim the last dimension would give each K block its
+//! own row scales, which one matmul cannot apply: not supported.
+//!
+//! Execution (see `AgMmPlan::execute`): every rank copies its shard (and
+//! row scales), contiguous, into its workspace; after a barrier it pulls
+//! every peer's shard into its own workspace and copies each to its slice
+//! of `ag_out`. For gather_dim < last, shard r times B is slice r of each
+//! output, written directly when that slice is a matrix, else through
+//! scratch. For the last dimension the shards are laid side by side into
+//! one matrix and multiplied once over the whole K.
 
 use super::agree::Signature;
+use super::scaled::{self, Mode};
 use super::workspace::Layout;
 use super::{check, fused, shape_text, Exec, Plan};
-use crate::array::Array;
-use crate::backend::{FusedGather, FusedMatmul, Stream};
+use crate::array::{Array, DType};
+use crate::backend::{FusedGather, FusedMatmul, GemmScales, Stream};
 use crate::error::{err, Result};
 use crate::group::Group;
 use crate::plan;
@@ -33,8 +42,17 @@ pub struct AgMm {
     pub gather_dim: i64,
     pub ag_out: Option<Array>,
     pub outs: Vec<Array>,
-    /// Options of a later version that the caller set (named as in C).
-    pub later_options: Vec<&'static str>,
+    pub scales: AgMmScales,
+}
+
+/// The fp8 options (torch's `A_scale`, `B_scales`, `biases`).
+#[derive(Clone, Debug, Default)]
+pub struct AgMmScales {
+    pub a_scale: Option<Array>,
+    /// One per B.
+    pub b_scales: Option<Vec<Array>>,
+    /// One per B; `None` entries add no bias.
+    pub biases: Option<Vec<Option<Array>>>,
 }
 
 /// Collective over `group`: see the module documentation. `call` is `Err`
@@ -42,13 +60,20 @@ pub struct AgMm {
 /// part in the agreement so its peers fail too.
 pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Result<()> {
     let world = group.world();
-    let backend = group.backend().kind().name();
+    let backend = group.backend();
     super::run(
         group,
         stream,
         call.map(|c| {
             let fused = c.fused_field(group);
-            (c.signature(fused.as_ref()), c.plan(world, backend, fused::chosen(fused.as_ref())))
+            let signature = c.signature(fused.as_ref());
+            let plan = c.plan(world, backend.kind().name(), fused::chosen(fused.as_ref())).and_then(|p| {
+                if let Some(mode) = p.mode {
+                    backend.check_scaled_gemm(mode == Mode::Row)?;
+                }
+                Ok(p)
+            });
+            (signature, plan)
         }),
     )
 }
@@ -61,8 +86,18 @@ impl AgMm {
             .arg("a_shard.shape", shape_text(&a.shape))
             .arg("gather_dim", self.gather_dim)
             .arg("num_b", self.bs.len());
-        for (i, b) in self.bs.iter().enumerate() {
-            s = s.arg(format!("bs[{i}].shape"), shape_text(&b.shape));
+        for (i, (b, o)) in self.bs.iter().zip(&self.outs).enumerate() {
+            s = s.arg(format!("bs[{i}].shape"), shape_text(&b.shape)).arg(format!("outs[{i}].dtype"), o.dtype);
+        }
+        // The scale mode decides the workspace, so it must agree.
+        if let Some(t) = &self.scales.a_scale {
+            s = s.arg("opts->a_scale.shape", shape_text(&t.shape));
+        }
+        for (i, t) in self.scales.b_scales.iter().flatten().enumerate() {
+            s = s.arg(format!("opts->b_scales[{i}].shape"), shape_text(&t.shape));
+        }
+        for (i, t) in self.scales.biases.iter().flatten().enumerate() {
+            s = s.arg(format!("opts->biases[{i}]"), if t.is_some() { "set" } else { "none" });
         }
         match fused {
             Some(f) => s.arg("fused", f),
@@ -89,20 +124,44 @@ impl AgMm {
         })
     }
 
+    /// The scale mode of an fp8 call (`None` for f32/bf16/f16), after the
+    /// checks that need nothing but the options.
+    fn scale_mode(&self) -> Result<Option<Mode>> {
+        let (a, s) = (&self.a_shard, &self.scales);
+        let scales_set: Vec<&str> = [("opts->a_scale", s.a_scale.is_some()), ("opts->b_scales", s.b_scales.is_some())]
+            .iter()
+            .filter_map(|&(name, set)| set.then_some(name))
+            .collect();
+        if a.dtype.fp8().is_none() {
+            let biases_set = if s.biases.iter().flatten().any(Option::is_some) { vec!["opts->biases"] } else { vec![] };
+            scaled::unscaled(a, "a_shard", &scales_set, &biases_set)?;
+            return Ok(None);
+        }
+        let missing: Vec<&str> =
+            ["opts->a_scale", "opts->b_scales"].into_iter().filter(|n| !scales_set.contains(n)).collect();
+        scaled::required(a, "a_shard", &missing)?;
+        let b_scales: Vec<&Array> = s.b_scales.iter().flatten().collect();
+        Ok(Some(Mode::of(s.a_scale.as_ref().expect("required"), &b_scales)))
+    }
+
     fn plan(self, world: usize, backend: &str, fused: bool) -> Result<AgMmPlan> {
         let a = &self.a_shard;
-        check::matmul_dtype(a, "a_shard", backend)?;
         check::ndim_at_least(a, "a_shard", 2)?;
         let dim = check::dim(self.gather_dim, "gather_dim", a.ndim(), "a_shard")?;
-        check::no_later_options(&self.later_options, backend)?;
+        let mode = self.scale_mode()?;
         let last = a.ndim() - 1;
         let mut gathered = a.shape.clone();
         gathered[dim] = check::mul(a.shape[dim], world, "the gathered a_shard")?;
         let k_total = gathered[last];
         for (i, b) in self.bs.iter().enumerate() {
             let name = format!("bs[{i}]");
-            check::same_dtype(b, &name, a.dtype, "a_shard")?;
-            check::ndim_is(b, &name, 2)?;
+            match mode {
+                Some(_) => scaled::b_operand(b, &name, a, "a_shard")?,
+                None => {
+                    check::same_dtype(b, &name, a.dtype, "a_shard")?;
+                    check::ndim_is(b, &name, 2)?;
+                }
+            }
             if b.shape[0] != k_total {
                 let why = if dim == last {
                     format!("a_shard's last dimension {} times the world size {world}", a.shape[last])
@@ -111,17 +170,30 @@ impl AgMm {
                 };
                 return Err(err!(InvalidArgument, "{name}.shape[0] is {}; expected {k_total}, {why}", b.shape[0]));
             }
+            if mode.is_some() {
+                scaled::sizes(k_total, b.shape[1], &name)?;
+            }
+        }
+        if let Some(mode) = mode {
+            self.check_scales(mode, dim)?;
         }
         if let Some(ag) = &self.ag_out {
             check::same_dtype(ag, "ag_out", a.dtype, "a_shard")?;
             check::shape_is(ag, "ag_out", &gathered)?;
         }
-        for (i, (o, b)) in self.outs.iter().zip(&self.bs).enumerate() {
+        let biases = self.scales.biases.clone().unwrap_or_else(|| vec![None; self.bs.len()]);
+        for (i, ((o, b), bias)) in self.outs.iter().zip(&self.bs).zip(&biases).enumerate() {
             let name = format!("outs[{i}]");
-            check::output_dtype(o, &name, a.dtype, backend)?;
+            match mode {
+                Some(_) => scaled::output(o, &name)?,
+                None => check::output_dtype(o, &name, a.dtype, backend)?,
+            }
             let mut want = gathered[..last].to_vec();
             want.push(b.shape[1]);
             check::shape_is(o, &name, &want)?;
+            if let Some(bias) = bias {
+                scaled::bias(bias, &format!("opts->biases[{i}]"), b.shape[1], o, &name)?;
+            }
         }
         let outputs: Vec<(String, &Array)> = self
             .ag_out
@@ -129,28 +201,41 @@ impl AgMm {
             .map(|t| ("ag_out".to_string(), t))
             .chain(self.outs.iter().enumerate().map(|(i, t)| (format!("outs[{i}]"), t)))
             .collect();
+        let scale_inputs = self.scales.a_scale.iter().map(|t| ("opts->a_scale".to_string(), t));
+        let b_scale_inputs =
+            self.scales.b_scales.iter().flatten().enumerate().map(|(i, t)| (format!("opts->b_scales[{i}]"), t));
+        let bias_inputs =
+            biases.iter().enumerate().filter_map(|(i, t)| Some((format!("opts->biases[{i}]"), t.as_ref()?)));
         let inputs: Vec<(String, &Array)> = std::iter::once(("a_shard".to_string(), a))
             .chain(self.bs.iter().enumerate().map(|(i, t)| (format!("bs[{i}]"), t)))
+            .chain(scale_inputs)
+            .chain(b_scale_inputs)
+            .chain(bias_inputs)
             .collect();
         check::outputs_disjoint(&outputs, &inputs)?;
 
         // Workspace: every rank's shard back to back (this rank's own at its
         // rank's place, the others pulled there), so that for gather_dim 0
-        // they form the gathered A; when gathering K, the gathered A laid
-        // out as one matrix; then scratch for one product in the output
-        // dtype (the gathered rows x the widest N). From agreed shapes only.
+        // they form the gathered A; likewise every rank's row scales; when
+        // gathering K, the gathered A laid out as one matrix; then scratch
+        // for one product in the output dtype (the shard's rows x the widest
+        // N). From agreed shapes and dtypes only.
         let rows = a.numel() / a.shape[last];
         let max_n = self.bs.iter().map(|b| b.shape[1]).max().unwrap_or(0);
+        let out_size = self.outs.iter().map(|o| o.dtype.size()).max().unwrap_or(0);
         let shard_bytes = check::mul(a.numel(), a.dtype.size(), "a_shard")?;
         let mut layout = Layout::default();
         let shards = layout.region(check::mul(shard_bytes, world, "the gathered a_shard")?);
+        let row_scales = match mode {
+            Some(Mode::Row) => Some(layout.region(check::mul(row_scale_slot(rows), world, "the gathered a_scale")?)),
+            _ => None,
+        };
         let gathered_k = if dim == last {
             Some(layout.region(check::mul(shard_bytes, world, "the gathered a_shard")?))
         } else {
             None
         };
-        let scratch =
-            layout.region(check::mul(check::mul(rows, max_n, "the product")?, a.dtype.size(), "the product")?);
+        let scratch = layout.region(check::mul(check::mul(rows, max_n, "the product")?, out_size, "the product")?);
         // The fused kernel's arrival flags, one u32 per rank.
         let ready = layout.region(4 * world);
         let problem = plan::Problem {
@@ -165,8 +250,10 @@ impl AgMm {
         Ok(AgMmPlan {
             call: self,
             dim,
+            mode,
             shards,
             shard_bytes,
+            row_scales,
             gathered_k,
             scratch,
             ready,
@@ -174,15 +261,38 @@ impl AgMm {
             workspace: layout.bytes(),
         })
     }
+
+    /// The scales of an fp8 call in `mode`, gathering along `dim`.
+    fn check_scales(&self, mode: Mode, dim: usize) -> Result<()> {
+        let a = &self.a_shard;
+        let a_scale = self.scales.a_scale.as_ref().expect("checked by scale_mode");
+        scaled::a_scale(a_scale, "opts->a_scale", &a.shape, mode)?;
+        if mode == Mode::Row && dim == a.ndim() - 1 {
+            return Err(err!(
+                Unsupported,
+                "row-wise scales with gather_dim {dim}, the last dimension, are not supported: each rank's \
+                 K block would need its own row scales; use tensor-wise scales or gather another dimension"
+            ));
+        }
+        for (i, (t, b)) in self.scales.b_scales.iter().flatten().zip(&self.bs).enumerate() {
+            scaled::b_scale(t, &format!("opts->b_scales[{i}]"), b.shape[1], mode)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug)]
 struct AgMmPlan {
     call: AgMm,
     dim: usize,
+    /// The scale mode of an fp8 call.
+    mode: Option<Mode>,
     /// Workspace offsets: rank r's shard at `shards + r * shard_bytes`.
     shards: usize,
     shard_bytes: usize,
+    /// Row-wise: rank r's row scales (f32) at `row_scales + r * slot`
+    /// (see [`row_scale_slot`]).
+    row_scales: Option<usize>,
     /// The gathered A as one `[rows, K * world]` matrix, when gathering K.
     gathered_k: Option<usize>,
     scratch: usize,
@@ -190,6 +300,13 @@ struct AgMmPlan {
     ready: usize,
     algorithm: plan::Algorithm,
     workspace: usize,
+}
+
+/// Which rows of the gathered A a matmul covers (for their row scales).
+#[derive(Clone, Copy)]
+enum Rows {
+    Shard(usize),
+    All,
 }
 
 impl Plan for AgMmPlan {
@@ -203,7 +320,8 @@ impl Plan for AgMmPlan {
     /// the main stream multiplies this rank's shard at once and each pulled
     /// shard as it lands. Sequential: one matmul over the gathered A once
     /// everything has landed (cuBLAS runs one large matmul faster than
-    /// pieces, which pays when the pulls are short).
+    /// pieces, which pays when the pulls are short). Row scales travel with
+    /// their shards.
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
         if self.algorithm == plan::Algorithm::Fused {
             return self.fused(ex);
@@ -213,6 +331,11 @@ impl Plan for AgMmPlan {
         let offset = |r: usize| self.shards + r * self.shard_bytes;
         let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
         ex.copy(&local_shard(me), a)?;
+        if let Some(a_scale) = &self.call.scales.a_scale {
+            if self.row_scales.is_some() {
+                ex.copy(&Array::contiguous(self.row_scale_addr(ex.local(0), me), DType::F32, &a_scale.shape), a_scale)?;
+            }
+        }
         let side = ex.side()?;
         ex.fork(side)?;
         ex.ws.barrier(super::CHANNEL, side)?;
@@ -227,6 +350,10 @@ impl Plan for AgMmPlan {
             let r = (me + world - step) % world;
             let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
             ex.copy_on(side, &local_shard(r), &remote)?;
+            if self.row_scales.is_some() {
+                let remote = self.row_scale_vector(ex.at(r, 0)?, r);
+                ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
+            }
             if pipelined {
                 ex.join(side)?;
                 self.multiply_shard(ex, &local_shard(r), r, len)?;
@@ -244,9 +371,9 @@ impl Plan for AgMmPlan {
         }
         if whole {
             let lhs = gathered.expect("checked above");
-            for (b, out) in bs.iter().zip(outs) {
+            for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
                 let m = out.as_matrix().expect("checked by gathered_matrix");
-                ex.gemm(&m, &lhs, b, false)?;
+                ex.matmul(&m, &lhs, b, self.scales(ex, i, Rows::All)?.as_ref())?;
             }
         }
         if let Some(offset) = self.gathered_k {
@@ -259,8 +386,8 @@ impl Plan for AgMmPlan {
                 ex.copy(&gathered.narrow(dim, r * len, len), &local_shard(r))?;
             }
             let lhs = gathered.as_matrix().expect("a contiguous array is a matrix");
-            for (b, out) in bs.iter().zip(outs) {
-                self.gemm_into(ex, out, &lhs, b)?;
+            for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
+                self.gemm_into(ex, out, &lhs, b, self.scales(ex, i, Rows::All)?.as_ref())?;
             }
         }
         ex.join(side)
@@ -323,11 +450,54 @@ impl AgMmPlan {
         Ok(())
     }
 
+    /// Rows of A per shard.
+    fn shard_rows(&self) -> usize {
+        let a = &self.call.a_shard;
+        a.numel() / a.shape[a.ndim() - 1]
+    }
+
+    /// Where rank r's row scales lie in the workspace that starts at `base`.
+    fn row_scale_addr(&self, base: u64, r: usize) -> u64 {
+        let offset = self.row_scales.expect("row-wise call") + r * row_scale_slot(self.shard_rows());
+        base + offset as u64
+    }
+
+    fn row_scale_vector(&self, base: u64, r: usize) -> Array {
+        Array::contiguous(self.row_scale_addr(base, r), DType::F32, &[self.shard_rows()])
+    }
+
+    /// The scales of a matmul by `bs[i]` over `rows` of the gathered A, for
+    /// an fp8 call.
+    fn scales(&self, ex: &Exec<'_>, i: usize, rows: Rows) -> Result<Option<GemmScales>> {
+        let Some(mode) = self.mode else { return Ok(None) };
+        let s = &self.call.scales;
+        let b_scale = &s.b_scales.as_ref().expect("an fp8 call has B scales")[i];
+        let a = match (mode, rows) {
+            (Mode::Tensor, _) => {
+                let a_scale = s.a_scale.as_ref().expect("an fp8 call has an A scale");
+                Array::contiguous(a_scale.addr, DType::F32, &[1])
+            }
+            (Mode::Row, Rows::Shard(r)) => self.row_scale_vector(ex.local(0), r),
+            (Mode::Row, Rows::All) => {
+                Array::contiguous(self.row_scale_addr(ex.local(0), 0), DType::F32, &[self.shard_rows() * ex.world()])
+            }
+        };
+        Ok(Some(GemmScales {
+            row_wise: mode == Mode::Row,
+            a,
+            b: Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
+            bias: s.biases.as_ref().and_then(|v| v[i].clone()),
+        }))
+    }
+
     /// The gathered A as one matrix in this rank's workspace, when it is one
     /// (gathering dim 0) and every output is a matrix too.
+    /// Row scales must then form one vector too: no padding between the
+    /// ranks' slots.
     fn gathered_matrix(&self, ex: &Exec<'_>) -> Option<Array> {
         let a = &self.call.a_shard;
-        if self.dim != 0 || self.call.outs.iter().any(|o| o.as_matrix().is_none()) {
+        let padded_scales = self.row_scales.is_some() && row_scale_slot(self.shard_rows()) != self.shard_rows() * 4;
+        if self.dim != 0 || padded_scales || self.call.outs.iter().any(|o| o.as_matrix().is_none()) {
             return None;
         }
         let mut shape = a.shape.clone();
@@ -338,25 +508,39 @@ impl AgMmPlan {
     /// Shard r (local, contiguous) times every B, into slice r of each output.
     fn multiply_shard(&self, ex: &Exec<'_>, shard: &Array, r: usize, len: usize) -> Result<()> {
         let lhs = shard.as_matrix().expect("a contiguous shard is a matrix");
-        for (b, out) in self.call.bs.iter().zip(&self.call.outs) {
-            self.gemm_into(ex, &out.narrow(self.dim, r * len, len), &lhs, b)?;
+        for (i, (b, out)) in self.call.bs.iter().zip(&self.call.outs).enumerate() {
+            let scales = self.scales(ex, i, Rows::Shard(r))?;
+            self.gemm_into(ex, &out.narrow(self.dim, r * len, len), &lhs, b, scales.as_ref())?;
         }
         Ok(())
     }
 
-    /// `dst = lhs @ b`: straight into `dst` when it is a matrix, else into
-    /// contiguous scratch of `dst`'s dtype and then copied (no conversion, so
-    /// every backend's plain strided copy serves).
-    fn gemm_into(&self, ex: &Exec<'_>, dst: &Array, lhs: &Array, b: &Array) -> Result<()> {
-        match dst.as_matrix() {
-            Some(m) => ex.gemm(&m, lhs, b, false),
+    /// `dst = lhs @ b`: straight into `dst` when it is a matrix (that an
+    /// fp8 matmul can write: unit column stride, 16-byte aligned rows),
+    /// else into contiguous scratch of `dst`'s dtype and then copied (no
+    /// conversion, so every backend's plain strided copy serves).
+    fn gemm_into(&self, ex: &Exec<'_>, dst: &Array, lhs: &Array, b: &Array, scales: Option<&GemmScales>) -> Result<()> {
+        let direct = dst.as_matrix().filter(|m| scales.is_none() || writable_by_fp8(m));
+        match direct {
+            Some(m) => ex.matmul(&m, lhs, b, scales),
             None => {
                 let product = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);
-                ex.gemm(&product.as_matrix().expect("contiguous"), lhs, b, false)?;
+                ex.matmul(&product.as_matrix().expect("contiguous"), lhs, b, scales)?;
                 ex.copy(dst, &product)
             }
         }
     }
+}
+
+/// Bytes between the ranks' row scales in the workspace: 16-byte aligned,
+/// as vector loads of scale arrays (cuBLASLt's outer-vector scales) want.
+fn row_scale_slot(rows: usize) -> usize {
+    (rows * 4).next_multiple_of(16)
+}
+
+/// Whether cuBLASLt's fp8 kernels can write matrix `m` in place.
+fn writable_by_fp8(m: &Array) -> bool {
+    m.strides[1] == 1 && (m.strides[0] * m.dtype.size()) % 16 == 0 && m.addr % 16 == 0
 }
 
 #[cfg(test)]
@@ -375,7 +559,7 @@ mod tests {
             gather_dim: dim,
             ag_out: None,
             outs: ns.iter().enumerate().map(|(i, &n)| at(10 + i as u64, &out_shape(n))).collect(),
-            later_options: Vec::new(),
+            scales: AgMmScales::default(),
         }
     }
 
@@ -403,8 +587,75 @@ mod tests {
         assert_eq!(c.clone().plan(2, "host", false).unwrap_err().msg, "ag_out.shape is [4, 8]; expected [8, 8]");
         c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[8, 8]));
         assert!(c.clone().plan(2, "host", false).is_ok());
-        c.later_options = vec!["opts->a_scale"];
+        c.scales.a_scale = Some(Array::contiguous(0x900_1000, DType::F32, &[1]));
+        let e = c.plan(2, "host", false).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.msg.starts_with("opts->a_scale is set but a_shard is bf16"), "{}", e.msg);
+    }
+
+    /// An fp8 call: e4m3 shards `[rows, 32]`, column-major e4m3 Bs, bf16 outputs.
+    fn fp8_call(rows: usize, dim: i64, world: usize, ns: &[usize], row_wise: bool) -> AgMm {
+        let mut c = call(&[rows, 32], dim, 32, ns, &[rows * world]);
+        let k = if dim == 1 { 32 * world } else { 32 };
+        c.a_shard.dtype = DType::F8E4M3;
+        for (i, (b, &n)) in c.bs.iter_mut().zip(ns).enumerate() {
+            *b = Array {
+                addr: 0x200_0000 * (i as u64 + 1),
+                dtype: DType::F8E5M2,
+                shape: vec![k, n],
+                strides: vec![1, k],
+            };
+        }
+        if dim == 1 {
+            c.outs.iter_mut().for_each(|o| o.shape[0] = rows);
+        }
+        let scale = |i: u64, shape: &[usize]| Array::contiguous(0x7000_0000 + 0x1000 * i, DType::F32, shape);
+        c.scales = AgMmScales {
+            a_scale: Some(scale(0, &if row_wise { vec![rows, 1] } else { vec![1] })),
+            b_scales: Some(
+                ns.iter()
+                    .enumerate()
+                    .map(|(i, &n)| scale(1 + i as u64, &if row_wise { vec![1, n] } else { vec![1] }))
+                    .collect(),
+            ),
+            biases: None,
+        };
+        c
+    }
+
+    #[test]
+    fn fp8_plans() {
+        // Row-wise: the gathered row scales get their own region after the shards.
+        let p = fp8_call(8, 0, 2, &[16, 32], true).plan(2, "host", false).unwrap();
+        assert_eq!(p.mode, Some(Mode::Row));
+        assert_eq!((p.shard_bytes, p.row_scales, p.scratch), (8 * 32, Some(512), 768));
+        // Each rank's slot of row scales is 16-byte aligned (3 rows: 16 bytes).
+        assert_eq!((row_scale_slot(3), row_scale_slot(8)), (16, 32));
+        // Products in the (bf16) output type, not the 1-byte input type;
+        // then the (unused) fused arrival flags.
+        assert_eq!((p.ready, p.workspace), (768 + 8 * 32 * 2, 768 + 8 * 32 * 2 + 2 * 4));
+        let p = fp8_call(8, 0, 2, &[16], false).plan(2, "host", false).unwrap();
+        assert_eq!((p.mode, p.row_scales), (Some(Mode::Tensor), None));
+        // Gathering K: tensor-wise only.
+        assert!(fp8_call(8, 1, 2, &[16], false).plan(2, "host", false).is_ok());
+        let e = fp8_call(8, 1, 2, &[16], true).plan(2, "host", false).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+        assert!(e.msg.starts_with("row-wise scales with gather_dim 1"), "{}", e.msg);
+        // Scales are required, N must be a multiple of 16, outputs are not fp8.
+        let mut c = fp8_call(8, 0, 2, &[16], false);
+        c.scales.b_scales = None;
+        assert!(c.plan(2, "host", false).unwrap_err().msg.contains("set opts->b_scales"));
+        assert!(fp8_call(8, 0, 2, &[24], false).plan(2, "host", false).unwrap_err().msg.contains("N = 24"));
+        let mut c = fp8_call(8, 0, 2, &[16], true);
+        c.outs[0].dtype = DType::F8E4M3;
         assert_eq!(c.plan(2, "host", false).unwrap_err().kind, ErrorKind::Unsupported);
+        // A bias of the output's type and width.
+        let mut c = fp8_call(8, 0, 2, &[16, 32], true);
+        let bias = |n| Some(Array::contiguous(0x7100_0000, DType::BF16, &[n]));
+        c.scales.biases = Some(vec![None, bias(32)]);
+        assert!(c.clone().plan(2, "host", false).is_ok());
+        c.scales.biases = Some(vec![bias(32), None]);
+        assert_eq!(c.plan(2, "host", false).unwrap_err().msg, "opts->biases[0].shape is [32]; expected [16]");
     }
 
     #[test]

@@ -20,20 +20,6 @@ pub fn ndim_is(t: &Array, name: &str, want: usize) -> Result<()> {
     Ok(())
 }
 
-/// A matmul operand's type: f32, bf16 or f16 (fp8 needs scales, which
-/// `backend` does not implement yet).
-pub fn matmul_dtype(t: &Array, name: &str, backend: &str) -> Result<()> {
-    if t.dtype.is_unscaled_float() {
-        return Ok(());
-    }
-    Err(err!(
-        Unsupported,
-        "{name}.dtype is {}: 8-bit matmuls need scales, which the {backend} backend does not support yet; \
-         use f32, bf16 or f16",
-        t.dtype
-    ))
-}
-
 /// An input of the same type as `of`.
 pub fn same_dtype(t: &Array, name: &str, want: DType, of: &str) -> Result<()> {
     if t.dtype != want {
@@ -92,18 +78,6 @@ pub fn outputs_disjoint(outputs: &[(String, &Array)], inputs: &[(String, &Array)
     Ok(())
 }
 
-/// Options a later version implements, set by the caller.
-pub fn no_later_options(set: &[&'static str], backend: &str) -> Result<()> {
-    match set {
-        [] => Ok(()),
-        _ => Err(err!(
-            Unsupported,
-            "{} set: fp8 scaling and bias are not supported by the {backend} backend yet; leave them NULL",
-            set.join(", ")
-        )),
-    }
-}
-
 /// `a * b`, or an error naming what would not fit.
 pub fn mul(a: usize, b: usize, what: &str) -> Result<usize> {
     a.checked_mul(b).ok_or_else(|| err!(InvalidArgument, "{what} is too large"))
@@ -133,15 +107,9 @@ mod tests {
     }
 
     #[test]
-    fn later_features_are_unsupported() {
-        let fp8 = Array::contiguous(0x1000, DType::F8E4M3, &[2, 2]);
-        assert_eq!(matmul_dtype(&fp8, "a", "host").unwrap_err().kind, ErrorKind::Unsupported);
+    fn other_output_dtypes_are_unsupported() {
         let f32_out = Array::contiguous(0x1000, DType::F32, &[2, 2]);
         assert_eq!(output_dtype(&f32_out, "out", DType::BF16, "host").unwrap_err().kind, ErrorKind::Unsupported);
-        let e = no_later_options(&["opts->a_scale", "opts->bias"], "host").unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Unsupported);
-        assert!(e.msg.starts_with("opts->a_scale, opts->bias set"), "{}", e.msg);
-        assert!(no_later_options(&[], "host").is_ok());
     }
 
     #[test]

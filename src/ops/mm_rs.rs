@@ -1,5 +1,9 @@
 //! `symm_mm_rs`: `reduce_scatter(a @ b, op, scatter_dim)`, as PyTorch's
-//! `fused_matmul_reduce_scatter`.
+//! `fused_matmul_reduce_scatter`, and with fp8 operands and scales as
+//! `fused_scaled_matmul_reduce_scatter` (see `super::scaled`): each rank's
+//! product is `(a * a_scale) @ (b * b_scale) + bias`, so, as in torch, the
+//! bias is in every rank's product (a sum holds it world times, an average
+//! once).
 //!
 //! Each rank's product `a @ b` has the shape of `a` with the last dimension
 //! N; `scatter_dim` of that shape is split into `world` equal chunks, and
@@ -15,10 +19,11 @@
 //! and converts it into `out`.
 
 use super::agree::Signature;
+use super::scaled::{self, Mode};
 use super::workspace::Layout;
 use super::{check, fused, shape_text, Exec, Plan};
-use crate::array::Array;
-use crate::backend::{FusedMatmul, FusedScatter, Stream};
+use crate::array::{Array, DType};
+use crate::backend::{FusedMatmul, FusedScatter, GemmScales, Stream};
 use crate::error::{err, Result};
 use crate::group::Group;
 use crate::plan;
@@ -47,8 +52,15 @@ pub struct MmRs {
     pub scatter_dim: i64,
     pub op: ReduceOp,
     pub out: Array,
-    /// Options of a later version that the caller set (named as in C).
-    pub later_options: Vec<&'static str>,
+    pub scales: MmRsScales,
+}
+
+/// The fp8 options (torch's `A_scale`, `B_scale`, `bias`).
+#[derive(Clone, Debug, Default)]
+pub struct MmRsScales {
+    pub a_scale: Option<Array>,
+    pub b_scale: Option<Array>,
+    pub bias: Option<Array>,
 }
 
 /// Collective over `group`: see the module documentation. `call` is `Err`
@@ -56,29 +68,64 @@ pub struct MmRs {
 /// part in the agreement so its peers fail too.
 pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<()> {
     let world = group.world();
-    let backend = group.backend().kind().name();
+    let backend = group.backend();
     super::run(
         group,
         stream,
         call.map(|c| {
             let fused = c.fused_field(group);
-            (c.signature(fused.as_ref()), c.plan(world, backend, fused::chosen(fused.as_ref())))
+            let signature = c.signature(fused.as_ref());
+            let plan = c.plan(world, backend.kind().name(), fused::chosen(fused.as_ref())).and_then(|p| {
+                if let Some(mode) = p.mode {
+                    backend.check_scaled_gemm(mode == Mode::Row)?;
+                }
+                Ok(p)
+            });
+            (signature, plan)
         }),
     )
 }
 
 impl MmRs {
     fn signature(&self, fused: Option<&String>) -> Signature {
-        let s = Signature::new("mm_rs")
+        let mut s = Signature::new("mm_rs")
             .arg("a.dtype", self.a.dtype)
             .arg("a.shape", shape_text(&self.a.shape))
             .arg("b.shape", shape_text(&self.b.shape))
             .arg("scatter_dim", self.scatter_dim)
-            .arg("op", self.op.name());
+            .arg("op", self.op.name())
+            .arg("out.dtype", self.out.dtype);
+        // The scale mode decides the workspace, so it must agree.
+        let options = [("opts->a_scale", &self.scales.a_scale), ("opts->b_scale", &self.scales.b_scale)];
+        for (name, t) in options {
+            if let Some(t) = t {
+                s = s.arg(format!("{name}.shape"), shape_text(&t.shape));
+            }
+        }
+        s = s.arg("opts->bias", if self.scales.bias.is_some() { "set" } else { "none" });
         match fused {
             Some(f) => s.arg("fused", f),
             None => s,
         }
+    }
+
+    /// The scale mode of an fp8 call (`None` for f32/bf16/f16), after the
+    /// checks that need nothing but the options.
+    fn scale_mode(&self) -> Result<Option<Mode>> {
+        let (a, s) = (&self.a, &self.scales);
+        let scales_set: Vec<&str> = [("opts->a_scale", s.a_scale.is_some()), ("opts->b_scale", s.b_scale.is_some())]
+            .iter()
+            .filter_map(|&(name, set)| set.then_some(name))
+            .collect();
+        if a.dtype.fp8().is_none() {
+            let biases_set = if s.bias.is_some() { vec!["opts->bias"] } else { vec![] };
+            scaled::unscaled(a, "a", &scales_set, &biases_set)?;
+            return Ok(None);
+        }
+        let missing: Vec<&str> =
+            ["opts->a_scale", "opts->b_scale"].into_iter().filter(|n| !scales_set.contains(n)).collect();
+        scaled::required(a, "a", &missing)?;
+        Ok(Some(Mode::of(s.a_scale.as_ref().expect("required"), &[s.b_scale.as_ref().expect("required")])))
     }
 
     /// Whether this rank's call suits the fused kernel (see `fused::field`):
@@ -100,12 +147,16 @@ impl MmRs {
 
     fn plan(self, world: usize, backend: &str, fused: bool) -> Result<MmRsPlan> {
         let (a, b) = (&self.a, &self.b);
-        check::matmul_dtype(a, "a", backend)?;
         check::ndim_at_least(a, "a", 2)?;
-        check::same_dtype(b, "b", a.dtype, "a")?;
-        check::ndim_is(b, "b", 2)?;
+        let mode = self.scale_mode()?;
+        match mode {
+            Some(_) => scaled::b_operand(b, "b", a, "a")?,
+            None => {
+                check::same_dtype(b, "b", a.dtype, "a")?;
+                check::ndim_is(b, "b", 2)?;
+            }
+        }
         let dim = check::dim(self.scatter_dim, "scatter_dim", a.ndim(), "a")?;
-        check::no_later_options(&self.later_options, backend)?;
         let last = a.ndim() - 1;
         if b.shape[0] != a.shape[last] {
             return Err(err!(
@@ -127,9 +178,29 @@ impl MmRs {
             ));
         }
         chunk[dim] /= world;
-        check::output_dtype(&self.out, "out", a.dtype, backend)?;
+        if let Some(mode) = mode {
+            scaled::sizes(b.shape[0], chunk[last], "b")?;
+            let s = &self.scales;
+            scaled::a_scale(s.a_scale.as_ref().expect("required"), "opts->a_scale", &a.shape, mode)?;
+            scaled::b_scale(s.b_scale.as_ref().expect("required"), "opts->b_scale", b.shape[1], mode)?;
+            scaled::output(&self.out, "out")?;
+        } else {
+            check::output_dtype(&self.out, "out", a.dtype, backend)?;
+        }
         check::shape_is(&self.out, "out", &chunk)?;
-        check::outputs_disjoint(&[("out".into(), &self.out)], &[("a".into(), a), ("b".into(), b)])?;
+        if let Some(bias) = &self.scales.bias {
+            scaled::bias(bias, "opts->bias", b.shape[1], &self.out, "out")?;
+        }
+        let options = [
+            ("opts->a_scale", &self.scales.a_scale),
+            ("opts->b_scale", &self.scales.b_scale),
+            ("opts->bias", &self.scales.bias),
+        ];
+        let inputs: Vec<(String, &Array)> = [("a".to_string(), a), ("b".to_string(), b)]
+            .into_iter()
+            .chain(options.into_iter().filter_map(|(name, t)| Some((name.to_string(), t.as_ref()?))))
+            .collect();
+        check::outputs_disjoint(&[("out".into(), &self.out)], &inputs)?;
 
         let problem = plan::Problem {
             m: a.numel() / a.shape[a.ndim() - 1],
@@ -144,16 +215,18 @@ impl MmRs {
         // Workspace: one product chunk per destination rank (peers pull
         // them), local copies of the peers' chunks for this rank, the
         // reduced chunk (when `out` is not contiguous), then room to pack
-        // `a` (or a slice of it) into a matrix. Fused: only the inbox, a
-        // slot per source rank that the peers' kernels write into, and the
-        // tile flags. Agreed shapes only.
+        // `a` (or a slice of it) into a matrix, and its row scales into a
+        // vector. Fused: only the inbox, a slot per source rank that the
+        // peers' kernels write into, and the tile flags. Agreed shapes and
+        // dtypes only.
         let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
+        let rows = a.numel() / a.shape[last];
         let mut layout = Layout::default();
         let mut region = |bytes| layout.region(bytes);
         let (chunks, staged, reduced, packed_a, inbox, flags) = if algorithm == plan::Algorithm::Fused {
-            let rows = self.out.numel() / self.out.shape[last];
+            let out_rows = self.out.numel() / self.out.shape[last];
             let inbox = region(check::mul(chunk_bytes, world, "the product")?);
-            (Vec::new(), Vec::new(), 0, 0, inbox, region(FusedMatmul::flag_bytes(rows, b.shape[1], world)))
+            (Vec::new(), Vec::new(), 0, 0, inbox, region(FusedMatmul::flag_bytes(out_rows, b.shape[1], world)))
         } else {
             // Back to back, so that for scatter_dim 0 they form the whole product.
             let product = region(check::mul(chunk_bytes, world, "the product")?);
@@ -162,15 +235,21 @@ impl MmRs {
             let reduced = region(chunk_bytes);
             (chunks, staged, reduced, region(check::mul(a.numel(), a.dtype.size(), "a")?), 0, 0)
         };
+        let packed_scale = match mode {
+            Some(Mode::Row) => Some(region(check::mul(rows, 4, "a_scale")?)),
+            _ => None,
+        };
         Ok(MmRsPlan {
             call: self,
             dim,
+            mode,
             chunks,
             staged,
             reduced,
             packed_a,
             inbox,
             flags,
+            packed_scale,
             algorithm,
             workspace: layout.bytes(),
         })
@@ -181,6 +260,8 @@ impl MmRs {
 struct MmRsPlan {
     call: MmRs,
     dim: usize,
+    /// The scale mode of an fp8 call.
+    mode: Option<Mode>,
     /// Workspace offsets: `chunks[r]` holds the product chunk for rank r;
     /// `staged[q]` the copy of rank q's chunk for this rank.
     chunks: Vec<usize>,
@@ -190,6 +271,8 @@ struct MmRsPlan {
     /// Fused: the inbox (`world` chunks) and the tile flags.
     inbox: usize,
     flags: usize,
+    /// Row-wise: where a slice of `a_scale` is made contiguous.
+    packed_scale: Option<usize>,
     algorithm: plan::Algorithm,
     workspace: usize,
 }
@@ -205,18 +288,15 @@ impl Plan for MmRsPlan {
         }
         let MmRs { a, b, out, .. } = &self.call;
         // One matmul over all of `a` when its rows are the chunks in order.
-        let whole = match (self.dim, a.as_matrix()) {
-            (0, Some(m)) if self.algorithm == plan::Algorithm::Sequential => Some(m),
-            _ => None,
-        };
-        match whole {
-            Some(lhs) => {
-                let dst = Array::contiguous(ex.local(self.chunks[0]), out.dtype, &[lhs.shape[0], b.shape[1]]);
-                ex.gemm(&dst, &lhs, b, false)?;
-                self.sequential(ex)
-            }
-            None => self.pipelined(ex),
+        let whole = self.dim == 0 && self.algorithm == plan::Algorithm::Sequential && a.as_matrix().is_some();
+        if !whole {
+            return self.pipelined(ex);
         }
+        let lhs = self.lhs(ex, a)?;
+        let dst = Array::contiguous(ex.local(self.chunks[0]), out.dtype, &[lhs.shape[0], b.shape[1]]);
+        let scales = self.scales(ex, self.call.scales.a_scale.as_ref())?;
+        ex.matmul(&dst, &lhs, b, scales.as_ref())?;
+        self.sequential(ex)
     }
 }
 
@@ -254,6 +334,33 @@ impl MmRsPlan {
         backend.fused_matmul(&call, ex.stream)
     }
 
+    /// (Part of) `a` as the left operand: a matrix, packed where its
+    /// strides do not allow one (or, for fp8, are not K-major).
+    fn lhs(&self, ex: &Exec<'_>, a: &Array) -> Result<Array> {
+        match self.mode {
+            Some(_) => ex.k_major_matrix(a, self.packed_a),
+            None => ex.matrix(a, self.packed_a),
+        }
+    }
+
+    /// The scales of an fp8 call for the rows of `a_scale` given (all of
+    /// it, or the slice of one chunk), over all of `b`'s columns.
+    fn scales(&self, ex: &Exec<'_>, a_scale: Option<&Array>) -> Result<Option<GemmScales>> {
+        let (Some(mode), Some(a_scale)) = (self.mode, a_scale) else { return Ok(None) };
+        let s = &self.call.scales;
+        let b_scale = s.b_scale.as_ref().expect("an fp8 call has a B scale");
+        let a = match self.packed_scale {
+            Some(scratch) => ex.vector(a_scale, scratch)?,
+            None => Array::contiguous(a_scale.addr, DType::F32, &[1]),
+        };
+        Ok(Some(GemmScales {
+            row_wise: mode == Mode::Row,
+            a,
+            b: Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
+            bias: s.bias.clone(),
+        }))
+    }
+
     fn chunk(&self, addr: u64) -> Array {
         Array::contiguous(addr, self.call.out.dtype, &self.call.out.shape)
     }
@@ -281,18 +388,24 @@ impl MmRsPlan {
         let (dim, world, me) = (self.dim, ex.world(), ex.rank());
         let scatters_n = dim == a.ndim() - 1;
         let len = out.shape[dim];
-        // Scattering N multiplies all of `a` by column slices of `b`.
-        let whole_a = if scatters_n { Some(ex.matrix(a, self.packed_a)?) } else { None };
+        let a_scale = self.call.scales.a_scale.as_ref();
+        // Scattering N multiplies all of `a` by column slices of `b` (and
+        // of its scales and bias).
+        let whole_a = if scatters_n { Some((self.lhs(ex, a)?, self.scales(ex, a_scale)?)) } else { None };
         let side = ex.side()?;
         ex.fork(side)?;
         for step in 1..=world {
             let r = (me + step) % world;
-            let (lhs, rhs) = match &whole_a {
-                Some(m) => (m.clone(), b.narrow(1, r * len, len)),
-                None => (ex.matrix(&a.narrow(dim, r * len, len), self.packed_a)?, b.clone()),
+            let (lhs, rhs, scales) = match &whole_a {
+                Some((m, s)) => (m.clone(), b.narrow(1, r * len, len), s.as_ref().map(|s| s.columns(r * len, len))),
+                None => {
+                    let rows = a_scale.filter(|_| self.mode == Some(Mode::Row)).map(|s| s.narrow(dim, r * len, len));
+                    let scales = self.scales(ex, rows.as_ref().or(a_scale))?;
+                    (self.lhs(ex, &a.narrow(dim, r * len, len))?, b.clone(), scales)
+                }
             };
             let dst = Array::contiguous(ex.local(self.chunks[r]), out.dtype, &[lhs.shape[0], rhs.shape[1]]);
-            ex.gemm(&dst, &lhs, &rhs, false)?;
+            ex.matmul(&dst, &lhs, &rhs, scales.as_ref())?;
             if r != me {
                 ex.ws.put_signal(r, READY, ex.stream)?;
             }
@@ -345,7 +458,7 @@ mod tests {
             scatter_dim: dim,
             op: ReduceOp::Avg,
             out: Array::contiguous(0x300_0000, DType::F16, out),
-            later_options: Vec::new(),
+            scales: MmRsScales::default(),
         }
     }
 
@@ -362,6 +475,58 @@ mod tests {
         assert_eq!(e.msg, "out.shape is [4, 3, 6]; expected [2, 3, 6]");
         let e = call(&[4, 3, 5], &[4, 6], 0, &[2, 3, 6]).plan(2, "host", false).unwrap_err();
         assert_eq!(e.msg, "b.shape[0] is 4; expected 5, a's last dimension");
+    }
+
+    /// An fp8 call: e4m3 `a` [8, 32], e4m3 column-major `b` [32, n], f32 out.
+    fn fp8_call(dim: i64, n: usize, world: usize, row_wise: bool) -> MmRs {
+        let mut out = [8, n];
+        out[dim as usize] /= world;
+        let mut c = call(&[8, 32], &[32, n], dim, &out);
+        c.a.dtype = DType::F8E4M3;
+        c.b = Array { dtype: DType::F8E4M3, strides: vec![1, 32], ..c.b };
+        c.out.dtype = DType::F32;
+        let scale = |i: u64, shape: &[usize]| Some(Array::contiguous(0x7000_0000 + 0x1000 * i, DType::F32, shape));
+        c.scales = MmRsScales {
+            a_scale: scale(0, &if row_wise { vec![8, 1] } else { vec![1, 1] }),
+            b_scale: scale(1, &if row_wise { vec![1, n] } else { vec![1] }),
+            bias: None,
+        };
+        c
+    }
+
+    #[test]
+    fn fp8_plans() {
+        let p = fp8_call(0, 16, 2, true).plan(2, "host", false).unwrap();
+        assert_eq!(p.mode, Some(Mode::Row));
+        // Chunks of 4 x 16 f32; a packed as 8 x 32 bytes; 8 row scales.
+        assert_eq!(p.chunks, vec![0, 256]);
+        assert_eq!((p.packed_a, p.packed_scale, p.workspace), (1280, Some(1536), 1536 + 32));
+        assert_eq!(fp8_call(0, 16, 2, false).plan(2, "host", false).unwrap().packed_scale, None);
+        // Scattering N: each rank's N (here 32 / 2) must be a multiple of 16.
+        assert!(fp8_call(1, 32, 2, true).plan(2, "host", false).is_ok());
+        assert!(fp8_call(1, 16, 2, true).plan(2, "host", false).unwrap_err().msg.contains("N = 8"));
+        // A bias needs a bf16/f16 output.
+        let mut c = fp8_call(0, 16, 2, false);
+        c.scales.bias = Some(Array::contiguous(0x7100_0000, DType::F32, &[16]));
+        assert_eq!(c.plan(2, "host", false).unwrap_err().kind, crate::ErrorKind::Unsupported);
+        // Row-wise a_scale has a's shape with the last dimension 1.
+        let mut c = fp8_call(0, 16, 2, true);
+        c.scales.a_scale = Some(Array::contiguous(0x7000_0000, DType::F32, &[1, 8]));
+        assert!(c
+            .plan(2, "host", false)
+            .unwrap_err()
+            .msg
+            .starts_with("opts->a_scale.shape is [1, 8]; expected [8, 1]"));
+        // A bf16 b with an fp8 a is a type error, a row-major fp8 b a layout one.
+        let mut c = fp8_call(0, 16, 2, false);
+        c.b.dtype = DType::BF16;
+        assert_eq!(
+            c.plan(2, "host", false).unwrap_err().msg,
+            "b.dtype is bf16; expected an fp8 type, as a is fp8_e4m3"
+        );
+        let mut c = fp8_call(0, 16, 2, false);
+        c.b.strides = vec![16, 1];
+        assert_eq!(c.plan(2, "host", false).unwrap_err().kind, crate::ErrorKind::Unsupported);
     }
 
     #[test]

@@ -23,17 +23,18 @@ mod check;
 pub(crate) mod fused;
 pub mod lc_allgather;
 pub mod mm_rs;
+pub mod scaled;
 #[cfg(test)]
 mod testing;
 mod workspace;
 
-pub use ag_mm::{fused_ag_mm, AgMm};
+pub use ag_mm::{fused_ag_mm, AgMm, AgMmScales};
 pub use lc_allgather::{lc_allgather, LcAllgather};
-pub use mm_rs::{mm_rs, MmRs, ReduceOp};
+pub use mm_rs::{mm_rs, MmRs, MmRsScales, ReduceOp};
 pub use workspace::reserve as reserve_workspace;
 
 use crate::array::Array;
-use crate::backend::Stream;
+use crate::backend::{GemmScales, Stream};
 use crate::buffer::Handle;
 use crate::error::Result;
 use crate::group::Group;
@@ -136,15 +137,50 @@ impl Exec<'_> {
         self.group.backend().gemm(dst, a, b, accumulate, self.stream)
     }
 
+    /// `dst = a @ b`, scaled when `scales` is given (fp8 operands).
+    fn matmul(&self, dst: &Array, a: &Array, b: &Array, scales: Option<&GemmScales>) -> Result<()> {
+        match scales {
+            Some(s) => self.group.backend().scaled_gemm(dst, a, b, s, self.stream),
+            None => self.gemm(dst, a, b, false),
+        }
+    }
+
     /// `t` as a matrix: itself when its strides allow, else a contiguous
     /// copy at `scratch` (which must hold it).
     fn matrix(&self, t: &Array, scratch: usize) -> Result<Array> {
-        if let Some(m) = t.as_matrix() {
-            return Ok(m);
+        match t.as_matrix() {
+            Some(m) => Ok(m),
+            None => self.packed_matrix(t, scratch),
         }
+    }
+
+    /// `t` as the A of an fp8 matmul: a row-major matrix whose rows start
+    /// 16 bytes apart (cuBLASLt's fp8 kernels read K-major, aligned rows);
+    /// a contiguous copy at `scratch` when `t` is not one already.
+    fn k_major_matrix(&self, t: &Array, scratch: usize) -> Result<Array> {
+        match t.as_matrix() {
+            Some(m) if m.strides[1] == 1 && (m.strides[0] * m.dtype.size()) % 16 == 0 && m.addr % 16 == 0 => Ok(m),
+            _ => self.packed_matrix(t, scratch),
+        }
+    }
+
+    fn packed_matrix(&self, t: &Array, scratch: usize) -> Result<Array> {
         let packed = Array::contiguous(self.local(scratch), t.dtype, &t.shape);
         self.copy(&packed, t)?;
         Ok(packed.as_matrix().expect("a contiguous array is a matrix"))
+    }
+
+    /// The elements of `t` as a contiguous, 16-byte aligned vector (scales a
+    /// backend reads as one run of f32, perhaps with vector loads): `t`
+    /// itself when it is one, else a copy at `scratch`.
+    fn vector(&self, t: &Array, scratch: usize) -> Result<Array> {
+        let addr = if t.is_contiguous() && t.addr % 16 == 0 {
+            t.addr
+        } else {
+            self.copy(&Array::contiguous(self.local(scratch), t.dtype, &t.shape), t)?;
+            self.local(scratch)
+        };
+        Ok(Array::contiguous(addr, t.dtype, &[t.numel()]))
     }
 }
 

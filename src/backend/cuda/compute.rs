@@ -1,14 +1,14 @@
 //! The data-moving primitives the operations are written over
 //! (`Backend::{copy, reduce, gemm}`), on CUDA: copy engines for dense and
 //! pitched copies (no SMs spent on payload), the pack kernels for other
-//! strides, the reduction kernel, and cuBLASLt.
+//! strides, the reduction kernel, and cuBLASLt (fp8 too).
 
 use super::driver::check;
-use super::gemm::{Gemm, GemmDtype, MatmulParams};
+use super::gemm::{Fp8Params, Gemm, GemmDtype, MatmulParams};
 use super::module::Kernels;
 use super::{pack, reduce};
 use crate::array::{Array, DType};
-use crate::backend::Stream;
+use crate::backend::{GemmScales, Stream};
 use crate::error::{err, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
@@ -147,5 +147,37 @@ pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, accumulate: bool, strea
     p.ldc = dst.strides[0].max(n);
     p.out_dtype = gemm_dtype(dst.dtype)?;
     p.accumulate = accumulate;
+    g.matmul(&p, stream)
+}
+
+/// `dst = scaled a @ b` for fp8 operands through cuBLASLt (the operations
+/// hand over a row-major `a`, a column-major `b` and contiguous scales).
+pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, stream: Stream) -> Result<()> {
+    let (Some(a_type), Some(b_type)) = (a.dtype.fp8(), b.dtype.fp8()) else {
+        return Err(err!(Internal, "scaled matmul of {} @ {}", a.dtype, b.dtype));
+    };
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let (want_a, want_b) = if scales.row_wise { (m, n) } else { (1, 1) };
+    let vectors = [&scales.a, &scales.b].into_iter().chain(&scales.bias);
+    if scales.a.numel() != want_a || scales.b.numel() != want_b || vectors.into_iter().any(|v| !v.is_contiguous()) {
+        return Err(err!(Internal, "scaled matmul of {m}x{k} @ {k}x{n} with scales {scales:?}"));
+    }
+    let (a_addr, lda, a_trans) = operand(a)?;
+    let (b_addr, ldb, b_trans) = operand(b)?;
+    if dst.strides[1] != 1 {
+        return Err(err!(Internal, "matmul output must have unit column stride"));
+    }
+    let out_dtype = gemm_dtype(dst.dtype)?;
+    let mut p = MatmulParams::new(m, n, k, a_addr, b_addr, dst.addr, out_dtype);
+    (p.lda, p.a_trans, p.ldb, p.b_trans) = (lda, a_trans, ldb, b_trans);
+    p.ldc = dst.strides[0].max(n);
+    p.fp8 = Some(Fp8Params {
+        a_type,
+        b_type,
+        row_wise: scales.row_wise,
+        a_scale: scales.a.addr,
+        b_scale: scales.b.addr,
+        bias: scales.bias.as_ref().map_or(0, |v| v.addr),
+    });
     g.matmul(&p, stream)
 }

@@ -12,6 +12,13 @@
 //! column-major with the same `ld`, which swaps A with B and m with n and
 //! needs no data movement (see [`ColMajor::from_row_major`]).
 //!
+//! fp8 matmuls ([`MatmulParams::fp8`]) follow `torch._scaled_mm`: both
+//! operands K-major (A row-major, B column-major: cuBLASLt's fp8 kernels
+//! take only the "TN" form, which is what they are after the swap), f32
+//! scales by device pointer (tensor-wise, or row-wise through cuBLASLt's
+//! outer-vector scale mode, cuBLASLt 12.9+ on Hopper and newer), and an
+//! optional bias added by the epilogue.
+//!
 //! Descriptors, layouts and the heuristic's algorithm are cached per shape
 //! key (which includes each pointer's alignment class and the workspace
 //! size), so repeated calls and calls during CUDA graph capture do no
@@ -121,6 +128,36 @@ impl GemmDtype {
     }
 }
 
+pub use crate::fp8::Fp8;
+
+impl Fp8 {
+    fn cuda(self) -> lt::cudaDataType {
+        match self {
+            Fp8::E4M3 => lt::cudaDataType::CUDA_R_8F_E4M3,
+            Fp8::E5M2 => lt::cudaDataType::CUDA_R_8F_E5M2,
+        }
+    }
+}
+
+/// What makes a matmul an fp8 one: `C = sa * sb * (A @ B) (+ bias)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fp8Params {
+    pub a_type: Fp8,
+    pub b_type: Fp8,
+    /// Row-wise: `a_scale` holds m f32 (one per row of A) and `b_scale` n
+    /// (one per column of B); else each holds one f32.
+    pub row_wise: bool,
+    /// Device addresses of the f32 scales, read when the matmul runs.
+    pub a_scale: u64,
+    pub b_scale: u64,
+    /// 0, or the device address of n elements of `out_dtype` (bf16 or
+    /// f16) added to every row.
+    pub bias: u64,
+}
+
+/// Oldest cuBLASLt with outer-vector (row-wise) fp8 scales.
+pub const MIN_ROW_WISE_VERSION: usize = 12_09_00;
+
 /// One row-major matmul: `C[m, n] = alpha * op(A) @ op(B)`, plus the old C
 /// when `accumulate` (beta = 1; else beta = 0 and C is not read).
 ///
@@ -149,7 +186,7 @@ pub struct MatmulParams {
     pub b_trans: bool,
     pub c: u64,
     pub ldc: usize,
-    /// Type of A and B.
+    /// Type of A and B (unless `fp8` is set).
     pub dtype: GemmDtype,
     /// Type of C: `dtype`, or F32 (f32 output from bf16/f16 inputs).
     pub out_dtype: GemmDtype,
@@ -165,6 +202,10 @@ pub struct MatmulParams {
     /// Must be `cuMemAlloc`/VMM memory that outlives the work (and any graph
     /// captured with it).
     pub workspace: Option<(u64, usize)>,
+    /// Set for fp8 A and B (of the types given there, `dtype` then being
+    /// unused): needs `a_trans == false`, `b_trans == true`, no
+    /// `accumulate`, and `out_dtype` of any type.
+    pub fp8: Option<Fp8Params>,
 }
 
 impl MatmulParams {
@@ -188,15 +229,26 @@ impl MatmulParams {
             accumulate: false,
             sm_count_target: None,
             workspace: None,
+            fp8: None,
+        }
+    }
+
+    /// Bytes per element of A and B.
+    fn operand_size(&self) -> u64 {
+        if self.fp8.is_some() {
+            1
+        } else {
+            self.dtype.size() as u64
         }
     }
 
     /// Checks shapes, leading dimensions, types and pointers.
     pub fn validate(&self) -> Result<()> {
         use GemmDtype::*;
-        match (self.dtype, self.out_dtype) {
-            (F32, F32) | (BF16, BF16) | (BF16, F32) | (F16, F16) | (F16, F32) => {}
-            (i, o) => return Err(err!(Unsupported, "matmul of {i:?} inputs into {o:?} output is not supported")),
+        match (self.fp8, self.dtype, self.out_dtype) {
+            (Some(f), ..) => self.validate_fp8(&f)?,
+            (None, F32, F32) | (None, BF16, BF16) | (None, BF16, F32) | (None, F16, F16) | (None, F16, F32) => {}
+            (None, i, o) => return Err(err!(Unsupported, "matmul of {i:?} inputs into {o:?} output is not supported")),
         }
         let limit = i64::MAX as usize;
         for (name, v) in [("m", self.m), ("n", self.n), ("k", self.k), ("lda", self.lda), ("ldb", self.ldb)] {
@@ -220,7 +272,7 @@ impl MatmulParams {
                 return Err(err!(InvalidArgument, "matmul {name} = {ld} is smaller than its row length {min}"));
             }
         }
-        let (s, so) = (self.dtype.size() as u64, self.out_dtype.size() as u64);
+        let (s, so) = (self.operand_size(), self.out_dtype.size() as u64);
         let mut ptrs = vec![("C", self.c, so)];
         if self.k > 0 {
             ptrs.extend([("A", self.a, s), ("B", self.b, s)]);
@@ -243,6 +295,33 @@ impl MatmulParams {
         }
         if self.sm_count_target == Some(0) {
             return Err(err!(InvalidArgument, "matmul sm_count_target must be at least 1"));
+        }
+        Ok(())
+    }
+
+    fn validate_fp8(&self, f: &Fp8Params) -> Result<()> {
+        if f.a_type == Fp8::E5M2 && f.b_type == Fp8::E5M2 {
+            return Err(err!(Unsupported, "cuBLASLt has no fp8 matmul of two E5M2 operands"));
+        }
+        if self.a_trans || !self.b_trans {
+            return Err(err!(
+                Unsupported,
+                "fp8 matmuls need A row-major and B column-major (K-major operands); got a_trans {}, b_trans {}",
+                self.a_trans,
+                self.b_trans
+            ));
+        }
+        if self.accumulate {
+            return Err(err!(Unsupported, "fp8 matmuls do not accumulate into C"));
+        }
+        if f.bias != 0 && self.out_dtype == GemmDtype::F32 {
+            return Err(err!(Unsupported, "fp8 matmuls add a bias to bf16 or f16 outputs only"));
+        }
+        let bias = (f.bias != 0).then_some(("bias", f.bias, self.out_dtype.size() as u64));
+        for (name, p, size) in [("a_scale", f.a_scale, 4), ("b_scale", f.b_scale, 4)].into_iter().chain(bias) {
+            if p == 0 || p % size != 0 {
+                return Err(err!(InvalidArgument, "matmul {name} = {p:#x} is NULL or not aligned to {size} bytes"));
+            }
         }
         Ok(())
     }
@@ -312,6 +391,8 @@ struct PlanKey {
     dtype: GemmDtype,
     out_dtype: GemmDtype,
     sm_count_target: u32,
+    /// fp8: (A type, B type, row-wise scales, bias).
+    fp8: Option<(Fp8, Fp8, bool, bool)>,
     /// Alignment classes of A', B', C.
     align: [u32; 3],
     workspace: usize,
@@ -399,8 +480,11 @@ impl Drop for Pref {
 }
 
 impl Plan {
-    /// Builds descriptors and asks the heuristic for the best algorithm.
-    fn new(handle: lt::cublasLtHandle_t, key: &PlanKey) -> Result<Plan> {
+    /// Builds descriptors and asks the heuristic for the best algorithm
+    /// (for an fp8 matmul with its first call's scale and bias pointers
+    /// set, so the heuristic sees a complete descriptor; later calls set
+    /// their own).
+    fn new(handle: lt::cublasLtHandle_t, key: &PlanKey, fp8: Option<&Fp8Params>) -> Result<Plan> {
         use lt::cublasLtMatmulDescAttributes_t as D;
         use lt::cublasLtMatmulPreferenceAttributes_t as P;
         let mut plan = Plan {
@@ -427,12 +511,22 @@ impl Plan {
             let sms = i32::try_from(key.sm_count_target).unwrap_or(i32::MAX);
             set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms)?;
         }
-        let types = [key.dtype, key.dtype, key.out_dtype];
+        // A' is the caller's B and B' the caller's A (see ColMajor).
+        let types = match key.fp8 {
+            Some((a, b, row_wise, bias)) => {
+                set_fp8_modes(plan.desc, row_wise, bias.then_some(key.out_dtype))?;
+                if let Some(f) = fp8 {
+                    set_fp8_pointers(plan.desc, f)?;
+                }
+                [b.cuda(), a.cuda(), key.out_dtype.cuda()]
+            }
+            None => [key.dtype.cuda(), key.dtype.cuda(), key.out_dtype.cuda()],
+        };
         let operands = [key.shape.a, key.shape.b, key.shape.c];
-        for (i, (ty, o)) in types.iter().zip(operands).enumerate() {
+        for (i, (ty, o)) in types.into_iter().zip(operands).enumerate() {
             // SAFETY: out-pointer valid.
             lt_check(
-                unsafe { lt::cublasLtMatrixLayoutCreate(&mut plan.layouts[i], ty.cuda(), o.rows, o.cols, o.ld) },
+                unsafe { lt::cublasLtMatrixLayoutCreate(&mut plan.layouts[i], ty, o.rows, o.cols, o.ld) },
                 "cublasLtMatrixLayoutCreate",
             )?;
         }
@@ -479,6 +573,37 @@ impl Plan {
         plan.algo = result.algo;
         Ok(plan)
     }
+}
+
+/// The parts of an fp8 matmul's descriptor that shape its algorithm: the
+/// outer-vector scale mode for row-wise scales, and the bias epilogue.
+fn set_fp8_modes(desc: lt::cublasLtMatmulDesc_t, row_wise: bool, bias: Option<GemmDtype>) -> Result<()> {
+    use lt::cublasLtMatmulDescAttributes_t as D;
+    if row_wise {
+        let mode = lt::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode)?;
+        set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode)?;
+    }
+    if let Some(ty) = bias {
+        set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS)?;
+        set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ty.cuda())?;
+    }
+    Ok(())
+}
+
+/// The per-call pointers of an fp8 matmul, set on its cached descriptor
+/// just before the call (under the `Gemm`'s lock). cuBLASLt scales its A'
+/// and B', which are the caller's B and A: the scales swap too, so A''s
+/// outer vector (length m' = n) is the caller's `b_scale`.
+fn set_fp8_pointers(desc: lt::cublasLtMatmulDesc_t, f: &Fp8Params) -> Result<()> {
+    use lt::cublasLtMatmulDescAttributes_t as D;
+    let ptr = |p: u64| p as *const c_void;
+    set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ptr(f.b_scale))?;
+    set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ptr(f.a_scale))?;
+    if f.bias != 0 {
+        set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr(f.bias))?;
+    }
+    Ok(())
 }
 
 /// Device memory from `cuMemAlloc` (never pool memory), freed on drop.
@@ -610,12 +735,13 @@ impl Gemm {
             dtype: p.dtype,
             out_dtype: p.out_dtype,
             sm_count_target: p.sm_count_target.unwrap_or(0),
+            fp8: p.fp8.map(|f| (f.a_type, f.b_type, f.row_wise, f.bias != 0)),
             align: [alignment_class(a_ptr), alignment_class(b_ptr), alignment_class(p.c)],
             workspace: ws_bytes,
         };
         let mut inner = self.lock();
         if !inner.plans.contains_key(&key) {
-            let plan = Plan::new(inner.handle, &key)
+            let plan = Plan::new(inner.handle, &key, p.fp8.as_ref())
                 .map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))?;
             if inner.plans.len() >= MAX_PLANS {
                 inner.plans.clear();
@@ -623,6 +749,9 @@ impl Gemm {
             inner.plans.insert(key, plan);
         }
         let plan = &inner.plans[&key];
+        if let Some(f) = &p.fp8 {
+            set_fp8_pointers(plan.desc, f)?;
+        }
         let alpha = p.alpha;
         let beta: f32 = if p.accumulate { 1.0 } else { 0.0 };
         let [la, lb, lc] = plan.layouts;
@@ -796,6 +925,34 @@ mod tests {
     }
 
     #[test]
+    fn fp8_validation() {
+        let f =
+            Fp8Params { a_type: Fp8::E4M3, b_type: Fp8::E5M2, row_wise: true, a_scale: 0x100, b_scale: 0x200, bias: 0 };
+        let mut ok = MatmulParams::new(64, 32, 16, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        (ok.b_trans, ok.ldb, ok.fp8) = (true, 16, Some(f));
+        ok.validate().unwrap();
+        let mut p = ok;
+        p.b_trans = false;
+        p.ldb = 32;
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::Unsupported, "B must be K-major");
+        p = ok;
+        p.fp8 = Some(Fp8Params { a_type: Fp8::E5M2, ..f });
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::Unsupported, "E5M2 x E5M2");
+        p = ok;
+        p.fp8 = Some(Fp8Params { a_scale: 0, ..f });
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::InvalidArgument);
+        p = ok;
+        p.out_dtype = GemmDtype::F32;
+        p.validate().unwrap();
+        p.fp8 = Some(Fp8Params { bias: 0x400, ..f });
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::Unsupported, "no bias into f32");
+        // fp8 operands are one byte: an odd address is aligned.
+        p = ok;
+        p.a = 0x1001;
+        p.validate().unwrap();
+    }
+
+    #[test]
     fn alignment_classes() {
         assert_eq!(alignment_class(0x1000), 256);
         assert_eq!(alignment_class(0x1010), 16);
@@ -929,6 +1086,78 @@ mod tests {
             verify(&case, &format!("k == 0, accumulate {accumulate}"));
         }
         assert!(gemm.cached_plans() > 100);
+    }
+
+    /// cuBLASLt fp8 against a float64 reference of `torch._scaled_mm`:
+    /// both operand-type mixes, tensor-wise and row-wise scales (the scale
+    /// pointers swap with the operands), bias, padded leading dimensions.
+    #[test]
+    fn gpu_fp8_matmul_matches_host() {
+        let Some(g) = gpu() else { return };
+        let gemm = Gemm::new(&g.ctx).unwrap();
+        let (m, n, k) = (96usize, 80usize, 64usize);
+        // Finite fp8 bytes of moderate magnitude (exponent field 6..8 of E4M3
+        // or 14..16 of E5M2: |v| in [1/2, 4)).
+        let bytes = |len: usize, seed: u64, f: Fp8| -> Vec<u8> {
+            let (shift, base) = if f == Fp8::E4M3 { (3, 6u64) } else { (2, 14u64) };
+            (0..len as u64)
+                .map(|i| {
+                    let h = (i * 0x9e37_79b9 + seed * 7919).wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
+                    ((h & 0x80) | ((base + h % 3) << shift) | ((h >> 8) & ((1 << shift) - 1))) as u8
+                })
+                .collect()
+        };
+        for (at, bt) in [(Fp8::E4M3, Fp8::E4M3), (Fp8::E4M3, Fp8::E5M2), (Fp8::E5M2, Fp8::E4M3)] {
+            for row_wise in [false, true] {
+                for (out, bias) in [(GemmDtype::BF16, true), (GemmDtype::F16, false), (GemmDtype::F32, false)] {
+                    let (lda, ldb, ldc) = (k + 16, k, n + 8);
+                    let a = bytes(m * lda, 1, at); // row-major [m, k], padded rows
+                    let b = bytes(n * ldb, 2, bt); // column-major [k, n]: B^T row-major [n, k]
+                    let sa: Vec<f32> = (0..if row_wise { m } else { 1 }).map(|i| 0.25 + (i % 7) as f32 / 4.0).collect();
+                    let sb: Vec<f32> = (0..if row_wise { n } else { 1 }).map(|j| 1.5 - (j % 5) as f32 / 8.0).collect();
+                    let bias_v: Vec<f32> =
+                        (0..n).map(|j| decode(out, &encode(out, &[j as f32 / 16.0 - 2.0]))[0]).collect();
+                    let bufs = [g.upload(&a), g.upload(&b), g.alloc(m * ldc * out.size())];
+                    let (dsa, dsb, dbias) = (g.upload(&sa), g.upload(&sb), g.upload(&encode(out, &bias_v)));
+                    let mut p = MatmulParams::new(m, n, k, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, out);
+                    (p.lda, p.ldb, p.ldc, p.b_trans) = (lda, ldb, ldc, true);
+                    let bias_ptr = if bias { dbias.ptr } else { 0 };
+                    p.fp8 = Some(Fp8Params {
+                        a_type: at,
+                        b_type: bt,
+                        row_wise,
+                        a_scale: dsa.ptr,
+                        b_scale: dsb.ptr,
+                        bias: bias_ptr,
+                    });
+                    let what = format!("{at:?} x {bt:?} row_wise {row_wise} into {out:?} bias {bias}");
+                    gemm.matmul(&p, g.stream()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    g.sync();
+                    let got = decode(out, &bufs[2].read_bytes());
+                    let tol = match out {
+                        GemmDtype::BF16 => 1.0 / 128.0,
+                        GemmDtype::F16 => 1.0 / 1024.0,
+                        _ => 1e-5,
+                    };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let dot: f64 = (0..k)
+                                .map(|t| at.decode(a[i * lda + t]) as f64 * bt.decode(b[j * ldb + t]) as f64)
+                                .sum();
+                            let scale =
+                                sa[if row_wise { i } else { 0 }] as f64 * sb[if row_wise { j } else { 0 }] as f64;
+                            let want = dot * scale + if bias { bias_v[j] as f64 } else { 0.0 };
+                            let err = (got[i * ldc + j] as f64 - want).abs();
+                            assert!(
+                                err <= tol * (want.abs() + 1.0),
+                                "{what}: C[{i},{j}] = {} want {want}",
+                                got[i * ldc + j]
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod sm90_gemm;
 mod streams;
 mod vmm;
 
-use super::{Allocation, Backend, BackendKind, FusedMatmul, Mapping, PadSet, Signals, Stream};
+use super::{Allocation, Backend, BackendKind, FusedMatmul, GemmScales, Mapping, PadSet, Signals, Stream};
 use crate::array::Array;
 use crate::error::{err, Result};
 use async_error::AsyncError;
@@ -166,6 +166,36 @@ impl Backend for CudaBackend {
         let mut mm = sm90_gemm::Sm90Matmul::from_fused(call, self.errors.device_ptr())?;
         mm.max_ctas = Some(k.sm_count.saturating_sub(call.spare_sms).max(1));
         mm.launch(sm90, k.sm_count, stream)
+    }
+    fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, stream: Stream) -> Result<()> {
+        self.bind()?;
+        let g = self.gemm.get_or_try_init(|| gemm::Gemm::new(&self.ctx))?;
+        compute::scaled_gemm(g, dst, a, b, scales, stream)
+    }
+    /// fp8 tensor cores arrived with compute capability 8.9; cuBLASLt's
+    /// outer-vector (row-wise) scales with 12.9 on 9.0 and newer.
+    fn check_scaled_gemm(&self, row_wise: bool) -> Result<()> {
+        let version = gemm::ensure_cublaslt()?;
+        let cc = |a| driver::attribute(self.device, a);
+        let major = cc(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = cc(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        if (major, minor) < (8, 9) {
+            return Err(crate::error::err!(
+                Unsupported,
+                "fp8 matmuls need compute capability 8.9 or newer; CUDA device {} is {major}.{minor}",
+                self.device
+            ));
+        }
+        if row_wise && (major < 9 || version < gemm::MIN_ROW_WISE_VERSION) {
+            return Err(crate::error::err!(
+                Unsupported,
+                "row-wise fp8 scales need cuBLASLt 12.9 or newer on compute capability 9.0 or newer (here cuBLASLt \
+                 {}.{} on {major}.{minor}); use tensor-wise scales",
+                version / 10000,
+                version / 100 % 100
+            ));
+        }
+        Ok(())
     }
 }
 

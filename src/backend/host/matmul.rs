@@ -1,10 +1,12 @@
 //! Matrix products on the host with the `gemm` crate, in f32 over all
-//! cores. bf16 and f16 operands are widened to f32 first (the crate has no
-//! bf16 kernel, and widening keeps the sums in f32 for every type).
+//! cores. bf16, f16 and fp8 operands are widened to f32 first (the crate
+//! has no kernel for them, and widening keeps the sums in f32 for every
+//! type; fp8 values and their products are exact in f32).
 
 use super::elementwise;
 use crate::array::{Array, DType};
 use crate::error::{err, Result};
+use crate::fp8::Fp8;
 
 /// An f32 view of a matrix: the caller's memory when it already is f32,
 /// else a widened contiguous copy.
@@ -25,10 +27,31 @@ impl F32Matrix {
                 _widened: None,
             });
         }
-        let mut v = vec![0f32; m.numel()];
-        elementwise::copy(&Array::contiguous(v.as_mut_ptr() as u64, DType::F32, &m.shape), m)?;
+        let v = match m.dtype.fp8() {
+            Some(format) => decode_fp8(m, format),
+            None => {
+                let mut v = vec![0f32; m.numel()];
+                elementwise::copy(&Array::contiguous(v.as_mut_ptr() as u64, DType::F32, &m.shape), m)?;
+                v
+            }
+        };
         Ok(F32Matrix { ptr: v.as_ptr(), row_stride: m.shape[1] as isize, col_stride: 1, _widened: Some(v) })
     }
+}
+
+/// The values of an fp8 matrix, row-major. (Copies never convert fp8, so
+/// the widening lives here rather than in `elementwise`.)
+fn decode_fp8(m: &Array, format: Fp8) -> Vec<f32> {
+    let base = m.addr as *const u8;
+    let mut v = Vec::with_capacity(m.numel());
+    for i in 0..m.shape[0] {
+        for j in 0..m.shape[1] {
+            // SAFETY: the operations hand the host matrices inside memory the
+            // caller promised (checked extents); one byte per element.
+            v.push(format.decode(unsafe { *base.add(i * m.strides[0] + j * m.strides[1]) }));
+        }
+    }
+    v
 }
 
 pub fn gemm(dst: &Array, a: &Array, b: &Array, accumulate: bool) -> Result<()> {

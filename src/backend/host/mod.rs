@@ -1,14 +1,16 @@
 //! The host backend: the same contract as CUDA, on CPUs. Symmetric memory is
 //! a memfd mapped shared by every rank; signals are atomics in those maps.
 //! Operations complete before they return, so streams are ignored; the
-//! data-moving primitives are strided loops and the `gemm` crate.
+//! data-moving primitives are strided loops and the `gemm` crate (fp8
+//! decoded to f32 first).
 
 mod elementwise;
 mod matmul;
 mod memory;
+mod scaled;
 mod signals;
 
-use super::{Allocation, Backend, BackendKind, Mapping, PadSet, Signals, Stream};
+use super::{Allocation, Backend, BackendKind, GemmScales, Mapping, PadSet, Signals, Stream};
 use crate::array::Array;
 use crate::error::Result;
 use std::os::fd::OwnedFd;
@@ -45,5 +47,11 @@ impl Backend for HostBackend {
     }
     fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, _stream: Stream) -> Result<()> {
         matmul::gemm(dst, a, b, accumulate)
+    }
+    fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, _stream: Stream) -> Result<()> {
+        scaled::scaled_gemm(dst, a, b, scales)
+    }
+    fn check_scaled_gemm(&self, _row_wise: bool) -> Result<()> {
+        Ok(())
     }
 }

@@ -20,7 +20,7 @@ use super::registry::{self, Platform};
 use crate::backend::{BackendKind, Stream};
 use crate::error::{err, Error, Result};
 use crate::group::Group;
-use crate::ops::{self, AgMm, LcAllgather, MmRs, ReduceOp};
+use crate::ops::{self, AgMm, AgMmScales, LcAllgather, MmRs, MmRsScales, ReduceOp};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -192,7 +192,7 @@ fn read_ag_mm(f: &Frame<'_>) -> Result<AgMm> {
         gather_dim,
         ag_out,
         outs: arrays(&rets[..num_b], "outs")?,
-        later_options: Vec::new(),
+        scales: AgMmScales::default(),
     })
 }
 
@@ -207,7 +207,7 @@ fn read_mm_rs(f: &Frame<'_>) -> Result<MmRs> {
     attrs.finish()?;
     let args = counted(&args, 2, "arguments")?;
     let out = counted(&rets, 1, "results")?[0].array("out")?;
-    Ok(MmRs { a: args[0].array("a")?, b: args[1].array("b")?, scatter_dim, op, out, later_options: Vec::new() })
+    Ok(MmRs { a: args[0].array("a")?, b: args[1].array("b")?, scatter_dim, op, out, scales: MmRsScales::default() })
 }
 
 fn read_lc_allgather(f: &Frame<'_>) -> Result<LcAllgather> {

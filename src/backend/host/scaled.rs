@@ -1,0 +1,91 @@
+//! Scaled (fp8) matrix products on the host, the reference the CUDA path is
+//! held to: the fp8 values decoded exactly, their products summed in f32,
+//! then, in cuBLASLt's order, the product times the scales plus the bias,
+//! rounded once to the output type.
+
+use super::{elementwise, matmul};
+use crate::array::{Array, DType};
+use crate::backend::GemmScales;
+use crate::error::{err, Result};
+
+pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales) -> Result<()> {
+    let (m, n) = (dst.shape[0], dst.shape[1]);
+    let (want_a, want_b) = if scales.row_wise { (m, n) } else { (1, 1) };
+    let bias_ok = scales.bias.as_ref().is_none_or(|v| v.numel() == n && v.dtype == dst.dtype);
+    if scales.a.numel() != want_a || scales.b.numel() != want_b || !bias_ok {
+        return Err(err!(Internal, "scaled gemm into {:?} with scales {scales:?}", dst.shape));
+    }
+    let mut acc = vec![0f32; m * n];
+    let product = Array::contiguous(acc.as_mut_ptr() as u64, DType::F32, &[m, n]);
+    matmul::gemm(&product, a, b, false)?;
+    let (sa, sb) = (values(&scales.a)?, values(&scales.b)?);
+    let bias = scales.bias.as_ref().map(values).transpose()?;
+    for (i, row) in acc.chunks_exact_mut(n).enumerate() {
+        let s = sa[if scales.row_wise { i } else { 0 }];
+        for (j, v) in row.iter_mut().enumerate() {
+            *v *= s * sb[if scales.row_wise { j } else { 0 }];
+            if let Some(bias) = &bias {
+                *v += bias[j];
+            }
+        }
+    }
+    elementwise::copy(dst, &product)
+}
+
+/// The elements of a vector, as f32.
+fn values(v: &Array) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; v.numel()];
+    let dst = Array::contiguous(out.as_mut_ptr() as u64, DType::F32, &v.shape);
+    elementwise::copy(&dst, v)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    fn f32s(v: &mut [f32], shape: &[usize]) -> Array {
+        Array::contiguous(v.as_mut_ptr() as u64, DType::F32, shape)
+    }
+
+    #[test]
+    fn tensor_and_row_wise_scales_and_bias() {
+        // A = [[1, 2], [-1, 0.5]] in e4m3 (0x38 = 1, 0x40 = 2, 0xb8 = -1, 0x30 = 0.5).
+        let mut a = [0x38u8, 0x40, 0xb8, 0x30];
+        // B = [[1, 2, 1], [2, 1, 0]] column-major (B^T row-major), e5m2 (0x3c = 1, 0x40 = 2).
+        let mut b = [0x3cu8, 0x40, 0x40, 0x3c, 0x3c, 0x00];
+        let av = Array { addr: a.as_mut_ptr() as u64, dtype: DType::F8E4M3, shape: vec![2, 2], strides: vec![2, 1] };
+        let bv = Array { addr: b.as_mut_ptr() as u64, dtype: DType::F8E5M2, shape: vec![2, 3], strides: vec![1, 2] };
+        // A @ B = [[5, 4, 1], [0, -1.5, -1]].
+        let (mut sa, mut sb) = ([2f32], [0.5f32]);
+        let mut out = [f32::NAN; 6];
+        let tensor = GemmScales { row_wise: false, a: f32s(&mut sa, &[1]), b: f32s(&mut sb, &[1]), bias: None };
+        scaled_gemm(&f32s(&mut out, &[2, 3]), &av, &bv, &tensor).unwrap();
+        assert_eq!(out, [5., 4., 1., 0., -1.5, -1.]);
+
+        let (mut ra, mut rb) = ([1f32, 10.], [1f32, 2., 4.]);
+        let mut bias: Vec<u16> = [0.25f32, 0., -1.].iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+        let bias = Array::contiguous(bias.as_mut_ptr() as u64, DType::BF16, &[3]);
+        let mut out = [0u16; 6];
+        let outv = Array::contiguous(out.as_mut_ptr() as u64, DType::BF16, &[2, 3]);
+        let rows = GemmScales { row_wise: true, a: f32s(&mut ra, &[2]), b: f32s(&mut rb, &[3]), bias: Some(bias) };
+        scaled_gemm(&outv, &av, &bv, &rows).unwrap();
+        let got: Vec<f32> = out.iter().map(|&h| bf16::from_bits(h).to_f32()).collect();
+        assert_eq!(got, [5.25, 8., 3., 0.25, -30., -41.]);
+
+        // Scales of the wrong length are a bug in the caller.
+        let short = GemmScales { row_wise: true, a: f32s(&mut ra, &[1]), ..rows.clone() };
+        assert_eq!(scaled_gemm(&outv, &av, &bv, &short).unwrap_err().kind, crate::ErrorKind::Internal);
+        // Only the requested columns of the bias and scales are used.
+        let mut two = [f32::NAN; 4];
+        let cols = rows.columns(1, 2);
+        // (the bias is bf16, so the output must be too)
+        scaled_gemm(&f32s(&mut two, &[2, 2]), &av, &bv.narrow(1, 1, 2), &cols).unwrap_err();
+        let mut two_bf16 = [0u16; 4];
+        let twov = Array::contiguous(two_bf16.as_mut_ptr() as u64, DType::BF16, &[2, 2]);
+        scaled_gemm(&twov, &av, &bv.narrow(1, 1, 2), &cols).unwrap();
+        let got: Vec<f32> = two_bf16.iter().map(|&h| bf16::from_bits(h).to_f32()).collect();
+        assert_eq!(got, [8., 3., -30., -41.]);
+    }
+}
