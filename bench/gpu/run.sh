@@ -5,7 +5,8 @@
 # JSON (bench/results format) into $OUT.
 #   [SYMM_BENCH=0] [SYMM_JAX=1] bash bench/gpu/run.sh
 #   SYMM_BENCH=0: tests only, no benchmark. SYMM_JAX=1: also symm.jax on CUDA
-#   (one process, two GPUs): its tests, and with the benchmark, bench_jax.py.
+#   (one process, two GPUs): its tests (before the benchmark, which may run
+#   out of time), and with the benchmark, bench_jax.py (last).
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -16,7 +17,7 @@ root=$PWD
 fail=0
 
 say() { echo "$*" | tee -a "$log"; }
-run() { say "\$ $*"; "$@" 2>&1 | tee -a "$log"; local rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || { say "exit $rc"; fail=1; }; }
+run() { say "[${SECONDS}s] \$ $*"; "$@" 2>&1 | tee -a "$log"; local rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || { say "exit $rc"; fail=1; }; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpus.txt" | tee -a "$log"
 nvidia-smi topo -m >>"$log" 2>&1 || true
@@ -48,12 +49,17 @@ run env CUDA_MODULE_LOADING=EAGER /tmp/symm-bin/cuda_memory --world-size 2 --loc
 
 if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
-    run python3 -m pytest -q python/tests/test_cuda.py python/tests/test_cuda_fused.py -x
+    run python3 -m pytest -q python/tests/test_cuda.py python/tests/test_cuda_fused.py
     if [ "$ngpu" -ge 4 ]; then
         run python3 bench/gpu/ops_check.py --world 4 --gpus 4
         [ "$ngpu" -ge 8 ] && run python3 bench/gpu/ops_check.py --world 8 --gpus 8
     else
         run python3 bench/gpu/ops_check.py --world 4 --gpus 1
+    fi
+    if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ]; then
+        # Its own pytest process: the CPU-platform tests pin JAX to the CPU.
+        run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
+        run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 python3 -m pytest -q python/tests/test_jax_cuda.py
     fi
     # World = every GPU of the machine (2, 4 or 8), or SYMM_BENCH_WORLD.
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
@@ -61,14 +67,9 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     fi
 fi
 
-if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ]; then
+if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
-    run python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
-    # Its own pytest process: the CPU-platform tests pin JAX to the CPU.
-    run python3 -m pytest -q python/tests/test_jax_cuda.py -x
-    if [ "${SYMM_BENCH:-1}" = 1 ]; then
-        run python3 bench/bench_jax.py ${SYMM_JAX_BENCH_ARGS:-}
-    fi
+    run python3 bench/bench_jax.py ${SYMM_JAX_BENCH_ARGS:-}
 fi
 
 python3 bench/gpu/collect.py "$log" "$OUT" "$(cat bundle/commit)" || fail=1
