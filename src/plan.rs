@@ -208,9 +208,19 @@ pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
     }
 }
 
-/// The estimate with the smallest predicted total.
+/// The automatic choice: the estimate with the smallest predicted total
+/// among the sequential and pipelined paths. The fused kernel runs only when
+/// asked for (`SYMM_ALGO=fused`): on 2 x H200 it was slower than the
+/// pipelined path on 7 of the 8 benchmark shapes (ag_mm 0.99-1.10 x, and
+/// 5 x at M = 512; mm_rs 1.05-1.39 x; bench/results/2026-11-23-h200-x2-*),
+/// for reasons the model does not capture yet, so its estimate is reported
+/// but never preferred.
 pub fn best(estimates: &[Estimate]) -> Estimate {
-    *estimates.iter().min_by(|a, b| a.total_ms.total_cmp(&b.total_ms)).expect("at least the sequential estimate")
+    *estimates
+        .iter()
+        .filter(|e| e.algorithm != Algorithm::Fused)
+        .min_by(|a, b| a.total_ms.total_cmp(&b.total_ms))
+        .expect("at least the sequential estimate")
 }
 
 #[cfg(test)]
@@ -265,6 +275,13 @@ mod tests {
                 assert!(of(Algorithm::Fused).exposed_ms <= of(Algorithm::Pipelined).exposed_ms, "{est:?}");
             }
         }
+        // Reported, but never the automatic choice (measured slower), even
+        // where its prediction is the smallest.
+        let p = Problem { fused: true, ..prob(16384, 8192, 8192) };
+        let est = ag_mm(&p, &DeviceModel::HOPPER);
+        let fused = est.iter().find(|e| e.algorithm == Algorithm::Fused).unwrap();
+        assert!(est.iter().all(|e| fused.total_ms <= e.total_ms), "{est:?}");
+        assert_eq!(best(&est).algorithm, Algorithm::Pipelined);
         // Never offered at world 1 or without the kernel.
         let p = Problem { fused: true, world: 1, ..prob(1024, 1024, 1024) };
         assert!(ag_mm(&p, &DeviceModel::HOPPER).iter().all(|e| e.algorithm != Algorithm::Fused));

@@ -1,0 +1,81 @@
+"""Where the time of one symm operation goes: torch.profiler (CUPTI) over a
+few calls of fused_ag_mm / mm_rs with one algorithm forced, per rank, on
+the GPU machine. Prints, for rank 0, every kernel and copy of the last call
+with its start (relative to the call's first activity) and duration, so a
+wait (a kernel spinning on a flag, a copy that starts late) shows.
+
+    torchrun --nproc-per-node 2 bench/gpu/profile_ops.py [--cases ag_mm:512:8192:14336:fused,...]
+"""
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+import symm
+
+DEFAULT_CASES = ("ag_mm:512:8192:14336:fused,ag_mm:512:8192:14336:pipelined,"
+                 "mm_rs:512:14336:8192:fused,mm_rs:512:14336:8192:pipelined,"
+                 "mm_rs:16384:4096:8192:fused,mm_rs:16384:4096:8192:pipelined")
+
+
+def case_fn(g, op, m, k, n, world, stream):
+    w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
+    if op == "ag_mm":
+        a = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        return lambda: symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[out], stream=stream)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
+    return lambda: symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=stream)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", default=DEFAULT_CASES)
+    p.add_argument("--calls", type=int, default=3)
+    args = p.parse_args()
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
+    stream = torch.cuda.current_stream().cuda_stream
+    for case in args.cases.split(","):
+        op, m, k, n, algo = case.split(":")
+        os.environ["SYMM_ALGO"] = algo
+        fn = case_fn(g, op, int(m), int(k), int(n), world, stream)
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(args.calls):
+                torch.cuda.synchronize()
+                dist.barrier()
+                fn()
+            torch.cuda.synchronize()
+        os.environ.pop("SYMM_ALGO")
+        if rank != 0:
+            continue
+        gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        gpu.sort(key=lambda e: e.time_range.start)
+        # The last call: everything after the last gap of more than 1 ms
+        # (the host synchronizes and barriers between calls).
+        last = 0
+        for i in range(1, len(gpu)):
+            if gpu[i].time_range.start - max(e.time_range.end for e in gpu[:i]) > 1000:
+                last = i
+        t0 = gpu[last].time_range.start
+        end = max(e.time_range.end for e in gpu[last:])
+        print(f"== {case} rank 0: last call {(end - t0) / 1000:.3f} ms on the GPU", flush=True)
+        for e in gpu[last:]:
+            print(f"  +{(e.time_range.start - t0) / 1000:7.3f} ms {e.time_range.elapsed_us() / 1000:7.3f} ms  "
+                  f"{e.name[:90]}", flush=True)
+    g.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
