@@ -278,7 +278,8 @@ mod tests {
         // Reported, but never the automatic choice (measured slower), even
         // where its prediction is the smallest.
         let p = Problem { fused: true, ..prob(16384, 8192, 8192) };
-        let est = ag_mm(&p, &DeviceModel::HOPPER);
+        let d = DeviceModel { fused_slowdown: 1.0, ..DeviceModel::HOPPER };
+        let est = ag_mm(&p, &d);
         let fused = est.iter().find(|e| e.algorithm == Algorithm::Fused).unwrap();
         assert!(est.iter().all(|e| fused.total_ms <= e.total_ms), "{est:?}");
         assert_eq!(best(&est).algorithm, Algorithm::Pipelined);
