@@ -33,7 +33,7 @@ def assert_close(got, ref, tolerance=TOLERANCE):
 # fp8 operands: Hopper's fp8 tensor cores accumulate with about 14 mantissa
 # bits between cuBLASLt's promotions to f32 (torch._scaled_mm alike), which
 # bounds an f32 output's accuracy (measured: 1.5e-4 of the largest element).
-FP8_TOLERANCE = dict(TOLERANCE, **{torch.float32: 1e-3})
+FP8_TOLERANCE = {**TOLERANCE, torch.float32: 1e-3}
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE))

@@ -60,16 +60,26 @@ pub fn copy(kernels: &Kernels, dst: &Array, src: &Array, stream: Stream) -> Resu
 
 /// A pitched copy of rows by a copy engine.
 fn copy_2d(dst: &Array, src: &Array, size: usize, s: sys::CUstream) -> Result<()> {
-    // SAFETY: a zeroed descriptor is the documented starting point.
-    let mut d: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    d.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    d.srcDevice = src.addr;
-    d.srcPitch = src.strides[0] * size;
-    d.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    d.dstDevice = dst.addr;
-    d.dstPitch = dst.strides[0] * size;
-    d.WidthInBytes = src.shape[1] * size;
-    d.Height = src.shape[0];
+    // Every field spelled out: the memory-type enums have no zero value, so
+    // `mem::zeroed` here is undefined behaviour (Rust aborts on it).
+    let d = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src.addr,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src.strides[0] * size,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst.addr,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst.strides[0] * size,
+        WidthInBytes: src.shape[1] * size,
+        Height: src.shape[0],
+    };
     // SAFETY: the descriptor describes ranges the operation checked.
     check(unsafe { sys::cuMemcpy2DAsync_v2(&d, s) }, "cuMemcpy2DAsync")
 }
@@ -180,4 +190,48 @@ pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmSca
         bias: scales.bias.as_ref().map_or(0, |v| v.addr),
     });
     g.matmul(&p, stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::gpu_testing::gpu;
+
+    /// Each path of `copy` (dense, pitched by the copy engine, pack, unpack)
+    /// against the same copy done on the host, into a poisoned destination.
+    #[test]
+    fn gpu_copy_every_layout_matches_host() {
+        let Some(g) = gpu() else { return };
+        // (shape, source strides, destination strides), in elements of 2 bytes.
+        let cases: &[(&[usize], &[usize], &[usize])] = &[
+            (&[6, 10], &[10, 1], &[10, 1]),
+            (&[6, 10], &[24, 1], &[16, 1]),
+            (&[6, 10], &[10, 1], &[1, 6]),
+            (&[6, 10], &[1, 6], &[10, 1]),
+            (&[3, 4, 5], &[40, 5, 1], &[20, 5, 1]),
+        ];
+        for (shape, ss, ds) in cases {
+            let extent = |st: &[usize]| 1 + shape.iter().zip(st).map(|(n, s)| (n - 1) * s).sum::<usize>();
+            let src_host: Vec<u16> = (0..extent(ss)).map(|i| (i * 7 + 3) as u16).collect();
+            let poison = vec![0xdeadu16; extent(ds)];
+            let (src, dst) = (g.upload(&src_host), g.upload(&poison));
+            let arr =
+                |addr, st: &[usize]| Array { addr, dtype: DType::BF16, shape: shape.to_vec(), strides: st.to_vec() };
+            copy(&g.kernels, &arr(dst.ptr, ds), &arr(src.ptr, ss), g.stream()).unwrap();
+            g.sync();
+            let mut want = poison.clone();
+            let n: usize = shape.iter().product();
+            for flat in 0..n {
+                let (mut rem, mut so, mut d_o) = (flat, 0, 0);
+                for dim in (0..shape.len()).rev() {
+                    let i = rem % shape[dim];
+                    rem /= shape[dim];
+                    so += i * ss[dim];
+                    d_o += i * ds[dim];
+                }
+                want[d_o] = src_host[so];
+            }
+            assert_eq!(dst.read::<u16>(want.len()), want, "copy {shape:?} {ss:?} -> {ds:?}");
+        }
+    }
 }
