@@ -13,7 +13,8 @@ mm_rs: M rows of A per device, K per device):
   decomposition forced on (``xla_gpu_threshold_for_windowed_einsum_mib=0``,
   ``xla_gpu_multi_streamed_windowed_einsum=true``), passed per compilation
   so that all three run in one process;
-- mm_only / comm_only: the local matmul alone and the collective alone.
+- jax_mm_only / jax_comm_only: the local matmul alone and the collective alone
+  (named apart from bench_ops.py's torch floors, which share the results file).
 lc_allgather is timed against ``jax.lax.all_gather``. Every result is
 checked against jax_xla's before it is timed. Times: wall clock around a
 call and ``block_until_ready`` (the GPU's work included), median of
@@ -110,9 +111,9 @@ def bench_ag_mm(b, shapes):
             b.record("ag_mm", shape, impl, b.time(fn, a, wt), relerr=err)
         b.record("ag_mm", shape, "jax_xla", b.time(xla, a, wt))
         full_a = b.put(random(1, (m, k)), P())  # every device's gathered A
-        b.record("ag_mm", shape, "mm_only", b.time(b.smap(matmul, (P(), P(None, "x")), P(None, "x")), full_a, wt))
+        b.record("ag_mm", shape, "jax_mm_only", b.time(b.smap(matmul, (P(), P(None, "x")), P(None, "x")), full_a, wt))
         gather = b.smap(lambda a: jax.lax.all_gather(a, "x", axis=0, tiled=True), P("x"), P("x"))
-        b.record("ag_mm", shape, "comm_only", b.time(gather, a))
+        b.record("ag_mm", shape, "jax_comm_only", b.time(gather, a))
 
 
 def bench_mm_rs(b, shapes):
@@ -131,10 +132,10 @@ def bench_mm_rs(b, shapes):
             b.record("mm_rs", shape, impl, b.time(fn, a, wt), relerr=err)
         b.record("mm_rs", shape, "jax_xla", b.time(xla, a, wt))
         local = b.smap(matmul, (P(None, "x"), P("x")), P("x"))  # each device's partial product, no reduction
-        b.record("mm_rs", shape, "mm_only", b.time(local, a, wt))
+        b.record("mm_rs", shape, "jax_mm_only", b.time(local, a, wt))
         partial = b.put(random(5, (w * m, n)), P("x"))
         scatter = b.smap(lambda p: jax.lax.psum_scatter(p, "x", scatter_dimension=0, tiled=True), P("x"), P("x"))
-        b.record("mm_rs", shape, "comm_only", b.time(scatter, partial))
+        b.record("mm_rs", shape, "jax_comm_only", b.time(scatter, partial))
 
 
 def bench_lc_allgather(b, sizes_mb):

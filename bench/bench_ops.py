@@ -151,22 +151,51 @@ def bench_mm_rs(b, g, shapes):
         b.record("mm_rs", shape, "comm_only", b.time(lambda: dist.reduce_scatter_tensor(ref, c)))
 
 
+def symmetric_tensor(g, numel):
+    """A bf16 tensor of `numel` elements in a rendezvoused symmetric buffer
+    (the buffer and handle stay alive with the returned tuple)."""
+    buf = g.create(numel * 2)
+    handle = buf.rendezvous()
+    return torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16), (buf, handle)
+
+
+def completed(fn):
+    """`fn` whose work on other streams is waited for (a device-wide
+    synchronize), so the end event marks completion, not enqueue: PyTorch's
+    low-contention all-gather copies on its own side stream."""
+    def run():
+        fn()
+        torch.cuda.synchronize()
+    return run
+
+
 def bench_lc_allgather(b, g, sizes_mb):
+    """symm from an ordinary tensor (staged in the workspace) and from a
+    symmetric buffer (`symm_inplace`, peers read it where it is), NCCL, and
+    PyTorch's low-contention all-gather (input in its symmetric memory)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
     for mb in sizes_mb:
         n = mb * (1 << 20) // 2
         x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        xs, keep = symmetric_tensor(g, n)
+        xs.copy_(x)
+        xt = symm_mem.empty(n, device="cuda", dtype=torch.bfloat16).copy_(x)
+        symm_mem.rendezvous(xt, b.group_name)
         out = torch.empty(b.world * n, device="cuda", dtype=torch.bfloat16)
         ref = torch.empty_like(out)
         dist.all_gather_into_tensor(ref, x)
-        out.fill_(float("nan"))
-        symm.lc_allgather(g, x, out=out, stream=b.stream.cuda_stream)
-        assert torch.equal(out, ref), f"lc_allgather {mb} MB differs from NCCL"
         shape = (mb << 20,)
-        b.record("lc_allgather", shape, "symm", b.time(
-            lambda: symm.lc_allgather(g, x, out=out, stream=b.stream.cuda_stream)))
+        for impl, src in (("symm", x), ("symm_inplace", xs)):
+            out.fill_(float("nan"))
+            symm.lc_allgather(g, src, out=out, stream=b.stream.cuda_stream)
+            assert torch.equal(out, ref), f"lc_allgather {mb} MB ({impl}) differs from NCCL"
+            b.record("lc_allgather", shape, impl, b.time(
+                lambda: symm.lc_allgather(g, src, out=out, stream=b.stream.cuda_stream)))
         b.record("lc_allgather", shape, "nccl", b.time(lambda: dist.all_gather_into_tensor(ref, x)))
         b.record("lc_allgather", shape, "torch_lc", b.time(
-            lambda: torch.ops.symm_mem._low_contention_all_gather(x, b.group_name)))
+            completed(lambda: torch.ops.symm_mem._low_contention_all_gather(xt, b.group_name))))
+        del keep
 
 
 def bench_contention(b, g):
@@ -175,12 +204,15 @@ def bench_contention(b, g):
     n = 8192
     mats = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     x = torch.randn(128 << 20, device="cuda", dtype=torch.bfloat16)
+    xs, keep = symmetric_tensor(g, x.numel())
+    xs.copy_(x)
     out = torch.empty(b.world * x.numel(), device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()
     comms = {
         "none": None,
         "nccl": lambda: dist.all_gather_into_tensor(out, x),
         "symm": lambda: symm.lc_allgather(g, x, out=out, stream=side.cuda_stream),
+        "symm_inplace": lambda: symm.lc_allgather(g, xs, out=out, stream=side.cuda_stream),
     }
     for impl, comm in comms.items():
         def gemms():
@@ -194,6 +226,7 @@ def bench_contention(b, g):
             b.stream.wait_stream(side)
 
         b.record("contention", (256 << 20,), impl, b.time(gemms, iters=max(5, b.iters // 3)))
+    del keep
 
 
 def table(records):
@@ -209,7 +242,8 @@ def table(records):
               f"{t.get('nccl_cublas', 0):9.3f}{floor:8.3f}{t.get('symm', 0) / floor:11.3f}{t.get('torch_fused', 0) / floor:12.3f}")
     for (op, shape), t in rows.items():
         if op == "lc_allgather":
-            print(f"{op:<14}{shape[0] >> 20:>5} MB/rank   symm {t.get('symm', 0):.3f}  nccl {t.get('nccl', 0):.3f}  "
+            print(f"{op:<14}{shape[0] >> 20:>5} MB/rank   symm {t.get('symm', 0):.3f}  "
+                  f"symm_inplace {t.get('symm_inplace', 0):.3f}  nccl {t.get('nccl', 0):.3f}  "
                   f"torch_lc {t.get('torch_lc', 0):.3f} ms")
         if op == "contention":
             print(f"{op:<14}4 GEMMs: {t}")

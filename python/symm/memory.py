@@ -72,6 +72,19 @@ class Buffer:
         """A numpy view of this rank's buffer (host backend)."""
         return _view(self.group, self._owned, self.ptr, self.nbytes, dtype, shape, offset)
 
+    def cuda_bytes(self, offset=0, nbytes=None):
+        """This rank's buffer on a CUDA group as bytes any CUDA array library
+        can wrap without copying (``__cuda_array_interface__``), e.g.
+        ``torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16)``.
+        The object, and arrays made from it, keep the memory alive. An
+        operation's input placed here is read by the peers in place."""
+        if self.group.backend != "cuda":
+            raise SymmUnsupported(_lib.ERROR_UNSUPPORTED, f"cuda_bytes needs a CUDA group; this one is {self.group.backend}")
+        nbytes = self.nbytes - offset if nbytes is None else nbytes
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(f"{nbytes} bytes at offset {offset} do not fit in {self.nbytes} bytes")
+        return _CudaBytes(self._owned, self.ptr + offset, nbytes)
+
     def close(self):
         """Releases this reference; memory lives on while a handle or view of it does. Idempotent."""
         self._owned = None
@@ -81,6 +94,15 @@ class Buffer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _CudaBytes:
+    """CUDA memory of a buffer as a byte array for the CUDA array interface;
+    holds the buffer's owner for as long as it lives."""
+
+    def __init__(self, owned, ptr, nbytes):
+        self._owned = owned
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
 
 
 class Handle:

@@ -25,7 +25,7 @@ def test_bench_jax_runs_and_prints_every_record():
     records = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"op"')]
     impls = {(r["op"], r["impl"]) for r in records}
     for op in ("ag_mm", "mm_rs"):
-        assert {(op, i) for i in ("jax_symm", "jax_xla", "jax_windowed", "mm_only", "comm_only")} <= impls
+        assert {(op, i) for i in ("jax_symm", "jax_xla", "jax_windowed", "jax_mm_only", "jax_comm_only")} <= impls
     assert {("lc_allgather", "jax_symm"), ("lc_allgather", "jax_xla")} <= impls
     assert all(r["ms"] > 0 and r["world"] == 2 for r in records)
     assert all(r["relerr"] < 2e-2 for r in records if "relerr" in r)

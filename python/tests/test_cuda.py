@@ -253,6 +253,31 @@ def test_lc_allgather_with_cupy_through_the_cuda_array_interface():
         np.testing.assert_array_equal(allocated, np.concatenate(xs))
 
 
+def test_lc_allgather_large_from_ordinary_and_symmetric_memory():
+    """8 MiB per rank (this rank's part then goes on the side stream), read
+    from a torch tensor (staged) and from a symmetric buffer (in place)."""
+    n = 4 << 20  # bf16 elements
+    xs = inputs(11, (n,), torch.bfloat16)
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        ordinary = xs[g.rank].cuda()
+        with g.create(2 * n) as buf, buf.rendezvous():
+            symmetric = torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16)
+            symmetric.copy_(ordinary)
+            got = []
+            for x in (ordinary, symmetric):
+                out = torch.full((WORLD * n,), float("nan"), dtype=torch.bfloat16, device="cuda")
+                symm.lc_allgather(g, x, out=out)
+                got.append(out.cpu())
+            return got
+
+    want = torch.cat(xs)
+    for got in on_threads(rank_main, cuda_groups(), deadline_s=120):
+        for out in got:
+            assert torch.equal(out, want)
+
+
 def test_host_arrays_and_numpy_views_are_refused_on_cuda():
     def rank_main(g):
         with pytest.raises(symm.SymmInvalidArgument, match="host memory"):

@@ -88,3 +88,10 @@ def test_view_bounds_and_dtypes():
             buf.array(np.float32, (65,))
         with pytest.raises(ValueError, match="do not fit"):
             buf.array(np.uint8, 8, offset=250)
+
+
+def test_cuda_bytes_needs_a_cuda_group():
+    (g,) = symm.local_groups(1, backend="host")
+    with g.create(256) as buf:
+        with pytest.raises(symm.SymmUnsupported, match="needs a CUDA group; this one is host"):
+            buf.cuda_bytes()

@@ -86,6 +86,9 @@ impl LcAllgather {
     }
 }
 
+/// Own parts at least this large are copied on the side stream.
+const SIDE_COPY_BYTES: usize = 4 << 20;
+
 struct LcPlan {
     call: LcAllgather,
     /// Where every rank's input is read in place, if it is.
@@ -110,15 +113,31 @@ impl Plan for LcPlan {
             };
             Ok(Array::contiguous(addr, input.dtype, &input.shape))
         };
+        let (me, len) = (ex.rank(), input.shape[0]);
+        let own = output.narrow(0, me * len, len);
+        // This rank's part comes straight from its input; a large one goes
+        // on the side stream, beside the staging copy and the pulls (a
+        // small one is not worth the two extra driver calls of the fork).
+        let side = if own.numel() * own.dtype.size() >= SIDE_COPY_BYTES { Some(ex.side()?) } else { None };
+        match side {
+            Some(side) => {
+                ex.fork(side)?;
+                ex.copy_on(side, &own, input)?;
+            }
+            None => ex.copy(&own, input)?,
+        }
         if in_place.is_none() {
-            ex.copy(&source(ex.rank())?, input)?;
+            ex.copy(&source(me)?, input)?;
         }
         ex.barrier()?;
-        let len = input.shape[0];
-        for r in ex.rotation() {
+        for r in ex.rotation().filter(|&r| r != me) {
             ex.copy(&output.narrow(0, r * len, len), &source(r)?)?;
         }
-        ex.barrier()
+        ex.barrier()?;
+        match side {
+            Some(side) => ex.join(side),
+            None => Ok(()),
+        }
     }
 }
 
