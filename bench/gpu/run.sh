@@ -49,7 +49,8 @@ run env CUDA_MODULE_LOADING=EAGER /tmp/symm-bin/cuda_memory --world-size 2 --loc
 
 if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
-    run python3 -m pytest -q python/tests/test_cuda.py python/tests/test_cuda_fused.py
+    # They need two GPUs (pytest would exit 5, nothing collected, on one).
+    [ "$ngpu" -ge 2 ] && run python3 -m pytest -q python/tests/test_cuda.py python/tests/test_cuda_fused.py
     if [ "$ngpu" -ge 4 ]; then
         run python3 bench/gpu/ops_check.py --world 4 --gpus 4
         [ "$ngpu" -ge 8 ] && run python3 bench/gpu/ops_check.py --world 8 --gpus 8
@@ -61,6 +62,8 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
         run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
         run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 python3 -m pytest -q python/tests/test_jax_cuda.py
     fi
+    # Host time per call (Python wrapper, library, driver launches).
+    run timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)"
     # World = every GPU of the machine (2, 4 or 8), or SYMM_BENCH_WORLD.
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
         run torchrun --nproc-per-node "${SYMM_BENCH_WORLD:-$ngpu}" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}

@@ -3,16 +3,22 @@ protocol the object speaks: pointer, shape, strides in elements, dtype, and
 whether the memory is host or CUDA memory.
 
 Order of preference: a numpy array as itself (so extension dtypes such as
-``ml_dtypes.bfloat16`` and ``float8_e4m3fn`` keep their name); then DLPack,
-which also carries bf16 and lets the producer order its pending work before
-our stream; then ``__cuda_array_interface__``; then ``__array_interface__``.
-torch's 8-bit floats go through DLPack as bytes (``view(torch.uint8)``,
-same shape and strides) and keep their name: not every torch version
-exports them through DLPack, and none through the array interfaces.
+``ml_dtypes.bfloat16`` and ``float8_e4m3fn`` keep their name); a plain
+torch tensor read directly when the library's stream is torch's current
+stream (nothing to order then); then DLPack, which also carries bf16 and
+lets the producer order its pending work before our stream; then
+``__cuda_array_interface__``; then ``__array_interface__``. torch's 8-bit
+floats go through DLPack as bytes (``view(torch.uint8)``, same shape and
+strides) and keep their name: not every torch version exports them through
+DLPack, and none through the array interfaces.
+
+Every call of an operation reads its arguments here, and at small sizes
+the GPU finishes an operation sooner than Python can issue it, so the
+common cases (numpy, torch) take the short paths.
 """
 
 import sys
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,8 +27,7 @@ from . import _dlpack
 MAX_DIMS = 8  # symm_tensor_t's shape/strides capacity
 
 
-@dataclass(frozen=True)
-class ArrayView:
+class ArrayView(NamedTuple):
     ptr: int
     shape: tuple
     strides: tuple  # in elements
@@ -49,16 +54,57 @@ def _element_strides(byte_strides, itemsize, what):
     return tuple(s // itemsize for s in byte_strides)
 
 
+_NUMPY_NAMES = {}  # dtype -> name (numpy computes .name in Python, slowly)
+
+
 def _from_numpy(arr, keep):
+    dtype = arr.dtype
+    name = _NUMPY_NAMES.get(dtype)
+    if name is None:
+        name = _NUMPY_NAMES.setdefault(dtype, dtype.name)
+    ptr, readonly = arr.__array_interface__["data"]
     return ArrayView(
-        ptr=arr.ctypes.data,
-        shape=arr.shape,
-        strides=_element_strides(arr.strides, arr.dtype.itemsize, "the array"),
-        dtype=arr.dtype.name,
-        memory="host",
-        writable=arr.flags.writeable,
-        keepalive=(keep, arr),
+        ptr,
+        arr.shape,
+        _element_strides(arr.strides, dtype.itemsize, "the array"),
+        name,
+        "host",
+        not readonly,
+        (keep, arr),
     )
+
+
+_TORCH_NAMES = {}  # torch dtype -> numpy-style name, filled on first use
+
+
+def _torch_name(torch, dtype):
+    if not _TORCH_NAMES:
+        fp8 = {getattr(torch, n): n for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}
+        _TORCH_NAMES.update({torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", **fp8})
+    return _TORCH_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+def _current_torch_stream(torch, device):
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(device) if get is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def _from_torch(t, stream):
+    """A plain strided torch tensor read directly, or None where DLPack's
+    rules apply: a CUDA tensor whose pending work is on another stream than
+    the library's (DLPack orders it), and what DLPack refuses to export
+    (tensors requiring grad, conjugate or negative views)."""
+    torch = sys.modules["torch"]
+    if t.requires_grad or t.layout is not torch.strided or t.is_conj() or t.is_neg():
+        return None
+    device = t.get_device()
+    if device >= 0:
+        if not t.is_cuda or _current_torch_stream(torch, device) != (stream or 0):
+            return None
+        memory = "cuda"
+    else:
+        memory = "host"
+    return ArrayView(t.data_ptr(), tuple(t.shape), tuple(t.stride()), _torch_name(torch, t.dtype), memory, True, (t,))
 
 
 _DLPACK_MEMORY = {
@@ -113,12 +159,19 @@ def _torch_fp8(obj):
 def view(obj, stream=None):
     """The ``ArrayView`` of ``obj``. ``stream`` (a CUstream int or None) is
     the stream the library will use, for the DLPack exchange."""
+    if type(obj) is np.ndarray:
+        return _checked(_from_numpy(obj, obj))
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor:
+        v = _from_torch(obj, stream)
+        if v is not None:
+            return _checked(v)
     fp8 = _torch_fp8(obj)
     if isinstance(obj, np.ndarray):
         v = _from_numpy(obj, obj)
     elif fp8 is not None:
         raw = _from_dlpack(obj.view(sys.modules["torch"].uint8), stream)
-        v = replace(raw, dtype=fp8, keepalive=(obj, *raw.keepalive))
+        v = raw._replace(dtype=fp8, keepalive=(obj, *raw.keepalive))
     elif hasattr(obj, "__dlpack__"):
         v = _from_dlpack(obj, stream)
     elif hasattr(obj, "__cuda_array_interface__"):
@@ -130,6 +183,10 @@ def view(obj, stream=None):
             f"{type(obj).__name__} is not an array: pass a numpy array, or an object with "
             "__dlpack__, __cuda_array_interface__ or __array_interface__"
         )
+    return _checked(v)
+
+
+def _checked(v):
     if len(v.shape) > MAX_DIMS:
         raise ValueError(f"arrays of up to {MAX_DIMS} dimensions are supported; this one has {len(v.shape)}")
     return v

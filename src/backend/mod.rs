@@ -230,6 +230,20 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Issues one operation's work on `stream` through `issue`, or replays
+    /// an earlier issue of the same call: `key` describes the call exactly
+    /// (addresses included), and the CUDA backend launches a repeated call
+    /// as one captured graph. The host backend just issues.
+    fn run_repeatable(
+        &self,
+        key: &dyn Fn() -> String,
+        stream: Stream,
+        issue: &mut dyn FnMut(Stream) -> Result<()>,
+    ) -> Result<()> {
+        let _ = key;
+        issue(stream)
+    }
+
     /// Zeroes `bytes` at `addr` (this backend's memory) in stream order.
     fn zero(&self, addr: u64, bytes: usize, stream: Stream) -> Result<()> {
         let _ = (addr, bytes, stream);

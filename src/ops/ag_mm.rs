@@ -314,6 +314,10 @@ impl Plan for AgMmPlan {
         self.workspace
     }
 
+    fn replay_key(&self) -> String {
+        format!("{self:?}")
+    }
+
     /// This rank's shard goes to its place in its workspace; a side stream
     /// waits for every rank to be there, then pulls the peers' shards into
     /// this rank's workspace (copy engines on CUDA), rank-1 first. Pipelined:

@@ -103,6 +103,11 @@ impl Plan for LcPlan {
         self.workspace
     }
 
+    fn replay_key(&self) -> String {
+        let in_place = self.symmetric.as_ref().map(|(h, offset)| (h.id(), *offset));
+        format!("{:?} in place {in_place:?} staged {}", self.call, self.staged)
+    }
+
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
         let LcAllgather { input, output } = &self.call;
         let in_place = self.symmetric.as_ref();

@@ -282,6 +282,10 @@ impl Plan for MmRsPlan {
         self.workspace
     }
 
+    fn replay_key(&self) -> String {
+        format!("{self:?}")
+    }
+
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
         if self.algorithm == plan::Algorithm::Fused {
             return self.fused(ex);

@@ -48,6 +48,10 @@ trait Plan {
     /// workspace alike.
     fn workspace_bytes(&self) -> usize;
     fn execute(&self, ex: &Exec<'_>) -> Result<()>;
+    /// Everything `execute` reads from the plan (addresses included), so
+    /// that two plans with the same key issue the same work: a backend
+    /// may replay a repeated call (`Backend::run_repeatable`).
+    fn replay_key(&self) -> String;
 }
 
 /// Runs one collective call. `prepared` is this rank's signature and plan,
@@ -62,7 +66,8 @@ fn run<P: Plan>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature,
     agree::agree(group, sig.as_ref(), plan.as_ref().map(drop).map_err(Clone::clone))?;
     let plan = plan?;
     let ws = workspace::ensure(group, plan.workspace_bytes())?;
-    plan.execute(&Exec { group, ws, stream })
+    let key = || format!("rank {} of {}, workspace {:#x}: {}", group.rank(), group.world(), ws.id(), plan.replay_key());
+    group.backend().run_repeatable(&key, stream, &mut |s| plan.execute(&Exec { group, ws: ws.clone(), stream: s }))
 }
 
 /// The signal channel of the workspace that operations synchronize on

@@ -9,6 +9,7 @@ pub mod driver;
 pub mod gemm;
 #[cfg(test)]
 mod gpu_testing;
+mod graphs;
 pub mod kernels;
 mod module;
 pub mod pack;
@@ -37,6 +38,7 @@ pub struct CudaBackend {
     gemm: once_cell::sync::OnceCell<gemm::Gemm>,
     tables: compute::SourceTables,
     side: streams::SideStreams,
+    graphs: graphs::GraphCache,
 }
 
 impl CudaBackend {
@@ -64,6 +66,7 @@ impl CudaBackend {
             gemm: once_cell::sync::OnceCell::new(),
             tables: compute::SourceTables::default(),
             side: streams::SideStreams::default(),
+            graphs: graphs::GraphCache::default(),
             ctx,
             device,
         })
@@ -142,6 +145,18 @@ impl Backend for CudaBackend {
         self.bind()?;
         let g = self.gemm.get_or_try_init(|| gemm::Gemm::new(&self.ctx))?;
         compute::gemm(g, dst, a, b, accumulate, stream)
+    }
+    fn run_repeatable(
+        &self,
+        key: &dyn Fn() -> String,
+        stream: Stream,
+        issue: &mut dyn FnMut(Stream) -> Result<()>,
+    ) -> Result<()> {
+        if !graphs::enabled() {
+            return issue(stream);
+        }
+        self.bind()?;
+        self.graphs.run(&key(), stream, || self.errors.check(), issue)
     }
     fn zero(&self, addr: u64, bytes: usize, stream: Stream) -> Result<()> {
         self.bind()?;

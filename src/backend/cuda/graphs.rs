@@ -1,0 +1,247 @@
+//! Replays of repeated calls. An operation issues a dozen or more driver
+//! calls (copies, event forks and joins, signal kernels, matmuls); at small
+//! sizes the GPU finishes them sooner than the host issues them, so issuing
+//! is the operation's time. A call made again with exactly the same
+//! arguments (addresses included: the key says so) is captured into a CUDA
+//! graph on its second occurrence, and from then on launched as that graph:
+//! one driver call. Inference loops repeat their calls with the same
+//! buffers, which is what this serves; a call whose addresses change runs
+//! eagerly, as before.
+//!
+//! Safe because the operations keep no per-call state on the host (signal
+//! kernels are epoch-free, flags are zeroed by the work itself), so a
+//! replay does exactly what an eager run would, and ranks may mix the two.
+//! Not used while the caller's stream is itself being captured (the caller
+//! builds its own graph then) or with `SYMM_GRAPHS=0`.
+
+use super::driver::check;
+use crate::backend::Stream;
+use crate::error::Result;
+use cudarc::driver::sys;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+/// A call is captured when it is seen this many times.
+const CAPTURE_AT: u32 = 2;
+/// Most graphs kept per backend; later keys run eagerly.
+const MAX_GRAPHS: usize = 256;
+/// Keys counted before the counts start over (calls that never repeat
+/// would otherwise grow the map without bound).
+const MAX_SEEN: usize = 4096;
+
+#[derive(Default)]
+pub struct GraphCache {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Instantiated graphs (CUgraphExec) by key.
+    execs: HashMap<String, usize>,
+    seen: HashMap<String, u32>,
+    /// Keys whose capture failed: they run eagerly.
+    refused: HashSet<String>,
+    /// Our stream to capture on (made at the first capture).
+    capture: Option<usize>,
+}
+
+/// Whether replays are on (`SYMM_GRAPHS=0` turns them off).
+pub fn enabled() -> bool {
+    static ON: once_cell::sync::Lazy<bool> =
+        once_cell::sync::Lazy::new(|| std::env::var("SYMM_GRAPHS").map_or(true, |v| v != "0"));
+    *ON
+}
+
+fn is_capturing(stream: Stream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-pointer valid; the stream belongs to the current context.
+    check(unsafe { sys::cuStreamIsCapturing(stream.0 as sys::CUstream, &mut status) }, "cuStreamIsCapturing")?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+fn launch(exec: usize, stream: Stream) -> Result<()> {
+    // SAFETY: an instantiated graph of this context; the stream too.
+    check(unsafe { sys::cuGraphLaunch(exec as sys::CUgraphExec, stream.0 as sys::CUstream) }, "cuGraphLaunch")
+}
+
+impl GraphCache {
+    /// Runs `issue` (which issues one call's work on the stream it is
+    /// given) on `stream`, or launches the graph of an earlier run of the
+    /// call that `key` describes. `check_errors` runs before a replay, as
+    /// before any eager launch: a failure already recorded is reported
+    /// instead of queueing more work.
+    pub fn run(
+        &self,
+        key: &str,
+        stream: Stream,
+        check_errors: impl Fn() -> Result<()>,
+        issue: &mut dyn FnMut(Stream) -> Result<()>,
+    ) -> Result<()> {
+        if !enabled() || is_capturing(stream)? {
+            return issue(stream);
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&exec) = inner.execs.get(key) {
+            drop(inner);
+            check_errors()?;
+            return launch(exec, stream);
+        }
+        if !inner.due_for_capture(key) {
+            drop(inner);
+            return issue(stream);
+        }
+        match capture(&mut inner, issue) {
+            Ok(exec) => {
+                inner.execs.insert(key.to_owned(), exec);
+                drop(inner);
+                launch(exec, stream)
+            }
+            // Nothing ran: the capture only recorded. Run it eagerly, and
+            // from now on always (a capture that failed once fails again).
+            Err(_) => {
+                inner.refused.insert(key.to_owned());
+                drop(inner);
+                issue(stream)
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Counts a call that has no graph; true when it is to be captured now.
+    fn due_for_capture(&mut self, key: &str) -> bool {
+        if self.refused.contains(key) || self.execs.len() >= MAX_GRAPHS {
+            return false;
+        }
+        if self.seen.len() >= MAX_SEEN {
+            self.seen.clear();
+        }
+        let count = self.seen.entry(key.to_owned()).or_insert(0);
+        *count += 1;
+        if *count < CAPTURE_AT {
+            return false;
+        }
+        self.seen.remove(key);
+        true
+    }
+}
+
+/// Captures `issue` on our capture stream into an instantiated graph.
+fn capture(inner: &mut Inner, issue: &mut dyn FnMut(Stream) -> Result<()>) -> Result<usize> {
+    let cap = match inner.capture {
+        Some(s) => s,
+        None => {
+            let mut s = std::ptr::null_mut();
+            let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+            // SAFETY: out-pointer valid; the backend made its context current.
+            check(unsafe { sys::cuStreamCreate(&mut s, flags) }, "cuStreamCreate")?;
+            inner.capture = Some(s as usize);
+            s as usize
+        }
+    };
+    let s = cap as sys::CUstream;
+    // Thread-local: other threads' calls (another rank's, a framework's)
+    // are not affected by this capture.
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    // SAFETY: our own stream, not capturing.
+    check(unsafe { sys::cuStreamBeginCapture_v2(s, mode) }, "cuStreamBeginCapture")?;
+    let issued = issue(Stream(cap));
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above (also after a failed issue).
+    let ended = check(unsafe { sys::cuStreamEndCapture(s, &mut graph) }, "cuStreamEndCapture");
+    let result = issued.and(ended).and_then(|()| {
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: a complete graph from the capture.
+        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }, "cuGraphInstantiate")?;
+        Ok(exec as usize)
+    });
+    if !graph.is_null() {
+        // SAFETY: the instantiated graph does not need its source graph.
+        unsafe { sys::cuGraphDestroy(graph) };
+    }
+    result
+}
+
+impl Drop for GraphCache {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        for &exec in inner.execs.values() {
+            // SAFETY: instantiated in capture(); the driver keeps a launched
+            // graph's resources until its work completes.
+            unsafe { sys::cuGraphExecDestroy(exec as sys::CUgraphExec) };
+        }
+        if let Some(s) = inner.capture {
+            // SAFETY: created in capture().
+            unsafe { sys::cuStreamDestroy_v2(s as sys::CUstream) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::gpu_testing::gpu;
+    use std::cell::Cell;
+
+    /// A "call" that fills a buffer with `value` on the stream it is given
+    /// (two memsets, one on a forked side stream, as operations fork), and
+    /// counts how often it was issued.
+    #[test]
+    fn gpu_repeated_calls_are_captured_then_replayed() {
+        let Some(g) = gpu() else { return };
+        let n = 1 << 16;
+        let buf = g.alloc(4 * n);
+        let side = {
+            let mut s = std::ptr::null_mut();
+            let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+            // SAFETY: out-pointer valid; the context is current.
+            check(unsafe { sys::cuStreamCreate(&mut s, flags) }, "cuStreamCreate").unwrap();
+            s
+        };
+        let streams = crate::backend::cuda::streams::SideStreams::default();
+        let issued = Cell::new(0);
+        let fill = |value: u32| {
+            let issued = &issued;
+            let (streams, ptr) = (&streams, buf.ptr);
+            move |s: Stream| -> Result<()> {
+                issued.set(issued.get() + 1);
+                streams.wait(Stream(side as usize), s)?;
+                let half = (n / 2) as u64 * 4;
+                // SAFETY: both halves lie inside the buffer.
+                check(unsafe { sys::cuMemsetD32Async(ptr, value, n / 2, s.0 as _) }, "memset")?;
+                check(unsafe { sys::cuMemsetD32Async(ptr + half, value, n / 2, side) }, "memset")?;
+                streams.wait(s, Stream(side as usize))
+            }
+        };
+        let cache = GraphCache::default();
+        let run = |key: &str, value: u32| {
+            check(unsafe { sys::cuMemsetD32Async(buf.ptr, 0xdead, n, g.stream().0 as _) }, "poison").unwrap();
+            cache.run(key, g.stream(), || Ok(()), &mut fill(value)).unwrap();
+            g.sync();
+            assert!(buf.read::<u32>(n).iter().all(|&v| v == value), "call {key} did not write {value}");
+        };
+        run("a", 7); // eager
+        assert_eq!(issued.get(), 1);
+        run("a", 7); // captured (issued into the graph), then launched
+        assert_eq!(issued.get(), 2);
+        assert_eq!(cache.inner.lock().unwrap().execs.len(), 1);
+        for _ in 0..3 {
+            run("a", 7); // replayed: not issued again, still written
+        }
+        assert_eq!(issued.get(), 2);
+        run("b", 9); // another call runs eagerly
+        assert_eq!(issued.get(), 3);
+
+        // While the caller captures its own graph, calls are issued into it.
+        let s = g.stream().0 as sys::CUstream;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        check(unsafe { sys::cuStreamBeginCapture_v2(s, mode) }, "begin").unwrap();
+        cache.run("a", g.stream(), || Ok(()), &mut fill(7)).unwrap();
+        let mut graph = std::ptr::null_mut();
+        check(unsafe { sys::cuStreamEndCapture(s, &mut graph) }, "end").unwrap();
+        assert_eq!(issued.get(), 4, "a call under the caller's capture was not issued into it");
+        unsafe { sys::cuGraphDestroy(graph) };
+        // SAFETY: created above; idle after the synchronizations.
+        unsafe { sys::cuStreamDestroy_v2(side) };
+    }
+}
