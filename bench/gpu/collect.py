@@ -7,6 +7,7 @@ Each rank prints its own record; the file keeps every rank's number and, per
 import collections
 import datetime
 import json
+import re
 import subprocess
 import sys
 
@@ -48,7 +49,9 @@ def main(log, out_dir, commit):
         collections.Counter(r.get("world", 1) for r in records)
     world = worlds.most_common(1)[0][0]
     date = datetime.date.today().isoformat()
-    kind = f"{name.split()[-1].lower()}-x{count}"
+    # "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200.
+    model = next((w for w in name.split() if re.fullmatch(r"[A-Z]+\d{2,4}[A-Za-z]*", w)), name.split()[-1])
+    kind = f"{model.lower()}-x{count}"
     merged = {}
     for r in records:
         key = (r["op"], tuple(r["shape"]), r["impl"], r.get("world", 1))

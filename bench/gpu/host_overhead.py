@@ -121,10 +121,17 @@ def rank_main(rank, world, uid, device, args, queue):
         matmul_us, _ = host_times(lambda: torch.matmul(full, w, out=mm_out), args.calls, args.batches, sync)
         for algo in ALGOS:
             os.environ["SYMM_ALGO"] = algo
+            c.fill_(float("nan"))
+            call()  # eager: the reference for the replays below
+            eager = c.clone()
             for _ in range(3):
                 call()
             host_us, lib_us = host_times(call, args.calls, args.batches, sync, timed)
             api = driver_calls(call, sync)
+            c.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            assert torch.equal(c, eager), f"{op} {m}x{k}x{n} {algo}: a repeated call differs from the first"
             os.environ.pop("SYMM_ALGO")
             out.append({"op": op, "shape": [m, k, n], "impl": f"symm_{algo}", "rank": rank, "world": world,
                         "host_us": round(host_us, 1), "library_us": round(lib_us, 1),
