@@ -132,6 +132,20 @@ static __device__ __forceinline__ uint32_t symm_cas_acquire_sys(uint32_t* p, uin
     return old;
 }
 
+// Device scope: for the error record, which is host memory mapped into one
+// device. System-scoped atomics on host memory need host-native atomics
+// (which PCIe-attached GPUs lack; compute-sanitizer flags them); only this
+// device's threads race for the record, so device scope is what it needs.
+static __device__ __forceinline__ uint32_t symm_cas_release_gpu(uint32_t* p, uint32_t expected,
+                                                                uint32_t desired) {
+    uint32_t old;
+    asm volatile("atom.release.gpu.cas.b32 %0, [%1], %2, %3;"
+                 : "=r"(old)
+                 : "l"(p), "r"(expected), "r"(desired)
+                 : "memory");
+    return old;
+}
+
 // ---------------------------------------------------------------------------
 // Error recording.
 // ---------------------------------------------------------------------------
@@ -142,7 +156,7 @@ static __device__ __forceinline__ bool symm_error_pending(symm_async_error* err)
 // Records a failure unless one is already recorded (the first one wins).
 static __device__ void symm_record_error(symm_async_error* err, uint32_t code, int rank, int peer,
                                          int channel, uint32_t kind, uint64_t waited_ns) {
-    if (symm_cas_release_sys(&err->status, SYMM_ASYNC_OK, code) != SYMM_ASYNC_OK) {
+    if (symm_cas_release_gpu(&err->status, SYMM_ASYNC_OK, code) != SYMM_ASYNC_OK) {
         return;
     }
     symm_st_relaxed_sys((uint32_t*)&err->rank, (uint32_t)rank);

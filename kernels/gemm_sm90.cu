@@ -369,15 +369,24 @@ static __device__ __forceinline__ void symm_epilogue(const float (&d)[BN / 2], c
 }
 
 // Waits until *flag != 0 (acquire, system scope), or times out (recorded in
-// err, returns false): a missing peer never hangs the kernel.
+// err, returns false): a missing peer never hangs the kernel. Polls with
+// relaxed loads and backs off (64 ns doubling to 1 us), then acquires once:
+// up to every CTA of the grid waits here at once, and a tight loop of
+// system-scope acquires from all of them slowed the copies being waited for
+// and the CTAs still computing (profiled: a 4 MB pull at 23 GB/s).
 static __device__ bool symm_wait_nonzero(const uint32_t* flag, const symm_gemm_params& p, int peer) {
     uint64_t timeout = p.timeout_ns ? p.timeout_ns : SYMM_DEFAULT_TIMEOUT_NS;
     if (symm_ld_acquire_sys(flag) != 0) return true;
     const uint64_t start = symm_globaltimer_ns();
     uint64_t next_err_poll = start;
+    uint32_t backoff = 64;
     for (;;) {
-        __nanosleep(64);
-        if (symm_ld_acquire_sys(flag) != 0) return true;
+        __nanosleep(backoff);
+        backoff = backoff < 1024 ? 2 * backoff : backoff;
+        if (symm_ld_relaxed_sys(flag) != 0) {
+            asm volatile("fence.acq_rel.sys;" ::: "memory");
+            return true;
+        }
         const uint64_t now = symm_globaltimer_ns();
         if (now - start >= timeout) {
             symm_record_error(p.err, SYMM_ASYNC_TIMEOUT, p.rank, peer, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_VALUE,
