@@ -12,7 +12,11 @@ NCCL then cuBLAS; the matmul alone and the communication alone (the floor is
 their max). lc_allgather is timed against NCCL's all-gather and PyTorch's
 low-contention all-gather, and `contention` is the time of four 8192^3 GEMMs
 alone and beside each all-gather. Every symm result is checked against the
-NCCL-then-cuBLAS result (relative error) before it is timed.
+NCCL-then-cuBLAS result (relative error) before it is timed. Shapes with
+M <= --graph-max-m are timed a second way too (impl names ending in
+`_graph`): every implementation captured in a CUDA graph of 10 calls and
+replayed, which leaves the host's issue time out, as in an inference
+engine that captures its decode step.
 
 Writes DIR/records.jsonl (one JSON record per line, DESIGN.md's fields) and
 prints a table of ratios to the floor.
@@ -40,6 +44,7 @@ class Bench:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.iters, self.warmup = args.iters, args.warmup
+        self.graph_max_m = args.graph_max_m
         self.stream = torch.cuda.current_stream()
         self.records = []
         self.group_name = dist.group.WORLD.group_name
@@ -63,6 +68,47 @@ class Bench:
         t = torch.tensor([statistics.median(times)], device="cuda")
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
+
+    def time_graph(self, fn, reps=10):
+        """Median ms of one `fn`, replayed from a CUDA graph that captured
+        `reps` calls (so the host's issue time is out of the measurement,
+        as in an inference engine that captures its decode step), then the
+        maximum over ranks; None where some rank could not capture it."""
+        ok = torch.ones(1, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        try:
+            fn()  # outside the capture: workspaces, plans, communicators
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                for _ in range(reps):
+                    fn()
+        except Exception as e:  # noqa: BLE001 - any failure to capture is reported, not fatal
+            print(f"rank {self.rank}: capture failed: {type(e).__name__}: {e}", flush=True)
+            ok.zero_()
+        torch.cuda.synchronize()
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if ok.item() == 0:
+            return None
+        for _ in range(self.warmup):
+            graph.replay()
+        times = []
+        for _ in range(self.iters):
+            torch.cuda.synchronize()
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / reps)
+        t = torch.tensor([statistics.median(times)], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def record_graph(self, op, shape, impl, fn):
+        ms = self.time_graph(fn)
+        if ms is not None:
+            self.record(op, shape, impl + "_graph", ms)
 
     def record(self, op, shape, impl, ms, **extra):
         rec = {"op": op, "shape": list(shape), "dtype": "bf16", "impl": impl, "ms": round(ms, 4), "iters": self.iters,
@@ -121,7 +167,7 @@ def bench_ag_mm(b, g, shapes):
             torch.matmul(gathered, w, out=ref)
 
         def ours():
-            symm.fused_ag_mm(g, a_shard, [w], gather_dim=0, out=[out], stream=b.stream.cuda_stream)
+            symm.fused_ag_mm(g, a_shard, [w], gather_dim=0, out=[out], stream=torch.cuda.current_stream().cuda_stream)
 
         nccl_cublas()
         shape = (m, k, n)
@@ -131,6 +177,12 @@ def bench_ag_mm(b, g, shapes):
         b.record("ag_mm", shape, "nccl_cublas", b.time(nccl_cublas))
         b.record("ag_mm", shape, "mm_only", b.time(lambda: torch.matmul(gathered, w, out=ref)))
         b.record("ag_mm", shape, "comm_only", b.time(lambda: dist.all_gather_into_tensor(gathered, a_shard)))
+        if m <= b.graph_max_m:
+            b.record_graph("ag_mm", shape, "symm", ours)
+            b.record_graph("ag_mm", shape, "torch_fused",
+                           lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name))
+            b.record_graph("ag_mm", shape, "nccl_cublas", nccl_cublas)
+            b.record_graph("ag_mm", shape, "mm_only", lambda: torch.matmul(gathered, w, out=ref))
 
 
 def bench_mm_rs(b, g, shapes):
@@ -146,7 +198,7 @@ def bench_mm_rs(b, g, shapes):
             dist.reduce_scatter_tensor(ref, c)
 
         def ours():
-            symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=b.stream.cuda_stream)
+            symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=torch.cuda.current_stream().cuda_stream)
 
         nccl_cublas()
         shape = (m, k, n)
@@ -156,6 +208,12 @@ def bench_mm_rs(b, g, shapes):
         b.record("mm_rs", shape, "nccl_cublas", b.time(nccl_cublas))
         b.record("mm_rs", shape, "mm_only", b.time(lambda: torch.matmul(a, w, out=c)))
         b.record("mm_rs", shape, "comm_only", b.time(lambda: dist.reduce_scatter_tensor(ref, c)))
+        if m <= b.graph_max_m:
+            b.record_graph("mm_rs", shape, "symm", ours)
+            b.record_graph("mm_rs", shape, "torch_fused",
+                           lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name))
+            b.record_graph("mm_rs", shape, "nccl_cublas", nccl_cublas)
+            b.record_graph("mm_rs", shape, "mm_only", lambda: torch.matmul(a, w, out=c))
 
 
 def symmetric_tensor(g, numel):
@@ -250,6 +308,14 @@ def table(records):
         floor = max(t.get("mm_only", 0), t.get("comm_only", 0))
         print(f"{op:<14}{'x'.join(map(str, shape)):<22}{t.get('symm', 0):8.3f}{t.get('torch_fused', 0):8.3f}"
               f"{t.get('nccl_cublas', 0):9.3f}{floor:8.3f}{t.get('symm', 0) / floor:11.3f}{t.get('torch_fused', 0) / floor:12.3f}")
+    graphs = [(k, t) for k, t in rows.items() if "symm_graph" in t]
+    if graphs:
+        print(f"\nreplayed from CUDA graphs (ms per call)\n{'op':<14}{'shape':<22}{'symm':>8}{'torch':>8}"
+              f"{'nccl+mm':>9}{'mm':>8}")
+        for (op, shape), t in graphs:
+            print(f"{op:<14}{'x'.join(map(str, shape)):<22}" + "".join(
+                f"{t.get(i + '_graph', float('nan')):{w}.3f}"
+                for i, w in (("symm", 8), ("torch_fused", 8), ("nccl_cublas", 9), ("mm_only", 8))))
     for (op, shape), t in rows.items():
         if op == "lc_allgather":
             print(f"{op:<14}{shape[0] >> 20:>5} MB/rank   symm {t.get('symm', 0):.3f}  "
@@ -274,6 +340,8 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="one shape per op, for a smoke test")
+    p.add_argument("--graph-max-m", type=int, default=2048,
+                   help="also time shapes up to this M replayed from CUDA graphs (0: none)")
     p.add_argument("--only", default="ag_mm,mm_rs,lc_allgather,contention")
     args = p.parse_args()
     local = int(os.environ["LOCAL_RANK"])

@@ -79,6 +79,23 @@ def driver_calls(fn, sync):
     return calls
 
 
+def python_profile(fn, sync, calls=200):
+    """cProfile of `calls` calls: where the Python wrapper's time goes."""
+    import cProfile
+    import io
+    import pstats
+
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    return text.getvalue()
+
+
 def rank_main(rank, world, uid, device, args, queue):
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     import torch
@@ -132,6 +149,10 @@ def rank_main(rank, world, uid, device, args, queue):
             call()
             torch.cuda.synchronize()
             assert torch.equal(c, eager), f"{op} {m}x{k}x{n} {algo}: a repeated call differs from the first"
+            if args.profile and (op, m, algo) == ("ag_mm", 512, "pipelined"):
+                report = python_profile(call, sync)  # every rank calls: the op is collective
+                if rank == 0:
+                    print(report, flush=True)
             os.environ.pop("SYMM_ALGO")
             out.append({"op": op, "shape": [m, k, n], "impl": f"symm_{algo}", "rank": rank, "world": world,
                         "host_us": round(host_us, 1), "library_us": round(lib_us, 1),
@@ -146,6 +167,7 @@ def main():
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--batches", type=int, default=30)
+    p.add_argument("--profile", action="store_true", help="also cProfile rank 0's ag_mm 512 pipelined calls")
     args = p.parse_args()
     import symm
 
