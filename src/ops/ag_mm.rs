@@ -318,11 +318,11 @@ impl Plan for AgMmPlan {
         format!("{self:?}")
     }
 
-    /// This rank's shard goes to its place in its workspace; a side stream
-    /// waits for every rank to be there, then pulls the peers' shards into
-    /// this rank's workspace (copy engines on CUDA), rank-1 first. Pipelined:
-    /// the main stream multiplies this rank's shard at once and each pulled
-    /// shard as it lands. Sequential: one matmul over the gathered A once
+    /// A side stream stages this rank's shard in its workspace, waits for
+    /// every rank to be there, then pulls the peers' shards into this rank's
+    /// workspace, rank-1 first. Pipelined: the main stream multiplies this
+    /// rank's shard at once (from the caller's memory when it is a matrix)
+    /// and each pulled shard as it lands. Sequential: one matmul over the gathered A once
     /// everything has landed (cuBLAS runs one large matmul faster than
     /// pieces, which pays when the pulls are short). Row scales travel with
     /// their shards.
@@ -334,21 +334,31 @@ impl Plan for AgMmPlan {
         let (dim, len, me, world) = (self.dim, a.shape[self.dim], ex.rank(), ex.world());
         let offset = |r: usize| self.shards + r * self.shard_bytes;
         let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
-        ex.copy(&local_shard(me), a)?;
-        if let Some(a_scale) = &self.call.scales.a_scale {
-            if self.row_scales.is_some() {
-                ex.copy(&Array::contiguous(self.row_scale_addr(ex.local(0), me), DType::F32, &a_scale.shape), a_scale)?;
-            }
-        }
-        let side = ex.side()?;
-        ex.fork(side)?;
-        ex.ws.barrier(super::CHANNEL, side)?;
         let gathers_k = dim == a.ndim() - 1;
         let gathered = self.gathered_matrix(ex);
         let whole = self.algorithm == plan::Algorithm::Sequential && !gathers_k && gathered.is_some();
         let pipelined = !gathers_k && !whole;
+        // Staging this rank's shard (for the peers to pull) is the side
+        // stream's work, ahead of the barrier; this rank's own matmul reads
+        // the shard where the caller has it, at once. (fp8 reads the staged
+        // copy and its row scales, which want aligned, K-major rows.)
+        let own_in_place = pipelined && self.mode.is_none() && a.as_matrix().is_some();
+        let side = ex.side()?;
+        ex.fork(side)?;
+        ex.copy_on(side, &local_shard(me), a)?;
+        if let Some(a_scale) = &self.call.scales.a_scale {
+            if self.row_scales.is_some() {
+                let staged = Array::contiguous(self.row_scale_addr(ex.local(0), me), DType::F32, &a_scale.shape);
+                ex.copy_on(side, &staged, a_scale)?;
+            }
+        }
+        if pipelined && !own_in_place {
+            ex.join(side)?;
+        }
+        ex.ws.barrier(super::CHANNEL, side)?;
         if pipelined {
-            self.multiply_shard(ex, &local_shard(me), me, len)?;
+            let staged = local_shard(me);
+            self.multiply_shard(ex, if own_in_place { a } else { &staged }, me, len)?;
         }
         for step in 1..world {
             let r = (me + world - step) % world;
@@ -509,9 +519,10 @@ impl AgMmPlan {
         Array::contiguous(ex.local(self.shards), a.dtype, &shape).as_matrix()
     }
 
-    /// Shard r (local, contiguous) times every B, into slice r of each output.
+    /// Shard r (a matrix: staged, or this rank's input) times every B, into
+    /// slice r of each output.
     fn multiply_shard(&self, ex: &Exec<'_>, shard: &Array, r: usize, len: usize) -> Result<()> {
-        let lhs = shard.as_matrix().expect("a contiguous shard is a matrix");
+        let lhs = shard.as_matrix().expect("the shard is a matrix");
         for (i, (b, out)) in self.call.bs.iter().zip(&self.call.outs).enumerate() {
             let scales = self.scales(ex, i, Rows::Shard(r))?;
             self.gemm_into(ex, &out.narrow(self.dim, r * len, len), &lhs, b, scales.as_ref())?;
