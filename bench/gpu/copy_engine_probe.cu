@@ -4,8 +4,10 @@
 // with cudaMemcpyAsync and with cudaMemcpyBatchAsync's
 // cudaMemcpyFlagPreferOverlapWithCompute (CUDA 12.8+). A copy that runs on
 // the SMs waits for them (or crawls on what is left); a copy engine does
-// not care.
-//   nvcc -O2 -arch=native copy_engine_probe.cu -o probe && ./probe [MB]
+// not care. With two GPUs it also pulls from GPU 1 through a VMM mapping
+// (cuMemCreate on GPU 1, mapped with access for GPU 0), as symm maps peers.
+//   nvcc -O2 -arch=native copy_engine_probe.cu -lcuda -o probe && ./probe [MB]
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -97,6 +99,40 @@ static float timed(void* dst, const void* src, size_t bytes, Method m, int busy,
     return ms;
 }
 
+#define CU(x)                                                           \
+    do {                                                                \
+        CUresult r = (x);                                               \
+        if (r != CUDA_SUCCESS) {                                        \
+            const char* m = "";                                         \
+            cuGetErrorString(r, &m);                                    \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, m); \
+            exit(1);                                                    \
+        }                                                               \
+    } while (0)
+
+// `bytes` of GPU `owner`'s memory (VMM), mapped for both GPUs: what a
+// symm peer mapping is, in one process.
+static void* vmm_on(int owner, size_t bytes) {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, owner};
+    size_t gran = 0;
+    CU(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    bytes = (bytes + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle h;
+    CU(cuMemCreate(&h, bytes, &prop, 0));
+    CUdeviceptr p;
+    CU(cuMemAddressReserve(&p, bytes, 0, 0, 0));
+    CU(cuMemMap(p, bytes, 0, h, 0));
+    CUmemAccessDesc access[2] = {};
+    for (int d = 0; d < 2; d++) {
+        access[d].location = {CU_MEM_LOCATION_TYPE_DEVICE, d};
+        access[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    CU(cuMemSetAccess(p, bytes, access, 2));
+    return (void*)p;
+}
+
 int main(int argc, char** argv) {
     size_t mb = argc > 1 ? atoi(argv[1]) : 64;
     size_t bytes = mb << 20;
@@ -119,6 +155,12 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&x1, bytes));
         CK(cudaMemset(x1, 2, bytes));
         CK(cudaSetDevice(0));
+    }
+    void* v1 = nullptr;
+    if (ndev >= 2) {
+        v1 = vmm_on(1, bytes);
+        CK(cudaMemset(v1, 3, bytes));
+        CK(cudaDeviceSynchronize());
     }
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -145,6 +187,13 @@ int main(int argc, char** argv) {
             printf("{\"copy\": \"pull from GPU 1\", \"method\": \"%s\", \"MB\": %zu, \"idle_ms\": %.4f, "
                    "\"sms_busy_ms\": %.4f, \"peer_sms_busy_ms\": %.4f}\n",
                    names[m], mb, pidle, pbusy, pbusy1);
+        }
+        if (v1 && m != PITCHED) {
+            float vidle = timed(y0, v1, bytes, (Method)m, -1, s, other);
+            float vbusy = timed(y0, v1, bytes, (Method)m, 0, s, other);
+            printf("{\"copy\": \"pull from GPU 1 through a VMM mapping\", \"method\": \"%s\", \"MB\": %zu, "
+                   "\"idle_ms\": %.4f, \"sms_busy_ms\": %.4f}\n",
+                   names[m], mb, vidle, vbusy);
         }
     }
     return 0;

@@ -31,6 +31,9 @@ ngpu=$(nvidia-smi -L | wc -l)
 # The library's own GPU unit tests (cuBLASLt, reduce, pack, the sm90 matmul
 # against cuBLASLt on the benchmark shapes), built here by build-bundle.sh.
 run timeout 600 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
+# Whether copies (same GPU, from a peer, through a VMM mapping) wait for busy SMs.
+nvcc -O2 -arch=native bench/gpu/copy_engine_probe.cu -lcuda -o /tmp/symm-bin/copy_engine_probe 2>&1 | tee -a "$log"
+run /tmp/symm-bin/copy_engine_probe 64
 build cuda_memory ffi-tests/gpu/cuda_memory.cu || fail=1
 if [ "$ngpu" -ge 4 ]; then
     run /tmp/symm-bin/cuda_memory --world-size 4 --bench
