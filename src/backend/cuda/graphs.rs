@@ -183,6 +183,29 @@ mod tests {
     use crate::backend::cuda::gpu_testing::gpu;
     use std::cell::Cell;
 
+    /// The bookkeeping alone (no GPU): a key is captured at its second
+    /// occurrence, never once refused, and not beyond the graph limit;
+    /// counts of keys that never repeat start over instead of growing.
+    #[test]
+    fn keys_are_due_for_capture_at_their_second_occurrence() {
+        let mut inner = Inner::default();
+        assert!(!inner.due_for_capture("a"));
+        assert!(!inner.due_for_capture("b"));
+        assert!(inner.due_for_capture("a"));
+        assert!(!inner.seen.contains_key("a"), "a captured key is no longer counted");
+        inner.refused.insert("b".into());
+        assert!(!inner.due_for_capture("b"));
+        assert!(!inner.due_for_capture("b"));
+        for i in 0..MAX_SEEN + 10 {
+            inner.due_for_capture(&format!("once {i}"));
+        }
+        assert!(inner.seen.len() <= MAX_SEEN);
+        inner.execs = (0..MAX_GRAPHS).map(|i| (format!("g{i}"), 0)).collect();
+        assert!(!inner.due_for_capture("c"));
+        assert!(!inner.due_for_capture("c"), "no capture beyond MAX_GRAPHS");
+        inner.execs.clear(); // nothing real to destroy
+    }
+
     /// A "call" that fills a buffer with `value` on the stream it is given
     /// (two memsets, one on a forked side stream, as operations fork), and
     /// counts how often it was issued.
