@@ -49,9 +49,13 @@ def _contiguous_strides(shape):
 
 
 def _element_strides(byte_strides, itemsize, what):
-    if any(s % itemsize for s in byte_strides):
-        raise ValueError(f"{what} has strides {byte_strides} bytes, not whole {itemsize}-byte elements")
-    return tuple(s // itemsize for s in byte_strides)
+    strides = []
+    for s in byte_strides:
+        q, r = divmod(s, itemsize)
+        if r:
+            raise ValueError(f"{what} has strides {byte_strides} bytes, not whole {itemsize}-byte elements")
+        strides.append(q)
+    return tuple(strides)
 
 
 _NUMPY_NAMES = {}  # dtype -> name (numpy computes .name in Python, slowly)

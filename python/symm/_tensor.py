@@ -35,6 +35,13 @@ class Arg:
         return self.view.shape
 
 
+_ARRAY_TYPES = {}  # n -> Tensor * n (made once: every call builds arrays)
+
+
 def array_of(args):
     """A C array of the descriptors of ``args``."""
-    return (_lib.Tensor * len(args))(*(a.c for a in args))
+    n = len(args)
+    t = _ARRAY_TYPES.get(n)
+    if t is None:
+        t = _ARRAY_TYPES.setdefault(n, _lib.Tensor * n)
+    return t(*[a.c for a in args])
