@@ -52,9 +52,13 @@ class Bench:
     def time(self, fn, iters=None):
         """Median ms of `fn` over iterations, each started with all ranks
         aligned, then the maximum over ranks."""
-        iters = iters or self.iters
         for _ in range(self.warmup):
             fn()
+        return self.median_ms(fn, iters or self.iters)
+
+    def median_ms(self, fn, iters, calls_per_fn=1):
+        """Median over `iters` runs of `fn` (each started with all ranks
+        aligned) of ms per call, then the maximum over ranks."""
         times = []
         for _ in range(iters):
             torch.cuda.synchronize()
@@ -64,7 +68,7 @@ class Bench:
             fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(start.elapsed_time(end) / calls_per_fn)
         t = torch.tensor([statistics.median(times)], device="cuda")
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
@@ -91,19 +95,7 @@ class Bench:
             return None
         for _ in range(self.warmup):
             graph.replay()
-        times = []
-        for _ in range(self.iters):
-            torch.cuda.synchronize()
-            dist.barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / reps)
-        t = torch.tensor([statistics.median(times)], device="cuda")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
+        return self.median_ms(graph.replay, self.iters, calls_per_fn=reps)
 
     def record_graph(self, op, shape, impl, fn):
         try:

@@ -14,12 +14,19 @@ from .errors import SymmInvalidHandle, SymmUnsupported
 
 
 class _Memory:
-    """Exposes raw memory to numpy and keeps its owner alive for as long as
-    any array made from it (numpy keeps this object as the arrays' base)."""
+    """Exposes raw memory as bytes through an array interface (numpy's
+    ``__array_interface__``, or ``__cuda_array_interface__`` for CUDA
+    memory) and keeps its owner alive for as long as any array made from it
+    (array libraries keep this object as the arrays' base)."""
 
-    def __init__(self, owned, ptr, nbytes):
+    def __init__(self, owned, ptr, nbytes, protocol="__array_interface__"):
         self._owned = owned
-        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+        setattr(self, protocol, {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3})
+
+
+def _check_fits(need, offset, nbytes):
+    if offset < 0 or need < 0 or offset + need > nbytes:
+        raise ValueError(f"{need} bytes at offset {offset} do not fit in {nbytes} bytes")
 
 
 def _view(group, owned, ptr, nbytes, dtype, shape, offset):
@@ -33,8 +40,7 @@ def _view(group, owned, ptr, nbytes, dtype, shape, offset):
         shape = ((nbytes - offset) // dtype.itemsize,)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     need = math.prod(shape) * dtype.itemsize
-    if offset < 0 or offset + need > nbytes:
-        raise ValueError(f"{need} bytes at offset {offset} do not fit in {nbytes} bytes")
+    _check_fits(need, offset, nbytes)
     raw = np.asarray(_Memory(owned, ptr + offset, need))
     # Viewing bytes as the dtype (not a typestr) keeps dtypes such as
     # ml_dtypes.bfloat16, which have no array-interface spelling.
@@ -81,9 +87,8 @@ class Buffer:
         if self.group.backend != "cuda":
             raise SymmUnsupported(_lib.ERROR_UNSUPPORTED, f"cuda_bytes needs a CUDA group; this one is {self.group.backend}")
         nbytes = self.nbytes - offset if nbytes is None else nbytes
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
-            raise ValueError(f"{nbytes} bytes at offset {offset} do not fit in {self.nbytes} bytes")
-        return _CudaBytes(self._owned, self.ptr + offset, nbytes)
+        _check_fits(nbytes, offset, self.nbytes)
+        return _Memory(self._owned, self.ptr + offset, nbytes, "__cuda_array_interface__")
 
     def close(self):
         """Releases this reference; memory lives on while a handle or view of it does. Idempotent."""
@@ -94,15 +99,6 @@ class Buffer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-class _CudaBytes:
-    """CUDA memory of a buffer as a byte array for the CUDA array interface;
-    holds the buffer's owner for as long as it lives."""
-
-    def __init__(self, owned, ptr, nbytes):
-        self._owned = owned
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
 
 
 class Handle:

@@ -67,12 +67,9 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
         call.map(|c| {
             let fused = c.fused_field(group);
             let signature = c.signature(fused.as_ref());
-            let plan = c.plan(world, backend.kind().name(), fused::chosen(fused.as_ref())).and_then(|p| {
-                if let Some(mode) = p.mode {
-                    backend.check_scaled_gemm(mode == Mode::Row)?;
-                }
-                Ok(p)
-            });
+            let plan = c
+                .plan(world, backend.kind().name(), fused::chosen(fused.as_ref()))
+                .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
             (signature, plan)
         }),
     )

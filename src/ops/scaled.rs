@@ -23,6 +23,7 @@
 
 use super::check;
 use crate::array::{Array, DType};
+use crate::backend::Backend;
 use crate::error::{err, Result};
 
 /// How the scales apply.
@@ -49,6 +50,16 @@ impl Mode {
             Mode::Tensor => "tensor-wise",
             Mode::Row => "row-wise",
         }
+    }
+}
+
+/// Whether `backend` runs the fp8 matmuls of a plan with scale mode `mode`
+/// (`None`: not fp8); asked while planning, so a call the backend cannot run
+/// fails before any data moves.
+pub fn check_backend(backend: &dyn Backend, mode: Option<Mode>) -> Result<()> {
+    match mode {
+        Some(m) => backend.check_scaled_gemm(m == Mode::Row),
+        None => Ok(()),
     }
 }
 

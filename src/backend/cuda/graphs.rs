@@ -46,7 +46,7 @@ struct Inner {
 }
 
 /// Whether replays are on (`SYMM_GRAPHS=0` turns them off).
-pub fn enabled() -> bool {
+fn enabled() -> bool {
     static ON: once_cell::sync::Lazy<bool> =
         once_cell::sync::Lazy::new(|| std::env::var("SYMM_GRAPHS").map_or(true, |v| v != "0"));
     *ON
@@ -67,12 +67,12 @@ fn launch(exec: usize, stream: Stream) -> Result<()> {
 impl GraphCache {
     /// Runs `issue` (which issues one call's work on the stream it is
     /// given) on `stream`, or launches the graph of an earlier run of the
-    /// call that `key` describes. `check_errors` runs before a replay, as
-    /// before any eager launch: a failure already recorded is reported
-    /// instead of queueing more work.
+    /// call that `key()` describes (made only when replays apply).
+    /// `check_errors` runs before a replay, as before any eager launch: a
+    /// failure already recorded is reported instead of queueing more work.
     pub fn run(
         &self,
-        key: &str,
+        key: &dyn Fn() -> String,
         stream: Stream,
         check_errors: impl Fn() -> Result<()>,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
@@ -80,6 +80,7 @@ impl GraphCache {
         if !enabled() || is_capturing(stream)? {
             return issue(stream);
         }
+        let key = &key();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&exec) = inner.execs.get(key) {
             drop(inner);
@@ -239,7 +240,7 @@ mod tests {
         let cache = GraphCache::default();
         let run = |key: &str, value: u32| {
             check(unsafe { sys::cuMemsetD32Async(buf.ptr, 0xdead, n, g.stream().0 as _) }, "poison").unwrap();
-            cache.run(key, g.stream(), || Ok(()), &mut fill(value)).unwrap();
+            cache.run(&|| key.to_owned(), g.stream(), || Ok(()), &mut fill(value)).unwrap();
             g.sync();
             assert!(buf.read::<u32>(n).iter().all(|&v| v == value), "call {key} did not write {value}");
         };
@@ -259,7 +260,7 @@ mod tests {
         let s = g.stream().0 as sys::CUstream;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         check(unsafe { sys::cuStreamBeginCapture_v2(s, mode) }, "begin").unwrap();
-        cache.run("a", g.stream(), || Ok(()), &mut fill(7)).unwrap();
+        cache.run(&|| "a".to_owned(), g.stream(), || Ok(()), &mut fill(7)).unwrap();
         let mut graph = std::ptr::null_mut();
         check(unsafe { sys::cuStreamEndCapture(s, &mut graph) }, "end").unwrap();
         assert_eq!(issued.get(), 4, "a call under the caller's capture was not issued into it");

@@ -152,11 +152,8 @@ impl Backend for CudaBackend {
         stream: Stream,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
     ) -> Result<()> {
-        if !graphs::enabled() {
-            return issue(stream);
-        }
         self.bind()?;
-        self.graphs.run(&key(), stream, || self.errors.check(), issue)
+        self.graphs.run(key, stream, || self.errors.check(), issue)
     }
     fn zero(&self, addr: u64, bytes: usize, stream: Stream) -> Result<()> {
         self.bind()?;
