@@ -13,14 +13,8 @@
 //     and 2 are consumers, each multiplying 64 rows of the 128-row tile with
 //     wgmma (B and A straight from shared memory, 128-byte swizzle) and
 //     handing the stage back on an "empty" mbarrier.
-//   * CL = 2: CTAs run in clusters of two that take row-adjacent tiles of
-//     the same columns; each CTA loads half of the shared B k-block and the
-//     TMA multicasts it into both CTAs' rings, so every SM reads a third
-//     less from L2 per k-block (48 -> 32 KiB for 128 x 256 tiles). A stage
-//     is refilled only when the consumers of both CTAs released it.
-//   * Work units (one tile, or a cluster's CL tiles) are walked in a fixed
-//     order by every cluster (unit = cluster + i * clusters), grouped along M
-//     for L2 reuse. The rows of A are split
+//   * Tiles are walked in a fixed order by every CTA (tile = blockIdx.x +
+//     i * gridDim.x), grouped along M for L2 reuse. The rows of A are split
 //     into `chunks` equal row chunks (one per rank in the fused operations)
 //     visited in `order`; a tile never straddles two chunks.
 //   * Edges: TMA fills out-of-range rows/columns/k with zeros, the epilogue
@@ -132,42 +126,6 @@ static __device__ __forceinline__ void symm_tma_load(void* dst, const symm_tmap*
         : "memory");
 }
 
-// The same load into CTAs `mask` of the cluster, at dst's offset in each,
-// completing on the mbarrier at bar's offset in each.
-static __device__ __forceinline__ void symm_tma_load_multicast(void* dst, const symm_tmap* map, int32_t x,
-                                                               int32_t y, uint64_t* bar, uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-        "[%0], [%1, {%2, %3}], [%4], %5;" ::"r"(symm_smem_addr(dst)),
-        "l"(map), "r"(x), "r"(y), "r"(symm_smem_addr(bar)), "h"(mask)
-        : "memory");
-}
-
-static __device__ __forceinline__ uint32_t symm_cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-// Every thread of every CTA in the cluster (as __syncthreads for a CTA).
-static __device__ __forceinline__ void symm_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// Arrives on the mbarrier at bar's offset in CTA `cta` of the cluster.
-// Default (CTA-scope release) semantics, as CUTLASS's ClusterBarrier: the
-// stage was read by wgmma, complete once wgmma.wait_group returned; a
-// cluster-scope release here stalled the issuing warpgroup every k-block
-// (measured: clusters 1.7-3 x slower).
-static __device__ __forceinline__ void symm_mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
-    asm volatile(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(symm_smem_addr(bar)),
-        "r"(cta)
-        : "memory");
-}
-
 // Shared-memory matrix descriptor of a K-major tile with 128-byte rows and
 // the 128-byte swizzle TMA wrote: stride between 8-row groups 1024 bytes.
 static __device__ __forceinline__ uint64_t symm_smem_desc(const void* p) {
@@ -204,45 +162,35 @@ static __device__ __forceinline__ void symm_wgmma(float (&d)[BN / 2], uint64_t d
 // ---------------------------------------------------------------------------
 struct symm_tile {
     int32_t chunk;     // row chunk (rank) the tile belongs to
-    int32_t index;     // tile index within its chunk (row-major; rs flags)
-    bool valid;        // false: a cluster's second tile past the chunk's last row tile
+    int32_t index;     // tile index within its chunk (for rs flags)
     int32_t row0;      // first row in A / C coordinates
     int32_t row_end;   // one past the last valid row (chunk end or m)
     int32_t col0;
 };
 
-// Work unit u of a grid in clusters of `cl` CTAs: row tiles cl*i .. cl*i +
-// cl - 1 of one column of tiles, CTA `crank` of the cluster taking one.
 struct symm_tiling {
     int32_t tiles_m;    // row tiles per chunk
     int32_t tiles_n;
-    int32_t per_chunk;  // tiles_m * tiles_n (rs flags per chunk)
-    int32_t unit_rows;  // ceil(tiles_m / cl)
-    int32_t units_per_chunk;
-    int32_t units;
+    int32_t per_chunk;  // tiles_m * tiles_n
+    int32_t total;
 
-    __device__ symm_tiling(const symm_gemm_params& p, int bn, int cl) {
+    __device__ symm_tiling(const symm_gemm_params& p, int bn) {
         tiles_m = (p.chunk_rows + SYMM_GEMM_BM - 1) / SYMM_GEMM_BM;
         tiles_n = (p.n + bn - 1) / bn;
         per_chunk = tiles_m * tiles_n;
-        unit_rows = (tiles_m + cl - 1) / cl;
-        units_per_chunk = unit_rows * tiles_n;
-        units = units_per_chunk * p.chunks;
+        total = per_chunk * p.chunks;
     }
 
-    __device__ symm_tile at(const symm_gemm_params& p, int bn, int cl, int u, int crank) const {
+    __device__ symm_tile at(const symm_gemm_params& p, int bn, int t) const {
         symm_tile tile;
-        tile.chunk = p.order[u / units_per_chunk];
-        const int w = u % units_per_chunk;
-        const int group_rows = SYMM_GEMM_GROUP_M / cl;
-        const int group = group_rows * tiles_n;
-        const int first = (w / group) * group_rows;
-        const int rows = min(unit_rows - first, group_rows);
-        const int in_group = w % group;
-        const int tm = (first + in_group % rows) * cl + crank;
-        const int tn = in_group / rows;
-        tile.valid = tm < tiles_m;
-        tile.index = tm * tiles_n + tn;
+        tile.chunk = p.order[t / per_chunk];
+        tile.index = t % per_chunk;
+        const int group = SYMM_GEMM_GROUP_M * tiles_n;
+        const int first_m = (tile.index / group) * SYMM_GEMM_GROUP_M;
+        const int group_m = min(tiles_m - first_m, SYMM_GEMM_GROUP_M);
+        const int in_group = tile.index % group;
+        const int tm = first_m + in_group % group_m;
+        const int tn = in_group / group_m;
         const int chunk_row0 = tile.chunk * p.chunk_rows;
         tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
         tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
@@ -465,7 +413,7 @@ struct symm_gemm_cfg {
     static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
 };
 
-template <int IN_DT, int BN, int CL>
+template <int IN_DT, int BN>
 static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, const symm_tmap* tm_a_local,
                                                       const symm_tmap* tm_b, const symm_gemm_params& p) {
     using Cfg = symm_gemm_cfg<BN>;
@@ -478,24 +426,18 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
 
     const int wg = threadIdx.x / 128;
-    const int crank = CL > 1 ? (int)symm_cluster_ctarank() : 0;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             symm_mbar_init(&full[s], 1);
-            // One arrival per consumer warpgroup of every CTA the stage's
-            // B is multicast to.
-            symm_mbar_init(&empty[s], 2 * CL);
+            symm_mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
-    // The peer's barriers must exist before our first multicast reaches them.
-    if constexpr (CL > 1) symm_cluster_sync();
-    else __syncthreads();
+    __syncthreads();
 
-    const symm_tiling tiling(p, BN, CL);
+    const symm_tiling tiling(p, BN);
     const int kblocks = (p.k + SYMM_GEMM_BK - 1) / SYMM_GEMM_BK;
-    const int cluster = blockIdx.x / CL, clusters = gridDim.x / CL;
 
     if (wg == 0) {
         // Producer: one thread issues every load; the others only donate
@@ -505,8 +447,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         int stage = 0;
         uint32_t phase = 0;
         int arrived = -1;  // last chunk seen ready (tiles come chunk by chunk)
-        for (int u = cluster; u < tiling.units; u += clusters) {
-            const symm_tile tile = tiling.at(p, BN, CL, u, crank);
+        for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+            const symm_tile tile = tiling.at(p, BN, t);
             const bool local = tile.chunk == p.local_chunk;
             if (p.ready != nullptr && !local && tile.chunk != arrived) {
                 symm_wait_nonzero(&p.ready[tile.chunk], p, tile.chunk);
@@ -521,26 +463,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_mbar_wait(&empty[stage], phase ^ 1);
                 symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
                 symm_tma_load(stage_a(stage), map_a, kb * SYMM_GEMM_BK, a_row, &full[stage]);
-                if constexpr (CL == 1) {
-                    symm_tma_load(stage_b(stage), tm_b, kb * SYMM_GEMM_BK, tile.col0, &full[stage]);
-                } else {
-                    // Our 1/CL of B's rows, into every CTA of the cluster.
-                    constexpr int ROWS = BN / CL;
-                    symm_tma_load_multicast(stage_b(stage) + crank * ROWS * SYMM_GEMM_BK * 2, tm_b,
-                                            kb * SYMM_GEMM_BK, tile.col0 + crank * ROWS, &full[stage],
-                                            (uint16_t)((1u << CL) - 1));
-                }
-                if (++stage == STAGES) {
-                    stage = 0;
-                    phase ^= 1;
-                }
-            }
-        }
-        if constexpr (CL > 1) {
-            // Stay until every stage is released: the peer's consumers
-            // arrive on our barriers, which must outlive those arrivals.
-            for (int s = 0; s < STAGES; s++) {
-                symm_mbar_wait(&empty[stage], phase ^ 1);
+                symm_tma_load(stage_b(stage), tm_b, kb * SYMM_GEMM_BK, tile.col0, &full[stage]);
                 if (++stage == STAGES) {
                     stage = 0;
                     phase ^= 1;
@@ -550,16 +473,6 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         return;
     }
 
-    // Hands a stage back to the producers of every CTA that wrote into it.
-    auto release = [&](int s) {
-        if constexpr (CL == 1) {
-            symm_mbar_arrive(&empty[s]);
-        } else {
-#pragma unroll
-            for (int c = 0; c < CL; c++) symm_mbar_arrive_cluster(&empty[s], c);
-        }
-    };
-
     // Consumers: warpgroup 1 takes rows 0-63 of each tile, warpgroup 2 rows 64-127.
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int slice = (wg - 1) * 64;
@@ -567,8 +480,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     float d[BN / 2];
     int stage = 0;
     uint32_t phase = 0;
-    for (int u = cluster; u < tiling.units; u += clusters) {
-        const symm_tile tile = tiling.at(p, BN, CL, u, crank);
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, BN, t);
         int prev = -1;
         for (int kb = 0; kb < kblocks; kb++) {
             symm_mbar_wait(&full[stage], phase);
@@ -585,7 +498,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             // Keep one k-block of wgmma in flight; the one before it is done
             // reading its stage, which goes back to the producer.
             symm_wgmma_wait<1>();
-            if (prev >= 0 && t128 == 0) release(prev);
+            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
             prev = stage;
             if (++stage == STAGES) {
                 stage = 0;
@@ -593,8 +506,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             }
         }
         symm_wgmma_wait<0>();
-        if (prev >= 0 && t128 == 0) release(prev);
-        if (!tile.valid) continue;  // computed only to feed the peer's B half
+        if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
 
         const int dt = p.out_dtype;
         if (!p.rs) {
@@ -650,28 +562,23 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     }
 }
 
-#define SYMM_GEMM_ENTRY(NAME, IN_DT, BN, CL)                                                                \
+#define SYMM_GEMM_ENTRY(NAME, IN_DT, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(SYMM_GEMM_THREADS, 1)                                      \
         NAME(const __grid_constant__ symm_tmap tm_a, const __grid_constant__ symm_tmap tm_a_local,          \
              const __grid_constant__ symm_tmap tm_b, const __grid_constant__ symm_gemm_params p) {          \
-        symm_gemm_sm90<IN_DT, BN, CL>(&tm_a, &tm_a_local, &tm_b, p);                                        \
+        symm_gemm_sm90<IN_DT, BN>(&tm_a, &tm_a_local, &tm_b, p);                                            \
     }
 
 #else  // not sm_90a: the entry points exist (so the module loads) but do nothing; the host
        // only launches them after symm_gemm_sm90_probe reported the sm_90a code.
-#define SYMM_GEMM_ENTRY(NAME, IN_DT, BN, CL)                                                                \
+#define SYMM_GEMM_ENTRY(NAME, IN_DT, BN)                                                                    \
     extern "C" __global__ void NAME(const __grid_constant__ symm_tmap tm_a,                                 \
                                     const __grid_constant__ symm_tmap tm_a_local,                           \
                                     const __grid_constant__ symm_tmap tm_b,                                 \
                                     const __grid_constant__ symm_gemm_params p) {}
 #endif
 
-// Launched in clusters of CL CTAs (the _c2 kernels: two).
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, 256, 1)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, 128, 1)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, 256, 1)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, 128, 1)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256_c2, SYMM_DT_BF16, 256, 2)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128_c2, SYMM_DT_BF16, 128, 2)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256_c2, SYMM_DT_F16, 256, 2)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128_c2, SYMM_DT_F16, 128, 2)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, 128)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, 128)

@@ -28,8 +28,7 @@ const BK: usize = 64;
 const THREADS: u32 = 384;
 
 /// Driver entry points beyond the backend's base set.
-const SYMBOLS: &[&str] =
-    &["cuTensorMapEncodeTiled", "cuFuncSetAttribute", "cuLaunchKernelEx", "cuOccupancyMaxActiveClusters"];
+const SYMBOLS: &[&str] = &["cuTensorMapEncodeTiled", "cuFuncSetAttribute"];
 
 /// Mirror of `struct symm_gemm_params`.
 #[repr(C)]
@@ -93,15 +92,9 @@ impl TileN {
     }
 }
 
-/// CTAs per cluster the kernels come in: 1, or 2 sharing B's k-blocks
-/// through TMA multicast.
-pub const CLUSTERS: [u32; 2] = [1, 2];
-
-/// The loaded kernels of one device: `[bf16, f16][N128, N256][cluster 1, 2]`,
-/// and how many CTAs of each fit on the device at once.
+/// The loaded kernels of one device: `[bf16, f16][N128, N256]`.
 pub struct Sm90Kernels {
-    functions: [[[CudaFunction; 2]; 2]; 2],
-    resident: [[u32; 2]; 2],
+    functions: [[CudaFunction; 2]; 2],
 }
 
 impl Sm90Kernels {
@@ -120,94 +113,27 @@ impl Sm90Kernels {
         if !probe(&f("symm_gemm_sm90_probe")?)? {
             return Ok(None);
         }
-        let pair = |name: &str| -> Result<[CudaFunction; 2]> { Ok([f(name)?, f(&format!("{name}_c2"))?]) };
         let functions = [
-            [pair("symm_gemm_sm90_bf16_n128")?, pair("symm_gemm_sm90_bf16_n256")?],
-            [pair("symm_gemm_sm90_f16_n128")?, pair("symm_gemm_sm90_f16_n256")?],
+            [f("symm_gemm_sm90_bf16_n128")?, f("symm_gemm_sm90_bf16_n256")?],
+            [f("symm_gemm_sm90_f16_n128")?, f("symm_gemm_sm90_f16_n256")?],
         ];
-        let sm_count = driver::attribute(ordinal, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-        let mut resident = [[0u32; 2]; 2];
         for (i, tile) in [TileN::N128, TileN::N256].into_iter().enumerate() {
             for row in &functions {
-                for fc in &row[i] {
-                    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                    // SAFETY: a loaded function; symbols checked.
-                    check(
-                        unsafe { sys::cuFuncSetAttribute(fc.cu_function(), attr, tile.smem_bytes() as i32) },
-                        "cuFuncSetAttribute",
-                    )?;
-                }
-            }
-            for (j, &cl) in CLUSTERS.iter().enumerate() {
-                resident[i][j] = resident_ctas(&functions[0][i][j], tile, cl, sm_count)?;
+                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                // SAFETY: a loaded function; symbols checked.
+                check(
+                    unsafe { sys::cuFuncSetAttribute(row[i].cu_function(), attr, tile.smem_bytes() as i32) },
+                    "cuFuncSetAttribute",
+                )?;
             }
         }
-        Ok(Some(Sm90Kernels { functions, resident }))
+        Ok(Some(Sm90Kernels { functions }))
     }
 
-    fn function(&self, dtype: GemmDtype, tile: TileN, cluster: u32) -> &CudaFunction {
+    fn function(&self, dtype: GemmDtype, tile: TileN) -> &CudaFunction {
         let row = if dtype == GemmDtype::F16 { 1 } else { 0 };
-        &self.functions[row][tile as usize][cluster_index(cluster)]
+        &self.functions[row][tile as usize]
     }
-
-    /// CTAs of the `tile` / `cluster` kernel that run at once on an idle
-    /// device: one per SM, less the SMs that cannot pair into clusters.
-    pub fn resident_ctas(&self, tile: TileN, cluster: u32) -> u32 {
-        self.resident[tile as usize][cluster_index(cluster)]
-    }
-}
-
-fn cluster_index(cluster: u32) -> usize {
-    if cluster == 2 {
-        1
-    } else {
-        0
-    }
-}
-
-/// A launch configuration of `grid` CTAs in clusters of `cluster`; `attr`
-/// is filled with the cluster shape and must outlive the config's use.
-fn launch_config(
-    grid: u32,
-    tile: TileN,
-    cluster: u32,
-    stream: sys::CUstream,
-    attr: &mut sys::CUlaunchAttribute,
-) -> sys::CUlaunchConfig {
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
-    // No attribute for single CTAs: a plain launch, not a cluster launch.
-    sys::CUlaunchConfig {
-        gridDimX: grid,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: THREADS,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: tile.smem_bytes() as u32,
-        hStream: stream,
-        attrs: attr,
-        numAttrs: u32::from(cluster > 1),
-    }
-}
-
-/// How many CTAs of `f` (launched in clusters of `cluster`) are resident at
-/// once: clusters must fit within one GPC, so pairs can leave SMs unused.
-fn resident_ctas(f: &CudaFunction, tile: TileN, cluster: u32, sm_count: u32) -> Result<u32> {
-    if cluster == 1 {
-        return Ok(sm_count);
-    }
-    // SAFETY: zero is a valid bit pattern of this plain C struct.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    let grid = sm_count / cluster * cluster;
-    let config = launch_config(grid, tile, cluster, std::ptr::null_mut(), &mut attr);
-    let mut clusters = 0i32;
-    // SAFETY: config and attr live across the call; symbols checked.
-    check(
-        unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) },
-        "cuOccupancyMaxActiveClusters",
-    )?;
-    Ok(clusters.max(0) as u32 * cluster)
 }
 
 fn driver_has_symbols() -> bool {
@@ -314,8 +240,6 @@ pub struct Sm90Matmul {
     pub gather: Option<Gather>,
     pub scatter: Option<Scatter>,
     pub tile: TileN,
-    /// CTAs per cluster (1 or 2, see [`CLUSTERS`]).
-    pub cluster: u32,
     /// CTAs to launch at most (default: one per SM); fewer leave SMs free.
     pub max_ctas: Option<u32>,
     pub timeout_ns: u64,
@@ -343,7 +267,6 @@ impl Sm90Matmul {
             gather: None,
             scatter: None,
             tile: choose_tile(m, n, 1, 132),
-            cluster: choose_cluster(m),
             max_ctas: None,
             timeout_ns: 0,
             err,
@@ -382,7 +305,6 @@ impl Sm90Matmul {
         mm.chunk_rows = call.chunk_rows;
         mm.order = call.order.clone();
         mm.tile = choose_tile(call.chunk_rows, n, chunks, 132);
-        mm.cluster = choose_cluster(call.chunk_rows);
         mm.timeout_ns = call.timeout.as_nanos().min(u64::MAX as u128) as u64;
         if let Some(g) = &call.gather {
             mm.gather = Some(Gather {
@@ -463,17 +385,13 @@ impl Sm90Matmul {
         if self.c.ld < self.n {
             return no("C's row stride is shorter than n".into());
         }
-        if !CLUSTERS.contains(&self.cluster) {
-            return no(format!("clusters of {} CTAs (1 or 2 only)", self.cluster));
-        }
         Ok(())
     }
 
     /// Enqueues the matmul on `stream`. `sm_count` is the device's.
     pub fn launch(&self, kernels: &Sm90Kernels, sm_count: u32, stream: Stream) -> Result<()> {
         self.check()?;
-        // With clusters, each CTA loads its share of B's rows for all.
-        let box_rows_b = self.tile.cols() / self.cluster as usize;
+        let box_rows_b = self.tile.cols();
         let tm_a = encode(self.dtype, &self.a, self.k, BM)?;
         let tm_a_local = match &self.gather {
             Some(g) => encode(self.dtype, &g.local, self.k, BM)?,
@@ -481,14 +399,8 @@ impl Sm90Matmul {
         };
         let tm_b = encode(self.dtype, &self.b, self.k, box_rows_b)?;
         let mut p = self.params();
-        let cl = self.cluster;
-        // Work units: one tile, or a cluster's `cl` row-adjacent tiles.
-        let units = self.chunk_rows.div_ceil(BM).div_ceil(cl as usize) * self.n.div_ceil(self.tile.cols());
-        let units = (units * self.chunks()).min(u32::MAX as usize) as u32;
-        // A persistent grid: never more CTAs than run at once (tiles wait
-        // for one another in the fused modes), in whole clusters.
-        let ctas = kernels.resident_ctas(self.tile, cl).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX));
-        let grid = units.min(ctas / cl).max(1) * cl;
+        let total = self.tiles_per_chunk() * self.chunks();
+        let grid = (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
         let (mut a, mut al, mut b) = (tm_a, tm_a_local, tm_b);
         let mut args = [
             (&mut a as *mut TensorMap).cast::<c_void>(),
@@ -496,15 +408,25 @@ impl Sm90Matmul {
             (&mut b as *mut TensorMap).cast(),
             (&mut p as *mut Params).cast(),
         ];
-        let f = kernels.function(self.dtype, self.tile, cl);
-        // SAFETY: zero is a valid bit pattern of this plain C struct.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        let config = launch_config(grid, self.tile, cl, stream.0 as sys::CUstream, &mut attr);
+        let f = kernels.function(self.dtype, self.tile);
         // SAFETY: the arguments match the kernel's four parameters and live
-        // until the call returns (the driver copies them); config and attr
-        // outlive the call.
+        // until the call returns (the driver copies them).
         check(
-            unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) },
+            unsafe {
+                sys::cuLaunchKernel(
+                    f.cu_function(),
+                    grid,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    self.tile.smem_bytes() as u32,
+                    stream.0 as sys::CUstream,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
             "launching symm's sm90 matmul",
         )
     }
@@ -564,17 +486,6 @@ pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN
         TileN::N128
     } else {
         TileN::N256
-    }
-}
-
-/// CTAs per cluster for chunks of `chunk_rows` rows: pairs (sharing B)
-/// when the chunk's row tiles pair up exactly, so no CTA computes a tile
-/// past the chunk's end. Depends on the shape only, like the tile width.
-pub fn choose_cluster(chunk_rows: usize) -> u32 {
-    if chunk_rows.div_ceil(BM) % 2 == 0 {
-        2
-    } else {
-        1
     }
 }
 
@@ -655,15 +566,6 @@ mod tests {
     }
 
     #[test]
-    fn clusters_only_where_row_tiles_pair_up() {
-        assert_eq!(choose_cluster(2048), 2); // 16 row tiles
-        assert_eq!(choose_cluster(256), 2);
-        assert_eq!(choose_cluster(200), 2); // 2 tiles, the second partial
-        assert_eq!(choose_cluster(128), 1); // one tile: its pair would idle
-        assert_eq!(choose_cluster(300), 1); // 3 tiles
-    }
-
-    #[test]
     fn check_rejects_what_the_kernel_cannot_run() {
         let op = |ptr, rows, ld| Operand { ptr, rows, ld };
         let good =
@@ -685,9 +587,6 @@ mod tests {
         let mut bad = good.clone();
         bad.out_dtype = GemmDtype::F16;
         assert!(bad.check().is_err());
-        let mut bad = good.clone();
-        bad.cluster = 4;
-        assert!(bad.check().unwrap_err().msg.contains("clusters"));
     }
 
     // ---- on a GPU (pass vacuously without one, or on a non-Hopper GPU) ----
@@ -759,7 +658,7 @@ mod tests {
         let shapes = [(128, 256, 64), (1, 8, 8), (300, 200, 72), (129, 257, 136), (640, 384, 1000), (77, 1000, 512)];
         for (m, n, k) in shapes {
             for (dt, ot) in [(BF16, BF16), (BF16, F32), (F16, F16), (F16, F32)] {
-                for (tile, cluster) in [TileN::N128, TileN::N256].into_iter().flat_map(|t| CLUSTERS.map(|c| (t, c))) {
+                for tile in [TileN::N128, TileN::N256] {
                     let p = problem(&g, m, n, k, dt, (m * n + k) as u64);
                     let c = poisoned(&g, m * n, ot);
                     let mut mm = Sm90Matmul::plain(
@@ -770,12 +669,12 @@ mod tests {
                         dt,
                         errors.device_ptr(),
                     );
-                    (mm.out_dtype, mm.tile, mm.cluster) = (ot, tile, cluster);
+                    (mm.out_dtype, mm.tile) = (ot, tile);
                     mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
                     g.sync();
                     let e = rel_err(&decode(ot, &c.read_bytes()), &p.reference(0..m));
                     let tol = if ot == F32 { 1e-5 } else { 8e-3 };
-                    assert!(e < tol, "{m}x{n}x{k} {dt:?}->{ot:?} {tile:?} cluster {cluster}: relative error {e}");
+                    assert!(e < tol, "{m}x{n}x{k} {dt:?}->{ot:?} {tile:?}: relative error {e}");
                 }
             }
         }
@@ -831,10 +730,6 @@ mod tests {
         ];
         let dt = GemmDtype::BF16;
         const ROUNDS: usize = 9;
-        for tile in [TileN::N128, TileN::N256] {
-            let r = CLUSTERS.map(|c| kern.resident_ctas(tile, c));
-            println!("resident CTAs of the {tile:?} kernels, clusters of {CLUSTERS:?}: {r:?}");
-        }
         for (m, n, k) in shapes {
             let a = g.upload(&enc(dt, &values(m * k, 1)));
             let b = g.upload(&enc(dt, &values(n * k, 2)));
@@ -849,20 +744,18 @@ mod tests {
             );
             let mut lp = MatmulParams::new(m, n, k, a.ptr, b.ptr, c2.ptr, dt);
             (lp.b_trans, lp.ldb) = (true, k);
-            // Candidates: the chosen configuration, cuBLASLt, then every tile
-            // width and cluster size (for bench/KERNELS.md).
+            // Candidates: the chosen tile, cuBLASLt, then every tile width
+            // (for bench/KERNELS.md).
             let mut names = vec!["symm_sm90".to_string(), "cublaslt".to_string()];
             let mut configs = vec![chosen.clone()];
             for tile in [TileN::N128, TileN::N256] {
-                for cluster in CLUSTERS {
-                    let mut mm = chosen.clone();
-                    (mm.tile, mm.cluster) = (tile, cluster);
-                    names.push(format!("symm_sm90_n{}_c{cluster}", tile.cols()));
-                    configs.push(mm);
-                }
+                let mut mm = chosen.clone();
+                mm.tile = tile;
+                names.push(format!("symm_sm90_n{}", tile.cols()));
+                configs.push(mm);
             }
             // Round-robin, median per candidate: the GPU's clock drifts as
-            // it heats over a test, which would favour whatever ran first.
+            // it heats over a test, which favoured whatever ran first.
             let mut samples = vec![Vec::new(); names.len()];
             for round in 0..ROUNDS {
                 for i in 0..names.len() {
@@ -902,10 +795,9 @@ mod tests {
             let others: Vec<String> =
                 names.iter().zip(&med).skip(2).map(|(v, ms)| format!("{v} {:.3}", ms / theirs)).collect();
             println!(
-                "matmul {m}x{k}x{n} tile {:?} cluster {}: sm90 {ours:.4} ms, cuBLASLt {theirs:.4} ms, ratio {:.3}, \
-                 relative difference {e:.2e}; ratios of every variant: {}",
+                "matmul {m}x{k}x{n} tile {:?}: sm90 {ours:.4} ms, cuBLASLt {theirs:.4} ms, ratio {:.3}, \
+                 relative difference {e:.2e}; ratios of every tile: {}",
                 chosen.tile,
-                chosen.cluster,
                 ours / theirs,
                 others.join(", ")
             );
@@ -946,38 +838,29 @@ mod tests {
         mm.gather =
             Some(Gather { ready: flags.ptr, local_chunk: rank, local: Operand { ptr: local.ptr, rows, ld: k } });
         mm.timeout_ns = 5_000_000_000;
-        for cluster in CLUSTERS {
-            mm.cluster = cluster;
-            flags.write(&[0u32; 4]);
-            gathered.write(&enc(dt, &vec![f32::NAN; m * k]));
-            c.write(&enc(dt, &vec![f32::NAN; m * n]));
-            mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-            // Deliver the other chunks after the kernel started waiting.
-            let bytes = rows * k * 2;
-            for c in mm.order[1..].iter().copied() {
-                check(
-                    unsafe {
-                        sys::cuMemcpyHtoD_v2(
-                            gathered.ptr + (c * bytes) as u64,
-                            enc(dt, &p.a[c * rows * k..(c + 1) * rows * k]).as_ptr().cast(),
-                            bytes,
-                        )
-                    },
-                    "cuMemcpyHtoD",
-                )
+        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        // Deliver the other chunks after the kernel started waiting.
+        let bytes = rows * k * 2;
+        for c in mm.order[1..].iter().copied() {
+            check(
+                unsafe {
+                    sys::cuMemcpyHtoD_v2(
+                        gathered.ptr + (c * bytes) as u64,
+                        enc(dt, &p.a[c * rows * k..(c + 1) * rows * k]).as_ptr().cast(),
+                        bytes,
+                    )
+                },
+                "cuMemcpyHtoD",
+            )
+            .unwrap();
+            let one = 1u32;
+            check(unsafe { sys::cuMemcpyHtoD_v2(flags.ptr + 4 * c as u64, (&one as *const u32).cast(), 4) }, "flag")
                 .unwrap();
-                let one = 1u32;
-                check(
-                    unsafe { sys::cuMemcpyHtoD_v2(flags.ptr + 4 * c as u64, (&one as *const u32).cast(), 4) },
-                    "flag",
-                )
-                .unwrap();
-            }
-            g.sync();
-            errors.check().unwrap();
-            let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
-            assert!(e < 8e-3, "gathered matmul, cluster {cluster}: relative error {e}");
         }
+        g.sync();
+        errors.check().unwrap();
+        let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
+        assert!(e < 8e-3, "gathered matmul: relative error {e}");
 
         // A chunk that never arrives: the kernel gives up and says who.
         flags.write(&[1u32, 1, 1, 0]);
@@ -999,59 +882,54 @@ mod tests {
         let m = world * rows;
         let ps: Vec<Problem> = (0..world).map(|r| problem(&g, m, n, k, dt, 40 + r as u64)).collect();
         let errors = AsyncError::new().unwrap();
-        for cluster in CLUSTERS {
-            let template = |r: usize, c: u64| {
-                let mut mm = Sm90Matmul::plain(
-                    Operand { ptr: ps[r].bufs[0].ptr, rows: m, ld: k },
-                    Operand { ptr: ps[r].bufs[1].ptr, rows: n, ld: k },
-                    Operand { ptr: c, rows, ld: n },
-                    k,
-                    dt,
-                    errors.device_ptr(),
-                );
-                mm.chunk_rows = rows;
-                mm.order = (1..=world).map(|i| (r + i) % world).collect();
-                mm.alpha = 0.5;
-                mm.cluster = cluster;
-                // Every rank's kernel must be resident at once (they wait for
-                // one another's tiles).
-                mm.max_ctas = Some(kern.resident_ctas(mm.tile, cluster) / world as u32);
-                mm.timeout_ns = 5_000_000_000;
-                mm
+        let template = |r: usize, c: u64| {
+            let mut mm = Sm90Matmul::plain(
+                Operand { ptr: ps[r].bufs[0].ptr, rows: m, ld: k },
+                Operand { ptr: ps[r].bufs[1].ptr, rows: n, ld: k },
+                Operand { ptr: c, rows, ld: n },
+                k,
+                dt,
+                errors.device_ptr(),
+            );
+            mm.chunk_rows = rows;
+            mm.order = (1..=world).map(|i| (r + i) % world).collect();
+            mm.alpha = 0.5;
+            mm.max_ctas = Some(g.kernels.sm_count / world as u32);
+            mm.timeout_ns = 5_000_000_000;
+            mm
+        };
+        let probe = template(0, 0);
+        let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, probe.inbox_bytes() / 2, dt)).collect();
+        let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.flag_bytes()])).collect();
+        let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, rows * n, dt)).collect();
+        let mut streams = Vec::new();
+        for (r, out) in outs.iter().enumerate() {
+            let mut mm = template(r, out.ptr);
+            mm.scatter = Some(Scatter {
+                rank: r,
+                inbox: inboxes.iter().map(|b| b.ptr).collect(),
+                tile_flags: flags.iter().map(|b| b.ptr).collect(),
+            });
+            let mut s = std::ptr::null_mut();
+            check(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate").unwrap();
+            mm.launch(kern, g.kernels.sm_count, Stream(s as usize)).unwrap();
+            streams.push(s);
+        }
+        for s in streams {
+            check(unsafe { sys::cuStreamSynchronize(s) }, "sync").unwrap();
+            unsafe { sys::cuStreamDestroy_v2(s) };
+        }
+        errors.check().unwrap();
+        for (r, out) in outs.iter().enumerate() {
+            let rows_r = r * rows..(r + 1) * rows;
+            let want: Vec<f64> = {
+                let parts: Vec<Vec<f64>> = ps.iter().map(|p| p.reference(rows_r.clone())).collect();
+                (0..rows * n).map(|i| 0.5 * parts.iter().map(|p| p[i]).sum::<f64>()).collect()
             };
-            let probe = template(0, 0);
-            let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, probe.inbox_bytes() / 2, dt)).collect();
-            let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.flag_bytes()])).collect();
-            let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, rows * n, dt)).collect();
-            let mut streams = Vec::new();
-            for (r, out) in outs.iter().enumerate() {
-                let mut mm = template(r, out.ptr);
-                mm.scatter = Some(Scatter {
-                    rank: r,
-                    inbox: inboxes.iter().map(|b| b.ptr).collect(),
-                    tile_flags: flags.iter().map(|b| b.ptr).collect(),
-                });
-                let mut s = std::ptr::null_mut();
-                check(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate").unwrap();
-                mm.launch(kern, g.kernels.sm_count, Stream(s as usize)).unwrap();
-                streams.push(s);
-            }
-            for s in streams {
-                check(unsafe { sys::cuStreamSynchronize(s) }, "sync").unwrap();
-                unsafe { sys::cuStreamDestroy_v2(s) };
-            }
-            errors.check().unwrap();
-            for (r, out) in outs.iter().enumerate() {
-                let rows_r = r * rows..(r + 1) * rows;
-                let want: Vec<f64> = {
-                    let parts: Vec<Vec<f64>> = ps.iter().map(|p| p.reference(rows_r.clone())).collect();
-                    (0..rows * n).map(|i| 0.5 * parts.iter().map(|p| p[i]).sum::<f64>()).collect()
-                };
-                let e = rel_err(&decode(dt, &out.read_bytes()), &want);
-                assert!(e < 1e-2, "rank {r}, cluster {cluster}: relative error {e}");
-                // Every flag was consumed, so a replay starts clean.
-                assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
-            }
+            let e = rel_err(&decode(dt, &out.read_bytes()), &want);
+            assert!(e < 1e-2, "rank {r}: relative error {e}");
+            // Every flag was consumed, so a replay starts clean.
+            assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
         }
     }
 }
