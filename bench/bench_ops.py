@@ -7,7 +7,9 @@ At more than 2 ranks the shapes are divided as tensor parallelism does
 (`tp_shapes`).
 
 For every shape it times, with CUDA events (median of --iters after
---warmup, maximum over ranks): symm's op; PyTorch's fused symmetric-memory op;
+--warmup, maximum over ranks), every implementation of the shape in
+round-robin rounds of a few calls each (the GPU's clock drifts as it heats,
+which would favour whichever implementation ran first): symm's op; PyTorch's fused symmetric-memory op;
 NCCL then cuBLAS; the matmul alone and the communication alone (the floor is
 their max). lc_allgather is timed against NCCL's all-gather and PyTorch's
 low-contention all-gather, and `contention` is the time of four 8192^3 GEMMs
@@ -37,6 +39,10 @@ import symm  # noqa: E402  (after the environment check)
 AG_MM_SHAPES = [(16384, 8192, 8192), (8192, 8192, 14336), (2048, 8192, 14336), (512, 8192, 14336)]
 MM_RS_SHAPES = [(16384, 4096, 8192), (8192, 14336, 8192), (2048, 14336, 8192), (512, 14336, 8192)]
 LC_SIZES_MB = [1, 16, 64, 256]
+# Runs of each implementation per round-robin round (Bench.contest).
+ROUND_ITERS = 5
+# Calls captured per CUDA graph in the graph-replayed rows.
+GRAPH_REPS = 10
 
 
 class Bench:
@@ -52,13 +58,11 @@ class Bench:
     def time(self, fn, iters=None):
         """Median ms of `fn` over iterations, each started with all ranks
         aligned, then the maximum over ranks."""
-        for _ in range(self.warmup):
-            fn()
-        return self.median_ms(fn, iters or self.iters)
+        return self.contest({"fn": fn}, iters)["fn"]
 
-    def median_ms(self, fn, iters, calls_per_fn=1):
-        """Median over `iters` runs of `fn` (each started with all ranks
-        aligned) of ms per call, then the maximum over ranks."""
+    def samples(self, fn, iters, calls_per_fn=1):
+        """ms per call of `iters` runs of `fn`, each started with all ranks
+        aligned."""
         times = []
         for _ in range(iters):
             torch.cuda.synchronize()
@@ -69,15 +73,31 @@ class Bench:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / calls_per_fn)
-        t = torch.tensor([statistics.median(times)], device="cuda")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
+        return times
 
-    def time_graph(self, fn, reps=10):
-        """Median ms of one `fn`, replayed from a CUDA graph that captured
-        `reps` calls (so the host's issue time is out of the measurement,
-        as in an inference engine that captures its decode step), then the
-        maximum over ranks; None where some rank could not capture it."""
+    def contest(self, fns, iters=None, calls_per_fn=1):
+        """{name: median ms per call, maximum over ranks} of every function
+        in `fns`, timed in round-robin rounds of ROUND_ITERS runs, each
+        round starting one function later, after --warmup runs of each."""
+        iters = iters or self.iters
+        names = list(fns)
+        for fn in fns.values():
+            for _ in range(self.warmup):
+                fn()
+        times = {name: [] for name in names}
+        for r in range(max(1, -(-iters // ROUND_ITERS))):
+            for i in range(len(names)):
+                name = names[(i + r) % len(names)]
+                times[name] += self.samples(fns[name], ROUND_ITERS, calls_per_fn)
+        t = torch.tensor([statistics.median(times[n]) for n in names], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return dict(zip(names, t.tolist()))
+
+    def graph_replay(self, fn, reps=GRAPH_REPS):
+        """A function that replays a CUDA graph of `reps` calls of `fn` (so
+        the host's issue time is out of the measurement, as in an inference
+        engine that captures its decode step), or None where some rank
+        could not capture it (reported)."""
         ok = torch.ones(1, device="cuda")
         graph = torch.cuda.CUDAGraph()
         try:
@@ -91,21 +111,16 @@ class Bench:
             ok.zero_()
         torch.cuda.synchronize()
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        if ok.item() == 0:
-            return None
-        for _ in range(self.warmup):
-            graph.replay()
-        return self.median_ms(graph.replay, self.iters, calls_per_fn=reps)
+        return graph.replay if ok.item() else None
 
-    def record_graph(self, op, shape, impl, fn):
-        try:
-            ms = self.time_graph(fn)
-        except Exception as e:  # noqa: BLE001 - a graph row is extra; the run goes on without it
-            print(f"rank {self.rank}: {op} {shape} {impl} from a graph: {type(e).__name__}: {e}", flush=True)
-            torch.cuda.synchronize()
-            return
-        if ms is not None:
-            self.record(op, shape, impl + "_graph", ms)
+    def record_graphs(self, op, shape, fns):
+        """Times `fns` replayed from CUDA graphs, in one contest; records
+        them as `<name>_graph`."""
+        replays = {name: self.graph_replay(fn) for name, fn in fns.items()}
+        replays = {name: r for name, r in replays.items() if r is not None}
+        if replays:
+            for name, ms in self.contest(replays, calls_per_fn=GRAPH_REPS).items():
+                self.record(op, shape, name + "_graph", ms)
 
     def record(self, op, shape, impl, ms, **extra):
         rec = {"op": op, "shape": list(shape), "dtype": "bf16", "impl": impl, "ms": round(ms, 4), "iters": self.iters,
@@ -120,25 +135,61 @@ def rel_err(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def time_symm_algorithms(b, op, shape, ours, out, ref, tolerance):
-    """symm's own choice, then each algorithm forced (SYMM_ALGO); every one
-    is checked against `ref` (outputs poisoned first) before it is timed."""
-    for algo in (None, "sequential", "pipelined", "fused"):
+def with_algorithm(fn, algo):
+    """`fn` run with SYMM_ALGO=algo (None: symm's own choice), which the
+    library reads on every call."""
+    def run():
         if algo:
             os.environ["SYMM_ALGO"] = algo
+        try:
+            fn()
+        finally:
+            os.environ.pop("SYMM_ALGO", None)
+    return run
+
+
+def symm_algorithms(op, shape, ours, out, ref, tolerance):
+    """{impl: fn} of symm's own choice and each algorithm forced, and
+    {impl: relative error}: every one checked against `ref` (outputs
+    poisoned first) twice, since timed calls repeat one call, which symm
+    replays as a graph from its second occurrence."""
+    fns, errs = {}, {}
+    for algo in (None, "sequential", "pipelined", "fused"):
+        impl = f"symm_{algo}" if algo else "symm"
+        fn = with_algorithm(ours, algo)
         out.fill_(float("nan"))
-        ours()
+        try:
+            fn()
+        except symm.SymmUnsupported as e:
+            if algo is None:
+                raise
+            # A forced algorithm the library refuses here (the fused kernel
+            # on shared GPUs, say) is left out, said why.
+            print(f"{op} {shape}: {impl} not timed: {e}", flush=True)
+            continue
+        fns[impl], errs[impl] = fn, 0.0
+        for attempt in ("eager", "replayed"):
+            out.fill_(float("nan"))
+            fns[impl]()
+            err = rel_err(out, ref)
+            assert err < tolerance, f"{op} {shape} ({algo or 'auto'}, {attempt}): relative error {err}"
+            errs[impl] = max(errs[impl], err)
+    return fns, errs
+
+
+def time_matmul_op(b, op, shape, fns, errs, out, ref, tolerance, graph_fns):
+    """One contest of every implementation of a shape; symm's results are
+    checked again after timing (the timed calls were graph replays)."""
+    for impl, ms in b.contest(fns).items():
+        extra = {"relerr": errs[impl]} if impl in errs else {}
+        b.record(op, shape, impl, ms, **extra)
+    for impl in errs:
+        out.fill_(float("nan"))
+        fns[impl]()
         err = rel_err(out, ref)
-        assert err < tolerance, f"{op} {shape} ({algo or 'auto'}): relative error {err}"
-        ms = b.time(ours)
-        # Timed calls repeat one call, which symm replays as a graph: check
-        # a replay too.
-        out.fill_(float("nan"))
-        ours()
-        replay_err = rel_err(out, ref)
-        assert replay_err < tolerance, f"{op} {shape} ({algo or 'auto'}) replayed: relative error {replay_err}"
-        b.record(op, shape, f"symm_{algo}" if algo else "symm", ms, relerr=max(err, replay_err))
-        os.environ.pop("SYMM_ALGO", None)
+        assert err < tolerance, f"{op} {shape} ({impl}) after timing: relative error {err}"
+    if shape[0] <= b.graph_max_m:
+        b.record_graphs(op, shape, graph_fns)
 
 
 def linear_weight(k, n):
@@ -168,18 +219,14 @@ def bench_ag_mm(b, g, shapes):
 
         nccl_cublas()
         shape = (m, k, n)
-        time_symm_algorithms(b, "ag_mm", shape, ours, out, ref, 1e-2)
-        b.record("ag_mm", shape, "torch_fused", b.time(
-            lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name)))
-        b.record("ag_mm", shape, "nccl_cublas", b.time(nccl_cublas))
-        b.record("ag_mm", shape, "mm_only", b.time(lambda: torch.matmul(gathered, w, out=ref)))
-        b.record("ag_mm", shape, "comm_only", b.time(lambda: dist.all_gather_into_tensor(gathered, a_shard)))
-        if m <= b.graph_max_m:
-            b.record_graph("ag_mm", shape, "symm", ours)
-            b.record_graph("ag_mm", shape, "torch_fused",
-                           lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name))
-            b.record_graph("ag_mm", shape, "nccl_cublas", nccl_cublas)
-            b.record_graph("ag_mm", shape, "mm_only", lambda: torch.matmul(gathered, w, out=ref))
+        fns, errs = symm_algorithms("ag_mm", shape, ours, out, ref, 1e-2)
+        others = {
+            "torch_fused": lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name),
+            "nccl_cublas": nccl_cublas,
+            "mm_only": lambda: torch.matmul(gathered, w, out=ref),
+        }
+        fns.update(others, comm_only=lambda: dist.all_gather_into_tensor(gathered, a_shard))
+        time_matmul_op(b, "ag_mm", shape, fns, errs, out, ref, 1e-2, {"symm": ours, **others})
 
 
 def bench_mm_rs(b, g, shapes):
@@ -199,18 +246,14 @@ def bench_mm_rs(b, g, shapes):
 
         nccl_cublas()
         shape = (m, k, n)
-        time_symm_algorithms(b, "mm_rs", shape, ours, out, ref, 2e-2)
-        b.record("mm_rs", shape, "torch_fused", b.time(
-            lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name)))
-        b.record("mm_rs", shape, "nccl_cublas", b.time(nccl_cublas))
-        b.record("mm_rs", shape, "mm_only", b.time(lambda: torch.matmul(a, w, out=c)))
-        b.record("mm_rs", shape, "comm_only", b.time(lambda: dist.reduce_scatter_tensor(ref, c)))
-        if m <= b.graph_max_m:
-            b.record_graph("mm_rs", shape, "symm", ours)
-            b.record_graph("mm_rs", shape, "torch_fused",
-                           lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name))
-            b.record_graph("mm_rs", shape, "nccl_cublas", nccl_cublas)
-            b.record_graph("mm_rs", shape, "mm_only", lambda: torch.matmul(a, w, out=c))
+        fns, errs = symm_algorithms("mm_rs", shape, ours, out, ref, 2e-2)
+        others = {
+            "torch_fused": lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name),
+            "nccl_cublas": nccl_cublas,
+            "mm_only": lambda: torch.matmul(a, w, out=c),
+        }
+        fns.update(others, comm_only=lambda: dist.reduce_scatter_tensor(ref, c))
+        time_matmul_op(b, "mm_rs", shape, fns, errs, out, ref, 2e-2, {"symm": ours, **others})
 
 
 def symmetric_tensor(g, numel):
@@ -248,18 +291,26 @@ def bench_lc_allgather(b, g, sizes_mb):
         ref = torch.empty_like(out)
         dist.all_gather_into_tensor(ref, x)
         shape = (mb << 20,)
-        for impl, src in (("symm", x), ("symm_inplace", xs)):
-            out.fill_(float("nan"))
-            symm.lc_allgather(g, src, out=out, stream=b.stream.cuda_stream)
-            assert torch.equal(out, ref), f"lc_allgather {mb} MB ({impl}) differs from NCCL"
-            b.record("lc_allgather", shape, impl, b.time(
-                lambda: symm.lc_allgather(g, src, out=out, stream=b.stream.cuda_stream)))
-            out.fill_(float("nan"))
-            symm.lc_allgather(g, src, out=out, stream=b.stream.cuda_stream)
-            assert torch.equal(out, ref), f"lc_allgather {mb} MB ({impl}) replayed differs from NCCL"
-        b.record("lc_allgather", shape, "nccl", b.time(lambda: dist.all_gather_into_tensor(ref, x)))
-        b.record("lc_allgather", shape, "torch_lc", b.time(
-            completed(lambda: torch.ops.symm_mem._low_contention_all_gather(xt, b.group_name))))
+        ours = {impl: (lambda src=src: symm.lc_allgather(g, src, out=out, stream=b.stream.cuda_stream))
+                for impl, src in (("symm", x), ("symm_inplace", xs))}
+
+        def check(when):
+            # Twice: the second call of a repeated call is a graph replay.
+            for impl, fn in ours.items():
+                for _ in range(2):
+                    out.fill_(float("nan"))
+                    fn()
+                    assert torch.equal(out, ref), f"lc_allgather {mb} MB ({impl}, {when}) differs from NCCL"
+
+        check("before timing")
+        times = b.contest({
+            **ours,
+            "nccl": lambda: dist.all_gather_into_tensor(ref, x),
+            "torch_lc": completed(lambda: torch.ops.symm_mem._low_contention_all_gather(xt, b.group_name)),
+        })
+        check("after timing")
+        for impl, ms in times.items():
+            b.record("lc_allgather", shape, impl, ms)
         del keep
 
 
@@ -279,8 +330,8 @@ def bench_contention(b, g):
         "symm": lambda: symm.lc_allgather(g, x, out=out, stream=side.cuda_stream),
         "symm_inplace": lambda: symm.lc_allgather(g, xs, out=out, stream=side.cuda_stream),
     }
-    for impl, comm in comms.items():
-        def gemms():
+    def gemms_beside(comm):
+        def run():
             if comm is not None:
                 side.wait_stream(b.stream)
                 with torch.cuda.stream(side):
@@ -289,8 +340,11 @@ def bench_contention(b, g):
             for _ in range(4):
                 torch.matmul(mats[0], mats[1], out=mats[2])
             b.stream.wait_stream(side)
+        return run
 
-        b.record("contention", (256 << 20,), impl, b.time(gemms, iters=max(5, b.iters // 3)))
+    times = b.contest({impl: gemms_beside(comm) for impl, comm in comms.items()}, iters=max(5, b.iters // 3))
+    for impl, ms in times.items():
+        b.record("contention", (256 << 20,), impl, ms)
     del keep
 
 
