@@ -70,7 +70,7 @@ struct symm_gemm_params {
     uint64_t inbox[SYMM_GEMM_MAX_CHUNKS];       // rs: rank d's inbox, [world][chunk_rows][n] of C's dtype
     uint64_t tile_flags[SYMM_GEMM_MAX_CHUNKS];  // rs: rank d's flags, [world][tiles per chunk] u32
     float alpha;           // scales the product (1/world for an average)
-    int32_t pad_;
+    int32_t c_tma;         // 1: plain C stored through tm_c (TMA, via shared memory)
     uint64_t timeout_ns;
     symm_async_error* err;
 };
@@ -124,6 +124,13 @@ static __device__ __forceinline__ void symm_tma_load(void* dst, const symm_tmap*
         "[%4];" ::"r"(symm_smem_addr(dst)),
         "l"(map), "r"(x), "r"(y), "r"(symm_smem_addr(bar))
         : "memory");
+}
+
+// 2-D tile store from shared memory (box at x, y), in this thread's bulk group.
+static __device__ __forceinline__ void symm_tma_store(const symm_tmap* map, const void* src, int32_t x, int32_t y) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map), "r"(x),
+                 "r"(y), "r"(symm_smem_addr(src))
+                 : "memory");
 }
 
 // Shared-memory matrix descriptor of a K-major tile with 128-byte rows and
@@ -368,6 +375,53 @@ static __device__ __forceinline__ void symm_epilogue(const float (&d)[BN / 2], c
     }
 }
 
+// Epilogue through shared memory and TMA stores (plain C of 16-bit type):
+// each consumer warpgroup converts its 64 rows, 128 columns at a time, into
+// two 64 x 64 boxes of its 16 KiB staging area in TMA's 128-byte swizzle
+// (conflict-free: the 8 rows a warp writes land in 8 different 16-byte
+// chunks), and one thread stores them. The stores drain while the
+// warpgroup goes on to its next tile; the staging area is reused only after
+// they finished reading it. TMA clips rows past m and columns past n.
+#define SYMM_GEMM_EPI_BYTES (2 * 16384)
+template <int DT, int BN>
+static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2], const symm_tile& tile, int n,
+                                                         int slice_row0, unsigned char* staging,
+                                                         const symm_tmap* tm_c, float alpha, bool& pending) {
+    const int t = threadIdx.x % 128, q = t % 4;
+    const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
+    const int r0 = 16 * (t / 32) + (t % 32) / 4;
+#pragma unroll
+    for (int h = 0; h < BN / 128; h++) {
+        if (pending) {
+            if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
+        }
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) {
+            const int j = 16 * h + jj;
+            unsigned char* box = staging + (jj / 8) * 8192;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int row = r0 + 8 * hh;
+                const float x = d[4 * j + 2 * hh] * alpha, y = d[4 * j + 2 * hh + 1] * alpha;
+                const uint32_t v = DT == SYMM_DT_BF16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y);
+                *(uint32_t*)(box + row * 128 + (((jj % 8) ^ (row % 8)) * 16) + q * 4) = v;
+            }
+        }
+        // Our generic-proxy writes, then the async proxy (TMA) reads them.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
+        if (t == 0) {
+            for (int b = 0; b < 2; b++) {
+                const int col = tile.col0 + 128 * h + 64 * b;
+                if (col < n) symm_tma_store(tm_c, staging + b * 8192, col, tile.row0 + slice_row0);
+            }
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+        pending = true;
+    }
+}
+
 // Waits until *flag != 0 (acquire, system scope), or times out (recorded in
 // err, returns false): a missing peer never hangs the kernel. Polls with
 // relaxed loads and backs off (64 ns doubling to 1 us), then acquires once:
@@ -409,18 +463,21 @@ struct symm_gemm_cfg {
     static constexpr int A_BYTES = SYMM_GEMM_BM * SYMM_GEMM_BK * 2;
     static constexpr int B_BYTES = BN * SYMM_GEMM_BK * 2;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    // Ring, then 2 * STAGES mbarriers; +1024 to align the ring for the swizzle.
-    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
+    // Ring, epilogue staging, then 2 * STAGES mbarriers; +1024 to align
+    // the ring for the swizzle.
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + 2 * STAGES * 8 + 1024;
 };
 
 template <int IN_DT, int BN>
 static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, const symm_tmap* tm_a_local,
-                                                      const symm_tmap* tm_b, const symm_gemm_params& p) {
+                                                      const symm_tmap* tm_b, const symm_tmap* tm_c,
+                                                      const symm_gemm_params& p) {
     using Cfg = symm_gemm_cfg<BN>;
     constexpr int STAGES = Cfg::STAGES;
     extern __shared__ __align__(1024) unsigned char symm_gemm_smem[];
     unsigned char* ring = (unsigned char*)(((uintptr_t)symm_gemm_smem + 1023) & ~(uintptr_t)1023);
-    uint64_t* full = (uint64_t*)(ring + STAGES * Cfg::STAGE_BYTES);
+    unsigned char* staging = ring + STAGES * Cfg::STAGE_BYTES;  // 1024-aligned
+    uint64_t* full = (uint64_t*)(staging + SYMM_GEMM_EPI_BYTES);
     uint64_t* empty = full + STAGES;
     auto stage_a = [&](int s) { return ring + s * Cfg::STAGE_BYTES; };
     auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
@@ -478,6 +535,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     const int slice = (wg - 1) * 64;
     const int t128 = threadIdx.x % 128;
     float d[BN / 2];
+    bool pending = false;  // this warpgroup's TMA stores may still read its staging
     int stage = 0;
     uint32_t phase = 0;
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
@@ -509,6 +567,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
 
         const int dt = p.out_dtype;
+        if (p.c_tma) {
+            unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+            if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(d, tile, p.n, slice, mine, tm_c, p.alpha, pending);
+            else symm_epilogue_tma<SYMM_DT_F16, BN>(d, tile, p.n, slice, mine, tm_c, p.alpha, pending);
+            continue;
+        }
         if (!p.rs) {
 #define SYMM_EPI(DT) symm_epilogue<DT, BN>(d, tile, p.n, slice, p.c, 0, p.ldc, nullptr, 0, p.alpha)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
@@ -560,13 +624,16 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
 #undef SYMM_EPI
         }
     }
+    // The last stores must finish reading shared memory before the CTA exits.
+    if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 #define SYMM_GEMM_ENTRY(NAME, IN_DT, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(SYMM_GEMM_THREADS, 1)                                      \
         NAME(const __grid_constant__ symm_tmap tm_a, const __grid_constant__ symm_tmap tm_a_local,          \
-             const __grid_constant__ symm_tmap tm_b, const __grid_constant__ symm_gemm_params p) {          \
-        symm_gemm_sm90<IN_DT, BN>(&tm_a, &tm_a_local, &tm_b, p);                                            \
+             const __grid_constant__ symm_tmap tm_b, const __grid_constant__ symm_tmap tm_c,                \
+             const __grid_constant__ symm_gemm_params p) {                                                  \
+        symm_gemm_sm90<IN_DT, BN>(&tm_a, &tm_a_local, &tm_b, &tm_c, p);                                     \
     }
 
 #else  // not sm_90a: the entry points exist (so the module loads) but do nothing; the host
@@ -575,6 +642,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     extern "C" __global__ void NAME(const __grid_constant__ symm_tmap tm_a,                                 \
                                     const __grid_constant__ symm_tmap tm_a_local,                           \
                                     const __grid_constant__ symm_tmap tm_b,                                 \
+                                    const __grid_constant__ symm_tmap tm_c,                                 \
                                     const __grid_constant__ symm_gemm_params p) {}
 #endif
 

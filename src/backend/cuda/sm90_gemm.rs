@@ -26,6 +26,10 @@ pub const MAX_CHUNKS: usize = 16;
 pub const BM: usize = 128;
 const BK: usize = 64;
 const THREADS: u32 = 384;
+/// Shared memory staging C for TMA stores (`SYMM_GEMM_EPI_BYTES`).
+const EPI_BYTES: usize = 2 * 16384;
+/// C's TMA box: 64 columns (128 bytes, the swizzle's width) x 64 rows.
+const C_BOX: usize = 64;
 
 /// Driver entry points beyond the backend's base set.
 const SYMBOLS: &[&str] = &["cuTensorMapEncodeTiled", "cuFuncSetAttribute"];
@@ -51,7 +55,7 @@ struct Params {
     inbox: [u64; MAX_CHUNKS],
     tile_flags: [u64; MAX_CHUNKS],
     alpha: f32,
-    pad: i32,
+    c_tma: i32,
     timeout_ns: u64,
     err: u64,
 }
@@ -85,10 +89,11 @@ impl TileN {
         }
     }
 
-    /// Dynamic shared memory of the kernel (`symm_gemm_cfg::SMEM_BYTES`).
+    /// Dynamic shared memory of the kernel (`symm_gemm_cfg::SMEM_BYTES`):
+    /// the ring, the epilogue's staging (`SYMM_GEMM_EPI_BYTES`), barriers.
     const fn smem_bytes(self) -> usize {
         let stage = (BM + self.cols()) * BK * 2;
-        self.stages() * stage + 2 * self.stages() * 8 + 1024
+        self.stages() * stage + EPI_BYTES + 2 * self.stages() * 8 + 1024
     }
 }
 
@@ -242,6 +247,9 @@ pub struct Sm90Matmul {
     pub tile: TileN,
     /// CTAs to launch at most (default: one per SM); fewer leave SMs free.
     pub max_ctas: Option<u32>,
+    /// Store C through shared memory and TMA where it qualifies (default);
+    /// false: straight from registers (for comparisons).
+    pub tma_epilogue: bool,
     pub timeout_ns: u64,
     /// Device pointer of the group's `symm_async_error` record.
     pub err: u64,
@@ -268,6 +276,7 @@ impl Sm90Matmul {
             scatter: None,
             tile: choose_tile(m, n, 1, 132),
             max_ctas: None,
+            tma_epilogue: true,
             timeout_ns: 0,
             err,
         }
@@ -399,17 +408,25 @@ impl Sm90Matmul {
         };
         let tm_b = encode(self.dtype, &self.b, self.k, box_rows_b)?;
         let mut p = self.params();
+        // C through TMA stores where it can be: placeholder map otherwise.
+        let tm_c = if self.c_through_tma() {
+            p.c_tma = 1;
+            encode_box(self.out_dtype, &Operand { rows: self.m, ..self.c }, self.n, C_BOX, C_BOX)?
+        } else {
+            tm_a
+        };
         let total = self.tiles_per_chunk() * self.chunks();
         let grid = (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
-        let (mut a, mut al, mut b) = (tm_a, tm_a_local, tm_b);
+        let (mut a, mut al, mut b, mut c) = (tm_a, tm_a_local, tm_b, tm_c);
         let mut args = [
             (&mut a as *mut TensorMap).cast::<c_void>(),
             (&mut al as *mut TensorMap).cast(),
             (&mut b as *mut TensorMap).cast(),
+            (&mut c as *mut TensorMap).cast(),
             (&mut p as *mut Params).cast(),
         ];
         let f = kernels.function(self.dtype, self.tile);
-        // SAFETY: the arguments match the kernel's four parameters and live
+        // SAFETY: the arguments match the kernel's five parameters and live
         // until the call returns (the driver copies them).
         check(
             unsafe {
@@ -429,6 +446,22 @@ impl Sm90Matmul {
             },
             "launching symm's sm90 matmul",
         )
+    }
+
+    /// Whether C is stored by TMA from shared memory: a plain (not
+    /// reduce-scatter) 16-bit C with 16-byte aligned rows, whose tiles never
+    /// straddle two chunks (TMA clips at C's edges, not at a chunk's), and
+    /// rows of whole 16-byte units: with n = 257 the store wrote past column
+    /// n into a padded C's padding (gpu_sm90_matmul_padded_output, H200).
+    fn c_through_tma(&self) -> bool {
+        let el = self.out_dtype.size();
+        self.scatter.is_none()
+            && matches!(self.out_dtype, GemmDtype::BF16 | GemmDtype::F16)
+            && self.c.ptr % 16 == 0
+            && (self.c.ld * el) % 16 == 0
+            && (self.n * el) % 16 == 0
+            && (self.chunks() == 1 || self.chunk_rows % BM == 0)
+            && self.tma_epilogue
     }
 
     fn params(&self) -> Params {
@@ -465,7 +498,7 @@ impl Sm90Matmul {
             inbox,
             tile_flags,
             alpha: self.alpha,
-            pad: 0,
+            c_tma: 0,
             timeout_ns: self.timeout_ns,
             err: self.err,
         }
@@ -473,16 +506,18 @@ impl Sm90Matmul {
 }
 
 /// The tile width for an `m x n` problem split into `chunks` row chunks on
-/// `sms` multiprocessors: the one with fewer predicted tile-waves, where a
-/// 128-wide tile costs about half a 256-wide one plus its fixed overhead.
+/// `sms` multiprocessors: the one with fewer predicted tile-waves, a
+/// 128-wide tile costing half a 256-wide one, 256 on a tie.
 pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN {
     let cost = |t: TileN, rel: f64| {
         let tiles = m_chunk.div_ceil(BM) * n.div_ceil(t.cols()) * chunks;
         tiles.div_ceil(sms.max(1)) as f64 * rel
     };
-    // Relative time of one tile: N128 does half the work but runs its
-    // tensor cores a little less efficiently (smaller wgmma, same loads of A).
-    if cost(TileN::N128, 0.56) < cost(TileN::N256, 1.0) {
+    // Relative time of one tile. With C stored through TMA (the epilogue no
+    // longer a fixed cost per tile), N128 measured as fast per element as
+    // N256 wherever the waves differ (one H200, bench/KERNELS.md v3), e.g.
+    // 16384x8192x8192: 0.978 vs 0.999 of cuBLASLt, 62.06 vs 31.03 waves.
+    if cost(TileN::N128, 0.5) < cost(TileN::N256, 1.0) {
         TileN::N128
     } else {
         TileN::N256
@@ -492,6 +527,12 @@ pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN
 /// A 2-D tensor map over `o` (`o.rows` rows of `k` elements) with boxes of
 /// `box_rows x 64` elements, 128-byte swizzle, zeros outside.
 fn encode(dtype: GemmDtype, o: &Operand, k: usize, box_rows: usize) -> Result<TensorMap> {
+    encode_box(dtype, o, k, BK, box_rows)
+}
+
+/// As [`encode`], boxes of `box_rows x box_cols` elements (`box_cols`
+/// times the element size must be 128 bytes for the swizzle).
+fn encode_box(dtype: GemmDtype, o: &Operand, k: usize, box_cols: usize, box_rows: usize) -> Result<TensorMap> {
     let el = dtype.size();
     let data_type = match dtype {
         GemmDtype::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -499,7 +540,7 @@ fn encode(dtype: GemmDtype, o: &Operand, k: usize, box_rows: usize) -> Result<Te
     };
     let dims = [k as u64, o.rows as u64];
     let strides = [(o.ld * el) as u64];
-    let boxes = [BK as u32, box_rows as u32];
+    let boxes = [box_cols as u32, box_rows as u32];
     let elem_strides = [1u32, 1];
     let mut map = TensorMap([0; 16]);
     // SAFETY: every array has the rank's length (strides: rank - 1); the
@@ -557,12 +598,38 @@ mod tests {
 
     #[test]
     fn tile_choice_avoids_wave_tails() {
-        // 16384 x 8192: 128 x 32 = 4096 N256 tiles, 31.03 waves vs 62.06 at N128.
-        assert_eq!(choose_tile(16384, 8192, 1, 132), TileN::N256);
-        // 512 x 14336 (one chunk): N256 needs 224 tiles = 2 waves, N128 448 = 4 waves x 0.56.
+        // 16384 x 8192: 4096 N256 tiles = 32 waves (the last 3% full), 8192
+        // N128 tiles = 63 half-waves.
+        assert_eq!(choose_tile(16384, 8192, 1, 132), TileN::N128);
+        // 512 x 14336 (one chunk): N256 224 tiles = 2 waves, N128 448 = 4 half-waves: a tie.
         assert_eq!(choose_tile(512, 14336, 1, 132), TileN::N256);
-        // 128 x 3584 in 4 chunks: N256 56 tiles = 1 wave, N128 112 = 1 wave at 0.56.
+        // 2048 x 14336: 896 N256 tiles = 7 waves, 1792 N128 = 14 half-waves: a tie.
+        assert_eq!(choose_tile(2048, 14336, 1, 132), TileN::N256);
+        // 128 x 3584 in 4 chunks: N256 56 tiles = 1 wave, N128 112 = 1 half-wave.
         assert_eq!(choose_tile(128, 3584, 4, 132), TileN::N128);
+    }
+
+    #[test]
+    fn c_goes_through_tma_only_where_tma_cannot_spill() {
+        let op = |ptr, rows, ld| Operand { ptr, rows, ld };
+        let plain =
+            Sm90Matmul::plain(op(0x1000, 256, 64), op(0x2000, 256, 64), op(0x3000, 256, 256), 64, GemmDtype::BF16, 0);
+        assert!(plain.c_through_tma());
+        let mut mm = plain.clone();
+        (mm.n, mm.c.ld) = (257, 264); // a row of n elements is not whole 16-byte units
+        assert!(!mm.c_through_tma());
+        let mut mm = plain.clone();
+        mm.out_dtype = GemmDtype::F32;
+        assert!(!mm.c_through_tma());
+        let mut mm = plain.clone();
+        (mm.chunk_rows, mm.order) = (100, vec![0, 1, 2]); // tiles straddle chunks
+        assert!(!mm.c_through_tma());
+        let mut mm = plain.clone();
+        mm.scatter = Some(Scatter { rank: 0, inbox: vec![0], tile_flags: vec![0] });
+        assert!(!mm.c_through_tma());
+        let mut mm = plain.clone();
+        mm.tma_epilogue = false;
+        assert!(!mm.c_through_tma());
     }
 
     #[test]
@@ -681,32 +748,36 @@ mod tests {
         errors.check().unwrap();
     }
 
-    /// A padded C (row stride a multiple of 8, n not): the 16-byte epilogue
-    /// with a partial last group of columns; the padding stays untouched.
+    /// A padded C (row stride a multiple of 8): n = 257, the 16-byte
+    /// register epilogue with a partial last group of columns; n = 264, the
+    /// TMA-store epilogue. The padding stays untouched.
     #[test]
     fn gpu_sm90_matmul_padded_output() {
         let Some(g) = gpu() else { return };
         let Some(kern) = hopper(&g) else { return };
         let errors = AsyncError::new().unwrap();
         let dt = GemmDtype::BF16;
-        let (m, n, k, ld) = (130usize, 257usize, 64usize, 272usize);
-        let p = problem(&g, m, n, k, dt, 99);
-        let c = poisoned(&g, m * ld, dt);
-        let mm = Sm90Matmul::plain(
-            Operand { ptr: p.bufs[0].ptr, rows: m, ld: k },
-            Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
-            Operand { ptr: c.ptr, rows: m, ld },
-            k,
-            dt,
-            errors.device_ptr(),
-        );
-        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-        g.sync();
-        let got = decode(dt, &c.read_bytes());
-        let inside: Vec<f32> = (0..m).flat_map(|i| got[i * ld..i * ld + n].to_vec()).collect();
-        let e = rel_err(&inside, &p.reference(0..m));
-        assert!(e < 8e-3, "padded C: relative error {e}");
-        assert!((0..m).all(|i| got[i * ld + n..(i + 1) * ld].iter().all(|x| x.is_nan())), "padding was written");
+        for n in [257usize, 264] {
+            let (m, k, ld) = (130usize, 64usize, 272usize);
+            let p = problem(&g, m, n, k, dt, 99);
+            let c = poisoned(&g, m * ld, dt);
+            let mm = Sm90Matmul::plain(
+                Operand { ptr: p.bufs[0].ptr, rows: m, ld: k },
+                Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
+                Operand { ptr: c.ptr, rows: m, ld },
+                k,
+                dt,
+                errors.device_ptr(),
+            );
+            mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+            g.sync();
+            let got = decode(dt, &c.read_bytes());
+            let inside: Vec<f32> = (0..m).flat_map(|i| got[i * ld..i * ld + n].to_vec()).collect();
+            let e = rel_err(&inside, &p.reference(0..m));
+            assert!(e < 8e-3, "padded C, n = {n}: relative error {e}");
+            let untouched = (0..m).all(|i| got[i * ld + n..(i + 1) * ld].iter().all(|x| x.is_nan()));
+            assert!(untouched, "padding was written (n = {n}, C through TMA: {})", mm.c_through_tma());
+        }
     }
 
     /// Times the sm90 kernel against cuBLASLt on the same operands (the
@@ -759,6 +830,11 @@ mod tests {
                 names.push(format!("symm_sm90_n{}", tile.cols()));
                 configs.push(mm);
             }
+            // The chosen tile with C stored straight from registers.
+            let mut regs = chosen.clone();
+            regs.tma_epilogue = false;
+            names.push("symm_sm90_register_epilogue".into());
+            configs.push(regs);
             // Round-robin, median per candidate: the GPU's clock drifts as
             // it heats over a test, which favoured whatever ran first.
             let mut samples = vec![Vec::new(); names.len()];
@@ -801,7 +877,7 @@ mod tests {
                 names.iter().zip(&med).skip(2).map(|(v, ms)| format!("{v} {:.3}", ms / theirs)).collect();
             println!(
                 "matmul {m}x{k}x{n} tile {:?}: sm90 {ours:.4} ms, cuBLASLt {theirs:.4} ms, ratio {:.3}, \
-                 relative difference {e:.2e}; ratios of every tile: {}",
+                 relative difference {e:.2e}; ratios of every variant: {}",
                 chosen.tile,
                 ours / theirs,
                 others.join(", ")
@@ -819,61 +895,67 @@ mod tests {
         let Some(g) = gpu() else { return };
         let Some(kern) = hopper(&g) else { return };
         let dt = GemmDtype::BF16;
-        let (world, rows, n, k) = (4usize, 200usize, 384usize, 256usize);
-        let m = world * rows;
-        let p = problem(&g, m, n, k, dt, 7);
-        let rank = 2;
-        // The local chunk lives elsewhere (the caller's shard); the gathered
-        // buffer holds garbage there, so reading it would show.
-        let local = g.upload(&enc(dt, &p.a[rank * rows * k..(rank + 1) * rows * k]));
-        let gathered = poisoned(&g, m * k, dt);
-        let flags = g.upload(&[0u32; 4]);
-        let c = poisoned(&g, m * n, dt);
-        let errors = AsyncError::new().unwrap();
-        let mut mm = Sm90Matmul::plain(
-            Operand { ptr: gathered.ptr, rows: m, ld: k },
-            Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
-            Operand { ptr: c.ptr, rows: m, ld: n },
-            k,
-            dt,
-            errors.device_ptr(),
-        );
-        mm.chunk_rows = rows;
-        mm.order = (0..world).map(|i| (rank + i) % world).collect();
-        mm.gather =
-            Some(Gather { ready: flags.ptr, local_chunk: rank, local: Operand { ptr: local.ptr, rows, ld: k } });
-        mm.timeout_ns = 5_000_000_000;
-        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-        // Deliver the other chunks after the kernel started waiting.
-        let bytes = rows * k * 2;
-        for c in mm.order[1..].iter().copied() {
-            check(
-                unsafe {
-                    sys::cuMemcpyHtoD_v2(
-                        gathered.ptr + (c * bytes) as u64,
-                        enc(dt, &p.a[c * rows * k..(c + 1) * rows * k]).as_ptr().cast(),
-                        bytes,
-                    )
-                },
-                "cuMemcpyHtoD",
-            )
-            .unwrap();
-            let one = 1u32;
-            check(unsafe { sys::cuMemcpyHtoD_v2(flags.ptr + 4 * c as u64, (&one as *const u32).cast(), 4) }, "flag")
+        // 200-row chunks: C from registers; 256: tiles within chunks, C through TMA.
+        for rows in [200usize, 256] {
+            let (world, n, k) = (4usize, 384usize, 256usize);
+            let m = world * rows;
+            let p = problem(&g, m, n, k, dt, 7);
+            let rank = 2;
+            // The local chunk lives elsewhere (the caller's shard); the gathered
+            // buffer holds garbage there, so reading it would show.
+            let local = g.upload(&enc(dt, &p.a[rank * rows * k..(rank + 1) * rows * k]));
+            let gathered = poisoned(&g, m * k, dt);
+            let flags = g.upload(&[0u32; 4]);
+            let c = poisoned(&g, m * n, dt);
+            let errors = AsyncError::new().unwrap();
+            let mut mm = Sm90Matmul::plain(
+                Operand { ptr: gathered.ptr, rows: m, ld: k },
+                Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
+                Operand { ptr: c.ptr, rows: m, ld: n },
+                k,
+                dt,
+                errors.device_ptr(),
+            );
+            mm.chunk_rows = rows;
+            mm.order = (0..world).map(|i| (rank + i) % world).collect();
+            mm.gather =
+                Some(Gather { ready: flags.ptr, local_chunk: rank, local: Operand { ptr: local.ptr, rows, ld: k } });
+            mm.timeout_ns = 5_000_000_000;
+            mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+            // Deliver the other chunks after the kernel started waiting.
+            let bytes = rows * k * 2;
+            for c in mm.order[1..].iter().copied() {
+                check(
+                    unsafe {
+                        sys::cuMemcpyHtoD_v2(
+                            gathered.ptr + (c * bytes) as u64,
+                            enc(dt, &p.a[c * rows * k..(c + 1) * rows * k]).as_ptr().cast(),
+                            bytes,
+                        )
+                    },
+                    "cuMemcpyHtoD",
+                )
                 .unwrap();
-        }
-        g.sync();
-        errors.check().unwrap();
-        let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
-        assert!(e < 8e-3, "gathered matmul: relative error {e}");
+                let one = 1u32;
+                check(
+                    unsafe { sys::cuMemcpyHtoD_v2(flags.ptr + 4 * c as u64, (&one as *const u32).cast(), 4) },
+                    "flag",
+                )
+                .unwrap();
+            }
+            g.sync();
+            errors.check().unwrap();
+            let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
+            assert!(e < 8e-3, "gathered matmul, chunks of {rows} rows: relative error {e}");
 
-        // A chunk that never arrives: the kernel gives up and says who.
-        flags.write(&[1u32, 1, 1, 0]);
-        mm.timeout_ns = 200_000_000;
-        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-        g.sync();
-        let e = errors.check().unwrap_err();
-        assert!(e.msg.contains("fused matmul waiting for rank 3"), "{}", e.msg);
+            // A chunk that never arrives: the kernel gives up and says who.
+            flags.write(&[1u32, 1, 1, 0]);
+            mm.timeout_ns = 200_000_000;
+            mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+            g.sync();
+            let e = errors.check().unwrap_err();
+            assert!(e.msg.contains("fused matmul waiting for rank 3"), "{}", e.msg);
+        }
     }
 
     /// Reduce-scatter mode: `world` ranks simulated on one GPU, each kernel
