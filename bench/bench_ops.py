@@ -55,11 +55,6 @@ class Bench:
         self.records = []
         self.group_name = dist.group.WORLD.group_name
 
-    def time(self, fn, iters=None):
-        """Median ms of `fn` over iterations, each started with all ranks
-        aligned, then the maximum over ranks."""
-        return self.contest({"fn": fn}, iters)["fn"]
-
     def samples(self, fn, iters, calls_per_fn=1):
         """ms per call of `iters` runs of `fn`, each started with all ranks
         aligned."""
