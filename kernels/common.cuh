@@ -111,40 +111,25 @@ static __device__ __forceinline__ void symm_st_release_sys(uint32_t* p, uint32_t
     asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Compare-and-swap; returns the old value (success iff it equals `expected`).
-static __device__ __forceinline__ uint32_t symm_cas_release_sys(uint32_t* p, uint32_t expected,
-                                                                uint32_t desired) {
-    uint32_t old;
-    asm volatile("atom.release.sys.cas.b32 %0, [%1], %2, %3;"
-                 : "=r"(old)
-                 : "l"(p), "r"(expected), "r"(desired)
-                 : "memory");
-    return old;
-}
-
-static __device__ __forceinline__ uint32_t symm_cas_acquire_sys(uint32_t* p, uint32_t expected,
-                                                                uint32_t desired) {
-    uint32_t old;
-    asm volatile("atom.acquire.sys.cas.b32 %0, [%1], %2, %3;"
-                 : "=r"(old)
-                 : "l"(p), "r"(expected), "r"(desired)
-                 : "memory");
-    return old;
-}
-
+// Compare-and-swap with the given ordering and scope ("release.sys", ...);
+// returns the old value (success iff it equals `expected`).
+#define SYMM_DEFINE_CAS(NAME, ORDER_SCOPE)                                                              \
+    static __device__ __forceinline__ uint32_t NAME(uint32_t* p, uint32_t expected, uint32_t desired) { \
+        uint32_t old;                                                                                   \
+        asm volatile("atom." ORDER_SCOPE ".cas.b32 %0, [%1], %2, %3;"                                   \
+                     : "=r"(old)                                                                        \
+                     : "l"(p), "r"(expected), "r"(desired)                                              \
+                     : "memory");                                                                       \
+        return old;                                                                                     \
+    }
+SYMM_DEFINE_CAS(symm_cas_release_sys, "release.sys")
+SYMM_DEFINE_CAS(symm_cas_acquire_sys, "acquire.sys")
 // Device scope: for the error record, which is host memory mapped into one
 // device. System-scoped atomics on host memory need host-native atomics
 // (which PCIe-attached GPUs lack; compute-sanitizer flags them); only this
 // device's threads race for the record, so device scope is what it needs.
-static __device__ __forceinline__ uint32_t symm_cas_release_gpu(uint32_t* p, uint32_t expected,
-                                                                uint32_t desired) {
-    uint32_t old;
-    asm volatile("atom.release.gpu.cas.b32 %0, [%1], %2, %3;"
-                 : "=r"(old)
-                 : "l"(p), "r"(expected), "r"(desired)
-                 : "memory");
-    return old;
-}
+SYMM_DEFINE_CAS(symm_cas_release_gpu, "release.gpu")
+#undef SYMM_DEFINE_CAS
 
 // ---------------------------------------------------------------------------
 // Error recording.

@@ -818,33 +818,27 @@ mod tests {
             );
             let mut lp = MatmulParams::new(m, n, k, a.ptr, b.ptr, c2.ptr, dt);
             (lp.b_trans, lp.ldb) = (true, k);
-            // Candidates: the chosen tile, cuBLASLt, then every tile width
-            // (for bench/KERNELS.md).
-            let mut names = vec!["symm_sm90".to_string(), "cublaslt".to_string()];
-            let mut configs = vec![chosen.clone()];
+            // Candidates (None: cuBLASLt): the chosen tile, cuBLASLt, then
+            // every tile width, and the chosen tile with C stored straight
+            // from registers (for bench/KERNELS.md).
+            let mut candidates = vec![("symm_sm90".to_string(), Some(chosen.clone())), ("cublaslt".to_string(), None)];
             for tile in [TileN::N128, TileN::N256] {
-                let mut mm = chosen.clone();
-                mm.tile = tile;
-                names.push(format!("symm_sm90_n{}", tile.cols()));
-                configs.push(mm);
+                let mm = Sm90Matmul { tile, ..chosen.clone() };
+                candidates.push((format!("symm_sm90_n{}", tile.cols()), Some(mm)));
             }
-            // The chosen tile with C stored straight from registers.
-            let mut regs = chosen.clone();
-            regs.tma_epilogue = false;
-            names.push("symm_sm90_register_epilogue".into());
-            configs.push(regs);
+            let regs = Sm90Matmul { tma_epilogue: false, ..chosen.clone() };
+            candidates.push(("symm_sm90_register_epilogue".into(), Some(regs)));
+            let names: Vec<&String> = candidates.iter().map(|(name, _)| name).collect();
             // Round-robin, median per candidate: the GPU's clock drifts as
             // it heats over a test, which favoured whatever ran first.
-            let mut samples = vec![Vec::new(); names.len()];
+            let mut samples = vec![Vec::new(); candidates.len()];
             for round in 0..ROUNDS {
-                for i in 0..names.len() {
-                    let c = (i + round) % names.len();
-                    let ms = match c {
-                        1 => time_ms(&g, 1, 5, || lt.matmul(&lp, g.stream()).unwrap()),
-                        0 => time_ms(&g, 1, 5, || configs[0].launch(kern, g.kernels.sm_count, g.stream()).unwrap()),
-                        _ => time_ms(&g, 1, 5, || configs[c - 1].launch(kern, g.kernels.sm_count, g.stream()).unwrap()),
-                    };
-                    samples[c].push(ms);
+                for i in 0..candidates.len() {
+                    let c = (i + round) % candidates.len();
+                    samples[c].push(match &candidates[c].1 {
+                        Some(mm) => time_ms(&g, 1, 5, || mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap()),
+                        None => time_ms(&g, 1, 5, || lt.matmul(&lp, g.stream()).unwrap()),
+                    });
                 }
             }
             let med: Vec<f32> = samples
