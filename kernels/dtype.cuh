@@ -7,6 +7,9 @@
 #define SYMM_DT_F32 0
 #define SYMM_DT_BF16 1
 #define SYMM_DT_F16 2
+// 8-bit float inputs of the sm90 matmul (Fp8 on the Rust side); never outputs.
+#define SYMM_DT_E4M3 3
+#define SYMM_DT_E5M2 4
 
 static __device__ __forceinline__ float symm_bf16_bits_to_f32(uint32_t h) {
     return __uint_as_float(h << 16);

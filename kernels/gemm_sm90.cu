@@ -4,7 +4,16 @@
 //
 //   C[m, n] = A[m, k] * B[n, k]^T      A row-major, B "K-major" (a Linear
 //                                      weight [n, k], i.e. B = W.t()), f32
-//                                      accumulation, C of any SYMM_DT_*.
+//                                      accumulation, C f32, bf16 or f16.
+//
+// Inputs: bf16 or f16 (both alike), or fp8 (e4m3 / e5m2, as torch._scaled_mm:
+// not both e5m2) with f32 scales, tensor-wise or one per row of A and
+// column of B, and an optional bias of C's type: C = sa * sb * A B^T + bias.
+// A k-block is 128 bytes of each row either way (64 or 128 elements), so
+// the ring, the swizzle and the wgmma descriptors are the same; an 8-bit
+// wgmma takes k = 32 per instruction where a 16-bit one takes 16. (Like
+// torch's use_fast_accum, the fp8 products are accumulated by the tensor
+// cores alone, without cuBLASLt's periodic promotion into f32 registers.)
 //
 // Structure (as CUTLASS's warp-specialized persistent kernels):
 //   * 3 warpgroups per CTA, one CTA per SM: warpgroup 0 is the producer (one
@@ -19,7 +28,8 @@
 //     visited in `order`; a tile never straddles two chunks.
 //   * Edges: TMA fills out-of-range rows/columns/k with zeros, the epilogue
 //     masks rows past the chunk and columns past n. K must give 16-byte row
-//     strides (k % 8 == 0 for 16-bit types), which the host checks.
+//     strides (k % 8 == 0 for 16-bit types, k % 16 for 8-bit ones), which
+//     the host checks.
 //
 // Fused all-gather (ready != NULL): before loading A for a tile of chunk c,
 // the producer waits (acquire, system scope, bounded by the timeout) until
@@ -41,7 +51,8 @@
 
 #define SYMM_GEMM_MAX_CHUNKS 16
 #define SYMM_GEMM_BM 128
-#define SYMM_GEMM_BK 64
+// A k-block: 128 bytes of each row of A and B (the 128-byte swizzle's width).
+#define SYMM_GEMM_BK_BYTES 128
 #define SYMM_GEMM_THREADS 384
 // Tiles of a group of this many row-tiles are visited column by column, so
 // concurrently running tiles share A rows and B columns in L2.
@@ -73,7 +84,17 @@ struct symm_gemm_params {
     int32_t c_tma;         // 1: plain C stored through tm_c (TMA, via shared memory)
     uint64_t timeout_ns;
     symm_async_error* err;
+    // fp8 only (scale_mode != 0): C = alpha * (sa * sb * A B^T + bias).
+    const float* a_scale;  // one f32, or (row-wise) one per row of A
+    const float* b_scale;  // one f32, or (row-wise) one per column of C
+    uint64_t bias;         // 0, or n elements of C's dtype
+    int64_t a_scale_slot;  // row-wise: distance between chunks' row scales (gathered into slots)
+    int32_t scale_mode;    // SYMM_GEMM_SCALES_*
+    int32_t pad_;
 };
+#define SYMM_GEMM_SCALES_NONE 0
+#define SYMM_GEMM_SCALES_TENSOR 1
+#define SYMM_GEMM_SCALES_ROW 2
 
 // Which SASS the driver loaded: 1 when this module has the sm_90a kernels.
 extern "C" __global__ void symm_gemm_sm90_probe(int32_t* out) {
@@ -155,13 +176,18 @@ static __device__ __forceinline__ void symm_consumers_sync() {
     asm volatile("bar.sync 1, 256;" ::: "memory");
 }
 
-// One wgmma of the tile's 64-row slice: 64 x BN x 16.
-template <int IN_DT, int BN>
+// One wgmma of the tile's 64-row slice: 64 x BN x (32 bytes of k).
+template <int A_DT, int B_DT, int BN>
 static __device__ __forceinline__ void symm_wgmma(float (&d)[BN / 2], uint64_t da, uint64_t db, int acc) {
-    if constexpr (IN_DT == SYMM_DT_BF16 && BN == 256) symm_wgmma_bf16_n256(d, da, db, acc);
-    if constexpr (IN_DT == SYMM_DT_BF16 && BN == 128) symm_wgmma_bf16_n128(d, da, db, acc);
-    if constexpr (IN_DT == SYMM_DT_F16 && BN == 256) symm_wgmma_f16_n256(d, da, db, acc);
-    if constexpr (IN_DT == SYMM_DT_F16 && BN == 128) symm_wgmma_f16_n128(d, da, db, acc);
+#define SYMM_WGMMA_CASE(A, B, F)                                                             \
+    if constexpr (A_DT == A && B_DT == B && BN == 256) symm_wgmma_##F##_n256(d, da, db, acc); \
+    if constexpr (A_DT == A && B_DT == B && BN == 128) symm_wgmma_##F##_n128(d, da, db, acc);
+    SYMM_WGMMA_CASE(SYMM_DT_BF16, SYMM_DT_BF16, bf16)
+    SYMM_WGMMA_CASE(SYMM_DT_F16, SYMM_DT_F16, f16)
+    SYMM_WGMMA_CASE(SYMM_DT_E4M3, SYMM_DT_E4M3, e4m3_e4m3)
+    SYMM_WGMMA_CASE(SYMM_DT_E4M3, SYMM_DT_E5M2, e4m3_e5m2)
+    SYMM_WGMMA_CASE(SYMM_DT_E5M2, SYMM_DT_E4M3, e5m2_e4m3)
+#undef SYMM_WGMMA_CASE
 }
 
 // ---------------------------------------------------------------------------
@@ -375,6 +401,47 @@ static __device__ __forceinline__ void symm_epilogue(const float (&d)[BN / 2], c
     }
 }
 
+// fp8: scales (and adds the bias to) this thread's accumulators in place,
+// d = sa * sb * d + bias, with the fragment layout above; alpha is left to
+// the epilogue. Row-wise scales of a tile's rows are those of its chunk,
+// which the all-gather put in slot `chunk` (a_scale_slot apart).
+template <int BN>
+static __device__ __forceinline__ void symm_apply_scales(float (&d)[BN / 2], const symm_tile& tile, int n,
+                                                         int slice_row0, const symm_gemm_params& p) {
+    const int t = threadIdx.x % 128, q = t % 4;
+    const int r0 = tile.row0 + slice_row0 + 16 * (t / 32) + (t % 32) / 4;
+    const bool row_wise = p.scale_mode == SYMM_GEMM_SCALES_ROW;
+    float sa[2];
+    if (row_wise) {
+        const float* rows = p.a_scale + (int64_t)tile.chunk * (p.a_scale_slot - p.chunk_rows);
+#pragma unroll
+        for (int h = 0; h < 2; h++) sa[h] = r0 + 8 * h < tile.row_end ? rows[r0 + 8 * h] : 0.f;
+    } else {
+        sa[0] = sa[1] = p.a_scale[0] * p.b_scale[0];
+    }
+    const int dt = p.out_dtype;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        const int col = tile.col0 + 8 * j + 2 * q;
+        float sb[2] = {1.f, 1.f}, bias[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int c = col + i;
+            if (c >= n) continue;
+            if (row_wise) sb[i] = p.b_scale[c];
+            if (p.bias == 0) continue;
+            if (dt == SYMM_DT_F32) bias[i] = ((const float*)p.bias)[c];
+            else if (dt == SYMM_DT_BF16) bias[i] = symm_bf16_bits_to_f32(((const unsigned short*)p.bias)[c]);
+            else bias[i] = symm_f16_bits_to_f32(((const unsigned short*)p.bias)[c]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) d[4 * j + 2 * h + i] = d[4 * j + 2 * h + i] * (sa[h] * sb[i]) + bias[i];
+        }
+    }
+}
+
 // Epilogue through shared memory and TMA stores (plain C of 16-bit type):
 // each consumer warpgroup converts its 64 rows, 128 columns at a time, into
 // two 64 x 64 boxes of its 16 KiB staging area in TMA's 128-byte swizzle
@@ -460,15 +527,15 @@ static __device__ bool symm_wait_nonzero(const uint32_t* flag, const symm_gemm_p
 template <int BN>
 struct symm_gemm_cfg {
     static constexpr int STAGES = BN == 256 ? 4 : 6;
-    static constexpr int A_BYTES = SYMM_GEMM_BM * SYMM_GEMM_BK * 2;
-    static constexpr int B_BYTES = BN * SYMM_GEMM_BK * 2;
+    static constexpr int A_BYTES = SYMM_GEMM_BM * SYMM_GEMM_BK_BYTES;
+    static constexpr int B_BYTES = BN * SYMM_GEMM_BK_BYTES;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
     // Ring, epilogue staging, then 2 * STAGES mbarriers; +1024 to align
     // the ring for the swizzle.
     static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + 2 * STAGES * 8 + 1024;
 };
 
-template <int IN_DT, int BN>
+template <int A_DT, int B_DT, int BN>
 static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, const symm_tmap* tm_a_local,
                                                       const symm_tmap* tm_b, const symm_tmap* tm_c,
                                                       const symm_gemm_params& p) {
@@ -494,7 +561,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     __syncthreads();
 
     const symm_tiling tiling(p, BN);
-    const int kblocks = (p.k + SYMM_GEMM_BK - 1) / SYMM_GEMM_BK;
+    // Elements of k per k-block: 64 of a 16-bit type, 128 of an 8-bit one.
+    constexpr int BK = A_DT == SYMM_DT_E4M3 || A_DT == SYMM_DT_E5M2 ? SYMM_GEMM_BK_BYTES : SYMM_GEMM_BK_BYTES / 2;
+    const int kblocks = (p.k + BK - 1) / BK;
 
     if (wg == 0) {
         // Producer: one thread issues every load; the others only donate
@@ -519,8 +588,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             for (int kb = 0; kb < kblocks; kb++) {
                 symm_mbar_wait(&empty[stage], phase ^ 1);
                 symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
-                symm_tma_load(stage_a(stage), map_a, kb * SYMM_GEMM_BK, a_row, &full[stage]);
-                symm_tma_load(stage_b(stage), tm_b, kb * SYMM_GEMM_BK, tile.col0, &full[stage]);
+                symm_tma_load(stage_a(stage), map_a, kb * BK, a_row, &full[stage]);
+                symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
                 if (++stage == STAGES) {
                     stage = 0;
                     phase ^= 1;
@@ -544,13 +613,13 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         for (int kb = 0; kb < kblocks; kb++) {
             symm_mbar_wait(&full[stage], phase);
             symm_wgmma_fence();
-            const unsigned char* a = stage_a(stage) + slice * SYMM_GEMM_BK * 2;
+            const unsigned char* a = stage_a(stage) + slice * SYMM_GEMM_BK_BYTES;
             const unsigned char* b = stage_b(stage);
 #pragma unroll
-            for (int kk = 0; kk < SYMM_GEMM_BK / 16; kk++) {
-                // 16 elements of k = 32 bytes along the swizzled 128-byte row.
-                symm_wgmma<IN_DT, BN>(d, symm_smem_desc(a + 32 * kk), symm_smem_desc(b + 32 * kk),
-                                      (kb | kk) != 0);
+            for (int kk = 0; kk < SYMM_GEMM_BK_BYTES / 32; kk++) {
+                // One wgmma per 32 bytes of k along the swizzled 128-byte row.
+                symm_wgmma<A_DT, B_DT, BN>(d, symm_smem_desc(a + 32 * kk), symm_smem_desc(b + 32 * kk),
+                                           (kb | kk) != 0);
             }
             symm_wgmma_commit();
             // Keep one k-block of wgmma in flight; the one before it is done
@@ -566,6 +635,13 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         symm_wgmma_wait<0>();
         if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
 
+        if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
+            // A peer's row scales came with its rows, before the flag the
+            // producer waited on: acquire it here too before reading them.
+            if (p.scale_mode == SYMM_GEMM_SCALES_ROW && p.ready != nullptr && tile.chunk != p.local_chunk)
+                (void)symm_ld_acquire_sys(&p.ready[tile.chunk]);
+            symm_apply_scales<BN>(d, tile, p.n, slice, p);
+        }
         const int dt = p.out_dtype;
         if (p.c_tma) {
             unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
@@ -628,17 +704,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-#define SYMM_GEMM_ENTRY(NAME, IN_DT, BN)                                                                    \
+#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN)                                                               \
     extern "C" __global__ void __launch_bounds__(SYMM_GEMM_THREADS, 1)                                      \
         NAME(const __grid_constant__ symm_tmap tm_a, const __grid_constant__ symm_tmap tm_a_local,          \
              const __grid_constant__ symm_tmap tm_b, const __grid_constant__ symm_tmap tm_c,                \
              const __grid_constant__ symm_gemm_params p) {                                                  \
-        symm_gemm_sm90<IN_DT, BN>(&tm_a, &tm_a_local, &tm_b, &tm_c, p);                                     \
+        symm_gemm_sm90<A_DT, B_DT, BN>(&tm_a, &tm_a_local, &tm_b, &tm_c, p);                                \
     }
 
 #else  // not sm_90a: the entry points exist (so the module loads) but do nothing; the host
        // only launches them after symm_gemm_sm90_probe reported the sm_90a code.
-#define SYMM_GEMM_ENTRY(NAME, IN_DT, BN)                                                                    \
+#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN)                                                               \
     extern "C" __global__ void NAME(const __grid_constant__ symm_tmap tm_a,                                 \
                                     const __grid_constant__ symm_tmap tm_a_local,                           \
                                     const __grid_constant__ symm_tmap tm_b,                                 \
@@ -646,7 +722,13 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                                     const __grid_constant__ symm_gemm_params p) {}
 #endif
 
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, 256)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, 128)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, 256)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, 128)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, SYMM_DT_BF16, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, SYMM_DT_BF16, 128)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, SYMM_DT_F16, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, SYMM_DT_F16, 128)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n256, SYMM_DT_E4M3, SYMM_DT_E4M3, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n128, SYMM_DT_E4M3, SYMM_DT_E4M3, 128)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n256, SYMM_DT_E4M3, SYMM_DT_E5M2, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n128, SYMM_DT_E4M3, SYMM_DT_E5M2, 128)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n256, SYMM_DT_E5M2, SYMM_DT_E4M3, 256)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n128, SYMM_DT_E5M2, SYMM_DT_E4M3, 128)

@@ -8,28 +8,36 @@ script spells them. Run it after changing SHAPES and commit the output:
     python3 scripts/gen_wgmma.py > kernels/wgmma.cuh
 """
 
-# (function suffix, PTX input type, N, K per instruction)
+# (PTX type of A, PTX type of B, N). K per instruction is 32 bytes of each
+# row: 16 elements of a 16-bit type, 32 of an 8-bit one.
 SHAPES = [
-    ("bf16_n256", "bf16", 256, 16),
-    ("bf16_n128", "bf16", 128, 16),
-    ("f16_n256", "f16", 256, 16),
-    ("f16_n128", "f16", 128, 16),
+    (a, b, n)
+    for a, b in [("bf16", "bf16"), ("f16", "f16"), ("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]
+    for n in (256, 128)
 ]
 
 
-def wrapper(suffix, ty, n, k):
+def wrapper(a, b, n):
+    fp8 = a.startswith("e")
+    k = 32 if fp8 else 16
+    suffix = f"{a}_n{n}" if a == b and not fp8 else f"{a}_{b}_n{n}"
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     constraints = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    # Operands: scale-d (the predicate), imm-scale-a/b (1: not negated), and
+    # for 16-bit types imm-trans-a/b (0: K-major); 8-bit types are K-major
+    # only and take no transpose immediates.
+    imms = "1, 1" if fp8 else "1, 1, 0, 0"
+    types = f"{a}.{b}"
     return f'''
-// D[64 x {n}] (+)= A[64 x {k}] * B[{n} x {k}]^T, {ty} in, f32 accumulators;
+// D[64 x {n}] (+)= A[64 x {k}] * B[{n} x {k}]^T, A {a}, B {b}, f32 accumulators;
 // A and B from shared memory (K-major, described by desc_a / desc_b).
 static __device__ __forceinline__ void symm_wgmma_{suffix}(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b,
                                                      int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} "
-        "{{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} "
+        "{{{outs}}}, %{regs}, %{regs + 1}, p, {imms};\\n}}\\n"
         : {constraints}
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }}

@@ -145,3 +145,105 @@ def test_fused_ops_captured_in_a_cuda_graph_replay_like_eager():
         for replay in replays:
             for got, want in zip(replay, eager):
                 assert torch.equal(got, want)
+
+
+# --- fp8 (torch.float8_e4m3fn / float8_e5m2) through the fused kernel, against
+# a float64 reference of torch._scaled_mm's definition. The kernel leaves the
+# accumulation to the tensor cores (torch's use_fast_accum), about 14 bits of
+# mantissa per 32 products, so f32 outputs get a looser bound than in
+# test_cuda.py. ---------------------------------------------------------------
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8_TOLERANCE = {**TOLERANCE, torch.float32: 2e-3}
+
+
+def fp8_tensor(seed, shape, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) * 8 - 4).to(dtype)
+
+
+def scales(seed, shape):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, generator=g) * 1.75 + 0.25
+
+
+def max_rel_err(got, ref):
+    got = got.double().cpu()
+    assert not got.isnan().any(), "an output element was not written"
+    return ((got - ref).abs().max() / ref.abs().max()).item()
+
+
+# 198 rows: row scales of 792 bytes, gathered into 800-byte slots.
+@pytest.mark.parametrize("row_wise", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows,k,n", [(198, 256, 320), (512, 1024, 768)])
+def test_fused_ag_mm_fp8(row_wise, out_dtype, rows, k, n):
+    shards = [fp8_tensor(70 + r, (rows, k), E4M3) for r in range(WORLD)]
+    w = fp8_tensor(72, (n, k), E5M2)  # a row-major [N, K] weight; B = w.t()
+    sa = [scales(73 + r, (rows, 1) if row_wise else (1,)) for r in range(WORLD)]
+    if not row_wise:
+        sa = [sa[0]] * WORLD  # tensor-wise: one scale for the whole gathered A
+    sb = scales(75, (1, n) if row_wise else (1,))
+    bias = torch.randn(n).to(out_dtype) if out_dtype != torch.float32 else None
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        r, dev = g.rank, torch.device("cuda", g.rank)
+        out = torch.full((rows * WORLD, n), float("nan"), dtype=out_dtype, device=dev)
+        for _ in range(2):  # the second call reuses the flags and slots
+            out.fill_(float("nan"))
+            symm.fused_ag_mm(
+                g,
+                shards[r].to(dev),
+                w.to(dev).t(),
+                0,
+                out=out,
+                a_scale=sa[r].to(dev),
+                b_scales=sb.to(dev),
+                biases=None if bias is None else bias.to(dev),
+            )
+        torch.cuda.synchronize()
+        g.check_async_error()
+        return out.cpu()
+
+    gathered_scale = torch.cat(sa) if row_wise else sa[0]
+    want = (torch.cat(shards).double() * gathered_scale.double()) @ (w.double().t() * sb.double())
+    want = want + (0 if bias is None else bias.double())
+    for out in on_threads(rank_main, cuda_groups(), deadline_s=120):
+        e = max_rel_err(out, want)
+        assert e < FP8_TOLERANCE[out_dtype], e
+
+
+@pytest.mark.parametrize("row_wise", [False, True])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_fused_mm_rs_fp8_with_bias(row_wise, op):
+    """Each rank's product includes its bias (torch's
+    fused_scaled_matmul_reduce_scatter)."""
+    m, k, n = 400, 256, 272
+    a = [fp8_tensor(80 + r, (m, k), E5M2) for r in range(WORLD)]
+    w = [fp8_tensor(82 + r, (n, k), E4M3) for r in range(WORLD)]
+    sa = [scales(84 + r, (m, 1) if row_wise else (1,)) for r in range(WORLD)]
+    sb = [scales(86 + r, (1, n) if row_wise else (1,)) for r in range(WORLD)]
+    g_bias = torch.Generator().manual_seed(88)
+    bias = [torch.randn(n, generator=g_bias).to(torch.bfloat16) for _ in range(WORLD)]
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        r, dev = g.rank, torch.device("cuda", g.rank)
+        out = torch.full((m // WORLD, n), float("nan"), dtype=torch.bfloat16, device=dev)
+        symm.mm_rs(
+            g, a[r].to(dev), w[r].to(dev).t(), 0, op=op, out=out,
+            a_scale=sa[r].to(dev), b_scale=sb[r].to(dev), bias=bias[r].to(dev),
+        )
+        torch.cuda.synchronize()
+        g.check_async_error()
+        return out.cpu()
+
+    total = sum(
+        (x.double() * s.double()) @ (y.double().t() * t.double()) + c.double()
+        for x, y, s, t, c in zip(a, w, sa, sb, bias)
+    )
+    if op == "avg":
+        total /= WORLD
+    for r, out in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+        e = max_rel_err(out, total.chunk(WORLD)[r])
+        assert e < FP8_TOLERANCE[torch.bfloat16], e

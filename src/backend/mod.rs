@@ -273,7 +273,8 @@ pub trait Backend: Send + Sync {
 /// One launch of a fused matmul: `c = alpha * a @ b` (matrices; `b` is
 /// `[k, n]`), `a`'s rows in equal chunks of `chunk_rows` (one per rank)
 /// visited in `order`, with an all-gather feeding it or a reduce-scatter
-/// taking its result. Addresses are this rank's mappings.
+/// taking its result; with fp8 `a` and `b`, `c = alpha * (sa * sb * a @ b
+/// + bias)` as [`GemmScales`] say. Addresses are this rank's mappings.
 #[derive(Clone, Debug)]
 pub struct FusedMatmul {
     pub a: Array,
@@ -284,6 +285,10 @@ pub struct FusedMatmul {
     pub gather: Option<FusedGather>,
     pub scatter: Option<FusedScatter>,
     pub alpha: f32,
+    /// fp8: the scales (row-wise: `a` holds the row scales of every chunk,
+    /// chunk c's from element `c * chunk_rows`, or `c * scale_slot` when
+    /// gathered) and bias.
+    pub scales: Option<GemmScales>,
     /// Multiprocessors to leave free for kernels that must run beside this
     /// one (the signal kernels of a concurrent barrier).
     pub spare_sms: u32,
@@ -292,11 +297,14 @@ pub struct FusedMatmul {
 
 /// Rows of `a` arrive chunk by chunk, each announced by a nonzero u32 at
 /// `ready + 4 * chunk`; chunk `local_chunk` is read from `local` instead.
+/// Row-wise fp8 scales arrive with their rows (before the flag), chunk c's
+/// at element `c * scale_slot` of the scales' `a`.
 #[derive(Clone, Debug)]
 pub struct FusedGather {
     pub ready: u64,
     pub local_chunk: usize,
     pub local: Array,
+    pub scale_slot: usize,
 }
 
 /// Chunk `d` of the product is rank `d`'s: pushed into `inbox[d]` (slot

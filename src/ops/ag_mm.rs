@@ -113,12 +113,22 @@ impl AgMm {
             }
             let lhs = a.as_matrix()?;
             let rows = lhs.shape[0];
-            self.bs
-                .iter()
-                .zip(&self.outs)
-                .map(|(b, o)| Some(fused::prototype(lhs.clone(), b.clone(), o.as_matrix()?, rows, group.world())))
+            (0..self.bs.len())
+                .map(|i| {
+                    let (b, c) = (self.bs[i].clone(), self.outs[i].as_matrix()?);
+                    Some(fused::prototype(lhs.clone(), b, c, self.caller_scales(i), rows, group.world()))
+                })
                 .collect()
         })
+    }
+
+    /// The fp8 scales and bias of the matmul by `bs[i]` as the caller
+    /// passed them (for the fused layout check; `None` unless set).
+    fn caller_scales(&self, i: usize) -> Option<GemmScales> {
+        let s = &self.scales;
+        let (a, b) = (s.a_scale.clone()?, s.b_scales.as_ref()?.get(i)?.clone());
+        let bias = s.biases.as_ref().and_then(|v| v.get(i).cloned().flatten());
+        Some(GemmScales { row_wise: Mode::of(&a, &[&b]) == Mode::Row, a, b, bias })
     }
 
     /// The scale mode of an fp8 call (`None` for f32/bf16/f16), after the
@@ -427,6 +437,11 @@ impl AgMmPlan {
         // beside a persistent kernel that leaves it one SM, it made the
         // whole operation 9-12x slower).
         ex.copy(&local_shard(me), a)?;
+        if let (Some(a_scale), true) = (&self.call.scales.a_scale, self.row_scales.is_some()) {
+            // This rank's row scales too: the kernel reads every chunk's
+            // from the gathered slots.
+            ex.copy(&Array::contiguous(self.row_scale_addr(ex.local(0), me), DType::F32, &a_scale.shape), a_scale)?;
+        }
         let side = ex.side()?;
         ex.fork(side)?;
         // The matmuls are enqueued first, so they start while the host is
@@ -434,13 +449,21 @@ impl AgMmPlan {
         let lhs = a.as_matrix().expect("checked by fused_field");
         let rows = lhs.shape[0];
         let gathered = Array::contiguous(ex.local(self.shards), a.dtype, &[rows * world, lhs.shape[1]]);
-        for (b, out) in bs.iter().zip(outs) {
+        for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
+            let gather = FusedGather {
+                ready: ex.local(self.ready),
+                local_chunk: me,
+                local: lhs.clone(),
+                scale_slot: row_scale_slot(rows) / 4,
+            };
+            let scales = self.scales(ex, i, Rows::All)?;
+            let c = out.as_matrix().expect("checked");
             let call = FusedMatmul {
-                gather: Some(FusedGather { ready: ex.local(self.ready), local_chunk: me, local: lhs.clone() }),
+                gather: Some(gather),
                 order: (0..world).map(|i| (me + i) % world).collect(),
                 spare_sms: 1,
                 timeout: ex.group.timeout(),
-                ..fused::prototype(gathered.clone(), b.clone(), out.as_matrix().expect("checked"), rows, world)
+                ..fused::prototype(gathered.clone(), b.clone(), c, scales, rows, world)
             };
             backend.fused_matmul(&call, ex.stream)?;
         }
@@ -449,6 +472,10 @@ impl AgMmPlan {
             let r = (me + step) % world;
             let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
             ex.copy_on(side, &local_shard(r), &remote)?;
+            if self.row_scales.is_some() {
+                let remote = self.row_scale_vector(ex.at(r, 0)?, r);
+                ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
+            }
             ex.ws.write_value(me, self.ready + 4 * r, 1, side)?;
         }
         ex.ws.barrier(super::CHANNEL, side)?;

@@ -7,14 +7,15 @@
 //! with `Mismatch` instead of choosing different algorithms.
 
 use crate::array::{Array, DType};
-use crate::backend::FusedMatmul;
+use crate::backend::{FusedMatmul, GemmScales};
 use crate::group::Group;
 use std::time::Duration;
 
 /// Most ranks the fused kernel takes (`SYMM_GEMM_MAX_CHUNKS`).
 const MAX_WORLD: usize = 16;
 
-/// Whether the group can run fused kernels for `dtype` with inner size `k`.
+/// Whether the group can run fused kernels for `dtype` (bf16, f16 or fp8)
+/// with inner size `k` (rows of whole 16-byte units, TMA's rule).
 pub fn available(group: &Group, dtype: DType, k: usize) -> bool {
     let world = group.world();
     let mut devices: Vec<i32> = group.ranks().iter().map(|r| r.device).collect();
@@ -22,8 +23,8 @@ pub fn available(group: &Group, dtype: DType, k: usize) -> bool {
     devices.dedup();
     (2..=MAX_WORLD).contains(&world)
         && devices.len() == world
-        && matches!(dtype, DType::BF16 | DType::F16)
-        && k % 8 == 0
+        && (matches!(dtype, DType::BF16 | DType::F16) || dtype.fp8().is_some())
+        && (k * dtype.size()) % 16 == 0
         && k <= i32::MAX as usize
         && group.backend().has_fused_matmul()
 }
@@ -59,9 +60,16 @@ pub fn chosen(field: Option<&String>) -> bool {
     field.is_some_and(|f| f.starts_with("yes"))
 }
 
-/// A launch over this rank's operands with placeholder workspace
-/// addresses, for the layout check.
-pub fn prototype(a: Array, b: Array, c: Array, chunk_rows: usize, world: usize) -> FusedMatmul {
+/// A launch over this rank's operands (and fp8 scales) with placeholder
+/// workspace addresses, for the layout check.
+pub fn prototype(
+    a: Array,
+    b: Array,
+    c: Array,
+    scales: Option<GemmScales>,
+    chunk_rows: usize,
+    world: usize,
+) -> FusedMatmul {
     FusedMatmul {
         a,
         b,
@@ -71,6 +79,7 @@ pub fn prototype(a: Array, b: Array, c: Array, chunk_rows: usize, world: usize) 
         gather: None,
         scatter: None,
         alpha: 1.0,
+        scales,
         spare_sms: 0,
         timeout: Duration::from_secs(1),
     }

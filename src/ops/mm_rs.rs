@@ -138,8 +138,16 @@ impl MmRs {
                 return None;
             }
             let rows = lhs.shape[0] / group.world();
-            Some(vec![fused::prototype(lhs, self.b.clone(), out, rows, group.world())])
+            Some(vec![fused::prototype(lhs, self.b.clone(), out, self.caller_scales(), rows, group.world())])
         })
+    }
+
+    /// The fp8 scales and bias as the caller passed them (for the fused
+    /// layout check; `None` unless both scales are set).
+    fn caller_scales(&self) -> Option<GemmScales> {
+        let s = &self.scales;
+        let (a, b) = (s.a_scale.clone()?, s.b_scale.clone()?);
+        Some(GemmScales { row_wise: Mode::of(&a, &[&b]) == Mode::Row, a, b, bias: s.bias.clone() })
     }
 
     fn plan(self, world: usize, backend: &str, fused: bool) -> Result<MmRsPlan> {
@@ -321,6 +329,9 @@ impl MmRsPlan {
             ReduceOp::Sum => 1.0,
             ReduceOp::Avg => 1.0 / world as f32,
         };
+        // Row-wise scales packed into one vector (the packing copy runs
+        // before the kernel on this stream); chunk c's rows at c * rows.
+        let scales = self.scales(ex, self.call.scales.a_scale.as_ref())?;
         let call = FusedMatmul {
             order: (1..=world).map(|i| (me + i) % world).collect(),
             scatter: Some(FusedScatter {
@@ -330,7 +341,7 @@ impl MmRsPlan {
             }),
             alpha: scale,
             timeout: ex.group.timeout(),
-            ..fused::prototype(lhs, b.clone(), out.as_matrix().expect("checked"), rows, world)
+            ..fused::prototype(lhs, b.clone(), out.as_matrix().expect("checked"), scales, rows, world)
         };
         backend.fused_matmul(&call, ex.stream)
     }

@@ -188,6 +188,7 @@ pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmSca
         a_scale: scales.a.addr,
         b_scale: scales.b.addr,
         bias: scales.bias.as_ref().map_or(0, |v| v.addr),
+        fast_accum: false,
     });
     g.matmul(&p, stream)
 }

@@ -153,6 +153,11 @@ pub struct Fp8Params {
     /// 0, or the device address of n elements of `out_dtype` (bf16 or
     /// f16) added to every row.
     pub bias: u64,
+    /// Accumulate in the tensor cores only (torch's `use_fast_accum`):
+    /// faster, but about 14 mantissa bits per partial sum, where cuBLASLt
+    /// otherwise promotes into f32 registers every few k-blocks. symm's
+    /// sm90 kernel always accumulates this way.
+    pub fast_accum: bool,
 }
 
 /// Oldest cuBLASLt with outer-vector (row-wise) fp8 scales.
@@ -385,14 +390,23 @@ pub fn alignment_class(addr: u64) -> u32 {
     }
 }
 
+/// The fp8 part of a plan's key: what shapes its descriptor and algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Fp8Key {
+    a_type: Fp8,
+    b_type: Fp8,
+    row_wise: bool,
+    bias: bool,
+    fast_accum: bool,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     shape: ColMajor,
     dtype: GemmDtype,
     out_dtype: GemmDtype,
     sm_count_target: u32,
-    /// fp8: (A type, B type, row-wise scales, bias).
-    fp8: Option<(Fp8, Fp8, bool, bool)>,
+    fp8: Option<Fp8Key>,
     /// Alignment classes of A', B', C.
     align: [u32; 3],
     workspace: usize,
@@ -513,8 +527,8 @@ impl Plan {
         }
         // A' is the caller's B and B' the caller's A (see ColMajor).
         let types = match key.fp8 {
-            Some((a, b, row_wise, bias)) => {
-                set_fp8_modes(plan.desc, row_wise, bias.then_some(key.out_dtype))?;
+            Some(Fp8Key { a_type: a, b_type: b, row_wise, bias, fast_accum }) => {
+                set_fp8_modes(plan.desc, row_wise, bias.then_some(key.out_dtype), fast_accum)?;
                 if let Some(f) = fp8 {
                     set_fp8_pointers(plan.desc, f)?;
                 }
@@ -576,9 +590,18 @@ impl Plan {
 }
 
 /// The parts of an fp8 matmul's descriptor that shape its algorithm: the
-/// outer-vector scale mode for row-wise scales, and the bias epilogue.
-fn set_fp8_modes(desc: lt::cublasLtMatmulDesc_t, row_wise: bool, bias: Option<GemmDtype>) -> Result<()> {
+/// outer-vector scale mode for row-wise scales, the bias epilogue, and
+/// whether partial sums stay in the tensor cores.
+fn set_fp8_modes(
+    desc: lt::cublasLtMatmulDesc_t,
+    row_wise: bool,
+    bias: Option<GemmDtype>,
+    fast_accum: bool,
+) -> Result<()> {
     use lt::cublasLtMatmulDescAttributes_t as D;
+    if fast_accum {
+        set_desc(desc, D::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &1i8)?;
+    }
     if row_wise {
         let mode = lt::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
         set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode)?;
@@ -735,7 +758,13 @@ impl Gemm {
             dtype: p.dtype,
             out_dtype: p.out_dtype,
             sm_count_target: p.sm_count_target.unwrap_or(0),
-            fp8: p.fp8.map(|f| (f.a_type, f.b_type, f.row_wise, f.bias != 0)),
+            fp8: p.fp8.map(|f| Fp8Key {
+                a_type: f.a_type,
+                b_type: f.b_type,
+                row_wise: f.row_wise,
+                bias: f.bias != 0,
+                fast_accum: f.fast_accum,
+            }),
             align: [alignment_class(a_ptr), alignment_class(b_ptr), alignment_class(p.c)],
             workspace: ws_bytes,
         };
@@ -926,8 +955,15 @@ mod tests {
 
     #[test]
     fn fp8_validation() {
-        let f =
-            Fp8Params { a_type: Fp8::E4M3, b_type: Fp8::E5M2, row_wise: true, a_scale: 0x100, b_scale: 0x200, bias: 0 };
+        let f = Fp8Params {
+            a_type: Fp8::E4M3,
+            b_type: Fp8::E5M2,
+            row_wise: true,
+            a_scale: 0x100,
+            b_scale: 0x200,
+            bias: 0,
+            fast_accum: false,
+        };
         let mut ok = MatmulParams::new(64, 32, 16, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
         (ok.b_trans, ok.ldb, ok.fp8) = (true, 16, Some(f));
         ok.validate().unwrap();
@@ -974,7 +1010,9 @@ mod tests {
 
     // ---- on a GPU (pass vacuously without one) ----
 
-    use crate::backend::cuda::gpu_testing::{capture_and_replay, decode, encode, gpu, time_ms, values, DevBuf, Gpu};
+    use crate::backend::cuda::gpu_testing::{
+        capture_and_replay, decode, encode, fp8_bytes, gpu, time_ms, values, DevBuf, Gpu,
+    };
 
     /// Device buffers and the host reference for one problem.
     struct Case {
@@ -1096,23 +1134,12 @@ mod tests {
         let Some(g) = gpu() else { return };
         let gemm = Gemm::new(&g.ctx).unwrap();
         let (m, n, k) = (96usize, 80usize, 64usize);
-        // Finite fp8 bytes of moderate magnitude (exponent field 6..8 of E4M3
-        // or 14..16 of E5M2: |v| in [1/2, 4)).
-        let bytes = |len: usize, seed: u64, f: Fp8| -> Vec<u8> {
-            let (shift, base) = if f == Fp8::E4M3 { (3, 6u64) } else { (2, 14u64) };
-            (0..len as u64)
-                .map(|i| {
-                    let h = (i * 0x9e37_79b9 + seed * 7919).wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
-                    ((h & 0x80) | ((base + h % 3) << shift) | ((h >> 8) & ((1 << shift) - 1))) as u8
-                })
-                .collect()
-        };
         for (at, bt) in [(Fp8::E4M3, Fp8::E4M3), (Fp8::E4M3, Fp8::E5M2), (Fp8::E5M2, Fp8::E4M3)] {
             for row_wise in [false, true] {
                 for (out, bias) in [(GemmDtype::BF16, true), (GemmDtype::F16, false), (GemmDtype::F32, false)] {
                     let (lda, ldb, ldc) = (k + 16, k, n + 8);
-                    let a = bytes(m * lda, 1, at); // row-major [m, k], padded rows
-                    let b = bytes(n * ldb, 2, bt); // column-major [k, n]: B^T row-major [n, k]
+                    let a = fp8_bytes(m * lda, 1, at); // row-major [m, k], padded rows
+                    let b = fp8_bytes(n * ldb, 2, bt); // column-major [k, n]: B^T row-major [n, k]
                     let sa: Vec<f32> = (0..if row_wise { m } else { 1 }).map(|i| 0.25 + (i % 7) as f32 / 4.0).collect();
                     let sb: Vec<f32> = (0..if row_wise { n } else { 1 }).map(|j| 1.5 - (j % 5) as f32 / 8.0).collect();
                     let bias_v: Vec<f32> =
@@ -1129,6 +1156,7 @@ mod tests {
                         a_scale: dsa.ptr,
                         b_scale: dsb.ptr,
                         bias: bias_ptr,
+                        fast_accum: false,
                     });
                     let what = format!("{at:?} x {bt:?} row_wise {row_wise} into {out:?} bias {bias}");
                     gemm.matmul(&p, g.stream()).unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -5,7 +5,7 @@
 //! (`cargo test --release --lib backend::cuda`).
 
 use super::driver::{self, check};
-use super::gemm::GemmDtype;
+use super::gemm::{Fp8, GemmDtype};
 use super::module::{self, Kernels};
 use crate::backend::Stream;
 use cudarc::driver::{sys, CudaContext};
@@ -165,6 +165,18 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
             s ^= s >> 7;
             s ^= s << 17;
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Deterministic pseudo-random finite fp8 bytes of moderate magnitude
+/// (|v| in [1/2, 4): exponent field 6..8 of E4M3 or 14..16 of E5M2).
+pub fn fp8_bytes(len: usize, seed: u64, f: Fp8) -> Vec<u8> {
+    let (shift, base) = if f == Fp8::E4M3 { (3, 6u64) } else { (2, 14u64) };
+    (0..len as u64)
+        .map(|i| {
+            let h = (i * 0x9e37_79b9 + seed * 7919).wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
+            ((h & 0x80) | ((base + h % 3) << shift) | ((h >> 8) & ((1 << shift) - 1))) as u8
         })
         .collect()
 }

@@ -6,13 +6,14 @@
 //! holds the sm_90a code (checked once by launching a probe kernel), with
 //! the driver's tensor-map encoder. Operands: A row-major `[m, k]`, B
 //! K-major (stored `[n, k]`, a Linear weight), C row-major `[m, n]`; A and B
-//! bf16 or f16 with 16-byte aligned base addresses and row strides (TMA's
-//! rules); C f32 or the input type. [`Sm90Matmul::check`] says why a
-//! problem does not qualify, and callers then use cuBLASLt.
+//! bf16 or f16 (C f32 or the input type), or fp8 with scales and an
+//! optional bias as `torch._scaled_mm` (C f32, bf16 or f16); base addresses
+//! and row strides 16-byte aligned (TMA's rules). [`Sm90Matmul::check`]
+//! says why a problem does not qualify, and callers then use cuBLASLt.
 
 use super::compute::gemm_dtype;
 use super::driver::{self, check};
-use super::gemm::GemmDtype;
+use super::gemm::{Fp8, Fp8Params, GemmDtype};
 use crate::array::Array;
 use crate::backend::{FusedMatmul, Stream};
 use crate::error::{err, Result};
@@ -22,9 +23,10 @@ use std::sync::Arc;
 
 /// Most row chunks (ranks) a fused call may have (`SYMM_GEMM_MAX_CHUNKS`).
 pub const MAX_CHUNKS: usize = 16;
-/// Rows of a tile (`SYMM_GEMM_BM`) and its k-block (`SYMM_GEMM_BK`).
+/// Rows of a tile (`SYMM_GEMM_BM`).
 pub const BM: usize = 128;
-const BK: usize = 64;
+/// Bytes of each row of A and B in a k-block (`SYMM_GEMM_BK_BYTES`).
+const BK_BYTES: usize = 128;
 const THREADS: u32 = 384;
 /// Shared memory staging C for TMA stores (`SYMM_GEMM_EPI_BYTES`).
 const EPI_BYTES: usize = 2 * 16384;
@@ -58,9 +60,20 @@ struct Params {
     c_tma: i32,
     timeout_ns: u64,
     err: u64,
+    a_scale: u64,
+    b_scale: u64,
+    bias: u64,
+    a_scale_slot: i64,
+    scale_mode: i32,
+    pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 408);
+const _: () = assert!(std::mem::size_of::<Params>() == 448);
+
+/// `SYMM_GEMM_SCALES_*`.
+const SCALES_NONE: i32 = 0;
+const SCALES_TENSOR: i32 = 1;
+const SCALES_ROW: i32 = 2;
 
 /// A `CUtensorMap` (128 bytes, 64-byte aligned).
 #[repr(C, align(64))]
@@ -92,14 +105,18 @@ impl TileN {
     /// Dynamic shared memory of the kernel (`symm_gemm_cfg::SMEM_BYTES`):
     /// the ring, the epilogue's staging (`SYMM_GEMM_EPI_BYTES`), barriers.
     const fn smem_bytes(self) -> usize {
-        let stage = (BM + self.cols()) * BK * 2;
+        let stage = (BM + self.cols()) * BK_BYTES;
         self.stages() * stage + EPI_BYTES + 2 * self.stages() * 8 + 1024
     }
 }
 
-/// The loaded kernels of one device: `[bf16, f16][N128, N256]`.
+/// The input types the kernels come in, as named in their entry points
+/// (`symm_gemm_sm90_<name>_n<cols>`).
+const INPUTS: [&str; 5] = ["bf16", "f16", "e4m3_e4m3", "e4m3_e5m2", "e5m2_e4m3"];
+
+/// The loaded kernels of one device: `[INPUTS][N128, N256]`.
 pub struct Sm90Kernels {
-    functions: [[CudaFunction; 2]; 2],
+    functions: Vec<[CudaFunction; 2]>,
 }
 
 impl Sm90Kernels {
@@ -118,10 +135,10 @@ impl Sm90Kernels {
         if !probe(&f("symm_gemm_sm90_probe")?)? {
             return Ok(None);
         }
-        let functions = [
-            [f("symm_gemm_sm90_bf16_n128")?, f("symm_gemm_sm90_bf16_n256")?],
-            [f("symm_gemm_sm90_f16_n128")?, f("symm_gemm_sm90_f16_n256")?],
-        ];
+        let functions = INPUTS
+            .iter()
+            .map(|i| Ok([f(&format!("symm_gemm_sm90_{i}_n128"))?, f(&format!("symm_gemm_sm90_{i}_n256"))?]))
+            .collect::<Result<Vec<_>>>()?;
         for (i, tile) in [TileN::N128, TileN::N256].into_iter().enumerate() {
             for row in &functions {
                 let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -135,9 +152,18 @@ impl Sm90Kernels {
         Ok(Some(Sm90Kernels { functions }))
     }
 
-    fn function(&self, dtype: GemmDtype, tile: TileN) -> &CudaFunction {
-        let row = if dtype == GemmDtype::F16 { 1 } else { 0 };
-        &self.functions[row][tile as usize]
+    /// The kernel for `mm`'s input types (checked) and tile.
+    fn function(&self, mm: &Sm90Matmul) -> &CudaFunction {
+        let row = match mm.fp8 {
+            None if mm.dtype == GemmDtype::F16 => 1,
+            None => 0,
+            Some(f) => match (f.a_type, f.b_type) {
+                (Fp8::E4M3, Fp8::E4M3) => 2,
+                (Fp8::E4M3, Fp8::E5M2) => 3,
+                _ => 4,
+            },
+        };
+        &self.functions[row][mm.tile as usize]
     }
 }
 
@@ -208,12 +234,16 @@ pub struct Operand {
 
 /// How the fused all-gather feeds the matmul: A's rows arrive chunk by
 /// chunk, each announced by a nonzero u32 at `ready + 4 * chunk`; this
-/// rank's own chunk is read in place from `local`.
+/// rank's own chunk is read in place from `local`. With row-wise fp8
+/// scales, `a_scale` is the gathered scales: chunk c's at element
+/// `c * scale_slot` (written before chunk c's flag, this rank's own before
+/// the launch).
 #[derive(Clone, Copy, Debug)]
 pub struct Gather {
     pub ready: u64,
     pub local_chunk: usize,
     pub local: Operand,
+    pub scale_slot: usize,
 }
 
 /// The fused reduce-scatter epilogue: chunk `d` of the product's rows is
@@ -237,8 +267,12 @@ pub struct Sm90Matmul {
     pub a: Operand,
     pub b: Operand,
     pub c: Operand,
+    /// Type of A and B (unless `fp8` is set).
     pub dtype: GemmDtype,
+    /// Type of C: `dtype` or F32; with `fp8`, any.
     pub out_dtype: GemmDtype,
+    /// fp8 A and B, their scales and bias: `C = alpha * (sa * sb * A @ B^T + bias)`.
+    pub fp8: Option<Fp8Params>,
     pub alpha: f32,
     pub chunk_rows: usize,
     pub order: Vec<usize>,
@@ -269,6 +303,7 @@ impl Sm90Matmul {
             c,
             dtype,
             out_dtype: dtype,
+            fp8: None,
             alpha: 1.0,
             chunk_rows: m,
             order: vec![0],
@@ -308,8 +343,25 @@ impl Sm90Matmul {
         let c = row_major(&call.c, "C")?;
         let (k, n) = (call.a.shape[1], call.b.shape[1]);
         let chunks = call.order.len();
-        let mut mm = Sm90Matmul::plain(a, b, c, k, gemm_dtype(call.a.dtype)?, err);
+        let fp8 = match (call.a.dtype.fp8(), call.b.dtype.fp8(), &call.scales) {
+            (None, None, None) => None,
+            (Some(a_type), Some(b_type), Some(s)) => Some(Fp8Params {
+                a_type,
+                b_type,
+                row_wise: s.row_wise,
+                a_scale: s.a.addr,
+                b_scale: s.b.addr,
+                bias: s.bias.as_ref().map_or(0, |t| t.addr),
+                // What the kernel does (see its header).
+                fast_accum: true,
+            }),
+            _ => return Err(no("fp8 needs A and B of fp8 types and scales; other types take none".into())),
+        };
+        // With fp8 the 16-bit input type is unused (as in MatmulParams).
+        let dtype = if fp8.is_some() { GemmDtype::BF16 } else { gemm_dtype(call.a.dtype)? };
+        let mut mm = Sm90Matmul::plain(a, b, c, k, dtype, err);
         mm.out_dtype = gemm_dtype(call.c.dtype)?;
+        mm.fp8 = fp8;
         mm.alpha = call.alpha;
         mm.chunk_rows = call.chunk_rows;
         mm.order = call.order.clone();
@@ -320,6 +372,7 @@ impl Sm90Matmul {
                 ready: g.ready,
                 local_chunk: g.local_chunk,
                 local: row_major(&g.local, "the local shard")?,
+                scale_slot: g.scale_slot,
             });
         }
         if let Some(s) = &call.scatter {
@@ -350,13 +403,27 @@ impl Sm90Matmul {
     /// `Err(Unsupported)` naming the first reason the kernel cannot run
     /// this problem.
     pub fn check(&self) -> Result<()> {
-        let el = self.dtype.size();
+        let el = self.in_size();
         let no = |why: String| Err(err!(Unsupported, "symm's sm90 matmul: {why}"));
-        if !matches!(self.dtype, GemmDtype::BF16 | GemmDtype::F16) {
-            return no(format!("inputs must be bf16 or f16, not {:?}", self.dtype));
-        }
-        if self.out_dtype != self.dtype && self.out_dtype != GemmDtype::F32 {
-            return no(format!("output must be {:?} or f32, not {:?}", self.dtype, self.out_dtype));
+        match &self.fp8 {
+            None if !matches!(self.dtype, GemmDtype::BF16 | GemmDtype::F16) => {
+                return no(format!("inputs must be bf16, f16 or fp8, not {:?}", self.dtype));
+            }
+            None if self.out_dtype != self.dtype && self.out_dtype != GemmDtype::F32 => {
+                return no(format!("output must be {:?} or f32, not {:?}", self.dtype, self.out_dtype));
+            }
+            None => {}
+            Some(f) => {
+                if (f.a_type, f.b_type) == (Fp8::E5M2, Fp8::E5M2) {
+                    return no("A and B cannot both be e5m2".into());
+                }
+                if f.a_scale == 0 || f.b_scale == 0 || f.a_scale % 4 != 0 || f.b_scale % 4 != 0 {
+                    return no("fp8 needs 4-byte aligned a_scale and b_scale".into());
+                }
+                if f.bias % self.out_dtype.size() as u64 != 0 {
+                    return no("the bias is misaligned".into());
+                }
+            }
         }
         if self.m == 0 || self.n == 0 || self.k == 0 {
             return no("empty problem".into());
@@ -376,7 +443,7 @@ impl Sm90Matmul {
         }
         let tma_ok = |o: &Operand| o.ptr % 16 == 0 && (o.ld * el) % 16 == 0 && o.ld >= self.k;
         if !tma_ok(&self.a) || !tma_ok(&self.b) {
-            return no("A and B need 16-byte aligned addresses and row strides (k a multiple of 8)".into());
+            return no(format!("A and B need 16-byte aligned addresses and row strides (k a multiple of {})", 16 / el));
         }
         if let Some(g) = &self.gather {
             if !tma_ok(&g.local) || g.local_chunk >= chunks || g.ready == 0 || g.ready % 4 != 0 {
@@ -397,21 +464,30 @@ impl Sm90Matmul {
         Ok(())
     }
 
+    /// Bytes per element of A and B.
+    fn in_size(&self) -> usize {
+        if self.fp8.is_some() {
+            1
+        } else {
+            self.dtype.size()
+        }
+    }
+
     /// Enqueues the matmul on `stream`. `sm_count` is the device's.
     pub fn launch(&self, kernels: &Sm90Kernels, sm_count: u32, stream: Stream) -> Result<()> {
         self.check()?;
-        let box_rows_b = self.tile.cols();
-        let tm_a = encode(self.dtype, &self.a, self.k, BM)?;
+        let input = if self.fp8.is_some() { MapType::Byte } else { MapType::Half(self.dtype) };
+        let tm_a = encode(input, &self.a, self.k, BM)?;
         let tm_a_local = match &self.gather {
-            Some(g) => encode(self.dtype, &g.local, self.k, BM)?,
+            Some(g) => encode(input, &g.local, self.k, BM)?,
             None => tm_a,
         };
-        let tm_b = encode(self.dtype, &self.b, self.k, box_rows_b)?;
+        let tm_b = encode(input, &self.b, self.k, self.tile.cols())?;
         let mut p = self.params();
         // C through TMA stores where it can be: placeholder map otherwise.
         let tm_c = if self.c_through_tma() {
             p.c_tma = 1;
-            encode_box(self.out_dtype, &Operand { rows: self.m, ..self.c }, self.n, C_BOX, C_BOX)?
+            encode_box(MapType::Half(self.out_dtype), &Operand { rows: self.m, ..self.c }, self.n, C_BOX, C_BOX)?
         } else {
             tm_a
         };
@@ -425,7 +501,7 @@ impl Sm90Matmul {
             (&mut c as *mut TensorMap).cast(),
             (&mut p as *mut Params).cast(),
         ];
-        let f = kernels.function(self.dtype, self.tile);
+        let f = kernels.function(self);
         // SAFETY: the arguments match the kernel's five parameters and live
         // until the call returns (the driver copies them).
         check(
@@ -480,6 +556,10 @@ impl Sm90Matmul {
             rank = g.local_chunk as i32;
         }
         world = world.max(1);
+        let (scale_mode, a_scale, b_scale, bias) = match self.fp8 {
+            None => (SCALES_NONE, 0, 0, 0),
+            Some(f) => (if f.row_wise { SCALES_ROW } else { SCALES_TENSOR }, f.a_scale, f.b_scale, f.bias),
+        };
         Params {
             m: self.m as i32,
             n: self.n as i32,
@@ -501,6 +581,12 @@ impl Sm90Matmul {
             c_tma: 0,
             timeout_ns: self.timeout_ns,
             err: self.err,
+            a_scale,
+            b_scale,
+            bias,
+            a_scale_slot: self.gather.as_ref().map_or(self.chunk_rows, |g| g.scale_slot) as i64,
+            scale_mode,
+            pad: 0,
         }
     }
 }
@@ -525,19 +611,29 @@ pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN
     }
 }
 
+/// Element type of a tensor map: a 16-bit float, or bytes (fp8: TMA only
+/// moves them).
+#[derive(Clone, Copy)]
+enum MapType {
+    Half(GemmDtype),
+    Byte,
+}
+
 /// A 2-D tensor map over `o` (`o.rows` rows of `k` elements) with boxes of
-/// `box_rows x 64` elements, 128-byte swizzle, zeros outside.
-fn encode(dtype: GemmDtype, o: &Operand, k: usize, box_rows: usize) -> Result<TensorMap> {
-    encode_box(dtype, o, k, BK, box_rows)
+/// `box_rows` rows of a k-block (128 bytes), 128-byte swizzle, zeros outside.
+fn encode(ty: MapType, o: &Operand, k: usize, box_rows: usize) -> Result<TensorMap> {
+    let el = if let MapType::Half(_) = ty { 2 } else { 1 };
+    encode_box(ty, o, k, BK_BYTES / el, box_rows)
 }
 
 /// As [`encode`], boxes of `box_rows x box_cols` elements (`box_cols`
 /// times the element size must be 128 bytes for the swizzle).
-fn encode_box(dtype: GemmDtype, o: &Operand, k: usize, box_cols: usize, box_rows: usize) -> Result<TensorMap> {
-    let el = dtype.size();
-    let data_type = match dtype {
-        GemmDtype::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+fn encode_box(ty: MapType, o: &Operand, k: usize, box_cols: usize, box_rows: usize) -> Result<TensorMap> {
+    use sys::CUtensorMapDataType::*;
+    let (data_type, el) = match ty {
+        MapType::Half(GemmDtype::F16) => (CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2),
+        MapType::Half(_) => (CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
+        MapType::Byte => (CU_TENSOR_MAP_DATA_TYPE_UINT8, 1),
     };
     let dims = [k as u64, o.rows as u64];
     let strides = [(o.ld * el) as u64];
@@ -587,6 +683,9 @@ mod tests {
             assert_eq!(off(std::ptr::addr_of!((*q).inbox).cast()), 128);
             assert_eq!(off(std::ptr::addr_of!((*q).alpha).cast()), 384);
             assert_eq!(off(std::ptr::addr_of!((*q).err).cast()), 400);
+            assert_eq!(off(std::ptr::addr_of!((*q).a_scale).cast()), 408);
+            assert_eq!(off(std::ptr::addr_of!((*q).a_scale_slot).cast()), 432);
+            assert_eq!(off(std::ptr::addr_of!((*q).scale_mode).cast()), 440);
         }
     }
 
@@ -652,13 +751,35 @@ mod tests {
         let mut bad = good.clone();
         bad.out_dtype = GemmDtype::F16;
         assert!(bad.check().is_err());
+        // fp8: any output; k a multiple of 16 (16-byte rows); not e5m2 twice; scales set.
+        let f = Fp8Params {
+            a_type: Fp8::E4M3,
+            b_type: Fp8::E5M2,
+            row_wise: true,
+            a_scale: 0x10,
+            b_scale: 0x20,
+            bias: 0,
+            fast_accum: false,
+        };
+        let mut fp8 = good.clone();
+        (fp8.fp8, fp8.out_dtype) = (Some(f), GemmDtype::F16);
+        fp8.check().unwrap();
+        let mut bad = fp8.clone();
+        (bad.k, bad.a.ld, bad.b.ld) = (40, 40, 40);
+        assert!(bad.check().unwrap_err().msg.contains("k a multiple of 16"));
+        let mut bad = fp8.clone();
+        bad.fp8 = Some(Fp8Params { a_type: Fp8::E5M2, b_type: Fp8::E5M2, ..f });
+        assert!(bad.check().unwrap_err().msg.contains("both be e5m2"));
+        let mut bad = fp8.clone();
+        bad.fp8 = Some(Fp8Params { a_scale: 0, ..f });
+        assert!(bad.check().is_err());
     }
 
     // ---- on a GPU (pass vacuously without one, or on a non-Hopper GPU) ----
 
     use super::super::gemm::{Gemm, MatmulParams};
     use crate::backend::cuda::async_error::AsyncError;
-    use crate::backend::cuda::gpu_testing::{decode, encode as enc, gpu, time_ms, values, DevBuf, Gpu};
+    use crate::backend::cuda::gpu_testing::{decode, encode as enc, fp8_bytes, gpu, time_ms, values, DevBuf, Gpu};
 
     fn hopper(g: &Gpu) -> Option<&Sm90Kernels> {
         let k = g.kernels.gemm_sm90.as_ref();
@@ -671,8 +792,11 @@ mod tests {
     struct Problem {
         n: usize,
         k: usize,
+        /// A's and B's values, and A as stored (`a_bytes`, `el` bytes each).
         a: Vec<f32>,
         b: Vec<f32>,
+        a_bytes: Vec<u8>,
+        el: usize,
         bufs: Vec<DevBuf>,
     }
 
@@ -681,8 +805,17 @@ mod tests {
         let q = |v: Vec<f32>| decode(dt, &enc(dt, &v));
         let a = q(values(m * k, seed));
         let b = q(values(n * k, seed + 1));
-        let bufs = vec![g.upload(&enc(dt, &a)), g.upload(&enc(dt, &b))];
-        Problem { n, k, a, b, bufs }
+        let a_bytes = enc(dt, &a);
+        let bufs = vec![g.upload(&a_bytes), g.upload(&enc(dt, &b))];
+        Problem { n, k, a, b, a_bytes, el: dt.size(), bufs }
+    }
+
+    /// Random fp8 A [m, k] of `at` and B [n, k] of `bt`, on the device.
+    fn fp8_problem(g: &Gpu, m: usize, n: usize, k: usize, (at, bt): (Fp8, Fp8), seed: u64) -> Problem {
+        let (a_bytes, b) = (fp8_bytes(m * k, seed, at), fp8_bytes(n * k, seed + 1, bt));
+        let bufs = vec![g.upload(&a_bytes), g.upload(&b)];
+        let a = a_bytes.iter().map(|&x| at.decode(x)).collect();
+        Problem { n, k, a, b: b.iter().map(|&x| bt.decode(x)).collect(), a_bytes, el: 1, bufs }
     }
 
     impl Problem {
@@ -778,6 +911,55 @@ mod tests {
         }
     }
 
+    /// The benchmark's matmul shapes, (m, n, k).
+    const BENCH_SHAPES: [(usize, usize, usize); 8] = [
+        (16384, 8192, 8192),
+        (8192, 14336, 8192),
+        (2048, 14336, 8192),
+        (512, 14336, 8192),
+        (16384, 8192, 4096),
+        (8192, 8192, 14336),
+        (2048, 8192, 14336),
+        (512, 8192, 14336),
+    ];
+
+    /// `SYMM_SM90_SHAPE=MxKxN` times that shape only (for profilers).
+    fn shape_selected(m: usize, n: usize, k: usize) -> bool {
+        std::env::var("SYMM_SM90_SHAPE").map_or(true, |s| s == format!("{m}x{k}x{n}"))
+    }
+
+    const ROUNDS: usize = 9;
+
+    /// Median ms of 5 launches of `run(c)`, for each of `count` candidates,
+    /// timed round-robin over ROUNDS rounds: the GPU's clock drifts as it
+    /// heats over a test, which favoured whatever ran first.
+    fn round_robin_ms(g: &Gpu, count: usize, mut run: impl FnMut(usize)) -> Vec<f32> {
+        let mut samples = vec![Vec::new(); count];
+        for round in 0..ROUNDS {
+            for i in 0..count {
+                let c = (i + round) % count;
+                samples[c].push(time_ms(g, 1, 5, || run(c)));
+            }
+        }
+        samples
+            .iter_mut()
+            .map(|v| {
+                v.sort_by(f32::total_cmp);
+                v[v.len() / 2]
+            })
+            .collect()
+    }
+
+    /// One timing in bench/results' format (collect.py).
+    fn print_record((m, k, n): (usize, usize, usize), dtype: &str, imp: &str, ms: f32) {
+        let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
+        println!(
+            "{{\"op\": \"matmul\", \"shape\": [{m}, {k}, {n}], \"dtype\": \"{dtype}\", \"impl\": \"{imp}\", \
+             \"ms\": {ms:.4}, \"tflops\": {tflops:.1}, \"iters\": {}}}",
+            5 * ROUNDS
+        );
+    }
+
     /// Times the sm90 kernel against cuBLASLt on the same operands (the
     /// benchmark's shapes), printing one JSON line per shape; fails if the
     /// results differ.
@@ -787,22 +969,9 @@ mod tests {
         let Some(kern) = hopper(&g) else { return };
         let errors = AsyncError::new().unwrap();
         let lt = Gemm::new(&g.ctx).unwrap();
-        let shapes = [
-            (16384, 8192, 8192),
-            (8192, 14336, 8192),
-            (2048, 14336, 8192),
-            (512, 14336, 8192),
-            (16384, 8192, 4096),
-            (8192, 8192, 14336),
-            (2048, 8192, 14336),
-            (512, 8192, 14336),
-        ];
         let dt = GemmDtype::BF16;
-        const ROUNDS: usize = 9;
-        // SYMM_SM90_SHAPE=MxKxN times that shape only (for profilers).
-        let only = std::env::var("SYMM_SM90_SHAPE").ok();
-        for (m, n, k) in shapes {
-            if only.as_ref().is_some_and(|s| *s != format!("{m}x{k}x{n}")) {
+        for (m, n, k) in BENCH_SHAPES {
+            if !shape_selected(m, n, k) {
                 continue;
             }
             let a = g.upload(&enc(dt, &values(m * k, 1)));
@@ -829,25 +998,10 @@ mod tests {
             let regs = Sm90Matmul { tma_epilogue: false, ..chosen.clone() };
             candidates.push(("symm_sm90_register_epilogue".into(), Some(regs)));
             let names: Vec<&String> = candidates.iter().map(|(name, _)| name).collect();
-            // Round-robin, median per candidate: the GPU's clock drifts as
-            // it heats over a test, which favoured whatever ran first.
-            let mut samples = vec![Vec::new(); candidates.len()];
-            for round in 0..ROUNDS {
-                for i in 0..candidates.len() {
-                    let c = (i + round) % candidates.len();
-                    samples[c].push(match &candidates[c].1 {
-                        Some(mm) => time_ms(&g, 1, 5, || mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap()),
-                        None => time_ms(&g, 1, 5, || lt.matmul(&lp, g.stream()).unwrap()),
-                    });
-                }
-            }
-            let med: Vec<f32> = samples
-                .iter_mut()
-                .map(|v| {
-                    v.sort_by(f32::total_cmp);
-                    v[v.len() / 2]
-                })
-                .collect();
+            let med = round_robin_ms(&g, candidates.len(), |c| match &candidates[c].1 {
+                Some(mm) => mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap(),
+                None => lt.matmul(&lp, g.stream()).unwrap(),
+            });
             let (ours, theirs) = (med[0], med[1]);
             // C holds the last run of some candidate; rerun the chosen one.
             chosen.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
@@ -855,15 +1009,8 @@ mod tests {
             let (x, y) = (decode(dt, &c1.read_bytes()), decode(dt, &c2.read_bytes()));
             let want: Vec<f64> = y.iter().map(|v| *v as f64).collect();
             let e = rel_err(&x, &want);
-            let tflops = |ms: f32| 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
-            // Records in bench/results' format (collect.py), then the ratios.
             for (imp, ms) in names.iter().zip(&med) {
-                println!(
-                    "{{\"op\": \"matmul\", \"shape\": [{m}, {k}, {n}], \"dtype\": \"bf16\", \"impl\": \"{imp}\", \
-                     \"ms\": {ms:.4}, \"tflops\": {:.1}, \"iters\": {}}}",
-                    tflops(*ms),
-                    5 * ROUNDS
-                );
+                print_record((m, k, n), "bf16", imp, *ms);
             }
             let others: Vec<String> =
                 names.iter().zip(&med).skip(2).map(|(v, ms)| format!("{v} {:.3}", ms / theirs)).collect();
@@ -879,6 +1026,212 @@ mod tests {
         errors.check().unwrap();
     }
 
+    /// Scales (one, or one per row of A / column of B) and a bias for an
+    /// fp8 test problem, on the host and the device.
+    struct Scales {
+        sa: Vec<f32>,
+        sb: Vec<f32>,
+        bias: Option<Vec<f32>>,
+        bufs: Vec<DevBuf>,
+    }
+
+    impl Scales {
+        fn new(g: &Gpu, m: usize, n: usize, row_wise: bool, bias: Option<GemmDtype>) -> Self {
+            let sa: Vec<f32> = (0..if row_wise { m } else { 1 }).map(|i| 0.25 + (i % 7) as f32 / 4.0).collect();
+            let sb: Vec<f32> = (0..if row_wise { n } else { 1 }).map(|j| 1.5 - (j % 5) as f32 / 8.0).collect();
+            let bias = bias.map(|dt| {
+                let v: Vec<f32> = (0..n).map(|j| j as f32 / 16.0 - 2.0).collect();
+                (decode(dt, &enc(dt, &v)), g.upload(&enc(dt, &v)))
+            });
+            let mut bufs = vec![g.upload(&sa), g.upload(&sb)];
+            let bias = bias.map(|(v, buf)| {
+                bufs.push(buf);
+                v
+            });
+            Scales { sa, sb, bias, bufs }
+        }
+
+        fn params(&self, a_type: Fp8, b_type: Fp8) -> Fp8Params {
+            Fp8Params {
+                a_type,
+                b_type,
+                row_wise: self.sa.len() > 1 || self.sb.len() > 1,
+                a_scale: self.bufs[0].ptr,
+                b_scale: self.bufs[1].ptr,
+                bias: self.bufs.get(2).map_or(0, |b| b.ptr),
+                fast_accum: false,
+            }
+        }
+
+        /// `sa * sb * dot + bias` of element (i, j).
+        fn apply(&self, i: usize, j: usize, dot: f64) -> f64 {
+            let (sa, sb) = (self.sa[i.min(self.sa.len() - 1)], self.sb[j.min(self.sb.len() - 1)]);
+            dot * sa as f64 * sb as f64 + self.bias.as_ref().map_or(0.0, |b| b[j] as f64)
+        }
+    }
+
+    /// fp8 against a float64 reference of `torch._scaled_mm`: the three
+    /// type mixes, tensor-wise and row-wise scales, with and without bias,
+    /// every output type and both tiles, on shapes on and off the tiles.
+    /// The kernel does not promote its accumulators (as torch's
+    /// use_fast_accum): the bound allows 2^-14 of the sum of |terms| per
+    /// k-block of 32 (the tensor cores' accumulation, measured about 14
+    /// bits); the largest error seen is printed.
+    #[test]
+    fn gpu_sm90_fp8_matches_reference() {
+        let Some(g) = gpu() else { return };
+        let Some(kern) = hopper(&g) else { return };
+        let errors = AsyncError::new().unwrap();
+        use GemmDtype::*;
+        let shapes = [(128, 256, 128), (1, 16, 16), (300, 208, 96), (129, 272, 144), (640, 384, 1024), (77, 1008, 512)];
+        let mixes = [(Fp8::E4M3, Fp8::E4M3), (Fp8::E4M3, Fp8::E5M2), (Fp8::E5M2, Fp8::E4M3)];
+        let mut case = 0usize;
+        let mut worst = 0f64; // error / (sum of |terms| * scale)
+        for (m, n, k) in shapes {
+            for (at, bt) in mixes {
+                let a = fp8_bytes(m * k, case as u64, at);
+                let b = fp8_bytes(n * k, case as u64 + 1, bt);
+                let (da, db) = (g.upload(&a), g.upload(&b));
+                let (av, bv): (Vec<f64>, Vec<f64>) = (
+                    a.iter().map(|&x| at.decode(x) as f64).collect(),
+                    b.iter().map(|&x| bt.decode(x) as f64).collect(),
+                );
+                // (dot, sum of |terms|) of every output element.
+                let dots: Vec<(f64, f64)> = (0..m * n)
+                    .map(|e| {
+                        let (ra, rb) = (&av[e / n * k..][..k], &bv[e % n * k..][..k]);
+                        ra.iter().zip(rb).fold((0.0, 0.0), |(s, mag), (x, y)| (s + x * y, mag + (x * y).abs()))
+                    })
+                    .collect();
+                for tile in [TileN::N128, TileN::N256] {
+                    for row_wise in [false, true] {
+                        case += 1;
+                        let out = [BF16, F16, F32][case % 3];
+                        let bias = (out != F32 && case % 2 == 0).then_some(out);
+                        let sc = Scales::new(&g, m, n, row_wise, bias);
+                        let c = poisoned(&g, m * n, out);
+                        let mut mm = Sm90Matmul::plain(
+                            Operand { ptr: da.ptr, rows: m, ld: k },
+                            Operand { ptr: db.ptr, rows: n, ld: k },
+                            Operand { ptr: c.ptr, rows: m, ld: n },
+                            k,
+                            BF16,
+                            errors.device_ptr(),
+                        );
+                        (mm.out_dtype, mm.tile, mm.fp8) = (out, tile, Some(sc.params(at, bt)));
+                        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+                        g.sync();
+                        let got = decode(out, &c.read_bytes());
+                        let what = format!(
+                            "{m}x{n}x{k} {at:?} x {bt:?} row_wise {row_wise} bias {} -> {out:?} {tile:?}",
+                            bias.is_some()
+                        );
+                        let tol = match out {
+                            BF16 => 1.0 / 128.0,
+                            F16 => 1.0 / 1024.0,
+                            _ => 1e-6,
+                        };
+                        for (e, (&x, &(dot, mag))) in got.iter().zip(&dots).enumerate() {
+                            let (i, j) = (e / n, e % n);
+                            let want = sc.apply(i, j, dot);
+                            let scaled_mag = (sc.apply(i, j, mag) - sc.apply(i, j, 0.0)).abs();
+                            let err = (x as f64 - want).abs();
+                            let accumulation = scaled_mag * k.div_ceil(32) as f64 / 16384.0;
+                            assert!(
+                                err <= tol * (want.abs() + 1.0) + accumulation,
+                                "{what}: C[{i},{j}] = {x}, want {want}"
+                            );
+                            if out == F32 && scaled_mag > 0.0 {
+                                worst = worst.max(err / scaled_mag);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        errors.check().unwrap();
+        println!("sm90 fp8: largest f32-output error / sum of |terms| = {worst:.2e} ({case} cases)");
+    }
+
+    /// Times the sm90 kernel's fp8 (e4m3 x e4m3, bf16 out) against
+    /// cuBLASLt's, which by default promotes its accumulators into f32
+    /// (torch's default) and with fast_accum does as the kernel does, on the
+    /// benchmark's shapes, tensor-wise and row-wise scales.
+    #[test]
+    fn gpu_sm90_fp8_against_cublaslt() {
+        let Some(g) = gpu() else { return };
+        let Some(kern) = hopper(&g) else { return };
+        let errors = AsyncError::new().unwrap();
+        let lt = Gemm::new(&g.ctx).unwrap();
+        let (at, bt) = (Fp8::E4M3, Fp8::E4M3);
+        for (m, n, k) in BENCH_SHAPES {
+            if !shape_selected(m, n, k) {
+                continue;
+            }
+            let a = g.upload(&fp8_bytes(m * k, 1, at));
+            let b = g.upload(&fp8_bytes(n * k, 2, bt));
+            let (c1, c2) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
+            let scales = [Scales::new(&g, m, n, false, None), Scales::new(&g, m, n, true, None)];
+            let (mut ours, mut theirs, mut fast) = (Vec::new(), Vec::new(), Vec::new());
+            for sc in &scales {
+                let mut mm = Sm90Matmul::plain(
+                    Operand { ptr: a.ptr, rows: m, ld: k },
+                    Operand { ptr: b.ptr, rows: n, ld: k },
+                    Operand { ptr: c1.ptr, rows: m, ld: n },
+                    k,
+                    GemmDtype::BF16,
+                    errors.device_ptr(),
+                );
+                mm.fp8 = Some(sc.params(at, bt));
+                ours.push(mm);
+                let mut lp = MatmulParams::new(m, n, k, a.ptr, b.ptr, c2.ptr, GemmDtype::BF16);
+                (lp.b_trans, lp.ldb, lp.fp8) = (true, k, Some(sc.params(at, bt)));
+                theirs.push(lp);
+                fast.push(MatmulParams { fp8: Some(Fp8Params { fast_accum: true, ..sc.params(at, bt) }), ..lp });
+            }
+            // Candidates, tensor-wise then row-wise: symm, cuBLASLt, cuBLASLt fast_accum.
+            let med = round_robin_ms(&g, 6, |c| match c % 3 {
+                0 => ours[c / 3].launch(kern, g.kernels.sm_count, g.stream()).unwrap(),
+                1 => lt.matmul(&theirs[c / 3], g.stream()).unwrap(),
+                _ => lt.matmul(&fast[c / 3], g.stream()).unwrap(),
+            });
+            let names = [
+                "symm_sm90",
+                "cublaslt",
+                "cublaslt_fast_accum",
+                "symm_sm90_rowwise",
+                "cublaslt_rowwise",
+                "cublaslt_fast_accum_rowwise",
+            ];
+            for (imp, ms) in names.iter().zip(&med) {
+                print_record((m, k, n), "fp8_e4m3", imp, *ms);
+            }
+            let mut diffs = Vec::new();
+            for (mm, lp) in ours.iter().zip(&theirs) {
+                mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+                lt.matmul(lp, g.stream()).unwrap();
+                g.sync();
+                let (x, y) = (decode(GemmDtype::BF16, &c1.read_bytes()), decode(GemmDtype::BF16, &c2.read_bytes()));
+                let want: Vec<f64> = y.iter().map(|v| *v as f64).collect();
+                diffs.push(rel_err(&x, &want));
+            }
+            println!(
+                "matmul fp8 {m}x{k}x{n} tile {:?}: ratio to cuBLASLt (fast_accum) tensor-wise {:.3} ({:.3}), \
+                 row-wise {:.3} ({:.3}); ms {:?}; relative differences {:.2e}, {:.2e}",
+                ours[0].tile,
+                med[0] / med[1],
+                med[0] / med[2],
+                med[3] / med[4],
+                med[3] / med[5],
+                med,
+                diffs[0],
+                diffs[1]
+            );
+            assert!(diffs.iter().all(|&e| e < 1e-2), "{m}x{n}x{k}: sm90 fp8 and cuBLASLt differ: {diffs:?}");
+        }
+        errors.check().unwrap();
+    }
+
     /// All-gather mode on one GPU: chunks arrive (flags set by the stream
     /// after copies) while the kernel runs; a flag that never comes is a
     /// timeout error, not a hang.
@@ -886,59 +1239,80 @@ mod tests {
     fn gpu_sm90_matmul_waits_for_gathered_chunks() {
         let Some(g) = gpu() else { return };
         let Some(kern) = hopper(&g) else { return };
-        let dt = GemmDtype::BF16;
-        // 200-row chunks: C from registers; 256: tiles within chunks, C through TMA.
-        for rows in [200usize, 256] {
+        let out = GemmDtype::BF16;
+        // 200-row chunks: C from registers; 256: tiles within chunks, C
+        // through TMA. fp8: row-wise scales gathered into padded slots.
+        for (rows, fp8) in [(200usize, false), (256, false), (200, true), (256, true)] {
             let (world, n, k) = (4usize, 384usize, 256usize);
             let m = world * rows;
-            let p = problem(&g, m, n, k, dt, 7);
+            let p =
+                if fp8 { fp8_problem(&g, m, n, k, (Fp8::E4M3, Fp8::E4M3), 7) } else { problem(&g, m, n, k, out, 7) };
             let rank = 2;
+            let chunk_bytes = rows * k * p.el;
+            let chunk = |c: usize| &p.a_bytes[c * chunk_bytes..(c + 1) * chunk_bytes];
             // The local chunk lives elsewhere (the caller's shard); the gathered
-            // buffer holds garbage there, so reading it would show.
-            let local = g.upload(&enc(dt, &p.a[rank * rows * k..(rank + 1) * rows * k]));
-            let gathered = poisoned(&g, m * k, dt);
+            // buffer holds NaNs there (0xff is NaN in e4m3 too), so reading it would show.
+            let local = g.upload(chunk(rank));
+            let gathered = g.upload(&vec![0xffu8; m * k * p.el]);
             let flags = g.upload(&[0u32; 4]);
-            let c = poisoned(&g, m * n, dt);
+            let c = poisoned(&g, m * n, out);
+            // Row scales: chunk c's at c * slot (slots padded by 4), NaN until they arrive.
+            let slot = rows + 4;
+            let sa: Vec<f32> = (0..m).map(|i| 0.5 + (i % 11) as f32 / 8.0).collect();
+            let sb: Vec<f32> = (0..n).map(|j| 1.25 - (j % 3) as f32 / 4.0).collect();
+            let scales = g.upload(&vec![f32::NAN; world * slot]);
+            let sb_buf = g.upload(&sb);
+            let upload = |dst: u64, bytes: &[u8]| {
+                check(unsafe { sys::cuMemcpyHtoD_v2(dst, bytes.as_ptr().cast(), bytes.len()) }, "cuMemcpyHtoD").unwrap()
+            };
+            let deliver_scales = |c: usize| {
+                let v: Vec<u8> = sa[c * rows..(c + 1) * rows].iter().flat_map(|x| x.to_le_bytes()).collect();
+                upload(scales.ptr + (4 * c * slot) as u64, &v);
+            };
             let errors = AsyncError::new().unwrap();
             let mut mm = Sm90Matmul::plain(
                 Operand { ptr: gathered.ptr, rows: m, ld: k },
                 Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
                 Operand { ptr: c.ptr, rows: m, ld: n },
                 k,
-                dt,
+                out,
                 errors.device_ptr(),
             );
             mm.chunk_rows = rows;
             mm.order = (0..world).map(|i| (rank + i) % world).collect();
-            mm.gather =
-                Some(Gather { ready: flags.ptr, local_chunk: rank, local: Operand { ptr: local.ptr, rows, ld: k } });
+            let local = Operand { ptr: local.ptr, rows, ld: k };
+            mm.gather = Some(Gather { ready: flags.ptr, local_chunk: rank, local, scale_slot: slot });
+            if fp8 {
+                deliver_scales(rank);
+                mm.fp8 = Some(Fp8Params {
+                    a_type: Fp8::E4M3,
+                    b_type: Fp8::E4M3,
+                    row_wise: true,
+                    a_scale: scales.ptr,
+                    b_scale: sb_buf.ptr,
+                    bias: 0,
+                    fast_accum: false,
+                });
+            }
             mm.timeout_ns = 5_000_000_000;
             mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-            // Deliver the other chunks after the kernel started waiting.
-            let bytes = rows * k * 2;
+            // Deliver the other chunks (and their scales) after the kernel
+            // started waiting, each before its flag.
             for c in mm.order[1..].iter().copied() {
-                check(
-                    unsafe {
-                        sys::cuMemcpyHtoD_v2(
-                            gathered.ptr + (c * bytes) as u64,
-                            enc(dt, &p.a[c * rows * k..(c + 1) * rows * k]).as_ptr().cast(),
-                            bytes,
-                        )
-                    },
-                    "cuMemcpyHtoD",
-                )
-                .unwrap();
-                let one = 1u32;
-                check(
-                    unsafe { sys::cuMemcpyHtoD_v2(flags.ptr + 4 * c as u64, (&one as *const u32).cast(), 4) },
-                    "flag",
-                )
-                .unwrap();
+                upload(gathered.ptr + (c * chunk_bytes) as u64, chunk(c));
+                if fp8 {
+                    deliver_scales(c);
+                }
+                upload(flags.ptr + 4 * c as u64, &1u32.to_le_bytes());
             }
             g.sync();
             errors.check().unwrap();
-            let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
-            assert!(e < 8e-3, "gathered matmul, chunks of {rows} rows: relative error {e}");
+            let mut want = p.reference(0..m);
+            if fp8 {
+                want.iter_mut().enumerate().for_each(|(e, w)| *w *= sa[e / n] as f64 * sb[e % n] as f64);
+            }
+            let e = rel_err(&decode(out, &c.read_bytes()), &want);
+            assert!(e < 8e-3, "gathered matmul, chunks of {rows} rows, fp8 {fp8}: relative error {e}");
 
             // A chunk that never arrives: the kernel gives up and says who.
             flags.write(&[1u32, 1, 1, 0]);
@@ -951,15 +1325,32 @@ mod tests {
     }
 
     /// Reduce-scatter mode: `world` ranks simulated on one GPU, each kernel
-    /// on half the SMs / its own stream so they run concurrently.
+    /// on half the SMs / its own stream so they run concurrently; bf16, and
+    /// fp8 with row-wise scales and a bias (in every rank's product).
     #[test]
     fn gpu_sm90_matmul_reduce_scatter_epilogue() {
         let Some(g) = gpu() else { return };
         let Some(kern) = hopper(&g) else { return };
+        for fp8 in [false, true] {
+            reduce_scatter_case(&g, kern, fp8);
+        }
+    }
+
+    fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, fp8: bool) {
         let dt = GemmDtype::BF16;
         let (world, rows, n, k) = (2usize, 192usize, 320usize, 128usize);
         let m = world * rows;
-        let ps: Vec<Problem> = (0..world).map(|r| problem(&g, m, n, k, dt, 40 + r as u64)).collect();
+        let ps: Vec<Problem> = (0..world)
+            .map(|r| {
+                let seed = 40 + 2 * r as u64;
+                if fp8 {
+                    fp8_problem(g, m, n, k, (Fp8::E5M2, Fp8::E4M3), seed)
+                } else {
+                    problem(g, m, n, k, dt, seed)
+                }
+            })
+            .collect();
+        let scales: Vec<Scales> = (0..world).map(|_| Scales::new(g, m, n, true, Some(dt))).collect();
         let errors = AsyncError::new().unwrap();
         let template = |r: usize, c: u64| {
             let mut mm = Sm90Matmul::plain(
@@ -975,12 +1366,13 @@ mod tests {
             mm.alpha = 0.5;
             mm.max_ctas = Some(g.kernels.sm_count / world as u32);
             mm.timeout_ns = 5_000_000_000;
+            mm.fp8 = fp8.then(|| scales[r].params(Fp8::E5M2, Fp8::E4M3));
             mm
         };
         let probe = template(0, 0);
-        let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, probe.inbox_bytes() / 2, dt)).collect();
+        let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(g, probe.inbox_bytes() / 2, dt)).collect();
         let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.flag_bytes()])).collect();
-        let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, rows * n, dt)).collect();
+        let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(g, rows * n, dt)).collect();
         let mut streams = Vec::new();
         for (r, out) in outs.iter().enumerate() {
             let mut mm = template(r, out.ptr);
@@ -1003,10 +1395,18 @@ mod tests {
             let rows_r = r * rows..(r + 1) * rows;
             let want: Vec<f64> = {
                 let parts: Vec<Vec<f64>> = ps.iter().map(|p| p.reference(rows_r.clone())).collect();
-                (0..rows * n).map(|i| 0.5 * parts.iter().map(|p| p[i]).sum::<f64>()).collect()
+                let term = |q: usize, e: usize| {
+                    let (i, j) = (r * rows + e / n, e % n);
+                    if fp8 {
+                        scales[q].apply(i, j, parts[q][e])
+                    } else {
+                        parts[q][e]
+                    }
+                };
+                (0..rows * n).map(|e| 0.5 * (0..world).map(|q| term(q, e)).sum::<f64>()).collect()
             };
             let e = rel_err(&decode(dt, &out.read_bytes()), &want);
-            assert!(e < 1e-2, "rank {r}: relative error {e}");
+            assert!(e < 1e-2, "rank {r}, fp8 {fp8}: relative error {e}");
             // Every flag was consumed, so a replay starts clean.
             assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
         }
