@@ -11,9 +11,13 @@
 // column of B, and an optional bias of C's type: C = sa * sb * A B^T + bias.
 // A k-block is 128 bytes of each row either way (64 or 128 elements), so
 // the ring, the swizzle and the wgmma descriptors are the same; an 8-bit
-// wgmma takes k = 32 per instruction where a 16-bit one takes 16. (Like
-// torch's use_fast_accum, the fp8 products are accumulated by the tensor
-// cores alone, without cuBLASLt's periodic promotion into f32 registers.)
+// wgmma takes k = 32 per instruction where a 16-bit one takes 16. The
+// tensor cores add fp8 products into their accumulators with about 14 bits
+// of mantissa (truncating), so by default (`promote`, as cuBLASLt unless
+// fast_accum) each k-block's partial sum is added into f32 registers of
+// its own; that takes a second set of accumulators, which only the 128-wide
+// tile has room for. With promote = 0 (torch's use_fast_accum) the
+// accumulators run through the whole k.
 //
 // Structure (as CUTLASS's warp-specialized persistent kernels):
 //   * 3 warpgroups per CTA, one CTA per SM: warpgroup 0 is the producer (one
@@ -90,7 +94,7 @@ struct symm_gemm_params {
     uint64_t bias;         // 0, or n elements of C's dtype
     int64_t a_scale_slot;  // row-wise: distance between chunks' row scales (gathered into slots)
     int32_t scale_mode;    // SYMM_GEMM_SCALES_*
-    int32_t pad_;
+    int32_t promote;       // fp8, BN = 128: partial sums into f32 registers every k-block
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -604,6 +608,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     const int slice = (wg - 1) * 64;
     const int t128 = threadIdx.x % 128;
     float d[BN / 2];
+    constexpr bool CAN_PROMOTE = BK == SYMM_GEMM_BK_BYTES && BN == 128;  // fp8, 128-wide
+    float promoted[CAN_PROMOTE ? BN / 2 : 1];
+    const bool promote = CAN_PROMOTE && p.promote;
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
     int stage = 0;
     uint32_t phase = 0;
@@ -619,9 +626,24 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             for (int kk = 0; kk < SYMM_GEMM_BK_BYTES / 32; kk++) {
                 // One wgmma per 32 bytes of k along the swizzled 128-byte row.
                 symm_wgmma<A_DT, B_DT, BN>(d, symm_smem_desc(a + 32 * kk), symm_smem_desc(b + 32 * kk),
-                                           (kb | kk) != 0);
+                                           (promote ? kk : kb | kk) != 0);
             }
             symm_wgmma_commit();
+            if constexpr (CAN_PROMOTE) {
+                if (promote) {
+                    // This k-block's partial sum, done reading its stage,
+                    // into the f32 accumulators.
+                    symm_wgmma_wait<0>();
+                    if (t128 == 0) symm_mbar_arrive(&empty[stage]);
+#pragma unroll
+                    for (int i = 0; i < BN / 2; i++) promoted[i] = kb == 0 ? d[i] : promoted[i] + d[i];
+                    if (++stage == STAGES) {
+                        stage = 0;
+                        phase ^= 1;
+                    }
+                    continue;
+                }
+            }
             // Keep one k-block of wgmma in flight; the one before it is done
             // reading its stage, which goes back to the producer.
             symm_wgmma_wait<1>();
@@ -634,6 +656,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_wgmma_wait<0>();
         if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+        if constexpr (CAN_PROMOTE) {
+            if (promote) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) d[i] = promoted[i];
+            }
+        }
 
         if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
             // A peer's row scales came with its rows, before the flag the
