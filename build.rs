@@ -224,11 +224,18 @@ fn build_fatbin(nvcc: &Path, kernel_dir: &Path, out_dir: &Path) {
 }
 
 fn nvcc_args(kernel_dir: &Path, out_dir: &Path) -> Vec<String> {
-    let mut args: Vec<String> =
-        ["-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "--threads=0"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let mut args: Vec<String> = [
+        "-fatbin",
+        "-O3",
+        "-std=c++17",
+        "--expt-relaxed-constexpr",
+        "-lineinfo",
+        "--threads=0",
+        "-Xptxas=-warn-spills",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     args.push(format!("-I{}", kernel_dir.display()));
     for (arch, code) in GENCODE {
         args.push(format!("-gencode=arch={arch},code={code}"));

@@ -13,11 +13,12 @@
 // the ring, the swizzle and the wgmma descriptors are the same; an 8-bit
 // wgmma takes k = 32 per instruction where a 16-bit one takes 16. The
 // tensor cores add fp8 products into their accumulators with about 14 bits
-// of mantissa (truncating), so by default (`promote`, as cuBLASLt unless
-// fast_accum) each k-block's partial sum is added into f32 registers of
-// its own; that takes a second set of accumulators, which only the 128-wide
-// tile has room for. With promote = 0 (torch's use_fast_accum) the
-// accumulators run through the whole k.
+// of mantissa (truncating), so by default (the `_exact` kernels, as
+// cuBLASLt unless fast_accum) each k-block's partial sum is added into f32
+// registers of their own; that takes more accumulators, which only the
+// 128-wide tile has room for. Without (torch's use_fast_accum) the
+// accumulators run through the whole k. A separate kernel, not a runtime
+// flag: ptxas serializes wgmma issued on paths that diverge at run time.
 //
 // Structure (as CUTLASS's warp-specialized persistent kernels):
 //   * 3 warpgroups per CTA, one CTA per SM: warpgroup 0 is the producer (one
@@ -94,7 +95,7 @@ struct symm_gemm_params {
     uint64_t bias;         // 0, or n elements of C's dtype
     int64_t a_scale_slot;  // row-wise: distance between chunks' row scales (gathered into slots)
     int32_t scale_mode;    // SYMM_GEMM_SCALES_*
-    int32_t promote;       // fp8, BN = 128: partial sums into f32 registers every k-block
+    int32_t pad_;
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -423,25 +424,40 @@ static __device__ __forceinline__ void symm_apply_scales(float (&d)[BN / 2], con
     } else {
         sa[0] = sa[1] = p.a_scale[0] * p.b_scale[0];
     }
+    const bool has_bias = p.bias != 0;
+    if (!row_wise && !has_bias) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) d[i] *= sa[0];
+        return;
+    }
+    // Column scales and bias, 8 column blocks at a time: their loads are
+    // issued together (no branches between them), through the read-only
+    // path; columns past n read column n - 1 (the epilogue drops them).
+    // Loaded one by one between the multiplies, they cost up to 24% of a
+    // 16384 x 4096 x 8192 matmul.
     const int dt = p.out_dtype;
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        const int col = tile.col0 + 8 * j + 2 * q;
-        float sb[2] = {1.f, 1.f}, bias[2] = {0.f, 0.f};
+    for (int j0 = 0; j0 < BN / 8; j0 += 8) {
+        float sb[16], bias[16];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int c = col + i;
-            if (c >= n) continue;
-            if (row_wise) sb[i] = p.b_scale[c];
-            if (p.bias == 0) continue;
-            if (dt == SYMM_DT_F32) bias[i] = ((const float*)p.bias)[c];
-            else if (dt == SYMM_DT_BF16) bias[i] = symm_bf16_bits_to_f32(((const unsigned short*)p.bias)[c]);
-            else bias[i] = symm_f16_bits_to_f32(((const unsigned short*)p.bias)[c]);
+        for (int e = 0; e < 16; e++) {
+            const int c = min(tile.col0 + 8 * (j0 + e / 2) + 2 * q + e % 2, n - 1);
+            sb[e] = row_wise ? __ldg(p.b_scale + c) : 1.f;
+            bias[e] = !has_bias                ? 0.f
+                      : dt == SYMM_DT_F32      ? __ldg((const float*)p.bias + c)
+                      : dt == SYMM_DT_BF16     ? symm_bf16_bits_to_f32(__ldg((const unsigned short*)p.bias + c))
+                                               : symm_f16_bits_to_f32(__ldg((const unsigned short*)p.bias + c));
         }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int jj = 0; jj < 8; jj++) {
 #pragma unroll
-            for (int i = 0; i < 2; i++) d[4 * j + 2 * h + i] = d[4 * j + 2 * h + i] * (sa[h] * sb[i]) + bias[i];
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float& x = d[4 * (j0 + jj) + 2 * h + i];
+                    x = x * (sa[h] * sb[2 * jj + i]) + bias[2 * jj + i];
+                }
+            }
         }
     }
 }
@@ -539,7 +555,7 @@ struct symm_gemm_cfg {
     static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + 2 * STAGES * 8 + 1024;
 };
 
-template <int A_DT, int B_DT, int BN>
+template <int A_DT, int B_DT, int BN, bool PROMOTE>
 static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, const symm_tmap* tm_a_local,
                                                       const symm_tmap* tm_b, const symm_tmap* tm_c,
                                                       const symm_gemm_params& p) {
@@ -608,59 +624,67 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     const int slice = (wg - 1) * 64;
     const int t128 = threadIdx.x % 128;
     float d[BN / 2];
-    constexpr bool CAN_PROMOTE = BK == SYMM_GEMM_BK_BYTES && BN == 128;  // fp8, 128-wide
-    float promoted[CAN_PROMOTE ? BN / 2 : 1];
-    const bool promote = CAN_PROMOTE && p.promote;
+    static_assert(!PROMOTE || (BK == SYMM_GEMM_BK_BYTES && BN == 128), "promotion: fp8, 128-wide tiles");
+    float promoted[PROMOTE ? BN / 2 : 1];
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
     int stage = 0;
     uint32_t phase = 0;
+    auto advance = [&]() {
+        if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+        }
+    };
+    // Waits for the stage's data, then issues its k-block's wgmmas into acc
+    // (added to acc's contents when accumulate, else starting afresh).
+    auto issue = [&](float(&acc)[BN / 2], bool accumulate) {
+        symm_mbar_wait(&full[stage], phase);
+        symm_wgmma_fence();
+        const unsigned char* a = stage_a(stage) + slice * SYMM_GEMM_BK_BYTES;
+        const unsigned char* b = stage_b(stage);
+#pragma unroll
+        for (int kk = 0; kk < SYMM_GEMM_BK_BYTES / 32; kk++) {
+            // One wgmma per 32 bytes of k along the swizzled 128-byte row.
+            symm_wgmma<A_DT, B_DT, BN>(acc, symm_smem_desc(a + 32 * kk), symm_smem_desc(b + 32 * kk),
+                                       accumulate || kk != 0);
+        }
+        symm_wgmma_commit();
+    };
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
-        int prev = -1;
-        for (int kb = 0; kb < kblocks; kb++) {
-            symm_mbar_wait(&full[stage], phase);
-            symm_wgmma_fence();
-            const unsigned char* a = stage_a(stage) + slice * SYMM_GEMM_BK_BYTES;
-            const unsigned char* b = stage_b(stage);
+        if constexpr (PROMOTE) {
+            // Each k-block into d afresh, then, once done, added into
+            // `promoted`. One set with a full wait, as CUTLASS and DeepGEMM
+            // do: the other consumer warpgroup keeps the tensor cores busy
+            // meanwhile. (Two sets alternating were serialized by ptxas:
+            // reading one set's registers while the other's wgmma is in
+            // flight, warning C7514.)
 #pragma unroll
-            for (int kk = 0; kk < SYMM_GEMM_BK_BYTES / 32; kk++) {
-                // One wgmma per 32 bytes of k along the swizzled 128-byte row.
-                symm_wgmma<A_DT, B_DT, BN>(d, symm_smem_desc(a + 32 * kk), symm_smem_desc(b + 32 * kk),
-                                           (promote ? kk : kb | kk) != 0);
-            }
-            symm_wgmma_commit();
-            if constexpr (CAN_PROMOTE) {
-                if (promote) {
-                    // This k-block's partial sum, done reading its stage,
-                    // into the f32 accumulators.
-                    symm_wgmma_wait<0>();
-                    if (t128 == 0) symm_mbar_arrive(&empty[stage]);
+            for (int i = 0; i < BN / 2; i++) promoted[i] = 0.f;
+            for (int kb = 0; kb < kblocks; kb++) {
+                issue(d, false);
+                symm_wgmma_wait<0>();
+                if (t128 == 0) symm_mbar_arrive(&empty[stage]);
+                advance();
 #pragma unroll
-                    for (int i = 0; i < BN / 2; i++) promoted[i] = kb == 0 ? d[i] : promoted[i] + d[i];
-                    if (++stage == STAGES) {
-                        stage = 0;
-                        phase ^= 1;
-                    }
-                    continue;
-                }
+                for (int i = 0; i < BN / 2; i++) promoted[i] += d[i];
             }
-            // Keep one k-block of wgmma in flight; the one before it is done
-            // reading its stage, which goes back to the producer.
-            symm_wgmma_wait<1>();
-            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
-            prev = stage;
-            if (++stage == STAGES) {
-                stage = 0;
-                phase ^= 1;
-            }
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) d[i] = promoted[i];
         }
-        symm_wgmma_wait<0>();
-        if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
-        if constexpr (CAN_PROMOTE) {
-            if (promote) {
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) d[i] = promoted[i];
+        if constexpr (!PROMOTE) {
+            int prev = -1;
+            for (int kb = 0; kb < kblocks; kb++) {
+                issue(d, kb != 0);
+                // Keep one k-block of wgmma in flight; the one before it is
+                // done reading its stage, which goes back to the producer.
+                symm_wgmma_wait<1>();
+                if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+                prev = stage;
+                advance();
             }
+            symm_wgmma_wait<0>();
+            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
         }
 
         if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
@@ -732,17 +756,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN)                                                               \
+#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE)                                                      \
     extern "C" __global__ void __launch_bounds__(SYMM_GEMM_THREADS, 1)                                      \
         NAME(const __grid_constant__ symm_tmap tm_a, const __grid_constant__ symm_tmap tm_a_local,          \
              const __grid_constant__ symm_tmap tm_b, const __grid_constant__ symm_tmap tm_c,                \
              const __grid_constant__ symm_gemm_params p) {                                                  \
-        symm_gemm_sm90<A_DT, B_DT, BN>(&tm_a, &tm_a_local, &tm_b, &tm_c, p);                                \
+        symm_gemm_sm90<A_DT, B_DT, BN, PROMOTE>(&tm_a, &tm_a_local, &tm_b, &tm_c, p);                       \
     }
 
 #else  // not sm_90a: the entry points exist (so the module loads) but do nothing; the host
        // only launches them after symm_gemm_sm90_probe reported the sm_90a code.
-#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN)                                                               \
+#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE)                                                      \
     extern "C" __global__ void NAME(const __grid_constant__ symm_tmap tm_a,                                 \
                                     const __grid_constant__ symm_tmap tm_a_local,                           \
                                     const __grid_constant__ symm_tmap tm_b,                                 \
@@ -750,13 +774,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                                     const __grid_constant__ symm_gemm_params p) {}
 #endif
 
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, SYMM_DT_BF16, 256)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, SYMM_DT_BF16, 128)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, SYMM_DT_F16, 256)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, SYMM_DT_F16, 128)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n256, SYMM_DT_E4M3, SYMM_DT_E4M3, 256)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n128, SYMM_DT_E4M3, SYMM_DT_E4M3, 128)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n256, SYMM_DT_E4M3, SYMM_DT_E5M2, 256)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n128, SYMM_DT_E4M3, SYMM_DT_E5M2, 128)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n256, SYMM_DT_E5M2, SYMM_DT_E4M3, 256)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n128, SYMM_DT_E5M2, SYMM_DT_E4M3, 128)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, SYMM_DT_BF16, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, SYMM_DT_BF16, 128, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, SYMM_DT_F16, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, SYMM_DT_F16, 128, false)
+// fp8: fast accumulation (both tiles), and exact (`_exact`, 128-wide).
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n256, SYMM_DT_E4M3, SYMM_DT_E4M3, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n128, SYMM_DT_E4M3, SYMM_DT_E4M3, 128, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n128_exact, SYMM_DT_E4M3, SYMM_DT_E4M3, 128, true)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n256, SYMM_DT_E4M3, SYMM_DT_E5M2, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n128, SYMM_DT_E4M3, SYMM_DT_E5M2, 128, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n128_exact, SYMM_DT_E4M3, SYMM_DT_E5M2, 128, true)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n256, SYMM_DT_E5M2, SYMM_DT_E4M3, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n128, SYMM_DT_E5M2, SYMM_DT_E4M3, 128, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n128_exact, SYMM_DT_E5M2, SYMM_DT_E4M3, 128, true)

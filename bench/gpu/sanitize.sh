@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one GPU is enough) from the repository root, with
 # bundle/ carried: compute-sanitizer's memcheck, racecheck and synccheck over
-# the library's GPU unit tests of small cases (the sm90 matmul on odd shapes,
+# the library's GPU unit tests of small cases (the sm90 matmul on odd shapes, bf16/f16 and fp8,
 # its flag waits, including one that times out, and its reduce-scatter
 # epilogue; the reduction and copy kernels). Writes one report per tool
 # into $OUT and exits non-zero if any tool found an error.
@@ -10,7 +10,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/symm-out}
 mkdir -p "$OUT"
 tests="gpu_sm90_matmul_padded_output gpu_sm90_matmul_waits_for_gathered_chunks gpu_sm90_matmul_reduce_scatter_epilogue
-gpu_sm90_matmul_matches_reference_on_any_shape gpu_reduce_matches_host gpu_copy_every_layout"
+gpu_sm90_matmul_matches_reference_on_any_shape gpu_sm90_fp8_matches_reference gpu_reduce_matches_host
+gpu_copy_every_layout"
 fail=0
 for tool in memcheck racecheck synccheck; do
     # shellcheck disable=SC2086 # one argument per test name
