@@ -430,15 +430,14 @@ static __device__ __forceinline__ void symm_apply_scales(float (&d)[BN / 2], con
         for (int i = 0; i < BN / 2; i++) d[i] *= sa[0];
         return;
     }
-    // Column scales and bias, 8 column blocks at a time: their loads are
-    // issued together (no branches between them), through the read-only
-    // path; columns past n read column n - 1 (the epilogue drops them).
-    // Loaded one by one between the multiplies, they cost up to 24% of a
-    // 16384 x 4096 x 8192 matmul.
+    // Column scales and bias, 8 column blocks (16 values) at a time, the
+    // next group's loads issued before this group's multiplies: with the
+    // ring taking nearly all of L1 for shared memory, each load is an L2
+    // round trip, and loaded one after another between the multiplies they
+    // cost up to 24% of a 16384 x 4096 x 8192 matmul. Columns past n read
+    // column n - 1 (the epilogue drops them).
     const int dt = p.out_dtype;
-#pragma unroll
-    for (int j0 = 0; j0 < BN / 8; j0 += 8) {
-        float sb[16], bias[16];
+    auto load = [&](int j0, float (&sb)[16], float (&bias)[16]) {
 #pragma unroll
         for (int e = 0; e < 16; e++) {
             const int c = min(tile.col0 + 8 * (j0 + e / 2) + 2 * q + e % 2, n - 1);
@@ -448,14 +447,20 @@ static __device__ __forceinline__ void symm_apply_scales(float (&d)[BN / 2], con
                       : dt == SYMM_DT_BF16     ? symm_bf16_bits_to_f32(__ldg((const unsigned short*)p.bias + c))
                                                : symm_f16_bits_to_f32(__ldg((const unsigned short*)p.bias + c));
         }
+    };
+    float sb[2][16], bias[2][16];
+    load(0, sb[0], bias[0]);
+#pragma unroll
+    for (int g = 0; g < BN / 64; g++) {
+        if (g + 1 < BN / 64) load(8 * (g + 1), sb[(g + 1) % 2], bias[(g + 1) % 2]);
 #pragma unroll
         for (int jj = 0; jj < 8; jj++) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    float& x = d[4 * (j0 + jj) + 2 * h + i];
-                    x = x * (sa[h] * sb[2 * jj + i]) + bias[2 * jj + i];
+                    float& x = d[4 * (8 * g + jj) + 2 * h + i];
+                    x = x * (sa[h] * sb[g % 2][2 * jj + i]) + bias[g % 2][2 * jj + i];
                 }
             }
         }

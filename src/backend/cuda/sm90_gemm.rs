@@ -1106,11 +1106,14 @@ mod tests {
     /// every output type, exact accumulation (128-wide tile) and fast_accum
     /// (both tiles), on shapes on and off the tiles (k of 1 to 8 k-blocks,
     /// odd counts too). Error bounds, relative to the sum of |terms|: exact
-    /// 2^-10, fast 2^-11 per 32 products. The tensor cores truncate partial
+    /// 2^-10, fast 2^-9 per 32 products. The tensor cores truncate partial
     /// sums to about 14 bits even within one k-block: at k = 128, where
-    /// promotion changes nothing, one element was off by 2^-10.5 of it (and
-    /// cuBLASLt's exact output is bit-identical to this kernel's,
-    /// gpu_sm90_fp8_against_cublaslt). The largest errors seen are printed.
+    /// promotion changes nothing, one element was off by 2^-10.5 of it; with
+    /// fast_accum at k = 1024 one was 1.7% off its value. The bounds are
+    /// loose for fast_accum at large k; the tight check of both modes is
+    /// gpu_sm90_fp8_against_cublaslt, where cuBLASLt's output in the same
+    /// mode is bit-identical to this kernel's. The largest errors seen are
+    /// printed.
     #[test]
     fn gpu_sm90_fp8_matches_reference() {
         let Some(g) = gpu() else { return };
@@ -1181,7 +1184,7 @@ mod tests {
                             let scaled_mag = (sc.apply(i, j, mag) - sc.apply(i, j, 0.0)).abs();
                             let err = (x as f64 - want).abs();
                             let accumulation = if fast_accum {
-                                scaled_mag * k.div_ceil(32) as f64 / 2048.0
+                                scaled_mag * k.div_ceil(32) as f64 / 512.0
                             } else {
                                 scaled_mag / 1024.0
                             };
