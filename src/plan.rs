@@ -17,6 +17,8 @@
 pub struct DeviceModel {
     /// Dense bf16/f16 matmul rate on large problems, TFLOP/s.
     pub matmul_tflops: f64,
+    /// The same for fp8 (1-byte) operands.
+    pub fp8_matmul_tflops: f64,
     /// Copy-engine pull bandwidth from one peer, GB/s.
     pub link_gbps: f64,
     /// Device memory bandwidth, GB/s (reads + writes).
@@ -28,7 +30,9 @@ pub struct DeviceModel {
     /// Relative matmul slowdown for each extra piece a matmul is split into.
     pub split_penalty: f64,
     /// Time of symm's own fused matmul relative to cuBLAS on the whole
-    /// problem (kernels/gemm_sm90.cu; 0.97-1.08 x measured on an H100).
+    /// problem (kernels/gemm_sm90.cu; bf16 0.96-1.02 x on an H200 and an
+    /// H100 since c7e5710; fp8 with exact accumulation 1.20-1.36 x, see
+    /// bench/KERNELS.md). The fused algorithm is not chosen automatically.
     pub fused_slowdown: f64,
 }
 
@@ -36,6 +40,9 @@ impl DeviceModel {
     /// Hopper (H100/H200 SXM) with NVLink, measured on 2 x H200.
     pub const HOPPER: DeviceModel = DeviceModel {
         matmul_tflops: 790.0,
+        // cuBLASLt, e4m3, 16384 x 8192 x 8192 in 1.653 ms on one H200
+        // (bench/results/2026-11-23-h200-x1-2582f43-fp8-lib-tests.txt).
+        fp8_matmul_tflops: 1330.0,
         link_gbps: 358.0,
         hbm_gbps: 4300.0,
         launch_us: 6.0,
@@ -101,7 +108,8 @@ pub struct Problem {
 fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
     let flops = 2.0 * rows as f64 * p.k as f64 * p.n as f64;
     let bytes = ((rows * p.k + p.k * p.n + rows * p.n) * p.elem_bytes) as f64;
-    (flops / (d.matmul_tflops * 1e9)).max(bytes / (d.hbm_gbps * 1e6)) + d.launch_us / 1e3
+    let tflops = if p.elem_bytes == 1 { d.fp8_matmul_tflops } else { d.matmul_tflops };
+    (flops / (tflops * 1e9)).max(bytes / (d.hbm_gbps * 1e6)) + d.launch_us / 1e3
 }
 
 /// The whole matmul split into one piece per rank: (all pieces, one piece).
@@ -236,6 +244,13 @@ mod tests {
         // 16384x8192x8192 bf16 ran in 2.65-2.71 ms through cuBLAS on an H200.
         let e = ag_mm(&prob(16384, 8192, 8192), &DeviceModel::HOPPER);
         assert!((2.6..2.9).contains(&e[0].compute_ms), "{:?}", e[0]);
+    }
+
+    #[test]
+    fn fp8_matmul_time_is_near_measured_cublaslt() {
+        // 16384x8192x8192 e4m3 ran in 1.65 ms through cuBLASLt on an H200.
+        let e = ag_mm(&Problem { elem_bytes: 1, ..prob(16384, 8192, 8192) }, &DeviceModel::HOPPER);
+        assert!((1.55..1.8).contains(&e[0].compute_ms), "{:?}", e[0]);
     }
 
     #[test]
