@@ -445,16 +445,16 @@ fn gpu_sm90_fp8_matches_reference() {
     let mut worst = [0f64; 2]; // error / (sum of |terms| * scale): exact, fast_accum
     for (m, n, k) in shapes {
         for (at, bt) in mixes {
-            let a = fp8_bytes(m * k, case as u64, at);
-            let b = fp8_bytes(n * k, case as u64 + 1, bt);
-            let (da, db) = (g.upload(&a), g.upload(&b));
-            let (av, bv): (Vec<f64>, Vec<f64>) =
-                (a.iter().map(|&x| at.decode(x) as f64).collect(), b.iter().map(|&x| bt.decode(x) as f64).collect());
+            let p = fp8_problem(&g, m, n, k, (at, bt), case as u64);
+            let (da, db) = (&p.bufs[0], &p.bufs[1]);
             // (dot, sum of |terms|) of every output element.
             let dots: Vec<(f64, f64)> = (0..m * n)
                 .map(|e| {
-                    let (ra, rb) = (&av[e / n * k..][..k], &bv[e % n * k..][..k]);
-                    ra.iter().zip(rb).fold((0.0, 0.0), |(s, mag), (x, y)| (s + x * y, mag + (x * y).abs()))
+                    let (ra, rb) = (&p.a[e / n * k..][..k], &p.b[e % n * k..][..k]);
+                    ra.iter().zip(rb).fold((0.0, 0.0), |(s, mag), (x, y)| {
+                        let t = *x as f64 * *y as f64;
+                        (s + t, mag + t.abs())
+                    })
                 })
                 .collect();
             for (tile, fast_accum) in [(TileN::N128, false), (TileN::N128, true), (TileN::N256, true)] {
