@@ -2,7 +2,9 @@
 for each fused-op shape, every implementation's time as a ratio to the
 floor (max of the matmul alone and NCCL's communication alone, both from
 the same run), with the 1.05 and 1.10 targets marked; and lc_allgather's
-times against NCCL's per size.
+times against NCCL's per size. The `_graph` implementations (CUDA graph
+replays, timed for small M, where host issue time dominates) are drawn
+against the floor of the matmul replayed from a graph too.
 
     python3 bench/chart.py bench/results/<file>.json [out.png]
 
@@ -11,7 +13,8 @@ Needs matplotlib (not a dependency of symm: `pip install matplotlib`).
 import json
 import sys
 
-IMPLS = ("symm", "symm_sequential", "symm_pipelined", "symm_fused", "torch_fused", "nccl_cublas")
+IMPLS = ("symm", "symm_sequential", "symm_pipelined", "symm_fused", "torch_fused", "nccl_cublas",
+         "symm_graph", "torch_fused_graph", "nccl_cublas_graph")
 LC_IMPLS = ("symm", "symm_inplace", "nccl", "torch_lc")
 
 
@@ -24,8 +27,10 @@ def ratios(records):
     out = {}
     for case, t in by_case.items():
         floor = max(t.get("mm_only", 0), t.get("comm_only", 0))
+        graph_floor = max(t.get("mm_only_graph", 0), t.get("comm_only", 0))
         if floor > 0:
-            out[case] = {i: t[i] / floor for i in IMPLS if i in t}
+            out[case] = {i: t[i] / (graph_floor if i.endswith("_graph") else floor)
+                         for i in IMPLS if i in t and (graph_floor > 0 or not i.endswith("_graph"))}
     return out
 
 
@@ -49,7 +54,7 @@ def main(path, png=None):
     for j, impl in enumerate(IMPLS):
         xs = [i + (j - len(IMPLS) / 2 + 0.5) * width for i in range(len(cases))]
         ys = [t.get(impl, float("nan")) for t in cases.values()]
-        ax.bar(xs, ys, width, label=impl)
+        ax.bar(xs, ys, width, label=impl, hatch="//" if impl.endswith("_graph") else None)
     for target, style in ((1.05, "--"), (1.10, ":")):
         ax.axhline(target, color="black", linestyle=style, linewidth=1, label=f"{target:.2f} x floor")
     ax.axhline(1.0, color="gray", linewidth=0.8)

@@ -3,7 +3,12 @@ format of DESIGN.md ("Benchmark results format"), named
 <date>-<device-kind>-w<world>-<commit>.json, written into the output folder.
 
 Each rank prints its own record; the file keeps every rank's number and, per
-(op, shape, impl), the maximum over ranks as `ms` (or the worst latency)."""
+(op, shape, dtype, impl, world, quantity), the maximum over ranks as `ms`
+(or the worst latency, or the most host time).
+
+A committed log can be collected again (say after a fix here) with its run's
+date: `collect.py LOG OUT_DIR COMMIT [DATE]`; the GPUs are then read from the
+log's first lines (run.sh's nvidia-smi query) when OUT_DIR has no gpus.txt."""
 import collections
 import datetime
 import json
@@ -12,11 +17,20 @@ import subprocess
 import sys
 
 
-def gpus(out_dir):
-    """(name, driver, count) from run.sh's gpus.txt, else nvidia-smi."""
+# What a record measures, in the order looked for: a record of host time
+# (host_overhead.py) shares op, shape and impl with the timing of the same
+# implementation and must not be merged into it.
+QUANTITIES = ("ms", "us_per_barrier", "host_us", "GBps")
+
+
+def gpus(out_dir, log):
+    """(name, driver, count) from run.sh's gpus.txt, else the log's
+    nvidia-smi lines, else nvidia-smi."""
     try:
         out = open(f"{out_dir}/gpus.txt").read().strip().splitlines()
     except OSError:
+        out = [l for l in open(log).read().splitlines()[:16] if re.match(r"NVIDIA .*, \d+\.\d+", l)]
+    if not out:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
             capture_output=True, text=True, check=True).stdout.strip().splitlines()
@@ -24,7 +38,11 @@ def gpus(out_dir):
     return names[0], out[0].split(",")[1].strip(), len(names)
 
 
-def main(log, out_dir, commit):
+def quantity(r):
+    return next((q for q in QUANTITIES if q in r), None)
+
+
+def main(log, out_dir, commit, date=None):
     # Ranks print concurrently, so one line may hold several records (or a
     # record and other text): decode every JSON object found on each line.
     records, decoder = [], json.JSONDecoder()
@@ -42,28 +60,28 @@ def main(log, out_dir, commit):
     if not records:
         print("collect: no records in", log)
         return 0
-    name, driver, count = gpus(out_dir)
+    name, driver, count = gpus(out_dir, log)
     # The file is named for the benchmark's world (the world most timings
     # ran at); correctness records of other worlds keep theirs per record.
     worlds = collections.Counter(r.get("world", 1) for r in records if "ms" in r) or \
         collections.Counter(r.get("world", 1) for r in records)
     world = worlds.most_common(1)[0][0]
-    date = datetime.date.today().isoformat()
+    date = date or datetime.date.today().isoformat()
     # "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200.
     model = next((w for w in name.split() if re.fullmatch(r"[A-Z]+\d{2,4}[A-Za-z]*", w)), name.split()[-1])
     kind = f"{model.lower()}-x{count}"
     merged = {}
     for r in records:
-        key = (r["op"], tuple(r["shape"]), r["impl"], r.get("world", 1))
+        key = (r["op"], tuple(r["shape"]), r.get("dtype", "bytes"), r["impl"], r.get("world", 1), quantity(r))
         merged.setdefault(key, []).append(r)
     out = []
-    for (op, shape, impl, w), rs in sorted(merged.items()):
-        rec = {"op": op, "shape": list(shape), "dtype": rs[0].get("dtype", "bytes"), "impl": impl,
-               "world": w, "iters": rs[0].get("iters")}
-        for field in ("ms", "us_per_barrier"):
+    for (op, shape, dtype, impl, w, q), rs in sorted(merged.items(), key=lambda kv: repr(kv[0])):
+        rec = {"op": op, "shape": list(shape), "dtype": dtype, "impl": impl, "world": w, "iters": rs[0].get("iters")}
+        by_rank = sorted(rs, key=lambda r: r.get("rank", 0))
+        for field in ("ms", "us_per_barrier", "host_us", "library_us", "python_us", "torch_matmul_host_us"):
             if field in rs[0]:
                 rec[field] = max(r[field] for r in rs)
-                rec[field + "_per_rank"] = [r[field] for r in sorted(rs, key=lambda r: r.get("rank", 0))]
+                rec[field + "_per_rank"] = [r[field] for r in by_rank]
         if "relerr" in rs[0]:
             rec["relerr"] = max(r["relerr"] for r in rs)
         if "GBps" in rs[0]:
@@ -79,4 +97,4 @@ def main(log, out_dir, commit):
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))
