@@ -1,8 +1,10 @@
 """Where the time of one symm operation goes: torch.profiler (CUPTI) over a
 few calls of fused_ag_mm / mm_rs with one algorithm forced, per rank, on
-the GPU machine. Prints, for rank 0, every kernel and copy of the last call
+the GPU machine. Prints, per rank, every kernel and copy of the last call
 with its start (relative to the call's first activity) and duration, so a
-wait (a kernel spinning on a flag, a copy that starts late) shows.
+wait (a kernel spinning on a flag, a copy that starts late) shows. Every
+rank prints its own timeline, rank 0 first (a wait on one rank is often
+explained by the other's).
 
     torchrun --nproc-per-node 2 bench/gpu/profile_ops.py [--cases ag_mm:512:8192:14336:fused,...]
 """
@@ -57,8 +59,6 @@ def main():
                 fn()
             torch.cuda.synchronize()
         os.environ.pop("SYMM_ALGO")
-        if rank != 0:
-            continue
         gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         gpu.sort(key=lambda e: e.time_range.start)
         # The last call: everything after the last gap of more than 1 ms
@@ -69,10 +69,13 @@ def main():
                 last = i
         t0 = gpu[last].time_range.start
         end = max(e.time_range.end for e in gpu[last:])
-        print(f"== {case} rank 0: last call {(end - t0) / 1000:.3f} ms on the GPU", flush=True)
-        for e in gpu[last:]:
-            print(f"  +{(e.time_range.start - t0) / 1000:7.3f} ms {e.time_range.elapsed_us() / 1000:7.3f} ms  "
-                  f"{e.name[:90]}", flush=True)
+        lines = [f"== {case} rank {rank}: last call {(end - t0) / 1000:.3f} ms on the GPU"]
+        lines += [f"  +{(e.time_range.start - t0) / 1000:7.3f} ms {e.time_range.elapsed_us() / 1000:7.3f} ms  "
+                  f"{e.name[:90]}" for e in gpu[last:]]
+        for r in range(world):
+            if r == rank:
+                print("\n".join(lines), flush=True)
+            dist.barrier()
     g.close()
     dist.destroy_process_group()
 

@@ -3,10 +3,11 @@
 # bundle/ carried: builds the GPU test programs with the machine's nvcc
 # against bundle/libsymm.so, runs them, and writes the log and the results
 # JSON (bench/results format) into $OUT.
-#   [SYMM_BENCH=0] [SYMM_JAX=1] bash bench/gpu/run.sh
+#   [SYMM_BENCH=0] [SYMM_JAX=1] [SYMM_PROFILE=1] bash bench/gpu/run.sh
 #   SYMM_BENCH=0: tests only, no benchmark. SYMM_JAX=1: also symm.jax on CUDA
 #   (one process, two GPUs): its tests (before the benchmark, which may run
 #   out of time), and with the benchmark, bench_jax.py (last).
+#   SYMM_PROFILE=1: profile_ops.py's per-rank timelines, before the benchmark.
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -67,6 +68,9 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     fi
     # Host time per call (Python wrapper, library, driver launches).
     run timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)"
+    if [ "$ngpu" -ge 2 ] && [ "${SYMM_PROFILE:-0}" = 1 ]; then
+        run timeout 180 torchrun --nproc-per-node 2 bench/gpu/profile_ops.py ${SYMM_PROFILE_ARGS:-}
+    fi
     # World = every GPU of the machine (2, 4 or 8), or SYMM_BENCH_WORLD.
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
         run torchrun --nproc-per-node "${SYMM_BENCH_WORLD:-$ngpu}" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
