@@ -181,16 +181,14 @@ static __device__ __forceinline__ void symm_consumers_sync() {
     asm volatile("bar.sync 1, 256;" ::: "memory");
 }
 
-// Exact fp8: the consumer warpgroups issue their k-blocks in turns, 1 then
-// 2 (named barriers 4 and 5: "warpgroup w may issue"). A warpgroup waits
-// for its turn (warpgroup 1 not before its first k-block), issues, and
-// passes the turn on; the taker's 128 threads sync where the giver's 128
-// arrive.
-static __device__ __forceinline__ void symm_turn_wait(int wg) {
-    asm volatile("bar.sync %0, 256;" ::"r"(3 + wg) : "memory");
-}
-static __device__ __forceinline__ void symm_turn_pass(int wg) {
-    asm volatile("bar.arrive %0, 256;" ::"r"(wg == 1 ? 5 : 4) : "memory");
+// Tells the compiler the registers of `acc` are read and written here, so
+// it neither moves their accesses across this point nor assumes they are
+// unchanged (as CUTLASS's warpgroup_fence_operand): wgmma writes them
+// asynchronously.
+template <int N>
+static __device__ __forceinline__ void symm_fence_operand(float (&acc)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
 // One wgmma of the tile's 64-row slice: 64 x BN x (32 bytes of k).
@@ -642,8 +640,10 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     const int t128 = threadIdx.x % 128;
     float d[BN / 2];
     static_assert(!PROMOTE || (BK == SYMM_GEMM_BK_BYTES && BN == 128), "promotion: fp8, 128-wide tiles");
-    float promoted[PROMOTE ? BN / 2 : 1];
-    bool turns_taken = false;  // exact: this warpgroup has issued a k-block (see symm_turn_wait)
+    // Exact fp8: k-blocks alternate between d and d1; each is added into
+    // `promoted` once done, which the epilogue then reads.
+    float d1[PROMOTE ? BN / 2 : 1];
+    float promoted[BN / 2];
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
     int stage = 0;
     uint32_t phase = 0;
@@ -671,30 +671,61 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
         if constexpr (PROMOTE) {
-            // Each k-block into d afresh, then, once done, added into
-            // `promoted`: one set with a full wait, as CUTLASS and DeepGEMM
-            // do. (Two sets alternating were serialized by ptxas: reading
-            // one set's registers while the other's wgmma is in flight,
-            // warning C7514.) The two warpgroups take turns to issue, so
-            // the tensor cores run one's k-block while the other promotes:
-            // left alone they issue, wait and promote in lockstep, and the
-            // tensor cores idle through every promotion (ncu: 67% busy
-            // against cuBLASLt's 89% with the same tile).
+            // Each k-block's partial sum afresh into one of two sets (d for
+            // even k-blocks, d1 for odd), added into `promoted` once done
+            // while the next k-block runs in the other set, so the tensor
+            // cores never wait for a promotion. (One set with a full wait
+            // per k-block, as CUTLASS and DeepGEMM, kept them 67% busy;
+            // taking turns between the two warpgroups did not change that.)
+            // Nothing but wgmma writes d and d1: ptxas serializes the
+            // wgmmas if other code defines their accumulators (C7514).
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) promoted[i] = 0.f;
-            for (int kb = 0; kb < kblocks; kb++) {
-                if (turns_taken || wg == 2) symm_turn_wait(wg);
-                issue(d, false);
-                symm_turn_pass(wg);
-                turns_taken = true;
-                symm_wgmma_wait<0>();
-                if (t128 == 0) symm_mbar_arrive(&empty[stage]);
+            auto promote = [&](float(&acc)[BN / 2]) {
+                symm_fence_operand(acc);
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) promoted[i] += acc[i];
+                symm_fence_operand(acc);
+            };
+            // d holds k-block kb (in flight) at the top of each pass; the
+            // pairs are peeled so every wait has a fixed count (ptxas
+            // tracks which set a wait completes only then).
+            int s0 = stage, s1;
+            symm_fence_operand(d);
+            issue(d, false);
+            advance();
+            int kb = 0;
+            for (; kb + 2 < kblocks; kb += 2) {
+                s1 = stage;
+                symm_fence_operand(d1);
+                issue(d1, false);
                 advance();
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) promoted[i] += d[i];
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
+                s0 = stage;
+                issue(d, false);
+                advance();
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
+                promote(d1);
             }
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) d[i] = promoted[i];
+            if (kb + 1 < kblocks) {
+                s1 = stage;
+                symm_fence_operand(d1);
+                issue(d1, false);
+                advance();
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
+                symm_wgmma_wait<0>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
+                promote(d1);
+            } else {
+                symm_wgmma_wait<0>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
+            }
         }
         if constexpr (!PROMOTE) {
             int prev = -1;
@@ -711,22 +742,24 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
         }
 
+        // The finished tile: the promoted sums (exact fp8), else d.
+        float(&acc)[BN / 2] = PROMOTE ? promoted : d;
         if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
             // A peer's row scales came with its rows, before the flag the
             // producer waited on: acquire it here too before reading them.
             if (p.scale_mode == SYMM_GEMM_SCALES_ROW && p.ready != nullptr && tile.chunk != p.local_chunk)
                 (void)symm_ld_acquire_sys(&p.ready[tile.chunk]);
-            symm_apply_scales<BN>(d, tile, p.n, slice, p);
+            symm_apply_scales<BN>(acc, tile, p.n, slice, p);
         }
         const int dt = p.out_dtype;
         if (p.c_tma) {
             unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-            if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(d, tile, p.n, slice, mine, tm_c, p.alpha, pending);
-            else symm_epilogue_tma<SYMM_DT_F16, BN>(d, tile, p.n, slice, mine, tm_c, p.alpha, pending);
+            if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile, p.n, slice, mine, tm_c, p.alpha, pending);
+            else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile, p.n, slice, mine, tm_c, p.alpha, pending);
             continue;
         }
         if (!p.rs) {
-#define SYMM_EPI(DT) symm_epilogue<DT, BN>(d, tile, p.n, slice, p.c, 0, p.ldc, nullptr, 0, p.alpha)
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, 0, p.ldc, nullptr, 0, p.alpha)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
             else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
             else SYMM_EPI(SYMM_DT_F16);
@@ -739,7 +772,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         if (tile.chunk != p.rank) {
             // A peer's rows: into its inbox slot for this rank, then its flag.
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
-#define SYMM_EPI(DT) symm_epilogue<DT, BN>(d, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
             else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
             else SYMM_EPI(SYMM_DT_F16);
@@ -769,16 +802,13 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             }
             // Peers' partials were scaled by alpha already; ours is scaled in
             // the epilogue before the adds.
-#define SYMM_EPI(DT) symm_epilogue<DT, BN>(d, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
             else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
             else SYMM_EPI(SYMM_DT_F16);
 #undef SYMM_EPI
         }
     }
-    // Warpgroup 2's last pass of the turn has no taker: take it, so no
-    // named barrier is left half arrived at exit.
-    if (PROMOTE && wg == 1 && turns_taken) symm_turn_wait(wg);
     // The last stores must finish reading shared memory before the CTA exits.
     if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
