@@ -553,10 +553,17 @@ fn gpu_sm90_fp8_against_cublaslt() {
                 theirs.push(lp);
             }
         }
-        // Candidate c: scale mode c / 4; c % 4: symm exact, symm fast, cuBLASLt exact, cuBLASLt fast.
-        let med = round_robin_ms(&g, 8, |c| {
+        // Fast accumulation on the exact kernels' 128-wide tile, tensor-wise:
+        // tells what the tile costs apart from the promotion.
+        let mut fast_n128 = ours[1].clone();
+        fast_n128.tile = TileN::N128;
+        // Candidate c < 8: scale mode c / 4; c % 4: symm exact, symm fast,
+        // cuBLASLt exact, cuBLASLt fast. Candidate 8: fast_n128.
+        let med = round_robin_ms(&g, 9, |c| {
             let i = 2 * (c / 4) + c % 2;
-            if c % 4 < 2 {
+            if c == 8 {
+                fast_n128.launch(kern, g.kernels.sm_count, g.stream()).unwrap()
+            } else if c % 4 < 2 {
                 ours[i].launch(kern, g.kernels.sm_count, g.stream()).unwrap()
             } else {
                 lt.matmul(&theirs[i], g.stream()).unwrap()
@@ -565,7 +572,7 @@ fn gpu_sm90_fp8_against_cublaslt() {
         let names = ["", "_rowwise"].iter().flat_map(|mode| {
             ["symm_sm90", "symm_sm90_fast_accum", "cublaslt", "cublaslt_fast_accum"].map(|imp| format!("{imp}{mode}"))
         });
-        for (imp, ms) in names.zip(&med) {
+        for (imp, ms) in names.chain(["symm_sm90_fast_accum_n128".to_string()]).zip(&med) {
             print_record((m, k, n), "fp8_e4m3", &imp, *ms);
         }
         // Differences, in the order of `ours`: exact against exact, fast against fast.
