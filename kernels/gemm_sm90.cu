@@ -27,16 +27,8 @@
 //     and 2 are consumers, each multiplying 64 rows of the 128-row tile with
 //     wgmma (B and A straight from shared memory, 128-byte swizzle) and
 //     handing the stage back on an "empty" mbarrier.
-//   * CL = 2 (the exact fp8 kernels, `_c2`): CTAs run in clusters of two
-//     that take row-adjacent tiles of the same columns; each loads half of
-//     the shared B k-block and TMA multicasts it into both rings, so each
-//     SM reads 24 instead of 32 KiB from L2 per k-block. With 128-wide tiles
-//     L2 bandwidth bounds the kernel otherwise (ncu: L2 78% busy with the
-//     tensor cores 70% busy). A stage is refilled once the consumers of both
-//     CTAs released it.
-//   * Work units (one tile, or a cluster's CL tiles) are walked in a fixed
-//     order by every cluster (unit = cluster + i * clusters), grouped along M
-//     for L2 reuse. The rows of A are split
+//   * Tiles are walked in a fixed order by every CTA (tile = blockIdx.x +
+//     i * gridDim.x), grouped along M for L2 reuse. The rows of A are split
 //     into `chunks` equal row chunks (one per rank in the fused operations)
 //     visited in `order`; a tile never straddles two chunks.
 //   * Edges: TMA fills out-of-range rows/columns/k with zeros, the epilogue
@@ -160,42 +152,6 @@ static __device__ __forceinline__ void symm_tma_load(void* dst, const symm_tmap*
         : "memory");
 }
 
-// The same load into CTAs `mask` of the cluster, at dst's offset in each,
-// completing on the mbarrier at bar's offset in each.
-static __device__ __forceinline__ void symm_tma_load_multicast(void* dst, const symm_tmap* map, int32_t x,
-                                                               int32_t y, uint64_t* bar, uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-        "[%0], [%1, {%2, %3}], [%4], %5;" ::"r"(symm_smem_addr(dst)),
-        "l"(map), "r"(x), "r"(y), "r"(symm_smem_addr(bar)), "h"(mask)
-        : "memory");
-}
-
-static __device__ __forceinline__ uint32_t symm_cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-// Every thread of every CTA in the cluster (as __syncthreads for a CTA).
-static __device__ __forceinline__ void symm_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// Arrives on the mbarrier at bar's offset in CTA `cta` of the cluster.
-// Default (CTA-scope release) semantics, as CUTLASS's ClusterBarrier: the
-// stage was read by wgmma, complete once wgmma.wait_group returned; a
-// cluster-scope release here stalled the issuing warpgroup every k-block
-// (measured in v3: clusters 1.7-3 x slower).
-static __device__ __forceinline__ void symm_mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
-    asm volatile(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(symm_smem_addr(bar)),
-        "r"(cta)
-        : "memory");
-}
-
 // 2-D tile store from shared memory (box at x, y), in this thread's bulk group.
 static __device__ __forceinline__ void symm_tma_store(const symm_tmap* map, const void* src, int32_t x, int32_t y) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map), "r"(x),
@@ -254,45 +210,35 @@ static __device__ __forceinline__ void symm_wgmma(float (&d)[BN / 2], uint64_t d
 // ---------------------------------------------------------------------------
 struct symm_tile {
     int32_t chunk;     // row chunk (rank) the tile belongs to
-    int32_t index;     // tile index within its chunk, row-major (for rs flags)
-    bool valid;        // false: a cluster's second tile past its chunk's last row tile
+    int32_t index;     // tile index within its chunk (for rs flags)
     int32_t row0;      // first row in A / C coordinates
     int32_t row_end;   // one past the last valid row (chunk end or m)
     int32_t col0;
 };
 
-// Work unit u of a grid in clusters of `cl` CTAs: row tiles cl*i .. cl*i +
-// cl - 1 of one column of tiles, CTA `crank` of the cluster taking one.
 struct symm_tiling {
     int32_t tiles_m;    // row tiles per chunk
     int32_t tiles_n;
-    int32_t per_chunk;  // tiles_m * tiles_n (rs flags per chunk)
-    int32_t unit_rows;  // ceil(tiles_m / cl)
-    int32_t units_per_chunk;
-    int32_t units;
+    int32_t per_chunk;  // tiles_m * tiles_n
+    int32_t total;
 
-    __device__ symm_tiling(const symm_gemm_params& p, int bn, int cl) {
+    __device__ symm_tiling(const symm_gemm_params& p, int bn) {
         tiles_m = (p.chunk_rows + SYMM_GEMM_BM - 1) / SYMM_GEMM_BM;
         tiles_n = (p.n + bn - 1) / bn;
         per_chunk = tiles_m * tiles_n;
-        unit_rows = (tiles_m + cl - 1) / cl;
-        units_per_chunk = unit_rows * tiles_n;
-        units = units_per_chunk * p.chunks;
+        total = per_chunk * p.chunks;
     }
 
-    __device__ symm_tile at(const symm_gemm_params& p, int bn, int cl, int u, int crank) const {
+    __device__ symm_tile at(const symm_gemm_params& p, int bn, int t) const {
         symm_tile tile;
-        tile.chunk = p.order[u / units_per_chunk];
-        const int w = u % units_per_chunk;
-        const int group_rows = SYMM_GEMM_GROUP_M / cl;
-        const int group = group_rows * tiles_n;
-        const int first = (w / group) * group_rows;
-        const int rows = min(unit_rows - first, group_rows);
-        const int in_group = w % group;
-        const int tm = (first + in_group % rows) * cl + crank;
-        const int tn = in_group / rows;
-        tile.valid = tm < tiles_m;
-        tile.index = tm * tiles_n + tn;
+        tile.chunk = p.order[t / per_chunk];
+        tile.index = t % per_chunk;
+        const int group = SYMM_GEMM_GROUP_M * tiles_n;
+        const int first_m = (tile.index / group) * SYMM_GEMM_GROUP_M;
+        const int group_m = min(tiles_m - first_m, SYMM_GEMM_GROUP_M);
+        const int in_group = tile.index % group;
+        const int tm = first_m + in_group % group_m;
+        const int tn = in_group / group_m;
         const int chunk_row0 = tile.chunk * p.chunk_rows;
         tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
         tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
@@ -624,7 +570,7 @@ struct symm_gemm_cfg {
     static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + 2 * STAGES * 8 + 1024;
 };
 
-template <int A_DT, int B_DT, int BN, bool PROMOTE, int CL>
+template <int A_DT, int B_DT, int BN, bool PROMOTE>
 static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, const symm_tmap* tm_a_local,
                                                       const symm_tmap* tm_b, const symm_tmap* tm_c,
                                                       const symm_gemm_params& p) {
@@ -639,23 +585,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
 
     const int wg = threadIdx.x / 128;
-    const int crank = CL > 1 ? (int)symm_cluster_ctarank() : 0;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             symm_mbar_init(&full[s], 1);
-            // One arrival per consumer warpgroup of every CTA the stage's B
-            // is multicast to.
-            symm_mbar_init(&empty[s], 2 * CL);
+            symm_mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
-    // The peer's barriers must exist before our first multicast reaches them.
-    if constexpr (CL > 1) symm_cluster_sync();
-    else __syncthreads();
+    __syncthreads();
 
-    const symm_tiling tiling(p, BN, CL);
-    const int cluster = blockIdx.x / CL, clusters = gridDim.x / CL;
+    const symm_tiling tiling(p, BN);
     // Elements of k per k-block: 64 of a 16-bit type, 128 of an 8-bit one.
     constexpr int BK = A_DT == SYMM_DT_E4M3 || A_DT == SYMM_DT_E5M2 ? SYMM_GEMM_BK_BYTES : SYMM_GEMM_BK_BYTES / 2;
     const int kblocks = (p.k + BK - 1) / BK;
@@ -668,8 +608,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         int stage = 0;
         uint32_t phase = 0;
         int arrived = -1;  // last chunk seen ready (tiles come chunk by chunk)
-        for (int u = cluster; u < tiling.units; u += clusters) {
-            const symm_tile tile = tiling.at(p, BN, CL, u, crank);
+        for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+            const symm_tile tile = tiling.at(p, BN, t);
             const bool local = tile.chunk == p.local_chunk;
             if (p.ready != nullptr && !local && tile.chunk != arrived) {
                 symm_wait_nonzero(&p.ready[tile.chunk], p, tile.chunk);
@@ -684,25 +624,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_mbar_wait(&empty[stage], phase ^ 1);
                 symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
                 symm_tma_load(stage_a(stage), map_a, kb * BK, a_row, &full[stage]);
-                if constexpr (CL == 1) {
-                    symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
-                } else {
-                    // Our 1/CL of B's rows, into every CTA of the cluster.
-                    constexpr int ROWS = BN / CL;
-                    symm_tma_load_multicast(stage_b(stage) + crank * ROWS * SYMM_GEMM_BK_BYTES, tm_b, kb * BK,
-                                            tile.col0 + crank * ROWS, &full[stage], (uint16_t)((1u << CL) - 1));
-                }
-                if (++stage == STAGES) {
-                    stage = 0;
-                    phase ^= 1;
-                }
-            }
-        }
-        if constexpr (CL > 1) {
-            // Stay until every stage is released: the peer's consumers
-            // arrive on our barriers, which must outlive those arrivals.
-            for (int s = 0; s < STAGES; s++) {
-                symm_mbar_wait(&empty[stage], phase ^ 1);
+                symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
                 if (++stage == STAGES) {
                     stage = 0;
                     phase ^= 1;
@@ -711,16 +633,6 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         return;
     }
-
-    // Hands a stage back to the producers of every CTA that wrote into it.
-    auto release_stage = [&](uint64_t* bar) {
-        if constexpr (CL == 1) {
-            symm_mbar_arrive(bar);
-        } else {
-#pragma unroll
-            for (int c = 0; c < CL; c++) symm_mbar_arrive_cluster(bar, c);
-        }
-    };
 
     // Consumers: warpgroup 1 takes rows 0-63 of each tile, warpgroup 2 rows 64-127.
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
@@ -756,8 +668,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_wgmma_commit();
     };
-    for (int u = cluster; u < tiling.units; u += clusters) {
-        const symm_tile tile = tiling.at(p, BN, CL, u, crank);
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, BN, t);
         if constexpr (PROMOTE) {
             // Each k-block's partial sum afresh into one of two sets (d for
             // even k-blocks, d1 for odd), added into `promoted` once done
@@ -789,13 +701,13 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 issue(d1, false);
                 advance();
                 symm_wgmma_wait<1>();
-                if (t128 == 0) release_stage(&empty[s0]);
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
                 promote(d);
                 s0 = stage;
                 issue(d, false);
                 advance();
                 symm_wgmma_wait<1>();
-                if (t128 == 0) release_stage(&empty[s1]);
+                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
                 promote(d1);
             }
             if (kb + 1 < kblocks) {
@@ -804,14 +716,14 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 issue(d1, false);
                 advance();
                 symm_wgmma_wait<1>();
-                if (t128 == 0) release_stage(&empty[s0]);
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
                 promote(d);
                 symm_wgmma_wait<0>();
-                if (t128 == 0) release_stage(&empty[s1]);
+                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
                 promote(d1);
             } else {
                 symm_wgmma_wait<0>();
-                if (t128 == 0) release_stage(&empty[s0]);
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
                 promote(d);
             }
         }
@@ -822,15 +734,14 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 // Keep one k-block of wgmma in flight; the one before it is
                 // done reading its stage, which goes back to the producer.
                 symm_wgmma_wait<1>();
-                if (prev >= 0 && t128 == 0) release_stage(&empty[prev]);
+                if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
                 prev = stage;
                 advance();
             }
             symm_wgmma_wait<0>();
-            if (prev >= 0 && t128 == 0) release_stage(&empty[prev]);
+            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
         }
 
-        if (!tile.valid) continue;  // computed only to feed the peer's half of B
         // The finished tile: the promoted sums (exact fp8), else d.
         float(&acc)[BN / 2] = PROMOTE ? promoted : d;
         if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
@@ -902,17 +813,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE, CL)                                                  \
+#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE)                                                      \
     extern "C" __global__ void __launch_bounds__(SYMM_GEMM_THREADS, 1)                                      \
         NAME(const __grid_constant__ symm_tmap tm_a, const __grid_constant__ symm_tmap tm_a_local,          \
              const __grid_constant__ symm_tmap tm_b, const __grid_constant__ symm_tmap tm_c,                \
              const __grid_constant__ symm_gemm_params p) {                                                  \
-        symm_gemm_sm90<A_DT, B_DT, BN, PROMOTE, CL>(&tm_a, &tm_a_local, &tm_b, &tm_c, p);                   \
+        symm_gemm_sm90<A_DT, B_DT, BN, PROMOTE>(&tm_a, &tm_a_local, &tm_b, &tm_c, p);                       \
     }
 
 #else  // not sm_90a: the entry points exist (so the module loads) but do nothing; the host
        // only launches them after symm_gemm_sm90_probe reported the sm_90a code.
-#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE, CL)                                                  \
+#define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE)                                                      \
     extern "C" __global__ void NAME(const __grid_constant__ symm_tmap tm_a,                                 \
                                     const __grid_constant__ symm_tmap tm_a_local,                           \
                                     const __grid_constant__ symm_tmap tm_b,                                 \
@@ -920,18 +831,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                                     const __grid_constant__ symm_gemm_params p) {}
 #endif
 
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, SYMM_DT_BF16, 256, false, 1)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, SYMM_DT_BF16, 128, false, 1)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, SYMM_DT_F16, 256, false, 1)
-SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, SYMM_DT_F16, 128, false, 1)
-// fp8: fast accumulation (both tiles), and exact (`_exact`, 128-wide), the
-// latter also in clusters of two CTAs sharing B (`_exact_c2`, launched with
-// a cluster dimension of 2).
-#define SYMM_GEMM_FP8(NAME, A_DT, B_DT)                                                   \
-    SYMM_GEMM_ENTRY(symm_gemm_sm90_##NAME##_n256, A_DT, B_DT, 256, false, 1)              \
-    SYMM_GEMM_ENTRY(symm_gemm_sm90_##NAME##_n128, A_DT, B_DT, 128, false, 1)              \
-    SYMM_GEMM_ENTRY(symm_gemm_sm90_##NAME##_n128_exact, A_DT, B_DT, 128, true, 1)         \
-    SYMM_GEMM_ENTRY(symm_gemm_sm90_##NAME##_n128_exact_c2, A_DT, B_DT, 128, true, 2)
-SYMM_GEMM_FP8(e4m3_e4m3, SYMM_DT_E4M3, SYMM_DT_E4M3)
-SYMM_GEMM_FP8(e4m3_e5m2, SYMM_DT_E4M3, SYMM_DT_E5M2)
-SYMM_GEMM_FP8(e5m2_e4m3, SYMM_DT_E5M2, SYMM_DT_E4M3)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n256, SYMM_DT_BF16, SYMM_DT_BF16, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_bf16_n128, SYMM_DT_BF16, SYMM_DT_BF16, 128, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n256, SYMM_DT_F16, SYMM_DT_F16, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_f16_n128, SYMM_DT_F16, SYMM_DT_F16, 128, false)
+// fp8: fast accumulation (both tiles), and exact (`_exact`, 128-wide).
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n256, SYMM_DT_E4M3, SYMM_DT_E4M3, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n128, SYMM_DT_E4M3, SYMM_DT_E4M3, 128, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e4m3_n128_exact, SYMM_DT_E4M3, SYMM_DT_E4M3, 128, true)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n256, SYMM_DT_E4M3, SYMM_DT_E5M2, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n128, SYMM_DT_E4M3, SYMM_DT_E5M2, 128, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e4m3_e5m2_n128_exact, SYMM_DT_E4M3, SYMM_DT_E5M2, 128, true)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n256, SYMM_DT_E5M2, SYMM_DT_E4M3, 256, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n128, SYMM_DT_E5M2, SYMM_DT_E4M3, 128, false)
+SYMM_GEMM_ENTRY(symm_gemm_sm90_e5m2_e4m3_n128_exact, SYMM_DT_E5M2, SYMM_DT_E4M3, 128, true)

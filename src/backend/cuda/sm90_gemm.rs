@@ -34,8 +34,7 @@ const EPI_BYTES: usize = 2 * 16384;
 const C_BOX: usize = 64;
 
 /// Driver entry points beyond the backend's base set.
-const SYMBOLS: &[&str] =
-    &["cuTensorMapEncodeTiled", "cuFuncSetAttribute", "cuLaunchKernelEx", "cuOccupancyMaxActiveClusters"];
+const SYMBOLS: &[&str] = &["cuTensorMapEncodeTiled", "cuFuncSetAttribute"];
 
 /// Mirror of `struct symm_gemm_params`.
 #[repr(C)]
@@ -113,18 +112,14 @@ impl TileN {
 
 /// The input types the kernels come in, as named in their entry points
 /// (`symm_gemm_sm90_<name>_n<cols>`); the fp8 ones (the last three) also
-/// as `..._n128_exact`, which promote partial sums into f32 registers, and
-/// `..._n128_exact_c2`, the same in clusters of two CTAs sharing B.
+/// as `..._n128_exact`, which promote partial sums into f32 registers.
 const INPUTS: [&str; 5] = ["bf16", "f16", "e4m3_e4m3", "e4m3_e5m2", "e5m2_e4m3"];
 
 /// The loaded kernels of one device: `[INPUTS][N128, N256]`, and the
-/// exact fp8 ones `[single CTAs, clusters of two]`.
+/// exact fp8 ones.
 pub struct Sm90Kernels {
     functions: Vec<[CudaFunction; 2]>,
-    exact: Vec<[CudaFunction; 2]>,
-    /// CTAs of the clustered kernels resident at once on an idle device:
-    /// pairs must fit within one GPC, which can leave SMs unused.
-    pair_ctas: u32,
+    exact: Vec<CudaFunction>,
 }
 
 impl Sm90Kernels {
@@ -147,16 +142,12 @@ impl Sm90Kernels {
             .iter()
             .map(|i| Ok([f(&format!("symm_gemm_sm90_{i}_n128"))?, f(&format!("symm_gemm_sm90_{i}_n256"))?]))
             .collect::<Result<Vec<_>>>()?;
-        let exact = INPUTS[2..]
-            .iter()
-            .map(|i| {
-                Ok([f(&format!("symm_gemm_sm90_{i}_n128_exact"))?, f(&format!("symm_gemm_sm90_{i}_n128_exact_c2"))?])
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let exact =
+            INPUTS[2..].iter().map(|i| f(&format!("symm_gemm_sm90_{i}_n128_exact"))).collect::<Result<Vec<_>>>()?;
         let sized = functions
             .iter()
             .flat_map(|[n128, n256]| [(n128, TileN::N128), (n256, TileN::N256)])
-            .chain(exact.iter().flatten().map(|f| (f, TileN::N128)));
+            .chain(exact.iter().map(|f| (f, TileN::N128)));
         for (function, tile) in sized {
             let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             // SAFETY: a loaded function; symbols checked.
@@ -165,14 +156,11 @@ impl Sm90Kernels {
                 "cuFuncSetAttribute",
             )?;
         }
-        let sms = driver::attribute(ordinal, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-        let pair_ctas = resident_pairs(&exact[0][1], sms)?;
-        Ok(Some(Sm90Kernels { functions, exact, pair_ctas }))
+        Ok(Some(Sm90Kernels { functions, exact }))
     }
 
-    /// The kernel for `mm`'s input types, accumulation, tile and cluster
-    /// size (checked).
-    fn function(&self, mm: &Sm90Matmul, cluster: u32) -> &CudaFunction {
+    /// The kernel for `mm`'s input types, accumulation and tile (checked).
+    fn function(&self, mm: &Sm90Matmul) -> &CudaFunction {
         let row = match mm.fp8 {
             None if mm.dtype == GemmDtype::F16 => 1,
             None => 0,
@@ -183,50 +171,10 @@ impl Sm90Kernels {
             },
         };
         match mm.fp8 {
-            Some(f) if !f.fast_accum => &self.exact[row - 2][usize::from(cluster == 2)],
+            Some(f) if !f.fast_accum => &self.exact[row - 2],
             _ => &self.functions[row][mm.tile as usize],
         }
     }
-}
-
-/// A launch configuration of `grid` CTAs in clusters of `cluster`, with
-/// the 128-wide tile's shared memory (the clustered kernels'; callers set
-/// another); `attr` is filled with the cluster shape and must outlive the
-/// config's use. Single CTAs get no attribute: a plain launch.
-fn launch_config(
-    grid: u32,
-    cluster: u32,
-    stream: sys::CUstream,
-    attr: &mut sys::CUlaunchAttribute,
-) -> sys::CUlaunchConfig {
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
-    sys::CUlaunchConfig {
-        gridDimX: grid,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: THREADS,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: TileN::N128.smem_bytes() as u32,
-        hStream: stream,
-        attrs: attr,
-        numAttrs: u32::from(cluster > 1),
-    }
-}
-
-/// How many CTAs of the clustered kernel `f` are resident at once.
-fn resident_pairs(f: &CudaFunction, sms: u32) -> Result<u32> {
-    // SAFETY: zero is a valid bit pattern of this plain C struct.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    let config = launch_config(sms / 2 * 2, 2, std::ptr::null_mut(), &mut attr);
-    let mut clusters = 0i32;
-    // SAFETY: config and attr live across the call; symbols checked.
-    check(
-        unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) },
-        "cuOccupancyMaxActiveClusters",
-    )?;
-    Ok(clusters.max(0) as u32 * 2)
 }
 
 fn driver_has_symbols() -> bool {
@@ -344,9 +292,6 @@ pub struct Sm90Matmul {
     pub tile: TileN,
     /// CTAs to launch at most (default: one per SM); fewer leave SMs free.
     pub max_ctas: Option<u32>,
-    /// Exact fp8 in clusters of two CTAs sharing B where a chunk's row
-    /// tiles pair up (default); false: single CTAs (for comparisons).
-    pub pair_ctas: bool,
     /// Store C through shared memory and TMA where it qualifies (default);
     /// false: straight from registers (for comparisons).
     pub tma_epilogue: bool,
@@ -377,7 +322,6 @@ impl Sm90Matmul {
             scatter: None,
             tile: choose_tile(m, n, 1, 132),
             max_ctas: None,
-            pair_ctas: true,
             tma_epilogue: true,
             timeout_ns: 0,
             err,
@@ -461,20 +405,6 @@ impl Sm90Matmul {
 
     pub fn chunks(&self) -> usize {
         self.order.len()
-    }
-
-    /// CTAs per cluster: two (sharing B's k-blocks, a quarter less L2
-    /// traffic per SM) for exact fp8, whose 128-wide tile is otherwise
-    /// bound by L2 bandwidth, when a chunk's row tiles pair up exactly (so
-    /// no CTA computes a tile past its chunk); else one. Depends on the
-    /// shape only, like the tile width.
-    pub fn cluster(&self) -> u32 {
-        let exact = self.fp8.is_some_and(|f| !f.fast_accum);
-        if exact && self.pair_ctas && self.chunk_rows.div_ceil(BM) % 2 == 0 {
-            2
-        } else {
-            1
-        }
     }
 
     /// Tiles in one chunk (the rs flags per source rank).
@@ -577,9 +507,7 @@ impl Sm90Matmul {
             Some(g) => encode(input, &g.local, self.k, BM)?,
             None => tm_a,
         };
-        // In clusters, each CTA loads its share of B's rows for all.
-        let cl = self.cluster();
-        let tm_b = encode(input, &self.b, self.k, self.tile.cols() / cl as usize)?;
+        let tm_b = encode(input, &self.b, self.k, self.tile.cols())?;
         let mut p = self.params();
         // C through TMA stores where it can be: placeholder map otherwise.
         let tm_c = if self.c_through_tma() {
@@ -588,14 +516,8 @@ impl Sm90Matmul {
         } else {
             tm_a
         };
-        // Work units: one tile, or a cluster's `cl` row-adjacent tiles. A
-        // persistent grid: never more CTAs than run at once (tiles wait for
-        // one another in the fused modes), in whole clusters.
-        let units = self.chunk_rows.div_ceil(BM).div_ceil(cl as usize) * self.n.div_ceil(self.tile.cols());
-        let units = (units * self.chunks()).min(u32::MAX as usize) as u32;
-        let resident = if cl == 2 { kernels.pair_ctas } else { sm_count };
-        let ctas = resident.min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX));
-        let grid = units.min(ctas / cl).max(1) * cl;
+        let total = self.tiles_per_chunk() * self.chunks();
+        let grid = (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
         let (mut a, mut al, mut b, mut c) = (tm_a, tm_a_local, tm_b, tm_c);
         let mut args = [
             (&mut a as *mut TensorMap).cast::<c_void>(),
@@ -604,16 +526,25 @@ impl Sm90Matmul {
             (&mut c as *mut TensorMap).cast(),
             (&mut p as *mut Params).cast(),
         ];
-        let f = kernels.function(self, cl);
-        // SAFETY: zero is a valid bit pattern of this plain C struct.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        let mut config = launch_config(grid, cl, stream.0 as sys::CUstream, &mut attr);
-        config.sharedMemBytes = self.tile.smem_bytes() as u32;
+        let f = kernels.function(self);
         // SAFETY: the arguments match the kernel's five parameters and live
-        // until the call returns (the driver copies them); config and attr
-        // outlive the call.
+        // until the call returns (the driver copies them).
         check(
-            unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) },
+            unsafe {
+                sys::cuLaunchKernel(
+                    f.cu_function(),
+                    grid,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    self.tile.smem_bytes() as u32,
+                    stream.0 as sys::CUstream,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
             "launching symm's sm90 matmul",
         )
     }

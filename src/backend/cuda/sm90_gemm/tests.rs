@@ -457,15 +457,7 @@ fn gpu_sm90_fp8_matches_reference() {
                     })
                 })
                 .collect();
-            // Exact accumulation in clusters of two where the row tiles pair
-            // up (129 and 200 rows here) and in single CTAs.
-            let kinds = [
-                (TileN::N128, false, true),
-                (TileN::N128, false, false),
-                (TileN::N128, true, true),
-                (TileN::N256, true, true),
-            ];
-            for (tile, fast_accum, pair_ctas) in kinds {
+            for (tile, fast_accum) in [(TileN::N128, false), (TileN::N128, true), (TileN::N256, true)] {
                 for row_wise in [false, true] {
                     case += 1;
                     let out = [BF16, F16, F32][case % 3];
@@ -482,15 +474,13 @@ fn gpu_sm90_fp8_matches_reference() {
                     );
                     (mm.out_dtype, mm.tile) = (out, tile);
                     mm.set_fp8(Fp8Params { fast_accum, ..sc.params(at, bt) });
-                    mm.pair_ctas = pair_ctas;
                     mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
                     g.sync();
                     let got = decode(out, &c.read_bytes());
                     let what = format!(
                         "{m}x{n}x{k} {at:?} x {bt:?} row_wise {row_wise} bias {} -> {out:?} {tile:?} \
-                         fast_accum {fast_accum} cluster {}",
-                        bias.is_some(),
-                        mm.cluster()
+                         fast_accum {fast_accum}",
+                        bias.is_some()
                     );
                     let tol = match out {
                         BF16 => 1.0 / 128.0,
@@ -567,17 +557,12 @@ fn gpu_sm90_fp8_against_cublaslt() {
         // tells what the tile costs apart from the promotion.
         let mut fast_n128 = ours[1].clone();
         fast_n128.tile = TileN::N128;
-        // Exact in single CTAs, where it would run in pairs sharing B.
-        let mut exact_c1 = ours[0].clone();
-        exact_c1.pair_ctas = false;
         // Candidate c < 8: scale mode c / 4; c % 4: symm exact, symm fast,
-        // cuBLASLt exact, cuBLASLt fast. Candidate 8: fast_n128; 9: exact_c1.
-        let med = round_robin_ms(&g, 10, |c| {
+        // cuBLASLt exact, cuBLASLt fast. Candidate 8: fast_n128.
+        let med = round_robin_ms(&g, 9, |c| {
             let i = 2 * (c / 4) + c % 2;
             if c == 8 {
                 fast_n128.launch(kern, g.kernels.sm_count, g.stream()).unwrap()
-            } else if c == 9 {
-                exact_c1.launch(kern, g.kernels.sm_count, g.stream()).unwrap()
             } else if c % 4 < 2 {
                 ours[i].launch(kern, g.kernels.sm_count, g.stream()).unwrap()
             } else {
@@ -587,9 +572,7 @@ fn gpu_sm90_fp8_against_cublaslt() {
         let names = ["", "_rowwise"].iter().flat_map(|mode| {
             ["symm_sm90", "symm_sm90_fast_accum", "cublaslt", "cublaslt_fast_accum"].map(|imp| format!("{imp}{mode}"))
         });
-        for (imp, ms) in
-            names.chain(["symm_sm90_fast_accum_n128".to_string(), "symm_sm90_single_ctas".to_string()]).zip(&med)
-        {
+        for (imp, ms) in names.chain(["symm_sm90_fast_accum_n128".to_string()]).zip(&med) {
             print_record((m, k, n), "fp8_e4m3", &imp, *ms);
         }
         // Differences, in the order of `ours`: exact against exact, fast against fast.
@@ -603,16 +586,14 @@ fn gpu_sm90_fp8_against_cublaslt() {
             diffs.push(rel_err(&x, &want));
         }
         println!(
-            "matmul fp8 {m}x{k}x{n}: ratio to cuBLASLt, exact (tile N128, clusters of {}) / fast_accum \
-             (tile {:?}): tensor-wise {:.3} / {:.3}, row-wise {:.3} / {:.3}; exact in single CTAs {:.3}; \
-             relative differences exact {:.2e} {:.2e}, fast {:.2e} {:.2e}",
-            ours[0].cluster(),
+            "matmul fp8 {m}x{k}x{n}: ratio to cuBLASLt, exact (tile N128) / fast_accum (tile {:?}): \
+             tensor-wise {:.3} / {:.3}, row-wise {:.3} / {:.3}; relative differences exact {:.2e} {:.2e}, \
+             fast {:.2e} {:.2e}",
             ours[1].tile,
             med[0] / med[2],
             med[1] / med[3],
             med[4] / med[6],
             med[5] / med[7],
-            med[9] / med[2],
             diffs[0],
             diffs[2],
             diffs[1],
