@@ -45,7 +45,12 @@
 // Fused reduce-scatter (rs != 0): chunk c of the rows is rank c's output.
 // Tiles of a peer's chunk are written (in C's dtype) into that peer's inbox
 // slot for this rank, then flagged with a release store into the peer's
-// tile flags; the tiles of this rank's own chunk come last in `order`, and
+// tile flags. With rs_push (rows of whole 16-byte units) a tile goes
+// through shared memory and leaves by bulk async copies, row by row, that
+// drain over NVLink while the consumers run the next tile's mainloop; its
+// flag is set at the next tile's epilogue, once those copies completed
+// (stores from registers and a fence per tile kept both consumer
+// warpgroups waiting on NVLink, and every CTA sent its tile at once); the tiles of this rank's own chunk come last in `order`, and
 // their epilogue waits for every peer's flag of the same tile, adds the
 // peers' partial tiles to its accumulators and writes the output. Flags are
 // consumed (1 -> 0) by the reader, so nothing needs resetting between calls
@@ -95,7 +100,7 @@ struct symm_gemm_params {
     uint64_t bias;         // 0, or n elements of C's dtype
     int64_t a_scale_slot;  // row-wise: distance between chunks' row scales (gathered into slots)
     int32_t scale_mode;    // SYMM_GEMM_SCALES_*
-    int32_t pad_;
+    int32_t rs_push;       // rs: 1 = peers' tiles leave through shared memory and bulk copies (see below)
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -514,6 +519,76 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
     }
 }
 
+// Reduce-scatter to a peer through shared memory (rs_push): each consumer
+// warpgroup converts its 64 rows, 256 bytes of each row at a time (128
+// columns of a 16-bit C, 64 of f32), into its 16 KiB staging area, rows
+// 256 bytes apart (16-byte writes of quad-transposed fragments: a
+// quarter-warp's two rows share banks, a 2-way conflict), and one thread
+// sends each valid row with a bulk async copy to `base` + (row - row_base)
+// * n + col, in C's type. Returns once the copies are issued; the caller
+// waits for their completion (cp.async.bulk.wait_group 0) before flagging.
+template <int DT, int BN>
+static __device__ __forceinline__ void symm_epilogue_push(const float (&d)[BN / 2], const symm_tile& tile, int n,
+                                                          int slice_row0, unsigned char* staging, uint64_t base,
+                                                          int64_t row_base, float alpha, bool& pending) {
+    constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
+    constexpr int PIECE = 256 / ELEM;  // columns per staging row
+    const int t = threadIdx.x % 128, q = t % 4;
+    const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
+    const int r0 = 16 * (t / 32) + (t % 32) / 4;
+#pragma unroll
+    for (int h = 0; h < BN / PIECE; h++) {
+        if (pending) {
+            if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
+        }
+#pragma unroll
+        for (int i = 0; i < PIECE / 32; i++) {
+            const int blk = h * (PIECE / 8) + 4 * i;  // first of four 8-column blocks
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                float lo[4], hi[4];
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    lo[jj] = d[4 * (blk + jj) + 2 * hh] * alpha;
+                    hi[jj] = d[4 * (blk + jj) + 2 * hh + 1] * alpha;
+                }
+                // Lane q now holds columns 8q .. 8q + 7 of the four blocks.
+                symm_quad_transpose(lo, q);
+                symm_quad_transpose(hi, q);
+                unsigned char* dst = staging + (r0 + 8 * hh) * 256 + (32 * i + 8 * q) * ELEM;
+                if constexpr (DT == SYMM_DT_F32) {
+                    *(float4*)dst = make_float4(lo[0], hi[0], lo[1], hi[1]);
+                    *(float4*)(dst + 16) = make_float4(lo[2], hi[2], lo[3], hi[3]);
+                } else if constexpr (DT == SYMM_DT_BF16) {
+                    *(uint4*)dst = make_uint4(symm_pack_bf16x2(lo[0], hi[0]), symm_pack_bf16x2(lo[1], hi[1]),
+                                              symm_pack_bf16x2(lo[2], hi[2]), symm_pack_bf16x2(lo[3], hi[3]));
+                } else {
+                    *(uint4*)dst = make_uint4(symm_pack_f16x2(lo[0], hi[0]), symm_pack_f16x2(lo[1], hi[1]),
+                                              symm_pack_f16x2(lo[2], hi[2]), symm_pack_f16x2(lo[3], hi[3]));
+                }
+            }
+        }
+        // Our generic-proxy writes, then the async proxy (bulk copies) reads them.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
+        const int col = tile.col0 + h * PIECE;
+        if (t == 0 && col < n) {
+            const uint32_t bytes = (uint32_t)(min(PIECE, n - col) * ELEM);
+            for (int r = 0; r < 64; r++) {
+                const int row = tile.row0 + slice_row0 + r;
+                if (row >= tile.row_end) break;
+                const uint64_t dst = base + (uint64_t)(((int64_t)(row - row_base) * n + col) * ELEM);
+                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
+                             "r"(symm_smem_addr(staging + r * 256)), "r"(bytes)
+                             : "memory");
+            }
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+        pending = true;
+    }
+}
+
 // Waits until *flag != 0 (acquire, system scope), or times out (recorded in
 // err, returns false): a missing peer never hangs the kernel. Polls with
 // relaxed loads and backs off (64 ns doubling to 1 us), then acquires once:
@@ -633,6 +708,22 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     // Exact fp8: the k-blocks' sums, which the epilogue then reads.
     float promoted[BN / 2];
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
+    // rs_push: the peer tile whose flag waits for its copies to complete.
+    uint32_t* unflagged = nullptr;
+    // Sets `unflagged` once both warpgroups' copies of it completed.
+    auto flag_pushed_tile = [&]() {
+        if (t128 == 0) {
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+        }
+        pending = false;
+        symm_consumers_sync();
+        if (threadIdx.x == 128) {
+            __threadfence_system();
+            symm_st_release_sys(unflagged, 1u);
+        }
+        unflagged = nullptr;
+    };
     int stage = 0;
     uint32_t phase = 0;
     auto advance = [&]() {
@@ -718,7 +809,20 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const int64_t chunk_row0 = (int64_t)tile.chunk * p.chunk_rows;
         const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
         const int elem = dt == SYMM_DT_F32 ? 4 : 2;
-        if (tile.chunk != p.rank) {
+        // The previous tile's copies completed during this tile's mainloop.
+        if (unflagged != nullptr) flag_pushed_tile();
+        if (tile.chunk != p.rank && p.rs_push) {
+            // A peer's rows: out by bulk copies into its inbox slot for this
+            // rank; flagged at the next epilogue (or the end).
+            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
+            unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+#define SYMM_EPI(DT) symm_epilogue_push<DT, BN>(acc, tile, p.n, slice, mine, dst, chunk_row0, p.alpha, pending)
+            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+            else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
+            unflagged = (uint32_t*)p.tile_flags[tile.chunk] + (int64_t)p.rank * tiling.per_chunk + tile.index;
+        } else if (tile.chunk != p.rank) {
             // A peer's rows: into its inbox slot for this rank, then its flag.
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
 #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
@@ -758,6 +862,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
 #undef SYMM_EPI
         }
     }
+    if (unflagged != nullptr) flag_pushed_tile();
     // The last stores must finish reading shared memory before the CTA exits.
     if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }

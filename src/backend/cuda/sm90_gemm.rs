@@ -65,7 +65,7 @@ struct Params {
     bias: u64,
     a_scale_slot: i64,
     scale_mode: i32,
-    pad: i32,
+    rs_push: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<Params>() == 448);
@@ -295,6 +295,9 @@ pub struct Sm90Matmul {
     /// Store C through shared memory and TMA where it qualifies (default);
     /// false: straight from registers (for comparisons).
     pub tma_epilogue: bool,
+    /// Reduce-scatter: send peers' tiles through shared memory and bulk
+    /// copies where rows qualify (default); false: stores from registers.
+    pub rs_push: bool,
     pub timeout_ns: u64,
     /// Device pointer of the group's `symm_async_error` record.
     pub err: u64,
@@ -323,6 +326,7 @@ impl Sm90Matmul {
             tile: choose_tile(m, n, 1, 132),
             max_ctas: None,
             tma_epilogue: true,
+            rs_push: true,
             timeout_ns: 0,
             err,
         }
@@ -565,6 +569,16 @@ impl Sm90Matmul {
             && self.tma_epilogue
     }
 
+    /// Whether the reduce-scatter epilogue sends peers' tiles by bulk
+    /// copies: rows of C's type in whole 16-byte units at 16-byte aligned
+    /// inboxes (the copies' rule).
+    fn rs_pushes(&self) -> bool {
+        let row_bytes = self.n * self.out_dtype.size();
+        self.rs_push
+            && row_bytes % 16 == 0
+            && self.scatter.as_ref().is_some_and(|s| s.inbox.iter().all(|&a| a % 16 == 0))
+    }
+
     fn params(&self) -> Params {
         let mut order = [0i32; MAX_CHUNKS];
         for (o, &c) in order.iter_mut().zip(&self.order) {
@@ -611,7 +625,7 @@ impl Sm90Matmul {
             bias,
             a_scale_slot: self.gather.as_ref().map_or(self.chunk_rows, |g| g.scale_slot) as i64,
             scale_mode,
-            pad: 0,
+            rs_push: i32::from(self.rs_pushes()),
         }
     }
 }

@@ -704,12 +704,14 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
 fn gpu_sm90_matmul_reduce_scatter_epilogue() {
     let Some(g) = gpu() else { return };
     let Some(kern) = hopper(&g) else { return };
-    for fp8 in [false, true] {
-        reduce_scatter_case(&g, kern, fp8);
+    // Peers' tiles by bulk copies (320-column rows: the last piece
+    // partial) and, for comparison, stored from registers.
+    for (fp8, push) in [(false, true), (true, true), (false, false), (true, false)] {
+        reduce_scatter_case(&g, kern, fp8, push);
     }
 }
 
-fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, fp8: bool) {
+fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, fp8: bool, push: bool) {
     let dt = GemmDtype::BF16;
     let (world, rows, n, k) = (2usize, 192usize, 320usize, 128usize);
     let m = world * rows;
@@ -739,6 +741,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, fp8: bool) {
         mm.alpha = 0.5;
         mm.max_ctas = Some(g.kernels.sm_count / world as u32);
         mm.timeout_ns = 5_000_000_000;
+        mm.rs_push = push;
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
@@ -781,7 +784,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, fp8: bool) {
             (0..rows * n).map(|e| 0.5 * (0..world).map(|q| term(q, e)).sum::<f64>()).collect()
         };
         let e = rel_err(&decode(dt, &out.read_bytes()), &want);
-        assert!(e < 1e-2, "rank {r}, fp8 {fp8}: relative error {e}");
+        assert!(e < 1e-2, "rank {r}, fp8 {fp8}, push {push}: relative error {e}");
         // Every flag was consumed, so a replay starts clean.
         assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
     }
