@@ -186,6 +186,16 @@ static __device__ __forceinline__ void symm_consumers_sync() {
     asm volatile("bar.sync 1, 256;" ::: "memory");
 }
 
+// Tells the compiler the registers of `acc` are read and written here, so
+// it neither moves their accesses across this point nor assumes they are
+// unchanged (as CUTLASS's warpgroup_fence_operand): wgmma writes them
+// asynchronously.
+template <int N>
+static __device__ __forceinline__ void symm_fence_operand(float (&acc)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
 // One wgmma of the tile's 64-row slice: 64 x BN x (32 bytes of k).
 template <int A_DT, int B_DT, int BN>
 static __device__ __forceinline__ void symm_wgmma(float (&d)[BN / 2], uint64_t da, uint64_t db, int acc) {
@@ -707,6 +717,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     static_assert(!PROMOTE || (BK == SYMM_GEMM_BK_BYTES && BN == 128), "promotion: fp8, 128-wide tiles");
     // Exact fp8: the k-blocks' sums, which the epilogue then reads.
     float promoted[BN / 2];
+    float d1[PROMOTE ? BN / 2 : 1];  // exact fp8: odd k-blocks' partial sums
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
     // rs_push: the peer tile whose flag waits for its copies to complete.
     uint32_t* unflagged = nullptr;
@@ -750,21 +761,59 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
         if constexpr (PROMOTE) {
-            // Each k-block into d afresh, then, once done, added into
-            // `promoted`: one set with a full wait, as CUTLASS and DeepGEMM
-            // do. Tried and measured no faster (bench/KERNELS.md, f5-f7):
-            // the two warpgroups taking turns to issue, two sets alternating
-            // so one is promoted while the next k-block runs, and clusters
-            // of two CTAs sharing B.
+            // Each k-block's partial sum afresh into one of two sets (d for
+            // even k-blocks, d1 for odd), added into `promoted` once done
+            // while the next k-block runs in the other set. Measured 2-4%
+            // faster than one set with a full wait per k-block (as CUTLASS
+            // and DeepGEMM), within one run (bench/KERNELS.md, f6). Nothing
+            // but wgmma writes d and d1: ptxas serializes the wgmmas if
+            // other code defines their accumulators (C7514).
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) promoted[i] = 0.f;
-            for (int kb = 0; kb < kblocks; kb++) {
-                issue(d, false);
-                symm_wgmma_wait<0>();
-                if (t128 == 0) symm_mbar_arrive(&empty[stage]);
-                advance();
+            auto promote = [&](float(&acc)[BN / 2]) {
+                symm_fence_operand(acc);
 #pragma unroll
-                for (int i = 0; i < BN / 2; i++) promoted[i] += d[i];
+                for (int i = 0; i < BN / 2; i++) promoted[i] += acc[i];
+                symm_fence_operand(acc);
+            };
+            // d holds k-block kb (in flight) at the top of each pass; the
+            // pairs are peeled so every wait has a fixed count (ptxas
+            // tracks which set a wait completes only then).
+            int s0 = stage, s1;
+            symm_fence_operand(d);
+            issue(d, false);
+            advance();
+            int kb = 0;
+            for (; kb + 2 < kblocks; kb += 2) {
+                s1 = stage;
+                symm_fence_operand(d1);
+                issue(d1, false);
+                advance();
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
+                s0 = stage;
+                issue(d, false);
+                advance();
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
+                promote(d1);
+            }
+            if (kb + 1 < kblocks) {
+                s1 = stage;
+                symm_fence_operand(d1);
+                issue(d1, false);
+                advance();
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
+                symm_wgmma_wait<0>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
+                promote(d1);
+            } else {
+                symm_wgmma_wait<0>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
             }
         }
         if constexpr (!PROMOTE) {
