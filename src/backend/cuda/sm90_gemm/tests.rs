@@ -789,3 +789,93 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, fp8: bool, push: bool) {
         assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
     }
 }
+
+/// The reduce-scatter epilogue's two ways of sending peers' tiles, timed
+/// on one GPU: two ranks in one context, each kernel on half the SMs and
+/// its own stream, their "peer" inboxes local memory. NVLink is absent, so
+/// this shows what the consumers spend on the send itself (stores, fence
+/// and flag per tile from registers, against staging and bulk copies), not
+/// the link; the two-GPU benchmark times the real thing.
+#[test]
+fn gpu_sm90_reduce_scatter_push_against_registers() {
+    let Some(g) = gpu() else { return };
+    let Some(kern) = hopper(&g) else { return };
+    let dt = GemmDtype::BF16;
+    let (world, rows, n, k) = (2usize, 4096usize, 8192usize, 4096usize);
+    let m = world * rows;
+    if !shape_selected(m, n, k) {
+        return;
+    }
+    let p = g.upload(&enc(dt, &values(m * k, 5)));
+    let w = g.upload(&enc(dt, &values(n * k, 6)));
+    let errors = AsyncError::new().unwrap();
+    let outs: Vec<DevBuf> = (0..world).map(|_| g.alloc(rows * n * 2)).collect();
+    let mut mms = Vec::new();
+    for (r, out) in outs.iter().enumerate() {
+        let mut mm = Sm90Matmul::plain(
+            Operand { ptr: p.ptr, rows: m, ld: k },
+            Operand { ptr: w.ptr, rows: n, ld: k },
+            Operand { ptr: out.ptr, rows, ld: n },
+            k,
+            dt,
+            errors.device_ptr(),
+        );
+        mm.chunk_rows = rows;
+        mm.order = (1..=world).map(|i| (r + i) % world).collect();
+        mm.max_ctas = Some(g.kernels.sm_count / world as u32);
+        mm.timeout_ns = 5_000_000_000;
+        mms.push(mm);
+    }
+    let inboxes: Vec<DevBuf> = (0..world).map(|_| g.alloc(mms[0].inbox_bytes())).collect();
+    let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; mms[0].flag_bytes()])).collect();
+    for (r, mm) in mms.iter_mut().enumerate() {
+        mm.scatter = Some(Scatter {
+            rank: r,
+            inbox: inboxes.iter().map(|b| b.ptr).collect(),
+            tile_flags: flags.iter().map(|b| b.ptr).collect(),
+        });
+    }
+    let mut side = std::ptr::null_mut();
+    // SAFETY: out-pointers valid.
+    check(unsafe { sys::cuStreamCreate(&mut side, 1) }, "cuStreamCreate").unwrap();
+    let mut ev = [std::ptr::null_mut(); 2];
+    for e in &mut ev {
+        check(unsafe { sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, "cuEventCreate")
+            .unwrap();
+    }
+    let main = g.stream().0 as sys::CUstream;
+    // Candidate c: 0 = from registers, 1 = pushed; both ranks at once.
+    let med = round_robin_ms(&g, 2, |c| {
+        let mut pair = mms.clone();
+        for mm in &mut pair {
+            mm.rs_push = c == 1;
+        }
+        // SAFETY: events and streams are ours and alive.
+        unsafe {
+            check(sys::cuEventRecord(ev[0], main), "cuEventRecord").unwrap();
+            check(sys::cuStreamWaitEvent(side, ev[0], 0), "cuStreamWaitEvent").unwrap();
+        }
+        pair[0].launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        pair[1].launch(kern, g.kernels.sm_count, Stream(side as usize)).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            check(sys::cuEventRecord(ev[1], side), "cuEventRecord").unwrap();
+            check(sys::cuStreamWaitEvent(main, ev[1], 0), "cuStreamWaitEvent").unwrap();
+        }
+    });
+    g.sync();
+    errors.check().unwrap();
+    for (imp, ms) in ["symm_sm90_rs_registers", "symm_sm90_rs_push"].iter().zip(&med) {
+        print_record((m, k, n), "bf16_rs_world2_one_gpu", imp, *ms);
+    }
+    println!("sm90 reduce-scatter on one GPU, {m}x{k}x{n}, world 2: pushed / from registers {:.3}", med[1] / med[0]);
+    // Every tile was flagged and consumed, in both ways.
+    assert!(flags.iter().all(|f| f.read::<u32>(mms[0].flag_bytes() / 4).iter().all(|&x| x == 0)));
+    // SAFETY: created above; the device is idle.
+    unsafe {
+        for e in ev {
+            sys::cuEventDestroy_v2(e);
+        }
+        sys::cuStreamDestroy_v2(side);
+    }
+}
