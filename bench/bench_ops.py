@@ -143,15 +143,16 @@ def with_algorithm(fn, algo):
     return run
 
 
-def symm_algorithms(op, shape, ours, out, ref, tolerance):
-    """{impl: fn} of symm's own choice and each algorithm forced, and
-    {impl: relative error}: every one checked against `ref` (outputs
-    poisoned first) twice, since timed calls repeat one call, which symm
-    replays as a graph from its second occurrence."""
+def symm_algorithms(op, shape, ours, bound, out, ref, tolerance):
+    """{impl: fn} of symm's own choice, each algorithm forced, and the call
+    bound once (`symm.bind`, symm's choice), and {impl: relative error}:
+    every one checked against `ref` (outputs poisoned first) twice, since
+    timed calls repeat one call, which symm replays as a graph from its
+    second occurrence."""
     fns, errs = {}, {}
-    for algo in (None, "sequential", "pipelined", "fused"):
+    for algo in (None, "sequential", "pipelined", "fused", "bound"):
         impl = f"symm_{algo}" if algo else "symm"
-        fn = with_algorithm(ours, algo)
+        fn = bound if algo == "bound" else with_algorithm(ours, algo)
         out.fill_(float("nan"))
         try:
             fn()
@@ -212,9 +213,12 @@ def bench_ag_mm(b, g, shapes):
         def ours():
             symm.fused_ag_mm(g, a_shard, [w], gather_dim=0, out=[out], stream=torch.cuda.current_stream().cuda_stream)
 
+        bound = symm.bind(
+            symm.fused_ag_mm, g, a_shard, [w], gather_dim=0, out=[out], stream=torch.cuda.current_stream().cuda_stream
+        )
         nccl_cublas()
         shape = (m, k, n)
-        fns, errs = symm_algorithms("ag_mm", shape, ours, out, ref, 1e-2)
+        fns, errs = symm_algorithms("ag_mm", shape, ours, bound, out, ref, 1e-2)
         others = {
             "torch_fused": lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name),
             "nccl_cublas": nccl_cublas,
@@ -239,9 +243,12 @@ def bench_mm_rs(b, g, shapes):
         def ours():
             symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=torch.cuda.current_stream().cuda_stream)
 
+        bound = symm.bind(
+            symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=torch.cuda.current_stream().cuda_stream
+        )
         nccl_cublas()
         shape = (m, k, n)
-        fns, errs = symm_algorithms("mm_rs", shape, ours, out, ref, 2e-2)
+        fns, errs = symm_algorithms("mm_rs", shape, ours, bound, out, ref, 2e-2)
         others = {
             "torch_fused": lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name),
             "nccl_cublas": nccl_cublas,

@@ -13,7 +13,7 @@ Needs matplotlib (not a dependency of symm: `pip install matplotlib`).
 import json
 import sys
 
-IMPLS = ("symm", "symm_sequential", "symm_pipelined", "symm_fused", "torch_fused", "nccl_cublas",
+IMPLS = ("symm", "symm_bound", "symm_sequential", "symm_pipelined", "symm_fused", "torch_fused", "nccl_cublas",
          "symm_graph", "torch_fused_graph", "nccl_cublas_graph")
 LC_IMPLS = ("symm", "symm_inplace", "nccl", "torch_lc")
 

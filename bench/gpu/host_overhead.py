@@ -1,7 +1,8 @@
 """Host time of one symm call: how long the CPU takes to enqueue an
 operation, split into the Python wrapper and the library call, next to a
 torch.matmul of the same shape, and the driver calls the library makes
-(torch.profiler's CUPTI driver/runtime records) with their host durations.
+(torch.profiler's CUPTI driver/runtime records) with their host durations;
+each symm call plain and bound once (`symm.bind`, impl `..._bound`).
 
 At small M the GPU finishes an operation in less time than the host takes
 to enqueue it, so this time is what the benchmark measures there.
@@ -128,36 +129,44 @@ def rank_main(rank, world, uid, device, args, queue):
 
             def call():
                 symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[c], stream=stream.cuda_stream)
+
+            def bind():
+                return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[c], stream=stream.cuda_stream)
         else:
             a = full = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             c = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
 
             def call():
                 symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=c, stream=stream.cuda_stream)
+
+            def bind():
+                return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=c, stream=stream.cuda_stream)
         mm_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         matmul_us, _ = host_times(lambda: torch.matmul(full, w, out=mm_out), args.calls, args.batches, sync)
         for algo in ALGOS:
             os.environ["SYMM_ALGO"] = algo
-            c.fill_(float("nan"))
-            call()  # eager: the reference for the replays below
-            eager = c.clone()
-            for _ in range(3):
-                call()
-            host_us, lib_us = host_times(call, args.calls, args.batches, sync, timed)
-            api = driver_calls(call, sync)
-            c.fill_(float("nan"))
-            call()
-            torch.cuda.synchronize()
-            assert torch.equal(c, eager), f"{op} {m}x{k}x{n} {algo}: a repeated call differs from the first"
-            if args.profile and (op, m, algo) == ("ag_mm", 512, "pipelined"):
-                report = python_profile(call, sync)  # every rank calls: the op is collective
-                if rank == 0:
-                    print(report, flush=True)
+            # The plain call, then the same call bound once (symm.bind).
+            for impl, fn in ((f"symm_{algo}", call), (f"symm_{algo}_bound", bind())):
+                c.fill_(float("nan"))
+                fn()  # eager: the reference for the replays below
+                eager = c.clone()
+                for _ in range(3):
+                    fn()
+                host_us, lib_us = host_times(fn, args.calls, args.batches, sync, timed)
+                api = driver_calls(fn, sync)
+                c.fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                assert torch.equal(c, eager), f"{op} {m}x{k}x{n} {impl}: a repeated call differs from the first"
+                if args.profile and (op, m, impl) == ("ag_mm", 512, "symm_pipelined"):
+                    report = python_profile(fn, sync)  # every rank calls: the op is collective
+                    if rank == 0:
+                        print(report, flush=True)
+                out.append({"op": op, "shape": [m, k, n], "impl": impl, "rank": rank, "world": world,
+                            "host_us": round(host_us, 1), "library_us": round(lib_us, 1),
+                            "python_us": round(host_us - lib_us, 1), "torch_matmul_host_us": round(matmul_us, 1),
+                            "api": {k: [v[0], round(v[1], 1)] for k, v in sorted(api.items(), key=lambda x: -x[1][1])}})
             os.environ.pop("SYMM_ALGO")
-            out.append({"op": op, "shape": [m, k, n], "impl": f"symm_{algo}", "rank": rank, "world": world,
-                        "host_us": round(host_us, 1), "library_us": round(lib_us, 1),
-                        "python_us": round(host_us - lib_us, 1), "torch_matmul_host_us": round(matmul_us, 1),
-                        "api": {k: [v[0], round(v[1], 1)] for k, v in sorted(api.items(), key=lambda x: -x[1][1])}})
     g.close()
     queue.put(out)
 

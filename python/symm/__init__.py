@@ -22,7 +22,7 @@ from .errors import (
 )
 from .group import Group, get_unique_id, local_groups
 from .memory import Buffer, Handle
-from .ops import fused_ag_mm, lc_allgather, mm_rs
+from .ops import bind, fused_ag_mm, lc_allgather, mm_rs
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,7 @@ __all__ = [
     "SymmSystemError",
     "SymmTimeoutError",
     "SymmUnsupported",
+    "bind",
     "fused_ag_mm",
     "get_unique_id",
     "library_path",

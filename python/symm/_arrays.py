@@ -37,7 +37,12 @@ class ArrayView(NamedTuple):
     keepalive: tuple  # what must stay alive while the library uses ptr
 
     def accessible_from(self, backend):
-        return self.memory == "managed" or self.memory == ("host" if backend == "host" else "cuda")
+        return accessible(self.memory, backend)
+
+
+def accessible(memory, backend):
+    """Whether a ``backend`` group can use arrays in ``memory``."""
+    return memory == "managed" or memory == ("host" if backend == "host" else "cuda")
 
 
 def _contiguous_strides(shape):
@@ -93,12 +98,13 @@ def _current_torch_stream(torch, device):
     return get(device) if get is not None else torch.cuda.current_stream(device).cuda_stream
 
 
-def _from_torch(t, stream):
-    """A plain strided torch tensor read directly, or None where DLPack's
-    rules apply: a CUDA tensor whose pending work is on another stream than
-    the library's (DLPack orders it), and what DLPack refuses to export
-    (tensors requiring grad, conjugate or negative views)."""
-    torch = sys.modules["torch"]
+def torch_fields(torch, t, stream):
+    """``(ptr, shape, strides, dtype name, memory)`` of a plain strided torch
+    tensor, read directly, or None where DLPack's rules apply: a CUDA tensor
+    whose pending work is on another stream than the library's (DLPack
+    orders it), and what DLPack refuses to export (tensors requiring grad,
+    conjugate or negative views). The hot path of every call: attribute
+    reads only."""
     if t.requires_grad or t.layout is not torch.strided or t.is_conj() or t.is_neg():
         return None
     device = t.get_device()
@@ -108,7 +114,12 @@ def _from_torch(t, stream):
         memory = "cuda"
     else:
         memory = "host"
-    return ArrayView(t.data_ptr(), tuple(t.shape), tuple(t.stride()), _torch_name(torch, t.dtype), memory, True, (t,))
+    return t.data_ptr(), tuple(t.shape), t.stride(), _torch_name(torch, t.dtype), memory
+
+
+def _from_torch(t, stream):
+    fields = torch_fields(sys.modules["torch"], t, stream)
+    return None if fields is None else ArrayView(*fields, True, (t,))
 
 
 _DLPACK_MEMORY = {

@@ -1,8 +1,10 @@
 """``symm_tensor_t`` descriptors of array arguments, checked for what the
 C side cannot see: dtype spelling, memory kind and writability."""
 
+import sys
+
 from . import _lib
-from ._arrays import view
+from ._arrays import MAX_DIMS, accessible, torch_fields, view
 
 # numpy-style dtype names (ml_dtypes' for bf16 and fp8) -> SYMM_DTYPE_*.
 DTYPES = {
@@ -15,24 +17,38 @@ DTYPES = {
 
 
 class Arg:
-    """One array argument of an operation: its view (kept alive for the
-    call) and its C descriptor."""
+    """One array argument of an operation: its shape and dtype name, its C
+    descriptor, and the object behind it (kept alive for the call)."""
+
+    __slots__ = ("shape", "dtype", "c", "_keep")
 
     def __init__(self, group, obj, name, stream, output=False):
-        self.view = v = view(obj, stream)
-        if v.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {v.dtype}; symm supports {', '.join(DTYPES)}")
-        if not v.accessible_from(group.backend):
-            raise ValueError(f"{name} is in {v.memory} memory, which a {group.backend} group cannot use")
-        if output and not v.writable:
+        # Plain torch tensors (most calls) skip the general reader's
+        # ArrayView: at small sizes the host's time is the call's time.
+        torch = sys.modules.get("torch")
+        fields = None
+        if torch is not None and type(obj) is torch.Tensor:
+            fields = torch_fields(torch, obj, stream)
+        if fields is None:
+            v = view(obj, stream)
+            ptr, shape, strides, dtype, memory, writable, keep = v
+        else:
+            ptr, shape, strides, dtype, memory = fields
+            writable, keep = True, obj
+        code = DTYPES.get(dtype)
+        if code is None:
+            raise TypeError(f"{name} has dtype {dtype}; symm supports {', '.join(DTYPES)}")
+        if not accessible(memory, group.backend):
+            raise ValueError(f"{name} is in {memory} memory, which a {group.backend} group cannot use")
+        if output and not writable:
             raise ValueError(f"{name} is read-only")
-        self.c = _lib.Tensor(v.ptr, DTYPES[v.dtype], len(v.shape))
-        self.c.shape[: len(v.shape)] = v.shape
-        self.c.strides[: len(v.strides)] = v.strides
-
-    @property
-    def shape(self):
-        return self.view.shape
+        n = len(shape)
+        if n > MAX_DIMS:
+            raise ValueError(f"arrays of up to {MAX_DIMS} dimensions are supported; this one has {n}")
+        self.shape, self.dtype, self._keep = shape, dtype, keep
+        self.c = c = _lib.Tensor(ptr, code, n)
+        c.shape[:n] = shape
+        c.strides[:n] = strides
 
 
 _ARRAY_TYPES = {}  # n -> Tensor * n (made once: every call builds arrays)

@@ -18,6 +18,7 @@ documents every rule.
 """
 
 import ctypes
+import functools
 
 from . import _lib
 from ._alloc import empty_like
@@ -36,27 +37,81 @@ def _dim(dim, ndim, name):
     return dim % ndim
 
 
-def _collective(group, fn, prepare, failed_args):
-    """Calls ``fn(group.raw, *args)`` where ``args, keep, result = prepare()``;
-    returns ``result``. ``keep`` holds the arrays (and DLPack capsules)
-    behind ``args`` until the call has returned.
+# Public operation -> the function that prepares its _Call (see bind).
+_BINDABLE = {}
+
+
+def _bindable(prepare_call):
+    """The operation that prepares its call with ``prepare_call`` and makes
+    it at once; ``bind`` prepares it only."""
+
+    @functools.wraps(prepare_call)
+    def op(*args, **kwargs):
+        return prepare_call(*args, **kwargs)()
+
+    _BINDABLE[op] = prepare_call
+    return op
+
+
+def bind(operation, group, /, *args, **kwargs):
+    """``operation`` (``fused_ag_mm``, ``mm_rs`` or ``lc_allgather``) with
+    its arguments read once: returns a function of no arguments that makes
+    the call, collectively, each time it is called, and returns what the
+    operation returns (outputs not given are allocated once, here).
+
+    For loops that call an operation again and again on the same arrays (a
+    decode step): a call then costs the library call alone, not the
+    reading of every array, which at small sizes is most of an eager
+    call's time. The arrays' pointers, shapes and strides are those of
+    now, so they must stay where they are (the bound call keeps them
+    alive; a tensor resized or re-pointed in place needs a new bind), and
+    the stream is the one given now. Every rank binds and calls alike.
+
+    An argument that cannot be read fails here (and the peers' first call
+    fails with ``SymmRemoteError``); the library checks the call, and that
+    the ranks agree on it, at every call, as for the operation itself."""
+    prepare_call = _BINDABLE.get(operation)
+    if prepare_call is None:
+        raise TypeError(f"bind takes symm.fused_ag_mm, symm.mm_rs or symm.lc_allgather, not {operation!r}")
+    return prepare_call(group, *args, **kwargs)
+
+
+class _Call:
+    """One collective call with its arguments read: the C function, its
+    arguments, the arrays behind them (kept alive) and what the call
+    returns. Calling it makes the call; ``bind`` keeps it to call again."""
+
+    __slots__ = ("group", "fn", "args", "keep", "result")
+
+    def __init__(self, group, fn, args, keep, result):
+        self.group, self.fn, self.args, self.keep, self.result = group, fn, args, keep, result
+
+    def __call__(self):
+        group = self.group
+        group._check(self.fn(group.raw, *self.args))
+        return self.result
+
+    def __repr__(self):
+        return f"<symm bound {self.fn.__name__} on {self.group!r}>"
+
+
+def _prepared(group, fn, prepare, failed_args):
+    """The ``_Call`` of ``fn`` with ``args, keep, result = prepare()``.
 
     If ``prepare`` finds an argument symm cannot even be given, this rank
     still enters the call (with ``failed_args``, which the library rejects):
     the library then fails the call on every rank, peers with
     ``SymmRemoteError``, instead of leaving them to wait for this one.
     """
-    raw = group.raw
     try:
-        args, _keep, result = prepare()
+        args, keep, result = prepare()
     except (TypeError, ValueError) as e:
         try:
-            group._check(fn(raw, *failed_args))
+            group._check(fn(group.raw, *failed_args))
         except SymmError:
             pass  # certain: the library rejects failed_args; the error to report is ours
         raise SymmInvalidArgument(_lib.ERROR_INVALID_ARGUMENT, f"{fn.__name__}: {e}") from e
-    group._check(fn(raw, *args))
-    return result
+    return _Call(group, fn, args, keep, result)
 
 
 def _listed(x, n, name):
@@ -68,7 +123,7 @@ def _listed(x, n, name):
 
 
 def _is_fp8(arg):
-    return arg.view.dtype.startswith("float8")
+    return arg.dtype.startswith("float8")
 
 
 def _out_dtype(like, arg, out_dtype):
@@ -97,6 +152,7 @@ def _with_ndim(arg, n, name):
     return arg
 
 
+@_bindable
 def fused_ag_mm(
     group,
     a_shard,
@@ -158,13 +214,13 @@ def fused_ag_mm(
             biases=None if bias is None else (_lib.Tensor * len(bias))(*(x.c if x else _lib.Tensor() for x in bias)),
         )
         args = (a.c, array_of(b), len(b), dim, None if g is None else g.c, array_of(o), opts, s)
-        return args, (a, b, o, g, sa, sb, bias), (ag, outs)
+        outs = outs[0] if single else outs
+        return args, (a, b, o, g, sa, sb, bias), ((ag, outs) if return_ag else outs)
 
-    ag, outs = _collective(group, lib.symm_fused_ag_mm, prepare, (None, None, 0, 0, None, None, None, None))
-    outs = outs[0] if single else outs
-    return (ag, outs) if return_ag else outs
+    return _prepared(group, lib.symm_fused_ag_mm, prepare, (None, None, 0, 0, None, None, None, None))
 
 
+@_bindable
 def mm_rs(
     group, a, b, scatter_dim, op="sum", out=None, stream=None, a_scale=None, b_scale=None, bias=None, out_dtype=None
 ):
@@ -199,9 +255,10 @@ def mm_rs(
         opts = _options(_lib.MmRsOptions, **{k: None if t is None else t.c for k, t in extra.items()})
         return (x.c, y.c, dim, REDUCE_OPS[op], o.c, opts, s), (x, y, o, extra), result
 
-    return _collective(group, lib.symm_mm_rs, prepare, (None, None, 0, _lib.REDUCE_SUM, None, None, None))
+    return _prepared(group, lib.symm_mm_rs, prepare, (None, None, 0, _lib.REDUCE_SUM, None, None, None))
 
 
+@_bindable
 def lc_allgather(group, x, out=None, stream=None):
     """Gathers every rank's ``x`` along dimension 0 (``[world * d0, ...]``)
     with copies only, leaving compute units to concurrent work. Returns
@@ -218,4 +275,4 @@ def lc_allgather(group, x, out=None, stream=None):
         o = Arg(group, result, "output", s, output=True)
         return (i.c, o.c, s), (i, o), result
 
-    return _collective(group, lib.symm_lc_allgather, prepare, (None, None, None))
+    return _prepared(group, lib.symm_lc_allgather, prepare, (None, None, None))

@@ -200,6 +200,80 @@ def test_dlpack_inputs():
     on_threads(rank_main, groups_of(2))
 
 
+# --- bound calls ------------------------------------------------------------------
+@pytest.mark.parametrize("world", [2, 3])
+def test_bound_calls_repeat_the_operations(world):
+    """Each bound operation, called three times on inputs changed in place
+    between calls, computes what the plain call computes on each; outputs
+    it allocated at bind time are returned every time."""
+    rng = np.random.default_rng(11)
+    dtype = ml_dtypes.bfloat16
+    shards = [random(rng, (4, 16), dtype) for _ in range(world)]
+    rows = [random(rng, (4 * world, 16), dtype) for _ in range(world)]
+    b = random(rng, (16, 8), dtype)
+
+    def rank_main(g):
+        me = g.rank
+        out = poisoned((4 * world, 8), dtype)
+        ag_mm = symm.bind(symm.fused_ag_mm, g, shards[me], b, 0, out=out)
+        mm_rs = symm.bind(symm.mm_rs, g, rows[me], b, 0, op="avg")
+        gather = symm.bind(symm.lc_allgather, g, shards[me])
+        results = []
+        for step in range(3):
+            out[:] = np.nan
+            shards[me][0, 0] = step  # the same arrays, new values
+            rows[me][0, 0] = step
+            g_barrier(g)
+            assert ag_mm() is out
+            rs = mm_rs()
+            gathered = gather()
+            results.append((out.copy(), rs.copy(), gathered.copy(), rs is mm_rs(), gathered is gather()))
+            g_barrier(g)
+        return results
+
+    for rank, results in enumerate(on_threads(rank_main, groups_of(world))):
+        for step, (ag, rs, gathered, same_rs, same_gathered) in enumerate(results):
+            snap = [x.astype(np.float64) for x in shards]
+            snap_rows = [x.astype(np.float64) for x in rows]
+            for x in snap + snap_rows:
+                x[0, 0] = step
+            assert_close(ag, np.concatenate(snap) @ b.astype(np.float64), dtype)
+            mean = sum(snap_rows) / world @ b.astype(np.float64)
+            assert_close(rs, mean[4 * rank : 4 * rank + 4], dtype)
+            np.testing.assert_array_equal(gathered.astype(np.float64), np.concatenate(snap))
+            assert same_rs and same_gathered, "a bound call returns the outputs it allocated at bind time"
+
+
+def g_barrier(g):
+    """Every rank here before any goes on (an all-gather of one value)."""
+    symm.lc_allgather(g, np.zeros(1, np.float32))
+
+
+def test_bind_rejects_what_it_cannot_read_and_peers_learn_at_their_call():
+    """An argument Python cannot read fails at bind, on that rank; the
+    peer, whose bind succeeded, fails at its first call with
+    SymmRemoteError instead of waiting. bind takes only symm's operations."""
+    a, b = np.ones((4, 8), np.float32), np.ones((8, 3), np.float32)
+
+    def rank_main(g):
+        if g.rank == 1:
+            with pytest.raises(symm.SymmInvalidArgument, match="a has dtype float64"):
+                symm.bind(symm.mm_rs, g, a.astype(np.float64), b, 0)
+        else:
+            call = symm.bind(symm.mm_rs, g, a, b, 0)
+            with pytest.raises(symm.SymmRemoteError, match="rank 1"):
+                call()
+
+    on_threads(rank_main, groups_of(2))
+    (g,) = groups_of(1)
+    with pytest.raises(TypeError, match="bind takes"):
+        symm.bind(np.matmul, g, a, b)
+    call = symm.bind(symm.lc_allgather, g, a)
+    g.close()
+    with pytest.raises(symm.SymmInvalidHandle, match="closed"):
+        call()
+
+
 # --- argument errors --------------------------------------------------------------
 def fail_on_rank_1(call, error, match):
     """Rank 1 makes a bad call: it raises ``error``; rank 0, whose own call

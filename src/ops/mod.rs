@@ -21,6 +21,8 @@ pub mod ag_mm;
 mod agree;
 mod check;
 pub(crate) mod fused;
+#[cfg(test)]
+mod host_cost;
 pub mod lc_allgather;
 pub mod mm_rs;
 pub mod scaled;

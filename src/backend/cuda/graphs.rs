@@ -60,8 +60,36 @@ fn is_capturing(stream: Stream) -> Result<bool> {
 }
 
 fn launch(exec: usize, stream: Stream) -> Result<()> {
+    #[cfg(test)]
+    let started = std::time::Instant::now();
     // SAFETY: an instantiated graph of this context; the stream too.
-    check(unsafe { sys::cuGraphLaunch(exec as sys::CUgraphExec, stream.0 as sys::CUstream) }, "cuGraphLaunch")
+    let r = check(unsafe { sys::cuGraphLaunch(exec as sys::CUgraphExec, stream.0 as sys::CUstream) }, "cuGraphLaunch");
+    #[cfg(test)]
+    launches::add(started.elapsed());
+    r
+}
+
+/// Tests' count of this thread's graph launches and the host time they took.
+#[cfg(test)]
+pub mod launches {
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    thread_local! {
+        static SPENT: Cell<(u64, Duration)> = const { Cell::new((0, Duration::ZERO)) };
+    }
+
+    pub(super) fn add(t: Duration) {
+        SPENT.with(|s| {
+            let (n, total) = s.get();
+            s.set((n + 1, total + t));
+        });
+    }
+
+    /// (launches, host time in them) on this thread since the last call.
+    pub fn take() -> (u64, Duration) {
+        SPENT.with(|s| s.replace((0, Duration::ZERO)))
+    }
 }
 
 impl GraphCache {

@@ -9,7 +9,7 @@ pub mod driver;
 pub mod gemm;
 #[cfg(test)]
 mod gpu_testing;
-mod graphs;
+pub(crate) mod graphs;
 pub mod kernels;
 mod module;
 pub mod pack;

@@ -1,0 +1,162 @@
+//! Host time of a repeated call on CUDA, split into the graph launch and
+//! the rest of the library (checks, agreement cache, planning, the replay
+//! key). At M = 512 this time, not the GPU's, is most of what an eager
+//! call costs (`bench/NOTES.md`), so it is measured where no Python or
+//! framework adds to it: two ranks as threads on GPU 0 (one process, one
+//! context), 20-call batches, median over batches.
+
+use super::{fused_ag_mm, mm_rs, AgMm, AgMmScales, MmRs, MmRsScales, ReduceOp};
+use crate::array::{Array, DType};
+use crate::backend::cuda::driver::{self, check};
+use crate::backend::cuda::graphs::launches;
+use crate::backend::{BackendChoice, Stream};
+use crate::group::{Group, GroupConfig};
+use cudarc::driver::sys;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+const CALLS: usize = 20;
+const BATCHES: usize = 30;
+
+fn alloc(bytes: usize) -> u64 {
+    let mut p = 0;
+    // SAFETY: out-pointer valid; the context is current.
+    check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc").unwrap();
+    // Ones in bf16 (0x3f80): finite operands, so no NaN slows a kernel.
+    check(unsafe { sys::cuMemsetD16_v2(p, 0x3f80, bytes / 2) }, "cuMemsetD16").unwrap();
+    p
+}
+
+fn stream() -> Stream {
+    let mut s = std::ptr::null_mut();
+    let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+    // SAFETY: out-pointer valid; the context is current.
+    check(unsafe { sys::cuStreamCreate(&mut s, flags) }, "cuStreamCreate").unwrap();
+    Stream(s as usize)
+}
+
+fn sync(s: Stream) {
+    // SAFETY: a stream made by `stream()`.
+    check(unsafe { sys::cuStreamSynchronize(s.0 as sys::CUstream) }, "cuStreamSynchronize").unwrap();
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median host microseconds per call, and per graph launch within it, of
+/// `call` on this rank; every rank drains its stream and meets the others
+/// before each batch.
+fn host_us(call: &dyn Fn(), s: Stream, meet: &Barrier) -> (f64, f64, u64) {
+    for _ in 0..5 {
+        call(); // eager, captured, then replayed
+    }
+    sync(s);
+    let (mut per_call, mut per_launch, mut launched) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..BATCHES {
+        sync(s);
+        meet.wait();
+        launches::take();
+        let t = Instant::now();
+        for _ in 0..CALLS {
+            call();
+        }
+        per_call.push(t.elapsed().as_secs_f64() * 1e6 / CALLS as f64);
+        let (n, spent): (u64, Duration) = launches::take();
+        per_launch.push(spent.as_secs_f64() * 1e6 / CALLS as f64);
+        launched += n;
+    }
+    sync(s);
+    (median(per_call), median(per_launch), launched)
+}
+
+#[test]
+fn gpu_host_time_per_repeated_call() {
+    if driver::device_count() == 0 {
+        eprintln!("no CUDA device: skipped");
+        return;
+    }
+    let cfg = GroupConfig {
+        backend: Some(BackendChoice::Cuda),
+        timeout: Some(Duration::from_secs(60)),
+        allow_shared_device: true,
+        ..Default::default()
+    };
+    let groups = Group::new_local(&[0, 0], &cfg).unwrap();
+    driver::context(0).unwrap().bind_to_thread().unwrap();
+    let (m, k, n) = (512usize, 8192usize, 14336usize);
+    // Per rank, allocated before any rank calls (an allocation may wait for
+    // a peer's kernel on the shared device): ag_mm's shard, B and output;
+    // mm_rs's A, B and output.
+    let bufs: Vec<[u64; 6]> = (0..2)
+        .map(|_| {
+            let bf = 2;
+            [
+                alloc(m / 2 * k * bf),
+                alloc(k * n * bf),
+                alloc(m * n * bf),
+                alloc(m * n * bf),
+                alloc(n * k * bf),
+                alloc(m / 2 * k * bf),
+            ]
+        })
+        .collect();
+    let meet = Barrier::new(2);
+    let results: Vec<Vec<(String, f64, f64, u64)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = groups
+            .iter()
+            .zip(&bufs)
+            .map(|(g, b)| {
+                let meet = &meet;
+                sc.spawn(move || {
+                    driver::context(0).unwrap().bind_to_thread().unwrap();
+                    let s = stream();
+                    let arr = |addr: u64, shape: &[usize]| Array::contiguous(addr, DType::BF16, shape);
+                    let ag = || {
+                        let call = AgMm {
+                            a_shard: arr(b[0], &[m / 2, k]),
+                            bs: vec![arr(b[1], &[k, n])],
+                            gather_dim: 0,
+                            ag_out: None,
+                            outs: vec![arr(b[2], &[m, n])],
+                            scales: AgMmScales::default(),
+                        };
+                        fused_ag_mm(g, Ok(call), s).unwrap();
+                    };
+                    // mm_rs 512 x 14336 x 8192: A [512, 14336], B [14336, 8192].
+                    let rs = || {
+                        let call = MmRs {
+                            a: arr(b[3], &[m, n]),
+                            b: arr(b[4], &[n, k]),
+                            scatter_dim: 0,
+                            op: ReduceOp::Sum,
+                            out: arr(b[5], &[m / 2, k]),
+                            scales: MmRsScales::default(),
+                        };
+                        mm_rs(g, Ok(call), s).unwrap();
+                    };
+                    let mut out = Vec::new();
+                    for (name, call) in [("ag_mm 512x8192x14336", &ag as &dyn Fn()), ("mm_rs 512x14336x8192", &rs)] {
+                        let (total, launch, launched) = host_us(call, s, meet);
+                        out.push((name.to_string(), total, launch, launched));
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, rows) in results.iter().enumerate() {
+        for (name, total, launch, launched) in rows {
+            println!(
+                "{{\"op\": \"{name}\", \"rank\": {rank}, \"host_us_per_call\": {total:.1}, \
+                 \"graph_launch_us\": {launch:.1}, \"rest_us\": {:.1}}}",
+                total - launch
+            );
+            // Every timed call after the warm-up was one graph launch: the
+            // replay path is what was measured.
+            assert_eq!(*launched, (CALLS * BATCHES) as u64, "{name}: calls not replayed as graphs");
+        }
+    }
+}
