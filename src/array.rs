@@ -60,7 +60,7 @@ impl std::fmt::Display for DType {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Array {
     pub addr: u64,
     pub dtype: DType,

@@ -15,7 +15,7 @@ use crate::bootstrap::{allgather_var, Bootstrap};
 use crate::buffer::Handle;
 use crate::error::{err, Result};
 use crate::wire::{Reader, Writer};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -97,6 +97,10 @@ pub struct Group {
     /// exchange. Every rank inserts and clears in the same order (inserts
     /// follow an exchange all ranks took part in), so the sets stay equal.
     agreed: Mutex<HashSet<Vec<u8>>>,
+    /// Calls the operations layer prepared (checked, agreed, planned), by a
+    /// hash of their arguments; opaque here. Each stands for a signature in
+    /// `agreed`, so both are emptied together.
+    prepared: Mutex<HashMap<u64, Vec<Prepared>>>,
     /// The operations' symmetric workspace, grown collectively on demand.
     /// It refers back to this group, so [`Group::release_workspace`] breaks
     /// the cycle when the caller gives the group up.
@@ -109,6 +113,9 @@ pub struct Group {
 /// A workload cycling through more distinct calls than this re-agrees
 /// after each wrap-around; memory stays bounded.
 const MAX_AGREED: usize = 1024;
+
+/// A call the operations layer prepared (see [`Group::prepared`]).
+pub type Prepared = Arc<dyn std::any::Any + Send + Sync>;
 
 impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -173,6 +180,7 @@ impl Group {
             ranks,
             check_args_always: check_args_always?,
             agreed: Mutex::default(),
+            prepared: Mutex::default(),
             workspace: Mutex::new(None),
             symmetric: Mutex::new(Vec::new()),
         }))
@@ -266,8 +274,26 @@ impl Group {
         let mut agreed = lock(&self.agreed);
         if agreed.len() >= MAX_AGREED {
             agreed.clear();
+            // A prepared call skips the agreement as its signature is agreed.
+            lock(&self.prepared).clear();
         }
         agreed.insert(signature);
+    }
+
+    /// The calls prepared under `hash` (see [`Group::keep_prepared`]).
+    pub fn prepared(&self, hash: u64) -> Vec<Prepared> {
+        lock(&self.prepared).get(&hash).cloned().unwrap_or_default()
+    }
+
+    /// Keeps a call the operations layer prepared, checked and agreed on
+    /// (its signature is in the agreed set now), under a hash of its
+    /// arguments, for identical calls to reuse.
+    pub fn keep_prepared(&self, hash: u64, call: Prepared) {
+        let mut prepared = lock(&self.prepared);
+        if prepared.len() >= MAX_AGREED {
+            prepared.clear();
+        }
+        prepared.entry(hash).or_default().push(call);
     }
 
     /// The operations' workspace, if one was made.
@@ -404,6 +430,24 @@ mod tests {
 
     fn host_cfg() -> GroupConfig {
         GroupConfig { backend: Some(BackendChoice::Host), timeout: Some(Duration::from_secs(5)), ..Default::default() }
+    }
+
+    /// Prepared calls stand for agreed signatures: when the agreed set
+    /// wraps around, they are forgotten with it.
+    #[test]
+    fn prepared_calls_are_forgotten_with_the_agreed_signatures() {
+        let g = Group::new_local(&[0], &host_cfg()).unwrap().pop().unwrap();
+        g.keep_prepared(7, Arc::new(1u8));
+        g.keep_prepared(7, Arc::new(2u8));
+        assert_eq!(g.prepared(7).len(), 2);
+        assert!(g.prepared(8).is_empty());
+        for i in 0..MAX_AGREED {
+            g.mark_agreed(i.to_le_bytes().to_vec());
+        }
+        assert_eq!(g.prepared(7).len(), 2, "the agreed set has not wrapped yet");
+        g.mark_agreed(b"one more".to_vec());
+        assert!(g.prepared(7).is_empty());
+        assert!(g.is_agreed(b"one more") && !g.is_agreed(&0usize.to_le_bytes()));
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::plan;
 use std::sync::Arc;
 
 /// One rank's call, as read from the caller.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AgMm {
     pub a_shard: Array,
     pub bs: Vec<Array>,
@@ -46,7 +46,7 @@ pub struct AgMm {
 }
 
 /// The fp8 options (torch's `A_scale`, `B_scales`, `biases`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct AgMmScales {
     pub a_scale: Option<Array>,
     /// One per B.
@@ -61,18 +61,14 @@ pub struct AgMmScales {
 pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Result<()> {
     let world = group.world();
     let backend = group.backend();
-    super::run(
-        group,
-        stream,
-        call.map(|c| {
-            let fused = c.fused_field(group);
-            let signature = c.signature(fused.as_ref());
-            let plan = c
-                .plan(world, backend.kind().name(), fused::chosen(fused.as_ref()))
-                .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
-            (signature, plan)
-        }),
-    )
+    super::run_prepared(group, stream, call, |c| {
+        let fused = c.fused_field(group);
+        let signature = c.signature(fused.as_ref());
+        let plan = c
+            .plan(world, backend.kind().name(), fused::chosen(fused.as_ref()))
+            .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
+        (signature, plan)
+    })
 }
 
 impl AgMm {

@@ -29,7 +29,7 @@ use crate::group::Group;
 use crate::plan;
 use std::sync::Arc;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
     Sum,
     Avg,
@@ -45,7 +45,7 @@ impl ReduceOp {
 }
 
 /// One rank's call, as read from the caller.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MmRs {
     pub a: Array,
     pub b: Array,
@@ -56,7 +56,7 @@ pub struct MmRs {
 }
 
 /// The fp8 options (torch's `A_scale`, `B_scale`, `bias`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MmRsScales {
     pub a_scale: Option<Array>,
     pub b_scale: Option<Array>,
@@ -69,18 +69,14 @@ pub struct MmRsScales {
 pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<()> {
     let world = group.world();
     let backend = group.backend();
-    super::run(
-        group,
-        stream,
-        call.map(|c| {
-            let fused = c.fused_field(group);
-            let signature = c.signature(fused.as_ref());
-            let plan = c
-                .plan(world, backend.kind().name(), fused::chosen(fused.as_ref()))
-                .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
-            (signature, plan)
-        }),
-    )
+    super::run_prepared(group, stream, call, |c| {
+        let fused = c.fused_field(group);
+        let signature = c.signature(fused.as_ref());
+        let plan = c
+            .plan(world, backend.kind().name(), fused::chosen(fused.as_ref()))
+            .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
+        (signature, plan)
+    })
 }
 
 impl MmRs {
@@ -262,7 +258,7 @@ impl MmRs {
 }
 
 #[derive(Debug)]
-struct MmRsPlan {
+pub(super) struct MmRsPlan {
     call: MmRs,
     dim: usize,
     /// The scale mode of an fp8 call.

@@ -24,6 +24,7 @@ pub(crate) mod fused;
 #[cfg(test)]
 mod host_cost;
 pub mod lc_allgather;
+mod memo;
 pub mod mm_rs;
 pub mod scaled;
 #[cfg(test)]
@@ -41,6 +42,7 @@ use crate::buffer::Handle;
 use crate::error::Result;
 use crate::group::Group;
 use agree::Signature;
+use std::hash::Hash;
 use std::sync::Arc;
 
 /// A checked call, ready to run once the ranks agree on it.
@@ -61,14 +63,67 @@ trait Plan {
 /// part in the agreement, so that peers learn of a failure.
 fn run<P: Plan>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
     let _lock = group.lock_collective();
+    let plan = agreed(group, prepared)?;
+    launch(group, stream, &plan, &|_, make| make())
+}
+
+/// As `run`, for an operation whose preparation (`prepare`: signature and
+/// plan) depends on nothing but its arguments, the group's fixed
+/// properties and `SYMM_ALGO`: a call identical to an earlier one reuses
+/// that one's preparation (see `memo`).
+fn run_prepared<C, P>(
+    group: &Arc<Group>,
+    stream: Stream,
+    call: Result<C>,
+    prepare: impl FnOnce(C) -> (Signature, Result<P>),
+) -> Result<()>
+where
+    C: Clone + Hash + Eq + Send + Sync + 'static,
+    P: Plan + Send + Sync + 'static,
+{
+    let _lock = group.lock_collective();
+    let reuse = !group.check_args_always();
+    let algo = memo::algorithm_override();
+    if let (true, Ok(c)) = (reuse, &call) {
+        if let Some(e) = memo::find::<C, P>(group, c, &algo) {
+            return launch(group, stream, &*e.plan, &|ws, make| e.key(ws, make));
+        }
+    }
+    let kept = call.as_ref().ok().filter(|_| reuse).cloned();
+    let plan = agreed(group, call.map(prepare))?;
+    match kept {
+        Some(c) => {
+            let e = memo::keep(group, c, algo, Arc::new(plan));
+            launch(group, stream, &*e.plan, &|ws, make| e.key(ws, make))
+        }
+        None => launch(group, stream, &plan, &|_, make| make()),
+    }
+}
+
+/// The agreement (with the collective lock held): this rank's plan once
+/// every rank agreed on the call.
+fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<P> {
     let (sig, plan) = match prepared {
         Ok((s, p)) => (Some(s), p),
         Err(e) => (None, Err(e)),
     };
     agree::agree(group, sig.as_ref(), plan.as_ref().map(drop).map_err(Clone::clone))?;
-    let plan = plan?;
+    plan
+}
+
+/// Executes an agreed plan (with the collective lock held), replayed where
+/// the backend can. `key(workspace id, make)` is the replay key, `make()`
+/// making it afresh.
+fn launch<P: Plan>(
+    group: &Arc<Group>,
+    stream: Stream,
+    plan: &P,
+    key: &dyn Fn(u64, &dyn Fn() -> String) -> String,
+) -> Result<()> {
     let ws = workspace::ensure(group, plan.workspace_bytes())?;
-    let key = || format!("rank {} of {}, workspace {:#x}: {}", group.rank(), group.world(), ws.id(), plan.replay_key());
+    let make =
+        || format!("rank {} of {}, workspace {:#x}: {}", group.rank(), group.world(), ws.id(), plan.replay_key());
+    let key = || key(ws.id(), &make);
     group.backend().run_repeatable(&key, stream, &mut |s| plan.execute(&Exec { group, ws: ws.clone(), stream: s }))
 }
 
