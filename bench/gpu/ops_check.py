@@ -67,6 +67,46 @@ def fp8_checks(g, rank, world):
     return failures
 
 
+def repeated_checks(g, rank, world):
+    """Calls repeated on the same arrays, plain and bound (symm.bind), with
+    the inputs changed in place between calls: the library reuses the first
+    call's preparation and replays it as a graph, so each result is checked
+    against its own reference (bf16, outputs poisoned first)."""
+    failures = []
+    dtype = torch.bfloat16
+    shard = inputs(16, world, (64, 32), dtype)[rank].cuda()
+    (b,) = inputs(17, 1, (32, 48), dtype)
+    a = inputs(18, world, (64 * world, 32), dtype)[rank].cuda()
+    (w,) = inputs(19, 1, (32, 40), dtype)
+    b, w = b.cuda(), w.cuda()
+    ag_out = torch.empty(64 * world, 48, dtype=dtype, device="cuda")
+    rs_out = torch.empty(64, 40, dtype=dtype, device="cuda")
+    bound_ag = symm.bind(symm.fused_ag_mm, g, shard, b, 0, out=ag_out)
+    bound_rs = symm.bind(symm.mm_rs, g, a, w, 0, out=rs_out)
+    for step in range(4):
+        for x in (shard, a):
+            x[0, 0] = float(step)  # every rank's row 0 of its part, the same new value
+        for bound in (False, True):
+            ag_out.fill_(float("nan"))
+            rs_out.fill_(float("nan"))
+            if bound:
+                bound_ag()
+                bound_rs()
+            else:
+                symm.fused_ag_mm(g, shard, b, 0, out=ag_out)
+                symm.mm_rs(g, a, w, 0, out=rs_out)
+            shards = [s.double() for s in inputs(16, world, (64, 32), dtype)]
+            parts = [x.double() for x in inputs(18, world, (64 * world, 32), dtype)]
+            for x in shards + parts:
+                x[0, 0] = float(step)
+            e_ag = rel(ag_out, torch.cat(shards) @ b.double().cpu())
+            total = sum(parts) @ w.double().cpu()
+            e_rs = rel(rs_out, torch.chunk(total, world)[rank])
+            if not (e_ag < TOL[dtype] and e_rs < TOL[dtype]):
+                failures.append(f"repeated call {step} bound {bound}: ag_mm {e_ag}, mm_rs {e_rs}")
+    return failures
+
+
 def rank_main(rank, world, gpus, uid):
     device = rank % gpus
     torch.cuda.set_device(device)
@@ -98,6 +138,7 @@ def rank_main(rank, world, gpus, uid):
         if not torch.equal(out.cpu(), torch.cat(xs)):
             failures.append(f"lc_allgather {dtype}")
     failures += fp8_checks(g, rank, world)
+    failures += repeated_checks(g, rank, world)
     torch.cuda.synchronize()
     g.check_async_error()
     g.close()
@@ -121,7 +162,7 @@ def main():
     codes = [p.wait(timeout=600) for p in procs]
     ok = all(c == 0 for c in codes)
     print(f"{'PASS' if ok else 'FAIL'} ops_check world={args.world} gpus={args.gpus} "
-          "(fused_ag_mm, mm_rs, lc_allgather; f32/bf16/f16; fp8)")
+          "(fused_ag_mm, mm_rs, lc_allgather; f32/bf16/f16; fp8; repeated and bound calls)")
     sys.exit(0 if ok else 1)
 
 
