@@ -795,7 +795,9 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, fp8: bool, push: bool) {
 /// its own stream, their "peer" inboxes local memory. NVLink is absent, so
 /// this shows what the consumers spend on the send itself (stores, fence
 /// and flag per tile from registers, against staging and bulk copies), not
-/// the link; the two-GPU benchmark times the real thing.
+/// the link; the two-GPU benchmark times the real thing. The same two
+/// matmuls without the reduce-scatter (each rank's whole product into its
+/// own buffer) are the floor: what the epilogue costs beyond a plain one.
 #[test]
 fn gpu_sm90_reduce_scatter_push_against_registers() {
     let Some(g) = gpu() else { return };
@@ -844,9 +846,22 @@ fn gpu_sm90_reduce_scatter_push_against_registers() {
             .unwrap();
     }
     let main = g.stream().0 as sys::CUstream;
-    // Candidate c: 0 = from registers, 1 = pushed; both ranks at once.
-    let med = round_robin_ms(&g, 2, |c| {
-        let mut pair = mms.clone();
+    // The floor: no scatter, each rank's m x n product into its own buffer.
+    let products: Vec<DevBuf> = (0..world).map(|_| g.alloc(m * n * 2)).collect();
+    let plain: Vec<Sm90Matmul> = mms
+        .iter()
+        .zip(&products)
+        .map(|(mm, out)| Sm90Matmul {
+            c: Operand { ptr: out.ptr, rows: m, ld: n },
+            chunk_rows: m,
+            order: vec![0],
+            scatter: None,
+            ..mm.clone()
+        })
+        .collect();
+    // Candidate c: 0 = from registers, 1 = pushed, 2 = no scatter; both ranks at once.
+    let med = round_robin_ms(&g, 3, |c| {
+        let mut pair = if c == 2 { plain.clone() } else { mms.clone() };
         for mm in &mut pair {
             mm.rs_push = c == 1;
         }
@@ -865,10 +880,16 @@ fn gpu_sm90_reduce_scatter_push_against_registers() {
     });
     g.sync();
     errors.check().unwrap();
-    for (imp, ms) in ["symm_sm90_rs_registers", "symm_sm90_rs_push"].iter().zip(&med) {
+    for (imp, ms) in ["symm_sm90_rs_registers", "symm_sm90_rs_push", "symm_sm90_no_scatter"].iter().zip(&med) {
         print_record((m, k, n), "bf16_rs_world2_one_gpu", imp, *ms);
     }
-    println!("sm90 reduce-scatter on one GPU, {m}x{k}x{n}, world 2: pushed / from registers {:.3}", med[1] / med[0]);
+    println!(
+        "sm90 reduce-scatter on one GPU, {m}x{k}x{n}, world 2: pushed / from registers {:.3}, from registers / \
+         no scatter {:.3}, pushed / no scatter {:.3}",
+        med[1] / med[0],
+        med[0] / med[2],
+        med[1] / med[2]
+    );
     // Every tile was flagged and consumed, in both ways.
     assert!(flags.iter().all(|f| f.read::<u32>(mms[0].flag_bytes() / 4).iter().all(|&x| x == 0)));
     // SAFETY: created above; the device is idle.
