@@ -11,6 +11,10 @@
 //!    read the peers' regions and write the outputs, barrier again so that
 //!    no rank's next call overwrites a region a peer still reads.
 //!
+//! A matmul operation called again with identical arguments skips steps 1
+//! and 2 (`run_prepared`, `memo`), and the backend may replay step 4 as
+//! one captured graph (`Backend::run_repeatable`).
+//!
 //! Tensors become matrices the same way in every operation: the part of a
 //! tensor that belongs to one rank is a slice along the gathered (or
 //! scattered) dimension, kept in its natural order, whose leading
