@@ -9,7 +9,7 @@
 //!   through a 128-byte [`unique_id::UniqueId`] that carries its address and
 //!   a secret;
 //! - [`callback`]: the caller's own allgather/barrier functions;
-//! - [`env`](self::env): torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
+//! - [`env`]: torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
 //!   rank 0 hosting the TCP store;
 //! - [`local`]: several ranks in one process, exchanging through memory.
 
