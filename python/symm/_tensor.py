@@ -35,6 +35,8 @@ class Arg:
         else:
             ptr, shape, strides, dtype, memory = fields
             writable, keep = True, obj
+            if len(shape) > MAX_DIMS:  # view() checks its own
+                raise ValueError(f"arrays of up to {MAX_DIMS} dimensions are supported; this one has {len(shape)}")
         code = DTYPES.get(dtype)
         if code is None:
             raise TypeError(f"{name} has dtype {dtype}; symm supports {', '.join(DTYPES)}")
@@ -43,8 +45,6 @@ class Arg:
         if output and not writable:
             raise ValueError(f"{name} is read-only")
         n = len(shape)
-        if n > MAX_DIMS:
-            raise ValueError(f"arrays of up to {MAX_DIMS} dimensions are supported; this one has {n}")
         self.shape, self.dtype, self._keep = shape, dtype, keep
         self.c = c = _lib.Tensor(ptr, code, n)
         c.shape[:n] = shape

@@ -7,9 +7,10 @@
 
 use super::{fused_ag_mm, mm_rs, AgMm, AgMmScales, MmRs, MmRsScales, ReduceOp};
 use crate::array::{Array, DType};
-use crate::backend::cuda::driver::{self, check};
+use crate::backend::cuda::driver::check;
+use crate::backend::cuda::gpu_testing::{gpu, DevBuf, Gpu};
 use crate::backend::cuda::graphs::launches;
-use crate::backend::{BackendChoice, Stream};
+use crate::backend::BackendChoice;
 use crate::group::{Group, GroupConfig};
 use cudarc::driver::sys;
 use std::sync::Barrier;
@@ -18,26 +19,12 @@ use std::time::{Duration, Instant};
 const CALLS: usize = 20;
 const BATCHES: usize = 30;
 
-fn alloc(bytes: usize) -> u64 {
-    let mut p = 0;
-    // SAFETY: out-pointer valid; the context is current.
-    check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc").unwrap();
-    // Ones in bf16 (0x3f80): finite operands, so no NaN slows a kernel.
-    check(unsafe { sys::cuMemsetD16_v2(p, 0x3f80, bytes / 2) }, "cuMemsetD16").unwrap();
-    p
-}
-
-fn stream() -> Stream {
-    let mut s = std::ptr::null_mut();
-    let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-    // SAFETY: out-pointer valid; the context is current.
-    check(unsafe { sys::cuStreamCreate(&mut s, flags) }, "cuStreamCreate").unwrap();
-    Stream(s as usize)
-}
-
-fn sync(s: Stream) {
-    // SAFETY: a stream made by `stream()`.
-    check(unsafe { sys::cuStreamSynchronize(s.0 as sys::CUstream) }, "cuStreamSynchronize").unwrap();
+/// Ones in bf16 (0x3f80): finite operands, so no NaN slows a kernel.
+fn ones(g: &Gpu, bytes: usize) -> DevBuf {
+    let b = g.alloc(bytes);
+    // SAFETY: the buffer holds `bytes`.
+    check(unsafe { sys::cuMemsetD16_v2(b.ptr, 0x3f80, bytes / 2) }, "cuMemsetD16").unwrap();
+    b
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -48,14 +35,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Median host microseconds per call, and per graph launch within it, of
 /// `call` on this rank; every rank drains its stream and meets the others
 /// before each batch.
-fn host_us(call: &dyn Fn(), s: Stream, meet: &Barrier) -> (f64, f64, u64) {
+fn host_us(call: &dyn Fn(), g: &Gpu, meet: &Barrier) -> (f64, f64, u64) {
     for _ in 0..5 {
         call(); // eager, captured, then replayed
     }
-    sync(s);
+    g.sync();
     let (mut per_call, mut per_launch, mut launched) = (Vec::new(), Vec::new(), 0);
     for _ in 0..BATCHES {
-        sync(s);
+        g.sync();
         meet.wait();
         launches::take();
         let t = Instant::now();
@@ -67,16 +54,13 @@ fn host_us(call: &dyn Fn(), s: Stream, meet: &Barrier) -> (f64, f64, u64) {
         per_launch.push(spent.as_secs_f64() * 1e6 / CALLS as f64);
         launched += n;
     }
-    sync(s);
+    g.sync();
     (median(per_call), median(per_launch), launched)
 }
 
 #[test]
 fn gpu_host_time_per_repeated_call() {
-    if driver::device_count() == 0 {
-        eprintln!("no CUDA device: skipped");
-        return;
-    }
+    let Some(g0) = gpu() else { return };
     let cfg = GroupConfig {
         backend: Some(BackendChoice::Cuda),
         timeout: Some(Duration::from_secs(60)),
@@ -84,21 +68,20 @@ fn gpu_host_time_per_repeated_call() {
         ..Default::default()
     };
     let groups = Group::new_local(&[0, 0], &cfg).unwrap();
-    driver::context(0).unwrap().bind_to_thread().unwrap();
     let (m, k, n) = (512usize, 8192usize, 14336usize);
     // Per rank, allocated before any rank calls (an allocation may wait for
     // a peer's kernel on the shared device): ag_mm's shard, B and output;
     // mm_rs's A, B and output.
-    let bufs: Vec<[u64; 6]> = (0..2)
+    let bf = 2;
+    let bufs: Vec<[DevBuf; 6]> = (0..2)
         .map(|_| {
-            let bf = 2;
             [
-                alloc(m / 2 * k * bf),
-                alloc(k * n * bf),
-                alloc(m * n * bf),
-                alloc(m * n * bf),
-                alloc(n * k * bf),
-                alloc(m / 2 * k * bf),
+                ones(&g0, m / 2 * k * bf),
+                ones(&g0, k * n * bf),
+                ones(&g0, m * n * bf),
+                ones(&g0, m * n * bf),
+                ones(&g0, n * k * bf),
+                ones(&g0, m / 2 * k * bf),
             ]
         })
         .collect();
@@ -107,38 +90,40 @@ fn gpu_host_time_per_repeated_call() {
         let hs: Vec<_> = groups
             .iter()
             .zip(&bufs)
-            .map(|(g, b)| {
+            .map(|(group, b)| {
                 let meet = &meet;
                 sc.spawn(move || {
-                    driver::context(0).unwrap().bind_to_thread().unwrap();
-                    let s = stream();
-                    let arr = |addr: u64, shape: &[usize]| Array::contiguous(addr, DType::BF16, shape);
+                    // Each rank its own stream on the shared device.
+                    let g = gpu().unwrap();
+                    g.ctx.bind_to_thread().unwrap();
+                    let s = g.stream();
+                    let arr = |buf: &DevBuf, shape: &[usize]| Array::contiguous(buf.ptr, DType::BF16, shape);
                     let ag = || {
                         let call = AgMm {
-                            a_shard: arr(b[0], &[m / 2, k]),
-                            bs: vec![arr(b[1], &[k, n])],
+                            a_shard: arr(&b[0], &[m / 2, k]),
+                            bs: vec![arr(&b[1], &[k, n])],
                             gather_dim: 0,
                             ag_out: None,
-                            outs: vec![arr(b[2], &[m, n])],
+                            outs: vec![arr(&b[2], &[m, n])],
                             scales: AgMmScales::default(),
                         };
-                        fused_ag_mm(g, Ok(call), s).unwrap();
+                        fused_ag_mm(group, Ok(call), s).unwrap();
                     };
                     // mm_rs 512 x 14336 x 8192: A [512, 14336], B [14336, 8192].
                     let rs = || {
                         let call = MmRs {
-                            a: arr(b[3], &[m, n]),
-                            b: arr(b[4], &[n, k]),
+                            a: arr(&b[3], &[m, n]),
+                            b: arr(&b[4], &[n, k]),
                             scatter_dim: 0,
                             op: ReduceOp::Sum,
-                            out: arr(b[5], &[m / 2, k]),
+                            out: arr(&b[5], &[m / 2, k]),
                             scales: MmRsScales::default(),
                         };
-                        mm_rs(g, Ok(call), s).unwrap();
+                        mm_rs(group, Ok(call), s).unwrap();
                     };
                     let mut out = Vec::new();
                     for (name, call) in [("ag_mm 512x8192x14336", &ag as &dyn Fn()), ("mm_rs 512x14336x8192", &rs)] {
-                        let (total, launch, launched) = host_us(call, s, meet);
+                        let (total, launch, launched) = host_us(call, &g, meet);
                         out.push((name.to_string(), total, launch, launched));
                     }
                     out

@@ -124,10 +124,7 @@ mod tests {
                     .map(|(row, col)| 3.0 * (0..3).map(|k| m[row * 3 + k] * bv[k * 2 + col]).sum::<f32>())
                     .collect()
             };
-            let kept = |g: &Group, call: &MmRs| {
-                let c = call.clone();
-                find::<MmRs, MmRsPlan>(g, &c, &algorithm_override()).is_some()
-            };
+            let kept = |g: &Group, call: &MmRs| find::<MmRs, MmRsPlan>(g, call, &algorithm_override()).is_some();
             for (step, into_second) in [(1.0, false), (2.0, false), (3.0, true), (4.0, false)] {
                 a.copy_from_slice(&base(step).iter().map(|x| x * scale).collect::<Vec<_>>());
                 let out = if into_second { &mut out2 } else { &mut out1 };

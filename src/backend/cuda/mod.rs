@@ -8,7 +8,7 @@ mod compute;
 pub mod driver;
 pub mod gemm;
 #[cfg(test)]
-mod gpu_testing;
+pub(crate) mod gpu_testing;
 pub(crate) mod graphs;
 pub mod kernels;
 mod module;
