@@ -599,6 +599,150 @@ static __device__ __forceinline__ void symm_epilogue_push(const float (&d)[BN / 
     }
 }
 
+// This rank's own rows of a reduce-scatter through shared memory (rs_push
+// with 16-byte aligned output rows): per 256 bytes of each row (as the
+// push), the accumulators are scaled and quad-transposed in place while one
+// warp bulk-loads a peer's partial rows (its inbox slot, complete on the
+// warpgroup's mbarrier `bar`) into the staging area; each thread adds the
+// 16-byte pieces it owns (so no thread reads what another writes), once
+// per peer, then writes the sums there in C's type, and one thread sends
+// the rows to `base` + (row - row_base) * ld + col by bulk copies. One
+// memory round trip per peer and piece, where the register epilogue's
+// loads waited on each other (16 round trips per tile, bench/KERNELS.md).
+template <int DT, int BN>
+static __device__ __forceinline__ void symm_epilogue_own_smem(float (&d)[BN / 2], const symm_tile& tile, int n,
+                                                              int slice_row0, unsigned char* staging, uint64_t* bar,
+                                                              uint32_t& bar_phase, uint64_t base, int64_t row_base,
+                                                              int64_t ld, const uint64_t* adds, int nadds,
+                                                              float alpha, bool& pending) {
+    constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
+    constexpr int PIECE = 256 / ELEM;  // columns per staging row
+    const int t = threadIdx.x % 128, q = t % 4;
+    const int wbar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
+    const int r0 = 16 * (t / 32) + (t % 32) / 4;
+    const int first_row = tile.row0 + slice_row0;
+    const int rows = min(64, tile.row_end - first_row);
+    if (rows <= 0) return;  // the tile's last rows end before this slice
+#pragma unroll
+    for (int h = 0; h < BN / PIECE; h++) {
+        const int col = tile.col0 + h * PIECE;
+        if (col >= n) break;
+        const uint32_t bytes = (uint32_t)(min(PIECE, n - col) * ELEM);
+        // Scale and transpose this piece's accumulators in place: lane q
+        // then holds columns 8q .. 8q + 7 of each four 8-column blocks.
+#pragma unroll
+        for (int i = 0; i < PIECE / 32; i++) {
+            const int blk = h * (PIECE / 8) + 4 * i;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                float lo[4], hi[4];
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    lo[jj] = d[4 * (blk + jj) + 2 * hh] * alpha;
+                    hi[jj] = d[4 * (blk + jj) + 2 * hh + 1] * alpha;
+                }
+                symm_quad_transpose(lo, q);
+                symm_quad_transpose(hi, q);
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    d[4 * (blk + jj) + 2 * hh] = lo[jj];
+                    d[4 * (blk + jj) + 2 * hh + 1] = hi[jj];
+                }
+            }
+        }
+        for (int s = 0; s < nadds; s++) {
+            // The staging area is free once the last stores read it and
+            // every thread read the previous peer's rows.
+            if (s == 0 && pending && t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
+            if (t < 32) {
+                if (t == 0) {
+                    // The peers' rows came by bulk copies flagged after
+                    // them; order our (async proxy) reads after the flag.
+                    asm volatile("fence.proxy.async.global;" ::: "memory");
+                    symm_mbar_expect_tx(bar, (uint32_t)rows * bytes);
+                }
+                __syncwarp();
+                for (int r = t; r < rows; r += 32) {
+                    const uint64_t src = adds[s] + (uint64_t)(((int64_t)(first_row + r - row_base) * n + col) * ELEM);
+                    asm volatile(
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                            symm_smem_addr(staging + r * 256)),
+                        "l"(src), "r"(bytes), "r"(symm_smem_addr(bar))
+                        : "memory");
+                }
+            }
+            symm_mbar_wait(bar, bar_phase);
+            bar_phase ^= 1;
+#pragma unroll
+            for (int i = 0; i < PIECE / 32; i++) {
+                const int blk = h * (PIECE / 8) + 4 * i;
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const unsigned char* src = staging + (r0 + 8 * hh) * 256 + (32 * i + 8 * q) * ELEM;
+                    if constexpr (DT == SYMM_DT_F32) {
+                        const float4 a = *(const float4*)src, b = *(const float4*)(src + 16);
+                        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                        for (int e = 0; e < 8; e++) d[4 * (blk + e / 2) + 2 * hh + e % 2] += v[e];
+                    } else {
+                        const uint4 a = *(const uint4*)src;
+                        const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const uint32_t l = w[e] & 0xffffu, u = w[e] >> 16;
+                            d[4 * (blk + e) + 2 * hh] +=
+                                DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(l) : symm_f16_bits_to_f32(l);
+                            d[4 * (blk + e) + 2 * hh + 1] +=
+                                DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(u) : symm_f16_bits_to_f32(u);
+                        }
+                    }
+                }
+            }
+        }
+        if (nadds == 0) {  // nothing loaded: wait only for the last stores
+            if (pending && t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
+        }
+        // The sums, in C's type, where their partials were (each thread
+        // its own 16-byte pieces).
+#pragma unroll
+        for (int i = 0; i < PIECE / 32; i++) {
+            const int blk = h * (PIECE / 8) + 4 * i;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                unsigned char* dst = staging + (r0 + 8 * hh) * 256 + (32 * i + 8 * q) * ELEM;
+                float v[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = d[4 * (blk + e / 2) + 2 * hh + e % 2];
+                if constexpr (DT == SYMM_DT_F32) {
+                    *(float4*)dst = make_float4(v[0], v[1], v[2], v[3]);
+                    *(float4*)(dst + 16) = make_float4(v[4], v[5], v[6], v[7]);
+                } else if constexpr (DT == SYMM_DT_BF16) {
+                    *(uint4*)dst = make_uint4(symm_pack_bf16x2(v[0], v[1]), symm_pack_bf16x2(v[2], v[3]),
+                                              symm_pack_bf16x2(v[4], v[5]), symm_pack_bf16x2(v[6], v[7]));
+                } else {
+                    *(uint4*)dst = make_uint4(symm_pack_f16x2(v[0], v[1]), symm_pack_f16x2(v[2], v[3]),
+                                              symm_pack_f16x2(v[4], v[5]), symm_pack_f16x2(v[6], v[7]));
+                }
+            }
+        }
+        // Our generic-proxy writes, then the async proxy (bulk copies) reads them.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
+        if (t == 0) {
+            for (int r = 0; r < rows; r++) {
+                const uint64_t dst = base + (uint64_t)(((int64_t)(first_row + r - row_base) * ld + col) * ELEM);
+                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
+                             "r"(symm_smem_addr(staging + r * 256)), "r"(bytes)
+                             : "memory");
+            }
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+        pending = true;
+    }
+}
+
 // Waits until *flag != 0 (acquire, system scope), or times out (recorded in
 // err, returns false): a missing peer never hangs the kernel. Polls with
 // relaxed loads and backs off (64 ns doubling to 1 us), then acquires once:
@@ -640,9 +784,10 @@ struct symm_gemm_cfg {
     static constexpr int A_BYTES = SYMM_GEMM_BM * SYMM_GEMM_BK_BYTES;
     static constexpr int B_BYTES = BN * SYMM_GEMM_BK_BYTES;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    // Ring, epilogue staging, then 2 * STAGES mbarriers; +1024 to align
-    // the ring for the swizzle.
-    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + 2 * STAGES * 8 + 1024;
+    // Ring, epilogue staging, then 2 * STAGES mbarriers of the ring and one
+    // per consumer warpgroup for the epilogue's loads; +1024 to align the
+    // ring for the swizzle.
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 2) * 8 + 1024;
 };
 
 template <int A_DT, int B_DT, int BN, bool PROMOTE>
@@ -656,6 +801,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     unsigned char* staging = ring + STAGES * Cfg::STAGE_BYTES;  // 1024-aligned
     uint64_t* full = (uint64_t*)(staging + SYMM_GEMM_EPI_BYTES);
     uint64_t* empty = full + STAGES;
+    uint64_t* loaded = empty + STAGES;  // [2]: the own-rows epilogue's loads, per consumer warpgroup
     auto stage_a = [&](int s) { return ring + s * Cfg::STAGE_BYTES; };
     auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
 
@@ -665,6 +811,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             symm_mbar_init(&full[s], 1);
             symm_mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
         }
+        for (int w = 0; w < 2; w++) symm_mbar_init(&loaded[w], 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
@@ -719,6 +866,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     float promoted[BN / 2];
     float d1[PROMOTE ? BN / 2 : 1];  // exact fp8: odd k-blocks' partial sums
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
+    uint32_t loaded_phase = 0;  // parity of loaded[wg - 1]'s next completion
     // rs_push: the peer tile whose flag waits for its copies to complete.
     uint32_t* unflagged = nullptr;
     // Sets `unflagged` once both warpgroups' copies of it completed.
@@ -903,7 +1051,19 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 if (src != p.rank) adds[nadds++] = p.inbox[p.rank] + (uint64_t)(src * slot_elems * elem);
             }
             // Peers' partials were scaled by alpha already; ours is scaled in
-            // the epilogue before the adds.
+            // the epilogue before the adds. The inbox rows are whole 16-byte
+            // units when rs_push; so must the output's be for bulk copies.
+            if (p.rs_push && p.c % 16 == 0 && (p.ldc * elem) % 16 == 0) {
+                unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+#define SYMM_EPI(DT)                                                                                             \
+    symm_epilogue_own_smem<DT, BN>(acc, tile, p.n, slice, mine, &loaded[wg - 1], loaded_phase, p.c, chunk_row0, \
+                                   p.ldc, adds, nadds, p.alpha, pending)
+                if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+                else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+                else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
+                continue;
+            }
 #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
             else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
