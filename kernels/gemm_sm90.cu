@@ -482,6 +482,47 @@ static __device__ __forceinline__ void symm_apply_scales(float (&d)[BN / 2], con
     }
 }
 
+// Bulk copies between a consumer warpgroup's staging area (rows 256 bytes
+// apart) and global memory, issued by its first warp, a lane per row: one
+// thread issuing 64 copies in turn held the warpgroup for most of a
+// microsecond per piece. Stores: each lane commits its own bulk group, so
+// every lane of the warp waits (symm_staging_read_done, wait_group 0).
+static __device__ __forceinline__ void symm_store_rows(int t, const unsigned char* staging, int rows, uint64_t dst,
+                                                       int64_t stride, uint32_t bytes) {
+    if (t >= 32) return;
+    for (int r = t; r < rows; r += 32) {
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + r * stride),
+                     "r"(symm_smem_addr(staging + r * 256)), "r"(bytes)
+                     : "memory");
+    }
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Loads complete on `bar`, which expects rows * bytes. The rows were
+// written by a peer's bulk copies flagged after them (acquired before):
+// the async proxy's reads are ordered after the flag here.
+static __device__ __forceinline__ void symm_load_rows(int t, unsigned char* staging, int rows, uint64_t src,
+                                                      int64_t stride, uint32_t bytes, uint64_t* bar) {
+    if (t >= 32) return;
+    if (t == 0) {
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        symm_mbar_expect_tx(bar, (uint32_t)rows * bytes);
+    }
+    __syncwarp();
+    for (int r = t; r < rows; r += 32) {
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                symm_smem_addr(staging + r * 256)),
+            "l"(src + r * stride), "r"(bytes), "r"(symm_smem_addr(bar))
+            : "memory");
+    }
+}
+
+// Waits until the warpgroup's bulk copies finished reading its staging area.
+static __device__ __forceinline__ void symm_staging_read_done(int t) {
+    if (t < 32) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 // Epilogue through shared memory and TMA stores (plain C of 16-bit type):
 // each consumer warpgroup converts its 64 rows, 128 columns at a time, into
 // two 64 x 64 boxes of its 16 KiB staging area in TMA's 128-byte swizzle
@@ -500,7 +541,7 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
 #pragma unroll
     for (int h = 0; h < BN / 128; h++) {
         if (pending) {
-            if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            symm_staging_read_done(t);
             asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
         }
 #pragma unroll
@@ -549,7 +590,7 @@ static __device__ __forceinline__ void symm_epilogue_push(const float (&d)[BN / 
 #pragma unroll
     for (int h = 0; h < BN / PIECE; h++) {
         if (pending) {
-            if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            symm_staging_read_done(t);
             asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
         }
 #pragma unroll
@@ -583,17 +624,11 @@ static __device__ __forceinline__ void symm_epilogue_push(const float (&d)[BN / 
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
         const int col = tile.col0 + h * PIECE;
-        if (t == 0 && col < n) {
-            const uint32_t bytes = (uint32_t)(min(PIECE, n - col) * ELEM);
-            for (int r = 0; r < 64; r++) {
-                const int row = tile.row0 + slice_row0 + r;
-                if (row >= tile.row_end) break;
-                const uint64_t dst = base + (uint64_t)(((int64_t)(row - row_base) * n + col) * ELEM);
-                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
-                             "r"(symm_smem_addr(staging + r * 256)), "r"(bytes)
-                             : "memory");
-            }
-            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        if (col < n) {
+            const int first_row = tile.row0 + slice_row0;
+            const uint64_t dst = base + (uint64_t)(((int64_t)(first_row - row_base) * n + col) * ELEM);
+            symm_store_rows(t, staging, min(64, tile.row_end - first_row), dst, (int64_t)n * ELEM,
+                            (uint32_t)(min(PIECE, n - col) * ELEM));
         }
         pending = true;
     }
@@ -605,16 +640,18 @@ static __device__ __forceinline__ void symm_epilogue_push(const float (&d)[BN / 
 // warp bulk-loads a peer's partial rows (its inbox slot, complete on the
 // warpgroup's mbarrier `bar`) into the staging area; each thread adds the
 // 16-byte pieces it owns (so no thread reads what another writes), once
-// per peer, then writes the sums there in C's type, and one thread sends
-// the rows to `base` + (row - row_base) * ld + col by bulk copies. One
-// memory round trip per peer and piece, where the register epilogue's
-// loads waited on each other (16 round trips per tile, bench/KERNELS.md).
+// per peer, then writes the sums there in C's type, and the first warp
+// sends the rows to `base` + (row - row_base) * ld + col by bulk copies.
+// One memory round trip per peer and piece, where the register epilogue's
+// loads waited on each other (16 round trips per tile, bench/KERNELS.md);
+// with `prefetched`, the first peer's first piece was loaded during the
+// mainloop (on `bar`).
 template <int DT, int BN>
 static __device__ __forceinline__ void symm_epilogue_own_smem(float (&d)[BN / 2], const symm_tile& tile, int n,
                                                               int slice_row0, unsigned char* staging, uint64_t* bar,
                                                               uint32_t& bar_phase, uint64_t base, int64_t row_base,
                                                               int64_t ld, const uint64_t* adds, int nadds,
-                                                              float alpha, bool& pending) {
+                                                              float alpha, bool prefetched, bool& pending) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
     constexpr int PIECE = 256 / ELEM;  // columns per staging row
     const int t = threadIdx.x % 128, q = t % 4;
@@ -651,26 +688,13 @@ static __device__ __forceinline__ void symm_epilogue_own_smem(float (&d)[BN / 2]
             }
         }
         for (int s = 0; s < nadds; s++) {
-            // The staging area is free once the last stores read it and
-            // every thread read the previous peer's rows.
-            if (s == 0 && pending && t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-            asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
-            if (t < 32) {
-                if (t == 0) {
-                    // The peers' rows came by bulk copies flagged after
-                    // them; order our (async proxy) reads after the flag.
-                    asm volatile("fence.proxy.async.global;" ::: "memory");
-                    symm_mbar_expect_tx(bar, (uint32_t)rows * bytes);
-                }
-                __syncwarp();
-                for (int r = t; r < rows; r += 32) {
-                    const uint64_t src = adds[s] + (uint64_t)(((int64_t)(first_row + r - row_base) * n + col) * ELEM);
-                    asm volatile(
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                            symm_smem_addr(staging + r * 256)),
-                        "l"(src), "r"(bytes), "r"(symm_smem_addr(bar))
-                        : "memory");
-                }
+            if (!(prefetched && h == 0 && s == 0)) {
+                // The staging area is free once the last stores read it
+                // and every thread read the previous peer's rows.
+                if (s == 0 && pending) symm_staging_read_done(t);
+                asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
+                const uint64_t src = adds[s] + (uint64_t)(((int64_t)(first_row - row_base) * n + col) * ELEM);
+                symm_load_rows(t, staging, rows, src, (int64_t)n * ELEM, bytes, bar);
             }
             symm_mbar_wait(bar, bar_phase);
             bar_phase ^= 1;
@@ -701,7 +725,7 @@ static __device__ __forceinline__ void symm_epilogue_own_smem(float (&d)[BN / 2]
             }
         }
         if (nadds == 0) {  // nothing loaded: wait only for the last stores
-            if (pending && t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            if (pending) symm_staging_read_done(t);
             asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
         }
         // The sums, in C's type, where their partials were (each thread
@@ -730,15 +754,8 @@ static __device__ __forceinline__ void symm_epilogue_own_smem(float (&d)[BN / 2]
         // Our generic-proxy writes, then the async proxy (bulk copies) reads them.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
-        if (t == 0) {
-            for (int r = 0; r < rows; r++) {
-                const uint64_t dst = base + (uint64_t)(((int64_t)(first_row + r - row_base) * ld + col) * ELEM);
-                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
-                             "r"(symm_smem_addr(staging + r * 256)), "r"(bytes)
-                             : "memory");
-            }
-            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        }
+        const uint64_t dst = base + (uint64_t)(((int64_t)(first_row - row_base) * ld + col) * ELEM);
+        symm_store_rows(t, staging, rows, dst, ld * ELEM, bytes);
         pending = true;
     }
 }
@@ -871,7 +888,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     uint32_t* unflagged = nullptr;
     // Sets `unflagged` once both warpgroups' copies of it completed.
     auto flag_pushed_tile = [&]() {
-        if (t128 == 0) {
+        if (t128 < 32) {  // each lane's own bulk group (symm_store_rows)
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
             asm volatile("fence.proxy.async.global;" ::: "memory");
         }
@@ -906,8 +923,48 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_wgmma_commit();
     };
+    // Waits for (and consumes) every peer's partial of an own-rows tile.
+    auto take_peer_tiles = [&](const symm_tile& tile) {
+        if (threadIdx.x == 128) {
+            uint32_t* flags = (uint32_t*)p.tile_flags[p.rank];
+            for (int src = 0; src < p.world; src++) {
+                if (src == p.rank) continue;
+                symm_spin_cas(flags + (int64_t)src * tiling.per_chunk + tile.index, 1u, 0u, false, p.timeout_ns,
+                              p.err, p.rank, src, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_WAIT);
+            }
+        }
+        symm_consumers_sync();
+    };
+    // This rank's rows summed in shared memory (rs_push; the inbox rows are
+    // then whole 16-byte units, the output's must be too for bulk copies).
+    // Recomputed where needed rather than kept: the mainloop has no
+    // registers to spare.
+    auto own_smem_of = [&](const symm_tile& tile) {
+        const int el = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
+        return p.rs && p.rs_push && tile.chunk == p.rank && p.world > 1 && p.c % 16 == 0 && (p.ldc * el) % 16 == 0;
+    };
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
+        if (own_smem_of(tile)) {
+            // The peers' partials are waited for now, and the first piece
+            // of the first peer's is loaded during the mainloop, hiding the
+            // epilogue's first load (the peers sent these tiles first, so
+            // they are there by now).
+            if (pending) symm_staging_read_done(t128);
+            pending = false;
+            take_peer_tiles(tile);
+            const int first_row = tile.row0 + slice;
+            const int rows = min(64, tile.row_end - first_row);
+            if (rows > 0) {
+                const int el = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
+                const int src = p.rank == 0 ? 1 : 0;
+                const int64_t at = (int64_t)src * p.chunk_rows * p.n +
+                                   (int64_t)(first_row - tile.chunk * p.chunk_rows) * p.n + tile.col0;
+                symm_load_rows(t128, staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2), rows,
+                               p.inbox[p.rank] + (uint64_t)(at * el), (int64_t)p.n * el,
+                               (uint32_t)min(256, (p.n - tile.col0) * el), &loaded[wg - 1]);
+            }
+        }
         if constexpr (PROMOTE) {
             // Each k-block's partial sum afresh into one of two sets (d for
             // even k-blocks, d1 for odd), added into `promoted` once done
@@ -989,8 +1046,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             symm_apply_scales<BN>(acc, tile, p.n, slice, p);
         }
         const int dt = p.out_dtype;
+        unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
         if (p.c_tma) {
-            unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
             if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile, p.n, slice, mine, tm_c, p.alpha, pending);
             else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile, p.n, slice, mine, tm_c, p.alpha, pending);
             continue;
@@ -1006,13 +1063,13 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const int64_t chunk_row0 = (int64_t)tile.chunk * p.chunk_rows;
         const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
         const int elem = dt == SYMM_DT_F32 ? 4 : 2;
+        const bool own_smem = own_smem_of(tile);
         // The previous tile's copies completed during this tile's mainloop.
         if (unflagged != nullptr) flag_pushed_tile();
         if (tile.chunk != p.rank && p.rs_push) {
             // A peer's rows: out by bulk copies into its inbox slot for this
             // rank; flagged at the next epilogue (or the end).
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
-            unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
 #define SYMM_EPI(DT) symm_epilogue_push<DT, BN>(acc, tile, p.n, slice, mine, dst, chunk_row0, p.alpha, pending)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
             else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
@@ -1035,29 +1092,20 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                               SYMM_SIGNAL_KIND_PUT);
             }
         } else {
-            // Our own rows: wait for every peer's partial tile, then sum.
-            if (threadIdx.x == 128) {
-                uint32_t* flags = (uint32_t*)p.tile_flags[p.rank];
-                for (int src = 0; src < p.world; src++) {
-                    if (src == p.rank) continue;
-                    symm_spin_cas(flags + (int64_t)src * tiling.per_chunk + tile.index, 1u, 0u, false, p.timeout_ns,
-                                  p.err, p.rank, src, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_WAIT);
-                }
-            }
-            symm_consumers_sync();
+            // Our own rows: wait for every peer's partial tile (unless done
+            // before the mainloop), then sum.
+            if (!own_smem) take_peer_tiles(tile);
             uint64_t adds[SYMM_GEMM_MAX_CHUNKS];
             int nadds = 0;
             for (int src = 0; src < p.world; src++) {
                 if (src != p.rank) adds[nadds++] = p.inbox[p.rank] + (uint64_t)(src * slot_elems * elem);
             }
             // Peers' partials were scaled by alpha already; ours is scaled in
-            // the epilogue before the adds. The inbox rows are whole 16-byte
-            // units when rs_push; so must the output's be for bulk copies.
-            if (p.rs_push && p.c % 16 == 0 && (p.ldc * elem) % 16 == 0) {
-                unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+            // the epilogue before the adds.
+            if (own_smem) {
 #define SYMM_EPI(DT)                                                                                             \
     symm_epilogue_own_smem<DT, BN>(acc, tile, p.n, slice, mine, &loaded[wg - 1], loaded_phase, p.c, chunk_row0, \
-                                   p.ldc, adds, nadds, p.alpha, pending)
+                                   p.ldc, adds, nadds, p.alpha, true, pending)
                 if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
                 else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
                 else SYMM_EPI(SYMM_DT_F16);
@@ -1073,7 +1121,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     }
     if (unflagged != nullptr) flag_pushed_tile();
     // The last stores must finish reading shared memory before the CTA exits.
-    if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    if (pending && t128 < 32) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 #define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE)                                                      \
