@@ -50,11 +50,14 @@
 // drain over NVLink while the consumers run the next tile's mainloop; its
 // flag is set at the next tile's epilogue, once those copies completed
 // (stores from registers and a fence per tile kept both consumer
-// warpgroups waiting on NVLink, and every CTA sent its tile at once); the tiles of this rank's own chunk come last in `order`, and
-// their epilogue waits for every peer's flag of the same tile, adds the
-// peers' partial tiles to its accumulators and writes the output. Flags are
-// consumed (1 -> 0) by the reader, so nothing needs resetting between calls
-// (or graph replays).
+// warpgroups waiting on NVLink, and every CTA sent its tile at once). The
+// tiles of this rank's own chunk come last in `order`: each waits for every
+// peer's flag of the same tile and adds the peers' partial tiles to its
+// accumulators before writing the output; with rs_push that happens in
+// shared memory (symm_epilogue_own_smem), and the flags are taken and the
+// first partial piece loaded before the tile's mainloop. Flags are consumed
+// (1 -> 0) by the reader, so nothing needs resetting between calls (or
+// graph replays).
 #include "common.cuh"
 #include "dtype.cuh"
 #include "wgmma.cuh"
