@@ -707,13 +707,38 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
     // Peers' tiles by bulk copies and own rows summed in shared memory
     // (320-column rows: the last piece partial; world 3: two peers' rows
     // added in turn) and, for comparison, both from registers.
-    for (world, fp8, push) in [(2, false, true), (2, true, true), (3, false, true), (2, false, false), (2, true, false)]
-    {
-        reduce_scatter_case(&g, kern, world, fp8, push);
+    // A share of the SMs per rank gives each CTA about one tile; one CTA
+    // per rank walks them all, its flag warps handing over tile after tile.
+    let share = |world: usize| g.kernels.sm_count / world as u32;
+    for (world, fp8, push, ctas) in [
+        (2, false, true, share(2)),
+        (2, true, true, share(2)),
+        (3, false, true, share(3)),
+        (2, false, true, 1),
+        (3, false, true, 1),
+        (2, false, false, share(2)),
+        (2, true, false, share(2)),
+    ] {
+        reduce_scatter_case(&g, kern, world, fp8, push, ctas, false);
+    }
+    // A peer that never sends its partials: rank 0 alone gives up on them
+    // and says who, with either way of sending.
+    for push in [true, false] {
+        reduce_scatter_case(&g, kern, 2, false, push, share(2), true);
     }
 }
 
-fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, world: usize, fp8: bool, push: bool) {
+/// `ctas` per rank. With `peer_missing`, only rank 0 runs (200 ms
+/// timeout): a timeout error naming rank 1 is expected instead of the sums.
+fn reduce_scatter_case(
+    g: &Gpu,
+    kern: &Sm90Kernels,
+    world: usize,
+    fp8: bool,
+    push: bool,
+    ctas: u32,
+    peer_missing: bool,
+) {
     let dt = GemmDtype::BF16;
     let (rows, n, k) = (192usize, 320usize, 128usize);
     let m = world * rows;
@@ -741,8 +766,8 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, world: usize, fp8: bool, pus
         mm.chunk_rows = rows;
         mm.order = (1..=world).map(|i| (r + i) % world).collect();
         mm.alpha = 0.5;
-        mm.max_ctas = Some(g.kernels.sm_count / world as u32);
-        mm.timeout_ns = 5_000_000_000;
+        mm.max_ctas = Some(ctas);
+        mm.timeout_ns = if peer_missing { 200_000_000 } else { 5_000_000_000 };
         mm.rs_push = push;
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
@@ -754,7 +779,8 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, world: usize, fp8: bool, pus
     let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.flag_bytes()])).collect();
     let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(g, rows * n, dt)).collect();
     let mut streams = Vec::new();
-    for (r, out) in outs.iter().enumerate() {
+    let launched = if peer_missing { 1 } else { world };
+    for (r, out) in outs.iter().enumerate().take(launched) {
         let mut mm = template(r, out.ptr);
         mm.scatter = Some(Scatter {
             rank: r,
@@ -769,6 +795,11 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, world: usize, fp8: bool, pus
     for s in streams {
         check(unsafe { sys::cuStreamSynchronize(s) }, "sync").unwrap();
         unsafe { sys::cuStreamDestroy_v2(s) };
+    }
+    if peer_missing {
+        let e = errors.check().unwrap_err();
+        assert!(e.msg.contains("fused matmul waiting for rank 1"), "push {push}: {}", e.msg);
+        return;
     }
     errors.check().unwrap();
     for (r, out) in outs.iter().enumerate() {
@@ -786,7 +817,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, world: usize, fp8: bool, pus
             (0..rows * n).map(|e| 0.5 * (0..world).map(|q| term(q, e)).sum::<f64>()).collect()
         };
         let e = rel_err(&decode(dt, &out.read_bytes()), &want);
-        assert!(e < 1e-2, "world {world}, rank {r}, fp8 {fp8}, push {push}: relative error {e}");
+        assert!(e < 1e-2, "world {world}, rank {r}, fp8 {fp8}, push {push}, {ctas} CTAs: relative error {e}");
         // Every flag was consumed, so a replay starts clean.
         assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
     }
@@ -882,6 +913,27 @@ fn gpu_sm90_reduce_scatter_push_against_registers() {
     });
     g.sync();
     errors.check().unwrap();
+    // The pushed results at full size, where each CTA hands many tiles to
+    // its flag warps: both ranks multiply the same matrices, so rank r's
+    // rows are twice its rows of the floor's product (poisoned first).
+    let checked: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, rows * n, dt)).collect();
+    let mut pair: Vec<Sm90Matmul> = mms.clone();
+    for (mm, out) in pair.iter_mut().zip(&checked) {
+        mm.rs_push = true;
+        mm.c.ptr = out.ptr;
+    }
+    pair[0].launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+    pair[1].launch(kern, g.kernels.sm_count, Stream(side as usize)).unwrap();
+    g.sync();
+    // SAFETY: the side stream is ours and alive.
+    check(unsafe { sys::cuStreamSynchronize(side) }, "sync").unwrap();
+    errors.check().unwrap();
+    let product = decode(dt, &products[0].read_bytes());
+    for (r, out) in checked.iter().enumerate() {
+        let want: Vec<f64> = product[r * rows * n..(r + 1) * rows * n].iter().map(|&x| 2.0 * x as f64).collect();
+        let e = rel_err(&decode(dt, &out.read_bytes()), &want);
+        assert!(e < 1e-2, "pushed reduce-scatter at full size, rank {r}: relative error {e}");
+    }
     for (imp, ms) in ["symm_sm90_rs_registers", "symm_sm90_rs_push", "symm_sm90_no_scatter"].iter().zip(&med) {
         print_record((m, k, n), "bf16_rs_world2_one_gpu", imp, *ms);
     }
