@@ -795,6 +795,43 @@ static __device__ bool symm_wait_nonzero(const uint32_t* flag, const symm_gemm_p
     }
 }
 
+// rs_push: the pushed tiles' flags, off the consumers' path. A producer
+// warp that would otherwise idle walks the tile schedule beside the
+// consumers and sets each pushed tile's flag once the consumers' bulk
+// copies of it completed: the system fence and flag store per tile held
+// both consumer warpgroups (bench/KERNELS.md). The handoff is one slot
+// deep: `full` when a tile is handed over, `empty` when the slot is free.
+// (The own tiles' flags stay with the consumers, taken right before the
+// tile: a warp taking them ahead cost 2.7-2.9 x, cause not found.)
+struct symm_handoff {
+    uint64_t full, empty;
+};
+
+// Is this kernel's reduce-scatter pushed (the consumers' test, as a whole)?
+static __device__ __forceinline__ bool symm_rs_pushes(const symm_gemm_params& p) {
+    return p.rs && p.rs_push && !p.c_tma && p.world > 1;
+}
+
+// The flagging warp: pushed.full completes when both consumer warpgroups'
+// copies of the tile completed (their first warps' 64 lanes arrive).
+static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
+                                           symm_handoff* pushed) {
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, bn, t);
+        if (tile.chunk == p.rank) continue;
+        symm_mbar_wait(&pushed->full, phase);
+        // The copies completed (and were fenced against the generic proxy)
+        // before the arrivals this wait acquired, so the release, which is
+        // cumulative, publishes them. No __threadfence_system: a
+        // fence.sc.sys here, off the consumers' path, still cost the
+        // kernel about 3% (bench/KERNELS.md).
+        symm_st_release_sys((uint32_t*)p.tile_flags[tile.chunk] + (int64_t)p.rank * tiling.per_chunk + tile.index, 1u);
+        symm_mbar_arrive(&pushed->empty);
+        phase ^= 1;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The kernel.
 // ---------------------------------------------------------------------------
@@ -804,10 +841,10 @@ struct symm_gemm_cfg {
     static constexpr int A_BYTES = SYMM_GEMM_BM * SYMM_GEMM_BK_BYTES;
     static constexpr int B_BYTES = BN * SYMM_GEMM_BK_BYTES;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    // Ring, epilogue staging, then 2 * STAGES mbarriers of the ring and one
-    // per consumer warpgroup for the epilogue's loads; +1024 to align the
-    // ring for the swizzle.
-    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 2) * 8 + 1024;
+    // Ring, epilogue staging, then 2 * STAGES mbarriers of the ring, one per
+    // consumer warpgroup for the epilogue's loads and the rs_push flag
+    // handoff's two; +1024 to align the ring for the swizzle.
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 4) * 8 + 1024;
 };
 
 template <int A_DT, int B_DT, int BN, bool PROMOTE>
@@ -822,6 +859,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     uint64_t* full = (uint64_t*)(staging + SYMM_GEMM_EPI_BYTES);
     uint64_t* empty = full + STAGES;
     uint64_t* loaded = empty + STAGES;  // [2]: the own-rows epilogue's loads, per consumer warpgroup
+    symm_handoff* pushed = (symm_handoff*)(loaded + 2);  // rs_push: tiles to flag
     auto stage_a = [&](int s) { return ring + s * Cfg::STAGE_BYTES; };
     auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
 
@@ -832,6 +870,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             symm_mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
         }
         for (int w = 0; w < 2; w++) symm_mbar_init(&loaded[w], 1);
+        symm_mbar_init(&pushed->full, 64);  // the first warp of each consumer warpgroup
+        symm_mbar_init(&pushed->empty, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
@@ -843,9 +883,11 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     const int kblocks = (p.k + BK - 1) / BK;
 
     if (wg == 0) {
-        // Producer: one thread issues every load; the others only donate
+        // Producer: one thread issues every load; with rs_push, the first
+        // lane of warp 1 sets the pushed tiles' flags; the rest only donate
         // their registers to the consumers.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, pushed);
         if (threadIdx.x != 0) return;
         int stage = 0;
         uint32_t phase = 0;
@@ -887,21 +929,21 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     float d1[PROMOTE ? BN / 2 : 1];  // exact fp8: odd k-blocks' partial sums
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
     uint32_t loaded_phase = 0;  // parity of loaded[wg - 1]'s next completion
-    // rs_push: the peer tile whose flag waits for its copies to complete.
-    uint32_t* unflagged = nullptr;
-    // Sets `unflagged` once both warpgroups' copies of it completed.
+    // rs_push: a peer tile whose copies were issued but not yet flagged.
+    bool unflagged = false;
+    uint32_t pushed_phase = 0;  // parity of the flag handoff's next use
+    // Hands `unflagged` to the flagging warp once this warpgroup's copies
+    // of it completed (a whole mainloop after they were issued).
     auto flag_pushed_tile = [&]() {
         if (t128 < 32) {  // each lane's own bulk group (symm_store_rows)
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
             asm volatile("fence.proxy.async.global;" ::: "memory");
+            symm_mbar_wait(&pushed->empty, pushed_phase ^ 1);
+            symm_mbar_arrive(&pushed->full);
         }
+        pushed_phase ^= 1;
         pending = false;
-        symm_consumers_sync();
-        if (threadIdx.x == 128) {
-            __threadfence_system();
-            symm_st_release_sys(unflagged, 1u);
-        }
-        unflagged = nullptr;
+        unflagged = false;
     };
     int stage = 0;
     uint32_t phase = 0;
@@ -1068,7 +1110,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const int elem = dt == SYMM_DT_F32 ? 4 : 2;
         const bool own_smem = own_smem_of(tile);
         // The previous tile's copies completed during this tile's mainloop.
-        if (unflagged != nullptr) flag_pushed_tile();
+        if (unflagged) flag_pushed_tile();
         if (tile.chunk != p.rank && p.rs_push) {
             // A peer's rows: out by bulk copies into its inbox slot for this
             // rank; flagged at the next epilogue (or the end).
@@ -1078,7 +1120,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
             else SYMM_EPI(SYMM_DT_F16);
 #undef SYMM_EPI
-            unflagged = (uint32_t*)p.tile_flags[tile.chunk] + (int64_t)p.rank * tiling.per_chunk + tile.index;
+            unflagged = true;
         } else if (tile.chunk != p.rank) {
             // A peer's rows: into its inbox slot for this rank, then its flag.
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
@@ -1122,7 +1164,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
 #undef SYMM_EPI
         }
     }
-    if (unflagged != nullptr) flag_pushed_tile();
+    if (unflagged) flag_pushed_tile();
     // The last stores must finish reading shared memory before the CTA exits.
     if (pending && t128 < 32) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }

@@ -22,7 +22,7 @@ fail=0
 say() { echo "$*" | tee -a "$log"; }
 run() { say "[${SECONDS}s] \$ $*"; "$@" 2>&1 | tee -a "$log"; local rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || { say "exit $rc"; fail=1; }; }
 
-say "commit $(cat bundle/commit), $(date -u +%Y-%m-%dT%H:%MZ)"
+say "commit $(tr -d "\n" < bundle/commit), $(date -u +%Y-%m-%dT%H:%MZ)"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$log"
 
 run timeout 300 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture

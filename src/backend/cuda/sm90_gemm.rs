@@ -104,10 +104,11 @@ impl TileN {
 
     /// Dynamic shared memory of the kernel (`symm_gemm_cfg::SMEM_BYTES`):
     /// the ring, the epilogue's staging (`SYMM_GEMM_EPI_BYTES`), barriers
-    /// (the ring's two per stage, the epilogue's one per consumer warpgroup).
+    /// (the ring's two per stage, the epilogue's one per consumer warpgroup,
+    /// the two of the reduce-scatter's flag handoff).
     const fn smem_bytes(self) -> usize {
         let stage = (BM + self.cols()) * BK_BYTES;
-        self.stages() * stage + EPI_BYTES + (2 * self.stages() + 2) * 8 + 1024
+        self.stages() * stage + EPI_BYTES + (2 * self.stages() + 4) * 8 + 1024
     }
 }
 
