@@ -45,7 +45,7 @@ typedef long long int64_t;
 // must see `published` == 1 (read it after `status`) before trusting
 // rank/peer/channel/kind/waited_ns; after a stream or event sync all fields
 // are final. While `status` != 0, every signal wait of the group gives up
-// within about SYMM_ERR_POLL_NS instead of waiting for its own timeout, so
+// within about SYMM_ERR_POLL_NS (1 ms) instead of waiting for its own timeout, so
 // the pads are then in an undefined state: the group must be torn down (or
 // its pads zeroed on every rank) before signals are used again.
 // ---------------------------------------------------------------------------
@@ -74,9 +74,13 @@ struct symm_async_error {
 // hangs the context): it means this default, 60 s.
 #define SYMM_DEFAULT_TIMEOUT_NS 60000000000ull
 
-// How often a spinning wait re-reads the error record (a read of host
-// memory over PCIe, so not on every iteration).
-#define SYMM_ERR_POLL_NS 20000ull
+// How often a spinning wait re-reads the error record, first after one
+// interval. It is a read of host memory over PCIe, and such reads slow the
+// whole SM: one thread per CTA waiting with a read every 20 us made the
+// fused reduce-scatter's other warps 2.8 x slower on an H100
+// (bench/KERNELS.md). A failure elsewhere is noticed within 1 ms, which is
+// far below any timeout.
+#define SYMM_ERR_POLL_NS 1000000ull
 
 // Longest pause between two polls of a signal slot.
 #define SYMM_MAX_BACKOFF_NS 256u
@@ -178,7 +182,7 @@ static __device__ bool symm_spin_cas(uint32_t* slot, uint32_t from, uint32_t to,
         timeout_ns = SYMM_DEFAULT_TIMEOUT_NS;
     }
     const uint64_t start = symm_globaltimer_ns();
-    uint64_t next_err_poll = start;
+    uint64_t next_err_poll = start + SYMM_ERR_POLL_NS;
     uint32_t backoff = 0;
     for (;;) {
         uint32_t old = release ? symm_cas_release_sys(slot, from, to)

@@ -87,7 +87,7 @@ extern "C" __global__ void symm_wait_value(const uint32_t* flag, uint32_t value,
         timeout_ns = SYMM_DEFAULT_TIMEOUT_NS;
     }
     const uint64_t start = symm_globaltimer_ns();
-    uint64_t next_err_poll = start;
+    uint64_t next_err_poll = start + SYMM_ERR_POLL_NS;
     uint32_t backoff = 8u;
     while (symm_ld_acquire_sys(flag) < value) {
         const uint64_t now = symm_globaltimer_ns();
