@@ -237,6 +237,11 @@ struct symm_tiling {
         total = per_chunk * p.chunks;
     }
 
+    // rs: the flag of tile `index` of `dst`'s rows, sent by rank `src`.
+    __device__ uint32_t* flag(const symm_gemm_params& p, int dst, int src, int index) const {
+        return (uint32_t*)p.tile_flags[dst] + (int64_t)src * per_chunk + index;
+    }
+
     __device__ symm_tile at(const symm_gemm_params& p, int bn, int t) const {
         symm_tile tile;
         tile.chunk = p.order[t / per_chunk];
@@ -808,7 +813,8 @@ struct symm_handoff {
     uint64_t full, empty;
 };
 
-// Is this kernel's reduce-scatter pushed (the consumers' test, as a whole)?
+// Does this kernel push its peers' tiles (through the staging area, by
+// bulk copies), so that the flagging warp runs?
 static __device__ __forceinline__ bool symm_rs_pushes(const symm_gemm_params& p) {
     return p.rs && p.rs_push && !p.c_tma && p.world > 1;
 }
@@ -827,7 +833,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         // cumulative, publishes them. No __threadfence_system: a
         // fence.sc.sys here, off the consumers' path, still cost the
         // kernel about 3% (bench/KERNELS.md).
-        symm_st_release_sys((uint32_t*)p.tile_flags[tile.chunk] + (int64_t)p.rank * tiling.per_chunk + tile.index, 1u);
+        symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), 1u);
         symm_mbar_arrive(&pushed->empty);
         phase ^= 1;
     }
@@ -1132,7 +1138,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
 #undef SYMM_EPI
             symm_consumers_sync();
             if (threadIdx.x == 128) {
-                uint32_t* flag = (uint32_t*)p.tile_flags[tile.chunk] + (int64_t)p.rank * tiling.per_chunk + tile.index;
+                uint32_t* flag = tiling.flag(p, tile.chunk, p.rank, tile.index);
                 __threadfence_system();
                 symm_spin_cas(flag, 0u, 1u, true, p.timeout_ns, p.err, p.rank, tile.chunk, SYMM_GEMM_CHANNEL,
                               SYMM_SIGNAL_KIND_PUT);

@@ -708,7 +708,7 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
     // (320-column rows: the last piece partial; world 3: two peers' rows
     // added in turn) and, for comparison, both from registers.
     // A share of the SMs per rank gives each CTA about one tile; one CTA
-    // per rank walks them all, its flag warps handing over tile after tile.
+    // per rank walks them all, handing tile after tile to its flagging warp.
     let share = |world: usize| g.kernels.sm_count / world as u32;
     for (world, fp8, push, ctas) in [
         (2, false, true, share(2)),
@@ -914,7 +914,7 @@ fn gpu_sm90_reduce_scatter_push_against_registers() {
     g.sync();
     errors.check().unwrap();
     // The pushed results at full size, where each CTA hands many tiles to
-    // its flag warps: both ranks multiply the same matrices, so rank r's
+    // its flagging warp: both ranks multiply the same matrices, so rank r's
     // rows are twice its rows of the floor's product (poisoned first).
     let checked: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, rows * n, dt)).collect();
     let mut pair: Vec<Sm90Matmul> = mms.clone();
