@@ -45,19 +45,21 @@
 // Fused reduce-scatter (rs != 0): chunk c of the rows is rank c's output.
 // Tiles of a peer's chunk are written (in C's dtype) into that peer's inbox
 // slot for this rank, then flagged with a release store into the peer's
-// tile flags. With rs_push (rows of whole 16-byte units) a tile goes
-// through shared memory and leaves by bulk async copies, row by row, that
-// drain over NVLink while the consumers run the next tile's mainloop; its
-// flag is set at the next tile's epilogue, once those copies completed
+// tile flags. The tiles of this rank's own chunk come last in `order`;
+// each adds every peer's partial of the same tile to its accumulators
+// before writing the output. With rs_push (rows of whole 16-byte units at
+// 16-byte aligned addresses) both are TMA's work, as in a plain matmul's
+// epilogue: a peer's tile leaves by TMA stores from the staging area, which
+// drain over NVLink while the consumers run the next tile's mainloop, and
+// a warp that would otherwise idle sets its flag once they completed
 // (stores from registers and a fence per tile kept both consumer
-// warpgroups waiting on NVLink, and every CTA sent its tile at once). The
-// tiles of this rank's own chunk come last in `order`: each waits for every
-// peer's flag of the same tile and adds the peers' partial tiles to its
-// accumulators before writing the output; with rs_push that happens in
-// shared memory (symm_epilogue_own_smem), and the flags are taken and the
-// first partial piece loaded before the tile's mainloop. Flags are consumed
-// (1 -> 0) by the reader, so nothing needs resetting between calls (or
-// graph replays).
+// warpgroups waiting on NVLink, and every CTA sent its tile at once); for
+// an own tile the producer takes the peers' flags and loads their partial
+// tiles into the ring behind the tile's k-blocks, so the consumers find
+// them in shared memory, with no load latency of their own to wait on.
+// Without rs_push, stores, flags and adds go from registers. Flags are
+// consumed (1 -> 0) by the reader, so nothing needs resetting between
+// calls (or graph replays).
 #include "common.cuh"
 #include "dtype.cuh"
 #include "wgmma.cuh"
@@ -76,6 +78,15 @@
 // A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
 struct alignas(64) symm_tmap {
     uint64_t opaque[16];
+};
+
+// rs_push: the reduce-scatter's TMA maps. inbox: this rank's inbox,
+// [world][chunk_rows][n] of C's type, boxes of 128 rows x 128 bytes of one
+// slot; push[d]: rank d's inbox slot for this rank, [chunk_rows][n], boxes
+// of 64 rows x 128 bytes (push[rank] unused).
+struct symm_rs_maps {
+    symm_tmap inbox;
+    symm_tmap push[SYMM_GEMM_MAX_CHUNKS];
 };
 
 // Mirrored by `GemmParams` in src/backend/cuda/sm90_gemm.rs (#[repr(C)]).
@@ -103,7 +114,7 @@ struct symm_gemm_params {
     uint64_t bias;         // 0, or n elements of C's dtype
     int64_t a_scale_slot;  // row-wise: distance between chunks' row scales (gathered into slots)
     int32_t scale_mode;    // SYMM_GEMM_SCALES_*
-    int32_t rs_push;       // rs: 1 = peers' tiles leave through shared memory and bulk copies (see below)
+    int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs; see above)
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -157,6 +168,16 @@ static __device__ __forceinline__ void symm_tma_load(void* dst, const symm_tmap*
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
         "[%4];" ::"r"(symm_smem_addr(dst)),
         "l"(map), "r"(x), "r"(y), "r"(symm_smem_addr(bar))
+        : "memory");
+}
+
+// 3-D tile load: box at (x, y, z = the slowest dimension).
+static __device__ __forceinline__ void symm_tma_load3(void* dst, const symm_tmap* map, int32_t x, int32_t y,
+                                                      int32_t z, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];" ::"r"(symm_smem_addr(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(z), "r"(symm_smem_addr(bar))
         : "memory");
 }
 
@@ -490,78 +511,63 @@ static __device__ __forceinline__ void symm_apply_scales(float (&d)[BN / 2], con
     }
 }
 
-// Bulk copies between a consumer warpgroup's staging area (rows 256 bytes
-// apart) and global memory, issued by its first warp, a lane per row: one
-// thread issuing 64 copies in turn held the warpgroup for most of a
-// microsecond per piece. Stores: each lane commits its own bulk group, so
-// every lane of the warp waits (symm_staging_read_done, wait_group 0).
-static __device__ __forceinline__ void symm_store_rows(int t, const unsigned char* staging, int rows, uint64_t dst,
-                                                       int64_t stride, uint32_t bytes) {
-    if (t >= 32) return;
-    for (int r = t; r < rows; r += 32) {
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + r * stride),
-                     "r"(symm_smem_addr(staging + r * 256)), "r"(bytes)
-                     : "memory");
-    }
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-
-// Loads complete on `bar`, which expects rows * bytes. The rows were
-// written by a peer's bulk copies flagged after them (acquired before):
-// the async proxy's reads are ordered after the flag here.
-static __device__ __forceinline__ void symm_load_rows(int t, unsigned char* staging, int rows, uint64_t src,
-                                                      int64_t stride, uint32_t bytes, uint64_t* bar) {
-    if (t >= 32) return;
-    if (t == 0) {
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        symm_mbar_expect_tx(bar, (uint32_t)rows * bytes);
-    }
-    __syncwarp();
-    for (int r = t; r < rows; r += 32) {
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                symm_smem_addr(staging + r * 256)),
-            "l"(src + r * stride), "r"(bytes), "r"(symm_smem_addr(bar))
-            : "memory");
-    }
-}
-
-// Waits until the warpgroup's bulk copies finished reading its staging area.
+// Waits until this warpgroup's TMA stores (issued by its thread 0) finished
+// reading its staging area.
 static __device__ __forceinline__ void symm_staging_read_done(int t) {
-    if (t < 32) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
-// Epilogue through shared memory and TMA stores (plain C of 16-bit type):
-// each consumer warpgroup converts its 64 rows, 128 columns at a time, into
-// two 64 x 64 boxes of its 16 KiB staging area in TMA's 128-byte swizzle
-// (conflict-free: the 8 rows a warp writes land in 8 different 16-byte
-// chunks), and one thread stores them. The stores drain while the
-// warpgroup goes on to its next tile; the staging area is reused only after
-// they finished reading it. TMA clips rows past m and columns past n.
+// Where C's fragment pair (row, 8-column block jj of a 256-byte piece, lane
+// q) lies in the staging area, and a peer's partial tile in the ring: boxes
+// of 128-byte rows in TMA's 128-byte swizzle (16-byte unit u of row r at
+// unit u ^ (r % 8)). A 16-bit pair is 4 bytes (a block is one unit, eight
+// blocks a box), an f32 pair 8 (a block two units, four a box).
+template <int ELEM>
+static __device__ __forceinline__ int symm_swizzled(int row, int jj, int q) {
+    constexpr int BLOCKS = 16 / ELEM;  // 8-column blocks per 128-byte box row
+    const int box = jj / BLOCKS, b = jj % BLOCKS;
+    const int unit = ELEM == 2 ? b : 2 * b + q / 2;
+    const int within = ELEM == 2 ? 4 * q : 8 * (q % 2);
+    return box * 8192 + row * 128 + ((unit ^ (row % 8)) * 16) + within;
+}
+
+// Epilogue through shared memory and TMA stores: each consumer warpgroup
+// converts its 64 rows, 256 bytes of each row at a time (128 columns of a
+// 16-bit C, 64 of f32), into two 64-row boxes of its 16 KiB staging area
+// (conflict-free for 16-bit C: the 8 rows a warp writes land in 8 different
+// 16-byte units), and its thread 0 stores them at column col0 + ..., row
+// `row` of `map`: C, or (reduce-scatter) a peer's inbox slot for this rank.
+// The stores drain while the warpgroup goes on to its next tile; the
+// staging area is reused only after they finished reading it. TMA clips
+// rows and columns past the map's.
 #define SYMM_GEMM_EPI_BYTES (2 * 16384)
 template <int DT, int BN>
-static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2], const symm_tile& tile, int n,
-                                                         int slice_row0, unsigned char* staging,
-                                                         const symm_tmap* tm_c, float alpha, bool& pending) {
+static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2], int col0, int row, int n,
+                                                         unsigned char* staging, const symm_tmap* map, float alpha,
+                                                         bool& pending) {
+    constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
+    constexpr int BLOCKS = 32 / ELEM;  // 8-column blocks per 256-byte piece
     const int t = threadIdx.x % 128, q = t % 4;
     const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
     const int r0 = 16 * (t / 32) + (t % 32) / 4;
 #pragma unroll
-    for (int h = 0; h < BN / 128; h++) {
+    for (int h = 0; h < BN / BLOCKS / 8; h++) {
         if (pending) {
             symm_staging_read_done(t);
             asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
         }
 #pragma unroll
-        for (int jj = 0; jj < 16; jj++) {
-            const int j = 16 * h + jj;
-            unsigned char* box = staging + (jj / 8) * 8192;
+        for (int jj = 0; jj < BLOCKS; jj++) {
+            const int j = BLOCKS * h + jj;
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                const int row = r0 + 8 * hh;
                 const float x = d[4 * j + 2 * hh] * alpha, y = d[4 * j + 2 * hh + 1] * alpha;
-                const uint32_t v = DT == SYMM_DT_BF16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y);
-                *(uint32_t*)(box + row * 128 + (((jj % 8) ^ (row % 8)) * 16) + q * 4) = v;
+                unsigned char* at = staging + symm_swizzled<ELEM>(r0 + 8 * hh, jj, q);
+                if constexpr (DT == SYMM_DT_F32) {
+                    *(float2*)at = make_float2(x, y);
+                } else {
+                    *(uint32_t*)at = DT == SYMM_DT_BF16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y);
+                }
             }
         }
         // Our generic-proxy writes, then the async proxy (TMA) reads them.
@@ -569,8 +575,8 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
         asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
         if (t == 0) {
             for (int b = 0; b < 2; b++) {
-                const int col = tile.col0 + 128 * h + 64 * b;
-                if (col < n) symm_tma_store(tm_c, staging + b * 8192, col, tile.row0 + slice_row0);
+                const int col = col0 + (BLOCKS * h + b * BLOCKS / 2) * 8;
+                if (col < n) symm_tma_store(map, staging + b * 8192, col, row);
             }
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
@@ -578,193 +584,84 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
     }
 }
 
-// Reduce-scatter to a peer through shared memory (rs_push): each consumer
-// warpgroup converts its 64 rows, 256 bytes of each row at a time (128
-// columns of a 16-bit C, 64 of f32), into its 16 KiB staging area, rows
-// 256 bytes apart (16-byte writes of quad-transposed fragments: a
-// quarter-warp's two rows share banks, a 2-way conflict), and one thread
-// sends each valid row with a bulk async copy to `base` + (row - row_base)
-// * n + col, in C's type. Returns once the copies are issued; the caller
-// waits for their completion (cp.async.bulk.wait_group 0) before flagging.
+// Reduce-scatter, this rank's own rows: adds a peer's partial of box `bx`
+// of the tile (128 rows x 128 bytes of C's type, which the producer loaded
+// into the ring by TMA, swizzled) to this warpgroup's accumulators.
 template <int DT, int BN>
-static __device__ __forceinline__ void symm_epilogue_push(const float (&d)[BN / 2], const symm_tile& tile, int n,
-                                                          int slice_row0, unsigned char* staging, uint64_t base,
-                                                          int64_t row_base, float alpha, bool& pending) {
+static __device__ __forceinline__ void symm_add_box(float (&d)[BN / 2], const unsigned char* box, int bx,
+                                                    int slice_row0) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
-    constexpr int PIECE = 256 / ELEM;  // columns per staging row
+    constexpr int BLOCKS = 16 / ELEM;  // 8-column blocks per box
     const int t = threadIdx.x % 128, q = t % 4;
-    const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
-    const int r0 = 16 * (t / 32) + (t % 32) / 4;
+    const int r0 = slice_row0 + 16 * (t / 32) + (t % 32) / 4;
 #pragma unroll
-    for (int h = 0; h < BN / PIECE; h++) {
-        if (pending) {
-            symm_staging_read_done(t);
-            asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
-        }
+    for (int jj = 0; jj < BLOCKS; jj++) {
+        const int j = bx * BLOCKS + jj;
 #pragma unroll
-        for (int i = 0; i < PIECE / 32; i++) {
-            const int blk = h * (PIECE / 8) + 4 * i;  // first of four 8-column blocks
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                float lo[4], hi[4];
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++) {
-                    lo[jj] = d[4 * (blk + jj) + 2 * hh] * alpha;
-                    hi[jj] = d[4 * (blk + jj) + 2 * hh + 1] * alpha;
-                }
-                // Lane q now holds columns 8q .. 8q + 7 of the four blocks.
-                symm_quad_transpose(lo, q);
-                symm_quad_transpose(hi, q);
-                unsigned char* dst = staging + (r0 + 8 * hh) * 256 + (32 * i + 8 * q) * ELEM;
-                if constexpr (DT == SYMM_DT_F32) {
-                    *(float4*)dst = make_float4(lo[0], hi[0], lo[1], hi[1]);
-                    *(float4*)(dst + 16) = make_float4(lo[2], hi[2], lo[3], hi[3]);
-                } else if constexpr (DT == SYMM_DT_BF16) {
-                    *(uint4*)dst = make_uint4(symm_pack_bf16x2(lo[0], hi[0]), symm_pack_bf16x2(lo[1], hi[1]),
-                                              symm_pack_bf16x2(lo[2], hi[2]), symm_pack_bf16x2(lo[3], hi[3]));
-                } else {
-                    *(uint4*)dst = make_uint4(symm_pack_f16x2(lo[0], hi[0]), symm_pack_f16x2(lo[1], hi[1]),
-                                              symm_pack_f16x2(lo[2], hi[2]), symm_pack_f16x2(lo[3], hi[3]));
-                }
+        for (int hh = 0; hh < 2; hh++) {
+            const unsigned char* at = box + symm_swizzled<ELEM>(r0 + 8 * hh, jj, q);
+            if constexpr (DT == SYMM_DT_F32) {
+                const float2 v = *(const float2*)at;
+                d[4 * j + 2 * hh] += v.x;
+                d[4 * j + 2 * hh + 1] += v.y;
+            } else {
+                const uint32_t v = *(const uint32_t*)at;
+                d[4 * j + 2 * hh] += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(v & 0xffffu)
+                                                        : symm_f16_bits_to_f32(v & 0xffffu);
+                d[4 * j + 2 * hh + 1] +=
+                    DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(v >> 16) : symm_f16_bits_to_f32(v >> 16);
             }
         }
-        // Our generic-proxy writes, then the async proxy (bulk copies) reads them.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
-        const int col = tile.col0 + h * PIECE;
-        if (col < n) {
-            const int first_row = tile.row0 + slice_row0;
-            const uint64_t dst = base + (uint64_t)(((int64_t)(first_row - row_base) * n + col) * ELEM);
-            symm_store_rows(t, staging, min(64, tile.row_end - first_row), dst, (int64_t)n * ELEM,
-                            (uint32_t)(min(PIECE, n - col) * ELEM));
-        }
-        pending = true;
     }
 }
 
-// This rank's own rows of a reduce-scatter through shared memory (rs_push
-// with 16-byte aligned output rows): per 256 bytes of each row (as the
-// push), the accumulators are scaled and quad-transposed in place while one
-// warp bulk-loads a peer's partial rows (its inbox slot, complete on the
-// warpgroup's mbarrier `bar`) into the staging area; each thread adds the
-// 16-byte pieces it owns (so no thread reads what another writes), once
-// per peer, then writes the sums there in C's type, and the first warp
-// sends the rows to `base` + (row - row_base) * ld + col by bulk copies.
-// One memory round trip per peer and piece, where the register epilogue's
-// loads waited on each other (16 round trips per tile, bench/KERNELS.md);
-// with `prefetched`, the first peer's first piece was loaded during the
-// mainloop (on `bar`).
-template <int DT, int BN>
-static __device__ __forceinline__ void symm_epilogue_own_smem(float (&d)[BN / 2], const symm_tile& tile, int n,
-                                                              int slice_row0, unsigned char* staging, uint64_t* bar,
-                                                              uint32_t& bar_phase, uint64_t base, int64_t row_base,
-                                                              int64_t ld, const uint64_t* adds, int nadds,
-                                                              float alpha, bool prefetched, bool& pending) {
+// rs_push: the peers' partials of one of this rank's own tiles travel
+// through the ring after the tile's k-blocks, as 16 KiB boxes (128 rows x
+// 128 bytes of C's type, `per_tile` of them per peer), `per_stage` to a
+// stage; the producer and the consumers walk them alike.
+struct symm_partials {
+    int per_tile, per_stage, total;
+
+    __device__ symm_partials(const symm_gemm_params& p, int bn, int stage_bytes) {
+        per_tile = bn * (p.out_dtype == SYMM_DT_F32 ? 4 : 2) / 128;
+        per_stage = stage_bytes / 16384;
+        total = per_tile * (p.world - 1);
+    }
+};
+
+// Reduce-scatter, one of this rank's own tiles (rs_push): adds every
+// peer's partial, loaded by the producer into the ring behind the tile's
+// k-blocks (symm_partials), to this warpgroup's accumulators, handing each
+// stage back once the warpgroup read it.
+template <int DT, int BN, int STAGES, int STAGE_BYTES>
+static __device__ __forceinline__ void symm_add_partials(float (&d)[BN / 2], const symm_partials& parts,
+                                                         const symm_tile& tile, int n, int slice_row0,
+                                                         unsigned char* ring, uint64_t* full, uint64_t* empty,
+                                                         int& stage, uint32_t& phase) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
-    constexpr int PIECE = 256 / ELEM;  // columns per staging row
-    const int t = threadIdx.x % 128, q = t % 4;
-    const int wbar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
-    const int r0 = 16 * (t / 32) + (t % 32) / 4;
-    const int first_row = tile.row0 + slice_row0;
-    const int rows = min(64, tile.row_end - first_row);
-    if (rows <= 0) return;  // the tile's last rows end before this slice
+    constexpr int PER_TILE = BN * ELEM / 128;  // parts.per_tile
+    const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
+    int in_stage = 0;  // boxes of the current stage read
+    for (int b0 = 0; b0 < parts.total; b0 += PER_TILE) {
 #pragma unroll
-    for (int h = 0; h < BN / PIECE; h++) {
-        const int col = tile.col0 + h * PIECE;
-        if (col >= n) break;
-        const uint32_t bytes = (uint32_t)(min(PIECE, n - col) * ELEM);
-        // Scale and transpose this piece's accumulators in place: lane q
-        // then holds columns 8q .. 8q + 7 of each four 8-column blocks.
-#pragma unroll
-        for (int i = 0; i < PIECE / 32; i++) {
-            const int blk = h * (PIECE / 8) + 4 * i;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                float lo[4], hi[4];
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++) {
-                    lo[jj] = d[4 * (blk + jj) + 2 * hh] * alpha;
-                    hi[jj] = d[4 * (blk + jj) + 2 * hh + 1] * alpha;
+        for (int bx = 0; bx < PER_TILE; bx++) {
+            if (in_stage == 0) symm_mbar_wait(&full[stage], phase);
+            if (tile.col0 + bx * (128 / ELEM) < n) {
+                symm_add_box<DT, BN>(d, ring + stage * STAGE_BYTES + in_stage * 16384, bx, slice_row0);
+            }
+            if (++in_stage == parts.per_stage || b0 + bx + 1 == parts.total) {
+                // Our reads (generic proxy) before the producer's next TMA
+                // writes (async proxy) into the stage.
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
+                if (threadIdx.x % 128 == 0) symm_mbar_arrive(&empty[stage]);
+                if (++stage == STAGES) {
+                    stage = 0;
+                    phase ^= 1;
                 }
-                symm_quad_transpose(lo, q);
-                symm_quad_transpose(hi, q);
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++) {
-                    d[4 * (blk + jj) + 2 * hh] = lo[jj];
-                    d[4 * (blk + jj) + 2 * hh + 1] = hi[jj];
-                }
+                in_stage = 0;
             }
         }
-        for (int s = 0; s < nadds; s++) {
-            if (!(prefetched && h == 0 && s == 0)) {
-                // The staging area is free once the last stores read it
-                // and every thread read the previous peer's rows.
-                if (s == 0 && pending) symm_staging_read_done(t);
-                asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
-                const uint64_t src = adds[s] + (uint64_t)(((int64_t)(first_row - row_base) * n + col) * ELEM);
-                symm_load_rows(t, staging, rows, src, (int64_t)n * ELEM, bytes, bar);
-            }
-            symm_mbar_wait(bar, bar_phase);
-            bar_phase ^= 1;
-#pragma unroll
-            for (int i = 0; i < PIECE / 32; i++) {
-                const int blk = h * (PIECE / 8) + 4 * i;
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const unsigned char* src = staging + (r0 + 8 * hh) * 256 + (32 * i + 8 * q) * ELEM;
-                    if constexpr (DT == SYMM_DT_F32) {
-                        const float4 a = *(const float4*)src, b = *(const float4*)(src + 16);
-                        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                        for (int e = 0; e < 8; e++) d[4 * (blk + e / 2) + 2 * hh + e % 2] += v[e];
-                    } else {
-                        const uint4 a = *(const uint4*)src;
-                        const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const uint32_t l = w[e] & 0xffffu, u = w[e] >> 16;
-                            d[4 * (blk + e) + 2 * hh] +=
-                                DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(l) : symm_f16_bits_to_f32(l);
-                            d[4 * (blk + e) + 2 * hh + 1] +=
-                                DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(u) : symm_f16_bits_to_f32(u);
-                        }
-                    }
-                }
-            }
-        }
-        if (nadds == 0) {  // nothing loaded: wait only for the last stores
-            if (pending) symm_staging_read_done(t);
-            asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
-        }
-        // The sums, in C's type, where their partials were (each thread
-        // its own 16-byte pieces).
-#pragma unroll
-        for (int i = 0; i < PIECE / 32; i++) {
-            const int blk = h * (PIECE / 8) + 4 * i;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                unsigned char* dst = staging + (r0 + 8 * hh) * 256 + (32 * i + 8 * q) * ELEM;
-                float v[8];
-#pragma unroll
-                for (int e = 0; e < 8; e++) v[e] = d[4 * (blk + e / 2) + 2 * hh + e % 2];
-                if constexpr (DT == SYMM_DT_F32) {
-                    *(float4*)dst = make_float4(v[0], v[1], v[2], v[3]);
-                    *(float4*)(dst + 16) = make_float4(v[4], v[5], v[6], v[7]);
-                } else if constexpr (DT == SYMM_DT_BF16) {
-                    *(uint4*)dst = make_uint4(symm_pack_bf16x2(v[0], v[1]), symm_pack_bf16x2(v[2], v[3]),
-                                              symm_pack_bf16x2(v[4], v[5]), symm_pack_bf16x2(v[6], v[7]));
-                } else {
-                    *(uint4*)dst = make_uint4(symm_pack_f16x2(v[0], v[1]), symm_pack_f16x2(v[2], v[3]),
-                                              symm_pack_f16x2(v[4], v[5]), symm_pack_f16x2(v[6], v[7]));
-                }
-            }
-        }
-        // Our generic-proxy writes, then the async proxy (bulk copies) reads them.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        asm volatile("bar.sync %0, 128;" ::"r"(wbar) : "memory");
-        const uint64_t dst = base + (uint64_t)(((int64_t)(first_row - row_base) * ld + col) * ELEM);
-        symm_store_rows(t, staging, rows, dst, ld * ELEM, bytes);
-        pending = true;
     }
 }
 
@@ -802,25 +699,22 @@ static __device__ bool symm_wait_nonzero(const uint32_t* flag, const symm_gemm_p
 
 // rs_push: the pushed tiles' flags, off the consumers' path. A producer
 // warp that would otherwise idle walks the tile schedule beside the
-// consumers and sets each pushed tile's flag once the consumers' bulk
-// copies of it completed: the system fence and flag store per tile held
+// consumers and sets each pushed tile's flag once the consumers' TMA
+// stores of it completed: the system fence and flag store per tile held
 // both consumer warpgroups (bench/KERNELS.md). The handoff is one slot
 // deep: `full` when a tile is handed over, `empty` when the slot is free.
-// (The own tiles' flags stay with the consumers, taken right before the
-// tile: a warp taking them ahead gained nothing measurable once its polls
-// stopped reading host memory every 20 us, which had cost 2.8 x.)
 struct symm_handoff {
     uint64_t full, empty;
 };
 
-// Does this kernel push its peers' tiles (through the staging area, by
-// bulk copies), so that the flagging warp runs?
+// Does this kernel push its peers' tiles by TMA stores and sum its own
+// rows from partials the producer loads into the ring (rs_push)?
 static __device__ __forceinline__ bool symm_rs_pushes(const symm_gemm_params& p) {
-    return p.rs && p.rs_push && !p.c_tma && p.world > 1;
+    return p.rs && p.rs_push && p.world > 1;
 }
 
 // The flagging warp: pushed.full completes when both consumer warpgroups'
-// copies of the tile completed (their first warps' 64 lanes arrive).
+// stores of the tile completed (their threads 0 arrive).
 static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
                                            symm_handoff* pushed) {
     uint32_t phase = 0;
@@ -828,7 +722,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         const symm_tile tile = tiling.at(p, bn, t);
         if (tile.chunk == p.rank) continue;
         symm_mbar_wait(&pushed->full, phase);
-        // The copies completed (and were fenced against the generic proxy)
+        // The stores completed (and were fenced against the generic proxy)
         // before the arrivals this wait acquired, so the release, which is
         // cumulative, publishes them. No __threadfence_system: a
         // fence.sc.sys here, off the consumers' path, still cost the
@@ -848,25 +742,26 @@ struct symm_gemm_cfg {
     static constexpr int A_BYTES = SYMM_GEMM_BM * SYMM_GEMM_BK_BYTES;
     static constexpr int B_BYTES = BN * SYMM_GEMM_BK_BYTES;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    // Ring, epilogue staging, then 2 * STAGES mbarriers of the ring, one per
-    // consumer warpgroup for the epilogue's loads and the rs_push flag
-    // handoff's two; +1024 to align the ring for the swizzle.
-    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 4) * 8 + 1024;
+    // Ring, epilogue staging, then 2 * STAGES mbarriers of the ring and the
+    // rs_push flag handoff's two; +1024 to align the ring for the swizzle.
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 2) * 8 + 1024;
 };
 
 template <int A_DT, int B_DT, int BN, bool PROMOTE>
 static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, const symm_tmap* tm_a_local,
                                                       const symm_tmap* tm_b, const symm_tmap* tm_c,
-                                                      const symm_gemm_params& p) {
+                                                      const symm_rs_maps* tm_rs, const symm_gemm_params& p) {
     using Cfg = symm_gemm_cfg<BN>;
     constexpr int STAGES = Cfg::STAGES;
     extern __shared__ __align__(1024) unsigned char symm_gemm_smem[];
-    unsigned char* ring = (unsigned char*)(((uintptr_t)symm_gemm_smem + 1023) & ~(uintptr_t)1023);
+    // Aligned by pointer arithmetic, not through an integer, so the
+    // compiler still knows these are shared memory (LDS/STS with 32-bit
+    // addresses, not generic accesses whose 64-bit addresses spilled).
+    unsigned char* ring = symm_gemm_smem + ((1024u - (symm_smem_addr(symm_gemm_smem) & 1023u)) & 1023u);
     unsigned char* staging = ring + STAGES * Cfg::STAGE_BYTES;  // 1024-aligned
     uint64_t* full = (uint64_t*)(staging + SYMM_GEMM_EPI_BYTES);
     uint64_t* empty = full + STAGES;
-    uint64_t* loaded = empty + STAGES;  // [2]: the own-rows epilogue's loads, per consumer warpgroup
-    symm_handoff* pushed = (symm_handoff*)(loaded + 2);  // rs_push: tiles to flag
+    symm_handoff* pushed = (symm_handoff*)(empty + STAGES);  // rs_push: tiles to flag
     auto stage_a = [&](int s) { return ring + s * Cfg::STAGE_BYTES; };
     auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
 
@@ -876,8 +771,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             symm_mbar_init(&full[s], 1);
             symm_mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
         }
-        for (int w = 0; w < 2; w++) symm_mbar_init(&loaded[w], 1);
-        symm_mbar_init(&pushed->full, 64);  // the first warp of each consumer warpgroup
+        symm_mbar_init(&pushed->full, 2);  // thread 0 of each consumer warpgroup
         symm_mbar_init(&pushed->empty, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -898,6 +792,14 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         if (threadIdx.x != 0) return;
         int stage = 0;
         uint32_t phase = 0;
+        auto advance = [&]() {
+            if (++stage == STAGES) {
+                stage = 0;
+                phase ^= 1;
+            }
+        };
+        const symm_partials partials(p, BN, Cfg::STAGE_BYTES);
+        const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
         int arrived = -1;  // last chunk seen ready (tiles come chunk by chunk)
         for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
             const symm_tile tile = tiling.at(p, BN, t);
@@ -916,10 +818,36 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
                 symm_tma_load(stage_a(stage), map_a, kb * BK, a_row, &full[stage]);
                 symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
-                if (++stage == STAGES) {
-                    stage = 0;
-                    phase ^= 1;
+                advance();
+            }
+            if (!symm_rs_pushes(p) || tile.chunk != p.rank) continue;
+            // One of our own tiles: take every peer's flag of it (consumed,
+            // 1 -> 0; after a timeout the loads still go, so nobody hangs),
+            // then load their partials behind the k-blocks. Boxes past n are
+            // not loaded (nor added).
+            for (int src = 0; src < p.world; src++) {
+                if (src == p.rank) continue;
+                symm_spin_cas(tiling.flag(p, p.rank, src, tile.index), 1u, 0u, false, p.timeout_ns, p.err, p.rank,
+                              src, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_WAIT);
+            }
+            // The peers' TMA stores were flagged after they completed: order
+            // our (async proxy) loads after the flags.
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+            const int row = tile.row0 - tile.chunk * p.chunk_rows;
+            for (int b0 = 0; b0 < partials.total; b0 += partials.per_stage) {
+                const int boxes = min(partials.per_stage, partials.total - b0);
+                int loads = 0;
+                for (int b = b0; b < b0 + boxes; b++) loads += tile.col0 + (b % partials.per_tile) * box_cols < p.n;
+                symm_mbar_wait(&empty[stage], phase ^ 1);
+                symm_mbar_expect_tx(&full[stage], loads * 16384);
+                for (int b = b0; b < b0 + boxes; b++) {
+                    const int src = b / partials.per_tile, col = tile.col0 + (b % partials.per_tile) * box_cols;
+                    if (col < p.n) {
+                        symm_tma_load3(stage_a(stage) + (b - b0) * 16384, &tm_rs->inbox, col, row,
+                                       src < p.rank ? src : src + 1, &full[stage]);
+                    }
                 }
+                advance();
             }
         }
         return;
@@ -935,21 +863,19 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     float promoted[BN / 2];
     float d1[PROMOTE ? BN / 2 : 1];  // exact fp8: odd k-blocks' partial sums
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
-    uint32_t loaded_phase = 0;  // parity of loaded[wg - 1]'s next completion
-    // rs_push: a peer tile whose copies were issued but not yet flagged.
+    // rs_push: a peer tile whose stores were issued but not yet flagged.
     bool unflagged = false;
     uint32_t pushed_phase = 0;  // parity of the flag handoff's next use
-    // Hands `unflagged` to the flagging warp once this warpgroup's copies
-    // of it completed (a whole mainloop after they were issued).
+    // Hands `unflagged` to the flagging warp once this warpgroup's stores
+    // of it completed (a whole mainloop after thread 0 issued them).
     auto flag_pushed_tile = [&]() {
-        if (t128 < 32) {  // each lane's own bulk group (symm_store_rows)
+        if (t128 == 0) {
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
             asm volatile("fence.proxy.async.global;" ::: "memory");
             symm_mbar_wait(&pushed->empty, pushed_phase ^ 1);
             symm_mbar_arrive(&pushed->full);
         }
         pushed_phase ^= 1;
-        pending = false;
         unflagged = false;
     };
     int stage = 0;
@@ -987,36 +913,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_consumers_sync();
     };
-    // This rank's rows summed in shared memory (rs_push; the inbox rows are
-    // then whole 16-byte units, the output's must be too for bulk copies).
-    // Recomputed where needed rather than kept: the mainloop has no
-    // registers to spare.
-    auto own_smem_of = [&](const symm_tile& tile) {
-        const int el = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
-        return p.rs && p.rs_push && tile.chunk == p.rank && p.world > 1 && p.c % 16 == 0 && (p.ldc * el) % 16 == 0;
-    };
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
-        if (own_smem_of(tile)) {
-            // The peers' partials are waited for now, and the first piece
-            // of the first peer's is loaded during the mainloop, hiding the
-            // epilogue's first load (the peers sent these tiles first, so
-            // they are there by now).
-            if (pending) symm_staging_read_done(t128);
-            pending = false;
-            take_peer_tiles(tile);
-            const int first_row = tile.row0 + slice;
-            const int rows = min(64, tile.row_end - first_row);
-            if (rows > 0) {
-                const int el = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
-                const int src = p.rank == 0 ? 1 : 0;
-                const int64_t at = (int64_t)src * p.chunk_rows * p.n +
-                                   (int64_t)(first_row - tile.chunk * p.chunk_rows) * p.n + tile.col0;
-                symm_load_rows(t128, staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2), rows,
-                               p.inbox[p.rank] + (uint64_t)(at * el), (int64_t)p.n * el,
-                               (uint32_t)min(256, (p.n - tile.col0) * el), &loaded[wg - 1]);
-            }
-        }
         if constexpr (PROMOTE) {
             // Each k-block's partial sum afresh into one of two sets (d for
             // even k-blocks, d1 for odd), added into `promoted` once done
@@ -1099,9 +997,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         const int dt = p.out_dtype;
         unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+#define SYMM_EPI_TMA(MAP, ROW, ALPHA)                                                                            \
+    if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
+    else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
+    else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending)
         if (p.c_tma) {
-            if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile, p.n, slice, mine, tm_c, p.alpha, pending);
-            else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile, p.n, slice, mine, tm_c, p.alpha, pending);
+            SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
             continue;
         }
         if (!p.rs) {
@@ -1113,22 +1014,36 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             continue;
         }
         const int64_t chunk_row0 = (int64_t)tile.chunk * p.chunk_rows;
+        if (symm_rs_pushes(p)) {
+            // The previous peer tile's stores completed during this tile's mainloop.
+            if (unflagged) flag_pushed_tile();
+            const int row = tile.row0 - (int)chunk_row0 + slice;  // in the chunk
+            if (tile.chunk != p.rank) {
+                // A peer's rows: into its inbox slot for this rank; flagged
+                // at the next tile's epilogue (or the end).
+                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
+                unflagged = true;
+            } else {
+                // Our own rows: the peers' partials (scaled by alpha
+                // already) from the ring, added to ours, then out to C.
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
+                const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
+#define SYMM_ADD(DT) \
+    symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
+                if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
+                else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
+                else SYMM_ADD(SYMM_DT_F16);
+#undef SYMM_ADD
+                SYMM_EPI_TMA(tm_c, row, 1.f);
+            }
+            continue;
+        }
+#undef SYMM_EPI_TMA
+        // From registers (rows that TMA cannot address, or for comparison).
         const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
         const int elem = dt == SYMM_DT_F32 ? 4 : 2;
-        const bool own_smem = own_smem_of(tile);
-        // The previous tile's copies completed during this tile's mainloop.
-        if (unflagged) flag_pushed_tile();
-        if (tile.chunk != p.rank && p.rs_push) {
-            // A peer's rows: out by bulk copies into its inbox slot for this
-            // rank; flagged at the next epilogue (or the end).
-            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
-#define SYMM_EPI(DT) symm_epilogue_push<DT, BN>(acc, tile, p.n, slice, mine, dst, chunk_row0, p.alpha, pending)
-            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
-            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
-            else SYMM_EPI(SYMM_DT_F16);
-#undef SYMM_EPI
-            unflagged = true;
-        } else if (tile.chunk != p.rank) {
+        if (tile.chunk != p.rank) {
             // A peer's rows: into its inbox slot for this rank, then its flag.
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
 #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
@@ -1144,9 +1059,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                               SYMM_SIGNAL_KIND_PUT);
             }
         } else {
-            // Our own rows: wait for every peer's partial tile (unless done
-            // before the mainloop), then sum.
-            if (!own_smem) take_peer_tiles(tile);
+            // Our own rows: wait for every peer's partial tile, then sum.
+            take_peer_tiles(tile);
             uint64_t adds[SYMM_GEMM_MAX_CHUNKS];
             int nadds = 0;
             for (int src = 0; src < p.world; src++) {
@@ -1154,16 +1068,6 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             }
             // Peers' partials were scaled by alpha already; ours is scaled in
             // the epilogue before the adds.
-            if (own_smem) {
-#define SYMM_EPI(DT)                                                                                             \
-    symm_epilogue_own_smem<DT, BN>(acc, tile, p.n, slice, mine, &loaded[wg - 1], loaded_phase, p.c, chunk_row0, \
-                                   p.ldc, adds, nadds, p.alpha, true, pending)
-                if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
-                else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
-                else SYMM_EPI(SYMM_DT_F16);
-#undef SYMM_EPI
-                continue;
-            }
 #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
             else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
@@ -1173,15 +1077,15 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     }
     if (unflagged) flag_pushed_tile();
     // The last stores must finish reading shared memory before the CTA exits.
-    if (pending && t128 < 32) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
 #define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE)                                                      \
     extern "C" __global__ void __launch_bounds__(SYMM_GEMM_THREADS, 1)                                      \
         NAME(const __grid_constant__ symm_tmap tm_a, const __grid_constant__ symm_tmap tm_a_local,          \
              const __grid_constant__ symm_tmap tm_b, const __grid_constant__ symm_tmap tm_c,                \
-             const __grid_constant__ symm_gemm_params p) {                                                  \
-        symm_gemm_sm90<A_DT, B_DT, BN, PROMOTE>(&tm_a, &tm_a_local, &tm_b, &tm_c, p);                       \
+             const __grid_constant__ symm_rs_maps tm_rs, const __grid_constant__ symm_gemm_params p) {      \
+        symm_gemm_sm90<A_DT, B_DT, BN, PROMOTE>(&tm_a, &tm_a_local, &tm_b, &tm_c, &tm_rs, p);               \
     }
 
 #else  // not sm_90a: the entry points exist (so the module loads) but do nothing; the host
@@ -1191,6 +1095,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                                     const __grid_constant__ symm_tmap tm_a_local,                           \
                                     const __grid_constant__ symm_tmap tm_b,                                 \
                                     const __grid_constant__ symm_tmap tm_c,                                 \
+                                    const __grid_constant__ symm_rs_maps tm_rs,                             \
                                     const __grid_constant__ symm_gemm_params p) {}
 #endif
 

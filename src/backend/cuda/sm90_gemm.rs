@@ -30,8 +30,9 @@ const BK_BYTES: usize = 128;
 const THREADS: u32 = 384;
 /// Shared memory staging C for TMA stores (`SYMM_GEMM_EPI_BYTES`).
 const EPI_BYTES: usize = 2 * 16384;
-/// C's TMA box: 64 columns (128 bytes, the swizzle's width) x 64 rows.
-const C_BOX: usize = 64;
+/// Rows of C's TMA box (each consumer warpgroup stores 64 rows); its
+/// columns span 128 bytes, the swizzle's width.
+const C_BOX_ROWS: usize = 64;
 
 /// Driver entry points beyond the backend's base set.
 const SYMBOLS: &[&str] = &["cuTensorMapEncodeTiled", "cuFuncSetAttribute"];
@@ -80,6 +81,16 @@ const SCALES_ROW: i32 = 2;
 #[derive(Clone, Copy)]
 struct TensorMap([u64; 16]);
 
+/// Mirror of `struct symm_rs_maps`: the reduce-scatter's TMA maps (rs_push).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RsMaps {
+    /// This rank's inbox, `[world][chunk_rows][n]`, boxes of 128 rows of one slot.
+    inbox: TensorMap,
+    /// `push[d]`: rank d's inbox slot for this rank, `[chunk_rows][n]`.
+    push: [TensorMap; MAX_CHUNKS],
+}
+
 /// Tile widths the kernels come in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TileN {
@@ -104,11 +115,11 @@ impl TileN {
 
     /// Dynamic shared memory of the kernel (`symm_gemm_cfg::SMEM_BYTES`):
     /// the ring, the epilogue's staging (`SYMM_GEMM_EPI_BYTES`), barriers
-    /// (the ring's two per stage, the epilogue's one per consumer warpgroup,
-    /// the two of the reduce-scatter's flag handoff).
+    /// (the ring's two per stage, the two of the reduce-scatter's flag
+    /// handoff).
     const fn smem_bytes(self) -> usize {
         let stage = (BM + self.cols()) * BK_BYTES;
-        self.stages() * stage + EPI_BYTES + (2 * self.stages() + 4) * 8 + 1024
+        self.stages() * stage + EPI_BYTES + (2 * self.stages() + 2) * 8 + 1024
     }
 }
 
@@ -297,8 +308,9 @@ pub struct Sm90Matmul {
     /// Store C through shared memory and TMA where it qualifies (default);
     /// false: straight from registers (for comparisons).
     pub tma_epilogue: bool,
-    /// Reduce-scatter: send peers' tiles through shared memory and bulk
-    /// copies where rows qualify (default); false: stores from registers.
+    /// Reduce-scatter: peers' tiles out by TMA stores and their partials
+    /// in through the ring where TMA can address the rows (default);
+    /// false: stores, flags and adds from registers.
     pub rs_push: bool,
     pub timeout_ns: u64,
     /// Device pointer of the group's `symm_async_error` record.
@@ -507,7 +519,7 @@ impl Sm90Matmul {
     /// Enqueues the matmul on `stream`. `sm_count` is the device's.
     pub fn launch(&self, kernels: &Sm90Kernels, sm_count: u32, stream: Stream) -> Result<()> {
         self.check()?;
-        let input = if self.fp8.is_some() { MapType::Byte } else { MapType::Half(self.dtype) };
+        let input = if self.fp8.is_some() { MapType::Byte } else { MapType::Elem(self.dtype) };
         let tm_a = encode(input, &self.a, self.k, BM)?;
         let tm_a_local = match &self.gather {
             Some(g) => encode(input, &g.local, self.k, BM)?,
@@ -515,10 +527,24 @@ impl Sm90Matmul {
         };
         let tm_b = encode(input, &self.b, self.k, self.tile.cols())?;
         let mut p = self.params();
-        // C through TMA stores where it can be: placeholder map otherwise.
+        let out = MapType::Elem(self.out_dtype);
+        let c_box = BK_BYTES / self.out_dtype.size();
+        // C through TMA stores where it can be (placeholder maps otherwise):
+        // a plain C whole, or this rank's rows of a reduce-scatter.
+        let mut rs = RsMaps { inbox: tm_a, push: [tm_a; MAX_CHUNKS] };
         let tm_c = if self.c_through_tma() {
             p.c_tma = 1;
-            encode_box(MapType::Half(self.out_dtype), &Operand { rows: self.m, ..self.c }, self.n, C_BOX, C_BOX)?
+            encode_box(out, &Operand { rows: self.m, ..self.c }, self.n, c_box, C_BOX_ROWS)?
+        } else if let (Some(s), true) = (&self.scatter, self.rs_pushes()) {
+            let slot_bytes = (self.chunk_rows * self.n * self.out_dtype.size()) as u64;
+            for (d, &inbox) in s.inbox.iter().enumerate().filter(|&(d, _)| d != s.rank) {
+                let slot = Operand { ptr: inbox + s.rank as u64 * slot_bytes, rows: self.chunk_rows, ld: self.n };
+                rs.push[d] = encode_box(out, &slot, self.n, c_box, C_BOX_ROWS)?;
+            }
+            let dims = [self.n as u64, self.chunk_rows as u64, self.chunks() as u64];
+            let strides = [(self.n * self.out_dtype.size()) as u64, slot_bytes];
+            rs.inbox = encode_tiled(out, s.inbox[s.rank], &dims, &strides, &[c_box as u32, BM as u32, 1])?;
+            encode_box(out, &self.c, self.n, c_box, C_BOX_ROWS)?
         } else {
             tm_a
         };
@@ -530,10 +556,11 @@ impl Sm90Matmul {
             (&mut al as *mut TensorMap).cast(),
             (&mut b as *mut TensorMap).cast(),
             (&mut c as *mut TensorMap).cast(),
+            (&mut rs as *mut RsMaps).cast(),
             (&mut p as *mut Params).cast(),
         ];
         let f = kernels.function(self);
-        // SAFETY: the arguments match the kernel's five parameters and live
+        // SAFETY: the arguments match the kernel's six parameters and live
         // until the call returns (the driver copies them).
         check(
             unsafe {
@@ -571,13 +598,16 @@ impl Sm90Matmul {
             && self.tma_epilogue
     }
 
-    /// Whether the reduce-scatter epilogue sends peers' tiles by bulk
-    /// copies: rows of C's type in whole 16-byte units at 16-byte aligned
-    /// inboxes (the copies' rule).
+    /// Whether the reduce-scatter goes through TMA (rs_push): rows of C's
+    /// type in whole 16-byte units (TMA wrote past a row's end otherwise,
+    /// see `c_through_tma`), inboxes and this rank's C at 16-byte aligned
+    /// addresses and row strides (TMA's rule).
     fn rs_pushes(&self) -> bool {
-        let row_bytes = self.n * self.out_dtype.size();
+        let el = self.out_dtype.size();
         self.rs_push
-            && row_bytes % 16 == 0
+            && (self.n * el) % 16 == 0
+            && self.c.ptr % 16 == 0
+            && (self.c.ld * el) % 16 == 0
             && self.scatter.as_ref().is_some_and(|s| s.inbox.iter().all(|&a| a % 16 == 0))
     }
 
@@ -652,44 +682,52 @@ pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN
     }
 }
 
-/// Element type of a tensor map: a 16-bit float, or bytes (fp8: TMA only
-/// moves them).
+/// Element type of a tensor map: C's or a 16-bit input's type, or bytes
+/// (fp8: TMA only moves them).
 #[derive(Clone, Copy)]
 enum MapType {
-    Half(GemmDtype),
+    Elem(GemmDtype),
     Byte,
 }
 
 /// A 2-D tensor map over `o` (`o.rows` rows of `k` elements) with boxes of
 /// `box_rows` rows of a k-block (128 bytes), 128-byte swizzle, zeros outside.
 fn encode(ty: MapType, o: &Operand, k: usize, box_rows: usize) -> Result<TensorMap> {
-    let el = if let MapType::Half(_) = ty { 2 } else { 1 };
+    let el = if let MapType::Elem(t) = ty { t.size() } else { 1 };
     encode_box(ty, o, k, BK_BYTES / el, box_rows)
 }
 
 /// As [`encode`], boxes of `box_rows x box_cols` elements (`box_cols`
 /// times the element size must be 128 bytes for the swizzle).
 fn encode_box(ty: MapType, o: &Operand, k: usize, box_cols: usize, box_rows: usize) -> Result<TensorMap> {
+    let el = if let MapType::Elem(t) = ty { t.size() } else { 1 };
+    encode_tiled(ty, o.ptr, &[k as u64, o.rows as u64], &[(o.ld * el) as u64], &[box_cols as u32, box_rows as u32])
+}
+
+/// A tensor map of `dims` (innermost first) at `base`, `strides` bytes
+/// between the outer dimensions' elements, boxes of `boxes`, 128-byte
+/// swizzle, zeros outside.
+fn encode_tiled(ty: MapType, base: u64, dims: &[u64], strides: &[u64], boxes: &[u32]) -> Result<TensorMap> {
     use sys::CUtensorMapDataType::*;
-    let (data_type, el) = match ty {
-        MapType::Half(GemmDtype::F16) => (CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2),
-        MapType::Half(_) => (CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
-        MapType::Byte => (CU_TENSOR_MAP_DATA_TYPE_UINT8, 1),
+    let data_type = match ty {
+        MapType::Elem(GemmDtype::F16) => CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        MapType::Elem(GemmDtype::F32) => CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        MapType::Elem(_) => CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        MapType::Byte => CU_TENSOR_MAP_DATA_TYPE_UINT8,
     };
-    let dims = [k as u64, o.rows as u64];
-    let strides = [(o.ld * el) as u64];
-    let boxes = [box_cols as u32, box_rows as u32];
-    let elem_strides = [1u32, 1];
+    assert!(strides.len() + 1 == dims.len() && boxes.len() == dims.len(), "one stride per outer dimension");
+    let elem_strides = [1u32; 3];
     let mut map = TensorMap([0; 16]);
-    // SAFETY: every array has the rank's length (strides: rank - 1); the
-    // map is 128 bytes, 64-byte aligned.
+    // SAFETY: dims, boxes and elem_strides hold the rank's elements
+    // (checked above; elem_strides at least), strides one fewer; the map is
+    // 128 bytes, 64-byte aligned.
     check(
         unsafe {
             sys::cuTensorMapEncodeTiled(
                 (&mut map as *mut TensorMap).cast(),
                 data_type,
-                2,
-                o.ptr as *mut c_void,
+                dims.len() as u32,
+                base as *mut c_void,
                 dims.as_ptr(),
                 strides.as_ptr(),
                 boxes.as_ptr(),

@@ -704,39 +704,62 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
 fn gpu_sm90_matmul_reduce_scatter_epilogue() {
     let Some(g) = gpu() else { return };
     let Some(kern) = hopper(&g) else { return };
-    // Peers' tiles by bulk copies and own rows summed in shared memory
-    // (320-column rows: the last piece partial; world 3: two peers' rows
-    // added in turn) and, for comparison, both from registers.
-    // A share of the SMs per rank gives each CTA about one tile; one CTA
-    // per rank walks them all, handing tile after tile to its flagging warp.
-    let share = |world: usize| g.kernels.sm_count / world as u32;
-    for (world, fp8, push, ctas) in [
-        (2, false, true, share(2)),
-        (2, true, true, share(2)),
-        (3, false, true, share(3)),
-        (2, false, true, 1),
-        (3, false, true, 1),
-        (2, false, false, share(2)),
-        (2, true, false, share(2)),
+    // Peers' tiles by TMA stores and own rows summed from partials loaded
+    // into the ring (320-column rows: the last box of a tile past n; 192
+    // rows: a tile's second warpgroup past its chunk; world 3: two peers'
+    // partials added in turn; an f32 C: twice the boxes) and, for
+    // comparison, all from registers. A share of the SMs per rank gives
+    // each CTA about one tile; one CTA per rank walks them all, handing
+    // tile after tile to its flagging warp; as many CTAs as a chunk has
+    // tiles make each CTA's last pushed tile the one its peer's first own
+    // tile waits for (v8, which took those flags before the tile's
+    // mainloop but set its own last one after it, waited there until the
+    // timeout).
+    use Ctas::*;
+    let (bf16, f32) = (GemmDtype::BF16, GemmDtype::F32);
+    for (world, fp8, out, push, ctas) in [
+        (2, false, bf16, true, Share),
+        (2, true, bf16, true, Share),
+        (3, false, bf16, true, Share),
+        (2, false, f32, true, Share),
+        (2, false, bf16, true, One),
+        (3, false, bf16, true, One),
+        (2, false, bf16, true, ChunkTiles),
+        (3, false, f32, true, ChunkTiles),
+        (2, false, bf16, false, Share),
+        (2, true, bf16, false, Share),
+        (2, false, f32, false, ChunkTiles),
     ] {
-        reduce_scatter_case(&g, kern, world, fp8, push, ctas, false);
+        reduce_scatter_case(&g, kern, world, fp8, out, push, ctas, false);
     }
     // A peer that never sends its partials: rank 0 alone gives up on them
     // and says who, with either way of sending.
     for push in [true, false] {
-        reduce_scatter_case(&g, kern, 2, false, push, share(2), true);
+        reduce_scatter_case(&g, kern, 2, false, bf16, push, Share, true);
     }
 }
 
-/// `ctas` per rank. With `peer_missing`, only rank 0 runs (200 ms
-/// timeout): a timeout error naming rank 1 is expected instead of the sums.
+/// CTAs per rank in a reduce-scatter case.
+#[derive(Clone, Copy, Debug)]
+enum Ctas {
+    /// The SMs split evenly between the ranks.
+    Share,
+    One,
+    /// As many as a chunk has tiles.
+    ChunkTiles,
+}
+
+/// With `peer_missing`, only rank 0 runs (200 ms timeout): a timeout error
+/// naming rank 1 is expected instead of the sums.
+#[allow(clippy::too_many_arguments)]
 fn reduce_scatter_case(
     g: &Gpu,
     kern: &Sm90Kernels,
     world: usize,
     fp8: bool,
+    out: GemmDtype,
     push: bool,
-    ctas: u32,
+    ctas: Ctas,
     peer_missing: bool,
 ) {
     let dt = GemmDtype::BF16;
@@ -765,8 +788,13 @@ fn reduce_scatter_case(
         );
         mm.chunk_rows = rows;
         mm.order = (1..=world).map(|i| (r + i) % world).collect();
+        mm.out_dtype = out;
         mm.alpha = 0.5;
-        mm.max_ctas = Some(ctas);
+        mm.max_ctas = Some(match ctas {
+            Ctas::Share => g.kernels.sm_count / world as u32,
+            Ctas::One => 1,
+            Ctas::ChunkTiles => mm.tiles_per_chunk() as u32,
+        });
         mm.timeout_ns = if peer_missing { 200_000_000 } else { 5_000_000_000 };
         mm.rs_push = push;
         if fp8 {
@@ -775,9 +803,9 @@ fn reduce_scatter_case(
         mm
     };
     let probe = template(0, 0);
-    let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(g, probe.inbox_bytes() / 2, dt)).collect();
+    let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(g, probe.inbox_bytes() / out.size(), out)).collect();
     let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.flag_bytes()])).collect();
-    let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(g, rows * n, dt)).collect();
+    let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(g, rows * n, out)).collect();
     let mut streams = Vec::new();
     let launched = if peer_missing { 1 } else { world };
     for (r, out) in outs.iter().enumerate().take(launched) {
@@ -802,6 +830,7 @@ fn reduce_scatter_case(
         return;
     }
     errors.check().unwrap();
+    let out_dtype = out;
     for (r, out) in outs.iter().enumerate() {
         let rows_r = r * rows..(r + 1) * rows;
         let want: Vec<f64> = {
@@ -816,19 +845,23 @@ fn reduce_scatter_case(
             };
             (0..rows * n).map(|e| 0.5 * (0..world).map(|q| term(q, e)).sum::<f64>()).collect()
         };
-        let e = rel_err(&decode(dt, &out.read_bytes()), &want);
-        assert!(e < 1e-2, "world {world}, rank {r}, fp8 {fp8}, push {push}, {ctas} CTAs: relative error {e}");
+        let e = rel_err(&decode(out_dtype, &out.read_bytes()), &want);
+        assert!(
+            e < 1e-2,
+            "world {world}, rank {r}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs: relative error {e}"
+        );
         // Every flag was consumed, so a replay starts clean.
         assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
     }
 }
 
-/// The reduce-scatter epilogue's two ways of sending peers' tiles, timed
-/// on one GPU: two ranks in one context, each kernel on half the SMs and
-/// its own stream, their "peer" inboxes local memory. NVLink is absent, so
-/// this shows what the consumers spend on the send itself (stores, fence
-/// and flag per tile from registers, against staging and bulk copies), not
-/// the link; the two-GPU benchmark times the real thing. The same two
+/// The reduce-scatter epilogue's two ways, timed on one GPU: two ranks in
+/// one context, each kernel on half the SMs and its own stream, their
+/// "peer" inboxes local memory. NVLink is absent, so this shows what the
+/// consumers spend on the reduce-scatter itself (stores, fence, flag and
+/// adds per tile from registers, against TMA stores, a flagging warp and
+/// partials loaded into the ring), not the link; the two-GPU benchmark
+/// times the real thing. The same two
 /// matmuls without the reduce-scatter (each rank's whole product into its
 /// own buffer) are the floor: what the epilogue costs beyond a plain one.
 #[test]
