@@ -4,7 +4,8 @@
 # kernels between two-GPU runs. The library's GPU unit tests; the one-GPU
 # reduce-scatter timing (two ranks in one context, half the SMs each:
 # fused pushed, fused from registers and the matmuls without the scatter)
-# SYMM_RS_REPEAT times; the Python operations at world 4 on the one GPU;
+# and the all-gather timing (the fused kernel beside a copy engine's
+# delivery, against the plain matmul and the copy) SYMM_RS_REPEAT times; the Python operations at world 4 on the one GPU;
 # then compute-sanitizer (sanitize.sh). Log and reports into $OUT.
 #   [SYMM_RS_REPEAT=3] [SYMM_SANITIZE=1] bash bench/gpu/one_gpu.sh
 set -uo pipefail
@@ -28,6 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 run timeout 300 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
 for _ in $(seq "${SYMM_RS_REPEAT:-3}"); do
     run timeout 120 bundle/symm-lib-tests gpu_sm90_reduce_scatter_push_against_registers --nocapture
+    run timeout 120 bundle/symm-lib-tests gpu_sm90_gather_beside_a_copy_engine --nocapture
 done
 export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
 run timeout 300 python3 bench/gpu/ops_check.py --world 4 --gpus 1

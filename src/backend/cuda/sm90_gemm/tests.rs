@@ -697,6 +697,167 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
     }
 }
 
+/// All-gather mode against a real asynchronous delivery, on one GPU: rank
+/// 0 of 2 multiplies its own chunk (read in place) while a copy engine
+/// brings the other chunk from pinned host memory on a second stream and
+/// then sets its flag (`cuStreamWriteValue32`), as the two-GPU path's
+/// pulls do over NVLink. Timed round-robin against the same kernel over
+/// an A already whole (plain), the copy alone, and the copy then the plain
+/// matmul (sequential). Where the waits cost nothing, fused ≈ max(plain,
+/// copy + the other chunk's tiles); the run of ba09654 had the fused
+/// kernel at 4.7 x the floor at 512x8192x14336 on two GPUs, and this
+/// separates the kernel's waits from the link. SYMM_SM90_SHAPE picks one
+/// of the shapes.
+#[test]
+fn gpu_sm90_gather_beside_a_copy_engine() {
+    let Some(g) = gpu() else { return };
+    let Some(kern) = hopper(&g) else { return };
+    let dt = GemmDtype::BF16;
+    let world = 2usize;
+    for (m, k, n) in [(512usize, 8192usize, 14336usize), (2048, 8192, 14336), (8192, 8192, 14336)] {
+        if !shape_selected(m, n, k) {
+            continue;
+        }
+        gather_beside_a_copy_engine(&g, kern, world, (m, k, n), dt);
+    }
+}
+
+fn gather_beside_a_copy_engine(
+    g: &Gpu,
+    kern: &Sm90Kernels,
+    world: usize,
+    (m, k, n): (usize, usize, usize),
+    dt: GemmDtype,
+) {
+    let rows = m / world;
+    let chunk_bytes = rows * k * dt.size();
+    let a_bytes = enc(dt, &values(m * k, 11));
+    let a_whole = g.upload(&a_bytes);
+    let b = g.upload(&enc(dt, &values(n * k, 12)));
+    let local = g.upload(&a_bytes[..chunk_bytes]);
+    // Chunk 1 arrives here; chunk 0 (the local one) is never read from it.
+    let gathered = g.upload(&vec![0xffu8; m * k * dt.size()]);
+    let flags = g.upload(&[0u32; 2]);
+    let (c_fused, c_plain) = (poisoned(g, m * n, dt), poisoned(g, m * n, dt));
+    // The other chunk in pinned host memory: a copy engine's source.
+    let mut host: *mut c_void = std::ptr::null_mut();
+    // SAFETY: out-pointer valid; the allocation is filled and freed below.
+    check(unsafe { sys::cuMemAllocHost_v2(&mut host, chunk_bytes) }, "cuMemAllocHost").unwrap();
+    // SAFETY: `host` holds chunk_bytes; the source has them.
+    unsafe { std::ptr::copy_nonoverlapping(a_bytes[chunk_bytes..].as_ptr(), host.cast::<u8>(), chunk_bytes) };
+    let errors = AsyncError::new().unwrap();
+    let plain = Sm90Matmul::plain(
+        Operand { ptr: a_whole.ptr, rows: m, ld: k },
+        Operand { ptr: b.ptr, rows: n, ld: k },
+        Operand { ptr: c_plain.ptr, rows: m, ld: n },
+        k,
+        dt,
+        errors.device_ptr(),
+    );
+    // As the two-GPU path launches it (`Sm90Matmul::from_fused`, one SM spare).
+    let mut fused = Sm90Matmul {
+        a: Operand { ptr: gathered.ptr, rows: m, ld: k },
+        c: Operand { ptr: c_fused.ptr, rows: m, ld: n },
+        chunk_rows: rows,
+        order: (0..world).collect(),
+        tile: choose_tile(rows, n, world, 132),
+        max_ctas: Some(g.kernels.sm_count - 1),
+        timeout_ns: 5_000_000_000,
+        ..plain.clone()
+    };
+    fused.gather = Some(Gather {
+        ready: flags.ptr,
+        local_chunk: 0,
+        local: Operand { ptr: local.ptr, rows, ld: k },
+        scale_slot: 0,
+    });
+    let mut side = std::ptr::null_mut();
+    let mut ev = [std::ptr::null_mut(); 2];
+    // SAFETY: out-pointers valid.
+    unsafe {
+        check(sys::cuStreamCreate(&mut side, 1), "cuStreamCreate").unwrap();
+        for e in &mut ev {
+            check(sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32), "cuEventCreate").unwrap();
+        }
+    }
+    let main = g.stream().0 as sys::CUstream;
+    let dst = gathered.ptr + chunk_bytes as u64;
+    // SAFETY (the closures): streams, events and buffers are alive until
+    // the end of this function, which synchronizes first.
+    let copy_on = |s: sys::CUstream| {
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host, chunk_bytes, s) }, "cuMemcpyHtoDAsync").unwrap()
+    };
+    let fork = || unsafe {
+        check(sys::cuEventRecord(ev[0], main), "cuEventRecord").unwrap();
+        check(sys::cuStreamWaitEvent(side, ev[0], 0), "cuStreamWaitEvent").unwrap();
+    };
+    let join = || unsafe {
+        check(sys::cuEventRecord(ev[1], side), "cuEventRecord").unwrap();
+        check(sys::cuStreamWaitEvent(main, ev[1], 0), "cuStreamWaitEvent").unwrap();
+    };
+    let run_fused = || {
+        check(unsafe { sys::cuMemsetD32Async(flags.ptr, 0, world, main) }, "cuMemsetD32Async").unwrap();
+        fork();
+        fused.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        copy_on(side);
+        let flag = flags.ptr + 4;
+        check(unsafe { sys::cuStreamWriteValue32_v2(side, flag, 1, 0) }, "cuStreamWriteValue32").unwrap();
+        join();
+    };
+    // 0 fused, 1 plain, 2 copy alone, 3 copy then plain.
+    let med = round_robin_ms(g, 4, |c| match c {
+        0 => run_fused(),
+        1 => plain.launch(kern, g.kernels.sm_count, g.stream()).unwrap(),
+        2 => {
+            fork();
+            copy_on(side);
+            join();
+        }
+        _ => {
+            copy_on(main);
+            plain.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        }
+    });
+    g.sync();
+    errors.check().unwrap();
+    // Once more on poisoned outputs: the fused product is the plain one.
+    gathered.write(&vec![0xffu8; m * k * dt.size()]);
+    c_fused.write(&enc(dt, &vec![f32::NAN; m * n]));
+    run_fused();
+    g.sync();
+    // SAFETY: the side stream is ours; the allocations are idle after it.
+    unsafe {
+        check(sys::cuStreamSynchronize(side), "sync").unwrap();
+        for e in ev {
+            sys::cuEventDestroy_v2(e);
+        }
+        sys::cuStreamDestroy_v2(side);
+        sys::cuMemFreeHost(host);
+    }
+    errors.check().unwrap();
+    let want: Vec<f64> = decode(dt, &c_plain.read_bytes()).iter().map(|&x| x as f64).collect();
+    let e = rel_err(&decode(dt, &c_fused.read_bytes()), &want);
+    assert!(e < 1e-3, "{m}x{k}x{n}: the fused product differs from the plain one: relative error {e}");
+    for (imp, ms) in
+        ["symm_sm90_gather_fused", "symm_sm90_plain", "copy_engine_htod", "copy_then_plain"].iter().zip(&med)
+    {
+        print_record((m, k, n), "bf16_gather_world2_one_gpu", imp, *ms);
+    }
+    let floor = med[1].max(med[2]);
+    println!(
+        "sm90 gather beside a copy engine, {m}x{k}x{n}, world 2: fused {:.4} ms, plain {:.4}, copy {:.4} \
+         ({:.1} GB/s), sequential {:.4}; fused / plain {:.3}, fused / max(plain, copy) {:.3}, fused / sequential {:.3}",
+        med[0],
+        med[1],
+        med[2],
+        chunk_bytes as f64 / (med[2] as f64 * 1e6),
+        med[3],
+        med[0] / med[1],
+        med[0] / floor,
+        med[0] / med[3]
+    );
+}
+
 /// Reduce-scatter mode: `world` ranks simulated on one GPU, each kernel
 /// on half the SMs / its own stream so they run concurrently; bf16, and
 /// fp8 with row-wise scales and a bias (in every rank's product).
@@ -868,12 +1029,19 @@ fn reduce_scatter_case(
 fn gpu_sm90_reduce_scatter_push_against_registers() {
     let Some(g) = gpu() else { return };
     let Some(kern) = hopper(&g) else { return };
-    let dt = GemmDtype::BF16;
-    let (world, rows, n, k) = (2usize, 4096usize, 8192usize, 4096usize);
-    let m = world * rows;
-    if !shape_selected(m, n, k) {
-        return;
+    // The benchmark's mm_rs 16384x4096x8192 and 512x14336x8192, halved
+    // (each rank has half the SMs); SYMM_SM90_SHAPE picks one.
+    for (rows, n, k) in [(4096usize, 8192usize, 4096usize), (256, 8192, 14336)] {
+        if shape_selected(2 * rows, n, k) {
+            rs_push_against_registers(&g, kern, rows, n, k);
+        }
     }
+}
+
+fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize, k: usize) {
+    let dt = GemmDtype::BF16;
+    let world = 2usize;
+    let m = world * rows;
     let p = g.upload(&enc(dt, &values(m * k, 5)));
     let w = g.upload(&enc(dt, &values(n * k, 6)));
     let errors = AsyncError::new().unwrap();
@@ -926,7 +1094,7 @@ fn gpu_sm90_reduce_scatter_push_against_registers() {
         })
         .collect();
     // Candidate c: 0 = from registers, 1 = pushed, 2 = no scatter; both ranks at once.
-    let med = round_robin_ms(&g, 3, |c| {
+    let med = round_robin_ms(g, 3, |c| {
         let mut pair = if c == 2 { plain.clone() } else { mms.clone() };
         for mm in &mut pair {
             mm.rs_push = c == 1;
@@ -949,7 +1117,7 @@ fn gpu_sm90_reduce_scatter_push_against_registers() {
     // The pushed results at full size, where each CTA hands many tiles to
     // its flagging warp: both ranks multiply the same matrices, so rank r's
     // rows are twice its rows of the floor's product (poisoned first).
-    let checked: Vec<DevBuf> = (0..world).map(|_| poisoned(&g, rows * n, dt)).collect();
+    let checked: Vec<DevBuf> = (0..world).map(|_| poisoned(g, rows * n, dt)).collect();
     let mut pair: Vec<Sm90Matmul> = mms.clone();
     for (mm, out) in pair.iter_mut().zip(&checked) {
         mm.rs_push = true;
