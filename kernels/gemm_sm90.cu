@@ -115,7 +115,6 @@ struct symm_gemm_params {
     int64_t a_scale_slot;  // row-wise: distance between chunks' row scales (gathered into slots)
     int32_t scale_mode;    // SYMM_GEMM_SCALES_*
     int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs; see above)
-    int32_t serpentine;    // 1: a CTA walks k backwards on every other tile of its own
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -802,8 +801,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const symm_partials partials(p, BN, Cfg::STAGE_BYTES);
         const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
         int arrived = -1;  // last chunk seen ready (tiles come chunk by chunk)
-        bool backwards = false;
-        for (int t = blockIdx.x; t < tiling.total; t += gridDim.x, backwards = p.serpentine && !backwards) {
+        for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
             const symm_tile tile = tiling.at(p, BN, t);
             const bool local = tile.chunk == p.local_chunk;
             if (p.ready != nullptr && !local && tile.chunk != arrived) {
@@ -815,12 +813,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             }
             const symm_tmap* map_a = local ? tm_a_local : tm_a;
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
-            // Serpentine: the grid's CTAs move through k together, so when a
-            // wave ends L2 holds the last k-blocks it read; the next tile,
-            // walked backwards, starts on them (a later chunk's tiles
-            // share every B column of the first chunk's).
-            for (int i = 0; i < kblocks; i++) {
-                const int kb = backwards ? kblocks - 1 - i : i;
+            for (int kb = 0; kb < kblocks; kb++) {
                 symm_mbar_wait(&empty[stage], phase ^ 1);
                 symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
                 symm_tma_load(stage_a(stage), map_a, kb * BK, a_row, &full[stage]);

@@ -67,10 +67,9 @@ struct Params {
     a_scale_slot: i64,
     scale_mode: i32,
     rs_push: i32,
-    serpentine: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 456);
+const _: () = assert!(std::mem::size_of::<Params>() == 448);
 
 /// `SYMM_GEMM_SCALES_*`.
 const SCALES_NONE: i32 = 0;
@@ -313,9 +312,6 @@ pub struct Sm90Matmul {
     /// in through the ring where TMA can address the rows (default);
     /// false: stores, flags and adds from registers.
     pub rs_push: bool,
-    /// Each CTA walks k backwards on every other tile, starting where L2
-    /// still holds what the wave before read.
-    pub serpentine: bool,
     pub timeout_ns: u64,
     /// Device pointer of the group's `symm_async_error` record.
     pub err: u64,
@@ -345,7 +341,6 @@ impl Sm90Matmul {
             max_ctas: None,
             tma_epilogue: true,
             rs_push: true,
-            serpentine: false,
             timeout_ns: 0,
             err,
         }
@@ -663,7 +658,6 @@ impl Sm90Matmul {
             a_scale_slot: self.gather.as_ref().map_or(self.chunk_rows, |g| g.scale_slot) as i64,
             scale_mode,
             rs_push: i32::from(self.rs_pushes()),
-            serpentine: i32::from(self.serpentine),
         }
     }
 }

@@ -21,7 +21,6 @@ fn params_layout_matches_the_kernel() {
         assert_eq!(off(std::ptr::addr_of!((*q).a_scale).cast()), 408);
         assert_eq!(off(std::ptr::addr_of!((*q).a_scale_slot).cast()), 432);
         assert_eq!(off(std::ptr::addr_of!((*q).scale_mode).cast()), 440);
-        assert_eq!(off(std::ptr::addr_of!((*q).serpentine).cast()), 448);
     }
 }
 
@@ -198,8 +197,7 @@ fn gpu_sm90_matmul_matches_reference_on_any_shape() {
     let shapes = [(128, 256, 64), (1, 8, 8), (300, 200, 72), (129, 257, 136), (640, 384, 1000), (77, 1000, 512)];
     for (m, n, k) in shapes {
         for (dt, ot) in [(BF16, BF16), (BF16, F32), (F16, F16), (F16, F32)] {
-            // (tile, serpentine on 3 CTAs that walk every tile)
-            for (tile, serpentine) in [(TileN::N128, false), (TileN::N256, false), (TileN::N128, true)] {
+            for tile in [TileN::N128, TileN::N256] {
                 let p = problem(&g, m, n, k, dt, (m * n + k) as u64);
                 let c = poisoned(&g, m * n, ot);
                 let mut mm = Sm90Matmul::plain(
@@ -210,15 +208,12 @@ fn gpu_sm90_matmul_matches_reference_on_any_shape() {
                     dt,
                     errors.device_ptr(),
                 );
-                (mm.out_dtype, mm.tile, mm.serpentine) = (ot, tile, serpentine);
-                if serpentine {
-                    mm.max_ctas = Some(3);
-                }
+                (mm.out_dtype, mm.tile) = (ot, tile);
                 mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
                 g.sync();
                 let e = rel_err(&decode(ot, &c.read_bytes()), &p.reference(0..m));
                 let tol = if ot == F32 { 1e-5 } else { 8e-3 };
-                assert!(e < tol, "{m}x{n}x{k} {dt:?}->{ot:?} {tile:?} serpentine {serpentine}: relative error {e}");
+                assert!(e < tol, "{m}x{n}x{k} {dt:?}->{ot:?} {tile:?}: relative error {e}");
             }
         }
     }
@@ -343,8 +338,6 @@ fn gpu_sm90_matmul_against_cublaslt() {
         }
         let regs = Sm90Matmul { tma_epilogue: false, ..chosen.clone() };
         candidates.push(("symm_sm90_register_epilogue".into(), Some(regs)));
-        let serpentine = Sm90Matmul { serpentine: true, ..chosen.clone() };
-        candidates.push(("symm_sm90_serpentine".into(), Some(serpentine)));
         let names: Vec<&String> = candidates.iter().map(|(name, _)| name).collect();
         let med = round_robin_ms(&g, candidates.len(), |c| match &candidates[c].1 {
             Some(mm) => mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap(),
@@ -481,17 +474,12 @@ fn gpu_sm90_fp8_matches_reference() {
                     );
                     (mm.out_dtype, mm.tile) = (out, tile);
                     mm.set_fp8(Fp8Params { fast_accum, ..sc.params(at, bt) });
-                    // Every fourth case: 3 CTAs walking every tile, k backwards on every other.
-                    let serpentine = case % 4 == 1;
-                    if serpentine {
-                        (mm.serpentine, mm.max_ctas) = (true, Some(3));
-                    }
                     mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
                     g.sync();
                     let got = decode(out, &c.read_bytes());
                     let what = format!(
                         "{m}x{n}x{k} {at:?} x {bt:?} row_wise {row_wise} bias {} -> {out:?} {tile:?} \
-                         fast_accum {fast_accum} serpentine {serpentine}",
+                         fast_accum {fast_accum}",
                         bias.is_some()
                     );
                     let tol = match out {
@@ -816,16 +804,14 @@ fn gather_beside_a_copy_engine(
         check(unsafe { sys::cuStreamWriteValue32_v2(side, flag, 1, 0) }, "cuStreamWriteValue32").unwrap();
         join();
     };
-    let serpentine = Sm90Matmul { serpentine: true, ..fused.clone() };
     // 0 fused, 1 plain, 2 copy alone, 3 copy then plain, 4 fused with
     // the chunk already there (flags preset: what gather mode costs
-    // without any wait), 5 the same with k walked serpentine.
-    let med = round_robin_ms(g, 6, |c| match c {
+    // without any wait).
+    let med = round_robin_ms(g, 5, |c| match c {
         0 => run_fused(),
-        4 | 5 => {
+        4 => {
             check(unsafe { sys::cuMemsetD32Async(flags.ptr, 1, world, main) }, "cuMemsetD32Async").unwrap();
-            let mm = if c == 4 { &fused } else { &serpentine };
-            mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+            fused.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
         }
         1 => plain.launch(kern, g.kernels.sm_count, g.stream()).unwrap(),
         2 => {
@@ -864,7 +850,6 @@ fn gather_beside_a_copy_engine(
         "copy_engine_htod",
         "copy_then_plain",
         "symm_sm90_gather_present",
-        "symm_sm90_gather_present_serpentine",
     ];
     for (imp, ms) in imps.iter().zip(&med) {
         print_record((m, k, n), "bf16_gather_world2_one_gpu", imp, *ms);
@@ -873,7 +858,7 @@ fn gather_beside_a_copy_engine(
     println!(
         "sm90 gather beside a copy engine, {m}x{k}x{n}, world 2: fused {:.4} ms, plain {:.4}, copy {:.4} \
          ({:.1} GB/s), sequential {:.4}, chunk already there {:.4}; fused / plain {:.3}, fused / max(plain, copy) {:.3}, \
-         fused / sequential {:.3}, already there / plain {:.3}, serpentine {:.3}",
+         fused / sequential {:.3}, already there / plain {:.3}",
         med[0],
         med[1],
         med[2],
@@ -883,8 +868,7 @@ fn gather_beside_a_copy_engine(
         med[0] / med[1],
         med[0] / floor,
         med[0] / med[3],
-        med[4] / med[1],
-        med[5] / med[1]
+        med[4] / med[1]
     );
 }
 
@@ -1123,13 +1107,11 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
             ..mm.clone()
         })
         .collect();
-    // Candidate c: 0 = from registers, 1 = pushed, 2 = no scatter, 3 =
-    // pushed with k walked serpentine; both ranks at once.
-    let med = round_robin_ms(g, 4, |c| {
+    // Candidate c: 0 = from registers, 1 = pushed, 2 = no scatter; both ranks at once.
+    let med = round_robin_ms(g, 3, |c| {
         let mut pair = if c == 2 { plain.clone() } else { mms.clone() };
         for mm in &mut pair {
-            mm.rs_push = c == 1 || c == 3;
-            mm.serpentine = c == 3;
+            mm.rs_push = c == 1;
         }
         // SAFETY: events and streams are ours and alive.
         unsafe {
@@ -1152,9 +1134,7 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
     let checked: Vec<DevBuf> = (0..world).map(|_| poisoned(g, rows * n, dt)).collect();
     let mut pair: Vec<Sm90Matmul> = mms.clone();
     for (mm, out) in pair.iter_mut().zip(&checked) {
-        // Serpentine here (each CTA walks many tiles; the reduce-scatter
-        // epilogue test checks the straight order).
-        (mm.rs_push, mm.serpentine) = (true, true);
+        mm.rs_push = true;
         mm.c.ptr = out.ptr;
     }
     pair[0].launch(kern, g.kernels.sm_count, g.stream()).unwrap();
@@ -1169,17 +1149,15 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
         let e = rel_err(&decode(dt, &out.read_bytes()), &want);
         assert!(e < 1e-2, "pushed reduce-scatter at full size, rank {r}: relative error {e}");
     }
-    let imps = ["symm_sm90_rs_registers", "symm_sm90_rs_push", "symm_sm90_no_scatter", "symm_sm90_rs_push_serpentine"];
-    for (imp, ms) in imps.iter().zip(&med) {
+    for (imp, ms) in ["symm_sm90_rs_registers", "symm_sm90_rs_push", "symm_sm90_no_scatter"].iter().zip(&med) {
         print_record((m, k, n), "bf16_rs_world2_one_gpu", imp, *ms);
     }
     println!(
         "sm90 reduce-scatter on one GPU, {m}x{k}x{n}, world 2: pushed / from registers {:.3}, from registers / \
-         no scatter {:.3}, pushed / no scatter {:.3}, pushed serpentine / no scatter {:.3}",
+         no scatter {:.3}, pushed / no scatter {:.3}",
         med[1] / med[0],
         med[0] / med[2],
-        med[1] / med[2],
-        med[3] / med[2]
+        med[1] / med[2]
     );
     // Every tile was flagged and consumed, in both ways.
     assert!(flags.iter().all(|f| f.read::<u32>(mms[0].flag_bytes() / 4).iter().all(|&x| x == 0)));
