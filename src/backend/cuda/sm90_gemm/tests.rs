@@ -121,6 +121,7 @@ fn check_rejects_what_the_kernel_cannot_run() {
 use super::super::gemm::{Gemm, MatmulParams};
 use crate::backend::cuda::async_error::AsyncError;
 use crate::backend::cuda::gpu_testing::{decode, encode as enc, fp8_bytes, gpu, time_ms, values, DevBuf, Gpu};
+use crate::backend::cuda::streams::SideStreams;
 
 fn hopper(g: &Gpu) -> Option<&Sm90Kernels> {
     let k = g.kernels.gemm_sm90.as_ref();
@@ -771,29 +772,16 @@ fn gather_beside_a_copy_engine(
         local: Operand { ptr: local.ptr, rows, ld: k },
         scale_slot: 0,
     });
-    let mut side = std::ptr::null_mut();
-    let mut ev = [std::ptr::null_mut(); 2];
-    // SAFETY: out-pointers valid.
-    unsafe {
-        check(sys::cuStreamCreate(&mut side, 1), "cuStreamCreate").unwrap();
-        for e in &mut ev {
-            check(sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32), "cuEventCreate").unwrap();
-        }
-    }
-    let main = g.stream().0 as sys::CUstream;
+    let sides = SideStreams::default();
+    let (main, side) = (g.stream(), sides.stream(0).unwrap());
+    let fork = || sides.wait(side, main).unwrap();
+    let join = || sides.wait(main, side).unwrap();
+    let (main, side) = (main.0 as sys::CUstream, side.0 as sys::CUstream);
     let dst = gathered.ptr + chunk_bytes as u64;
-    // SAFETY (the closures): streams, events and buffers are alive until
-    // the end of this function, which synchronizes first.
+    // SAFETY (the closures): streams and buffers are alive until the end
+    // of this function, which synchronizes first.
     let copy_on = |s: sys::CUstream| {
         check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host, chunk_bytes, s) }, "cuMemcpyHtoDAsync").unwrap()
-    };
-    let fork = || unsafe {
-        check(sys::cuEventRecord(ev[0], main), "cuEventRecord").unwrap();
-        check(sys::cuStreamWaitEvent(side, ev[0], 0), "cuStreamWaitEvent").unwrap();
-    };
-    let join = || unsafe {
-        check(sys::cuEventRecord(ev[1], side), "cuEventRecord").unwrap();
-        check(sys::cuStreamWaitEvent(main, ev[1], 0), "cuStreamWaitEvent").unwrap();
     };
     let run_fused = || {
         check(unsafe { sys::cuMemsetD32Async(flags.ptr, 0, world, main) }, "cuMemsetD32Async").unwrap();
@@ -831,15 +819,9 @@ fn gather_beside_a_copy_engine(
     c_fused.write(&enc(dt, &vec![f32::NAN; m * n]));
     run_fused();
     g.sync();
-    // SAFETY: the side stream is ours; the allocations are idle after it.
-    unsafe {
-        check(sys::cuStreamSynchronize(side), "sync").unwrap();
-        for e in ev {
-            sys::cuEventDestroy_v2(e);
-        }
-        sys::cuStreamDestroy_v2(side);
-        sys::cuMemFreeHost(host);
-    }
+    // SAFETY: run_fused joined the side stream back, and the main one is
+    // idle: no copy reads the pinned buffer any more.
+    check(unsafe { sys::cuMemFreeHost(host) }, "cuMemFreeHost").unwrap();
     errors.check().unwrap();
     let want: Vec<f64> = decode(dt, &c_plain.read_bytes()).iter().map(|&x| x as f64).collect();
     let e = rel_err(&decode(dt, &c_fused.read_bytes()), &want);
@@ -981,7 +963,7 @@ fn reduce_scatter_case(
     let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(g, probe.inbox_bytes() / out.size(), out)).collect();
     let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.flag_bytes()])).collect();
     let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(g, rows * n, out)).collect();
-    let mut streams = Vec::new();
+    let sides = SideStreams::default();
     let launched = if peer_missing { 1 } else { world };
     for (r, out) in outs.iter().enumerate().take(launched) {
         let mut mm = template(r, out.ptr);
@@ -990,15 +972,12 @@ fn reduce_scatter_case(
             inbox: inboxes.iter().map(|b| b.ptr).collect(),
             tile_flags: flags.iter().map(|b| b.ptr).collect(),
         });
-        let mut s = std::ptr::null_mut();
-        check(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate").unwrap();
-        mm.launch(kern, g.kernels.sm_count, Stream(s as usize)).unwrap();
-        streams.push(s);
+        mm.launch(kern, g.kernels.sm_count, sides.stream(r).unwrap()).unwrap();
     }
-    for s in streams {
-        check(unsafe { sys::cuStreamSynchronize(s) }, "sync").unwrap();
-        unsafe { sys::cuStreamDestroy_v2(s) };
+    for r in 0..launched {
+        sides.wait(g.stream(), sides.stream(r).unwrap()).unwrap();
     }
+    g.sync();
     if peer_missing {
         let e = errors.check().unwrap_err();
         assert!(e.msg.contains("fused matmul waiting for rank 1"), "push {push}: {}", e.msg);
@@ -1085,15 +1064,8 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
             tile_flags: flags.iter().map(|b| b.ptr).collect(),
         });
     }
-    let mut side = std::ptr::null_mut();
-    // SAFETY: out-pointers valid.
-    check(unsafe { sys::cuStreamCreate(&mut side, 1) }, "cuStreamCreate").unwrap();
-    let mut ev = [std::ptr::null_mut(); 2];
-    for e in &mut ev {
-        check(unsafe { sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, "cuEventCreate")
-            .unwrap();
-    }
-    let main = g.stream().0 as sys::CUstream;
+    let sides = SideStreams::default();
+    let (main, side) = (g.stream(), sides.stream(0).unwrap());
     // The floor: no scatter, each rank's m x n product into its own buffer.
     let products: Vec<DevBuf> = (0..world).map(|_| g.alloc(m * n * 2)).collect();
     let plain: Vec<Sm90Matmul> = mms
@@ -1113,18 +1085,10 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
         for mm in &mut pair {
             mm.rs_push = c == 1;
         }
-        // SAFETY: events and streams are ours and alive.
-        unsafe {
-            check(sys::cuEventRecord(ev[0], main), "cuEventRecord").unwrap();
-            check(sys::cuStreamWaitEvent(side, ev[0], 0), "cuStreamWaitEvent").unwrap();
-        }
-        pair[0].launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-        pair[1].launch(kern, g.kernels.sm_count, Stream(side as usize)).unwrap();
-        // SAFETY: as above.
-        unsafe {
-            check(sys::cuEventRecord(ev[1], side), "cuEventRecord").unwrap();
-            check(sys::cuStreamWaitEvent(main, ev[1], 0), "cuStreamWaitEvent").unwrap();
-        }
+        sides.wait(side, main).unwrap();
+        pair[0].launch(kern, g.kernels.sm_count, main).unwrap();
+        pair[1].launch(kern, g.kernels.sm_count, side).unwrap();
+        sides.wait(main, side).unwrap();
     });
     g.sync();
     errors.check().unwrap();
@@ -1137,11 +1101,11 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
         mm.rs_push = true;
         mm.c.ptr = out.ptr;
     }
-    pair[0].launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-    pair[1].launch(kern, g.kernels.sm_count, Stream(side as usize)).unwrap();
+    sides.wait(side, main).unwrap();
+    pair[0].launch(kern, g.kernels.sm_count, main).unwrap();
+    pair[1].launch(kern, g.kernels.sm_count, side).unwrap();
+    sides.wait(main, side).unwrap();
     g.sync();
-    // SAFETY: the side stream is ours and alive.
-    check(unsafe { sys::cuStreamSynchronize(side) }, "sync").unwrap();
     errors.check().unwrap();
     let product = decode(dt, &products[0].read_bytes());
     for (r, out) in checked.iter().enumerate() {
@@ -1161,11 +1125,4 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
     );
     // Every tile was flagged and consumed, in both ways.
     assert!(flags.iter().all(|f| f.read::<u32>(mms[0].flag_bytes() / 4).iter().all(|&x| x == 0)));
-    // SAFETY: created above; the device is idle.
-    unsafe {
-        for e in ev {
-            sys::cuEventDestroy_v2(e);
-        }
-        sys::cuStreamDestroy_v2(side);
-    }
 }
