@@ -690,18 +690,31 @@ enum MapType {
     Byte,
 }
 
+impl MapType {
+    fn size(self) -> usize {
+        match self {
+            MapType::Elem(t) => t.size(),
+            MapType::Byte => 1,
+        }
+    }
+}
+
 /// A 2-D tensor map over `o` (`o.rows` rows of `k` elements) with boxes of
 /// `box_rows` rows of a k-block (128 bytes), 128-byte swizzle, zeros outside.
 fn encode(ty: MapType, o: &Operand, k: usize, box_rows: usize) -> Result<TensorMap> {
-    let el = if let MapType::Elem(t) = ty { t.size() } else { 1 };
-    encode_box(ty, o, k, BK_BYTES / el, box_rows)
+    encode_box(ty, o, k, BK_BYTES / ty.size(), box_rows)
 }
 
 /// As [`encode`], boxes of `box_rows x box_cols` elements (`box_cols`
 /// times the element size must be 128 bytes for the swizzle).
 fn encode_box(ty: MapType, o: &Operand, k: usize, box_cols: usize, box_rows: usize) -> Result<TensorMap> {
-    let el = if let MapType::Elem(t) = ty { t.size() } else { 1 };
-    encode_tiled(ty, o.ptr, &[k as u64, o.rows as u64], &[(o.ld * el) as u64], &[box_cols as u32, box_rows as u32])
+    encode_tiled(
+        ty,
+        o.ptr,
+        &[k as u64, o.rows as u64],
+        &[(o.ld * ty.size()) as u64],
+        &[box_cols as u32, box_rows as u32],
+    )
 }
 
 /// A tensor map of `dims` (innermost first) at `base`, `strides` bytes
@@ -715,8 +728,11 @@ fn encode_tiled(ty: MapType, base: u64, dims: &[u64], strides: &[u64], boxes: &[
         MapType::Elem(_) => CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         MapType::Byte => CU_TENSOR_MAP_DATA_TYPE_UINT8,
     };
-    assert!(strides.len() + 1 == dims.len() && boxes.len() == dims.len(), "one stride per outer dimension");
     let elem_strides = [1u32; 3];
+    assert!(
+        strides.len() + 1 == dims.len() && boxes.len() == dims.len() && dims.len() <= elem_strides.len(),
+        "one stride per outer dimension, at most 3 dimensions"
+    );
     let mut map = TensorMap([0; 16]);
     // SAFETY: dims, boxes and elem_strides hold the rank's elements
     // (checked above; elem_strides at least), strides one fewer; the map is

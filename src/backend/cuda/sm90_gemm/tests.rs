@@ -185,6 +185,12 @@ fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
+/// A plain matmul of dense row-major A [m, k] and B [n, k] into C [m, n].
+fn dense(a: u64, b: u64, c: u64, (m, n, k): (usize, usize, usize), dt: GemmDtype, err: u64) -> Sm90Matmul {
+    let op = |ptr, rows, ld| Operand { ptr, rows, ld };
+    Sm90Matmul::plain(op(a, m, k), op(b, n, k), op(c, m, n), k, dt, err)
+}
+
 fn poisoned(g: &Gpu, elems: usize, dt: GemmDtype) -> DevBuf {
     g.upload(&enc(dt, &vec![f32::NAN; elems]))
 }
@@ -201,14 +207,7 @@ fn gpu_sm90_matmul_matches_reference_on_any_shape() {
             for tile in [TileN::N128, TileN::N256] {
                 let p = problem(&g, m, n, k, dt, (m * n + k) as u64);
                 let c = poisoned(&g, m * n, ot);
-                let mut mm = Sm90Matmul::plain(
-                    Operand { ptr: p.bufs[0].ptr, rows: m, ld: k },
-                    Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
-                    Operand { ptr: c.ptr, rows: m, ld: n },
-                    k,
-                    dt,
-                    errors.device_ptr(),
-                );
+                let mut mm = dense(p.bufs[0].ptr, p.bufs[1].ptr, c.ptr, (m, n, k), dt, errors.device_ptr());
                 (mm.out_dtype, mm.tile) = (ot, tile);
                 mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
                 g.sync();
@@ -319,14 +318,7 @@ fn gpu_sm90_matmul_against_cublaslt() {
         let a = g.upload(&enc(dt, &values(m * k, 1)));
         let b = g.upload(&enc(dt, &values(n * k, 2)));
         let (c1, c2) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
-        let chosen = Sm90Matmul::plain(
-            Operand { ptr: a.ptr, rows: m, ld: k },
-            Operand { ptr: b.ptr, rows: n, ld: k },
-            Operand { ptr: c1.ptr, rows: m, ld: n },
-            k,
-            dt,
-            errors.device_ptr(),
-        );
+        let chosen = dense(a.ptr, b.ptr, c1.ptr, (m, n, k), dt, errors.device_ptr());
         let mut lp = MatmulParams::new(m, n, k, a.ptr, b.ptr, c2.ptr, dt);
         (lp.b_trans, lp.ldb) = (true, k);
         // Candidates (None: cuBLASLt): the chosen tile, cuBLASLt, then
@@ -465,14 +457,7 @@ fn gpu_sm90_fp8_matches_reference() {
                     let bias = (out != F32 && case % 2 == 0).then_some(out);
                     let sc = Scales::new(&g, m, n, row_wise, bias);
                     let c = poisoned(&g, m * n, out);
-                    let mut mm = Sm90Matmul::plain(
-                        Operand { ptr: da.ptr, rows: m, ld: k },
-                        Operand { ptr: db.ptr, rows: n, ld: k },
-                        Operand { ptr: c.ptr, rows: m, ld: n },
-                        k,
-                        BF16,
-                        errors.device_ptr(),
-                    );
+                    let mut mm = dense(da.ptr, db.ptr, c.ptr, (m, n, k), BF16, errors.device_ptr());
                     (mm.out_dtype, mm.tile) = (out, tile);
                     mm.set_fp8(Fp8Params { fast_accum, ..sc.params(at, bt) });
                     mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
@@ -536,14 +521,7 @@ fn gpu_sm90_fp8_against_cublaslt() {
         // Per scale mode: symm exact, symm fast_accum; cuBLASLt the same.
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         for sc in &scales {
-            let mm = Sm90Matmul::plain(
-                Operand { ptr: a.ptr, rows: m, ld: k },
-                Operand { ptr: b.ptr, rows: n, ld: k },
-                Operand { ptr: c1.ptr, rows: m, ld: n },
-                k,
-                GemmDtype::BF16,
-                errors.device_ptr(),
-            );
+            let mm = dense(a.ptr, b.ptr, c1.ptr, (m, n, k), GemmDtype::BF16, errors.device_ptr());
             for fast_accum in [false, true] {
                 let f = Fp8Params { fast_accum, ..sc.params(at, bt) };
                 let mut ours_f = mm.clone();
@@ -644,14 +622,7 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
             upload(scales.ptr + (4 * c * slot) as u64, &v);
         };
         let errors = AsyncError::new().unwrap();
-        let mut mm = Sm90Matmul::plain(
-            Operand { ptr: gathered.ptr, rows: m, ld: k },
-            Operand { ptr: p.bufs[1].ptr, rows: n, ld: k },
-            Operand { ptr: c.ptr, rows: m, ld: n },
-            k,
-            out,
-            errors.device_ptr(),
-        );
+        let mut mm = dense(gathered.ptr, p.bufs[1].ptr, c.ptr, (m, n, k), out, errors.device_ptr());
         mm.chunk_rows = rows;
         mm.order = (0..world).map(|i| (rank + i) % world).collect();
         let local = Operand { ptr: local.ptr, rows, ld: k };
@@ -742,14 +713,7 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
     // SAFETY: `host` holds chunk_bytes; the source has them.
     unsafe { std::ptr::copy_nonoverlapping(a_bytes[chunk_bytes..].as_ptr(), host.cast::<u8>(), chunk_bytes) };
     let errors = AsyncError::new().unwrap();
-    let plain = Sm90Matmul::plain(
-        Operand { ptr: a_whole.ptr, rows: m, ld: k },
-        Operand { ptr: b.ptr, rows: n, ld: k },
-        Operand { ptr: c_plain.ptr, rows: m, ld: n },
-        k,
-        dt,
-        errors.device_ptr(),
-    );
+    let plain = dense(a_whole.ptr, b.ptr, c_plain.ptr, (m, n, k), dt, errors.device_ptr());
     // As the two-GPU path launches it (`Sm90Matmul::from_fused`, one SM spare).
     let mut fused = Sm90Matmul {
         a: Operand { ptr: gathered.ptr, rows: m, ld: k },
