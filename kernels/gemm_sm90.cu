@@ -30,17 +30,26 @@
 //   * Tiles are walked in a fixed order by every CTA (tile = blockIdx.x +
 //     i * gridDim.x), grouped along M for L2 reuse. The rows of A are split
 //     into `chunks` equal row chunks (one per rank in the fused operations)
-//     visited in `order`; a tile never straddles two chunks.
+//     visited in `order`; a tile never straddles two chunks. The row tiles
+//     of all chunks, in that order, form one list cut into groups of
+//     GROUP_M, so a group may hold tiles of two chunks: with chunks of
+//     fewer than GROUP_M row tiles (a small M), the tiles that share B's
+//     columns still run together and B is read once. The reduce-scatter
+//     keeps each group within a chunk (its own chunk comes last).
 //   * Edges: TMA fills out-of-range rows/columns/k with zeros, the epilogue
 //     masks rows past the chunk and columns past n. K must give 16-byte row
 //     strides (k % 8 == 0 for 16-bit types, k % 16 for 8-bit ones), which
 //     the host checks.
 //
-// Fused all-gather (ready != NULL): before loading A for a tile of chunk c,
-// the producer waits (acquire, system scope, bounded by the timeout) until
-// ready[c] != 0; the copy engine that pulled the chunk wrote that flag
-// after the data. The local chunk is read from its own tensor map (the
-// caller's shard, no copy).
+// Fused all-gather (ready != NULL): a chunk arrives in `slices` slices of
+// k (columns), slice s announced by ready[c * slices + s] != 0, written by
+// the copy engine that pulled it, after the data. Before loading a k-block
+// of A for a tile of chunk c, the producer waits (acquire, system scope,
+// bounded by the timeout) for the slice that holds it. A tile so waits
+// only for its first slice, not for the whole chunk: the others land while
+// it multiplies, which lets a chunk's tiles run in the first wave beside
+// the local ones (see the tile order). The local chunk is read from its
+// own tensor map (the caller's shard, no copy).
 //
 // Fused reduce-scatter (rs != 0): chunk c of the rows is rank c's output.
 // Tiles of a peer's chunk are written (in C's dtype) into that peer's inbox
@@ -115,6 +124,8 @@ struct symm_gemm_params {
     int64_t a_scale_slot;  // row-wise: distance between chunks' row scales (gathered into slots)
     int32_t scale_mode;    // SYMM_GEMM_SCALES_*
     int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs; see above)
+    int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
+    int32_t slice_kblocks; // all-gather: k-blocks per slice (the last one may have fewer)
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -250,12 +261,14 @@ struct symm_tiling {
     int32_t tiles_n;
     int32_t per_chunk;  // tiles_m * tiles_n
     int32_t total;
+    int32_t rows;       // row tiles grouped together: a chunk's (rs) or all of them
 
     __device__ symm_tiling(const symm_gemm_params& p, int bn) {
         tiles_m = (p.chunk_rows + SYMM_GEMM_BM - 1) / SYMM_GEMM_BM;
         tiles_n = (p.n + bn - 1) / bn;
         per_chunk = tiles_m * tiles_n;
         total = per_chunk * p.chunks;
+        rows = p.rs ? tiles_m : tiles_m * p.chunks;
     }
 
     // rs: the flag of tile `index` of `dst`'s rows, sent by rank `src`.
@@ -263,16 +276,21 @@ struct symm_tiling {
         return (uint32_t*)p.tile_flags[dst] + (int64_t)src * per_chunk + index;
     }
 
+    // Tile t: groups of GROUP_M row tiles (of `rows`, the list of row tiles
+    // in visiting order) walked column by column.
     __device__ symm_tile at(const symm_gemm_params& p, int bn, int t) const {
-        symm_tile tile;
-        tile.chunk = p.order[t / per_chunk];
-        tile.index = t % per_chunk;
+        const int span = rows * tiles_n;  // tiles in one run of the list
+        const int in_span = t % span;
         const int group = SYMM_GEMM_GROUP_M * tiles_n;
-        const int first_m = (tile.index / group) * SYMM_GEMM_GROUP_M;
-        const int group_m = min(tiles_m - first_m, SYMM_GEMM_GROUP_M);
-        const int in_group = tile.index % group;
-        const int tm = first_m + in_group % group_m;
+        const int first_m = (in_span / group) * SYMM_GEMM_GROUP_M;
+        const int group_m = min(rows - first_m, SYMM_GEMM_GROUP_M);
+        const int in_group = in_span % group;
+        const int row = (t / span) * rows + first_m + in_group % group_m;  // in the whole list
+        const int tm = row % tiles_m;
         const int tn = in_group / group_m;
+        symm_tile tile;
+        tile.chunk = p.order[row / tiles_m];
+        tile.index = tm * tiles_n + tn;
         const int chunk_row0 = tile.chunk * p.chunk_rows;
         tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
         tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
@@ -800,20 +818,25 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         };
         const symm_partials partials(p, BN, Cfg::STAGE_BYTES);
         const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
-        int arrived = -1;  // last chunk seen ready (tiles come chunk by chunk)
+        uint32_t landed = 0;  // all-gather: chunks seen whole (bit per chunk)
         for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
             const symm_tile tile = tiling.at(p, BN, t);
             const bool local = tile.chunk == p.local_chunk;
-            if (p.ready != nullptr && !local && tile.chunk != arrived) {
-                symm_wait_nonzero(&p.ready[tile.chunk], p, tile.chunk);
-                // The rows were written by a copy engine; order our (async
-                // proxy) TMA reads after the flag.
-                asm volatile("fence.proxy.async.global;" ::: "memory");
-                arrived = tile.chunk;
-            }
+            // The k-block at which this tile next waits for a slice of its
+            // rows (kblocks: none left to wait for).
+            int wait_kb = p.ready != nullptr && !local && !(landed >> tile.chunk & 1) ? 0 : kblocks;
             const symm_tmap* map_a = local ? tm_a_local : tm_a;
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
             for (int kb = 0; kb < kblocks; kb++) {
+                if (kb == wait_kb) {
+                    const int slice = kb / p.slice_kblocks;
+                    symm_wait_nonzero(&p.ready[tile.chunk * p.slices + slice], p, tile.chunk);
+                    // The rows were written by a copy engine; order our
+                    // (async proxy) TMA reads after the flag.
+                    asm volatile("fence.proxy.async.global;" ::: "memory");
+                    wait_kb += p.slice_kblocks;
+                    if (slice == p.slices - 1) landed |= 1u << tile.chunk;
+                }
                 symm_mbar_wait(&empty[stage], phase ^ 1);
                 symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
                 symm_tma_load(stage_a(stage), map_a, kb * BK, a_row, &full[stage]);

@@ -194,6 +194,26 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     out
 }
 
+/// The fused all-gather pulls each shard in slices of k (columns), each
+/// flagged on its own, so that a tile of a peer's rows starts once the
+/// first slice has landed instead of the whole shard. At small M that lets
+/// those tiles run in the first wave beside the local ones, reading B
+/// together (at 512x8192x14336 the kernel otherwise read B once per shard:
+/// 1.07-1.09 x the whole matmul with the shard already there, one H100 and
+/// one H200, bench/KERNELS.md). Slices stay large enough that a copy engine
+/// streams them at speed, and few enough that their flags cost nothing.
+const MIN_SLICE_BYTES: usize = 512 << 10;
+const MAX_SLICES: usize = 8;
+
+/// The width (in elements of k) of the fused all-gather's slices of a
+/// shard of `shard_bytes` with `k` columns: a multiple of `align`, at most
+/// [`MAX_SLICES`] slices of at least [`MIN_SLICE_BYTES`] (one for a small
+/// shard).
+pub fn gather_slice_k(shard_bytes: usize, k: usize, align: usize) -> usize {
+    let slices = (shard_bytes / MIN_SLICE_BYTES).clamp(1, MAX_SLICES);
+    k.div_ceil(slices).next_multiple_of(align).max(align)
+}
+
 /// The algorithm to run: `SYMM_ALGO` (`sequential`, `pipelined` or
 /// `fused`) when set, for benchmarking and tuning, else the best estimate.
 /// `fused` is an error (Unsupported) where the fused kernel cannot run the
@@ -302,6 +322,25 @@ mod tests {
         let p = Problem { fused: true, world: 1, ..prob(1024, 1024, 1024) };
         assert!(ag_mm(&p, &DeviceModel::HOPPER).iter().all(|e| e.algorithm != Algorithm::Fused));
         assert!(mm_rs(&prob(1024, 1024, 1024), &DeviceModel::HOPPER).iter().all(|e| e.algorithm != Algorithm::Fused));
+    }
+
+    #[test]
+    fn gather_slices_are_aligned_few_and_large() {
+        // 512x8192x14336 at world 2: a 4 MiB shard in 8 slices of 1024 columns.
+        assert_eq!(gather_slice_k(256 * 8192 * 2, 8192, 128), 1024);
+        // A 1 MiB shard: two slices; a small one: one slice (k rounded up).
+        assert_eq!(gather_slice_k(64 * 8192 * 2, 8192, 128), 4096);
+        assert_eq!(gather_slice_k(8 * 96 * 2, 96, 128), 128);
+        // Widths round up to the alignment, so there may be fewer slices.
+        let k = 1000;
+        let w = gather_slice_k(4096 * k * 2, k, 128);
+        assert_eq!((w, k.div_ceil(w)), (128, 8));
+        let k = 900;
+        let w = gather_slice_k(4096 * k * 2, k, 128);
+        assert_eq!((w, k.div_ceil(w)), (128, 8));
+        let k = 1200;
+        let w = gather_slice_k(4096 * k * 2, k, 128);
+        assert_eq!((w, k.div_ceil(w)), (256, 5));
     }
 
     #[test]

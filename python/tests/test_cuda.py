@@ -1,5 +1,7 @@
-"""The operations on the CUDA backend with torch and cupy arrays: two GPUs
-as two ranks on threads. Skipped unless torch sees at least two GPUs."""
+"""The operations on the CUDA backend with torch and cupy arrays: two ranks
+on threads, each on a GPU of its own, or both on one GPU when there is only
+one (the fused kernels then stand aside: test_cuda_fused.py has those).
+Skipped without a GPU."""
 
 import numpy as np
 import pytest
@@ -8,15 +10,23 @@ from ranks import on_threads
 import symm
 
 torch = pytest.importorskip("torch")
-if torch.cuda.device_count() < 2:
-    pytest.skip("needs two CUDA devices", allow_module_level=True)
+if torch.cuda.device_count() < 1:
+    pytest.skip("needs a CUDA device", allow_module_level=True)
 
 WORLD = 2
+GPUS = torch.cuda.device_count()
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
+def device(g):
+    """The GPU of rank ``g.rank``."""
+    return g.rank % GPUS
+
+
 def cuda_groups():
-    return symm.local_groups(WORLD, backend="cuda", timeout_ms=30000)
+    devices = [r % GPUS for r in range(WORLD)]
+    return symm.local_groups(WORLD, devices=devices, backend="cuda", timeout_ms=30000,
+                             allow_shared_device=GPUS < WORLD)
 
 
 def inputs(seed, shape, dtype):
@@ -42,7 +52,7 @@ def test_ag_mm_torch_outputs_on_the_input_device(dtype):
     gathered = torch.cat(shards).double()
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
+        torch.cuda.set_device(device(g))
         a, w = shards[g.rank].cuda(), b.cuda()
         ag, out = symm.fused_ag_mm(g, a, w, 0, return_ag=True)
         torch.cuda.synchronize()
@@ -63,7 +73,7 @@ def test_ag_mm_gathering_k_with_two_bs():
     gathered = torch.cat(shards, dim=1).double()
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
+        torch.cuda.set_device(device(g))
         outs = symm.fused_ag_mm(g, shards[g.rank].cuda(), [b.cuda() for b in bs], -1)
         torch.cuda.synchronize()
         return [o.cpu() for o in outs]
@@ -79,7 +89,7 @@ def test_mm_rs_on_a_side_stream():
     total = sum(x.double() @ y.double() for x, y in zip(a, b))
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
+        torch.cuda.set_device(device(g))
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
             out = symm.mm_rs(g, a[g.rank].cuda(), b[g.rank].cuda(), 1, stream=side)
@@ -97,7 +107,7 @@ def test_mm_rs_avg_into_a_strided_output():
     mean = sum(x.double() @ y.double() for x, y in zip(a, b)) / WORLD
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
+        torch.cuda.set_device(device(g))
         whole = torch.full((64 // WORLD, 128), float("nan"), dtype=dtype, device="cuda")
         out = whole[:, ::2]
         symm.mm_rs(g, a[g.rank].cuda(), b[g.rank].cuda(), 0, op="avg", out=out)
@@ -146,8 +156,8 @@ def test_ag_mm_fp8_like_scaled_mm(row_wise, out_dtype):
     bias = torch.randn(n).to(out_dtype) if out_dtype != torch.float32 else None
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
-        r, dev = g.rank, torch.device("cuda", g.rank)
+        torch.cuda.set_device(device(g))
+        r, dev = g.rank, torch.device("cuda", device(g))
         b = w.to(dev).t()
         out = symm.fused_ag_mm(
             g,
@@ -190,8 +200,8 @@ def test_mm_rs_fp8_with_bias(row_wise, scatter_dim):
     bias = [torch.randn(n, generator=g_bias).to(torch.bfloat16) for _ in range(WORLD)]
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
-        r, dev = g.rank, torch.device("cuda", g.rank)
+        torch.cuda.set_device(device(g))
+        r, dev = g.rank, torch.device("cuda", device(g))
         out = symm.mm_rs(
             g,
             a[r].to(dev),
@@ -218,8 +228,8 @@ def test_fp8_row_major_b_is_refused_with_the_layout_named():
     one = torch.ones(1)
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
-        dev = torch.device("cuda", g.rank)
+        torch.cuda.set_device(device(g))
+        dev = torch.device("cuda", device(g))
         b = torch.zeros(32, 16, device=dev).to(E4M3)  # row-major [K, N]
         with pytest.raises(symm.SymmUnsupported, match="column-major"):
             symm.fused_ag_mm(g, a.to(dev), b, 0, a_scale=one.to(dev), b_scales=one.to(dev))
@@ -240,7 +250,7 @@ def test_lc_allgather_with_cupy_through_the_cuda_array_interface():
     xs = [np.arange(4096, dtype=np.float32).reshape(64, 64) + 1000 * r for r in range(WORLD)]
 
     def rank_main(g):
-        with cupy.cuda.Device(g.rank):
+        with cupy.cuda.Device(device(g)):
             x = cupy.asarray(xs[g.rank])
             out = cupy.full((64 * WORLD, 64), cupy.nan, dtype=cupy.float32)
             symm.lc_allgather(g, CudaArrayOnly(x), out=CudaArrayOnly(out), stream=cupy.cuda.get_current_stream())
@@ -260,7 +270,7 @@ def test_lc_allgather_large_from_ordinary_and_symmetric_memory():
     xs = inputs(11, (n,), torch.bfloat16)
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
+        torch.cuda.set_device(device(g))
         ordinary = xs[g.rank].cuda()
         with g.create(2 * n) as buf, buf.rendezvous():
             symmetric = torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16)
@@ -288,7 +298,7 @@ def test_repeated_calls_replayed_as_graphs_match_eager():
     rs_ref = sum(s.double() @ b.double() for s in shards)
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
+        torch.cuda.set_device(device(g))
         a, w = shards[g.rank].cuda(), b.cuda()
         ag, rs, lc = (torch.empty(64 * WORLD, 48, dtype=dtype, device="cuda"),
                       torch.empty(64 // WORLD, 48, dtype=dtype, device="cuda"),
@@ -329,7 +339,7 @@ def test_ops_captured_in_a_cuda_graph_replay_like_eager():
     shards, (b,) = inputs(7, (128, 256), dtype), inputs(8, (256, 96), dtype)[:1]
 
     def rank_main(g):
-        torch.cuda.set_device(g.rank)
+        torch.cuda.set_device(device(g))
         a, w = shards[g.rank].cuda(), b.cuda()
         outs = [
             torch.empty(128 * WORLD, 96, dtype=dtype, device="cuda"),

@@ -295,13 +295,17 @@ pub struct FusedMatmul {
     pub timeout: Duration,
 }
 
-/// Rows of `a` arrive chunk by chunk, each announced by a nonzero u32 at
-/// `ready + 4 * chunk`; chunk `local_chunk` is read from `local` instead.
-/// Row-wise fp8 scales arrive with their rows (before the flag), chunk c's
-/// at element `c * scale_slot` of the scales' `a`.
+/// Rows of `a` arrive chunk by chunk, each in slices of `slice_k` columns
+/// (a multiple of [`FusedGather::SLICE_ALIGN`]; the last may be narrower),
+/// slice s of chunk c announced by a nonzero u32 at
+/// `ready + 4 * (c * slices + s)`, `slices = k.div_ceil(slice_k)`; chunk
+/// `local_chunk` is read from `local` instead. Row-wise fp8 scales arrive
+/// with their rows (before the first slice's flag), chunk c's at element
+/// `c * scale_slot` of the scales' `a`.
 #[derive(Clone, Debug)]
 pub struct FusedGather {
     pub ready: u64,
+    pub slice_k: usize,
     pub local_chunk: usize,
     pub local: Array,
     pub scale_slot: usize,
@@ -316,6 +320,12 @@ pub struct FusedScatter {
     pub rank: usize,
     pub inbox: Vec<u64>,
     pub flags: Vec<u64>,
+}
+
+impl FusedGather {
+    /// What a slice's width must be a multiple of: whole k-blocks of the
+    /// fused kernel for every input type.
+    pub const SLICE_ALIGN: usize = 128;
 }
 
 impl FusedMatmul {

@@ -239,8 +239,10 @@ impl AgMm {
             None
         };
         let scratch = layout.region(check::mul(check::mul(rows, max_n, "the product")?, out_size, "the product")?);
-        // The fused kernel's arrival flags, one u32 per rank.
-        let ready = layout.region(4 * world);
+        // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
+        let k = a.shape[last];
+        let slice_k = plan::gather_slice_k(shard_bytes, k, FusedGather::SLICE_ALIGN);
+        let ready = layout.region(4 * world * k.div_ceil(slice_k));
         let problem = plan::Problem {
             m: rows * world,
             k: a.shape[last],
@@ -260,6 +262,7 @@ impl AgMm {
             gathered_k,
             scratch,
             ready,
+            slice_k,
             algorithm,
             workspace: layout.bytes(),
         })
@@ -299,8 +302,11 @@ struct AgMmPlan {
     /// The gathered A as one `[rows, K * world]` matrix, when gathering K.
     gathered_k: Option<usize>,
     scratch: usize,
-    /// The fused kernel's arrival flags.
+    /// The fused kernel's arrival flags: rank r's slice s at
+    /// `ready + 4 * (r * slices + s)`.
     ready: usize,
+    /// Columns of a shard per pulled slice (see [`plan::gather_slice_k`]).
+    slice_k: usize,
     algorithm: plan::Algorithm,
     workspace: usize,
 }
@@ -417,7 +423,8 @@ impl AgMmPlan {
     /// peers, and launches one matmul per B, which starts with this rank's
     /// own rows read in place. A side stream forked before the matmuls (so
     /// it never waits for them) waits for every rank (barrier), pulls the
-    /// peers' shards rank+1 first, each followed by its flag, and waits for
+    /// peers' shards rank+1 first, each in slices of k flagged one by one
+    /// (a tile waits only for the slice it reads next), and waits for
     /// every rank again (then nobody still reads a shard the next call
     /// overwrites). One multiprocessor is left to the side stream's barrier
     /// kernels.
@@ -427,7 +434,9 @@ impl AgMmPlan {
         let backend = ex.group.backend();
         let offset = |r: usize| self.shards + r * self.shard_bytes;
         let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
-        backend.zero(ex.local(self.ready), 4 * world, ex.stream)?;
+        let k = a.shape[a.ndim() - 1];
+        let slices = k.div_ceil(self.slice_k);
+        backend.zero(ex.local(self.ready), 4 * world * slices, ex.stream)?;
         // Staged for the peers on the main stream, before the matmul: a copy
         // within one device runs on the SMs (measured: on the side stream,
         // beside a persistent kernel that leaves it one SM, it made the
@@ -448,6 +457,7 @@ impl AgMmPlan {
         for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
             let gather = FusedGather {
                 ready: ex.local(self.ready),
+                slice_k: self.slice_k,
                 local_chunk: me,
                 local: lhs.clone(),
                 scale_slot: row_scale_slot(rows) / 4,
@@ -466,13 +476,18 @@ impl AgMmPlan {
         ex.ws.barrier(super::CHANNEL, side)?;
         for step in 1..world {
             let r = (me + step) % world;
-            let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
-            ex.copy_on(side, &local_shard(r), &remote)?;
             if self.row_scales.is_some() {
                 let remote = self.row_scale_vector(ex.at(r, 0)?, r);
                 ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
             }
-            ex.ws.write_value(me, self.ready + 4 * r, 1, side)?;
+            // Slice by slice (pitched copies), each flagged as it lands.
+            let matrix = |addr| Array::contiguous(addr, a.dtype, &[rows, k]);
+            let (dst, src) = (matrix(ex.local(offset(r))), matrix(ex.at(r, offset(r))?));
+            for s in 0..slices {
+                let (c0, width) = (s * self.slice_k, self.slice_k.min(k - s * self.slice_k));
+                ex.copy_on(side, &dst.narrow(1, c0, width), &src.narrow(1, c0, width))?;
+                ex.ws.write_value(me, self.ready + 4 * (r * slices + s), 1, side)?;
+            }
         }
         ex.ws.barrier(super::CHANNEL, side)?;
         ex.join(side)?;
@@ -605,8 +620,9 @@ mod tests {
         assert_eq!(p.dim, 1);
         // Workspace: three bf16 shards of 48 bytes, then bf16 scratch of 6 rows x 6.
         assert_eq!((p.shards, p.shard_bytes, p.gathered_k, p.scratch), (0, 48, None, 256));
-        // Then the fused kernel's arrival flags, one u32 per rank.
-        assert_eq!((p.ready, p.workspace), (512, 512 + 3 * 4));
+        // Then the fused kernel's arrival flags, one u32 per rank (a shard
+        // this small comes in one slice).
+        assert_eq!((p.ready, p.slice_k, p.workspace), (512, 128, 512 + 3 * 4));
         // The last dim: K grows, so B has K * world rows and outputs keep the shard's rows.
         assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).plan(3, "host", false).is_ok());
         let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).plan(3, "host", false).unwrap_err();
@@ -669,6 +685,10 @@ mod tests {
         // Products in the (bf16) output type, not the 1-byte input type;
         // then the (unused) fused arrival flags.
         assert_eq!((p.ready, p.workspace), (768 + 8 * 32 * 2, 768 + 8 * 32 * 2 + 2 * 4));
+        // A large shard comes in slices, each with a flag: 8 of 1024 columns.
+        let p = call(&[256, 8192], 0, 8192, &[64], &[512]).plan(2, "host", false).unwrap();
+        assert_eq!(p.slice_k, 1024);
+        assert_eq!(p.workspace - p.ready, 2 * 8 * 4);
         let p = fp8_call(8, 0, 2, &[16], false).plan(2, "host", false).unwrap();
         assert_eq!((p.mode, p.row_scales), (Some(Mode::Tensor), None));
         // Gathering K: tensor-wise only.

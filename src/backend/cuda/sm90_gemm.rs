@@ -67,9 +67,13 @@ struct Params {
     a_scale_slot: i64,
     scale_mode: i32,
     rs_push: i32,
+    slices: i32,
+    slice_kblocks: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 448);
+const _: () = assert!(std::mem::size_of::<Params>() == 456);
+// A gathered slice is whole k-blocks of every input type.
+const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
 /// `SYMM_GEMM_SCALES_*`.
 const SCALES_NONE: i32 = 0;
@@ -256,14 +260,19 @@ pub struct Operand {
 }
 
 /// How the fused all-gather feeds the matmul: A's rows arrive chunk by
-/// chunk, each announced by a nonzero u32 at `ready + 4 * chunk`; this
-/// rank's own chunk is read in place from `local`. With row-wise fp8
+/// chunk, each in slices of `slice_k` columns (the last may be narrower),
+/// slice s of chunk c announced by a nonzero u32 at
+/// `ready + 4 * (c * slices + s)` with `slices = k.div_ceil(slice_k)`
+/// (see [`Sm90Matmul::slices`]); this rank's own chunk is read in place
+/// from `local`. With row-wise fp8
 /// scales, `a_scale` is the gathered scales: chunk c's at element
 /// `c * scale_slot` (written before chunk c's flag, this rank's own before
 /// the launch).
 #[derive(Clone, Copy, Debug)]
 pub struct Gather {
     pub ready: u64,
+    /// Columns of k per slice: a multiple of [`Sm90Matmul::SLICE_ALIGN`].
+    pub slice_k: usize,
     pub local_chunk: usize,
     pub local: Operand,
     pub scale_slot: usize,
@@ -401,6 +410,7 @@ impl Sm90Matmul {
         if let Some(g) = &call.gather {
             mm.gather = Some(Gather {
                 ready: g.ready,
+                slice_k: g.slice_k,
                 local_chunk: g.local_chunk,
                 local: row_major(&g.local, "the local shard")?,
                 scale_slot: g.scale_slot,
@@ -423,6 +433,15 @@ impl Sm90Matmul {
 
     pub fn chunks(&self) -> usize {
         self.order.len()
+    }
+
+    /// A gathered slice's width divides into whole k-blocks of every
+    /// input type (64 16-bit or 128 8-bit elements).
+    pub const SLICE_ALIGN: usize = crate::backend::FusedGather::SLICE_ALIGN;
+
+    /// The all-gather's slices per chunk (1 without a gather).
+    pub fn slices(&self) -> usize {
+        self.gather.as_ref().map_or(1, |g| self.k.div_ceil(g.slice_k.max(1)))
     }
 
     /// Tiles in one chunk (the rs flags per source rank).
@@ -491,6 +510,13 @@ impl Sm90Matmul {
         if let Some(g) = &self.gather {
             if !tma_ok(&g.local) || g.local_chunk >= chunks || g.ready == 0 || g.ready % 4 != 0 {
                 return no("the gathered chunk's operand or flags are misaligned".into());
+            }
+            if g.slice_k == 0 || g.slice_k % Self::SLICE_ALIGN != 0 {
+                return no(format!(
+                    "a gathered slice of {} columns is not a multiple of {}",
+                    g.slice_k,
+                    Self::SLICE_ALIGN
+                ));
             }
         }
         if let Some(s) = &self.scatter {
@@ -658,6 +684,8 @@ impl Sm90Matmul {
             a_scale_slot: self.gather.as_ref().map_or(self.chunk_rows, |g| g.scale_slot) as i64,
             scale_mode,
             rs_push: i32::from(self.rs_pushes()),
+            slices: self.slices() as i32,
+            slice_kblocks: self.gather.as_ref().map_or(1, |g| g.slice_k / (BK_BYTES / self.in_size())) as i32,
         }
     }
 }

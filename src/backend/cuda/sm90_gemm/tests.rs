@@ -21,6 +21,8 @@ fn params_layout_matches_the_kernel() {
         assert_eq!(off(std::ptr::addr_of!((*q).a_scale).cast()), 408);
         assert_eq!(off(std::ptr::addr_of!((*q).a_scale_slot).cast()), 432);
         assert_eq!(off(std::ptr::addr_of!((*q).scale_mode).cast()), 440);
+        assert_eq!(off(std::ptr::addr_of!((*q).slices).cast()), 448);
+        assert_eq!(off(std::ptr::addr_of!((*q).slice_kblocks).cast()), 452);
     }
 }
 
@@ -193,6 +195,45 @@ fn dense(a: u64, b: u64, c: u64, (m, n, k): (usize, usize, usize), dt: GemmDtype
 
 fn poisoned(g: &Gpu, elems: usize, dt: GemmDtype) -> DevBuf {
     g.upload(&enc(dt, &vec![f32::NAN; elems]))
+}
+
+/// Bytes `cols` of each of `rows` rows of `pitch` bytes, from host memory
+/// at `src` to the same place of the device rows at `dst`, by a copy
+/// engine: on `stream` (asynchronous; `src` pinned) or, without one,
+/// before returning. How the fused all-gather's slices land.
+fn htod_columns(
+    dst: u64,
+    src: *const u8,
+    pitch: usize,
+    cols: std::ops::Range<usize>,
+    rows: usize,
+    stream: Option<sys::CUstream>,
+) {
+    // Every field spelled out: the memory-type enums have no zero value.
+    let d = sys::CUDA_MEMCPY2D {
+        srcXInBytes: cols.start,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+        srcHost: src.cast(),
+        srcDevice: 0,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: pitch,
+        dstXInBytes: cols.start,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: pitch,
+        WidthInBytes: cols.len(),
+        Height: rows,
+    };
+    // SAFETY: the callers' buffers hold `rows` rows of `pitch` bytes and
+    // outlive the copy (asynchronous ones are synchronized before freeing).
+    match stream {
+        Some(s) => check(unsafe { sys::cuMemcpy2DAsync_v2(&d, s) }, "cuMemcpy2DAsync").unwrap(),
+        None => check(unsafe { sys::cuMemcpy2D_v2(&d) }, "cuMemcpy2D").unwrap(),
+    }
 }
 
 #[test]
@@ -585,9 +626,10 @@ fn gpu_sm90_fp8_against_cublaslt() {
     errors.check().unwrap();
 }
 
-/// All-gather mode on one GPU: chunks arrive (flags set by the stream
-/// after copies) while the kernel runs; a flag that never comes is a
-/// timeout error, not a hang.
+/// All-gather mode on one GPU: chunks arrive slice by slice (columns of
+/// k, each flagged after its copy) while the kernel runs, on NaNs until
+/// then, so a tile that read a slice before its flag shows; a flag that
+/// never comes is a timeout error, not a hang.
 #[test]
 fn gpu_sm90_matmul_waits_for_gathered_chunks() {
     let Some(g) = gpu() else { return };
@@ -596,7 +638,9 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
     // 200-row chunks: C from registers; 256: tiles within chunks, C
     // through TMA. fp8: row-wise scales gathered into padded slots.
     for (rows, fp8) in [(200usize, false), (256, false), (200, true), (256, true)] {
-        let (world, n, k) = (4usize, 384usize, 256usize);
+        // Three slices of k: 128, 128 and 64 (fp8: 128 elements are one k-block).
+        let (world, n, k, slice_k) = (4usize, 384usize, 320usize, 128usize);
+        let slices = k.div_ceil(slice_k);
         let m = world * rows;
         let p = if fp8 { fp8_problem(&g, m, n, k, (Fp8::E4M3, Fp8::E4M3), 7) } else { problem(&g, m, n, k, out, 7) };
         let rank = 2;
@@ -606,7 +650,7 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
         // buffer holds NaNs there (0xff is NaN in e4m3 too), so reading it would show.
         let local = g.upload(chunk(rank));
         let gathered = g.upload(&vec![0xffu8; m * k * p.el]);
-        let flags = g.upload(&[0u32; 4]);
+        let flags = g.upload(&vec![0u32; world * slices]);
         let c = poisoned(&g, m * n, out);
         // Row scales: chunk c's at c * slot (slots padded by 4), NaN until they arrive.
         let slot = rows + 4;
@@ -626,7 +670,7 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
         mm.chunk_rows = rows;
         mm.order = (0..world).map(|i| (rank + i) % world).collect();
         let local = Operand { ptr: local.ptr, rows, ld: k };
-        mm.gather = Some(Gather { ready: flags.ptr, local_chunk: rank, local, scale_slot: slot });
+        mm.gather = Some(Gather { ready: flags.ptr, slice_k, local_chunk: rank, local, scale_slot: slot });
         if fp8 {
             deliver_scales(rank);
             mm.set_fp8(Fp8Params {
@@ -641,14 +685,18 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
         }
         mm.timeout_ns = 5_000_000_000;
         mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-        // Deliver the other chunks (and their scales) after the kernel
-        // started waiting, each before its flag.
+        // Deliver the other chunks after the kernel started waiting: their
+        // scales, then slice by slice, each before its flag.
         for c in mm.order[1..].iter().copied() {
-            upload(gathered.ptr + (c * chunk_bytes) as u64, chunk(c));
             if fp8 {
                 deliver_scales(c);
             }
-            upload(flags.ptr + 4 * c as u64, &1u32.to_le_bytes());
+            for s in 0..slices {
+                let cols = s * slice_k * p.el..((s + 1) * slice_k).min(k) * p.el;
+                let dst = gathered.ptr + (c * chunk_bytes) as u64;
+                htod_columns(dst, chunk(c).as_ptr(), k * p.el, cols, rows, None);
+                upload(flags.ptr + 4 * (c * slices + s) as u64, &1u32.to_le_bytes());
+            }
         }
         g.sync();
         errors.check().unwrap();
@@ -659,8 +707,10 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
         let e = rel_err(&decode(out, &c.read_bytes()), &want);
         assert!(e < 8e-3, "gathered matmul, chunks of {rows} rows, fp8 {fp8}: relative error {e}");
 
-        // A chunk that never arrives: the kernel gives up and says who.
-        flags.write(&[1u32, 1, 1, 0]);
+        // A chunk whose last slice never arrives: the kernel gives up and says who.
+        let mut all_but_last = vec![1u32; world * slices];
+        all_but_last[world * slices - 1] = 0;
+        flags.write(&all_but_last);
         mm.timeout_ns = 200_000_000;
         mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
         g.sync();
@@ -671,17 +721,18 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
 
 /// All-gather mode against a real asynchronous delivery, on one GPU: rank
 /// 0 of 2 multiplies its own chunk (read in place) while a copy engine
-/// brings the other chunk from pinned host memory on a second stream and
-/// then sets its flag (`cuStreamWriteValue32`), as the two-GPU path's
-/// pulls do over NVLink. Timed round-robin against the same kernel over
-/// an A already whole (plain), the copy alone, the copy then the plain
-/// matmul (sequential), and the fused kernel with the chunk already there
-/// (no wait). Where the waits cost nothing, fused ≈ max(plain, copy + the
-/// other chunk's tiles); the run of ba09654 had the fused kernel at 4.7 x
-/// the floor at 512x8192x14336 on two GPUs, and this separates the
-/// kernel's waits from the link. Fails unless the fused kernel hides some
-/// of the copy (faster than sequential). SYMM_SM90_SHAPE picks one of the
-/// shapes.
+/// brings the other chunk from pinned host memory on a second stream, in
+/// slices of k each followed by its flag (`cuStreamWriteValue32`), as the
+/// two-GPU path's pulls do over NVLink (8 slices here, as
+/// `plan::gather_slice_k` cuts these shards). Timed round-robin against the
+/// same kernel over an A already whole (plain), the copy alone, the copy
+/// then the plain matmul (sequential), the fused kernel with the chunk
+/// already there (no wait), and with the chunk in one slice. Where the
+/// waits cost nothing, fused ≈ max(plain, copy + the other chunk's tiles).
+/// The host link (~52 GB/s) is 7 x slower than NVLink's copy engines, so
+/// the copy shows here where it would hide on two GPUs. Fails unless the
+/// fused kernel hides some of the copy (faster than sequential).
+/// SYMM_SM90_SHAPE picks one of the shapes.
 #[test]
 fn gpu_sm90_gather_beside_a_copy_engine() {
     let Some(g) = gpu() else { return };
@@ -704,7 +755,9 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
     let local = g.upload(&a_bytes[..chunk_bytes]);
     // Chunk 1 arrives here; chunk 0 (the local one) is never read from it.
     let gathered = g.upload(&vec![0xffu8; m * k * dt.size()]);
-    let flags = g.upload(&[0u32; 2]);
+    let slice_k = k / 8;
+    let slices = k.div_ceil(slice_k);
+    let flags = g.upload(&vec![0u32; world * slices]);
     let (c_fused, c_plain) = (poisoned(g, m * n, dt), poisoned(g, m * n, dt));
     // The other chunk in pinned host memory: a copy engine's source.
     let mut host: *mut c_void = std::ptr::null_mut();
@@ -727,10 +780,13 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
     };
     fused.gather = Some(Gather {
         ready: flags.ptr,
+        slice_k,
         local_chunk: 0,
         local: Operand { ptr: local.ptr, rows, ld: k },
         scale_slot: 0,
     });
+    let mut whole = fused.clone();
+    whole.gather.as_mut().unwrap().slice_k = k.next_multiple_of(Sm90Matmul::SLICE_ALIGN);
     let sides = SideStreams::default();
     let (main, side) = (g.stream(), sides.stream(0).unwrap());
     let fork = || sides.wait(side, main).unwrap();
@@ -742,20 +798,25 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
     let copy_on = |s: sys::CUstream| {
         check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host, chunk_bytes, s) }, "cuMemcpyHtoDAsync").unwrap()
     };
-    let run_fused = || {
-        check(unsafe { sys::cuMemsetD32Async(flags.ptr, 0, world, main) }, "cuMemsetD32Async").unwrap();
+    let run_fused = |mm: &Sm90Matmul| {
+        let (el, width) = (dt.size(), mm.gather.as_ref().unwrap().slice_k);
+        let n_slices = mm.slices();
+        check(unsafe { sys::cuMemsetD32Async(flags.ptr, 0, world * n_slices, main) }, "cuMemsetD32Async").unwrap();
         fork();
-        fused.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-        copy_on(side);
-        let flag = flags.ptr + 4;
-        check(unsafe { sys::cuStreamWriteValue32_v2(side, flag, 1, 0) }, "cuStreamWriteValue32").unwrap();
+        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        for s in 0..n_slices {
+            let cols = s * width * el..((s + 1) * width).min(k) * el;
+            htod_columns(dst, host.cast(), k * el, cols, rows, Some(side));
+            let flag = flags.ptr + 4 * (n_slices + s) as u64;
+            check(unsafe { sys::cuStreamWriteValue32_v2(side, flag, 1, 0) }, "cuStreamWriteValue32").unwrap();
+        }
         join();
     };
     // 0 fused, 1 plain, 2 copy alone, 3 copy then plain, 4 fused with
     // the chunk already there (flags preset: what gather mode costs
-    // without any wait).
-    let med = round_robin_ms(g, 5, |c| match c {
-        0 => run_fused(),
+    // without any wait), 5 fused with the chunk in one slice.
+    let med = round_robin_ms(g, 6, |c| match c {
+        0 => run_fused(&fused),
         1 => plain.launch(kern, g.kernels.sm_count, g.stream()).unwrap(),
         2 => {
             fork();
@@ -766,17 +827,18 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
             copy_on(main);
             plain.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
         }
-        _ => {
-            check(unsafe { sys::cuMemsetD32Async(flags.ptr, 1, world, main) }, "cuMemsetD32Async").unwrap();
+        4 => {
+            check(unsafe { sys::cuMemsetD32Async(flags.ptr, 1, world * slices, main) }, "cuMemsetD32Async").unwrap();
             fused.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
         }
+        _ => run_fused(&whole),
     });
     g.sync();
     errors.check().unwrap();
     // Once more on poisoned outputs: the fused product is the plain one.
     gathered.write(&vec![0xffu8; m * k * dt.size()]);
     c_fused.write(&enc(dt, &vec![f32::NAN; m * n]));
-    run_fused();
+    run_fused(&fused);
     g.sync();
     // SAFETY: run_fused joined the side stream back, and the main one is
     // idle: no copy reads the pinned buffer any more.
@@ -791,6 +853,7 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
         "copy_engine_htod",
         "copy_then_plain",
         "symm_sm90_gather_present",
+        "symm_sm90_gather_one_slice",
     ];
     for (imp, ms) in imps.iter().zip(&med) {
         print_record((m, k, n), "bf16_gather_world2_one_gpu", imp, *ms);
@@ -798,18 +861,20 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
     let floor = med[1].max(med[2]);
     println!(
         "sm90 gather beside a copy engine, {m}x{k}x{n}, world 2: fused {:.4} ms, plain {:.4}, copy {:.4} \
-         ({:.1} GB/s), sequential {:.4}, chunk already there {:.4}; fused / plain {:.3}, fused / max(plain, copy) {:.3}, \
-         fused / sequential {:.3}, already there / plain {:.3}",
+         ({:.1} GB/s), sequential {:.4}, chunk already there {:.4}, one slice {:.4}; fused / plain {:.3}, \
+         fused / max(plain, copy) {:.3}, fused / sequential {:.3}, already there / plain {:.3}, one slice / plain {:.3}",
         med[0],
         med[1],
         med[2],
         chunk_bytes as f64 / (med[2] as f64 * 1e6),
         med[3],
         med[4],
+        med[5],
         med[0] / med[1],
         med[0] / floor,
         med[0] / med[3],
-        med[4] / med[1]
+        med[4] / med[1],
+        med[5] / med[1]
     );
     assert!(
         med[0] < med[3],
