@@ -43,7 +43,11 @@
 //
 // Fused all-gather (ready != NULL): a chunk arrives in `slices` slices of
 // k (columns), slice s announced by ready[c * slices + s] != 0, written by
-// the copy engine that pulled it, after the data. Before loading a k-block
+// the copy engine that pulled it, after the data. With more than one
+// slice, the gathered A lies slice-major, [slices][m][k / slices] (tm_a is
+// 3-D), so that each slice of a chunk is one contiguous copy: a pitched
+// copy of narrow rows ran at half a copy engine's speed (one H100, from
+// pinned host memory). Before loading a k-block
 // of A for a tile of chunk c, the producer waits (acquire, system scope,
 // bounded by the timeout) for the slice that holds it. A tile so waits
 // only for its first slice, not for the whole chunk: the others land while
@@ -125,7 +129,7 @@ struct symm_gemm_params {
     int32_t scale_mode;    // SYMM_GEMM_SCALES_*
     int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs; see above)
     int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
-    int32_t slice_kblocks; // all-gather: k-blocks per slice (the last one may have fewer)
+    int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -827,6 +831,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             int wait_kb = p.ready != nullptr && !local && !(landed >> tile.chunk & 1) ? 0 : kblocks;
             const symm_tmap* map_a = local ? tm_a_local : tm_a;
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
+            const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
             for (int kb = 0; kb < kblocks; kb++) {
                 if (kb == wait_kb) {
                     const int slice = kb / p.slice_kblocks;
@@ -839,7 +844,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 }
                 symm_mbar_wait(&empty[stage], phase ^ 1);
                 symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
-                symm_tma_load(stage_a(stage), map_a, kb * BK, a_row, &full[stage]);
+                if (sliced) {
+                    symm_tma_load3(stage_a(stage), map_a, kb % p.slice_kblocks * BK, a_row, kb / p.slice_kblocks,
+                                   &full[stage]);
+                } else {
+                    symm_tma_load(stage_a(stage), map_a, kb * BK, a_row, &full[stage]);
+                }
                 symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
                 advance();
             }

@@ -206,12 +206,12 @@ const MIN_SLICE_BYTES: usize = 512 << 10;
 const MAX_SLICES: usize = 8;
 
 /// The width (in elements of k) of the fused all-gather's slices of a
-/// shard of `shard_bytes` with `k` columns: a multiple of `align`, at most
-/// [`MAX_SLICES`] slices of at least [`MIN_SLICE_BYTES`] (one for a small
-/// shard).
+/// shard of `shard_bytes` with `k` columns: `k` itself (one slice), or a
+/// multiple of `align` that divides `k` into at most [`MAX_SLICES`] slices
+/// of at least [`MIN_SLICE_BYTES`] (the most such slices).
 pub fn gather_slice_k(shard_bytes: usize, k: usize, align: usize) -> usize {
-    let slices = (shard_bytes / MIN_SLICE_BYTES).clamp(1, MAX_SLICES);
-    k.div_ceil(slices).next_multiple_of(align).max(align)
+    let most = (shard_bytes / MIN_SLICE_BYTES).clamp(1, MAX_SLICES);
+    (2..=most).rev().find(|&s| k % (s * align) == 0).map_or(k, |s| k / s)
 }
 
 /// The algorithm to run: `SYMM_ALGO` (`sequential`, `pipelined` or
@@ -328,19 +328,17 @@ mod tests {
     fn gather_slices_are_aligned_few_and_large() {
         // 512x8192x14336 at world 2: a 4 MiB shard in 8 slices of 1024 columns.
         assert_eq!(gather_slice_k(256 * 8192 * 2, 8192, 128), 1024);
-        // A 1 MiB shard: two slices; a small one: one slice (k rounded up).
+        // A 1 MiB shard: two slices; a small one: one slice, the whole k.
         assert_eq!(gather_slice_k(64 * 8192 * 2, 8192, 128), 4096);
-        assert_eq!(gather_slice_k(8 * 96 * 2, 96, 128), 128);
-        // Widths round up to the alignment, so there may be fewer slices.
-        let k = 1000;
-        let w = gather_slice_k(4096 * k * 2, k, 128);
-        assert_eq!((w, k.div_ceil(w)), (128, 8));
-        let k = 900;
-        let w = gather_slice_k(4096 * k * 2, k, 128);
-        assert_eq!((w, k.div_ceil(w)), (128, 8));
-        let k = 1200;
-        let w = gather_slice_k(4096 * k * 2, k, 128);
-        assert_eq!((w, k.div_ceil(w)), (256, 5));
+        assert_eq!(gather_slice_k(8 * 96 * 2, 96, 128), 96);
+        // Slices divide k in multiples of the alignment: fewer where 8 do not.
+        assert_eq!(gather_slice_k(4096 * 14336 * 2, 14336, 128), 1792); // 8 slices
+        assert_eq!(gather_slice_k(4096 * 1280 * 2, 1280, 128), 256); // 5
+        assert_eq!(gather_slice_k(4096 * 1000 * 2, 1000, 128), 1000); // none divides
+        for k in (128..20000).step_by(64) {
+            let w = gather_slice_k(4096 * k * 2, k, 128);
+            assert!(w == k || (k % w == 0 && w % 128 == 0 && k / w <= MAX_SLICES), "k {k}: {w}");
+        }
     }
 
     #[test]

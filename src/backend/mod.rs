@@ -295,13 +295,16 @@ pub struct FusedMatmul {
     pub timeout: Duration,
 }
 
-/// Rows of `a` arrive chunk by chunk, each in slices of `slice_k` columns
-/// (a multiple of [`FusedGather::SLICE_ALIGN`]; the last may be narrower),
+/// Rows of `a` arrive chunk by chunk, each in slices of `slice_k` columns,
 /// slice s of chunk c announced by a nonzero u32 at
-/// `ready + 4 * (c * slices + s)`, `slices = k.div_ceil(slice_k)`; chunk
-/// `local_chunk` is read from `local` instead. Row-wise fp8 scales arrive
-/// with their rows (before the first slice's flag), chunk c's at element
-/// `c * scale_slot` of the scales' `a`.
+/// `ready + 4 * (c * slices + s)`, `slices = k / slice_k`; chunk
+/// `local_chunk` is read from `local` instead. One slice when `slice_k`
+/// is k: `a` is then an ordinary matrix. With several slices (`slice_k` a
+/// multiple of [`FusedGather::SLICE_ALIGN`] dividing k), `a` must be a
+/// contiguous `[m, k]` array whose memory holds the rows slice-major,
+/// `[slices][m][slice_k]`, so that each slice of a chunk is one contiguous
+/// copy. Row-wise fp8 scales arrive with their rows (before the first
+/// slice's flag), chunk c's at element `c * scale_slot` of the scales' `a`.
 #[derive(Clone, Debug)]
 pub struct FusedGather {
     pub ready: u64,

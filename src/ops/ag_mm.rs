@@ -430,18 +430,19 @@ impl AgMmPlan {
     /// kernels.
     fn fused(&self, ex: &Exec<'_>) -> Result<()> {
         let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
-        let (len, me, world) = (a.shape[0], ex.rank(), ex.world());
+        let (me, world) = (ex.rank(), ex.world());
         let backend = ex.group.backend();
-        let offset = |r: usize| self.shards + r * self.shard_bytes;
-        let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
-        let k = a.shape[a.ndim() - 1];
-        let slices = k.div_ceil(self.slice_k);
+        let lhs = a.as_matrix().expect("checked by fused_field");
+        let (rows, k) = (lhs.shape[0], lhs.shape[1]);
+        let slices = k / self.slice_k; // it divides k (plan::gather_slice_k)
         backend.zero(ex.local(self.ready), 4 * world * slices, ex.stream)?;
         // Staged for the peers on the main stream, before the matmul: a copy
         // within one device runs on the SMs (measured: on the side stream,
         // beside a persistent kernel that leaves it one SM, it made the
         // whole operation 9-12x slower).
-        ex.copy(&local_shard(me), a)?;
+        for (dst, src) in self.sliced(ex.local(self.shards), me, world, a) {
+            ex.copy(&dst, &src)?;
+        }
         if let (Some(a_scale), true) = (&self.call.scales.a_scale, self.row_scales.is_some()) {
             // This rank's row scales too: the kernel reads every chunk's
             // from the gathered slots.
@@ -451,9 +452,7 @@ impl AgMmPlan {
         ex.fork(side)?;
         // The matmuls are enqueued first, so they start while the host is
         // still issuing the side stream's work.
-        let lhs = a.as_matrix().expect("checked by fused_field");
-        let rows = lhs.shape[0];
-        let gathered = Array::contiguous(ex.local(self.shards), a.dtype, &[rows * world, lhs.shape[1]]);
+        let gathered = Array::contiguous(ex.local(self.shards), a.dtype, &[rows * world, k]);
         for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
             let gather = FusedGather {
                 ready: ex.local(self.ready),
@@ -480,12 +479,10 @@ impl AgMmPlan {
                 let remote = self.row_scale_vector(ex.at(r, 0)?, r);
                 ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
             }
-            // Slice by slice (pitched copies), each flagged as it lands.
-            let matrix = |addr| Array::contiguous(addr, a.dtype, &[rows, k]);
-            let (dst, src) = (matrix(ex.local(offset(r))), matrix(ex.at(r, offset(r))?));
+            // Slice by slice, each one contiguous copy, flagged as it lands.
             for s in 0..slices {
-                let (c0, width) = (s * self.slice_k, self.slice_k.min(k - s * self.slice_k));
-                ex.copy_on(side, &dst.narrow(1, c0, width), &src.narrow(1, c0, width))?;
+                let block = |base: u64| self.slice_block(base, s, r, rows, world, a.dtype);
+                ex.copy_on(side, &block(ex.local(self.shards)), &block(ex.at(r, self.shards)?))?;
                 ex.ws.write_value(me, self.ready + 4 * (r * slices + s), 1, side)?;
             }
         }
@@ -493,10 +490,51 @@ impl AgMmPlan {
         ex.join(side)?;
         if let Some(ag) = ag_out {
             for r in 0..world {
-                ex.copy(&ag.narrow(0, r * len, len), &local_shard(r))?;
+                let len = a.shape[0];
+                for (src, dst) in self.sliced(ex.local(self.shards), r, world, &ag.narrow(0, r * len, len)) {
+                    ex.copy(&dst, &src)?;
+                }
             }
         }
         Ok(())
+    }
+
+    /// The fused path's gathered A at `base` is slice-major,
+    /// `[slices][rows * world][slice_k]` (row-major with one slice), so that
+    /// a rank's slice is one contiguous block: that of rank `r`, slice `s`.
+    fn slice_block(&self, base: u64, s: usize, r: usize, rows: usize, world: usize, dtype: DType) -> Array {
+        let w = self.slice_k;
+        let at = base + ((s * rows * world + r * rows) * w * dtype.size()) as u64;
+        Array::contiguous(at, dtype, &[rows, w])
+    }
+
+    /// Pairs (rank `r`'s rows in the gathered A at `base`, the same
+    /// elements of `t`, shaped like a shard) to copy between them, either
+    /// way: one pair when `t` is contiguous, else one per slice.
+    fn sliced(&self, base: u64, r: usize, world: usize, t: &Array) -> Vec<(Array, Array)> {
+        let (w, k) = (self.slice_k, t.shape[t.ndim() - 1]);
+        let (slices, rows) = (k / w, t.numel() / k);
+        let block = |s| self.slice_block(base, s, r, rows, world, t.dtype);
+        if t.is_contiguous() {
+            // [rows, slices, w]: in the gathered A, slice planes apart.
+            let g = block(0);
+            let gathered = Array { shape: vec![rows, slices, w], strides: vec![w, rows * world * w, 1], ..g };
+            return vec![(gathered, Array::contiguous(t.addr, t.dtype, &[rows, slices, w]))];
+        }
+        (0..slices)
+            .map(|s| {
+                let part = t.narrow(t.ndim() - 1, s * w, w);
+                let b = block(s);
+                (
+                    Array {
+                        shape: part.shape.clone(),
+                        strides: Array::contiguous(0, t.dtype, &part.shape).strides,
+                        ..b
+                    },
+                    part,
+                )
+            })
+            .collect()
     }
 
     /// Rows of A per shard.
@@ -622,7 +660,7 @@ mod tests {
         assert_eq!((p.shards, p.shard_bytes, p.gathered_k, p.scratch), (0, 48, None, 256));
         // Then the fused kernel's arrival flags, one u32 per rank (a shard
         // this small comes in one slice).
-        assert_eq!((p.ready, p.slice_k, p.workspace), (512, 128, 512 + 3 * 4));
+        assert_eq!((p.ready, p.slice_k, p.workspace), (512, 4, 512 + 3 * 4));
         // The last dim: K grows, so B has K * world rows and outputs keep the shard's rows.
         assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).plan(3, "host", false).is_ok());
         let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).plan(3, "host", false).unwrap_err();

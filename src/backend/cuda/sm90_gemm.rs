@@ -260,18 +260,21 @@ pub struct Operand {
 }
 
 /// How the fused all-gather feeds the matmul: A's rows arrive chunk by
-/// chunk, each in slices of `slice_k` columns (the last may be narrower),
-/// slice s of chunk c announced by a nonzero u32 at
-/// `ready + 4 * (c * slices + s)` with `slices = k.div_ceil(slice_k)`
-/// (see [`Sm90Matmul::slices`]); this rank's own chunk is read in place
-/// from `local`. With row-wise fp8
+/// chunk, each in slices of `slice_k` columns, slice s of chunk c
+/// announced by a nonzero u32 at `ready + 4 * (c * slices + s)` with
+/// `slices = k / slice_k` (see [`Sm90Matmul::slices`]; one slice when
+/// `slice_k >= k`). With several slices A is slice-major,
+/// `[slices][a.rows][slice_k]` with `a.ld == slice_k`, so that a chunk's
+/// slice is contiguous; `slice_k` then divides k and is a multiple of
+/// [`Sm90Matmul::SLICE_ALIGN`]. This rank's own chunk is read in place
+/// from `local` (row-major). With row-wise fp8
 /// scales, `a_scale` is the gathered scales: chunk c's at element
 /// `c * scale_slot` (written before chunk c's flag, this rank's own before
 /// the launch).
 #[derive(Clone, Copy, Debug)]
 pub struct Gather {
     pub ready: u64,
-    /// Columns of k per slice: a multiple of [`Sm90Matmul::SLICE_ALIGN`].
+    /// Columns of k per slice (see above).
     pub slice_k: usize,
     pub local_chunk: usize,
     pub local: Operand,
@@ -408,6 +411,13 @@ impl Sm90Matmul {
         }
         mm.timeout_ns = call.timeout.as_nanos().min(u64::MAX as u128) as u64;
         if let Some(g) = &call.gather {
+            if g.slice_k < k {
+                // Slice-major (see FusedGather): rows of one slice.
+                if mm.a.ld != k {
+                    return Err(no("a gathered A in slices must be a contiguous array".into()));
+                }
+                mm.a.ld = g.slice_k;
+            }
             mm.gather = Some(Gather {
                 ready: g.ready,
                 slice_k: g.slice_k,
@@ -442,6 +452,15 @@ impl Sm90Matmul {
     /// The all-gather's slices per chunk (1 without a gather).
     pub fn slices(&self) -> usize {
         self.gather.as_ref().map_or(1, |g| self.k.div_ceil(g.slice_k.max(1)))
+    }
+
+    /// k-blocks per slice of the all-gather (all of them in one slice).
+    fn slice_kblocks(&self) -> usize {
+        let bk = BK_BYTES / self.in_size();
+        match &self.gather {
+            Some(g) if self.slices() > 1 => g.slice_k / bk,
+            _ => self.k.div_ceil(bk),
+        }
     }
 
     /// Tiles in one chunk (the rs flags per source rank).
@@ -504,18 +523,27 @@ impl Sm90Matmul {
             }
         }
         let tma_ok = |o: &Operand| o.ptr % 16 == 0 && (o.ld * el) % 16 == 0 && o.ld >= self.k;
-        if !tma_ok(&self.a) || !tma_ok(&self.b) {
+        // A slice-major gathered A has rows of one slice (checked below).
+        let a_ok = if self.slices() > 1 { self.a.ptr % 16 == 0 } else { tma_ok(&self.a) };
+        if !a_ok || !tma_ok(&self.b) {
             return no(format!("A and B need 16-byte aligned addresses and row strides (k a multiple of {})", 16 / el));
         }
         if let Some(g) = &self.gather {
             if !tma_ok(&g.local) || g.local_chunk >= chunks || g.ready == 0 || g.ready % 4 != 0 {
                 return no("the gathered chunk's operand or flags are misaligned".into());
             }
-            if g.slice_k == 0 || g.slice_k % Self::SLICE_ALIGN != 0 {
+            if g.slice_k == 0 {
+                return no("a gathered slice of 0 columns".into());
+            }
+            let sliced = g.slice_k < self.k;
+            if sliced && (g.slice_k % Self::SLICE_ALIGN != 0 || self.k % g.slice_k != 0 || self.a.ld != g.slice_k) {
                 return no(format!(
-                    "a gathered slice of {} columns is not a multiple of {}",
+                    "gathered slices of {} columns must be a multiple of {} dividing k = {}, A's rows one slice \
+                     (ld {})",
                     g.slice_k,
-                    Self::SLICE_ALIGN
+                    Self::SLICE_ALIGN,
+                    self.k,
+                    self.a.ld
                 ));
             }
         }
@@ -546,7 +574,16 @@ impl Sm90Matmul {
     pub fn launch(&self, kernels: &Sm90Kernels, sm_count: u32, stream: Stream) -> Result<()> {
         self.check()?;
         let input = if self.fp8.is_some() { MapType::Byte } else { MapType::Elem(self.dtype) };
-        let tm_a = encode(input, &self.a, self.k, BM)?;
+        let tm_a = match &self.gather {
+            // Slice-major: [slices][m][slice_k].
+            Some(g) if self.slices() > 1 => {
+                let (el, a) = (input.size() as u64, &self.a);
+                let dims = [g.slice_k as u64, a.rows as u64, self.slices() as u64];
+                let strides = [g.slice_k as u64 * el, (a.rows * g.slice_k) as u64 * el];
+                encode_tiled(input, a.ptr, &dims, &strides, &[(BK_BYTES / input.size()) as u32, BM as u32, 1])?
+            }
+            _ => encode(input, &self.a, self.k, BM)?,
+        };
         let tm_a_local = match &self.gather {
             Some(g) => encode(input, &g.local, self.k, BM)?,
             None => tm_a,
@@ -685,7 +722,7 @@ impl Sm90Matmul {
             scale_mode,
             rs_push: i32::from(self.rs_pushes()),
             slices: self.slices() as i32,
-            slice_kblocks: self.gather.as_ref().map_or(1, |g| g.slice_k / (BK_BYTES / self.in_size())) as i32,
+            slice_kblocks: self.slice_kblocks() as i32,
         }
     }
 }

@@ -197,43 +197,13 @@ fn poisoned(g: &Gpu, elems: usize, dt: GemmDtype) -> DevBuf {
     g.upload(&enc(dt, &vec![f32::NAN; elems]))
 }
 
-/// Bytes `cols` of each of `rows` rows of `pitch` bytes, from host memory
-/// at `src` to the same place of the device rows at `dst`, by a copy
-/// engine: on `stream` (asynchronous; `src` pinned) or, without one,
-/// before returning. How the fused all-gather's slices land.
-fn htod_columns(
-    dst: u64,
-    src: *const u8,
-    pitch: usize,
-    cols: std::ops::Range<usize>,
-    rows: usize,
-    stream: Option<sys::CUstream>,
-) {
-    // Every field spelled out: the memory-type enums have no zero value.
-    let d = sys::CUDA_MEMCPY2D {
-        srcXInBytes: cols.start,
-        srcY: 0,
-        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
-        srcHost: src.cast(),
-        srcDevice: 0,
-        srcArray: std::ptr::null_mut(),
-        srcPitch: pitch,
-        dstXInBytes: cols.start,
-        dstY: 0,
-        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: dst,
-        dstArray: std::ptr::null_mut(),
-        dstPitch: pitch,
-        WidthInBytes: cols.len(),
-        Height: rows,
-    };
-    // SAFETY: the callers' buffers hold `rows` rows of `pitch` bytes and
-    // outlive the copy (asynchronous ones are synchronized before freeing).
-    match stream {
-        Some(s) => check(unsafe { sys::cuMemcpy2DAsync_v2(&d, s) }, "cuMemcpy2DAsync").unwrap(),
-        None => check(unsafe { sys::cuMemcpy2D_v2(&d) }, "cuMemcpy2D").unwrap(),
-    }
+/// Rows `rows` of a row-major matrix with rows of `row_bytes`, as slice
+/// `s` of the fused all-gather's slice-major layout: the bytes of columns
+/// `[s * slice_bytes, (s + 1) * slice_bytes)` of each row, one row after another.
+fn slice_of(matrix: &[u8], rows: std::ops::Range<usize>, row_bytes: usize, slice_bytes: usize, s: usize) -> Vec<u8> {
+    rows.flat_map(|i| &matrix[i * row_bytes + s * slice_bytes..i * row_bytes + (s + 1) * slice_bytes])
+        .copied()
+        .collect()
 }
 
 #[test]
@@ -627,9 +597,10 @@ fn gpu_sm90_fp8_against_cublaslt() {
 }
 
 /// All-gather mode on one GPU: chunks arrive slice by slice (columns of
-/// k, each flagged after its copy) while the kernel runs, on NaNs until
-/// then, so a tile that read a slice before its flag shows; a flag that
-/// never comes is a timeout error, not a hang.
+/// k, each flagged after its copy; three slices in the slice-major
+/// layout, or one in the row-major one) while the kernel runs, on NaNs
+/// until then, so a tile that read a slice before its flag shows; a flag
+/// that never comes is a timeout error, not a hang.
 #[test]
 fn gpu_sm90_matmul_waits_for_gathered_chunks() {
     let Some(g) = gpu() else { return };
@@ -637,10 +608,10 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
     let out = GemmDtype::BF16;
     // 200-row chunks: C from registers; 256: tiles within chunks, C
     // through TMA. fp8: row-wise scales gathered into padded slots.
-    for (rows, fp8) in [(200usize, false), (256, false), (200, true), (256, true)] {
-        // Three slices of k: 128, 128 and 64 (fp8: 128 elements are one k-block).
-        let (world, n, k, slice_k) = (4usize, 384usize, 320usize, 128usize);
-        let slices = k.div_ceil(slice_k);
+    // Slices of 128 columns: 2 k-blocks of 16-bit types, 1 of fp8.
+    for (rows, fp8, slice_k) in [(200usize, false, 128usize), (256, false, 384), (200, true, 384), (256, true, 128)] {
+        let (world, n, k) = (4usize, 384usize, 384usize);
+        let slices = k / slice_k;
         let m = world * rows;
         let p = if fp8 { fp8_problem(&g, m, n, k, (Fp8::E4M3, Fp8::E4M3), 7) } else { problem(&g, m, n, k, out, 7) };
         let rank = 2;
@@ -667,6 +638,7 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
         };
         let errors = AsyncError::new().unwrap();
         let mut mm = dense(gathered.ptr, p.bufs[1].ptr, c.ptr, (m, n, k), out, errors.device_ptr());
+        mm.a.ld = slice_k; // [slices][m][slice_k]
         mm.chunk_rows = rows;
         mm.order = (0..world).map(|i| (rank + i) % world).collect();
         let local = Operand { ptr: local.ptr, rows, ld: k };
@@ -692,9 +664,8 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
                 deliver_scales(c);
             }
             for s in 0..slices {
-                let cols = s * slice_k * p.el..((s + 1) * slice_k).min(k) * p.el;
-                let dst = gathered.ptr + (c * chunk_bytes) as u64;
-                htod_columns(dst, chunk(c).as_ptr(), k * p.el, cols, rows, None);
+                let block = slice_of(&p.a_bytes, c * rows..(c + 1) * rows, k * p.el, slice_k * p.el, s);
+                upload(gathered.ptr + ((s * m + c * rows) * slice_k * p.el) as u64, &block);
                 upload(flags.ptr + 4 * (c * slices + s) as u64, &1u32.to_le_bytes());
             }
         }
@@ -705,7 +676,7 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
             want.iter_mut().enumerate().for_each(|(e, w)| *w *= sa[e / n] as f64 * sb[e % n] as f64);
         }
         let e = rel_err(&decode(out, &c.read_bytes()), &want);
-        assert!(e < 8e-3, "gathered matmul, chunks of {rows} rows, fp8 {fp8}: relative error {e}");
+        assert!(e < 8e-3, "gathered matmul, chunks of {rows} rows, fp8 {fp8}, {slices} slices: relative error {e}");
 
         // A chunk whose last slice never arrives: the kernel gives up and says who.
         let mut all_but_last = vec![1u32; world * slices];
@@ -722,9 +693,9 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
 /// All-gather mode against a real asynchronous delivery, on one GPU: rank
 /// 0 of 2 multiplies its own chunk (read in place) while a copy engine
 /// brings the other chunk from pinned host memory on a second stream, in
-/// slices of k each followed by its flag (`cuStreamWriteValue32`), as the
-/// two-GPU path's pulls do over NVLink (8 slices here, as
-/// `plan::gather_slice_k` cuts these shards). Timed round-robin against the
+/// slices of k (slice-major, one contiguous copy each) each followed by
+/// its flag (`cuStreamWriteValue32`), as the two-GPU path's pulls do over
+/// NVLink (8 slices here, as `plan::gather_slice_k` cuts these shards). Timed round-robin against the
 /// same kernel over an A already whole (plain), the copy alone, the copy
 /// then the plain matmul (sequential), the fused kernel with the chunk
 /// already there (no wait), and with the chunk in one slice. Where the
@@ -755,21 +726,28 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
     let local = g.upload(&a_bytes[..chunk_bytes]);
     // Chunk 1 arrives here; chunk 0 (the local one) is never read from it.
     let gathered = g.upload(&vec![0xffu8; m * k * dt.size()]);
-    let slice_k = k / 8;
-    let slices = k.div_ceil(slice_k);
+    let (el, slice_k) = (dt.size(), k / 8);
+    let slices = k / slice_k;
     let flags = g.upload(&vec![0u32; world * slices]);
     let (c_fused, c_plain) = (poisoned(g, m * n, dt), poisoned(g, m * n, dt));
-    // The other chunk in pinned host memory: a copy engine's source.
-    let mut host: *mut c_void = std::ptr::null_mut();
-    // SAFETY: out-pointer valid; the allocation is filled and freed below.
-    check(unsafe { sys::cuMemAllocHost_v2(&mut host, chunk_bytes) }, "cuMemAllocHost").unwrap();
-    // SAFETY: `host` holds chunk_bytes; the source has them.
-    unsafe { std::ptr::copy_nonoverlapping(a_bytes[chunk_bytes..].as_ptr(), host.cast::<u8>(), chunk_bytes) };
+    // The other chunk in pinned host memory, a copy engine's source: row-major
+    // (`host`), and slice-major as the peer stages it (`host_sliced`).
+    let pinned = |bytes: &[u8]| {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-pointer valid; filled here, freed at the end.
+        check(unsafe { sys::cuMemAllocHost_v2(&mut host, bytes.len()) }, "cuMemAllocHost").unwrap();
+        // SAFETY: `host` holds bytes.len() bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host.cast::<u8>(), bytes.len()) };
+        host
+    };
+    let host = pinned(&a_bytes[chunk_bytes..]);
+    let sliced: Vec<u8> = (0..slices).flat_map(|s| slice_of(&a_bytes, rows..m, k * el, slice_k * el, s)).collect();
+    let host_sliced = pinned(&sliced);
     let errors = AsyncError::new().unwrap();
     let plain = dense(a_whole.ptr, b.ptr, c_plain.ptr, (m, n, k), dt, errors.device_ptr());
     // As the two-GPU path launches it (`Sm90Matmul::from_fused`, one SM spare).
     let mut fused = Sm90Matmul {
-        a: Operand { ptr: gathered.ptr, rows: m, ld: k },
+        a: Operand { ptr: gathered.ptr, rows: m, ld: slice_k }, // [slices][m][slice_k]
         c: Operand { ptr: c_fused.ptr, rows: m, ld: n },
         chunk_rows: rows,
         order: (0..world).collect(),
@@ -786,7 +764,8 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
         scale_slot: 0,
     });
     let mut whole = fused.clone();
-    whole.gather.as_mut().unwrap().slice_k = k.next_multiple_of(Sm90Matmul::SLICE_ALIGN);
+    whole.a.ld = k;
+    whole.gather.as_mut().unwrap().slice_k = k;
     let sides = SideStreams::default();
     let (main, side) = (g.stream(), sides.stream(0).unwrap());
     let fork = || sides.wait(side, main).unwrap();
@@ -798,15 +777,19 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
     let copy_on = |s: sys::CUstream| {
         check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host, chunk_bytes, s) }, "cuMemcpyHtoDAsync").unwrap()
     };
+    // Chunk 1's slices, one contiguous copy each, each followed by its flag.
     let run_fused = |mm: &Sm90Matmul| {
-        let (el, width) = (dt.size(), mm.gather.as_ref().unwrap().slice_k);
-        let n_slices = mm.slices();
+        let (n_slices, width) = (mm.slices(), mm.gather.as_ref().unwrap().slice_k);
+        let src = if n_slices > 1 { host_sliced } else { host };
         check(unsafe { sys::cuMemsetD32Async(flags.ptr, 0, world * n_slices, main) }, "cuMemsetD32Async").unwrap();
         fork();
         mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        let bytes = rows * width * el;
         for s in 0..n_slices {
-            let cols = s * width * el..((s + 1) * width).min(k) * el;
-            htod_columns(dst, host.cast(), k * el, cols, rows, Some(side));
+            let to = gathered.ptr + ((s * m + rows) * width * el) as u64;
+            // SAFETY: slice s lies within the pinned buffer (n_slices * bytes).
+            let from = unsafe { src.cast::<u8>().add(s * bytes) }.cast();
+            check(unsafe { sys::cuMemcpyHtoDAsync_v2(to, from, bytes, side) }, "cuMemcpyHtoDAsync").unwrap();
             let flag = flags.ptr + 4 * (n_slices + s) as u64;
             check(unsafe { sys::cuStreamWriteValue32_v2(side, flag, 1, 0) }, "cuStreamWriteValue32").unwrap();
         }
@@ -835,18 +818,23 @@ fn gather_beside_a_copy_engine(g: &Gpu, kern: &Sm90Kernels, (m, k, n): (usize, u
     });
     g.sync();
     errors.check().unwrap();
-    // Once more on poisoned outputs: the fused product is the plain one.
-    gathered.write(&vec![0xffu8; m * k * dt.size()]);
-    c_fused.write(&enc(dt, &vec![f32::NAN; m * n]));
-    run_fused(&fused);
-    g.sync();
-    // SAFETY: run_fused joined the side stream back, and the main one is
-    // idle: no copy reads the pinned buffer any more.
-    check(unsafe { sys::cuMemFreeHost(host) }, "cuMemFreeHost").unwrap();
-    errors.check().unwrap();
+    // Once more on poisoned inputs and outputs, in slices and in one: the
+    // fused product is the plain one.
     let want: Vec<f64> = decode(dt, &c_plain.read_bytes()).iter().map(|&x| x as f64).collect();
-    let e = rel_err(&decode(dt, &c_fused.read_bytes()), &want);
-    assert!(e < 1e-3, "{m}x{k}x{n}: the fused product differs from the plain one: relative error {e}");
+    for mm in [&fused, &whole] {
+        gathered.write(&vec![0xffu8; m * k * dt.size()]);
+        c_fused.write(&enc(dt, &vec![f32::NAN; m * n]));
+        run_fused(mm);
+        g.sync();
+        errors.check().unwrap();
+        let e = rel_err(&decode(dt, &c_fused.read_bytes()), &want);
+        assert!(e < 1e-3, "{m}x{k}x{n}, {} slices: the fused product differs from the plain one: {e}", mm.slices());
+    }
+    // SAFETY: run_fused joined the side stream back, and the main one is
+    // idle: no copy reads the pinned buffers any more.
+    for h in [host, host_sliced] {
+        check(unsafe { sys::cuMemFreeHost(h) }, "cuMemFreeHost").unwrap();
+    }
     let imps = [
         "symm_sm90_gather_fused",
         "symm_sm90_plain",
