@@ -35,7 +35,7 @@ done
 export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
 run timeout 300 python3 bench/gpu/ops_check.py --world 4 --gpus 1
 # The torch and cupy tests, both ranks on the one GPU (the fused ones need two).
-run timeout 300 python3 -m pytest -q python/tests/test_cuda.py
+run timeout 300 python3 -m pytest -x -q --tb=short python/tests/test_cuda.py
 if [ "${SYMM_SANITIZE:-1}" = 1 ]; then
     run bash bench/gpu/sanitize.sh
 fi
