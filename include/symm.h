@@ -14,7 +14,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// Group flag: several ranks may share one CUDA device.
+// Group flag: several ranks may share one CUDA device (for testing). Such
+// ranks must each call on a stream of their own: on one stream (the
+// legacy default stream of two threads) a rank's wait for a peer would
+// hold back the peer's signal queued behind it until the timeout.
 #define SYMM_GROUP_ALLOW_SHARED_DEVICE 1
 
 // Group flag: the ranks check that they agree on an operation's arguments

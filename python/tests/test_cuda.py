@@ -29,6 +29,20 @@ def cuda_groups():
                              allow_shared_device=GPUS < WORLD)
 
 
+def on_ranks(rank_main, deadline_s=120):
+    """``rank_main(g)`` on every rank's thread at once, each on its GPU and
+    a stream of its own: ranks on one GPU must not share torch's default
+    stream, where one rank's wait for a peer would hold back the peer's
+    signal queued behind it."""
+
+    def run(g):
+        torch.cuda.set_device(device(g))
+        with torch.cuda.stream(torch.cuda.Stream()):
+            return rank_main(g)
+
+    return on_threads(run, cuda_groups(), deadline_s=deadline_s)
+
+
 def inputs(seed, shape, dtype):
     """Every rank's input, made on the CPU from one seed."""
     g = torch.Generator().manual_seed(seed)
@@ -59,7 +73,7 @@ def test_ag_mm_torch_outputs_on_the_input_device(dtype):
         assert out.device == a.device and out.dtype == dtype and ag.shape == (64 * WORLD, 128)
         return ag.cpu(), out.cpu()
 
-    for ag, out in on_threads(rank_main, cuda_groups(), deadline_s=120):
+    for ag, out in on_ranks(rank_main):
         assert torch.equal(ag.double(), gathered)
         assert_close(out, gathered @ b.double())
 
@@ -78,7 +92,7 @@ def test_ag_mm_gathering_k_with_two_bs():
         torch.cuda.synchronize()
         return [o.cpu() for o in outs]
 
-    for outs in on_threads(rank_main, cuda_groups(), deadline_s=120):
+    for outs in on_ranks(rank_main):
         for out, b in zip(outs, bs):
             assert_close(out, gathered @ b.double())
 
@@ -96,7 +110,7 @@ def test_mm_rs_on_a_side_stream():
         side.synchronize()
         return out.cpu()
 
-    for r, out in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+    for r, out in enumerate(on_ranks(rank_main)):
         assert out.shape == (2, 64 // WORLD, 64)
         assert_close(out, torch.chunk(total, WORLD, dim=1)[r])
 
@@ -115,7 +129,7 @@ def test_mm_rs_avg_into_a_strided_output():
         assert whole[:, 1::2].isnan().all(), "wrote outside the output"
         return out.cpu()
 
-    for r, out in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+    for r, out in enumerate(on_ranks(rank_main)):
         assert_close(out, torch.chunk(mean, WORLD, dim=0)[r])
 
 
@@ -180,7 +194,7 @@ def test_ag_mm_fp8_like_scaled_mm(row_wise, out_dtype):
     gathered_scale = torch.cat(sa) if row_wise else sa[0]
     want = (torch.cat(shards).double() * gathered_scale.double()) @ (w.double().t() * sb.double())
     want = want + (0 if bias is None else bias.double())
-    for out, ref in on_threads(rank_main, cuda_groups(), deadline_s=120):
+    for out, ref in on_ranks(rank_main):
         assert_close(out, want, FP8_TOLERANCE)
         if ref is not None:
             assert_close(out, ref.double(), FP8_TOLERANCE)
@@ -219,7 +233,7 @@ def test_mm_rs_fp8_with_bias(row_wise, scatter_dim):
         (x.double() * s.double()) @ (y.double().t() * t.double()) + c.double()
         for x, y, s, t, c in zip(a, w, sa, sb, bias)
     )
-    for r, out in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+    for r, out in enumerate(on_ranks(rank_main)):
         assert_close(out, torch.chunk(total, WORLD, dim=scatter_dim)[r], FP8_TOLERANCE)
 
 
@@ -234,7 +248,7 @@ def test_fp8_row_major_b_is_refused_with_the_layout_named():
         with pytest.raises(symm.SymmUnsupported, match="column-major"):
             symm.fused_ag_mm(g, a.to(dev), b, 0, a_scale=one.to(dev), b_scales=one.to(dev))
 
-    on_threads(rank_main, cuda_groups(), deadline_s=120)
+    on_ranks(rank_main)
 
 
 class CudaArrayOnly:
@@ -250,7 +264,7 @@ def test_lc_allgather_with_cupy_through_the_cuda_array_interface():
     xs = [np.arange(4096, dtype=np.float32).reshape(64, 64) + 1000 * r for r in range(WORLD)]
 
     def rank_main(g):
-        with cupy.cuda.Device(device(g)):
+        with cupy.cuda.Device(device(g)), cupy.cuda.Stream(non_blocking=True):
             x = cupy.asarray(xs[g.rank])
             out = cupy.full((64 * WORLD, 64), cupy.nan, dtype=cupy.float32)
             symm.lc_allgather(g, CudaArrayOnly(x), out=CudaArrayOnly(out), stream=cupy.cuda.get_current_stream())
@@ -258,7 +272,7 @@ def test_lc_allgather_with_cupy_through_the_cuda_array_interface():
             cupy.cuda.get_current_stream().synchronize()
             return cupy.asnumpy(out), cupy.asnumpy(allocated)
 
-    for out, allocated in on_threads(rank_main, cuda_groups(), deadline_s=120):
+    for out, allocated in on_ranks(rank_main):
         np.testing.assert_array_equal(out, np.concatenate(xs))
         np.testing.assert_array_equal(allocated, np.concatenate(xs))
 
@@ -283,7 +297,7 @@ def test_lc_allgather_large_from_ordinary_and_symmetric_memory():
             return got
 
     want = torch.cat(xs)
-    for got in on_threads(rank_main, cuda_groups(), deadline_s=120):
+    for got in on_ranks(rank_main):
         for out in got:
             assert torch.equal(out, want)
 
@@ -313,7 +327,7 @@ def test_repeated_calls_replayed_as_graphs_match_eager():
             results.append([t.cpu() for t in (ag, rs, lc)])
         return results
 
-    for rank, results in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+    for rank, results in enumerate(on_ranks(rank_main)):
         for ag, rs, lc in results:
             assert_close(ag, ag_ref)
             assert_close(rs, rs_ref[rank * 32:(rank + 1) * 32])
@@ -329,7 +343,7 @@ def test_host_arrays_and_numpy_views_are_refused_on_cuda():
             with pytest.raises(symm.SymmUnsupported, match="host backend"):
                 h.peer_array(0, np.float32)
 
-    on_threads(rank_main, cuda_groups(), deadline_s=120)
+    on_ranks(rank_main)
 
 
 def test_ops_captured_in_a_cuda_graph_replay_like_eager():
@@ -370,7 +384,7 @@ def test_ops_captured_in_a_cuda_graph_replay_like_eager():
         g.check_async_error()
         return [t.cpu() for t in eager], [[t.cpu() for t in r] for r in replays]
 
-    for eager, replays in on_threads(rank_main, cuda_groups(), deadline_s=120):
+    for eager, replays in on_ranks(rank_main):
         assert not any(t.isnan().any() for t in eager)
         for replay in replays:
             for got, want in zip(replay, eager):

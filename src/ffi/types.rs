@@ -43,7 +43,10 @@ pub const SYMM_BACKEND_CUDA: symm_backend_t = 1;
 /// Shared host memory; operations run on CPUs and ignore streams.
 pub const SYMM_BACKEND_HOST: symm_backend_t = 2;
 
-/// Group flag: several ranks may share one CUDA device.
+/// Group flag: several ranks may share one CUDA device (for testing). Such
+/// ranks must each call on a stream of their own: on one stream (the
+/// legacy default stream of two threads) a rank's wait for a peer would
+/// hold back the peer's signal queued behind it until the timeout.
 pub const SYMM_GROUP_ALLOW_SHARED_DEVICE: u32 = 1;
 /// Group flag: the ranks check that they agree on an operation's arguments
 /// on every call. By default a call whose arguments all ranks agreed on
