@@ -6,7 +6,7 @@
 # fused pushed, fused from registers and the matmuls without the scatter)
 # and the all-gather timing (the fused kernel beside a copy engine's
 # delivery, against the plain matmul and the copy) SYMM_RS_REPEAT times; the
-# Python operations at world 4 on the one GPU and test_cuda.py's two ranks;
+# Python operations at world 4 on the one GPU;
 # then compute-sanitizer (sanitize.sh). Log and reports into $OUT.
 #   [SYMM_RS_REPEAT=3] [SYMM_SANITIZE=1] bash bench/gpu/one_gpu.sh
 set -uo pipefail
@@ -34,8 +34,6 @@ for _ in $(seq "${SYMM_RS_REPEAT:-3}"); do
 done
 export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
 run timeout 300 python3 bench/gpu/ops_check.py --world 4 --gpus 1
-# The torch and cupy tests, both ranks on the one GPU (the fused ones need two).
-run timeout 300 python3 -m pytest -x -q --tb=short python/tests/test_cuda.py
 if [ "${SYMM_SANITIZE:-1}" = 1 ]; then
     run bash bench/gpu/sanitize.sh
 fi
