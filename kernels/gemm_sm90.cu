@@ -43,17 +43,17 @@
 //
 // Fused all-gather (ready != NULL): a chunk arrives in `slices` slices of
 // k (columns), slice s announced by ready[c * slices + s] != 0, written by
-// the copy engine that pulled it, after the data. With more than one
-// slice, the gathered A lies slice-major, [slices][m][k / slices] (tm_a is
-// 3-D), so that each slice of a chunk is one contiguous copy: a pitched
-// copy of narrow rows ran at half a copy engine's speed (one H100, from
-// pinned host memory). Before loading a k-block
+// the copy engine that pulled it, after the data. Before loading a k-block
 // of A for a tile of chunk c, the producer waits (acquire, system scope,
 // bounded by the timeout) for the slice that holds it. A tile so waits
 // only for its first slice, not for the whole chunk: the others land while
 // it multiplies, which lets a chunk's tiles run in the first wave beside
-// the local ones (see the tile order). The local chunk is read from its
-// own tensor map (the caller's shard, no copy).
+// the local ones (see the tile order). With more than one slice, the
+// gathered A lies slice-major, [slices][m][k / slices] (tm_a is 3-D), so
+// that each slice of a chunk is one contiguous copy: pitched copies of
+// narrow rows ran at half a copy engine's speed (one H100, from pinned
+// host memory). The local chunk is read from its own tensor map (the
+// caller's shard, no copy).
 //
 // Fused reduce-scatter (rs != 0): chunk c of the rows is rank c's output.
 // Tiles of a peer's chunk are written (in C's dtype) into that peer's inbox
