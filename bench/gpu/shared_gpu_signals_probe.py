@@ -135,3 +135,24 @@ def late(rank_late, algo, name):
 for rank_late in (0, 1):
     step(f"ag_mm sequential, rank {rank_late} late", late(rank_late, "sequential", "ag_mm"))
     step(f"mm_rs pipelined, rank {rank_late} late", late(rank_late, "pipelined", "mm_rs"))
+
+
+def twice(g):
+    """ag_mm sequential twice on one group, rank 1 late only for the first
+    call: wrong on the second too means a wrong mapping, not an order."""
+    os.environ["SYMM_ALGO"] = "sequential"
+    torch.cuda.set_device(0)
+    out = []
+    with torch.cuda.stream(torch.cuda.Stream()):
+        a = torch.full((64, 128), 1.0 + g.rank, dtype=torch.bfloat16, device="cuda")
+        w = torch.eye(128, dtype=torch.bfloat16, device="cuda")
+        for call in range(2):
+            if g.rank == 1 and call == 0:
+                time.sleep(0.3)
+            ag, _ = symm.fused_ag_mm(g, a, w, 0, return_ag=True)
+            torch.cuda.synchronize()
+            out.append([ag[i * 64:(i + 1) * 64].float().mean().item() for i in range(W)])
+    return f"ag rows per shard, call 1 {out[0]}, call 2 {out[1]}"
+
+
+step("ag_mm sequential twice", twice)
