@@ -489,8 +489,8 @@ impl AgMmPlan {
         ex.ws.barrier(super::CHANNEL, side)?;
         ex.join(side)?;
         if let Some(ag) = ag_out {
+            let len = a.shape[0];
             for r in 0..world {
-                let len = a.shape[0];
                 for (src, dst) in self.sliced(ex.local(self.shards), r, world, &ag.narrow(0, r * len, len)) {
                     ex.copy(&dst, &src)?;
                 }
@@ -524,15 +524,7 @@ impl AgMmPlan {
         (0..slices)
             .map(|s| {
                 let part = t.narrow(t.ndim() - 1, s * w, w);
-                let b = block(s);
-                (
-                    Array {
-                        shape: part.shape.clone(),
-                        strides: Array::contiguous(0, t.dtype, &part.shape).strides,
-                        ..b
-                    },
-                    part,
-                )
+                (Array::contiguous(block(s).addr, t.dtype, &part.shape), part)
             })
             .collect()
     }

@@ -695,10 +695,11 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
 /// brings the other chunk from pinned host memory on a second stream, in
 /// slices of k (slice-major, one contiguous copy each) each followed by
 /// its flag (`cuStreamWriteValue32`), as the two-GPU path's pulls do over
-/// NVLink (8 slices here, as `plan::gather_slice_k` cuts these shards). Timed round-robin against the
-/// same kernel over an A already whole (plain), the copy alone, the copy
-/// then the plain matmul (sequential), the fused kernel with the chunk
-/// already there (no wait), and with the chunk in one slice. Where the
+/// NVLink (8 slices here, as `plan::gather_slice_k` cuts these shards).
+/// Timed round-robin against the same kernel over an A already whole
+/// (plain), the copy alone, the copy then the plain matmul (sequential),
+/// the fused kernel with the chunk already there (no wait), and with the
+/// chunk in one slice. Where the
 /// waits cost nothing, fused ≈ max(plain, copy + the other chunk's tiles).
 /// The host link (~52 GB/s) is 7 x slower than NVLink's copy engines, so
 /// the copy shows here where it would hide on two GPUs. Fails unless the
