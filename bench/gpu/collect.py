@@ -54,7 +54,8 @@ def main(log, out_dir, commit, date=None):
             except json.JSONDecodeError:
                 pos = line.find("{", pos + 1)
                 continue
-            if isinstance(obj, dict) and "op" in obj:
+            # Timings only: the library tests' host-time lines name no shape.
+            if isinstance(obj, dict) and "op" in obj and "shape" in obj:
                 records.append(obj)
             pos = line.find("{", end)
     if not records:
@@ -63,7 +64,8 @@ def main(log, out_dir, commit, date=None):
     name, driver, count = gpus(out_dir, log)
     # The file is named for the benchmark's world (the world most timings
     # ran at); correctness records of other worlds keep theirs per record.
-    worlds = collections.Counter(r.get("world", 1) for r in records if "ms" in r) or \
+    # Records that name no world (the single-GPU matmul lines) do not count.
+    worlds = collections.Counter(r["world"] for r in records if "ms" in r and "world" in r) or \
         collections.Counter(r.get("world", 1) for r in records)
     world = worlds.most_common(1)[0][0]
     date = date or datetime.date.today().isoformat()
