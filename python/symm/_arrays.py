@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _dlpack
+from ._stream import current_torch_stream
 
 MAX_DIMS = 8  # symm_tensor_t's shape/strides capacity
 
@@ -93,11 +94,6 @@ def _torch_name(torch, dtype):
     return _TORCH_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
 
 
-def _current_torch_stream(torch, device):
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return get(device) if get is not None else torch.cuda.current_stream(device).cuda_stream
-
-
 def torch_fields(torch, t, stream):
     """``(ptr, shape, strides, dtype name, memory)`` of a plain strided torch
     tensor, read directly, or None where DLPack's rules apply: a CUDA tensor
@@ -109,7 +105,7 @@ def torch_fields(torch, t, stream):
         return None
     device = t.get_device()
     if device >= 0:
-        if not t.is_cuda or _current_torch_stream(torch, device) != (stream or 0):
+        if not t.is_cuda or current_torch_stream(torch, device) != (stream or 0):
             return None
         memory = "cuda"
     else:

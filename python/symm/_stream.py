@@ -1,5 +1,7 @@
 """The stream argument of stream-ordered calls, as a ``CUstream`` value."""
 
+import sys
+
 
 def as_stream(stream):
     """``None`` (the default stream, NULL), an int (a ``CUstream``), or an
@@ -20,3 +22,31 @@ def as_stream(stream):
     raise TypeError(
         f"stream must be None, an int CUstream, or have __cuda_stream__/.cuda_stream/.ptr; got {type(stream).__name__}"
     )
+
+
+def current_torch_stream(torch, device):
+    """torch's current stream on ``device``, as an int (0: the default stream)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(device) if get is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def operation_stream(stream, array):
+    """The stream an operation runs on: ``stream`` when given (as
+    ``as_stream``); when None, the current stream of ``array``'s framework,
+    where its producer queued it and its consumer will read the result:
+    torch's for a CUDA tensor, cupy's for a cupy array (the NULL stream for
+    anything else). The NULL stream instead would race with a caller on a
+    non-blocking stream of its own, who reads the output before the
+    library's work on the NULL stream is done."""
+    if stream is not None:
+        return as_stream(stream)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(array, torch.Tensor):
+        if not array.is_cuda:
+            return None
+        return current_torch_stream(torch, array.get_device()) or None
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(array, cupy.ndarray):
+        with array.device:
+            return cupy.cuda.get_current_stream().ptr or None
+    return None

@@ -4,7 +4,10 @@ reduce-scatter, and the copy-engine all-gather.
 Arrays are numpy arrays on the host backend; on CUDA, anything speaking
 DLPack or ``__cuda_array_interface__`` (torch, cupy, ...). Outputs not
 given are allocated like the first input (numpy, torch or cupy). Every call
-is collective and stream-ordered: it returns once enqueued on ``stream``.
+is collective and stream-ordered: it returns once enqueued on ``stream``,
+by default the current stream of the first array's framework (torch's or
+cupy's; the NULL stream for other arrays), so that it runs after the work
+that produced its inputs and before the work that reads its outputs.
 
 fp8 matmuls (``float8_e4m3fn`` / ``float8_e5m2`` inputs: ml_dtypes arrays on
 the host, torch tensors on CUDA) take f32 scales and compute
@@ -23,7 +26,7 @@ import functools
 from . import _lib
 from ._alloc import empty_like
 from ._lib import lib
-from ._stream import as_stream
+from ._stream import operation_stream
 from ._tensor import Arg, array_of
 from .errors import SymmError, SymmInvalidArgument
 
@@ -65,7 +68,8 @@ def bind(operation, group, /, *args, **kwargs):
     call's time. The arrays' pointers, shapes and strides are those of
     now, so they must stay where they are (the bound call keeps them
     alive; a tensor resized or re-pointed in place needs a new bind), and
-    the stream is the one given now. Every rank binds and calls alike.
+    the stream is the one given now (or, with none given, the current one
+    now). Every rank binds and calls alike.
 
     An argument that cannot be read fails here (and the peers' first call
     fails with ``SymmRemoteError``); the library checks the call, and that
@@ -186,7 +190,7 @@ def fused_ag_mm(
     out_objs = None if out is None else ([out] if single else list(out))
 
     def prepare():
-        s = as_stream(stream)
+        s = operation_stream(stream, a_shard)
         a = Arg(group, a_shard, "a_shard", s)
         b = [_with_ndim(Arg(group, x, f"bs[{i}]", s), 2, f"bs[{i}]") for i, x in enumerate(b_objs)]
         dim = _dim(gather_dim, len(a.shape), "gather_dim")
@@ -234,7 +238,7 @@ def mm_rs(
     sum holds the biases of every rank."""
 
     def prepare():
-        s = as_stream(stream)
+        s = operation_stream(stream, a)
         if op not in REDUCE_OPS:
             raise ValueError(f"op is {op!r}; expected one of {sorted(REDUCE_OPS)}")
         x = Arg(group, a, "a", s)
@@ -265,7 +269,7 @@ def lc_allgather(group, x, out=None, stream=None):
     ``out`` (allocated when not given)."""
 
     def prepare():
-        s = as_stream(stream)
+        s = operation_stream(stream, x)
         i = Arg(group, x, "input", s)
         result = out
         if result is None:

@@ -2,12 +2,15 @@
 arguments into what the C calls take."""
 
 import ml_dtypes
+import sys
+import types
+
 import numpy as np
 import pytest
 from fakes import DLPackOnly, FakeCudaArray
 
 from symm._arrays import view
-from symm._stream import as_stream
+from symm._stream import as_stream, operation_stream
 
 
 def test_numpy_strides_are_in_elements():
@@ -80,3 +83,65 @@ def test_stream_arguments():
         as_stream(True)
     with pytest.raises(TypeError, match="str"):
         as_stream("stream")
+
+
+class FakeTorch(types.ModuleType):
+    """What operation_stream reads of torch: a CUDA tensor's device and the
+    current raw stream per device."""
+
+    class Tensor:
+        def __init__(self, device):
+            self.is_cuda, self._device = device >= 0, device
+
+        def get_device(self):
+            return self._device
+
+    def __init__(self, current):
+        super().__init__("torch")
+        self._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: current[device])
+
+
+class FakeCupy(types.ModuleType):
+    """cupy's ndarray and its current stream per device: the array's device
+    is a context manager making its id current, as cupy's Device is."""
+
+    class ndarray:
+        def __init__(self, device):
+            self.device = device
+
+    def __init__(self, streams):
+        super().__init__("cupy")
+        self.current = []  # the devices entered, innermost last
+        stream = lambda: types.SimpleNamespace(ptr=streams[self.current[-1]])  # noqa: E731
+        self.cuda = types.SimpleNamespace(get_current_stream=stream)
+
+    def device(self, id):
+        cupy = self
+
+        class Device:
+            def __enter__(self):
+                cupy.current.append(id)
+
+            def __exit__(self, *exc):
+                cupy.current.pop()
+
+        return Device()
+
+
+def test_operations_default_to_their_arrays_current_stream(monkeypatch):
+    """With no stream given, an operation runs where the caller's framework
+    queues its own work (a torch or cupy stream of its own, say), not on
+    the NULL stream, which would let the caller read outputs early."""
+    torch = FakeTorch({0: 0xA0, 1: 0})
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    assert operation_stream(None, torch.Tensor(0)) == 0xA0
+    assert operation_stream(None, torch.Tensor(1)) is None  # the default stream
+    assert operation_stream(None, torch.Tensor(-1)) is None  # a CPU tensor
+    assert operation_stream(0x1234, torch.Tensor(0)) == 0x1234  # given wins
+    cupy = FakeCupy({0: 0xC0, 1: 0xC1})
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    assert operation_stream(None, cupy.ndarray(cupy.device(1))) == 0xC1
+    assert operation_stream(None, cupy.ndarray(cupy.device(0))) == 0xC0
+    assert cupy.current == []
+    assert operation_stream(None, np.zeros(3)) is None
+    assert operation_stream(TorchLikeStream(), np.zeros(3)) == 0x1000
