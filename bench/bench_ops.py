@@ -145,14 +145,21 @@ def with_algorithm(fn, algo):
 
 def symm_algorithms(op, shape, ours, bound, out, ref, tolerance):
     """{impl: fn} of symm's own choice, each algorithm forced, and the call
-    bound once (`symm.bind`, symm's choice), and {impl: relative error}:
+    bound once (`symm.bind`: symm's choice, pipelined and fused forced),
+    and {impl: relative error}:
     every one checked against `ref` (outputs poisoned first) twice, since
     timed calls repeat one call, which symm replays as a graph from its
     second occurrence."""
     fns, errs = {}, {}
-    for algo in (None, "sequential", "pipelined", "fused", "bound"):
+    for algo in (None, "sequential", "pipelined", "fused", "bound", "pipelined_bound", "fused_bound"):
         impl = f"symm_{algo}" if algo else "symm"
-        fn = bound if algo == "bound" else with_algorithm(ours, algo)
+        if algo and algo.endswith("bound"):
+            # The bound call, with symm's choice or an algorithm forced: each
+            # algorithm without the Python wrapper's time.
+            forced = algo.removesuffix("bound").rstrip("_") or None
+            fn = with_algorithm(bound, forced)
+        else:
+            fn = with_algorithm(ours, algo)
         out.fill_(float("nan"))
         try:
             fn()
@@ -354,13 +361,15 @@ def table(records):
     rows = {}
     for r in records:
         rows.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r["ms"]
-    print(f"\n{'op':<14}{'shape':<22}{'symm':>8}{'torch':>8}{'nccl+mm':>9}{'floor':>8}{'symm/floor':>11}{'torch/floor':>12}")
+    print(f"\n{'op':<14}{'shape':<22}{'symm':>8}{'bound':>8}{'torch':>8}{'nccl+mm':>9}{'floor':>8}{'symm/floor':>11}"
+          f"{'bound/floor':>12}{'torch/floor':>12}")
     for (op, shape), t in rows.items():
         if op not in ("ag_mm", "mm_rs"):
             continue
         floor = max(t.get("mm_only", 0), t.get("comm_only", 0))
-        print(f"{op:<14}{'x'.join(map(str, shape)):<22}{t.get('symm', 0):8.3f}{t.get('torch_fused', 0):8.3f}"
-              f"{t.get('nccl_cublas', 0):9.3f}{floor:8.3f}{t.get('symm', 0) / floor:11.3f}{t.get('torch_fused', 0) / floor:12.3f}")
+        print(f"{op:<14}{'x'.join(map(str, shape)):<22}{t.get('symm', 0):8.3f}{t.get('symm_bound', 0):8.3f}"
+              f"{t.get('torch_fused', 0):8.3f}{t.get('nccl_cublas', 0):9.3f}{floor:8.3f}{t.get('symm', 0) / floor:11.3f}"
+              f"{t.get('symm_bound', 0) / floor:12.3f}{t.get('torch_fused', 0) / floor:12.3f}")
     graphs = [(k, t) for k, t in rows.items() if "symm_graph" in t]
     if graphs:
         print(f"\nreplayed from CUDA graphs (ms per call)\n{'op':<14}{'shape':<22}{'symm':>8}{'torch':>8}"

@@ -177,6 +177,12 @@ impl Exec<'_> {
         self.group.backend().side_stream(0)
     }
 
+    /// A second side stream, for signals that must not hold up the main
+    /// stream's next matmul (see `MmRsPlan::pipelined`).
+    fn signal_side(&self) -> Result<Stream> {
+        self.group.backend().side_stream(1)
+    }
+
     /// The side stream starts after the main stream's work so far.
     fn fork(&self, side: Stream) -> Result<()> {
         self.group.backend().stream_wait(side, self.stream)

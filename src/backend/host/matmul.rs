@@ -63,9 +63,6 @@ pub fn gemm(dst: &Array, a: &Array, b: &Array, accumulate: bool) -> Result<()> {
     if !shapes_ok {
         return Err(err!(Internal, "gemm of {:?} @ {:?} into {:?}", a.shape, b.shape, dst.shape));
     }
-    if accumulate && dst.dtype != DType::F32 {
-        return Err(err!(Internal, "gemm accumulates only into f32, not {}", dst.dtype));
-    }
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
     let (lhs, rhs) = (F32Matrix::of(a)?, F32Matrix::of(b)?);
     let run = |ptr: *mut f32, row_stride: isize, col_stride: isize| {
@@ -99,9 +96,15 @@ pub fn gemm(dst: &Array, a: &Array, b: &Array, accumulate: bool) -> Result<()> {
         run(dst.addr as *mut f32, dst.strides[0] as isize, dst.strides[1] as isize);
         return Ok(());
     }
+    // Other outputs through f32: the old values in (when accumulating),
+    // the sum rounded once on the way out.
     let mut out = vec![0f32; m * n];
+    let staged = Array::contiguous(out.as_mut_ptr() as u64, DType::F32, &dst.shape);
+    if accumulate {
+        elementwise::copy(&staged, dst)?;
+    }
     run(out.as_mut_ptr(), n as isize, 1);
-    elementwise::copy(dst, &Array::contiguous(out.as_ptr() as u64, DType::F32, &dst.shape))
+    elementwise::copy(dst, &staged)
 }
 
 #[cfg(test)]
@@ -124,8 +127,10 @@ mod tests {
         assert_eq!(c, vec![2., 4., 16., 6., 8., 36., 10., 12., 56.]);
         let mut h = vec![0u16; 9];
         let hv = Array::contiguous(h.as_mut_ptr() as u64, DType::BF16, &[3, 3]);
-        assert_eq!(gemm(&hv, &av, &bv, true).unwrap_err().kind, crate::ErrorKind::Internal);
         gemm(&hv, &av, &bv, false).unwrap();
         assert_eq!(bf16::from_bits(h[8]).to_f32(), 28.0);
+        // Accumulating into bf16 too (through f32).
+        gemm(&hv, &av, &bv, true).unwrap();
+        assert_eq!(bf16::from_bits(h[8]).to_f32(), 56.0);
     }
 }
