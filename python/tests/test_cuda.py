@@ -117,6 +117,33 @@ def test_mm_rs_on_a_side_stream():
         assert_close(out, torch.chunk(total, WORLD, dim=1)[r])
 
 
+@pytest.mark.parametrize("algo", ["pipelined", "sequential"])
+def test_mm_rs_sum_of_a_long_chunk_three_times(monkeypatch, algo):
+    """2048 rows per rank: pipelined, this rank's chunk goes in four pieces,
+    three multiplied onto the peer's partial pulled into the output and
+    the first summed at the end. Into a poisoned output each time (the
+    third call a graph replay)."""
+    monkeypatch.setenv("SYMM_ALGO", algo)
+    dtype = torch.bfloat16
+    a, b = inputs(14, (2048 * WORLD, 256), dtype), inputs(15, (256, 192), dtype)
+    total = sum(x.double() @ y.double() for x, y in zip(a, b))
+
+    def rank_main(g):
+        torch.cuda.set_device(device(g))
+        x, w = a[g.rank].cuda(), b[g.rank].cuda()
+        out = torch.empty(2048, 192, dtype=dtype, device="cuda")
+        got = []
+        for _ in range(3):
+            out.fill_(float("nan"))
+            symm.mm_rs(g, x, w, 0, out=out)
+            got.append(out.cpu())
+        return got
+
+    for r, got in enumerate(on_ranks(rank_main)):
+        for out in got:
+            assert_close(out, torch.chunk(total, WORLD, dim=0)[r])
+
+
 def test_mm_rs_avg_into_a_strided_output():
     dtype = torch.float16
     a, b = inputs(5, (64, 128), dtype), inputs(6, (128, 64), dtype)
