@@ -241,8 +241,9 @@ pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
 /// asked for (`SYMM_ALGO=fused`): on 2 x H200 it was slower than the
 /// pipelined path on 7 of the 8 benchmark shapes (ag_mm 0.99-1.10 x, and
 /// 5 x at M = 512; mm_rs 1.05-1.39 x; bench/results/2026-11-23-h200-x2-*),
-/// for reasons the model does not capture yet, so its estimate is reported
-/// but never preferred.
+/// and on 2 x H100 on all 8, eager and bound (ag_mm 1.02-1.17 x, mm_rs
+/// 1.03-1.11 x; bench/results/2026-11-25-h100-x2-*), for reasons the model
+/// does not capture yet, so its estimate is reported but never preferred.
 pub fn best(estimates: &[Estimate]) -> Estimate {
     *estimates
         .iter()
