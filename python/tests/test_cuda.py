@@ -118,20 +118,22 @@ def test_mm_rs_on_a_side_stream():
 
 
 @pytest.mark.parametrize("algo", ["pipelined", "sequential"])
-def test_mm_rs_sum_of_a_long_chunk_three_times(monkeypatch, algo):
-    """2048 rows per rank: pipelined, this rank's chunk goes in four pieces,
+@pytest.mark.parametrize("rows, n", [(2048, 192), (128, 2176)])
+def test_mm_rs_sums_three_times(monkeypatch, algo, rows, n):
+    """Pipelined, 2048 rows per rank: this rank's chunk goes in four pieces,
     three multiplied onto the peer's partial pulled into the output and
-    the first summed at the end. Into a poisoned output each time (the
-    third call a graph replay)."""
+    the first summed at the end; 128 rows: two blocks of columns (of 1024
+    and 1152), each pulled by the peer. Into a poisoned output each time
+    (the third call a graph replay)."""
     monkeypatch.setenv("SYMM_ALGO", algo)
     dtype = torch.bfloat16
-    a, b = inputs(14, (2048 * WORLD, 256), dtype), inputs(15, (256, 192), dtype)
+    a, b = inputs(14, (rows * WORLD, 256), dtype), inputs(15, (256, n), dtype)
     total = sum(x.double() @ y.double() for x, y in zip(a, b))
 
     def rank_main(g):
         torch.cuda.set_device(device(g))
         x, w = a[g.rank].cuda(), b[g.rank].cuda()
-        out = torch.empty(2048, 192, dtype=dtype, device="cuda")
+        out = torch.empty(rows, n, dtype=dtype, device="cuda")
         got = []
         for _ in range(3):
             out.fill_(float("nan"))
