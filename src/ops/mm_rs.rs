@@ -395,9 +395,6 @@ impl MmRsPlan {
         if let Some(pieces) = self.onto_pull_pieces(ex.world()) {
             return self.pipelined_onto_pulls(ex, pieces);
         }
-        if let Some(blocks) = self.column_blocks() {
-            return self.pipelined_by_columns(ex, blocks);
-        }
         let MmRs { a, b, out, .. } = &self.call;
         let (dim, world, me) = (self.dim, ex.world(), ex.rank());
         let scatters_n = dim == a.ndim() - 1;
@@ -440,60 +437,6 @@ impl MmRsPlan {
         ex.ws.barrier(super::CHANNEL, side)?;
         let srcs: Vec<Array> =
             (0..world).map(|q| self.chunk(ex.local(if q == me { self.chunks[me] } else { self.staged[q] }))).collect();
-        self.reduce_into_out(ex, &srcs)?;
-        ex.join(signals)?;
-        ex.join(side)
-    }
-
-    /// How many blocks of columns [`Self::pipelined_by_columns`] computes,
-    /// where it applies: rows scattered (of matrices, not fp8), chunks of
-    /// fewer than [`MIN_PIECE_ROWS`] rows, and columns enough for two
-    /// blocks of at least [`MIN_BLOCK_COLUMNS`].
-    fn column_blocks(&self) -> Option<usize> {
-        let MmRs { a, b, out, .. } = &self.call;
-        let small = self.dim == 0 && self.mode.is_none() && a.ndim() == 2 && out.shape[0] < MIN_PIECE_ROWS;
-        (small && b.shape[1] >= 2 * MIN_BLOCK_COLUMNS).then_some(2)
-    }
-
-    /// Pipelined over columns, for chunks of few rows: each block of
-    /// columns of the whole product in one matmul over all of `a`, then
-    /// announced to every peer, whose side stream pulls its rows of the
-    /// block while the next block computes; the reduction of the whole chunk
-    /// at the end. At small M, cutting rows (one matmul per chunk) reads all
-    /// of B once per chunk: at 512x14336x8192 on two H100s the two halves
-    /// took 0.095 ms each, the whole matmul 0.150-0.170. Cutting columns
-    /// reads B once, and leaves only the last block's pull exposed.
-    fn pipelined_by_columns(&self, ex: &Exec<'_>, blocks: usize) -> Result<()> {
-        let MmRs { a, b, out, .. } = &self.call;
-        let (world, me, len, n) = (ex.world(), ex.rank(), out.shape[0], b.shape[1]);
-        let lhs = self.lhs(ex, a)?;
-        // The chunks lie back to back: the whole product, row-major.
-        let product = Array::contiguous(ex.local(self.chunks[0]), out.dtype, &[world * len, n]);
-        let staged = |q: usize| Array::contiguous(ex.local(self.staged[q]), out.dtype, &[len, n]);
-        // Block starts at multiples of 64 columns (aligned rows for cuBLASLt).
-        let start = |j: usize| if j == blocks { n } else { (j * n / blocks) & !63 };
-        let (side, signals) = (ex.side()?, ex.signal_side()?);
-        ex.fork(side)?;
-        for j in 0..blocks {
-            let (c0, w) = (start(j), start(j + 1) - start(j));
-            ex.matmul(&product.narrow(1, c0, w), &lhs, &b.narrow(1, c0, w), None)?;
-            ex.fork(signals)?; // as in `pipelined`
-            for step in 1..world {
-                ex.ws.put_signal((me + step) % world, READY, signals)?;
-            }
-            for step in 1..world {
-                let q = (me + world - step) % world;
-                ex.ws.wait_signal(q, READY, side)?;
-                let theirs = Array::contiguous(ex.at(q, self.chunks[0])?, out.dtype, &[world * len, n]);
-                ex.copy_on(side, &staged(q).narrow(1, c0, w), &theirs.narrow(0, me * len, len).narrow(1, c0, w))?;
-            }
-        }
-        ex.join(side)?;
-        // Once every rank has pulled its rows (side barrier), the next call
-        // may overwrite the product; that barrier overlaps the reduction.
-        ex.ws.barrier(super::CHANNEL, side)?;
-        let srcs: Vec<Array> =
-            (0..world).map(|q| if q == me { product.narrow(0, me * len, len) } else { staged(q) }).collect();
         self.reduce_into_out(ex, &srcs)?;
         ex.join(signals)?;
         ex.join(side)
@@ -586,9 +529,6 @@ impl MmRsPlan {
 /// pulls and joins cost little.
 const MIN_PIECE_ROWS: usize = 512;
 const MAX_PIECES: usize = 4;
-/// Columns per block at least of [`MmRsPlan::pipelined_by_columns`]: at
-/// M = 512, half of N = 8192 still fills the GPU with 128x128 tiles.
-const MIN_BLOCK_COLUMNS: usize = 1024;
 
 /// Signal channel announcing "the chunk for you is in my workspace".
 const READY: usize = super::CHANNEL + 1;
@@ -707,67 +647,50 @@ mod tests {
         assert_eq!(big.plan(2, "host", false).unwrap().onto_pull_pieces(2), Some(MAX_PIECES));
     }
 
-    /// mm_rs pipelined over `world` ranks of `rows` output rows each, of
-    /// bf16 small integers, so that every sum is exact: each rank's output
-    /// must hold exactly the sum of every rank's product, however it was
-    /// summed. `path(plan)` asserts which path the plan takes.
-    fn exact_pipelined_sums(world: usize, rows: usize, k: usize, n: usize, path: &(dyn Fn(&MmRsPlan) + Sync)) {
+    /// Two ranks, 1024 rows each (two pieces), bf16 small integers, so
+    /// that every sum is exact: each piece of the output holds exactly the
+    /// sum of both ranks' products, whichever way it was summed.
+    #[test]
+    fn two_ranks_sum_exactly_when_own_pieces_go_onto_pulled_partials() {
         use crate::ops::testing::{host_groups, on_each};
         use half::bf16;
+        let (rows, k, n) = (1024usize, 8usize, 16usize);
         let value = |r: usize, i: usize| ((i * 5 + r * 3 + i / 11) % 7) as f32 - 3.0;
         let a: Vec<Vec<bf16>> =
-            (0..world).map(|r| (0..world * rows * k).map(|i| bf16::from_f32(value(r, i))).collect()).collect();
-        let b: Vec<Vec<bf16>> =
-            (0..world).map(|r| (0..k * n).map(|i| bf16::from_f32(value(r + 7, i))).collect()).collect();
+            (0..2).map(|r| (0..2 * rows * k).map(|i| bf16::from_f32(value(r, i))).collect()).collect();
+        let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(value(2, i))).collect();
         let product = |r: usize, row: usize, col: usize| -> f32 {
-            (0..k).map(|p| a[r][row * k + p].to_f32() * b[r][p * n + col].to_f32()).sum()
+            (0..k).map(|p| a[r][row * k + p].to_f32() * b[p * n + col].to_f32()).sum()
         };
         // Neither operand is constant or zero (a check that could not fail).
-        assert!(b[0].iter().any(|x| x.to_f32() != b[0][0].to_f32()));
-        assert!((0..world * rows).any(|row| product(0, row, 1) != product(1, row, 1)));
-        let groups = host_groups(world);
+        assert!(b.iter().any(|x| x.to_f32() != b[0].to_f32()) && (product(0, 5, 3) + product(1, 5, 3)) != 0.0);
+        let groups = host_groups(2);
         let outs = on_each(&groups, |r, g| {
-            let (mut a, mut b) = (a[r].clone(), b[r].clone());
+            let mut a = a[r].clone();
+            let mut b = b.clone();
             let mut out = vec![bf16::NAN; rows * n];
             let arr = |v: &mut [bf16], shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, DType::BF16, shape);
             let call = MmRs {
-                a: arr(&mut a, &[world * rows, k]),
+                a: arr(&mut a, &[2 * rows, k]),
                 b: arr(&mut b, &[k, n]),
                 scatter_dim: 0,
                 op: ReduceOp::Sum,
                 out: arr(&mut out, &[rows, n]),
                 scales: MmRsScales::default(),
             };
-            let mut plan = call.plan(world, "host", false).unwrap();
+            let mut plan = call.plan(2, "host", false).unwrap();
             plan.algorithm = plan::Algorithm::Pipelined;
-            path(&plan);
+            assert_eq!(plan.onto_pull_pieces(2), Some(2));
             super::super::launch(g, Stream(0), &plan, &|_, make| make()).unwrap();
             out
         });
         for (r, out) in outs.iter().enumerate() {
             for (i, got) in out.iter().enumerate() {
                 let (row, col) = (r * rows + i / n, i % n);
-                let want: f32 = (0..world).map(|q| product(q, row, col)).sum();
-                assert_eq!(got.to_f32(), want, "rank {r} of {world}, row {row}, column {col}");
+                let want = product(0, row, col) + product(1, row, col);
+                assert_eq!(got.to_f32(), want, "rank {r}, row {row}, column {col}");
             }
         }
         groups.iter().for_each(|g| g.release_workspace());
-    }
-
-    /// Two ranks, 1024 rows each: two pieces onto the pulled partials.
-    #[test]
-    fn two_ranks_sum_exactly_when_own_pieces_go_onto_pulled_partials() {
-        exact_pipelined_sums(2, 1024, 8, 16, &|p| assert_eq!(p.onto_pull_pieces(2), Some(2)));
-    }
-
-    /// Few rows: two blocks of columns, each pulled by every peer, for two
-    /// and for three ranks.
-    #[test]
-    fn ranks_sum_exactly_when_pipelined_by_columns() {
-        for world in [2, 3] {
-            exact_pipelined_sums(world, 24, 8, 2 * MIN_BLOCK_COLUMNS + 64, &|p| {
-                assert_eq!((p.onto_pull_pieces(world), p.column_blocks()), (None, Some(2)));
-            });
-        }
     }
 }
