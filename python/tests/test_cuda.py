@@ -122,9 +122,9 @@ def test_mm_rs_on_a_side_stream():
 def test_mm_rs_sums_three_times(monkeypatch, algo, rows, n):
     """Pipelined, 2048 rows per rank: this rank's chunk goes in four pieces,
     three multiplied onto the peer's partial pulled into the output and
-    the first summed at the end; 128 rows: two blocks of columns (of 1024
-    and 1152), each pulled by the peer. Into a poisoned output each time
-    (the third call a graph replay)."""
+    the first summed at the end; 128 rows: one chunk each, summed at the
+    end. Into a poisoned output each time (the third call a graph
+    replay)."""
     monkeypatch.setenv("SYMM_ALGO", algo)
     dtype = torch.bfloat16
     a, b = inputs(14, (rows * WORLD, 256), dtype), inputs(15, (256, n), dtype)
