@@ -1,0 +1,88 @@
+"""Why an eager call times 0.07 ms slower than the same call bound
+(`bench_ops.py`, ag_mm 512 on two H100s) when `host_overhead.py` measures
+only ~20 us more host time per call in a loop. Times, per sample, as
+bench_ops.py does (GPU idle, ranks aligned, then one call between two
+events): the host time from the start event to the call's return
+(perf_counter) and the GPU time between the events, for the eager call,
+the bound call and torch.matmul; then the host time of the same calls
+back to back (warm). Medians over samples, max over ranks.
+
+    torchrun --nproc-per-node 2 bench/gpu/eager_gap_probe.py
+"""
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import symm
+
+M, K, N = 512, 8192, 14336
+SAMPLES = 40
+
+
+def main():
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
+    stream = torch.cuda.current_stream().cuda_stream
+    a = torch.randn(M // world, K, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5).t()
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    gathered = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+    ref = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    fns = {
+        "eager": lambda: symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[out], stream=stream),
+        "bound": symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[out], stream=stream),
+        "torch_matmul": lambda: torch.matmul(gathered, w, out=ref),
+    }
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    torch.cuda.synchronize()
+    cold = {name: ([], []) for name in fns}
+    for _ in range(SAMPLES):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            fn()
+            host = time.perf_counter() - t0
+            end.record()
+            end.synchronize()
+            cold[name][0].append(host * 1e6)
+            cold[name][1].append(start.elapsed_time(end) * 1e3)
+    warm = {}
+    for name, fn in fns.items():
+        torch.cuda.synchronize()
+        dist.barrier()
+        per = []
+        for _ in range(SAMPLES):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                fn()
+            per.append((time.perf_counter() - t0) * 1e5)  # us per call
+            torch.cuda.synchronize()
+        warm[name] = statistics.median(per)
+    rows = []
+    for name in fns:
+        vals = torch.tensor([statistics.median(cold[name][0]), statistics.median(cold[name][1]), warm[name]],
+                            device="cuda", dtype=torch.float64)
+        dist.all_reduce(vals, op=dist.ReduceOp.MAX)
+        rows.append({"impl": name, "shape": [M, K, N], "cold_host_us": round(vals[0].item(), 1),
+                     "cold_gpu_us": round(vals[1].item(), 1), "warm_host_us": round(vals[2].item(), 1)})
+    if rank == 0:
+        for r in rows:
+            print(json.dumps(r), flush=True)
+    g.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
