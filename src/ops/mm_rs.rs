@@ -465,9 +465,9 @@ impl MmRsPlan {
     /// the side stream has pulled into `out` meanwhile (C += A @ B, one
     /// rounding). Only the first piece, computed before any partial has
     /// arrived, is summed by a reduction at the end. The pass this replaces
-    /// reads two chunks and writes one after the last matmul: at
-    /// 16384x4096x8192, 384 MiB, about 0.13 ms of HBM time, where the
-    /// pipelined call took 0.19 ms more than the matmul alone (two H100s).
+    /// read two chunks and wrote one after the last matmul (0.133 ms at
+    /// 16384x4096x8192 on two H100s); with it gone the call took 1.50 ms
+    /// on the GPU instead of 1.61 (bench/NOTES.md, run da4b360).
     fn pipelined_onto_pulls(&self, ex: &Exec<'_>, pieces: usize) -> Result<()> {
         let MmRs { a, b, out, .. } = &self.call;
         let (me, rows) = (ex.rank(), out.shape[0]);
