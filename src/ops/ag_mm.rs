@@ -676,36 +676,36 @@ mod tests {
 
     #[test]
     fn the_fused_gather_lies_slice_major() {
-        // 256 x 8192 bf16 shards (4 MiB) at world 2: 2 slices of 4096
-        // columns, the gathered A [2][512][4096].
+        // 256 x 8192 bf16 shards at world 2: 8 slices of 1024 columns, the
+        // gathered A [8][512][1024].
         let p = call(&[256, 8192], 0, 8192, &[64], &[512]).plan(2, "host", false).unwrap();
         let (base, el) = (0x4000_0000u64, 2u64);
-        let plane = 512 * 4096 * el;
-        // Rank 1's block of slice 1: its 256 rows after rank 0's, in plane 1.
-        let b = p.slice_block(base, 1, 1, 256, 2, DType::BF16);
-        assert_eq!((b.addr, b.shape.as_slice()), (base + plane + 256 * 4096 * el, &[256usize, 4096][..]));
+        let plane = 512 * 1024 * el;
+        // Rank 1's block of slice 3: its 256 rows after rank 0's, in plane 3.
+        let b = p.slice_block(base, 3, 1, 256, 2, DType::BF16);
+        assert_eq!((b.addr, b.shape.as_slice()), (base + 3 * plane + 256 * 1024 * el, &[256usize, 1024][..]));
         // A contiguous shard goes in one strided copy: element (i, s, j) of
-        // the [256, 2, 4096] view is column s * 4096 + j of row i.
+        // the [256, 8, 1024] view is column s * 1024 + j of row i.
         let shard = Array::contiguous(0x9000_0000, DType::BF16, &[256, 8192]);
         let pairs = p.sliced(base, 1, 2, &shard);
         assert_eq!(pairs.len(), 1);
         let (g, t) = &pairs[0];
         assert_eq!(
             (g.shape.as_slice(), g.strides.as_slice()),
-            (&[256usize, 2, 4096][..], &[4096usize, 512 * 4096, 1][..])
+            (&[256usize, 8, 1024][..], &[1024usize, 512 * 1024, 1][..])
         );
-        assert_eq!((g.addr, t.addr, t.is_contiguous()), (base + 256 * 4096 * el, shard.addr, true));
+        assert_eq!((g.addr, t.addr, t.is_contiguous()), (base + 256 * 1024 * el, shard.addr, true));
         // A strided one (rows of a wider array) goes slice by slice, each
         // into its contiguous block.
         let wide = Array { strides: vec![9000, 1], ..shard };
         let pairs = p.sliced(base, 0, 2, &wide);
-        assert_eq!(pairs.len(), 2);
+        assert_eq!(pairs.len(), 8);
         for (s, (g, t)) in pairs.iter().enumerate() {
             assert_eq!(
                 (g.addr, g.is_contiguous(), g.shape.as_slice()),
-                (base + s as u64 * plane, true, &[256usize, 4096][..])
+                (base + s as u64 * plane, true, &[256usize, 1024][..])
             );
-            assert_eq!((t.addr, t.strides.as_slice()), (wide.addr + (s * 4096) as u64 * el, &[9000usize, 1][..]));
+            assert_eq!((t.addr, t.strides.as_slice()), (wide.addr + (s * 1024) as u64 * el, &[9000usize, 1][..]));
         }
         // One slice: the row-major layout, rank r's shard at r * shard_bytes.
         let p = call(&[4, 96], 0, 96, &[8], &[8]).plan(2, "host", false).unwrap();
@@ -755,10 +755,10 @@ mod tests {
         // Products in the (bf16) output type, not the 1-byte input type;
         // then the (unused) fused arrival flags.
         assert_eq!((p.ready, p.workspace), (768 + 8 * 32 * 2, 768 + 8 * 32 * 2 + 2 * 4));
-        // A large shard comes in slices, each with a flag: 2 of 4096 columns.
+        // A large shard comes in slices, each with a flag: 8 of 1024 columns.
         let p = call(&[256, 8192], 0, 8192, &[64], &[512]).plan(2, "host", false).unwrap();
-        assert_eq!(p.slice_k, 4096);
-        assert_eq!(p.workspace - p.ready, 2 * 2 * 4);
+        assert_eq!(p.slice_k, 1024);
+        assert_eq!(p.workspace - p.ready, 2 * 8 * 4);
         let p = fp8_call(8, 0, 2, &[16], false).plan(2, "host", false).unwrap();
         assert_eq!((p.mode, p.row_scales), (Some(Mode::Tensor), None));
         // Gathering K: tensor-wise only.

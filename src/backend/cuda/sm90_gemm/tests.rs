@@ -695,7 +695,7 @@ fn gpu_sm90_matmul_waits_for_gathered_chunks() {
 /// brings the other chunk from pinned host memory on a second stream, in
 /// slices of k (slice-major, one contiguous copy each) each followed by
 /// its flag (`cuStreamWriteValue32`), as the two-GPU path's pulls do over
-/// NVLink (as `plan::gather_slice_k` cuts these shards: 2 slices at M = 512).
+/// NVLink (8 slices here, as `plan::gather_slice_k` cuts these shards).
 /// Timed round-robin against the same kernel over an A already whole
 /// (plain), the copy alone, the copy then the plain matmul (sequential),
 /// the fused kernel with the chunk already there (no wait), and with the
