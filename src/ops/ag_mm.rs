@@ -245,7 +245,7 @@ impl AgMm {
         let ready = layout.region(4 * world * k.div_ceil(slice_k));
         let problem = plan::Problem {
             m: rows * world,
-            k: a.shape[last],
+            k,
             n: self.bs.iter().map(|b| b.shape[1]).sum(),
             world,
             elem_bytes: a.dtype.size(),
