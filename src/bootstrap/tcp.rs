@@ -26,7 +26,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_ROUND_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 /// How long a dropped client waits for the store to acknowledge its goodbye.
 const BYE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a rank hosting the store waits, when it lets go of its group,
+/// for replies still being written to other ranks (see `Group::linger`).
+const LINGER: Duration = Duration::from_secs(2);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -457,6 +460,63 @@ struct Group {
     exchange: Exchange,
     /// rank -> id of the connection holding it.
     claims: Mutex<HashMap<usize, u64>>,
+    /// Requests read but not yet answered, and its change signal.
+    in_flight: Mutex<usize>,
+    answered: Condvar,
+    /// Tests hold back the replies to one rank, to open the window between
+    /// a round's outcome and its reply reaching that rank.
+    #[cfg(test)]
+    slow_replies_to: Mutex<Option<usize>>,
+}
+
+impl Group {
+    fn new(secret: [u8; SECRET_BYTES]) -> Self {
+        Group {
+            secret,
+            exchange: Exchange::new(),
+            claims: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(0),
+            answered: Condvar::new(),
+            #[cfg(test)]
+            slow_replies_to: Mutex::new(None),
+        }
+    }
+
+    /// Counts a request as in flight until the guard drops (after its reply
+    /// is written or has failed to be).
+    fn begin_request(&self) -> InFlight<'_> {
+        *lock(&self.in_flight) += 1;
+        InFlight(self)
+    }
+
+    /// Waits, at most `limit`, until no request is in flight. The rank that
+    /// hosts the store calls this before it returns: when a round fails, its
+    /// own reply can arrive before the other ranks' replies are written, and
+    /// if its process then exits they would see the store vanish instead of
+    /// the round's error (say, a timeout naming the missing rank). A peer
+    /// still waiting on a round the host will never join only delays this
+    /// by `limit`.
+    fn linger(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut n = lock(&self.in_flight);
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            n = self.answered.wait_timeout(n, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// One request in flight at the store (see `Group::begin_request`).
+struct InFlight<'a>(&'a Group);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.in_flight) -= 1;
+        self.0.answered.notify_all();
+    }
 }
 
 impl Server {
@@ -484,7 +544,7 @@ impl Server {
     fn register(&self, secret: [u8; SECRET_BYTES]) {
         let mut groups = lock(&self.groups);
         if !groups.iter().any(|g| g.secret == secret) {
-            groups.push(Arc::new(Group { secret, exchange: Exchange::new(), claims: Mutex::new(HashMap::new()) }));
+            groups.push(Arc::new(Group::new(secret)));
         }
     }
 
@@ -579,7 +639,13 @@ fn serve_requests(stream: &TcpStream, group: &Group, rank: usize) -> bool {
     while let Ok(body) = read_frame(&mut &*stream, FRAME_CAP) {
         let sent = match Request::decode(&body) {
             Ok(Request::Gather { seq, rank: r, world, timeout_ms, payload }) => {
-                match gather(group, rank, seq, r, world, timeout_ms, payload) {
+                let _in_flight = group.begin_request();
+                let result = gather(group, rank, seq, r, world, timeout_ms, payload);
+                #[cfg(test)]
+                if *lock(&group.slow_replies_to) == Some(rank) {
+                    thread::sleep(Duration::from_millis(300));
+                }
+                match result {
                     Ok(all) => Reply::Ok(all.as_slice()).write_to(&mut &*stream),
                     Err(e) => send_err(stream, &e),
                 }
@@ -693,6 +759,8 @@ pub struct TcpBootstrap {
     world: usize,
     addr: SocketAddr,
     conn: Mutex<Conn>,
+    /// The group at the store, when this process hosts it.
+    hosted: Option<Arc<Group>>,
 }
 
 struct Conn {
@@ -713,7 +781,8 @@ impl TcpBootstrap {
         let stream = dial(addr, deadline, timeout)?;
         let _ = stream.set_nodelay(true);
         hello(&stream, addr, &id.secret(), rank, world, deadline)?;
-        Ok(TcpBootstrap { rank, world, addr, conn: Mutex::new(Conn { stream: Some(stream), seq: 0 }) })
+        let hosted = hosted_group(addr, &id.secret());
+        Ok(TcpBootstrap { rank, world, addr, conn: Mutex::new(Conn { stream: Some(stream), seq: 0 }), hosted })
     }
 
     /// The store's address.
@@ -745,6 +814,16 @@ impl TcpBootstrap {
             _ => err!(Bootstrap, "bootstrap: lost the connection to the store at {}: {e}", self.addr),
         }
     }
+}
+
+/// The group of `secret` at the store advertised as `addr`, if this process
+/// runs that store.
+fn hosted_group(addr: SocketAddr, secret: &[u8; SECRET_BYTES]) -> Option<Arc<Group>> {
+    let reg = lock(&REGISTRY);
+    if reg.pid != std::process::id() {
+        return None;
+    }
+    reg.servers.values().filter(|s| s.advertised == addr).find_map(|s| s.find_group(secret))
 }
 
 /// `timeout` from now, saturating far in the future for huge timeouts.
@@ -852,14 +931,19 @@ impl Bootstrap for TcpBootstrap {
 
 impl Drop for TcpBootstrap {
     /// Says goodbye so the store releases this rank at once (a new client
-    /// for the same rank may follow immediately).
+    /// for the same rank may follow immediately); on the hosting process,
+    /// lets the replies owed to other ranks go out first.
     fn drop(&mut self) {
         let conn = self.conn.get_mut().unwrap_or_else(|p| p.into_inner());
-        let Some(stream) = conn.stream.take() else { return };
-        let _ = stream.set_write_timeout(Some(BYE_TIMEOUT));
-        let _ = stream.set_read_timeout(Some(BYE_TIMEOUT));
-        if Request::Bye.write_to(&mut &stream).is_ok() {
-            let _ = read_frame(&mut &stream, 1 << 16);
+        if let Some(stream) = conn.stream.take() {
+            let _ = stream.set_write_timeout(Some(BYE_TIMEOUT));
+            let _ = stream.set_read_timeout(Some(BYE_TIMEOUT));
+            if Request::Bye.write_to(&mut &stream).is_ok() {
+                let _ = read_frame(&mut &stream, 1 << 16);
+            }
+        }
+        if let Some(group) = &self.hosted {
+            group.linger(LINGER);
         }
     }
 }
@@ -1017,6 +1101,49 @@ mod tests {
         }
     }
 
+    /// Peers of the hosting rank get the round's own error even when the
+    /// host returns at once: its bootstrap holds on until their replies
+    /// are written (a process exit right after would otherwise cut them off).
+    #[test]
+    fn hosting_rank_lets_owed_replies_out_before_it_returns() {
+        let id = create_unique_id(None).unwrap();
+        let peer = TcpBootstrap::connect(&id, 1, 3, T).unwrap();
+        let host = TcpBootstrap::connect(&id, 0, 3, T).unwrap();
+        let group = host.hosted.clone().expect("this process hosts the store");
+        *lock(&group.slow_replies_to) = Some(1);
+        let waiting = thread::spawn(move || peer.allgather(&[1], T).unwrap_err());
+        while *lock(&group.in_flight) == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        let e = host.allgather(&[0], SHORT).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Timeout);
+        drop(host);
+        assert_eq!(*lock(&group.in_flight), 0, "a reply to the peer was still unwritten");
+        let e = waiting.join().unwrap();
+        assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+        assert!(e.msg.contains("rank 2 of 3"), "{e}");
+    }
+
+    /// A peer waiting on a round the host never joins delays the host's
+    /// goodbye by at most `LINGER`.
+    #[test]
+    fn hosting_rank_lingers_for_a_bounded_time() {
+        let id = create_unique_id(None).unwrap();
+        let peer = TcpBootstrap::connect(&id, 1, 2, T).unwrap();
+        let host = TcpBootstrap::connect(&id, 0, 2, T).unwrap();
+        let group = host.hosted.clone().unwrap();
+        let wait = LINGER + Duration::from_secs(1);
+        let waiting = thread::spawn(move || peer.allgather(&[1], wait).unwrap_err());
+        while *lock(&group.in_flight) == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        let t = Instant::now();
+        drop(host);
+        let held = t.elapsed();
+        assert!(held >= LINGER - Duration::from_millis(50) && held < wait, "held {held:?}");
+        assert_eq!(waiting.join().unwrap().kind, ErrorKind::Timeout);
+    }
+
     #[test]
     fn wrong_secret_is_refused() {
         let id = create_unique_id(None).unwrap();
@@ -1125,6 +1252,7 @@ mod tests {
     fn dead_store_never_hangs_a_caller() {
         for hang_up in [true, false] {
             let c = TcpBootstrap::connect(&fake_store(hang_up), 0, 2, T).unwrap();
+            assert!(c.hosted.is_none());
             let t = Instant::now();
             let e = c.allgather(&[1], SHORT).unwrap_err();
             assert_eq!(e.kind, ErrorKind::Bootstrap, "{e}");
