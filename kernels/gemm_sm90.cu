@@ -58,7 +58,7 @@
 // Fused reduce-scatter (rs != 0): chunk c of the rows is rank c's output.
 // Tiles of a peer's chunk are written (in C's dtype) into that peer's inbox
 // slot for this rank, then flagged with a release store into the peer's
-// tile flags. The tiles of this rank's own chunk come last in `order`;
+// tile flags (see "Calls in sequence" below). The tiles of this rank's own chunk come last in `order`;
 // each adds every peer's partial of the same tile to its accumulators
 // before writing the output. With rs_push (rows of whole 16-byte units at
 // 16-byte aligned addresses) both are TMA's work, as in a plain matmul's
@@ -70,9 +70,18 @@
 // an own tile the producer takes the peers' flags and loads their partial
 // tiles into the ring behind the tile's k-blocks, so the consumers find
 // them in shared memory, with no load latency of their own to wait on.
-// Without rs_push, stores, flags and adds go from registers. Flags are
-// consumed (1 -> 0) by the reader, so nothing needs resetting between
-// calls (or graph replays).
+// Without rs_push, stores, flags and adds go from registers.
+//
+// Calls in sequence, with no barrier between them: each rank's state
+// (symm_rs_state) counts its completed calls (`epoch`). A call is epoch
+// e = epoch + 1 on every rank. A tile's flag is set to e when it lands, so
+// flags never need resetting, and the reader waits for its flags to reach
+// e. A rank pushes into a peer's inbox only once that peer's epoch has
+// reached e - 1, that is, once the peer's previous call has read all of
+// its inbox; the last CTA of a call to finish raises its rank's epoch.
+// Neither depends on the previous call's shape, and both live in device
+// memory, so graph replays keep them too. The state, its flags and the
+// inbox must be memory no other work writes.
 #include "common.cuh"
 #include "dtype.cuh"
 #include "wgmma.cuh"
@@ -102,6 +111,17 @@ struct symm_rs_maps {
     symm_tmap push[SYMM_GEMM_MAX_CHUNKS];
 };
 
+// Reduce-scatter: a rank's state, followed by its tile flags, u32
+// [world][tiles per chunk], flag[src][tile] the epoch in which rank src's
+// partial of that tile landed. Zeroed once, when the memory is made.
+struct symm_rs_state {
+    uint32_t epoch;     // calls completed (every CTA done reading the inbox)
+    uint32_t finished;  // CTAs of the running call done reading it
+    uint32_t pad[62];   // the flags start 256 bytes in
+};
+#define SYMM_RS_STATE_BYTES 256
+static_assert(sizeof(symm_rs_state) == SYMM_RS_STATE_BYTES, "the flags follow the state");
+
 // Mirrored by `GemmParams` in src/backend/cuda/sm90_gemm.rs (#[repr(C)]).
 struct symm_gemm_params {
     int32_t m, n, k;
@@ -116,7 +136,7 @@ struct symm_gemm_params {
     const uint32_t* ready; // all-gather arrival flags per chunk (NULL: none)
     int32_t rank, world;
     uint64_t inbox[SYMM_GEMM_MAX_CHUNKS];       // rs: rank d's inbox, [world][chunk_rows][n] of C's dtype
-    uint64_t tile_flags[SYMM_GEMM_MAX_CHUNKS];  // rs: rank d's flags, [world][tiles per chunk] u32
+    uint64_t rs_state[SYMM_GEMM_MAX_CHUNKS];    // rs: rank d's symm_rs_state and tile flags
     float alpha;           // scales the product (1/world for an average)
     int32_t c_tma;         // 1: plain C stored through tm_c (TMA, via shared memory)
     uint64_t timeout_ns;
@@ -277,7 +297,7 @@ struct symm_tiling {
 
     // rs: the flag of tile `index` of `dst`'s rows, sent by rank `src`.
     __device__ uint32_t* flag(const symm_gemm_params& p, int dst, int src, int index) const {
-        return (uint32_t*)p.tile_flags[dst] + (int64_t)src * per_chunk + index;
+        return (uint32_t*)(p.rs_state[dst] + SYMM_RS_STATE_BYTES) + (int64_t)src * per_chunk + index;
     }
 
     // Tile t: groups of GROUP_M row tiles (of `rows`, the list of row tiles
@@ -687,35 +707,71 @@ static __device__ __forceinline__ void symm_add_partials(float (&d)[BN / 2], con
     }
 }
 
-// Waits until *flag != 0 (acquire, system scope), or times out (recorded in
-// err, returns false): a missing peer never hangs the kernel. Polls with
-// relaxed loads and backs off (64 ns doubling to 1 us), then acquires once:
-// up to every CTA of the grid waits here at once, and a tight loop of
-// system-scope acquires from all of them slowed the copies being waited for
-// and the CTAs still computing (profiled: a 4 MB pull at 23 GB/s).
-static __device__ bool symm_wait_nonzero(const uint32_t* flag, const symm_gemm_params& p, int peer) {
+// Waits until done(*word) (acquire, system scope), or times out (recorded
+// in err as a wait of `kind` for `peer`, returns false): a missing peer
+// never hangs the kernel. Polls with relaxed loads and backs off (64 ns
+// doubling to 1 us), then acquires once: up to every CTA of the grid waits
+// here at once, and a tight loop of system-scope acquires from all of them
+// slowed the copies being waited for and the CTAs still computing
+// (profiled: a 4 MB pull at 23 GB/s).
+template <class Done>
+static __device__ bool symm_wait_for(const uint32_t* word, Done done, const symm_gemm_params& p, int peer,
+                                     uint32_t kind) {
     uint64_t timeout = p.timeout_ns ? p.timeout_ns : SYMM_DEFAULT_TIMEOUT_NS;
-    if (symm_ld_acquire_sys(flag) != 0) return true;
+    if (done(symm_ld_acquire_sys(word))) return true;
     const uint64_t start = symm_globaltimer_ns();
     uint64_t next_err_poll = start + SYMM_ERR_POLL_NS;
     uint32_t backoff = 64;
     for (;;) {
         __nanosleep(backoff);
         backoff = backoff < 1024 ? 2 * backoff : backoff;
-        if (symm_ld_relaxed_sys(flag) != 0) {
+        if (done(symm_ld_relaxed_sys(word))) {
             asm volatile("fence.acq_rel.sys;" ::: "memory");
             return true;
         }
         const uint64_t now = symm_globaltimer_ns();
         if (now - start >= timeout) {
-            symm_record_error(p.err, SYMM_ASYNC_TIMEOUT, p.rank, peer, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_VALUE,
-                              now - start);
+            symm_record_error(p.err, SYMM_ASYNC_TIMEOUT, p.rank, peer, SYMM_GEMM_CHANNEL, kind, now - start);
             return false;
         }
         if (now >= next_err_poll) {
             if (symm_error_pending(p.err)) return false;
             next_err_poll = now + SYMM_ERR_POLL_NS;
         }
+    }
+}
+
+// All-gather: waits for an arrival flag to be set.
+static __device__ bool symm_wait_nonzero(const uint32_t* flag, const symm_gemm_params& p, int peer) {
+    return symm_wait_for(flag, [](uint32_t v) { return v != 0; }, p, peer, SYMM_SIGNAL_KIND_VALUE);
+}
+
+// Reduce-scatter: waits for a flag or epoch to reach `target` (in the
+// order of a u32 that wraps, as the epochs do).
+static __device__ bool symm_wait_reach(const uint32_t* word, uint32_t target, const symm_gemm_params& p, int peer) {
+    return symm_wait_for(word, [target](uint32_t v) { return (int32_t)(v - target) >= 0; }, p, peer,
+                         SYMM_SIGNAL_KIND_WAIT);
+}
+
+// Is this a reduce-scatter with peers (the epoch protocol above)?
+static __device__ __forceinline__ bool symm_rs_live(const symm_gemm_params& p) {
+    return p.rs && p.world > 1;
+}
+
+static __device__ __forceinline__ symm_rs_state* symm_rs_state_of(const symm_gemm_params& p, int rank) {
+    return (symm_rs_state*)p.rs_state[rank];
+}
+
+// Run by one consumer thread per CTA once its CTA has read all it reads of
+// the inbox: the last CTA raises this rank's epoch, which lets the peers'
+// next call push.
+static __device__ void symm_rs_finish(const symm_gemm_params& p, uint32_t epoch) {
+    symm_rs_state* st = symm_rs_state_of(p, p.rank);
+    __threadfence();  // this CTA's reads before its count
+    if (atomicAdd(&st->finished, 1u) == gridDim.x - 1) {
+        __threadfence();  // every CTA's count (and reads) before the epoch
+        st->finished = 0;  // read again only by the next call, after this kernel
+        symm_st_release_sys(&st->epoch, epoch);
     }
 }
 
@@ -738,7 +794,7 @@ static __device__ __forceinline__ bool symm_rs_pushes(const symm_gemm_params& p)
 // The flagging warp: pushed.full completes when both consumer warpgroups'
 // stores of the tile completed (their threads 0 arrive).
 static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
-                                           symm_handoff* pushed) {
+                                           symm_handoff* pushed, uint32_t epoch) {
     uint32_t phase = 0;
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, bn, t);
@@ -749,7 +805,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         // cumulative, publishes them. No __threadfence_system: a
         // fence.sc.sys here, off the consumers' path, still cost the
         // kernel about 3% (bench/KERNELS.md).
-        symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), 1u);
+        symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
         symm_mbar_arrive(&pushed->empty);
         phase ^= 1;
     }
@@ -764,9 +820,10 @@ struct symm_gemm_cfg {
     static constexpr int A_BYTES = SYMM_GEMM_BM * SYMM_GEMM_BK_BYTES;
     static constexpr int B_BYTES = BN * SYMM_GEMM_BK_BYTES;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    // Ring, epilogue staging, then 2 * STAGES mbarriers of the ring and the
-    // rs_push flag handoff's two; +1024 to align the ring for the swizzle.
-    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 2) * 8 + 1024;
+    // Ring, epilogue staging, then 2 * STAGES mbarriers of the ring, the
+    // rs_push flag handoff's two and the call's epoch (8 bytes); +1024 to
+    // align the ring for the swizzle.
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 3) * 8 + 1024;
 };
 
 template <int A_DT, int B_DT, int BN, bool PROMOTE>
@@ -784,6 +841,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     uint64_t* full = (uint64_t*)(staging + SYMM_GEMM_EPI_BYTES);
     uint64_t* empty = full + STAGES;
     symm_handoff* pushed = (symm_handoff*)(empty + STAGES);  // rs_push: tiles to flag
+    uint32_t* call_epoch = (uint32_t*)(pushed + 1);         // rs: this call's epoch
     auto stage_a = [&](int s) { return ring + s * Cfg::STAGE_BYTES; };
     auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
 
@@ -797,8 +855,13 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         symm_mbar_init(&pushed->empty, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        // Read once for the CTA: the last CTA raises it when it finishes.
+        if (symm_rs_live(p)) *call_epoch = symm_rs_state_of(p, p.rank)->epoch + 1;
     }
     __syncthreads();
+    // Read where used, not held: a register live across the consumers'
+    // mainloop spilled (ptxas, n256 kernels).
+    auto rs_epoch = [&]() { return *(volatile uint32_t*)call_epoch; };
 
     const symm_tiling tiling(p, BN);
     // Elements of k per k-block: 64 of a 16-bit type, 128 of an 8-bit one.
@@ -810,8 +873,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // lane of warp 1 sets the pushed tiles' flags; the rest only donate
         // their registers to the consumers.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, pushed);
+        if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, pushed, rs_epoch());
         if (threadIdx.x != 0) return;
+        if (symm_rs_live(p)) {
+            // The consumers push tiles after their k-blocks, which wait on
+            // this (through the ring's barriers): every peer's previous call
+            // has read its inbox. A timeout is recorded; the tiles still go,
+            // so nobody hangs.
+            for (int d = 0; d < p.world; d++) {
+                if (d != p.rank) symm_wait_reach(&symm_rs_state_of(p, d)->epoch, rs_epoch() - 1, p, d);
+            }
+        }
         int stage = 0;
         uint32_t phase = 0;
         auto advance = [&]() {
@@ -854,14 +926,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 advance();
             }
             if (!symm_rs_pushes(p) || tile.chunk != p.rank) continue;
-            // One of our own tiles: take every peer's flag of it (consumed,
-            // 1 -> 0; after a timeout the loads still go, so nobody hangs),
-            // then load their partials behind the k-blocks. Boxes past n are
-            // not loaded (nor added).
+            // One of our own tiles: wait for every peer's flag of it to
+            // reach this call's epoch (after a timeout the loads still go,
+            // so nobody hangs), then load their partials behind the
+            // k-blocks. Boxes past n are not loaded (nor added).
             for (int src = 0; src < p.world; src++) {
-                if (src == p.rank) continue;
-                symm_spin_cas(tiling.flag(p, p.rank, src, tile.index), 1u, 0u, false, p.timeout_ns, p.err, p.rank,
-                              src, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_WAIT);
+                if (src != p.rank) symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), rs_epoch(), p, src);
             }
             // The peers' TMA stores were flagged after they completed: order
             // our (async proxy) loads after the flags.
@@ -934,14 +1004,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_wgmma_commit();
     };
-    // Waits for (and consumes) every peer's partial of an own-rows tile.
+    // Waits for every peer's partial of an own-rows tile (its flag at this
+    // call's epoch).
     auto take_peer_tiles = [&](const symm_tile& tile) {
         if (threadIdx.x == 128) {
-            uint32_t* flags = (uint32_t*)p.tile_flags[p.rank];
             for (int src = 0; src < p.world; src++) {
-                if (src == p.rank) continue;
-                symm_spin_cas(flags + (int64_t)src * tiling.per_chunk + tile.index, 1u, 0u, false, p.timeout_ns,
-                              p.err, p.rank, src, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_WAIT);
+                if (src != p.rank) symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), rs_epoch(), p, src);
             }
         }
         symm_consumers_sync();
@@ -1086,10 +1154,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
 #undef SYMM_EPI
             symm_consumers_sync();
             if (threadIdx.x == 128) {
-                uint32_t* flag = tiling.flag(p, tile.chunk, p.rank, tile.index);
                 __threadfence_system();
-                symm_spin_cas(flag, 0u, 1u, true, p.timeout_ns, p.err, p.rank, tile.chunk, SYMM_GEMM_CHANNEL,
-                              SYMM_SIGNAL_KIND_PUT);
+                symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), rs_epoch());
             }
         } else {
             // Our own rows: wait for every peer's partial tile, then sum.
@@ -1111,6 +1177,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     if (unflagged) flag_pushed_tile();
     // The last stores must finish reading shared memory before the CTA exits.
     if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    if (symm_rs_live(p)) {
+        // Both warpgroups have added every partial they were given (rs_push:
+        // the ring's loads landed before the adds; else their own loads).
+        symm_consumers_sync();
+        if (threadIdx.x == 128) symm_rs_finish(p, rs_epoch());
+    }
 }
 
 #define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE)                                                      \

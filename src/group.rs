@@ -23,6 +23,21 @@ use std::time::Duration;
 /// Default time any rank waits for the others.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The symmetric buffers the operations layer keeps per group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scratch {
+    /// Staging and scratch that every call reuses.
+    Workspace = 0,
+    /// The fused reduce-scatter's inboxes and state: the state counts the
+    /// calls, which lets one call follow another with no barrier, so no
+    /// other work may write this memory.
+    Mailbox = 1,
+}
+
+impl Scratch {
+    const COUNT: usize = 2;
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct GroupConfig {
     /// `None`: take `SYMM_BACKEND`, else Auto.
@@ -101,10 +116,11 @@ pub struct Group {
     /// hash of their arguments; opaque here. Each stands for a signature in
     /// `agreed`, so both are emptied together.
     prepared: Mutex<HashMap<u64, Vec<Prepared>>>,
-    /// The operations' symmetric workspace, grown collectively on demand.
-    /// It refers back to this group, so [`Group::release_workspace`] breaks
-    /// the cycle when the caller gives the group up.
-    workspace: Mutex<Option<Arc<Handle>>>,
+    /// The operations' symmetric scratch buffers by [`Scratch`], grown
+    /// collectively on demand. They refer back to this group, so
+    /// [`Group::release_scratch`] breaks the cycle when the caller gives the
+    /// group up.
+    scratch: [Mutex<Option<Arc<Handle>>>; Scratch::COUNT],
     /// Every live rendezvoused handle of this group, by the address range
     /// of this rank's data.
     symmetric: Mutex<Vec<(std::ops::Range<u64>, Weak<Handle>)>>,
@@ -181,7 +197,7 @@ impl Group {
             check_args_always: check_args_always?,
             agreed: Mutex::default(),
             prepared: Mutex::default(),
-            workspace: Mutex::new(None),
+            scratch: Default::default(),
             symmetric: Mutex::new(Vec::new()),
         }))
     }
@@ -296,20 +312,26 @@ impl Group {
         prepared.entry(hash).or_default().push(call);
     }
 
+    /// The operations' scratch buffer of `kind`, if one was made.
+    pub fn scratch(&self, kind: Scratch) -> Option<Arc<Handle>> {
+        lock(&self.scratch[kind as usize]).clone()
+    }
+
     /// The operations' workspace, if one was made.
     pub fn workspace(&self) -> Option<Arc<Handle>> {
-        lock(&self.workspace).clone()
+        self.scratch(Scratch::Workspace)
     }
 
-    /// Replaces the workspace (the old one is freed once no call uses it).
-    pub fn set_workspace(&self, ws: Arc<Handle>) {
-        *lock(&self.workspace) = Some(ws);
+    /// Replaces a scratch buffer (the old one is freed once no call uses it).
+    pub fn set_scratch(&self, kind: Scratch, h: Arc<Handle>) {
+        *lock(&self.scratch[kind as usize]) = Some(h);
     }
 
-    /// Frees the workspace, which otherwise keeps the group alive through
-    /// its buffer's reference. Called when the caller destroys the group.
-    pub fn release_workspace(&self) {
-        lock(&self.workspace).take();
+    /// Frees the scratch buffers, which otherwise keep the group alive
+    /// through their buffers' references. Called when the caller destroys
+    /// the group.
+    pub fn release_scratch(&self) {
+        self.scratch.iter().for_each(|s| drop(lock(s).take()));
     }
 
     /// Adds a rendezvoused handle to the registry that

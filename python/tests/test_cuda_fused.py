@@ -93,6 +93,48 @@ def test_fused_mm_rs_matches_float64(dtype, op, m, k, n):
         assert e < TOLERANCE[dtype], e
 
 
+def test_fused_mm_rs_back_to_back_across_shapes_and_skew():
+    """Fused mm_rs calls follow one another with no barrier between them:
+    a rank pushes into a peer's inbox only once the peer's previous call
+    has read it (a count of calls the kernel keeps in the mailbox). Two
+    shapes alternate (different tilings of the same inbox), a fused ag_mm
+    runs between them (the workspace, not the mailbox), one rank at a time
+    starts late by a ~1 ms spin, and nothing is synchronized until the
+    end; every output is its own poisoned tensor."""
+    dtype = torch.bfloat16
+    shapes = [(512, 1024, 768), (256, 512, 1280)]  # m, k, n
+    a = {s: [randn(80 + r + 2 * i, s[:2], dtype) for r in range(WORLD)] for i, s in enumerate(shapes)}
+    b = {s: weight(90 + i, s[1], s[2], dtype) for i, s in enumerate(shapes)}
+    want = {s: sum(x.double() for x in a[s]) @ b[s].double() for s in shapes}
+    rounds = 4
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        dev = {s: ([x.cuda() for x in a[s]], b[s].cuda()) for s in shapes}
+        outs = []
+        for i in range(rounds):
+            for s in shapes:
+                m, k, n = s
+                if (i + shapes.index(s)) % WORLD == g.rank:
+                    torch.cuda._sleep(2_000_000)  # about a millisecond: this rank starts late
+                out = torch.full((m // WORLD, n), float("nan"), dtype=dtype, device="cuda")
+                symm.mm_rs(g, dev[s][0][g.rank], dev[s][1], 0, out=out)
+                outs.append((s, out))
+            gathered = symm.fused_ag_mm(g, dev[shapes[0]][0][g.rank], dev[shapes[0]][1], 0)
+            outs.append(("ag", gathered))
+        torch.cuda.synchronize()
+        g.check_async_error()
+        return [(s, t.cpu()) for s, t in outs]
+
+    ag_want = torch.cat(a[shapes[0]]).double() @ b[shapes[0]].double()
+    for rank, outs in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+        assert len(outs) == rounds * (len(shapes) + 1)
+        for s, got in outs:
+            ref = ag_want if s == "ag" else want[s].chunk(WORLD)[rank]
+            e = rel_err(got, ref)
+            assert e < TOLERANCE[dtype], (rank, s, e)
+
+
 def test_fused_refuses_what_it_cannot_run():
     """A row-major B cannot feed the kernel: with SYMM_ALGO=fused the call
     fails on every rank with a message (nothing hangs)."""

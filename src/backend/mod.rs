@@ -315,14 +315,17 @@ pub struct FusedGather {
 }
 
 /// Chunk `d` of the product is rank `d`'s: pushed into `inbox[d]` (slot
-/// `rank`) and announced in `flags[d]`; this rank's own chunk, visited last,
-/// is summed with the peers' partials into `c`. Sizes: [`FusedMatmul::inbox_bytes`]
-/// and [`FusedMatmul::flag_bytes`].
+/// `rank`) and announced in the tile flags of `state[d]`; this rank's own
+/// chunk, visited last, is summed with the peers' partials into `c`. Sizes:
+/// [`FusedMatmul::inbox_bytes`] and [`FusedMatmul::state_bytes`]. The
+/// state starts zeroed and no other work may write it or the inbox: it
+/// counts the calls, which is what lets one call follow another with no
+/// barrier between them.
 #[derive(Clone, Debug)]
 pub struct FusedScatter {
     pub rank: usize,
     pub inbox: Vec<u64>,
-    pub flags: Vec<u64>,
+    pub state: Vec<u64>,
 }
 
 impl FusedGather {
@@ -337,10 +340,15 @@ impl FusedMatmul {
         chunk_rows * n * world * out_elem
     }
 
-    /// Bytes of one rank's tile flags (at most; any tile width fits).
-    pub fn flag_bytes(chunk_rows: usize, n: usize, world: usize) -> usize {
+    /// The reduce-scatter state's header (`SYMM_RS_STATE_BYTES`: the count
+    /// of calls), before its tile flags.
+    pub const STATE_HEADER_BYTES: usize = 256;
+
+    /// Bytes of one rank's reduce-scatter state: the header, then its tile
+    /// flags (at most; any tile width fits).
+    pub fn state_bytes(chunk_rows: usize, n: usize, world: usize) -> usize {
         // 128 x 128 is the smallest tile the kernels use.
-        chunk_rows.div_ceil(128) * n.div_ceil(128) * world * 4
+        Self::STATE_HEADER_BYTES + chunk_rows.div_ceil(128) * n.div_ceil(128) * world * 4
     }
 }
 

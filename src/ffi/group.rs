@@ -163,7 +163,7 @@ pub unsafe extern "C" fn symm_group_init_local(
 pub extern "C" fn symm_group_destroy(group: symm_group_t) -> symm_status_t {
     call("symm_group_destroy", || {
         if let Some(g) = GROUPS.remove(group as usize)? {
-            g.release_workspace();
+            g.release_scratch();
         }
         Ok(())
     })

@@ -199,6 +199,6 @@ mod tests {
             assert!(in_place < 4 * n, "the in-place gather staged its input ({in_place} bytes of workspace)");
             assert!(staged >= 4 * n);
         }
-        groups.iter().for_each(|g| g.release_workspace());
+        groups.iter().for_each(|g| g.release_scratch());
     }
 }

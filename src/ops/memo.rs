@@ -13,7 +13,7 @@
 //! a call that skips the agreement here is one whose agreement every peer
 //! skips too. Not used when the group checks arguments on every call.
 
-use super::Plan;
+use super::{Plan, ScratchIds};
 use crate::group::Group;
 use std::any::{Any, TypeId};
 use std::collections::hash_map::DefaultHasher;
@@ -21,23 +21,23 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 /// One prepared call: its arguments, the `SYMM_ALGO` it was planned under,
-/// its plan, and its replay key for the workspace it last ran with.
+/// its plan, and its replay key for the scratch buffers it last ran with.
 pub struct Entry<C, P> {
     call: C,
     algo: Option<String>,
     pub plan: Arc<P>,
-    key: Mutex<Option<(u64, String)>>,
+    key: Mutex<Option<(ScratchIds, String)>>,
 }
 
 impl<C, P: Plan> Entry<C, P> {
-    /// The replay key for a workspace: made once per workspace.
-    pub fn key(&self, workspace: u64, make: impl FnOnce() -> String) -> String {
+    /// The replay key for scratch buffers: made once per set of them.
+    pub fn key(&self, ids: ScratchIds, make: impl FnOnce() -> String) -> String {
         let mut key = self.key.lock().unwrap_or_else(|p| p.into_inner());
         match &*key {
-            Some((ws, k)) if *ws == workspace => k.clone(),
+            Some((last, k)) if *last == ids => k.clone(),
             _ => {
                 let k = make();
-                *key = Some((workspace, k.clone()));
+                *key = Some((ids, k.clone()));
                 k
             }
         }
@@ -150,6 +150,6 @@ mod tests {
                 }
             }
         });
-        groups.iter().for_each(|g| g.release_workspace());
+        groups.iter().for_each(|g| g.release_scratch());
     }
 }

@@ -217,17 +217,19 @@ impl MmRs {
         // them), local copies of the peers' chunks for this rank, the
         // reduced chunk (when `out` is not contiguous), then room to pack
         // `a` (or a slice of it) into a matrix, and its row scales into a
-        // vector. Fused: only the inbox, a slot per source rank that the
-        // peers' kernels write into, and the tile flags. Agreed shapes and
-        // dtypes only.
+        // vector. Fused: in the mailbox instead (memory no other call
+        // writes), the kernel's state with its tile flags, and the inbox, a
+        // slot per source rank that the peers' kernels write into. Agreed
+        // shapes and dtypes only.
         let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
         let rows = a.numel() / a.shape[last];
         let mut layout = Layout::default();
+        let mut mailbox = Layout::default();
         let mut region = |bytes| layout.region(bytes);
-        let (chunks, staged, reduced, packed_a, inbox, flags) = if algorithm == plan::Algorithm::Fused {
+        let (chunks, staged, reduced, packed_a, state, inbox) = if algorithm == plan::Algorithm::Fused {
             let out_rows = self.out.numel() / self.out.shape[last];
-            let inbox = region(check::mul(chunk_bytes, world, "the product")?);
-            (Vec::new(), Vec::new(), 0, 0, inbox, region(FusedMatmul::flag_bytes(out_rows, b.shape[1], world)))
+            let state = mailbox.region(FusedMatmul::state_bytes(out_rows, b.shape[1], world));
+            (Vec::new(), Vec::new(), 0, 0, state, mailbox.region(check::mul(chunk_bytes, world, "the product")?))
         } else {
             // Back to back, so that for scatter_dim 0 they form the whole product.
             let product = region(check::mul(chunk_bytes, world, "the product")?);
@@ -248,11 +250,12 @@ impl MmRs {
             staged,
             reduced,
             packed_a,
+            state,
             inbox,
-            flags,
             packed_scale,
             algorithm,
             workspace: layout.bytes(),
+            mailbox: mailbox.bytes(),
         })
     }
 }
@@ -269,18 +272,24 @@ pub(super) struct MmRsPlan {
     staged: Vec<usize>,
     reduced: usize,
     packed_a: usize,
-    /// Fused: the inbox (`world` chunks) and the tile flags.
+    /// Fused, mailbox offsets: the kernel's state (with its tile flags) and
+    /// the inbox (`world` chunks).
+    state: usize,
     inbox: usize,
-    flags: usize,
     /// Row-wise: where a slice of `a_scale` is made contiguous.
     packed_scale: Option<usize>,
     algorithm: plan::Algorithm,
     workspace: usize,
+    mailbox: usize,
 }
 
 impl Plan for MmRsPlan {
     fn workspace_bytes(&self) -> usize {
         self.workspace
+    }
+
+    fn mailbox_bytes(&self) -> usize {
+        self.mailbox
     }
 
     fn replay_key(&self) -> String {
@@ -306,21 +315,19 @@ impl Plan for MmRsPlan {
 }
 
 impl MmRsPlan {
-    /// Fused (dim 0 of matrices, see `fused_field`): zero this rank's tile
-    /// flags, barrier (every rank has zeroed its flags and finished its
-    /// previous call, so nobody still reads an inbox), then one kernel: the
-    /// peers' chunks first (rank+1 first), each tile pushed into the
-    /// destination's inbox slot for this rank and flagged; this rank's own
+    /// Fused (dim 0 of matrices, see `fused_field`): one kernel, and no
+    /// barrier before it. The peers' chunks first (rank+1 first), each tile
+    /// pushed into the destination's inbox slot for this rank once that
+    /// rank's previous call has read its inbox, and flagged; this rank's own
     /// chunk last, each tile summed with the peers' partials as their flags
-    /// arrive and written to `out`.
+    /// arrive and written to `out`. The kernel keeps the count of calls
+    /// that this takes in the mailbox (`FusedScatter`).
     fn fused(&self, ex: &Exec<'_>) -> Result<()> {
         let MmRs { a, b, out, .. } = &self.call;
         let (me, world) = (ex.rank(), ex.world());
         let backend = ex.group.backend();
         let lhs = a.as_matrix().expect("checked by fused_field");
         let rows = lhs.shape[0] / world;
-        backend.zero(ex.local(self.flags), FusedMatmul::flag_bytes(rows, b.shape[1], world), ex.stream)?;
-        ex.barrier()?;
         let scale = match self.call.op {
             ReduceOp::Sum => 1.0,
             ReduceOp::Avg => 1.0 / world as f32,
@@ -332,8 +339,8 @@ impl MmRsPlan {
             order: (1..=world).map(|i| (me + i) % world).collect(),
             scatter: Some(FusedScatter {
                 rank: me,
-                inbox: (0..world).map(|r| ex.at(r, self.inbox)).collect::<Result<_>>()?,
-                flags: (0..world).map(|r| ex.at(r, self.flags)).collect::<Result<_>>()?,
+                inbox: (0..world).map(|r| ex.in_mailbox(r, self.inbox)).collect::<Result<_>>()?,
+                state: (0..world).map(|r| ex.in_mailbox(r, self.state)).collect::<Result<_>>()?,
             }),
             alpha: scale,
             timeout: ex.group.timeout(),
@@ -691,6 +698,6 @@ mod tests {
                 assert_eq!(got.to_f32(), want, "rank {r}, row {row}, column {col}");
             }
         }
-        groups.iter().for_each(|g| g.release_workspace());
+        groups.iter().for_each(|g| g.release_scratch());
     }
 }

@@ -43,8 +43,8 @@ pub use workspace::reserve as reserve_workspace;
 use crate::array::Array;
 use crate::backend::{GemmScales, Stream};
 use crate::buffer::Handle;
-use crate::error::Result;
-use crate::group::Group;
+use crate::error::{err, Result};
+use crate::group::{Group, Scratch};
 use agree::Signature;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -55,6 +55,11 @@ trait Plan {
     /// (never from local strides or addresses), so every rank sizes the
     /// workspace alike.
     fn workspace_bytes(&self) -> usize;
+    /// Mailbox bytes the call needs (agreed arguments only, as above);
+    /// only the fused reduce-scatter has one.
+    fn mailbox_bytes(&self) -> usize {
+        0
+    }
     fn execute(&self, ex: &Exec<'_>) -> Result<()>;
     /// Everything `execute` reads from the plan (addresses included), so
     /// that two plans with the same key issue the same work: a backend
@@ -90,7 +95,7 @@ where
     let algo = memo::algorithm_override();
     if let (true, Ok(c)) = (reuse, &call) {
         if let Some(e) = memo::find::<C, P>(group, c, &algo) {
-            return launch(group, stream, &*e.plan, &|ws, make| e.key(ws, make));
+            return launch(group, stream, &*e.plan, &|ids, make| e.key(ids, make));
         }
     }
     let kept = call.as_ref().ok().filter(|_| reuse).cloned();
@@ -98,7 +103,7 @@ where
     match kept {
         Some(c) => {
             let e = memo::keep(group, c, algo, Arc::new(plan));
-            launch(group, stream, &*e.plan, &|ws, make| e.key(ws, make))
+            launch(group, stream, &*e.plan, &|ids, make| e.key(ids, make))
         }
         None => launch(group, stream, &plan, &|_, make| make()),
     }
@@ -115,30 +120,45 @@ fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<
     plan
 }
 
+/// The ids of the scratch buffers a call runs with (workspace, mailbox),
+/// which its replay key depends on.
+type ScratchIds = (u64, Option<u64>);
+
 /// Executes an agreed plan (with the collective lock held), replayed where
-/// the backend can. `key(workspace id, make)` is the replay key, `make()`
+/// the backend can. `key(scratch ids, make)` is the replay key, `make()`
 /// making it afresh.
 fn launch<P: Plan>(
     group: &Arc<Group>,
     stream: Stream,
     plan: &P,
-    key: &dyn Fn(u64, &dyn Fn() -> String) -> String,
+    key: &dyn Fn(ScratchIds, &dyn Fn() -> String) -> String,
 ) -> Result<()> {
-    let ws = workspace::ensure(group, plan.workspace_bytes())?;
-    let make =
-        || format!("rank {} of {}, workspace {:#x}: {}", group.rank(), group.world(), ws.id(), plan.replay_key());
-    let key = || key(ws.id(), &make);
-    group.backend().run_repeatable(&key, stream, &mut |s| plan.execute(&Exec { group, ws: ws.clone(), stream: s }))
+    let ws = workspace::ensure(group, Scratch::Workspace, plan.workspace_bytes())?;
+    let mailbox = match plan.mailbox_bytes() {
+        0 => None,
+        bytes => Some(workspace::ensure(group, Scratch::Mailbox, bytes)?),
+    };
+    let ids = (ws.id(), mailbox.as_ref().map(|m| m.id()));
+    let make = || {
+        let mailbox = ids.1.map(|id| format!(", mailbox {id:#x}")).unwrap_or_default();
+        format!("rank {} of {}, workspace {:#x}{mailbox}: {}", group.rank(), group.world(), ids.0, plan.replay_key())
+    };
+    let key = || key(ids, &make);
+    group.backend().run_repeatable(&key, stream, &mut |s| {
+        plan.execute(&Exec { group, ws: ws.clone(), mailbox: mailbox.clone(), stream: s })
+    })
 }
 
 /// The signal channel of the workspace that operations synchronize on
 /// (the workspace is private to them, so one channel serves all).
 const CHANNEL: usize = 0;
 
-/// What a plan executes with: the group, its workspace, the caller's stream.
+/// What a plan executes with: the group, its workspace (and mailbox, when
+/// it asked for one), the caller's stream.
 struct Exec<'a> {
     group: &'a Group,
     ws: Arc<Handle>,
+    mailbox: Option<Arc<Handle>>,
     stream: Stream,
 }
 
@@ -159,6 +179,12 @@ impl Exec<'_> {
     /// Address of `offset` in this rank's workspace.
     fn local(&self, offset: usize) -> u64 {
         self.ws.buffer().addr() + offset as u64
+    }
+
+    /// Address of `offset` in rank `r`'s mailbox, as mapped here.
+    fn in_mailbox(&self, r: usize, offset: usize) -> Result<u64> {
+        let mailbox = self.mailbox.as_ref().ok_or_else(|| err!(Internal, "the plan was given no mailbox"))?;
+        Ok(mailbox.peer_addr(r)? + offset as u64)
     }
 
     /// Every rank once, starting with this one and going down, so that at

@@ -1,15 +1,17 @@
 //! The group's symmetric workspace: one rendezvoused buffer per group that
 //! operations stage data in (each rank's region at the same offset, so a
-//! peer's region is `peer_addr(r) + offset`) and keep local scratch in.
+//! peer's region is `peer_addr(r) + offset`) and keep local scratch in; and
+//! beside it the mailbox, which only the fused reduce-scatter uses (its
+//! state must survive from one call to the next, see [`Scratch`]).
 //!
-//! Growing it is a rendezvous, hence collective. Every rank decides to grow
-//! from the agreed arguments and its current size, both equal on every
-//! rank, so all ranks grow together. It never shrinks and is reused by
-//! every later call.
+//! Growing either is a rendezvous, hence collective. Every rank decides to
+//! grow from the agreed arguments and its current size, both equal on every
+//! rank, so all ranks grow together. Neither shrinks; a grown one starts
+//! zeroed, as the first one did.
 
 use crate::buffer::{self, Buffer, Handle};
 use crate::error::{err, Result};
-use crate::group::Group;
+use crate::group::{Group, Scratch};
 use std::sync::Arc;
 
 /// Sizes grow in steps of this, so a run of slightly larger calls does not
@@ -38,10 +40,10 @@ impl Layout {
     }
 }
 
-/// Collective (with the collective lock held): a workspace of at least
-/// `bytes`, grown on every rank when the current one is smaller.
-pub fn ensure(group: &Arc<Group>, bytes: usize) -> Result<Arc<Handle>> {
-    if let Some(ws) = group.workspace() {
+/// Collective (with the collective lock held): a scratch buffer of `kind`
+/// of at least `bytes`, grown on every rank when the current one is smaller.
+pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize) -> Result<Arc<Handle>> {
+    if let Some(ws) = group.scratch(kind) {
         if ws.buffer().size() >= bytes {
             return Ok(ws);
         }
@@ -49,7 +51,7 @@ pub fn ensure(group: &Arc<Group>, bytes: usize) -> Result<Arc<Handle>> {
     let size = bytes
         .max(1)
         .checked_next_multiple_of(GROWTH_STEP)
-        .ok_or_else(|| err!(InvalidArgument, "a workspace of {bytes} bytes is too large"))?;
+        .ok_or_else(|| err!(InvalidArgument, "a {kind:?} of {bytes} bytes is too large"))?;
     let buf = match Buffer::create(group, size) {
         Ok(b) => b,
         Err(e) => {
@@ -59,8 +61,8 @@ pub fn ensure(group: &Arc<Group>, bytes: usize) -> Result<Arc<Handle>> {
             return Err(e);
         }
     };
-    let ws = buffer::rendezvous_locked(&buf).map_err(|e| e.context("growing the workspace"))?;
-    group.set_workspace(ws.clone());
+    let ws = buffer::rendezvous_locked(&buf).map_err(|e| e.context(format!("growing the {kind:?}")))?;
+    group.set_scratch(kind, ws.clone());
     Ok(ws)
 }
 
@@ -81,7 +83,7 @@ pub fn reserve(group: &Arc<Group>, bytes: usize) -> Result<()> {
             differ.join(", ")
         ));
     }
-    ensure(group, bytes).map(drop)
+    ensure(group, Scratch::Workspace, bytes).map(drop)
 }
 
 #[cfg(test)]
@@ -102,16 +104,38 @@ mod tests {
         let gs = host_groups(2);
         let ids = on_each(&gs, |_, g| {
             let _l = g.lock_collective();
-            let small = ensure(g, 100).unwrap();
-            let again = ensure(g, GROWTH_STEP).unwrap();
+            let small = ensure(g, Scratch::Workspace, 100).unwrap();
+            let again = ensure(g, Scratch::Workspace, GROWTH_STEP).unwrap();
             assert!(Arc::ptr_eq(&small, &again));
-            let big = ensure(g, GROWTH_STEP + 1).unwrap();
+            let big = ensure(g, Scratch::Workspace, GROWTH_STEP + 1).unwrap();
             assert_eq!(big.buffer().size(), 2 * GROWTH_STEP);
             (small.id(), big.id())
         });
         assert_eq!(ids[0], ids[1]);
         assert_ne!(ids[0].0, ids[0].1);
-        gs.iter().for_each(|g| g.release_workspace());
+        gs.iter().for_each(|g| g.release_scratch());
+    }
+
+    /// The mailbox is a buffer of its own: the workspace's growth and use
+    /// never touch it, and a new one starts zeroed on every rank.
+    #[test]
+    fn mailbox_is_apart_from_the_workspace() {
+        let gs = host_groups(2);
+        let ids = on_each(&gs, |_, g| {
+            let _l = g.lock_collective();
+            let ws = ensure(g, Scratch::Workspace, 100).unwrap();
+            let mb = ensure(g, Scratch::Mailbox, 100).unwrap();
+            assert_ne!(ws.id(), mb.id());
+            // SAFETY: host memory of `size` bytes, this rank's own.
+            let bytes = unsafe { std::slice::from_raw_parts(mb.buffer().addr() as *const u8, mb.buffer().size()) };
+            assert!(bytes.iter().all(|&b| b == 0));
+            let ws2 = ensure(g, Scratch::Workspace, 2 * GROWTH_STEP).unwrap();
+            assert!(Arc::ptr_eq(&mb, &g.scratch(Scratch::Mailbox).unwrap()));
+            (ws2.id(), mb.id())
+        });
+        assert_eq!(ids[0], ids[1]);
+        gs.iter().for_each(|g| g.release_scratch());
+        assert!(gs.iter().all(|g| g.scratch(Scratch::Workspace).is_none() && g.scratch(Scratch::Mailbox).is_none()));
     }
 
     #[test]
@@ -125,6 +149,6 @@ mod tests {
         }
         on_each(&gs, |_, g| reserve(g, 3 << 20).unwrap());
         assert!(gs.iter().all(|g| g.workspace().unwrap().buffer().size() == 3 << 20));
-        gs.iter().for_each(|g| g.release_workspace());
+        gs.iter().for_each(|g| g.release_scratch());
     }
 }

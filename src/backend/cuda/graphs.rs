@@ -9,8 +9,9 @@
 //! eagerly, as before.
 //!
 //! Safe because the operations keep no per-call state on the host (signal
-//! kernels are epoch-free, flags are zeroed by the work itself), so a
-//! replay does exactly what an eager run would, and ranks may mix the two.
+//! kernels are epoch-free, flags are zeroed by the work itself, the fused
+//! reduce-scatter counts its calls in device memory), so a replay does
+//! exactly what an eager run would, and ranks may mix the two.
 //! Not used while the caller's stream is itself being captured (the caller
 //! builds its own graph then) or with `SYMM_GRAPHS=0`.
 

@@ -56,7 +56,7 @@ struct Params {
     rank: i32,
     world: i32,
     inbox: [u64; MAX_CHUNKS],
-    tile_flags: [u64; MAX_CHUNKS],
+    rs_state: [u64; MAX_CHUNKS],
     alpha: f32,
     c_tma: i32,
     timeout_ns: u64,
@@ -120,10 +120,10 @@ impl TileN {
     /// Dynamic shared memory of the kernel (`symm_gemm_cfg::SMEM_BYTES`):
     /// the ring, the epilogue's staging (`SYMM_GEMM_EPI_BYTES`), barriers
     /// (the ring's two per stage, the two of the reduce-scatter's flag
-    /// handoff).
+    /// handoff) and the reduce-scatter's epoch (8 bytes).
     const fn smem_bytes(self) -> usize {
         let stage = (BM + self.cols()) * BK_BYTES;
-        self.stages() * stage + EPI_BYTES + (2 * self.stages() + 2) * 8 + 1024
+        self.stages() * stage + EPI_BYTES + (2 * self.stages() + 3) * 8 + 1024
     }
 }
 
@@ -282,14 +282,17 @@ pub struct Gather {
 }
 
 /// The fused reduce-scatter epilogue: chunk `d` of the product's rows is
-/// rank `d`'s output. `inbox[d]` / `tile_flags[d]` are rank `d`'s buffers as
-/// mapped here (sizes from [`Sm90Matmul::inbox_bytes`] and
-/// [`Sm90Matmul::flag_bytes`]); C is this rank's output chunk.
+/// rank `d`'s output. `inbox[d]` / `state[d]` are rank `d`'s inbox and
+/// reduce-scatter state (`symm_rs_state`, then its tile flags) as mapped
+/// here (sizes from [`Sm90Matmul::inbox_bytes`] and
+/// [`Sm90Matmul::state_bytes`]); C is this rank's output chunk. The state
+/// must start zeroed and then belong to these calls alone: it carries the
+/// count of calls that lets one follow another without a barrier.
 #[derive(Clone, Debug)]
 pub struct Scatter {
     pub rank: usize,
     pub inbox: Vec<u64>,
-    pub tile_flags: Vec<u64>,
+    pub state: Vec<u64>,
 }
 
 /// One launch: `C[m, n] = alpha * A[m, k] @ B[n, k]^T`, A's rows in
@@ -427,7 +430,7 @@ impl Sm90Matmul {
             });
         }
         if let Some(s) = &call.scatter {
-            mm.scatter = Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), tile_flags: s.flags.clone() });
+            mm.scatter = Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), state: s.state.clone() });
         }
         Ok(mm)
     }
@@ -473,9 +476,10 @@ impl Sm90Matmul {
         self.chunks() * self.chunk_rows * self.n * self.out_dtype.size()
     }
 
-    /// Bytes of one rank's rs tile flags: `tiles_per_chunk` u32 per rank.
-    pub fn flag_bytes(&self) -> usize {
-        self.chunks() * self.tiles_per_chunk() * 4
+    /// Bytes of one rank's rs state: `symm_rs_state`, then the tile flags,
+    /// `tiles_per_chunk` u32 per rank.
+    pub fn state_bytes(&self) -> usize {
+        FusedMatmul::STATE_HEADER_BYTES + self.chunks() * self.tiles_per_chunk() * 4
     }
 
     /// `Err(Unsupported)` naming the first reason the kernel cannot run
@@ -548,8 +552,8 @@ impl Sm90Matmul {
             }
         }
         if let Some(s) = &self.scatter {
-            if s.rank >= chunks || s.inbox.len() != chunks || s.tile_flags.len() != chunks {
-                return no("reduce-scatter needs one inbox and flag area per rank".into());
+            if s.rank >= chunks || s.inbox.len() != chunks || s.state.len() != chunks {
+                return no("reduce-scatter needs one inbox and state per rank".into());
             }
             if self.order.last() != Some(&s.rank) {
                 return no("reduce-scatter must visit this rank's own chunk last".into());
@@ -679,11 +683,11 @@ impl Sm90Matmul {
         for (o, &c) in order.iter_mut().zip(&self.order) {
             *o = c as i32;
         }
-        let (mut inbox, mut tile_flags) = ([0u64; MAX_CHUNKS], [0u64; MAX_CHUNKS]);
+        let (mut inbox, mut rs_state) = ([0u64; MAX_CHUNKS], [0u64; MAX_CHUNKS]);
         let (mut rank, mut world, mut rs) = (0, self.chunks() as i32, 0);
         if let Some(s) = &self.scatter {
             inbox[..s.inbox.len()].copy_from_slice(&s.inbox);
-            tile_flags[..s.tile_flags.len()].copy_from_slice(&s.tile_flags);
+            rs_state[..s.state.len()].copy_from_slice(&s.state);
             (rank, rs) = (s.rank as i32, 1);
         }
         if let Some(g) = &self.gather {
@@ -710,7 +714,7 @@ impl Sm90Matmul {
             rank,
             world,
             inbox,
-            tile_flags,
+            rs_state,
             alpha: self.alpha,
             c_tma: 0,
             timeout_ns: self.timeout_ns,

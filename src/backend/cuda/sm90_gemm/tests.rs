@@ -59,7 +59,7 @@ fn c_goes_through_tma_only_where_tma_cannot_spill() {
     (mm.chunk_rows, mm.order) = (100, vec![0, 1, 2]); // tiles straddle chunks
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
-    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0], tile_flags: vec![0] });
+    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0], state: vec![0] });
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
     mm.tma_epilogue = false;
@@ -925,8 +925,12 @@ enum Ctas {
     ChunkTiles,
 }
 
-/// With `peer_missing`, only rank 0 runs (200 ms timeout): a timeout error
-/// naming rank 1 is expected instead of the sums.
+/// Each rank runs `CALLS` calls back to back on its own stream, each into
+/// its own poisoned output, with nothing between them: the kernels' count
+/// of calls (the state's epoch) alone keeps a call's pushes out of an inbox
+/// the previous call still reads. With `peer_missing`, only rank 0 runs,
+/// once (200 ms timeout): a timeout error naming rank 1 is expected
+/// instead of the sums.
 #[allow(clippy::too_many_arguments)]
 fn reduce_scatter_case(
     g: &Gpu,
@@ -978,20 +982,24 @@ fn reduce_scatter_case(
         }
         mm
     };
+    const CALLS: usize = 3;
     let probe = template(0, 0);
     let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(g, probe.inbox_bytes() / out.size(), out)).collect();
-    let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.flag_bytes()])).collect();
-    let outs: Vec<DevBuf> = (0..world).map(|_| poisoned(g, rows * n, out)).collect();
+    let states: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.state_bytes()])).collect();
+    let calls = if peer_missing { 1 } else { CALLS };
+    let outs: Vec<Vec<DevBuf>> = (0..calls).map(|_| (0..world).map(|_| poisoned(g, rows * n, out)).collect()).collect();
     let sides = SideStreams::default();
     let launched = if peer_missing { 1 } else { world };
-    for (r, out) in outs.iter().enumerate().take(launched) {
-        let mut mm = template(r, out.ptr);
-        mm.scatter = Some(Scatter {
-            rank: r,
-            inbox: inboxes.iter().map(|b| b.ptr).collect(),
-            tile_flags: flags.iter().map(|b| b.ptr).collect(),
-        });
-        mm.launch(kern, g.kernels.sm_count, sides.stream(r).unwrap()).unwrap();
+    for call_outs in &outs {
+        for (r, out) in call_outs.iter().enumerate().take(launched) {
+            let mut mm = template(r, out.ptr);
+            mm.scatter = Some(Scatter {
+                rank: r,
+                inbox: inboxes.iter().map(|b| b.ptr).collect(),
+                state: states.iter().map(|b| b.ptr).collect(),
+            });
+            mm.launch(kern, g.kernels.sm_count, sides.stream(r).unwrap()).unwrap();
+        }
     }
     for r in 0..launched {
         sides.wait(g.stream(), sides.stream(r).unwrap()).unwrap();
@@ -1004,7 +1012,7 @@ fn reduce_scatter_case(
     }
     errors.check().unwrap();
     let out_dtype = out;
-    for (r, out) in outs.iter().enumerate() {
+    for (call, (r, out)) in outs.iter().enumerate().flat_map(|(c, o)| o.iter().enumerate().map(move |x| (c, x))) {
         let rows_r = r * rows..(r + 1) * rows;
         let want: Vec<f64> = {
             let parts: Vec<Vec<f64>> = ps.iter().map(|p| p.reference(rows_r.clone())).collect();
@@ -1021,10 +1029,21 @@ fn reduce_scatter_case(
         let e = rel_err(&decode(out_dtype, &out.read_bytes()), &want);
         assert!(
             e < 1e-2,
-            "world {world}, rank {r}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs: relative error {e}"
+            "world {world}, rank {r}, call {call}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs: \
+             relative error {e}"
         );
-        // Every flag was consumed, so a replay starts clean.
-        assert!(flags[r].read::<u32>(probe.flag_bytes() / 4).iter().all(|&f| f == 0));
+    }
+    // Each rank counted every call, and each peer's flag of each of its
+    // tiles holds the epoch of the last one (a rank never flags itself).
+    for (r, state) in states.iter().enumerate() {
+        let words = state.read::<u32>(probe.state_bytes() / 4);
+        let header = FusedMatmul::STATE_HEADER_BYTES / 4;
+        assert_eq!(words[0], CALLS as u32, "rank {r}'s epoch");
+        assert_eq!(words[1], 0, "rank {r}'s count of finished CTAs is reset");
+        for (i, &f) in words[header..].iter().enumerate() {
+            let src = i / probe.tiles_per_chunk();
+            assert_eq!(f, if src == r { 0 } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
+        }
     }
 }
 
@@ -1075,12 +1094,12 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
         mms.push(mm);
     }
     let inboxes: Vec<DevBuf> = (0..world).map(|_| g.alloc(mms[0].inbox_bytes())).collect();
-    let flags: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; mms[0].flag_bytes()])).collect();
+    let states: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; mms[0].state_bytes()])).collect();
     for (r, mm) in mms.iter_mut().enumerate() {
         mm.scatter = Some(Scatter {
             rank: r,
             inbox: inboxes.iter().map(|b| b.ptr).collect(),
-            tile_flags: flags.iter().map(|b| b.ptr).collect(),
+            state: states.iter().map(|b| b.ptr).collect(),
         });
     }
     let sides = SideStreams::default();
@@ -1142,6 +1161,16 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
         med[0] / med[2],
         med[1] / med[2]
     );
-    // Every tile was flagged and consumed, in both ways.
-    assert!(flags.iter().all(|f| f.read::<u32>(mms[0].flag_bytes() / 4).iter().all(|&x| x == 0)));
+    // Both ranks counted the same calls (both ways alike), and every peer
+    // tile's flag holds the last one's epoch.
+    let words: Vec<Vec<u32>> = states.iter().map(|s| s.read::<u32>(mms[0].state_bytes() / 4)).collect();
+    let epoch = words[0][0];
+    assert!(epoch > 1 && words[1][0] == epoch, "epochs {} and {}", words[0][0], words[1][0]);
+    let header = FusedMatmul::STATE_HEADER_BYTES / 4;
+    for (r, w) in words.iter().enumerate() {
+        for (i, &f) in w[header..].iter().enumerate() {
+            let src = i / mms[0].tiles_per_chunk();
+            assert_eq!(f, if src == r { 0 } else { epoch }, "rank {r}, flag {i}");
+        }
+    }
 }
