@@ -22,7 +22,9 @@ use std::ffi::{c_int, c_void};
 /// Collective: makes the group's workspace at least `bytes` large now, so
 /// that operations up to that size do not grow it later (growing is
 /// collective, and on CUDA not allowed during graph capture). Every rank
-/// passes the same `bytes`. The workspace never shrinks.
+/// passes the same `bytes`. The workspace never shrinks. (The fused
+/// reduce-scatter, `SYMM_ALGO=fused`, keeps its inboxes in a buffer of its
+/// own, made or grown by the first call that needs it.)
 ///
 /// The operations below are collective over the group: every rank calls
 /// them in the same order. Before moving data the ranks agree on the call:
