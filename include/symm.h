@@ -368,8 +368,9 @@ symm_status_t symm_group_init_env(symm_group_t *group, const symm_group_config_t
 symm_status_t symm_group_init_local(symm_group_t *groups, int n, const int *devices, const symm_group_config_t *cfg);
 
 // Releases this rank's reference to the group and frees its operations'
-// workspace. NULL is accepted. Buffers and handles of the group stay valid
-// until they are destroyed.
+// workspace, after waiting for the work issued on its device so far (which
+// may still use it). NULL is accepted. Buffers and handles of the group
+// stay valid until they are destroyed.
 symm_status_t symm_group_destroy(symm_group_t group);
 
 symm_status_t symm_group_rank(symm_group_t group, int *rank);
@@ -393,10 +394,13 @@ symm_status_t symm_group_check_async_error(symm_group_t group);
 
 // Collective: makes the group's workspace at least `bytes` large now, so
 // that operations up to that size do not grow it later (growing is
-// collective, and on CUDA not allowed during graph capture). Every rank
-// passes the same `bytes`. The workspace never shrinks. (The fused
-// reduce-scatter, `SYMM_ALGO=fused`, keeps its inboxes in a buffer of its
-// own, made or grown by the first call that needs it.)
+// collective, and on CUDA not allowed during graph capture: an operation
+// that would grow it fails). Every rank passes the same `bytes`. The
+// workspace never shrinks. Growing frees the old workspace once the work
+// that may use it is done: here, everything issued to the device so far;
+// inside an operation, the work of its stream and symm's side streams. (The
+// fused reduce-scatter, `SYMM_ALGO=fused`, keeps its inboxes in a buffer
+// of its own, made or grown by the first call that needs it.)
 //
 // The operations below are collective over the group: every rank calls
 // them in the same order. Before moving data the ranks agree on the call:

@@ -328,9 +328,14 @@ impl Group {
     }
 
     /// Frees the scratch buffers, which otherwise keep the group alive
-    /// through their buffers' references. Called when the caller destroys
-    /// the group.
+    /// through their buffers' references, once the work issued so far has
+    /// finished (it may still use them). Called when the caller destroys
+    /// the group. They are freed even if waiting fails: the device is then
+    /// broken, and its next call says so.
     pub fn release_scratch(&self) {
+        if self.scratch.iter().any(|s| lock(s).is_some()) {
+            let _ = self.backend.quiesce(None);
+        }
         self.scratch.iter().for_each(|s| drop(lock(s).take()));
     }
 

@@ -420,3 +420,57 @@ def test_ops_captured_in_a_cuda_graph_replay_like_eager():
         for replay in replays:
             for got, want in zip(replay, eager):
                 assert torch.equal(got, want)
+
+
+def test_workspace_grows_while_earlier_calls_still_run():
+    """A call that needs a larger workspace replaces the group's, whose
+    memory earlier calls may still be using: it waits for them first. Here
+    the earlier call sits behind a ~30 ms spin on the stream when the host
+    issues the larger one (unmapped early, its pulls would read freed
+    memory: an illegal address, or wrong sums)."""
+    dtype = torch.bfloat16
+    small_a, small_b = inputs(20, (256, 256), dtype), inputs(21, (256, 128), dtype)
+    big_a, big_b = inputs(22, (4096, 1024), dtype), inputs(23, (1024, 1024), dtype)
+    small = sum(x.double() @ y.double() for x, y in zip(small_a, small_b))
+    big = sum(x.double() @ y.double() for x, y in zip(big_a, big_b))
+
+    def rank_main(g):
+        torch.cuda.set_device(device(g))
+        x, w = small_a[g.rank].cuda(), small_b[g.rank].cuda()
+        X, W = big_a[g.rank].cuda(), big_b[g.rank].cuda()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)
+        first = symm.mm_rs(g, x, w, 0)
+        second = symm.mm_rs(g, X, W, 0)  # grows the workspace
+        torch.cuda.current_stream().synchronize()
+        g.check_async_error()
+        return first.cpu(), second.cpu()
+
+    for r, (first, second) in enumerate(on_ranks(rank_main)):
+        assert_close(first, torch.chunk(small, WORLD, dim=0)[r])
+        assert_close(second, torch.chunk(big, WORLD, dim=0)[r])
+
+
+def test_workspace_growth_is_refused_inside_a_capture():
+    """Inside a graph capture the workspace cannot be replaced (the graph
+    would keep using the old memory): the call fails on every rank with a
+    message saying what to do, and nothing hangs."""
+    dtype = torch.bfloat16
+    small_a, small_b = inputs(24, (128, 128), dtype), inputs(25, (128, 64), dtype)
+    big_a, big_b = inputs(26, (2048, 512), dtype), inputs(27, (512, 512), dtype)
+
+    def rank_main(g):
+        torch.cuda.set_device(device(g))
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            symm.mm_rs(g, small_a[g.rank].cuda(), small_b[g.rank].cuda(), 0, stream=s)
+            X, W = big_a[g.rank].cuda(), big_b[g.rank].cuda()
+            s.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with pytest.raises(symm.SymmError, match="before capturing"):
+                with torch.cuda.graph(graph, stream=s, capture_error_mode="thread_local"):
+                    symm.mm_rs(g, X, W, 0, stream=s)
+        s.synchronize()
+
+    on_ranks(rank_main)

@@ -244,6 +244,18 @@ pub trait Backend: Send + Sync {
         issue(stream)
     }
 
+    /// Waits until the work issued so far that may use memory about to be
+    /// freed has finished (the driver unmaps and frees at once, not in
+    /// stream order): with `stream`, that stream's and this backend's side
+    /// streams' work, and an error (Unsupported) while `stream` is being
+    /// captured, since the graph would go on using the memory; without, the
+    /// whole device's. Backends that finish their work before returning
+    /// need nothing here.
+    fn quiesce(&self, stream: Option<Stream>) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
+
     /// Zeroes `bytes` at `addr` (this backend's memory) in stream order.
     fn zero(&self, addr: u64, bytes: usize, stream: Stream) -> Result<()> {
         let _ = (addr, bytes, stream);

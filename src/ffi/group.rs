@@ -157,8 +157,9 @@ pub unsafe extern "C" fn symm_group_init_local(
 }
 
 /// Releases this rank's reference to the group and frees its operations'
-/// workspace. NULL is accepted. Buffers and handles of the group stay valid
-/// until they are destroyed.
+/// workspace, after waiting for the work issued on its device so far (which
+/// may still use it). NULL is accepted. Buffers and handles of the group
+/// stay valid until they are destroyed.
 #[no_mangle]
 pub extern "C" fn symm_group_destroy(group: symm_group_t) -> symm_status_t {
     call("symm_group_destroy", || {

@@ -133,10 +133,10 @@ fn launch<P: Plan>(
     plan: &P,
     key: &dyn Fn(ScratchIds, &dyn Fn() -> String) -> String,
 ) -> Result<()> {
-    let ws = workspace::ensure(group, Scratch::Workspace, plan.workspace_bytes())?;
+    let ws = workspace::ensure(group, Scratch::Workspace, plan.workspace_bytes(), Some(stream))?;
     let mailbox = match plan.mailbox_bytes() {
         0 => None,
-        bytes => Some(workspace::ensure(group, Scratch::Mailbox, bytes)?),
+        bytes => Some(workspace::ensure(group, Scratch::Mailbox, bytes, Some(stream))?),
     };
     let ids = (ws.id(), mailbox.as_ref().map(|m| m.id()));
     let make = || {

@@ -9,6 +9,7 @@
 //! rank, so all ranks grow together. Neither shrinks; a grown one starts
 //! zeroed, as the first one did.
 
+use crate::backend::Stream;
 use crate::buffer::{self, Buffer, Handle};
 use crate::error::{err, Result};
 use crate::group::{Group, Scratch};
@@ -42,17 +43,26 @@ impl Layout {
 
 /// Collective (with the collective lock held): a scratch buffer of `kind`
 /// of at least `bytes`, grown on every rank when the current one is smaller.
-pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize) -> Result<Arc<Handle>> {
-    if let Some(ws) = group.scratch(kind) {
+/// The one it replaces is freed once the work of earlier calls is done:
+/// those on `stream` (the calling operation's), else on the whole device.
+pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize, stream: Option<Stream>) -> Result<Arc<Handle>> {
+    let old = group.scratch(kind);
+    if let Some(ws) = &old {
         if ws.buffer().size() >= bytes {
-            return Ok(ws);
+            return Ok(ws.clone());
         }
     }
     let size = bytes
         .max(1)
         .checked_next_multiple_of(GROWTH_STEP)
         .ok_or_else(|| err!(InvalidArgument, "a {kind:?} of {bytes} bytes is too large"))?;
-    let buf = match Buffer::create(group, size) {
+    // Earlier calls may still be running on the one this replaces: wait
+    // for them first, failing (with the peers) where that cannot be done.
+    let quiet = match old {
+        Some(_) => group.backend().quiesce(stream).map_err(|e| e.context(format!("growing the {kind:?}"))),
+        None => Ok(()),
+    };
+    let buf = match quiet.and_then(|()| Buffer::create(group, size)) {
         Ok(b) => b,
         Err(e) => {
             // Meet the peers at the rendezvous's first exchange, so they
@@ -83,7 +93,7 @@ pub fn reserve(group: &Arc<Group>, bytes: usize) -> Result<()> {
             differ.join(", ")
         ));
     }
-    ensure(group, Scratch::Workspace, bytes).map(drop)
+    ensure(group, Scratch::Workspace, bytes, None).map(drop)
 }
 
 #[cfg(test)]
@@ -104,10 +114,10 @@ mod tests {
         let gs = host_groups(2);
         let ids = on_each(&gs, |_, g| {
             let _l = g.lock_collective();
-            let small = ensure(g, Scratch::Workspace, 100).unwrap();
-            let again = ensure(g, Scratch::Workspace, GROWTH_STEP).unwrap();
+            let small = ensure(g, Scratch::Workspace, 100, None).unwrap();
+            let again = ensure(g, Scratch::Workspace, GROWTH_STEP, None).unwrap();
             assert!(Arc::ptr_eq(&small, &again));
-            let big = ensure(g, Scratch::Workspace, GROWTH_STEP + 1).unwrap();
+            let big = ensure(g, Scratch::Workspace, GROWTH_STEP + 1, None).unwrap();
             assert_eq!(big.buffer().size(), 2 * GROWTH_STEP);
             (small.id(), big.id())
         });
@@ -123,13 +133,13 @@ mod tests {
         let gs = host_groups(2);
         let ids = on_each(&gs, |_, g| {
             let _l = g.lock_collective();
-            let ws = ensure(g, Scratch::Workspace, 100).unwrap();
-            let mb = ensure(g, Scratch::Mailbox, 100).unwrap();
+            let ws = ensure(g, Scratch::Workspace, 100, None).unwrap();
+            let mb = ensure(g, Scratch::Mailbox, 100, None).unwrap();
             assert_ne!(ws.id(), mb.id());
             // SAFETY: host memory of `size` bytes, this rank's own.
             let bytes = unsafe { std::slice::from_raw_parts(mb.buffer().addr() as *const u8, mb.buffer().size()) };
             assert!(bytes.iter().all(|&b| b == 0));
-            let ws2 = ensure(g, Scratch::Workspace, 2 * GROWTH_STEP).unwrap();
+            let ws2 = ensure(g, Scratch::Workspace, 2 * GROWTH_STEP, None).unwrap();
             assert!(Arc::ptr_eq(&mb, &g.scratch(Scratch::Mailbox).unwrap()));
             (ws2.id(), mb.id())
         });

@@ -51,6 +51,7 @@ const SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuCtxSynchronize",
     "cuStreamWriteValue32_v2",
     "cuStreamWaitValue32_v2",
     "cuStreamIsCapturing",

@@ -53,7 +53,7 @@ fn enabled() -> bool {
     *ON
 }
 
-fn is_capturing(stream: Stream) -> Result<bool> {
+pub(super) fn is_capturing(stream: Stream) -> Result<bool> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: out-pointer valid; the stream belongs to the current context.
     check(unsafe { sys::cuStreamIsCapturing(stream.0 as sys::CUstream, &mut status) }, "cuStreamIsCapturing")?;

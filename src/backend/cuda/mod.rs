@@ -155,6 +155,24 @@ impl Backend for CudaBackend {
         self.bind()?;
         self.graphs.run(key, stream, || self.errors.check(), issue)
     }
+    fn quiesce(&self, stream: Option<Stream>) -> Result<()> {
+        self.bind()?;
+        let Some(stream) = stream else {
+            // SAFETY: the context is current.
+            return driver::check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize");
+        };
+        if graphs::is_capturing(stream)? {
+            return Err(err!(
+                Unsupported,
+                "memory that earlier calls used must be replaced (a scratch buffer grows), which cannot happen \
+                 while the stream is being captured into a graph: make the largest call once before capturing, \
+                 or reserve the workspace (symm_group_reserve_workspace)"
+            ));
+        }
+        // SAFETY: the caller's stream, of this context.
+        driver::check(unsafe { sys::cuStreamSynchronize(stream.0 as sys::CUstream) }, "cuStreamSynchronize")?;
+        self.side.synchronize()
+    }
     fn zero(&self, addr: u64, bytes: usize, stream: Stream) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller's device memory of at least `bytes`.

@@ -37,6 +37,16 @@ impl SideStreams {
         Ok(Stream(v[i]))
     }
 
+    /// Waits for the work issued to every side stream so far.
+    pub fn synchronize(&self) -> Result<()> {
+        let v = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        for &s in v.iter() {
+            // SAFETY: created in stream(), of the current context.
+            check(unsafe { sys::cuStreamSynchronize(s as sys::CUstream) }, "cuStreamSynchronize")?;
+        }
+        Ok(())
+    }
+
     pub fn wait(&self, waiter: Stream, on: Stream) -> Result<()> {
         if waiter == on {
             return Ok(());
