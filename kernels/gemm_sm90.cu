@@ -57,19 +57,20 @@
 //
 // Fused reduce-scatter (rs != 0): chunk c of the rows is rank c's output.
 // Tiles of a peer's chunk are written (in C's dtype) into that peer's inbox
-// slot for this rank, then flagged with a release store into the peer's
-// tile flags (see "Calls in sequence" below). The tiles of this rank's own chunk come last in `order`;
-// each adds every peer's partial of the same tile to its accumulators
-// before writing the output. With rs_push (rows of whole 16-byte units at
-// 16-byte aligned addresses) both are TMA's work, as in a plain matmul's
-// epilogue: a peer's tile leaves by TMA stores from the staging area, which
-// drain over NVLink while the consumers run the next tile's mainloop, and
-// a warp that would otherwise idle sets its flag once they completed
-// (stores from registers and a fence per tile kept both consumer
-// warpgroups waiting on NVLink, and every CTA sent its tile at once); for
-// an own tile the producer takes the peers' flags and loads their partial
-// tiles into the ring behind the tile's k-blocks, so the consumers find
-// them in shared memory, with no load latency of their own to wait on.
+// slot for this rank, then flagged with a release store into the peer's tile
+// flags (see "Calls in sequence" below). The tiles of this rank's own chunk
+// come last in `order`; each adds every peer's partial of the same tile to
+// its accumulators before writing the output. With rs_push (rows of whole
+// 16-byte units at 16-byte aligned addresses) both are TMA's work, as in a
+// plain matmul's epilogue: a peer's tile leaves by TMA stores from the
+// staging area, which drain over NVLink while the consumers run the next
+// tile's mainloop, and a warp that would otherwise idle sets its flag once
+// they completed (stores from registers and a fence per tile kept both
+// consumer warpgroups waiting on NVLink, and every CTA sent its tile at
+// once); for an own tile the producer waits for the peers' flags and loads
+// their partial tiles into the ring behind the tile's k-blocks, so the
+// consumers find them in shared memory, with no load latency of their own to
+// wait on.
 // Without rs_push, stores, flags and adds go from registers.
 //
 // Calls in sequence, with no barrier between them: each rank's state
