@@ -951,14 +951,8 @@ impl Drop for TcpBootstrap {
 /// Rounds the store for `id` still holds (for tests and leak checks).
 #[cfg(test)]
 fn open_rounds(id: &UniqueId) -> usize {
-    let reg = lock(&REGISTRY);
-    let secret = id.secret();
-    reg.servers
-        .values()
-        .filter(|s| Some(s.advertised) == id.addr().ok())
-        .filter_map(|s| s.find_group(&secret))
-        .map(|g| g.exchange.open_rounds())
-        .sum()
+    let addr = id.addr().expect("an id of this process's store");
+    hosted_group(addr, &id.secret()).map_or(0, |g| g.exchange.open_rounds())
 }
 
 #[cfg(test)]
