@@ -16,7 +16,8 @@ low-contention all-gather, and `contention` is the time of four 8192^3 GEMMs
 alone and beside each all-gather. Every symm result is checked against the
 NCCL-then-cuBLAS result (relative error) before it is timed. Shapes with
 M <= --graph-max-m are timed a second way too (impl names ending in
-`_graph`): every implementation captured in a CUDA graph of 10 calls and
+`_graph`): every implementation (symm's own choice and, forced, its
+pipelined and fused algorithms) captured in a CUDA graph of 10 calls and
 replayed, which leaves the host's issue time out, as in an inference
 engine that captures its decode step.
 
@@ -195,6 +196,13 @@ def time_matmul_op(b, op, shape, fns, errs, out, ref, tolerance, graph_fns):
         b.record_graphs(op, shape, graph_fns)
 
 
+def graphed(fns, ours):
+    """symm's calls to replay from CUDA graphs: its own choice, and each
+    algorithm forced that runs here (a forced algorithm is a plain call
+    under SYMM_ALGO, which the capture records like any other)."""
+    return {"symm": ours, **{impl: fns[impl] for impl in ("symm_pipelined", "symm_fused") if impl in fns}}
+
+
 def linear_weight(k, n):
     """B as tensor parallelism has it: an nn.Linear weight [n, k] used as
     `x @ weight.t()`, i.e. a K-major [k, n] (every implementation gets the
@@ -232,7 +240,7 @@ def bench_ag_mm(b, g, shapes):
             "mm_only": lambda: torch.matmul(gathered, w, out=ref),
         }
         fns.update(others, comm_only=lambda: dist.all_gather_into_tensor(gathered, a_shard))
-        time_matmul_op(b, "ag_mm", shape, fns, errs, out, ref, 1e-2, {"symm": ours, **others})
+        time_matmul_op(b, "ag_mm", shape, fns, errs, out, ref, 1e-2, {**graphed(fns, ours), **others})
 
 
 def bench_mm_rs(b, g, shapes):
@@ -262,7 +270,7 @@ def bench_mm_rs(b, g, shapes):
             "mm_only": lambda: torch.matmul(a, w, out=c),
         }
         fns.update(others, comm_only=lambda: dist.reduce_scatter_tensor(ref, c))
-        time_matmul_op(b, "mm_rs", shape, fns, errs, out, ref, 2e-2, {"symm": ours, **others})
+        time_matmul_op(b, "mm_rs", shape, fns, errs, out, ref, 2e-2, {**graphed(fns, ours), **others})
 
 
 def symmetric_tensor(g, numel):
@@ -372,12 +380,13 @@ def table(records):
               f"{t.get('symm_bound', 0) / floor:12.3f}{t.get('torch_fused', 0) / floor:12.3f}")
     graphs = [(k, t) for k, t in rows.items() if "symm_graph" in t]
     if graphs:
-        print(f"\nreplayed from CUDA graphs (ms per call)\n{'op':<14}{'shape':<22}{'symm':>8}{'torch':>8}"
-              f"{'nccl+mm':>9}{'mm':>8}")
+        print(f"\nreplayed from CUDA graphs (ms per call)\n{'op':<14}{'shape':<22}{'symm':>8}{'pipelined':>10}"
+              f"{'fused':>8}{'torch':>8}{'nccl+mm':>9}{'mm':>8}")
         for (op, shape), t in graphs:
             print(f"{op:<14}{'x'.join(map(str, shape)):<22}" + "".join(
                 f"{t.get(i + '_graph', float('nan')):{w}.3f}"
-                for i, w in (("symm", 8), ("torch_fused", 8), ("nccl_cublas", 9), ("mm_only", 8))))
+                for i, w in (("symm", 8), ("symm_pipelined", 10), ("symm_fused", 8), ("torch_fused", 8),
+                             ("nccl_cublas", 9), ("mm_only", 8))))
     for (op, shape), t in rows.items():
         if op == "lc_allgather":
             print(f"{op:<14}{shape[0] >> 20:>5} MB/rank   symm {t.get('symm', 0):.3f}  "

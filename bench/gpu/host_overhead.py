@@ -8,7 +8,8 @@ At small M the GPU finishes an operation in less time than the host takes
 to enqueue it, so this time is what the benchmark measures there.
 
 Two ranks as two processes sharing GPU 0 (one GPU is enough: nothing here
-waits for the GPU inside a timed batch), or `--gpus 2` for one GPU each.
+waits for the GPU inside a timed batch), or `--gpus 2` for one GPU each
+(which adds the fused algorithm: its kernel needs a GPU per rank).
 
     python3 bench/gpu/host_overhead.py [--gpus 1|2] [--calls 20] [--batches 30]
 """
@@ -22,6 +23,8 @@ import time
 
 CASES = (("ag_mm", 512, 8192, 14336), ("mm_rs", 512, 14336, 8192), ("ag_mm", 16384, 8192, 8192))
 ALGOS = ("sequential", "pipelined")
+# The fused kernel needs a GPU per rank.
+FUSED_ALGOS = ALGOS + ("fused",)
 
 
 class Timed:
@@ -143,7 +146,7 @@ def rank_main(rank, world, uid, device, args, queue):
                 return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=c, stream=stream.cuda_stream)
         mm_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         matmul_us, _ = host_times(lambda: torch.matmul(full, w, out=mm_out), args.calls, args.batches, sync)
-        for algo in ALGOS:
+        for algo in FUSED_ALGOS if args.gpus >= world else ALGOS:
             os.environ["SYMM_ALGO"] = algo
             # The plain call, then the same call bound once (symm.bind).
             for impl, fn in ((f"symm_{algo}", call), (f"symm_{algo}_bound", bind())):
