@@ -822,9 +822,9 @@ struct symm_gemm_cfg {
     static constexpr int B_BYTES = BN * SYMM_GEMM_BK_BYTES;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
     // Ring, epilogue staging, then 2 * STAGES mbarriers of the ring, the
-    // rs_push flag handoff's two and the call's epoch (8 bytes); +1024 to
-    // align the ring for the swizzle.
-    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 3) * 8 + 1024;
+    // rs_push flag handoff's two, the call's epoch (8 bytes) and the
+    // peers-ready mbarrier; +1024 to align the ring for the swizzle.
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SYMM_GEMM_EPI_BYTES + (2 * STAGES + 4) * 8 + 1024;
 };
 
 template <int A_DT, int B_DT, int BN, bool PROMOTE>
@@ -843,6 +843,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     uint64_t* empty = full + STAGES;
     symm_handoff* pushed = (symm_handoff*)(empty + STAGES);  // rs_push: tiles to flag
     uint32_t* call_epoch = (uint32_t*)(pushed + 1);         // rs: this call's epoch
+    uint64_t* peers_ready = (uint64_t*)(pushed + 1) + 1;    // rs: every peer's inbox is free
     auto stage_a = [&](int s) { return ring + s * Cfg::STAGE_BYTES; };
     auto stage_b = [&](int s) { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; };
 
@@ -854,6 +855,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_mbar_init(&pushed->full, 2);  // thread 0 of each consumer warpgroup
         symm_mbar_init(&pushed->empty, 1);
+        symm_mbar_init(peers_ready, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         // Read once for the CTA: the last CTA raises it when it finishes.
@@ -875,16 +877,19 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // their registers to the consumers.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, pushed, rs_epoch());
-        if (threadIdx.x != 0) return;
-        if (symm_rs_live(p)) {
-            // The consumers push tiles after their k-blocks, which wait on
-            // this (through the ring's barriers): every peer's previous call
-            // has read its inbox. A timeout is recorded; the tiles still go,
-            // so nobody hangs.
+        if (threadIdx.x == 64 && symm_rs_live(p)) {
+            // Every peer's previous call has read its inbox: the consumers
+            // wait for this before their first store into a peer's inbox,
+            // not the producer before its first load, so the remote reads'
+            // latency (and a peer still finishing its previous call) hides
+            // behind the mainloop. A timeout is recorded; the tiles still
+            // go, so nobody hangs.
             for (int d = 0; d < p.world; d++) {
                 if (d != p.rank) symm_wait_reach(&symm_rs_state_of(p, d)->epoch, rs_epoch() - 1, p, d);
             }
+            symm_mbar_arrive(peers_ready);
         }
+        if (threadIdx.x != 0) return;
         int stage = 0;
         uint32_t phase = 0;
         auto advance = [&]() {
@@ -1121,8 +1126,10 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             if (unflagged) flag_pushed_tile();
             const int row = tile.row0 - (int)chunk_row0 + slice;  // in the chunk
             if (tile.chunk != p.rank) {
-                // A peer's rows: into its inbox slot for this rank; flagged
-                // at the next tile's epilogue (or the end).
+                // A peer's rows: into its inbox slot for this rank (once the
+                // peers' inboxes are free); flagged at the next tile's
+                // epilogue (or the end).
+                symm_mbar_wait(peers_ready, 0);
                 SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
                 unflagged = true;
             } else {
@@ -1146,7 +1153,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
         const int elem = dt == SYMM_DT_F32 ? 4 : 2;
         if (tile.chunk != p.rank) {
-            // A peer's rows: into its inbox slot for this rank, then its flag.
+            // A peer's rows: into its inbox slot for this rank (once the
+            // peers' inboxes are free), then its flag.
+            symm_mbar_wait(peers_ready, 0);
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
 #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);

@@ -55,6 +55,15 @@ const SYMBOLS: &[&str] = &[
     "cuStreamWriteValue32_v2",
     "cuStreamWaitValue32_v2",
     "cuStreamIsCapturing",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphDestroy",
+    "cuGraphExecDestroy",
+    "cuGraphGetNodes",
+    "cuGraphNodeGetType",
+    "cuGraphKernelNodeGetParams_v2",
     "cuStreamGetCtx",
     "cuModuleLoadData",
     "cuModuleGetFunction",
@@ -180,6 +189,44 @@ pub fn attribute(ordinal: i32, attr: sys::CUdevice_attribute) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every driver entry point the backend's code (tests aside) calls is
+    /// checked before first use, here or in the fused matmul's list, so a
+    /// driver that lacks one gives an error, never cudarc's panic.
+    #[test]
+    fn every_driver_call_is_checked_up_front() {
+        let sources = [
+            include_str!("async_error.rs"),
+            include_str!("compute.rs"),
+            include_str!("driver.rs"),
+            include_str!("gemm.rs"),
+            include_str!("graphs.rs"),
+            include_str!("kernels.rs"),
+            include_str!("mod.rs"),
+            include_str!("module.rs"),
+            include_str!("pack.rs"),
+            include_str!("reduce.rs"),
+            include_str!("signals.rs"),
+            include_str!("sm90_gemm.rs"),
+            include_str!("streams.rs"),
+            include_str!("vmm.rs"),
+        ];
+        let checked: Vec<&str> = SYMBOLS.iter().chain(super::super::sm90_gemm::SYMBOLS).copied().collect();
+        let mut unchecked = Vec::new();
+        for source in sources {
+            let code = source.split("#[cfg(test)]\nmod tests").next().unwrap();
+            for call in code.split("sys::cu").skip(1) {
+                let name: String = call.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                let name = format!("cu{name}");
+                // culib() is cudarc's handle on the library, not a driver call.
+                let is_call = call[name.len() - 2..].starts_with('(') && name != "culib";
+                if is_call && !checked.contains(&name.as_str()) {
+                    unchecked.push(name);
+                }
+            }
+        }
+        assert!(unchecked.is_empty(), "driver calls not in SYMBOLS: {unchecked:?}");
+    }
 
     #[test]
     fn missing_driver_or_device_is_an_error_not_a_panic() {

@@ -153,7 +153,8 @@ impl Backend for CudaBackend {
         issue: &mut dyn FnMut(Stream) -> Result<()>,
     ) -> Result<()> {
         self.bind()?;
-        self.graphs.run(key, stream, || self.errors.check(), issue)
+        let kernels = module::kernels(&self.ctx)?;
+        self.graphs.run(key, stream, || self.errors.check(), &|f| kernels.owns(f), issue)
     }
     fn quiesce(&self, stream: Option<Stream>) -> Result<()> {
         self.bind()?;

@@ -35,7 +35,7 @@ const EPI_BYTES: usize = 2 * 16384;
 const C_BOX_ROWS: usize = 64;
 
 /// Driver entry points beyond the backend's base set.
-const SYMBOLS: &[&str] = &["cuTensorMapEncodeTiled", "cuFuncSetAttribute"];
+pub(super) const SYMBOLS: &[&str] = &["cuTensorMapEncodeTiled", "cuFuncSetAttribute"];
 
 /// Mirror of `struct symm_gemm_params`.
 #[repr(C)]
@@ -120,10 +120,11 @@ impl TileN {
     /// Dynamic shared memory of the kernel (`symm_gemm_cfg::SMEM_BYTES`):
     /// the ring, the epilogue's staging (`SYMM_GEMM_EPI_BYTES`), barriers
     /// (the ring's two per stage, the two of the reduce-scatter's flag
-    /// handoff) and the reduce-scatter's epoch (8 bytes).
+    /// handoff), the reduce-scatter's epoch (8 bytes) and its peers-ready
+    /// barrier.
     const fn smem_bytes(self) -> usize {
         let stage = (BM + self.cols()) * BK_BYTES;
-        self.stages() * stage + EPI_BYTES + (2 * self.stages() + 3) * 8 + 1024
+        self.stages() * stage + EPI_BYTES + (2 * self.stages() + 4) * 8 + 1024
     }
 }
 
@@ -174,6 +175,11 @@ impl Sm90Kernels {
             )?;
         }
         Ok(Some(Sm90Kernels { functions, exact }))
+    }
+
+    /// Whether `f` is one of these kernels.
+    pub fn owns(&self, f: sys::CUfunction) -> bool {
+        self.functions.iter().flatten().chain(&self.exact).any(|k| k.cu_function() == f)
     }
 
     /// The kernel for `mm`'s input types, accumulation and tile (checked).
