@@ -244,6 +244,10 @@ def bench_ag_mm(b, g, shapes):
 
 
 def bench_mm_rs(b, g, shapes):
+    # Registers torch.ops.symm_mem (bench_ag_mm may not have run: --only).
+    import torch.distributed._symmetric_memory as symm_mem
+
+    symm_mem.enable_symm_mem_for_group(b.group_name)
     for m, k, n in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = linear_weight(k, n)
