@@ -244,6 +244,11 @@ pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
 /// and on 2 x H100 on all 8, eager and bound (ag_mm 1.02-1.17 x, mm_rs
 /// 1.03-1.11 x; bench/results/2026-11-25-h100-x2-*), for reasons the model
 /// does not capture yet, so its estimate is reported but never preferred.
+/// Since the fused reduce-scatter lost its opening barrier (2 x H200,
+/// bench/results/2026-11-26-h200-x2-*, bench/KERNELS.md v12-v13) it ties
+/// the pipelined path bound at mm_rs 512 (0.194-0.213 against 0.194-0.205
+/// ms, a noisy run aside) but is 2-5% slower replayed from graphs and
+/// 2-5% slower bound at 2048: still no shape where choosing it would pay.
 pub fn best(estimates: &[Estimate]) -> Estimate {
     *estimates
         .iter()

@@ -414,11 +414,7 @@ impl Sm90Matmul {
         mm.alpha = call.alpha;
         mm.chunk_rows = call.chunk_rows;
         mm.order = call.order.clone();
-        mm.tile = match tile_override() {
-            Some(t) => t,
-            None if call.scatter.is_some() => choose_scatter_tile(call.chunk_rows, n, chunks, 132),
-            None => choose_tile(call.chunk_rows, n, chunks, 132),
-        };
+        mm.tile = tile_override().unwrap_or_else(|| choose_tile(call.chunk_rows, n, chunks, 132));
         if let Some(f) = fp8 {
             mm.set_fp8(f);
         }
@@ -761,24 +757,11 @@ pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN
     }
 }
 
-/// The tile width for a reduce-scatter: as `choose_tile`, except that a
-/// problem the wide tile does in one wave takes the narrow tile's two or
-/// more. In one wave every rank's own tiles run beside its peers' and wait
-/// for the peers' partials, which leave at the end of the peers' mainloop,
-/// so a peer that starts late (the hosts' skew) delays the call by as much;
-/// with the peers' tiles first in a wave of their own, their partials land
-/// while the own tiles compute, and a skew of up to about half the call
-/// is hidden, as in the pipelined path.
-pub fn choose_scatter_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN {
-    let waves = |t: TileN| (m_chunk.div_ceil(BM) * n.div_ceil(t.cols()) * chunks).div_ceil(sms.max(1));
-    if waves(TileN::N256) == 1 && waves(TileN::N128) >= 2 {
-        TileN::N128
-    } else {
-        choose_tile(m_chunk, n, chunks, sms)
-    }
-}
-
-/// `SYMM_SM90_TILE` (`128` or `256`): a forced tile width, for tuning.
+/// `SYMM_SM90_TILE` (`128` or `256`): a forced tile width, for tuning. (It
+/// showed that a reduce-scatter done in one wave of wide tiles should not
+/// take two waves of narrow ones so that the peers' partials land earlier:
+/// mm_rs 512 bound 0.230-0.232 ms against 0.205-0.213 on 2 x H200,
+/// `bench/results/2026-11-26-h200-x2-7c99925-scatter-tiles.txt`.)
 fn tile_override() -> Option<TileN> {
     match std::env::var("SYMM_SM90_TILE").as_deref() {
         Ok("128") => Some(TileN::N128),

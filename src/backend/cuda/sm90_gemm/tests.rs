@@ -44,17 +44,6 @@ fn tile_choice_avoids_wave_tails() {
 }
 
 #[test]
-fn a_scatter_in_one_wave_takes_two_narrow_ones() {
-    // mm_rs 512 x 8192 per rank, world 2: N256 128 tiles = 1 wave, N128 256 = 2.
-    assert_eq!(choose_tile(256, 8192, 2, 132), TileN::N256);
-    assert_eq!(choose_scatter_tile(256, 8192, 2, 132), TileN::N128);
-    // 2048 rows: N256 is 4 waves already; the choice is choose_tile's.
-    assert_eq!(choose_scatter_tile(1024, 8192, 2, 132), choose_tile(1024, 8192, 2, 132));
-    // A problem too small for two narrow waves keeps the plain choice.
-    assert_eq!(choose_scatter_tile(128, 1024, 2, 132), choose_tile(128, 1024, 2, 132));
-}
-
-#[test]
 fn c_goes_through_tma_only_where_tma_cannot_spill() {
     let op = |ptr, rows, ld| Operand { ptr, rows, ld };
     let plain =
