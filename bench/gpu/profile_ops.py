@@ -7,6 +7,10 @@ rank prints its own timeline, rank 0 first (a wait on one rank is often
 explained by the other's).
 
     torchrun --nproc-per-node 2 bench/gpu/profile_ops.py [--cases ag_mm:512:8192:14336:fused,...]
+
+With --back-to-back the profiled calls follow one another with nothing
+between them (as in a decode loop or a graph replay), and every call is
+printed: how long each takes in lock step with the other rank.
 """
 import argparse
 import os
@@ -37,6 +41,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default=DEFAULT_CASES)
     p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--back-to-back", action="store_true", help="no synchronize or barrier between the calls")
     args = p.parse_args()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -53,23 +58,26 @@ def main():
         torch.cuda.synchronize()
         dist.barrier()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            for _ in range(args.calls):
-                torch.cuda.synchronize()
-                dist.barrier()
+            for i in range(args.calls):
+                if i == 0 or not args.back_to_back:
+                    torch.cuda.synchronize()
+                    dist.barrier()
                 fn()
             torch.cuda.synchronize()
         os.environ.pop("SYMM_ALGO")
         gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         gpu.sort(key=lambda e: e.time_range.start)
         # The last call: everything after the last gap of more than 1 ms
-        # (the host synchronizes and barriers between calls).
+        # (the host synchronizes and barriers between calls); back to back,
+        # every call.
         last = 0
         for i in range(1, len(gpu)):
             if gpu[i].time_range.start - max(e.time_range.end for e in gpu[:i]) > 1000:
                 last = i
         t0 = gpu[last].time_range.start
         end = max(e.time_range.end for e in gpu[last:])
-        lines = [f"== {case} rank {rank}: last call {(end - t0) / 1000:.3f} ms on the GPU"]
+        what = f"{args.calls} calls back to back" if args.back_to_back else "last call"
+        lines = [f"== {case} rank {rank}: {what} {(end - t0) / 1000:.3f} ms on the GPU"]
         lines += [f"  +{(e.time_range.start - t0) / 1000:7.3f} ms {e.time_range.elapsed_us() / 1000:7.3f} ms  "
                   f"{e.name[:90]}" for e in gpu[last:]]
         for r in range(world):
