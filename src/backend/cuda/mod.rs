@@ -153,8 +153,9 @@ impl Backend for CudaBackend {
         issue: &mut dyn FnMut(Stream) -> Result<()>,
     ) -> Result<()> {
         self.bind()?;
-        let kernels = module::kernels(&self.ctx)?;
-        self.graphs.run(key, stream, || self.errors.check(), &|f| kernels.owns(f), issue)
+        // Asked only when a call is captured, not on every replay.
+        let ours = |f| module::kernels(&self.ctx).is_ok_and(|k| k.owns(f));
+        self.graphs.run(key, stream, || self.errors.check(), &ours, issue)
     }
     fn quiesce(&self, stream: Option<Stream>) -> Result<()> {
         self.bind()?;
