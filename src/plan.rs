@@ -211,18 +211,18 @@ const MIN_PART_KBLOCKS: usize = 16;
 /// peers' tiles come first and their partials travel while this rank's
 /// own tiles are computed. Depends on the shape alone, so every rank
 /// agrees. `SYMM_RS_K_PARTS` (1 or 2, the same on every rank) forces it,
-/// for measurements.
+/// for measurements and tests (2 where k has at least two k-blocks).
 pub fn rs_k_parts(p: &Problem, d: &DeviceModel) -> crate::Result<usize> {
+    let kblocks = (p.k * p.elem_bytes).div_ceil(128);
     match std::env::var("SYMM_RS_K_PARTS").as_deref() {
         Ok("1") => return Ok(1),
-        Ok("2") => return Ok(2),
+        Ok("2") => return Ok(kblocks.clamp(1, 2)),
         Ok(other) => {
             return Err(crate::error::err!(InvalidArgument, "SYMM_RS_K_PARTS={other:?}: expected 1 or 2"));
         }
         Err(_) => {}
     }
     let tiles = (p.m / p.world.max(1)).div_ceil(128) * p.n.div_ceil(256) * p.world;
-    let kblocks = (p.k * p.elem_bytes).div_ceil(128);
     Ok(if p.world > 1 && tiles <= d.sms && kblocks >= 2 * MIN_PART_KBLOCKS { 2 } else { 1 })
 }
 

@@ -578,8 +578,11 @@ impl Sm90Matmul {
                 return no("reduce-scatter must visit this rank's own chunk last".into());
             }
             let kblocks = (self.k * el).div_ceil(BK_BYTES);
-            if !(1..=2).contains(&s.k_parts) || s.k_parts > kblocks {
-                return no(format!("{} parts of k (1 or 2, at most one per k-block: {kblocks})", s.k_parts));
+            if !(1..=2).contains(&s.k_parts) || s.k_parts > kblocks || (s.k_parts > 1 && chunks < 2) {
+                return no(format!(
+                    "{} parts of k (1 or 2, at most one per k-block: {kblocks}; 2 only with peers)",
+                    s.k_parts
+                ));
             }
         }
         if self.c.ld < self.n {
