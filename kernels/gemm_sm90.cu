@@ -73,19 +73,6 @@
 // wait on.
 // Without rs_push, stores, flags and adds go from registers.
 //
-// Parts of k (rs, k_parts > 1): a problem whose tiles fit in one wave
-// would compute every tile at once, so the peers' partials could only
-// leave at the very end (and a rank started late held up its peers by all
-// of its lateness). Instead each tile is computed as k_parts units, one per
-// part of k, the units walked in the tiles' order: the peers' tiles fill the
-// first units, so their partials go out while this rank's own tiles are
-// still in their mainloops. Every unit's partial is a slot of its own in
-// the destination's inbox, [world][k_parts][chunk_rows][n] (slot src *
-// k_parts + part), with a flag of its own; the own tile's last part sums
-// all the others, this rank's earlier parts included. Such a pushed tile
-// is flagged halfway through the next unit's mainloop (its stores have
-// long completed then) rather than at the next unit's end.
-//
 // Calls in sequence, with no barrier between them: each rank's state
 // (symm_rs_state) counts its completed calls (`epoch`). A call is epoch
 // e = epoch + 1 on every rank. A tile's flag is set to e when it lands, so
@@ -117,19 +104,17 @@ struct alignas(64) symm_tmap {
 };
 
 // rs_push: the reduce-scatter's TMA maps. inbox: this rank's inbox,
-// [world * k_parts][chunk_rows][n] of C's type, boxes of 128 rows x 128
-// bytes of one slot; push[d]: rank d's inbox slots for this rank,
-// [k_parts][chunk_rows][n], boxes of 64 rows x 128 bytes of one slot
-// (push[rank]: this rank's own earlier parts).
+// [world][chunk_rows][n] of C's type, boxes of 128 rows x 128 bytes of one
+// slot; push[d]: rank d's inbox slot for this rank, [chunk_rows][n], boxes
+// of 64 rows x 128 bytes (push[rank] unused).
 struct symm_rs_maps {
     symm_tmap inbox;
     symm_tmap push[SYMM_GEMM_MAX_CHUNKS];
 };
 
 // Reduce-scatter: a rank's state, followed by its tile flags, u32
-// [world * k_parts][tiles per chunk], flag[slot][tile] the epoch in which
-// the partial of that inbox slot (rank src, part: src * k_parts + part)
-// landed. Zeroed once, when the memory is made.
+// [world][tiles per chunk], flag[src][tile] the epoch in which rank src's
+// partial of that tile landed. Zeroed once, when the memory is made.
 struct symm_rs_state {
     uint32_t epoch;     // calls completed (every CTA done reading the inbox)
     uint32_t finished;  // CTAs of the running call done reading it
@@ -166,7 +151,6 @@ struct symm_gemm_params {
     int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs; see above)
     int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
     int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
-    int32_t k_parts;       // rs: parts of k each tile is computed in (see "Parts of k" above), 1 or 2
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -240,14 +224,6 @@ static __device__ __forceinline__ void symm_tma_store(const symm_tmap* map, cons
                  : "memory");
 }
 
-// 3-D tile store (box at x, y, z = the slowest dimension).
-static __device__ __forceinline__ void symm_tma_store3(const symm_tmap* map, const void* src, int32_t x, int32_t y,
-                                                       int32_t z) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(map),
-                 "r"(x), "r"(y), "r"(z), "r"(symm_smem_addr(src))
-                 : "memory");
-}
-
 // Shared-memory matrix descriptor of a K-major tile with 128-byte rows and
 // the 128-byte swizzle TMA wrote: stride between 8-row groups 1024 bytes.
 static __device__ __forceinline__ uint64_t symm_smem_desc(const void* p) {
@@ -305,21 +281,12 @@ struct symm_tile {
     int32_t col0;
 };
 
-// A unit of work: one part of k of a tile (the whole k but with rs k_parts).
-struct symm_unit {
-    symm_tile tile;
-    int32_t part;
-    int32_t kb0, kb1;  // its k-blocks, [kb0, kb1)
-};
-
 struct symm_tiling {
     int32_t tiles_m;    // row tiles per chunk
     int32_t tiles_n;
     int32_t per_chunk;  // tiles_m * tiles_n
     int32_t total;
     int32_t rows;       // row tiles grouped together: a chunk's (rs) or all of them
-    int32_t parts;      // units per tile (rs k_parts, else 1)
-    int32_t units;      // total * parts
 
     __device__ symm_tiling(const symm_gemm_params& p, int bn) {
         tiles_m = (p.chunk_rows + SYMM_GEMM_BM - 1) / SYMM_GEMM_BM;
@@ -327,38 +294,11 @@ struct symm_tiling {
         per_chunk = tiles_m * tiles_n;
         total = per_chunk * p.chunks;
         rows = p.rs ? tiles_m : tiles_m * p.chunks;
-        parts = p.rs && p.k_parts > 1 ? p.k_parts : 1;
-        units = total * parts;
     }
 
-    // rs: the flag of tile `index` of `dst`'s rows in inbox slot `slot`.
-    __device__ uint32_t* flag(const symm_gemm_params& p, int dst, int slot, int index) const {
-        return (uint32_t*)(p.rs_state[dst] + SYMM_RS_STATE_BYTES) + (int64_t)slot * per_chunk + index;
-    }
-
-    // rs: the inbox slot of this rank's partial of a unit (at its tile's chunk).
-    __device__ int slot(const symm_gemm_params& p, const symm_unit& u) const { return p.rank * parts + u.part; }
-
-    // rs: the slot that sums all the others (this rank's own tile, last part).
-    __device__ int summing_slot(const symm_gemm_params& p) const { return p.rank * parts + parts - 1; }
-
-    // rs: does this unit sum its tile's partials (rather than push its own)?
-    __device__ bool sums(const symm_gemm_params& p, const symm_unit& u) const {
-        return u.tile.chunk == p.rank && u.part == parts - 1;
-    }
-
-    // rs: the i-th slot a summing unit reads (every slot but its own).
-    __device__ int source_slot(const symm_gemm_params& p, int i) const { return i < summing_slot(p) ? i : i + 1; }
-
-    // Unit u: part u % parts of tile u / parts, so a tile's parts run side by
-    // side and the tiles keep their order.
-    __device__ symm_unit unit(const symm_gemm_params& p, int bn, int u, int kblocks) const {
-        symm_unit w;
-        w.tile = at(p, bn, u / parts);
-        w.part = u % parts;
-        w.kb0 = w.part * kblocks / parts;
-        w.kb1 = (w.part + 1) * kblocks / parts;
-        return w;
+    // rs: the flag of tile `index` of `dst`'s rows, sent by rank `src`.
+    __device__ uint32_t* flag(const symm_gemm_params& p, int dst, int src, int index) const {
+        return (uint32_t*)(p.rs_state[dst] + SYMM_RS_STATE_BYTES) + (int64_t)src * per_chunk + index;
     }
 
     // Tile t: groups of GROUP_M row tiles (of `rows`, the list of row tiles
@@ -642,11 +582,10 @@ static __device__ __forceinline__ int symm_swizzled(int row, int jj, int q) {
 // `row` of `map`: C, or (reduce-scatter) a peer's inbox slot for this rank.
 // The stores drain while the warpgroup goes on to its next tile; the
 // staging area is reused only after they finished reading it. TMA clips
-// rows and columns past the map's. `slot` >= 0: a 3-D map (an inbox's
-// slots), stored into that slot.
+// rows and columns past the map's.
 #define SYMM_GEMM_EPI_BYTES (2 * 16384)
 template <int DT, int BN>
-static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2], int col0, int row, int slot, int n,
+static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2], int col0, int row, int n,
                                                          unsigned char* staging, const symm_tmap* map, float alpha,
                                                          bool& pending) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
@@ -680,12 +619,7 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
         if (t == 0) {
             for (int b = 0; b < 2; b++) {
                 const int col = col0 + (BLOCKS * h + b * BLOCKS / 2) * 8;
-                if (col >= n) continue;
-                if (slot >= 0) {
-                    symm_tma_store3(map, staging + b * 8192, col, row, slot);
-                } else {
-                    symm_tma_store(map, staging + b * 8192, col, row);
-                }
+                if (col < n) symm_tma_store(map, staging + b * 8192, col, row);
             }
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
@@ -724,18 +658,17 @@ static __device__ __forceinline__ void symm_add_box(float (&d)[BN / 2], const un
     }
 }
 
-// rs_push: the other partials of one of this rank's own tiles (every
-// peer's, and with k_parts this rank's earlier parts) travel through the
-// ring after the summing unit's k-blocks, as 16 KiB boxes (128 rows x 128
-// bytes of C's type, `per_tile` of them per slot), `per_stage` to a stage;
-// the producer and the consumers walk them alike.
+// rs_push: the peers' partials of one of this rank's own tiles travel
+// through the ring after the tile's k-blocks, as 16 KiB boxes (128 rows x
+// 128 bytes of C's type, `per_tile` of them per peer), `per_stage` to a
+// stage; the producer and the consumers walk them alike.
 struct symm_partials {
     int per_tile, per_stage, total;
 
-    __device__ symm_partials(const symm_gemm_params& p, const symm_tiling& tiling, int bn, int stage_bytes) {
+    __device__ symm_partials(const symm_gemm_params& p, int bn, int stage_bytes) {
         per_tile = bn * (p.out_dtype == SYMM_DT_F32 ? 4 : 2) / 128;
         per_stage = stage_bytes / 16384;
-        total = per_tile * (p.world * tiling.parts - 1);
+        total = per_tile * (p.world - 1);
     }
 };
 
@@ -862,18 +795,18 @@ static __device__ __forceinline__ bool symm_rs_pushes(const symm_gemm_params& p)
 // The flagging warp: pushed.full completes when both consumer warpgroups'
 // stores of the tile completed (their threads 0 arrive).
 static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
-                                           int kblocks, symm_handoff* pushed, uint32_t epoch) {
+                                           symm_handoff* pushed, uint32_t epoch) {
     uint32_t phase = 0;
-    for (int u = blockIdx.x; u < tiling.units; u += gridDim.x) {
-        const symm_unit w = tiling.unit(p, bn, u, kblocks);
-        if (tiling.sums(p, w)) continue;
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, bn, t);
+        if (tile.chunk == p.rank) continue;
         symm_mbar_wait(&pushed->full, phase);
         // The stores completed (and were fenced against the generic proxy)
         // before the arrivals this wait acquired, so the release, which is
         // cumulative, publishes them. No __threadfence_system: a
         // fence.sc.sys here, off the consumers' path, still cost the
         // kernel about 3% (bench/KERNELS.md).
-        symm_st_release_sys(tiling.flag(p, w.tile.chunk, tiling.slot(p, w), w.tile.index), epoch);
+        symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
         symm_mbar_arrive(&pushed->empty);
         phase ^= 1;
     }
@@ -943,7 +876,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // lane of warp 1 sets the pushed tiles' flags; the rest only donate
         // their registers to the consumers.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, kblocks, pushed, rs_epoch());
+        if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, pushed, rs_epoch());
         if (threadIdx.x == 64 && symm_rs_live(p)) {
             // Every peer's previous call has read its inbox: the consumers
             // wait for this before their first store into a peer's inbox,
@@ -965,12 +898,11 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 phase ^= 1;
             }
         };
-        const symm_partials partials(p, tiling, BN, Cfg::STAGE_BYTES);
+        const symm_partials partials(p, BN, Cfg::STAGE_BYTES);
         const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
         uint32_t landed = 0;  // all-gather: chunks seen whole (bit per chunk)
-        for (int u = blockIdx.x; u < tiling.units; u += gridDim.x) {
-            const symm_unit w = tiling.unit(p, BN, u, kblocks);
-            const symm_tile& tile = w.tile;
+        for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+            const symm_tile tile = tiling.at(p, BN, t);
             const bool local = tile.chunk == p.local_chunk;
             // The k-block at which this tile next waits for a slice of its
             // rows (kblocks: none left to wait for).
@@ -978,7 +910,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             const symm_tmap* map_a = local ? tm_a_local : tm_a;
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
             const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
-            for (int kb = w.kb0; kb < w.kb1; kb++) {
+            for (int kb = 0; kb < kblocks; kb++) {
                 if (kb == wait_kb) {
                     const int slice = kb / p.slice_kblocks;
                     symm_wait_nonzero(&p.ready[tile.chunk * p.slices + slice], p, tile.chunk);
@@ -999,17 +931,16 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
                 advance();
             }
-            if (!symm_rs_pushes(p) || !tiling.sums(p, w)) continue;
-            // One of our own tiles, its summing unit: wait for every other
-            // slot's flag of it to reach this call's epoch (after a timeout
-            // the loads still go, so nobody hangs), then load their partials
-            // behind the k-blocks. Boxes past n are not loaded (nor added).
-            for (int i = 0; i < p.world * tiling.parts - 1; i++) {
-                const int slot = tiling.source_slot(p, i);
-                symm_wait_reach(tiling.flag(p, p.rank, slot, tile.index), rs_epoch(), p, slot / tiling.parts);
+            if (!symm_rs_pushes(p) || tile.chunk != p.rank) continue;
+            // One of our own tiles: wait for every peer's flag of it to
+            // reach this call's epoch (after a timeout the loads still go,
+            // so nobody hangs), then load their partials behind the
+            // k-blocks. Boxes past n are not loaded (nor added).
+            for (int src = 0; src < p.world; src++) {
+                if (src != p.rank) symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), rs_epoch(), p, src);
             }
-            // The TMA stores were flagged after they completed: order our
-            // (async proxy) loads after the flags.
+            // The peers' TMA stores were flagged after they completed: order
+            // our (async proxy) loads after the flags.
             asm volatile("fence.proxy.async.global;" ::: "memory");
             const int row = tile.row0 - tile.chunk * p.chunk_rows;
             for (int b0 = 0; b0 < partials.total; b0 += partials.per_stage) {
@@ -1019,11 +950,10 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_mbar_wait(&empty[stage], phase ^ 1);
                 symm_mbar_expect_tx(&full[stage], loads * 16384);
                 for (int b = b0; b < b0 + boxes; b++) {
-                    const int slot = tiling.source_slot(p, b / partials.per_tile);
-                    const int col = tile.col0 + (b % partials.per_tile) * box_cols;
+                    const int src = b / partials.per_tile, col = tile.col0 + (b % partials.per_tile) * box_cols;
                     if (col < p.n) {
-                        symm_tma_load3(stage_a(stage) + (b - b0) * 16384, &tm_rs->inbox, col, row, slot,
-                                       &full[stage]);
+                        symm_tma_load3(stage_a(stage) + (b - b0) * 16384, &tm_rs->inbox, col, row,
+                                       src < p.rank ? src : src + 1, &full[stage]);
                     }
                 }
                 advance();
@@ -1080,21 +1010,18 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_wgmma_commit();
     };
-    // Waits for every other slot's partial of an own-rows tile (its flag at
-    // this call's epoch).
+    // Waits for every peer's partial of an own-rows tile (its flag at this
+    // call's epoch).
     auto take_peer_tiles = [&](const symm_tile& tile) {
         if (threadIdx.x == 128) {
-            for (int i = 0; i < p.world * tiling.parts - 1; i++) {
-                const int slot = tiling.source_slot(p, i);
-                symm_wait_reach(tiling.flag(p, p.rank, slot, tile.index), rs_epoch(), p, slot / tiling.parts);
+            for (int src = 0; src < p.world; src++) {
+                if (src != p.rank) symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), rs_epoch(), p, src);
             }
         }
         symm_consumers_sync();
     };
-    for (int u = blockIdx.x; u < tiling.units; u += gridDim.x) {
-        const symm_unit w = tiling.unit(p, BN, u, kblocks);
-        const symm_tile& tile = w.tile;
-        const int nkb = w.kb1 - w.kb0;
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, BN, t);
         if constexpr (PROMOTE) {
             // Each k-block's partial sum afresh into one of two sets (d for
             // even k-blocks, d1 for odd), added into `promoted` once done
@@ -1119,7 +1046,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             issue(d, false);
             advance();
             int kb = 0;
-            for (; kb + 2 < nkb; kb += 2) {
+            for (; kb + 2 < kblocks; kb += 2) {
                 s1 = stage;
                 symm_fence_operand(d1);
                 issue(d1, false);
@@ -1134,7 +1061,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 if (t128 == 0) symm_mbar_arrive(&empty[s1]);
                 promote(d1);
             }
-            if (kb + 1 < nkb) {
+            if (kb + 1 < kblocks) {
                 s1 = stage;
                 symm_fence_operand(d1);
                 issue(d1, false);
@@ -1153,12 +1080,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         if constexpr (!PROMOTE) {
             int prev = -1;
-            // k_parts: the previous unit's pushed partial is flagged here,
-            // mid-mainloop, not after it (see "Parts of k").
-            const int flag_kb = tiling.parts > 1 ? w.kb0 + nkb / 2 : -1;
-            for (int kb = w.kb0; kb < w.kb1; kb++) {
-                issue(d, kb != w.kb0);
-                if (kb == flag_kb && unflagged) flag_pushed_tile();
+            for (int kb = 0; kb < kblocks; kb++) {
+                issue(d, kb != 0);
                 // Keep one k-block of wgmma in flight; the one before it is
                 // done reading its stage, which goes back to the producer.
                 symm_wgmma_wait<1>();
@@ -1181,12 +1104,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         const int dt = p.out_dtype;
         unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-#define SYMM_EPI_TMA(MAP, ROW, SLOT, ALPHA)                                                                            \
-    if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, BN>(acc, tile.col0, ROW, SLOT, p.n, mine, MAP, ALPHA, pending); \
-    else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile.col0, ROW, SLOT, p.n, mine, MAP, ALPHA, pending); \
-    else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, SLOT, p.n, mine, MAP, ALPHA, pending)
+#define SYMM_EPI_TMA(MAP, ROW, ALPHA)                                                                            \
+    if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
+    else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
+    else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending)
         if (p.c_tma) {
-            SYMM_EPI_TMA(tm_c, tile.row0 + slice, -1, p.alpha);
+            SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
             continue;
         }
         if (!p.rs) {
@@ -1202,27 +1125,26 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             // The previous peer tile's stores completed during this tile's mainloop.
             if (unflagged) flag_pushed_tile();
             const int row = tile.row0 - (int)chunk_row0 + slice;  // in the chunk
-            if (!tiling.sums(p, w)) {
-                // A peer's rows (or an earlier part of our own): into the
-                // destination's inbox slot for this rank and part (once the
-                // peers' inboxes are free); flagged during the next unit (or
-                // at the end).
+            if (tile.chunk != p.rank) {
+                // A peer's rows: into its inbox slot for this rank (once the
+                // peers' inboxes are free); flagged at the next tile's
+                // epilogue (or the end).
                 symm_mbar_wait(peers_ready, 0);
-                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, w.part, p.alpha);
+                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
                 unflagged = true;
             } else {
-                // Our own rows: the other partials (scaled by alpha
+                // Our own rows: the peers' partials (scaled by alpha
                 // already) from the ring, added to ours, then out to C.
 #pragma unroll
                 for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
-                const symm_partials parts(p, tiling, BN, Cfg::STAGE_BYTES);
+                const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
 #define SYMM_ADD(DT) \
     symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
                 if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
                 else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
                 else SYMM_ADD(SYMM_DT_F16);
 #undef SYMM_ADD
-                SYMM_EPI_TMA(tm_c, row, -1, 1.f);
+                SYMM_EPI_TMA(tm_c, row, 1.f);
             }
             continue;
         }
@@ -1230,12 +1152,11 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // From registers (rows that TMA cannot address, or for comparison).
         const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
         const int elem = dt == SYMM_DT_F32 ? 4 : 2;
-        if (!tiling.sums(p, w)) {
-            // A peer's rows (or an earlier part of our own): into the
-            // destination's inbox slot for this rank and part (once the
+        if (tile.chunk != p.rank) {
+            // A peer's rows: into its inbox slot for this rank (once the
             // peers' inboxes are free), then its flag.
             symm_mbar_wait(peers_ready, 0);
-            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(tiling.slot(p, w) * slot_elems * elem);
+            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
 #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
             if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
             else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
@@ -1244,15 +1165,15 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             symm_consumers_sync();
             if (threadIdx.x == 128) {
                 __threadfence_system();
-                symm_st_release_sys(tiling.flag(p, tile.chunk, tiling.slot(p, w), tile.index), rs_epoch());
+                symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), rs_epoch());
             }
         } else {
-            // Our own rows: wait for every other partial of the tile, then sum.
+            // Our own rows: wait for every peer's partial tile, then sum.
             take_peer_tiles(tile);
-            uint64_t adds[2 * SYMM_GEMM_MAX_CHUNKS];
-            const int nadds = p.world * tiling.parts - 1;
-            for (int i = 0; i < nadds; i++) {
-                adds[i] = p.inbox[p.rank] + (uint64_t)(tiling.source_slot(p, i) * slot_elems * elem);
+            uint64_t adds[SYMM_GEMM_MAX_CHUNKS];
+            int nadds = 0;
+            for (int src = 0; src < p.world; src++) {
+                if (src != p.rank) adds[nadds++] = p.inbox[p.rank] + (uint64_t)(src * slot_elems * elem);
             }
             // Peers' partials were scaled by alpha already; ours is scaled in
             // the epilogue before the adds.

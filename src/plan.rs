@@ -34,8 +34,6 @@ pub struct DeviceModel {
     /// H100 since c7e5710; fp8 with exact accumulation 1.20-1.36 x, see
     /// bench/KERNELS.md). The fused algorithm is not chosen automatically.
     pub fused_slowdown: f64,
-    /// Multiprocessors (one CTA of the fused matmul each).
-    pub sms: usize,
 }
 
 impl DeviceModel {
@@ -51,7 +49,6 @@ impl DeviceModel {
         barrier_us: 4.0,
         split_penalty: 0.01,
         fused_slowdown: 1.04,
-        sms: 132,
     };
 }
 
@@ -195,35 +192,6 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
         f.total_ms = f.compute_ms + f.exposed_ms;
     }
     out
-}
-
-/// Each part of k of the fused reduce-scatter's split tiles keeps at least
-/// this many k-blocks (128 bytes of k each): fewer, and filling and
-/// draining the pipeline for each part would cost more than it hides.
-const MIN_PART_KBLOCKS: usize = 16;
-
-/// The parts of k (1 or 2) in which the fused reduce-scatter computes each
-/// of its tiles. Where all the tiles (128 x 256, the widest) fit in one
-/// wave, every tile would finish at the end, so the peers' partials could
-/// only travel then, and a rank that started late would hold up its peers
-/// by all of its lateness (mm_rs 512x14336x8192 on 2 x H200: 1.09-1.10 x
-/// the matmul alone, bench/KERNELS.md v12-v13). In two halves of k, the
-/// peers' tiles come first and their partials travel while this rank's
-/// own tiles are computed. Depends on the shape alone, so every rank
-/// agrees. `SYMM_RS_K_PARTS` (1 or 2, the same on every rank) forces it,
-/// for measurements and tests (2 where k has at least two k-blocks).
-pub fn rs_k_parts(p: &Problem, d: &DeviceModel) -> crate::Result<usize> {
-    let kblocks = (p.k * p.elem_bytes).div_ceil(128);
-    match std::env::var("SYMM_RS_K_PARTS").as_deref() {
-        Ok("1") => return Ok(1),
-        Ok("2") => return Ok(kblocks.clamp(1, 2)),
-        Ok(other) => {
-            return Err(crate::error::err!(InvalidArgument, "SYMM_RS_K_PARTS={other:?}: expected 1 or 2"));
-        }
-        Err(_) => {}
-    }
-    let tiles = (p.m / p.world.max(1)).div_ceil(128) * p.n.div_ceil(256) * p.world;
-    Ok(if p.world > 1 && tiles <= d.sms && kblocks >= 2 * MIN_PART_KBLOCKS { 2 } else { 1 })
 }
 
 /// The fused all-gather pulls each shard in slices of k (columns), each
@@ -377,24 +345,6 @@ mod tests {
             let w = gather_slice_k(4096 * k * 2, k, 128);
             assert!(w == k || (k % w == 0 && w % 128 == 0 && k / w <= MAX_SLICES), "k {k}: {w}");
         }
-    }
-
-    #[test]
-    fn reduce_scatter_splits_k_only_for_one_wave_with_k_to_spare() {
-        if std::env::var_os("SYMM_RS_K_PARTS").is_some() {
-            return; // forced: nothing of the rule to check
-        }
-        let parts = |m, k, n, world| rs_k_parts(&Problem { world, ..prob(m, k, n) }, &DeviceModel::HOPPER).unwrap();
-        // The benchmark's M = 512 at world 2: 2 x 2 x 32 = 128 tiles, 224 k-blocks.
-        assert_eq!(parts(512, 14336, 8192, 2), 2);
-        // Two waves or more: the tiles' order already overlaps the pushes.
-        assert_eq!(parts(2048, 14336, 8192, 2), 1);
-        assert_eq!(parts(16384, 4096, 8192, 2), 1);
-        // One wave, but too little k for two parts of 16 k-blocks.
-        assert_eq!(parts(512, 1984, 8192, 2), 1);
-        assert_eq!(parts(512, 2048, 8192, 2), 2);
-        // Nobody to push to.
-        assert_eq!(parts(512, 14336, 8192, 1), 1);
     }
 
     #[test]

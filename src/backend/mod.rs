@@ -326,11 +326,9 @@ pub struct FusedGather {
     pub scale_slot: usize,
 }
 
-/// Chunk `d` of the product is rank `d`'s: pushed into `inbox[d]` (slots
-/// `rank * k_parts ..`, one per part of k) and announced in the tile flags
-/// of `state[d]`; this rank's own chunk, visited last, is summed with the
-/// other partials into `c`. `k_parts` (1 or 2, [`crate::plan::rs_k_parts`],
-/// the same on every rank): the parts of k each tile is computed in. Sizes:
+/// Chunk `d` of the product is rank `d`'s: pushed into `inbox[d]` (slot
+/// `rank`) and announced in the tile flags of `state[d]`; this rank's own
+/// chunk, visited last, is summed with the peers' partials into `c`. Sizes:
 /// [`FusedMatmul::inbox_bytes`] and [`FusedMatmul::state_bytes`]. The
 /// state starts zeroed and no other work may write it or the inbox: it
 /// counts the calls, which is what lets one call follow another with no
@@ -340,7 +338,6 @@ pub struct FusedScatter {
     pub rank: usize,
     pub inbox: Vec<u64>,
     pub state: Vec<u64>,
-    pub k_parts: usize,
 }
 
 impl FusedGather {
@@ -350,9 +347,9 @@ impl FusedGather {
 }
 
 impl FusedMatmul {
-    /// Bytes of one rank's inbox: a `chunk_rows x n` slot per rank and part of k.
-    pub fn inbox_bytes(chunk_rows: usize, n: usize, world: usize, out_elem: usize, k_parts: usize) -> usize {
-        chunk_rows * n * world * k_parts * out_elem
+    /// Bytes of one rank's inbox: a `chunk_rows x n` slot per rank.
+    pub fn inbox_bytes(chunk_rows: usize, n: usize, world: usize, out_elem: usize) -> usize {
+        chunk_rows * n * world * out_elem
     }
 
     /// The reduce-scatter state's header (`SYMM_RS_STATE_BYTES`: the count
@@ -361,9 +358,9 @@ impl FusedMatmul {
 
     /// Bytes of one rank's reduce-scatter state: the header, then its tile
     /// flags (at most; any tile width fits).
-    pub fn state_bytes(chunk_rows: usize, n: usize, world: usize, k_parts: usize) -> usize {
+    pub fn state_bytes(chunk_rows: usize, n: usize, world: usize) -> usize {
         // 128 x 128 is the smallest tile the kernels use.
-        Self::STATE_HEADER_BYTES + chunk_rows.div_ceil(128) * n.div_ceil(128) * world * k_parts * 4
+        Self::STATE_HEADER_BYTES + chunk_rows.div_ceil(128) * n.div_ceil(128) * world * 4
     }
 }
 

@@ -212,10 +212,6 @@ impl MmRs {
             fused,
         };
         let algorithm = plan::choose(&plan::mm_rs(&problem, &plan::DeviceModel::HOPPER))?;
-        let k_parts = match algorithm {
-            plan::Algorithm::Fused => plan::rs_k_parts(&problem, &plan::DeviceModel::HOPPER)?,
-            _ => 1,
-        };
 
         // Workspace: one product chunk per destination rank (peers pull
         // them), local copies of the peers' chunks for this rank, the
@@ -223,8 +219,8 @@ impl MmRs {
         // `a` (or a slice of it) into a matrix, and its row scales into a
         // vector. Fused: in the mailbox instead (memory no other call
         // writes), the kernel's state with its tile flags, and the inbox, a
-        // slot per source rank and part of k that the kernels write into.
-        // Agreed shapes and dtypes only.
+        // slot per source rank that the peers' kernels write into. Agreed
+        // shapes and dtypes only.
         let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
         let rows = a.numel() / a.shape[last];
         let mut layout = Layout::default();
@@ -232,9 +228,8 @@ impl MmRs {
         let mut region = |bytes| layout.region(bytes);
         let (chunks, staged, reduced, packed_a, state, inbox) = if algorithm == plan::Algorithm::Fused {
             let out_rows = self.out.numel() / self.out.shape[last];
-            let state = mailbox.region(FusedMatmul::state_bytes(out_rows, b.shape[1], world, k_parts));
-            let inbox = check::mul(chunk_bytes, world * k_parts, "the product")?;
-            (Vec::new(), Vec::new(), 0, 0, state, mailbox.region(inbox))
+            let state = mailbox.region(FusedMatmul::state_bytes(out_rows, b.shape[1], world));
+            (Vec::new(), Vec::new(), 0, 0, state, mailbox.region(check::mul(chunk_bytes, world, "the product")?))
         } else {
             // Back to back, so that for scatter_dim 0 they form the whole product.
             let product = region(check::mul(chunk_bytes, world, "the product")?);
@@ -259,7 +254,6 @@ impl MmRs {
             inbox,
             packed_scale,
             algorithm,
-            k_parts,
             workspace: layout.bytes(),
             mailbox: mailbox.bytes(),
         })
@@ -279,14 +273,12 @@ pub(super) struct MmRsPlan {
     reduced: usize,
     packed_a: usize,
     /// Fused, mailbox offsets: the kernel's state (with its tile flags) and
-    /// the inbox (`world * k_parts` chunks).
+    /// the inbox (`world` chunks).
     state: usize,
     inbox: usize,
     /// Row-wise: where a slice of `a_scale` is made contiguous.
     packed_scale: Option<usize>,
     algorithm: plan::Algorithm,
-    /// Fused: the parts of k each tile is computed in (plan::rs_k_parts).
-    k_parts: usize,
     workspace: usize,
     mailbox: usize,
 }
@@ -349,7 +341,6 @@ impl MmRsPlan {
                 rank: me,
                 inbox: (0..world).map(|r| ex.in_mailbox(r, self.inbox)).collect::<Result<_>>()?,
                 state: (0..world).map(|r| ex.in_mailbox(r, self.state)).collect::<Result<_>>()?,
-                k_parts: self.k_parts,
             }),
             alpha: scale,
             timeout: ex.group.timeout(),

@@ -69,10 +69,9 @@ struct Params {
     rs_push: i32,
     slices: i32,
     slice_kblocks: i32,
-    k_parts: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 464);
+const _: () = assert!(std::mem::size_of::<Params>() == 456);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
@@ -90,10 +89,9 @@ struct TensorMap([u64; 16]);
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct RsMaps {
-    /// This rank's inbox, `[world * k_parts][chunk_rows][n]`, boxes of 128
-    /// rows of one slot.
+    /// This rank's inbox, `[world][chunk_rows][n]`, boxes of 128 rows of one slot.
     inbox: TensorMap,
-    /// `push[d]`: rank d's inbox slots for this rank, `[k_parts][chunk_rows][n]`.
+    /// `push[d]`: rank d's inbox slot for this rank, `[chunk_rows][n]`.
     push: [TensorMap; MAX_CHUNKS],
 }
 
@@ -296,15 +294,11 @@ pub struct Gather {
 /// [`Sm90Matmul::state_bytes`]); C is this rank's output chunk. The state
 /// must start zeroed and then belong to these calls alone: it carries the
 /// count of calls that lets one follow another without a barrier.
-/// `k_parts` (1 or 2, the same on every rank): each tile computed in that
-/// many parts of k, each part's partial a slot of its own (see the kernel's
-/// "Parts of k").
 #[derive(Clone, Debug)]
 pub struct Scatter {
     pub rank: usize,
     pub inbox: Vec<u64>,
     pub state: Vec<u64>,
-    pub k_parts: usize,
 }
 
 /// One launch: `C[m, n] = alpha * A[m, k] @ B[n, k]^T`, A's rows in
@@ -442,8 +436,7 @@ impl Sm90Matmul {
             });
         }
         if let Some(s) = &call.scatter {
-            mm.scatter =
-                Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), state: s.state.clone(), k_parts: s.k_parts });
+            mm.scatter = Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), state: s.state.clone() });
         }
         Ok(mm)
     }
@@ -484,21 +477,15 @@ impl Sm90Matmul {
         self.chunk_rows.div_ceil(BM) * self.n.div_ceil(self.tile.cols())
     }
 
-    /// Parts of k per tile: the scatter's (1 without one).
-    pub fn k_parts(&self) -> usize {
-        self.scatter.as_ref().map_or(1, |s| s.k_parts)
-    }
-
-    /// Bytes of one rank's rs inbox: a slot of `chunk_rows x n` per rank
-    /// and part of k.
+    /// Bytes of one rank's rs inbox: a slot of `chunk_rows x n` per rank.
     pub fn inbox_bytes(&self) -> usize {
-        self.chunks() * self.k_parts() * self.chunk_rows * self.n * self.out_dtype.size()
+        self.chunks() * self.chunk_rows * self.n * self.out_dtype.size()
     }
 
     /// Bytes of one rank's rs state: `symm_rs_state`, then the tile flags,
-    /// `tiles_per_chunk` u32 per rank and part of k.
+    /// `tiles_per_chunk` u32 per rank.
     pub fn state_bytes(&self) -> usize {
-        FusedMatmul::STATE_HEADER_BYTES + self.chunks() * self.k_parts() * self.tiles_per_chunk() * 4
+        FusedMatmul::STATE_HEADER_BYTES + self.chunks() * self.tiles_per_chunk() * 4
     }
 
     /// `Err(Unsupported)` naming the first reason the kernel cannot run
@@ -577,13 +564,6 @@ impl Sm90Matmul {
             if self.order.last() != Some(&s.rank) {
                 return no("reduce-scatter must visit this rank's own chunk last".into());
             }
-            let kblocks = (self.k * el).div_ceil(BK_BYTES);
-            if !(1..=2).contains(&s.k_parts) || s.k_parts > kblocks || (s.k_parts > 1 && chunks < 2) {
-                return no(format!(
-                    "{} parts of k (1 or 2, at most one per k-block: {kblocks}; 2 only with peers)",
-                    s.k_parts
-                ));
-            }
         }
         if self.c.ld < self.n {
             return no("C's row stride is shorter than n".into());
@@ -629,30 +609,20 @@ impl Sm90Matmul {
             p.c_tma = 1;
             encode_box(out, &Operand { rows: self.m, ..self.c }, self.n, c_box, C_BOX_ROWS)?
         } else if let (Some(s), true) = (&self.scatter, self.rs_pushes()) {
-            // Slot src * k_parts + part of each inbox: this rank's are
-            // contiguous, a 3-D map [k_parts][chunk_rows][n] (TMA clips each
-            // slot's rows at chunk_rows).
             let slot_bytes = (self.chunk_rows * self.n * self.out_dtype.size()) as u64;
-            let parts = s.k_parts as u64;
-            let row_bytes = (self.n * self.out_dtype.size()) as u64;
-            let (n, rows) = (self.n as u64, self.chunk_rows as u64);
-            for (d, &inbox) in s.inbox.iter().enumerate() {
-                let mine = inbox + s.rank as u64 * parts * slot_bytes;
-                let boxes = [c_box as u32, C_BOX_ROWS as u32, 1];
-                rs.push[d] = encode_tiled(out, mine, &[n, rows, parts], &[row_bytes, slot_bytes], &boxes)?;
+            for (d, &inbox) in s.inbox.iter().enumerate().filter(|&(d, _)| d != s.rank) {
+                let slot = Operand { ptr: inbox + s.rank as u64 * slot_bytes, rows: self.chunk_rows, ld: self.n };
+                rs.push[d] = encode_box(out, &slot, self.n, c_box, C_BOX_ROWS)?;
             }
-            let dims = [n, rows, self.chunks() as u64 * parts];
-            let boxes = [c_box as u32, BM as u32, 1];
-            rs.inbox = encode_tiled(out, s.inbox[s.rank], &dims, &[row_bytes, slot_bytes], &boxes)?;
+            let dims = [self.n as u64, self.chunk_rows as u64, self.chunks() as u64];
+            let strides = [(self.n * self.out_dtype.size()) as u64, slot_bytes];
+            rs.inbox = encode_tiled(out, s.inbox[s.rank], &dims, &strides, &[c_box as u32, BM as u32, 1])?;
             encode_box(out, &self.c, self.n, c_box, C_BOX_ROWS)?
         } else {
             tm_a
         };
-        let units = (self.tiles_per_chunk() * self.chunks() * self.k_parts()) as u32;
-        let ctas = sm_count.min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
-        // Parts of k: as many units on every CTA (256 units on 132 SMs:
-        // 128 CTAs of two, not 124 of two and 8 of one).
-        let grid = if self.k_parts() > 1 { units.div_ceil(units.div_ceil(ctas)) } else { units.min(ctas) }.max(1);
+        let total = self.tiles_per_chunk() * self.chunks();
+        let grid = (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
         let (mut a, mut al, mut b, mut c) = (tm_a, tm_a_local, tm_b, tm_c);
         let mut args = [
             (&mut a as *mut TensorMap).cast::<c_void>(),
@@ -763,7 +733,6 @@ impl Sm90Matmul {
             rs_push: i32::from(self.rs_pushes()),
             slices: self.slices() as i32,
             slice_kblocks: self.slice_kblocks() as i32,
-            k_parts: self.k_parts() as i32,
         }
     }
 }

@@ -23,7 +23,6 @@ fn params_layout_matches_the_kernel() {
         assert_eq!(off(std::ptr::addr_of!((*q).scale_mode).cast()), 440);
         assert_eq!(off(std::ptr::addr_of!((*q).slices).cast()), 448);
         assert_eq!(off(std::ptr::addr_of!((*q).slice_kblocks).cast()), 452);
-        assert_eq!(off(std::ptr::addr_of!((*q).k_parts).cast()), 456);
     }
 }
 
@@ -60,7 +59,7 @@ fn c_goes_through_tma_only_where_tma_cannot_spill() {
     (mm.chunk_rows, mm.order) = (100, vec![0, 1, 2]); // tiles straddle chunks
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
-    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0], state: vec![0], k_parts: 1 });
+    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0], state: vec![0] });
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
     mm.tma_epilogue = false;
@@ -117,21 +116,6 @@ fn check_rejects_what_the_kernel_cannot_run() {
     let mut bad = fp8.clone();
     bad.fp8 = Some(Fp8Params { a_scale: 0, ..f });
     assert!(bad.check().is_err());
-    // Reduce-scatter in parts of k: 1 or 2, and no more than k-blocks (k =
-    // 64 of bf16 is one).
-    let mut rs = good.clone();
-    (rs.chunk_rows, rs.order) = (128, vec![1, 0]);
-    let scatter = |k_parts| Some(Scatter { rank: 0, inbox: vec![0x4000, 0x8000], state: vec![0, 0], k_parts });
-    rs.scatter = scatter(1);
-    rs.check().unwrap();
-    for parts in [0, 2, 3] {
-        rs.scatter = scatter(parts);
-        assert!(rs.check().unwrap_err().msg.contains("parts of k"), "{parts} parts");
-    }
-    (rs.k, rs.a.ld, rs.b.ld) = (128, 128, 128);
-    rs.scatter = scatter(2);
-    rs.check().unwrap();
-    assert_eq!(rs.inbox_bytes(), 2 * 2 * 128 * 256 * 2);
 }
 
 // ---- on a GPU (pass vacuously without one, or on a non-Hopper GPU) ----
@@ -906,37 +890,28 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
     // tiles make each CTA's last pushed tile the one its peer's first own
     // tile waits for (v8, which took those flags before the tile's
     // mainloop but set its own last one after it, waited there until the
-    // timeout). Two parts of k: each tile as two units, the own tile's
-    // second summing the first (one CTA: its own previous unit, flagged
-    // during the summing unit's mainloop); exact fp8 takes the other
-    // mainloop (flagged after it).
+    // timeout).
     use Ctas::*;
     let (bf16, f32) = (GemmDtype::BF16, GemmDtype::F32);
-    for (world, fp8, out, push, ctas, parts) in [
-        (2, false, bf16, true, Share, 1),
-        (2, true, bf16, true, Share, 1),
-        (3, false, bf16, true, Share, 1),
-        (2, false, f32, true, Share, 1),
-        (2, false, bf16, true, One, 1),
-        (3, false, bf16, true, One, 1),
-        (2, false, bf16, true, ChunkTiles, 1),
-        (3, false, f32, true, ChunkTiles, 1),
-        (2, false, bf16, false, Share, 1),
-        (2, true, bf16, false, Share, 1),
-        (2, false, f32, false, ChunkTiles, 1),
-        (2, false, bf16, true, Share, 2),
-        (2, true, bf16, true, Share, 2),
-        (3, false, f32, true, One, 2),
-        (3, false, bf16, true, ChunkTiles, 2),
-        (2, false, bf16, false, Share, 2),
-        (3, true, bf16, false, One, 2),
+    for (world, fp8, out, push, ctas) in [
+        (2, false, bf16, true, Share),
+        (2, true, bf16, true, Share),
+        (3, false, bf16, true, Share),
+        (2, false, f32, true, Share),
+        (2, false, bf16, true, One),
+        (3, false, bf16, true, One),
+        (2, false, bf16, true, ChunkTiles),
+        (3, false, f32, true, ChunkTiles),
+        (2, false, bf16, false, Share),
+        (2, true, bf16, false, Share),
+        (2, false, f32, false, ChunkTiles),
     ] {
-        reduce_scatter_case(&g, kern, world, fp8, out, push, ctas, parts, false);
+        reduce_scatter_case(&g, kern, world, fp8, out, push, ctas, false);
     }
     // A peer that never sends its partials: rank 0 alone gives up on them
     // and says who, with either way of sending.
-    for (push, parts) in [(true, 1), (false, 1), (true, 2)] {
-        reduce_scatter_case(&g, kern, 2, false, bf16, push, Share, parts, true);
+    for push in [true, false] {
+        reduce_scatter_case(&g, kern, 2, false, bf16, push, Share, true);
     }
 }
 
@@ -965,12 +940,10 @@ fn reduce_scatter_case(
     out: GemmDtype,
     push: bool,
     ctas: Ctas,
-    k_parts: usize,
     peer_missing: bool,
 ) {
     let dt = GemmDtype::BF16;
-    // Two k-blocks per part (one of fp8, whose k-blocks are twice as long).
-    let (rows, n, k) = (192usize, 320usize, 128 * k_parts);
+    let (rows, n, k) = (192usize, 320usize, 128usize);
     let m = world * rows;
     let ps: Vec<Problem> = (0..world)
         .map(|r| {
@@ -1010,8 +983,7 @@ fn reduce_scatter_case(
         mm
     };
     const CALLS: usize = 3;
-    let mut probe = template(0, 0);
-    probe.scatter = Some(Scatter { rank: 0, inbox: vec![0; world], state: vec![0; world], k_parts });
+    let probe = template(0, 0);
     let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(g, probe.inbox_bytes() / out.size(), out)).collect();
     let states: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.state_bytes()])).collect();
     let calls = if peer_missing { 1 } else { CALLS };
@@ -1025,7 +997,6 @@ fn reduce_scatter_case(
                 rank: r,
                 inbox: inboxes.iter().map(|b| b.ptr).collect(),
                 state: states.iter().map(|b| b.ptr).collect(),
-                k_parts,
             });
             mm.launch(kern, g.kernels.sm_count, sides.stream(r).unwrap()).unwrap();
         }
@@ -1058,24 +1029,20 @@ fn reduce_scatter_case(
         let e = rel_err(&decode(out_dtype, &out.read_bytes()), &want);
         assert!(
             e < 1e-2,
-            "world {world}, rank {r}, call {call}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs, \
-             {k_parts} parts of k: relative error {e}"
+            "world {world}, rank {r}, call {call}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs: \
+             relative error {e}"
         );
     }
-    // Each rank counted every call, and every slot's flag of each of its
-    // tiles holds the epoch of the last one, but the summing slot's (a rank
-    // flags its own earlier parts, never its last).
+    // Each rank counted every call, and each peer's flag of each of its
+    // tiles holds the epoch of the last one (a rank never flags itself).
     for (r, state) in states.iter().enumerate() {
         let words = state.read::<u32>(probe.state_bytes() / 4);
         let header = FusedMatmul::STATE_HEADER_BYTES / 4;
         assert_eq!(words[0], CALLS as u32, "rank {r}'s epoch");
         assert_eq!(words[1], 0, "rank {r}'s count of finished CTAs is reset");
-        assert_eq!(words.len() - header, world * k_parts * probe.tiles_per_chunk());
         for (i, &f) in words[header..].iter().enumerate() {
-            let slot = i / probe.tiles_per_chunk();
-            let (src, part) = (slot / k_parts, slot % k_parts);
-            let want = if src == r && part == k_parts - 1 { 0 } else { CALLS as u32 };
-            assert_eq!(f, want, "rank {r}, flag {i} (from rank {src}, part {part})");
+            let src = i / probe.tiles_per_chunk();
+            assert_eq!(f, if src == r { 0 } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
         }
     }
 }
@@ -1133,7 +1100,6 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
             rank: r,
             inbox: inboxes.iter().map(|b| b.ptr).collect(),
             state: states.iter().map(|b| b.ptr).collect(),
-            k_parts: 1,
         });
     }
     let sides = SideStreams::default();
