@@ -73,6 +73,19 @@
 // wait on.
 // Without rs_push, stores, flags and adds go from registers.
 //
+// Heads (head_kblocks > 0; rs_push, world 2, every tile a CTA of its own,
+// chunks of whole tiles): a problem whose tiles fit in one wave would end
+// every tile at once, so the peer's partials would only start over NVLink
+// when all the multiplying is done, and the own tiles wait for them. Each
+// own tile's CTA therefore first computes the head of its twin, the peer
+// tile of the same index (its first head_kblocks k-blocks, the same columns
+// of B, so B comes from L2), and leaves it in this rank's own inbox slot
+// (which no peer writes), in the order of the accumulator fragments,
+// flagged in the own slot's tile flags; the peer tile's CTA multiplies the
+// rest of k, adds the head, and pushes. The peer tiles so end and push
+// head_kblocks early, while the own tiles run that much longer: the host
+// sizes the head to cover the push (bench/KERNELS.md v15).
+//
 // Calls in sequence, with no barrier between them: each rank's state
 // (symm_rs_state) counts its completed calls (`epoch`). A call is epoch
 // e = epoch + 1 on every rank. A tile's flag is set to e when it lands, so
@@ -151,6 +164,7 @@ struct symm_gemm_params {
     int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs; see above)
     int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
     int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
+    int32_t head_kblocks;  // rs_push, world 2, one tile per CTA: k-blocks of each peer tile its own twin computes (see "Heads")
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -812,6 +826,77 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
     }
 }
 
+// Heads: the first row of an own tile's twin (the peer tile of the same
+// index; world 2, so the peer's chunk is the other one).
+static __device__ __forceinline__ int symm_head_twin_row0(const symm_gemm_params& p, const symm_tile& tile) {
+    return tile.row0 + (1 - 2 * p.rank) * p.chunk_rows;
+}
+
+// Heads: where tile `index`'s head lies, in this rank's own inbox slot,
+// as C's type in the order of the accumulator fragments (16 bytes of
+// consumer thread i at 16 * (256 * u + i), so every access is coalesced):
+// 128 x BN elements per tile, which the slot holds since the host allows
+// heads only for chunks of whole tiles.
+template <int BN>
+static __device__ __forceinline__ uint4* symm_head_at(const symm_gemm_params& p, int index) {
+    const int elem = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
+    const uint64_t slot = (uint64_t)p.rank * p.chunk_rows * p.n * elem;
+    return (uint4*)(p.inbox[p.rank] + slot + (uint64_t)index * SYMM_GEMM_BM * BN * elem) + (threadIdx.x - 128);
+}
+
+// Heads: this thread's accumulators of a twin's head, stored (C's type).
+template <int BN>
+static __device__ __forceinline__ void symm_head_store(const float (&d)[BN / 2], const symm_gemm_params& p,
+                                                       int index) {
+    uint4* at = symm_head_at<BN>(p, index);
+    if (p.out_dtype == SYMM_DT_F32) {
+#pragma unroll
+        for (int u = 0; u < BN / 8; u++) {
+            at[256 * u] = make_uint4(__float_as_uint(d[4 * u]), __float_as_uint(d[4 * u + 1]),
+                                     __float_as_uint(d[4 * u + 2]), __float_as_uint(d[4 * u + 3]));
+        }
+    } else {
+        const bool bf16 = p.out_dtype == SYMM_DT_BF16;
+        auto pack = [&](float x, float y) { return bf16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y); };
+#pragma unroll
+        for (int u = 0; u < BN / 16; u++) {
+            at[256 * u] = make_uint4(pack(d[8 * u], d[8 * u + 1]), pack(d[8 * u + 2], d[8 * u + 3]),
+                                     pack(d[8 * u + 4], d[8 * u + 5]), pack(d[8 * u + 6], d[8 * u + 7]));
+        }
+    }
+}
+
+// Heads: adds the head its twin stored to this thread's accumulators
+// (through L2: another CTA wrote it).
+template <int BN>
+static __device__ __forceinline__ void symm_head_add(float (&d)[BN / 2], const symm_gemm_params& p, int index) {
+    const uint4* at = symm_head_at<BN>(p, index);
+    if (p.out_dtype == SYMM_DT_F32) {
+#pragma unroll
+        for (int u = 0; u < BN / 8; u++) {
+            const uint4 v = __ldcg(at + 256 * u);
+            d[4 * u] += __uint_as_float(v.x);
+            d[4 * u + 1] += __uint_as_float(v.y);
+            d[4 * u + 2] += __uint_as_float(v.z);
+            d[4 * u + 3] += __uint_as_float(v.w);
+        }
+    } else {
+        const bool bf16 = p.out_dtype == SYMM_DT_BF16;
+        auto lo = [&](uint32_t w) { return bf16 ? symm_bf16_bits_to_f32(w & 0xffffu) : symm_f16_bits_to_f32(w & 0xffffu); };
+        auto hi = [&](uint32_t w) { return bf16 ? symm_bf16_bits_to_f32(w >> 16) : symm_f16_bits_to_f32(w >> 16); };
+#pragma unroll
+        for (int u = 0; u < BN / 16; u++) {
+            const uint4 v = __ldcg(at + 256 * u);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                d[8 * u + 2 * i] += lo(w[i]);
+                d[8 * u + 2 * i + 1] += hi(w[i]);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The kernel.
 // ---------------------------------------------------------------------------
@@ -910,7 +995,20 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             const symm_tmap* map_a = local ? tm_a_local : tm_a;
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
             const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
-            for (int kb = 0; kb < kblocks; kb++) {
+            if (p.head_kblocks > 0 && tile.chunk == p.rank) {
+                // Heads: first the twin's head, its rows of A, the same columns of B.
+                const int twin_row = symm_head_twin_row0(p, tile);
+                for (int kb = 0; kb < p.head_kblocks; kb++) {
+                    symm_mbar_wait(&empty[stage], phase ^ 1);
+                    symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
+                    symm_tma_load(stage_a(stage), tm_a, kb * BK, twin_row, &full[stage]);
+                    symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
+                    advance();
+                }
+            }
+            // Heads: a peer tile's head is its twin's work.
+            const int kb_first = p.head_kblocks > 0 && tile.chunk != p.rank ? p.head_kblocks : 0;
+            for (int kb = kb_first; kb < kblocks; kb++) {
                 if (kb == wait_kb) {
                     const int slice = kb / p.slice_kblocks;
                     symm_wait_nonzero(&p.ready[tile.chunk * p.slices + slice], p, tile.chunk);
@@ -1021,167 +1119,197 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         symm_consumers_sync();
     };
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        // Heads: an own tile's CTA first makes its twin's head (pass 0), in
+        // the same loop as the tile itself, so the mainloop stays one piece
+        // of code (ptxas serialized the wgmmas of a second copy behind a
+        // branch: C7520).
         const symm_tile tile = tiling.at(p, BN, t);
-        if constexpr (PROMOTE) {
-            // Each k-block's partial sum afresh into one of two sets (d for
-            // even k-blocks, d1 for odd), added into `promoted` once done
-            // while the next k-block runs in the other set. Measured 2-4%
-            // faster than one set with a full wait per k-block (as CUTLASS
-            // and DeepGEMM), within one run (bench/KERNELS.md, f6). Nothing
-            // but wgmma writes d and d1: ptxas serializes the wgmmas if
-            // other code defines their accumulators (C7514).
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) promoted[i] = 0.f;
-            auto promote = [&](float(&acc)[BN / 2]) {
-                symm_fence_operand(acc);
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) promoted[i] += acc[i];
-                symm_fence_operand(acc);
-            };
-            // d holds k-block kb (in flight) at the top of each pass; the
-            // pairs are peeled so every wait has a fixed count (ptxas
-            // tracks which set a wait completes only then).
-            int s0 = stage, s1;
-            symm_fence_operand(d);
-            issue(d, false);
-            advance();
-            int kb = 0;
-            for (; kb + 2 < kblocks; kb += 2) {
-                s1 = stage;
-                symm_fence_operand(d1);
-                issue(d1, false);
-                advance();
-                symm_wgmma_wait<1>();
-                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
-                promote(d);
-                s0 = stage;
+        const bool makes_head = p.head_kblocks > 0 && tile.chunk == p.rank;
+        for (int pass = makes_head ? 0 : 1; pass < 2; pass++) {
+            if constexpr (PROMOTE) {
+                // Each k-block's partial sum afresh into one of two sets (d for
+                // even k-blocks, d1 for odd), added into `promoted` once done
+                // while the next k-block runs in the other set. Measured 2-4%
+                // faster than one set with a full wait per k-block (as CUTLASS
+                // and DeepGEMM), within one run (bench/KERNELS.md, f6). Nothing
+                // but wgmma writes d and d1: ptxas serializes the wgmmas if
+                // other code defines their accumulators (C7514).
+    #pragma unroll
+                for (int i = 0; i < BN / 2; i++) promoted[i] = 0.f;
+                auto promote = [&](float(&acc)[BN / 2]) {
+                    symm_fence_operand(acc);
+    #pragma unroll
+                    for (int i = 0; i < BN / 2; i++) promoted[i] += acc[i];
+                    symm_fence_operand(acc);
+                };
+                // d holds k-block kb (in flight) at the top of each pass; the
+                // pairs are peeled so every wait has a fixed count (ptxas
+                // tracks which set a wait completes only then).
+                int s0 = stage, s1;
+                symm_fence_operand(d);
                 issue(d, false);
                 advance();
-                symm_wgmma_wait<1>();
-                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
-                promote(d1);
+                int kb = 0;
+                for (; kb + 2 < kblocks; kb += 2) {
+                    s1 = stage;
+                    symm_fence_operand(d1);
+                    issue(d1, false);
+                    advance();
+                    symm_wgmma_wait<1>();
+                    if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                    promote(d);
+                    s0 = stage;
+                    issue(d, false);
+                    advance();
+                    symm_wgmma_wait<1>();
+                    if (t128 == 0) symm_mbar_arrive(&empty[s1]);
+                    promote(d1);
+                }
+                if (kb + 1 < kblocks) {
+                    s1 = stage;
+                    symm_fence_operand(d1);
+                    issue(d1, false);
+                    advance();
+                    symm_wgmma_wait<1>();
+                    if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                    promote(d);
+                    symm_wgmma_wait<0>();
+                    if (t128 == 0) symm_mbar_arrive(&empty[s1]);
+                    promote(d1);
+                } else {
+                    symm_wgmma_wait<0>();
+                    if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                    promote(d);
+                }
             }
-            if (kb + 1 < kblocks) {
-                s1 = stage;
-                symm_fence_operand(d1);
-                issue(d1, false);
-                advance();
-                symm_wgmma_wait<1>();
-                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
-                promote(d);
+            if constexpr (!PROMOTE) {
+                // k-blocks [kb0, kb1): the twin's head (pass 0); the tile,
+                // less its head if it is a peer's tile with one (pass 1).
+                const bool headless = p.head_kblocks > 0 && tile.chunk != p.rank;
+                const int kb0 = pass == 1 && headless ? p.head_kblocks : 0;
+                const int kb1 = pass == 0 ? p.head_kblocks : kblocks;
+                int prev = -1;
+                for (int kb = kb0; kb < kb1; kb++) {
+                    issue(d, kb != kb0);
+                    // Keep one k-block of wgmma in flight; the one before it is
+                    // done reading its stage, which goes back to the producer.
+                    symm_wgmma_wait<1>();
+                    if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+                    prev = stage;
+                    advance();
+                }
                 symm_wgmma_wait<0>();
-                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
-                promote(d1);
-            } else {
-                symm_wgmma_wait<0>();
-                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
-                promote(d);
-            }
-        }
-        if constexpr (!PROMOTE) {
-            int prev = -1;
-            for (int kb = 0; kb < kblocks; kb++) {
-                issue(d, kb != 0);
-                // Keep one k-block of wgmma in flight; the one before it is
-                // done reading its stage, which goes back to the producer.
-                symm_wgmma_wait<1>();
                 if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
-                prev = stage;
-                advance();
+                if (pass == 0) {
+                    // The twin's head, left for its CTA and flagged.
+                    symm_head_store<BN>(d, p, tile.index);
+                    symm_consumers_sync();
+                    if (threadIdx.x == 128) {
+                        __threadfence();  // every consumer's stores before the flag
+                        symm_st_release_sys(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch());
+                    }
+                    continue;
+                }
+                if (headless) {
+                    // This peer tile's head, from its twin's CTA.
+                    if (threadIdx.x == 128) {
+                        symm_wait_reach(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch(), p, p.rank);
+                    }
+                    symm_consumers_sync();
+                    symm_head_add<BN>(d, p, tile.index);
+                }
             }
-            symm_wgmma_wait<0>();
-            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
-        }
 
-        // The finished tile: the promoted sums (exact fp8), else d.
-        float(&acc)[BN / 2] = PROMOTE ? promoted : d;
-        if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
-            // A peer's row scales came with its rows, before the flag the
-            // producer waited on: acquire it here too before reading them.
-            if (p.scale_mode == SYMM_GEMM_SCALES_ROW && p.ready != nullptr && tile.chunk != p.local_chunk)
-                (void)symm_ld_acquire_sys(&p.ready[tile.chunk]);
-            symm_apply_scales<BN>(acc, tile, p.n, slice, p);
-        }
-        const int dt = p.out_dtype;
-        unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-#define SYMM_EPI_TMA(MAP, ROW, ALPHA)                                                                            \
-    if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
-    else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
-    else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending)
-        if (p.c_tma) {
-            SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
-            continue;
-        }
-        if (!p.rs) {
-#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, 0, p.ldc, nullptr, 0, p.alpha)
-            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
-            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
-            else SYMM_EPI(SYMM_DT_F16);
-#undef SYMM_EPI
-            continue;
-        }
-        const int64_t chunk_row0 = (int64_t)tile.chunk * p.chunk_rows;
-        if (symm_rs_pushes(p)) {
-            // The previous peer tile's stores completed during this tile's mainloop.
-            if (unflagged) flag_pushed_tile();
-            const int row = tile.row0 - (int)chunk_row0 + slice;  // in the chunk
+            // The finished tile: the promoted sums (exact fp8), else d.
+            float(&acc)[BN / 2] = PROMOTE ? promoted : d;
+            if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
+                // A peer's row scales came with its rows, before the flag the
+                // producer waited on: acquire it here too before reading them.
+                if (p.scale_mode == SYMM_GEMM_SCALES_ROW && p.ready != nullptr && tile.chunk != p.local_chunk)
+                    (void)symm_ld_acquire_sys(&p.ready[tile.chunk]);
+                symm_apply_scales<BN>(acc, tile, p.n, slice, p);
+            }
+            const int dt = p.out_dtype;
+            unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+    #define SYMM_EPI_TMA(MAP, ROW, ALPHA)                                                                            \
+        if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
+        else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
+        else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending)
+            if (p.c_tma) {
+                SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
+                continue;
+            }
+            if (!p.rs) {
+    #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, 0, p.ldc, nullptr, 0, p.alpha)
+                if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+                else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+                else SYMM_EPI(SYMM_DT_F16);
+    #undef SYMM_EPI
+                continue;
+            }
+            const int64_t chunk_row0 = (int64_t)tile.chunk * p.chunk_rows;
+            if (symm_rs_pushes(p)) {
+                // The previous peer tile's stores completed during this tile's mainloop.
+                if (unflagged) flag_pushed_tile();
+                const int row = tile.row0 - (int)chunk_row0 + slice;  // in the chunk
+                if (tile.chunk != p.rank) {
+                    // A peer's rows: into its inbox slot for this rank (once the
+                    // peers' inboxes are free); flagged at the next tile's
+                    // epilogue (or the end).
+                    symm_mbar_wait(peers_ready, 0);
+                    SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
+                    unflagged = true;
+                } else {
+                    // Our own rows: the peers' partials (scaled by alpha
+                    // already) from the ring, added to ours, then out to C.
+    #pragma unroll
+                    for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
+                    const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
+    #define SYMM_ADD(DT) \
+        symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
+                    if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
+                    else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
+                    else SYMM_ADD(SYMM_DT_F16);
+    #undef SYMM_ADD
+                    SYMM_EPI_TMA(tm_c, row, 1.f);
+                }
+                continue;
+            }
+    #undef SYMM_EPI_TMA
+            // From registers (rows that TMA cannot address, or for comparison).
+            const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
+            const int elem = dt == SYMM_DT_F32 ? 4 : 2;
             if (tile.chunk != p.rank) {
                 // A peer's rows: into its inbox slot for this rank (once the
-                // peers' inboxes are free); flagged at the next tile's
-                // epilogue (or the end).
+                // peers' inboxes are free), then its flag.
                 symm_mbar_wait(peers_ready, 0);
-                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
-                unflagged = true;
+                const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
+    #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
+                if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+                else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+                else SYMM_EPI(SYMM_DT_F16);
+    #undef SYMM_EPI
+                symm_consumers_sync();
+                if (threadIdx.x == 128) {
+                    __threadfence_system();
+                    symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), rs_epoch());
+                }
             } else {
-                // Our own rows: the peers' partials (scaled by alpha
-                // already) from the ring, added to ours, then out to C.
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
-                const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
-#define SYMM_ADD(DT) \
-    symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
-                if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
-                else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
-                else SYMM_ADD(SYMM_DT_F16);
-#undef SYMM_ADD
-                SYMM_EPI_TMA(tm_c, row, 1.f);
+                // Our own rows: wait for every peer's partial tile, then sum.
+                take_peer_tiles(tile);
+                uint64_t adds[SYMM_GEMM_MAX_CHUNKS];
+                int nadds = 0;
+                for (int src = 0; src < p.world; src++) {
+                    if (src != p.rank) adds[nadds++] = p.inbox[p.rank] + (uint64_t)(src * slot_elems * elem);
+                }
+                // Peers' partials were scaled by alpha already; ours is scaled in
+                // the epilogue before the adds.
+    #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
+                if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+                else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+                else SYMM_EPI(SYMM_DT_F16);
+    #undef SYMM_EPI
             }
-            continue;
-        }
-#undef SYMM_EPI_TMA
-        // From registers (rows that TMA cannot address, or for comparison).
-        const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
-        const int elem = dt == SYMM_DT_F32 ? 4 : 2;
-        if (tile.chunk != p.rank) {
-            // A peer's rows: into its inbox slot for this rank (once the
-            // peers' inboxes are free), then its flag.
-            symm_mbar_wait(peers_ready, 0);
-            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
-#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
-            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
-            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
-            else SYMM_EPI(SYMM_DT_F16);
-#undef SYMM_EPI
-            symm_consumers_sync();
-            if (threadIdx.x == 128) {
-                __threadfence_system();
-                symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), rs_epoch());
-            }
-        } else {
-            // Our own rows: wait for every peer's partial tile, then sum.
-            take_peer_tiles(tile);
-            uint64_t adds[SYMM_GEMM_MAX_CHUNKS];
-            int nadds = 0;
-            for (int src = 0; src < p.world; src++) {
-                if (src != p.rank) adds[nadds++] = p.inbox[p.rank] + (uint64_t)(src * slot_elems * elem);
-            }
-            // Peers' partials were scaled by alpha already; ours is scaled in
-            // the epilogue before the adds.
-#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
-            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
-            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
-            else SYMM_EPI(SYMM_DT_F16);
-#undef SYMM_EPI
         }
     }
     if (unflagged) flag_pushed_tile();
