@@ -1118,198 +1118,198 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_consumers_sync();
     };
-    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
-        // Heads: an own tile's CTA first makes its twin's head (pass 0), in
-        // the same loop as the tile itself, so the mainloop stays one piece
-        // of code (ptxas serialized the wgmmas of a second copy behind a
-        // branch: C7520).
+    // Heads: an own tile's CTA first makes its twin's head (pass 0), then
+    // the tile (pass 1), each an iteration of this one loop, so that the
+    // mainloop stays one piece of code: a second copy behind a branch had
+    // ptxas serialize the wgmmas (C7520), an inner loop of passes spilled
+    // 9 KB of registers. A `continue` goes on to the next pass or tile.
+    int pass = -1;
+    for (int t = blockIdx.x; t < tiling.total; pass == 0 ? (void)(pass = 1) : (void)(t += gridDim.x, pass = -1)) {
         const symm_tile tile = tiling.at(p, BN, t);
-        const bool makes_head = p.head_kblocks > 0 && tile.chunk == p.rank;
-        for (int pass = makes_head ? 0 : 1; pass < 2; pass++) {
-            if constexpr (PROMOTE) {
-                // Each k-block's partial sum afresh into one of two sets (d for
-                // even k-blocks, d1 for odd), added into `promoted` once done
-                // while the next k-block runs in the other set. Measured 2-4%
-                // faster than one set with a full wait per k-block (as CUTLASS
-                // and DeepGEMM), within one run (bench/KERNELS.md, f6). Nothing
-                // but wgmma writes d and d1: ptxas serializes the wgmmas if
-                // other code defines their accumulators (C7514).
-    #pragma unroll
-                for (int i = 0; i < BN / 2; i++) promoted[i] = 0.f;
-                auto promote = [&](float(&acc)[BN / 2]) {
-                    symm_fence_operand(acc);
-    #pragma unroll
-                    for (int i = 0; i < BN / 2; i++) promoted[i] += acc[i];
-                    symm_fence_operand(acc);
-                };
-                // d holds k-block kb (in flight) at the top of each pass; the
-                // pairs are peeled so every wait has a fixed count (ptxas
-                // tracks which set a wait completes only then).
-                int s0 = stage, s1;
-                symm_fence_operand(d);
+        if (pass < 0) pass = p.head_kblocks > 0 && tile.chunk == p.rank ? 0 : 1;
+        if constexpr (PROMOTE) {
+            // Each k-block's partial sum afresh into one of two sets (d for
+            // even k-blocks, d1 for odd), added into `promoted` once done
+            // while the next k-block runs in the other set. Measured 2-4%
+            // faster than one set with a full wait per k-block (as CUTLASS
+            // and DeepGEMM), within one run (bench/KERNELS.md, f6). Nothing
+            // but wgmma writes d and d1: ptxas serializes the wgmmas if
+            // other code defines their accumulators (C7514).
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) promoted[i] = 0.f;
+            auto promote = [&](float(&acc)[BN / 2]) {
+                symm_fence_operand(acc);
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) promoted[i] += acc[i];
+                symm_fence_operand(acc);
+            };
+            // d holds k-block kb (in flight) at the top of each pass; the
+            // pairs are peeled so every wait has a fixed count (ptxas
+            // tracks which set a wait completes only then).
+            int s0 = stage, s1;
+            symm_fence_operand(d);
+            issue(d, false);
+            advance();
+            int kb = 0;
+            for (; kb + 2 < kblocks; kb += 2) {
+                s1 = stage;
+                symm_fence_operand(d1);
+                issue(d1, false);
+                advance();
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
+                s0 = stage;
                 issue(d, false);
                 advance();
-                int kb = 0;
-                for (; kb + 2 < kblocks; kb += 2) {
-                    s1 = stage;
-                    symm_fence_operand(d1);
-                    issue(d1, false);
-                    advance();
-                    symm_wgmma_wait<1>();
-                    if (t128 == 0) symm_mbar_arrive(&empty[s0]);
-                    promote(d);
-                    s0 = stage;
-                    issue(d, false);
-                    advance();
-                    symm_wgmma_wait<1>();
-                    if (t128 == 0) symm_mbar_arrive(&empty[s1]);
-                    promote(d1);
-                }
-                if (kb + 1 < kblocks) {
-                    s1 = stage;
-                    symm_fence_operand(d1);
-                    issue(d1, false);
-                    advance();
-                    symm_wgmma_wait<1>();
-                    if (t128 == 0) symm_mbar_arrive(&empty[s0]);
-                    promote(d);
-                    symm_wgmma_wait<0>();
-                    if (t128 == 0) symm_mbar_arrive(&empty[s1]);
-                    promote(d1);
-                } else {
-                    symm_wgmma_wait<0>();
-                    if (t128 == 0) symm_mbar_arrive(&empty[s0]);
-                    promote(d);
-                }
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
+                promote(d1);
             }
-            if constexpr (!PROMOTE) {
-                // k-blocks [kb0, kb1): the twin's head (pass 0); the tile,
-                // less its head if it is a peer's tile with one (pass 1).
-                const bool headless = p.head_kblocks > 0 && tile.chunk != p.rank;
-                const int kb0 = pass == 1 && headless ? p.head_kblocks : 0;
-                const int kb1 = pass == 0 ? p.head_kblocks : kblocks;
-                int prev = -1;
-                for (int kb = kb0; kb < kb1; kb++) {
-                    issue(d, kb != kb0);
-                    // Keep one k-block of wgmma in flight; the one before it is
-                    // done reading its stage, which goes back to the producer.
-                    symm_wgmma_wait<1>();
-                    if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
-                    prev = stage;
-                    advance();
-                }
+            if (kb + 1 < kblocks) {
+                s1 = stage;
+                symm_fence_operand(d1);
+                issue(d1, false);
+                advance();
+                symm_wgmma_wait<1>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
                 symm_wgmma_wait<0>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s1]);
+                promote(d1);
+            } else {
+                symm_wgmma_wait<0>();
+                if (t128 == 0) symm_mbar_arrive(&empty[s0]);
+                promote(d);
+            }
+        }
+        if constexpr (!PROMOTE) {
+            // k-blocks [kb0, kb1): the twin's head (pass 0); the tile,
+            // less its head if it is a peer's tile with one (pass 1).
+            const bool headless = p.head_kblocks > 0 && tile.chunk != p.rank;
+            const int kb0 = pass == 1 && headless ? p.head_kblocks : 0;
+            const int kb1 = pass == 0 ? p.head_kblocks : kblocks;
+            int prev = -1;
+            for (int kb = kb0; kb < kb1; kb++) {
+                issue(d, kb != kb0);
+                // Keep one k-block of wgmma in flight; the one before it is
+                // done reading its stage, which goes back to the producer.
+                symm_wgmma_wait<1>();
                 if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
-                if (pass == 0) {
-                    // The twin's head, left for its CTA and flagged.
-                    symm_head_store<BN>(d, p, tile.index);
-                    symm_consumers_sync();
-                    if (threadIdx.x == 128) {
-                        __threadfence();  // every consumer's stores before the flag
-                        symm_st_release_sys(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch());
-                    }
-                    continue;
-                }
-                if (headless) {
-                    // This peer tile's head, from its twin's CTA.
-                    if (threadIdx.x == 128) {
-                        symm_wait_reach(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch(), p, p.rank);
-                    }
-                    symm_consumers_sync();
-                    symm_head_add<BN>(d, p, tile.index);
-                }
+                prev = stage;
+                advance();
             }
-
-            // The finished tile: the promoted sums (exact fp8), else d.
-            float(&acc)[BN / 2] = PROMOTE ? promoted : d;
-            if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
-                // A peer's row scales came with its rows, before the flag the
-                // producer waited on: acquire it here too before reading them.
-                if (p.scale_mode == SYMM_GEMM_SCALES_ROW && p.ready != nullptr && tile.chunk != p.local_chunk)
-                    (void)symm_ld_acquire_sys(&p.ready[tile.chunk]);
-                symm_apply_scales<BN>(acc, tile, p.n, slice, p);
-            }
-            const int dt = p.out_dtype;
-            unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-    #define SYMM_EPI_TMA(MAP, ROW, ALPHA)                                                                            \
-        if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
-        else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
-        else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending)
-            if (p.c_tma) {
-                SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
-                continue;
-            }
-            if (!p.rs) {
-    #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, 0, p.ldc, nullptr, 0, p.alpha)
-                if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
-                else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
-                else SYMM_EPI(SYMM_DT_F16);
-    #undef SYMM_EPI
-                continue;
-            }
-            const int64_t chunk_row0 = (int64_t)tile.chunk * p.chunk_rows;
-            if (symm_rs_pushes(p)) {
-                // The previous peer tile's stores completed during this tile's mainloop.
-                if (unflagged) flag_pushed_tile();
-                const int row = tile.row0 - (int)chunk_row0 + slice;  // in the chunk
-                if (tile.chunk != p.rank) {
-                    // A peer's rows: into its inbox slot for this rank (once the
-                    // peers' inboxes are free); flagged at the next tile's
-                    // epilogue (or the end).
-                    symm_mbar_wait(peers_ready, 0);
-                    SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
-                    unflagged = true;
-                } else {
-                    // Our own rows: the peers' partials (scaled by alpha
-                    // already) from the ring, added to ours, then out to C.
-    #pragma unroll
-                    for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
-                    const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
-    #define SYMM_ADD(DT) \
-        symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
-                    if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
-                    else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
-                    else SYMM_ADD(SYMM_DT_F16);
-    #undef SYMM_ADD
-                    SYMM_EPI_TMA(tm_c, row, 1.f);
-                }
-                continue;
-            }
-    #undef SYMM_EPI_TMA
-            // From registers (rows that TMA cannot address, or for comparison).
-            const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
-            const int elem = dt == SYMM_DT_F32 ? 4 : 2;
-            if (tile.chunk != p.rank) {
-                // A peer's rows: into its inbox slot for this rank (once the
-                // peers' inboxes are free), then its flag.
-                symm_mbar_wait(peers_ready, 0);
-                const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
-    #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
-                if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
-                else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
-                else SYMM_EPI(SYMM_DT_F16);
-    #undef SYMM_EPI
+            symm_wgmma_wait<0>();
+            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+            if (pass == 0) {
+                // The twin's head, left for its CTA and flagged.
+                symm_head_store<BN>(d, p, tile.index);
                 symm_consumers_sync();
                 if (threadIdx.x == 128) {
-                    __threadfence_system();
-                    symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), rs_epoch());
+                    __threadfence();  // every consumer's stores before the flag
+                    symm_st_release_sys(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch());
                 }
-            } else {
-                // Our own rows: wait for every peer's partial tile, then sum.
-                take_peer_tiles(tile);
-                uint64_t adds[SYMM_GEMM_MAX_CHUNKS];
-                int nadds = 0;
-                for (int src = 0; src < p.world; src++) {
-                    if (src != p.rank) adds[nadds++] = p.inbox[p.rank] + (uint64_t)(src * slot_elems * elem);
-                }
-                // Peers' partials were scaled by alpha already; ours is scaled in
-                // the epilogue before the adds.
-    #define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
-                if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
-                else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
-                else SYMM_EPI(SYMM_DT_F16);
-    #undef SYMM_EPI
+                continue;
             }
+            if (headless) {
+                // This peer tile's head, from its twin's CTA.
+                if (threadIdx.x == 128) {
+                    symm_wait_reach(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch(), p, p.rank);
+                }
+                symm_consumers_sync();
+                symm_head_add<BN>(d, p, tile.index);
+            }
+        }
+
+        // The finished tile: the promoted sums (exact fp8), else d.
+        float(&acc)[BN / 2] = PROMOTE ? promoted : d;
+        if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
+            // A peer's row scales came with its rows, before the flag the
+            // producer waited on: acquire it here too before reading them.
+            if (p.scale_mode == SYMM_GEMM_SCALES_ROW && p.ready != nullptr && tile.chunk != p.local_chunk)
+                (void)symm_ld_acquire_sys(&p.ready[tile.chunk]);
+            symm_apply_scales<BN>(acc, tile, p.n, slice, p);
+        }
+        const int dt = p.out_dtype;
+        unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+#define SYMM_EPI_TMA(MAP, ROW, ALPHA)                                                                            \
+    if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
+    else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
+    else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending)
+        if (p.c_tma) {
+            SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
+            continue;
+        }
+        if (!p.rs) {
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, 0, p.ldc, nullptr, 0, p.alpha)
+            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+            else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
+            continue;
+        }
+        const int64_t chunk_row0 = (int64_t)tile.chunk * p.chunk_rows;
+        if (symm_rs_pushes(p)) {
+            // The previous peer tile's stores completed during this tile's mainloop.
+            if (unflagged) flag_pushed_tile();
+            const int row = tile.row0 - (int)chunk_row0 + slice;  // in the chunk
+            if (tile.chunk != p.rank) {
+                // A peer's rows: into its inbox slot for this rank (once the
+                // peers' inboxes are free); flagged at the next tile's
+                // epilogue (or the end).
+                symm_mbar_wait(peers_ready, 0);
+                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
+                unflagged = true;
+            } else {
+                // Our own rows: the peers' partials (scaled by alpha
+                // already) from the ring, added to ours, then out to C.
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
+                const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
+#define SYMM_ADD(DT) \
+    symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
+                if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
+                else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
+                else SYMM_ADD(SYMM_DT_F16);
+#undef SYMM_ADD
+                SYMM_EPI_TMA(tm_c, row, 1.f);
+            }
+            continue;
+        }
+#undef SYMM_EPI_TMA
+        // From registers (rows that TMA cannot address, or for comparison).
+        const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
+        const int elem = dt == SYMM_DT_F32 ? 4 : 2;
+        if (tile.chunk != p.rank) {
+            // A peer's rows: into its inbox slot for this rank (once the
+            // peers' inboxes are free), then its flag.
+            symm_mbar_wait(peers_ready, 0);
+            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)(p.rank * slot_elems * elem);
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, dst, chunk_row0, p.n, nullptr, 0, p.alpha)
+            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+            else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
+            symm_consumers_sync();
+            if (threadIdx.x == 128) {
+                __threadfence_system();
+                symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), rs_epoch());
+            }
+        } else {
+            // Our own rows: wait for every peer's partial tile, then sum.
+            take_peer_tiles(tile);
+            uint64_t adds[SYMM_GEMM_MAX_CHUNKS];
+            int nadds = 0;
+            for (int src = 0; src < p.world; src++) {
+                if (src != p.rank) adds[nadds++] = p.inbox[p.rank] + (uint64_t)(src * slot_elems * elem);
+            }
+            // Peers' partials were scaled by alpha already; ours is scaled in
+            // the epilogue before the adds.
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, chunk_row0, p.ldc, adds, nadds, p.alpha)
+            if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+            else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+            else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
         }
     }
     if (unflagged) flag_pushed_tile();
