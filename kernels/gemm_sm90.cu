@@ -73,19 +73,6 @@
 // wait on.
 // Without rs_push, stores, flags and adds go from registers.
 //
-// Heads (head_kblocks > 0; rs_push, world 2, every tile a CTA of its own,
-// chunks of whole tiles): a problem whose tiles fit in one wave would end
-// every tile at once, so the peer's partials would only start over NVLink
-// when all the multiplying is done, and the own tiles wait for them. Each
-// own tile's CTA therefore first computes the head of its twin, the peer
-// tile of the same index (its first head_kblocks k-blocks, the same columns
-// of B, so B comes from L2), and leaves it in this rank's own inbox slot
-// (which no peer writes), in the order of the accumulator fragments,
-// flagged in the own slot's tile flags; the peer tile's CTA multiplies the
-// rest of k, adds the head, and pushes. The peer tiles so end and push
-// head_kblocks early, while the own tiles run that much longer: the host
-// sizes the head to cover the push (bench/KERNELS.md v15).
-//
 // Calls in sequence, with no barrier between them: each rank's state
 // (symm_rs_state) counts its completed calls (`epoch`). A call is epoch
 // e = epoch + 1 on every rank. A tile's flag is set to e when it lands, so
@@ -164,7 +151,6 @@ struct symm_gemm_params {
     int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs; see above)
     int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
     int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
-    int32_t head_kblocks;  // rs_push, world 2, one tile per CTA: k-blocks of each peer tile its own twin computes (see "Heads")
 };
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
@@ -826,77 +812,6 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
     }
 }
 
-// Heads: the first row of an own tile's twin (the peer tile of the same
-// index; world 2, so the peer's chunk is the other one).
-static __device__ __forceinline__ int symm_head_twin_row0(const symm_gemm_params& p, const symm_tile& tile) {
-    return tile.row0 + (1 - 2 * p.rank) * p.chunk_rows;
-}
-
-// Heads: where tile `index`'s head lies, in this rank's own inbox slot,
-// as C's type in the order of the accumulator fragments (16 bytes of
-// consumer thread i at 16 * (256 * u + i), so every access is coalesced):
-// 128 x BN elements per tile, which the slot holds since the host allows
-// heads only for chunks of whole tiles.
-template <int BN>
-static __device__ __forceinline__ uint4* symm_head_at(const symm_gemm_params& p, int index) {
-    const int elem = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
-    const uint64_t slot = (uint64_t)p.rank * p.chunk_rows * p.n * elem;
-    return (uint4*)(p.inbox[p.rank] + slot + (uint64_t)index * SYMM_GEMM_BM * BN * elem) + (threadIdx.x - 128);
-}
-
-// Heads: this thread's accumulators of a twin's head, stored (C's type).
-template <int BN>
-static __device__ __forceinline__ void symm_head_store(const float (&d)[BN / 2], const symm_gemm_params& p,
-                                                       int index) {
-    uint4* at = symm_head_at<BN>(p, index);
-    if (p.out_dtype == SYMM_DT_F32) {
-#pragma unroll
-        for (int u = 0; u < BN / 8; u++) {
-            at[256 * u] = make_uint4(__float_as_uint(d[4 * u]), __float_as_uint(d[4 * u + 1]),
-                                     __float_as_uint(d[4 * u + 2]), __float_as_uint(d[4 * u + 3]));
-        }
-    } else {
-        const bool bf16 = p.out_dtype == SYMM_DT_BF16;
-        auto pack = [&](float x, float y) { return bf16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y); };
-#pragma unroll
-        for (int u = 0; u < BN / 16; u++) {
-            at[256 * u] = make_uint4(pack(d[8 * u], d[8 * u + 1]), pack(d[8 * u + 2], d[8 * u + 3]),
-                                     pack(d[8 * u + 4], d[8 * u + 5]), pack(d[8 * u + 6], d[8 * u + 7]));
-        }
-    }
-}
-
-// Heads: adds the head its twin stored to this thread's accumulators
-// (through L2: another CTA wrote it).
-template <int BN>
-static __device__ __forceinline__ void symm_head_add(float (&d)[BN / 2], const symm_gemm_params& p, int index) {
-    const uint4* at = symm_head_at<BN>(p, index);
-    if (p.out_dtype == SYMM_DT_F32) {
-#pragma unroll
-        for (int u = 0; u < BN / 8; u++) {
-            const uint4 v = __ldcg(at + 256 * u);
-            d[4 * u] += __uint_as_float(v.x);
-            d[4 * u + 1] += __uint_as_float(v.y);
-            d[4 * u + 2] += __uint_as_float(v.z);
-            d[4 * u + 3] += __uint_as_float(v.w);
-        }
-    } else {
-        const bool bf16 = p.out_dtype == SYMM_DT_BF16;
-        auto lo = [&](uint32_t w) { return bf16 ? symm_bf16_bits_to_f32(w & 0xffffu) : symm_f16_bits_to_f32(w & 0xffffu); };
-        auto hi = [&](uint32_t w) { return bf16 ? symm_bf16_bits_to_f32(w >> 16) : symm_f16_bits_to_f32(w >> 16); };
-#pragma unroll
-        for (int u = 0; u < BN / 16; u++) {
-            const uint4 v = __ldcg(at + 256 * u);
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                d[8 * u + 2 * i] += lo(w[i]);
-                d[8 * u + 2 * i + 1] += hi(w[i]);
-            }
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The kernel.
 // ---------------------------------------------------------------------------
@@ -995,20 +910,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             const symm_tmap* map_a = local ? tm_a_local : tm_a;
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
             const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
-            if (p.head_kblocks > 0 && tile.chunk == p.rank) {
-                // Heads: first the twin's head, its rows of A, the same columns of B.
-                const int twin_row = symm_head_twin_row0(p, tile);
-                for (int kb = 0; kb < p.head_kblocks; kb++) {
-                    symm_mbar_wait(&empty[stage], phase ^ 1);
-                    symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
-                    symm_tma_load(stage_a(stage), tm_a, kb * BK, twin_row, &full[stage]);
-                    symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
-                    advance();
-                }
-            }
-            // Heads: a peer tile's head is its twin's work.
-            const int kb_first = p.head_kblocks > 0 && tile.chunk != p.rank ? p.head_kblocks : 0;
-            for (int kb = kb_first; kb < kblocks; kb++) {
+            for (int kb = 0; kb < kblocks; kb++) {
                 if (kb == wait_kb) {
                     const int slice = kb / p.slice_kblocks;
                     symm_wait_nonzero(&p.ready[tile.chunk * p.slices + slice], p, tile.chunk);
@@ -1118,15 +1020,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_consumers_sync();
     };
-    // Heads: an own tile's CTA first makes its twin's head (pass 0), then
-    // the tile (pass 1), each an iteration of this one loop, so that the
-    // mainloop stays one piece of code: a second copy behind a branch had
-    // ptxas serialize the wgmmas (C7520), an inner loop of passes spilled
-    // 9 KB of registers. A `continue` goes on to the next pass or tile.
-    int pass = -1;
-    for (int t = blockIdx.x; t < tiling.total; pass == 0 ? (void)(pass = 1) : (void)(t += gridDim.x, pass = -1)) {
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
-        if (pass < 0) pass = p.head_kblocks > 0 && tile.chunk == p.rank ? 0 : 1;
         if constexpr (PROMOTE) {
             // Each k-block's partial sum afresh into one of two sets (d for
             // even k-blocks, d1 for odd), added into `promoted` once done
@@ -1184,14 +1079,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             }
         }
         if constexpr (!PROMOTE) {
-            // k-blocks [kb0, kb1): the twin's head (pass 0); the tile,
-            // less its head if it is a peer's tile with one (pass 1).
-            const bool headless = p.head_kblocks > 0 && tile.chunk != p.rank;
-            const int kb0 = pass == 1 && headless ? p.head_kblocks : 0;
-            const int kb1 = pass == 0 ? p.head_kblocks : kblocks;
             int prev = -1;
-            for (int kb = kb0; kb < kb1; kb++) {
-                issue(d, kb != kb0);
+            for (int kb = 0; kb < kblocks; kb++) {
+                issue(d, kb != 0);
                 // Keep one k-block of wgmma in flight; the one before it is
                 // done reading its stage, which goes back to the producer.
                 symm_wgmma_wait<1>();
@@ -1201,24 +1091,6 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             }
             symm_wgmma_wait<0>();
             if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
-            if (pass == 0) {
-                // The twin's head, left for its CTA and flagged.
-                symm_head_store<BN>(d, p, tile.index);
-                symm_consumers_sync();
-                if (threadIdx.x == 128) {
-                    __threadfence();  // every consumer's stores before the flag
-                    symm_st_release_sys(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch());
-                }
-                continue;
-            }
-            if (headless) {
-                // This peer tile's head, from its twin's CTA.
-                if (threadIdx.x == 128) {
-                    symm_wait_reach(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch(), p, p.rank);
-                }
-                symm_consumers_sync();
-                symm_head_add<BN>(d, p, tile.index);
-            }
         }
 
         // The finished tile: the promoted sums (exact fp8), else d.

@@ -69,10 +69,9 @@ struct Params {
     rs_push: i32,
     slices: i32,
     slice_kblocks: i32,
-    head_kblocks: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 464);
+const _: () = assert!(std::mem::size_of::<Params>() == 456);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
@@ -334,10 +333,6 @@ pub struct Sm90Matmul {
     /// in through the ring where TMA can address the rows (default);
     /// false: stores, flags and adds from registers.
     pub rs_push: bool,
-    /// Reduce-scatter heads (the kernel's "Heads"): k-blocks of each peer
-    /// tile that its own twin computes; `None`: [`Sm90Matmul::auto_heads`].
-    /// Used only where the kernel can (`heads_allowed`).
-    pub head_kblocks: Option<usize>,
     pub timeout_ns: u64,
     /// Device pointer of the group's `symm_async_error` record.
     pub err: u64,
@@ -367,7 +362,6 @@ impl Sm90Matmul {
             max_ctas: None,
             tma_epilogue: true,
             rs_push: true,
-            head_kblocks: head_override(),
             timeout_ns: 0,
             err,
         }
@@ -629,12 +623,6 @@ impl Sm90Matmul {
         };
         let total = self.tiles_per_chunk() * self.chunks();
         let grid = (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
-        if self.heads_allowed(grid) {
-            // At least one k-block stays the peer tile's own.
-            let kblocks = (self.k * self.in_size()).div_ceil(BK_BYTES);
-            let head = self.head_kblocks.unwrap_or_else(|| self.auto_heads());
-            p.head_kblocks = head.min(kblocks - 1) as i32;
-        }
         let (mut a, mut al, mut b, mut c) = (tm_a, tm_a_local, tm_b, tm_c);
         let mut args = [
             (&mut a as *mut TensorMap).cast::<c_void>(),
@@ -696,40 +684,6 @@ impl Sm90Matmul {
             && self.scatter.as_ref().is_some_and(|s| s.inbox.iter().all(|&a| a % 16 == 0))
     }
 
-    /// Whether the kernel can run heads here: a pushed reduce-scatter of
-    /// two ranks, 16-bit or f32 inputs (not fp8, whose exact accumulation
-    /// has a mainloop of its own), chunks of whole tiles (each twin's head
-    /// then fits in the own inbox slot) and a CTA per tile (`grid`), so
-    /// that twins run at once.
-    fn heads_allowed(&self, grid: u32) -> bool {
-        self.rs_pushes()
-            && self.chunks() == 2
-            && self.fp8.is_none()
-            && self.chunk_rows % BM == 0
-            && self.n % self.tile.cols() == 0
-            && self.tiles_per_chunk() * 2 == grid as usize
-    }
-
-    /// The heads' length in k-blocks: enough that the peer tiles, ending
-    /// that much earlier while the own tiles run that much longer, leave
-    /// time (twice the head) for the peer's partials to cross NVLink. At
-    /// ~0.67 us per k-block of a 128 x 256 tile (an H200 at 512 x 14336 x
-    /// 8192: 0.151 ms for 224) and ~350 GB/s pushed, a k-block of head
-    /// covers ~470 KB of push; a quarter more for margin. None (0) where
-    /// that would exceed an eighth of k: the own tiles' extra time would
-    /// cost more than the push.
-    pub fn auto_heads(&self) -> usize {
-        const PUSH_BYTES_PER_HEAD_KBLOCK: usize = 470_000;
-        let slot = self.chunk_rows * self.n * self.out_dtype.size();
-        let head = (slot * 5 / 4).div_ceil(PUSH_BYTES_PER_HEAD_KBLOCK);
-        let kblocks = (self.k * self.in_size()).div_ceil(BK_BYTES);
-        if head * 8 <= kblocks {
-            head
-        } else {
-            0
-        }
-    }
-
     fn params(&self) -> Params {
         let mut order = [0i32; MAX_CHUNKS];
         for (o, &c) in order.iter_mut().zip(&self.order) {
@@ -779,7 +733,6 @@ impl Sm90Matmul {
             rs_push: i32::from(self.rs_pushes()),
             slices: self.slices() as i32,
             slice_kblocks: self.slice_kblocks() as i32,
-            head_kblocks: 0,
         }
     }
 }
@@ -809,13 +762,6 @@ pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN
 /// take two waves of narrow ones so that the peers' partials land earlier:
 /// mm_rs 512 bound 0.230-0.232 ms against 0.205-0.213 on 2 x H200,
 /// `bench/results/2026-11-26-h200-x2-7c99925-scatter-tiles.txt`.)
-/// `SYMM_RS_HEAD_KB` (a number of k-blocks, 0 for none): the reduce-
-/// scatter's heads forced, for tuning (each rank decides its own: heads
-/// never change what a peer sees).
-fn head_override() -> Option<usize> {
-    std::env::var("SYMM_RS_HEAD_KB").ok()?.parse().ok()
-}
-
 fn tile_override() -> Option<TileN> {
     match std::env::var("SYMM_SM90_TILE").as_deref() {
         Ok("128") => Some(TileN::N128),

@@ -23,25 +23,7 @@ fn params_layout_matches_the_kernel() {
         assert_eq!(off(std::ptr::addr_of!((*q).scale_mode).cast()), 440);
         assert_eq!(off(std::ptr::addr_of!((*q).slices).cast()), 448);
         assert_eq!(off(std::ptr::addr_of!((*q).slice_kblocks).cast()), 452);
-        assert_eq!(off(std::ptr::addr_of!((*q).head_kblocks).cast()), 456);
     }
-}
-
-#[test]
-fn heads_cover_the_push_only_where_k_is_long() {
-    let op = |ptr, rows, ld| Operand { ptr, rows, ld };
-    // mm_rs 512 x 14336 x 8192 at world 2: a 4 MiB chunk, 224 k-blocks.
-    let mut mm = Sm90Matmul::plain(op(0, 512, 14336), op(0, 8192, 14336), op(0, 256, 8192), 14336, GemmDtype::BF16, 0);
-    (mm.chunk_rows, mm.order) = (256, vec![1, 0]);
-    assert_eq!(mm.auto_heads(), 12);
-    // A short k: twelve k-blocks would be more than an eighth of it.
-    (mm.k, mm.a.ld, mm.b.ld) = (4096, 4096, 4096);
-    assert_eq!(mm.auto_heads(), 0);
-    // Half the push (an f32 C doubles it): six, and twelve again.
-    (mm.k, mm.a.ld, mm.b.ld, mm.n) = (14336, 14336, 14336, 4096);
-    assert_eq!(mm.auto_heads(), 6);
-    mm.out_dtype = GemmDtype::F32;
-    assert_eq!(mm.auto_heads(), 12);
 }
 
 #[test]
@@ -924,17 +906,12 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
         (2, true, bf16, false, Share),
         (2, false, f32, false, ChunkTiles),
     ] {
-        reduce_scatter_case(&g, kern, world, fp8, out, push, ctas, false, false);
-    }
-    // Heads (a CTA per tile, chunks of whole tiles): each own tile's CTA
-    // computes its twin's first k-blocks; 16-bit and f32 heads.
-    for out in [bf16, f32] {
-        reduce_scatter_case(&g, kern, 2, false, out, true, Share, true, false);
+        reduce_scatter_case(&g, kern, world, fp8, out, push, ctas, false);
     }
     // A peer that never sends its partials: rank 0 alone gives up on them
-    // and says who, with either way of sending, and with heads.
-    for (push, heads) in [(true, false), (false, false), (true, true)] {
-        reduce_scatter_case(&g, kern, 2, false, bf16, push, Share, heads, true);
+    // and says who, with either way of sending.
+    for push in [true, false] {
+        reduce_scatter_case(&g, kern, 2, false, bf16, push, Share, true);
     }
 }
 
@@ -953,8 +930,7 @@ enum Ctas {
 /// of calls (the state's epoch) alone keeps a call's pushes out of an inbox
 /// the previous call still reads. With `peer_missing`, only rank 0 runs,
 /// once (200 ms timeout): a timeout error naming rank 1 is expected
-/// instead of the sums. With `heads`, a shape of whole tiles and heads
-/// of 4 of its 16 k-blocks.
+/// instead of the sums.
 #[allow(clippy::too_many_arguments)]
 fn reduce_scatter_case(
     g: &Gpu,
@@ -964,11 +940,10 @@ fn reduce_scatter_case(
     out: GemmDtype,
     push: bool,
     ctas: Ctas,
-    heads: bool,
     peer_missing: bool,
 ) {
     let dt = GemmDtype::BF16;
-    let (rows, n, k) = if heads { (256usize, 512usize, 1024usize) } else { (192, 320, 128) };
+    let (rows, n, k) = (192usize, 320usize, 128usize);
     let m = world * rows;
     let ps: Vec<Problem> = (0..world)
         .map(|r| {
@@ -1002,7 +977,6 @@ fn reduce_scatter_case(
         });
         mm.timeout_ns = if peer_missing { 200_000_000 } else { 5_000_000_000 };
         mm.rs_push = push;
-        mm.head_kblocks = Some(if heads { 4 } else { 0 });
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
@@ -1055,13 +1029,12 @@ fn reduce_scatter_case(
         let e = rel_err(&decode(out_dtype, &out.read_bytes()), &want);
         assert!(
             e < 1e-2,
-            "world {world}, rank {r}, call {call}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs, heads \
-             {heads}: relative error {e}"
+            "world {world}, rank {r}, call {call}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs: \
+             relative error {e}"
         );
     }
     // Each rank counted every call, and each peer's flag of each of its
-    // tiles holds the epoch of the last one; a rank flags itself only for
-    // its heads.
+    // tiles holds the epoch of the last one (a rank never flags itself).
     for (r, state) in states.iter().enumerate() {
         let words = state.read::<u32>(probe.state_bytes() / 4);
         let header = FusedMatmul::STATE_HEADER_BYTES / 4;
@@ -1069,8 +1042,7 @@ fn reduce_scatter_case(
         assert_eq!(words[1], 0, "rank {r}'s count of finished CTAs is reset");
         for (i, &f) in words[header..].iter().enumerate() {
             let src = i / probe.tiles_per_chunk();
-            let want = if src != r || heads { CALLS as u32 } else { 0 };
-            assert_eq!(f, want, "rank {r}, flag {i} (from rank {src}), heads {heads}");
+            assert_eq!(f, if src == r { 0 } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
         }
     }
 }
