@@ -25,6 +25,7 @@ Writes DIR/records.jsonl (one JSON record per line, DESIGN.md's fields) and
 prints a table of ratios to the floor.
 """
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -419,6 +420,9 @@ def main():
                    help="also time shapes up to this M replayed from CUDA graphs (0: none)")
     p.add_argument("--only", default="ag_mm,mm_rs,lc_allgather,contention")
     args = p.parse_args()
+    if os.environ.get("SYMM_BENCH_WATCHDOG_S"):
+        # A run that stops making progress prints every thread's stack and exits.
+        faulthandler.dump_traceback_later(float(os.environ["SYMM_BENCH_WATCHDOG_S"]), exit=True)
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
