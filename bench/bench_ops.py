@@ -78,9 +78,15 @@ class Bench:
         round starting one function later, after --warmup runs of each."""
         iters = iters or self.iters
         names = list(fns)
-        for fn in fns.values():
+        trace = os.environ.get("SYMM_BENCH_TRACE") == "1"
+        for name, fn in fns.items():
             for _ in range(self.warmup):
                 fn()
+            if trace:
+                # Which implementation's GPU work does not complete (a hang).
+                print(f"rank {self.rank}: {name} warmed up", flush=True)
+                torch.cuda.synchronize()
+                print(f"rank {self.rank}: {name} done on the GPU", flush=True)
         times = {name: [] for name in names}
         for r in range(max(1, -(-iters // ROUND_ITERS))):
             for i in range(len(names)):
@@ -421,7 +427,8 @@ def main():
     p.add_argument("--only", default="ag_mm,mm_rs,lc_allgather,contention")
     args = p.parse_args()
     if os.environ.get("SYMM_BENCH_WATCHDOG_S"):
-        # A run that stops making progress prints every thread's stack and exits.
+        # A run that takes longer prints every thread's stack and exits (and
+        # SYMM_BENCH_TRACE=1 says which implementation's warmup did not finish).
         faulthandler.dump_traceback_later(float(os.environ["SYMM_BENCH_WATCHDOG_S"]), exit=True)
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
