@@ -427,9 +427,10 @@ def main():
     p.add_argument("--only", default="ag_mm,mm_rs,lc_allgather,contention")
     args = p.parse_args()
     if os.environ.get("SYMM_BENCH_WATCHDOG_S"):
-        # A run that takes longer prints every thread's stack and exits (and
+        # A run that takes longer prints every thread's stack (and
         # SYMM_BENCH_TRACE=1 says which implementation's warmup did not finish).
-        faulthandler.dump_traceback_later(float(os.environ["SYMM_BENCH_WATCHDOG_S"]), exit=True)
+        # Not exiting: every rank prints its stack, then an outer timeout ends the run.
+        faulthandler.dump_traceback_later(float(os.environ["SYMM_BENCH_WATCHDOG_S"]), exit=False)
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
