@@ -79,6 +79,7 @@ class Bench:
         iters = iters or self.iters
         names = list(fns)
         trace = os.environ.get("SYMM_BENCH_TRACE") == "1"
+        overlap = os.environ.get("SYMM_BENCH_OVERLAP_WARMUPS") == "1"
         for name, fn in fns.items():
             for _ in range(self.warmup):
                 fn()
@@ -89,7 +90,7 @@ class Bench:
             # running, PyTorch's fused_all_gather_matmul hung on 2 x H200
             # (bench/NOTES.md, 2026-11-26); SYMM_BENCH_OVERLAP_WARMUPS=1
             # leaves the warmups back to back, to look into that.
-            if os.environ.get("SYMM_BENCH_OVERLAP_WARMUPS") != "1":
+            if not overlap:
                 torch.cuda.synchronize()
                 if trace:
                     print(f"rank {self.rank}: {name} done on the GPU", flush=True)

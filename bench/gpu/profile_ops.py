@@ -68,11 +68,11 @@ def main():
         for _ in range(5):
             fn()
         if args.graph:
-            graph, calls = torch.cuda.CUDAGraph(), fn
+            graph = torch.cuda.CUDAGraph()
             torch.cuda.synchronize()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 for _ in range(args.graph):
-                    calls()
+                    fn()
             fn = graph.replay
             for _ in range(3):
                 fn()
