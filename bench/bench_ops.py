@@ -86,10 +86,10 @@ class Bench:
             if trace:
                 print(f"rank {self.rank}: {name} warmed up", flush=True)
             # Each implementation's warmup ends on a quiet GPU, as every
-            # timed sample does: started while symm's warmup calls were still
-            # running, PyTorch's fused_all_gather_matmul hung on 2 x H200
-            # (bench/NOTES.md, 2026-11-26); SYMM_BENCH_OVERLAP_WARMUPS=1
-            # leaves the warmups back to back, to look into that.
+            # timed sample does. (The hang once seen with back-to-back
+            # warmups was PyTorch's first call racing its own workspace's
+            # zeroing, see torch_fused_checked, which now makes that call
+            # first; SYMM_BENCH_OVERLAP_WARMUPS=1 keeps warmups back to back.)
             if not overlap:
                 torch.cuda.synchronize()
                 if trace:
@@ -195,13 +195,33 @@ def symm_algorithms(op, shape, ours, bound, out, ref, tolerance):
     return fns, errs
 
 
+def torch_fused_checked(op, shape, fn, ref, tolerance):
+    """PyTorch's fused op's relative error to `ref`, from its first call.
+
+    That call allocates and rendezvouses its symmetric workspace, whose
+    signal pads it zeroes with a cudaMemset queued behind this rank's
+    earlier GPU work, while the peers, rendezvoused over the store, may
+    already be signalling into them: a rank still busy then erases its
+    peers' barrier signals and both hang
+    (bench/gpu/first_use_race.py reproduces it). So the GPU is idle first.
+    """
+    torch.cuda.synchronize()
+    dist.barrier()
+    got = fn()
+    err = rel_err(got, ref)
+    assert err < tolerance, f"{op} {shape} (PyTorch's fused op): relative error {err}"
+    return err
+
+
 def time_matmul_op(b, op, shape, fns, errs, out, ref, tolerance, graph_fns):
     """One contest of every implementation of a shape; symm's results are
-    checked again after timing (the timed calls were graph replays)."""
+    checked again after timing (the timed calls were graph replays).
+    `errs` holds every checked implementation's relative error; symm's
+    (those that write `out`) are checked again."""
     for impl, ms in b.contest(fns).items():
         extra = {"relerr": errs[impl]} if impl in errs else {}
         b.record(op, shape, impl, ms, **extra)
-    for impl in errs:
+    for impl in (i for i in errs if i.startswith("symm")):
         out.fill_(float("nan"))
         fns[impl]()
         err = rel_err(out, ref)
@@ -247,9 +267,12 @@ def bench_ag_mm(b, g, shapes):
         )
         nccl_cublas()
         shape = (m, k, n)
+        torch_fused = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name)
+        torch_err = torch_fused_checked("ag_mm", shape, lambda: torch_fused()[1][0], ref, 1e-2)
         fns, errs = symm_algorithms("ag_mm", shape, ours, bound, out, ref, 1e-2)
+        errs["torch_fused"] = torch_err
         others = {
-            "torch_fused": lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name),
+            "torch_fused": torch_fused,
             "nccl_cublas": nccl_cublas,
             "mm_only": lambda: torch.matmul(gathered, w, out=ref),
         }
@@ -281,9 +304,12 @@ def bench_mm_rs(b, g, shapes):
         )
         nccl_cublas()
         shape = (m, k, n)
+        torch_fused = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name)
+        torch_err = torch_fused_checked("mm_rs", shape, torch_fused, ref, 2e-2)
         fns, errs = symm_algorithms("mm_rs", shape, ours, bound, out, ref, 2e-2)
+        errs["torch_fused"] = torch_err
         others = {
-            "torch_fused": lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name),
+            "torch_fused": torch_fused,
             "nccl_cublas": nccl_cublas,
             "mm_only": lambda: torch.matmul(a, w, out=c),
         }
