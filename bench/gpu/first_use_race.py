@@ -110,7 +110,8 @@ def symm_cases(r):
     g = symm.Group.from_env(backend="cuda", timeout_ms=int(r.args.wait_s * 1000 / 2))
     stream = torch.cuda.current_stream().cuda_stream
     bf16 = torch.bfloat16
-    w = torch.randn(K, N, device="cuda", dtype=bf16) / K**0.5
+    # B K-major (a Linear weight's transpose), as symm's fused kernel needs.
+    w = (torch.randn(N, K, device="cuda", dtype=bf16) / K**0.5).t()
     # mm_rs: reduce_scatter(a @ w) along rows.
     a = torch.randn(M, K, device="cuda", dtype=bf16)
     partial = a @ w

@@ -66,6 +66,10 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
         run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
         run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 python3 -m pytest -q python/tests/test_jax_cuda.py
     fi
+    # Each operation's first call (and each algorithm's) while one rank's
+    # GPU is still busy: completes, right (PyTorch's fused op hangs there:
+    # --case torch_cold; bench/NOTES.md).
+    [ "$ngpu" -ge 2 ] && run timeout 180 torchrun --nproc-per-node 2 bench/gpu/first_use_race.py --case symm_cold
     # Host time per call (Python wrapper, library, driver launches).
     run timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)"
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_PROFILE:-0}" = 1 ]; then
