@@ -58,25 +58,28 @@ def main():
         return (lambda: [torch.matmul(a[i:i + step], weight.t(), out=c[i:i + step]) for i in range(0, m, step)],
                 lambda: c, c)
 
-    def cols(parts):
-        """Column blocks of C, each into a contiguous buffer of its own
-        (cuBLAS through torch writes no strided column block)."""
-        step = n // parts
-        buf = torch.empty(parts, m, step, device="cuda", dtype=torch.bfloat16)
-        return (lambda: [torch.matmul(a, weight[j * step:(j + 1) * step].t(), out=buf[j]) for j in range(parts)],
-                lambda: torch.cat(list(buf), dim=1), buf)
+    def cols(widths):
+        """Column blocks of C of the given widths (in eighths of N), each
+        into a contiguous buffer of its own (cuBLAS through torch writes no
+        strided column block)."""
+        bounds = [n * sum(widths[:i]) // 8 for i in range(len(widths) + 1)]
+        bufs = [torch.empty(m, hi - lo, device="cuda", dtype=torch.bfloat16) for lo, hi in zip(bounds, bounds[1:])]
+        return (lambda: [torch.matmul(a, weight[lo:hi].t(), out=o) for lo, hi, o in zip(bounds, bounds[1:], bufs)],
+                lambda: torch.cat(bufs, dim=1), bufs)
 
     base = timed(lambda: torch.matmul(a, weight.t(), out=c), args.iters)
     print(f"whole {m}x{k}x{n}: {base:.4f} ms", flush=True)
-    for name, make, parts in (("rows", rows, 2), ("rows", rows, 4), ("cols", cols, 2), ("cols", cols, 4)):
-        fn, result, written = make(parts)
-        written.fill_(float("nan"))
+    splits = [("rows x2", rows(2)), ("rows x4", rows(4))]
+    splits += [(f"cols {':'.join(map(str, w))} (eighths)", cols(w)) for w in ((4, 4), (2, 2, 2, 2), (5, 3), (6, 2), (7, 1))]
+    for name, (fn, result, written) in splits:
+        for t in written if isinstance(written, list) else [written]:
+            t.fill_(float("nan"))
         fn()
         got = result()
         err = ((got.float() - whole.float()).norm() / whole.float().norm()).item()
-        assert err < 1e-2, f"{name} x{parts}: relative error {err}"
+        assert err < 1e-2, f"{name}: relative error {err}"
         t = timed(fn, args.iters)
-        print(f"{name} x{parts}: {t:.4f} ms ({t / base:.3f} x whole), relerr {err:.1e}", flush=True)
+        print(f"{name}: {t:.4f} ms ({t / base:.3f} x whole), relerr {err:.1e}", flush=True)
 
 
 if __name__ == "__main__":
