@@ -20,7 +20,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 import symm
 
@@ -34,7 +34,7 @@ def current_stream():
     return torch.cuda.current_stream().cuda_stream
 
 
-def case_fn(g, op, m, k, n, world):
+def case_fn(g, op, m, k, n, world, bound=False):
     w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
     if op == "mm":
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -43,9 +43,13 @@ def case_fn(g, op, m, k, n, world):
     if op == "ag_mm":
         a = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        if bound:
+            return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[out], stream=current_stream())
         return lambda: symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[out], stream=current_stream())
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
+    if bound:
+        return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream())
     return lambda: symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream())
 
 
@@ -55,6 +59,7 @@ def main():
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--back-to-back", action="store_true", help="no synchronize or barrier between the calls")
     p.add_argument("--graph", type=int, default=0, help="each call a replay of a CUDA graph of this many calls")
+    p.add_argument("--bound", action="store_true", help="symm's calls bound once (symm.bind)")
     args = p.parse_args()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -64,7 +69,7 @@ def main():
     for case in args.cases.split(","):
         op, m, k, n, algo = case.split(":")
         os.environ["SYMM_ALGO"] = algo
-        fn = case_fn(g, op, int(m), int(k), int(n), world)
+        fn = case_fn(g, op, int(m), int(k), int(n), world, args.bound)
         for _ in range(5):
             fn()
         if args.graph:
@@ -83,24 +88,33 @@ def main():
                 if i == 0 or not args.back_to_back:
                     torch.cuda.synchronize()
                     dist.barrier()
-                fn()
+                with record_function("profiled_call"):
+                    fn()
             torch.cuda.synchronize()
         os.environ.pop("SYMM_ALGO")
-        gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        # (The annotation below shows on the GPU side too: left out.)
+        gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name != "profiled_call"]
         gpu.sort(key=lambda e: e.time_range.start)
-        # The last call: everything after the last gap of more than 1 ms
-        # (the host synchronizes and barriers between calls); back to back,
-        # every call.
-        last = 0
-        for i in range(1, len(gpu)):
-            if gpu[i].time_range.start - max(e.time_range.end for e in gpu[:i]) > 1000:
-                last = i
+        # The host's entry into each profiled call.
+        calls = sorted((e for e in prof.events()
+                        if e.name == "profiled_call" and e.device_type == torch.autograd.DeviceType.CPU),
+                       key=lambda e: e.time_range.start)
+        # What the GPU ran once the host had entered the last call (back to
+        # back: the first, and so every call); before it, the barrier's
+        # kernel and the synchronize.
+        host = calls[0] if args.back_to_back else calls[-1]
+        last = next(i for i, e in enumerate(gpu) if e.time_range.start >= host.time_range.start)
         t0 = gpu[last].time_range.start
         end = max(e.time_range.end for e in gpu[last:])
         what = f"{args.calls} calls back to back" if args.back_to_back else "last call"
         if args.graph:
             what += f" (each a graph of {args.graph})"
-        lines = [f"== {case} rank {rank}: {what} {(end - t0) / 1000:.3f} ms on the GPU"]
+        if args.bound:
+            what += " (bound)"
+        head = (f"== {case} rank {rank}: {what} {(end - t0) / 1000:.3f} ms on the GPU, which started "
+                f"{(t0 - host.time_range.start) / 1000:.3f} ms after the host entered the call (the host left it "
+                f"after {host.time_range.elapsed_us() / 1000:.3f} ms)")
+        lines = [head]
         lines += [f"  +{(e.time_range.start - t0) / 1000:7.3f} ms {e.time_range.elapsed_us() / 1000:7.3f} ms  "
                   f"{e.name[:90]}" for e in gpu[last:]]
         for r in range(world):
