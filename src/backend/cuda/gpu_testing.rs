@@ -156,6 +156,18 @@ pub fn capture_and_replay<R>(g: &Gpu, replays: usize, f: impl FnOnce() -> R) -> 
     }
 }
 
+/// ‖got − want‖ / ‖want‖, and every element written (no NaN poison left).
+pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "an output element was not written (or is not finite): {g}");
+        num += (*g as f64 - w).powi(2);
+        den += w * w;
+    }
+    (num / den).sqrt()
+}
+
 /// Deterministic pseudo-random values in [-1, 1).
 pub fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -122,7 +122,7 @@ fn check_rejects_what_the_kernel_cannot_run() {
 
 use super::super::gemm::{Gemm, MatmulParams};
 use crate::backend::cuda::async_error::AsyncError;
-use crate::backend::cuda::gpu_testing::{decode, encode as enc, fp8_bytes, gpu, time_ms, values, DevBuf, Gpu};
+use crate::backend::cuda::gpu_testing::{decode, encode as enc, fp8_bytes, gpu, rel_err, time_ms, values, DevBuf, Gpu};
 use crate::backend::cuda::streams::SideStreams;
 
 fn hopper(g: &Gpu) -> Option<&Sm90Kernels> {
@@ -173,18 +173,6 @@ impl Problem {
         }
         out
     }
-}
-
-/// ‖got − want‖ / ‖want‖, and every element written (no NaN poison left).
-fn rel_err(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        assert!(g.is_finite(), "an output element was not written (or is not finite): {g}");
-        num += (*g as f64 - w).powi(2);
-        den += w * w;
-    }
-    (num / den).sqrt()
 }
 
 /// A plain matmul of dense row-major A [m, k] and B [n, k] into C [m, n].
