@@ -50,8 +50,8 @@ class Race:
         self.failed = False
 
     def staggered(self, name, busy_rank, fn):
-        """Runs `fn` on every rank with `busy_rank`'s GPU --busy-ms behind;
-        returns whether it completed within --wait-s (a rank whose call
+        """Runs `fn` on every rank with `busy_rank`'s GPU --busy-ms behind
+        and reports whether it completed within --wait-s (a rank whose call
         hangs reports and exits: nothing else can run in this process)."""
         torch.cuda.synchronize()
         dist.barrier()

@@ -505,7 +505,7 @@ impl Pref {
 
 impl Drop for Pref {
     fn drop(&mut self) {
-        // SAFETY: created in Plan::new.
+        // SAFETY: created in Pref::new.
         unsafe { lt::cublasLtMatmulPreferenceDestroy(self.0) };
     }
 }
@@ -1041,7 +1041,7 @@ mod tests {
     // ---- on a GPU (pass vacuously without one) ----
 
     use crate::backend::cuda::gpu_testing::{
-        capture_and_replay, decode, encode, fp8_bytes, gpu, rel_err, time_ms, values, DevBuf, Gpu,
+        capture_and_replay, decode, encode, fp8_bytes, gpu, rel_err, round_robin_ms, time_ms, values, DevBuf, Gpu,
     };
 
     /// Device buffers and the host reference for one problem.
@@ -1298,22 +1298,10 @@ mod tests {
                 inner.plans[&key].heuristic(inner.handle, &Pref::new(&key).unwrap(), 16).unwrap()
             };
             let set = |algo: lt::cublasLtMatmulAlgo_t| gemm.lock().plans.get_mut(&key).unwrap().algo = algo;
-            // Round-robin medians, as the sm90 tests time their candidates.
-            let mut samples = vec![Vec::new(); candidates.len()];
-            for round in 0..7 {
-                for i in 0..candidates.len() {
-                    let c = (i + round) % candidates.len();
-                    set(candidates[c]);
-                    samples[c].push(time_ms(&g, 1, 5, || gemm.matmul(&p, g.stream()).unwrap()));
-                }
-            }
-            let med: Vec<f32> = samples
-                .iter_mut()
-                .map(|v| {
-                    v.sort_by(f32::total_cmp);
-                    v[v.len() / 2]
-                })
-                .collect();
+            let med = round_robin_ms(&g, candidates.len(), |c| {
+                set(candidates[c]);
+                gemm.matmul(&p, g.stream()).unwrap();
+            });
             for (i, algo) in candidates.iter().enumerate() {
                 set(*algo);
                 gemm.matmul(&p, g.stream()).unwrap();

@@ -156,6 +156,29 @@ pub fn capture_and_replay<R>(g: &Gpu, replays: usize, f: impl FnOnce() -> R) -> 
     }
 }
 
+/// Rounds of `round_robin_ms`.
+pub const ROUNDS: usize = 9;
+
+/// Median ms of 5 launches of `run(c)`, for each of `count` candidates,
+/// timed round-robin over ROUNDS rounds: the GPU's clock drifts as it
+/// heats over a test, which favoured whatever ran first.
+pub fn round_robin_ms(g: &Gpu, count: usize, mut run: impl FnMut(usize)) -> Vec<f32> {
+    let mut samples = vec![Vec::new(); count];
+    for round in 0..ROUNDS {
+        for i in 0..count {
+            let c = (i + round) % count;
+            samples[c].push(time_ms(g, 1, 5, || run(c)));
+        }
+    }
+    samples
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f32::total_cmp);
+            v[v.len() / 2]
+        })
+        .collect()
+}
+
 /// ‖got − want‖ / ‖want‖, and every element written (no NaN poison left).
 pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());

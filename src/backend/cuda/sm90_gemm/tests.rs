@@ -122,7 +122,9 @@ fn check_rejects_what_the_kernel_cannot_run() {
 
 use super::super::gemm::{Gemm, MatmulParams};
 use crate::backend::cuda::async_error::AsyncError;
-use crate::backend::cuda::gpu_testing::{decode, encode as enc, fp8_bytes, gpu, rel_err, time_ms, values, DevBuf, Gpu};
+use crate::backend::cuda::gpu_testing::{
+    decode, encode as enc, fp8_bytes, gpu, rel_err, round_robin_ms, values, DevBuf, Gpu, ROUNDS,
+};
 use crate::backend::cuda::streams::SideStreams;
 
 fn hopper(g: &Gpu) -> Option<&Sm90Kernels> {
@@ -266,28 +268,6 @@ const BENCH_SHAPES: [(usize, usize, usize); 8] = [
 /// `SYMM_SM90_SHAPE=MxKxN` times that shape only (for profilers).
 fn shape_selected(m: usize, n: usize, k: usize) -> bool {
     std::env::var("SYMM_SM90_SHAPE").map_or(true, |s| s == format!("{m}x{k}x{n}"))
-}
-
-const ROUNDS: usize = 9;
-
-/// Median ms of 5 launches of `run(c)`, for each of `count` candidates,
-/// timed round-robin over ROUNDS rounds: the GPU's clock drifts as it
-/// heats over a test, which favoured whatever ran first.
-fn round_robin_ms(g: &Gpu, count: usize, mut run: impl FnMut(usize)) -> Vec<f32> {
-    let mut samples = vec![Vec::new(); count];
-    for round in 0..ROUNDS {
-        for i in 0..count {
-            let c = (i + round) % count;
-            samples[c].push(time_ms(g, 1, 5, || run(c)));
-        }
-    }
-    samples
-        .iter_mut()
-        .map(|v| {
-            v.sort_by(f32::total_cmp);
-            v[v.len() / 2]
-        })
-        .collect()
 }
 
 /// One timing in bench/results' format (collect.py).
