@@ -97,6 +97,18 @@
 #define SYMM_GEMM_GROUP_M 8
 // Signal channel named in timeout errors of the fused matmul's waits.
 #define SYMM_GEMM_CHANNEL (-2)
+// Trace (p.trace != 0, a profiling aid): per CTA, SYMM_GEMM_TRACE_SLOTS
+// u64, the %globaltimer (ns) at these points of its last tile, 0 where not
+// reached. Mirrored by `sm90_trace.rs`.
+#define SYMM_GEMM_TRACE_SLOTS 8
+#define SYMM_TRACE_START 0        // the CTA's barriers are set up
+#define SYMM_TRACE_MAINLOOP 1     // warpgroup 1's last wgmma done
+#define SYMM_TRACE_EPILOGUE 2     // warpgroup 1's stores issued (a peer's inbox, or C)
+#define SYMM_TRACE_PUSHED 3       // rs: warpgroup 1's stores into a peer's inbox complete
+#define SYMM_TRACE_FLAGGED 4      // rs: that tile's flag set
+#define SYMM_TRACE_PARTIALS 5     // rs: an own tile's peer flags all seen (producer)
+#define SYMM_TRACE_CHUNK 6        // the last tile's chunk + 1 (not a time)
+#define SYMM_TRACE_END 7          // warpgroup 1 done
 
 // A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
 struct alignas(64) symm_tmap {
@@ -151,7 +163,16 @@ struct symm_gemm_params {
     int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs; see above)
     int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
     int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
+    uint64_t trace;        // 0, or [gridDim.x][SYMM_GEMM_TRACE_SLOTS] u64 (see SYMM_GEMM_TRACE_SLOTS)
 };
+
+// Records `value` in this CTA's trace slot (when tracing).
+static __device__ __forceinline__ void symm_trace(const symm_gemm_params& p, int slot, uint64_t value) {
+    if (p.trace) ((uint64_t*)p.trace)[(uint64_t)blockIdx.x * SYMM_GEMM_TRACE_SLOTS + slot] = value;
+}
+static __device__ __forceinline__ void symm_trace_now(const symm_gemm_params& p, int slot) {
+    if (p.trace) symm_trace(p, slot, symm_globaltimer_ns());
+}
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1
 #define SYMM_GEMM_SCALES_ROW 2
@@ -807,6 +828,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         // fence.sc.sys here, off the consumers' path, still cost the
         // kernel about 3% (bench/KERNELS.md).
         symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
+        symm_trace_now(p, SYMM_TRACE_FLAGGED);
         symm_mbar_arrive(&pushed->empty);
         phase ^= 1;
     }
@@ -862,6 +884,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         if (symm_rs_live(p)) *call_epoch = symm_rs_state_of(p, p.rank)->epoch + 1;
     }
     __syncthreads();
+    if (threadIdx.x == 0) symm_trace_now(p, SYMM_TRACE_START);
     // Read where used, not held: a register live across the consumers'
     // mainloop spilled (ptxas, n256 kernels).
     auto rs_epoch = [&]() { return *(volatile uint32_t*)call_epoch; };
@@ -903,6 +926,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         uint32_t landed = 0;  // all-gather: chunks seen whole (bit per chunk)
         for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
             const symm_tile tile = tiling.at(p, BN, t);
+            symm_trace(p, SYMM_TRACE_CHUNK, tile.chunk + 1);
             const bool local = tile.chunk == p.local_chunk;
             // The k-block at which this tile next waits for a slice of its
             // rows (kblocks: none left to wait for).
@@ -939,6 +963,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             for (int src = 0; src < p.world; src++) {
                 if (src != p.rank) symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), rs_epoch(), p, src);
             }
+            symm_trace_now(p, SYMM_TRACE_PARTIALS);
             // The peers' TMA stores were flagged after they completed: order
             // our (async proxy) loads after the flags.
             asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -980,6 +1005,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     auto flag_pushed_tile = [&]() {
         if (t128 == 0) {
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+            if (wg == 1) symm_trace_now(p, SYMM_TRACE_PUSHED);
             asm volatile("fence.proxy.async.global;" ::: "memory");
             symm_mbar_wait(&pushed->empty, pushed_phase ^ 1);
             symm_mbar_arrive(&pushed->full);
@@ -1093,6 +1119,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
         }
 
+        if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_MAINLOOP);
         // The finished tile: the promoted sums (exact fp8), else d.
         float(&acc)[BN / 2] = PROMOTE ? promoted : d;
         if (p.scale_mode != SYMM_GEMM_SCALES_NONE) {
@@ -1110,6 +1137,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending)
         if (p.c_tma) {
             SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
+            if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
             continue;
         }
         if (!p.rs) {
@@ -1131,6 +1159,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 // epilogue (or the end).
                 symm_mbar_wait(peers_ready, 0);
                 SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
+                if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
                 unflagged = true;
             } else {
                 // Our own rows: the peers' partials (scaled by alpha
@@ -1145,6 +1174,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 else SYMM_ADD(SYMM_DT_F16);
 #undef SYMM_ADD
                 SYMM_EPI_TMA(tm_c, row, 1.f);
+                if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
             }
             continue;
         }
@@ -1193,6 +1223,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         symm_consumers_sync();
         if (threadIdx.x == 128) symm_rs_finish(p, rs_epoch());
     }
+    if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_END);
 }
 
 #define SYMM_GEMM_ENTRY(NAME, A_DT, B_DT, BN, PROMOTE)                                                      \

@@ -16,6 +16,7 @@ pub mod pack;
 pub mod reduce;
 mod signals;
 pub mod sm90_gemm;
+mod sm90_trace;
 mod streams;
 mod vmm;
 
@@ -197,7 +198,12 @@ impl Backend for CudaBackend {
         };
         let mut mm = sm90_gemm::Sm90Matmul::from_fused(call, self.errors.device_ptr())?;
         mm.max_ctas = Some(k.sm_count.saturating_sub(call.spare_sms).max(1));
-        mm.launch(sm90, k.sm_count, stream)
+        match sm90_trace::prefix() {
+            Some(prefix) if !graphs::is_capturing(stream)? => {
+                sm90_trace::launch(&mut mm, sm90, k.sm_count, stream, prefix)
+            }
+            _ => mm.launch(sm90, k.sm_count, stream),
+        }
     }
     fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, stream: Stream) -> Result<()> {
         self.bind()?;

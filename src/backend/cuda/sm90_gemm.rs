@@ -69,9 +69,10 @@ struct Params {
     rs_push: i32,
     slices: i32,
     slice_kblocks: i32,
+    trace: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 456);
+const _: () = assert!(std::mem::size_of::<Params>() == 464);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
@@ -336,6 +337,8 @@ pub struct Sm90Matmul {
     pub timeout_ns: u64,
     /// Device pointer of the group's `symm_async_error` record.
     pub err: u64,
+    /// 0, or where each CTA records its timestamps (`super::sm90_trace`).
+    pub trace: u64,
 }
 
 impl Sm90Matmul {
@@ -363,6 +366,7 @@ impl Sm90Matmul {
             tma_epilogue: true,
             rs_push: true,
             timeout_ns: 0,
+            trace: 0,
             err,
         }
     }
@@ -580,6 +584,13 @@ impl Sm90Matmul {
         }
     }
 
+    /// CTAs launched on a device of `sm_count` SMs: one per tile, at most
+    /// one per SM (persistent) or `max_ctas`.
+    pub fn grid(&self, sm_count: u32) -> u32 {
+        let total = self.tiles_per_chunk() * self.chunks();
+        (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1)
+    }
+
     /// Enqueues the matmul on `stream`. `sm_count` is the device's.
     pub fn launch(&self, kernels: &Sm90Kernels, sm_count: u32, stream: Stream) -> Result<()> {
         self.check()?;
@@ -621,8 +632,7 @@ impl Sm90Matmul {
         } else {
             tm_a
         };
-        let total = self.tiles_per_chunk() * self.chunks();
-        let grid = (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
+        let grid = self.grid(sm_count);
         let (mut a, mut al, mut b, mut c) = (tm_a, tm_a_local, tm_b, tm_c);
         let mut args = [
             (&mut a as *mut TensorMap).cast::<c_void>(),
@@ -733,6 +743,7 @@ impl Sm90Matmul {
             rs_push: i32::from(self.rs_pushes()),
             slices: self.slices() as i32,
             slice_kblocks: self.slice_kblocks() as i32,
+            trace: self.trace,
         }
     }
 }

@@ -1,0 +1,126 @@
+"""Inside the fused kernel: per-CTA timelines of fused mm_rs / ag_mm calls
+from the kernel's own %globaltimer stamps (`SYMM_TRACE_SM90`, see
+src/backend/cuda/sm90_trace.rs), on the GPU machine, one rank per GPU:
+
+    torchrun --nproc-per-node 2 bench/gpu/fused_trace.py --out DIR [--cases mm_rs:512:14336:8192,...]
+
+Each traced call starts from idle GPUs after a barrier, as the benchmark's
+samples do (the trace waits for every launch, so calls cannot run back to
+back). For each of the last --calls calls rank 0 prints, per rank, in us
+from that rank's first CTA start: when the CTAs started, finished their
+mainloops, issued their epilogue stores, had their pushes complete and
+flagged (peers' tiles), saw the peers' flags (own tiles), and ended,
+as min / median / max over the CTAs of each kind. The raw traces stay in
+DIR (one file per rank process).
+"""
+import argparse
+import glob
+import os
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import symm
+from profile_ops import case_fn
+
+SLOTS = ["start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end"]
+DEFAULT_CASES = "mm_rs:512:14336:8192,mm_rs:2048:14336:8192,ag_mm:512:8192:14336"
+
+
+def read_traces(prefix):
+    """{(launch, rank): [per-CTA dict]} of every rank's file."""
+    launches = {}
+    for path in glob.glob(f"{prefix}.*.txt"):
+        with open(path) as f:
+            for line in f:
+                if line.startswith("#") or not line.strip():
+                    continue
+                v = [int(x) for x in line.split()]
+                launch, rank, m, n, k, tile, cta = v[:7]
+                row = dict(zip(SLOTS, v[7:]), m=m, n=n, k=k, tile=tile, cta=cta)
+                launches.setdefault((launch, rank), []).append(row)
+    return launches
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{min(values):7.1f} {statistics.median(values):7.1f} {max(values):7.1f}"
+
+
+def summarize(ctas, rank, origin):
+    """Lines for one rank's launch, times in us after `origin` (ns)."""
+    us = lambda c, slot: (c[slot] - origin) / 1e3 if c[slot] else None
+    peer = [c for c in ctas if c["chunk"] and c["chunk"] - 1 != rank]
+    own = [c for c in ctas if c["chunk"] and c["chunk"] - 1 == rank]
+    lines = [f"    {'':34}{'min':>7} {'median':>7} {'max':>7}   ({len(peer)} CTAs last on a peer's tile, {len(own)} on an own)"]
+    rows = [("start, every CTA", ctas, "start"),
+            ("mainloop done, peers' tiles", peer, "mainloop"),
+            ("mainloop done, own tiles", own, "mainloop"),
+            ("stores issued, peers' tiles", peer, "epilogue"),
+            ("pushes complete, peers' tiles", peer, "pushed"),
+            ("flag set, peers' tiles", peer, "flagged"),
+            ("peers' flags seen, own tiles", own, "partials"),
+            ("stores issued, own tiles", own, "epilogue"),
+            ("end, every CTA", ctas, "end")]
+    for name, group, slot in rows:
+        if group and any(c[slot] for c in group):
+            lines.append(f"    {name:34}{spread([us(c, slot) for c in group])}")
+    return lines
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", default=DEFAULT_CASES)
+    p.add_argument("--calls", type=int, default=4)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    prefix = os.path.join(args.out, "trace")
+    os.environ["SYMM_TRACE_SM90"] = prefix
+    os.environ["SYMM_GRAPHS"] = "0"
+    os.environ["SYMM_ALGO"] = "fused"
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
+    for case in args.cases.split(","):
+        op, m, k, n = case.split(":")
+        fn = case_fn(g, op, int(m), int(k), int(n), world, bound=True)
+        for _ in range(3):  # warm: workspace, plan, first-use costs (traced too)
+            fn()
+        for _ in range(args.calls):
+            torch.cuda.synchronize()
+            dist.barrier()
+            fn()
+        torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 0:
+        traces = read_traces(prefix)
+        print(f"# {world} x {torch.cuda.get_device_name()}, library {symm.__file__}; us from each rank's first CTA start")
+        for case in args.cases.split(","):
+            m, k, n = (int(x) for x in case.split(":")[1:])
+            # This case's launches (by the kernel's m, n, k), the last --calls.
+            ids = sorted(i for (i, r), v in traces.items() if r == 0 and (v[0]["m"], v[0]["n"], v[0]["k"]) == (m, n, k))
+            for call, i in enumerate(ids[-args.calls:]):
+                per_rank = {r: traces.get((i, r)) for r in range(world)}
+                if any(v is None for v in per_rank.values()):
+                    print(f"== {case} launch {i}: missing a rank's trace")
+                    continue
+                starts = {r: min(c["start"] for c in v if c["start"]) for r, v in per_rank.items()}
+                skew = ", ".join(f"rank {r} {(s - starts[0]) / 1e3:+.1f}" for r, s in starts.items() if r)
+                print(f"== {case} call {call} (launch {i}): first CTA start by globaltimer, against rank 0: {skew}")
+                for r, ctas in per_rank.items():
+                    end = (max(c["end"] for c in ctas) - starts[r]) / 1e3
+                    print(f"  rank {r}: kernel {end:.1f} us (first CTA start to last CTA end)")
+                    print("\n".join(summarize(ctas, r, starts[r])))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
