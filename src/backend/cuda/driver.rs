@@ -68,6 +68,7 @@ const SYMBOLS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuLaunchKernel",
+    "cuLaunchHostFunc",
     "cuGetErrorName",
     "cuGetErrorString",
 ];

@@ -3,18 +3,20 @@
 //! `SYMM_TRACE_SM90=<prefix>`, each launch of the sm90 matmul for a fused
 //! operation, outside graph capture, has every CTA record the GPU's
 //! %globaltimer at fixed points of its last tile (`SYMM_TRACE_*` in
-//! `kernels/gemm_sm90.cu`); the launch is then waited for and one line per
-//! CTA appended to `<prefix>.<pid>.txt`. The wait makes it a tool for
-//! timelines, not for throughput. Replayed calls skip it: set
-//! `SYMM_GRAPHS=0` as well.
+//! `kernels/gemm_sm90.cu`) into mapped host memory; a host function queued
+//! behind the kernel appends one line per CTA to `<prefix>.<pid>.txt`. The
+//! host never waits (an all-gather kernel waits for copies issued after
+//! it), but the host function holds the stream: a tool for timelines, not
+//! for throughput. Replayed calls skip it: set `SYMM_GRAPHS=0` as well.
 
 use super::driver::check;
 use super::sm90_gemm::{Sm90Kernels, Sm90Matmul};
 use crate::backend::Stream;
-use crate::error::{err, Result};
+use crate::error::Result;
 use cudarc::driver::sys;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// u64 per CTA (`SYMM_GEMM_TRACE_SLOTS`), in this order.
 const SLOTS: &[&str] = &["start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end"];
@@ -26,60 +28,120 @@ pub fn prefix() -> Option<&'static str> {
     PREFIX.as_deref()
 }
 
-/// Launches `mm` with a trace buffer, waits for it and appends its trace.
+/// Launches `mm` with a trace buffer and queues the writing of its trace.
 pub fn launch(mm: &mut Sm90Matmul, kernels: &Sm90Kernels, sm_count: u32, stream: Stream, prefix: &str) -> Result<()> {
     static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+    free_written();
     let ctas = mm.grid(sm_count) as usize;
-    let bytes = ctas * SLOTS.len() * 8;
-    let buf = Buffer::alloc(bytes)?;
-    let s = stream.0 as sys::CUstream;
-    // SAFETY: `bytes` of device memory just allocated.
-    check(unsafe { sys::cuMemsetD8Async(buf.0, 0, bytes, s) }, "cuMemsetD8Async (trace)")?;
-    mm.trace = buf.0;
+    let buf = HostBuffer::alloc(ctas * SLOTS.len())?;
+    mm.trace = buf.device;
     let launched = mm.launch(kernels, sm_count, stream);
     mm.trace = 0;
     launched?;
-    let mut host = vec![0u64; ctas * SLOTS.len()];
-    // SAFETY: the destination holds `bytes`; unified addressing tells the
-    // driver it is (pageable) host memory.
-    check(unsafe { sys::cuMemcpyAsync(host.as_mut_ptr() as u64, buf.0, bytes, s) }, "cuMemcpyAsync (trace)")?;
-    // SAFETY: a stream of the current context.
-    check(unsafe { sys::cuStreamSynchronize(s) }, "cuStreamSynchronize (trace)")?;
     let launch = LAUNCHES.fetch_add(1, Ordering::Relaxed);
     let rank = mm.scatter.as_ref().map(|s| s.rank).or(mm.gather.as_ref().map(|g| g.local_chunk)).unwrap_or(0);
-    let mut text = String::new();
+    let mut head = String::new();
     if launch == 0 {
-        text += &format!("# launch rank m n k tile cta {}\n", SLOTS.join(" "));
+        head += &format!("# launch rank m n k tile cta {}\n", SLOTS.join(" "));
     }
-    for (cta, slots) in host.chunks(SLOTS.len()).enumerate() {
-        let times: Vec<String> = slots.iter().map(u64::to_string).collect();
-        text += &format!("{launch} {rank} {} {} {} {} {cta} {}\n", mm.m, mm.n, mm.k, mm.tile.cols(), times.join(" "));
+    let job = Box::new(Job {
+        buf,
+        path: format!("{prefix}.{}.txt", std::process::id()),
+        head,
+        fields: format!("{launch} {rank} {} {} {} {}", mm.m, mm.n, mm.k, mm.tile.cols()),
+    });
+    let job = Box::into_raw(job);
+    // SAFETY: `write_trace` takes back the box exactly once, when the stream
+    // reaches it; on failure nothing was queued and the box is ours again.
+    let queued = check(
+        unsafe { sys::cuLaunchHostFunc(stream.0 as sys::CUstream, Some(write_trace), job.cast()) },
+        "cuLaunchHostFunc (trace)",
+    );
+    if queued.is_err() {
+        // SAFETY: not queued, so not taken.
+        let job = unsafe { Box::from_raw(job) };
+        // The kernel writes the buffer: let it finish before the buffer goes.
+        // SAFETY: a stream of the current context.
+        let _ = unsafe { sys::cuStreamSynchronize(stream.0 as sys::CUstream) };
+        drop(job);
     }
-    let path = format!("{prefix}.{}.txt", std::process::id());
-    std::fs::OpenOptions::new()
+    queued
+}
+
+/// One launch's trace, written once the kernel is done.
+struct Job {
+    buf: HostBuffer,
+    path: String,
+    head: String,
+    fields: String,
+}
+
+/// Host function (no CUDA calls allowed): appends the trace, hands the
+/// buffer to `free_written`.
+unsafe extern "C" fn write_trace(job: *mut std::ffi::c_void) {
+    // SAFETY: the box made by `launch`, given to this function only.
+    let job = unsafe { Box::from_raw(job.cast::<Job>()) };
+    let mut text = job.head.clone();
+    for cta in 0..job.buf.len / SLOTS.len() {
+        let times: Vec<String> = (0..SLOTS.len()).map(|s| job.buf.read(cta * SLOTS.len() + s).to_string()).collect();
+        text += &format!("{} {cta} {}\n", job.fields, times.join(" "));
+    }
+    let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(text.as_bytes()))
-        .map_err(|e| err!(Internal, "writing the sm90 trace to {path}: {e}"))
+        .open(&job.path)
+        .and_then(|mut f| f.write_all(text.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("symm: writing the sm90 trace to {}: {e}", job.path);
+    }
+    WRITTEN.lock().unwrap_or_else(|p| p.into_inner()).push(job.buf);
 }
 
-/// Device memory for one traced launch.
-struct Buffer(u64);
+/// Buffers whose traces were written, freed at the next traced launch.
+static WRITTEN: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
 
-impl Buffer {
-    fn alloc(bytes: usize) -> Result<Self> {
-        let mut ptr = 0;
+fn free_written() {
+    let done = std::mem::take(&mut *WRITTEN.lock().unwrap_or_else(|p| p.into_inner()));
+    drop(done);
+}
+
+/// Zeroed mapped host memory of `len` u64 that the kernel writes.
+struct HostBuffer {
+    host: *mut u64,
+    device: u64,
+    len: usize,
+}
+
+// SAFETY: pinned host memory, usable from any thread.
+unsafe impl Send for HostBuffer {}
+
+impl HostBuffer {
+    fn alloc(len: usize) -> Result<Self> {
+        let mut p = std::ptr::null_mut();
         // SAFETY: out-pointer valid; the caller made the device's context current.
-        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }, "cuMemAlloc (trace)")?;
-        Ok(Buffer(ptr))
+        check(
+            unsafe { sys::cuMemHostAlloc(&mut p, len * 8, sys::CU_MEMHOSTALLOC_DEVICEMAP) },
+            "cuMemHostAlloc (trace)",
+        )?;
+        let buf = HostBuffer { host: p.cast(), device: 0, len };
+        // SAFETY: `len` u64 just allocated.
+        unsafe { buf.host.write_bytes(0, len) };
+        let mut device = 0;
+        // SAFETY: mapped host memory (freed by `buf` on error).
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0) }, "cuMemHostGetDevicePointer")?;
+        Ok(HostBuffer { device, ..buf })
+    }
+
+    fn read(&self, i: usize) -> u64 {
+        assert!(i < self.len);
+        // SAFETY: in bounds; written by the kernel, which has finished.
+        unsafe { self.host.add(i).read_volatile() }
     }
 }
 
-impl Drop for Buffer {
+impl Drop for HostBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in alloc(); the launch that wrote it was waited
-        // for (or never queued).
-        unsafe { sys::cuMemFree_v2(self.0) };
+        // SAFETY: allocated in alloc(); the kernel that wrote it is done.
+        unsafe { sys::cuMemFreeHost(self.host.cast()) };
     }
 }
