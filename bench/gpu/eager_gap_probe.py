@@ -4,11 +4,14 @@ only ~20 us more host time per call in a loop. Times, per sample, as
 bench_ops.py does (GPU idle, ranks aligned, then one call between two
 events): the host time from the start event to the call's return
 (perf_counter) and the GPU time between the events, for the eager call,
-the bound call and torch.matmul; then the host time of the same calls
-back to back (warm). Medians over samples, max over ranks.
+the bound call (symm's choice, and each algorithm of --algos forced) and
+torch.matmul of the whole local problem (the benchmark's floor); then the
+host time of the same calls back to back (warm). Medians over samples,
+max over ranks.
 
-    torchrun --nproc-per-node 2 bench/gpu/eager_gap_probe.py
+    torchrun --nproc-per-node 2 bench/gpu/eager_gap_probe.py [--op mm_rs --shape 512:14336:8192 --algos fused]
 """
+import argparse
 import json
 import os
 import statistics
@@ -19,8 +22,16 @@ import torch.distributed as dist
 
 import symm
 
-M, K, N = 512, 8192, 14336
 SAMPLES = 40
+
+
+def set_algorithm(name):
+    """SYMM_ALGO (read by symm on every call) for the function `name`:
+    `bound_<algo>` forces <algo>; set outside the timed region."""
+    if name.startswith("bound_"):
+        os.environ["SYMM_ALGO"] = name.removeprefix("bound_")
+    else:
+        os.environ.pop("SYMM_ALGO", None)
 
 
 def main():
@@ -30,23 +41,39 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
     stream = torch.cuda.current_stream().cuda_stream
-    a = torch.randn(M // world, K, device="cuda", dtype=torch.bfloat16)
+    p = argparse.ArgumentParser()
+    p.add_argument("--op", choices=("ag_mm", "mm_rs"), default="ag_mm")
+    # One option, not --m/--k/--n: torchrun's own parser takes those for abbreviations of its options.
+    p.add_argument("--shape", default="512:8192:14336", help="M:K:N")
+    p.add_argument("--algos", default="", help="comma-separated algorithms to force on the bound call too")
+    args = p.parse_args()
+    M, K, N = (int(x) for x in args.shape.split(":"))
     w = (torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5).t()
-    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    gathered = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+    whole = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     ref = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    fns = {
-        "eager": lambda: symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[out], stream=stream),
-        "bound": symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[out], stream=stream),
-        "torch_matmul": lambda: torch.matmul(gathered, w, out=ref),
-    }
-    for fn in fns.values():
+    if args.op == "ag_mm":
+        a = torch.randn(M // world, K, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        op, kwargs = symm.fused_ag_mm, {"gather_dim": 0, "out": [out], "stream": stream}
+        args_ = (g, a, [w])
+    else:
+        out = torch.empty(M // world, N, device="cuda", dtype=torch.bfloat16)
+        op, kwargs = symm.mm_rs, {"scatter_dim": 0, "op": "sum", "out": out, "stream": stream}
+        args_ = (g, whole, w)
+    bound = symm.bind(op, *args_, **kwargs)
+    fns = {"eager": lambda: op(*args_, **kwargs), "bound": bound}
+    for algo in filter(None, args.algos.split(",")):
+        fns[f"bound_{algo}"] = bound
+    fns["torch_matmul"] = lambda: torch.matmul(whole, w, out=ref)
+    for name, fn in fns.items():
+        set_algorithm(name)
         for _ in range(5):
             fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     cold = {name: ([], []) for name in fns}
     for _ in range(SAMPLES):
         for name, fn in fns.items():
+            set_algorithm(name)
             torch.cuda.synchronize()
             dist.barrier()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -60,6 +87,7 @@ def main():
             cold[name][1].append(start.elapsed_time(end) * 1e3)
     warm = {}
     for name, fn in fns.items():
+        set_algorithm(name)
         torch.cuda.synchronize()
         dist.barrier()
         per = []
