@@ -164,8 +164,6 @@ struct symm_gemm_params {
     int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
     int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
     uint64_t trace;        // 0, or [gridDim.x][SYMM_GEMM_TRACE_SLOTS] u64 (see SYMM_GEMM_TRACE_SLOTS)
-    int32_t rs_tail;       // rs_push, tiles in one wave: k-blocks of each peer tile left to helpers (0: none)
-    int32_t rs_helpers;    // CTAs after the tiles' that compute those tails
 };
 
 // Records `value` in this CTA's trace slot (when tracing).
@@ -346,59 +344,6 @@ struct symm_tiling {
         return tile;
     }
 };
-
-// Tails (rs_tail > 0; rs_push, two ranks, every tile with a CTA of its
-// own): the peer tiles end first, so that their pushes cross the link
-// while the own tiles still compute. The CTA of a peer's tile stops
-// rs_tail k-blocks short; the CTAs after the tiles' (helpers, on SMs the
-// one wave leaves idle) compute those last k-blocks of the peers' tiles,
-// one tile after another, and store them (scaled by alpha) into this
-// rank's own inbox slot, unused otherwise, flagged in this rank's own
-// flags (src = rank); the tile's CTA waits for that flag, adds the tail
-// and pushes the sum. B stays in step: every tile's CTA walks the same
-// k-blocks at the same time (helpers and heads that shifted some tiles'
-// k-blocks cost more in B traffic than they saved, v14 and v15 in
-// bench/KERNELS.md). The tile CTAs wait on the helpers, so they must be
-// resident together: one wave on a GPU of its own (the host's rule).
-struct symm_unit {
-    symm_tile tile;
-    int32_t kb0, kb1;  // the k-blocks it computes
-    bool tail;         // a helper's: the last k-blocks of a peer's tile
-};
-
-// The i-th unit of this CTA (false: it has no more).
-static __device__ __forceinline__ bool symm_unit_at(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
-                                                    int kblocks, int i, symm_unit& u) {
-    u.kb0 = 0;
-    u.kb1 = kblocks;
-    u.tail = false;
-    if (p.rs_tail == 0) {
-        const int t = blockIdx.x + i * gridDim.x;
-        if (t >= tiling.total) return false;
-        u.tile = tiling.at(p, bn, t);
-        return true;
-    }
-    if ((int)blockIdx.x < tiling.total) {
-        if (i > 0) return false;
-        u.tile = tiling.at(p, bn, blockIdx.x);
-        if (u.tile.chunk != p.rank) u.kb1 = kblocks - p.rs_tail;
-        return true;
-    }
-    // The peers' tiles come first in the tile order.
-    const int j = blockIdx.x - tiling.total + i * p.rs_helpers;
-    if (j >= tiling.per_chunk * (p.chunks - 1)) return false;
-    u.tile = tiling.at(p, bn, j);
-    u.kb0 = kblocks - p.rs_tail;
-    u.tail = true;
-    return true;
-}
-
-// Does this unit add partials loaded into the ring before its epilogue:
-// an own tile (the peers' partials), or a peer's tile whose tail a helper
-// computed?
-static __device__ __forceinline__ bool symm_unit_adds(const symm_gemm_params& p, const symm_unit& u) {
-    return u.tile.chunk == p.rank || (p.rs_tail > 0 && !u.tail);
-}
 
 // ---------------------------------------------------------------------------
 // Epilogue: accumulator fragment layout of wgmma m64nNk16 (f32): thread t
@@ -871,11 +816,10 @@ static __device__ __forceinline__ bool symm_rs_pushes(const symm_gemm_params& p)
 // The flagging warp: pushed.full completes when both consumer warpgroups'
 // stores of the tile completed (their threads 0 arrive).
 static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
-                                           int kblocks, symm_handoff* pushed, uint32_t epoch) {
+                                           symm_handoff* pushed, uint32_t epoch) {
     uint32_t phase = 0;
-    symm_unit u;
-    for (int i = 0; symm_unit_at(p, tiling, bn, kblocks, i, u); i++) {
-        const symm_tile& tile = u.tile;
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, bn, t);
         if (tile.chunk == p.rank) continue;
         symm_mbar_wait(&pushed->full, phase);
         // The stores completed (and were fenced against the generic proxy)
@@ -883,8 +827,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         // cumulative, publishes them. No __threadfence_system: a
         // fence.sc.sys here, off the consumers' path, still cost the
         // kernel about 3% (bench/KERNELS.md).
-        // A helper's tail: for this rank's own CTA of the tile.
-        symm_st_release_sys(tiling.flag(p, u.tail ? p.rank : tile.chunk, p.rank, tile.index), epoch);
+        symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
         symm_trace_now(p, SYMM_TRACE_FLAGGED);
         symm_mbar_arrive(&pushed->empty);
         phase ^= 1;
@@ -956,7 +899,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // lane of warp 1 sets the pushed tiles' flags; the rest only donate
         // their registers to the consumers.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, kblocks, pushed, rs_epoch());
+        if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, pushed, rs_epoch());
         if (threadIdx.x == 64 && symm_rs_live(p)) {
             // Every peer's previous call has read its inbox: the consumers
             // wait for this before their first store into a peer's inbox,
@@ -981,10 +924,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const symm_partials partials(p, BN, Cfg::STAGE_BYTES);
         const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
         uint32_t landed = 0;  // all-gather: chunks seen whole (bit per chunk)
-        symm_unit u;
-        for (int i = 0; symm_unit_at(p, tiling, BN, kblocks, i, u); i++) {
-            const symm_tile& tile = u.tile;
-            symm_trace(p, SYMM_TRACE_CHUNK, tile.chunk + 1 + (u.tail ? 1000 : 0));
+        for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+            const symm_tile tile = tiling.at(p, BN, t);
+            symm_trace(p, SYMM_TRACE_CHUNK, tile.chunk + 1);
             const bool local = tile.chunk == p.local_chunk;
             // The k-block at which this tile next waits for a slice of its
             // rows (kblocks: none left to wait for).
@@ -992,7 +934,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             const symm_tmap* map_a = local ? tm_a_local : tm_a;
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
             const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
-            for (int kb = u.kb0; kb < u.kb1; kb++) {
+            for (int kb = 0; kb < kblocks; kb++) {
                 if (kb == wait_kb) {
                     const int slice = kb / p.slice_kblocks;
                     symm_wait_nonzero(&p.ready[tile.chunk * p.slices + slice], p, tile.chunk);
@@ -1013,18 +955,13 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
                 advance();
             }
-            if (!symm_rs_pushes(p) || !symm_unit_adds(p, u)) continue;
+            if (!symm_rs_pushes(p) || tile.chunk != p.rank) continue;
             // One of our own tiles: wait for every peer's flag of it to
             // reach this call's epoch (after a timeout the loads still go,
             // so nobody hangs), then load their partials behind the
-            // k-blocks. A peer's tile with a tail: the same for the
-            // helper's flag and partial, in this rank's own slot. Boxes
-            // past n are not loaded (nor added).
-            const bool own = tile.chunk == p.rank;
+            // k-blocks. Boxes past n are not loaded (nor added).
             for (int src = 0; src < p.world; src++) {
-                if (own ? src != p.rank : src == p.rank) {
-                    symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), rs_epoch(), p, src);
-                }
+                if (src != p.rank) symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), rs_epoch(), p, src);
             }
             symm_trace_now(p, SYMM_TRACE_PARTIALS);
             // The peers' TMA stores were flagged after they completed: order
@@ -1040,9 +977,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 for (int b = b0; b < b0 + boxes; b++) {
                     const int src = b / partials.per_tile, col = tile.col0 + (b % partials.per_tile) * box_cols;
                     if (col < p.n) {
-                        const int slot = own ? (src < p.rank ? src : src + 1) : p.rank;
-                        symm_tma_load3(stage_a(stage) + (b - b0) * 16384, &tm_rs->inbox, col, row, slot,
-                                       &full[stage]);
+                        symm_tma_load3(stage_a(stage) + (b - b0) * 16384, &tm_rs->inbox, col, row,
+                                       src < p.rank ? src : src + 1, &full[stage]);
                     }
                 }
                 advance();
@@ -1110,10 +1046,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_consumers_sync();
     };
-    symm_unit u;
-    for (int i = 0; symm_unit_at(p, tiling, BN, kblocks, i, u); i++) {
-        const symm_tile& tile = u.tile;
-        const int nkb = u.kb1 - u.kb0;  // k-blocks of this unit
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, BN, t);
         if constexpr (PROMOTE) {
             // Each k-block's partial sum afresh into one of two sets (d for
             // even k-blocks, d1 for odd), added into `promoted` once done
@@ -1138,7 +1072,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             issue(d, false);
             advance();
             int kb = 0;
-            for (; kb + 2 < nkb; kb += 2) {
+            for (; kb + 2 < kblocks; kb += 2) {
                 s1 = stage;
                 symm_fence_operand(d1);
                 issue(d1, false);
@@ -1153,7 +1087,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 if (t128 == 0) symm_mbar_arrive(&empty[s1]);
                 promote(d1);
             }
-            if (kb + 1 < nkb) {
+            if (kb + 1 < kblocks) {
                 s1 = stage;
                 symm_fence_operand(d1);
                 issue(d1, false);
@@ -1172,7 +1106,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         if constexpr (!PROMOTE) {
             int prev = -1;
-            for (int kb = 0; kb < nkb; kb++) {
+            for (int kb = 0; kb < kblocks; kb++) {
                 issue(d, kb != 0);
                 // Keep one k-block of wgmma in flight; the one before it is
                 // done reading its stage, which goes back to the producer.
@@ -1219,32 +1153,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             // The previous peer tile's stores completed during this tile's mainloop.
             if (unflagged) flag_pushed_tile();
             const int row = tile.row0 - (int)chunk_row0 + slice;  // in the chunk
-            const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
-#define SYMM_ADD(DT) \
-    symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
-#define SYMM_ADD_ANY()                                   \
-    if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);        \
-    else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16); \
-    else SYMM_ADD(SYMM_DT_F16)
-            if (u.tail) {
-                // A helper's tail of a peer's tile: into this rank's own
-                // slot (push[rank]), flagged there for the tile's CTA.
-                SYMM_EPI_TMA(&tm_rs->push[p.rank], row, p.alpha);
-                if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
-                unflagged = true;
-            } else if (tile.chunk != p.rank) {
-                // A peer's rows (with its tail, when a helper computed it):
-                // into its inbox slot for this rank (once the peers' inboxes
-                // are free); flagged at the next tile's epilogue (or the end).
-                float alpha = p.alpha;
-                if (p.rs_tail > 0) {
-#pragma unroll
-                    for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
-                    SYMM_ADD_ANY();
-                    alpha = 1.f;
-                }
+            if (tile.chunk != p.rank) {
+                // A peer's rows: into its inbox slot for this rank (once the
+                // peers' inboxes are free); flagged at the next tile's
+                // epilogue (or the end).
                 symm_mbar_wait(peers_ready, 0);
-                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, alpha);
+                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
                 unflagged = true;
             } else {
@@ -1252,12 +1166,16 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 // already) from the ring, added to ours, then out to C.
 #pragma unroll
                 for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
-                SYMM_ADD_ANY();
+                const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
+#define SYMM_ADD(DT) \
+    symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
+                if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
+                else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
+                else SYMM_ADD(SYMM_DT_F16);
+#undef SYMM_ADD
                 SYMM_EPI_TMA(tm_c, row, 1.f);
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
             }
-#undef SYMM_ADD_ANY
-#undef SYMM_ADD
             continue;
         }
 #undef SYMM_EPI_TMA

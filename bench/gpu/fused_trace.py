@@ -10,8 +10,7 @@ back). For each of the last --calls calls rank 0 prints, per rank, in us
 from that rank's first CTA start: when the CTAs started, finished their
 mainloops, issued their epilogue stores, had their pushes complete and
 flagged (peers' tiles), saw the peers' flags (own tiles), and ended,
-as min / median / max over the CTAs of each kind; with tails, the
-helpers' last units too. The raw traces stay in
+as min / median / max over the CTAs of each kind. The raw traces stay in
 DIR (one file per rank process).
 """
 import argparse
@@ -56,17 +55,11 @@ def spread(values):
 def summarize(ctas, rank, origin):
     """Lines for one rank's launch, times in us after `origin` (ns)."""
     us = lambda c, slot: (c[slot] - origin) / 1e3 if c[slot] else None
-    # The chunk slot holds chunk + 1, plus 1000 for a helper's tail unit.
-    helper = [c for c in ctas if c["chunk"] > 1000]
-    peer = [c for c in ctas if 0 < c["chunk"] < 1000 and c["chunk"] - 1 != rank]
-    own = [c for c in ctas if 0 < c["chunk"] < 1000 and c["chunk"] - 1 == rank]
-    lines = [(f"    {'':34}{'min':>7} {'median':>7} {'max':>7}   ({len(peer)} CTAs last on a peer's tile, "
-             f"{len(own)} on an own, {len(helper)} helpers)")]
+    peer = [c for c in ctas if c["chunk"] and c["chunk"] - 1 != rank]
+    own = [c for c in ctas if c["chunk"] and c["chunk"] - 1 == rank]
+    lines = [f"    {'':34}{'min':>7} {'median':>7} {'max':>7}   ({len(peer)} CTAs last on a peer's tile, {len(own)} on an own)"]
     rows = [("start, every CTA", ctas, "start"),
-            ("helpers' last tail done", helper, "mainloop"),
-            ("helpers' last tail flagged", helper, "flagged"),
             ("mainloop done, peers' tiles", peer, "mainloop"),
-            ("tail seen, peers' tiles", peer, "partials"),
             ("mainloop done, own tiles", own, "mainloop"),
             ("stores issued, peers' tiles", peer, "epilogue"),
             ("pushes complete, peers' tiles", peer, "pushed"),

@@ -70,11 +70,9 @@ struct Params {
     slices: i32,
     slice_kblocks: i32,
     trace: u64,
-    rs_tail: i32,
-    rs_helpers: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 472);
+const _: () = assert!(std::mem::size_of::<Params>() == 464);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
@@ -341,19 +339,6 @@ pub struct Sm90Matmul {
     pub err: u64,
     /// 0, or where each CTA records its timestamps (`super::sm90_trace`).
     pub trace: u64,
-    /// Reduce-scatter: may leave the peers' tiles' last k-blocks to CTAs
-    /// on the SMs that one wave of tiles leaves idle (see [`Tails`]).
-    pub rs_tails: bool,
-}
-
-/// A reduce-scatter's tails (the kernel's `rs_tail`, `rs_helpers`): each
-/// peer tile's CTA stops `kblocks` k-blocks short, and `helpers` more CTAs
-/// compute those k-blocks of the peers' tiles, so that the peers' tiles,
-/// and their pushes, finish first while this rank's own still compute.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tails {
-    pub kblocks: usize,
-    pub helpers: u32,
 }
 
 impl Sm90Matmul {
@@ -382,7 +367,6 @@ impl Sm90Matmul {
             rs_push: true,
             timeout_ns: 0,
             trace: 0,
-            rs_tails: false,
             err,
         }
     }
@@ -457,7 +441,6 @@ impl Sm90Matmul {
         }
         if let Some(s) = &call.scatter {
             mm.scatter = Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), state: s.state.clone() });
-            mm.rs_tails = true;
         }
         Ok(mm)
     }
@@ -605,43 +588,7 @@ impl Sm90Matmul {
     /// one per SM (persistent) or `max_ctas`.
     pub fn grid(&self, sm_count: u32) -> u32 {
         let total = self.tiles_per_chunk() * self.chunks();
-        let tiles = (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1);
-        tiles + self.tails(sm_count).helpers
-    }
-
-    /// The tails this launch takes on a device of `sm_count` SMs: where
-    /// allowed (`rs_tails`), for two ranks' 16-bit reduce-scatter through
-    /// TMA, when every tile has a CTA and SMs are left over (a helper per
-    /// idle SM, at most one per peer tile). Each helper computes `units`
-    /// peer tails of T k-blocks (and an epilogue, ~2 k-blocks' time) while
-    /// the tiles' CTAs compute kblocks - T, so T = (kblocks - 2 units -
-    /// margin) / (units + 1); none under 4. `SYMM_RS_TAIL` sets T (0: none).
-    pub fn tails(&self, sm_count: u32) -> Tails {
-        let total = self.tiles_per_chunk() * self.chunks();
-        let cap = sm_count.min(self.max_ctas.unwrap_or(u32::MAX)) as usize;
-        let applies = self.rs_tails
-            && self.rs_pushes()
-            && self.fp8.is_none()
-            && self.gather.is_none()
-            && self.chunks() == 2
-            && total < cap;
-        if !applies {
-            return Tails::default();
-        }
-        let peer_tiles = self.tiles_per_chunk();
-        let helpers = (cap - total).min(peer_tiles);
-        let units = peer_tiles.div_ceil(helpers);
-        let kblocks = self.k.div_ceil(BK_BYTES / self.in_size());
-        let fitted = kblocks.saturating_sub(2 * units + 4) / (units + 1);
-        let t = match tail_override() {
-            Some(t) => t.min(kblocks / 2),
-            None if fitted >= 4 => fitted,
-            None => 0,
-        };
-        match t {
-            0 => Tails::default(),
-            t => Tails { kblocks: t, helpers: helpers as u32 },
-        }
+        (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1)
     }
 
     /// Enqueues the matmul on `stream`. `sm_count` is the device's.
@@ -674,9 +621,7 @@ impl Sm90Matmul {
             encode_box(out, &Operand { rows: self.m, ..self.c }, self.n, c_box, C_BOX_ROWS)?
         } else if let (Some(s), true) = (&self.scatter, self.rs_pushes()) {
             let slot_bytes = (self.chunk_rows * self.n * self.out_dtype.size()) as u64;
-            // push[rank], this rank's own slot, takes the helpers' tails.
-            let tails = self.tails(sm_count).helpers > 0;
-            for (d, &inbox) in s.inbox.iter().enumerate().filter(|&(d, _)| d != s.rank || tails) {
+            for (d, &inbox) in s.inbox.iter().enumerate().filter(|&(d, _)| d != s.rank) {
                 let slot = Operand { ptr: inbox + s.rank as u64 * slot_bytes, rows: self.chunk_rows, ld: self.n };
                 rs.push[d] = encode_box(out, &slot, self.n, c_box, C_BOX_ROWS)?;
             }
@@ -688,8 +633,6 @@ impl Sm90Matmul {
             tm_a
         };
         let grid = self.grid(sm_count);
-        let tails = self.tails(sm_count);
-        (p.rs_tail, p.rs_helpers) = (tails.kblocks as i32, tails.helpers as i32);
         let (mut a, mut al, mut b, mut c) = (tm_a, tm_a_local, tm_b, tm_c);
         let mut args = [
             (&mut a as *mut TensorMap).cast::<c_void>(),
@@ -801,8 +744,6 @@ impl Sm90Matmul {
             slices: self.slices() as i32,
             slice_kblocks: self.slice_kblocks() as i32,
             trace: self.trace,
-            rs_tail: 0,
-            rs_helpers: 0,
         }
     }
 }
@@ -838,13 +779,6 @@ fn tile_override() -> Option<TileN> {
         Ok("256") => Some(TileN::N256),
         _ => None,
     }
-}
-
-/// `SYMM_RS_TAIL`: the tails' k-blocks forced (0: none), for tuning.
-fn tail_override() -> Option<usize> {
-    static TAIL: once_cell::sync::Lazy<Option<usize>> =
-        once_cell::sync::Lazy::new(|| std::env::var("SYMM_RS_TAIL").ok()?.trim().parse().ok());
-    *TAIL
 }
 
 /// Element type of a tensor map: C's or a 16-bit input's type, or bytes

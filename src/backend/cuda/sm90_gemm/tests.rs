@@ -874,16 +874,12 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
         (2, true, bf16, false, Share),
         (2, false, f32, false, ChunkTiles),
     ] {
-        reduce_scatter_case(&g, kern, world, fp8, out, push, ctas, false, false);
-    }
-    // Tails: the peers' tiles' last k-blocks computed by helper CTAs.
-    for out in [bf16, f32] {
-        reduce_scatter_case(&g, kern, 2, false, out, true, Share, false, true);
+        reduce_scatter_case(&g, kern, world, fp8, out, push, ctas, false);
     }
     // A peer that never sends its partials: rank 0 alone gives up on them
-    // and says who, with either way of sending (and with tails).
-    for (push, tails) in [(true, false), (false, false), (true, true)] {
-        reduce_scatter_case(&g, kern, 2, false, bf16, push, Share, true, tails);
+    // and says who, with either way of sending.
+    for push in [true, false] {
+        reduce_scatter_case(&g, kern, 2, false, bf16, push, Share, true);
     }
 }
 
@@ -902,8 +898,7 @@ enum Ctas {
 /// of calls (the state's epoch) alone keeps a call's pushes out of an inbox
 /// the previous call still reads. With `peer_missing`, only rank 0 runs,
 /// once (200 ms timeout): a timeout error naming rank 1 is expected
-/// instead of the sums. With `tails`, k is long enough for helper CTAs to
-/// take the peers' tiles' last k-blocks (`Tails`), and they must.
+/// instead of the sums.
 #[allow(clippy::too_many_arguments)]
 fn reduce_scatter_case(
     g: &Gpu,
@@ -914,10 +909,9 @@ fn reduce_scatter_case(
     push: bool,
     ctas: Ctas,
     peer_missing: bool,
-    tails: bool,
 ) {
     let dt = GemmDtype::BF16;
-    let (rows, n, k) = (192usize, 320usize, if tails { 2048usize } else { 128 });
+    let (rows, n, k) = (192usize, 320usize, 128usize);
     let m = world * rows;
     let ps: Vec<Problem> = (0..world)
         .map(|r| {
@@ -951,7 +945,6 @@ fn reduce_scatter_case(
         });
         mm.timeout_ns = if peer_missing { 200_000_000 } else { 5_000_000_000 };
         mm.rs_push = push;
-        mm.rs_tails = tails;
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
@@ -973,8 +966,6 @@ fn reduce_scatter_case(
                 inbox: inboxes.iter().map(|b| b.ptr).collect(),
                 state: states.iter().map(|b| b.ptr).collect(),
             });
-            let t = mm.tails(g.kernels.sm_count);
-            assert_eq!(t.kblocks > 0 && t.helpers > 0, tails, "tails {t:?}");
             mm.launch(kern, g.kernels.sm_count, sides.stream(r).unwrap()).unwrap();
         }
     }
@@ -1006,13 +997,12 @@ fn reduce_scatter_case(
         let e = rel_err(&decode(out_dtype, &out.read_bytes()), &want);
         assert!(
             e < 1e-2,
-            "world {world}, rank {r}, call {call}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs, \
-             tails {tails}: relative error {e}"
+            "world {world}, rank {r}, call {call}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs: \
+             relative error {e}"
         );
     }
     // Each rank counted every call, and each peer's flag of each of its
-    // tiles holds the epoch of the last one (a rank flags itself only for
-    // the helpers' tails, of every peer tile).
+    // tiles holds the epoch of the last one (a rank never flags itself).
     for (r, state) in states.iter().enumerate() {
         let words = state.read::<u32>(probe.state_bytes() / 4);
         let header = FusedMatmul::STATE_HEADER_BYTES / 4;
@@ -1020,8 +1010,7 @@ fn reduce_scatter_case(
         assert_eq!(words[1], 0, "rank {r}'s count of finished CTAs is reset");
         for (i, &f) in words[header..].iter().enumerate() {
             let src = i / probe.tiles_per_chunk();
-            let want = if src == r && !tails { 0 } else { CALLS as u32 };
-            assert_eq!(f, want, "rank {r}, flag {i} (from rank {src})");
+            assert_eq!(f, if src == r { 0 } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
         }
     }
 }
