@@ -23,6 +23,7 @@ fn params_layout_matches_the_kernel() {
         assert_eq!(off(std::ptr::addr_of!((*q).scale_mode).cast()), 440);
         assert_eq!(off(std::ptr::addr_of!((*q).slices).cast()), 448);
         assert_eq!(off(std::ptr::addr_of!((*q).slice_kblocks).cast()), 452);
+        assert_eq!(off(std::ptr::addr_of!((*q).trace).cast()), 456);
     }
 }
 
@@ -219,6 +220,46 @@ fn gpu_sm90_matmul_matches_reference_on_any_shape() {
         }
     }
     errors.check().unwrap();
+}
+
+/// The trace (`SYMM_TRACE_SM90`, see `sm90_trace`): a plain matmul on 8
+/// CTAs of several tiles each still computes C, and every CTA's line in the
+/// file the host function appends to holds its stamps in order, its last
+/// tile's chunk, and nothing for the reduce-scatter's points.
+#[test]
+fn gpu_sm90_trace_stamps_every_cta() {
+    let Some(g) = gpu() else { return };
+    let Some(kern) = hopper(&g) else { return };
+    let errors = AsyncError::new().unwrap();
+    let (m, n, k, dt) = (1024, 1024, 256, GemmDtype::BF16);
+    let p = problem(&g, m, n, k, dt, 11);
+    let c = poisoned(&g, m * n, dt);
+    let mut mm = dense(p.bufs[0].ptr, p.bufs[1].ptr, c.ptr, (m, n, k), dt, errors.device_ptr());
+    mm.max_ctas = Some(8);
+    let prefix = std::env::temp_dir().join(format!("symm-sm90-trace-test-{}", std::process::id()));
+    let prefix = prefix.to_str().unwrap();
+    let path = format!("{prefix}.{}.txt", std::process::id());
+    let _ = std::fs::remove_file(&path);
+    super::super::sm90_trace::launch(&mut mm, kern, g.kernels.sm_count, g.stream(), prefix).unwrap();
+    g.sync(); // the host function that writes the file too
+    errors.check().unwrap();
+    let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
+    assert!(e < 8e-3, "traced matmul: relative error {e}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let lines: Vec<Vec<u64>> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(lines.len(), 8, "{text}");
+    for (cta, v) in lines.iter().enumerate() {
+        // launch rank m n k tile cta start mainloop epilogue pushed flagged partials chunk end
+        assert_eq!(&v[1..7], &[0, m as u64, n as u64, k as u64, mm.tile.cols() as u64, cta as u64], "{text}");
+        let (start, mainloop, epilogue, end) = (v[7], v[8], v[9], v[14]);
+        assert!(start > 0 && start <= mainloop && mainloop <= epilogue && epilogue <= end, "CTA {cta}: {v:?}");
+        assert_eq!(&v[10..14], &[0, 0, 0, 1], "CTA {cta}: no reduce-scatter stamps, chunk 0 (+1)");
+    }
 }
 
 /// A padded C (row stride a multiple of 8): n = 257, the 16-byte
