@@ -123,13 +123,15 @@ impl HostBuffer {
             unsafe { sys::cuMemHostAlloc(&mut p, len * 8, sys::CU_MEMHOSTALLOC_DEVICEMAP) },
             "cuMemHostAlloc (trace)",
         )?;
-        let buf = HostBuffer { host: p.cast(), device: 0, len };
+        // Owned from here (freed on drop, on error too). Filled in place:
+        // `HostBuffer { device, ..buf }` would copy the fields and drop
+        // (free) `buf`, which memcheck caught as writes to freed memory.
+        let mut buf = HostBuffer { host: p.cast(), device: 0, len };
         // SAFETY: `len` u64 just allocated.
         unsafe { buf.host.write_bytes(0, len) };
-        let mut device = 0;
-        // SAFETY: mapped host memory (freed by `buf` on error).
-        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0) }, "cuMemHostGetDevicePointer")?;
-        Ok(HostBuffer { device, ..buf })
+        // SAFETY: mapped host memory.
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut buf.device, p, 0) }, "cuMemHostGetDevicePointer")?;
+        Ok(buf)
     }
 
     fn read(&self, i: usize) -> u64 {
