@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import symm
-from profile_ops import case_fn
+from profile_ops import case_fn, start_ranks
 
 SLOTS = ["start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end"]
 DEFAULT_CASES = "mm_rs:512:14336:8192,mm_rs:2048:14336:8192,ag_mm:512:8192:14336"
@@ -83,11 +83,7 @@ def main():
     os.environ["SYMM_TRACE_SM90"] = prefix
     os.environ["SYMM_GRAPHS"] = "0"
     os.environ["SYMM_ALGO"] = "fused"
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
+    rank, world, g = start_ranks()
     for case in args.cases.split(","):
         op, m, k, n = case.split(":")
         fn = case_fn(g, op, int(m), int(k), int(n), world, bound=True)

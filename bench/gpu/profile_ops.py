@@ -53,6 +53,15 @@ def case_fn(g, op, m, k, n, world, bound=False):
     return lambda: symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream())
 
 
+def start_ranks():
+    """This torchrun process's GPU, NCCL process group and symm group:
+    (rank, world, group)."""
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    return dist.get_rank(), dist.get_world_size(), symm.Group.from_env(backend="cuda", timeout_ms=60000)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default=DEFAULT_CASES)
@@ -61,11 +70,7 @@ def main():
     p.add_argument("--graph", type=int, default=0, help="each call a replay of a CUDA graph of this many calls")
     p.add_argument("--bound", action="store_true", help="symm's calls bound once (symm.bind)")
     args = p.parse_args()
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
+    rank, world, g = start_ranks()
     for case in args.cases.split(","):
         op, m, k, n, algo = case.split(":")
         os.environ["SYMM_ALGO"] = algo
