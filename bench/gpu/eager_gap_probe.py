@@ -15,12 +15,15 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import symm
+from profile_ops import start_ranks
 
 SAMPLES = 40
 
@@ -35,11 +38,7 @@ def set_algorithm(name):
 
 
 def main():
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
+    rank, world, g = start_ranks()
     stream = torch.cuda.current_stream().cuda_stream
     p = argparse.ArgumentParser()
     p.add_argument("--op", choices=("ag_mm", "mm_rs"), default="ag_mm")

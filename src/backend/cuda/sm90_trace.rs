@@ -80,29 +80,27 @@ struct Job {
 /// buffer to `free_written`.
 unsafe extern "C" fn write_trace(job: *mut std::ffi::c_void) {
     // SAFETY: the box made by `launch`, given to this function only.
-    let job = unsafe { Box::from_raw(job.cast::<Job>()) };
-    let mut text = job.head.clone();
-    for cta in 0..job.buf.len / SLOTS.len() {
-        let times: Vec<String> = (0..SLOTS.len()).map(|s| job.buf.read(cta * SLOTS.len() + s).to_string()).collect();
-        text += &format!("{} {cta} {}\n", job.fields, times.join(" "));
+    let Job { buf, path, head: mut text, fields } = *unsafe { Box::from_raw(job.cast::<Job>()) };
+    for cta in 0..buf.len / SLOTS.len() {
+        let times: Vec<String> = (0..SLOTS.len()).map(|s| buf.read(cta * SLOTS.len() + s).to_string()).collect();
+        text += &format!("{fields} {cta} {}\n", times.join(" "));
     }
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&job.path)
+        .open(&path)
         .and_then(|mut f| f.write_all(text.as_bytes()));
     if let Err(e) = written {
-        eprintln!("symm: writing the sm90 trace to {}: {e}", job.path);
+        eprintln!("symm: writing the sm90 trace to {path}: {e}");
     }
-    WRITTEN.lock().unwrap_or_else(|p| p.into_inner()).push(job.buf);
+    WRITTEN.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
 }
 
 /// Buffers whose traces were written, freed at the next traced launch.
 static WRITTEN: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
 
 fn free_written() {
-    let done = std::mem::take(&mut *WRITTEN.lock().unwrap_or_else(|p| p.into_inner()));
-    drop(done);
+    drop(std::mem::take(&mut *WRITTEN.lock().unwrap_or_else(|p| p.into_inner())));
 }
 
 /// Zeroed mapped host memory of `len` u64 that the kernel writes.
