@@ -100,7 +100,7 @@
 // Trace (p.trace != 0, a profiling aid): per CTA, SYMM_GEMM_TRACE_SLOTS
 // u64, the %globaltimer (ns) at these points of its last tile, 0 where not
 // reached. Mirrored by `sm90_trace.rs`.
-#define SYMM_GEMM_TRACE_SLOTS 8
+#define SYMM_GEMM_TRACE_SLOTS 10
 #define SYMM_TRACE_START 0        // the CTA's barriers are set up
 #define SYMM_TRACE_MAINLOOP 1     // warpgroup 1's last wgmma done
 #define SYMM_TRACE_EPILOGUE 2     // warpgroup 1's stores issued (a peer's inbox, or C)
@@ -109,6 +109,8 @@
 #define SYMM_TRACE_PARTIALS 5     // rs: an own tile's peer flags all seen (producer)
 #define SYMM_TRACE_CHUNK 6        // the last tile's chunk + 1 (not a time)
 #define SYMM_TRACE_END 7          // warpgroup 1 done
+#define SYMM_TRACE_ADDED 8        // rs: an own tile's peer partials added (warpgroup 1)
+#define SYMM_TRACE_DRAINED 9      // warpgroup 1's last stores done reading shared memory
 
 // A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
 struct alignas(64) symm_tmap {
@@ -1173,6 +1175,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
                 else SYMM_ADD(SYMM_DT_F16);
 #undef SYMM_ADD
+                if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_ADDED);
                 SYMM_EPI_TMA(tm_c, row, 1.f);
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
             }
@@ -1217,6 +1220,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     if (unflagged) flag_pushed_tile();
     // The last stores must finish reading shared memory before the CTA exits.
     if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_DRAINED);
     if (symm_rs_live(p)) {
         // Both warpgroups have added every partial they were given (rs_push:
         // the ring's loads landed before the adds; else their own loads).

@@ -9,7 +9,8 @@ samples do (the trace waits for every launch, so calls cannot run back to
 back). For each of the last --calls calls rank 0 prints, per rank, in us
 from that rank's first CTA start: when the CTAs started, finished their
 mainloops, issued their epilogue stores, had their pushes complete and
-flagged (peers' tiles), saw the peers' flags (own tiles), and ended,
+flagged (peers' tiles), saw the peers' flags and added their partials
+(own tiles), had their last stores read from shared memory, and ended,
 as min / median / max over the CTAs of each kind. The raw traces stay in
 DIR (one file per rank process).
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import symm
 from profile_ops import case_fn, start_ranks
 
-SLOTS = ["start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end"]
+SLOTS = ["start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end", "added", "drained"]
 DEFAULT_CASES = "mm_rs:512:14336:8192,mm_rs:2048:14336:8192,ag_mm:512:8192:14336"
 
 
@@ -65,7 +66,10 @@ def summarize(ctas, rank, origin):
             ("pushes complete, peers' tiles", peer, "pushed"),
             ("flag set, peers' tiles", peer, "flagged"),
             ("peers' flags seen, own tiles", own, "partials"),
+            ("partials added, own tiles", own, "added"),
             ("stores issued, own tiles", own, "epilogue"),
+            ("last stores read, peers' tiles", peer, "drained"),
+            ("last stores read, own tiles", own, "drained"),
             ("end, every CTA", ctas, "end")]
     for name, group, slot in rows:
         if group and any(c[slot] for c in group):
@@ -79,6 +83,7 @@ def main():
     p.add_argument("--calls", type=int, default=4)
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     prefix = os.path.join(args.out, "trace")
     os.environ["SYMM_TRACE_SM90"] = prefix
     os.environ["SYMM_GRAPHS"] = "0"

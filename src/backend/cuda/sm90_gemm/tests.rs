@@ -254,11 +254,16 @@ fn gpu_sm90_trace_stamps_every_cta() {
         .collect();
     assert_eq!(lines.len(), 8, "{text}");
     for (cta, v) in lines.iter().enumerate() {
-        // launch rank m n k tile cta start mainloop epilogue pushed flagged partials chunk end
+        // launch rank m n k tile cta start mainloop epilogue pushed flagged partials chunk end added drained
+        assert_eq!(v.len(), 17, "{text}");
         assert_eq!(&v[1..7], &[0, m as u64, n as u64, k as u64, mm.tile.cols() as u64, cta as u64], "{text}");
-        let (start, mainloop, epilogue, end) = (v[7], v[8], v[9], v[14]);
-        assert!(start > 0 && start <= mainloop && mainloop <= epilogue && epilogue <= end, "CTA {cta}: {v:?}");
+        let (start, mainloop, epilogue, drained, end) = (v[7], v[8], v[9], v[16], v[14]);
+        assert!(
+            start > 0 && start <= mainloop && mainloop <= epilogue && epilogue <= drained && drained <= end,
+            "CTA {cta}: {v:?}"
+        );
         assert_eq!(&v[10..14], &[0, 0, 0, 1], "CTA {cta}: no reduce-scatter stamps, chunk 0 (+1)");
+        assert_eq!(v[15], 0, "CTA {cta}: no partials added");
     }
 }
 
