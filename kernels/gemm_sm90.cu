@@ -79,7 +79,10 @@
 // flags never need resetting, and the reader waits for its flags to reach
 // e. A rank pushes into a peer's inbox only once that peer's epoch has
 // reached e - 1, that is, once the peer's previous call has read all of
-// its inbox; the last CTA of a call to finish raises its rank's epoch.
+// its inbox; the last CTA of a call to finish reading its inbox raises its
+// rank's epoch (with rs_push, as soon as its consumers handed back the ring,
+// beside their stores: counted after them, the last CTA's fence and release
+// added ~2 us to the kernel, bench/KERNELS.md "v18").
 // Neither depends on the previous call's shape, and both live in device
 // memory, so graph replays keep them too. The state, its flags and the
 // inbox must be memory no other work writes.
@@ -786,9 +789,9 @@ static __device__ __forceinline__ symm_rs_state* symm_rs_state_of(const symm_gem
     return (symm_rs_state*)p.rs_state[rank];
 }
 
-// Run by one consumer thread per CTA once its CTA has read all it reads of
-// the inbox: the last CTA raises this rank's epoch, which lets the peers'
-// next call push.
+// Run by one thread per CTA once its CTA has read all it reads of the inbox
+// (the producer with rs_push, else a consumer): the last CTA raises this
+// rank's epoch, which lets the peers' next call push.
 static __device__ void symm_rs_finish(const symm_gemm_params& p, uint32_t epoch) {
     symm_rs_state* st = symm_rs_state_of(p, p.rank);
     __threadfence();  // this CTA's reads before its count
@@ -985,6 +988,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 }
                 advance();
             }
+        }
+        if (symm_rs_pushes(p)) {
+            // Every stage handed back: the consumers have read all that the
+            // ring brought, the peers' partials included, so this CTA's
+            // inbox reads are over. Counted here, beside the consumers'
+            // stores rather than after them.
+            for (int s = 0; s < STAGES; s++) {
+                symm_mbar_wait(&empty[stage], phase ^ 1);
+                advance();
+            }
+            symm_rs_finish(p, rs_epoch());
         }
         return;
     }
@@ -1221,9 +1235,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     // The last stores must finish reading shared memory before the CTA exits.
     if (pending && t128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_DRAINED);
-    if (symm_rs_live(p)) {
-        // Both warpgroups have added every partial they were given (rs_push:
-        // the ring's loads landed before the adds; else their own loads).
+    if (symm_rs_live(p) && !symm_rs_pushes(p)) {
+        // Both warpgroups have added every partial they loaded (with
+        // rs_push the producer counts the CTA, above).
         symm_consumers_sync();
         if (threadIdx.x == 128) symm_rs_finish(p, rs_epoch());
     }
