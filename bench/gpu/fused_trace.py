@@ -116,8 +116,10 @@ def main():
                 skew = ", ".join(f"rank {r} {(s - starts[0]) / 1e3:+.1f}" for r, s in starts.items() if r)
                 print(f"== {case} call {call} (launch {i}): first CTA start by globaltimer, against rank 0: {skew}")
                 for r, ctas in per_rank.items():
-                    end = (max(c["end"] for c in ctas) - starts[r]) / 1e3
-                    print(f"  rank {r}: kernel {end:.1f} us (first CTA start to last CTA end)")
+                    # A CTA's flagging warp may set its last flag after the
+                    # consumers' end stamp.
+                    end = (max(max(c["end"], c["flagged"]) for c in ctas) - starts[r]) / 1e3
+                    print(f"  rank {r}: kernel {end:.1f} us (first CTA start to its last end or flag)")
                     print("\n".join(summarize(ctas, r, starts[r])))
     dist.barrier()
     dist.destroy_process_group()
