@@ -250,9 +250,9 @@ pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
 /// ms, a noisy run aside) but is 2-5% slower replayed from graphs and
 /// 2-5% slower bound at 2048: still no shape where choosing it would pay.
 /// With v18 (bench/KERNELS.md) it was 2-3% faster bound at mm_rs 512 in the
-/// benchmark's pattern (five calls in a row) but 8-26% slower than the
-/// pipelined path at six of seven small-M shapes, 512 included, when each
-/// call starts alone (`eager_gap_probe.py`,
+/// benchmark's quick runs (slower in its complete run, 0.203 against 0.196)
+/// and 9-26% slower than the pipelined path at five of six small-M shapes,
+/// 512 included (twice), when each call starts alone (`eager_gap_probe.py`,
 /// bench/results/2026-11-26-h200-x2-3df52bb-mm-rs-small-m-probe.txt),
 /// probably because its own tiles need the peer's pushes within ~10 us of
 /// their mainloop's end, where the pipelined path's pull has a whole second
