@@ -27,22 +27,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import symm
 from profile_ops import case_fn, start_ranks
 
-SLOTS = ["start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end", "added", "drained"]
 DEFAULT_CASES = "mm_rs:512:14336:8192,mm_rs:2048:14336:8192,ag_mm:512:8192:14336"
 
 
 def read_traces(prefix):
-    """{(launch, rank): [per-CTA dict]} of every rank's file."""
+    """{(launch, rank): [per-CTA dict]} of every rank's file, keyed by the
+    column names of the file's header line (`sm90_trace.rs` writes them)."""
     launches = {}
     for path in glob.glob(f"{prefix}.*.txt"):
         with open(path) as f:
+            names = None
             for line in f:
-                if line.startswith("#") or not line.strip():
+                if line.startswith("#"):
+                    names = line[1:].split()
                     continue
-                v = [int(x) for x in line.split()]
-                launch, rank, m, n, k, tile, cta = v[:7]
-                row = dict(zip(SLOTS, v[7:]), m=m, n=n, k=k, tile=tile, cta=cta)
-                launches.setdefault((launch, rank), []).append(row)
+                if not line.strip():
+                    continue
+                row = dict(zip(names, (int(x) for x in line.split())))
+                launches.setdefault((row["launch"], row["rank"]), []).append(row)
     return launches
 
 
