@@ -61,7 +61,8 @@
 // flags (see "Calls in sequence" below). The tiles of this rank's own chunk
 // come last in `order`; each adds every peer's partial of the same tile to
 // its accumulators before writing the output. With rs_push (rows of whole
-// 16-byte units at 16-byte aligned addresses) both are TMA's work, as in a
+// 16-byte units, inboxes at 16-byte aligned addresses: the same on every
+// rank, which the narrow tiles below rely on) both are TMA's work, as in a
 // plain matmul's epilogue: a peer's tile leaves by TMA stores from the
 // staging area, which drain over NVLink while the consumers run the next
 // tile's mainloop, and a warp that would otherwise idle sets its flag once
@@ -70,8 +71,23 @@
 // once); for an own tile the producer waits for the peers' flags and loads
 // their partial tiles into the ring behind the tile's k-blocks, so the
 // consumers find them in shared memory, with no load latency of their own to
-// wait on.
+// wait on; the sums go to C by TMA where C's address and stride allow
+// (rs_c_tma), else from registers.
 // Without rs_push, stores, flags and adds go from registers.
+//
+// Narrow peer tiles (rs_narrow_n != 0, rs_push, 16-bit inputs, 256-wide
+// tiles): where one wave of 256-wide tiles leaves SMs idle (mm_rs at
+// M = 512: 128 tiles on 132 SMs), the peers' chunks are cut into more,
+// narrower tiles (rs_narrow_n per row tile, rs_narrow_w or 8 more columns
+// wide: 240 and 248 at n = 8192) that take those SMs, so they finish their
+// k-loop a few percent before this rank's own 256-wide tiles and their
+// pushes cross NVLink while the own tiles still multiply; every tile still
+// reads B's k-blocks with the others of its columns, in step. Their TMA
+// stores cover whole boxes inside the tile; the warpgroup's threads copy
+// the columns past the last one from the staging area (a box would write
+// into the next tile's columns). An own tile waits for the flags of every
+// narrow tile its columns overlap. The tiling is the shape's alone, so
+// every rank cuts the chunks alike.
 //
 // Calls in sequence, with no barrier between them: each rank's state
 // (symm_rs_state) counts its completed calls (`epoch`). A call is epoch
@@ -169,6 +185,9 @@ struct symm_gemm_params {
     int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
     int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
     uint64_t trace;        // 0, or [gridDim.x][SYMM_GEMM_TRACE_SLOTS] u64 (see SYMM_GEMM_TRACE_SLOTS)
+    int32_t rs_narrow_n;   // rs_push: tiles per row tile of a peer's chunk (0: as wide as the own ones)
+    int32_t rs_narrow_w;   // their width (a multiple of 8; the first few are 8 wider, to cover n)
+    int32_t rs_c_tma;      // rs_push: 1 = this rank's own rows stored through tm_c (else from registers)
 };
 
 // Records `value` in this CTA's trace slot (when tracing).
@@ -296,6 +315,24 @@ static __device__ __forceinline__ void symm_wgmma(float (&d)[BN / 2], uint64_t d
 #undef SYMM_WGMMA_CASE
 }
 
+// The narrow peer tiles' wgmma (W = 240 or 248 columns, 16-bit inputs) into
+// the first W / 2 of the 256-wide tile's accumulators.
+template <int A_DT, int B_DT, int W>
+static __device__ __forceinline__ void symm_wgmma_narrow(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    static_assert(A_DT == B_DT && (A_DT == SYMM_DT_BF16 || A_DT == SYMM_DT_F16) && (W == 240 || W == 248),
+                  "narrow tiles: 16-bit inputs, 240 or 248 columns");
+    if constexpr (A_DT == SYMM_DT_BF16 && W == 240) symm_wgmma_bf16_n240(d, da, db, acc);
+    if constexpr (A_DT == SYMM_DT_BF16 && W == 248) symm_wgmma_bf16_n248(d, da, db, acc);
+    if constexpr (A_DT == SYMM_DT_F16 && W == 240) symm_wgmma_f16_n240(d, da, db, acc);
+    if constexpr (A_DT == SYMM_DT_F16 && W == 248) symm_wgmma_f16_n248(d, da, db, acc);
+}
+
+// A compile-time tile width passed to a generic lambda.
+template <int N>
+struct symm_width {
+    static constexpr int value = N;
+};
+
 // ---------------------------------------------------------------------------
 // Tile order.
 // ---------------------------------------------------------------------------
@@ -305,6 +342,7 @@ struct symm_tile {
     int32_t row0;      // first row in A / C coordinates
     int32_t row_end;   // one past the last valid row (chunk end or m)
     int32_t col0;
+    int32_t cols;      // the tile's width: the kernel's BN, or a narrow peer tile's
 };
 
 struct symm_tiling {
@@ -313,6 +351,10 @@ struct symm_tiling {
     int32_t per_chunk;  // tiles_m * tiles_n
     int32_t total;
     int32_t rows;       // row tiles grouped together: a chunk's (rs) or all of them
+    // Narrow peer tiles (see the header; narrow_n 0: none): per row tile,
+    // narrow_n tiles, the first narrow_extra of them narrow_w + 8 wide.
+    int32_t narrow_n, narrow_w, narrow_extra;
+    int32_t flags;      // rs: flags per source rank
 
     __device__ symm_tiling(const symm_gemm_params& p, int bn) {
         tiles_m = (p.chunk_rows + SYMM_GEMM_BM - 1) / SYMM_GEMM_BM;
@@ -320,16 +362,46 @@ struct symm_tiling {
         per_chunk = tiles_m * tiles_n;
         total = per_chunk * p.chunks;
         rows = p.rs ? tiles_m : tiles_m * p.chunks;
+        narrow_n = p.rs && p.rs_push && p.world > 1 ? p.rs_narrow_n : 0;
+        narrow_w = p.rs_narrow_w;
+        narrow_extra = narrow_n ? (p.n + 7) / 8 - narrow_n * (narrow_w / 8) : 0;
+        flags = per_chunk;
+        if (narrow_n) {
+            total = per_chunk + (p.chunks - 1) * tiles_m * narrow_n;
+            flags = tiles_m * max(tiles_n, narrow_n);
+        }
     }
 
     // rs: the flag of tile `index` of `dst`'s rows, sent by rank `src`.
     __device__ uint32_t* flag(const symm_gemm_params& p, int dst, int src, int index) const {
-        return (uint32_t*)(p.rs_state[dst] + SYMM_RS_STATE_BYTES) + (int64_t)src * per_chunk + index;
+        return (uint32_t*)(p.rs_state[dst] + SYMM_RS_STATE_BYTES) + (int64_t)src * flags + index;
+    }
+
+    // Narrow peer tiles: the first column of tile i of a row tile, and the
+    // tile holding column c.
+    __device__ int narrow_col0(int i) const { return i * narrow_w + 8 * min(i, narrow_extra); }
+    __device__ int narrow_of(int c) const {
+        const int wide = narrow_extra * (narrow_w + 8);
+        return c < wide ? c / (narrow_w + 8) : narrow_extra + (c - wide) / narrow_w;
+    }
+
+    // rs: the peers' tiles that hold partials of own tile `tile` (indices
+    // first..last of the peers' numbering): the same tile, or with narrow
+    // peer tiles every one its columns overlap.
+    __device__ void sources(const symm_gemm_params& p, const symm_tile& tile, int& first, int& last) const {
+        if (!narrow_n) {
+            first = last = tile.index;
+            return;
+        }
+        const int row = (tile.index / tiles_n) * narrow_n;
+        first = row + narrow_of(tile.col0);
+        last = row + narrow_of(min(tile.col0 + tile.cols, p.n) - 1);
     }
 
     // Tile t: groups of GROUP_M row tiles (of `rows`, the list of row tiles
     // in visiting order) walked column by column.
     __device__ symm_tile at(const symm_gemm_params& p, int bn, int t) const {
+        if (narrow_n) return at_narrow(p, bn, t);
         const int span = rows * tiles_n;  // tiles in one run of the list
         const int in_span = t % span;
         const int group = SYMM_GEMM_GROUP_M * tiles_n;
@@ -346,6 +418,35 @@ struct symm_tiling {
         tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
         tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
         tile.col0 = tn * bn;
+        tile.cols = bn;
+        return tile;
+    }
+
+    // With narrow peer tiles (one wave, so the order only keeps each
+    // column's row tiles together): the peers' tiles in `order`, then the
+    // own chunk's.
+    __device__ symm_tile at_narrow(const symm_gemm_params& p, int bn, int t) const {
+        const int peer_tiles = tiles_m * narrow_n, peer_total = (p.chunks - 1) * peer_tiles;
+        symm_tile tile;
+        int tm, tn;
+        if (t < peer_total) {
+            tile.chunk = p.order[t / peer_tiles];
+            tm = t % peer_tiles % tiles_m;
+            tn = t % peer_tiles / tiles_m;
+            tile.index = tm * narrow_n + tn;
+            tile.col0 = narrow_col0(tn);
+            tile.cols = narrow_w + (tn < narrow_extra ? 8 : 0);
+        } else {
+            tile.chunk = p.order[p.chunks - 1];
+            tm = (t - peer_total) % tiles_m;
+            tn = (t - peer_total) / tiles_m;
+            tile.index = tm * tiles_n + tn;
+            tile.col0 = tn * bn;
+            tile.cols = bn;
+        }
+        const int chunk_row0 = tile.chunk * p.chunk_rows;
+        tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
+        tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
         return tile;
     }
 };
@@ -619,8 +720,10 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
     const int t = threadIdx.x % 128, q = t % 4;
     const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
     const int r0 = 16 * (t / 32) + (t % 32) / 4;
+    // 256-byte pieces of a row (a narrow tile's last one in part).
+    constexpr int PIECES = (BN / 8 + BLOCKS - 1) / BLOCKS;
 #pragma unroll
-    for (int h = 0; h < BN / BLOCKS / 8; h++) {
+    for (int h = 0; h < PIECES; h++) {
         if (pending) {
             symm_staging_read_done(t);
             asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
@@ -628,6 +731,7 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
 #pragma unroll
         for (int jj = 0; jj < BLOCKS; jj++) {
             const int j = BLOCKS * h + jj;
+            if (j >= BN / 8) break;  // past a narrow tile (its box is not stored)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const float x = d[4 * j + 2 * hh] * alpha, y = d[4 * j + 2 * hh + 1] * alpha;
@@ -650,6 +754,25 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
         pending = true;
+    }
+}
+
+// A narrow peer tile's last columns, which no whole box covers: after
+// symm_epilogue_tma stored the boxes before column col0 + from, the box
+// that starts there still lies in the second half of the staging area;
+// the warpgroup copies its columns before `end` (n or the tile's end, a
+// multiple of 8) and rows before `row_end` (in the chunk) into `dst` (the
+// peer's inbox slot: [chunk rows][n]), 16 bytes a thread at a time.
+// Straight from shared memory, so the accumulators stay as they are.
+template <int ELEM>
+static __device__ __forceinline__ void symm_push_tail(const unsigned char* staging, int col0, int from, int end,
+                                                      int row, int row_end, uint64_t dst, int n) {
+    const int units = (end - col0 - from) * ELEM / 16;  // 16-byte units of a row to copy
+    for (int i = threadIdx.x % 128; i < 64 * units; i += 128) {
+        const int r = i / units, u = i % units;
+        if (row + r >= row_end) continue;
+        const uint4 v = *(const uint4*)(staging + 8192 + r * 128 + ((u ^ (r % 8)) * 16));
+        *(uint4*)(dst + ((int64_t)(row + r) * n + col0 + from) * ELEM + u * 16) = v;
     }
 }
 
@@ -961,12 +1084,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 advance();
             }
             if (!symm_rs_pushes(p) || tile.chunk != p.rank) continue;
-            // One of our own tiles: wait for every peer's flag of it to
-            // reach this call's epoch (after a timeout the loads still go,
-            // so nobody hangs), then load their partials behind the
-            // k-blocks. Boxes past n are not loaded (nor added).
+            // One of our own tiles: wait for every peer's flags of it (the
+            // tiles that hold its partials) to reach this call's epoch
+            // (after a timeout the loads still go, so nobody hangs), then
+            // load their partials behind the k-blocks. Boxes past n are
+            // not loaded (nor added).
+            int first, last;
+            tiling.sources(p, tile, first, last);
             for (int src = 0; src < p.world; src++) {
-                if (src != p.rank) symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), rs_epoch(), p, src);
+                for (int i = first; i <= last && src != p.rank; i++) {
+                    symm_wait_reach(tiling.flag(p, p.rank, src, i), rs_epoch(), p, src);
+                }
             }
             symm_trace_now(p, SYMM_TRACE_PARTIALS);
             // The peers' TMA stores were flagged after they completed: order
@@ -1007,27 +1135,32 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int slice = (wg - 1) * 64;
     const int t128 = threadIdx.x % 128;
-    float d[BN / 2];
     static_assert(!PROMOTE || (BK == SYMM_GEMM_BK_BYTES && BN == 128), "promotion: fp8, 128-wide tiles");
     // Exact fp8: the k-blocks' sums, which the epilogue then reads.
     float promoted[BN / 2];
     float d1[PROMOTE ? BN / 2 : 1];  // exact fp8: odd k-blocks' partial sums
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
-    // rs_push: a peer tile whose stores were issued but not yet flagged.
-    bool unflagged = false;
+    // rs_push: a peer tile whose stores were issued but not yet flagged,
+    // and whether some of its columns went from registers (narrow tiles).
+    bool unflagged = false, tail_stores = false;
     uint32_t pushed_phase = 0;  // parity of the flag handoff's next use
     // Hands `unflagged` to the flagging warp once this warpgroup's stores
     // of it completed (a whole mainloop after thread 0 issued them).
     auto flag_pushed_tile = [&]() {
+        // The warpgroup's stores of a narrow tile's last columns
+        // (symm_push_tail) before its thread 0's system fence, which the
+        // flag's release then extends (as the register path's flags).
+        if (tail_stores) asm volatile("bar.sync %0, 128;" ::"r"(1 + threadIdx.x / 128) : "memory");
         if (t128 == 0) {
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
             if (wg == 1) symm_trace_now(p, SYMM_TRACE_PUSHED);
             asm volatile("fence.proxy.async.global;" ::: "memory");
+            if (tail_stores) asm volatile("fence.acq_rel.sys;" ::: "memory");
             symm_mbar_wait(&pushed->empty, pushed_phase ^ 1);
             symm_mbar_arrive(&pushed->full);
         }
         pushed_phase ^= 1;
-        unflagged = false;
+        unflagged = tail_stores = false;
     };
     int stage = 0;
     uint32_t phase = 0;
@@ -1038,8 +1171,10 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
     };
     // Waits for the stage's data, then issues its k-block's wgmmas into acc
-    // (added to acc's contents when accumulate, else starting afresh).
-    auto issue = [&](float(&acc)[BN / 2], bool accumulate) {
+    // (added to acc's contents when accumulate, else starting afresh), as
+    // wide as acc (W / 2 accumulators: BN, or a narrow peer tile's W).
+    auto issue_w = [&](auto width, float(&acc)[BN / 2], bool accumulate) {
+        constexpr int W = decltype(width)::value;
         symm_mbar_wait(&full[stage], phase);
         symm_wgmma_fence();
         const unsigned char* a = stage_a(stage) + slice * SYMM_GEMM_BK_BYTES;
@@ -1047,11 +1182,34 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
 #pragma unroll
         for (int kk = 0; kk < SYMM_GEMM_BK_BYTES / 32; kk++) {
             // One wgmma per 32 bytes of k along the swizzled 128-byte row.
-            symm_wgmma<A_DT, B_DT, BN>(acc, symm_smem_desc(a + 32 * kk), symm_smem_desc(b + 32 * kk),
-                                       accumulate || kk != 0);
+            const uint64_t da = symm_smem_desc(a + 32 * kk), db = symm_smem_desc(b + 32 * kk);
+            if constexpr (W == BN) {
+                symm_wgmma<A_DT, B_DT, BN>(acc, da, db, accumulate || kk != 0);
+            } else {
+                symm_wgmma_narrow<A_DT, B_DT, W>(acc, da, db, accumulate || kk != 0);
+            }
         }
         symm_wgmma_commit();
     };
+    auto issue = [&](float(&acc)[BN / 2], bool accumulate) { issue_w(symm_width<BN>{}, acc, accumulate); };
+    // The k-loop of a tile into acc (not the fp8 exact kernels').
+    auto mainloop = [&](auto width, float(&acc)[BN / 2]) {
+        int prev = -1;
+        for (int kb = 0; kb < kblocks; kb++) {
+            issue_w(width, acc, kb != 0);
+            // Keep one k-block of wgmma in flight; the one before it is
+            // done reading its stage, which goes back to the producer.
+            symm_wgmma_wait<1>();
+            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+            prev = stage;
+            advance();
+        }
+        symm_wgmma_wait<0>();
+        if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+    };
+
+    // Narrow peer tiles exist only in these kernels (the host sets them).
+    constexpr bool NARROW = BN == 256 && !PROMOTE && A_DT == B_DT && (A_DT == SYMM_DT_BF16 || A_DT == SYMM_DT_F16);
     // Waits for every peer's partial of an own-rows tile (its flag at this
     // call's epoch).
     auto take_peer_tiles = [&](const symm_tile& tile) {
@@ -1062,8 +1220,57 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_consumers_sync();
     };
+    // A narrow peer tile (see the header), start to end: a k-loop of its own
+    // width on the first W / 2 of d, then its push: whole boxes by TMA, the
+    // columns past them copied from the staging area (symm_push_tail). Its
+    // wgmma names all of d as operands: with only the ones it writes, ptxas
+    // serialized the wgmmas (C7515), and with an array of its own it kept
+    // both arrays' registers and spilled thousands of bytes.
+    auto narrow_tile = [&](const symm_tile& tile, auto width, float(&d)[BN / 2]) {
+        constexpr int W = decltype(width)::value;
+        float(&dn)[W / 2] = *reinterpret_cast<float(*)[W / 2]>(&d);
+        mainloop(width, d);
+        if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_MAINLOOP);
+        if (unflagged) flag_pushed_tile();
+        symm_mbar_wait(peers_ready, 0);
+        const int dt = p.out_dtype, elem = dt == SYMM_DT_F32 ? 4 : 2;
+        const int by_tma = W / (128 / elem) * (128 / elem);
+        const int end = min(p.n, tile.col0 + W);
+        const int chunk_row0 = tile.chunk * p.chunk_rows, row = tile.row0 - chunk_row0 + slice;
+        unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+        const symm_tmap* map = &tm_rs->push[tile.chunk];
+        const int n_tma = min(end, tile.col0 + by_tma);
+        if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, W>(dn, tile.col0, row, n_tma, mine, map, p.alpha, pending);
+        else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, W>(dn, tile.col0, row, n_tma, mine, map, p.alpha, pending);
+        else symm_epilogue_tma<SYMM_DT_F16, W>(dn, tile.col0, row, n_tma, mine, map, p.alpha, pending);
+        if (tile.col0 + by_tma < end) {
+            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)p.rank * p.chunk_rows * p.n * elem;
+            const int row_end = tile.row_end - chunk_row0;
+            if (elem == 4) {
+                symm_push_tail<4>(mine, tile.col0, by_tma, end, row, row_end, dst, p.n);
+            } else {
+                symm_push_tail<2>(mine, tile.col0, by_tma, end, row, row_end, dst, p.n);
+            }
+            tail_stores = true;
+        }
+        if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
+        unflagged = true;
+    };
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
+        // Declared per tile: nothing of the previous tile's is live into
+        // the next one's k-loop.
+        float d[BN / 2];
+        if constexpr (NARROW) {
+            if (tile.cols == 240) {
+                narrow_tile(tile, symm_width<240>{}, d);
+                continue;
+            }
+            if (tile.cols == 248) {
+                narrow_tile(tile, symm_width<248>{}, d);
+                continue;
+            }
+        }
         if constexpr (PROMOTE) {
             // Each k-block's partial sum afresh into one of two sets (d for
             // even k-blocks, d1 for odd), added into `promoted` once done
@@ -1121,18 +1328,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             }
         }
         if constexpr (!PROMOTE) {
-            int prev = -1;
-            for (int kb = 0; kb < kblocks; kb++) {
-                issue(d, kb != 0);
-                // Keep one k-block of wgmma in flight; the one before it is
-                // done reading its stage, which goes back to the producer.
-                symm_wgmma_wait<1>();
-                if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
-                prev = stage;
-                advance();
-            }
-            symm_wgmma_wait<0>();
-            if (prev >= 0 && t128 == 0) symm_mbar_arrive(&empty[prev]);
+            mainloop(symm_width<BN>{}, d);
         }
 
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_MAINLOOP);
@@ -1190,7 +1386,17 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 else SYMM_ADD(SYMM_DT_F16);
 #undef SYMM_ADD
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_ADDED);
-                SYMM_EPI_TMA(tm_c, row, 1.f);
+                if (p.rs_c_tma) {
+                    SYMM_EPI_TMA(tm_c, row, 1.f);
+                } else {
+                    // C's rows that TMA cannot address (this rank's own
+                    // output, unlike the inboxes, may be misaligned).
+#define SYMM_EPI(DT) symm_epilogue<DT, BN>(acc, tile, p.n, slice, p.c, chunk_row0, p.ldc, nullptr, 0, 1.f)
+                    if (dt == SYMM_DT_F32) SYMM_EPI(SYMM_DT_F32);
+                    else if (dt == SYMM_DT_BF16) SYMM_EPI(SYMM_DT_BF16);
+                    else SYMM_EPI(SYMM_DT_F16);
+#undef SYMM_EPI
+                }
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
             }
             continue;

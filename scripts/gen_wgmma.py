@@ -15,14 +15,21 @@ SHAPES = [
     for a, b in [("bf16", "bf16"), ("f16", "f16"), ("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]
     for n in (256, 128)
 ]
+# Narrower 16-bit tiles: the reduce-scatter's peer tiles on SMs a wave of
+# 256-wide tiles leaves idle (see "Narrow peer tiles" in kernels/gemm_sm90.cu).
+NARROW = [(a, a, n) for a in ("bf16", "f16") for n in (240, 248)]
 
 
 def wrapper(a, b, n):
     fp8 = a.startswith("e")
     k = 32 if fp8 else 16
     suffix = f"{a}_n{n}" if a == b and not fp8 else f"{a}_{b}_n{n}"
-    regs = n // 2
-    outs = ", ".join(f"%{i}" for i in range(regs))
+    # The instruction writes n / 2 accumulators. A narrow wrapper takes the
+    # 256-wide tile's 128 and names them all as operands, so that both loops
+    # keep them in the same registers (see narrow_tile in the kernel).
+    written = n // 2
+    regs = 128 if n not in (128, 256) else written
+    outs = ", ".join(f"%{i}" for i in range(written))
     constraints = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     # Operands: scale-d (the predicate), imm-scale-a/b (1: not negated), and
     # for 16-bit types imm-trans-a/b (0: K-major); 8-bit types are K-major
@@ -50,7 +57,7 @@ def main():
     print("#pragma once")
     print('#include "common.cuh"')
     print("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)")
-    for s in SHAPES:
+    for s in SHAPES + NARROW:
         print(wrapper(*s), end="")
     print("#endif  // __CUDA_ARCH_FEAT_SM90_ALL")
 

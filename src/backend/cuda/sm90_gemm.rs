@@ -70,9 +70,12 @@ struct Params {
     slices: i32,
     slice_kblocks: i32,
     trace: u64,
+    rs_narrow_n: i32,
+    rs_narrow_w: i32,
+    rs_c_tma: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 464);
+const _: () = assert!(std::mem::size_of::<Params>() == 480);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
@@ -339,6 +342,31 @@ pub struct Sm90Matmul {
     pub err: u64,
     /// 0, or where each CTA records its timestamps (`super::sm90_trace`).
     pub trace: u64,
+    /// Reduce-scatter: the peers' chunks in narrower tiles on the SMs a
+    /// wave of 256-wide tiles leaves idle (see [`narrow_peers`]); used
+    /// with rs_push only.
+    pub rs_narrow: Option<NarrowPeers>,
+}
+
+/// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
+/// per 128-row tile, `width` columns wide (the first few 8 wider, to cover
+/// n), so that they finish before this rank's own 256-wide tiles and
+/// their pushes cross NVLink while those still multiply ("Narrow peer
+/// tiles" in the kernel's header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NarrowPeers {
+    pub tiles: usize,
+    pub width: usize,
+}
+
+impl NarrowPeers {
+    /// Widths the kernels have a k-loop for.
+    const WIDTHS: [usize; 2] = [240, 248];
+
+    /// Tiles of `width + 8` columns (the first ones) to cover `n`.
+    fn wider(self, n: usize) -> Option<usize> {
+        (n.div_ceil(8)).checked_sub(self.tiles * (self.width / 8)).filter(|&e| e < self.tiles)
+    }
 }
 
 impl Sm90Matmul {
@@ -367,6 +395,7 @@ impl Sm90Matmul {
             rs_push: true,
             timeout_ns: 0,
             trace: 0,
+            rs_narrow: None,
             err,
         }
     }
@@ -441,6 +470,11 @@ impl Sm90Matmul {
         }
         if let Some(s) = &call.scatter {
             mm.scatter = Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), state: s.state.clone() });
+            // From the shape alone, as the tile width: every rank must cut
+            // the chunks alike.
+            if mm.fp8.is_none() && mm.tile == TileN::N256 && narrow_allowed() {
+                mm.rs_narrow = narrow_peers(call.chunk_rows, n, chunks, 132);
+            }
         }
         Ok(mm)
     }
@@ -476,9 +510,27 @@ impl Sm90Matmul {
         }
     }
 
-    /// Tiles in one chunk (the rs flags per source rank).
+    /// Tiles in one chunk, the peers' narrow ones if narrower (the rs
+    /// flags per source rank).
     pub fn tiles_per_chunk(&self) -> usize {
-        self.chunk_rows.div_ceil(BM) * self.n.div_ceil(self.tile.cols())
+        let across = self.narrow().map_or(0, |w| w.tiles).max(self.n.div_ceil(self.tile.cols()));
+        self.chunk_rows.div_ceil(BM) * across
+    }
+
+    /// The narrow peer tiles this launch uses: where set, and the
+    /// reduce-scatter goes through TMA (decided alike on every rank).
+    pub fn narrow(&self) -> Option<NarrowPeers> {
+        self.rs_narrow.filter(|_| self.rs_pushes() && self.fp8.is_none() && self.tile == TileN::N256)
+    }
+
+    /// Tiles of the whole launch.
+    fn total_tiles(&self) -> usize {
+        let tiles_m = self.chunk_rows.div_ceil(BM);
+        let own = tiles_m * self.n.div_ceil(self.tile.cols());
+        match self.narrow() {
+            Some(w) => own + (self.chunks() - 1) * tiles_m * w.tiles,
+            None => own * self.chunks(),
+        }
     }
 
     /// Bytes of one rank's rs inbox: a slot of `chunk_rows x n` per rank.
@@ -572,6 +624,11 @@ impl Sm90Matmul {
         if self.c.ld < self.n {
             return no("C's row stride is shorter than n".into());
         }
+        if let Some(w) = self.rs_narrow {
+            if !NarrowPeers::WIDTHS.contains(&w.width) || w.wider(self.n).is_none_or(|e| e > 0 && w.width != 240) {
+                return no(format!("{} narrow peer tiles of {} columns do not cover n = {}", w.tiles, w.width, self.n));
+            }
+        }
         Ok(())
     }
 
@@ -587,8 +644,7 @@ impl Sm90Matmul {
     /// CTAs launched on a device of `sm_count` SMs: one per tile, at most
     /// one per SM (persistent) or `max_ctas`.
     pub fn grid(&self, sm_count: u32) -> u32 {
-        let total = self.tiles_per_chunk() * self.chunks();
-        (total as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1)
+        (self.total_tiles() as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1)
     }
 
     /// Enqueues the matmul on `stream`. `sm_count` is the device's.
@@ -620,6 +676,9 @@ impl Sm90Matmul {
             p.c_tma = 1;
             encode_box(out, &Operand { rows: self.m, ..self.c }, self.n, c_box, C_BOX_ROWS)?
         } else if let (Some(s), true) = (&self.scatter, self.rs_pushes()) {
+            // Every rank pushes alike; only its own rows' store depends on
+            // its C.
+            p.rs_c_tma = i32::from(self.rs_c_through_tma());
             let slot_bytes = (self.chunk_rows * self.n * self.out_dtype.size()) as u64;
             for (d, &inbox) in s.inbox.iter().enumerate().filter(|&(d, _)| d != s.rank) {
                 let slot = Operand { ptr: inbox + s.rank as u64 * slot_bytes, rows: self.chunk_rows, ld: self.n };
@@ -628,7 +687,11 @@ impl Sm90Matmul {
             let dims = [self.n as u64, self.chunk_rows as u64, self.chunks() as u64];
             let strides = [(self.n * self.out_dtype.size()) as u64, slot_bytes];
             rs.inbox = encode_tiled(out, s.inbox[s.rank], &dims, &strides, &[c_box as u32, BM as u32, 1])?;
-            encode_box(out, &self.c, self.n, c_box, C_BOX_ROWS)?
+            if p.rs_c_tma != 0 {
+                encode_box(out, &self.c, self.n, c_box, C_BOX_ROWS)?
+            } else {
+                tm_a
+            }
         } else {
             tm_a
         };
@@ -683,15 +746,18 @@ impl Sm90Matmul {
 
     /// Whether the reduce-scatter goes through TMA (rs_push): rows of C's
     /// type in whole 16-byte units (TMA wrote past a row's end otherwise,
-    /// see `c_through_tma`), inboxes and this rank's C at 16-byte aligned
-    /// addresses and row strides (TMA's rule).
+    /// see `c_through_tma`) and inboxes at 16-byte aligned addresses (TMA's
+    /// rule). Symmetric memory and the shape, so alike on every rank.
     fn rs_pushes(&self) -> bool {
-        let el = self.out_dtype.size();
         self.rs_push
-            && (self.n * el) % 16 == 0
-            && self.c.ptr % 16 == 0
-            && (self.c.ld * el) % 16 == 0
+            && (self.n * self.out_dtype.size()) % 16 == 0
             && self.scatter.as_ref().is_some_and(|s| s.inbox.iter().all(|&a| a % 16 == 0))
+    }
+
+    /// With rs_push, whether this rank's own rows go to C by TMA: C at a
+    /// 16-byte aligned address and row stride (else from registers).
+    fn rs_c_through_tma(&self) -> bool {
+        self.c.ptr % 16 == 0 && (self.c.ld * self.out_dtype.size()) % 16 == 0
     }
 
     fn params(&self) -> Params {
@@ -744,6 +810,9 @@ impl Sm90Matmul {
             slices: self.slices() as i32,
             slice_kblocks: self.slice_kblocks() as i32,
             trace: self.trace,
+            rs_narrow_n: self.narrow().map_or(0, |w| w.tiles as i32),
+            rs_narrow_w: self.narrow().map_or(0, |w| w.width as i32),
+            rs_c_tma: 0,
         }
     }
 }
@@ -779,6 +848,36 @@ fn tile_override() -> Option<TileN> {
         Ok("256") => Some(TileN::N256),
         _ => None,
     }
+}
+
+/// Narrow peer tiles for a reduce-scatter of `chunks` chunks of `m_chunk`
+/// rows by `n` columns in 256-wide tiles on `sms` multiprocessors, where
+/// they pay: the 256-wide tiles are one wave that leaves SMs idle, and the
+/// peers' chunks then fill them with more tiles of 240 or 248 columns (the
+/// widths the kernels have): at mm_rs M = 512 world 2, n = 8192, 68 tiles
+/// (of 240 and 248) on the 68 SMs the own chunk's 64 leave. `None` where
+/// the tiles would not be narrower.
+pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> Option<NarrowPeers> {
+    let tiles_m = m_chunk.div_ceil(BM);
+    let wide = n.div_ceil(TileN::N256.cols());
+    let own = tiles_m * wide;
+    if chunks < 2 || own * chunks > sms {
+        return None;
+    }
+    // As many as the idle SMs take, none narrower than 240 columns.
+    let tiles = ((sms - own) / ((chunks - 1) * tiles_m)).min(n.div_ceil(8) / 30);
+    if tiles <= wide {
+        return None;
+    }
+    let w = NarrowPeers { tiles, width: 8 * (n.div_ceil(8) / tiles) };
+    let ok = NarrowPeers::WIDTHS.contains(&w.width) && w.wider(n).is_some_and(|e| e == 0 || w.width == 240);
+    ok.then_some(w)
+}
+
+/// `SYMM_RS_NARROW=0` keeps the peers' tiles as wide as the own ones (for
+/// comparisons; set alike on every rank).
+fn narrow_allowed() -> bool {
+    std::env::var("SYMM_RS_NARROW").as_deref() != Ok("0")
 }
 
 /// Element type of a tensor map: C's or a 16-bit input's type, or bytes

@@ -45,6 +45,34 @@ fn tile_choice_avoids_wave_tails() {
 }
 
 #[test]
+fn narrow_peer_tiles_fill_the_idle_sms() {
+    let narrow = |tiles, width| Some(NarrowPeers { tiles, width });
+    // mm_rs 512 x 14336 x 8192, world 2: the own chunk's 64 tiles leave 68
+    // SMs, two row tiles of 34 (4 of 248 columns, 30 of 240) cover n.
+    assert_eq!(narrow_peers(256, 8192, 2, 132), narrow(34, 240));
+    assert_eq!(NarrowPeers { tiles: 34, width: 240 }.wider(8192), Some(4));
+    // M = 256: one row tile per chunk; no narrower than 240 columns.
+    assert_eq!(narrow_peers(128, 8192, 2, 132), narrow(34, 240));
+    // More than one wave of 256-wide tiles (M = 2048), or no idle SM to take.
+    assert_eq!(narrow_peers(1024, 8192, 2, 132), None);
+    assert_eq!(narrow_peers(256, 8448, 2, 132), None);
+    // World 4 at M = 512: 33 tiles would need 256-wide ones among them.
+    assert_eq!(narrow_peers(128, 8192, 4, 132), None);
+    // The kernel's check takes only covering cuts of the widths it has.
+    let op = |ptr, rows, ld| Operand { ptr, rows, ld };
+    let mut mm = Sm90Matmul::plain(op(0, 512, 64), op(0, 8192, 64), op(0, 256, 8192), 64, GemmDtype::BF16, 0);
+    (mm.chunk_rows, mm.order) = (256, vec![1, 0]);
+    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2] });
+    for (tiles, width, ok) in [(34, 240, true), (33, 248, false), (35, 232, false), (33, 240, false), (32, 256, false)]
+    {
+        mm.rs_narrow = narrow(tiles, width);
+        assert_eq!(mm.check().is_ok(), ok, "{tiles} x {width}: {:?}", mm.check());
+    }
+    mm.rs_narrow = narrow(34, 240);
+    assert_eq!((mm.tiles_per_chunk(), mm.grid(132)), (2 * 34, 64 + 68));
+}
+
+#[test]
 fn c_goes_through_tma_only_where_tma_cannot_spill() {
     let op = |ptr, rows, ld| Operand { ptr, rows, ld };
     let plain =
@@ -907,25 +935,87 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
     // timeout).
     use Ctas::*;
     let (bf16, f32) = (GemmDtype::BF16, GemmDtype::F32);
-    for (world, fp8, out, push, ctas) in [
-        (2, false, bf16, true, Share),
-        (2, true, bf16, true, Share),
-        (3, false, bf16, true, Share),
-        (2, false, f32, true, Share),
-        (2, false, bf16, true, One),
-        (3, false, bf16, true, One),
-        (2, false, bf16, true, ChunkTiles),
-        (3, false, f32, true, ChunkTiles),
-        (2, false, bf16, false, Share),
-        (2, true, bf16, false, Share),
-        (2, false, f32, false, ChunkTiles),
+    let case = |world, fp8, out, push, ctas| RsCase { world, fp8, out, push, ctas, ..RsCase::default() };
+    for c in [
+        case(2, false, bf16, true, Share),
+        case(2, true, bf16, true, Share),
+        case(3, false, bf16, true, Share),
+        case(2, false, f32, true, Share),
+        case(2, false, bf16, true, One),
+        case(3, false, bf16, true, One),
+        case(2, false, bf16, true, ChunkTiles),
+        case(3, false, f32, true, ChunkTiles),
+        case(2, false, bf16, false, Share),
+        case(2, true, bf16, false, Share),
+        case(2, false, f32, false, ChunkTiles),
+        // This rank's C where TMA cannot store it (the sums from registers).
+        RsCase { misaligned_c: true, ..case(2, false, bf16, true, Share) },
     ] {
-        reduce_scatter_case(&g, kern, world, fp8, out, push, ctas, false);
+        reduce_scatter_case(&g, kern, c);
     }
     // A peer that never sends its partials: rank 0 alone gives up on them
     // and says who, with either way of sending.
     for push in [true, false] {
-        reduce_scatter_case(&g, kern, 2, false, bf16, push, Share, true);
+        reduce_scatter_case(&g, kern, RsCase { peer_missing: true, ..case(2, false, bf16, push, Share) });
+    }
+}
+
+/// Narrow peer tiles (`NarrowPeers`): the peers' chunks in tiles of 248
+/// and 240 columns (n = 728: three of them, the first 248 wide) under own
+/// tiles of 256 (the last one 216), so that each own tile sums the partials
+/// of two narrow tiles, pushed by TMA boxes and by the tail copy; bf16 and
+/// f32 C (whose boxes are half as wide), world 2 and 3, one CTA walking
+/// every tile, misaligned C, and a missing peer.
+#[test]
+fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
+    let Some(g) = gpu() else { return };
+    let Some(kern) = hopper(&g) else { return };
+    use Ctas::*;
+    let (bf16, f32) = (GemmDtype::BF16, GemmDtype::F32);
+    let case = |world, out, ctas| RsCase { world, out, ctas, narrow: true, ..RsCase::default() };
+    for c in [
+        case(2, bf16, Share),
+        case(2, f32, Share),
+        case(3, bf16, ChunkTiles),
+        case(3, f32, One),
+        case(2, bf16, One),
+        RsCase { misaligned_c: true, ..case(2, bf16, Share) },
+        RsCase { misaligned_c: true, ..case(3, f32, ChunkTiles) },
+    ] {
+        reduce_scatter_case(&g, kern, c);
+    }
+    reduce_scatter_case(&g, kern, RsCase { peer_missing: true, ..case(2, bf16, Share) });
+}
+
+/// One reduce-scatter case of [`reduce_scatter_case`].
+#[derive(Clone, Copy, Debug)]
+struct RsCase {
+    world: usize,
+    fp8: bool,
+    out: GemmDtype,
+    /// rs_push (TMA), else from registers.
+    push: bool,
+    ctas: Ctas,
+    /// Narrow peer tiles (n 728, see gpu_sm90_reduce_scatter_narrow_peer_tiles).
+    narrow: bool,
+    /// Each rank's C one element past a 16-byte boundary.
+    misaligned_c: bool,
+    /// Only rank 0 runs (see reduce_scatter_case).
+    peer_missing: bool,
+}
+
+impl Default for RsCase {
+    fn default() -> Self {
+        RsCase {
+            world: 2,
+            fp8: false,
+            out: GemmDtype::BF16,
+            push: true,
+            ctas: Ctas::Share,
+            narrow: false,
+            misaligned_c: false,
+            peer_missing: false,
+        }
     }
 }
 
@@ -945,19 +1035,12 @@ enum Ctas {
 /// the previous call still reads. With `peer_missing`, only rank 0 runs,
 /// once (200 ms timeout): a timeout error naming rank 1 is expected
 /// instead of the sums.
-#[allow(clippy::too_many_arguments)]
-fn reduce_scatter_case(
-    g: &Gpu,
-    kern: &Sm90Kernels,
-    world: usize,
-    fp8: bool,
-    out: GemmDtype,
-    push: bool,
-    ctas: Ctas,
-    peer_missing: bool,
-) {
+fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
+    let RsCase { world, fp8, out, push, ctas, narrow, misaligned_c, peer_missing } = case;
     let dt = GemmDtype::BF16;
-    let (rows, n, k) = (192usize, 320usize, 128usize);
+    let (rows, n, k) = (192usize, if narrow { 728 } else { 320 }, 128usize);
+    // The first of the narrow tiles 248 columns wide, the other two 240.
+    let narrow_tiles = NarrowPeers { tiles: 3, width: 240 };
     let m = world * rows;
     let ps: Vec<Problem> = (0..world)
         .map(|r| {
@@ -994,19 +1077,29 @@ fn reduce_scatter_case(
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
+        if narrow {
+            mm.rs_narrow = Some(narrow_tiles);
+        }
         mm
     };
     const CALLS: usize = 3;
-    let probe = template(0, 0);
+    // With a (placeholder) scatter, so that it counts the narrow tiles' flags.
+    let probe = Sm90Matmul {
+        scatter: Some(Scatter { rank: 0, inbox: vec![0; world], state: vec![0; world] }),
+        ..template(0, 0)
+    };
+    assert_eq!(probe.narrow().is_some(), narrow && push, "{case:?}");
     let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(g, probe.inbox_bytes() / out.size(), out)).collect();
     let states: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.state_bytes()])).collect();
     let calls = if peer_missing { 1 } else { CALLS };
-    let outs: Vec<Vec<DevBuf>> = (0..calls).map(|_| (0..world).map(|_| poisoned(g, rows * n, out)).collect()).collect();
+    let (skew, out_elem) = (usize::from(misaligned_c), out.size());
+    let outs: Vec<Vec<DevBuf>> =
+        (0..calls).map(|_| (0..world).map(|_| poisoned(g, rows * n + skew, out)).collect()).collect();
     let sides = SideStreams::default();
     let launched = if peer_missing { 1 } else { world };
     for call_outs in &outs {
         for (r, out) in call_outs.iter().enumerate().take(launched) {
-            let mut mm = template(r, out.ptr);
+            let mut mm = template(r, out.ptr + (skew * out_elem) as u64);
             mm.scatter = Some(Scatter {
                 rank: r,
                 inbox: inboxes.iter().map(|b| b.ptr).collect(),
@@ -1021,7 +1114,7 @@ fn reduce_scatter_case(
     g.sync();
     if peer_missing {
         let e = errors.check().unwrap_err();
-        assert!(e.msg.contains("fused matmul waiting for rank 1"), "push {push}: {}", e.msg);
+        assert!(e.msg.contains("fused matmul waiting for rank 1"), "{case:?}: {}", e.msg);
         return;
     }
     errors.check().unwrap();
@@ -1040,12 +1133,9 @@ fn reduce_scatter_case(
             };
             (0..rows * n).map(|e| 0.5 * (0..world).map(|q| term(q, e)).sum::<f64>()).collect()
         };
-        let e = rel_err(&decode(out_dtype, &out.read_bytes()), &want);
-        assert!(
-            e < 1e-2,
-            "world {world}, rank {r}, call {call}, fp8 {fp8}, {out_dtype:?} C, push {push}, {ctas:?} CTAs: \
-             relative error {e}"
-        );
+        let got = decode(out_dtype, &out.read_bytes());
+        let e = rel_err(&got[skew..skew + rows * n], &want);
+        assert!(e < 1e-2, "{case:?}, rank {r}, call {call}: relative error {e}");
     }
     // Each rank counted every call, and each peer's flag of each of its
     // tiles holds the epoch of the last one (a rank never flags itself).
