@@ -1148,14 +1148,15 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     // of it completed (a whole mainloop after thread 0 issued them).
     auto flag_pushed_tile = [&]() {
         // The warpgroup's stores of a narrow tile's last columns
-        // (symm_push_tail) before its thread 0's system fence, which the
-        // flag's release then extends (as the register path's flags).
+        // (symm_push_tail) before its thread 0's arrival, which the flag's
+        // release (system scope, cumulative) then covers as it covers the
+        // TMA stores. A system fence here took 4-6 us per tile beside the
+        // pushes (bench/KERNELS.md v19).
         if (tail_stores) asm volatile("bar.sync %0, 128;" ::"r"(1 + threadIdx.x / 128) : "memory");
         if (t128 == 0) {
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
             if (wg == 1) symm_trace_now(p, SYMM_TRACE_PUSHED);
             asm volatile("fence.proxy.async.global;" ::: "memory");
-            if (tail_stores) asm volatile("fence.acq_rel.sys;" ::: "memory");
             symm_mbar_wait(&pushed->empty, pushed_phase ^ 1);
             symm_mbar_arrive(&pushed->full);
         }

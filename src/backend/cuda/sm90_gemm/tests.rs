@@ -1078,7 +1078,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
         if narrow {
-            mm.rs_narrow = Some(narrow_tiles);
+            (mm.tile, mm.rs_narrow) = (TileN::N256, Some(narrow_tiles));
         }
         mm
     };
