@@ -399,8 +399,8 @@ symm_status_t symm_group_check_async_error(symm_group_t group);
 // workspace never shrinks. Growing frees the old workspace once the work
 // that may use it is done: here, everything issued to the device so far;
 // inside an operation, the work of its stream and symm's side streams. (The
-// fused reduce-scatter, `SYMM_ALGO=fused`, keeps its inboxes in a buffer
-// of its own, made or grown by the first call that needs it.)
+// fused reduce-scatter keeps its inboxes in a buffer of its own, made or
+// grown by the first call that needs it.)
 //
 // The operations below are collective over the group: every rank calls
 // them in the same order. Before moving data the ranks agree on the call:

@@ -103,6 +103,9 @@ pub struct Problem {
     pub elem_bytes: usize,
     /// Whether the fused kernel can run this problem on every rank.
     pub fused: bool,
+    /// Whether the backend's fused kernel is measured faster than the
+    /// pipelined path at this shape (see [`best`]).
+    pub fused_preferred: bool,
 }
 
 fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
@@ -215,10 +218,11 @@ pub fn gather_slice_k(shard_bytes: usize, k: usize, align: usize) -> usize {
 }
 
 /// The algorithm to run: `SYMM_ALGO` (`sequential`, `pipelined` or
-/// `fused`) when set, for benchmarking and tuning, else the best estimate.
+/// `fused`) when set, for benchmarking and tuning, else the best estimate
+/// (with `fused_preferred`, see [`best`]).
 /// `fused` is an error (Unsupported) where the fused kernel cannot run the
 /// call, so that a benchmark or test never measures a silent fallback.
-pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
+pub fn choose(estimates: &[Estimate], fused_preferred: bool) -> crate::Result<Algorithm> {
     match std::env::var("SYMM_ALGO").as_deref() {
         Ok("sequential") => Ok(Algorithm::Sequential),
         Ok("pipelined") => Ok(Algorithm::Pipelined),
@@ -232,7 +236,7 @@ pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
         Ok(other) => {
             Err(crate::error::err!(InvalidArgument, "SYMM_ALGO={other:?}: expected sequential, pipelined or fused"))
         }
-        Err(_) => Ok(best(estimates).algorithm),
+        Err(_) => Ok(best(estimates, fused_preferred).algorithm),
     }
 }
 
@@ -257,7 +261,15 @@ pub fn choose(estimates: &[Estimate]) -> crate::Result<Algorithm> {
 /// probably because its own tiles need the peer's pushes within ~10 us of
 /// their mainloop's end, where the pipelined path's pull has a whole second
 /// matmul to arrive in, so ranks that start apart cost it more.
-pub fn best(estimates: &[Estimate]) -> Estimate {
+/// With v19 (narrow peer tiles on the SMs a one-wave kernel leaves idle,
+/// bench/KERNELS.md) the fused reduce-scatter beat the pipelined path at
+/// mm_rs 512 bound, replayed and one call at a time, so where the backend
+/// says its kernel is at that advantage (`fused_preferred`, from the shape
+/// alone) and it can run, it is chosen.
+pub fn best(estimates: &[Estimate], fused_preferred: bool) -> Estimate {
+    if let Some(f) = estimates.iter().find(|e| e.algorithm == Algorithm::Fused && fused_preferred) {
+        return *f;
+    }
     *estimates
         .iter()
         .filter(|e| e.algorithm != Algorithm::Fused)
@@ -270,7 +282,7 @@ mod tests {
     use super::*;
 
     fn prob(m: usize, k: usize, n: usize) -> Problem {
-        Problem { m, k, n, world: 2, elem_bytes: 2, fused: false }
+        Problem { m, k, n, world: 2, elem_bytes: 2, fused: false, fused_preferred: false }
     }
 
     #[test]
@@ -297,20 +309,26 @@ mod tests {
 
     #[test]
     fn benchmark_shapes_take_the_measured_faster_path() {
-        // Measured on 2 x H200: pipelined won (or tied) on every shape.
+        // Measured on 2 x H200: pipelined won (or tied) on every shape but
+        // mm_rs 512, where the fused kernel (its backend says) leads.
         for &(m, k, n) in &[(16384, 8192, 8192), (8192, 8192, 14336), (2048, 8192, 14336), (512, 8192, 14336)] {
-            assert_eq!(best(&ag_mm(&prob(m, k, n), &DeviceModel::HOPPER)).algorithm, Algorithm::Pipelined);
+            let p = Problem { fused: true, ..prob(m, k, n) };
+            assert_eq!(best(&ag_mm(&p, &DeviceModel::HOPPER), false).algorithm, Algorithm::Pipelined);
         }
         for &(m, k, n) in &[(16384, 4096, 8192), (8192, 14336, 8192), (2048, 14336, 8192), (512, 14336, 8192)] {
-            assert_eq!(best(&mm_rs(&prob(m, k, n), &DeviceModel::HOPPER)).algorithm, Algorithm::Pipelined);
+            let p = Problem { fused: true, ..prob(m, k, n) };
+            let want = if m == 512 { Algorithm::Fused } else { Algorithm::Pipelined };
+            assert_eq!(best(&mm_rs(&p, &DeviceModel::HOPPER), m == 512).algorithm, want);
         }
+        // Preferred but unable to run: the best of the others.
+        assert_eq!(best(&mm_rs(&prob(512, 14336, 8192), &DeviceModel::HOPPER), true).algorithm, Algorithm::Pipelined);
     }
 
     #[test]
     fn negligible_communication_takes_the_sequential_path() {
         // A few KB to pull cannot pay for splitting a large matmul.
         let e = ag_mm(&prob(16, 65536, 65536), &DeviceModel::HOPPER);
-        assert_eq!(best(&e).algorithm, Algorithm::Sequential, "{e:?}");
+        assert_eq!(best(&e, false).algorithm, Algorithm::Sequential, "{e:?}");
     }
 
     #[test]
@@ -324,14 +342,14 @@ mod tests {
                 assert!(of(Algorithm::Fused).exposed_ms <= of(Algorithm::Pipelined).exposed_ms, "{est:?}");
             }
         }
-        // Reported, but never the automatic choice (measured slower), even
-        // where its prediction is the smallest.
+        // Reported, but not the automatic choice unless its backend prefers
+        // it (measured faster), even where its prediction is the smallest.
         let p = Problem { fused: true, ..prob(16384, 8192, 8192) };
         let d = DeviceModel { fused_slowdown: 1.0, ..DeviceModel::HOPPER };
         let est = ag_mm(&p, &d);
         let fused = est.iter().find(|e| e.algorithm == Algorithm::Fused).unwrap();
         assert!(est.iter().all(|e| fused.total_ms <= e.total_ms), "{est:?}");
-        assert_eq!(best(&est).algorithm, Algorithm::Pipelined);
+        assert_eq!(best(&est, false).algorithm, Algorithm::Pipelined);
         // Never offered at world 1 or without the kernel.
         let p = Problem { fused: true, world: 1, ..prob(1024, 1024, 1024) };
         assert!(ag_mm(&p, &DeviceModel::HOPPER).iter().all(|e| e.algorithm != Algorithm::Fused));

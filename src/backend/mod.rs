@@ -275,6 +275,15 @@ pub trait Backend: Send + Sync {
         Err(err!(Unsupported, "the {} backend has no fused matmul", self.kind().name()))
     }
 
+    /// Whether this backend's fused matmul + reduce-scatter is measured
+    /// faster than the pipelined path on chunks of `chunk_rows x n` over
+    /// `world` ranks with `in_elem`-byte inputs. From the shape alone, so
+    /// that every rank of an agreed call chooses alike.
+    fn fused_scatter_preferred(&self, chunk_rows: usize, n: usize, world: usize, in_elem: usize) -> bool {
+        let _ = (chunk_rows, n, world, in_elem);
+        false
+    }
+
     /// Enqueues one fused matmul (see [`FusedMatmul`]).
     fn fused_matmul(&self, call: &FusedMatmul, stream: Stream) -> Result<()> {
         let _ = (call, stream);

@@ -7,7 +7,7 @@ use super::boundary::call;
 use super::group::group;
 use super::types::*;
 use crate::error::{err, Result};
-use crate::plan::{self, Algorithm, DeviceModel, Estimate, Problem};
+use crate::plan::{self, Algorithm, DeviceModel, Problem};
 
 /// The algorithm chosen for an operation.
 pub type symm_algorithm_t = i32;
@@ -39,6 +39,13 @@ pub struct symm_plan_t {
     pub total_ms: f64,
 }
 
+/// The operation a plan query is about.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PlannedOp {
+    AgMm,
+    MmRs,
+}
+
 fn query(
     g: symm_group_t,
     m: i64,
@@ -46,7 +53,7 @@ fn query(
     n: i64,
     dt: symm_dtype_t,
     out: *mut symm_plan_t,
-    model: fn(&Problem, &DeviceModel) -> Vec<Estimate>,
+    op: PlannedOp,
 ) -> Result<()> {
     let out = out_ptr(out, "plan")?;
     // SAFETY: non-NULL; struct_size is the first field of every version.
@@ -61,18 +68,25 @@ fn query(
             .ok_or_else(|| err!(InvalidArgument, "{name} is {v}; it must be positive"))
     };
     let g = group(g)?;
-    let (dtype, k) = (dtype(dt, "dtype")?, dim(k, "k")?);
-    let problem = Problem {
-        m: dim(m, "m")?,
-        k,
-        n: dim(n, "n")?,
-        world: g.world(),
-        elem_bytes: dtype.size(),
-        fused: crate::ops::fused::available(&g, dtype, k),
+    let (dtype, k, m, n, world) = (dtype(dt, "dtype")?, dim(k, "k")?, dim(m, "m")?, dim(n, "n")?, g.world());
+    let fused = crate::ops::fused::available(&g, dtype, k);
+    // As symm_mm_rs decides (mm_rs.rs): chunks of m / world rows.
+    let fused_preferred = op == PlannedOp::MmRs
+        && fused
+        && m % world == 0
+        && g.backend().fused_scatter_preferred(m / world, n, world, dtype.size());
+    let problem = Problem { m, k, n, world, elem_bytes: dtype.size(), fused, fused_preferred };
+    let model = match op {
+        PlannedOp::AgMm => plan::ag_mm,
+        PlannedOp::MmRs => plan::mm_rs,
     };
     let estimates = model(&problem, &DeviceModel::HOPPER);
-    let chosen = plan::choose(&estimates)?;
-    let e = estimates.iter().find(|e| e.algorithm == chosen).copied().unwrap_or_else(|| plan::best(&estimates));
+    let chosen = plan::choose(&estimates, fused_preferred)?;
+    let e = estimates
+        .iter()
+        .find(|e| e.algorithm == chosen)
+        .copied()
+        .unwrap_or_else(|| plan::best(&estimates, fused_preferred));
     write(
         out,
         symm_plan_t {
@@ -102,7 +116,7 @@ pub extern "C" fn symm_plan_ag_mm(
     dtype: symm_dtype_t,
     plan: *mut symm_plan_t,
 ) -> symm_status_t {
-    call("symm_plan_ag_mm", || query(group, m_total, k, n, dtype, plan, plan::ag_mm))
+    call("symm_plan_ag_mm", || query(group, m_total, k, n, dtype, plan, PlannedOp::AgMm))
 }
 
 /// Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this group.
@@ -115,5 +129,5 @@ pub extern "C" fn symm_plan_mm_rs(
     dtype: symm_dtype_t,
     plan: *mut symm_plan_t,
 ) -> symm_status_t {
-    call("symm_plan_mm_rs", || query(group, m, k, n, dtype, plan, plan::mm_rs))
+    call("symm_plan_mm_rs", || query(group, m, k, n, dtype, plan, PlannedOp::MmRs))
 }

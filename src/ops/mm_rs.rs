@@ -23,7 +23,7 @@ use super::scaled::{self, Mode};
 use super::workspace::Layout;
 use super::{check, fused, shape_text, Exec, Plan};
 use crate::array::{Array, DType};
-use crate::backend::{FusedMatmul, FusedScatter, GemmScales, Stream};
+use crate::backend::{Backend, FusedMatmul, FusedScatter, GemmScales, Stream};
 use crate::error::{err, Result};
 use crate::group::Group;
 use crate::plan;
@@ -72,8 +72,10 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
     super::run_prepared(group, stream, call, |c| {
         let fused = c.fused_field(group);
         let signature = c.signature(fused.as_ref());
+        let can_fuse = fused::chosen(fused.as_ref());
+        let preferred = can_fuse && c.fused_preferred(&**backend, world);
         let plan = c
-            .plan(world, backend.kind().name(), fused::chosen(fused.as_ref()))
+            .plan(world, backend.kind().name(), can_fuse, preferred)
             .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
         (signature, plan)
     })
@@ -146,7 +148,16 @@ impl MmRs {
         Some(GemmScales { row_wise: Mode::of(&a, &[&b]) == Mode::Row, a, b, bias: s.bias.clone() })
     }
 
-    fn plan(self, world: usize, backend: &str, fused: bool) -> Result<MmRsPlan> {
+    /// Whether the backend's fused kernel leads at this shape (agreed
+    /// shapes only, so every rank decides alike).
+    fn fused_preferred(&self, backend: &dyn Backend, world: usize) -> bool {
+        let rows = self.a.numel() / self.a.shape.last().copied().unwrap_or(1).max(1);
+        rows % world == 0
+            && self.b.shape.len() == 2
+            && backend.fused_scatter_preferred(rows / world, self.b.shape[1], world, self.a.dtype.size())
+    }
+
+    fn plan(self, world: usize, backend: &str, fused: bool, fused_preferred: bool) -> Result<MmRsPlan> {
         let (a, b) = (&self.a, &self.b);
         check::ndim_at_least(a, "a", 2)?;
         let mode = self.scale_mode()?;
@@ -210,8 +221,9 @@ impl MmRs {
             world,
             elem_bytes: a.dtype.size(),
             fused,
+            fused_preferred,
         };
-        let algorithm = plan::choose(&plan::mm_rs(&problem, &plan::DeviceModel::HOPPER))?;
+        let algorithm = plan::choose(&plan::mm_rs(&problem, &plan::DeviceModel::HOPPER), fused_preferred)?;
 
         // Workspace: one product chunk per destination rank (peers pull
         // them), local copies of the peers' chunks for this rank, the
@@ -558,16 +570,16 @@ mod tests {
 
     #[test]
     fn output_chunks_for_each_dim() {
-        assert!(call(&[4, 3, 5], &[5, 6], 0, &[2, 3, 6]).plan(2, "host", false).is_ok());
-        assert!(call(&[4, 3, 5], &[5, 6], 2, &[4, 3, 3]).plan(2, "host", false).is_ok());
-        let e = call(&[4, 3, 5], &[5, 6], 1, &[4, 1, 6]).plan(2, "host", false).unwrap_err();
+        assert!(call(&[4, 3, 5], &[5, 6], 0, &[2, 3, 6]).plan(2, "host", false, false).is_ok());
+        assert!(call(&[4, 3, 5], &[5, 6], 2, &[4, 3, 3]).plan(2, "host", false, false).is_ok());
+        let e = call(&[4, 3, 5], &[5, 6], 1, &[4, 1, 6]).plan(2, "host", false, false).unwrap_err();
         assert_eq!(
             e.msg,
             "dimension 1 of a @ b ([4, 3, 6]) has size 3, which the world size 2 does not divide; expected a multiple of 2"
         );
-        let e = call(&[4, 3, 5], &[5, 6], 0, &[4, 3, 6]).plan(2, "host", false).unwrap_err();
+        let e = call(&[4, 3, 5], &[5, 6], 0, &[4, 3, 6]).plan(2, "host", false, false).unwrap_err();
         assert_eq!(e.msg, "out.shape is [4, 3, 6]; expected [2, 3, 6]");
-        let e = call(&[4, 3, 5], &[4, 6], 0, &[2, 3, 6]).plan(2, "host", false).unwrap_err();
+        let e = call(&[4, 3, 5], &[4, 6], 0, &[2, 3, 6]).plan(2, "host", false, false).unwrap_err();
         assert_eq!(e.msg, "b.shape[0] is 4; expected 5, a's last dimension");
     }
 
@@ -590,24 +602,24 @@ mod tests {
 
     #[test]
     fn fp8_plans() {
-        let p = fp8_call(0, 16, 2, true).plan(2, "host", false).unwrap();
+        let p = fp8_call(0, 16, 2, true).plan(2, "host", false, false).unwrap();
         assert_eq!(p.mode, Some(Mode::Row));
         // Chunks of 4 x 16 f32; a packed as 8 x 32 bytes; 8 row scales.
         assert_eq!(p.chunks, vec![0, 256]);
         assert_eq!((p.packed_a, p.packed_scale, p.workspace), (1280, Some(1536), 1536 + 32));
-        assert_eq!(fp8_call(0, 16, 2, false).plan(2, "host", false).unwrap().packed_scale, None);
+        assert_eq!(fp8_call(0, 16, 2, false).plan(2, "host", false, false).unwrap().packed_scale, None);
         // Scattering N: each rank's N (here 32 / 2) must be a multiple of 16.
-        assert!(fp8_call(1, 32, 2, true).plan(2, "host", false).is_ok());
-        assert!(fp8_call(1, 16, 2, true).plan(2, "host", false).unwrap_err().msg.contains("N = 8"));
+        assert!(fp8_call(1, 32, 2, true).plan(2, "host", false, false).is_ok());
+        assert!(fp8_call(1, 16, 2, true).plan(2, "host", false, false).unwrap_err().msg.contains("N = 8"));
         // A bias needs a bf16/f16 output.
         let mut c = fp8_call(0, 16, 2, false);
         c.scales.bias = Some(Array::contiguous(0x7100_0000, DType::F32, &[16]));
-        assert_eq!(c.plan(2, "host", false).unwrap_err().kind, crate::ErrorKind::Unsupported);
+        assert_eq!(c.plan(2, "host", false, false).unwrap_err().kind, crate::ErrorKind::Unsupported);
         // Row-wise a_scale has a's shape with the last dimension 1.
         let mut c = fp8_call(0, 16, 2, true);
         c.scales.a_scale = Some(Array::contiguous(0x7000_0000, DType::F32, &[1, 8]));
         assert!(c
-            .plan(2, "host", false)
+            .plan(2, "host", false, false)
             .unwrap_err()
             .msg
             .starts_with("opts->a_scale.shape is [1, 8]; expected [8, 1]"));
@@ -615,17 +627,17 @@ mod tests {
         let mut c = fp8_call(0, 16, 2, false);
         c.b.dtype = DType::BF16;
         assert_eq!(
-            c.plan(2, "host", false).unwrap_err().msg,
+            c.plan(2, "host", false, false).unwrap_err().msg,
             "b.dtype is bf16; expected an fp8 type, as a is fp8_e4m3"
         );
         let mut c = fp8_call(0, 16, 2, false);
         c.b.strides = vec![16, 1];
-        assert_eq!(c.plan(2, "host", false).unwrap_err().kind, crate::ErrorKind::Unsupported);
+        assert_eq!(c.plan(2, "host", false, false).unwrap_err().kind, crate::ErrorKind::Unsupported);
     }
 
     #[test]
     fn workspace_holds_chunks_staging_and_packed_a() {
-        let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).plan(4, "host", false).unwrap();
+        let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).plan(4, "host", false, false).unwrap();
         // Chunks of 18 f16 (36 bytes): one per rank back to back, then at
         // 256-byte steps a staged copy per rank, the reduced chunk, 60 f16 of a.
         assert_eq!(p.chunks, vec![0, 36, 72, 108]);
@@ -640,7 +652,7 @@ mod tests {
             let mut c = call(&[2048, 8], &[8, 16], 0, &[2048 / world, 16]);
             c.op = ReduceOp::Sum;
             f(&mut c);
-            c.plan(world, "host", false).unwrap().onto_pull_pieces(world)
+            c.plan(world, "host", false, false).unwrap().onto_pull_pieces(world)
         };
         assert_eq!(pieces(2, &|_| {}), Some(2));
         assert_eq!(pieces(2, &|c| c.op = ReduceOp::Avg), None);
@@ -648,10 +660,10 @@ mod tests {
         assert_eq!(pieces(2, &|c| c.out.strides = vec![32, 1]), None); // not contiguous
         let mut small = call(&[1024, 8], &[8, 16], 0, &[512, 16]);
         small.op = ReduceOp::Sum;
-        assert_eq!(small.plan(2, "host", false).unwrap().onto_pull_pieces(2), None); // one piece
+        assert_eq!(small.plan(2, "host", false, false).unwrap().onto_pull_pieces(2), None); // one piece
         let mut big = call(&[32768, 8], &[8, 16], 0, &[16384, 16]);
         big.op = ReduceOp::Sum;
-        assert_eq!(big.plan(2, "host", false).unwrap().onto_pull_pieces(2), Some(MAX_PIECES));
+        assert_eq!(big.plan(2, "host", false, false).unwrap().onto_pull_pieces(2), Some(MAX_PIECES));
     }
 
     /// Two ranks, 1024 rows each (two pieces), bf16 small integers, so
@@ -685,7 +697,7 @@ mod tests {
                 out: arr(&mut out, &[rows, n]),
                 scales: MmRsScales::default(),
             };
-            let mut plan = call.plan(2, "host", false).unwrap();
+            let mut plan = call.plan(2, "host", false, false).unwrap();
             plan.algorithm = plan::Algorithm::Pipelined;
             assert_eq!(plan.onto_pull_pieces(2), Some(2));
             super::super::launch(g, Stream(0), &plan, &|_, make| make()).unwrap();

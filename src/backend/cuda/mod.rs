@@ -190,6 +190,9 @@ impl Backend for CudaBackend {
         }
         sm90_gemm::Sm90Matmul::from_fused(call, 0)?.check()
     }
+    fn fused_scatter_preferred(&self, chunk_rows: usize, n: usize, world: usize, in_elem: usize) -> bool {
+        self.has_fused_matmul() && sm90_gemm::fused_scatter_preferred(chunk_rows, n, world, in_elem)
+    }
     fn fused_matmul(&self, call: &FusedMatmul, stream: Stream) -> Result<()> {
         self.bind()?;
         let k = module::kernels(&self.ctx)?;

@@ -874,6 +874,20 @@ pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> Opti
     ok.then_some(w)
 }
 
+/// Whether the fused reduce-scatter should be chosen over the pipelined
+/// path: 16-bit inputs where its peers' tiles are narrow ([`narrow_peers`]),
+/// i.e. one wave of 256-wide tiles with SMs to spare. Measured at mm_rs
+/// 512x14336x8192 on 2 x H200 (bench/KERNELS.md v19): bound 0.188-0.189 ms
+/// against 0.198 for the pipelined path, 0.199-0.200 against 0.201-0.202
+/// replayed from graphs, and 189 against 195 us one call at a time. Elsewhere
+/// (more waves) the pipelined path stays ahead or level.
+pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_elem: usize) -> bool {
+    in_elem == 2
+        && narrow_allowed()
+        && tile_override().unwrap_or_else(|| choose_tile(chunk_rows, n, chunks, 132)) == TileN::N256
+        && narrow_peers(chunk_rows, n, chunks, 132).is_some()
+}
+
 /// `SYMM_RS_NARROW=0` keeps the peers' tiles as wide as the own ones (for
 /// comparisons; set alike on every rank).
 fn narrow_allowed() -> bool {
