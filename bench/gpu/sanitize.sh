@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/symm-out}
 mkdir -p "$OUT"
 tests="gpu_sm90_matmul_padded_output gpu_sm90_matmul_waits_for_gathered_chunks gpu_sm90_matmul_reduce_scatter_epilogue
 gpu_sm90_matmul_matches_reference_on_any_shape gpu_sm90_fp8_matches_reference gpu_reduce_matches_host
-gpu_copy_every_layout gpu_sm90_trace_stamps_every_cta"
+gpu_copy_every_layout gpu_sm90_trace_stamps_every_cta gpu_sm90_reduce_scatter_narrow_peer_tiles"
 fail=0
 for tool in memcheck racecheck synccheck; do
     # shellcheck disable=SC2086 # one argument per test name
