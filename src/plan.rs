@@ -32,7 +32,8 @@ pub struct DeviceModel {
     /// Time of symm's own fused matmul relative to cuBLAS on the whole
     /// problem (kernels/gemm_sm90.cu; bf16 0.96-1.02 x on an H200 and an
     /// H100 since c7e5710; fp8 with exact accumulation 1.20-1.36 x, see
-    /// bench/KERNELS.md). The fused algorithm is not chosen automatically.
+    /// bench/KERNELS.md). The fused algorithm is chosen by measurement, not
+    /// by this estimate (see [`best`]).
     pub fused_slowdown: f64,
 }
 
@@ -241,8 +242,9 @@ pub fn choose(estimates: &[Estimate], fused_preferred: bool) -> crate::Result<Al
 }
 
 /// The automatic choice: the estimate with the smallest predicted total
-/// among the sequential and pipelined paths. The fused kernel runs only when
-/// asked for (`SYMM_ALGO=fused`): on 2 x H200 it was slower than the
+/// among the sequential and pipelined paths, unless the fused one is
+/// `fused_preferred` (last paragraph). Otherwise the fused kernel runs only
+/// when asked for (`SYMM_ALGO=fused`): on 2 x H200 it was slower than the
 /// pipelined path on 7 of the 8 benchmark shapes (ag_mm 0.99-1.10 x, and
 /// 5 x at M = 512; mm_rs 1.05-1.39 x; bench/results/2026-11-23-h200-x2-*),
 /// and on 2 x H100 on all 8, eager and bound (ag_mm 1.02-1.17 x, mm_rs

@@ -877,10 +877,10 @@ pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> Opti
 /// Whether the fused reduce-scatter should be chosen over the pipelined
 /// path: 16-bit inputs where its peers' tiles are narrow ([`narrow_peers`]),
 /// i.e. one wave of 256-wide tiles with SMs to spare. Measured at mm_rs
-/// 512x14336x8192 on 2 x H200 (bench/KERNELS.md v19): bound 0.188-0.189 ms
-/// against 0.198 for the pipelined path, 0.199-0.200 against 0.201-0.202
-/// replayed from graphs, and 189 against 195 us one call at a time. Elsewhere
-/// (more waves) the pipelined path stays ahead or level.
+/// 512x14336x8192 on 2 x H200 (bench/KERNELS.md v19): bound 0.1879-0.1893 ms
+/// against 0.1975-0.1977 for the pipelined path, 0.1986-0.1999 against
+/// 0.2005-0.2016 replayed from graphs, and 189 against 195 us one call at a
+/// time. Elsewhere (more waves) the pipelined path stays ahead or level.
 pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_elem: usize) -> bool {
     in_elem == 2
         && narrow_allowed()
