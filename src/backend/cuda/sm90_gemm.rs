@@ -875,17 +875,24 @@ pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> Opti
 }
 
 /// Whether the fused reduce-scatter should be chosen over the pipelined
-/// path: 16-bit inputs where its peers' tiles are narrow ([`narrow_peers`]),
-/// i.e. one wave of 256-wide tiles with SMs to spare. Measured at mm_rs
+/// path: 16-bit inputs where its peers' tiles are narrow ([`narrow_peers`])
+/// and the wave of 256-wide tiles is nearly full (at least 90% of the SMs:
+/// where half of them would idle, as at M = 256 or n = 4096, cuBLAS's
+/// smaller tiles fill the GPU in the pipelined path, and the fused kernel
+/// was 1.09-1.26 x slower there in session 20's probe, before v19; not
+/// measured since). Measured at mm_rs
 /// 512x14336x8192 on 2 x H200 (bench/KERNELS.md v19): bound 0.1879-0.1893 ms
 /// against 0.1975-0.1977 for the pipelined path, 0.1986-0.1999 against
 /// 0.2005-0.2016 replayed from graphs, and 189 against 195 us one call at a
 /// time. Elsewhere (more waves) the pipelined path stays ahead or level.
 pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_elem: usize) -> bool {
+    const SMS: usize = 132;
+    let wide_tiles = chunks * chunk_rows.div_ceil(BM) * n.div_ceil(TileN::N256.cols());
     in_elem == 2
+        && 10 * wide_tiles >= 9 * SMS
         && narrow_allowed()
-        && tile_override().unwrap_or_else(|| choose_tile(chunk_rows, n, chunks, 132)) == TileN::N256
-        && narrow_peers(chunk_rows, n, chunks, 132).is_some()
+        && tile_override().unwrap_or_else(|| choose_tile(chunk_rows, n, chunks, SMS)) == TileN::N256
+        && narrow_peers(chunk_rows, n, chunks, SMS).is_some()
 }
 
 /// `SYMM_RS_NARROW=0` keeps the peers' tiles as wide as the own ones (for

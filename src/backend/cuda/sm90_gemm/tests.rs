@@ -70,6 +70,13 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     }
     mm.rs_narrow = narrow(34, 240);
     assert_eq!((mm.tiles_per_chunk(), mm.grid(132)), (2 * 34, 64 + 68));
+    // Chosen over the pipelined path only where measured: 16-bit inputs,
+    // a nearly full wave (mm_rs 512 x 8192 at world 2), not half of one.
+    assert!(fused_scatter_preferred(256, 8192, 2, 2));
+    assert!(!fused_scatter_preferred(256, 8192, 2, 1));
+    assert!(!fused_scatter_preferred(128, 8192, 2, 2));
+    assert!(!fused_scatter_preferred(256, 4096, 2, 2));
+    assert!(!fused_scatter_preferred(1024, 8192, 2, 2));
 }
 
 #[test]
