@@ -414,12 +414,17 @@ struct symm_tiling {
         symm_tile tile;
         tile.chunk = p.order[row / tiles_m];
         tile.index = tm * tiles_n + tn;
-        const int chunk_row0 = tile.chunk * p.chunk_rows;
-        tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
-        tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
+        place_rows(p, tile, tm);
         tile.col0 = tn * bn;
         tile.cols = bn;
         return tile;
+    }
+
+    // The rows of row tile `tm` of `tile.chunk`.
+    __device__ static void place_rows(const symm_gemm_params& p, symm_tile& tile, int tm) {
+        const int chunk_row0 = tile.chunk * p.chunk_rows;
+        tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
+        tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
     }
 
     // With narrow peer tiles (one wave, so the order only keeps each
@@ -444,9 +449,7 @@ struct symm_tiling {
             tile.col0 = tn * bn;
             tile.cols = bn;
         }
-        const int chunk_row0 = tile.chunk * p.chunk_rows;
-        tile.row0 = chunk_row0 + tm * SYMM_GEMM_BM;
-        tile.row_end = min(chunk_row0 + p.chunk_rows, p.m);
+        place_rows(p, tile, tm);
         return tile;
     }
 };
@@ -1227,6 +1230,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     // wgmma names all of d as operands: with only the ones it writes, ptxas
     // serialized the wgmmas (C7515), and with an array of its own it kept
     // both arrays' registers and spilled thousands of bytes.
+    // symm_epilogue_tma for C's type, W columns of ACC from COL0 into MAP
+    // (columns before N), through this warpgroup's staging area `mine`.
+#define SYMM_EPI_TMA_W(W, ACC, COL0, ROW, N, MAP, ALPHA)                                                         \
+    if (p.out_dtype == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, W>(ACC, COL0, ROW, N, mine, MAP, ALPHA, pending); \
+    else if (p.out_dtype == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, W>(ACC, COL0, ROW, N, mine, MAP, ALPHA, pending); \
+    else symm_epilogue_tma<SYMM_DT_F16, W>(ACC, COL0, ROW, N, mine, MAP, ALPHA, pending)
     auto narrow_tile = [&](const symm_tile& tile, auto width, float(&d)[BN / 2]) {
         constexpr int W = decltype(width)::value;
         float(&dn)[W / 2] = *reinterpret_cast<float(*)[W / 2]>(&d);
@@ -1234,16 +1243,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_MAINLOOP);
         if (unflagged) flag_pushed_tile();
         symm_mbar_wait(peers_ready, 0);
-        const int dt = p.out_dtype, elem = dt == SYMM_DT_F32 ? 4 : 2;
+        const int elem = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
         const int by_tma = W / (128 / elem) * (128 / elem);
         const int end = min(p.n, tile.col0 + W);
         const int chunk_row0 = tile.chunk * p.chunk_rows, row = tile.row0 - chunk_row0 + slice;
         unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-        const symm_tmap* map = &tm_rs->push[tile.chunk];
-        const int n_tma = min(end, tile.col0 + by_tma);
-        if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, W>(dn, tile.col0, row, n_tma, mine, map, p.alpha, pending);
-        else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, W>(dn, tile.col0, row, n_tma, mine, map, p.alpha, pending);
-        else symm_epilogue_tma<SYMM_DT_F16, W>(dn, tile.col0, row, n_tma, mine, map, p.alpha, pending);
+        SYMM_EPI_TMA_W(W, dn, tile.col0, row, min(end, tile.col0 + by_tma), &tm_rs->push[tile.chunk], p.alpha);
         if (tile.col0 + by_tma < end) {
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)p.rank * p.chunk_rows * p.n * elem;
             const int row_end = tile.row_end - chunk_row0;
@@ -1344,10 +1349,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         const int dt = p.out_dtype;
         unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-#define SYMM_EPI_TMA(MAP, ROW, ALPHA)                                                                            \
-    if (dt == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
-    else if (dt == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending); \
-    else symm_epilogue_tma<SYMM_DT_F16, BN>(acc, tile.col0, ROW, p.n, mine, MAP, ALPHA, pending)
+#define SYMM_EPI_TMA(MAP, ROW, ALPHA) SYMM_EPI_TMA_W(BN, acc, tile.col0, ROW, p.n, MAP, ALPHA)
         if (p.c_tma) {
             SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
             if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
@@ -1403,6 +1405,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             continue;
         }
 #undef SYMM_EPI_TMA
+#undef SYMM_EPI_TMA_W
         // From registers (rows that TMA cannot address, or for comparison).
         const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
         const int elem = dt == SYMM_DT_F32 ? 4 : 2;

@@ -104,9 +104,6 @@ pub struct Problem {
     pub elem_bytes: usize,
     /// Whether the fused kernel can run this problem on every rank.
     pub fused: bool,
-    /// Whether the backend's fused kernel is measured faster than the
-    /// pipelined path at this shape (see [`best`]).
-    pub fused_preferred: bool,
 }
 
 fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
@@ -284,7 +281,7 @@ mod tests {
     use super::*;
 
     fn prob(m: usize, k: usize, n: usize) -> Problem {
-        Problem { m, k, n, world: 2, elem_bytes: 2, fused: false, fused_preferred: false }
+        Problem { m, k, n, world: 2, elem_bytes: 2, fused: false }
     }
 
     #[test]

@@ -70,12 +70,9 @@ fn query(
     let g = group(g)?;
     let (dtype, k, m, n, world) = (dtype(dt, "dtype")?, dim(k, "k")?, dim(m, "m")?, dim(n, "n")?, g.world());
     let fused = crate::ops::fused::available(&g, dtype, k);
-    // As symm_mm_rs decides (mm_rs.rs): chunks of m / world rows.
-    let fused_preferred = op == PlannedOp::MmRs
-        && fused
-        && m % world == 0
-        && g.backend().fused_scatter_preferred(m / world, n, world, dtype.size());
-    let problem = Problem { m, k, n, world, elem_bytes: dtype.size(), fused, fused_preferred };
+    let fused_preferred =
+        op == PlannedOp::MmRs && fused && crate::ops::mm_rs::fused_preferred(&**g.backend(), m, n, world, dtype);
+    let problem = Problem { m, k, n, world, elem_bytes: dtype.size(), fused };
     let model = match op {
         PlannedOp::AgMm => plan::ag_mm,
         PlannedOp::MmRs => plan::mm_rs,

@@ -250,7 +250,6 @@ impl AgMm {
             world,
             elem_bytes: a.dtype.size(),
             fused,
-            fused_preferred: false,
         };
         let algorithm = plan::choose(&plan::ag_mm(&problem, &plan::DeviceModel::HOPPER), false)?;
         Ok(AgMmPlan {

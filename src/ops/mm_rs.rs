@@ -63,6 +63,13 @@ pub struct MmRsScales {
     pub bias: Option<Array>,
 }
 
+/// Whether `backend`'s fused kernel is measured ahead of the pipelined path
+/// for `rows` of A per rank (chunks of `rows / world`) times `n` columns of
+/// `dtype`: what `symm_mm_rs` and `symm_plan_mm_rs` both go by.
+pub(crate) fn fused_preferred(backend: &dyn Backend, rows: usize, n: usize, world: usize, dtype: DType) -> bool {
+    rows % world == 0 && backend.fused_scatter_preferred(rows / world, n, world, dtype.size())
+}
+
 /// Collective over `group`: see the module documentation. `call` is `Err`
 /// when the caller's arguments could not be read; this rank still takes
 /// part in the agreement so its peers fail too.
@@ -152,9 +159,7 @@ impl MmRs {
     /// shapes only, so every rank decides alike).
     fn fused_preferred(&self, backend: &dyn Backend, world: usize) -> bool {
         let rows = self.a.numel() / self.a.shape.last().copied().unwrap_or(1).max(1);
-        rows % world == 0
-            && self.b.shape.len() == 2
-            && backend.fused_scatter_preferred(rows / world, self.b.shape[1], world, self.a.dtype.size())
+        self.b.shape.len() == 2 && fused_preferred(backend, rows, self.b.shape[1], world, self.a.dtype)
     }
 
     fn plan(self, world: usize, backend: &str, fused: bool, fused_preferred: bool) -> Result<MmRsPlan> {
@@ -221,7 +226,6 @@ impl MmRs {
             world,
             elem_bytes: a.dtype.size(),
             fused,
-            fused_preferred,
         };
         let algorithm = plan::choose(&plan::mm_rs(&problem, &plan::DeviceModel::HOPPER), fused_preferred)?;
 

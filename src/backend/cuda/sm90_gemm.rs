@@ -30,6 +30,10 @@ const BK_BYTES: usize = 128;
 const THREADS: u32 = 384;
 /// Shared memory staging C for TMA stores (`SYMM_GEMM_EPI_BYTES`).
 const EPI_BYTES: usize = 2 * 16384;
+/// The SM count that decisions made from the shape alone assume (tile
+/// width, narrow peer tiles): every rank must number tiles, and their flags,
+/// alike whatever its device, so none of them reads its own SM count.
+const SHAPE_SMS: usize = 132;
 /// Rows of C's TMA box (each consumer warpgroup stores 64 rows); its
 /// columns span 128 bytes, the swizzle's width.
 const C_BOX_ROWS: usize = 64;
@@ -367,6 +371,11 @@ impl NarrowPeers {
     fn wider(self, n: usize) -> Option<usize> {
         (n.div_ceil(8)).checked_sub(self.tiles * (self.width / 8)).filter(|&e| e < self.tiles)
     }
+
+    /// Whether these tiles cover `n` columns in widths the kernels have.
+    fn covers(self, n: usize) -> bool {
+        Self::WIDTHS.contains(&self.width) && self.wider(n).is_some_and(|e| e == 0 || self.width == 240)
+    }
 }
 
 impl Sm90Matmul {
@@ -389,7 +398,7 @@ impl Sm90Matmul {
             order: vec![0],
             gather: None,
             scatter: None,
-            tile: choose_tile(m, n, 1, 132),
+            tile: choose_tile(m, n, 1, SHAPE_SMS),
             max_ctas: None,
             tma_epilogue: true,
             rs_push: true,
@@ -447,7 +456,7 @@ impl Sm90Matmul {
         mm.alpha = call.alpha;
         mm.chunk_rows = call.chunk_rows;
         mm.order = call.order.clone();
-        mm.tile = tile_override().unwrap_or_else(|| choose_tile(call.chunk_rows, n, chunks, 132));
+        mm.tile = fused_tile(call.chunk_rows, n, chunks);
         if let Some(f) = fp8 {
             mm.set_fp8(f);
         }
@@ -470,10 +479,8 @@ impl Sm90Matmul {
         }
         if let Some(s) = &call.scatter {
             mm.scatter = Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), state: s.state.clone() });
-            // From the shape alone, as the tile width: every rank must cut
-            // the chunks alike.
-            if mm.fp8.is_none() && mm.tile == TileN::N256 && narrow_allowed() {
-                mm.rs_narrow = narrow_peers(call.chunk_rows, n, chunks, 132);
+            if mm.fp8.is_none() {
+                mm.rs_narrow = narrow_plan(call.chunk_rows, n, chunks);
             }
         }
         Ok(mm)
@@ -625,7 +632,7 @@ impl Sm90Matmul {
             return no("C's row stride is shorter than n".into());
         }
         if let Some(w) = self.rs_narrow {
-            if !NarrowPeers::WIDTHS.contains(&w.width) || w.wider(self.n).is_none_or(|e| e > 0 && w.width != 240) {
+            if !w.covers(self.n) {
                 return no(format!("{} narrow peer tiles of {} columns do not cover n = {}", w.tiles, w.width, self.n));
             }
         }
@@ -761,6 +768,7 @@ impl Sm90Matmul {
     }
 
     fn params(&self) -> Params {
+        let narrow = self.narrow();
         let mut order = [0i32; MAX_CHUNKS];
         for (o, &c) in order.iter_mut().zip(&self.order) {
             *o = c as i32;
@@ -810,8 +818,8 @@ impl Sm90Matmul {
             slices: self.slices() as i32,
             slice_kblocks: self.slice_kblocks() as i32,
             trace: self.trace,
-            rs_narrow_n: self.narrow().map_or(0, |w| w.tiles as i32),
-            rs_narrow_w: self.narrow().map_or(0, |w| w.width as i32),
+            rs_narrow_n: narrow.map_or(0, |w| w.tiles as i32),
+            rs_narrow_w: narrow.map_or(0, |w| w.width as i32),
             rs_c_tma: 0,
         }
     }
@@ -870,8 +878,20 @@ pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> Opti
         return None;
     }
     let w = NarrowPeers { tiles, width: 8 * (n.div_ceil(8) / tiles) };
-    let ok = NarrowPeers::WIDTHS.contains(&w.width) && w.wider(n).is_some_and(|e| e == 0 || w.width == 240);
-    ok.then_some(w)
+    w.covers(n).then_some(w)
+}
+
+/// The tile width of a fused call (`SYMM_SM90_TILE`, else by the shape).
+fn fused_tile(m_chunk: usize, n: usize, chunks: usize) -> TileN {
+    tile_override().unwrap_or_else(|| choose_tile(m_chunk, n, chunks, SHAPE_SMS))
+}
+
+/// The narrow peer tiles a fused 16-bit reduce-scatter of this shape uses
+/// (256-wide tiles only, unless `SYMM_RS_NARROW=0`): the shape's alone, so
+/// that every rank cuts the chunks alike.
+fn narrow_plan(m_chunk: usize, n: usize, chunks: usize) -> Option<NarrowPeers> {
+    let wide = fused_tile(m_chunk, n, chunks) == TileN::N256 && narrow_allowed();
+    wide.then(|| narrow_peers(m_chunk, n, chunks, SHAPE_SMS)).flatten()
 }
 
 /// Whether the fused reduce-scatter should be chosen over the pipelined
@@ -886,13 +906,8 @@ pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> Opti
 /// 0.2005-0.2016 replayed from graphs, and 189 against 195 us one call at a
 /// time. Elsewhere (more waves) the pipelined path stays ahead or level.
 pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_elem: usize) -> bool {
-    const SMS: usize = 132;
     let wide_tiles = chunks * chunk_rows.div_ceil(BM) * n.div_ceil(TileN::N256.cols());
-    in_elem == 2
-        && 10 * wide_tiles >= 9 * SMS
-        && narrow_allowed()
-        && tile_override().unwrap_or_else(|| choose_tile(chunk_rows, n, chunks, SMS)) == TileN::N256
-        && narrow_peers(chunk_rows, n, chunks, SMS).is_some()
+    in_elem == 2 && 10 * wide_tiles >= 9 * SHAPE_SMS && narrow_plan(chunk_rows, n, chunks).is_some()
 }
 
 /// `SYMM_RS_NARROW=0` keeps the peers' tiles as wide as the own ones (for
