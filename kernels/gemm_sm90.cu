@@ -71,8 +71,8 @@
 // once); for an own tile the producer waits for the peers' flags and loads
 // their partial tiles into the ring behind the tile's k-blocks, so the
 // consumers find them in shared memory, with no load latency of their own to
-// wait on; the sums go to C by TMA where C's address and stride allow
-// (rs_c_tma), else from registers.
+// wait on; the sums go to C by TMA where C's address and stride allow,
+// from the ring where they were added (rs_c_store), else from registers.
 // Without rs_push, stores, flags and adds go from registers.
 //
 // Narrow peer tiles (rs_narrow_n != 0, rs_push, 16-bit inputs, 256-wide
@@ -125,10 +125,10 @@
 #define SYMM_TRACE_EPILOGUE 2     // warpgroup 1's stores issued (a peer's inbox, or C)
 #define SYMM_TRACE_PUSHED 3       // rs: warpgroup 1's stores into a peer's inbox complete
 #define SYMM_TRACE_FLAGGED 4      // rs: that tile's flag set
-#define SYMM_TRACE_PARTIALS 5     // rs: an own tile's peer flags all seen (producer)
+#define SYMM_TRACE_PARTIALS 5     // rs: an own tile's peer flags all seen, its loads issued (producer)
 #define SYMM_TRACE_CHUNK 6        // the last tile's chunk + 1 (not a time)
 #define SYMM_TRACE_END 7          // warpgroup 1 done
-#define SYMM_TRACE_ADDED 8        // rs: an own tile's peer partials added (warpgroup 1)
+#define SYMM_TRACE_ADDED 8        // rs: an own tile's peer partials added (and stored, from the ring) (warpgroup 1)
 #define SYMM_TRACE_DRAINED 9      // warpgroup 1's last stores done reading shared memory
 
 // A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
@@ -187,8 +187,14 @@ struct symm_gemm_params {
     uint64_t trace;        // 0, or [gridDim.x][SYMM_GEMM_TRACE_SLOTS] u64 (see SYMM_GEMM_TRACE_SLOTS)
     int32_t rs_narrow_n;   // rs_push: tiles per row tile of a peer's chunk (0: as wide as the own ones)
     int32_t rs_narrow_w;   // their width (a multiple of 8; the first few are 8 wider, to cover n)
-    int32_t rs_c_tma;      // rs_push: 1 = this rank's own rows stored through tm_c (else from registers)
+    int32_t rs_c_store;    // rs_push: how this rank's own rows reach C (SYMM_RS_C_*)
 };
+// rs_c_store: from registers (C that TMA cannot address), through the
+// staging area and tm_c, or by tm_c from the ring where the peers'
+// partials were added (symm_add_partials).
+#define SYMM_RS_C_REGISTERS 0
+#define SYMM_RS_C_STAGED 1
+#define SYMM_RS_C_RING 2
 
 // Records `value` in this CTA's trace slot (when tracing).
 static __device__ __forceinline__ void symm_trace(const symm_gemm_params& p, int slot, uint64_t value) {
@@ -385,17 +391,11 @@ struct symm_tiling {
         return c < wide ? c / (narrow_w + 8) : narrow_extra + (c - wide) / narrow_w;
     }
 
-    // rs: the peers' tiles that hold partials of own tile `tile` (indices
-    // first..last of the peers' numbering): the same tile, or with narrow
-    // peer tiles every one its columns overlap.
-    __device__ void sources(const symm_gemm_params& p, const symm_tile& tile, int& first, int& last) const {
-        if (!narrow_n) {
-            first = last = tile.index;
-            return;
-        }
-        const int row = (tile.index / tiles_n) * narrow_n;
-        first = row + narrow_of(tile.col0);
-        last = row + narrow_of(min(tile.col0 + tile.cols, p.n) - 1);
+    // rs: the peers' tile that holds column c of own tile `tile` (its index
+    // in the peers' numbering): the same tile, or with narrow peer tiles
+    // the one that covers c.
+    __device__ int source_of(const symm_tile& tile, int c) const {
+        return narrow_n ? (tile.index / tiles_n) * narrow_n + narrow_of(c) : tile.index;
     }
 
     // Tile t: groups of GROUP_M row tiles (of `rows`, the list of row tiles
@@ -781,10 +781,12 @@ static __device__ __forceinline__ void symm_push_tail(const unsigned char* stagi
 
 // Reduce-scatter, this rank's own rows: adds a peer's partial of box `bx`
 // of the tile (128 rows x 128 bytes of C's type, which the producer loaded
-// into the ring by TMA, swizzled) to this warpgroup's accumulators.
+// into the ring by TMA, swizzled) to this warpgroup's accumulators, and
+// with `write_back` puts the sums in C's type where the partial was (this
+// warpgroup's 64 rows of the box: then in a TMA store's layout for C).
 template <int DT, int BN>
-static __device__ __forceinline__ void symm_add_box(float (&d)[BN / 2], const unsigned char* box, int bx,
-                                                    int slice_row0) {
+static __device__ __forceinline__ void symm_add_box(float (&d)[BN / 2], unsigned char* box, int bx, int slice_row0,
+                                                    bool write_back) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
     constexpr int BLOCKS = 16 / ELEM;  // 8-column blocks per box
     const int t = threadIdx.x % 128, q = t % 4;
@@ -794,17 +796,19 @@ static __device__ __forceinline__ void symm_add_box(float (&d)[BN / 2], const un
         const int j = bx * BLOCKS + jj;
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            const unsigned char* at = box + symm_swizzled<ELEM>(r0 + 8 * hh, jj, q);
+            unsigned char* at = box + symm_swizzled<ELEM>(r0 + 8 * hh, jj, q);
+            float& x = d[4 * j + 2 * hh];
+            float& y = d[4 * j + 2 * hh + 1];
             if constexpr (DT == SYMM_DT_F32) {
                 const float2 v = *(const float2*)at;
-                d[4 * j + 2 * hh] += v.x;
-                d[4 * j + 2 * hh + 1] += v.y;
+                x += v.x;
+                y += v.y;
+                if (write_back) *(float2*)at = make_float2(x, y);
             } else {
                 const uint32_t v = *(const uint32_t*)at;
-                d[4 * j + 2 * hh] += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(v & 0xffffu)
-                                                        : symm_f16_bits_to_f32(v & 0xffffu);
-                d[4 * j + 2 * hh + 1] +=
-                    DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(v >> 16) : symm_f16_bits_to_f32(v >> 16);
+                x += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(v & 0xffffu) : symm_f16_bits_to_f32(v & 0xffffu);
+                y += DT == SYMM_DT_BF16 ? symm_bf16_bits_to_f32(v >> 16) : symm_f16_bits_to_f32(v >> 16);
+                if (write_back) *(uint32_t*)at = DT == SYMM_DT_BF16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y);
             }
         }
     }
@@ -828,28 +832,58 @@ struct symm_partials {
 // peer's partial, loaded by the producer into the ring behind the tile's
 // k-blocks (symm_partials), to this warpgroup's accumulators, handing each
 // stage back once the warpgroup read it.
+//
+// With `c_map` (rs_c_store SYMM_RS_C_RING) the sums go to C from the ring
+// itself: the last peer's boxes, once added (after every other peer's),
+// take the sums in their place, and the warpgroup's thread 0 stores them
+// by TMA at row `c_row` of C, a stage at a time. The stages that hold
+// them go back to the producer once the stores have read them. This saves
+// the staging area's two rounds (write, store, wait for the store to read
+// it, write again), which were ~2 us of the kernel's last path at mm_rs
+// M = 512 (bench/KERNELS.md v17's stamps).
 template <int DT, int BN, int STAGES, int STAGE_BYTES>
 static __device__ __forceinline__ void symm_add_partials(float (&d)[BN / 2], const symm_partials& parts,
                                                          const symm_tile& tile, int n, int slice_row0,
                                                          unsigned char* ring, uint64_t* full, uint64_t* empty,
-                                                         int& stage, uint32_t& phase) {
+                                                         int& stage, uint32_t& phase, const symm_tmap* c_map,
+                                                         int c_row) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
     constexpr int PER_TILE = BN * ELEM / 128;  // parts.per_tile
     const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
-    int in_stage = 0;  // boxes of the current stage read
+    const int t = threadIdx.x % 128;
+    const int sums_from = c_map ? parts.total - PER_TILE : parts.total;  // boxes that take the sums
+    int in_stage = 0;    // boxes of the current stage read
+    int held = 0;        // stages kept for the stores of the sums, from held0
+    int held0 = 0;
     for (int b0 = 0; b0 < parts.total; b0 += PER_TILE) {
 #pragma unroll
         for (int bx = 0; bx < PER_TILE; bx++) {
             if (in_stage == 0) symm_mbar_wait(&full[stage], phase);
-            if (tile.col0 + bx * (128 / ELEM) < n) {
-                symm_add_box<DT, BN>(d, ring + stage * STAGE_BYTES + in_stage * 16384, bx, slice_row0);
-            }
+            unsigned char* box = ring + stage * STAGE_BYTES + in_stage * 16384;
+            const bool sums = b0 >= sums_from;
+            if (tile.col0 + bx * (128 / ELEM) < n) symm_add_box<DT, BN>(d, box, bx, slice_row0, sums);
             if (++in_stage == parts.per_stage || b0 + bx + 1 == parts.total) {
-                // Our reads (generic proxy) before the producer's next TMA
-                // writes (async proxy) into the stage.
+                // Our reads and writes (generic proxy) before the producer's
+                // next TMA writes or our TMA stores (async proxy).
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                 asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
-                if (threadIdx.x % 128 == 0) symm_mbar_arrive(&empty[stage]);
+                const int stage_b0 = b0 + bx + 1 - in_stage;  // the stage's first box
+                if (stage_b0 + in_stage > sums_from) {
+                    // Holds sums: stored now, handed back after.
+                    if (t == 0) {
+                        for (int i = max(0, sums_from - stage_b0); i < in_stage; i++) {
+                            const int col = tile.col0 + (stage_b0 + i - sums_from) * (128 / ELEM);
+                            if (col < n) {
+                                symm_tma_store(c_map, ring + stage * STAGE_BYTES + i * 16384 + slice_row0 * 128,
+                                               col, c_row);
+                            }
+                        }
+                        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                    }
+                    if (held++ == 0) held0 = stage;
+                } else if (t == 0) {
+                    symm_mbar_arrive(&empty[stage]);
+                }
                 if (++stage == STAGES) {
                     stage = 0;
                     phase ^= 1;
@@ -858,18 +892,23 @@ static __device__ __forceinline__ void symm_add_partials(float (&d)[BN / 2], con
             }
         }
     }
+    if (held) {
+        symm_staging_read_done(t);
+        asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
+        for (int i = 0; i < held && t == 0; i++) symm_mbar_arrive(&empty[(held0 + i) % STAGES]);
+    }
 }
 
 // Waits until done(*word) (acquire, system scope), or times out (recorded
 // in err as a wait of `kind` for `peer`, returns false): a missing peer
 // never hangs the kernel. Polls with relaxed loads and backs off (64 ns
-// doubling to 1 us), then acquires once: up to every CTA of the grid waits
+// doubling to `cap`), then acquires once: up to every CTA of the grid waits
 // here at once, and a tight loop of system-scope acquires from all of them
 // slowed the copies being waited for and the CTAs still computing
 // (profiled: a 4 MB pull at 23 GB/s).
 template <class Done>
 static __device__ bool symm_wait_for(const uint32_t* word, Done done, const symm_gemm_params& p, int peer,
-                                     uint32_t kind) {
+                                     uint32_t kind, uint32_t cap) {
     uint64_t timeout = p.timeout_ns ? p.timeout_ns : SYMM_DEFAULT_TIMEOUT_NS;
     if (done(symm_ld_acquire_sys(word))) return true;
     const uint64_t start = symm_globaltimer_ns();
@@ -877,7 +916,7 @@ static __device__ bool symm_wait_for(const uint32_t* word, Done done, const symm
     uint32_t backoff = 64;
     for (;;) {
         __nanosleep(backoff);
-        backoff = backoff < 1024 ? 2 * backoff : backoff;
+        backoff = backoff < cap ? 2 * backoff : backoff;
         if (done(symm_ld_relaxed_sys(word))) {
             asm volatile("fence.acq_rel.sys;" ::: "memory");
             return true;
@@ -894,16 +933,20 @@ static __device__ bool symm_wait_for(const uint32_t* word, Done done, const symm
     }
 }
 
-// All-gather: waits for an arrival flag to be set.
+// All-gather: waits for an arrival flag to be set (every CTA may wait
+// at once: backs off to 1 us).
 static __device__ bool symm_wait_nonzero(const uint32_t* flag, const symm_gemm_params& p, int peer) {
-    return symm_wait_for(flag, [](uint32_t v) { return v != 0; }, p, peer, SYMM_SIGNAL_KIND_VALUE);
+    return symm_wait_for(flag, [](uint32_t v) { return v != 0; }, p, peer, SYMM_SIGNAL_KIND_VALUE, 1024);
 }
 
 // Reduce-scatter: waits for a flag or epoch to reach `target` (in the
-// order of a u32 that wraps, as the epochs do).
+// order of a u32 that wraps, as the epochs do). One thread of the own
+// tiles' CTAs polls a word in its own GPU's memory, on the kernel's last
+// path: backs off to 256 ns only (about half the backoff is the delay
+// between a flag landing and its wait seeing it).
 static __device__ bool symm_wait_reach(const uint32_t* word, uint32_t target, const symm_gemm_params& p, int peer) {
     return symm_wait_for(word, [target](uint32_t v) { return (int32_t)(v - target) >= 0; }, p, peer,
-                         SYMM_SIGNAL_KIND_WAIT);
+                         SYMM_SIGNAL_KIND_WAIT, 256);
 }
 
 // Is this a reduce-scatter with peers (the epoch protocol above)?
@@ -1052,8 +1095,6 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 phase ^= 1;
             }
         };
-        const symm_partials partials(p, BN, Cfg::STAGE_BYTES);
-        const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
         uint32_t landed = 0;  // all-gather: chunks seen whole (bit per chunk)
         for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
             const symm_tile tile = tiling.at(p, BN, t);
@@ -1087,38 +1128,40 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 advance();
             }
             if (!symm_rs_pushes(p) || tile.chunk != p.rank) continue;
-            // One of our own tiles: wait for every peer's flags of it (the
-            // tiles that hold its partials) to reach this call's epoch
-            // (after a timeout the loads still go, so nobody hangs), then
-            // load their partials behind the k-blocks. Boxes past n are
-            // not loaded (nor added).
-            int first, last;
-            tiling.sources(p, tile, first, last);
-            for (int src = 0; src < p.world; src++) {
-                for (int i = first; i <= last && src != p.rank; i++) {
-                    symm_wait_reach(tiling.flag(p, p.rank, src, i), rs_epoch(), p, src);
-                }
-            }
-            symm_trace_now(p, SYMM_TRACE_PARTIALS);
-            // The peers' TMA stores were flagged after they completed: order
-            // our (async proxy) loads after the flags.
-            asm volatile("fence.proxy.async.global;" ::: "memory");
+            // One of our own tiles: its peers' partials, loaded behind the
+            // k-blocks, each box once the peer's flags of the tiles that
+            // hold it reached this call's epoch (with narrow peer tiles,
+            // two or more per own tile, the first ones' boxes load while
+            // the last ones still cross). After a timeout the loads still
+            // go, so nobody hangs. Boxes past n are not loaded (nor added).
+            const symm_partials partials(p, BN, Cfg::STAGE_BYTES);
+            const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
+            const int first = tiling.source_of(tile, tile.col0);  // each peer's first flag of the tile
+            int next = first;  // the current peer's next flag to wait for
             const int row = tile.row0 - tile.chunk * p.chunk_rows;
             for (int b0 = 0; b0 < partials.total; b0 += partials.per_stage) {
-                const int boxes = min(partials.per_stage, partials.total - b0);
+                const int end = min(b0 + partials.per_stage, partials.total);
                 int loads = 0;
-                for (int b = b0; b < b0 + boxes; b++) loads += tile.col0 + (b % partials.per_tile) * box_cols < p.n;
+                for (int b = b0; b < end; b++) loads += tile.col0 + (b % partials.per_tile) * box_cols < p.n;
                 symm_mbar_wait(&empty[stage], phase ^ 1);
                 symm_mbar_expect_tx(&full[stage], loads * 16384);
-                for (int b = b0; b < b0 + boxes; b++) {
+                for (int b = b0; b < end; b++) {
                     const int src = b / partials.per_tile, col = tile.col0 + (b % partials.per_tile) * box_cols;
-                    if (col < p.n) {
-                        symm_tma_load3(stage_a(stage) + (b - b0) * 16384, &tm_rs->inbox, col, row,
-                                       src < p.rank ? src : src + 1, &full[stage]);
+                    const int peer = src < p.rank ? src : src + 1;
+                    if (b % partials.per_tile == 0) next = first;
+                    if (col >= p.n) continue;
+                    const int need = tiling.source_of(tile, min(col + box_cols, p.n) - 1);
+                    for (; next <= need; next++) {
+                        symm_wait_reach(tiling.flag(p, p.rank, peer, next), rs_epoch(), p, peer);
+                        // The peer's TMA stores were flagged after they
+                        // completed: order our (async proxy) loads after.
+                        asm volatile("fence.proxy.async.global;" ::: "memory");
                     }
+                    symm_tma_load3(stage_a(stage) + (b - b0) * 16384, &tm_rs->inbox, col, row, peer, &full[stage]);
                 }
                 advance();
             }
+            symm_trace_now(p, SYMM_TRACE_PARTIALS);
         }
         if (symm_rs_pushes(p)) {
             // Every stage handed back: the consumers have read all that the
@@ -1382,14 +1425,18 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
 #pragma unroll
                 for (int i = 0; i < BN / 2; i++) acc[i] *= p.alpha;
                 const symm_partials parts(p, BN, Cfg::STAGE_BYTES);
-#define SYMM_ADD(DT) \
-    symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, phase)
+                const symm_tmap* in_ring = p.rs_c_store == SYMM_RS_C_RING ? tm_c : nullptr;
+#define SYMM_ADD(DT)                                                                                            \
+    symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, \
+                                                        phase, in_ring, row)
                 if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
                 else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
                 else SYMM_ADD(SYMM_DT_F16);
 #undef SYMM_ADD
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_ADDED);
-                if (p.rs_c_tma) {
+                if (in_ring) {
+                    // Stored from the ring already.
+                } else if (p.rs_c_store == SYMM_RS_C_STAGED) {
                     SYMM_EPI_TMA(tm_c, row, 1.f);
                 } else {
                     // C's rows that TMA cannot address (this rank's own

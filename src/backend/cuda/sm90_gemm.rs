@@ -76,12 +76,17 @@ struct Params {
     trace: u64,
     rs_narrow_n: i32,
     rs_narrow_w: i32,
-    rs_c_tma: i32,
+    rs_c_store: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<Params>() == 480);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
+
+/// `SYMM_RS_C_*`: how a fused reduce-scatter's own rows reach C.
+const RS_C_REGISTERS: i32 = 0;
+const RS_C_STAGED: i32 = 1;
+const RS_C_RING: i32 = 2;
 
 /// `SYMM_GEMM_SCALES_*`.
 const SCALES_NONE: i32 = 0;
@@ -350,6 +355,11 @@ pub struct Sm90Matmul {
     /// wave of 256-wide tiles leaves idle (see [`narrow_peers`]); used
     /// with rs_push only.
     pub rs_narrow: Option<NarrowPeers>,
+    /// Reduce-scatter with rs_push: this rank's own rows go to C from the
+    /// ring where the peers' partials were added (default, unless
+    /// `SYMM_RS_IN_RING=0`); false: through the staging area (for
+    /// comparisons). Either where C is TMA-addressable, else from registers.
+    pub rs_c_in_ring: bool,
 }
 
 /// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
@@ -405,6 +415,7 @@ impl Sm90Matmul {
             timeout_ns: 0,
             trace: 0,
             rs_narrow: None,
+            rs_c_in_ring: std::env::var("SYMM_RS_IN_RING").as_deref() != Ok("0"),
             err,
         }
     }
@@ -685,7 +696,7 @@ impl Sm90Matmul {
         } else if let (Some(s), true) = (&self.scatter, self.rs_pushes()) {
             // Every rank pushes alike; only its own rows' store depends on
             // its C.
-            p.rs_c_tma = i32::from(self.rs_c_through_tma());
+            p.rs_c_store = self.rs_c_store();
             let slot_bytes = (self.chunk_rows * self.n * self.out_dtype.size()) as u64;
             for (d, &inbox) in s.inbox.iter().enumerate().filter(|&(d, _)| d != s.rank) {
                 let slot = Operand { ptr: inbox + s.rank as u64 * slot_bytes, rows: self.chunk_rows, ld: self.n };
@@ -694,7 +705,7 @@ impl Sm90Matmul {
             let dims = [self.n as u64, self.chunk_rows as u64, self.chunks() as u64];
             let strides = [(self.n * self.out_dtype.size()) as u64, slot_bytes];
             rs.inbox = encode_tiled(out, s.inbox[s.rank], &dims, &strides, &[c_box as u32, BM as u32, 1])?;
-            if p.rs_c_tma != 0 {
+            if p.rs_c_store != RS_C_REGISTERS {
                 encode_box(out, &self.c, self.n, c_box, C_BOX_ROWS)?
             } else {
                 tm_a
@@ -761,10 +772,18 @@ impl Sm90Matmul {
             && self.scatter.as_ref().is_some_and(|s| s.inbox.iter().all(|&a| a % 16 == 0))
     }
 
-    /// With rs_push, whether this rank's own rows go to C by TMA: C at a
-    /// 16-byte aligned address and row stride (else from registers).
-    fn rs_c_through_tma(&self) -> bool {
-        self.c.ptr % 16 == 0 && (self.c.ld * self.out_dtype.size()) % 16 == 0
+    /// With rs_push, how this rank's own rows go to C (`SYMM_RS_C_*`): by
+    /// TMA where C's address and row stride are 16-byte aligned (from the
+    /// ring, or through the staging area: `rs_c_in_ring`), else from
+    /// registers.
+    fn rs_c_store(&self) -> i32 {
+        if self.c.ptr % 16 != 0 || (self.c.ld * self.out_dtype.size()) % 16 != 0 {
+            RS_C_REGISTERS
+        } else if self.rs_c_in_ring {
+            RS_C_RING
+        } else {
+            RS_C_STAGED
+        }
     }
 
     fn params(&self) -> Params {
@@ -820,7 +839,7 @@ impl Sm90Matmul {
             trace: self.trace,
             rs_narrow_n: narrow.map_or(0, |w| w.tiles as i32),
             rs_narrow_w: narrow.map_or(0, |w| w.width as i32),
-            rs_c_tma: 0,
+            rs_c_store: RS_C_REGISTERS,
         }
     }
 }

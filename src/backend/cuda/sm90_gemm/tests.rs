@@ -939,7 +939,8 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
     // tiles make each CTA's last pushed tile the one its peer's first own
     // tile waits for (v8, which took those flags before the tile's
     // mainloop but set its own last one after it, waited there until the
-    // timeout).
+    // timeout). The sums go to C from the ring where they were added,
+    // and in two cases through the staging area.
     use Ctas::*;
     let (bf16, f32) = (GemmDtype::BF16, GemmDtype::F32);
     let case = |world, fp8, out, push, ctas| RsCase { world, fp8, out, push, ctas, ..RsCase::default() };
@@ -957,6 +958,13 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
         case(2, false, f32, false, ChunkTiles),
         // This rank's C where TMA cannot store it (the sums from registers).
         RsCase { misaligned_c: true, ..case(2, false, bf16, true, Share) },
+        // The sums through the staging area instead of from the ring.
+        RsCase { staged: true, ..case(2, false, bf16, true, Share) },
+        RsCase { staged: true, ..case(3, false, f32, true, One) },
+        // Three peers' partials added in turn. (With world 3 and an f32 C,
+        // above, the sums lie in all four stages of the ring, each held
+        // until their stores read it.)
+        case(4, false, f32, true, One),
     ] {
         reduce_scatter_case(&g, kern, c);
     }
@@ -988,6 +996,7 @@ fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
         case(2, bf16, One),
         RsCase { misaligned_c: true, ..case(2, bf16, Share) },
         RsCase { misaligned_c: true, ..case(3, f32, ChunkTiles) },
+        RsCase { staged: true, ..case(2, bf16, Share) },
     ] {
         reduce_scatter_case(&g, kern, c);
     }
@@ -1007,6 +1016,8 @@ struct RsCase {
     narrow: bool,
     /// Each rank's C one element past a 16-byte boundary.
     misaligned_c: bool,
+    /// The own rows through the staging area, not from the ring.
+    staged: bool,
     /// Only rank 0 runs (see reduce_scatter_case).
     peer_missing: bool,
 }
@@ -1021,6 +1032,7 @@ impl Default for RsCase {
             ctas: Ctas::Share,
             narrow: false,
             misaligned_c: false,
+            staged: false,
             peer_missing: false,
         }
     }
@@ -1043,7 +1055,7 @@ enum Ctas {
 /// once (200 ms timeout): a timeout error naming rank 1 is expected
 /// instead of the sums.
 fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
-    let RsCase { world, fp8, out, push, ctas, narrow, misaligned_c, peer_missing } = case;
+    let RsCase { world, fp8, out, push, ctas, narrow, misaligned_c, staged, peer_missing } = case;
     let dt = GemmDtype::BF16;
     let (rows, n, k) = (192usize, if narrow { 728 } else { 320 }, 128usize);
     // The first of the narrow tiles 248 columns wide, the other two 240.
@@ -1081,6 +1093,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         });
         mm.timeout_ns = if peer_missing { 200_000_000 } else { 5_000_000_000 };
         mm.rs_push = push;
+        mm.rs_c_in_ring = !staged;
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
