@@ -188,6 +188,7 @@ struct symm_gemm_params {
     int32_t rs_narrow_n;   // rs_push: tiles per row tile of a peer's chunk (0: as wide as the own ones)
     int32_t rs_narrow_w;   // their width (a multiple of 8; the first few are 8 wider, to cover n)
     int32_t rs_c_store;    // rs_push: how this rank's own rows reach C (SYMM_RS_C_*)
+    int32_t rs_push_ring;  // narrow peer tiles, 16-bit C: 1 = a CTA's last one pushed from the ring (all boxes at once)
 };
 // rs_c_store: from registers (C that TMA cannot address), through the
 // staging area and tm_c, or by tm_c from the ring where the peers'
@@ -713,13 +714,19 @@ static __device__ __forceinline__ int symm_swizzled(int row, int jj, int q) {
 // The stores drain while the warpgroup goes on to its next tile; the
 // staging area is reused only after they finished reading it. TMA clips
 // rows and columns past the map's.
+//
+// With `spread` (bytes), box i lies at staging + i * spread instead, each
+// in a place of its own (a free ring's stages), so no piece waits for the
+// previous one's stores to read theirs: a narrow peer tile's pushes, whose
+// reads wait on NVLink.
 #define SYMM_GEMM_EPI_BYTES (2 * 16384)
 template <int DT, int BN>
 static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2], int col0, int row, int n,
-                                                         unsigned char* staging, const symm_tmap* map, float alpha,
-                                                         bool& pending) {
+                                                         unsigned char* staging, int spread, const symm_tmap* map,
+                                                         float alpha, bool& pending) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
     constexpr int BLOCKS = 32 / ELEM;  // 8-column blocks per 256-byte piece
+    constexpr int PER_BOX = BLOCKS / 2;
     const int t = threadIdx.x % 128, q = t % 4;
     const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
     const int r0 = 16 * (t / 32) + (t % 32) / 4;
@@ -727,10 +734,11 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
     constexpr int PIECES = (BN / 8 + BLOCKS - 1) / BLOCKS;
 #pragma unroll
     for (int h = 0; h < PIECES; h++) {
-        if (pending) {
+        if (pending && !spread) {
             symm_staging_read_done(t);
             asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
         }
+        auto box = [&](int b) { return spread ? staging + (2 * h + b) * spread : staging + b * 8192; };
 #pragma unroll
         for (int jj = 0; jj < BLOCKS; jj++) {
             const int j = BLOCKS * h + jj;
@@ -738,7 +746,7 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const float x = d[4 * j + 2 * hh] * alpha, y = d[4 * j + 2 * hh + 1] * alpha;
-                unsigned char* at = staging + symm_swizzled<ELEM>(r0 + 8 * hh, jj, q);
+                unsigned char* at = box(jj / PER_BOX) + symm_swizzled<ELEM>(r0 + 8 * hh, jj % PER_BOX, q);
                 if constexpr (DT == SYMM_DT_F32) {
                     *(float2*)at = make_float2(x, y);
                 } else {
@@ -751,8 +759,8 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
         asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
         if (t == 0) {
             for (int b = 0; b < 2; b++) {
-                const int col = col0 + (BLOCKS * h + b * BLOCKS / 2) * 8;
-                if (col < n) symm_tma_store(map, staging + b * 8192, col, row);
+                const int col = col0 + (BLOCKS * h + b * PER_BOX) * 8;
+                if (col < n) symm_tma_store(map, box(b), col, row);
             }
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
@@ -762,19 +770,20 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
 
 // A narrow peer tile's last columns, which no whole box covers: after
 // symm_epilogue_tma stored the boxes before column col0 + from, the box
-// that starts there still lies in the second half of the staging area;
-// the warpgroup copies its columns before `end` (n or the tile's end, a
-// multiple of 8) and rows before `row_end` (in the chunk) into `dst` (the
-// peer's inbox slot: [chunk rows][n]), 16 bytes a thread at a time.
-// Straight from shared memory, so the accumulators stay as they are.
+// that starts there (`box`, where symm_epilogue_tma left it) is still in
+// shared memory; the warpgroup copies its columns before `end` (n or the
+// tile's end, a multiple of 8) and rows before `row_end` (in the chunk)
+// into `dst` (the peer's inbox slot: [chunk rows][n]), 16 bytes a thread
+// at a time. Straight from shared memory, so the accumulators stay as
+// they are.
 template <int ELEM>
-static __device__ __forceinline__ void symm_push_tail(const unsigned char* staging, int col0, int from, int end,
-                                                      int row, int row_end, uint64_t dst, int n) {
+static __device__ __forceinline__ void symm_push_tail(const unsigned char* box, int col0, int from, int end, int row,
+                                                      int row_end, uint64_t dst, int n) {
     const int units = (end - col0 - from) * ELEM / 16;  // 16-byte units of a row to copy
     for (int i = threadIdx.x % 128; i < 64 * units; i += 128) {
         const int r = i / units, u = i % units;
         if (row + r >= row_end) continue;
-        const uint4 v = *(const uint4*)(staging + 8192 + r * 128 + ((u ^ (r % 8)) * 16));
+        const uint4 v = *(const uint4*)(box + r * 128 + ((u ^ (r % 8)) * 16));
         *(uint4*)(dst + ((int64_t)(row + r) * n + col0 + from) * ELEM + u * 16) = v;
     }
 }
@@ -1269,17 +1278,22 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     };
     // A narrow peer tile (see the header), start to end: a k-loop of its own
     // width on the first W / 2 of d, then its push: whole boxes by TMA, the
-    // columns past them copied from the staging area (symm_push_tail). Its
+    // columns past them copied from shared memory (symm_push_tail). Its
     // wgmma names all of d as operands: with only the ones it writes, ptxas
     // serialized the wgmmas (C7515), and with an array of its own it kept
     // both arrays' registers and spilled thousands of bytes.
     // symm_epilogue_tma for C's type, W columns of ACC from COL0 into MAP
-    // (columns before N), through this warpgroup's staging area `mine`.
-#define SYMM_EPI_TMA_W(W, ACC, COL0, ROW, N, MAP, ALPHA)                                                         \
-    if (p.out_dtype == SYMM_DT_F32) symm_epilogue_tma<SYMM_DT_F32, W>(ACC, COL0, ROW, N, mine, MAP, ALPHA, pending); \
-    else if (p.out_dtype == SYMM_DT_BF16) symm_epilogue_tma<SYMM_DT_BF16, W>(ACC, COL0, ROW, N, mine, MAP, ALPHA, pending); \
-    else symm_epilogue_tma<SYMM_DT_F16, W>(ACC, COL0, ROW, N, mine, MAP, ALPHA, pending)
-    auto narrow_tile = [&](const symm_tile& tile, auto width, float(&d)[BN / 2]) {
+    // (columns before N), through AREA boxes SPREAD bytes apart (0: this
+    // warpgroup's staging area `mine`, two boxes at a time).
+#define SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA)                                          \
+    if (p.out_dtype == SYMM_DT_F32)                                                                            \
+        symm_epilogue_tma<SYMM_DT_F32, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, pending);             \
+    else if (p.out_dtype == SYMM_DT_BF16)                                                                      \
+        symm_epilogue_tma<SYMM_DT_BF16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, pending);            \
+    else symm_epilogue_tma<SYMM_DT_F16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, pending)
+#define SYMM_EPI_TMA_W(W, ACC, COL0, ROW, N, MAP, ALPHA) SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, mine, 0, MAP, ALPHA)
+    // `last`: the CTA's last tile, after which the ring is free.
+    auto narrow_tile = [&](const symm_tile& tile, auto width, float(&d)[BN / 2], bool last) {
         constexpr int W = decltype(width)::value;
         float(&dn)[W / 2] = *reinterpret_cast<float(*)[W / 2]>(&d);
         mainloop(width, d);
@@ -1290,15 +1304,23 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const int by_tma = W / (128 / elem) * (128 / elem);
         const int end = min(p.n, tile.col0 + W);
         const int chunk_row0 = tile.chunk * p.chunk_rows, row = tile.row0 - chunk_row0 + slice;
-        unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-        SYMM_EPI_TMA_W(W, dn, tile.col0, row, min(end, tile.col0 + by_tma), &tm_rs->push[tile.chunk], p.alpha);
+        // The boxes in this warpgroup's rows of the ring's stages (A's
+        // half it alone reads), where the ring is free after the k-loop and
+        // holds them (a 16-bit C's 4 boxes), else through the staging area.
+        const bool spread = p.rs_push_ring && last && elem == 2;
+        unsigned char* area = spread ? ring + slice * SYMM_GEMM_BK_BYTES : staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+        const int stride = spread ? Cfg::STAGE_BYTES : 0;
+        SYMM_EPI_TMA_S(W, dn, tile.col0, row, min(end, tile.col0 + by_tma), area, stride, &tm_rs->push[tile.chunk],
+                       p.alpha);
         if (tile.col0 + by_tma < end) {
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)p.rank * p.chunk_rows * p.n * elem;
             const int row_end = tile.row_end - chunk_row0;
+            const int tail_box = by_tma * elem / 128;
+            const unsigned char* box = spread ? area + tail_box * stride : area + tail_box % 2 * 8192;
             if (elem == 4) {
-                symm_push_tail<4>(mine, tile.col0, by_tma, end, row, row_end, dst, p.n);
+                symm_push_tail<4>(box, tile.col0, by_tma, end, row, row_end, dst, p.n);
             } else {
-                symm_push_tail<2>(mine, tile.col0, by_tma, end, row, row_end, dst, p.n);
+                symm_push_tail<2>(box, tile.col0, by_tma, end, row, row_end, dst, p.n);
             }
             tail_stores = true;
         }
@@ -1312,11 +1334,11 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         float d[BN / 2];
         if constexpr (NARROW) {
             if (tile.cols == 240) {
-                narrow_tile(tile, symm_width<240>{}, d);
+                narrow_tile(tile, symm_width<240>{}, d, t + (int)gridDim.x >= tiling.total);
                 continue;
             }
             if (tile.cols == 248) {
-                narrow_tile(tile, symm_width<248>{}, d);
+                narrow_tile(tile, symm_width<248>{}, d, t + (int)gridDim.x >= tiling.total);
                 continue;
             }
         }
@@ -1453,6 +1475,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
 #undef SYMM_EPI_TMA
 #undef SYMM_EPI_TMA_W
+#undef SYMM_EPI_TMA_S
         // From registers (rows that TMA cannot address, or for comparison).
         const int64_t slot_elems = (int64_t)p.chunk_rows * p.n;
         const int elem = dt == SYMM_DT_F32 ? 4 : 2;

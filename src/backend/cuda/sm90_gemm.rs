@@ -77,6 +77,7 @@ struct Params {
     rs_narrow_n: i32,
     rs_narrow_w: i32,
     rs_c_store: i32,
+    rs_push_ring: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<Params>() == 480);
@@ -357,9 +358,14 @@ pub struct Sm90Matmul {
     pub rs_narrow: Option<NarrowPeers>,
     /// Reduce-scatter with rs_push: this rank's own rows go to C from the
     /// ring where the peers' partials were added (default, unless
-    /// `SYMM_RS_IN_RING=0`); false: through the staging area (for
-    /// comparisons). Either where C is TMA-addressable, else from registers.
-    pub rs_c_in_ring: bool,
+    /// `SYMM_RS_IN_RING=0`; false: through the staging area, for
+    /// comparisons), where C is TMA-addressable, else from registers.
+    pub rs_in_ring: bool,
+    /// Narrow peer tiles, 16-bit C: a CTA's last one stages all its boxes
+    /// at once in the ring, free after its k-loop (default, unless
+    /// `SYMM_RS_PUSH_RING=0`; false: two at a time through the staging
+    /// area, each pair once the previous one's stores have read it).
+    pub rs_push_ring: bool,
 }
 
 /// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
@@ -415,7 +421,8 @@ impl Sm90Matmul {
             timeout_ns: 0,
             trace: 0,
             rs_narrow: None,
-            rs_c_in_ring: std::env::var("SYMM_RS_IN_RING").as_deref() != Ok("0"),
+            rs_in_ring: std::env::var("SYMM_RS_IN_RING").as_deref() != Ok("0"),
+            rs_push_ring: std::env::var("SYMM_RS_PUSH_RING").as_deref() != Ok("0"),
             err,
         }
     }
@@ -774,12 +781,12 @@ impl Sm90Matmul {
 
     /// With rs_push, how this rank's own rows go to C (`SYMM_RS_C_*`): by
     /// TMA where C's address and row stride are 16-byte aligned (from the
-    /// ring, or through the staging area: `rs_c_in_ring`), else from
+    /// ring, or through the staging area: `rs_in_ring`), else from
     /// registers.
     fn rs_c_store(&self) -> i32 {
         if self.c.ptr % 16 != 0 || (self.c.ld * self.out_dtype.size()) % 16 != 0 {
             RS_C_REGISTERS
-        } else if self.rs_c_in_ring {
+        } else if self.rs_in_ring {
             RS_C_RING
         } else {
             RS_C_STAGED
@@ -840,6 +847,7 @@ impl Sm90Matmul {
             rs_narrow_n: narrow.map_or(0, |w| w.tiles as i32),
             rs_narrow_w: narrow.map_or(0, |w| w.width as i32),
             rs_c_store: RS_C_REGISTERS,
+            rs_push_ring: i32::from(self.rs_push_ring),
         }
     }
 }

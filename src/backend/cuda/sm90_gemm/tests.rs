@@ -1016,7 +1016,8 @@ struct RsCase {
     narrow: bool,
     /// Each rank's C one element past a 16-byte boundary.
     misaligned_c: bool,
-    /// The own rows through the staging area, not from the ring.
+    /// Through the staging area, not the ring (`Sm90Matmul::rs_in_ring`,
+    /// `rs_push_ring`).
     staged: bool,
     /// Only rank 0 runs (see reduce_scatter_case).
     peer_missing: bool,
@@ -1093,7 +1094,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         });
         mm.timeout_ns = if peer_missing { 200_000_000 } else { 5_000_000_000 };
         mm.rs_push = push;
-        mm.rs_c_in_ring = !staged;
+        (mm.rs_in_ring, mm.rs_push_ring) = (!staged, !staged);
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
