@@ -189,7 +189,6 @@ struct symm_gemm_params {
     int32_t rs_narrow_w;   // their width (a multiple of 8; the first few are 8 wider, to cover n)
     int32_t rs_c_store;    // rs_push: how this rank's own rows reach C (SYMM_RS_C_*)
     int32_t rs_push_ring;  // narrow peer tiles, 16-bit C: 1 = a CTA's last one pushed from the ring (all boxes at once)
-    int32_t rs_row_flags;  // narrow peer tiles: 1 = one flag per row tile (symm_tiling::row_flags)
 };
 // rs_c_store: from registers (C that TMA cannot address), through the
 // staging area and tm_c, or by tm_c from the ring where the peers'
@@ -363,11 +362,6 @@ struct symm_tiling {
     // narrow_n tiles, the first narrow_extra of them narrow_w + 8 wide.
     int32_t narrow_n, narrow_w, narrow_extra;
     int32_t flags;      // rs: flags per source rank
-    // Narrow peer tiles flagged per row tile (rs_row_flags; see
-    // symm_rs_flag_pushed): the row's first tile's flag stands for the
-    // row, and this rank's own slot of its flags (unused otherwise) holds
-    // the counts, one per (chunk, row tile).
-    bool row_flags;
 
     __device__ symm_tiling(const symm_gemm_params& p, int bn) {
         tiles_m = (p.chunk_rows + SYMM_GEMM_BM - 1) / SYMM_GEMM_BM;
@@ -383,7 +377,6 @@ struct symm_tiling {
             total = per_chunk + (p.chunks - 1) * tiles_m * narrow_n;
             flags = tiles_m * max(tiles_n, narrow_n);
         }
-        row_flags = narrow_n && p.rs_row_flags && flags >= p.chunks * tiles_m;
     }
 
     // rs: the flag of tile `index` of `dst`'s rows, sent by rank `src`.
@@ -399,12 +392,11 @@ struct symm_tiling {
         return c < wide ? c / (narrow_w + 8) : narrow_extra + (c - wide) / narrow_w;
     }
 
-    // rs: the flag (an index in the peers' numbering of tiles) that says
-    // column c of own tile `tile` landed: the same tile's, or with narrow
-    // peer tiles that of the one that covers c, or of its row tile.
+    // rs: the peers' tile that holds column c of own tile `tile` (its index
+    // in the peers' numbering): the same tile, or with narrow peer tiles
+    // the one that covers c.
     __device__ int source_of(const symm_tile& tile, int c) const {
-        if (!narrow_n) return tile.index;
-        return (tile.index / tiles_n) * narrow_n + (row_flags ? 0 : narrow_of(c));
+        return narrow_n ? (tile.index / tiles_n) * narrow_n + narrow_of(c) : tile.index;
     }
 
     // Tile t: groups of GROUP_M row tiles (of `rows`, the list of row tiles
@@ -1018,23 +1010,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         // cumulative, publishes them. No __threadfence_system: a
         // fence.sc.sys here, off the consumers' path, still cost the
         // kernel about 3% (bench/KERNELS.md).
-        if (tiling.row_flags) {
-            // One flag per row tile: the row's narrow tiles count here
-            // (acq_rel, GPU scope: each one's stores before its count, and
-            // every count before the last one's release), and the last
-            // one resets the count and releases the row's flag, which
-            // then covers every tile's stores (the release is cumulative).
-            const int tm = tile.index / tiling.narrow_n;
-            uint32_t* count = tiling.flag(p, p.rank, p.rank, tile.chunk * tiling.tiles_m + tm);
-            uint32_t before;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(count) : "memory");
-            if (before == (uint32_t)tiling.narrow_n - 1) {
-                *(volatile uint32_t*)count = 0;  // read again by the next call, after this kernel
-                symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tm * tiling.narrow_n), epoch);
-            }
-        } else {
-            symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
-        }
+        symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
         symm_trace_now(p, SYMM_TRACE_FLAGGED);
         symm_mbar_arrive(&pushed->empty);
         phase ^= 1;

@@ -78,10 +78,9 @@ struct Params {
     rs_narrow_w: i32,
     rs_c_store: i32,
     rs_push_ring: i32,
-    rs_row_flags: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 488);
+const _: () = assert!(std::mem::size_of::<Params>() == 480);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
@@ -367,10 +366,6 @@ pub struct Sm90Matmul {
     /// `SYMM_RS_PUSH_RING=0`; false: two at a time through the staging
     /// area, each pair once the previous one's stores have read it).
     pub rs_push_ring: bool,
-    /// Narrow peer tiles: one flag per row tile, released by the last of
-    /// its tiles to finish pushing (default, unless `SYMM_RS_ROW_FLAGS=0`:
-    /// one per tile; set alike on every rank).
-    pub rs_row_flags: bool,
 }
 
 /// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
@@ -428,7 +423,6 @@ impl Sm90Matmul {
             rs_narrow: None,
             rs_in_ring: std::env::var("SYMM_RS_IN_RING").as_deref() != Ok("0"),
             rs_push_ring: std::env::var("SYMM_RS_PUSH_RING").as_deref() != Ok("0"),
-            rs_row_flags: std::env::var("SYMM_RS_ROW_FLAGS").as_deref() != Ok("0"),
             err,
         }
     }
@@ -854,7 +848,6 @@ impl Sm90Matmul {
             rs_narrow_w: narrow.map_or(0, |w| w.width as i32),
             rs_c_store: RS_C_REGISTERS,
             rs_push_ring: i32::from(self.rs_push_ring),
-            rs_row_flags: i32::from(self.rs_row_flags),
         }
     }
 }

@@ -980,8 +980,7 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
 /// tiles of 256 (the last one 216), so that each own tile sums the partials
 /// of two narrow tiles, pushed by TMA boxes and by the tail copy; bf16 and
 /// f32 C (whose boxes are half as wide), world 2 and 3, one CTA walking
-/// every tile, misaligned C, through the staging area, flagged per tile as
-/// well as per row tile, and a missing peer.
+/// every tile, misaligned C, and a missing peer.
 #[test]
 fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
     let Some(g) = gpu() else { return };
@@ -998,8 +997,6 @@ fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
         RsCase { misaligned_c: true, ..case(2, bf16, Share) },
         RsCase { misaligned_c: true, ..case(3, f32, ChunkTiles) },
         RsCase { staged: true, ..case(2, bf16, Share) },
-        RsCase { tile_flags: true, ..case(2, bf16, Share) },
-        RsCase { tile_flags: true, ..case(3, f32, One) },
     ] {
         reduce_scatter_case(&g, kern, c);
     }
@@ -1022,9 +1019,6 @@ struct RsCase {
     /// Through the staging area, not the ring (`Sm90Matmul::rs_in_ring`,
     /// `rs_push_ring`).
     staged: bool,
-    /// Narrow peer tiles flagged one by one, not per row tile
-    /// (`Sm90Matmul::rs_row_flags`).
-    tile_flags: bool,
     /// Only rank 0 runs (see reduce_scatter_case).
     peer_missing: bool,
 }
@@ -1040,7 +1034,6 @@ impl Default for RsCase {
             narrow: false,
             misaligned_c: false,
             staged: false,
-            tile_flags: false,
             peer_missing: false,
         }
     }
@@ -1063,7 +1056,7 @@ enum Ctas {
 /// once (200 ms timeout): a timeout error naming rank 1 is expected
 /// instead of the sums.
 fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
-    let RsCase { world, fp8, out, push, ctas, narrow, misaligned_c, staged, tile_flags, peer_missing } = case;
+    let RsCase { world, fp8, out, push, ctas, narrow, misaligned_c, staged, peer_missing } = case;
     let dt = GemmDtype::BF16;
     let (rows, n, k) = (192usize, if narrow { 728 } else { 320 }, 128usize);
     // The first of the narrow tiles 248 columns wide, the other two 240.
@@ -1101,7 +1094,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         });
         mm.timeout_ns = if peer_missing { 200_000_000 } else { 5_000_000_000 };
         mm.rs_push = push;
-        (mm.rs_in_ring, mm.rs_push_ring, mm.rs_row_flags) = (!staged, !staged, !tile_flags);
+        (mm.rs_in_ring, mm.rs_push_ring) = (!staged, !staged);
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
