@@ -67,7 +67,11 @@ def summarize(ctas, rank, origin):
             ("stores issued, peers' tiles", peer, "epilogue"),
             ("pushes complete, peers' tiles", peer, "pushed"),
             ("flag set, peers' tiles", peer, "flagged"),
-            ("peers' flags seen, own tiles", own, "partials"),
+            # Since v20 the producer stamps "partials" once its last box of
+            # partials is issued (each box waits for its own flags), and with
+            # the sums stored from the ring "added" comes once those stores
+            # have read it.
+            ("flags seen/loads issued, own tiles", own, "partials"),
             ("partials added, own tiles", own, "added"),
             ("stores issued, own tiles", own, "epilogue"),
             ("last stores read, peers' tiles", peer, "drained"),
