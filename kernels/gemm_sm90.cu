@@ -128,7 +128,7 @@
 #define SYMM_TRACE_PARTIALS 5     // rs: an own tile's peer flags all seen, its loads issued (producer)
 #define SYMM_TRACE_CHUNK 6        // the last tile's chunk + 1 (not a time)
 #define SYMM_TRACE_END 7          // warpgroup 1 done
-#define SYMM_TRACE_ADDED 8        // rs: an own tile's peer partials added (and stored, from the ring) (warpgroup 1)
+#define SYMM_TRACE_ADDED 8        // rs: an own tile's peer partials added (from the ring: and stored, the stores done reading) (warpgroup 1)
 #define SYMM_TRACE_DRAINED 9      // warpgroup 1's last stores done reading shared memory
 
 // A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
