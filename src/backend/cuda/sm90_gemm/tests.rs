@@ -961,9 +961,9 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
         // The sums through the staging area instead of from the ring.
         RsCase { staged: true, ..case(2, false, bf16, true, Share) },
         RsCase { staged: true, ..case(3, false, f32, true, One) },
-        // Three peers' partials added in turn. (With world 3 and an f32 C,
-        // above, the sums lie in all four stages of the ring, each held
-        // until their stores read it.)
+        // Three peers' partials added in turn. (With an f32 C the sums
+        // span several stages of the ring, each held until their stores
+        // have read it.)
         case(4, false, f32, true, One),
     ] {
         reduce_scatter_case(&g, kern, c);
