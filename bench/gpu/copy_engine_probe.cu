@@ -15,14 +15,7 @@
 
 #include <unistd.h>
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "cuda_check.h"
 
 // Holds its SM for `ns` nanoseconds (a stand-in for a persistent matmul).
 __global__ void occupy(unsigned long long ns) {

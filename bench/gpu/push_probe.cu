@@ -27,14 +27,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "cuda_check.h"
 
 constexpr int COLS = 8192;          // a row-major buffer's columns (bf16): 16 KiB rows
 constexpr int TILE_BYTES = 65536;   // per CTA: 128 rows x 256 columns of bf16

@@ -421,8 +421,8 @@ impl Sm90Matmul {
             timeout_ns: 0,
             trace: 0,
             rs_narrow: None,
-            rs_in_ring: std::env::var("SYMM_RS_IN_RING").as_deref() != Ok("0"),
-            rs_push_ring: std::env::var("SYMM_RS_PUSH_RING").as_deref() != Ok("0"),
+            rs_in_ring: knob_on("SYMM_RS_IN_RING"),
+            rs_push_ring: knob_on("SYMM_RS_PUSH_RING"),
             err,
         }
     }
@@ -940,7 +940,12 @@ pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_el
 /// `SYMM_RS_NARROW=0` keeps the peers' tiles as wide as the own ones (for
 /// comparisons; set alike on every rank).
 fn narrow_allowed() -> bool {
-    std::env::var("SYMM_RS_NARROW").as_deref() != Ok("0")
+    knob_on("SYMM_RS_NARROW")
+}
+
+/// A kernel variant's switch for comparisons: on unless `var` is "0".
+fn knob_on(var: &str) -> bool {
+    std::env::var(var).as_deref() != Ok("0")
 }
 
 /// Element type of a tensor map: C's or a 16-bit input's type, or bytes
