@@ -78,10 +78,13 @@
 // Narrow peer tiles (rs_narrow_n != 0, rs_push, 16-bit inputs, 256-wide
 // tiles): where one wave of 256-wide tiles leaves SMs idle (mm_rs at
 // M = 512: 128 tiles on 132 SMs), the peers' chunks are cut into more,
-// narrower tiles (rs_narrow_n per row tile, rs_narrow_w or 8 more columns
-// wide: 240 and 248 at n = 8192) that take those SMs, so they finish their
-// k-loop a few percent before this rank's own 256-wide tiles and their
-// pushes cross NVLink while the own tiles still multiply; every tile still
+// narrower tiles (rs_narrow_n per row tile, rs_narrow_w wide, the first
+// few 8 more columns, the last rs_narrow_less 8 fewer: 232, 240 and 248 at
+// n = 8192) that take those SMs, so they finish their k-loop a few percent
+// before this rank's own 256-wide tiles and their pushes cross NVLink
+// while the own tiles still multiply. Three widths, so that the k-loops
+// end a few us apart and the link drains each group's pushes before the
+// next one's come, instead of taking all of them at once; every tile still
 // reads B's k-blocks with the others of its columns, in step. Their TMA
 // stores cover whole boxes inside the tile; the warpgroup's threads copy
 // the columns past the last one from the staging area (a box would write
@@ -186,9 +189,10 @@ struct symm_gemm_params {
     int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
     uint64_t trace;        // 0, or [gridDim.x][SYMM_GEMM_TRACE_SLOTS] u64 (see SYMM_GEMM_TRACE_SLOTS)
     int32_t rs_narrow_n;   // rs_push: tiles per row tile of a peer's chunk (0: as wide as the own ones)
-    int32_t rs_narrow_w;   // their width (a multiple of 8; the first few are 8 wider, to cover n)
+    int32_t rs_narrow_w;   // their width (a multiple of 8; the first few are 8 wider, to cover n, see rs_narrow_less)
     int32_t rs_c_store;    // rs_push: how this rank's own rows reach C (SYMM_RS_C_*)
     int32_t rs_push_ring;  // narrow peer tiles, 16-bit C: 1 = a CTA's last one pushed from the ring (all boxes at once)
+    int32_t rs_narrow_less; // narrow peer tiles: the last this many of a row tile are 8 columns narrower
 };
 // rs_c_store: from registers (C that TMA cannot address), through the
 // staging area and tm_c, or by tm_c from the ring where the peers'
@@ -322,14 +326,16 @@ static __device__ __forceinline__ void symm_wgmma(float (&d)[BN / 2], uint64_t d
 #undef SYMM_WGMMA_CASE
 }
 
-// The narrow peer tiles' wgmma (W = 240 or 248 columns, 16-bit inputs) into
+// The narrow peer tiles' wgmma (W = 232, 240 or 248 columns, 16-bit inputs) into
 // the first W / 2 of the 256-wide tile's accumulators.
 template <int A_DT, int B_DT, int W>
 static __device__ __forceinline__ void symm_wgmma_narrow(float (&d)[128], uint64_t da, uint64_t db, int acc) {
-    static_assert(A_DT == B_DT && (A_DT == SYMM_DT_BF16 || A_DT == SYMM_DT_F16) && (W == 240 || W == 248),
-                  "narrow tiles: 16-bit inputs, 240 or 248 columns");
+    static_assert(A_DT == B_DT && (A_DT == SYMM_DT_BF16 || A_DT == SYMM_DT_F16) && (W == 232 || W == 240 || W == 248),
+                  "narrow tiles: 16-bit inputs, 232, 240 or 248 columns");
+    if constexpr (A_DT == SYMM_DT_BF16 && W == 232) symm_wgmma_bf16_n232(d, da, db, acc);
     if constexpr (A_DT == SYMM_DT_BF16 && W == 240) symm_wgmma_bf16_n240(d, da, db, acc);
     if constexpr (A_DT == SYMM_DT_BF16 && W == 248) symm_wgmma_bf16_n248(d, da, db, acc);
+    if constexpr (A_DT == SYMM_DT_F16 && W == 232) symm_wgmma_f16_n232(d, da, db, acc);
     if constexpr (A_DT == SYMM_DT_F16 && W == 240) symm_wgmma_f16_n240(d, da, db, acc);
     if constexpr (A_DT == SYMM_DT_F16 && W == 248) symm_wgmma_f16_n248(d, da, db, acc);
 }
@@ -359,8 +365,9 @@ struct symm_tiling {
     int32_t total;
     int32_t rows;       // row tiles grouped together: a chunk's (rs) or all of them
     // Narrow peer tiles (see the header; narrow_n 0: none): per row tile,
-    // narrow_n tiles, the first narrow_extra of them narrow_w + 8 wide.
-    int32_t narrow_n, narrow_w, narrow_extra;
+    // narrow_n tiles, the first narrow_extra of them narrow_w + 8 wide, the
+    // last narrow_less narrow_w - 8.
+    int32_t narrow_n, narrow_w, narrow_extra, narrow_less;
     int32_t flags;      // rs: flags per source rank
 
     __device__ symm_tiling(const symm_gemm_params& p, int bn) {
@@ -371,7 +378,8 @@ struct symm_tiling {
         rows = p.rs ? tiles_m : tiles_m * p.chunks;
         narrow_n = p.rs && p.rs_push && p.world > 1 ? p.rs_narrow_n : 0;
         narrow_w = p.rs_narrow_w;
-        narrow_extra = narrow_n ? (p.n + 7) / 8 - narrow_n * (narrow_w / 8) : 0;
+        narrow_less = narrow_n ? p.rs_narrow_less : 0;
+        narrow_extra = narrow_n ? (p.n + 7) / 8 - narrow_n * (narrow_w / 8) + narrow_less : 0;
         flags = per_chunk;
         if (narrow_n) {
             total = per_chunk + (p.chunks - 1) * tiles_m * narrow_n;
@@ -386,10 +394,18 @@ struct symm_tiling {
 
     // Narrow peer tiles: the first column of tile i of a row tile, and the
     // tile holding column c.
-    __device__ int narrow_col0(int i) const { return i * narrow_w + 8 * min(i, narrow_extra); }
+    __device__ int narrow_col0(int i) const {
+        return i * narrow_w + 8 * min(i, narrow_extra) - 8 * max(0, i - (narrow_n - narrow_less));
+    }
     __device__ int narrow_of(int c) const {
         const int wide = narrow_extra * (narrow_w + 8);
-        return c < wide ? c / (narrow_w + 8) : narrow_extra + (c - wide) / narrow_w;
+        const int plain = narrow_n - narrow_less;  // the first narrower tile
+        const int mid = wide + (plain - narrow_extra) * narrow_w;
+        if (c < wide) return c / (narrow_w + 8);
+        return c < mid ? narrow_extra + (c - wide) / narrow_w : plain + (c - mid) / (narrow_w - 8);
+    }
+    __device__ int narrow_cols(int i) const {
+        return narrow_w + (i < narrow_extra ? 8 : 0) - (i >= narrow_n - narrow_less ? 8 : 0);
     }
 
     // rs: the peers' tile that holds column c of own tile `tile` (its index
@@ -441,7 +457,7 @@ struct symm_tiling {
             tn = t % peer_tiles / tiles_m;
             tile.index = tm * narrow_n + tn;
             tile.col0 = narrow_col0(tn);
-            tile.cols = narrow_w + (tn < narrow_extra ? 8 : 0);
+            tile.cols = narrow_cols(tn);
         } else {
             tile.chunk = p.order[p.chunks - 1];
             tm = (t - peer_total) % tiles_m;
@@ -1333,6 +1349,10 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // the next one's k-loop.
         float d[BN / 2];
         if constexpr (NARROW) {
+            if (tile.cols == 232) {
+                narrow_tile(tile, symm_width<232>{}, d, t + (int)gridDim.x >= tiling.total);
+                continue;
+            }
             if (tile.cols == 240) {
                 narrow_tile(tile, symm_width<240>{}, d, t + (int)gridDim.x >= tiling.total);
                 continue;

@@ -249,7 +249,7 @@ int main() {
                 for (int run = 0; run < RUNS; run++) {
                     // Hot: the tiles just rewritten (through L2); cold: then
                     // 256 MiB of other writes.
-                    CK(cudaMemsetAsync(s.local, 0x3c, (size_t)ctas * TILE_BYTES + (size_t)128 * COLS * 2, s.stream));
+                    CK(cudaMemsetAsync(s.local, 0x3c, std::min(bytes, (size_t)ctas * TILE_BYTES + (size_t)128 * COLS * 2), s.stream));
                     if (cold) CK(cudaMemsetAsync(evict, run, 256u << 20, s.stream));
                     load<<<ctas, 128, SMEM, s.stream>>>(map, layout, s.times);
                     CK(cudaGetLastError());

@@ -78,9 +78,10 @@ struct Params {
     rs_narrow_w: i32,
     rs_c_store: i32,
     rs_push_ring: i32,
+    rs_narrow_less: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 480);
+const _: () = assert!(std::mem::size_of::<Params>() == 488);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
@@ -370,27 +371,34 @@ pub struct Sm90Matmul {
 
 /// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
 /// per 128-row tile, `width` columns wide (the first few 8 wider, to cover
-/// n), so that they finish before this rank's own 256-wide tiles and
-/// their pushes cross NVLink while those still multiply ("Narrow peer
-/// tiles" in the kernel's header).
+/// n, and as many more as the last `narrower`, which are 8 narrower), so
+/// that they finish before this rank's own 256-wide tiles and their pushes
+/// cross NVLink while those still multiply ("Narrow peer tiles" in the
+/// kernel's header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NarrowPeers {
     pub tiles: usize,
     pub width: usize,
+    pub narrower: usize,
 }
 
 impl NarrowPeers {
     /// Widths the kernels have a k-loop for.
-    const WIDTHS: [usize; 2] = [240, 248];
+    const WIDTHS: [usize; 3] = [232, 240, 248];
 
     /// Tiles of `width + 8` columns (the first ones) to cover `n`.
     fn wider(self, n: usize) -> Option<usize> {
-        (n.div_ceil(8)).checked_sub(self.tiles * (self.width / 8)).filter(|&e| e < self.tiles)
+        (n.div_ceil(8) + self.narrower)
+            .checked_sub(self.tiles * (self.width / 8))
+            .filter(|&e| e + self.narrower <= self.tiles && e < self.tiles)
     }
 
     /// Whether these tiles cover `n` columns in widths the kernels have.
     fn covers(self, n: usize) -> bool {
-        Self::WIDTHS.contains(&self.width) && self.wider(n).is_some_and(|e| e == 0 || self.width == 240)
+        let has = |w: usize| Self::WIDTHS.contains(&w);
+        self.wider(n).is_some_and(|e| {
+            has(self.width) && (e == 0 || has(self.width + 8)) && (self.narrower == 0 || has(self.width - 8))
+        })
     }
 }
 
@@ -846,6 +854,7 @@ impl Sm90Matmul {
             trace: self.trace,
             rs_narrow_n: narrow.map_or(0, |w| w.tiles as i32),
             rs_narrow_w: narrow.map_or(0, |w| w.width as i32),
+            rs_narrow_less: narrow.map_or(0, |w| w.narrower as i32),
             rs_c_store: RS_C_REGISTERS,
             rs_push_ring: i32::from(self.rs_push_ring),
         }
@@ -888,23 +897,38 @@ fn tile_override() -> Option<TileN> {
 /// Narrow peer tiles for a reduce-scatter of `chunks` chunks of `m_chunk`
 /// rows by `n` columns in 256-wide tiles on `sms` multiprocessors, where
 /// they pay: the 256-wide tiles are one wave that leaves SMs idle, and the
-/// peers' chunks then fill them with more tiles of 240 or 248 columns (the
+/// peers' chunks then fill them with more tiles of 232 to 248 columns (the
 /// widths the kernels have): at mm_rs M = 512 world 2, n = 8192, 68 tiles
-/// (of 240 and 248) on the 68 SMs the own chunk's 64 leave. `None` where
-/// the tiles would not be narrower.
-pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> Option<NarrowPeers> {
+/// on the 68 SMs the own chunk's 64 leave, per row tile 12 of 248 columns,
+/// 14 of 240 and 8 of 232 (`staggered`; without, 4 of 248 and 30 of 240).
+/// `None` where the tiles would not be narrower.
+///
+/// Staggered: a k-loop's time goes with its tile's width, so the three
+/// widths end theirs ~5 us apart (0.61 us per column at this shape) and
+/// the link, which takes ~11 us for the 4 MiB of partials (~380 GB/s,
+/// `bench/gpu/push_probe.cu`), drains the first group's pushes before the
+/// next group's come. A queue model of the link (k-loop ends from the v19
+/// traces) put the last push ~2-3.5 us earlier with a quarter of the tiles
+/// 8 narrower than with one width (bench/KERNELS.md, v21).
+pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize, staggered: bool) -> Option<NarrowPeers> {
     let tiles_m = m_chunk.div_ceil(BM);
     let wide = n.div_ceil(TileN::N256.cols());
     let own = tiles_m * wide;
     if chunks < 2 || own * chunks > sms {
         return None;
     }
-    // As many as the idle SMs take, none narrower than 240 columns.
+    // As many as the idle SMs take, of 240 columns or more (the staggered
+    // cut then narrows some to 232).
     let tiles = ((sms - own) / ((chunks - 1) * tiles_m)).min(n.div_ceil(8) / 30);
     if tiles <= wide {
         return None;
     }
-    let w = NarrowPeers { tiles, width: 8 * (n.div_ceil(8) / tiles) };
+    let width = 8 * (n.div_ceil(8) / tiles);
+    let stagger = NarrowPeers { tiles, width, narrower: tiles / 4 };
+    if staggered && stagger.covers(n) {
+        return Some(stagger);
+    }
+    let w = NarrowPeers { narrower: 0, ..stagger };
     w.covers(n).then_some(w)
 }
 
@@ -914,11 +938,12 @@ fn fused_tile(m_chunk: usize, n: usize, chunks: usize) -> TileN {
 }
 
 /// The narrow peer tiles a fused 16-bit reduce-scatter of this shape uses
-/// (256-wide tiles only, unless `SYMM_RS_NARROW=0`): the shape's alone, so
-/// that every rank cuts the chunks alike.
+/// (256-wide tiles only, unless `SYMM_RS_NARROW=0`; of one width but the
+/// few to cover n with `SYMM_RS_STAGGER=0`): the shape's alone, so that
+/// every rank cuts the chunks alike (set the switches alike on every rank).
 fn narrow_plan(m_chunk: usize, n: usize, chunks: usize) -> Option<NarrowPeers> {
     let wide = fused_tile(m_chunk, n, chunks) == TileN::N256 && narrow_allowed();
-    wide.then(|| narrow_peers(m_chunk, n, chunks, SHAPE_SMS)).flatten()
+    wide.then(|| narrow_peers(m_chunk, n, chunks, SHAPE_SMS, knob_on("SYMM_RS_STAGGER"))).flatten()
 }
 
 /// Whether the fused reduce-scatter should be chosen over the pipelined

@@ -46,29 +46,46 @@ fn tile_choice_avoids_wave_tails() {
 
 #[test]
 fn narrow_peer_tiles_fill_the_idle_sms() {
-    let narrow = |tiles, width| Some(NarrowPeers { tiles, width });
+    let narrow = |tiles, width, narrower| Some(NarrowPeers { tiles, width, narrower });
     // mm_rs 512 x 14336 x 8192, world 2: the own chunk's 64 tiles leave 68
-    // SMs, two row tiles of 34 (4 of 248 columns, 30 of 240) cover n.
-    assert_eq!(narrow_peers(256, 8192, 2, 132), narrow(34, 240));
-    assert_eq!(NarrowPeers { tiles: 34, width: 240 }.wider(8192), Some(4));
-    // M = 256: one row tile per chunk; no narrower than 240 columns.
-    assert_eq!(narrow_peers(128, 8192, 2, 132), narrow(34, 240));
+    // SMs, two row tiles of 34 cover n: staggered, 12 of 248 columns, 14 of
+    // 240, 8 of 232; else 4 of 248 and 30 of 240.
+    assert_eq!(narrow_peers(256, 8192, 2, 132, true), narrow(34, 240, 8));
+    assert_eq!(NarrowPeers { tiles: 34, width: 240, narrower: 8 }.wider(8192), Some(12));
+    assert_eq!(narrow_peers(256, 8192, 2, 132, false), narrow(34, 240, 0));
+    assert_eq!(NarrowPeers { tiles: 34, width: 240, narrower: 0 }.wider(8192), Some(4));
+    // M = 256: one row tile per chunk; a base width of 240 columns.
+    assert_eq!(narrow_peers(128, 8192, 2, 132, true), narrow(34, 240, 8));
     // More than one wave of 256-wide tiles (M = 2048), or no idle SM to take.
-    assert_eq!(narrow_peers(1024, 8192, 2, 132), None);
-    assert_eq!(narrow_peers(256, 8448, 2, 132), None);
-    // World 4 at M = 512: 33 tiles would need 256-wide ones among them.
-    assert_eq!(narrow_peers(128, 8192, 4, 132), None);
+    for staggered in [true, false] {
+        assert_eq!(narrow_peers(1024, 8192, 2, 132, staggered), None);
+        assert_eq!(narrow_peers(256, 8448, 2, 132, staggered), None);
+        // World 4 at M = 512: 33 tiles would need 256-wide ones among them.
+        assert_eq!(narrow_peers(128, 8192, 4, 132, staggered), None);
+    }
     // The kernel's check takes only covering cuts of the widths it has.
     let op = |ptr, rows, ld| Operand { ptr, rows, ld };
     let mut mm = Sm90Matmul::plain(op(0, 512, 64), op(0, 8192, 64), op(0, 256, 8192), 64, GemmDtype::BF16, 0);
     (mm.chunk_rows, mm.order) = (256, vec![1, 0]);
     mm.scatter = Some(Scatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2] });
-    for (tiles, width, ok) in [(34, 240, true), (33, 248, false), (35, 232, false), (33, 240, false), (32, 256, false)]
-    {
-        mm.rs_narrow = narrow(tiles, width);
-        assert_eq!(mm.check().is_ok(), ok, "{tiles} x {width}: {:?}", mm.check());
+    for (tiles, width, narrower, ok) in [
+        (34, 240, 0, true),
+        (34, 240, 8, true),
+        (34, 240, 15, true),
+        // 16 narrower need 20 wider: 36 tiles.
+        (34, 240, 16, false),
+        (33, 248, 0, false),
+        (35, 232, 0, true),
+        // 224 is not a width the kernels have.
+        (35, 232, 4, false),
+        (36, 224, 0, false),
+        (33, 240, 0, false),
+        (32, 256, 0, false),
+    ] {
+        mm.rs_narrow = narrow(tiles, width, narrower);
+        assert_eq!(mm.check().is_ok(), ok, "{tiles} x {width}, {narrower} narrower: {:?}", mm.check());
     }
-    mm.rs_narrow = narrow(34, 240);
+    mm.rs_narrow = narrow(34, 240, 8);
     assert_eq!((mm.tiles_per_chunk(), mm.grid(132)), (2 * 34, 64 + 68));
     // Chosen over the pipelined path only where measured: 16-bit inputs,
     // a nearly full wave (mm_rs 512 x 8192 at world 2), not half of one.
@@ -980,7 +997,8 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
 /// tiles of 256 (the last one 216), so that each own tile sums the partials
 /// of two narrow tiles, pushed by TMA boxes and by the tail copy; bf16 and
 /// f32 C (whose boxes are half as wide), world 2 and 3, one CTA walking
-/// every tile, misaligned C, and a missing peer.
+/// every tile, misaligned C, and a missing peer; staggered widths (n = 720:
+/// 248, 240 and 232).
 #[test]
 fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
     let Some(g) = gpu() else { return };
@@ -997,6 +1015,8 @@ fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
         RsCase { misaligned_c: true, ..case(2, bf16, Share) },
         RsCase { misaligned_c: true, ..case(3, f32, ChunkTiles) },
         RsCase { staged: true, ..case(2, bf16, Share) },
+        RsCase { staggered: true, ..case(2, bf16, Share) },
+        RsCase { staggered: true, ..case(3, f32, One) },
     ] {
         reduce_scatter_case(&g, kern, c);
     }
@@ -1014,6 +1034,8 @@ struct RsCase {
     ctas: Ctas,
     /// Narrow peer tiles (n 728, see gpu_sm90_reduce_scatter_narrow_peer_tiles).
     narrow: bool,
+    /// With narrow tiles: of three widths (n 720).
+    staggered: bool,
     /// Each rank's C one element past a 16-byte boundary.
     misaligned_c: bool,
     /// Through the staging area, not the ring (`Sm90Matmul::rs_in_ring`,
@@ -1032,6 +1054,7 @@ impl Default for RsCase {
             push: true,
             ctas: Ctas::Share,
             narrow: false,
+            staggered: false,
             misaligned_c: false,
             staged: false,
             peer_missing: false,
@@ -1056,11 +1079,17 @@ enum Ctas {
 /// once (200 ms timeout): a timeout error naming rank 1 is expected
 /// instead of the sums.
 fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
-    let RsCase { world, fp8, out, push, ctas, narrow, misaligned_c, staged, peer_missing } = case;
+    let RsCase { world, fp8, out, push, ctas, narrow, staggered, misaligned_c, staged, peer_missing } = case;
     let dt = GemmDtype::BF16;
-    let (rows, n, k) = (192usize, if narrow { 728 } else { 320 }, 128usize);
-    // The first of the narrow tiles 248 columns wide, the other two 240.
-    let narrow_tiles = NarrowPeers { tiles: 3, width: 240 };
+    let n = match (narrow, staggered) {
+        (false, _) => 320,
+        (true, false) => 728,
+        (true, true) => 720,
+    };
+    let (rows, k) = (192usize, 128usize);
+    // The first of the narrow tiles 248 columns wide, the other two 240;
+    // staggered, 248, 240 and 232.
+    let narrow_tiles = NarrowPeers { tiles: 3, width: 240, narrower: usize::from(staggered) };
     let m = world * rows;
     let ps: Vec<Problem> = (0..world)
         .map(|r| {
