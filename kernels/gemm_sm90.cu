@@ -122,7 +122,7 @@
 // Trace (p.trace != 0, a profiling aid): per CTA, SYMM_GEMM_TRACE_SLOTS
 // u64, the %globaltimer (ns) at these points of its last tile, 0 where not
 // reached. Mirrored by `sm90_trace.rs`.
-#define SYMM_GEMM_TRACE_SLOTS 10
+#define SYMM_GEMM_TRACE_SLOTS 13
 #define SYMM_TRACE_START 0        // the CTA's barriers are set up
 #define SYMM_TRACE_MAINLOOP 1     // warpgroup 1's last wgmma done
 #define SYMM_TRACE_EPILOGUE 2     // warpgroup 1's stores issued (a peer's inbox, or C)
@@ -133,6 +133,9 @@
 #define SYMM_TRACE_END 7          // warpgroup 1 done
 #define SYMM_TRACE_ADDED 8        // rs: an own tile's peer partials added (from the ring: and stored, the stores done reading) (warpgroup 1)
 #define SYMM_TRACE_DRAINED 9      // warpgroup 1's last stores done reading shared memory
+#define SYMM_TRACE_READY 10       // rs, a narrow peer tile: warpgroup 1 past the wait for the peers' inboxes
+#define SYMM_TRACE_BOXES 11       // rs, a narrow peer tile: warpgroup 1's TMA stores issued (its tail copy next)
+#define SYMM_TRACE_HANDED 12      // rs: the flagging warp saw both warpgroups' stores complete (its release next)
 
 // A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
 struct alignas(64) symm_tmap {
@@ -1021,6 +1024,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         const symm_tile tile = tiling.at(p, bn, t);
         if (tile.chunk == p.rank) continue;
         symm_mbar_wait(&pushed->full, phase);
+        symm_trace_now(p, SYMM_TRACE_HANDED);
         // The stores completed (and were fenced against the generic proxy)
         // before the arrivals this wait acquired, so the release, which is
         // cumulative, publishes them. No __threadfence_system: a
@@ -1316,6 +1320,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_MAINLOOP);
         if (unflagged) flag_pushed_tile();
         symm_mbar_wait(peers_ready, 0);
+        if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_READY);
         const int elem = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
         const int by_tma = W / (128 / elem) * (128 / elem);
         const int end = min(p.n, tile.col0 + W);
@@ -1328,6 +1333,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const int stride = spread ? Cfg::STAGE_BYTES : 0;
         SYMM_EPI_TMA_S(W, dn, tile.col0, row, min(end, tile.col0 + by_tma), area, stride, &tm_rs->push[tile.chunk],
                        p.alpha);
+        if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_BOXES);
         if (tile.col0 + by_tma < end) {
             const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)p.rank * p.chunk_rows * p.n * elem;
             const int row_end = tile.row_end - chunk_row0;

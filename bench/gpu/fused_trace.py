@@ -12,20 +12,14 @@ mainloops, issued their epilogue stores, had their pushes complete and
 flagged (peers' tiles), saw the peers' flags and added their partials
 (own tiles), had their last stores read from shared memory, and ended,
 as min / median / max over the CTAs of each kind. The raw traces stay in
-DIR (one file per rank process).
+DIR (one file per rank process); `--summarize DIR --cases ...` prints the
+same from them anywhere, without a GPU.
 """
 import argparse
 import glob
 import os
 import statistics
 import sys
-
-import torch
-import torch.distributed as dist
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import symm
-from profile_ops import case_fn, start_ranks
 
 DEFAULT_CASES = "mm_rs:512:14336:8192,mm_rs:2048:14336:8192,ag_mm:512:8192:14336"
 
@@ -44,6 +38,8 @@ def read_traces(prefix):
                 if not line.strip():
                     continue
                 row = dict(zip(names, (int(x) for x in line.split())))
+                for slot in ("ready", "boxes", "handed"):  # traces from before these stamps
+                    row.setdefault(slot, 0)
                 launches.setdefault((row["launch"], row["rank"]), []).append(row)
     return launches
 
@@ -64,8 +60,11 @@ def summarize(ctas, rank, origin):
     rows = [("start, every CTA", ctas, "start"),
             ("mainloop done, peers' tiles", peer, "mainloop"),
             ("mainloop done, own tiles", own, "mainloop"),
+            ("peers' inboxes free, peers' tiles", peer, "ready"),
+            ("TMA stores issued, peers' tiles", peer, "boxes"),
             ("stores issued, peers' tiles", peer, "epilogue"),
             ("pushes complete, peers' tiles", peer, "pushed"),
+            ("both warpgroups' complete, peers'", peer, "handed"),
             ("flag set, peers' tiles", peer, "flagged"),
             # Since v20 the producer stamps "partials" once its last box of
             # partials is issued (each box waits for its own flags), and with
@@ -83,12 +82,47 @@ def summarize(ctas, rank, origin):
     return lines
 
 
+def report(traces, cases, calls, world):
+    """Prints the last `calls` launches of each case in `traces`."""
+    for case in cases.split(","):
+        m, k, n = (int(x) for x in case.split(":")[1:])
+        # This case's launches (by the kernel's m, n, k), the last `calls`.
+        ids = sorted(i for (i, r), v in traces.items() if r == 0 and (v[0]["m"], v[0]["n"], v[0]["k"]) == (m, n, k))
+        for call, i in enumerate(ids[-calls:]):
+            per_rank = {r: traces.get((i, r)) for r in range(world)}
+            if any(v is None for v in per_rank.values()):
+                print(f"== {case} launch {i}: missing a rank's trace")
+                continue
+            starts = {r: min(c["start"] for c in v if c["start"]) for r, v in per_rank.items()}
+            skew = ", ".join(f"rank {r} {(s - starts[0]) / 1e3:+.1f}" for r, s in starts.items() if r)
+            print(f"== {case} call {call} (launch {i}): first CTA start by globaltimer, against rank 0: {skew}")
+            for r, ctas in per_rank.items():
+                # A CTA's flagging warp may set its last flag after the
+                # consumers' end stamp.
+                end = (max(max(c["end"], c["flagged"]) for c in ctas) - starts[r]) / 1e3
+                print(f"  rank {r}: kernel {end:.1f} us (first CTA start to its last end or flag)")
+                print("\n".join(summarize(ctas, r, starts[r])))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default=DEFAULT_CASES)
     p.add_argument("--calls", type=int, default=4)
-    p.add_argument("--out", required=True)
+    p.add_argument("--world", type=int, default=2, help="with --summarize: the traced run's ranks")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out")
+    where.add_argument("--summarize", metavar="DIR", help="print the summary of an earlier run's DIR")
     args = p.parse_args()
+    if args.summarize:
+        report(read_traces(os.path.join(args.summarize, "trace")), args.cases, args.calls, args.world)
+        return
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import symm
+    from profile_ops import case_fn, start_ranks
+
     os.makedirs(args.out, exist_ok=True)
     prefix = os.path.join(args.out, "trace")
     os.environ["SYMM_TRACE_SM90"] = prefix
@@ -109,24 +143,7 @@ def main():
     if rank == 0:
         traces = read_traces(prefix)
         print(f"# {world} x {torch.cuda.get_device_name()}, library {symm.__file__}; us from each rank's first CTA start")
-        for case in args.cases.split(","):
-            m, k, n = (int(x) for x in case.split(":")[1:])
-            # This case's launches (by the kernel's m, n, k), the last --calls.
-            ids = sorted(i for (i, r), v in traces.items() if r == 0 and (v[0]["m"], v[0]["n"], v[0]["k"]) == (m, n, k))
-            for call, i in enumerate(ids[-args.calls:]):
-                per_rank = {r: traces.get((i, r)) for r in range(world)}
-                if any(v is None for v in per_rank.values()):
-                    print(f"== {case} launch {i}: missing a rank's trace")
-                    continue
-                starts = {r: min(c["start"] for c in v if c["start"]) for r, v in per_rank.items()}
-                skew = ", ".join(f"rank {r} {(s - starts[0]) / 1e3:+.1f}" for r, s in starts.items() if r)
-                print(f"== {case} call {call} (launch {i}): first CTA start by globaltimer, against rank 0: {skew}")
-                for r, ctas in per_rank.items():
-                    # A CTA's flagging warp may set its last flag after the
-                    # consumers' end stamp.
-                    end = (max(max(c["end"], c["flagged"]) for c in ctas) - starts[r]) / 1e3
-                    print(f"  rank {r}: kernel {end:.1f} us (first CTA start to its last end or flag)")
-                    print("\n".join(summarize(ctas, r, starts[r])))
+        report(traces, args.cases, args.calls, world)
     dist.barrier()
     dist.destroy_process_group()
 

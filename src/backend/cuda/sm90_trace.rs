@@ -19,8 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// u64 per CTA (`SYMM_GEMM_TRACE_SLOTS`), in this order.
-const SLOTS: &[&str] =
-    &["start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end", "added", "drained"];
+const SLOTS: &[&str] = &[
+    "start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end", "added", "drained", "ready",
+    "boxes", "handed",
+];
 
 /// The prefix of the trace files, when tracing is on.
 pub fn prefix() -> Option<&'static str> {
