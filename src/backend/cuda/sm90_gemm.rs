@@ -79,6 +79,7 @@ struct Params {
     rs_c_store: i32,
     rs_push_ring: i32,
     rs_narrow_less: i32,
+    rs_tail_bulk: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<Params>() == 488);
@@ -367,6 +368,11 @@ pub struct Sm90Matmul {
     /// `SYMM_RS_PUSH_RING=0`; false: two at a time through the staging
     /// area, each pair once the previous one's stores have read it).
     pub rs_push_ring: bool,
+    /// With rs_push_ring: that tile's last columns (past its whole boxes)
+    /// leave by bulk copies, a row each, from a compacted copy in the
+    /// staging area (default, unless `SYMM_RS_TAIL_BULK=0`; false: 16-byte
+    /// stores of the warpgroup's threads straight into the peer).
+    pub rs_tail_bulk: bool,
 }
 
 /// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
@@ -431,6 +437,7 @@ impl Sm90Matmul {
             rs_narrow: None,
             rs_in_ring: knob_on("SYMM_RS_IN_RING"),
             rs_push_ring: knob_on("SYMM_RS_PUSH_RING"),
+            rs_tail_bulk: knob_on("SYMM_RS_TAIL_BULK"),
             err,
         }
     }
@@ -855,6 +862,7 @@ impl Sm90Matmul {
             rs_narrow_n: narrow.map_or(0, |w| w.tiles as i32),
             rs_narrow_w: narrow.map_or(0, |w| w.width as i32),
             rs_narrow_less: narrow.map_or(0, |w| w.narrower as i32),
+            rs_tail_bulk: i32::from(self.rs_tail_bulk),
             rs_c_store: RS_C_REGISTERS,
             rs_push_ring: i32::from(self.rs_push_ring),
         }
@@ -910,7 +918,13 @@ fn tile_override() -> Option<TileN> {
 /// next group's come. A queue model of the link (k-loop ends from the v19
 /// traces) put the last push ~2-3.5 us earlier with a quarter of the tiles
 /// 8 narrower than with one width (bench/KERNELS.md, v21).
-pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize, staggered: bool) -> Option<NarrowPeers> {
+pub fn narrow_peers(
+    m_chunk: usize,
+    n: usize,
+    chunks: usize,
+    sms: usize,
+    narrower: Option<usize>,
+) -> Option<NarrowPeers> {
     let tiles_m = m_chunk.div_ceil(BM);
     let wide = n.div_ceil(TileN::N256.cols());
     let own = tiles_m * wide;
@@ -924,8 +938,8 @@ pub fn narrow_peers(m_chunk: usize, n: usize, chunks: usize, sms: usize, stagger
         return None;
     }
     let width = 8 * (n.div_ceil(8) / tiles);
-    let stagger = NarrowPeers { tiles, width, narrower: tiles / 4 };
-    if staggered && stagger.covers(n) {
+    let stagger = NarrowPeers { tiles, width, narrower: narrower.unwrap_or(tiles / 4) };
+    if stagger.narrower > 0 && stagger.covers(n) {
         return Some(stagger);
     }
     let w = NarrowPeers { narrower: 0, ..stagger };
@@ -939,11 +953,12 @@ fn fused_tile(m_chunk: usize, n: usize, chunks: usize) -> TileN {
 
 /// The narrow peer tiles a fused 16-bit reduce-scatter of this shape uses
 /// (256-wide tiles only, unless `SYMM_RS_NARROW=0`; of one width but the
-/// few to cover n with `SYMM_RS_STAGGER=0`): the shape's alone, so that
+/// few to cover n with `SYMM_RS_STAGGER=0`, see [`stagger_override`]):
+/// the shape's alone, so that
 /// every rank cuts the chunks alike (set the switches alike on every rank).
 fn narrow_plan(m_chunk: usize, n: usize, chunks: usize) -> Option<NarrowPeers> {
     let wide = fused_tile(m_chunk, n, chunks) == TileN::N256 && narrow_allowed();
-    wide.then(|| narrow_peers(m_chunk, n, chunks, SHAPE_SMS, knob_on("SYMM_RS_STAGGER"))).flatten()
+    wide.then(|| narrow_peers(m_chunk, n, chunks, SHAPE_SMS, stagger_override())).flatten()
 }
 
 /// Whether the fused reduce-scatter should be chosen over the pipelined
@@ -960,6 +975,13 @@ fn narrow_plan(m_chunk: usize, n: usize, chunks: usize) -> Option<NarrowPeers> {
 pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_elem: usize) -> bool {
     let wide_tiles = chunks * chunk_rows.div_ceil(BM) * n.div_ceil(TileN::N256.cols());
     in_elem == 2 && 10 * wide_tiles >= 9 * SHAPE_SMS && narrow_plan(chunk_rows, n, chunks).is_some()
+}
+
+/// `SYMM_RS_STAGGER=<count>`: how many narrow peer tiles per row tile are
+/// 8 columns narrower (0: one width), instead of a quarter of them (for
+/// comparisons; set alike on every rank).
+fn stagger_override() -> Option<usize> {
+    std::env::var("SYMM_RS_STAGGER").ok().and_then(|v| v.parse().ok())
 }
 
 /// `SYMM_RS_NARROW=0` keeps the peers' tiles as wide as the own ones (for

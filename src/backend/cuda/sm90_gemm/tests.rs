@@ -50,19 +50,23 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     // mm_rs 512 x 14336 x 8192, world 2: the own chunk's 64 tiles leave 68
     // SMs, two row tiles of 34 cover n: staggered, 12 of 248 columns, 14 of
     // 240, 8 of 232; else 4 of 248 and 30 of 240.
-    assert_eq!(narrow_peers(256, 8192, 2, 132, true), narrow(34, 240, 8));
+    assert_eq!(narrow_peers(256, 8192, 2, 132, None), narrow(34, 240, 8));
     assert_eq!(NarrowPeers { tiles: 34, width: 240, narrower: 8 }.wider(8192), Some(12));
-    assert_eq!(narrow_peers(256, 8192, 2, 132, false), narrow(34, 240, 0));
+    assert_eq!(narrow_peers(256, 8192, 2, 132, Some(0)), narrow(34, 240, 0));
     assert_eq!(NarrowPeers { tiles: 34, width: 240, narrower: 0 }.wider(8192), Some(4));
     // M = 256: one row tile per chunk; a base width of 240 columns.
-    assert_eq!(narrow_peers(128, 8192, 2, 132, true), narrow(34, 240, 8));
+    assert_eq!(narrow_peers(128, 8192, 2, 132, None), narrow(34, 240, 8));
     // More than one wave of 256-wide tiles (M = 2048), or no idle SM to take.
-    for staggered in [true, false] {
-        assert_eq!(narrow_peers(1024, 8192, 2, 132, staggered), None);
-        assert_eq!(narrow_peers(256, 8448, 2, 132, staggered), None);
+    for narrower in [None, Some(0), Some(4)] {
+        assert_eq!(narrow_peers(1024, 8192, 2, 132, narrower), None);
+        assert_eq!(narrow_peers(256, 8448, 2, 132, narrower), None);
         // World 4 at M = 512: 33 tiles would need 256-wide ones among them.
-        assert_eq!(narrow_peers(128, 8192, 4, 132, staggered), None);
+        assert_eq!(narrow_peers(128, 8192, 4, 132, narrower), None);
     }
+    // Another count of narrower tiles; one that cannot cover n falls back
+    // to one width.
+    assert_eq!(narrow_peers(256, 8192, 2, 132, Some(4)), narrow(34, 240, 4));
+    assert_eq!(narrow_peers(256, 8192, 2, 132, Some(20)), narrow(34, 240, 0));
     // The kernel's check takes only covering cuts of the widths it has.
     let op = |ptr, rows, ld| Operand { ptr, rows, ld };
     let mut mm = Sm90Matmul::plain(op(0, 512, 64), op(0, 8192, 64), op(0, 256, 8192), 64, GemmDtype::BF16, 0);
@@ -307,7 +311,8 @@ fn gpu_sm90_trace_stamps_every_cta() {
     assert_eq!(lines.len(), 8, "{text}");
     for (cta, v) in lines.iter().enumerate() {
         // launch rank m n k tile cta start mainloop epilogue pushed flagged partials chunk end added drained
-        assert_eq!(v.len(), 17, "{text}");
+        // ready boxes handed
+        assert_eq!(v.len(), 20, "{text}");
         assert_eq!(&v[1..7], &[0, m as u64, n as u64, k as u64, mm.tile.cols() as u64, cta as u64], "{text}");
         let (start, mainloop, epilogue, drained, end) = (v[7], v[8], v[9], v[16], v[14]);
         assert!(
@@ -316,6 +321,7 @@ fn gpu_sm90_trace_stamps_every_cta() {
         );
         assert_eq!(&v[10..14], &[0, 0, 0, 1], "CTA {cta}: no reduce-scatter stamps, chunk 0 (+1)");
         assert_eq!(v[15], 0, "CTA {cta}: no partials added");
+        assert_eq!(&v[17..20], &[0, 0, 0], "CTA {cta}: no narrow peer tile's stamps");
     }
 }
 
