@@ -196,7 +196,6 @@ struct symm_gemm_params {
     int32_t rs_c_store;    // rs_push: how this rank's own rows reach C (SYMM_RS_C_*)
     int32_t rs_push_ring;  // narrow peer tiles, 16-bit C: 1 = a CTA's last one pushed from the ring (all boxes at once)
     int32_t rs_narrow_less; // narrow peer tiles: the last this many of a row tile are 8 columns narrower
-    int32_t rs_tail_bulk;  // rs_push_ring: 1 = that tile's last columns by bulk copies (symm_push_tail_bulk)
 };
 // rs_c_store: from registers (C that TMA cannot address), through the
 // staging area and tm_c, or by tm_c from the ring where the peers'
@@ -808,37 +807,6 @@ static __device__ __forceinline__ void symm_push_tail(const unsigned char* box, 
     }
 }
 
-// The same columns as symm_push_tail, asynchronously: the warpgroup copies
-// them, unswizzled, into `flat` (free shared memory: [64 rows][units]), and
-// its thread 0 sends each row by a bulk copy in a bulk group of its own,
-// which its cp.async.bulk.wait_group before the tile's flag then covers as
-// it covers the TMA stores. The threads' 16-byte stores into the peer took
-// ~2 us per warpgroup beside the pushes (v21's traces, bench/KERNELS.md v22)
-// and left generic stores in flight for the flag's release to wait on.
-template <int ELEM>
-static __device__ __forceinline__ void symm_push_tail_bulk(const unsigned char* box, unsigned char* flat, int col0,
-                                                           int from, int end, int row, int row_end, uint64_t dst,
-                                                           int n) {
-    const int units = (end - col0 - from) * ELEM / 16;
-    const int t = threadIdx.x % 128;
-    for (int i = t; i < 64 * units; i += 128) {
-        const int r = i / units, u = i % units;
-        *(uint4*)(flat + i * 16) = *(const uint4*)(box + r * 128 + ((u ^ (r % 8)) * 16));
-    }
-    // Our generic-proxy writes, then the async proxy's reads.
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + threadIdx.x / 128) : "memory");
-    if (t != 0) return;
-    const int rows = min(64, row_end - row);
-    for (int r = 0; r < rows; r++) {
-        const uint64_t to = dst + ((int64_t)(row + r) * n + col0 + from) * ELEM;
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(to),
-                     "r"(symm_smem_addr(flat + r * units * 16)), "r"(units * 16)
-                     : "memory");
-    }
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-
 // Reduce-scatter, this rank's own rows: adds a peer's partial of box `bx`
 // of the tile (128 rows x 128 bytes of C's type, which the producer loaded
 // into the ring by TMA, swizzled) to this warpgroup's accumulators, and
@@ -1361,7 +1329,6 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // half it alone reads), where the ring is free after the k-loop and
         // holds them (a 16-bit C's 4 boxes), else through the staging area.
         const bool spread = p.rs_push_ring && last && elem == 2;
-        const bool staging_free = !pending;  // no earlier tile's stores still read it
         unsigned char* area = spread ? ring + slice * SYMM_GEMM_BK_BYTES : staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
         const int stride = spread ? Cfg::STAGE_BYTES : 0;
         SYMM_EPI_TMA_S(W, dn, tile.col0, row, min(end, tile.col0 + by_tma), area, stride, &tm_rs->push[tile.chunk],
@@ -1372,17 +1339,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             const int row_end = tile.row_end - chunk_row0;
             const int tail_box = by_tma * elem / 128;
             const unsigned char* box = spread ? area + tail_box * stride : area + tail_box % 2 * 8192;
-            if (spread && staging_free && p.rs_tail_bulk) {
-                unsigned char* flat = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-                symm_push_tail_bulk<2>(box, flat, tile.col0, by_tma, end, row, row_end, dst, p.n);
+            if (elem == 4) {
+                symm_push_tail<4>(box, tile.col0, by_tma, end, row, row_end, dst, p.n);
             } else {
-                if (elem == 4) {
-                    symm_push_tail<4>(box, tile.col0, by_tma, end, row, row_end, dst, p.n);
-                } else {
-                    symm_push_tail<2>(box, tile.col0, by_tma, end, row, row_end, dst, p.n);
-                }
-                tail_stores = true;
+                symm_push_tail<2>(box, tile.col0, by_tma, end, row, row_end, dst, p.n);
             }
+            tail_stores = true;
         }
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
         unflagged = true;

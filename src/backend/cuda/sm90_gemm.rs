@@ -79,7 +79,6 @@ struct Params {
     rs_c_store: i32,
     rs_push_ring: i32,
     rs_narrow_less: i32,
-    rs_tail_bulk: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<Params>() == 488);
@@ -368,11 +367,6 @@ pub struct Sm90Matmul {
     /// `SYMM_RS_PUSH_RING=0`; false: two at a time through the staging
     /// area, each pair once the previous one's stores have read it).
     pub rs_push_ring: bool,
-    /// With rs_push_ring: that tile's last columns (past its whole boxes)
-    /// leave by bulk copies, a row each, from a compacted copy in the
-    /// staging area (default, unless `SYMM_RS_TAIL_BULK=0`; false: 16-byte
-    /// stores of the warpgroup's threads straight into the peer).
-    pub rs_tail_bulk: bool,
 }
 
 /// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
@@ -437,7 +431,6 @@ impl Sm90Matmul {
             rs_narrow: None,
             rs_in_ring: knob_on("SYMM_RS_IN_RING"),
             rs_push_ring: knob_on("SYMM_RS_PUSH_RING"),
-            rs_tail_bulk: knob_on("SYMM_RS_TAIL_BULK"),
             err,
         }
     }
@@ -862,7 +855,6 @@ impl Sm90Matmul {
             rs_narrow_n: narrow.map_or(0, |w| w.tiles as i32),
             rs_narrow_w: narrow.map_or(0, |w| w.width as i32),
             rs_narrow_less: narrow.map_or(0, |w| w.narrower as i32),
-            rs_tail_bulk: i32::from(self.rs_tail_bulk),
             rs_c_store: RS_C_REGISTERS,
             rs_push_ring: i32::from(self.rs_push_ring),
         }
