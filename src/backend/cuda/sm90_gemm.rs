@@ -909,7 +909,9 @@ fn tile_override() -> Option<TileN> {
 /// `bench/gpu/push_probe.cu`), drains the first group's pushes before the
 /// next group's come. A queue model of the link (k-loop ends from the v19
 /// traces) put the last push ~2-3.5 us earlier with a quarter of the tiles
-/// 8 narrower than with one width (bench/KERNELS.md, v21).
+/// 8 narrower than with one width; measured on 2 x H200, pushes complete
+/// ~4 us earlier at the median but the last flag only ~1 us (the push's
+/// other costs, bench/KERNELS.md v21, v22).
 pub fn narrow_peers(
     m_chunk: usize,
     n: usize,
