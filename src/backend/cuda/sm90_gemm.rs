@@ -948,8 +948,8 @@ fn fused_tile(m_chunk: usize, n: usize, chunks: usize) -> TileN {
 /// The narrow peer tiles a fused 16-bit reduce-scatter of this shape uses
 /// (256-wide tiles only, unless `SYMM_RS_NARROW=0`; of one width but the
 /// few to cover n with `SYMM_RS_STAGGER=0`, see [`stagger_override`]):
-/// the shape's alone, so that
-/// every rank cuts the chunks alike (set the switches alike on every rank).
+/// the shape's alone, so that every rank cuts the chunks alike (set the
+/// switches alike on every rank).
 fn narrow_plan(m_chunk: usize, n: usize, chunks: usize) -> Option<NarrowPeers> {
     let wide = fused_tile(m_chunk, n, chunks) == TileN::N256 && narrow_allowed();
     wide.then(|| narrow_peers(m_chunk, n, chunks, SHAPE_SMS, stagger_override())).flatten()
