@@ -86,9 +86,10 @@
 // end a few us apart and the link drains each group's pushes before the
 // next one's come, instead of taking all of them at once; every tile still
 // reads B's k-blocks with the others of its columns, in step. Their TMA
-// stores cover whole boxes inside the tile; the warpgroup's threads copy
-// the columns past the last one from the staging area (a box would write
-// into the next tile's columns). An own tile waits for the flags of every
+// stores cover the tile in boxes of 128 bytes of a row, the last one
+// shifted back to end with the tile (not into the next tile's columns;
+// copying those columns with the threads' stores took ~2 us more per tile,
+// bench/KERNELS.md v23). An own tile waits for the flags of every
 // narrow tile its columns overlap. The tiling is the shape's alone, so
 // every rank cuts the chunks alike.
 //
@@ -134,7 +135,7 @@
 #define SYMM_TRACE_ADDED 8        // rs: an own tile's peer partials added (from the ring: and stored, the stores done reading) (warpgroup 1)
 #define SYMM_TRACE_DRAINED 9      // warpgroup 1's last stores done reading shared memory
 #define SYMM_TRACE_READY 10       // rs, a narrow peer tile: warpgroup 1 past the wait for the peers' inboxes
-#define SYMM_TRACE_BOXES 11       // rs, a narrow peer tile: warpgroup 1's TMA stores issued (its tail copy next)
+#define SYMM_TRACE_BOXES 11       // rs, a narrow peer tile: warpgroup 1's TMA stores issued (as EPILOGUE since v23)
 #define SYMM_TRACE_HANDED 12      // rs: the flagging warp saw both warpgroups' stores complete (its release next)
 
 // A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
@@ -751,6 +752,20 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
     const int r0 = 16 * (t / 32) + (t % 32) / 4;
     // 256-byte pieces of a row (a narrow tile's last one in part).
     constexpr int PIECES = (BN / 8 + BLOCKS - 1) / BLOCKS;
+    // A width that is not a whole number of boxes (a narrow peer tile): its
+    // last box starts SHIFT blocks early, to end with the tile, so TMA
+    // stores every column and none of the next tile's; the SHIFT blocks it
+    // shares with the box before are written by both, with the same values.
+    constexpr int NB = BN / 8, LAST = (NB - 1) / PER_BOX, SHIFT = (PER_BOX - NB % PER_BOX) % PER_BOX;
+    static_assert(SHIFT == 0 || LAST % 2 == 1, "the shifted box and the one before share a piece");
+    auto put = [&](unsigned char* at, int j, int hh) {
+        const float x = d[4 * j + 2 * hh] * alpha, y = d[4 * j + 2 * hh + 1] * alpha;
+        if constexpr (DT == SYMM_DT_F32) {
+            *(float2*)at = make_float2(x, y);
+        } else {
+            *(uint32_t*)at = DT == SYMM_DT_BF16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y);
+        }
+    };
 #pragma unroll
     for (int h = 0; h < PIECES; h++) {
         if (pending && !spread) {
@@ -761,15 +776,17 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
 #pragma unroll
         for (int jj = 0; jj < BLOCKS; jj++) {
             const int j = BLOCKS * h + jj;
-            if (j >= BN / 8) break;  // past a narrow tile (its box is not stored)
+            if (j >= NB) break;
+            const int at = jj % PER_BOX + (j / PER_BOX == LAST ? SHIFT : 0);
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const float x = d[4 * j + 2 * hh] * alpha, y = d[4 * j + 2 * hh + 1] * alpha;
-                unsigned char* at = box(jj / PER_BOX) + symm_swizzled<ELEM>(r0 + 8 * hh, jj % PER_BOX, q);
-                if constexpr (DT == SYMM_DT_F32) {
-                    *(float2*)at = make_float2(x, y);
-                } else {
-                    *(uint32_t*)at = DT == SYMM_DT_BF16 ? symm_pack_bf16x2(x, y) : symm_pack_f16x2(x, y);
+            for (int hh = 0; hh < 2; hh++) put(box(jj / PER_BOX) + symm_swizzled<ELEM>(r0 + 8 * hh, at, q), j, hh);
+        }
+        if (SHIFT && h == LAST / 2) {
+#pragma unroll
+            for (int s = 0; s < SHIFT; s++) {
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    put(box(1) + symm_swizzled<ELEM>(r0 + 8 * hh, s, q), LAST * PER_BOX - SHIFT + s, hh);
                 }
             }
         }
@@ -778,32 +795,13 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
         asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
         if (t == 0) {
             for (int b = 0; b < 2; b++) {
-                const int col = col0 + (BLOCKS * h + b * PER_BOX) * 8;
-                if (col < n) symm_tma_store(map, box(b), col, row);
+                const int bi = 2 * h + b;
+                const int col = col0 + (bi * PER_BOX - (bi == LAST ? SHIFT : 0)) * 8;
+                if (bi <= LAST && col < n) symm_tma_store(map, box(b), col, row);
             }
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
         pending = true;
-    }
-}
-
-// A narrow peer tile's last columns, which no whole box covers: after
-// symm_epilogue_tma stored the boxes before column col0 + from, the box
-// that starts there (`box`, where symm_epilogue_tma left it) is still in
-// shared memory; the warpgroup copies its columns before `end` (n or the
-// tile's end, a multiple of 8) and rows before `row_end` (in the chunk)
-// into `dst` (the peer's inbox slot: [chunk rows][n]), 16 bytes a thread
-// at a time. Straight from shared memory, so the accumulators stay as
-// they are.
-template <int ELEM>
-static __device__ __forceinline__ void symm_push_tail(const unsigned char* box, int col0, int from, int end, int row,
-                                                      int row_end, uint64_t dst, int n) {
-    const int units = (end - col0 - from) * ELEM / 16;  // 16-byte units of a row to copy
-    for (int i = threadIdx.x % 128; i < 64 * units; i += 128) {
-        const int r = i / units, u = i % units;
-        if (row + r >= row_end) continue;
-        const uint4 v = *(const uint4*)(box + r * 128 + ((u ^ (r % 8)) * 16));
-        *(uint4*)(dst + ((int64_t)(row + r) * n + col0 + from) * ELEM + u * 16) = v;
     }
 }
 
@@ -1215,19 +1213,12 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     float promoted[BN / 2];
     float d1[PROMOTE ? BN / 2 : 1];  // exact fp8: odd k-blocks' partial sums
     bool pending = false;  // this warpgroup's TMA stores may still read its staging
-    // rs_push: a peer tile whose stores were issued but not yet flagged,
-    // and whether some of its columns went from registers (narrow tiles).
-    bool unflagged = false, tail_stores = false;
+    // rs_push: a peer tile whose stores were issued but not yet flagged.
+    bool unflagged = false;
     uint32_t pushed_phase = 0;  // parity of the flag handoff's next use
     // Hands `unflagged` to the flagging warp once this warpgroup's stores
     // of it completed (a whole mainloop after thread 0 issued them).
     auto flag_pushed_tile = [&]() {
-        // The warpgroup's stores of a narrow tile's last columns
-        // (symm_push_tail) before its thread 0's arrival, which the flag's
-        // release (system scope, cumulative) then covers as it covers the
-        // TMA stores. A system fence here took 4-6 us per tile beside the
-        // pushes (bench/KERNELS.md v19).
-        if (tail_stores) asm volatile("bar.sync %0, 128;" ::"r"(1 + threadIdx.x / 128) : "memory");
         if (t128 == 0) {
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
             if (wg == 1) symm_trace_now(p, SYMM_TRACE_PUSHED);
@@ -1236,7 +1227,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             symm_mbar_arrive(&pushed->full);
         }
         pushed_phase ^= 1;
-        unflagged = tail_stores = false;
+        unflagged = false;
     };
     int stage = 0;
     uint32_t phase = 0;
@@ -1297,8 +1288,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         symm_consumers_sync();
     };
     // A narrow peer tile (see the header), start to end: a k-loop of its own
-    // width on the first W / 2 of d, then its push: whole boxes by TMA, the
-    // columns past them copied from shared memory (symm_push_tail). Its
+    // width on the first W / 2 of d, then its push by TMA, the last box
+    // shifted to end with the tile (symm_epilogue_tma). Its
     // wgmma names all of d as operands: with only the ones it writes, ptxas
     // serialized the wgmmas (C7515), and with an array of its own it kept
     // both arrays' registers and spilled thousands of bytes.
@@ -1322,30 +1313,16 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         symm_mbar_wait(peers_ready, 0);
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_READY);
         const int elem = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
-        const int by_tma = W / (128 / elem) * (128 / elem);
         const int end = min(p.n, tile.col0 + W);
-        const int chunk_row0 = tile.chunk * p.chunk_rows, row = tile.row0 - chunk_row0 + slice;
+        const int row = tile.row0 - tile.chunk * p.chunk_rows + slice;
         // The boxes in this warpgroup's rows of the ring's stages (A's
         // half it alone reads), where the ring is free after the k-loop and
         // holds them (a 16-bit C's 4 boxes), else through the staging area.
         const bool spread = p.rs_push_ring && last && elem == 2;
         unsigned char* area = spread ? ring + slice * SYMM_GEMM_BK_BYTES : staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
         const int stride = spread ? Cfg::STAGE_BYTES : 0;
-        SYMM_EPI_TMA_S(W, dn, tile.col0, row, min(end, tile.col0 + by_tma), area, stride, &tm_rs->push[tile.chunk],
-                       p.alpha);
+        SYMM_EPI_TMA_S(W, dn, tile.col0, row, end, area, stride, &tm_rs->push[tile.chunk], p.alpha);
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_BOXES);
-        if (tile.col0 + by_tma < end) {
-            const uint64_t dst = p.inbox[tile.chunk] + (uint64_t)p.rank * p.chunk_rows * p.n * elem;
-            const int row_end = tile.row_end - chunk_row0;
-            const int tail_box = by_tma * elem / 128;
-            const unsigned char* box = spread ? area + tail_box * stride : area + tail_box % 2 * 8192;
-            if (elem == 4) {
-                symm_push_tail<4>(box, tile.col0, by_tma, end, row, row_end, dst, p.n);
-            } else {
-                symm_push_tail<2>(box, tile.col0, by_tma, end, row, row_end, dst, p.n);
-            }
-            tail_stores = true;
-        }
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
         unflagged = true;
     };

@@ -1001,7 +1001,8 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
 /// Narrow peer tiles (`NarrowPeers`): the peers' chunks in tiles of 248
 /// and 240 columns (n = 728: three of them, the first 248 wide) under own
 /// tiles of 256 (the last one 216), so that each own tile sums the partials
-/// of two narrow tiles, pushed by TMA boxes and by the tail copy; bf16 and
+/// of two narrow tiles, pushed by TMA boxes (each tile's last one shifted
+/// back to overlap the one before); bf16 and
 /// f32 C (whose boxes are half as wide), world 2 and 3, one CTA walking
 /// every tile, misaligned C, and a missing peer; staggered widths (n = 720:
 /// 248, 240 and 232).
