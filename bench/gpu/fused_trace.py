@@ -13,7 +13,10 @@ flagged (peers' tiles), saw the peers' flags and added their partials
 (own tiles), had their last stores read from shared memory, and ended,
 as min / median / max over the CTAs of each kind. The raw traces stay in
 DIR (one file per rank process); `--summarize DIR --cases ...` prints the
-same from them anywhere, without a GPU.
+same from them anywhere, without a GPU. `--groups 16,28,24` splits the
+peers' tiles, in the order their mainloops ended, into groups of those
+sizes (mm_rs 512's narrow widths 232, 240, 248: their k-loops end in that
+order) and prints each group's rows too.
 """
 import argparse
 import glob
@@ -51,12 +54,24 @@ def spread(values):
     return f"{min(values):7.1f} {statistics.median(values):7.1f} {max(values):7.1f}"
 
 
-def summarize(ctas, rank, origin):
-    """Lines for one rank's launch, times in us after `origin` (ns)."""
+def summarize(ctas, rank, origin, groups=()):
+    """Lines for one rank's launch, times in us after `origin` (ns);
+    `groups`: sizes of the peers' tiles' groups to print apart (see
+    --groups)."""
     us = lambda c, slot: (c[slot] - origin) / 1e3 if c[slot] else None
     peer = [c for c in ctas if c["chunk"] and c["chunk"] - 1 != rank]
     own = [c for c in ctas if c["chunk"] and c["chunk"] - 1 == rank]
     lines = [f"    {'':34}{'min':>7} {'median':>7} {'max':>7}   ({len(peer)} CTAs last on a peer's tile, {len(own)} on an own)"]
+    if groups and sum(groups) == len(peer):
+        by_end = sorted(peer, key=lambda c: c["mainloop"])
+        for g, size in enumerate(groups):
+            part, by_end = by_end[:size], by_end[size:]
+            lines.append(f"    peers' tiles, group {g} ({size} CTAs, k-loops ending {'first' if g == 0 else 'next'})")
+            for name, slot in (("mainloop done", "mainloop"), ("TMA stores issued", "boxes"),
+                               ("stores issued", "epilogue"), ("pushes complete", "pushed"),
+                               ("both warpgroups' complete", "handed"), ("flag set", "flagged")):
+                if any(c[slot] for c in part):
+                    lines.append(f"      {name:32}{spread([us(c, slot) for c in part])}")
     rows = [("start, every CTA", ctas, "start"),
             ("mainloop done, peers' tiles", peer, "mainloop"),
             ("mainloop done, own tiles", own, "mainloop"),
@@ -82,7 +97,7 @@ def summarize(ctas, rank, origin):
     return lines
 
 
-def report(traces, cases, calls, world):
+def report(traces, cases, calls, world, groups=()):
     """Prints the last `calls` launches of each case in `traces`."""
     for case in cases.split(","):
         m, k, n = (int(x) for x in case.split(":")[1:])
@@ -101,7 +116,7 @@ def report(traces, cases, calls, world):
                 # consumers' end stamp.
                 end = (max(max(c["end"], c["flagged"]) for c in ctas) - starts[r]) / 1e3
                 print(f"  rank {r}: kernel {end:.1f} us (first CTA start to its last end or flag)")
-                print("\n".join(summarize(ctas, r, starts[r])))
+                print("\n".join(summarize(ctas, r, starts[r], groups)))
 
 
 def main():
@@ -109,12 +124,14 @@ def main():
     p.add_argument("--cases", default=DEFAULT_CASES)
     p.add_argument("--calls", type=int, default=4)
     p.add_argument("--world", type=int, default=2, help="with --summarize: the traced run's ranks")
+    p.add_argument("--groups", default="", help="sizes of the peers' tiles' groups to print apart, e.g. 16,28,24")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out")
     where.add_argument("--summarize", metavar="DIR", help="print the summary of an earlier run's DIR")
     args = p.parse_args()
     if args.summarize:
-        report(read_traces(os.path.join(args.summarize, "trace")), args.cases, args.calls, args.world)
+        groups = [int(x) for x in args.groups.split(",") if x]
+        report(read_traces(os.path.join(args.summarize, "trace")), args.cases, args.calls, args.world, groups)
         return
     import torch
     import torch.distributed as dist
