@@ -87,7 +87,9 @@ def main():
             os.environ.pop("SYMM_ALGO", None)
         else:
             os.environ["SYMM_ALGO"] = algo
-        fn = case_fn(g, op, int(m), int(k), int(n), world, bound=True)
+        # A plain call (not bound): it issues on the stream current at the
+        # call, which the capture needs.
+        fn = case_fn(g, op, int(m), int(k), int(n), world)
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
