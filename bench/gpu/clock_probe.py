@@ -16,7 +16,6 @@ run in the order given; repeat the first at the end to see drift.
 """
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fused_trace import spread  # noqa: E402
 from profile_ops import case_fn, start_ranks  # noqa: E402
 
 DEFAULT_CASES = "mm:512:14336:8192:-,mm_rs:512:14336:8192:fused,mm_rs:512:14336:8192:pipelined,mm:512:14336:8192:-"
@@ -42,10 +42,6 @@ def sample(gpu, stop, out):
         except ValueError:
             pass
         time.sleep(0.05)
-
-
-def spread(values):
-    return f"{min(values):7.1f} {statistics.median(values):7.1f} {max(values):7.1f}" if values else "   (no samples)"
 
 
 def replay_n(replay, count):

@@ -129,8 +129,8 @@ def main():
     where.add_argument("--out")
     where.add_argument("--summarize", metavar="DIR", help="print the summary of an earlier run's DIR")
     args = p.parse_args()
+    groups = [int(x) for x in args.groups.split(",") if x]
     if args.summarize:
-        groups = [int(x) for x in args.groups.split(",") if x]
         report(read_traces(os.path.join(args.summarize, "trace")), args.cases, args.calls, args.world, groups)
         return
     import torch
@@ -160,7 +160,7 @@ def main():
     if rank == 0:
         traces = read_traces(prefix)
         print(f"# {world} x {torch.cuda.get_device_name()}, library {symm.__file__}; us from each rank's first CTA start")
-        report(traces, args.cases, args.calls, world)
+        report(traces, args.cases, args.calls, world, groups)
     dist.barrier()
     dist.destroy_process_group()
 
