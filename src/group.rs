@@ -28,14 +28,20 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub enum Scratch {
     /// Staging and scratch that every call reuses.
     Workspace = 0,
-    /// The fused reduce-scatter's inboxes and state: the state counts the
-    /// calls, which lets one call follow another with no barrier, so no
-    /// other work may write this memory.
+    /// The fused reduce-scatter's inboxes, which the peers' kernels push
+    /// into: no other work may write this memory.
     Mailbox = 1,
+    /// The fused reduce-scatter's state: the count of calls (which lets
+    /// one call follow another with no barrier) and the tile flags, every
+    /// word an epoch no later than the last call's, whatever the shape.
+    /// A buffer of its own: laid out by the call's shape in the mailbox,
+    /// one shape's flags lay where another shape's peers had pushed
+    /// partials, which then read as flags already set.
+    Flags = 2,
 }
 
 impl Scratch {
-    const COUNT: usize = 2;
+    const COUNT: usize = 3;
 }
 
 #[derive(Clone, Debug, Default)]

@@ -135,6 +135,45 @@ def test_fused_mm_rs_back_to_back_across_shapes_and_skew():
             assert e < TOLERANCE[dtype], (rank, s, e)
 
 
+def test_fused_mm_rs_shapes_whose_flags_outgrow_each_other():
+    """A shape with more tiles than the last one's has tile flags where the
+    last shape's flags ended. When the flags and the inbox shared one buffer,
+    each laid out by the call's shape, those flags lay where the small
+    shape's peer had just pushed its partials, read as set, and rank 1's
+    own tiles added partials that had not arrived (the previous call's, or
+    the small shape's). Now the flags have a buffer of their own. Rank 0
+    starts every large call late, so rank 1's tiles reach their flags
+    first; every large call has inputs of its own, so stale partials show."""
+    dtype = torch.bfloat16
+    large, small = (2048, 256, 4096), (256, 256, 256)  # m, k, n: 128 tiles a chunk, then 1
+    calls = [(large, 0), (small, 0), (large, 1), (small, 1), (large, 2)]
+    a = {(s, i): [randn(300 + 10 * i + 5 * (s == small) + r, s[:2], dtype) for r in range(WORLD)] for s, i in calls}
+    b = {s: weight(400 + (s == small), s[1], s[2], dtype) for s in (large, small)}
+    want = {(s, i): sum(x.double() for x in a[s, i]) @ b[s].double() for s, i in calls}
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        ws = {s: w.cuda() for s, w in b.items()}
+        xs = {c: a[c][g.rank].cuda() for c in calls}
+        outs = []
+        for s, i in calls:
+            m, _, n = s
+            if s == large and g.rank == 0:
+                torch.cuda._sleep(2_000_000)  # about a millisecond
+            out = torch.full((m // WORLD, n), float("nan"), dtype=dtype, device="cuda")
+            symm.mm_rs(g, xs[s, i], ws[s], 0, out=out)
+            outs.append(((s, i), out))
+        torch.cuda.synchronize()
+        g.check_async_error()
+        return [(c, t.cpu()) for c, t in outs]
+
+    for rank, outs in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+        assert [c for c, _ in outs] == calls
+        for c, got in outs:
+            e = rel_err(got, want[c].chunk(WORLD)[rank])
+            assert e < TOLERANCE[dtype], (rank, c, e)
+
+
 def test_fused_refuses_what_it_cannot_run():
     """A row-major B cannot feed the kernel: with SYMM_ALGO=fused the call
     fails on every rank with a message (nothing hangs)."""

@@ -233,18 +233,18 @@ impl MmRs {
         // them), local copies of the peers' chunks for this rank, the
         // reduced chunk (when `out` is not contiguous), then room to pack
         // `a` (or a slice of it) into a matrix, and its row scales into a
-        // vector. Fused: in the mailbox instead (memory no other call
-        // writes), the kernel's state with its tile flags, and the inbox, a
-        // slot per source rank that the peers' kernels write into. Agreed
-        // shapes and dtypes only.
+        // vector. Fused instead: the inbox, a slot per source rank that the
+        // peers' kernels write into, in the mailbox (memory no other call
+        // writes), and the kernel's state with its tile flags in a buffer
+        // of its own (see `Scratch::Flags`). Agreed shapes and dtypes only.
         let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
         let rows = a.numel() / a.shape[last];
         let mut layout = Layout::default();
-        let mut mailbox = Layout::default();
+        let (mut mailbox, mut flags) = (Layout::default(), Layout::default());
         let mut region = |bytes| layout.region(bytes);
         let (chunks, staged, reduced, packed_a, state, inbox) = if algorithm == plan::Algorithm::Fused {
             let out_rows = self.out.numel() / self.out.shape[last];
-            let state = mailbox.region(FusedMatmul::state_bytes(out_rows, b.shape[1], world));
+            let state = flags.region(FusedMatmul::state_bytes(out_rows, b.shape[1], world));
             (Vec::new(), Vec::new(), 0, 0, state, mailbox.region(check::mul(chunk_bytes, world, "the product")?))
         } else {
             // Back to back, so that for scatter_dim 0 they form the whole product.
@@ -272,6 +272,7 @@ impl MmRs {
             algorithm,
             workspace: layout.bytes(),
             mailbox: mailbox.bytes(),
+            flags: flags.bytes(),
         })
     }
 }
@@ -288,8 +289,8 @@ pub(super) struct MmRsPlan {
     staged: Vec<usize>,
     reduced: usize,
     packed_a: usize,
-    /// Fused, mailbox offsets: the kernel's state (with its tile flags) and
-    /// the inbox (`world` chunks).
+    /// Fused: the offset of the kernel's state (with its tile flags) in
+    /// the flags buffer, and of the inbox (`world` chunks) in the mailbox.
     state: usize,
     inbox: usize,
     /// Row-wise: where a slice of `a_scale` is made contiguous.
@@ -297,6 +298,7 @@ pub(super) struct MmRsPlan {
     algorithm: plan::Algorithm,
     workspace: usize,
     mailbox: usize,
+    flags: usize,
 }
 
 impl Plan for MmRsPlan {
@@ -306,6 +308,10 @@ impl Plan for MmRsPlan {
 
     fn mailbox_bytes(&self) -> usize {
         self.mailbox
+    }
+
+    fn flags_bytes(&self) -> usize {
+        self.flags
     }
 
     fn replay_key(&self) -> String {
@@ -337,7 +343,7 @@ impl MmRsPlan {
     /// rank's previous call has read its inbox, and flagged; this rank's own
     /// chunk last, each tile summed with the peers' partials as their flags
     /// arrive and written to `out`. The kernel keeps the count of calls
-    /// that this takes in the mailbox (`FusedScatter`).
+    /// that this takes in the flags buffer (`FusedScatter`).
     fn fused(&self, ex: &Exec<'_>) -> Result<()> {
         let MmRs { a, b, out, .. } = &self.call;
         let (me, world) = (ex.rank(), ex.world());
@@ -356,7 +362,7 @@ impl MmRsPlan {
             scatter: Some(FusedScatter {
                 rank: me,
                 inbox: (0..world).map(|r| ex.in_mailbox(r, self.inbox)).collect::<Result<_>>()?,
-                state: (0..world).map(|r| ex.in_mailbox(r, self.state)).collect::<Result<_>>()?,
+                state: (0..world).map(|r| ex.in_flags(r, self.state)).collect::<Result<_>>()?,
             }),
             alpha: scale,
             timeout: ex.group.timeout(),

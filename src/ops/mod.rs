@@ -60,6 +60,11 @@ trait Plan {
     fn mailbox_bytes(&self) -> usize {
         0
     }
+    /// Bytes of the flags buffer the call needs (as above; the fused
+    /// reduce-scatter's state).
+    fn flags_bytes(&self) -> usize {
+        0
+    }
     fn execute(&self, ex: &Exec<'_>) -> Result<()>;
     /// Everything `execute` reads from the plan (addresses included), so
     /// that two plans with the same key issue the same work: a backend
@@ -120,9 +125,9 @@ fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<
     plan
 }
 
-/// The ids of the scratch buffers a call runs with (workspace, mailbox),
-/// which its replay key depends on.
-type ScratchIds = (u64, Option<u64>);
+/// The ids of the scratch buffers a call runs with (workspace, mailbox,
+/// flags), which its replay key depends on.
+type ScratchIds = (u64, Option<u64>, Option<u64>);
 
 /// Executes an agreed plan (with the collective lock held), replayed where
 /// the backend can. `key(scratch ids, make)` is the replay key, `make()`
@@ -134,18 +139,27 @@ fn launch<P: Plan>(
     key: &dyn Fn(ScratchIds, &dyn Fn() -> String) -> String,
 ) -> Result<()> {
     let ws = workspace::ensure(group, Scratch::Workspace, plan.workspace_bytes(), Some(stream))?;
-    let mailbox = match plan.mailbox_bytes() {
-        0 => None,
-        bytes => Some(workspace::ensure(group, Scratch::Mailbox, bytes, Some(stream))?),
+    let optional = |kind, bytes| match bytes {
+        0 => Ok(None),
+        bytes => workspace::ensure(group, kind, bytes, Some(stream)).map(Some),
     };
-    let ids = (ws.id(), mailbox.as_ref().map(|m| m.id()));
+    let mailbox = optional(Scratch::Mailbox, plan.mailbox_bytes())?;
+    let flags = optional(Scratch::Flags, plan.flags_bytes())?;
+    let ids = (ws.id(), mailbox.as_ref().map(|m| m.id()), flags.as_ref().map(|f| f.id()));
     let make = || {
         let mailbox = ids.1.map(|id| format!(", mailbox {id:#x}")).unwrap_or_default();
-        format!("rank {} of {}, workspace {:#x}{mailbox}: {}", group.rank(), group.world(), ids.0, plan.replay_key())
+        let flags = ids.2.map(|id| format!(", flags {id:#x}")).unwrap_or_default();
+        format!(
+            "rank {} of {}, workspace {:#x}{mailbox}{flags}: {}",
+            group.rank(),
+            group.world(),
+            ids.0,
+            plan.replay_key()
+        )
     };
     let key = || key(ids, &make);
     group.backend().run_repeatable(&key, stream, &mut |s| {
-        plan.execute(&Exec { group, ws: ws.clone(), mailbox: mailbox.clone(), stream: s })
+        plan.execute(&Exec { group, ws: ws.clone(), mailbox: mailbox.clone(), flags: flags.clone(), stream: s })
     })
 }
 
@@ -153,12 +167,13 @@ fn launch<P: Plan>(
 /// (the workspace is private to them, so one channel serves all).
 const CHANNEL: usize = 0;
 
-/// What a plan executes with: the group, its workspace (and mailbox, when
-/// it asked for one), the caller's stream.
+/// What a plan executes with: the group, its workspace (and mailbox and
+/// flags buffer, when it asked for them), the caller's stream.
 struct Exec<'a> {
     group: &'a Group,
     ws: Arc<Handle>,
     mailbox: Option<Arc<Handle>>,
+    flags: Option<Arc<Handle>>,
     stream: Stream,
 }
 
@@ -185,6 +200,12 @@ impl Exec<'_> {
     fn in_mailbox(&self, r: usize, offset: usize) -> Result<u64> {
         let mailbox = self.mailbox.as_ref().ok_or_else(|| err!(Internal, "the plan was given no mailbox"))?;
         Ok(mailbox.peer_addr(r)? + offset as u64)
+    }
+
+    /// Address of `offset` in rank `r`'s flags buffer, as mapped here.
+    fn in_flags(&self, r: usize, offset: usize) -> Result<u64> {
+        let flags = self.flags.as_ref().ok_or_else(|| err!(Internal, "the plan was given no flags buffer"))?;
+        Ok(flags.peer_addr(r)? + offset as u64)
     }
 
     /// Every rank once, starting with this one and going down, so that at

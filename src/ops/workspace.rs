@@ -1,12 +1,13 @@
 //! The group's symmetric workspace: one rendezvoused buffer per group that
 //! operations stage data in (each rank's region at the same offset, so a
 //! peer's region is `peer_addr(r) + offset`) and keep local scratch in; and
-//! beside it the mailbox, which only the fused reduce-scatter uses (its
-//! state must survive from one call to the next, see [`Scratch`]).
+//! beside it the mailbox and the flags buffer, which only the fused
+//! reduce-scatter uses (its state must survive from one call to the next,
+//! see [`Scratch`]).
 //!
-//! Growing either is a rendezvous, hence collective. Every rank decides to
+//! Growing any of them is a rendezvous, hence collective. Every rank decides to
 //! grow from the agreed arguments and its current size, both equal on every
-//! rank, so all ranks grow together. Neither shrinks; a grown one starts
+//! rank, so all ranks grow together. None shrinks; a grown one starts
 //! zeroed, as the first one did.
 
 use crate::backend::Stream;
@@ -126,26 +127,35 @@ mod tests {
         gs.iter().for_each(|g| g.release_scratch());
     }
 
-    /// The mailbox is a buffer of its own: the workspace's growth and use
-    /// never touch it, and a new one starts zeroed on every rank.
+    /// The mailbox and the flags buffer are buffers of their own: the
+    /// workspace's growth and use never touch them, and a new one starts
+    /// zeroed on every rank.
     #[test]
-    fn mailbox_is_apart_from_the_workspace() {
+    fn mailbox_and_flags_are_apart_from_the_workspace() {
         let gs = host_groups(2);
         let ids = on_each(&gs, |_, g| {
             let _l = g.lock_collective();
             let ws = ensure(g, Scratch::Workspace, 100, None).unwrap();
             let mb = ensure(g, Scratch::Mailbox, 100, None).unwrap();
-            assert_ne!(ws.id(), mb.id());
-            // SAFETY: host memory of `size` bytes, this rank's own.
-            let bytes = unsafe { std::slice::from_raw_parts(mb.buffer().addr() as *const u8, mb.buffer().size()) };
-            assert!(bytes.iter().all(|&b| b == 0));
+            let fl = ensure(g, Scratch::Flags, 100, None).unwrap();
+            assert!(ws.id() != mb.id() && mb.id() != fl.id() && fl.id() != ws.id());
+            for h in [&mb, &fl] {
+                // SAFETY: host memory of `size` bytes, this rank's own.
+                let bytes = unsafe { std::slice::from_raw_parts(h.buffer().addr() as *const u8, h.buffer().size()) };
+                assert!(bytes.iter().all(|&b| b == 0));
+            }
             let ws2 = ensure(g, Scratch::Workspace, 2 * GROWTH_STEP, None).unwrap();
-            assert!(Arc::ptr_eq(&mb, &g.scratch(Scratch::Mailbox).unwrap()));
-            (ws2.id(), mb.id())
+            let mb2 = ensure(g, Scratch::Mailbox, 2 * GROWTH_STEP, None).unwrap();
+            assert!(Arc::ptr_eq(&mb2, &g.scratch(Scratch::Mailbox).unwrap()));
+            assert!(Arc::ptr_eq(&fl, &g.scratch(Scratch::Flags).unwrap()), "growing the mailbox kept the flags");
+            (ws2.id(), mb2.id(), fl.id())
         });
         assert_eq!(ids[0], ids[1]);
         gs.iter().for_each(|g| g.release_scratch());
-        assert!(gs.iter().all(|g| g.scratch(Scratch::Workspace).is_none() && g.scratch(Scratch::Mailbox).is_none()));
+        let none = |g: &Arc<Group>| {
+            [Scratch::Workspace, Scratch::Mailbox, Scratch::Flags].iter().all(|&k| g.scratch(k).is_none())
+        };
+        assert!(gs.iter().all(none));
     }
 
     #[test]
