@@ -1028,13 +1028,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         // cumulative, publishes them. No __threadfence_system: a
         // fence.sc.sys here, off the consumers' path, still cost the
         // kernel about 3% (bench/KERNELS.md).
-        // rs_push 2 (SYMM_RS_FLAG_RELAXED=1, a measurement, not safe: the
-        // flag is not ordered after the data): a relaxed store instead.
-        if (p.rs_push == 2) {
-            symm_st_relaxed_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
-        } else {
-            symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
-        }
+        symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), epoch);
         symm_trace_now(p, SYMM_TRACE_FLAGGED);
         symm_mbar_arrive(&pushed->empty);
         phase ^= 1;

@@ -848,9 +848,7 @@ impl Sm90Matmul {
             bias,
             a_scale_slot: self.gather.as_ref().map_or(self.chunk_rows, |g| g.scale_slot) as i64,
             scale_mode,
-            // 2: relaxed tile flags, a measurement only (not safe).
-            rs_push: i32::from(self.rs_pushes())
-                * if std::env::var("SYMM_RS_FLAG_RELAXED").as_deref() == Ok("1") { 2 } else { 1 },
+            rs_push: i32::from(self.rs_pushes()),
             slices: self.slices() as i32,
             slice_kblocks: self.slice_kblocks() as i32,
             trace: self.trace,
