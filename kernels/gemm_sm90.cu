@@ -943,10 +943,12 @@ static __device__ bool symm_wait_for(const uint32_t* word, Done done, const symm
     for (;;) {
         __nanosleep(backoff);
         backoff = backoff < cap ? 2 * backoff : backoff;
-        if (done(symm_ld_relaxed_sys(word))) {
-            asm volatile("fence.acq_rel.sys;" ::: "memory");
-            return true;
-        }
+        // Acquired by a load of the word, not a fence: fence.acq_rel.sys
+        // is a MEMBAR.ALL.SYS, which took ~3 us beside the matmul (as the
+        // release of a pushed tile's flag does, bench/KERNELS.md v24); an
+        // acquire load is LDG.STRONG.SYS and an L1 invalidation (SASS).
+        // It reads the value seen or a later one: the words only grow.
+        if (done(symm_ld_relaxed_sys(word)) && done(symm_ld_acquire_sys(word))) return true;
         const uint64_t now = symm_globaltimer_ns();
         if (now - start >= timeout) {
             symm_record_error(p.err, SYMM_ASYNC_TIMEOUT, p.rank, peer, SYMM_GEMM_CHANNEL, kind, now - start);
