@@ -123,7 +123,7 @@
 // Trace (p.trace != 0, a profiling aid): per CTA, SYMM_GEMM_TRACE_SLOTS
 // u64, the %globaltimer (ns) at these points of its last tile, 0 where not
 // reached. Mirrored by `sm90_trace.rs`.
-#define SYMM_GEMM_TRACE_SLOTS 13
+#define SYMM_GEMM_TRACE_SLOTS 15
 #define SYMM_TRACE_START 0        // the CTA's barriers are set up
 #define SYMM_TRACE_MAINLOOP 1     // warpgroup 1's last wgmma done
 #define SYMM_TRACE_EPILOGUE 2     // warpgroup 1's stores issued (a peer's inbox, or C)
@@ -137,6 +137,8 @@
 #define SYMM_TRACE_READY 10       // rs, a narrow peer tile: warpgroup 1 past the wait for the peers' inboxes
 #define SYMM_TRACE_BOXES 11       // rs, a narrow peer tile: warpgroup 1's TMA stores issued (as EPILOGUE since v23)
 #define SYMM_TRACE_HANDED 12      // rs: the flagging warp saw both warpgroups' stores complete (its release next)
+#define SYMM_TRACE_LANDED 13      // rs, an own tile: warpgroup 1 found its first stage of partials landed in the ring
+#define SYMM_TRACE_LANDED_ALL 14  // rs, an own tile: ... and its last stage
 
 // A CUtensorMap (cuTensorMapEncodeTiled), opaque to the kernel.
 struct alignas(64) symm_tmap {
@@ -872,7 +874,7 @@ static __device__ __forceinline__ void symm_add_partials(float (&d)[BN / 2], con
                                                          const symm_tile& tile, int n, int slice_row0,
                                                          unsigned char* ring, uint64_t* full, uint64_t* empty,
                                                          int& stage, uint32_t& phase, const symm_tmap* c_map,
-                                                         int c_row) {
+                                                         int c_row, const symm_gemm_params& p) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
     constexpr int PER_TILE = BN * ELEM / 128;  // parts.per_tile
     const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
@@ -884,7 +886,13 @@ static __device__ __forceinline__ void symm_add_partials(float (&d)[BN / 2], con
     for (int b0 = 0; b0 < parts.total; b0 += PER_TILE) {
 #pragma unroll
         for (int bx = 0; bx < PER_TILE; bx++) {
-            if (in_stage == 0) symm_mbar_wait(&full[stage], phase);
+            if (in_stage == 0) {
+                symm_mbar_wait(&full[stage], phase);
+                if (threadIdx.x == 128) {
+                    if (b0 + bx == 0) symm_trace_now(p, SYMM_TRACE_LANDED);
+                    symm_trace_now(p, SYMM_TRACE_LANDED_ALL);
+                }
+            }
             unsigned char* box = ring + stage * STAGE_BYTES + in_stage * 16384;
             const bool sums = b0 >= sums_from;
             if (tile.col0 + bx * (128 / ELEM) < n) symm_add_box<DT, BN>(d, box, bx, slice_row0, sums);
@@ -1455,7 +1463,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 const symm_tmap* in_ring = p.rs_c_store == SYMM_RS_C_RING ? tm_c : nullptr;
 #define SYMM_ADD(DT)                                                                                            \
     symm_add_partials<DT, BN, STAGES, Cfg::STAGE_BYTES>(acc, parts, tile, p.n, slice, ring, full, empty, stage, \
-                                                        phase, in_ring, row)
+                                                        phase, in_ring, row, p)
                 if (dt == SYMM_DT_F32) SYMM_ADD(SYMM_DT_F32);
                 else if (dt == SYMM_DT_BF16) SYMM_ADD(SYMM_DT_BF16);
                 else SYMM_ADD(SYMM_DT_F16);

@@ -41,7 +41,7 @@ def read_traces(prefix):
                 if not line.strip():
                     continue
                 row = dict(zip(names, (int(x) for x in line.split())))
-                for slot in ("ready", "boxes", "handed"):  # traces from before these stamps
+                for slot in ("ready", "boxes", "handed", "first_in", "last_in"):  # traces from before these stamps
                     row.setdefault(slot, 0)
                 launches.setdefault((row["launch"], row["rank"]), []).append(row)
     return launches
@@ -86,6 +86,8 @@ def summarize(ctas, rank, origin, groups=()):
             # the sums stored from the ring "added" comes once those stores
             # have read it.
             ("flags seen/loads issued, own tiles", own, "partials"),
+            ("first partials landed, own tiles", own, "first_in"),
+            ("last partials landed, own tiles", own, "last_in"),
             ("partials added, own tiles", own, "added"),
             ("stores issued, own tiles", own, "epilogue"),
             ("last stores read, peers' tiles", peer, "drained"),

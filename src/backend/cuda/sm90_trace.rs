@@ -21,7 +21,7 @@ use std::sync::Mutex;
 /// u64 per CTA (`SYMM_GEMM_TRACE_SLOTS`), in this order.
 const SLOTS: &[&str] = &[
     "start", "mainloop", "epilogue", "pushed", "flagged", "partials", "chunk", "end", "added", "drained", "ready",
-    "boxes", "handed",
+    "boxes", "handed", "first_in", "last_in",
 ];
 
 /// The prefix of the trace files, when tracing is on.
