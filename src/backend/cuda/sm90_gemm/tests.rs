@@ -24,6 +24,7 @@ fn params_layout_matches_the_kernel() {
         assert_eq!(off(std::ptr::addr_of!((*q).slices).cast()), 448);
         assert_eq!(off(std::ptr::addr_of!((*q).slice_kblocks).cast()), 452);
         assert_eq!(off(std::ptr::addr_of!((*q).trace).cast()), 456);
+        assert_eq!(off(std::ptr::addr_of!((*q).rs_prefetch_kb).cast()), 484);
     }
 }
 
@@ -311,8 +312,8 @@ fn gpu_sm90_trace_stamps_every_cta() {
     assert_eq!(lines.len(), 8, "{text}");
     for (cta, v) in lines.iter().enumerate() {
         // launch rank m n k tile cta start mainloop epilogue pushed flagged partials chunk end added drained
-        // ready boxes handed
-        assert_eq!(v.len(), 20, "{text}");
+        // ready boxes handed first_in last_in
+        assert_eq!(v.len(), 22, "{text}");
         assert_eq!(&v[1..7], &[0, m as u64, n as u64, k as u64, mm.tile.cols() as u64, cta as u64], "{text}");
         let (start, mainloop, epilogue, drained, end) = (v[7], v[8], v[9], v[16], v[14]);
         assert!(
@@ -322,6 +323,7 @@ fn gpu_sm90_trace_stamps_every_cta() {
         assert_eq!(&v[10..14], &[0, 0, 0, 1], "CTA {cta}: no reduce-scatter stamps, chunk 0 (+1)");
         assert_eq!(v[15], 0, "CTA {cta}: no partials added");
         assert_eq!(&v[17..20], &[0, 0, 0], "CTA {cta}: no narrow peer tile's stamps");
+        assert_eq!(&v[20..22], &[0, 0], "CTA {cta}: no partials landed");
     }
 }
 
