@@ -199,7 +199,6 @@ struct symm_gemm_params {
     int32_t rs_c_store;    // rs_push: how this rank's own rows reach C (SYMM_RS_C_*)
     int32_t rs_push_ring;  // narrow peer tiles, 16-bit C: 1 = a CTA's last one pushed from the ring (all boxes at once)
     int32_t rs_narrow_less; // narrow peer tiles: the last this many of a row tile are 8 columns narrower
-    int32_t rs_prefetch_kb; // rs_push, own tiles: partials prefetched into L2 this many k-blocks before the end (0: none)
 };
 // rs_c_store: from registers (C that TMA cannot address), through the
 // staging area and tm_c, or by tm_c from the ring where the peers'
@@ -1046,34 +1045,6 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
     }
 }
 
-// rs_push, one of this rank's own tiles, some k-blocks before its end
-// (rs_prefetch_kb): prefetches into L2 every box of the peers' partials
-// whose flags are set already, so that the loads behind the k-blocks find
-// them there. Where the peer ran ahead, its partials landed tens of us
-// earlier and B's stream has since pushed them out of L2; loaded back from
-// HBM beside this rank's own pushes, they were most of the 5-7 us between
-// the own tiles' k-loops and their sums (bench/KERNELS.md v25). A hint
-// only: a box whose flags are not set yet is left to the loads.
-static __device__ void symm_rs_prefetch(const symm_gemm_params& p, const symm_tiling& tiling, const symm_tile& tile,
-                                        int bn, const symm_tmap* inbox, uint32_t epoch) {
-    const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
-    const int row = tile.row0 - tile.chunk * p.chunk_rows;
-    for (int src = 0; src < p.world - 1; src++) {
-        const int peer = src < p.rank ? src : src + 1;
-        for (int col = tile.col0; col < min(tile.col0 + bn, p.n); col += box_cols) {
-            const int last = tiling.source_of(tile, min(col + box_cols, p.n) - 1);
-            bool set = true;
-            for (int f = tiling.source_of(tile, col); f <= last && set; f++)
-                set = (int32_t)(symm_ld_relaxed_sys(tiling.flag(p, p.rank, peer, f)) - epoch) >= 0;
-            if (set) {
-                asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"(inbox),
-                             "r"(col), "r"(row), "r"(peer)
-                             : "memory");
-            }
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The kernel.
 // ---------------------------------------------------------------------------
@@ -1172,10 +1143,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             const symm_tmap* map_a = local ? tm_a_local : tm_a;
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
             const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
-            const bool own_rs = symm_rs_pushes(p) && tile.chunk == p.rank;
-            const int prefetch_kb = own_rs && p.rs_prefetch_kb ? max(0, kblocks - p.rs_prefetch_kb) : -1;
             for (int kb = 0; kb < kblocks; kb++) {
-                if (kb == prefetch_kb) symm_rs_prefetch(p, tiling, tile, BN, &tm_rs->inbox, rs_epoch());
                 if (kb == wait_kb) {
                     const int slice = kb / p.slice_kblocks;
                     symm_wait_nonzero(&p.ready[tile.chunk * p.slices + slice], p, tile.chunk);
@@ -1196,7 +1164,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
                 advance();
             }
-            if (!own_rs) continue;
+            if (!symm_rs_pushes(p) || tile.chunk != p.rank) continue;
             // One of our own tiles: its peers' partials, loaded behind the
             // k-blocks, each box once the peer's flags of the tiles that
             // hold it reached this call's epoch (with narrow peer tiles,

@@ -79,7 +79,6 @@ struct Params {
     rs_c_store: i32,
     rs_push_ring: i32,
     rs_narrow_less: i32,
-    rs_prefetch_kb: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<Params>() == 488);
@@ -858,7 +857,6 @@ impl Sm90Matmul {
             rs_narrow_less: narrow.map_or(0, |w| w.narrower as i32),
             rs_c_store: RS_C_REGISTERS,
             rs_push_ring: i32::from(self.rs_push_ring),
-            rs_prefetch_kb: prefetch_kblocks(),
         }
     }
 }
@@ -979,18 +977,6 @@ pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_el
 fn stagger_override() -> Option<usize> {
     std::env::var("SYMM_RS_STAGGER").ok().and_then(|v| v.parse().ok())
 }
-
-/// How many k-blocks before an own tile's end of a fused reduce-scatter the
-/// peers' partials that have landed are prefetched into L2
-/// (`SYMM_RS_PREFETCH_KB`, 0: never; for comparisons, set alike on every
-/// rank or not: each rank's own tiles only).
-fn prefetch_kblocks() -> i32 {
-    std::env::var("SYMM_RS_PREFETCH_KB").ok().and_then(|v| v.parse().ok()).unwrap_or(PREFETCH_KBLOCKS)
-}
-
-/// 16 k-blocks: ~11 us at mm_rs 512x14336x8192 (0.69 us each), before the
-/// narrow tiles' pushes load the memory system (bench/KERNELS.md v25).
-const PREFETCH_KBLOCKS: i32 = 16;
 
 /// `SYMM_RS_NARROW=0` keeps the peers' tiles as wide as the own ones (for
 /// comparisons; set alike on every rank).

@@ -24,7 +24,6 @@ fn params_layout_matches_the_kernel() {
         assert_eq!(off(std::ptr::addr_of!((*q).slices).cast()), 448);
         assert_eq!(off(std::ptr::addr_of!((*q).slice_kblocks).cast()), 452);
         assert_eq!(off(std::ptr::addr_of!((*q).trace).cast()), 456);
-        assert_eq!(off(std::ptr::addr_of!((*q).rs_prefetch_kb).cast()), 484);
     }
 }
 
