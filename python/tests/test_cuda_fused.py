@@ -96,7 +96,7 @@ def test_fused_mm_rs_matches_float64(dtype, op, m, k, n):
 def test_fused_mm_rs_back_to_back_across_shapes_and_skew():
     """Fused mm_rs calls follow one another with no barrier between them:
     a rank pushes into a peer's inbox only once the peer's previous call
-    has read it (a count of calls the kernel keeps in the mailbox). Two
+    has read it (a count of calls the kernel keeps beside its tile flags). Two
     shapes alternate (different tilings of the same inbox), a fused ag_mm
     runs between them (the workspace, not the mailbox), one rank at a time
     starts late by a ~1 ms spin, and nothing is synchronized until the
