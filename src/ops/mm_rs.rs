@@ -25,7 +25,7 @@ use super::{check, fused, shape_text, Exec, Plan};
 use crate::array::{Array, DType};
 use crate::backend::{Backend, FusedMatmul, FusedScatter, GemmScales, Stream};
 use crate::error::{err, Result};
-use crate::group::Group;
+use crate::group::{Group, Scratch};
 use crate::plan;
 use std::sync::Arc;
 
@@ -361,8 +361,8 @@ impl MmRsPlan {
             order: (1..=world).map(|i| (me + i) % world).collect(),
             scatter: Some(FusedScatter {
                 rank: me,
-                inbox: (0..world).map(|r| ex.in_mailbox(r, self.inbox)).collect::<Result<_>>()?,
-                state: (0..world).map(|r| ex.in_flags(r, self.state)).collect::<Result<_>>()?,
+                inbox: ex.on_every_rank(Scratch::Mailbox, self.inbox)?,
+                state: ex.on_every_rank(Scratch::Flags, self.state)?,
             }),
             alpha: scale,
             timeout: ex.group.timeout(),

@@ -196,16 +196,16 @@ impl Exec<'_> {
         self.ws.buffer().addr() + offset as u64
     }
 
-    /// Address of `offset` in rank `r`'s mailbox, as mapped here.
-    fn in_mailbox(&self, r: usize, offset: usize) -> Result<u64> {
-        let mailbox = self.mailbox.as_ref().ok_or_else(|| err!(Internal, "the plan was given no mailbox"))?;
-        Ok(mailbox.peer_addr(r)? + offset as u64)
-    }
-
-    /// Address of `offset` in rank `r`'s flags buffer, as mapped here.
-    fn in_flags(&self, r: usize, offset: usize) -> Result<u64> {
-        let flags = self.flags.as_ref().ok_or_else(|| err!(Internal, "the plan was given no flags buffer"))?;
-        Ok(flags.peer_addr(r)? + offset as u64)
+    /// Address of `offset` in every rank's mailbox or flags buffer (`kind`),
+    /// as mapped here, by rank.
+    fn on_every_rank(&self, kind: Scratch, offset: usize) -> Result<Vec<u64>> {
+        let buf = match kind {
+            Scratch::Workspace => Some(&self.ws),
+            Scratch::Mailbox => self.mailbox.as_ref(),
+            Scratch::Flags => self.flags.as_ref(),
+        };
+        let buf = buf.ok_or_else(|| err!(Internal, "the plan was given no {kind:?}"))?;
+        (0..self.world()).map(|r| Ok(buf.peer_addr(r)? + offset as u64)).collect()
     }
 
     /// Every rank once, starting with this one and going down, so that at
