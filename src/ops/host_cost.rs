@@ -2,13 +2,16 @@
 //! the rest of the library (checks, agreement cache, planning, the replay
 //! key). At M = 512 this time, not the GPU's, is most of what an eager
 //! call costs (`bench/NOTES.md`), so it is measured where no Python or
-//! framework adds to it: two ranks as threads on GPU 0 (one process, one
-//! context), 20-call batches, median over batches.
+//! framework adds to it: two ranks as threads of one process, on GPUs 0
+//! and 1 where there are two (mm_rs 512 then takes the fused kernel, which
+//! needs a GPU per rank), else both on GPU 0; 20-call batches, median over
+//! batches.
 
 use super::{fused_ag_mm, mm_rs, AgMm, AgMmScales, MmRs, MmRsScales, ReduceOp};
 use crate::array::{Array, DType};
 use crate::backend::cuda::driver::check;
-use crate::backend::cuda::gpu_testing::{gpu, DevBuf, Gpu};
+use crate::backend::cuda::driver::device_count;
+use crate::backend::cuda::gpu_testing::{gpu, gpu_on, DevBuf, Gpu};
 use crate::backend::cuda::graphs::launches;
 use crate::backend::BackendChoice;
 use crate::group::{Group, GroupConfig};
@@ -60,28 +63,33 @@ fn host_us(call: &dyn Fn(), g: &Gpu, meet: &Barrier) -> (f64, f64, u64) {
 
 #[test]
 fn gpu_host_time_per_repeated_call() {
-    let Some(g0) = gpu() else { return };
+    if gpu().is_none() {
+        return;
+    }
+    let devices: [i32; 2] = if device_count() >= 2 { [0, 1] } else { [0, 0] };
     let cfg = GroupConfig {
         backend: Some(BackendChoice::Cuda),
         timeout: Some(Duration::from_secs(60)),
-        allow_shared_device: true,
+        allow_shared_device: devices[0] == devices[1],
         ..Default::default()
     };
-    let groups = Group::new_local(&[0, 0], &cfg).unwrap();
+    let groups = Group::new_local(&devices, &cfg).unwrap();
     let (m, k, n) = (512usize, 8192usize, 14336usize);
     // Per rank, allocated before any rank calls (an allocation may wait for
     // a peer's kernel on the shared device): ag_mm's shard, B and output;
     // mm_rs's A, B and output.
     let bf = 2;
-    let bufs: Vec<[DevBuf; 6]> = (0..2)
-        .map(|_| {
+    let bufs: Vec<[DevBuf; 6]> = devices
+        .iter()
+        .map(|&d| {
+            let g = gpu_on(d);
             [
-                ones(&g0, m / 2 * k * bf),
-                ones(&g0, k * n * bf),
-                ones(&g0, m * n * bf),
-                ones(&g0, m * n * bf),
-                ones(&g0, n * k * bf),
-                ones(&g0, m / 2 * k * bf),
+                ones(&g, m / 2 * k * bf),
+                ones(&g, k * n * bf),
+                ones(&g, m * n * bf),
+                ones(&g, m * n * bf),
+                ones(&g, n * k * bf),
+                ones(&g, m / 2 * k * bf),
             ]
         })
         .collect();
@@ -90,11 +98,12 @@ fn gpu_host_time_per_repeated_call() {
         let hs: Vec<_> = groups
             .iter()
             .zip(&bufs)
-            .map(|(group, b)| {
+            .zip(devices)
+            .map(|((group, b), device)| {
                 let meet = &meet;
                 sc.spawn(move || {
-                    // Each rank its own stream on the shared device.
-                    let g = gpu().unwrap();
+                    // Each rank its own stream (on a shared device or its own).
+                    let g = gpu_on(device);
                     g.ctx.bind_to_thread().unwrap();
                     let s = g.stream();
                     let arr = |buf: &DevBuf, shape: &[usize]| Array::contiguous(buf.ptr, DType::BF16, shape);
@@ -135,8 +144,9 @@ fn gpu_host_time_per_repeated_call() {
     for (rank, rows) in results.iter().enumerate() {
         for (name, total, launch, launched) in rows {
             println!(
-                "{{\"op\": \"{name}\", \"rank\": {rank}, \"host_us_per_call\": {total:.1}, \
+                "{{\"op\": \"{name}\", \"rank\": {rank}, \"device\": {}, \"host_us_per_call\": {total:.1}, \
                  \"graph_launch_us\": {launch:.1}, \"rest_us\": {:.1}}}",
+                devices[rank],
                 total - launch
             );
             // Every timed call after the warm-up was one graph launch: the

@@ -25,13 +25,18 @@ pub fn gpu() -> Option<Gpu> {
         eprintln!("no CUDA device: GPU part of the test skipped");
         return None;
     }
-    let ctx = driver::context(0).expect("context of device 0");
+    Some(gpu_on(0))
+}
+
+/// Device `ordinal` (which must exist) with its kernels.
+pub fn gpu_on(ordinal: i32) -> Gpu {
+    let ctx = driver::context(ordinal).unwrap_or_else(|e| panic!("context of device {ordinal}: {}", e.msg));
     let kernels = module::kernels(&ctx).expect("loading symm's kernels");
     let mut stream = std::ptr::null_mut();
     let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
     // SAFETY: out-pointer valid; the context is current.
     check(unsafe { sys::cuStreamCreate(&mut stream, flags) }, "cuStreamCreate").unwrap();
-    Some(Gpu { ctx, kernels, stream })
+    Gpu { ctx, kernels, stream }
 }
 
 impl Gpu {

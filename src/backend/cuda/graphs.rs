@@ -15,12 +15,13 @@
 //! Not used while the caller's stream is itself being captured (the caller
 //! builds its own graph then) or with `SYMM_GRAPHS=0`.
 //!
-//! A graph that holds a single launch of one of symm's own kernels (the
-//! fused reduce-scatter's one kernel) is replayed as that launch, with the
-//! arguments the capture recorded: on two H200s cuGraphLaunch made such a
-//! bound call cost the host 11 us against 9 us issued afresh
-//! (`bench/results/2026-11-26-h200-x2-7c59b68-host-overhead.txt`), and a
-//! kernel launch also reaches the GPU sooner.
+//! Every captured call is replayed by cuGraphLaunch, one-kernel calls (the
+//! fused operations) included: on two H200s a graph of one launch of a
+//! kernel with the fused matmul's 2152 bytes of arguments cost the host
+//! 1.2 us against 4.0 us for cuLaunchKernel of the same kernel, and an
+//! idle GPU ended it 4.1 us after the host began against 6.5
+//! (`bench/gpu/launch_probe.cu`,
+//! `bench/results/2026-11-27-h200-x2-launch-probe.txt`).
 
 use super::driver::check;
 use crate::backend::Stream;
@@ -42,31 +43,10 @@ pub struct GraphCache {
     inner: Mutex<Inner>,
 }
 
-/// How a captured call is replayed.
-#[derive(Clone, Copy)]
-enum Replay {
-    /// cuGraphLaunch of the instantiated graph (a CUgraphExec).
-    Graph(usize),
-    /// The graph's one kernel launched again (`single_launch`).
-    Kernel(KernelLaunch),
-}
-
-/// A graph's only node, a launch of one of symm's own kernels (which take
-/// no launch attributes), with the graph that owns its arguments.
-#[derive(Clone, Copy)]
-struct KernelLaunch {
-    params: sys::CUDA_KERNEL_NODE_PARAMS,
-    graph: sys::CUgraph,
-}
-
-// SAFETY: driver handles and the graph-owned argument array, usable from
-// any thread; only read after the capture.
-unsafe impl Send for KernelLaunch {}
-
 #[derive(Default)]
 struct Inner {
-    /// Captured calls by key.
-    execs: HashMap<String, Replay>,
+    /// Captured calls by key: their instantiated graphs (CUgraphExec).
+    execs: HashMap<String, usize>,
     seen: HashMap<String, u32>,
     /// Keys whose capture failed: they run eagerly.
     refused: HashSet<String>,
@@ -88,35 +68,11 @@ pub(super) fn is_capturing(stream: Stream) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-fn launch(replay: Replay, stream: Stream) -> Result<()> {
+fn launch(exec: usize, stream: Stream) -> Result<()> {
     #[cfg(test)]
     let started = std::time::Instant::now();
-    let s = stream.0 as sys::CUstream;
-    let r = match replay {
-        // SAFETY: an instantiated graph of this context; the stream too.
-        Replay::Graph(exec) => check(unsafe { sys::cuGraphLaunch(exec as sys::CUgraphExec, s) }, "cuGraphLaunch"),
-        Replay::Kernel(k) => {
-            let p = &k.params;
-            // SAFETY: the captured launch of a kernel of this context; its
-            // argument array is owned by the graph, kept until the cache drops.
-            let r = unsafe {
-                sys::cuLaunchKernel(
-                    p.func,
-                    p.gridDimX,
-                    p.gridDimY,
-                    p.gridDimZ,
-                    p.blockDimX,
-                    p.blockDimY,
-                    p.blockDimZ,
-                    p.sharedMemBytes,
-                    s,
-                    p.kernelParams,
-                    std::ptr::null_mut(),
-                )
-            };
-            check(r, "cuLaunchKernel (a replayed call)")
-        }
-    };
+    // SAFETY: an instantiated graph of this context; the stream too.
+    let r = check(unsafe { sys::cuGraphLaunch(exec as sys::CUgraphExec, stream.0 as sys::CUstream) }, "cuGraphLaunch");
     #[cfg(test)]
     launches::add(started.elapsed());
     r
@@ -151,14 +107,11 @@ impl GraphCache {
     /// call that `key()` describes (made only when replays apply).
     /// `check_errors` runs before a replay, as before any eager launch: a
     /// failure already recorded is reported instead of queueing more work.
-    /// `ours` says whether a kernel is one of symm's own (launched with no
-    /// attributes), which a graph of that kernel alone replays as a launch.
     pub fn run(
         &self,
         key: &dyn Fn() -> String,
         stream: Stream,
         check_errors: impl Fn() -> Result<()>,
-        ours: &dyn Fn(sys::CUfunction) -> bool,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
     ) -> Result<()> {
         if !enabled() || is_capturing(stream)? {
@@ -175,7 +128,7 @@ impl GraphCache {
             drop(inner);
             return issue(stream);
         }
-        match capture(&mut inner, ours, issue) {
+        match capture(&mut inner, issue) {
             Ok(exec) => {
                 inner.execs.insert(key.to_owned(), exec);
                 drop(inner);
@@ -211,13 +164,8 @@ impl Inner {
     }
 }
 
-/// Captures `issue` on our capture stream: its one kernel launch, or an
-/// instantiated graph.
-fn capture(
-    inner: &mut Inner,
-    ours: &dyn Fn(sys::CUfunction) -> bool,
-    issue: &mut dyn FnMut(Stream) -> Result<()>,
-) -> Result<Replay> {
+/// Captures `issue` on our capture stream into an instantiated graph.
+fn capture(inner: &mut Inner, issue: &mut dyn FnMut(Stream) -> Result<()>) -> Result<usize> {
     let cap = match inner.capture {
         Some(s) => s,
         None => {
@@ -240,63 +188,25 @@ fn capture(
     // SAFETY: ends the capture begun above (also after a failed issue).
     let ended = check(unsafe { sys::cuStreamEndCapture(s, &mut graph) }, "cuStreamEndCapture");
     let result = issued.and(ended).and_then(|()| {
-        if let Some(params) = single_launch(graph, ours)? {
-            return Ok(Replay::Kernel(KernelLaunch { params, graph }));
-        }
         let mut exec = std::ptr::null_mut();
         // SAFETY: a complete graph from the capture.
         check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }, "cuGraphInstantiate")?;
-        Ok(Replay::Graph(exec as usize))
+        Ok(exec as usize)
     });
-    if !graph.is_null() && !matches!(result, Ok(Replay::Kernel(_))) {
+    if !graph.is_null() {
         // SAFETY: the instantiated graph does not need its source graph.
         unsafe { sys::cuGraphDestroy(graph) };
     }
     result
 }
 
-/// The parameters of `graph`'s one node when it is a launch of one of
-/// symm's own kernels (`ours`) with its arguments as an array (how our
-/// launches pass them), else `None`.
-fn single_launch(
-    graph: sys::CUgraph,
-    ours: &dyn Fn(sys::CUfunction) -> bool,
-) -> Result<Option<sys::CUDA_KERNEL_NODE_PARAMS>> {
-    let mut count = 0usize;
-    // SAFETY: a complete graph; with no array, only the count is written.
-    check(unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }, "cuGraphGetNodes")?;
-    if count != 1 {
-        return Ok(None);
-    }
-    let mut node = std::ptr::null_mut();
-    // SAFETY: room for the one node.
-    check(unsafe { sys::cuGraphGetNodes(graph, &mut node, &mut count) }, "cuGraphGetNodes")?;
-    let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-    // SAFETY: a node of the graph; out-pointer valid.
-    check(unsafe { sys::cuGraphNodeGetType(node, &mut kind) }, "cuGraphNodeGetType")?;
-    if kind != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
-        return Ok(None);
-    }
-    // SAFETY: plain data, filled in by the driver below.
-    let mut params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-    // SAFETY: a kernel node; the argument array it returns is owned by the
-    // node and valid while the graph lives.
-    check(unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut params) }, "cuGraphKernelNodeGetParams")?;
-    let plain = !params.func.is_null() && ours(params.func) && !params.kernelParams.is_null() && params.extra.is_null();
-    Ok(plain.then_some(params))
-}
-
 impl Drop for GraphCache {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
-        for replay in inner.execs.values() {
-            match *replay {
-                // SAFETY: instantiated in capture(); the driver keeps a
-                // launched graph's resources until its work completes.
-                Replay::Graph(exec) => unsafe { sys::cuGraphExecDestroy(exec as sys::CUgraphExec) },
-                // SAFETY: made in capture(); launches copied their arguments.
-                Replay::Kernel(k) => unsafe { sys::cuGraphDestroy(k.graph) },
-            };
+        for &exec in inner.execs.values() {
+            // SAFETY: instantiated in capture(); the driver keeps a launched
+            // graph's resources until its work completes.
+            unsafe { sys::cuGraphExecDestroy(exec as sys::CUgraphExec) };
         }
         if let Some(s) = inner.capture {
             // SAFETY: created in capture().
@@ -308,7 +218,6 @@ impl Drop for GraphCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::gemm::GemmDtype;
     use crate::backend::cuda::gpu_testing::gpu;
     use std::cell::Cell;
 
@@ -329,7 +238,7 @@ mod tests {
             inner.due_for_capture(&format!("once {i}"));
         }
         assert!(inner.seen.len() <= MAX_SEEN);
-        inner.execs = (0..MAX_GRAPHS).map(|i| (format!("g{i}"), Replay::Graph(0))).collect();
+        inner.execs = (0..MAX_GRAPHS).map(|i| (format!("g{i}"), 0)).collect();
         assert!(!inner.due_for_capture("c"));
         assert!(!inner.due_for_capture("c"), "no capture beyond MAX_GRAPHS");
         inner.execs.clear(); // nothing real to destroy
@@ -368,7 +277,7 @@ mod tests {
         let cache = GraphCache::default();
         let run = |key: &str, value: u32| {
             check(unsafe { sys::cuMemsetD32Async(buf.ptr, 0xdead, n, g.stream().0 as _) }, "poison").unwrap();
-            cache.run(&|| key.to_owned(), g.stream(), || Ok(()), &|_| true, &mut fill(value)).unwrap();
+            cache.run(&|| key.to_owned(), g.stream(), || Ok(()), &mut fill(value)).unwrap();
             g.sync();
             assert!(buf.read::<u32>(n).iter().all(|&v| v == value), "call {key} did not write {value}");
         };
@@ -388,48 +297,12 @@ mod tests {
         let s = g.stream().0 as sys::CUstream;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         check(unsafe { sys::cuStreamBeginCapture_v2(s, mode) }, "begin").unwrap();
-        cache.run(&|| "a".to_owned(), g.stream(), || Ok(()), &|_| true, &mut fill(7)).unwrap();
+        cache.run(&|| "a".to_owned(), g.stream(), || Ok(()), &mut fill(7)).unwrap();
         let mut graph = std::ptr::null_mut();
         check(unsafe { sys::cuStreamEndCapture(s, &mut graph) }, "end").unwrap();
         assert_eq!(issued.get(), 4, "a call under the caller's capture was not issued into it");
         unsafe { sys::cuGraphDestroy(graph) };
         // SAFETY: created above; idle after the synchronizations.
         unsafe { sys::cuStreamDestroy_v2(side) };
-    }
-
-    /// A call that is one launch of one of our kernels (a reduction) is
-    /// replayed as that launch, not as a graph, and computes afresh each
-    /// time (its output poisoned first); a kernel `ours` does not vouch
-    /// for stays a graph.
-    #[test]
-    fn gpu_a_call_of_one_kernel_is_replayed_as_a_launch() {
-        let Some(g) = gpu() else { return };
-        let n = 1 << 12;
-        let src: Vec<f32> = (0..n).map(|i| 0.25 + i as f32).collect();
-        let src_buf = g.upload(&src);
-        let table = g.upload(&[src_buf.ptr]);
-        let out = g.alloc(4 * n);
-        let issued = Cell::new(0);
-        let mut reduce = |s: Stream| -> Result<()> {
-            issued.set(issued.get() + 1);
-            let p = super::super::reduce::ReduceParams::new(table.ptr, 1, out.ptr, n, GemmDtype::F32, 2.0);
-            super::super::reduce::reduce_with(&g.kernels, &p, s)
-        };
-        for (key, ours) in [("ours", true), ("not ours", false)] {
-            let cache = GraphCache::default();
-            issued.set(0);
-            for call in 0..4 {
-                // SAFETY: 4n bytes of device memory.
-                check(unsafe { sys::cuMemsetD32Async(out.ptr, 0x7fc0_0000, n, g.stream().0 as _) }, "poison").unwrap();
-                cache.run(&|| key.to_owned(), g.stream(), || Ok(()), &|_| ours, &mut reduce).unwrap();
-                g.sync();
-                let got = out.read::<f32>(n);
-                assert!(got.iter().zip(&src).all(|(o, s)| *o == 2.0 * s), "{key}, call {call}: wrong output");
-            }
-            assert_eq!(issued.get(), 2, "{key}: issued eagerly once and once into the capture");
-            let inner = cache.inner.lock().unwrap();
-            let direct = matches!(inner.execs.get(key), Some(Replay::Kernel(_)));
-            assert_eq!(direct, ours, "{key}: replayed as a launch: {direct}");
-        }
     }
 }

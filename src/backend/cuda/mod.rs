@@ -154,9 +154,7 @@ impl Backend for CudaBackend {
         issue: &mut dyn FnMut(Stream) -> Result<()>,
     ) -> Result<()> {
         self.bind()?;
-        // Asked only when a call is captured, not on every replay.
-        let ours = |f| module::kernels(&self.ctx).is_ok_and(|k| k.owns(f));
-        self.graphs.run(key, stream, || self.errors.check(), &ours, issue)
+        self.graphs.run(key, stream, || self.errors.check(), issue)
     }
     fn quiesce(&self, stream: Option<Stream>) -> Result<()> {
         self.bind()?;

@@ -40,21 +40,6 @@ pub struct Kernels {
 unsafe impl Send for Kernels {}
 unsafe impl Sync for Kernels {}
 
-impl Kernels {
-    /// Whether `f` is one of these kernels (all launched with
-    /// cuLaunchKernel and no launch attributes, so a captured launch of
-    /// one can be replayed as a plain launch: graphs.rs).
-    pub fn owns(&self, f: sys::CUfunction) -> bool {
-        let mut all = [&self.put_signal, &self.wait_signal, &self.barrier, &self.wait_value]
-            .into_iter()
-            .chain(&self.reduce)
-            .chain(&self.pack_rows)
-            .chain(&self.pack_strided)
-            .chain(&self.pack_tiled);
-        all.any(|k| k.cu_function() == f) || self.gemm_sm90.as_ref().is_some_and(|g| g.owns(f))
-    }
-}
-
 /// Kernel parameter: the address of an argument value.
 pub fn arg<T>(v: &mut T) -> *mut c_void {
     (v as *mut T).cast()

@@ -192,11 +192,6 @@ impl Sm90Kernels {
         Ok(Some(Sm90Kernels { functions, exact }))
     }
 
-    /// Whether `f` is one of these kernels.
-    pub fn owns(&self, f: sys::CUfunction) -> bool {
-        self.functions.iter().flatten().chain(&self.exact).any(|k| k.cu_function() == f)
-    }
-
     /// The kernel for `mm`'s input types, accumulation and tile (checked).
     fn function(&self, mm: &Sm90Matmul) -> &CudaFunction {
         let row = match mm.fp8 {
