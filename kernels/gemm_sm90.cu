@@ -286,6 +286,14 @@ static __device__ __forceinline__ void symm_tma_store(const symm_tmap* map, cons
                  : "memory");
 }
 
+// Fetches a tensor map into the TMA unit's descriptor cache ahead of its
+// first use, as CUTLASS does at a kernel's start: otherwise the first copy
+// through a map waits for it, and the maps first used late (a pushed tile's
+// stores, an own tile's partials and sums) are on the kernel's last path.
+static __device__ __forceinline__ void symm_tmap_prefetch(const symm_tmap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
 // Shared-memory matrix descriptor of a K-major tile with 128-byte rows and
 // the 128-byte swizzle TMA wrote: stride between 8-row groups 1024 bytes.
 static __device__ __forceinline__ uint64_t symm_smem_desc(const void* p) {
@@ -1045,6 +1053,27 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
     }
 }
 
+// How many k-blocks before a tile's last one its epilogue's maps are
+// fetched (symm_prefetch_epilogue_maps): early enough for the fetch, late
+// enough that the k-loop's A and B maps have not pushed them out since.
+#define SYMM_TMAP_PREFETCH_KB 8
+
+// Run by the producer a few k-blocks before `tile`'s epilogue: fetches the
+// maps that epilogue copies through (symm_tmap_prefetch).
+static __device__ __forceinline__ void symm_prefetch_epilogue_maps(const symm_gemm_params& p, const symm_tile& tile,
+                                                                   const symm_tmap* tm_c, const symm_rs_maps* tm_rs) {
+    if (symm_rs_pushes(p)) {
+        if (tile.chunk != p.rank) {
+            symm_tmap_prefetch(&tm_rs->push[tile.chunk]);
+        } else {
+            symm_tmap_prefetch(&tm_rs->inbox);
+            if (p.rs_c_store != SYMM_RS_C_REGISTERS) symm_tmap_prefetch(tm_c);
+        }
+    } else if (p.c_tma) {
+        symm_tmap_prefetch(tm_c);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The kernel.
 // ---------------------------------------------------------------------------
@@ -1082,6 +1111,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
 
     const int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
+        symm_tmap_prefetch(tm_a);
+        symm_tmap_prefetch(tm_b);
+        if (p.local_chunk >= 0) symm_tmap_prefetch(tm_a_local);
         for (int s = 0; s < STAGES; s++) {
             symm_mbar_init(&full[s], 1);
             symm_mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
@@ -1144,6 +1176,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
             const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
             for (int kb = 0; kb < kblocks; kb++) {
+                if (kb == max(0, kblocks - SYMM_TMAP_PREFETCH_KB)) symm_prefetch_epilogue_maps(p, tile, tm_c, tm_rs);
                 if (kb == wait_kb) {
                     const int slice = kb / p.slice_kblocks;
                     symm_wait_nonzero(&p.ready[tile.chunk * p.slices + slice], p, tile.chunk);
