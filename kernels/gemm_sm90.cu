@@ -1058,15 +1058,17 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
 // the k-loop's own traffic has not pushed them out since.
 #define SYMM_EPILOGUE_PREFETCH_KB 8
 
-// An L2 prefetch of 16 bytes at `addr` by the load path and by TMA: the
-// data is not the point, the address translation of its page is. In the
-// traces every CTA of a narrow group issued its pushes at the same moment,
-// 3-4 us after its k-loop, and every own tile's last partials landed at
-// the same moment: as if all waited for one page walk (the pages are last
-// touched a whole k-loop before, with B's 235 MB streamed through since).
+// A load of the word at `addr` whose value nobody waits for: the data is
+// not the point, the address translation of its page is. In the traces
+// every CTA of a narrow group issued its pushes at the same moment, 3-4 us
+// after its k-loop, and every own tile's last partials landed at the same
+// moment: as if all waited for one page walk (the pages are last touched a
+// whole k-loop before, with B's 235 MB streamed through since). L2
+// prefetches of the same addresses (v27) changed nothing; a peer's memory
+// may not be prefetched at all, so this is a real load.
 static __device__ __forceinline__ void symm_touch(uint64_t addr) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(addr) : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], 16;" ::"l"(addr) : "memory");
+    uint32_t v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
 }
 
 // Run by the producer a few k-blocks before `tile`'s epilogue: fetches the
