@@ -1053,57 +1053,24 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
     }
 }
 
-// How many k-blocks before a tile's last one its epilogue is prepared for
-// (symm_prefetch_epilogue): early enough for the fetches, late enough that
-// the k-loop's own traffic has not pushed them out since.
-#define SYMM_EPILOGUE_PREFETCH_KB 8
-
-// A load of the word at `addr` whose value nobody waits for: the data is
-// not the point, the address translation of its page is. In the traces
-// every CTA of a narrow group issued its pushes at the same moment, 3-4 us
-// after its k-loop, and every own tile's last partials landed at the same
-// moment: as if all waited for one page walk (the pages are last touched a
-// whole k-loop before, with B's 235 MB streamed through since). L2
-// prefetches of the same addresses (v27) changed nothing; a peer's memory
-// may not be prefetched at all, so this is a real load.
-static __device__ __forceinline__ void symm_touch(uint64_t addr) {
-    uint32_t v;
-    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
-}
+// How many k-blocks before a tile's last one its epilogue's maps are
+// fetched (symm_prefetch_epilogue_maps): early enough for the fetch, late
+// enough that the k-loop's A and B maps have not pushed them out since.
+#define SYMM_TMAP_PREFETCH_KB 8
 
 // Run by the producer a few k-blocks before `tile`'s epilogue: fetches the
-// maps that epilogue copies through (symm_tmap_prefetch) and touches the
-// first and last row of what it writes or reads (symm_touch).
-static __device__ __forceinline__ void symm_prefetch_epilogue(const symm_gemm_params& p, const symm_tile& tile,
-                                                              const symm_tmap* tm_c, const symm_rs_maps* tm_rs) {
-    if (!symm_rs_pushes(p)) {
-        if (p.c_tma) symm_tmap_prefetch(tm_c);
-        return;
-    }
-    const int elem = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
-    const int row = tile.row0 - tile.chunk * p.chunk_rows;  // in the chunk
-    const int last = min(tile.row_end - tile.row0, SYMM_GEMM_BM) - 1;
-    const int64_t slot = (int64_t)p.chunk_rows * p.n;
-    // Rank dst's inbox slot for rank src, row r of the tile.
-    auto inbox = [&](int dst, int src, int r) {
-        return p.inbox[dst] + (uint64_t)((src * slot + (int64_t)(row + r) * p.n + tile.col0) * elem);
-    };
-    if (tile.chunk != p.rank) {
-        symm_tmap_prefetch(&tm_rs->push[tile.chunk]);
-        symm_touch(inbox(tile.chunk, p.rank, 0));
-        symm_touch(inbox(tile.chunk, p.rank, last));
-        return;
-    }
-    symm_tmap_prefetch(&tm_rs->inbox);
-    for (int src = 0; src < p.world; src++) {
-        if (src == p.rank) continue;
-        symm_touch(inbox(p.rank, src, 0));
-        symm_touch(inbox(p.rank, src, last));
-    }
-    if (p.rs_c_store != SYMM_RS_C_REGISTERS) {
+// maps that epilogue copies through (symm_tmap_prefetch).
+static __device__ __forceinline__ void symm_prefetch_epilogue_maps(const symm_gemm_params& p, const symm_tile& tile,
+                                                                   const symm_tmap* tm_c, const symm_rs_maps* tm_rs) {
+    if (symm_rs_pushes(p)) {
+        if (tile.chunk != p.rank) {
+            symm_tmap_prefetch(&tm_rs->push[tile.chunk]);
+        } else {
+            symm_tmap_prefetch(&tm_rs->inbox);
+            if (p.rs_c_store != SYMM_RS_C_REGISTERS) symm_tmap_prefetch(tm_c);
+        }
+    } else if (p.c_tma) {
         symm_tmap_prefetch(tm_c);
-        symm_touch(p.c + (uint64_t)(((int64_t)row * p.ldc + tile.col0) * elem));
-        symm_touch(p.c + (uint64_t)(((int64_t)(row + last) * p.ldc + tile.col0) * elem));
     }
 }
 
@@ -1209,7 +1176,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
             const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
             for (int kb = 0; kb < kblocks; kb++) {
-                if (kb == max(0, kblocks - SYMM_EPILOGUE_PREFETCH_KB)) symm_prefetch_epilogue(p, tile, tm_c, tm_rs);
+                if (kb == max(0, kblocks - SYMM_TMAP_PREFETCH_KB)) symm_prefetch_epilogue_maps(p, tile, tm_c, tm_rs);
                 if (kb == wait_kb) {
                     const int slice = kb / p.slice_kblocks;
                     symm_wait_nonzero(&p.ready[tile.chunk * p.slices + slice], p, tile.chunk);
