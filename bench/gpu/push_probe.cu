@@ -10,7 +10,10 @@
 //         out row-major with 16 KiB rows (the inbox: [rows][8192] bf16) or
 //         each box contiguous; alone, with a st.release.sys flag per CTA
 //         after its stores completed, and with GPU 1 pushing the same into
-//         GPU 0 at once (both directions, as the fused kernel's two ranks).
+//         GPU 0 at once (both directions, as the fused kernel's two ranks);
+//         and all of that again by TMA reduce-adds (cp.reduce.async.bulk
+//         .add, bf16), which would let a peer add its partial straight
+//         into C, plus reduce-adds into the GPU's own memory.
 //   load: C CTAs each load 64 KiB by TMA from their own GPU's memory in
 //         those layouts, hot (just written) and after 256 MiB of other
 //         writes went through L2.
@@ -60,7 +63,7 @@ __device__ __forceinline__ void box_at(int layout, int c, int b, int& x, int& y,
 }
 
 __global__ void __launch_bounds__(128) push(const __grid_constant__ CUtensorMap map, int layout, uint32_t* flags,
-                                            uint64_t* times) {
+                                            int reduce, uint64_t* times) {
     extern __shared__ unsigned char raw[];
     unsigned char* tile = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
     for (int i = threadIdx.x; i < TILE_BYTES / 16; i += blockDim.x) {
@@ -73,9 +76,18 @@ __global__ void __launch_bounds__(128) push(const __grid_constant__ CUtensorMap 
     for (int b = 0; b < BOXES; b++) {
         int x, y, z;
         box_at(layout, blockIdx.x, b, x, y, z);
-        asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(&map),
-                     "r"(x), "r"(y), "r"(z), "r"(smem_addr(tile + b * 8192))
-                     : "memory");
+        if (reduce) {
+            // Adds the box into what is there (bf16, from the map's type).
+            asm volatile(
+                "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+                    &map),
+                "r"(x), "r"(y), "r"(z), "r"(smem_addr(tile + b * 8192))
+                : "memory");
+        } else {
+            asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(&map),
+                         "r"(x), "r"(y), "r"(z), "r"(smem_addr(tile + b * 8192))
+                         : "memory");
+        }
     }
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -198,15 +210,23 @@ int main() {
 
     const int counts[] = {8, 16, 32, 64, 68, 128, 132};
     const char* names[] = {"row-major", "contiguous"};
-    printf("push: C CTAs x 64 KiB by TMA into the peer GPU, GB/s (us), median of %d\n", RUNS);
-    printf("%-11s %5s %16s %16s %16s\n", "layout", "C", "alone", "+release.sys", "both directions");
+    // Modes: stores into the peer alone, with a release per CTA, both GPUs
+    // at once; the same by TMA reduce-adds (bf16); reduce-adds into this
+    // GPU's own memory.
+    constexpr int MODES = 7;
+    printf("push: C CTAs x 64 KiB by TMA into the peer GPU (reduce-add: added to what is there), GB/s (us), median of %d\n",
+           RUNS);
+    printf("%-11s %5s %16s %16s %16s %16s %16s %16s %16s\n", "layout", "C", "store", "+release.sys", "both dirs",
+           "reduce-add", "+release.sys", "both dirs", "reduce, local");
     for (int layout = 0; layout < 2; layout++) {
         for (int ctas : counts) {
-            double gbps[3], us[3];
-            for (int mode = 0; mode < 3; mode++) {
+            double gbps[MODES], us[MODES];
+            for (int mode = 0; mode < MODES; mode++) {
+                const int reduce = mode >= 3;
+                const bool release = mode == 1 || mode == 4, both = mode == 2 || mode == 5, local = mode == 6;
                 std::vector<double> runs;
                 for (int run = 0; run < RUNS; run++) {
-                    const int sides = mode == 2 ? 2 : 1;
+                    const int sides = both ? 2 : 1;
                     for (int d = 0; d < sides; d++) {
                         CK(cudaSetDevice(d));
                         CK(cudaDeviceSynchronize());
@@ -214,8 +234,8 @@ int main() {
                     for (int d = 0; d < sides; d++) {
                         Side& s = side[d];
                         CK(cudaSetDevice(d));
-                        const CUtensorMap map = encode(s.dst, layout, ctas);
-                        push<<<ctas, 128, SMEM, s.stream>>>(map, layout, mode == 1 ? s.flags : nullptr, s.times);
+                        const CUtensorMap map = encode(local ? s.local : s.dst, layout, ctas);
+                        push<<<ctas, 128, SMEM, s.stream>>>(map, layout, release ? s.flags : nullptr, reduce, s.times);
                         CK(cudaGetLastError());
                     }
                     double worst = 0;
@@ -231,8 +251,9 @@ int main() {
                 us[mode] = median(runs);
                 gbps[mode] = (double)ctas * TILE_BYTES / (us[mode] * 1e3);
             }
-            printf("%-11s %5d %7.0f (%6.1f) %7.0f (%6.1f) %7.0f (%6.1f)\n", names[layout], ctas, gbps[0], us[0],
-                   gbps[1], us[1], gbps[2], us[2]);
+            printf("%-11s %5d", names[layout], ctas);
+            for (int mode = 0; mode < MODES; mode++) printf(" %7.0f (%6.1f)", gbps[mode], us[mode]);
+            printf("\n");
         }
     }
 
