@@ -280,7 +280,10 @@ def bench_ag_mm(b, g, shapes):
         time_matmul_op(b, "ag_mm", shape, fns, errs, out, ref, 1e-2, {**graphed(fns, ours), **others})
 
 
-def bench_mm_rs(b, g, shapes):
+def bench_mm_rs(b, g, shapes, symmetric_out):
+    """With `symmetric_out`, symm's `out` lies in a rendezvoused symmetric
+    buffer (as a tensor-parallel program would keep its activations), where
+    the fused kernel at world 2 lets the peer add its partial into it."""
     # Registers torch.ops.symm_mem (bench_ag_mm may not have run: --only).
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -289,8 +292,12 @@ def bench_mm_rs(b, g, shapes):
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = linear_weight(k, n)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(m // b.world, n, device="cuda", dtype=torch.bfloat16)
-        ref = torch.empty_like(out)
+        if symmetric_out:
+            out, keep = symmetric_tensor(g, m // b.world * n)
+            out = out.view(m // b.world, n)
+        else:
+            out, keep = torch.empty(m // b.world, n, device="cuda", dtype=torch.bfloat16), None
+        ref = torch.empty(m // b.world, n, device="cuda", dtype=torch.bfloat16)
 
         def nccl_cublas():
             torch.matmul(a, w, out=c)
@@ -458,6 +465,8 @@ def main():
     p.add_argument("--graph-max-m", type=int, default=2048,
                    help="also time shapes up to this M replayed from CUDA graphs (0: none)")
     p.add_argument("--only", default="ag_mm,mm_rs,lc_allgather,contention")
+    p.add_argument("--mm-rs-out", choices=("symmetric", "ordinary"), default="symmetric",
+                   help="where symm's mm_rs output lies (symmetric: the fused kernel's peers add into it)")
     args = p.parse_args()
     if os.environ.get("SYMM_BENCH_WATCHDOG_S"):
         # A run that takes longer prints every thread's stack (and
@@ -476,7 +485,7 @@ def main():
         bench_ag_mm(b, g, shapes[-1:] if args.quick else shapes)
     if "mm_rs" in only:
         shapes = tp_shapes(MM_RS_SHAPES, b.world, sharded=1)
-        bench_mm_rs(b, g, shapes[-1:] if args.quick else shapes)
+        bench_mm_rs(b, g, shapes[-1:] if args.quick else shapes, args.mm_rs_out == "symmetric")
     if "lc_allgather" in only:
         bench_lc_allgather(b, g, LC_SIZES_MB[:2] if args.quick else LC_SIZES_MB)
     if "contention" in only and not args.quick:

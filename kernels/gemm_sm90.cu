@@ -206,6 +206,13 @@ struct symm_gemm_params {
 #define SYMM_RS_C_REGISTERS 0
 #define SYMM_RS_C_STAGED 1
 #define SYMM_RS_C_RING 2
+// Or the peers add into C: C lies in symmetric memory (tm_rs push[d] is
+// rank d's C); each own tile zeroes its part of C at the start and flags
+// it (its own slot of the tile flags), the peers' tiles and the own tile
+// then add into it by TMA reduce-adds, and the own tile waits for the
+// peers' flags only to end the kernel. World 2 (an add of two values does
+// not depend on their order).
+#define SYMM_RS_C_ADD 3
 
 // Records `value` in this CTA's trace slot (when tracing).
 static __device__ __forceinline__ void symm_trace(const symm_gemm_params& p, int slot, uint64_t value) {
@@ -283,6 +290,15 @@ static __device__ __forceinline__ void symm_tma_load3(void* dst, const symm_tmap
 static __device__ __forceinline__ void symm_tma_store(const symm_tmap* map, const void* src, int32_t x, int32_t y) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map), "r"(x),
                  "r"(y), "r"(symm_smem_addr(src))
+                 : "memory");
+}
+
+// The same box added to what the map's memory holds (in the map's type).
+static __device__ __forceinline__ void symm_tma_reduce_add(const symm_tmap* map, const void* src, int32_t x,
+                                                           int32_t y) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                     map),
+                 "r"(x), "r"(y), "r"(symm_smem_addr(src))
                  : "memory");
 }
 
@@ -749,11 +765,15 @@ static __device__ __forceinline__ int symm_swizzled(int row, int jj, int q) {
 // in a place of its own (a free ring's stages), so no piece waits for the
 // previous one's stores to read theirs: a narrow peer tile's pushes, whose
 // reads wait on NVLink.
+//
+// With `add` the boxes are added into the map's memory (SYMM_RS_C_ADD)
+// rather than stored: the shifted last box then holds zeros where it
+// overlaps the box before, so no column is added twice.
 #define SYMM_GEMM_EPI_BYTES (2 * 16384)
 template <int DT, int BN>
 static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2], int col0, int row, int n,
                                                          unsigned char* staging, int spread, const symm_tmap* map,
-                                                         float alpha, bool& pending) {
+                                                         float alpha, bool add, bool& pending) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
     constexpr int BLOCKS = 32 / ELEM;  // 8-column blocks per 256-byte piece
     constexpr int PER_BOX = BLOCKS / 2;
@@ -796,7 +816,10 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
             for (int s = 0; s < SHIFT; s++) {
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
-                    put(box(1) + symm_swizzled<ELEM>(r0 + 8 * hh, s, q), LAST * PER_BOX - SHIFT + s, hh);
+                    unsigned char* at = box(1) + symm_swizzled<ELEM>(r0 + 8 * hh, s, q);
+                    if (!add) put(at, LAST * PER_BOX - SHIFT + s, hh);
+                    else if constexpr (DT == SYMM_DT_F32) *(float2*)at = make_float2(0.f, 0.f);
+                    else *(uint32_t*)at = 0u;
                 }
             }
         }
@@ -807,7 +830,10 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
             for (int b = 0; b < 2; b++) {
                 const int bi = 2 * h + b;
                 const int col = col0 + (bi * PER_BOX - (bi == LAST ? SHIFT : 0)) * 8;
-                if (bi <= LAST && col < n) symm_tma_store(map, box(b), col, row);
+                if (bi <= LAST && col < n) {
+                    if (add) symm_tma_reduce_add(map, box(b), col, row);
+                    else symm_tma_store(map, box(b), col, row);
+                }
             }
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
@@ -1053,6 +1079,32 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
     }
 }
 
+// SYMM_RS_C_ADD: zeroes this CTA's own tiles of C (warp 1, at the kernel's
+// start, while the first k-blocks load) and flags each in this rank's own
+// slot of the tile flags; the peers add into a tile once it is flagged.
+// The host passes C contiguous, with rows of whole 16-byte units.
+static __device__ void symm_rs_zero_own(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
+                                        uint32_t epoch) {
+    const int lane = threadIdx.x % 32;
+    const int elem = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
+    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+        const symm_tile tile = tiling.at(p, bn, t);
+        if (tile.chunk != p.rank) continue;
+        const int64_t row0 = tile.row0 - (int64_t)tile.chunk * p.chunk_rows;
+        const int rows = min(SYMM_GEMM_BM, tile.row_end - tile.row0);
+        const int units = (min(tile.col0 + bn, p.n) - tile.col0) * elem / 16;
+        for (int i = lane; i < rows * units; i += 32) {
+            const int64_t at = ((row0 + i / units) * p.ldc + tile.col0) * elem + (int64_t)(i % units) * 16;
+            *(uint4*)(p.c + at) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        // Our generic writes, then the adds by TMA (the async proxy), here
+        // and in the peers once they acquired the flag.
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        __syncwarp();
+        if (lane == 0) symm_st_release_sys(tiling.flag(p, p.rank, p.rank, tile.index), epoch);
+    }
+}
+
 // How many k-blocks before a tile's last one its epilogue's maps are
 // fetched (symm_prefetch_epilogue_maps): early enough for the fetch, late
 // enough that the k-loop's A and B maps have not pushed them out since.
@@ -1133,6 +1185,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     auto rs_epoch = [&]() { return *(volatile uint32_t*)call_epoch; };
 
     const symm_tiling tiling(p, BN);
+    const bool rs_add = symm_rs_pushes(p) && p.rs_c_store == SYMM_RS_C_ADD;
     // Elements of k per k-block: 64 of a 16-bit type, 128 of an 8-bit one.
     constexpr int BK = A_DT == SYMM_DT_E4M3 || A_DT == SYMM_DT_E5M2 ? SYMM_GEMM_BK_BYTES : SYMM_GEMM_BK_BYTES / 2;
     const int kblocks = (p.k + BK - 1) / BK;
@@ -1142,6 +1195,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // lane of warp 1 sets the pushed tiles' flags; the rest only donate
         // their registers to the consumers.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x / 32 == 1 && rs_add) symm_rs_zero_own(p, tiling, BN, rs_epoch());
         if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, pushed, rs_epoch());
         if (threadIdx.x == 64 && symm_rs_live(p)) {
             // Every peer's previous call has read its inbox: the consumers
@@ -1152,6 +1206,21 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
             // go, so nobody hangs.
             for (int d = 0; d < p.world; d++) {
                 if (d != p.rank) symm_wait_reach(&symm_rs_state_of(p, d)->epoch, rs_epoch() - 1, p, d);
+            }
+            if (rs_add) {
+                // Adding into a peer's C: its own tiles under ours zeroed
+                // (flagged within microseconds of its start).
+                for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
+                    const symm_tile tile = tiling.at(p, BN, t);
+                    if (tile.chunk == p.rank) continue;
+                    const int tm = (tile.row0 - tile.chunk * p.chunk_rows) / SYMM_GEMM_BM;
+                    const int last = min(tile.col0 + tile.cols, p.n) - 1;
+                    for (int tn = tile.col0 / BN; tn <= last / BN; tn++) {
+                        const uint32_t* zeroed = tiling.flag(p, tile.chunk, tile.chunk, tm * tiling.tiles_n + tn);
+                        symm_wait_reach(zeroed, rs_epoch(), p, tile.chunk);
+                    }
+                }
+                asm volatile("fence.proxy.async.global;" ::: "memory");
             }
             symm_mbar_arrive(peers_ready);
         }
@@ -1197,7 +1266,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_tma_load(stage_b(stage), tm_b, kb * BK, tile.col0, &full[stage]);
                 advance();
             }
-            if (!symm_rs_pushes(p) || tile.chunk != p.rank) continue;
+            if (!symm_rs_pushes(p) || tile.chunk != p.rank || rs_add) continue;
             // One of our own tiles: its peers' partials, loaded behind the
             // k-blocks, each box once the peer's flags of the tiles that
             // hold it reached this call's epoch (with narrow peer tiles,
@@ -1330,6 +1399,16 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_consumers_sync();
     };
+    // SYMM_RS_C_ADD: waits until every peer has added its tiles over own
+    // tile `tile` into C.
+    auto wait_peer_adds = [&](const symm_tile& tile) {
+        const int first = tiling.source_of(tile, tile.col0);
+        const int last = tiling.source_of(tile, min(tile.col0 + BN, p.n) - 1);
+        for (int src = 0; src < p.world; src++) {
+            if (src == p.rank) continue;
+            for (int i = first; i <= last; i++) symm_wait_reach(tiling.flag(p, p.rank, src, i), rs_epoch(), p, src);
+        }
+    };
     // A narrow peer tile (see the header), start to end: a k-loop of its own
     // width on the first W / 2 of d, then its push by TMA, the last box
     // shifted to end with the tile (symm_epilogue_tma). Its
@@ -1339,13 +1418,14 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     // symm_epilogue_tma for C's type, W columns of ACC from COL0 into MAP
     // (columns before N), through AREA boxes SPREAD bytes apart (0: this
     // warpgroup's staging area `mine`, two boxes at a time).
-#define SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA)                                          \
+#define SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, ADD)                                     \
     if (p.out_dtype == SYMM_DT_F32)                                                                            \
-        symm_epilogue_tma<SYMM_DT_F32, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, pending);             \
+        symm_epilogue_tma<SYMM_DT_F32, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, ADD, pending);        \
     else if (p.out_dtype == SYMM_DT_BF16)                                                                      \
-        symm_epilogue_tma<SYMM_DT_BF16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, pending);            \
-    else symm_epilogue_tma<SYMM_DT_F16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, pending)
-#define SYMM_EPI_TMA_W(W, ACC, COL0, ROW, N, MAP, ALPHA) SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, mine, 0, MAP, ALPHA)
+        symm_epilogue_tma<SYMM_DT_BF16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, ADD, pending);       \
+    else symm_epilogue_tma<SYMM_DT_F16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, ADD, pending)
+#define SYMM_EPI_TMA_W(W, ACC, COL0, ROW, N, MAP, ALPHA, ADD) \
+    SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, mine, 0, MAP, ALPHA, ADD)
     // `last`: the CTA's last tile, after which the ring is free.
     auto narrow_tile = [&](const symm_tile& tile, auto width, float(&d)[BN / 2], bool last) {
         constexpr int W = decltype(width)::value;
@@ -1364,7 +1444,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const bool spread = p.rs_push_ring && last && elem == 2;
         unsigned char* area = spread ? ring + slice * SYMM_GEMM_BK_BYTES : staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
         const int stride = spread ? Cfg::STAGE_BYTES : 0;
-        SYMM_EPI_TMA_S(W, dn, tile.col0, row, end, area, stride, &tm_rs->push[tile.chunk], p.alpha);
+        SYMM_EPI_TMA_S(W, dn, tile.col0, row, end, area, stride, &tm_rs->push[tile.chunk], p.alpha, rs_add);
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_BOXES);
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
         unflagged = true;
@@ -1460,9 +1540,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         const int dt = p.out_dtype;
         unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-#define SYMM_EPI_TMA(MAP, ROW, ALPHA) SYMM_EPI_TMA_W(BN, acc, tile.col0, ROW, p.n, MAP, ALPHA)
+#define SYMM_EPI_TMA(MAP, ROW, ALPHA, ADD) SYMM_EPI_TMA_W(BN, acc, tile.col0, ROW, p.n, MAP, ALPHA, ADD)
         if (p.c_tma) {
-            SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha);
+            SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha, false);
             if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
             continue;
         }
@@ -1484,9 +1564,22 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 // peers' inboxes are free); flagged at the next tile's
                 // epilogue (or the end).
                 symm_mbar_wait(peers_ready, 0);
-                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha);
+                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha, rs_add);
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
                 unflagged = true;
+            } else if (rs_add) {
+                // Our own rows, added into C (zeroed at the start), where
+                // the peers add theirs; the kernel ends once they did.
+                if (t128 == 0) {
+                    symm_wait_reach(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch(), p, p.rank);
+                    asm volatile("fence.proxy.async.global;" ::: "memory");
+                }
+                SYMM_EPI_TMA(tm_c, row, p.alpha, true);
+                if (threadIdx.x == 128) {
+                    symm_trace_now(p, SYMM_TRACE_EPILOGUE);
+                    wait_peer_adds(tile);
+                    symm_trace_now(p, SYMM_TRACE_ADDED);
+                }
             } else {
                 // Our own rows: the peers' partials (scaled by alpha
                 // already) from the ring, added to ours, then out to C.
@@ -1505,7 +1598,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 if (in_ring) {
                     // Stored from the ring already.
                 } else if (p.rs_c_store == SYMM_RS_C_STAGED) {
-                    SYMM_EPI_TMA(tm_c, row, 1.f);
+                    SYMM_EPI_TMA(tm_c, row, 1.f, false);
                 } else {
                     // C's rows that TMA cannot address (this rank's own
                     // output, unlike the inboxes, may be misaligned).

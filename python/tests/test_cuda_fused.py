@@ -93,6 +93,42 @@ def test_fused_mm_rs_matches_float64(dtype, op, m, k, n):
         assert e < TOLERANCE[dtype], e
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("m,k,n", [(512, 1024, 4096), (256, 512, 4104)])
+def test_fused_mm_rs_into_symmetric_out(dtype, op, m, k, n):
+    """`out` in a rendezvoused symmetric buffer, at the same offset on both
+    ranks: at these one-wave shapes each rank adds its partial straight into
+    the other's `out` (SYMM_RS_C_ADD). Calls into it alternate with calls
+    into an ordinary output (the inbox path), every output poisoned first."""
+    a = [randn(50 + r, (m, k), dtype) for r in range(WORLD)]
+    b = [weight(60 + r, k, n, dtype) for r in range(WORLD)]
+    total = sum(x.double() @ y.double() for x, y in zip(a, b))
+    if op == "avg":
+        total /= WORLD
+    offset = 256  # bytes into the buffer
+
+    def rank_main(g):
+        torch.cuda.set_device(g.rank)
+        numel = m // WORLD * n
+        with g.create(offset + 2 * numel) as buf, buf.rendezvous():
+            raw = torch.as_tensor(buf.cuda_bytes(), device="cuda")
+            symmetric = raw[offset:].view(dtype).view(m // WORLD, n)
+            got = []
+            for i in range(4):
+                out = symmetric if i % 2 == 0 else torch.empty_like(symmetric)
+                out.fill_(float("nan"))
+                symm.mm_rs(g, a[g.rank].cuda(), b[g.rank].cuda(), 0, op=op, out=out)
+                got.append(out.cpu())  # synchronizes: the next call overwrites it
+            g.check_async_error()
+            return got
+
+    for rank, outs in enumerate(on_threads(rank_main, cuda_groups(), deadline_s=120)):
+        for i, out in enumerate(outs):
+            e = rel_err(out, total.chunk(WORLD)[rank])
+            assert e < TOLERANCE[dtype], (rank, i, e)
+
+
 def test_fused_mm_rs_back_to_back_across_shapes_and_skew():
     """Fused mm_rs calls follow one another with no barrier between them:
     a rank pushes into a peer's inbox only once the peer's previous call

@@ -342,11 +342,17 @@ pub struct FusedGather {
 /// state starts zeroed and no other work may write it or the inbox: it
 /// counts the calls, which is what lets one call follow another with no
 /// barrier between them.
+///
+/// `out`: every rank's `c` as mapped here, where each lies at the same
+/// offset of one symmetric buffer, contiguous: the peers may then add their
+/// partials straight into it instead of the inbox (world 2; each rank's
+/// product is then rounded to C's type before the sum, its own included).
 #[derive(Clone, Debug)]
 pub struct FusedScatter {
     pub rank: usize,
     pub inbox: Vec<u64>,
     pub state: Vec<u64>,
+    pub out: Option<Vec<u64>>,
 }
 
 impl FusedGather {

@@ -24,6 +24,7 @@ use super::workspace::Layout;
 use super::{check, fused, shape_text, Exec, Plan};
 use crate::array::{Array, DType};
 use crate::backend::{Backend, FusedMatmul, FusedScatter, GemmScales, Stream};
+use crate::buffer::Handle;
 use crate::error::{err, Result};
 use crate::group::{Group, Scratch};
 use crate::plan;
@@ -78,25 +79,67 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
     let backend = group.backend();
     super::run_prepared(group, stream, call, |c| {
         let fused = c.fused_field(group);
-        let signature = c.signature(fused.as_ref());
+        let symmetric = c.symmetric_out(group);
+        let signature = c.signature(fused.as_ref(), symmetric.as_ref());
         let can_fuse = fused::chosen(fused.as_ref());
         let preferred = can_fuse && c.fused_preferred(&**backend, world);
         let plan = c
             .plan(world, backend.kind().name(), can_fuse, preferred)
-            .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
+            .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p))
+            .map(|p| MmRsPlan { symmetric_out: symmetric, ..p });
         (signature, plan)
     })
 }
 
+/// Where a symmetric `out` lives: its buffer and offset there.
+#[derive(Clone)]
+struct OutPlace {
+    buffer: Arc<Handle>,
+    offset: usize,
+}
+
+impl std::fmt::Debug for OutPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "symmetric buffer {:#x} at offset {}", self.buffer.id(), self.offset)
+    }
+}
+
+impl OutPlace {
+    /// Rank `r`'s `out` as mapped here.
+    fn on(&self, r: usize) -> Result<u64> {
+        Ok(self.buffer.peer_addr(r)? + self.offset as u64)
+    }
+}
+
 impl MmRs {
-    fn signature(&self, fused: Option<&String>) -> Signature {
+    /// `out`'s place when it is contiguous in a rendezvoused symmetric
+    /// buffer: the fused kernel may then let the peers add into it.
+    fn symmetric_out(&self, group: &Group) -> Option<OutPlace> {
+        if !self.out.is_contiguous() {
+            return None;
+        }
+        let buffer = group.find_symmetric(self.out.byte_range())?;
+        let offset = (self.out.addr - buffer.buffer().addr()) as usize;
+        Some(OutPlace { buffer, offset })
+    }
+
+    /// `symmetric`: where `out` lies, part of the agreed arguments (as
+    /// `symm_lc_allgather`'s input): the same offset of the same symmetric
+    /// buffer on every rank, or ordinary memory on every rank, so that
+    /// each rank knows where its peers' outputs are without an exchange.
+    fn signature(&self, fused: Option<&String>, symmetric: Option<&OutPlace>) -> Signature {
+        let memory = match symmetric {
+            Some(place) => format!("{place:?}"),
+            None => "ordinary memory".to_string(),
+        };
         let mut s = Signature::new("mm_rs")
             .arg("a.dtype", self.a.dtype)
             .arg("a.shape", shape_text(&self.a.shape))
             .arg("b.shape", shape_text(&self.b.shape))
             .arg("scatter_dim", self.scatter_dim)
             .arg("op", self.op.name())
-            .arg("out.dtype", self.out.dtype);
+            .arg("out.dtype", self.out.dtype)
+            .arg("out memory", memory);
         // The scale mode decides the workspace, so it must agree.
         let options = [("opts->a_scale", &self.scales.a_scale), ("opts->b_scale", &self.scales.b_scale)];
         for (name, t) in options {
@@ -260,6 +303,7 @@ impl MmRs {
         };
         Ok(MmRsPlan {
             call: self,
+            symmetric_out: None,
             dim,
             mode,
             chunks,
@@ -280,6 +324,8 @@ impl MmRs {
 #[derive(Debug)]
 pub(super) struct MmRsPlan {
     call: MmRs,
+    /// Where every rank's `out` lies, if in symmetric memory (agreed).
+    symmetric_out: Option<OutPlace>,
     dim: usize,
     /// The scale mode of an fp8 call.
     mode: Option<Mode>,
@@ -363,6 +409,10 @@ impl MmRsPlan {
                 rank: me,
                 inbox: ex.on_every_rank(Scratch::Mailbox, self.inbox)?,
                 state: ex.on_every_rank(Scratch::Flags, self.state)?,
+                out: match &self.symmetric_out {
+                    Some(place) => Some((0..world).map(|r| place.on(r)).collect::<Result<_>>()?),
+                    None => None,
+                },
             }),
             alpha: scale,
             timeout: ex.group.timeout(),

@@ -89,6 +89,7 @@ const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 const RS_C_REGISTERS: i32 = 0;
 const RS_C_STAGED: i32 = 1;
 const RS_C_RING: i32 = 2;
+const RS_C_ADD: i32 = 3;
 
 /// `SYMM_GEMM_SCALES_*`.
 const SCALES_NONE: i32 = 0;
@@ -304,11 +305,15 @@ pub struct Gather {
 /// [`Sm90Matmul::state_bytes`]); C is this rank's output chunk. The state
 /// must start zeroed and then belong to these calls alone: it carries the
 /// count of calls that lets one follow another without a barrier.
+///
+/// `out[d]`, where set, is rank `d`'s C as mapped here (every rank's at the
+/// same offset of a symmetric buffer): see [`Sm90Matmul::rs_adds`].
 #[derive(Clone, Debug)]
 pub struct Scatter {
     pub rank: usize,
     pub inbox: Vec<u64>,
     pub state: Vec<u64>,
+    pub out: Option<Vec<u64>>,
 }
 
 /// One launch: `C[m, n] = alpha * A[m, k] @ B[n, k]^T`, A's rows in
@@ -362,6 +367,10 @@ pub struct Sm90Matmul {
     /// `SYMM_RS_PUSH_RING=0`; false: two at a time through the staging
     /// area, each pair once the previous one's stores have read it).
     pub rs_push_ring: bool,
+    /// Narrow peer tiles at world 2 with every rank's C in symmetric
+    /// memory: the peers add their partials into C (default, unless
+    /// `SYMM_RS_ADD_C=0`, set alike on every rank; see `rs_adds`).
+    pub rs_add_c: bool,
 }
 
 /// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
@@ -426,6 +435,7 @@ impl Sm90Matmul {
             rs_narrow: None,
             rs_in_ring: knob_on("SYMM_RS_IN_RING"),
             rs_push_ring: knob_on("SYMM_RS_PUSH_RING"),
+            rs_add_c: knob_on("SYMM_RS_ADD_C"),
             err,
         }
     }
@@ -499,7 +509,8 @@ impl Sm90Matmul {
             });
         }
         if let Some(s) = &call.scatter {
-            mm.scatter = Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), state: s.state.clone() });
+            mm.scatter =
+                Some(Scatter { rank: s.rank, inbox: s.inbox.clone(), state: s.state.clone(), out: s.out.clone() });
             if mm.fp8.is_none() {
                 mm.rs_narrow = narrow_plan(call.chunk_rows, n, chunks);
             }
@@ -709,8 +720,13 @@ impl Sm90Matmul {
             p.rs_c_store = self.rs_c_store();
             let slot_bytes = (self.chunk_rows * self.n * self.out_dtype.size()) as u64;
             for (d, &inbox) in s.inbox.iter().enumerate().filter(|&(d, _)| d != s.rank) {
-                let slot = Operand { ptr: inbox + s.rank as u64 * slot_bytes, rows: self.chunk_rows, ld: self.n };
-                rs.push[d] = encode_box(out, &slot, self.n, c_box, C_BOX_ROWS)?;
+                // Into rank d's inbox slot for this rank, or added into its C.
+                let ptr = match (&s.out, p.rs_c_store) {
+                    (Some(outs), RS_C_ADD) => outs[d],
+                    _ => inbox + s.rank as u64 * slot_bytes,
+                };
+                let dst = Operand { ptr, rows: self.chunk_rows, ld: self.n };
+                rs.push[d] = encode_box(out, &dst, self.n, c_box, C_BOX_ROWS)?;
             }
             let dims = [self.n as u64, self.chunk_rows as u64, self.chunks() as u64];
             let strides = [(self.n * self.out_dtype.size()) as u64, slot_bytes];
@@ -787,13 +803,32 @@ impl Sm90Matmul {
     /// ring, or through the staging area: `rs_in_ring`), else from
     /// registers.
     fn rs_c_store(&self) -> i32 {
-        if self.c.ptr % 16 != 0 || (self.c.ld * self.out_dtype.size()) % 16 != 0 {
+        if self.rs_adds() {
+            RS_C_ADD
+        } else if self.c.ptr % 16 != 0 || (self.c.ld * self.out_dtype.size()) % 16 != 0 {
             RS_C_REGISTERS
         } else if self.rs_in_ring {
             RS_C_RING
         } else {
             RS_C_STAGED
         }
+    }
+
+    /// Whether the peers add their partials straight into C (`SYMM_RS_C_ADD`
+    /// in the kernel) rather than into this rank's inbox for its own tiles
+    /// to load and add: the one-wave narrow-tile launch at world 2 (an add
+    /// of two values does not depend on their order, so the result is the
+    /// same whoever adds first), every rank's C contiguous and in symmetric
+    /// memory (`Scatter::out`). That takes the inbox's load, add and store
+    /// off the end of the kernel. Alike on every rank: the shape, and C's
+    /// memory, which the ranks agreed on.
+    pub fn rs_adds(&self) -> bool {
+        let contiguous = self.c.ld == self.n && self.c.ptr % 16 == 0;
+        self.rs_add_c
+            && self.chunks() == 2
+            && self.narrow().is_some()
+            && contiguous
+            && self.scatter.as_ref().and_then(|s| s.out.as_ref()).is_some_and(|o| o.iter().all(|&a| a % 16 == 0))
     }
 
     fn params(&self) -> Params {

@@ -71,7 +71,7 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     let op = |ptr, rows, ld| Operand { ptr, rows, ld };
     let mut mm = Sm90Matmul::plain(op(0, 512, 64), op(0, 8192, 64), op(0, 256, 8192), 64, GemmDtype::BF16, 0);
     (mm.chunk_rows, mm.order) = (256, vec![1, 0]);
-    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2] });
+    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None });
     for (tiles, width, narrower, ok) in [
         (34, 240, 0, true),
         (34, 240, 8, true),
@@ -116,7 +116,7 @@ fn c_goes_through_tma_only_where_tma_cannot_spill() {
     (mm.chunk_rows, mm.order) = (100, vec![0, 1, 2]); // tiles straddle chunks
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
-    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0], state: vec![0] });
+    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0], state: vec![0], out: None });
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
     mm.tma_epilogue = false;
@@ -1006,7 +1006,8 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
 /// back to overlap the one before); bf16 and
 /// f32 C (whose boxes are half as wide), world 2 and 3, one CTA walking
 /// every tile, misaligned C, and a missing peer; staggered widths (n = 720:
-/// 248, 240 and 232).
+/// 248, 240 and 232); and with every rank's C passed as symmetric
+/// (`Scatter::out`), where at world 2 the peers add into C.
 #[test]
 fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
     let Some(g) = gpu() else { return };
@@ -1025,10 +1026,19 @@ fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
         RsCase { staged: true, ..case(2, bf16, Share) },
         RsCase { staggered: true, ..case(2, bf16, Share) },
         RsCase { staggered: true, ..case(3, f32, One) },
+        RsCase { adds: true, ..case(2, bf16, Share) },
+        RsCase { adds: true, ..case(2, f32, Share) },
+        RsCase { adds: true, ..case(2, bf16, One) },
+        RsCase { adds: true, staggered: true, ..case(2, bf16, Share) },
+        RsCase { adds: true, staggered: true, ..case(2, f32, One) },
+        // Not at world 3, nor with a misaligned C: those push into inboxes.
+        RsCase { adds: true, ..case(3, bf16, ChunkTiles) },
+        RsCase { adds: true, misaligned_c: true, ..case(2, bf16, Share) },
     ] {
         reduce_scatter_case(&g, kern, c);
     }
     reduce_scatter_case(&g, kern, RsCase { peer_missing: true, ..case(2, bf16, Share) });
+    reduce_scatter_case(&g, kern, RsCase { peer_missing: true, adds: true, ..case(2, bf16, Share) });
 }
 
 /// One reduce-scatter case of [`reduce_scatter_case`].
@@ -1051,6 +1061,9 @@ struct RsCase {
     staged: bool,
     /// Only rank 0 runs (see reduce_scatter_case).
     peer_missing: bool,
+    /// Every rank's C given as symmetric (`Scatter::out`): the peers add
+    /// into it where `Sm90Matmul::rs_adds` allows.
+    adds: bool,
 }
 
 impl Default for RsCase {
@@ -1066,6 +1079,7 @@ impl Default for RsCase {
             misaligned_c: false,
             staged: false,
             peer_missing: false,
+            adds: false,
         }
     }
 }
@@ -1087,7 +1101,7 @@ enum Ctas {
 /// once (200 ms timeout): a timeout error naming rank 1 is expected
 /// instead of the sums.
 fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
-    let RsCase { world, fp8, out, push, ctas, narrow, staggered, misaligned_c, staged, peer_missing } = case;
+    let RsCase { world, fp8, out, push, ctas, narrow, staggered, misaligned_c, staged, peer_missing, adds } = case;
     let dt = GemmDtype::BF16;
     let n = match (narrow, staggered) {
         (false, _) => 320,
@@ -1142,27 +1156,36 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
     };
     const CALLS: usize = 3;
     // With a (placeholder) scatter, so that it counts the narrow tiles' flags.
+    let (skew, out_elem) = (usize::from(misaligned_c), out.size());
     let probe = Sm90Matmul {
-        scatter: Some(Scatter { rank: 0, inbox: vec![0; world], state: vec![0; world] }),
+        scatter: Some(Scatter { rank: 0, inbox: vec![0; world], state: vec![0; world], out: None }),
         ..template(0, 0)
     };
     assert_eq!(probe.narrow().is_some(), narrow && push, "{case:?}");
+    // Whether the peers add into C: world 2, narrow tiles, an aligned C.
+    let c_at = (skew * out_elem) as u64;
+    let mut with_outs = probe.clone();
+    with_outs.c.ptr = c_at;
+    with_outs.scatter.as_mut().unwrap().out = adds.then(|| vec![c_at; world]);
+    let adding = with_outs.rs_adds();
+    assert_eq!(adding, adds && world == 2 && narrow && push && !misaligned_c, "{case:?}");
     let inboxes: Vec<DevBuf> = (0..world).map(|_| poisoned(g, probe.inbox_bytes() / out.size(), out)).collect();
     let states: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; probe.state_bytes()])).collect();
     let calls = if peer_missing { 1 } else { CALLS };
-    let (skew, out_elem) = (usize::from(misaligned_c), out.size());
     let outs: Vec<Vec<DevBuf>> =
         (0..calls).map(|_| (0..world).map(|_| poisoned(g, rows * n + skew, out)).collect()).collect();
     let sides = SideStreams::default();
     let launched = if peer_missing { 1 } else { world };
     for call_outs in &outs {
         for (r, out) in call_outs.iter().enumerate().take(launched) {
-            let mut mm = template(r, out.ptr + (skew * out_elem) as u64);
+            let mut mm = template(r, out.ptr + c_at);
             mm.scatter = Some(Scatter {
                 rank: r,
                 inbox: inboxes.iter().map(|b| b.ptr).collect(),
                 state: states.iter().map(|b| b.ptr).collect(),
+                out: adds.then(|| call_outs.iter().map(|o| o.ptr + c_at).collect()),
             });
+            assert_eq!(mm.rs_adds(), adding);
             mm.launch(kern, g.kernels.sm_count, sides.stream(r).unwrap()).unwrap();
         }
     }
@@ -1196,15 +1219,18 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         assert!(e < 1e-2, "{case:?}, rank {r}, call {call}: relative error {e}");
     }
     // Each rank counted every call, and each peer's flag of each of its
-    // tiles holds the epoch of the last one (a rank never flags itself).
+    // tiles holds the epoch of the last one (a rank flags itself only for
+    // its own tiles zeroed, when the peers add into C).
     for (r, state) in states.iter().enumerate() {
         let words = state.read::<u32>(probe.state_bytes() / 4);
         let header = FusedMatmul::STATE_HEADER_BYTES / 4;
+        let own_tiles = rows.div_ceil(128) * n.div_ceil(256);
         assert_eq!(words[0], CALLS as u32, "rank {r}'s epoch");
         assert_eq!(words[1], 0, "rank {r}'s count of finished CTAs is reset");
         for (i, &f) in words[header..].iter().enumerate() {
             let src = i / probe.tiles_per_chunk();
-            assert_eq!(f, if src == r { 0 } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
+            let own = if adding && i % probe.tiles_per_chunk() < own_tiles { CALLS as u32 } else { 0 };
+            assert_eq!(f, if src == r { own } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
         }
     }
 }
@@ -1262,6 +1288,7 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
             rank: r,
             inbox: inboxes.iter().map(|b| b.ptr).collect(),
             state: states.iter().map(|b| b.ptr).collect(),
+            out: None,
         });
     }
     let sides = SideStreams::default();
