@@ -14,6 +14,8 @@ printed: how long each takes in lock step with the other rank. With
 --graph N each profiled call is a replay of a CUDA graph of N calls, as
 bench_ops.py's `_graph` rows time them. Op `mm` is the floor: the local
 matmul of all m rows (algorithm ignored), e.g. `mm:512:14336:8192:-`.
+mm_rs's output lies in symmetric memory, as bench_ops.py passes it
+(SYMM_BENCH_MM_RS_OUT=ordinary: a plain tensor).
 """
 import argparse
 import os
@@ -34,6 +36,10 @@ def current_stream():
     return torch.cuda.current_stream().cuda_stream
 
 
+# Symmetric buffers of mm_rs outputs, alive until the process ends.
+_KEEP = []
+
+
 def case_fn(g, op, m, k, n, world, bound=False):
     w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
     if op == "mm":
@@ -47,7 +53,14 @@ def case_fn(g, op, m, k, n, world, bound=False):
             return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[out], stream=current_stream())
         return lambda: symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[out], stream=current_stream())
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
+    if os.environ.get("SYMM_BENCH_MM_RS_OUT", "symmetric") == "symmetric":
+        # As bench_ops.py passes it by default: in a rendezvoused symmetric
+        # buffer, where the fused kernel's peers add into it.
+        buf = g.create(m // world * n * 2)
+        _KEEP.append((buf, buf.rendezvous()))
+        out = torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16).view(m // world, n)
+    else:
+        out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
     if bound:
         return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream())
     return lambda: symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream())

@@ -136,6 +136,34 @@ def test_mm_rs_3d_avg_into_strided_output(world, dtype, scatter_dim):
     on_threads(rank_main, groups_of(world))
 
 
+def test_mm_rs_into_symmetric_memory_agreed_by_every_rank():
+    """`out` inside a rendezvoused buffer, at the same offset on every rank:
+    the sums land there. Where `out` lies is an agreed argument (the fused
+    kernel lets peers add into it), so a rank whose `out` is elsewhere
+    fails every rank with a mismatch instead of any rank hanging."""
+    world, dtype = 2, np.float32
+    rng = np.random.default_rng(8)
+    a = [random(rng, (4, 16), dtype) for _ in range(world)]
+    b = [random(rng, (16, 8), dtype) for _ in range(world)]
+    total = sum(x.astype(np.float64) @ y.astype(np.float64) for x, y in zip(a, b))
+
+    def rank_main(g):
+        with g.create(4096) as buf, buf.rendezvous():
+            out = buf.array(dtype, (2, 8), offset=512)
+            out[:] = np.nan
+            assert symm.mm_rs(g, a[g.rank], b[g.rank], 0, out=out) is out
+            assert_close(out, np.split(total, world, axis=0)[g.rank], dtype)
+            # A call that neither rank made before (a repeated call skips the
+            # agreement): rank 0's out elsewhere in the buffer, rank 1's not in it.
+            elsewhere = poisoned((2, 8), dtype) if g.rank == 1 else buf.array(dtype, (2, 8), offset=1024)
+            with pytest.raises(symm.SymmMismatchError, match="out memory"):
+                symm.mm_rs(g, a[g.rank], b[g.rank], 0, out=elsewhere)
+            if g.rank == 1:
+                assert np.isnan(elsewhere).all(), "the failed call wrote its output"
+
+    on_threads(rank_main, groups_of(world))
+
+
 # --- copy-engine all-gather -------------------------------------------------------
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
