@@ -6,7 +6,10 @@ src/backend/cuda/sm90_trace.rs), on the GPU machine, one rank per GPU:
 
 Each traced call starts from idle GPUs after a barrier, as the benchmark's
 samples do (the trace waits for every launch, so calls cannot run back to
-back). For each of the last --calls calls rank 0 prints, per rank, in us
+back); the ranks' kernels then start tens of us apart or more. With
+--in-step each call is queued behind a ~0.1 ms sleep and a stream-ordered
+symm barrier, so that both ranks' kernels start within a few us of each
+other, as in the benchmark's graph replays. For each of the last --calls calls rank 0 prints, per rank, in us
 from that rank's first CTA start: when the CTAs started, finished their
 mainloops, issued their epilogue stores, had their pushes complete and
 flagged (peers' tiles), saw the peers' flags and added their partials
@@ -127,6 +130,7 @@ def main():
     p.add_argument("--calls", type=int, default=4)
     p.add_argument("--world", type=int, default=2, help="with --summarize: the traced run's ranks")
     p.add_argument("--groups", default="", help="sizes of the peers' tiles' groups to print apart, e.g. 16,28,24")
+    p.add_argument("--in-step", action="store_true", help="start the ranks' kernels together (a GPU barrier first)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out")
     where.add_argument("--summarize", metavar="DIR", help="print the summary of an earlier run's DIR")
@@ -148,6 +152,10 @@ def main():
     os.environ["SYMM_GRAPHS"] = "0"
     os.environ["SYMM_ALGO"] = "fused"
     rank, world, g = start_ranks()
+    step = None
+    if args.in_step:
+        buf = g.create(4096)
+        step = buf.rendezvous()
     for case in args.cases.split(","):
         op, m, k, n = case.split(":")
         fn = case_fn(g, op, int(m), int(k), int(n), world, bound=True)
@@ -156,6 +164,11 @@ def main():
         for _ in range(args.calls):
             torch.cuda.synchronize()
             dist.barrier()
+            if step is not None:
+                # Queued behind a sleep, so that the host has queued the call
+                # before the barrier lets both GPUs go.
+                torch.cuda._sleep(200_000)
+                step.barrier(stream=torch.cuda.current_stream().cuda_stream)
             fn()
         torch.cuda.synchronize()
     dist.barrier()

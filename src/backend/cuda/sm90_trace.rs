@@ -34,9 +34,8 @@ pub fn prefix() -> Option<&'static str> {
 /// Launches `mm` with a trace buffer and queues the writing of its trace.
 pub fn launch(mm: &mut Sm90Matmul, kernels: &Sm90Kernels, sm_count: u32, stream: Stream, prefix: &str) -> Result<()> {
     static LAUNCHES: AtomicU64 = AtomicU64::new(0);
-    free_written();
     let ctas = mm.grid(sm_count) as usize;
-    let buf = HostBuffer::alloc(ctas * SLOTS.len())?;
+    let buf = written_or_new(ctas * SLOTS.len())?;
     mm.trace = buf.device;
     let launched = mm.launch(kernels, sm_count, stream);
     mm.trace = 0;
@@ -80,7 +79,7 @@ struct Job {
 }
 
 /// Host function (no CUDA calls allowed): appends the trace, hands the
-/// buffer to `free_written`.
+/// buffer back for reuse (`written_or_new`).
 unsafe extern "C" fn write_trace(job: *mut std::ffi::c_void) {
     // SAFETY: the box made by `launch`, given to this function only.
     let Job { buf, path, head: mut text, fields } = *unsafe { Box::from_raw(job.cast::<Job>()) };
@@ -99,11 +98,25 @@ unsafe extern "C" fn write_trace(job: *mut std::ffi::c_void) {
     WRITTEN.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
 }
 
-/// Buffers whose traces were written, freed at the next traced launch.
+/// Buffers whose traces were written, for the next traced launches: never
+/// freed while the process traces, because cuMemFreeHost synchronizes the
+/// device, which held each traced call until the GPU was idle and put two
+/// ranks' kernels tens of microseconds apart however the caller lined them
+/// up (`fused_trace.py --in-step`).
 static WRITTEN: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
 
-fn free_written() {
-    drop(std::mem::take(&mut *WRITTEN.lock().unwrap_or_else(|p| p.into_inner())));
+/// A written buffer of `len` u64, zeroed again, or a new one.
+fn written_or_new(len: usize) -> Result<HostBuffer> {
+    let mut written = WRITTEN.lock().unwrap_or_else(|p| p.into_inner());
+    match written.iter().position(|b| b.len == len) {
+        Some(i) => {
+            let buf = written.swap_remove(i);
+            // SAFETY: `len` u64 of ours; the kernel that wrote them is done.
+            unsafe { buf.host.write_bytes(0, len) };
+            Ok(buf)
+        }
+        None => HostBuffer::alloc(len),
+    }
 }
 
 /// Zeroed mapped host memory of `len` u64 that the kernel writes.
