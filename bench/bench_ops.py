@@ -283,7 +283,7 @@ def bench_ag_mm(b, g, shapes):
 def bench_mm_rs(b, g, shapes, symmetric_out):
     """With `symmetric_out`, symm's `out` lies in a rendezvoused symmetric
     buffer (as a tensor-parallel program would keep its activations), where
-    the fused kernel at world 2 lets the peer add its partial into it."""
+    the fused kernel at world 2 lets the peer write its partial into it."""
     # Registers torch.ops.symm_mem (bench_ag_mm may not have run: --only).
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -466,7 +466,7 @@ def main():
                    help="also time shapes up to this M replayed from CUDA graphs (0: none)")
     p.add_argument("--only", default="ag_mm,mm_rs,lc_allgather,contention")
     p.add_argument("--mm-rs-out", choices=("symmetric", "ordinary"), default="symmetric",
-                   help="where symm's mm_rs output lies (symmetric: the fused kernel's peers add into it)")
+                   help="where symm's mm_rs output lies (symmetric: the fused kernel's peer writes into it)")
     args = p.parse_args()
     if os.environ.get("SYMM_BENCH_WATCHDOG_S"):
         # A run that takes longer prints every thread's stack (and

@@ -160,7 +160,8 @@ struct symm_rs_maps {
 struct symm_rs_state {
     uint32_t epoch;     // calls completed (every CTA done reading the inbox)
     uint32_t finished;  // CTAs of the running call done reading it
-    uint32_t pad[62];   // the flags start 256 bytes in
+    uint32_t started;   // SYMM_RS_C_ADD: calls whose kernel has started (C free for the peer)
+    uint32_t pad[61];   // the flags start 256 bytes in
 };
 #define SYMM_RS_STATE_BYTES 256
 static_assert(sizeof(symm_rs_state) == SYMM_RS_STATE_BYTES, "the flags follow the state");
@@ -206,12 +207,11 @@ struct symm_gemm_params {
 #define SYMM_RS_C_REGISTERS 0
 #define SYMM_RS_C_STAGED 1
 #define SYMM_RS_C_RING 2
-// Or the peers add into C: C lies in symmetric memory (tm_rs push[d] is
-// rank d's C); each own tile zeroes its part of C at the start and flags
-// it (its own slot of the tile flags), the peers' tiles and the own tile
-// then add into it by TMA reduce-adds, and the own tile waits for the
-// peers' flags only to end the kernel. World 2 (an add of two values does
-// not depend on their order).
+// Or through C itself: C lies in symmetric memory (tm_rs push[d] is rank
+// d's C); the peer stores its partials straight into C once this rank's
+// call has started (symm_rs_state.started), and each own tile, once the
+// peer's flags of it are set, adds its sums into them by TMA reduce-adds:
+// no partial is loaded back. World 2 (one peer per tile).
 #define SYMM_RS_C_ADD 3
 
 // Records `value` in this CTA's trace slot (when tracing).
@@ -766,17 +766,35 @@ static __device__ __forceinline__ int symm_swizzled(int row, int jj, int q) {
 // previous one's stores to read theirs: a narrow peer tile's pushes, whose
 // reads wait on NVLink.
 //
-// With `add` the boxes are added into the map's memory (SYMM_RS_C_ADD)
-// rather than stored: the shifted last box then holds zeros where it
-// overlaps the box before, so no column is added twice.
+// `mode`: SYMM_EPI_STORE; SYMM_EPI_ADD, the boxes added into the map's
+// memory (SYMM_RS_C_ADD), where the shifted last box holds zeros where it
+// overlaps the box before, so no column is added twice; or SYMM_EPI_STAGE,
+// the boxes only written (spread, for symm_epilogue_add_staged to add once
+// their destination is ready).
 #define SYMM_GEMM_EPI_BYTES (2 * 16384)
+#define SYMM_EPI_STORE 0
+#define SYMM_EPI_ADD 1
+#define SYMM_EPI_STAGE 2
+
+// Column of box `bi` of a BN-wide tile (see symm_epilogue_tma's SHIFT).
+template <int ELEM, int BN>
+struct symm_epi_boxes {
+    static constexpr int BLOCKS = 32 / ELEM;  // 8-column blocks per 256-byte piece
+    static constexpr int PER_BOX = BLOCKS / 2;
+    static constexpr int NB = BN / 8, LAST = (NB - 1) / PER_BOX, SHIFT = (PER_BOX - NB % PER_BOX) % PER_BOX;
+    static __device__ __forceinline__ int col(int col0, int bi) {
+        return col0 + (bi * PER_BOX - (bi == LAST ? SHIFT : 0)) * 8;
+    }
+};
+
 template <int DT, int BN>
 static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2], int col0, int row, int n,
                                                          unsigned char* staging, int spread, const symm_tmap* map,
-                                                         float alpha, bool add, bool& pending) {
+                                                         float alpha, int mode, bool& pending) {
     constexpr int ELEM = DT == SYMM_DT_F32 ? 4 : 2;
-    constexpr int BLOCKS = 32 / ELEM;  // 8-column blocks per 256-byte piece
-    constexpr int PER_BOX = BLOCKS / 2;
+    using Boxes = symm_epi_boxes<ELEM, BN>;
+    constexpr int BLOCKS = Boxes::BLOCKS;
+    constexpr int PER_BOX = Boxes::PER_BOX;
     const int t = threadIdx.x % 128, q = t % 4;
     const int bar = 1 + threadIdx.x / 128;  // named barriers 2, 3: one per consumer warpgroup
     const int r0 = 16 * (t / 32) + (t % 32) / 4;
@@ -786,7 +804,7 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
     // last box starts SHIFT blocks early, to end with the tile, so TMA
     // stores every column and none of the next tile's; the SHIFT blocks it
     // shares with the box before are written by both, with the same values.
-    constexpr int NB = BN / 8, LAST = (NB - 1) / PER_BOX, SHIFT = (PER_BOX - NB % PER_BOX) % PER_BOX;
+    constexpr int NB = Boxes::NB, LAST = Boxes::LAST, SHIFT = Boxes::SHIFT;
     static_assert(SHIFT == 0 || LAST % 2 == 1, "the shifted box and the one before share a piece");
     auto put = [&](unsigned char* at, int j, int hh) {
         const float x = d[4 * j + 2 * hh] * alpha, y = d[4 * j + 2 * hh + 1] * alpha;
@@ -817,7 +835,7 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     unsigned char* at = box(1) + symm_swizzled<ELEM>(r0 + 8 * hh, s, q);
-                    if (!add) put(at, LAST * PER_BOX - SHIFT + s, hh);
+                    if (mode == SYMM_EPI_STORE) put(at, LAST * PER_BOX - SHIFT + s, hh);
                     else if constexpr (DT == SYMM_DT_F32) *(float2*)at = make_float2(0.f, 0.f);
                     else *(uint32_t*)at = 0u;
                 }
@@ -826,12 +844,12 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
         // Our generic-proxy writes, then the async proxy (TMA) reads them.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
-        if (t == 0) {
+        if (t == 0 && mode != SYMM_EPI_STAGE) {
             for (int b = 0; b < 2; b++) {
                 const int bi = 2 * h + b;
-                const int col = col0 + (bi * PER_BOX - (bi == LAST ? SHIFT : 0)) * 8;
+                const int col = Boxes::col(col0, bi);
                 if (bi <= LAST && col < n) {
-                    if (add) symm_tma_reduce_add(map, box(b), col, row);
+                    if (mode == SYMM_EPI_ADD) symm_tma_reduce_add(map, box(b), col, row);
                     else symm_tma_store(map, box(b), col, row);
                 }
             }
@@ -839,6 +857,19 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
         }
         pending = true;
     }
+}
+
+// Adds the boxes symm_epilogue_tma staged (SYMM_EPI_STAGE, `spread` bytes
+// apart) into `map`'s memory; by the warpgroup's thread 0.
+template <int DT, int BN>
+static __device__ __forceinline__ void symm_epilogue_add_staged(const unsigned char* staging, int spread, int col0,
+                                                                int row, int n, const symm_tmap* map) {
+    using Boxes = symm_epi_boxes<DT == SYMM_DT_F32 ? 4 : 2, BN>;
+    for (int bi = 0; bi <= Boxes::LAST; bi++) {
+        const int col = Boxes::col(col0, bi);
+        if (col < n) symm_tma_reduce_add(map, staging + bi * spread, col, row);
+    }
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 
 // Reduce-scatter, this rank's own rows: adds a peer's partial of box `bx`
@@ -1079,32 +1110,6 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
     }
 }
 
-// SYMM_RS_C_ADD: zeroes this CTA's own tiles of C (warp 1, at the kernel's
-// start, while the first k-blocks load) and flags each in this rank's own
-// slot of the tile flags; the peers add into a tile once it is flagged.
-// The host passes C contiguous, with rows of whole 16-byte units.
-static __device__ void symm_rs_zero_own(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
-                                        uint32_t epoch) {
-    const int lane = threadIdx.x % 32;
-    const int elem = p.out_dtype == SYMM_DT_F32 ? 4 : 2;
-    for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
-        const symm_tile tile = tiling.at(p, bn, t);
-        if (tile.chunk != p.rank) continue;
-        const int64_t row0 = tile.row0 - (int64_t)tile.chunk * p.chunk_rows;
-        const int rows = min(SYMM_GEMM_BM, tile.row_end - tile.row0);
-        const int units = (min(tile.col0 + bn, p.n) - tile.col0) * elem / 16;
-        for (int i = lane; i < rows * units; i += 32) {
-            const int64_t at = ((row0 + i / units) * p.ldc + tile.col0) * elem + (int64_t)(i % units) * 16;
-            *(uint4*)(p.c + at) = make_uint4(0u, 0u, 0u, 0u);
-        }
-        // Our generic writes, then the adds by TMA (the async proxy), here
-        // and in the peers once they acquired the flag.
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        __syncwarp();
-        if (lane == 0) symm_st_release_sys(tiling.flag(p, p.rank, p.rank, tile.index), epoch);
-    }
-}
-
 // How many k-blocks before a tile's last one its epilogue's maps are
 // fetched (symm_prefetch_epilogue_maps): early enough for the fetch, late
 // enough that the k-loop's A and B maps have not pushed them out since.
@@ -1195,7 +1200,11 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // lane of warp 1 sets the pushed tiles' flags; the rest only donate
         // their registers to the consumers.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x / 32 == 1 && rs_add) symm_rs_zero_own(p, tiling, BN, rs_epoch());
+        if (threadIdx.x == 32 && rs_add && blockIdx.x == 0) {
+            // This call's kernel runs, so the stream's earlier work with C
+            // is done: the peer may store into it.
+            symm_st_release_sys(&symm_rs_state_of(p, p.rank)->started, rs_epoch());
+        }
         if (threadIdx.x == 32 && symm_rs_pushes(p)) symm_rs_flag_pushed(p, tiling, BN, pushed, rs_epoch());
         if (threadIdx.x == 64 && symm_rs_live(p)) {
             // Every peer's previous call has read its inbox: the consumers
@@ -1208,17 +1217,10 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 if (d != p.rank) symm_wait_reach(&symm_rs_state_of(p, d)->epoch, rs_epoch() - 1, p, d);
             }
             if (rs_add) {
-                // Adding into a peer's C: its own tiles under ours zeroed
-                // (flagged within microseconds of its start).
-                for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
-                    const symm_tile tile = tiling.at(p, BN, t);
-                    if (tile.chunk == p.rank) continue;
-                    const int tm = (tile.row0 - tile.chunk * p.chunk_rows) / SYMM_GEMM_BM;
-                    const int last = min(tile.col0 + tile.cols, p.n) - 1;
-                    for (int tn = tile.col0 / BN; tn <= last / BN; tn++) {
-                        const uint32_t* zeroed = tiling.flag(p, tile.chunk, tile.chunk, tm * tiling.tiles_n + tn);
-                        symm_wait_reach(zeroed, rs_epoch(), p, tile.chunk);
-                    }
+                // Storing into a peer's C: once its call has started (within
+                // microseconds of ours, long before the first push).
+                for (int d = 0; d < p.world; d++) {
+                    if (d != p.rank) symm_wait_reach(&symm_rs_state_of(p, d)->started, rs_epoch(), p, d);
                 }
                 asm volatile("fence.proxy.async.global;" ::: "memory");
             }
@@ -1399,9 +1401,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         symm_consumers_sync();
     };
-    // SYMM_RS_C_ADD: waits until every peer has added its tiles over own
-    // tile `tile` into C.
-    auto wait_peer_adds = [&](const symm_tile& tile) {
+    // SYMM_RS_C_ADD: waits until every peer's tiles over own tile `tile`
+    // are in C.
+    auto wait_peer_stores = [&](const symm_tile& tile) {
         const int first = tiling.source_of(tile, tile.col0);
         const int last = tiling.source_of(tile, min(tile.col0 + BN, p.n) - 1);
         for (int src = 0; src < p.world; src++) {
@@ -1444,7 +1446,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         const bool spread = p.rs_push_ring && last && elem == 2;
         unsigned char* area = spread ? ring + slice * SYMM_GEMM_BK_BYTES : staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
         const int stride = spread ? Cfg::STAGE_BYTES : 0;
-        SYMM_EPI_TMA_S(W, dn, tile.col0, row, end, area, stride, &tm_rs->push[tile.chunk], p.alpha, rs_add);
+        SYMM_EPI_TMA_S(W, dn, tile.col0, row, end, area, stride, &tm_rs->push[tile.chunk], p.alpha,
+                       SYMM_EPI_STORE);
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_BOXES);
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
         unflagged = true;
@@ -1542,7 +1545,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
 #define SYMM_EPI_TMA(MAP, ROW, ALPHA, ADD) SYMM_EPI_TMA_W(BN, acc, tile.col0, ROW, p.n, MAP, ALPHA, ADD)
         if (p.c_tma) {
-            SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha, false);
+            SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha, SYMM_EPI_STORE);
             if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
             continue;
         }
@@ -1564,22 +1567,36 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 // peers' inboxes are free); flagged at the next tile's
                 // epilogue (or the end).
                 symm_mbar_wait(peers_ready, 0);
-                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha, rs_add);
+                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha, false);
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
                 unflagged = true;
             } else if (rs_add) {
-                // Our own rows, added into C (zeroed at the start), where
-                // the peers add theirs; the kernel ends once they did.
+                // Our own rows, added into C once the peer's partials are
+                // there (its stores, flagged once complete). In the CTA's
+                // last tile the sums wait in the ring, free then, so that
+                // only the adds' issue follows the flags.
+                const bool staged = p.rs_push_ring && t + (int)gridDim.x >= tiling.total && dt != SYMM_DT_F32;
+                unsigned char* area = ring + slice * SYMM_GEMM_BK_BYTES;
+                if (staged) {
+                    SYMM_EPI_TMA_S(BN, acc, tile.col0, row, p.n, area, Cfg::STAGE_BYTES, tm_c, p.alpha,
+                                   SYMM_EPI_STAGE);
+                }
                 if (t128 == 0) {
-                    symm_wait_reach(tiling.flag(p, p.rank, p.rank, tile.index), rs_epoch(), p, p.rank);
+                    wait_peer_stores(tile);
+                    // Their (async proxy) stores, then our adds.
                     asm volatile("fence.proxy.async.global;" ::: "memory");
                 }
-                SYMM_EPI_TMA(tm_c, row, p.alpha, true);
-                if (threadIdx.x == 128) {
-                    symm_trace_now(p, SYMM_TRACE_EPILOGUE);
-                    wait_peer_adds(tile);
-                    symm_trace_now(p, SYMM_TRACE_ADDED);
+                if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_ADDED);
+                if (!staged) {
+                    SYMM_EPI_TMA(tm_c, row, p.alpha, SYMM_EPI_ADD);
+                } else if (t128 == 0) {
+                    if (dt == SYMM_DT_BF16) {
+                        symm_epilogue_add_staged<SYMM_DT_BF16, BN>(area, Cfg::STAGE_BYTES, tile.col0, row, p.n, tm_c);
+                    } else {
+                        symm_epilogue_add_staged<SYMM_DT_F16, BN>(area, Cfg::STAGE_BYTES, tile.col0, row, p.n, tm_c);
+                    }
                 }
+                if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
             } else {
                 // Our own rows: the peers' partials (scaled by alpha
                 // already) from the ring, added to ours, then out to C.
@@ -1598,7 +1615,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 if (in_ring) {
                     // Stored from the ring already.
                 } else if (p.rs_c_store == SYMM_RS_C_STAGED) {
-                    SYMM_EPI_TMA(tm_c, row, 1.f, false);
+                    SYMM_EPI_TMA(tm_c, row, 1.f, SYMM_EPI_STORE);
                 } else {
                     // C's rows that TMA cannot address (this rank's own
                     // output, unlike the inboxes, may be misaligned).

@@ -55,7 +55,7 @@ def case_fn(g, op, m, k, n, world, bound=False):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     if os.environ.get("SYMM_BENCH_MM_RS_OUT", "symmetric") == "symmetric":
         # As bench_ops.py passes it by default: in a rendezvoused symmetric
-        # buffer, where the fused kernel's peers add into it.
+        # buffer, where the fused kernel's peer writes into it.
         buf = g.create(m // world * n * 2)
         _KEEP.append((buf, buf.rendezvous()))
         out = torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16).view(m // world, n)

@@ -344,9 +344,10 @@ pub struct FusedGather {
 /// barrier between them.
 ///
 /// `out`: every rank's `c` as mapped here, where each lies at the same
-/// offset of one symmetric buffer, contiguous: the peers may then add their
-/// partials straight into it instead of the inbox (world 2; each rank's
-/// product is then rounded to C's type before the sum, its own included).
+/// offset of one symmetric buffer, contiguous: the peer may then store its
+/// partials straight into it instead of the inbox, and the own tiles add
+/// theirs (world 2; each rank's product is then rounded to C's type before
+/// the sum, its own included).
 #[derive(Clone, Debug)]
 pub struct FusedScatter {
     pub rank: usize,

@@ -113,7 +113,7 @@ impl OutPlace {
 
 impl MmRs {
     /// `out`'s place when it is contiguous in a rendezvoused symmetric
-    /// buffer: the fused kernel may then let the peers add into it.
+    /// buffer: the fused kernel may then let the peers write into it.
     fn symmetric_out(&self, group: &Group) -> Option<OutPlace> {
         if !self.out.is_contiguous() {
             return None;

@@ -368,7 +368,7 @@ pub struct Sm90Matmul {
     /// area, each pair once the previous one's stores have read it).
     pub rs_push_ring: bool,
     /// Narrow peer tiles at world 2 with every rank's C in symmetric
-    /// memory: the peers add their partials into C (default, unless
+    /// memory: the peer's partials go straight into C (default, unless
     /// `SYMM_RS_ADD_C=0`, set alike on every rank; see `rs_adds`).
     pub rs_add_c: bool,
 }
@@ -814,12 +814,12 @@ impl Sm90Matmul {
         }
     }
 
-    /// Whether the peers add their partials straight into C (`SYMM_RS_C_ADD`
-    /// in the kernel) rather than into this rank's inbox for its own tiles
-    /// to load and add: the one-wave narrow-tile launch at world 2 (an add
-    /// of two values does not depend on their order, so the result is the
-    /// same whoever adds first), every rank's C contiguous and in symmetric
-    /// memory (`Scatter::out`). That takes the inbox's load, add and store
+    /// Whether the peer stores its partials straight into C and the own
+    /// tiles add theirs to them by TMA reduce-adds (`SYMM_RS_C_ADD` in the
+    /// kernel), rather than the peer pushing into this rank's inbox for the
+    /// own tiles to load, add and store: the one-wave narrow-tile launch at
+    /// world 2 (one peer per tile), every rank's C contiguous and in
+    /// symmetric memory (`Scatter::out`). That takes the partials' load
     /// off the end of the kernel. Alike on every rank: the shape, and C's
     /// memory, which the ranks agreed on.
     pub fn rs_adds(&self) -> bool {

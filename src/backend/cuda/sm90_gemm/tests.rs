@@ -1007,7 +1007,8 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
 /// f32 C (whose boxes are half as wide), world 2 and 3, one CTA walking
 /// every tile, misaligned C, and a missing peer; staggered widths (n = 720:
 /// 248, 240 and 232); and with every rank's C passed as symmetric
-/// (`Scatter::out`), where at world 2 the peers add into C.
+/// (`Scatter::out`), where at world 2 the peer stores its partials into C
+/// and the own tiles add theirs.
 #[test]
 fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
     let Some(g) = gpu() else { return };
@@ -1162,7 +1163,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         ..template(0, 0)
     };
     assert_eq!(probe.narrow().is_some(), narrow && push, "{case:?}");
-    // Whether the peers add into C: world 2, narrow tiles, an aligned C.
+    // Whether the partials go through C: world 2, narrow tiles, an aligned C.
     let c_at = (skew * out_elem) as u64;
     let mut with_outs = probe.clone();
     with_outs.c.ptr = c_at;
@@ -1218,19 +1219,18 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         let e = rel_err(&got[skew..skew + rows * n], &want);
         assert!(e < 1e-2, "{case:?}, rank {r}, call {call}: relative error {e}");
     }
-    // Each rank counted every call, and each peer's flag of each of its
-    // tiles holds the epoch of the last one (a rank flags itself only for
-    // its own tiles zeroed, when the peers add into C).
+    // Each rank counted every call (and, through C, started every one), and
+    // each peer's flag of each of its tiles holds the epoch of the last one
+    // (a rank never flags itself).
     for (r, state) in states.iter().enumerate() {
         let words = state.read::<u32>(probe.state_bytes() / 4);
         let header = FusedMatmul::STATE_HEADER_BYTES / 4;
-        let own_tiles = rows.div_ceil(128) * n.div_ceil(256);
         assert_eq!(words[0], CALLS as u32, "rank {r}'s epoch");
+        assert_eq!(words[2], if adding { CALLS as u32 } else { 0 }, "rank {r}'s calls started");
         assert_eq!(words[1], 0, "rank {r}'s count of finished CTAs is reset");
         for (i, &f) in words[header..].iter().enumerate() {
             let src = i / probe.tiles_per_chunk();
-            let own = if adding && i % probe.tiles_per_chunk() < own_tiles { CALLS as u32 } else { 0 };
-            assert_eq!(f, if src == r { own } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
+            assert_eq!(f, if src == r { 0 } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
         }
     }
 }
