@@ -6,8 +6,9 @@
 #   lib-tests.txt  the library GPU tests matching $AB_TESTS (default: the
 #                  sm90 reduce-scatter ones)
 #   pytest.txt     test_cuda_fused.py on two GPUs
-#   traces.txt     fused_trace.py --cases $AB_TRACE_CASES with $AB_VAR at
-#                  each of $AB_VALUES, when $AB_TRACE_CASES is given
+#   traces.txt     fused_trace.py --cases $AB_TRACE_CASES $AB_TRACE_ARGS
+#                  with $AB_VAR at each of $AB_VALUES, when $AB_TRACE_CASES
+#                  is given
 #   bench.txt      bench_ops.py $AB_BENCH_ARGS (default: --quick --only
 #                  mm_rs) with $AB_VAR at each of $AB_VALUES ("unset": not
 #                  set) in turn, $AB_RUNS rounds (default 2), tables only
@@ -40,8 +41,9 @@ if [ -n "${AB_TRACE_CASES:-}" ]; then
         step "trace $AB_VAR=$value"
         set_value "$value"
         echo "=== $AB_VAR=$value" >> "$OUT/traces.txt"
+        # shellcheck disable=SC2086 # AB_TRACE_ARGS: extra arguments, e.g. "--in-step --calls 5"
         timeout 120 torchrun --nproc-per-node 2 bench/gpu/fused_trace.py --cases "$AB_TRACE_CASES" \
-            --out "$RAW/trace-$value" 2>&1 | quiet >> "$OUT/traces.txt"
+            --out "$RAW/trace-$value" ${AB_TRACE_ARGS:-} 2>&1 | quiet >> "$OUT/traces.txt"
         echo "rc=${PIPESTATUS[0]}" >> "$OUT/traces.txt"
     done
 fi
