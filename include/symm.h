@@ -451,9 +451,10 @@ symm_status_t symm_fused_ag_mm(symm_group_t group, const symm_tensor_t *a_shard,
 // `out` may lie in a rendezvoused symmetric buffer, contiguous: where it
 // lies is part of the agreed arguments (the same offset of the same
 // buffer on every rank, or ordinary memory on every rank). There, at world
-// 2, the fused kernel lets each rank add its product straight into its
-// peer's `out`, the fastest path at small M; each rank's product, its own
-// included, is then rounded to `out`'s dtype before the sum.
+// 2, the fused kernel lets each rank write its product straight into its
+// peer's `out`, where the peer adds its own, the fastest path at small M;
+// each rank's product, its own included, is then rounded to `out`'s dtype
+// before the sum.
 //
 // Every rank passes the same dtypes, shapes (of scales too), `scatter_dim`
 // and `op` (else `SYMM_ERROR_MISMATCH` on every rank). `out` may be
