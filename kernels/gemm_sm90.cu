@@ -91,7 +91,10 @@
 // copying those columns with the threads' stores took ~2 us more per tile,
 // bench/KERNELS.md v23). An own tile waits for the flags of every
 // narrow tile its columns overlap. The tiling is the shape's alone, so
-// every rank cuts the chunks alike.
+// every rank cuts the chunks alike. At world 2 with every rank's C in
+// symmetric memory (rs_c_store SYMM_RS_C_ADD), the narrow tiles store
+// straight into the peer's C instead of its inbox, and the own tiles add
+// their sums to them by TMA reduce-adds (bench/KERNELS.md v28b).
 //
 // Calls in sequence, with no barrier between them: each rank's state
 // (symm_rs_state) counts its completed calls (`epoch`). A call is epoch
