@@ -770,10 +770,10 @@ static __device__ __forceinline__ int symm_swizzled(int row, int jj, int q) {
 // reads wait on NVLink.
 //
 // `mode`: SYMM_EPI_STORE; SYMM_EPI_ADD, the boxes added into the map's
-// memory (SYMM_RS_C_ADD), where the shifted last box holds zeros where it
-// overlaps the box before, so no column is added twice; or SYMM_EPI_STAGE,
-// the boxes only written (spread, for symm_epilogue_add_staged to add once
-// their destination is ready).
+// memory (SYMM_RS_C_ADD); or SYMM_EPI_STAGE, the boxes only written
+// (spread, for symm_epilogue_add_staged to add once their destination is
+// ready). Adds are for tiles of whole boxes only (own tiles): a shifted
+// last box would add the columns it shares with the box before twice.
 #define SYMM_GEMM_EPI_BYTES (2 * 16384)
 #define SYMM_EPI_STORE 0
 #define SYMM_EPI_ADD 1
@@ -837,10 +837,7 @@ static __device__ __forceinline__ void symm_epilogue_tma(const float (&d)[BN / 2
             for (int s = 0; s < SHIFT; s++) {
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
-                    unsigned char* at = box(1) + symm_swizzled<ELEM>(r0 + 8 * hh, s, q);
-                    if (mode == SYMM_EPI_STORE) put(at, LAST * PER_BOX - SHIFT + s, hh);
-                    else if constexpr (DT == SYMM_DT_F32) *(float2*)at = make_float2(0.f, 0.f);
-                    else *(uint32_t*)at = 0u;
+                    put(box(1) + symm_swizzled<ELEM>(r0 + 8 * hh, s, q), LAST * PER_BOX - SHIFT + s, hh);
                 }
             }
         }
@@ -1423,14 +1420,14 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     // symm_epilogue_tma for C's type, W columns of ACC from COL0 into MAP
     // (columns before N), through AREA boxes SPREAD bytes apart (0: this
     // warpgroup's staging area `mine`, two boxes at a time).
-#define SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, ADD)                                     \
+#define SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, MODE)                                    \
     if (p.out_dtype == SYMM_DT_F32)                                                                            \
-        symm_epilogue_tma<SYMM_DT_F32, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, ADD, pending);        \
+        symm_epilogue_tma<SYMM_DT_F32, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, MODE, pending);       \
     else if (p.out_dtype == SYMM_DT_BF16)                                                                      \
-        symm_epilogue_tma<SYMM_DT_BF16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, ADD, pending);       \
-    else symm_epilogue_tma<SYMM_DT_F16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, ADD, pending)
-#define SYMM_EPI_TMA_W(W, ACC, COL0, ROW, N, MAP, ALPHA, ADD) \
-    SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, mine, 0, MAP, ALPHA, ADD)
+        symm_epilogue_tma<SYMM_DT_BF16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, MODE, pending);      \
+    else symm_epilogue_tma<SYMM_DT_F16, W>(ACC, COL0, ROW, N, AREA, SPREAD, MAP, ALPHA, MODE, pending)
+#define SYMM_EPI_TMA_W(W, ACC, COL0, ROW, N, MAP, ALPHA, MODE) \
+    SYMM_EPI_TMA_S(W, ACC, COL0, ROW, N, mine, 0, MAP, ALPHA, MODE)
     // `last`: the CTA's last tile, after which the ring is free.
     auto narrow_tile = [&](const symm_tile& tile, auto width, float(&d)[BN / 2], bool last) {
         constexpr int W = decltype(width)::value;
@@ -1546,7 +1543,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         }
         const int dt = p.out_dtype;
         unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
-#define SYMM_EPI_TMA(MAP, ROW, ALPHA, ADD) SYMM_EPI_TMA_W(BN, acc, tile.col0, ROW, p.n, MAP, ALPHA, ADD)
+#define SYMM_EPI_TMA(MAP, ROW, ALPHA, MODE) SYMM_EPI_TMA_W(BN, acc, tile.col0, ROW, p.n, MAP, ALPHA, MODE)
         if (p.c_tma) {
             SYMM_EPI_TMA(tm_c, tile.row0 + slice, p.alpha, SYMM_EPI_STORE);
             if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
@@ -1570,7 +1567,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 // peers' inboxes are free); flagged at the next tile's
                 // epilogue (or the end).
                 symm_mbar_wait(peers_ready, 0);
-                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha, false);
+                SYMM_EPI_TMA(&tm_rs->push[tile.chunk], row, p.alpha, SYMM_EPI_STORE);
                 if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
                 unflagged = true;
             } else if (rs_add) {

@@ -139,7 +139,7 @@ def test_mm_rs_3d_avg_into_strided_output(world, dtype, scatter_dim):
 def test_mm_rs_into_symmetric_memory_agreed_by_every_rank():
     """`out` inside a rendezvoused buffer, at the same offset on every rank:
     the sums land there. Where `out` lies is an agreed argument (the fused
-    kernel lets peers add into it), so a rank whose `out` is elsewhere
+    kernel lets peers write into it), so a rank whose `out` is elsewhere
     fails every rank with a mismatch instead of any rank hanging."""
     world, dtype = 2, np.float32
     rng = np.random.default_rng(8)

@@ -16,11 +16,11 @@
 //! returned and may overwrite it.
 
 use super::agree::Signature;
+use super::symmetric::SymmetricPlace;
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Plan};
 use crate::array::Array;
 use crate::backend::Stream;
-use crate::buffer::Handle;
 use crate::error::Result;
 use crate::group::Group;
 use std::sync::Arc;
@@ -44,31 +44,19 @@ pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Strea
     super::run(group, stream, prepared)
 }
 
-/// Where a symmetric input lives: its handle and offset in the buffer.
-type InPlace = (Arc<Handle>, usize);
-
 impl LcAllgather {
-    fn symmetric_input(&self, group: &Group) -> Option<InPlace> {
-        if !self.input.is_contiguous() {
-            return None;
-        }
-        let h = group.find_symmetric(self.input.byte_range())?;
-        let offset = (self.input.addr - h.buffer().addr()) as usize;
-        Some((h, offset))
+    fn symmetric_input(&self, group: &Group) -> Option<SymmetricPlace> {
+        SymmetricPlace::of(group, &self.input)
     }
 
-    fn signature(&self, symmetric: Option<&InPlace>) -> Signature {
-        let memory = match symmetric {
-            Some((h, offset)) => format!("symmetric buffer {:#x} at offset {offset}", h.id()),
-            None => "ordinary memory".to_string(),
-        };
+    fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
         Signature::new("lc_allgather")
             .arg("input.dtype", self.input.dtype)
             .arg("input.shape", shape_text(&self.input.shape))
-            .arg("input memory", memory)
+            .arg("input memory", SymmetricPlace::describe(symmetric))
     }
 
-    fn plan(self, world: usize, symmetric: Option<InPlace>) -> Result<LcPlan> {
+    fn plan(self, world: usize, symmetric: Option<SymmetricPlace>) -> Result<LcPlan> {
         let (input, output) = (&self.input, &self.output);
         check::same_dtype(output, "output", input.dtype, "input")?;
         let mut want = input.shape.clone();
@@ -92,7 +80,7 @@ const SIDE_COPY_BYTES: usize = 4 << 20;
 struct LcPlan {
     call: LcAllgather,
     /// Where every rank's input is read in place, if it is.
-    symmetric: Option<InPlace>,
+    symmetric: Option<SymmetricPlace>,
     /// Workspace offset of the staged input otherwise.
     staged: usize,
     workspace: usize,
@@ -104,8 +92,7 @@ impl Plan for LcPlan {
     }
 
     fn replay_key(&self) -> String {
-        let in_place = self.symmetric.as_ref().map(|(h, offset)| (h.id(), *offset));
-        format!("{:?} in place {in_place:?} staged {}", self.call, self.staged)
+        format!("{:?} in place {:?} staged {}", self.call, self.symmetric, self.staged)
     }
 
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
@@ -113,7 +100,7 @@ impl Plan for LcPlan {
         let in_place = self.symmetric.as_ref();
         let source = |r: usize| -> Result<Array> {
             let addr = match in_place {
-                Some((h, offset)) => h.peer_addr(r)? + *offset as u64,
+                Some(place) => place.on(r)?,
                 None => ex.at(r, self.staged)?,
             };
             Ok(Array::contiguous(addr, input.dtype, &input.shape))

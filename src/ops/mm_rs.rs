@@ -20,11 +20,11 @@
 
 use super::agree::Signature;
 use super::scaled::{self, Mode};
+use super::symmetric::SymmetricPlace;
 use super::workspace::Layout;
 use super::{check, fused, shape_text, Exec, Plan};
 use crate::array::{Array, DType};
 use crate::backend::{Backend, FusedMatmul, FusedScatter, GemmScales, Stream};
-use crate::buffer::Handle;
 use crate::error::{err, Result};
 use crate::group::{Group, Scratch};
 use crate::plan;
@@ -91,47 +91,15 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
     })
 }
 
-/// Where a symmetric `out` lives: its buffer and offset there.
-#[derive(Clone)]
-struct OutPlace {
-    buffer: Arc<Handle>,
-    offset: usize,
-}
-
-impl std::fmt::Debug for OutPlace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "symmetric buffer {:#x} at offset {}", self.buffer.id(), self.offset)
-    }
-}
-
-impl OutPlace {
-    /// Rank `r`'s `out` as mapped here.
-    fn on(&self, r: usize) -> Result<u64> {
-        Ok(self.buffer.peer_addr(r)? + self.offset as u64)
-    }
-}
-
 impl MmRs {
     /// `out`'s place when it is contiguous in a rendezvoused symmetric
     /// buffer: the fused kernel may then let the peers write into it.
-    fn symmetric_out(&self, group: &Group) -> Option<OutPlace> {
-        if !self.out.is_contiguous() {
-            return None;
-        }
-        let buffer = group.find_symmetric(self.out.byte_range())?;
-        let offset = (self.out.addr - buffer.buffer().addr()) as usize;
-        Some(OutPlace { buffer, offset })
+    fn symmetric_out(&self, group: &Group) -> Option<SymmetricPlace> {
+        SymmetricPlace::of(group, &self.out)
     }
 
-    /// `symmetric`: where `out` lies, part of the agreed arguments (as
-    /// `symm_lc_allgather`'s input): the same offset of the same symmetric
-    /// buffer on every rank, or ordinary memory on every rank, so that
-    /// each rank knows where its peers' outputs are without an exchange.
-    fn signature(&self, fused: Option<&String>, symmetric: Option<&OutPlace>) -> Signature {
-        let memory = match symmetric {
-            Some(place) => format!("{place:?}"),
-            None => "ordinary memory".to_string(),
-        };
+    /// `symmetric`: where `out` lies, an agreed argument (`SymmetricPlace`).
+    fn signature(&self, fused: Option<&String>, symmetric: Option<&SymmetricPlace>) -> Signature {
         let mut s = Signature::new("mm_rs")
             .arg("a.dtype", self.a.dtype)
             .arg("a.shape", shape_text(&self.a.shape))
@@ -139,7 +107,7 @@ impl MmRs {
             .arg("scatter_dim", self.scatter_dim)
             .arg("op", self.op.name())
             .arg("out.dtype", self.out.dtype)
-            .arg("out memory", memory);
+            .arg("out memory", SymmetricPlace::describe(symmetric));
         // The scale mode decides the workspace, so it must agree.
         let options = [("opts->a_scale", &self.scales.a_scale), ("opts->b_scale", &self.scales.b_scale)];
         for (name, t) in options {
@@ -325,7 +293,7 @@ impl MmRs {
 pub(super) struct MmRsPlan {
     call: MmRs,
     /// Where every rank's `out` lies, if in symmetric memory (agreed).
-    symmetric_out: Option<OutPlace>,
+    symmetric_out: Option<SymmetricPlace>,
     dim: usize,
     /// The scale mode of an fp8 call.
     mode: Option<Mode>,

@@ -31,6 +31,7 @@ pub mod lc_allgather;
 mod memo;
 pub mod mm_rs;
 pub mod scaled;
+mod symmetric;
 #[cfg(test)]
 mod testing;
 mod workspace;

@@ -1062,8 +1062,8 @@ struct RsCase {
     staged: bool,
     /// Only rank 0 runs (see reduce_scatter_case).
     peer_missing: bool,
-    /// Every rank's C given as symmetric (`Scatter::out`): the peers add
-    /// into it where `Sm90Matmul::rs_adds` allows.
+    /// Every rank's C given as symmetric (`Scatter::out`): the partials go
+    /// through it where `Sm90Matmul::rs_adds` allows.
     adds: bool,
 }
 
