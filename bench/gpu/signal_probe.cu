@@ -53,6 +53,17 @@ __device__ __forceinline__ uint64_t pattern(uint32_t epoch, int c, uint32_t i) {
     return (1ull << 63) | ((uint64_t)(epoch & 0x7fffff) << 40) | ((uint64_t)c << 24) | i;
 }
 
+// LL: the data half of 8-byte word i (bit 31 set, unlike a flag).
+__device__ __forceinline__ uint32_t ll_data(uint32_t epoch, int c, uint32_t i) {
+    return (uint32_t)pattern(epoch, c, i) | 0x80000000u;
+}
+
+// LL128: data word `half` (0, 1) of 16-byte chunk `chunk` of `line`; a
+// line holds 15 data words, chunk 7's second word being the flag.
+__device__ __forceinline__ uint64_t ll128_data(uint32_t epoch, int c, int line, int chunk, int half) {
+    return pattern(epoch, c, line * 15 + 2 * chunk + half);
+}
+
 __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
     uint32_t v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -110,16 +121,16 @@ __global__ void __launch_bounds__(THREADS) send(int mode, uint32_t epoch, unsign
         if (threadIdx.x == 0) st_release_sys(peer_flags + c, epoch);
     } else if (mode == LL) {
         for (int i = threadIdx.x; i < TILE / 4; i += THREADS) {
-            const uint32_t data = (uint32_t)pattern(epoch, c, i) | 0x80000000u;
-            asm volatile("st.relaxed.sys.global.v2.u32 [%0], {%1, %2};" ::"l"(slot + 8 * i), "r"(data), "r"(epoch)
+            asm volatile("st.relaxed.sys.global.v2.u32 [%0], {%1, %2};" ::"l"(slot + 8 * i), "r"(ll_data(epoch, c, i)),
+                         "r"(epoch)
                          : "memory");
         }
     } else {  // LL128: each warp writes 4 lines per instruction, the flag in each line's last 8 bytes
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
         for (int line0 = warp * 4; line0 < LL128_LINES; line0 += 4 * (THREADS / 32)) {
             const int line = line0 + lane / 8, chunk = lane % 8;
-            const uint64_t a = pattern(epoch, c, line * 15 + 2 * chunk);
-            const uint64_t b = chunk == 7 ? (uint64_t)epoch : pattern(epoch, c, line * 15 + 2 * chunk + 1);
+            const uint64_t a = ll128_data(epoch, c, line, chunk, 0);
+            const uint64_t b = chunk == 7 ? (uint64_t)epoch : ll128_data(epoch, c, line, chunk, 1);
             asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot + 128 * line + 16 * chunk), "l"(a),
                          "l"(b)
                          : "memory");
@@ -169,7 +180,7 @@ __global__ void __launch_bounds__(RECV_THREADS) receive(int mode, uint32_t epoch
             // LL's data is the half loaded with its flag.
 #pragma unroll
             for (int j = 0; j < IN_FLIGHT; j++) {
-                wrong += !late && d[j] != ((uint32_t)pattern(epoch, c, base + j * RECV_THREADS) | 0x80000000u);
+                wrong += !late && d[j] != ll_data(epoch, c, base + j * RECV_THREADS);
             }
         }
     } else {  // LL128: a warp's load covers 4 lines; each line's last lane holds its flag
@@ -202,8 +213,8 @@ __global__ void __launch_bounds__(RECV_THREADS) receive(int mode, uint32_t epoch
             for (int j = 0; j < IN_FLIGHT; j++) {
                 const int line = (g0 + j * WARPS) * 4 + lane / 8;
                 if (!late && g0 + j * WARPS < GROUPS) {
-                    wrong += a[j] != pattern(epoch, c, line * 15 + 2 * chunk);
-                    wrong += chunk != 7 && b[j] != pattern(epoch, c, line * 15 + 2 * chunk + 1);
+                    wrong += a[j] != ll128_data(epoch, c, line, chunk, 0);
+                    wrong += chunk != 7 && b[j] != ll128_data(epoch, c, line, chunk, 1);
                 }
             }
         }

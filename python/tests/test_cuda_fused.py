@@ -99,8 +99,9 @@ def test_fused_mm_rs_matches_float64(dtype, op, m, k, n):
 def test_fused_mm_rs_into_symmetric_out(dtype, op, m, k, n):
     """`out` in a rendezvoused symmetric buffer, at the same offset on both
     ranks: at these one-wave shapes each rank writes its partial straight
-    into the other's `out`, which adds its own (SYMM_RS_C_ADD). Calls into it alternate with calls
-    into an ordinary output (the inbox path), every output poisoned first."""
+    into the other's `out`, which adds its own (SYMM_RS_C_ADD). Calls into
+    it alternate with calls into an ordinary output (the inbox path), every
+    output poisoned first."""
     a = [randn(50 + r, (m, k), dtype) for r in range(WORLD)]
     b = [weight(60 + r, k, n, dtype) for r in range(WORLD)]
     total = sum(x.double() @ y.double() for x, y in zip(a, b))

@@ -38,17 +38,14 @@ pub struct LcAllgather {
 pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
     let world = group.world();
     let prepared = call.map(|c| {
-        let symmetric = c.symmetric_input(group);
+        // A symmetric input is read in place from every rank.
+        let symmetric = SymmetricPlace::of(group, &c.input);
         (c.signature(symmetric.as_ref()), c.plan(world, symmetric))
     });
     super::run(group, stream, prepared)
 }
 
 impl LcAllgather {
-    fn symmetric_input(&self, group: &Group) -> Option<SymmetricPlace> {
-        SymmetricPlace::of(group, &self.input)
-    }
-
     fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
         Signature::new("lc_allgather")
             .arg("input.dtype", self.input.dtype)

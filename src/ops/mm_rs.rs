@@ -79,7 +79,8 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
     let backend = group.backend();
     super::run_prepared(group, stream, call, |c| {
         let fused = c.fused_field(group);
-        let symmetric = c.symmetric_out(group);
+        // A symmetric `out`: the fused kernel may let the peers write into it.
+        let symmetric = SymmetricPlace::of(group, &c.out);
         let signature = c.signature(fused.as_ref(), symmetric.as_ref());
         let can_fuse = fused::chosen(fused.as_ref());
         let preferred = can_fuse && c.fused_preferred(&**backend, world);
@@ -92,12 +93,6 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
 }
 
 impl MmRs {
-    /// `out`'s place when it is contiguous in a rendezvoused symmetric
-    /// buffer: the fused kernel may then let the peers write into it.
-    fn symmetric_out(&self, group: &Group) -> Option<SymmetricPlace> {
-        SymmetricPlace::of(group, &self.out)
-    }
-
     /// `symmetric`: where `out` lies, an agreed argument (`SymmetricPlace`).
     fn signature(&self, fused: Option<&String>, symmetric: Option<&SymmetricPlace>) -> Signature {
         let mut s = Signature::new("mm_rs")
