@@ -205,7 +205,9 @@ def test_unbound_device_is_reported():
     g = jax.jit(jax.shard_map(sj.lc_allgather, mesh=m, in_specs=P("x"), out_specs=P("x")))
     g(jnp.ones((WORLD, 2))).block_until_ready()  # traced while bound
     sj.shutdown()
-    with pytest.raises(Exception, match="cpu device 0 is bound to no symm group"):
+    # Every device's call fails; which one XLA reports first is a race
+    # between its CPU threads (device 3 in one CI run).
+    with pytest.raises(Exception, match=r"cpu device \d+ is bound to no symm group"):
         g(jnp.ones((WORLD, 2))).block_until_ready()
 
 
