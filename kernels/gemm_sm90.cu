@@ -96,6 +96,16 @@
 // straight into the peer's C instead of its inbox, and the own tiles add
 // their sums to them by TMA reduce-adds (bench/KERNELS.md v28b).
 //
+// Column cut (cut_n != 0, not rs, 16-bit inputs and C stored by TMA,
+// 256-wide tiles): a persistent grid of S CTAs over T tiles takes
+// ceil(T / S) tiles' time, so where T is just over a multiple of S (4096
+// tiles of 128 x 256 on 132 SMs: 31.03 waves, the 32nd nearly empty) the
+// columns are cut into a few more, narrower tiles (232 to 256 columns,
+// the narrow peer tiles' k-loops) that fill the waves: 33 per row tile of
+// 248 or 256 columns there, 32 per CTA. The host picks the cut from the
+// grid (Sm90Matmul::column_cut); every tile is stored like a narrow peer
+// tile, the last box shifted back to end with it.
+//
 // Calls in sequence, with no barrier between them: each rank's state
 // (symm_rs_state) counts its completed calls (`epoch`). A call is epoch
 // e = epoch + 1 on every rank. A tile's flag is set to e when it lands, so
@@ -203,6 +213,8 @@ struct symm_gemm_params {
     int32_t rs_c_store;    // rs_push: how this rank's own rows reach C (SYMM_RS_C_*)
     int32_t rs_push_ring;  // narrow peer tiles, 16-bit C: 1 = a CTA's last one pushed from the ring (all boxes at once)
     int32_t rs_narrow_less; // narrow peer tiles: the last this many of a row tile are 8 columns narrower
+    int32_t cut_n;         // not rs: tiles per row tile of a column cut (0: BN wide; see "Column cut")
+    int32_t cut_w;         // their width (a multiple of 8; the first few are 8 wider, to cover n)
 };
 // rs_c_store: from registers (C that TMA cannot address), through the
 // staging area and tm_c, or by tm_c from the ring where the peers'
@@ -397,10 +409,12 @@ struct symm_tiling {
     int32_t per_chunk;  // tiles_m * tiles_n
     int32_t total;
     int32_t rows;       // row tiles grouped together: a chunk's (rs) or all of them
-    // Narrow peer tiles (see the header; narrow_n 0: none): per row tile,
+    // Narrow tiles (see the header; narrow_n 0: none): per row tile,
     // narrow_n tiles, the first narrow_extra of them narrow_w + 8 wide, the
-    // last narrow_less narrow_w - 8.
+    // last narrow_less narrow_w - 8. The peers' chunks of a reduce-scatter,
+    // or with `cut` every chunk (the column cut).
     int32_t narrow_n, narrow_w, narrow_extra, narrow_less;
+    bool cut;
     int32_t flags;      // rs: flags per source rank
 
     __device__ symm_tiling(const symm_gemm_params& p, int bn) {
@@ -409,12 +423,17 @@ struct symm_tiling {
         per_chunk = tiles_m * tiles_n;
         total = per_chunk * p.chunks;
         rows = p.rs ? tiles_m : tiles_m * p.chunks;
-        narrow_n = p.rs && p.rs_push && p.world > 1 ? p.rs_narrow_n : 0;
-        narrow_w = p.rs_narrow_w;
+        cut = !p.rs && p.cut_n > 0;
+        narrow_n = p.rs && p.rs_push && p.world > 1 ? p.rs_narrow_n : (cut ? p.cut_n : 0);
+        narrow_w = cut ? p.cut_w : p.rs_narrow_w;
         narrow_less = narrow_n ? p.rs_narrow_less : 0;
         narrow_extra = narrow_n ? (p.n + 7) / 8 - narrow_n * (narrow_w / 8) + narrow_less : 0;
         flags = per_chunk;
-        if (narrow_n) {
+        if (cut) {
+            tiles_n = narrow_n;
+            per_chunk = tiles_m * tiles_n;
+            total = per_chunk * p.chunks;
+        } else if (narrow_n) {
             total = per_chunk + (p.chunks - 1) * tiles_m * narrow_n;
             flags = tiles_m * max(tiles_n, narrow_n);
         }
@@ -451,7 +470,7 @@ struct symm_tiling {
     // Tile t: groups of GROUP_M row tiles (of `rows`, the list of row tiles
     // in visiting order) walked column by column.
     __device__ symm_tile at(const symm_gemm_params& p, int bn, int t) const {
-        if (narrow_n) return at_narrow(p, bn, t);
+        if (narrow_n && !cut) return at_narrow(p, bn, t);
         const int span = rows * tiles_n;  // tiles in one run of the list
         const int in_span = t % span;
         const int group = SYMM_GEMM_GROUP_M * tiles_n;
@@ -465,8 +484,8 @@ struct symm_tiling {
         tile.chunk = p.order[row / tiles_m];
         tile.index = tm * tiles_n + tn;
         place_rows(p, tile, tm);
-        tile.col0 = tn * bn;
-        tile.cols = bn;
+        tile.col0 = cut ? narrow_col0(tn) : tn * bn;
+        tile.cols = cut ? narrow_cols(tn) : bn;
         return tile;
     }
 
@@ -1413,7 +1432,8 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
     };
     // A narrow peer tile (see the header), start to end: a k-loop of its own
     // width on the first W / 2 of d, then its push by TMA, the last box
-    // shifted to end with the tile (symm_epilogue_tma). Its
+    // shifted to end with the tile (symm_epilogue_tma); or a tile of the
+    // column cut, stored into C the same way. Its
     // wgmma names all of d as operands: with only the ones it writes, ptxas
     // serialized the wgmmas (C7515), and with an array of its own it kept
     // both arrays' registers and spilled thousands of bytes.
@@ -1434,6 +1454,14 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         float(&dn)[W / 2] = *reinterpret_cast<float(*)[W / 2]>(&d);
         mainloop(width, d);
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_MAINLOOP);
+        if (tiling.cut) {
+            // A tile of the column cut: into C, stored as a peer's is pushed.
+            unsigned char* mine = staging + (wg - 1) * (SYMM_GEMM_EPI_BYTES / 2);
+            SYMM_EPI_TMA_W(W, dn, tile.col0, tile.row0 + slice, min(p.n, tile.col0 + W), tm_c, p.alpha,
+                           SYMM_EPI_STORE);
+            if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_EPILOGUE);
+            return;
+        }
         if (unflagged) flag_pushed_tile();
         symm_mbar_wait(peers_ready, 0);
         if (threadIdx.x == 128) symm_trace_now(p, SYMM_TRACE_READY);
@@ -1458,16 +1486,11 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
         // the next one's k-loop.
         float d[BN / 2];
         if constexpr (NARROW) {
-            if (tile.cols == 232) {
-                narrow_tile(tile, symm_width<232>{}, d, t + (int)gridDim.x >= tiling.total);
-                continue;
-            }
-            if (tile.cols == 240) {
-                narrow_tile(tile, symm_width<240>{}, d, t + (int)gridDim.x >= tiling.total);
-                continue;
-            }
-            if (tile.cols == 248) {
-                narrow_tile(tile, symm_width<248>{}, d, t + (int)gridDim.x >= tiling.total);
+            if (tile.cols != BN) {
+                const bool last = t + (int)gridDim.x >= tiling.total;
+                if (tile.cols == 232) narrow_tile(tile, symm_width<232>{}, d, last);
+                else if (tile.cols == 240) narrow_tile(tile, symm_width<240>{}, d, last);
+                else narrow_tile(tile, symm_width<248>{}, d, last);
                 continue;
             }
         }

@@ -25,6 +25,8 @@ use std::sync::Arc;
 pub const MAX_CHUNKS: usize = 16;
 /// Rows of a tile (`SYMM_GEMM_BM`).
 pub const BM: usize = 128;
+/// Row tiles walked together, column by column (`SYMM_GEMM_GROUP_M`).
+const GROUP_M: usize = 8;
 /// Bytes of each row of A and B in a k-block (`SYMM_GEMM_BK_BYTES`).
 const BK_BYTES: usize = 128;
 const THREADS: u32 = 384;
@@ -79,9 +81,11 @@ struct Params {
     rs_c_store: i32,
     rs_push_ring: i32,
     rs_narrow_less: i32,
+    cut_n: i32,
+    cut_w: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 488);
+const _: () = assert!(std::mem::size_of::<Params>() == 496);
 // A gathered slice is whole k-blocks of every input type.
 const _: () = assert!(Sm90Matmul::SLICE_ALIGN % BK_BYTES == 0);
 
@@ -371,6 +375,10 @@ pub struct Sm90Matmul {
     /// memory: the peer's partials go straight into C (default, unless
     /// `SYMM_RS_ADD_C=0`, set alike on every rank; see `rs_adds`).
     pub rs_add_c: bool,
+    /// A plain or gathered matmul: its columns cut into tiles that fill
+    /// the grid's waves where that shortens the busiest CTA's share
+    /// (default, unless `SYMM_SM90_CUT=0`; see [`Sm90Matmul::column_cut`]).
+    pub column_cut: bool,
 }
 
 /// The peers' chunks of a one-wave reduce-scatter cut into `tiles` tiles
@@ -436,6 +444,7 @@ impl Sm90Matmul {
             rs_in_ring: knob_on("SYMM_RS_IN_RING"),
             rs_push_ring: knob_on("SYMM_RS_PUSH_RING"),
             rs_add_c: knob_on("SYMM_RS_ADD_C"),
+            column_cut: knob_on("SYMM_SM90_CUT"),
             err,
         }
     }
@@ -562,14 +571,33 @@ impl Sm90Matmul {
         self.rs_narrow.filter(|_| self.rs_pushes() && self.fp8.is_none() && self.tile == TileN::N256)
     }
 
-    /// Tiles of the whole launch.
-    fn total_tiles(&self) -> usize {
+    /// Tiles of the whole launch on at most `ctas` CTAs.
+    fn total_tiles(&self, ctas: u32) -> usize {
         let tiles_m = self.chunk_rows.div_ceil(BM);
         let own = tiles_m * self.n.div_ceil(self.tile.cols());
-        match self.narrow() {
-            Some(w) => own + (self.chunks() - 1) * tiles_m * w.tiles,
-            None => own * self.chunks(),
+        match (self.narrow(), self.column_cut(ctas)) {
+            (Some(w), _) => own + (self.chunks() - 1) * tiles_m * w.tiles,
+            (None, Some(cut)) => tiles_m * cut.tiles * self.chunks(),
+            (None, None) => own * self.chunks(),
         }
+    }
+
+    /// The column cut of a plain or gathered 16-bit matmul of 256-wide
+    /// tiles on at most `ctas` CTAs ("Column cut" in the kernel's header):
+    /// the one [`column_cut`] finds for its row tiles, where C is stored
+    /// by TMA (a cut tile's store is a narrow tile's). Not for a
+    /// reduce-scatter, whose ranks must number their tiles alike; a
+    /// gathered matmul's flags are per chunk, so its cut may follow this
+    /// device's SM count.
+    pub fn column_cut(&self, ctas: u32) -> Option<NarrowPeers> {
+        let eligible = self.column_cut
+            && self.scatter.is_none()
+            && self.fp8.is_none()
+            && matches!(self.dtype, GemmDtype::BF16 | GemmDtype::F16)
+            && self.tile == TileN::N256
+            && self.c_through_tma();
+        let rows = self.chunk_rows.div_ceil(BM) * self.chunks();
+        eligible.then(|| column_cut(rows, self.n, ctas as usize)).flatten()
     }
 
     /// Bytes of one rank's rs inbox: a slot of `chunk_rows x n` per rank.
@@ -683,7 +711,13 @@ impl Sm90Matmul {
     /// CTAs launched on a device of `sm_count` SMs: one per tile, at most
     /// one per SM (persistent) or `max_ctas`.
     pub fn grid(&self, sm_count: u32) -> u32 {
-        (self.total_tiles() as u32).min(sm_count).min(self.max_ctas.unwrap_or(u32::MAX)).max(1)
+        let ctas = self.max_ctas(sm_count);
+        (self.total_tiles(ctas) as u32).min(ctas)
+    }
+
+    /// CTAs the launch may use: one per SM, or `max_ctas`.
+    fn max_ctas(&self, sm_count: u32) -> u32 {
+        sm_count.min(self.max_ctas.unwrap_or(u32::MAX)).max(1)
     }
 
     /// Enqueues the matmul on `stream`. `sm_count` is the device's.
@@ -706,6 +740,9 @@ impl Sm90Matmul {
         };
         let tm_b = encode(input, &self.b, self.k, self.tile.cols())?;
         let mut p = self.params();
+        if let Some(cut) = self.column_cut(self.max_ctas(sm_count)) {
+            (p.cut_n, p.cut_w) = (cut.tiles as i32, cut.width as i32);
+        }
         let out = MapType::Elem(self.out_dtype);
         let c_box = BK_BYTES / self.out_dtype.size();
         // C through TMA stores where it can be (placeholder maps otherwise):
@@ -887,6 +924,8 @@ impl Sm90Matmul {
             rs_narrow_less: narrow.map_or(0, |w| w.narrower as i32),
             rs_c_store: RS_C_REGISTERS,
             rs_push_ring: i32::from(self.rs_push_ring),
+            cut_n: 0,
+            cut_w: 0,
         }
     }
 }
@@ -909,6 +948,50 @@ pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN
     } else {
         TileN::N256
     }
+}
+
+/// The cut of each of `rows` row tiles' `n` columns into tiles of 232 to
+/// 256 columns (the kernels' narrow k-loops; the first ones 8 wider, to
+/// cover n) that gives the busiest of `ctas` CTAs at least 1% fewer
+/// columns than 256-wide tiles do, the fewest tiles of the best, or None.
+/// A persistent grid takes its busiest CTA's time, and a k-loop's time
+/// goes with its tile's width (bench/KERNELS.md v21), so at 16384 x 8192
+/// on 132 SMs 33 tiles per row tile (4224, 32 per CTA, of 248 columns but
+/// one of 256) take 97% of the time of 32 (4096, 31.03 per CTA: 32 tiles'
+/// time).
+pub fn column_cut(rows: usize, n: usize, ctas: usize) -> Option<NarrowPeers> {
+    let wide = n.div_ceil(256);
+    let cols8 = n.div_ceil(8);
+    let wide_width = |i: usize| if i + 1 < wide { 256 } else { n - 256 * (wide - 1) };
+    let uncut = busiest_cta_cols(rows, wide, ctas, wide_width);
+    (wide + 1..=cols8 / 29)
+        .filter_map(|tiles| {
+            let cut = NarrowPeers { tiles, width: 8 * (cols8 / tiles), narrower: 0 };
+            let extra = cut.wider(n)?;
+            NarrowPeers::WIDTHS.contains(&cut.width).then_some(())?;
+            let width = |i: usize| cut.width + if i < extra { 8 } else { 0 };
+            Some((busiest_cta_cols(rows, tiles, ctas, width), cut))
+        })
+        .filter(|&(cols, _)| 100 * cols <= 99 * uncut)
+        .min_by_key(|&(cols, cut)| (cols, cut.tiles))
+        .map(|(_, cut)| cut)
+}
+
+/// The most columns one CTA computes when `rows` row tiles of `tiles`
+/// tiles each (tile i `width(i)` wide) are dealt to `ctas` CTAs in the
+/// kernel's order (`symm_tiling::at`: groups of `GROUP_M` row tiles walked
+/// column by column, tile t to CTA t mod the grid).
+fn busiest_cta_cols(rows: usize, tiles: usize, ctas: usize, width: impl Fn(usize) -> usize) -> usize {
+    let total = rows * tiles;
+    let grid = ctas.min(total).max(1);
+    let mut cols = vec![0; grid];
+    let group = GROUP_M * tiles;
+    for t in 0..total {
+        let first_m = t / group * GROUP_M;
+        let group_m = (rows - first_m).min(GROUP_M);
+        cols[t % grid] += width(t % group / group_m);
+    }
+    cols.into_iter().max().unwrap_or(0)
 }
 
 /// `SYMM_SM90_TILE` (`128` or `256`): a forced tile width, for tuning. (It

@@ -24,6 +24,9 @@ fn params_layout_matches_the_kernel() {
         assert_eq!(off(std::ptr::addr_of!((*q).slices).cast()), 448);
         assert_eq!(off(std::ptr::addr_of!((*q).slice_kblocks).cast()), 452);
         assert_eq!(off(std::ptr::addr_of!((*q).trace).cast()), 456);
+        assert_eq!(off(std::ptr::addr_of!((*q).rs_narrow_less).cast()), 480);
+        assert_eq!(off(std::ptr::addr_of!((*q).cut_n).cast()), 484);
+        assert_eq!(off(std::ptr::addr_of!((*q).cut_w).cast()), 488);
     }
 }
 
@@ -42,6 +45,59 @@ fn tile_choice_avoids_wave_tails() {
     assert_eq!(choose_tile(512, 14336, 1, 132), TileN::N256);
     // 128 x 3584 in 4 chunks: N256 56 tiles = 1 wave, N128 112 = 1 x 0.56.
     assert_eq!(choose_tile(128, 3584, 4, 132), TileN::N128);
+}
+
+#[test]
+fn column_cut_fills_the_last_wave() {
+    // The widths of a cut's tiles, which must cover n in widths the
+    // kernels have k-loops for.
+    let widths = |cut: NarrowPeers, n: usize| -> Vec<usize> {
+        let extra = cut.wider(n).expect("the cut covers n");
+        (0..cut.tiles).map(|i| cut.width + if i < extra { 8 } else { 0 }).collect()
+    };
+    // The benchmark's plain matmuls (row tiles, n) on 132 SMs: 16384 x 8192
+    // and 8192 x 8192 (31.03 and 15.52 waves of 256-wide tiles), 8192 x
+    // 14336 (27.15), 2048 x 14336 (6.79).
+    for (rows, n) in [(128, 8192), (64, 8192), (64, 14336), (16, 14336)] {
+        let cut = column_cut(rows, n, 132).unwrap_or_else(|| panic!("{rows} x {n}: no cut"));
+        let w = widths(cut, n);
+        assert_eq!(w.iter().sum::<usize>(), n, "{rows} x {n}: {cut:?}");
+        assert!(w.iter().all(|&c| (232..=256).contains(&c)), "{rows} x {n}: {cut:?}");
+        let uncut = busiest_cta_cols(rows, n / 256, 132, |_| 256);
+        let busiest = busiest_cta_cols(rows, cut.tiles, 132, |i| w[i]);
+        // At least 1% fewer columns, and never below a perfect balance.
+        assert!(100 * busiest <= 99 * uncut, "{rows} x {n}: {busiest} of {uncut}");
+        assert!(busiest * 132 >= rows * n, "{rows} x {n}: {busiest}");
+    }
+    // One wave that the cut cannot shorten (the widest tile takes as long),
+    // a grid that 256-wide tiles fill, and tiles too few to cut.
+    assert_eq!(column_cut(4, 8192, 132), None);
+    assert_eq!(column_cut(33, 1024, 132), None);
+    assert_eq!(column_cut(2, 512, 132), None);
+    // The deal follows the kernel's walk: with 2 row tiles of 3 tiles on
+    // 4 CTAs, CTA 0 takes tiles 0 and 4 (row 0's first, row 1's third).
+    assert_eq!(busiest_cta_cols(2, 3, 4, |i| [10, 20, 30][i]), 40);
+    assert_eq!(busiest_cta_cols(2, 3, 8, |i| [10, 20, 30][i]), 30);
+
+    // Only a plain or gathered 16-bit matmul of 256-wide tiles whose C TMA
+    // stores, and the launch's tiles and grid follow the cut.
+    let op = |ptr, rows, ld| Operand { ptr, rows, ld };
+    let plain = Sm90Matmul::plain(op(0, 16384, 64), op(0, 8192, 64), op(0, 16384, 8192), 64, GemmDtype::BF16, 0);
+    let cut = plain.column_cut(132).expect("a cut at 16384 x 8192");
+    assert_eq!(plain.total_tiles(132), 128 * cut.tiles);
+    assert_eq!(plain.grid(132), 132);
+    assert_eq!(plain.grid(8), 8);
+    for off in [
+        Sm90Matmul { column_cut: false, ..plain.clone() },
+        Sm90Matmul { tile: TileN::N128, ..plain.clone() },
+        Sm90Matmul { tma_epilogue: false, ..plain.clone() },
+        Sm90Matmul { out_dtype: GemmDtype::F32, ..plain.clone() },
+    ] {
+        assert_eq!(off.column_cut(132), None);
+        assert_eq!(off.total_tiles(132), 128 * 8192 / off.tile.cols());
+    }
+    let scatter = Scatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None };
+    assert_eq!(Sm90Matmul { scatter: Some(scatter), ..plain }.column_cut(132), None);
 }
 
 #[test]
@@ -278,6 +334,31 @@ fn gpu_sm90_matmul_matches_reference_on_any_shape() {
     errors.check().unwrap();
 }
 
+/// A column cut (tiles of 232 and 240 columns, see `column_cut`) covers C
+/// exactly: 3 row tiles (the last partial) of 2560 columns on 11 CTAs, k
+/// not a whole number of k-blocks, into a poisoned C.
+#[test]
+fn gpu_sm90_matmul_column_cut() {
+    let Some(g) = gpu() else { return };
+    let Some(kern) = hopper(&g) else { return };
+    let errors = AsyncError::new().unwrap();
+    let (m, n, k) = (300, 2560, 200);
+    for dt in [GemmDtype::BF16, GemmDtype::F16] {
+        let p = problem(&g, m, n, k, dt, 7);
+        let c = poisoned(&g, m * n, dt);
+        let mut mm = dense(p.bufs[0].ptr, p.bufs[1].ptr, c.ptr, (m, n, k), dt, errors.device_ptr());
+        mm.max_ctas = Some(11);
+        let cut = mm.column_cut(11);
+        assert_eq!(cut, Some(NarrowPeers { tiles: 11, width: 232, narrower: 0 }));
+        assert_eq!(mm.grid(g.kernels.sm_count), 11);
+        mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
+        g.sync();
+        let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
+        assert!(e < 8e-3, "{dt:?} with {cut:?}: relative error {e}");
+    }
+    errors.check().unwrap();
+}
+
 /// The trace (`SYMM_TRACE_SM90`, see `sm90_trace`): a plain matmul on 8
 /// CTAs of several tiles each still computes C, and every CTA's line in the
 /// file the host function appends to holds its stamps in order, its last
@@ -407,7 +488,7 @@ fn gpu_sm90_matmul_against_cublaslt() {
         (lp.b_trans, lp.ldb) = (true, k);
         // Candidates (None: cuBLASLt): the chosen tile, cuBLASLt, then
         // every tile width, and the chosen tile with C stored straight
-        // from registers (for bench/KERNELS.md).
+        // from registers (for bench/KERNELS.md), or without its column cut.
         let mut candidates = vec![("symm_sm90".to_string(), Some(chosen.clone())), ("cublaslt".to_string(), None)];
         for tile in [TileN::N128, TileN::N256] {
             let mm = Sm90Matmul { tile, ..chosen.clone() };
@@ -415,6 +496,11 @@ fn gpu_sm90_matmul_against_cublaslt() {
         }
         let regs = Sm90Matmul { tma_epilogue: false, ..chosen.clone() };
         candidates.push(("symm_sm90_register_epilogue".into(), Some(regs)));
+        // And without the column cut (see `column_cut`), where it has one.
+        if chosen.column_cut(g.kernels.sm_count).is_some() {
+            let uncut = Sm90Matmul { column_cut: false, ..chosen.clone() };
+            candidates.push(("symm_sm90_uncut".into(), Some(uncut)));
+        }
         let names: Vec<&String> = candidates.iter().map(|(name, _)| name).collect();
         let med = round_robin_ms(&g, candidates.len(), |c| match &candidates[c].1 {
             Some(mm) => mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap(),
