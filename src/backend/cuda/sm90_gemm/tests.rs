@@ -336,7 +336,8 @@ fn gpu_sm90_matmul_matches_reference_on_any_shape() {
 
 /// A column cut (tiles of 232 and 240 columns, see `column_cut`) covers C
 /// exactly: 3 row tiles (the last partial) of 2560 columns on 11 CTAs, k
-/// not a whole number of k-blocks, into a poisoned C.
+/// not a whole number of k-blocks, into a poisoned C. (Its first GPU run,
+/// 8df1874, stopped at the cut's assertion: the shape's own tile was N128.)
 #[test]
 fn gpu_sm90_matmul_column_cut() {
     let Some(g) = gpu() else { return };
@@ -347,7 +348,8 @@ fn gpu_sm90_matmul_column_cut() {
         let p = problem(&g, m, n, k, dt, 7);
         let c = poisoned(&g, m * n, dt);
         let mut mm = dense(p.bufs[0].ptr, p.bufs[1].ptr, c.ptr, (m, n, k), dt, errors.device_ptr());
-        mm.max_ctas = Some(11);
+        // 30 tiles of 256 fit one wave: choose_tile would take N128.
+        (mm.max_ctas, mm.tile) = (Some(11), TileN::N256);
         let cut = mm.column_cut(11);
         assert_eq!(cut, Some(NarrowPeers { tiles: 11, width: 232, narrower: 0 }));
         assert_eq!(mm.grid(g.kernels.sm_count), 11);
