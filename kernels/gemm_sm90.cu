@@ -101,10 +101,11 @@
 // ceil(T / S) tiles' time, so where T is just over a multiple of S (4096
 // tiles of 128 x 256 on 132 SMs: 31.03 waves, the 32nd nearly empty) the
 // columns are cut into a few more, narrower tiles (232 to 256 columns,
-// the narrow peer tiles' k-loops) that fill the waves: 33 per row tile of
-// 248 or 256 columns there, 32 per CTA. The host picks the cut from the
-// grid (Sm90Matmul::column_cut); every tile is stored like a narrow peer
-// tile, the last box shifted back to end with it.
+// the narrow peer tiles' k-loops) that fill the waves: 34 per row tile of
+// 240 or 248 columns there, whose busiest CTA computes 7952 columns
+// against 8192. The host picks the cut from the grid
+// (Sm90Matmul::column_cut); a tile narrower than BN is stored like a
+// narrow peer tile, the last box shifted back to end with it.
 //
 // Calls in sequence, with no barrier between them: each rank's state
 // (symm_rs_state) counts its completed calls (`epoch`). A call is epoch

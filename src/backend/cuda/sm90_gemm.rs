@@ -956,9 +956,10 @@ pub fn choose_tile(m_chunk: usize, n: usize, chunks: usize, sms: usize) -> TileN
 /// columns than 256-wide tiles do, the fewest tiles of the best, or None.
 /// A persistent grid takes its busiest CTA's time, and a k-loop's time
 /// goes with its tile's width (bench/KERNELS.md v21), so at 16384 x 8192
-/// on 132 SMs 33 tiles per row tile (4224, 32 per CTA, of 248 columns but
-/// one of 256) take 97% of the time of 32 (4096, 31.03 per CTA: 32 tiles'
-/// time).
+/// on 132 SMs 34 tiles per row tile (240 columns, the first 4 of 248)
+/// leave the busiest CTA 7952 columns, where 32 of 256 (31.03 tiles per
+/// CTA, so 32 tiles' time) leave it 8192. (A cut is a `NarrowPeers` with
+/// no narrower tiles: the same widths, the same kernel arithmetic.)
 pub fn column_cut(rows: usize, n: usize, ctas: usize) -> Option<NarrowPeers> {
     let wide = n.div_ceil(256);
     let cols8 = n.div_ceil(8);

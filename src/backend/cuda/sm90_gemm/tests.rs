@@ -69,6 +69,10 @@ fn column_cut_fills_the_last_wave() {
         assert!(100 * busiest <= 99 * uncut, "{rows} x {n}: {busiest} of {uncut}");
         assert!(busiest * 132 >= rows * n, "{rows} x {n}: {busiest}");
     }
+    // 16384 x 8192 (the kernel's header): 34 tiles of 240, the first 4 of 248.
+    assert_eq!(column_cut(128, 8192, 132), Some(NarrowPeers { tiles: 34, width: 240, narrower: 0 }));
+    assert_eq!(busiest_cta_cols(128, 34, 132, |i| if i < 4 { 248 } else { 240 }), 7952);
+    assert_eq!(busiest_cta_cols(128, 32, 132, |_| 256), 8192);
     // One wave that the cut cannot shorten (the widest tile takes as long),
     // a grid that 256-wide tiles fill, and tiles too few to cut.
     assert_eq!(column_cut(4, 8192, 132), None);
