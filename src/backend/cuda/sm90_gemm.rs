@@ -571,11 +571,11 @@ impl Sm90Matmul {
         self.rs_narrow.filter(|_| self.rs_pushes() && self.fp8.is_none() && self.tile == TileN::N256)
     }
 
-    /// Tiles of the whole launch on at most `ctas` CTAs.
-    fn total_tiles(&self, ctas: u32) -> usize {
+    /// Tiles of the whole launch with the column cut `cut`.
+    fn tiles_with(&self, cut: Option<NarrowPeers>) -> usize {
         let tiles_m = self.chunk_rows.div_ceil(BM);
         let own = tiles_m * self.n.div_ceil(self.tile.cols());
-        match (self.narrow(), self.column_cut(ctas)) {
+        match (self.narrow(), cut) {
             (Some(w), _) => own + (self.chunks() - 1) * tiles_m * w.tiles,
             (None, Some(cut)) => tiles_m * cut.tiles * self.chunks(),
             (None, None) => own * self.chunks(),
@@ -711,8 +711,15 @@ impl Sm90Matmul {
     /// CTAs launched on a device of `sm_count` SMs: one per tile, at most
     /// one per SM (persistent) or `max_ctas`.
     pub fn grid(&self, sm_count: u32) -> u32 {
+        self.layout(sm_count).0
+    }
+
+    /// The grid and the column cut of a launch on `sm_count` SMs, the cut
+    /// chosen once.
+    fn layout(&self, sm_count: u32) -> (u32, Option<NarrowPeers>) {
         let ctas = self.max_ctas(sm_count);
-        (self.total_tiles(ctas) as u32).min(ctas)
+        let cut = self.column_cut(ctas);
+        ((self.tiles_with(cut) as u32).min(ctas), cut)
     }
 
     /// CTAs the launch may use: one per SM, or `max_ctas`.
@@ -740,7 +747,8 @@ impl Sm90Matmul {
         };
         let tm_b = encode(input, &self.b, self.k, self.tile.cols())?;
         let mut p = self.params();
-        if let Some(cut) = self.column_cut(self.max_ctas(sm_count)) {
+        let (grid, cut) = self.layout(sm_count);
+        if let Some(cut) = cut {
             (p.cut_n, p.cut_w) = (cut.tiles as i32, cut.width as i32);
         }
         let out = MapType::Elem(self.out_dtype);
@@ -776,7 +784,6 @@ impl Sm90Matmul {
         } else {
             tm_a
         };
-        let grid = self.grid(sm_count);
         let (mut a, mut al, mut b, mut c) = (tm_a, tm_a_local, tm_b, tm_c);
         let mut args = [
             (&mut a as *mut TensorMap).cast::<c_void>(),
@@ -968,8 +975,7 @@ pub fn column_cut(rows: usize, n: usize, ctas: usize) -> Option<NarrowPeers> {
     (wide + 1..=cols8 / 29)
         .filter_map(|tiles| {
             let cut = NarrowPeers { tiles, width: 8 * (cols8 / tiles), narrower: 0 };
-            let extra = cut.wider(n)?;
-            NarrowPeers::WIDTHS.contains(&cut.width).then_some(())?;
+            let extra = cut.wider(n).filter(|_| NarrowPeers::WIDTHS.contains(&cut.width))?;
             let width = |i: usize| cut.width + if i < extra { 8 } else { 0 };
             Some((busiest_cta_cols(rows, tiles, ctas, width), cut))
         })
@@ -981,18 +987,37 @@ pub fn column_cut(rows: usize, n: usize, ctas: usize) -> Option<NarrowPeers> {
 /// The most columns one CTA computes when `rows` row tiles of `tiles`
 /// tiles each (tile i `width(i)` wide) are dealt to `ctas` CTAs in the
 /// kernel's order (`symm_tiling::at`: groups of `GROUP_M` row tiles walked
-/// column by column, tile t to CTA t mod the grid).
+/// column by column, tile t to CTA t mod the grid). Each column of a group
+/// is a run of consecutive t, added to the CTAs it spans through a cyclic
+/// difference array: a launch evaluates a few cuts, so this costs one step
+/// per run, not per tile.
 fn busiest_cta_cols(rows: usize, tiles: usize, ctas: usize, width: impl Fn(usize) -> usize) -> usize {
-    let total = rows * tiles;
-    let grid = ctas.min(total).max(1);
-    let mut cols = vec![0; grid];
-    let group = GROUP_M * tiles;
-    for t in 0..total {
-        let first_m = t / group * GROUP_M;
+    let grid = ctas.min(rows * tiles).max(1);
+    let (mut every, mut diff) = (0, vec![0isize; grid + 1]);
+    for first_m in (0..rows).step_by(GROUP_M) {
         let group_m = (rows - first_m).min(GROUP_M);
-        cols[t % grid] += width(t % group / group_m);
+        for tn in 0..tiles {
+            let w = width(tn);
+            // Tiles first_m * tiles + tn * group_m, and the next group_m - 1.
+            let (start, len) = ((first_m * tiles + tn * group_m) % grid, group_m % grid);
+            every += group_m / grid * w;
+            let w = w as isize;
+            diff[start] += w;
+            if start + len <= grid {
+                diff[start + len] -= w;
+            } else {
+                diff[grid] -= w;
+                diff[0] += w;
+                diff[start + len - grid] -= w;
+            }
+        }
     }
-    cols.into_iter().max().unwrap_or(0)
+    let mut run = 0;
+    let most = diff[..grid].iter().map(|d| {
+        run += d;
+        run
+    });
+    every + most.max().unwrap_or(0) as usize
 }
 
 /// `SYMM_SM90_TILE` (`128` or `256`): a forced tile width, for tuning. (It

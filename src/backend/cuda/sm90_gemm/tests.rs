@@ -47,6 +47,13 @@ fn tile_choice_avoids_wave_tails() {
     assert_eq!(choose_tile(128, 3584, 4, 132), TileN::N128);
 }
 
+impl Sm90Matmul {
+    /// Tiles of the whole launch on at most `ctas` CTAs.
+    fn total_tiles(&self, ctas: u32) -> usize {
+        self.tiles_with(self.column_cut(ctas))
+    }
+}
+
 #[test]
 fn column_cut_fills_the_last_wave() {
     // The widths of a cut's tiles, which must cover n in widths the
