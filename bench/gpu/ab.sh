@@ -6,17 +6,14 @@
 #   lib-tests.txt  the library GPU tests matching $AB_TESTS (default: the
 #                  sm90 reduce-scatter ones)
 #   pytest.txt     test_cuda_fused.py on two GPUs
-#   traces.txt     fused_trace.py --cases $AB_TRACE_CASES $AB_TRACE_ARGS
-#                  with $AB_VAR at each of $AB_VALUES, when $AB_TRACE_CASES
-#                  is given
 #   bench.txt      bench_ops.py $AB_BENCH_ARGS (default: --quick --only
 #                  mm_rs) with $AB_VAR at each of $AB_VALUES ("unset": not
 #                  set) in turn, $AB_RUNS rounds (default 2), tables only
 #   profile.txt    profile_ops.py $AB_PROFILE_ARGS, when given
-#   probe.txt      eager_gap_probe.py $AB_PROBE_ARGS with $AB_VAR at the
-#                  first of $AB_VALUES, when given
-#   raw.tgz        the raw traces and the benchmark's records
-# e.g. AB_VAR=SYMM_RS_NARROW AB_VALUES="unset 0" AB_TRACE_CASES=mm_rs:512:14336:8192 \
+#   probe.txt      bench/probes/eager_gap_probe.py $AB_PROBE_ARGS with $AB_VAR
+#                  at the first of $AB_VALUES, when given
+#   raw.tgz        the benchmark's records
+# e.g. AB_VAR=SYMM_GRAPHS AB_VALUES="unset 0" \
 #      AB_PROBE_ARGS="--op mm_rs --shape 512:14336:8192 --algos fused,pipelined" bash bench/gpu/ab.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -36,17 +33,6 @@ echo "rc=$?" >> "$OUT/lib-tests.txt"
 step pytest
 timeout 240 python3 -m pytest -q python/tests/test_cuda_fused.py > "$OUT/pytest.txt" 2>&1
 echo "rc=$?" >> "$OUT/pytest.txt"
-if [ -n "${AB_TRACE_CASES:-}" ]; then
-    for value in ${AB_VALUES:?}; do
-        step "trace $AB_VAR=$value"
-        set_value "$value"
-        echo "=== $AB_VAR=$value" >> "$OUT/traces.txt"
-        # shellcheck disable=SC2086 # AB_TRACE_ARGS: extra arguments, e.g. "--in-step --calls 5"
-        timeout 120 torchrun --nproc-per-node 2 bench/gpu/fused_trace.py --cases "$AB_TRACE_CASES" \
-            --out "$RAW/trace-$value" ${AB_TRACE_ARGS:-} 2>&1 | quiet >> "$OUT/traces.txt"
-        echo "rc=${PIPESTATUS[0]}" >> "$OUT/traces.txt"
-    done
-fi
 for run in $(seq "${AB_RUNS:-2}"); do
     for value in ${AB_VALUES:?}; do
         step "bench $AB_VAR=$value run $run"
@@ -69,7 +55,7 @@ if [ -n "${AB_PROBE_ARGS:-}" ]; then
     step probe
     set_value "${AB_VALUES%% *}"
     # shellcheck disable=SC2086
-    timeout 150 torchrun --nproc-per-node 2 bench/gpu/eager_gap_probe.py $AB_PROBE_ARGS 2>&1 | quiet > "$OUT/probe.txt"
+    timeout 150 torchrun --nproc-per-node 2 bench/probes/eager_gap_probe.py $AB_PROBE_ARGS 2>&1 | quiet > "$OUT/probe.txt"
     echo "rc=${PIPESTATUS[0]}" >> "$OUT/probe.txt"
     unset "$AB_VAR"
 fi

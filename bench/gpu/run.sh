@@ -33,7 +33,7 @@ ngpu=$(nvidia-smi -L | wc -l)
 # against cuBLASLt on the benchmark shapes), built here by build-bundle.sh.
 run timeout 600 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
 # Whether copies (same GPU, from a peer, through a VMM mapping) wait for busy SMs.
-nvcc -O2 -arch=native bench/gpu/copy_engine_probe.cu -lcuda -o /tmp/symm-bin/copy_engine_probe 2>&1 | tee -a "$log"
+nvcc -O2 -arch=native bench/probes/copy_engine_probe.cu -lcuda -o /tmp/symm-bin/copy_engine_probe 2>&1 | tee -a "$log"
 run /tmp/symm-bin/copy_engine_probe 64
 build cuda_memory ffi-tests/gpu/cuda_memory.cu || fail=1
 if [ "$ngpu" -ge 4 ]; then
@@ -68,7 +68,7 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     fi
     # Each operation's first call (and each algorithm's) while one rank's
     # GPU is still busy: completes, right (PyTorch's fused op hangs there:
-    # --case torch_cold; bench/NOTES.md).
+    # --case torch_cold; docs/history/NOTES.md).
     [ "$ngpu" -ge 2 ] && run timeout 180 torchrun --nproc-per-node 2 bench/gpu/first_use_race.py --case symm_cold
     # Host time per call (Python wrapper, library, driver launches).
     run timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)"

@@ -9,7 +9,7 @@ torch.matmul of the whole local problem (the benchmark's floor); then the
 host time of the same calls back to back (warm). Medians over samples,
 max over ranks.
 
-    torchrun --nproc-per-node 2 bench/gpu/eager_gap_probe.py [--op mm_rs --shape 512:14336:8192 --algos fused]
+    torchrun --nproc-per-node 2 bench/probes/eager_gap_probe.py [--op mm_rs --shape 512:14336:8192 --algos fused]
 """
 import argparse
 import json
@@ -21,9 +21,10 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import symm
-from profile_ops import start_ranks
+# profile_ops.py (the ranks' start) is a runner in bench/gpu/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
+import symm  # noqa: E402
+from profile_ops import start_ranks  # noqa: E402
 
 SAMPLES = 40
 

@@ -3,7 +3,7 @@ reading one CUDA torch tensor, the whole wrapper of a plain fused_ag_mm call
 and of a bound one (symm.bind) with the library call stubbed out, and a
 torch.matmul for scale. One GPU, a world-1 group; timeit means.
 
-    PYTHONPATH=python SYMM_LIBRARY=bundle/libsymm.so python3 bench/gpu/python_pieces.py
+    PYTHONPATH=python SYMM_LIBRARY=bundle/libsymm.so python3 bench/probes/python_pieces.py
 """
 import statistics
 import time

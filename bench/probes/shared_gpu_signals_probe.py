@@ -4,8 +4,8 @@ stream; both ranks' views of rank 0's signal pad read back; a write through
 the peer mapping read back through the owner's; then ag_mm and mm_rs
 (sequential and pipelined), also with one rank entering 0.3 s late.
 Diagnoses the ag_mm failures of shared_gpu_threads_probe.py (see
-bench/NOTES.md for what it found).
-    SYMM_LIBRARY=bundle/libsymm.so python3 bench/gpu/shared_gpu_signals_probe.py
+docs/history/NOTES.md for what it found).
+    SYMM_LIBRARY=bundle/libsymm.so python3 bench/probes/shared_gpu_signals_probe.py
 """
 import os
 import sys

@@ -2,7 +2,7 @@
 `symm.bind` calls (which read every argument as a call does, and make no
 call), for fused_ag_mm and mm_rs on torch CUDA tensors, world 1, one GPU.
 
-    python3 bench/gpu/python_call_profile.py [--calls 3000] [--top 25]
+    python3 bench/probes/python_call_profile.py [--calls 3000] [--top 25]
 
 Prints the wall time per bind without the profiler, then the profile's top
 functions by their own time."""

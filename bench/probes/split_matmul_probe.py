@@ -1,7 +1,7 @@
 """What splitting mm_rs's matmul costs, by how it is split (cuBLAS via
 torch, one GPU, nothing else running).
 
-    python3 bench/gpu/split_matmul_probe.py [--m 512 --k 14336 --n 8192]
+    python3 bench/probes/split_matmul_probe.py [--m 512 --k 14336 --n 8192]
 
 A pipelined mm_rs computes the peers' part of the product first, so that
 its transfer overlaps the rest. Split by rows (today's pipelined path),

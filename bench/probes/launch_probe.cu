@@ -4,7 +4,7 @@
 // symm_rs_maps plus four more, and the 488-byte parameter block), 132 CTAs
 // of 384 threads and ~225 KiB of dynamic shared memory; the bound mm_rs
 // call at M = 512 measured ~9 us of host time against ~6 for a replayed
-// graph of several small kernels (bench/results/...-7c59b68-host-overhead.txt).
+// graph of several small kernels (docs/history/NOTES.md).
 // This probe launches empty kernels that differ in one of those at a time:
 //
 //   small:  one 8-byte pointer argument

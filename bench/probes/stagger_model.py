@@ -4,13 +4,13 @@
 128-row tile's 8192 columns into 34 tiles of 232 to 256 columns?
 
 Inputs, both measured: a tile's k-loop ends at ~0.6125 us per column of its
-width (v19 traces: 240 wide ~147 us, 248 ~152, 256 ~157, bench/KERNELS.md)
+width (v19 traces: 240 wide ~147 us, 248 ~152, 256 ~157, docs/history/KERNELS.md)
 and the link carries R bytes/us (push_probe.cu: ~375-400 GB/s with nothing
 else running; the fused kernel's traces ~320-350). Each tile's 128 x w bf16
 partial joins one FIFO link when its k-loop ends. Prints the one-width cut
 and the best cuts of up to four widths.
 
-    python3 bench/gpu/stagger_model.py [GB/s]
+    python3 bench/probes/stagger_model.py [GB/s]
 """
 import sys
 

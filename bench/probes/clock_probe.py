@@ -3,7 +3,7 @@ the clock the matmul alone runs at, when each is replayed back to back for
 a second or more (as bench_ops.py's `_graph` rows, longer). On the GPU
 machine, one rank per GPU:
 
-    torchrun --nproc-per-node 2 bench/gpu/clock_probe.py [--cases mm:512:14336:8192:-,...] [--seconds 1.5]
+    torchrun --nproc-per-node 2 bench/probes/clock_probe.py [--cases mm:512:14336:8192:-,...] [--seconds 1.5]
 
 For each case (op:m:k:n:algorithm, as profile_ops.py's; `mm` is the local
 matmul of all m rows), every rank captures a CUDA graph of --reps calls,
@@ -16,6 +16,7 @@ run in the order given; repeat the first at the end to see drift.
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -24,11 +25,19 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fused_trace import spread  # noqa: E402
+# profile_ops.py (the cases and the ranks' start) is a runner in bench/gpu/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
 from profile_ops import case_fn, start_ranks  # noqa: E402
 
 DEFAULT_CASES = "mm:512:14336:8192:-,mm_rs:512:14336:8192:fused,mm_rs:512:14336:8192:pipelined,mm:512:14336:8192:-"
+
+
+def spread(values):
+    """min / median / max of the values that are not None, or "-"."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{min(values):7.1f} {statistics.median(values):7.1f} {max(values):7.1f}"
 
 
 def sample(gpu, stop, out):

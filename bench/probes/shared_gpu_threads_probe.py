@@ -4,8 +4,8 @@ wrong, and the product's error. Found on one H100 (a112b38): every call
 timed out in the side stream's barrier (a signal the waiting rank never
 saw), while the same operations pass with the ranks in separate processes
 on one GPU (ops_check.py --gpus 1) and on threads with a GPU each
-(test_cuda.py on two GPUs). Not yet understood; see bench/NOTES.md.
-    SYMM_LIBRARY=bundle/libsymm.so python3 bench/gpu/shared_gpu_threads_probe.py
+(test_cuda.py on two GPUs). Not yet understood; see docs/history/NOTES.md.
+    SYMM_LIBRARY=bundle/libsymm.so python3 bench/probes/shared_gpu_threads_probe.py
 """
 import os, sys, threading
 sys.path.insert(0, "python"); sys.path.insert(0, "python/tests")

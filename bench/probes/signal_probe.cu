@@ -1,5 +1,5 @@
 // How soon does a peer GPU know that a pushed tile has landed? The fused
-// reduce-scatter at mm_rs 512 (bench/KERNELS.md v23-v28b) ends on its last
+// reduce-scatter at mm_rs 512 (docs/history/KERNELS.md v23-v28b) ends on its last
 // narrow tiles: TMA stores into the peer, their completion, then a flag
 // written with st.release.sys, whose MEMBAR.SYS took ~3 us in the traces.
 // NCCL's LL protocols carry the flag inside the data instead (no fence; LL:

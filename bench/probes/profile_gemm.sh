@@ -5,7 +5,7 @@
 # SYMM_SM90_SHAPE), clocks locked to base as ncu does by default, so the
 # two kernels are compared at the same clock whatever power draw does to
 # it in a timed run. Writes $OUT/ncu-gemm-<shape>.txt.
-#   SHAPE=2048x8192x14336 bash bench/gpu/profile_gemm.sh
+#   SHAPE=2048x8192x14336 bash bench/probes/profile_gemm.sh
 #   TEST=gpu_sm90_fp8_against_cublaslt LAUNCHES=24 ...: fp8 (the first 24
 #   launches: symm exact, symm fast_accum, cuBLASLt exact and fast_accum).
 set -uo pipefail

@@ -1,6 +1,6 @@
 // How fast can SMs push tiles into a peer GPU's memory by TMA stores, and
 // load such tiles back from their own GPU's memory? The fused
-// reduce-scatter at mm_rs 512 (bench/KERNELS.md v20) pushes 4 MiB per rank
+// reduce-scatter at mm_rs 512 (docs/history/KERNELS.md v20) pushes 4 MiB per rank
 // from 68 SMs, at ~300-350 GB/s in its traces while 64 other SMs still
 // multiply, and its own tiles then load 4 MiB of partials, slowly when they
 // all do at once (v20c). This probe times both with nothing else running:

@@ -1,5 +1,5 @@
 // CK(call): exits with the file, line, call and CUDA's message when a CUDA
-// runtime call fails (the standalone probes in bench/gpu/).
+// runtime call fails (the standalone probes in bench/probes/).
 #pragma once
 #include <cuda_runtime.h>
 
