@@ -110,7 +110,8 @@ def render(path, results):
         f"From `{rel}`: {device}, world {results.get('world_size', '?')}, "
         f"commit {results.get('commit', '?')}, {results.get('date', '?')}. "
         "Milliseconds per call (median, slowest rank); the floor is max(matmul alone, "
-        "communication alone); symm is the pre-bound call (`symm.bind`).",
+        "communication alone); symm is the pre-bound call (`symm.bind`); M is the gathered rows "
+        "for ag_mm and each rank's rows of A for mm_rs.",
         "",
         "| op | M x K x N | dtype | floor ms | symm ms | symm / floor | "
         + " | ".join(title for _, title in OTHERS) + " |",
