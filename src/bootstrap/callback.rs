@@ -48,7 +48,7 @@ impl CallbackBootstrap {
     /// Runs a callback under the serial lock, turning its failure or panic
     /// into a bootstrap error that says which callback failed.
     fn call<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let _serial = self.serial.lock().unwrap_or_else(|p| p.into_inner());
+        let _serial = crate::sync::lock(&self.serial);
         match catch_unwind(AssertUnwindSafe(f)) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(wrap(what, e)),
