@@ -18,15 +18,9 @@ pub(crate) fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
     m.get_mut().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Waits on `cv` for at most `timeout`, ignoring poisoning; returns the
-/// guard and whether the wait timed out.
-pub(crate) fn wait_timeout<'a, T>(
-    cv: &Condvar,
-    guard: MutexGuard<'a, T>,
-    timeout: Duration,
-) -> (MutexGuard<'a, T>, bool) {
-    let (g, r) = cv.wait_timeout(guard, timeout).unwrap_or_else(|p| p.into_inner());
-    (g, r.timed_out())
+/// Waits on `cv` for at most `timeout`, ignoring poisoning.
+pub(crate) fn wait_timeout<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>, timeout: Duration) -> MutexGuard<'a, T> {
+    cv.wait_timeout(guard, timeout).unwrap_or_else(|p| p.into_inner()).0
 }
 
 /// Waits on `cv` until notified, ignoring poisoning.

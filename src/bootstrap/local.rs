@@ -290,7 +290,7 @@ impl Exchange {
             st = match deadline {
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
-                    sync::wait_timeout(&self.cond, st, left).0
+                    sync::wait_timeout(&self.cond, st, left)
                 }
                 None => sync::wait(&self.cond, st),
             };

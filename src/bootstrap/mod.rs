@@ -42,7 +42,9 @@ pub trait Bootstrap: Send + Sync {
     fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>>;
 
     /// Returns once every rank has entered the barrier (or times out, naming
-    /// the missing ranks).
+    /// the missing ranks). symm's own collectives all carry data, so none of
+    /// them is a bare barrier; the callback bootstrap runs the caller's
+    /// barrier here when one was given.
     fn barrier(&self, timeout: Duration) -> Result<()> {
         self.allgather(&[0u8], timeout).map(|_| ())
     }

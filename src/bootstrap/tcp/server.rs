@@ -107,7 +107,7 @@ impl Namespace {
             if left.is_zero() {
                 return;
             }
-            n = sync::wait_timeout(&self.answered, n, left).0;
+            n = sync::wait_timeout(&self.answered, n, left);
         }
     }
 }

@@ -229,6 +229,11 @@ mod tests {
         assert!(Request::decode(&[1, 0, 0]).is_err());
         assert!(Request::decode(&[3, 0]).is_err());
         assert!(Reply::decode(&[1, 3, 0xff]).is_err());
+        let e = Request::decode(&[2, 0]).unwrap_err();
+        assert_eq!(
+            (e.kind, e.msg.as_str()),
+            (ErrorKind::Bootstrap, "bootstrap: malformed store message: message is truncated")
+        );
         // Oversized and truncated frames.
         let big = (HELLO_CAP as u32 + 1).to_le_bytes();
         let e = read_frame(&mut big.as_slice(), HELLO_CAP).unwrap_err();
