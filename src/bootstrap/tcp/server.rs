@@ -270,8 +270,6 @@ fn serve_requests(stream: &TcpStream, ns: &Namespace, rank: usize) -> bool {
     false
 }
 
-/// Validates what a client says about itself.
-
 /// Records that connection `conn` is rank `rank`. A second live claimant
 /// means two processes were given one rank: the namespace is poisoned so
 /// every rank fails now rather than exchanging garbage.
