@@ -45,8 +45,9 @@ static SKIPPED: AtomicUsize = AtomicUsize::new(0);
 pub fn report_skipped() {
     let thread = std::thread::current();
     let name = thread.name().unwrap_or("<unnamed test>");
-    // Not eprintln!: the harness captures that for passing tests.
-    let _ = writeln!(std::io::stderr(), "SKIPPED (no CUDA device): {name}");
+    // Not eprintln!: the harness captures that for passing tests. One
+    // write, so the line is not split by the harness's own output.
+    let _ = std::io::stderr().write_all(format!("SKIPPED (no CUDA device): {name}\n").as_bytes());
     SKIPPED.fetch_add(1, Ordering::Relaxed);
     static AT_EXIT: Once = Once::new();
     AT_EXIT.call_once(|| {
@@ -58,11 +59,9 @@ pub fn report_skipped() {
 
 extern "C" fn print_skipped() {
     let n = SKIPPED.load(Ordering::Relaxed);
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED (no CUDA device): {n} GPU test{} passed without running",
-        if n == 1 { "" } else { "s" }
-    );
+    let s = if n == 1 { "" } else { "s" };
+    let line = format!("SKIPPED (no CUDA device): {n} GPU test{s} passed without running\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Device `ordinal` (which must exist) with its kernels.
