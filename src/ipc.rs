@@ -17,6 +17,8 @@
 
 use crate::bootstrap::unique_id::{ct_eq, SECRET_BYTES};
 use crate::error::{ensure, err, Error, Result};
+use crate::sync::lock;
+use crate::wire::{Reader, Writer};
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::mem::{size_of, zeroed};
@@ -24,7 +26,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -61,10 +63,6 @@ impl Status {
         .into_iter()
         .find(|s| *s as u8 == b)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 struct Entry {
@@ -204,12 +202,13 @@ fn serve(mut conn: UnixStream, table: &Mutex<HashMap<u64, Entry>>) {
 /// Checks a request against the table; on success returns a dup of the fd,
 /// made under the lock so an unpublish cannot close it mid-send.
 fn lookup(table: &Mutex<HashMap<u64, Entry>>, req: &[u8; REQUEST_BYTES]) -> (Status, Option<OwnedFd>) {
-    let (magic, rest) = req.split_at(MAGIC.len());
-    let (token, secret) = rest.split_at(8);
+    let mut r = Reader::new(req, "fd request");
+    let (Ok(magic), Ok(token), Ok(secret)) = (r.raw(MAGIC.len()), r.u64(), r.raw(SECRET_BYTES)) else {
+        return (Status::BadRequest, None);
+    };
     if magic != MAGIC {
         return (Status::BadRequest, None);
     }
-    let token = u64::from_le_bytes(token.try_into().unwrap());
     let table = lock(table);
     let Some(entry) = table.get(&token) else { return (Status::UnknownToken, None) };
     if !ct_eq(&entry.secret, secret) {
@@ -241,10 +240,7 @@ pub fn fetch_fd(server_name: &[u8], token: u64, secret: &[u8; SECRET_BYTES], tim
         "ipc: fd server '{shown}' runs as uid {uid}, not as this process's uid {}",
         euid()
     );
-    let mut req = Vec::with_capacity(REQUEST_BYTES);
-    req.extend_from_slice(MAGIC);
-    req.extend_from_slice(&token.to_le_bytes());
-    req.extend_from_slice(secret);
+    let req = Writer::new().raw(MAGIC).u64(token).raw(secret).finish();
     set_timeouts(&conn, deadline, &shown)?;
     send_all(&conn, &req).map_err(|e| io_error(e, &shown, timeout))?;
     set_timeouts(&conn, deadline, &shown)?;

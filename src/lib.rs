@@ -18,4 +18,5 @@ pub mod ffi;
 pub mod group;
 pub mod ops;
 pub mod plan;
+pub(crate) mod sync;
 pub(crate) mod wire;

@@ -13,7 +13,7 @@ if torch.cuda.device_count() < 2:
     # Two ranks of one process on one GPU must make no device-synchronizing
     # call while the other waits or captures (README), and these tests make
     # them (torch.cuda.synchronize, symmetric buffers made and freed).
-    pytest.skip("needs two CUDA devices", allow_module_level=True)
+    pytest.skip(f"needs two CUDA devices, torch sees {torch.cuda.device_count()}", allow_module_level=True)
 
 WORLD = 2
 GPUS = torch.cuda.device_count()

@@ -9,8 +9,11 @@ from ranks import on_threads
 import symm
 
 torch = pytest.importorskip("torch")
-if torch.cuda.device_count() < 2 or torch.cuda.get_device_capability(0) != (9, 0):
-    pytest.skip("needs two Hopper GPUs", allow_module_level=True)
+if torch.cuda.device_count() < 2:
+    pytest.skip(f"needs two Hopper GPUs, torch sees {torch.cuda.device_count()} CUDA devices", allow_module_level=True)
+if torch.cuda.get_device_capability(0) != (9, 0):
+    pytest.skip(f"needs two Hopper GPUs, GPU 0 is sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}",
+                allow_module_level=True)
 
 WORLD = 2
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.2e-2}

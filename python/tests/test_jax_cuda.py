@@ -23,7 +23,7 @@ try:
 except RuntimeError:
     GPUS = []
 if len(GPUS) < 2:
-    pytest.skip("needs JAX with two CUDA GPUs", allow_module_level=True)
+    pytest.skip(f"needs JAX with two CUDA GPUs, JAX sees {len(GPUS)}", allow_module_level=True)
 
 import symm.jax as sj  # noqa: E402
 

@@ -16,7 +16,10 @@ use std::time::Duration;
 /// `allgather(send, recv)`: gathers `send` from every rank into `recv`
 /// (`world * send.len()` bytes) in rank order.
 pub type AllgatherFn = Box<dyn Fn(&[u8], &mut [u8]) -> Result<()> + Send + Sync>;
-/// `barrier()`: returns once every rank has called it.
+/// `barrier()`: returns once every rank has called it. Optional, and
+/// called only through [`Bootstrap::barrier`]: every collective symm runs
+/// carries data (at least each rank's success or failure), so its own
+/// operations gather through `allgather` and take no bare barrier.
 pub type BarrierFn = Box<dyn Fn() -> Result<()> + Send + Sync>;
 
 pub struct CallbackBootstrap {
@@ -48,7 +51,7 @@ impl CallbackBootstrap {
     /// Runs a callback under the serial lock, turning its failure or panic
     /// into a bootstrap error that says which callback failed.
     fn call<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let _serial = self.serial.lock().unwrap_or_else(|p| p.into_inner());
+        let _serial = crate::sync::lock(&self.serial);
         match catch_unwind(AssertUnwindSafe(f)) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(wrap(what, e)),

@@ -28,6 +28,7 @@
 use super::tcp::{host_store, resolve, TcpBootstrap};
 use super::unique_id::{UniqueId, SECRET_BYTES};
 use crate::error::{ensure, err, Result};
+use crate::wire::Writer;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
@@ -162,14 +163,12 @@ fn env_secret(lookup: Lookup, generation: u64) -> [u8; SECRET_BYTES] {
             v
         }
     };
-    let mut m = b"symm-env-secret-v1".to_vec();
+    let mut m = Writer::new().raw(b"symm-env-secret-v1");
     for p in &parts {
         // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
-        m.extend_from_slice(&(p.len() as u64).to_le_bytes());
-        m.extend_from_slice(p.as_bytes());
+        m = m.u64(p.len() as u64).raw(p.as_bytes());
     }
-    m.extend_from_slice(&generation.to_le_bytes());
-    sha256(&m)
+    sha256(&m.u64(generation).finish())
 }
 
 fn get(lookup: Lookup, key: &str) -> Option<String> {

@@ -7,6 +7,7 @@
 
 use super::{name_ranks, Bootstrap};
 use crate::error::{err, Error, Result};
+use crate::sync::{self, lock};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt;
@@ -66,12 +67,6 @@ impl Bootstrap for LocalBootstrap {
         let all = self.exchange.contribute(this, self.rank, self.world, data, timeout)?;
         Ok(all.as_ref().clone())
     }
-}
-
-/// Locks a mutex, ignoring poisoning: every critical section here leaves the
-/// state consistent before anything that could panic.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// All-gather rounds of one group, keyed by sequence number.
@@ -295,9 +290,9 @@ impl Exchange {
             st = match deadline {
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
-                    self.cond.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0
+                    sync::wait_timeout(&self.cond, st, left)
                 }
-                None => self.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
+                None => sync::wait(&self.cond, st),
             };
         }
     }

@@ -20,6 +20,7 @@ pub mod tcp;
 pub mod unique_id;
 
 use crate::error::Result;
+use crate::wire::{Reader, Writer};
 use std::time::Duration;
 
 /// Collective exchange among the ranks of one group.
@@ -41,7 +42,9 @@ pub trait Bootstrap: Send + Sync {
     fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>>;
 
     /// Returns once every rank has entered the barrier (or times out, naming
-    /// the missing ranks).
+    /// the missing ranks). symm's own collectives all carry data, so none of
+    /// them is a bare barrier; the callback bootstrap runs the caller's
+    /// barrier here when one was given.
     fn barrier(&self, timeout: Duration) -> Result<()> {
         self.allgather(&[0u8], timeout).map(|_| ())
     }
@@ -50,8 +53,9 @@ pub trait Bootstrap: Send + Sync {
 /// All-gather of byte strings whose length may differ per rank: lengths go
 /// first, then payloads padded to the longest.
 pub fn allgather_var(bs: &dyn Bootstrap, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
-    let lens = bs.allgather(&(data.len() as u64).to_le_bytes(), timeout)?;
-    let lens: Vec<usize> = lens.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize).collect();
+    let lens = bs.allgather(&Writer::new().u64(data.len() as u64).finish(), timeout)?;
+    let mut r = Reader::new(&lens, "payload lengths");
+    let lens: Vec<usize> = (0..bs.world()).map(|_| r.u64().map(|n| n as usize)).collect::<Result<_>>()?;
     let max = lens.iter().copied().max().unwrap_or(0);
     let mut padded = data.to_vec();
     padded.resize(max, 0);

@@ -19,6 +19,7 @@
 //! | 32..64  | secret                                          |
 
 use crate::error::{ensure, err, Result};
+use crate::wire::{Reader, Writer};
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
@@ -34,8 +35,6 @@ const MAGIC: &[u8; 6] = b"SYMMID";
 const OFF_VERSION: usize = 6;
 const OFF_FAMILY: usize = 7;
 const OFF_PORT: usize = 8;
-const OFF_IP: usize = 10;
-const OFF_SCOPE: usize = 26;
 const OFF_SECRET: usize = 32;
 
 /// A group's unique id. The bytes are public so the FFI layer can copy them
@@ -47,23 +46,26 @@ pub struct UniqueId(pub [u8; ID_BYTES]);
 impl UniqueId {
     /// Encodes the store's address and the group's secret.
     pub fn new(addr: SocketAddr, secret: [u8; SECRET_BYTES]) -> Self {
-        let mut b = [0u8; ID_BYTES];
-        b[..MAGIC.len()].copy_from_slice(MAGIC);
-        b[OFF_VERSION] = VERSION;
-        b[OFF_PORT..OFF_PORT + 2].copy_from_slice(&addr.port().to_le_bytes());
-        match addr {
+        let (family, ip, scope) = match addr {
             SocketAddr::V4(a) => {
-                b[OFF_FAMILY] = 4;
-                b[OFF_IP..OFF_IP + 4].copy_from_slice(&a.ip().octets());
+                let mut ip = [0u8; 16];
+                ip[..4].copy_from_slice(&a.ip().octets());
+                (4, ip, 0)
             }
-            SocketAddr::V6(a) => {
-                b[OFF_FAMILY] = 6;
-                b[OFF_IP..OFF_IP + 16].copy_from_slice(&a.ip().octets());
-                b[OFF_SCOPE..OFF_SCOPE + 4].copy_from_slice(&a.scope_id().to_le_bytes());
-            }
-        }
-        b[OFF_SECRET..OFF_SECRET + SECRET_BYTES].copy_from_slice(&secret);
-        UniqueId(b)
+            SocketAddr::V6(a) => (6, a.ip().octets(), a.scope_id()),
+        };
+        let b = Writer::new()
+            .raw(MAGIC)
+            .u8(VERSION)
+            .u8(family)
+            .u16(addr.port())
+            .raw(&ip)
+            .u32(scope)
+            .pad_to(OFF_SECRET)
+            .raw(&secret)
+            .pad_to(ID_BYTES)
+            .finish();
+        UniqueId(b.try_into().expect("the layout fills exactly ID_BYTES"))
     }
 
     /// Reads an id from untrusted bytes (exactly [`ID_BYTES`] long), checking
@@ -103,18 +105,14 @@ impl UniqueId {
     /// The store's address.
     pub fn addr(&self) -> Result<SocketAddr> {
         self.validate()?;
-        let b = &self.0;
-        let port = u16::from_le_bytes([b[OFF_PORT], b[OFF_PORT + 1]]);
-        Ok(match b[OFF_FAMILY] {
+        let mut r = Reader::new(&self.0[OFF_PORT..], "unique id");
+        let (port, ip, scope) = (r.u16()?, r.array::<16>()?, r.u32()?);
+        Ok(match self.0[OFF_FAMILY] {
             4 => {
-                let ip: [u8; 4] = b[OFF_IP..OFF_IP + 4].try_into().unwrap();
-                SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), port))
+                let v4: [u8; 4] = ip[..4].try_into().unwrap();
+                SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(v4), port))
             }
-            _ => {
-                let ip: [u8; 16] = b[OFF_IP..OFF_IP + 16].try_into().unwrap();
-                let scope = u32::from_le_bytes(b[OFF_SCOPE..OFF_SCOPE + 4].try_into().unwrap());
-                SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, 0, scope))
-            }
+            _ => SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, 0, scope)),
         })
     }
 
@@ -173,6 +171,24 @@ mod tests {
         assert_eq!(back.addr().unwrap(), a);
         assert_eq!(back.secret(), secret(7));
         assert_eq!(&id.0[..6], b"SYMMID");
+    }
+
+    /// The bytes sit where the layout table (and the C ABI) says.
+    #[test]
+    fn layout_matches_the_table() {
+        let v4 = UniqueId::new("10.1.2.3:258".parse().unwrap(), [0xaa; 32]).0;
+        let mut want = [0u8; ID_BYTES];
+        want[..6].copy_from_slice(b"SYMMID");
+        want[6..10].copy_from_slice(&[VERSION, 4, 2, 1]);
+        want[10..14].copy_from_slice(&[10, 1, 2, 3]);
+        want[32..64].copy_from_slice(&[0xaa; 32]);
+        assert_eq!(v4, want);
+        let a = SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 1, 0, 0x0102_0304));
+        let v6 = UniqueId::new(a, [0xbb; 32]).0;
+        assert_eq!(v6[7], 6);
+        assert_eq!(v6[10..26], "fe80::1".parse::<Ipv6Addr>().unwrap().octets());
+        assert_eq!(v6[26..32], [4, 3, 2, 1, 0, 0]);
+        assert!(v6[64..].iter().all(|&x| x == 0));
     }
 
     #[test]

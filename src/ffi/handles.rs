@@ -4,6 +4,7 @@
 //! racing with destroy keeps its object alive through the `Arc` it got.
 
 use crate::error::{err, Result};
+use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,15 +25,10 @@ impl<T> Registry<T> {
         Registry { tag, what, next: AtomicUsize::new(1), live: Mutex::new(BTreeMap::new()) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, Arc<T>>> {
-        // The map stays consistent even if a panic interrupted a holder.
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub fn insert(&self, v: Arc<T>) -> usize {
         // Keys are never reused, so a stale handle cannot alias a new object.
         let key = (self.next.fetch_add(1, Ordering::Relaxed) << TAG_BITS) | self.tag;
-        self.lock().insert(key, v);
+        lock(&self.live).insert(key, v);
         key
     }
 
@@ -40,7 +36,7 @@ impl<T> Registry<T> {
         if key == 0 {
             return Err(err!(InvalidHandle, "{} is NULL", self.what));
         }
-        self.lock().get(&key).cloned().ok_or_else(|| self.unknown(key))
+        lock(&self.live).get(&key).cloned().ok_or_else(|| self.unknown(key))
     }
 
     /// Removes the handle; `Ok(None)` for NULL, which destroy accepts.
@@ -48,7 +44,7 @@ impl<T> Registry<T> {
         if key == 0 {
             return Ok(None);
         }
-        self.lock().remove(&key).map(Some).ok_or_else(|| self.unknown(key))
+        lock(&self.live).remove(&key).map(Some).ok_or_else(|| self.unknown(key))
     }
 
     fn unknown(&self, key: usize) -> crate::Error {
@@ -61,7 +57,7 @@ impl<T> Registry<T> {
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.lock().len()
+        lock(&self.live).len()
     }
 }
 

@@ -153,7 +153,7 @@ pub fn context(ordinal: i32) -> Result<Arc<CudaContext>> {
     if ordinal < 0 || ordinal as usize >= count {
         return Err(err!(NoDevice, "CUDA device {ordinal} does not exist ({count} visible)"));
     }
-    let mut map = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut map = crate::sync::lock(&CONTEXTS);
     let ctx = match map.get(&ordinal) {
         Some(c) => c.clone(),
         None => {

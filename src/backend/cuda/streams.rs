@@ -5,6 +5,7 @@
 use super::driver::check;
 use crate::backend::Stream;
 use crate::error::{err, Result};
+use crate::sync::{self, lock};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,7 +27,7 @@ impl SideStreams {
         if i >= MAX_SIDE {
             return Err(err!(Internal, "side stream {i} requested; at most {MAX_SIDE}"));
         }
-        let mut v = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = lock(&self.streams);
         while v.len() <= i {
             let mut s = std::ptr::null_mut();
             let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
@@ -39,7 +40,7 @@ impl SideStreams {
 
     /// Waits for the work issued to every side stream so far.
     pub fn synchronize(&self) -> Result<()> {
-        let v = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let v = lock(&self.streams);
         for &s in v.iter() {
             // SAFETY: created in stream(), of the current context.
             check(unsafe { sys::cuStreamSynchronize(s as sys::CUstream) }, "cuStreamSynchronize")?;
@@ -51,7 +52,7 @@ impl SideStreams {
         if waiter == on {
             return Ok(());
         }
-        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut events = lock(&self.events);
         let ev = match events.get(&on.0) {
             Some(&e) => e,
             None => {
@@ -71,11 +72,11 @@ impl SideStreams {
 
 impl Drop for SideStreams {
     fn drop(&mut self) {
-        for &e in self.events.get_mut().unwrap_or_else(|p| p.into_inner()).values() {
+        for &e in sync::get_mut(&mut self.events).values() {
             // SAFETY: created in wait().
             unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) };
         }
-        for &s in self.streams.get_mut().unwrap_or_else(|p| p.into_inner()).iter() {
+        for &s in sync::get_mut(&mut self.streams).iter() {
             // SAFETY: created in stream().
             unsafe { sys::cuStreamDestroy_v2(s as sys::CUstream) };
         }
