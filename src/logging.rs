@@ -105,9 +105,11 @@ fn configure(env: &EnvSettings) {
     };
     let _ = OUTPUT.set(output);
     // Fails when the program installed a logger of its own (symm used as a
-    // Rust library): events then go to that logger, filtered by our level.
-    let _ = log::set_logger(&LOGGER);
-    log::set_max_level(level);
+    // Rust library): events then go to that logger, and its level stands
+    // unless SYMM_DEBUG is set.
+    if log::set_logger(&LOGGER).is_ok() || env.debug.is_some() {
+        log::set_max_level(level);
+    }
     if let Some(v) = bad_level {
         log::warn!("SYMM_DEBUG='{v}' is not one of OFF, WARN, INFO, DEBUG, TRACE; using WARN");
     }
