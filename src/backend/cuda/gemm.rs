@@ -569,17 +569,10 @@ impl Plan {
                  16-byte aligned pointers and leading dimensions widen the choice"
             ));
         };
-        let (s, id) = (key.shape, algo_id(&first.algo));
-        log::info!(
-            "cuBLASLt's pick for m={} n={} k={} {:?}->{:?}{}: algorithm id {id}, workspace {} bytes",
-            s.n,
-            s.m,
-            s.k,
-            key.dtype,
-            key.out_dtype,
-            if key.fp8.is_some() { " (fp8)" } else { "" },
-            first.workspaceSize
-        );
+        // The caller's m and n (ColMajor swaps them).
+        let (m, n, k, dtype, id, ws) =
+            (key.shape.n, key.shape.m, key.shape.k, key.dtype, algo_id(&first.algo), first.workspaceSize);
+        log::info!("cuBLASLt's pick for m={m} n={n} k={k} {dtype:?}: algorithm id {id}, workspace {ws} bytes");
         plan.algo = first.algo;
         Ok(plan)
     }
