@@ -14,6 +14,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// No events (`symm_set_log_level` only).
+#define SYMM_LOG_OFF 0
+
+// Failures symm also reports by status (a peer's timeout), and problems
+// it worked around.
+#define SYMM_LOG_WARN 1
+
+// One-off decisions: the group formed, the algorithm chosen, the kernels'
+// NVRTC compile, a refused graph capture, cuBLASLt's pick for a shape.
+#define SYMM_LOG_INFO 2
+
+// Everything, per-call events included.
+#define SYMM_LOG_TRACE 3
+
 // Group flag: several ranks may share one CUDA device (for testing). Such
 // ranks must each call on a stream of their own: on one stream (the
 // legacy default stream of two threads) a rank's wait for a peer would
@@ -92,6 +106,30 @@ typedef struct {
   // Optional (may be NULL: symm then uses `allgather`).
   int (*barrier)(void *ctx);
 } symm_bootstrap_t;
+
+// Receives each log line (formatted, without a newline; valid only during
+// the call) and its `SYMM_LOG_*` level. Called from any thread that logs,
+// possibly several at once; it must not block for long. Events that symm
+// raises while the callback runs on that thread are dropped.
+typedef void (*symm_log_callback_t)(void *ctx, int level, const char *message);
+
+// How the loaded library was built. Set `struct_size` to
+// `sizeof(symm_build_info_t)` before the call; fields are only ever
+// appended, and those this library does not know are zeroed.
+typedef struct {
+  // `sizeof(symm_build_info_t)` as the caller compiled it.
+  size_t struct_size;
+  // `MAJOR * 10000 + MINOR * 100 + PATCH`, as `symm_get_version`.
+  int32_t version_code;
+  // "MAJOR.MINOR.PATCH" (static).
+  const char *version;
+  // "fatbin" (compiled by nvcc into the library) or "nvrtc" (compiled
+  // from the embedded sources on first use of each device). Static.
+  const char *kernels;
+  // One line on the kernels' build: the nvcc version and path, or
+  // "sources only (NVRTC at run time)". Static.
+  const char *kernels_build;
+} symm_build_info_t;
 
 // Element type of a tensor.
 typedef int32_t symm_dtype_t;
@@ -391,6 +429,23 @@ symm_status_t symm_group_set_timeout(symm_group_t group, int timeout_ms);
 // wait that timed out inside a kernel), as `SYMM_ERROR_TIMEOUT` naming the
 // peer. Returns `SYMM_SUCCESS` when none happened.
 symm_status_t symm_group_check_async_error(symm_group_t group);
+
+// Routes symm's log lines to `callback` (with `ctx` passed back) instead
+// of stderr or `SYMM_DEBUG_FILE`; NULL restores those. The level stays
+// `SYMM_DEBUG`'s or `symm_set_log_level`'s: with neither, nothing is logged.
+symm_status_t symm_set_log_callback(symm_log_callback_t callback, void *ctx);
+
+// Sets the level (`SYMM_LOG_OFF`, `_WARN`, `_INFO` or `_TRACE`) from now
+// on, over env `SYMM_DEBUG` (`WARN`, `INFO`, `DEBUG`, `TRACE` or `OFF`, any
+// case; unset = off), which is read at the first call that may log, with
+// env `SYMM_DEBUG_FILE` (a file to append lines to instead of stderr; `%h`
+// = host name, `%p` = process id). A line reads
+// `symm[host:pid] LEVEL g<group>:r<rank>/<world> <module>: <message>`.
+symm_status_t symm_set_log_level(int level);
+
+// Fills `info` (whose `struct_size` the caller set) with how the library
+// was built.
+symm_status_t symm_get_build_info(symm_build_info_t *info);
 
 // Collective: makes the group's workspace at least `bytes` large now, so
 // that operations up to that size do not grow it later (growing is

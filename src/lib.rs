@@ -11,6 +11,7 @@ pub mod bootstrap;
 pub mod error;
 pub mod fp8;
 pub mod ipc;
+pub mod logging;
 
 pub use error::{Error, ErrorKind, Result};
 pub mod buffer;

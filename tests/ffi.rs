@@ -98,6 +98,11 @@ fn api_contract() {
 }
 
 #[test]
+fn log_callback_and_build_info() {
+    run(&build("test_log.c", "c11"), &[]);
+}
+
+#[test]
 fn memory_unique_id() {
     worlds_and_modes("test_memory.c", &[1, 2, 3, 4], &["uid"]);
 }

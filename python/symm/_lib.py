@@ -67,6 +67,11 @@ ALGORITHM_FUSED = 2
 XLA_PLATFORM_CPU = 1
 XLA_PLATFORM_CUDA = 2
 
+LOG_OFF = 0
+LOG_WARN = 1
+LOG_INFO = 2
+LOG_TRACE = 3
+
 
 # --- structs ------------------------------------------------------------------
 class UniqueId(ctypes.Structure):
@@ -135,6 +140,19 @@ class Plan(ctypes.Structure):
     ]
 
 
+class BuildInfo(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("version_code", c_int32),
+        ("version", c_char_p),
+        ("kernels", c_char_p),
+        ("kernels_build", c_char_p),
+    ]
+
+
+# void (*)(void *ctx, int level, const char *message)
+LogCallbackFn = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+
 # The header's C spelling of each struct, for the layout check.
 C_STRUCT_NAMES = {
     UniqueId: "symm_unique_id_t",
@@ -144,6 +162,7 @@ C_STRUCT_NAMES = {
     AgMmOptions: "symm_ag_mm_options_t",
     MmRsOptions: "symm_mm_rs_options_t",
     Plan: "symm_plan_t",
+    BuildInfo: "symm_build_info_t",
 }
 
 # --- functions: name -> (restype, argtypes) --------------------------------------
@@ -211,6 +230,10 @@ FUNCTIONS = {
     "symm_get_version": (status_t, [POINTER(c_int32)]),
     "symm_status_string": (c_char_p, [status_t]),
     "symm_last_error": (c_char_p, []),
+    # logging and build information
+    "symm_set_log_callback": (status_t, [LogCallbackFn, c_void_p]),
+    "symm_set_log_level": (status_t, [c_int]),
+    "symm_get_build_info": (status_t, [POINTER(BuildInfo)]),
 }
 
 

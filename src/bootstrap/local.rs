@@ -270,12 +270,14 @@ impl Exchange {
             let round = st.rounds.get_mut(&seq).expect("round outlives its waiters");
             if round.is_open() && deadline.is_some_and(|d| Instant::now() >= d) {
                 let missing = round.missing();
-                round.fail(err!(
+                let e = err!(
                     Timeout,
                     "bootstrap: {} of {world} did not arrive within {} ms",
                     name_ranks(&missing),
                     timeout.as_millis()
-                ));
+                );
+                log::warn!("{}", e.msg);
+                round.fail(e);
                 self.cond.notify_all();
             }
             if let Some(outcome) = &round.outcome {

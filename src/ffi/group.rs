@@ -18,7 +18,17 @@ pub(super) fn group(g: symm_group_t) -> Result<Arc<Group>> {
 }
 
 fn publish(g: Arc<Group>) -> symm_group_t {
+    let _scope = crate::logging::GroupScope::enter(crate::logging::group_id(g.secret()), g.rank(), g.world());
+    let devices: Vec<i32> = g.ranks().iter().map(|r| r.device).collect();
+    log::info!("group formed: {} backend, world {}, devices {devices:?}", g.backend().kind().name(), g.world());
     GROUPS.insert(g) as symm_group_t
+}
+
+/// The boundary's `call`, with the logger set up first: forming a group
+/// may log (bootstrap timeouts, the kernels' NVRTC compile).
+fn call_logged(func: &str, f: impl FnOnce() -> Result<()>) -> symm_status_t {
+    crate::logging::init();
+    call(func, f)
 }
 
 /// Rank and world from C ints, checked.
@@ -42,14 +52,14 @@ fn form(bs: Box<dyn Bootstrap>, device: c_int, cfg: &GroupConfig, out: *mut symm
 /// `symm_group_init`. Listens on env `SYMM_BOOTSTRAP_ADDR`, else loopback.
 #[no_mangle]
 pub extern "C" fn symm_get_unique_id(id: *mut symm_unique_id_t) -> symm_status_t {
-    call("symm_get_unique_id", || unique_id_at(None, id))
+    call_logged("symm_get_unique_id", || unique_id_at(None, id))
 }
 
 /// As `symm_get_unique_id`, listening on `listen_addr` ("host:port",
 /// "ip:port" or "ip"; port 0 or none picks a free one).
 #[no_mangle]
 pub unsafe extern "C" fn symm_get_unique_id_at(listen_addr: *const c_char, id: *mut symm_unique_id_t) -> symm_status_t {
-    call("symm_get_unique_id_at", || {
+    call_logged("symm_get_unique_id_at", || {
         let addr = in_ref(listen_addr, "listen_addr")?;
         // SAFETY: non-NULL; the caller promises a NUL-terminated string.
         let addr =
@@ -76,7 +86,7 @@ pub unsafe extern "C" fn symm_group_init(
     id: *const symm_unique_id_t,
     cfg: *const symm_group_config_t,
 ) -> symm_status_t {
-    call("symm_group_init", || {
+    call_logged("symm_group_init", || {
         let out = out_ptr(group, "group")?;
         let (rank, world) = rank_world(world_size, rank)?;
         let uid = UniqueId::decode(&in_ref(id, "id")?.internal.map(|c| c as u8))?;
@@ -98,7 +108,7 @@ pub unsafe extern "C" fn symm_group_init_bootstrap(
     bootstrap: *const symm_bootstrap_t,
     cfg: *const symm_group_config_t,
 ) -> symm_status_t {
-    call("symm_group_init_bootstrap", || {
+    call_logged("symm_group_init_bootstrap", || {
         let out = out_ptr(group, "group")?;
         let (rank, world) = rank_world(world_size, rank)?;
         let bs = super::callback::from_table(in_ref(bootstrap, "bootstrap")?, rank, world)?;
@@ -115,7 +125,7 @@ pub unsafe extern "C" fn symm_group_init_env(
     group: *mut symm_group_t,
     cfg: *const symm_group_config_t,
 ) -> symm_status_t {
-    call("symm_group_init_env", || {
+    call_logged("symm_group_init_env", || {
         let out = out_ptr(group, "group")?;
         let cfg = group_config(cfg)?;
         let (bs, info) = env::connect_env(cfg.resolved_timeout()?)?;
@@ -134,7 +144,7 @@ pub unsafe extern "C" fn symm_group_init_local(
     devices: *const c_int,
     cfg: *const symm_group_config_t,
 ) -> symm_status_t {
-    call("symm_group_init_local", || {
+    call_logged("symm_group_init_local", || {
         let out = out_ptr(groups, "groups")?;
         let n = non_negative(n, "n")?;
         if n == 0 {

@@ -12,6 +12,7 @@ mod buffer;
 mod callback;
 mod group;
 mod handles;
+mod log;
 mod ops;
 mod plan;
 pub mod types;

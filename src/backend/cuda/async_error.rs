@@ -6,7 +6,7 @@
 use super::driver::check;
 use crate::error::{err, Result};
 use cudarc::driver::sys;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Mirror of `struct symm_async_error`.
 #[repr(C)]
@@ -28,6 +28,8 @@ const GEMM_CHANNEL: i32 = -2;
 pub struct AsyncError {
     host: *mut Record,
     device: u64,
+    /// Whether the failure was logged (it is reported on every later call).
+    logged: AtomicBool,
 }
 
 // SAFETY: the record is plain pinned memory; the host only reads it (and
@@ -54,7 +56,7 @@ impl AsyncError {
             unsafe { sys::cuMemFreeHost(p) };
             return Err(e);
         }
-        Ok(AsyncError { host, device })
+        Ok(AsyncError { host, device, logged: AtomicBool::new(false) })
     }
 
     /// The device pointer kernels receive as `err`.
@@ -88,16 +90,20 @@ impl AsyncError {
             3 => format!("wait_value for a flag of rank {}", r.peer),
             _ => format!("barrier on channel {}", r.channel),
         };
-        match r.status {
-            TIMEOUT => Err(err!(
+        let e = match r.status {
+            TIMEOUT => err!(
                 Timeout,
                 "rank {}: {what} timed out on the device after {} ms; the group's signal pads are now undefined, destroy the group",
                 r.rank,
                 r.waited_ns / 1_000_000
-            )),
-            INVALID_ARG => Err(err!(Internal, "rank {}: a signal kernel got invalid arguments ({what})", r.rank)),
-            other => Err(err!(Internal, "rank {}: unknown device error {other} ({what})", r.rank)),
+            ),
+            INVALID_ARG => err!(Internal, "rank {}: a signal kernel got invalid arguments ({what})", r.rank),
+            other => err!(Internal, "rank {}: unknown device error {other} ({what})", r.rank),
+        };
+        if !self.logged.swap(true, Ordering::Relaxed) {
+            log::warn!("{}", e.msg);
         }
+        Err(e)
     }
 }
 

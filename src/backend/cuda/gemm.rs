@@ -52,6 +52,7 @@ const LT_SYMBOLS: &[&str] = &[
     "cublasLtMatmulPreferenceDestroy",
     "cublasLtMatmulPreferenceSetAttribute",
     "cublasLtMatmulAlgoGetHeuristic",
+    "cublasLtMatmulAlgoConfigGetAttribute",
     "cublasLtMatmul",
 ];
 
@@ -561,25 +562,40 @@ impl Plan {
             )?;
         }
 
-        let Some(first) = plan.heuristic(handle, &Pref::new(key)?, 1)?.into_iter().next() else {
+        let Some(first) = plan.heuristic_results(handle, &Pref::new(key)?, 1)?.into_iter().next() else {
             return Err(err!(
                 Unsupported,
                 "cuBLASLt has no algorithm for this matmul ({key:?}); \
                  16-byte aligned pointers and leading dimensions widen the choice"
             ));
         };
-        plan.algo = first;
+        // The caller's m and n (ColMajor swaps them).
+        let (m, n, k, dtype, id, ws) =
+            (key.shape.n, key.shape.m, key.shape.k, key.dtype, algo_id(&first.algo), first.workspaceSize);
+        log::info!("cuBLASLt's pick for m={m} n={n} k={k} {dtype:?}: algorithm id {id}, workspace {ws} bytes");
+        plan.algo = first.algo;
         Ok(plan)
     }
 
     /// The heuristic's first `count` algorithms for this plan's
     /// descriptors, best first (those it reports as usable).
+    #[cfg(test)]
     fn heuristic(
         &self,
         handle: lt::cublasLtHandle_t,
         pref: &Pref,
         count: usize,
     ) -> Result<Vec<lt::cublasLtMatmulAlgo_t>> {
+        Ok(self.heuristic_results(handle, pref, count)?.into_iter().map(|r| r.algo).collect())
+    }
+
+    /// As [`Self::heuristic`], with each algorithm's workspace size.
+    fn heuristic_results(
+        &self,
+        handle: lt::cublasLtHandle_t,
+        pref: &Pref,
+        count: usize,
+    ) -> Result<Vec<lt::cublasLtMatmulHeuristicResult_t>> {
         // SAFETY: plain old data (state 0 = success), overwritten below.
         let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; count];
         let mut returned = 0;
@@ -603,11 +619,28 @@ impl Plan {
             "cublasLtMatmulAlgoGetHeuristic",
         )?;
         results.truncate(usize::try_from(returned).unwrap_or(0));
-        Ok(results
-            .into_iter()
-            .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-            .map(|r| r.algo)
-            .collect())
+        Ok(results.into_iter().filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).collect())
+    }
+}
+
+/// cuBLASLt's id of an algorithm (`CUBLASLT_ALGO_CONFIG_ID`), for logs; -1
+/// if it cannot say.
+fn algo_id(algo: &lt::cublasLtMatmulAlgo_t) -> i32 {
+    let (mut id, mut written) = (-1i32, 0usize);
+    // SAFETY: the attribute is an int32; buffer and size match.
+    let s = unsafe {
+        lt::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_ID,
+            (&mut id as *mut i32).cast(),
+            std::mem::size_of::<i32>(),
+            &mut written,
+        )
+    };
+    if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        id
+    } else {
+        -1
     }
 }
 

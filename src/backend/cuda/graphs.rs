@@ -56,8 +56,13 @@ struct Inner {
 
 /// Whether replays are on (`SYMM_GRAPHS=0` turns them off).
 fn enabled() -> bool {
-    static ON: once_cell::sync::Lazy<bool> =
-        once_cell::sync::Lazy::new(|| std::env::var("SYMM_GRAPHS").map_or(true, |v| v != "0"));
+    static ON: once_cell::sync::Lazy<bool> = once_cell::sync::Lazy::new(|| {
+        let on = std::env::var("SYMM_GRAPHS").map_or(true, |v| v != "0");
+        if !on {
+            log::info!("SYMM_GRAPHS=0: repeated calls are not captured into CUDA graphs");
+        }
+        on
+    });
     *ON
 }
 
@@ -136,7 +141,8 @@ impl GraphCache {
             }
             // Nothing ran: the capture only recorded. Run it eagerly, and
             // from now on always (a capture that failed once fails again).
-            Err(_) => {
+            Err(e) => {
+                log::info!("graph capture refused ({}); this call runs eagerly from now on: {key}", e.msg);
                 inner.refused.insert(key.to_owned());
                 drop(inner);
                 issue(stream)

@@ -115,7 +115,10 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
 fn load(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
     let image = match kernels::fatbin() {
         Some(f) => f.to_vec(),
-        None => nvrtc_cubin(ctx)?,
+        None => {
+            log::info!("kernels: {}; compiling them with NVRTC for device {}", kernels::build_info(), ctx.ordinal());
+            nvrtc_cubin(ctx).inspect_err(|e| log::warn!("kernels: {}", e.msg))?
+        }
     };
     ctx.load_module(Ptx::from_binary(image)).map_err(|e| {
         let hint = match e.0 {

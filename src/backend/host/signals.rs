@@ -66,24 +66,26 @@ impl Signals for HostSignals {
 
     fn wait_value(&self, addr: u64, value: u32, owner: usize, _stream: Stream, timeout: Duration) -> Result<()> {
         let f = flag(addr);
-        spin_until(|| f.load(Ordering::Acquire) >= value, Instant::now() + timeout).map_err(|_| {
-            err!(
-                Timeout,
-                "wait_value: the flag in rank {owner}'s buffer did not reach {value} within {} ms (it is {})",
-                timeout.as_millis(),
-                f.load(Ordering::Relaxed)
-            )
-        })
+        spin_until(|| f.load(Ordering::Acquire) >= value, Instant::now() + timeout)
+            .map_err(|_| {
+                err!(
+                    Timeout,
+                    "wait_value: the flag in rank {owner}'s buffer did not reach {value} within {} ms (it is {})",
+                    timeout.as_millis(),
+                    f.load(Ordering::Relaxed)
+                )
+            })
+            .inspect_err(|e| log::warn!("{}", e.msg))
     }
 
     fn put(&self, peer: usize, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
         self.check(peer, channel)?;
-        self.put_unchecked(peer, channel, Instant::now() + timeout, timeout)
+        self.put_unchecked(peer, channel, Instant::now() + timeout, timeout).inspect_err(|e| log::warn!("{}", e.msg))
     }
 
     fn wait(&self, peer: usize, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
         self.check(peer, channel)?;
-        self.wait_unchecked(peer, channel, Instant::now() + timeout, timeout)
+        self.wait_unchecked(peer, channel, Instant::now() + timeout, timeout).inspect_err(|e| log::warn!("{}", e.msg))
     }
 
     fn barrier(&self, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
@@ -92,7 +94,7 @@ impl Signals for HostSignals {
         let deadline = Instant::now() + timeout;
         let peers = || (1..world).map(move |i| (rank + i) % world);
         for p in peers() {
-            self.put_unchecked(p, channel, deadline, timeout)?;
+            self.put_unchecked(p, channel, deadline, timeout).inspect_err(|e| log::warn!("barrier: {}", e.msg))?;
         }
         // Wait for everyone before failing, so the error names every late rank.
         let late: Vec<usize> =
@@ -100,12 +102,14 @@ impl Signals for HostSignals {
         if late.is_empty() {
             Ok(())
         } else {
-            Err(err!(
+            let e = err!(
                 Timeout,
                 "barrier on channel {channel}: {} did not arrive within {} ms",
                 crate::bootstrap::name_ranks(&late),
                 timeout.as_millis()
-            ))
+            );
+            log::warn!("{}", e.msg);
+            Err(e)
         }
     }
 }
