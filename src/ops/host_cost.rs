@@ -115,6 +115,7 @@ fn gpu_host_time_per_repeated_call() {
                             ag_out: None,
                             outs: vec![arr(&b[2], &[m, n])],
                             scales: AgMmScales::default(),
+                            algorithm: None,
                         };
                         fused_ag_mm(group, Ok(call), s).unwrap();
                     };
@@ -127,6 +128,7 @@ fn gpu_host_time_per_repeated_call() {
                             op: ReduceOp::Sum,
                             out: arr(&b[5], &[m / 2, k]),
                             scales: MmRsScales::default(),
+                            algorithm: None,
                         };
                         mm_rs(group, Ok(call), s).unwrap();
                     };
