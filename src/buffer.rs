@@ -10,8 +10,8 @@ use crate::error::{err, Result};
 use crate::group::{lock, Attachment, Group};
 use crate::ipc;
 use crate::wire::{Reader, Writer};
-use std::os::fd::AsFd;
 use std::ops::Range;
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, Weak};
 
 pub struct Buffer {

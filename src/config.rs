@@ -44,9 +44,12 @@ pub fn algorithm() -> Result<Option<Algorithm>> {
 pub fn timeout() -> Result<Option<Duration>> {
     var(TIMEOUT_MS)
         .map(|v| {
-            v.trim().parse::<u64>().ok().filter(|&ms| ms > 0).map(Duration::from_millis).ok_or_else(|| {
-                err!(InvalidArgument, "{TIMEOUT_MS}={v:?}: expected a positive number of milliseconds")
-            })
+            v.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis)
+                .ok_or_else(|| err!(InvalidArgument, "{TIMEOUT_MS}={v:?}: expected a positive number of milliseconds"))
         })
         .transpose()
 }

@@ -106,9 +106,7 @@ impl Settings {
         let code = r.u8()?;
         let algorithm = match code {
             u8::MAX => None,
-            c => Some(
-                *Algorithm::ALL.get(c as usize).ok_or_else(|| err!(Internal, "malformed group announcement"))?,
-            ),
+            c => Some(*Algorithm::ALL.get(c as usize).ok_or_else(|| err!(Internal, "malformed group announcement"))?),
         };
         Ok(Settings { algorithm, check_args_always: r.u8()? != 0 })
     }

@@ -12,8 +12,8 @@ use super::args::{
     non_negative, optional_entries, optional_tensor, optional_tensors, options, reduce_op, tensor_arg, tensors,
 };
 use super::boundary::call;
-use super::plan::from_c;
 use super::group::group;
+use super::plan::from_c;
 use super::types::*;
 use crate::backend::Stream;
 use crate::error::{err, Result};

@@ -30,15 +30,7 @@ pub struct symm_plan_t {
     pub total_ms: f64,
 }
 
-fn query(
-    g: symm_group_t,
-    m: i64,
-    k: i64,
-    n: i64,
-    dt: symm_dtype_t,
-    out: *mut symm_plan_t,
-    op: Op,
-) -> Result<()> {
+fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut symm_plan_t, op: Op) -> Result<()> {
     let out = out_ptr(out, "plan")?;
     // SAFETY: non-NULL; struct_size is the first field of every version.
     let size = unsafe { std::ptr::read(out as *const usize) };

@@ -247,8 +247,13 @@ impl AgMm {
         };
         let scratch = layout.region(check::mul(check::mul(rows, max_n, "the product")?, out_size, "the product")?);
         let k = a.shape[last];
-        let shape =
-            decide::Shape { op: Op::AgMm, m: rows * world, k, n: self.bs.iter().map(|b| b.shape[1]).sum(), dtype: a.dtype };
+        let shape = decide::Shape {
+            op: Op::AgMm,
+            m: rows * world,
+            k,
+            n: self.bs.iter().map(|b| b.shape[1]).sum(),
+            dtype: a.dtype,
+        };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
         let slice_k = cost::gather_slice_k(shard_bytes, k, facts.caps.gather_slice_align);
@@ -633,8 +638,8 @@ fn writable_by_fp8(m: &Array) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::testing::host_facts;
     use crate::array::DType;
+    use crate::ops::testing::host_facts;
     use crate::ErrorKind;
 
     /// A call on fake, well-separated addresses (planning never reads them).
@@ -674,7 +679,10 @@ mod tests {
     fn ag_out_and_options() {
         let mut c = call(&[4, 8], 0, 8, &[3], &[8]);
         c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[4, 8]));
-        assert_eq!(c.clone().prepare(&host_facts(2), "host", false).unwrap_err().msg, "ag_out.shape is [4, 8]; expected [8, 8]");
+        assert_eq!(
+            c.clone().prepare(&host_facts(2), "host", false).unwrap_err().msg,
+            "ag_out.shape is [4, 8]; expected [8, 8]"
+        );
         c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[8, 8]));
         assert!(c.clone().prepare(&host_facts(2), "host", false).is_ok());
         c.scales.a_scale = Some(Array::contiguous(0x900_1000, DType::F32, &[1]));
@@ -779,7 +787,11 @@ mod tests {
         let mut c = fp8_call(8, 0, 2, &[16], false);
         c.scales.b_scales = None;
         assert!(c.prepare(&host_facts(2), "host", false).unwrap_err().msg.contains("set opts->b_scales"));
-        assert!(fp8_call(8, 0, 2, &[24], false).prepare(&host_facts(2), "host", false).unwrap_err().msg.contains("N = 24"));
+        assert!(fp8_call(8, 0, 2, &[24], false)
+            .prepare(&host_facts(2), "host", false)
+            .unwrap_err()
+            .msg
+            .contains("N = 24"));
         let mut c = fp8_call(8, 0, 2, &[16], true);
         c.outs[0].dtype = DType::F8E4M3;
         assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, ErrorKind::Unsupported);
@@ -789,7 +801,10 @@ mod tests {
         c.scales.biases = Some(vec![None, bias(32)]);
         assert!(c.clone().prepare(&host_facts(2), "host", false).is_ok());
         c.scales.biases = Some(vec![bias(32), None]);
-        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().msg, "opts->biases[0].shape is [32]; expected [16]");
+        assert_eq!(
+            c.prepare(&host_facts(2), "host", false).unwrap_err().msg,
+            "opts->biases[0].shape is [32]; expected [16]"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Host time of a repeated call on CUDA, split into the graph launch and
-//! the rest of the library (checks, agreement cache, planning, the replay
-//! key). At M = 512 this time, not the GPU's, is most of what an eager
-//! call costs (`bench/NOTES.md`), so it is measured where no Python or
+//! the rest of the library (checks, agreement cache, preparation, the
+//! replay key). At M = 512 this time, not the GPU's, is most of what an
+//! eager call costs, so it is measured where no Python or
 //! framework adds to it: two ranks as threads of one process, on GPUs 0
 //! and 1 where there are two (mm_rs 512 then takes the fused kernel, which
 //! needs a GPU per rank), else both on GPU 0; 20-call batches, median over

@@ -143,9 +143,9 @@ mod tests {
             input: Array::contiguous(0x100_0000, DType::F8E5M2, &[2, 3]),
             output: Array::contiguous(0x200_0000, DType::F8E5M2, out),
         };
-        let e = call(&[4, 3]).plan(3, None).err().unwrap();
+        let e = call(&[4, 3]).prepare(3, None).err().unwrap();
         assert_eq!(e.msg, "output.shape is [4, 3]; expected [6, 3]");
-        assert_eq!(call(&[6, 3]).plan(3, None).ok().unwrap().workspace, 6);
+        assert_eq!(call(&[6, 3]).prepare(3, None).ok().unwrap().workspace, 6);
     }
 
     /// 3 MiB per rank gathered from symmetric memory needs no more than the
@@ -169,7 +169,8 @@ mod tests {
             let input = Array::contiguous(buf.addr(), DType::F32, &[n]);
             lc_allgather(g, Ok(LcAllgather { input, output: output.clone() }), Stream(0)).unwrap();
             check(&out);
-            let in_place = super::state::of(g).scratch(super::state::Scratch::Workspace).unwrap().buffer().size();
+            let in_place =
+                crate::ops::state::of(g).scratch(crate::ops::state::Scratch::Workspace).unwrap().buffer().size();
 
             out.fill(0);
             let mut ordinary: Vec<u32> = (0..n).map(|i| value(r, i)).collect();
@@ -177,7 +178,7 @@ mod tests {
             lc_allgather(g, Ok(LcAllgather { input, output }), Stream(0)).unwrap();
             check(&out);
             drop(h);
-            (in_place, super::state::of(g).scratch(super::state::Scratch::Workspace).unwrap().buffer().size())
+            (in_place, crate::ops::state::of(g).scratch(crate::ops::state::Scratch::Workspace).unwrap().buffer().size())
         });
         for (in_place, staged) in sizes {
             assert!(in_place < 4 * n, "the in-place gather staged its input ({in_place} bytes of workspace)");

@@ -504,10 +504,9 @@ impl MmRsPrepared {
     /// each but the first multiplied onto the peer's partial for it, which
     /// the side stream has pulled into `out` meanwhile (C += A @ B, one
     /// rounding). Only the first piece, computed before any partial has
-    /// arrived, is summed by a reduction at the end. The pass this replaces
-    /// read two chunks and wrote one after the last matmul (0.133 ms at
-    /// 16384x4096x8192 on two H100s); with it gone the call took 1.50 ms
-    /// on the GPU instead of 1.61 (bench/NOTES.md, run da4b360).
+    /// arrived, is summed by a reduction at the end. This saves a final
+    /// pass that read two chunks and wrote one after the last matmul
+    /// (about 7% of the call at 16384x4096x8192 on two H100s, bench/results/).
     fn pipelined_onto_pulls(&self, ex: &Exec<'_>, pieces: usize) -> Result<()> {
         let MmRs { a, b, out, .. } = &self.call;
         let (me, rows) = (ex.rank(), out.shape[0]);
@@ -719,6 +718,7 @@ mod tests {
                 op: ReduceOp::Sum,
                 out: arr(&mut out, &[rows, n]),
                 scales: MmRsScales::default(),
+                algorithm: None,
             };
             let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
             plan.decision.algorithm = Algorithm::Pipelined;

@@ -10,11 +10,11 @@
 //! rank, so all ranks grow together. None shrinks; a grown one starts
 //! zeroed, as the first one did.
 
+use super::state::{self, Scratch};
 use crate::backend::Stream;
 use crate::buffer::{self, Buffer, Handle};
 use crate::error::{err, Result};
 use crate::group::Group;
-use super::state::{self, Scratch};
 use std::sync::Arc;
 
 /// Sizes grow in steps of this, so a run of slightly larger calls does not
@@ -148,7 +148,10 @@ mod tests {
             let ws2 = ensure(g, Scratch::Workspace, 2 * GROWTH_STEP, None).unwrap();
             let mb2 = ensure(g, Scratch::Mailbox, 2 * GROWTH_STEP, None).unwrap();
             assert!(Arc::ptr_eq(&mb2, &state::of(g).scratch(Scratch::Mailbox).unwrap()));
-            assert!(Arc::ptr_eq(&fl, &state::of(g).scratch(Scratch::Flags).unwrap()), "growing the mailbox kept the flags");
+            assert!(
+                Arc::ptr_eq(&fl, &state::of(g).scratch(Scratch::Flags).unwrap()),
+                "growing the mailbox kept the flags"
+            );
             (ws2.id(), mb2.id(), fl.id())
         });
         assert_eq!(ids[0], ids[1]);

@@ -20,7 +20,9 @@ mod sm90_trace;
 mod streams;
 mod vmm;
 
-use super::{Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping, PadSet, Signals, Stream};
+use super::{
+    Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping, PadSet, Signals, Stream,
+};
 use crate::array::Array;
 use crate::error::{err, Result};
 use async_error::AsyncError;
