@@ -536,7 +536,7 @@ mod tests {
             ([None; 2], [true, false], "SYMM_CHECK_ARGS (or SYMM_GROUP_CHECK_ARGS_ALWAYS) is always on rank 0"),
         ] {
             for res in form(algos, always) {
-                let e = res.err().expect("differing settings");
+                let e = res.expect_err("differing settings");
                 assert_eq!(e.kind, ErrorKind::Mismatch);
                 assert!(e.msg.contains(name), "{}", e.msg);
             }

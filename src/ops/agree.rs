@@ -188,11 +188,11 @@ mod tests {
     fn agreed_signatures_skip_the_exchange_unless_always() {
         for always in [false, true] {
             let skipped = on_group(3, always, |_, g, calls| {
-                agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+                assert!(agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap(), "agreed for the first time");
                 let before = calls();
-                agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+                assert!(!agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap(), "agreed before");
                 let repeat = calls() - before;
-                agree(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap();
+                assert!(agree(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap());
                 (repeat, calls() - before)
             });
             for (repeat, total) in skipped {
