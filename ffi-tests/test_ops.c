@@ -385,6 +385,53 @@ static void mm_rs_checks(symm_group_t g, int world) {
     tb_free(&a_odd);
 }
 
+/* The options' algorithm: forced sequential and pipelined run (and give the
+ * same sums), fused is refused where the kernel cannot run (the host
+ * backend) on every rank, an unknown value is refused, and a caller whose
+ * struct ends before the field (an older symm.h) gets the automatic choice,
+ * which the plan query names. */
+static void algorithm_option(symm_group_t g, int world) {
+    int64_t as[2] = {2 * (int64_t)world, 6}, bs[2] = {6, 4}, os[2] = {2, 4};
+    tbuf_t a = tb_make(SYMM_DTYPE_F32, 2, as, CONTIGUOUS), b = tb_make(SYMM_DTYPE_F32, 2, bs, CONTIGUOUS);
+    tbuf_t out = tb_make(SYMM_DTYPE_F32, 2, os, CONTIGUOUS), first = tb_make(SYMM_DTYPE_F32, 2, os, CONTIGUOUS);
+    tb_fill(&a, TAG_A, 0);
+    tb_fill(&b, TAG_B, 0);
+    symm_mm_rs_options_t opts = SYMM_MM_RS_OPTIONS_INIT;
+    EXPECT(opts.algorithm == SYMM_ALGORITHM_AUTO);
+    opts.algorithm = SYMM_ALGORITHM_SEQUENTIAL;
+    CHECK(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &first.t, &opts, NULL));
+    opts.algorithm = SYMM_ALGORITHM_PIPELINED;
+    CHECK(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, &opts, NULL));
+    EXPECT(memcmp(out.t.data, first.t.data, 2 * 4 * sizeof(float)) == 0); /* the host backend has finished */
+    if (world > 1) {
+        opts.algorithm = SYMM_ALGORITHM_FUSED;
+        EXPECT_FAIL(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, &opts, NULL), SYMM_ERROR_UNSUPPORTED,
+                    "the call's options ask for the fused algorithm, but the fused kernel cannot run this call");
+    }
+    opts.algorithm = 7;
+    EXPECT_FAIL(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, &opts, NULL), SYMM_ERROR_INVALID_ARGUMENT,
+                "opts->algorithm is 7; expected a SYMM_ALGORITHM_* value");
+    opts.algorithm = SYMM_ALGORITHM_FUSED; /* beyond an older caller's struct: not read */
+    opts.struct_size = offsetof(symm_mm_rs_options_t, algorithm);
+    CHECK(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, &opts, NULL));
+    opts.struct_size = offsetof(symm_mm_rs_options_t, bias);
+    EXPECT_FAIL(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, &opts, NULL), SYMM_ERROR_INVALID_ARGUMENT,
+                "initialize it with SYMM_MM_RS_OPTIONS_INIT");
+    symm_ag_mm_options_t ag = SYMM_AG_MM_OPTIONS_INIT;
+    EXPECT(ag.algorithm == SYMM_ALGORITHM_AUTO);
+    symm_plan_t p = SYMM_PLAN_INIT;
+    CHECK(symm_plan_mm_rs(g, 2 * world, 6, 4, SYMM_DTYPE_F32, &p));
+    const char *env = getenv("SYMM_ALGO");
+    int want = !env ? SYMM_ALGORITHM_SEQUENTIAL /* a tiny call: the cost model's */
+               : !strcmp(env, "pipelined") ? SYMM_ALGORITHM_PIPELINED
+                                           : SYMM_ALGORITHM_SEQUENTIAL;
+    EXPECT(p.algorithm == want);
+    tb_free(&a);
+    tb_free(&b);
+    tb_free(&out);
+    tb_free(&first);
+}
+
 static void lc_checks(symm_group_t g, int world) {
     int64_t is[2] = {2, 3}, os[2] = {2 * (int64_t)world, 3};
     tbuf_t in = tb_make(SYMM_DTYPE_F32, 2, is, CONTIGUOUS), out = tb_make(SYMM_DTYPE_F32, 2, os, CONTIGUOUS);
@@ -522,6 +569,7 @@ static int rank_main(symm_group_t g, int rank, int world) {
     lc_results(g, rank, world);
     ag_mm_checks(g, world);
     mm_rs_checks(g, world);
+    algorithm_option(g, world);
     lc_checks(g, world);
     disagreements(g, rank, world);
     const char *check_args = getenv("SYMM_CHECK_ARGS");

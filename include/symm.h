@@ -152,6 +152,9 @@ typedef struct {
   int64_t strides[SYMM_MAX_DIMS];
 } symm_tensor_t;
 
+// The algorithm chosen for an operation.
+typedef int32_t symm_algorithm_t;
+
 // Options of `symm_fused_ag_mm`. Initialize with `SYMM_AG_MM_OPTIONS_INIT`;
 // fields are only ever appended, and `struct_size` tells symm which exist.
 //
@@ -190,6 +193,12 @@ typedef struct {
   // dtype, which must then be bf16 or f16), added to each output after
   // scaling; an entry whose `data` is NULL adds none. fp8 matmuls only.
   const symm_tensor_t *biases;
+  // `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default,
+  // also for callers whose struct ends before this field): env
+  // `SYMM_ALGO`, else the cost model's choice. Every rank passes the
+  // same (else `SYMM_ERROR_MISMATCH`); `SYMM_ALGORITHM_FUSED` where the
+  // fused kernel cannot run the call is `SYMM_ERROR_UNSUPPORTED`.
+  symm_algorithm_t algorithm;
 } symm_ag_mm_options_t;
 
 // How `symm_mm_rs` combines the ranks' products.
@@ -216,10 +225,10 @@ typedef struct {
   // each rank's product, so that, as in PyTorch, `SYMM_REDUCE_SUM`
   // includes it world times and `SYMM_REDUCE_AVG` once. fp8 only.
   const symm_tensor_t *bias;
+  // `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default);
+  // as in `symm_ag_mm_options_t`.
+  symm_algorithm_t algorithm;
 } symm_mm_rs_options_t;
-
-// The algorithm chosen for an operation.
-typedef int32_t symm_algorithm_t;
 
 // A prediction, in milliseconds. Initialize with `SYMM_PLAN_INIT`.
 typedef struct {
@@ -239,18 +248,6 @@ typedef struct {
 
 // The XLA platform a device ordinal belongs to (`symm_xla_bind_device`).
 typedef int32_t symm_xla_platform_t;
-
-// Communicate everything, then one matmul (or matmul, then reduce).
-#define SYMM_ALGORITHM_SEQUENTIAL 0
-
-// One matmul piece per rank, communication overlapped with the matmul.
-#define SYMM_ALGORITHM_PIPELINED 1
-
-// One persistent matmul kernel over the whole problem whose tiles wait for
-// gathered rows or push reduce-scatter partials (Hopper, sm_90a; bf16/f16,
-// gather or scatter dim 0, B K-major, i.e. a Linear weight's transpose;
-// the query assumes that layout, other layouts run the pipelined path).
-#define SYMM_ALGORITHM_FUSED 2
 
 #define SYMM_SUCCESS 0
 
@@ -316,6 +313,22 @@ typedef int32_t symm_xla_platform_t;
 
 // The sum divided by the world size.
 #define SYMM_REDUCE_AVG 1
+
+// Let symm choose (env `SYMM_ALGO`, else the cost model); the default of
+// the options' `algorithm`.
+#define SYMM_ALGORITHM_AUTO -1
+
+// Communicate everything, then one matmul (or matmul, then reduce).
+#define SYMM_ALGORITHM_SEQUENTIAL 0
+
+// One matmul piece per rank, communication overlapped with the matmul.
+#define SYMM_ALGORITHM_PIPELINED 1
+
+// One persistent matmul kernel over the whole problem whose tiles wait for
+// gathered rows or push reduce-scatter partials (Hopper, sm_90a; bf16/f16,
+// gather or scatter dim 0, B K-major, i.e. a Linear weight's transpose;
+// the query assumes that layout, other layouts run the pipelined path).
+#define SYMM_ALGORITHM_FUSED 2
 
 // XLA's CPU platform: devices are served by a group on the host backend.
 #define SYMM_XLA_PLATFORM_CPU 1
@@ -569,8 +582,8 @@ symm_status_t symm_xla_bind_device(symm_xla_platform_t platform, int device_ordi
 #define SYMM_GROUP_CONFIG_INIT {sizeof(symm_group_config_t), SYMM_BACKEND_AUTO, 0, 0}
 #define SYMM_PLAN_INIT {sizeof(symm_plan_t), 0, 0, 0, 0, 0}
 #define SYMM_BOOTSTRAP_INIT {sizeof(symm_bootstrap_t), NULL, NULL, NULL}
-#define SYMM_AG_MM_OPTIONS_INIT {sizeof(symm_ag_mm_options_t), NULL, NULL, NULL}
-#define SYMM_MM_RS_OPTIONS_INIT {sizeof(symm_mm_rs_options_t), NULL, NULL, NULL}
+#define SYMM_AG_MM_OPTIONS_INIT {sizeof(symm_ag_mm_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO}
+#define SYMM_MM_RS_OPTIONS_INIT {sizeof(symm_mm_rs_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO}
 
 #ifndef SYMM_TENSOR_HELPERS
 #define SYMM_TENSOR_HELPERS

@@ -7,11 +7,12 @@
 
 use crate::backend::{pad_bytes, round_up, Allocation, Mapping, PadSet, Signals, Stream};
 use crate::error::{err, Result};
-use crate::group::Group;
+use crate::group::{lock, Attachment, Group};
 use crate::ipc;
 use crate::wire::{Reader, Writer};
+use std::ops::Range;
 use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 pub struct Buffer {
     group: Arc<Group>,
@@ -142,7 +143,7 @@ impl Announce {
 }
 
 /// Collective: maps every rank's copy of `buffer` into this rank, and
-/// registers the handle with the group (see [`Group::find_symmetric`]).
+/// registers the handle with the group (see [`find_symmetric`]).
 pub fn rendezvous(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
     let _lock = buffer.group.lock_collective();
     rendezvous_locked(buffer)
@@ -187,8 +188,32 @@ pub fn rendezvous_locked(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
     let (peers_mapped, data, pads, signals) = mapped?;
     let handle =
         Arc::new(Handle { signals, peers: peers_mapped, data, pads, buffer: buffer.clone(), id: peers[0].token });
-    group.register_symmetric(&handle);
+    group.attachment::<Symmetric>().register(&handle);
     Ok(handle)
+}
+
+/// Every live rendezvoused handle of a group, by the address range of this
+/// rank's data (a group [`Attachment`]): what [`find_symmetric`] searches.
+#[derive(Default)]
+struct Symmetric(Mutex<Vec<(Range<u64>, Weak<Handle>)>>);
+
+impl Attachment for Symmetric {}
+
+impl Symmetric {
+    fn register(&self, h: &Arc<Handle>) {
+        let start = h.buffer().addr();
+        let mut reg = lock(&self.0);
+        reg.retain(|(_, w)| w.strong_count() > 0);
+        reg.push((start..start + h.buffer().size() as u64, Arc::downgrade(h)));
+    }
+}
+
+/// A live rendezvoused handle of `group` whose data on this rank holds all
+/// of `range`.
+pub fn find_symmetric(group: &Group, range: Range<u64>) -> Option<Arc<Handle>> {
+    let reg = group.attachment::<Symmetric>();
+    let reg = lock(&reg.0);
+    reg.iter().filter(|(r, _)| r.start <= range.start && range.end <= r.end).find_map(|(_, w)| w.upgrade())
 }
 
 /// Every rank must have allocated the same size; report all that differ.

@@ -6,43 +6,27 @@
 //! before anything else happens, so a misconfigured rank fails every rank
 //! with a message instead of corrupting data later.
 //!
-//! A group also keeps what its operations share between calls: the
-//! symmetric workspace they move data through, the rendezvoused buffers an
-//! operation may use in place, and the call signatures all ranks agreed on.
+//! The settings that change what the ranks do together (the algorithm
+//! override, the check-args mode) are agreed the same way: ranks whose
+//! settings differ all fail with `Mismatch` naming the setting.
+//!
+//! What the layers above keep per group (the operations' scratch and
+//! agreed calls, the registry of rendezvoused buffers) hangs off the group
+//! as opaque [`Attachment`]s, so this module depends on none of them.
 
 use crate::backend::{self, Backend, BackendChoice, BackendKind};
 use crate::bootstrap::{allgather_var, Bootstrap};
-use crate::buffer::Handle;
+use crate::config;
+use crate::cost::Algorithm;
 use crate::error::{err, Result};
 use crate::wire::{Reader, Writer};
-use std::collections::{HashMap, HashSet};
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Default time any rank waits for the others.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// The symmetric buffers the operations layer keeps per group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scratch {
-    /// Staging and scratch that every call reuses.
-    Workspace = 0,
-    /// The fused reduce-scatter's inboxes, which the peers' kernels push
-    /// into: no other work may write this memory.
-    Mailbox = 1,
-    /// The fused reduce-scatter's state: the count of calls (which lets
-    /// one call follow another with no barrier) and the tile flags, every
-    /// word an epoch no later than the last call's, whatever the shape.
-    /// A buffer of its own: laid out by the call's shape in the mailbox,
-    /// one shape's flags lay where another shape's peers had pushed
-    /// partials, which then read as flags already set.
-    Flags = 2,
-}
-
-impl Scratch {
-    const COUNT: usize = 3;
-}
 
 #[derive(Clone, Debug, Default)]
 pub struct GroupConfig {
@@ -56,38 +40,87 @@ pub struct GroupConfig {
     /// call, not only the first time a signature is seen (also forced by
     /// env `SYMM_CHECK_ARGS=always`).
     pub check_args_always: bool,
+    /// The algorithm every fused operation runs unless a call chooses one;
+    /// `None`: take `SYMM_ALGO`, else the cost model's choice.
+    pub algorithm: Option<Algorithm>,
 }
 
 impl GroupConfig {
     pub fn resolved_timeout(&self) -> Result<Duration> {
-        if let Some(t) = self.timeout {
-            return Ok(t);
-        }
-        match std::env::var("SYMM_TIMEOUT_MS") {
-            Ok(v) => v.trim().parse::<u64>().ok().filter(|&ms| ms > 0).map(Duration::from_millis).ok_or_else(|| {
-                err!(InvalidArgument, "SYMM_TIMEOUT_MS={v:?}: expected a positive number of milliseconds")
-            }),
-            Err(_) => Ok(DEFAULT_TIMEOUT),
-        }
-    }
-
-    fn resolved_check_args_always(&self) -> Result<bool> {
-        match std::env::var("SYMM_CHECK_ARGS") {
-            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "always" => Ok(true),
-                "" | "cached" => Ok(self.check_args_always),
-                _ => Err(err!(InvalidArgument, "SYMM_CHECK_ARGS={v:?}: expected always or cached")),
-            },
-            Err(_) => Ok(self.check_args_always),
+        match self.timeout {
+            Some(t) => Ok(t),
+            None => Ok(config::timeout()?.unwrap_or(DEFAULT_TIMEOUT)),
         }
     }
 
     fn resolved_backend(&self) -> Result<BackendChoice> {
-        match (self.backend, std::env::var("SYMM_BACKEND")) {
-            (Some(b), _) => Ok(b),
-            (None, Ok(v)) => BackendChoice::parse(&v),
-            (None, Err(_)) => Ok(BackendChoice::Auto),
+        match self.backend {
+            Some(b) => Ok(b),
+            None => Ok(config::backend()?.unwrap_or(BackendChoice::Auto)),
         }
+    }
+
+    /// The settings this rank brings to the group (environment included).
+    fn resolved_settings(&self) -> Result<Settings> {
+        let algorithm = match self.algorithm {
+            Some(a) => Some(a),
+            None => config::algorithm()?,
+        };
+        let check_args_always = config::check_args_always()?.unwrap_or(self.check_args_always);
+        Ok(Settings { algorithm, check_args_always })
+    }
+}
+
+/// Group settings that change what the ranks do together, so every rank
+/// must have the same (agreed when the group forms).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// The algorithm of every fused operation a call's options leave
+    /// automatic (`SYMM_ALGO`); `None`: the cost model's.
+    pub algorithm: Option<Algorithm>,
+    /// Whether operations exchange their arguments on every call, not only
+    /// the first time (`SYMM_CHECK_ARGS`): a rank that skips an exchange
+    /// its peers make would leave them waiting.
+    pub check_args_always: bool,
+}
+
+impl Settings {
+    /// Each setting's name (as the user sets it) and value, for the
+    /// announcement and the mismatch message.
+    fn fields(&self) -> [(&'static str, String); 2] {
+        [
+            ("SYMM_ALGO", self.algorithm.map_or("auto", Algorithm::name).to_string()),
+            (
+                "SYMM_CHECK_ARGS (or SYMM_GROUP_CHECK_ARGS_ALWAYS)",
+                if self.check_args_always { "always" } else { "cached" }.to_string(),
+            ),
+        ]
+    }
+
+    fn encode(&self, w: Writer) -> Writer {
+        let code = self.algorithm.map_or(u8::MAX, |a| a as u8);
+        w.u8(code).u8(self.check_args_always as u8)
+    }
+
+    fn decode(r: &mut Reader) -> Result<Settings> {
+        let code = r.u8()?;
+        let algorithm = match code {
+            u8::MAX => None,
+            c => Some(*Algorithm::ALL.get(c as usize).ok_or_else(|| err!(Internal, "malformed group announcement"))?),
+        };
+        Ok(Settings { algorithm, check_args_always: r.u8()? != 0 })
+    }
+}
+
+/// State a layer above keeps per group, opaque to the group (the
+/// operations' scratch buffers and agreed calls, the registry of
+/// rendezvoused buffers).
+pub trait Attachment: Any + Send + Sync {
+    /// The caller gives the group up: drop whatever refers back to the
+    /// group (its buffers hold the group), once the work issued so far no
+    /// longer needs it.
+    fn release(&self, group: &Group) {
+        let _ = group;
     }
 }
 
@@ -98,6 +131,7 @@ pub struct RankInfo {
     pub pid: u32,
     pub device: i32,
     pub backend: BackendKind,
+    pub settings: Settings,
 }
 
 pub struct Group {
@@ -113,31 +147,11 @@ pub struct Group {
     /// Shared by all ranks (rank 0's draw): authenticates fd requests.
     secret: [u8; 32],
     ranks: Vec<RankInfo>,
-    check_args_always: bool,
-    /// Signatures of calls all ranks agreed on, so that repeats skip the
-    /// exchange. Every rank inserts and clears in the same order (inserts
-    /// follow an exchange all ranks took part in), so the sets stay equal.
-    agreed: Mutex<HashSet<Vec<u8>>>,
-    /// Calls the operations layer prepared (checked, agreed, planned), by a
-    /// hash of their arguments; opaque here. Each stands for a signature in
-    /// `agreed`, so both are emptied together.
-    prepared: Mutex<HashMap<u64, Vec<Prepared>>>,
-    /// The operations' symmetric scratch buffers by [`Scratch`], grown
-    /// collectively on demand. They refer back to this group, so
-    /// [`Group::release_scratch`] breaks the cycle when the caller gives the
-    /// group up.
-    scratch: [Mutex<Option<Arc<Handle>>>; Scratch::COUNT],
-    /// Every live rendezvoused handle of this group, by the address range
-    /// of this rank's data.
-    symmetric: Mutex<Vec<(std::ops::Range<u64>, Weak<Handle>)>>,
+    settings: Settings,
+    /// What the layers above keep per group (see [`Attachment`]), at most
+    /// one of each type.
+    attachments: Mutex<Vec<Arc<dyn Attachment>>>,
 }
-
-/// A workload cycling through more distinct calls than this re-agrees
-/// after each wrap-around; memory stays bounded.
-const MAX_AGREED: usize = 1024;
-
-/// A call the operations layer prepared (see [`Group::prepared`]).
-pub type Prepared = Arc<dyn std::any::Any + Send + Sync>;
 
 impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -165,22 +179,27 @@ impl Group {
         // the other ranks fail with a message instead of timing out.
         let timeout = cfg.resolved_timeout();
         let wait = *timeout.as_ref().unwrap_or(&DEFAULT_TIMEOUT);
-        let check_args_always = cfg.resolved_check_args_always();
+        let settings = cfg.resolved_settings();
         let local = timeout
-            .and_then(|_| check_args_always.clone())
-            .and_then(|_| cfg.resolved_backend())
-            .and_then(|choice| backend::select(choice, device));
+            .and_then(|_| settings.clone())
+            .and_then(|settings| Ok((settings, backend::select(cfg.resolved_backend()?, device)?)));
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| err!(System, "getrandom: {e}"))?;
         let payload = match &local {
-            Ok(b) => Ok(encode_rank_info(
-                &RankInfo { host: host_identity(), pid: std::process::id(), device: b.device(), backend: b.kind() },
+            Ok((settings, b)) => Ok(encode_rank_info(
+                &RankInfo {
+                    host: host_identity(),
+                    pid: std::process::id(),
+                    device: b.device(),
+                    backend: b.kind(),
+                    settings: *settings,
+                },
                 &secret,
             )),
             Err(e) => Err(e.clone()),
         };
         let all = exchange(bootstrap.as_ref(), payload, wait)?;
-        let backend = local?;
+        let (settings, backend) = local?;
         let mut ranks = Vec::with_capacity(world);
         let mut rank0_secret = [0u8; 32];
         for (r, bytes) in all.iter().enumerate() {
@@ -191,6 +210,7 @@ impl Group {
             ranks.push(info);
         }
         check_ranks(&ranks, rank, cfg.allow_shared_device)?;
+        check_settings(&ranks)?;
         Ok(Arc::new(Group {
             rank,
             world,
@@ -200,11 +220,8 @@ impl Group {
             collective: Mutex::new(()),
             secret: rank0_secret,
             ranks,
-            check_args_always: check_args_always?,
-            agreed: Mutex::default(),
-            prepared: Mutex::default(),
-            scratch: Default::default(),
-            symmetric: Mutex::new(Vec::new()),
+            settings,
+            attachments: Mutex::default(),
         }))
     }
 
@@ -280,85 +297,36 @@ impl Group {
         exchange(self.bootstrap.as_ref(), local, self.timeout())
     }
 
+    /// The agreed settings (see [`Settings`]).
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
     /// Whether operations exchange their signature on every call.
     pub fn check_args_always(&self) -> bool {
-        self.check_args_always
+        self.settings.check_args_always
     }
 
-    /// Whether every rank agreed on this signature before.
-    pub fn is_agreed(&self, signature: &[u8]) -> bool {
-        lock(&self.agreed).contains(signature)
-    }
-
-    /// Records a signature every rank just agreed on. Call on every rank,
-    /// right after the exchange that showed the agreement.
-    pub fn mark_agreed(&self, signature: Vec<u8>) {
-        let mut agreed = lock(&self.agreed);
-        if agreed.len() >= MAX_AGREED {
-            agreed.clear();
-            // A prepared call skips the agreement as its signature is agreed.
-            lock(&self.prepared).clear();
+    /// This group's attachment of type `T`, made (by `T::default`) on
+    /// first use.
+    pub fn attachment<T: Attachment + Default>(&self) -> Arc<T> {
+        let mut all = lock(&self.attachments);
+        for a in all.iter() {
+            let any: Arc<dyn Any + Send + Sync> = a.clone();
+            if let Ok(t) = any.downcast::<T>() {
+                return t;
+            }
         }
-        agreed.insert(signature);
+        let t = Arc::new(T::default());
+        all.push(t.clone());
+        t
     }
 
-    /// The calls prepared under `hash` (see [`Group::keep_prepared`]).
-    pub fn prepared(&self, hash: u64) -> Vec<Prepared> {
-        lock(&self.prepared).get(&hash).cloned().unwrap_or_default()
-    }
-
-    /// Keeps a call the operations layer prepared, checked and agreed on
-    /// (its signature is in the agreed set now), under a hash of its
-    /// arguments, for identical calls to reuse.
-    pub fn keep_prepared(&self, hash: u64, call: Prepared) {
-        let mut prepared = lock(&self.prepared);
-        if prepared.len() >= MAX_AGREED {
-            prepared.clear();
-        }
-        prepared.entry(hash).or_default().push(call);
-    }
-
-    /// The operations' scratch buffer of `kind`, if one was made.
-    pub fn scratch(&self, kind: Scratch) -> Option<Arc<Handle>> {
-        lock(&self.scratch[kind as usize]).clone()
-    }
-
-    /// The operations' workspace, if one was made.
-    pub fn workspace(&self) -> Option<Arc<Handle>> {
-        self.scratch(Scratch::Workspace)
-    }
-
-    /// Replaces a scratch buffer (the old one is freed once no call uses it).
-    pub fn set_scratch(&self, kind: Scratch, h: Arc<Handle>) {
-        *lock(&self.scratch[kind as usize]) = Some(h);
-    }
-
-    /// Frees the scratch buffers, which otherwise keep the group alive
-    /// through their buffers' references, once the work issued so far has
-    /// finished (it may still use them). Called when the caller destroys
-    /// the group. They are freed even if waiting fails: the device is then
-    /// broken, and its next call says so.
+    /// Releases what the layers above keep on this group (see
+    /// [`Attachment::release`]). Called when the caller destroys the group.
     pub fn release_scratch(&self) {
-        if self.scratch.iter().any(|s| lock(s).is_some()) {
-            let _ = self.backend.quiesce(None);
-        }
-        self.scratch.iter().for_each(|s| drop(lock(s).take()));
-    }
-
-    /// Adds a rendezvoused handle to the registry that
-    /// [`Group::find_symmetric`] searches.
-    pub fn register_symmetric(&self, h: &Arc<Handle>) {
-        let start = h.buffer().addr();
-        let mut reg = lock(&self.symmetric);
-        reg.retain(|(_, w)| w.strong_count() > 0);
-        reg.push((start..start + h.buffer().size() as u64, Arc::downgrade(h)));
-    }
-
-    /// A live rendezvoused handle whose data on this rank holds all of
-    /// `range`.
-    pub fn find_symmetric(&self, range: std::ops::Range<u64>) -> Option<Arc<Handle>> {
-        let reg = lock(&self.symmetric);
-        reg.iter().filter(|(r, _)| r.start <= range.start && range.end <= r.end).find_map(|(_, w)| w.upgrade())
+        let all: Vec<Arc<dyn Attachment>> = lock(&self.attachments).clone();
+        all.iter().for_each(|a| a.release(self));
     }
 
     /// Collective barrier over the bootstrap (not the data path).
@@ -368,7 +336,7 @@ impl Group {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The guarded values stay consistent even if a holder panicked.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -399,7 +367,8 @@ fn exchange(bs: &dyn Bootstrap, local: Result<Vec<u8>>, timeout: Duration) -> Re
 }
 
 fn encode_rank_info(m: &RankInfo, secret: &[u8; 32]) -> Vec<u8> {
-    Writer::new().str(&m.host).u32(m.pid).u32(m.device as u32).str(m.backend.name()).bytes(secret).finish()
+    let w = Writer::new().str(&m.host).u32(m.pid).u32(m.device as u32).str(m.backend.name()).bytes(secret);
+    m.settings.encode(w).finish()
 }
 
 fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
@@ -412,7 +381,8 @@ fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
         _ => BackendKind::Host,
     };
     let secret: [u8; 32] = r.bytes()?.try_into().map_err(|_| err!(Internal, "malformed group secret"))?;
-    Ok((RankInfo { host, pid, device, backend }, secret))
+    let settings = Settings::decode(&mut r)?;
+    Ok((RankInfo { host, pid, device, backend, settings }, secret))
 }
 
 /// Every rank must use the same backend; CUDA ranks must not share a device
@@ -449,6 +419,23 @@ fn check_ranks(ranks: &[RankInfo], me: usize, allow_shared_device: bool) -> Resu
     Ok(())
 }
 
+/// Every rank's settings against rank 0's, so that every rank reports the
+/// same message.
+fn check_settings(ranks: &[RankInfo]) -> Result<()> {
+    let first = ranks[0].settings.fields();
+    for (r, info) in ranks.iter().enumerate().skip(1) {
+        for ((name, want), (_, got)) in first.iter().zip(info.settings.fields()) {
+            if *want != got {
+                return Err(err!(
+                    Mismatch,
+                    "{name} is {want} on rank 0 but {got} on rank {r}; set it alike on every rank"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Identifies this host (and boot), so ranks can tell whether IPC reaches.
 fn host_identity() -> String {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
@@ -463,24 +450,6 @@ mod tests {
 
     fn host_cfg() -> GroupConfig {
         GroupConfig { backend: Some(BackendChoice::Host), timeout: Some(Duration::from_secs(5)), ..Default::default() }
-    }
-
-    /// Prepared calls stand for agreed signatures: when the agreed set
-    /// wraps around, they are forgotten with it.
-    #[test]
-    fn prepared_calls_are_forgotten_with_the_agreed_signatures() {
-        let g = Group::new_local(&[0], &host_cfg()).unwrap().pop().unwrap();
-        g.keep_prepared(7, Arc::new(1u8));
-        g.keep_prepared(7, Arc::new(2u8));
-        assert_eq!(g.prepared(7).len(), 2);
-        assert!(g.prepared(8).is_empty());
-        for i in 0..MAX_AGREED {
-            g.mark_agreed(i.to_le_bytes().to_vec());
-        }
-        assert_eq!(g.prepared(7).len(), 2, "the agreed set has not wrapped yet");
-        g.mark_agreed(b"one more".to_vec());
-        assert!(g.prepared(7).is_empty());
-        assert!(g.is_agreed(b"one more") && !g.is_agreed(&0usize.to_le_bytes()));
     }
 
     #[test]
@@ -531,9 +500,50 @@ mod tests {
 
     #[test]
     fn shared_device_rejected_for_cuda() {
-        let info = |d| RankInfo { host: "h".into(), pid: 1, device: d, backend: BackendKind::Cuda };
+        let info = |d| RankInfo {
+            host: "h".into(),
+            pid: 1,
+            device: d,
+            backend: BackendKind::Cuda,
+            settings: Settings::default(),
+        };
         let ranks = vec![info(0), info(0)];
         assert_eq!(check_ranks(&ranks, 0, false).unwrap_err().kind, ErrorKind::Mismatch);
         assert!(check_ranks(&ranks, 0, true).is_ok());
+    }
+
+    /// Ranks whose settings differ all fail with `Mismatch` naming the
+    /// setting; alike, the group keeps them.
+    #[test]
+    fn differing_settings_fail_every_rank() {
+        let form = |algos: [Option<Algorithm>; 2], always: [bool; 2]| -> Vec<Result<Arc<Group>>> {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = local_bootstraps(2)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, b)| {
+                        let cfg = GroupConfig { algorithm: algos[r], check_args_always: always[r], ..host_cfg() };
+                        s.spawn(move || Group::new(Box::new(b), 0, &cfg))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        let (seq, pip) = (Some(Algorithm::Sequential), Some(Algorithm::Pipelined));
+        for (algos, always, name) in [
+            ([seq, pip], [false; 2], "SYMM_ALGO is sequential on rank 0 but pipelined on rank 1"),
+            ([None, seq], [false; 2], "SYMM_ALGO is auto on rank 0 but sequential on rank 1"),
+            ([None; 2], [true, false], "SYMM_CHECK_ARGS (or SYMM_GROUP_CHECK_ARGS_ALWAYS) is always on rank 0"),
+        ] {
+            for res in form(algos, always) {
+                let e = res.expect_err("differing settings");
+                assert_eq!(e.kind, ErrorKind::Mismatch);
+                assert!(e.msg.contains(name), "{}", e.msg);
+            }
+        }
+        for g in form([pip; 2], [true; 2]) {
+            let g = g.unwrap();
+            assert_eq!(g.settings(), Settings { algorithm: pip, check_args_always: true });
+        }
     }
 }

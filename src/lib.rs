@@ -2,8 +2,9 @@
 //! multi-GPU programs, behind a stable C ABI (`include/symm.h`).
 //!
 //! Layers, each depending only on those below it:
-//! `ffi` (the C shell) -> `ops` -> `group`/`buffer` -> `bootstrap`, `ipc`,
-//! `backend` -> `array`, `error`.
+//! `ffi` (the C shell) -> `ops` -> `buffer` -> `group` -> `bootstrap`,
+//! `ipc`, `backend` -> `array`, `error`; beside them `config` (the
+//! environment, read once) and `cost` (the cost model).
 
 pub mod array;
 pub mod backend;
@@ -15,9 +16,10 @@ pub mod logging;
 
 pub use error::{Error, ErrorKind, Result};
 pub mod buffer;
+pub mod config;
+pub mod cost;
 pub mod ffi;
 pub mod group;
 pub mod ops;
-pub mod plan;
 pub(crate) mod sync;
 pub(crate) mod wire;

@@ -60,6 +60,7 @@ DTYPE_FP8_E5M2 = 5
 REDUCE_SUM = 0
 REDUCE_AVG = 1
 
+ALGORITHM_AUTO = -1
 ALGORITHM_SEQUENTIAL = 0
 ALGORITHM_PIPELINED = 1
 ALGORITHM_FUSED = 2
@@ -110,13 +111,14 @@ class Tensor(ctypes.Structure):
     ]
 
 
-# The options of the operations: fp8 scales and biases (see symm.h).
+# The options of the operations: fp8 scales and biases, the algorithm (see symm.h).
 class AgMmOptions(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
         ("a_scale", POINTER(Tensor)),
         ("b_scales", POINTER(Tensor)),
         ("biases", POINTER(Tensor)),
+        ("algorithm", c_int32),
     ]
 
 
@@ -126,6 +128,7 @@ class MmRsOptions(ctypes.Structure):
         ("a_scale", POINTER(Tensor)),
         ("b_scale", POINTER(Tensor)),
         ("bias", POINTER(Tensor)),
+        ("algorithm", c_int32),
     ]
 
 

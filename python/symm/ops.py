@@ -140,14 +140,31 @@ def _out_dtype(like, arg, out_dtype):
     return __import__("ml_dtypes").bfloat16
 
 
-def _options(struct, **tensors):
+ALGORITHMS = {
+    None: _lib.ALGORITHM_AUTO,
+    "auto": _lib.ALGORITHM_AUTO,
+    "sequential": _lib.ALGORITHM_SEQUENTIAL,
+    "pipelined": _lib.ALGORITHM_PIPELINED,
+    "fused": _lib.ALGORITHM_FUSED,
+}
+
+
+def _algorithm(name):
+    """The C value of an ``algorithm=`` keyword."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm is {name!r}; expected one of {sorted(k for k in ALGORITHMS if k)} or None")
+    return ALGORITHMS[name]
+
+
+def _options(struct, algorithm=None, **tensors):
     """An option struct with the given tensor pointers (a descriptor, a C
-    array of them, or None), or None when none is given."""
-    if all(t is None for t in tensors.values()):
+    array of them, or None) and algorithm, or None when all are defaults."""
+    code = _algorithm(algorithm)
+    if all(t is None for t in tensors.values()) and code == _lib.ALGORITHM_AUTO:
         return None
     ptr = ctypes.POINTER(_lib.Tensor)
     fields = {k: (None if t is None else ctypes.cast(ctypes.pointer(t), ptr)) for k, t in tensors.items()}
-    return ctypes.pointer(struct(ctypes.sizeof(struct), **fields))
+    return ctypes.pointer(struct(ctypes.sizeof(struct), algorithm=code, **fields))
 
 
 def _with_ndim(arg, n, name):
@@ -170,6 +187,7 @@ def fused_ag_mm(
     b_scales=None,
     biases=None,
     out_dtype=None,
+    algorithm=None,
 ):
     """``all_gather(a_shard, gather_dim) @ b`` for each ``b`` of ``bs``.
 
@@ -184,7 +202,13 @@ def fused_ag_mm(
     ``out_dtype`` is that of allocated outputs. A row-wise ``a_scale`` is
     gathered with the rows; a tensor-wise one scales the whole gathered A,
     so every rank passes the same value.
+
+    ``algorithm``: "sequential", "pipelined" or "fused" to run that one
+    (the same on every rank; "fused" where the fused kernel cannot run
+    raises ``UnsupportedError``), or None for symm's choice (``SYMM_ALGO``,
+    else the cost model's, as ``Group.plan`` reports).
     """
+    _algorithm(algorithm)
     single = not isinstance(bs, (list, tuple))
     b_objs = [bs] if single else list(bs)
     out_objs = None if out is None else ([out] if single else list(out))
@@ -213,6 +237,7 @@ def fused_ag_mm(
             bias = [None if x is None else Arg(group, x, f"biases[{i}]", s) for i, x in enumerate(listed)]
         opts = _options(
             _lib.AgMmOptions,
+            algorithm=algorithm,
             a_scale=None if sa is None else sa.c,
             b_scales=None if sb is None else array_of(sb),
             biases=None if bias is None else (_lib.Tensor * len(bias))(*(x.c if x else _lib.Tensor() for x in bias)),
@@ -226,7 +251,18 @@ def fused_ag_mm(
 
 @_bindable
 def mm_rs(
-    group, a, b, scatter_dim, op="sum", out=None, stream=None, a_scale=None, b_scale=None, bias=None, out_dtype=None
+    group,
+    a,
+    b,
+    scatter_dim,
+    op="sum",
+    out=None,
+    stream=None,
+    a_scale=None,
+    b_scale=None,
+    bias=None,
+    out_dtype=None,
+    algorithm=None,
 ):
     """``reduce_scatter(a @ b, op, scatter_dim)``: this rank's chunk of
     dimension ``scatter_dim`` of the product, summed (``op="sum"``) or
@@ -235,7 +271,10 @@ def mm_rs(
 
     fp8 (as torch's ``fused_scaled_matmul_reduce_scatter``): ``a_scale``,
     ``b_scale`` and ``bias``; each rank's product includes its bias, so a
-    sum holds the biases of every rank."""
+    sum holds the biases of every rank.
+
+    ``algorithm``: as in ``fused_ag_mm``."""
+    _algorithm(algorithm)
 
     def prepare():
         s = operation_stream(stream, a)
@@ -256,7 +295,8 @@ def mm_rs(
         o = Arg(group, result, "out", s, output=True)
         given = {"a_scale": a_scale, "b_scale": b_scale, "bias": bias}
         extra = {k: None if t is None else Arg(group, t, k, s) for k, t in given.items()}
-        opts = _options(_lib.MmRsOptions, **{k: None if t is None else t.c for k, t in extra.items()})
+        tensors = {k: None if t is None else t.c for k, t in extra.items()}
+        opts = _options(_lib.MmRsOptions, algorithm=algorithm, **tensors)
         return (x.c, y.c, dim, REDUCE_OPS[op], o.c, opts, s), (x, y, o, extra), result
 
     return _prepared(group, lib.symm_mm_rs, prepare, (None, None, 0, _lib.REDUCE_SUM, None, None, None))

@@ -3,11 +3,14 @@
 Forms its group from the environment (SYMM_TEST_BOOTSTRAP=uid: the hex
 unique id in SYMM_TEST_UID; =env: torchrun's variables), then runs the
 scenario named on the command line. A failure exits non-zero with its
-traceback on stdout.
+traceback on stdout. With SYMM_TEST_FORM_FAILS=<text>, forming the group
+must fail with SymmMismatchError containing the text, within
+SYMM_TEST_FORM_WITHIN seconds (default 5), and nothing else runs.
 """
 
 import os
 import sys
+import time
 
 import scenarios
 
@@ -24,6 +27,17 @@ def form_group():
 
 
 def main(scenario):
+    expect = os.environ.get("SYMM_TEST_FORM_FAILS")
+    if expect is not None:
+        start = time.monotonic()
+        try:
+            form_group().close()
+        except symm.SymmMismatchError as e:
+            took = time.monotonic() - start
+            assert expect in str(e), f"{e} does not say {expect!r}"
+            assert took < float(os.environ.get("SYMM_TEST_FORM_WITHIN", "5")), f"failed after {took:.1f} s"
+            return
+        raise AssertionError("the group formed; expected SymmMismatchError")
     with form_group() as group:
         assert group.rank == int(os.environ["RANK"])
         assert group.world_size == int(os.environ["WORLD_SIZE"])

@@ -38,12 +38,19 @@ def on_threads(fn, args, deadline_s=30):
     return results
 
 
-def in_processes(scenario, world, env, deadline_s=30):
+def in_processes(scenario, world, env, deadline_s=30, rank_env=None):
     """Runs ``rank_worker.py scenario`` as ``world`` processes with RANK and
-    WORLD_SIZE set, plus ``env``; fails with every failing rank's output."""
+    WORLD_SIZE set, plus ``env`` and ``rank_env[rank]`` (a dict per rank;
+    a None value unsets the variable); fails with every failing rank's
+    output."""
     procs = []
     for rank in range(world):
         penv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), PYTHONPATH=str(PYTHON_DIR), **env)
+        for k, v in (rank_env[rank] if rank_env else {}).items():
+            if v is None:
+                penv.pop(k, None)
+            else:
+                penv[k] = v
         cmd = [sys.executable, str(Path(__file__).with_name("rank_worker.py")), scenario]
         procs.append(subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     failures = []

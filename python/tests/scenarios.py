@@ -2,6 +2,8 @@
 multi-process tests (rank_worker.py): the same checks over every bootstrap.
 Each takes this rank's Group and raises on failure."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,25 @@ def tensor_ops(group):
     np.testing.assert_allclose(symm.mm_rs(group, a[rank], b, 0), np.split(total, world)[rank], rtol=1e-5, atol=1e-5)
 
     np.testing.assert_array_equal(symm.lc_allgather(group, a[rank]), full)
+
+
+def agreed_algorithm(group):
+    """Run where every rank has the same SYMM_ALGO (SYMM_TEST_ALGO names
+    it, "" for none): the plan query names it (or the cost model's choice)
+    on every rank, and mm_rs and fused_ag_mm run with it, also when a call
+    forces another algorithm alike on every rank."""
+    want = os.environ["SYMM_TEST_ALGO"] or "sequential"  # a tiny call: the cost model's pick
+    plans = [group.plan(op, 2 * group.world_size, 16, 4, "f32")["algorithm"] for op in ("ag_mm", "mm_rs")]
+    assert plans == [want, want], plans
+    tensor_ops(group)
+    rank, world = group.rank, group.world_size
+    rng = np.random.default_rng(5)
+    a = [rng.standard_normal((2 * world, 16)).astype(np.float32) for _ in range(world)]
+    b = rng.standard_normal((16, 4)).astype(np.float32)
+    total = sum(x.astype(np.float64) @ b for x in a)
+    for algorithm in ("sequential", "pipelined"):
+        got = symm.mm_rs(group, a[rank], b, 0, algorithm=algorithm)
+        np.testing.assert_allclose(got, np.split(total, world)[rank], rtol=1e-5, atol=1e-5)
 
 
 def all_scenarios(group):

@@ -119,13 +119,12 @@ def test_mm_rs_on_a_side_stream():
 
 @pytest.mark.parametrize("algo", ["pipelined", "sequential"])
 @pytest.mark.parametrize("rows, n", [(2048, 192), (128, 2176)])
-def test_mm_rs_sums_three_times(monkeypatch, algo, rows, n):
+def test_mm_rs_sums_three_times(algo, rows, n):
     """Pipelined, 2048 rows per rank: this rank's chunk goes in four pieces,
     three multiplied onto the peer's partial pulled into the output and
     the first summed at the end; 128 rows: one chunk each, summed at the
     end. Into a poisoned output each time (the third call a graph
     replay)."""
-    monkeypatch.setenv("SYMM_ALGO", algo)
     dtype = torch.bfloat16
     a, b = inputs(14, (rows * WORLD, 256), dtype), inputs(15, (256, n), dtype)
     total = sum(x.double() @ y.double() for x, y in zip(a, b))
@@ -137,7 +136,7 @@ def test_mm_rs_sums_three_times(monkeypatch, algo, rows, n):
         got = []
         for _ in range(3):
             out.fill_(float("nan"))
-            symm.mm_rs(g, x, w, 0, out=out)
+            symm.mm_rs(g, x, w, 0, out=out, algorithm=algo)
             got.append(out.cpu())
         return got
 

@@ -35,3 +35,37 @@ def _free_port_pair():
 def test_env_bootstrap():
     env = {"SYMM_TEST_BOOTSTRAP": "env", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_pair())}
     in_processes("exchange", 2, env)
+
+
+@pytest.mark.parametrize(
+    "algos, fails",
+    [
+        (("sequential", "pipelined"), "SYMM_ALGO is sequential on rank 0 but pipelined on rank 1"),
+        ((None, "pipelined"), "SYMM_ALGO is auto on rank 0 but pipelined on rank 1"),
+        (("fused", None), "SYMM_ALGO is fused on rank 0 but auto on rank 1"),
+        (("pipelined", "pipelined"), None),
+        ((None, None), None),
+    ],
+)
+def test_ranks_with_different_symm_algo_fail_fast_or_agree(algos, fails):
+    """SYMM_ALGO is agreed when the group forms: ranks started with different
+    values (or one without) all fail at once with a mismatch naming it, well
+    within the 10 s timeout; alike, they run the same algorithm."""
+    uid = symm.get_unique_id()
+    env = {"SYMM_TEST_BOOTSTRAP": "uid", "SYMM_TEST_UID": uid.hex()}
+    rank_env = [{"SYMM_ALGO": a} for a in algos]
+    if fails:
+        env["SYMM_TEST_FORM_FAILS"] = fails
+    else:
+        env["SYMM_TEST_ALGO"] = algos[0] or ""
+    in_processes("agreed_algorithm", 2, env, rank_env=rank_env)
+
+
+def test_ranks_with_different_check_args_fail_fast():
+    uid = symm.get_unique_id()
+    env = {
+        "SYMM_TEST_BOOTSTRAP": "uid",
+        "SYMM_TEST_UID": uid.hex(),
+        "SYMM_TEST_FORM_FAILS": "SYMM_CHECK_ARGS (or SYMM_GROUP_CHECK_ARGS_ALWAYS) is cached on rank 0 but always on rank 1",
+    }
+    in_processes("exchange", 2, env, rank_env=[{"SYMM_CHECK_ARGS": None}, {"SYMM_CHECK_ARGS": "always"}])

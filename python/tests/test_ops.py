@@ -362,3 +362,45 @@ def test_output_and_argument_checks():
     g.close()
     with pytest.raises(symm.SymmInvalidHandle, match="closed"):
         symm.lc_allgather(g, a)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_algorithm_keyword(world):
+    """A forced algorithm runs (the same result for each), "fused" where the
+    fused kernel cannot run (the host backend) fails on every rank, an
+    unknown name fails before the call, and the default is the plan query's
+    choice."""
+    rng = np.random.default_rng(3)
+    a = [random(rng, (2 * world, 16), np.float32) for _ in range(world)]
+    b = random(rng, (16, 4), np.float32)
+    full = np.concatenate(a).astype(np.float64)
+    total = sum(x.astype(np.float64) @ b for x in a)
+
+    def rank(g):
+        r = g.rank
+        assert g.plan("mm_rs", 2 * world, 16, 4, "f32")["algorithm"] == "sequential"
+        for algorithm in (None, "sequential", "pipelined"):
+            got = symm.mm_rs(g, a[r], b, 0, algorithm=algorithm)
+            assert_close(got, np.split(total, world)[r], np.float32)
+            assert_close(symm.fused_ag_mm(g, a[r], b, 0, algorithm=algorithm), full @ b, np.float32)
+        if world > 1:
+            with pytest.raises(symm.SymmUnsupported, match="options ask for the fused algorithm"):
+                symm.mm_rs(g, a[r], b, 0, algorithm="fused")
+            with pytest.raises(symm.SymmUnsupported, match="options ask for the fused algorithm"):
+                symm.fused_ag_mm(g, a[r], b, 0, algorithm="fused")
+        with pytest.raises(ValueError, match="algorithm is 'fastest'"):
+            symm.mm_rs(g, a[r], b, 0, algorithm="fastest")
+
+    on_threads(rank, groups_of(world))
+
+
+def test_ranks_forcing_different_algorithms_mismatch():
+    rng = np.random.default_rng(4)
+    a = [random(rng, (4, 16), np.float32) for _ in range(2)]
+    b = random(rng, (16, 4), np.float32)
+
+    def rank(g):
+        with pytest.raises(symm.SymmMismatchError, match="algorithm is sequential on rank 0 but pipelined on rank 1"):
+            symm.mm_rs(g, a[g.rank], b, 0, algorithm=["sequential", "pipelined"][g.rank])
+
+    on_threads(rank, groups_of(2))

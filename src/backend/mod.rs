@@ -154,6 +154,36 @@ impl GemmScales {
     }
 }
 
+/// What a backend's fused kernels can do: the data the operations choose
+/// an algorithm and lay out a fused call's workspace by, so that kernel
+/// constants stay in the backend.
+#[derive(Clone, Copy, Debug)]
+pub struct Capabilities {
+    /// Whether [`Backend::fused_matmul`] runs on this device at all.
+    pub fused_matmul: bool,
+    /// Most ranks (row chunks) one fused call takes.
+    pub max_fused_world: usize,
+    /// What the fused all-gather's slice width must be a multiple of.
+    pub gather_slice_align: usize,
+    /// Whether the fused matmul + reduce-scatter is measured faster than
+    /// the pipelined path on chunks of `chunk_rows x n` over `world` ranks
+    /// with `in_elem`-byte inputs. From the shape alone, so that every
+    /// rank of an agreed call chooses alike.
+    pub fused_scatter_preferred: fn(chunk_rows: usize, n: usize, world: usize, in_elem: usize) -> bool,
+}
+
+impl Default for Capabilities {
+    /// No fused kernel.
+    fn default() -> Capabilities {
+        Capabilities {
+            fused_matmul: false,
+            max_fused_world: 0,
+            gather_slice_align: FusedGather::SLICE_ALIGN,
+            fused_scatter_preferred: |_, _, _, _| false,
+        }
+    }
+}
+
 /// One device (or the host) that groups allocate on.
 pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
@@ -262,10 +292,11 @@ pub trait Backend: Send + Sync {
         Err(err!(Unsupported, "the {} backend does not implement zero", self.kind().name()))
     }
 
-    /// Whether this backend has a fused matmul kernel at all (the CUDA
-    /// backend on a device that runs symm's sm_90a kernels).
-    fn has_fused_matmul(&self) -> bool {
-        false
+    /// What this backend's fused kernels can do, for the operations'
+    /// choice of algorithm (the same on every rank of a group whose ranks
+    /// run the same backend on the same kind of device).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
 
     /// `Ok` when [`Backend::fused_matmul`] can run `call` (its operands'
@@ -273,15 +304,6 @@ pub trait Backend: Send + Sync {
     fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
         let _ = call;
         Err(err!(Unsupported, "the {} backend has no fused matmul", self.kind().name()))
-    }
-
-    /// Whether this backend's fused matmul + reduce-scatter is measured
-    /// faster than the pipelined path on chunks of `chunk_rows x n` over
-    /// `world` ranks with `in_elem`-byte inputs. From the shape alone, so
-    /// that every rank of an agreed call chooses alike.
-    fn fused_scatter_preferred(&self, chunk_rows: usize, n: usize, world: usize, in_elem: usize) -> bool {
-        let _ = (chunk_rows, n, world, in_elem);
-        false
     }
 
     /// Enqueues one fused matmul (see [`FusedMatmul`]).

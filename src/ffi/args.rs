@@ -192,29 +192,37 @@ pub fn optional_entries(p: *const symm_tensor_t, n: usize, name: &str) -> Result
 }
 
 /// Reads an option struct (NULL = all defaults), honouring `struct_size`:
-/// it must cover this version's fields, and whatever a newer caller added
-/// beyond them must be zero, since this version cannot honour it.
-pub fn options<T: Copy>(p: *const T, name: &str, init: &str) -> Result<Option<T>> {
+/// it must cover at least the first `min_size` bytes (the fields of the
+/// oldest version); fields an older caller's struct ends before keep their
+/// value in `defaults`; whatever a newer caller added beyond this
+/// version's fields must be zero, since this version cannot honour it.
+pub fn options<T: Copy>(p: *const T, name: &str, init: &str, min_size: usize, defaults: T) -> Result<Option<T>> {
     if p.is_null() {
         return Ok(None);
     }
     // SAFETY: `struct_size` is the first field of every option struct.
     let size = unsafe { std::ptr::read(p as *const usize) };
     let ours = std::mem::size_of::<T>();
-    if size < ours {
+    if size < min_size {
         return Err(err!(
             InvalidArgument,
-            "{name}->struct_size is {size}; expected at least {ours} (initialize it with {init})"
+            "{name}->struct_size is {size}; expected at least {min_size} (initialize it with {init})"
         ));
     }
-    // SAFETY: the caller's struct holds `size` readable bytes.
-    let tail = unsafe { std::slice::from_raw_parts((p as *const u8).add(ours), size - ours) };
-    if tail.iter().any(|&b| b != 0) {
-        return Err(err!(
-            Unsupported,
-            "{name} sets fields that this version of symm ({ours}-byte {name}) does not know"
-        ));
+    if size > ours {
+        // SAFETY: the caller's struct holds `size` readable bytes.
+        let tail = unsafe { std::slice::from_raw_parts((p as *const u8).add(ours), size - ours) };
+        if tail.iter().any(|&b| b != 0) {
+            return Err(err!(
+                Unsupported,
+                "{name} sets fields that this version of symm ({ours}-byte {name}) does not know"
+            ));
+        }
     }
-    // SAFETY: at least `ours` bytes are readable and T is plain data.
-    Ok(Some(unsafe { std::ptr::read(p) }))
+    let mut out = defaults;
+    // SAFETY: the caller's struct holds at least min(size, ours) readable
+    // bytes, a prefix of T's fields (fields are only ever appended), and T
+    // is plain data.
+    unsafe { std::ptr::copy_nonoverlapping(p as *const u8, &mut out as *mut T as *mut u8, size.min(ours)) };
+    Ok(Some(out))
 }

@@ -13,6 +13,7 @@ use super::args::{
 };
 use super::boundary::call;
 use super::group::group;
+use super::plan::from_c;
 use super::types::*;
 use crate::backend::Stream;
 use crate::error::{err, Result};
@@ -82,13 +83,19 @@ pub unsafe extern "C" fn symm_fused_ag_mm(
             if n == 0 {
                 return Err(err!(InvalidArgument, "num_b is 0; expected at least 1"));
             }
-            let scales = match options(opts, "opts", "SYMM_AG_MM_OPTIONS_INIT")? {
-                None => AgMmScales::default(),
-                Some(o) => AgMmScales {
-                    a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
-                    b_scales: optional_tensors(o.b_scales, n, "opts->b_scales")?,
-                    biases: optional_entries(o.biases, n, "opts->biases")?,
-                },
+            let defaults = symm_ag_mm_options_t {
+                struct_size: 0,
+                a_scale: std::ptr::null(),
+                b_scales: std::ptr::null(),
+                biases: std::ptr::null(),
+                algorithm: SYMM_ALGORITHM_AUTO,
+            };
+            let oldest = std::mem::offset_of!(symm_ag_mm_options_t, algorithm);
+            let o = options(opts, "opts", "SYMM_AG_MM_OPTIONS_INIT", oldest, defaults)?.unwrap_or(defaults);
+            let scales = AgMmScales {
+                a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
+                b_scales: optional_tensors(o.b_scales, n, "opts->b_scales")?,
+                biases: optional_entries(o.biases, n, "opts->biases")?,
             };
             Ok(AgMm {
                 a_shard: tensor_arg(a_shard, "a_shard")?,
@@ -97,6 +104,7 @@ pub unsafe extern "C" fn symm_fused_ag_mm(
                 ag_out: optional_tensor(ag_out, "ag_out")?,
                 outs: tensors(outs, n, "outs")?,
                 scales,
+                algorithm: from_c(o.algorithm, "opts->algorithm")?,
             })
         };
         ops::fused_ag_mm(&g, read(), Stream(stream as usize))
@@ -142,13 +150,19 @@ pub unsafe extern "C" fn symm_mm_rs(
     call("symm_mm_rs", || {
         let g = self::group(group)?;
         let read = || -> Result<MmRs> {
-            let scales = match options(opts, "opts", "SYMM_MM_RS_OPTIONS_INIT")? {
-                None => MmRsScales::default(),
-                Some(o) => MmRsScales {
-                    a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
-                    b_scale: optional_tensor(o.b_scale, "opts->b_scale")?,
-                    bias: optional_tensor(o.bias, "opts->bias")?,
-                },
+            let defaults = symm_mm_rs_options_t {
+                struct_size: 0,
+                a_scale: std::ptr::null(),
+                b_scale: std::ptr::null(),
+                bias: std::ptr::null(),
+                algorithm: SYMM_ALGORITHM_AUTO,
+            };
+            let oldest = std::mem::offset_of!(symm_mm_rs_options_t, algorithm);
+            let o = options(opts, "opts", "SYMM_MM_RS_OPTIONS_INIT", oldest, defaults)?.unwrap_or(defaults);
+            let scales = MmRsScales {
+                a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
+                b_scale: optional_tensor(o.b_scale, "opts->b_scale")?,
+                bias: optional_tensor(o.bias, "opts->bias")?,
             };
             Ok(MmRs {
                 a: tensor_arg(a, "a")?,
@@ -157,6 +171,7 @@ pub unsafe extern "C" fn symm_mm_rs(
                 op: reduce_op(op)?,
                 out: tensor_arg(out, "out")?,
                 scales,
+                algorithm: from_c(o.algorithm, "opts->algorithm")?,
             })
         };
         ops::mm_rs(&g, read(), Stream(stream as usize))

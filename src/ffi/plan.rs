@@ -1,25 +1,16 @@
-//! Cost queries: what a fused operation is predicted to cost on a group,
-//! and which algorithm symm would run, so a framework's scheduler can plan
-//! around it without running anything.
+//! Plan queries: which algorithm a fused operation would run on a group
+//! and what it is predicted to cost, so a framework's scheduler can plan
+//! around it without running anything. The answer comes from the same
+//! decision the operations make (`ops::decide`), for operands in the fused
+//! kernel's layout and options that leave the algorithm automatic.
 
 use super::args::{dtype, out_ptr, write};
 use super::boundary::call;
 use super::group::group;
 use super::types::*;
+use crate::cost::Algorithm;
 use crate::error::{err, Result};
-use crate::plan::{self, Algorithm, DeviceModel, Problem};
-
-/// The algorithm chosen for an operation.
-pub type symm_algorithm_t = i32;
-/// Communicate everything, then one matmul (or matmul, then reduce).
-pub const SYMM_ALGORITHM_SEQUENTIAL: symm_algorithm_t = 0;
-/// One matmul piece per rank, communication overlapped with the matmul.
-pub const SYMM_ALGORITHM_PIPELINED: symm_algorithm_t = 1;
-/// One persistent matmul kernel over the whole problem whose tiles wait for
-/// gathered rows or push reduce-scatter partials (Hopper, sm_90a; bf16/f16,
-/// gather or scatter dim 0, B K-major, i.e. a Linear weight's transpose;
-/// the query assumes that layout, other layouts run the pipelined path).
-pub const SYMM_ALGORITHM_FUSED: symm_algorithm_t = 2;
+use crate::ops::decide::{self, Facts, Op};
 
 /// A prediction, in milliseconds. Initialize with `SYMM_PLAN_INIT`.
 #[repr(C)]
@@ -39,22 +30,7 @@ pub struct symm_plan_t {
     pub total_ms: f64,
 }
 
-/// The operation a plan query is about.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum PlannedOp {
-    AgMm,
-    MmRs,
-}
-
-fn query(
-    g: symm_group_t,
-    m: i64,
-    k: i64,
-    n: i64,
-    dt: symm_dtype_t,
-    out: *mut symm_plan_t,
-    op: PlannedOp,
-) -> Result<()> {
+fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut symm_plan_t, op: Op) -> Result<()> {
     let out = out_ptr(out, "plan")?;
     // SAFETY: non-NULL; struct_size is the first field of every version.
     let size = unsafe { std::ptr::read(out as *const usize) };
@@ -68,31 +44,14 @@ fn query(
             .ok_or_else(|| err!(InvalidArgument, "{name} is {v}; it must be positive"))
     };
     let g = group(g)?;
-    let (dtype, k, m, n, world) = (dtype(dt, "dtype")?, dim(k, "k")?, dim(m, "m")?, dim(n, "n")?, g.world());
-    let fused = crate::ops::fused::available(&g, dtype, k);
-    let fused_preferred =
-        op == PlannedOp::MmRs && fused && crate::ops::mm_rs::fused_preferred(&**g.backend(), m, n, world, dtype);
-    let problem = Problem { m, k, n, world, elem_bytes: dtype.size(), fused };
-    let model = match op {
-        PlannedOp::AgMm => plan::ag_mm,
-        PlannedOp::MmRs => plan::mm_rs,
-    };
-    let estimates = model(&problem, &DeviceModel::HOPPER);
-    let chosen = plan::choose(&estimates, fused_preferred)?;
-    let e = estimates
-        .iter()
-        .find(|e| e.algorithm == chosen)
-        .copied()
-        .unwrap_or_else(|| plan::best(&estimates, fused_preferred));
+    let (dtype, m, k, n) = (dtype(dt, "dtype")?, dim(m, "m")?, dim(k, "k")?, dim(n, "n")?);
+    let d = decide::decide(&Facts::of(&g), &decide::Shape { op, m, k, n, dtype }, true, None)?;
+    let e = d.estimate;
     write(
         out,
         symm_plan_t {
             struct_size: size,
-            algorithm: match e.algorithm {
-                Algorithm::Sequential => SYMM_ALGORITHM_SEQUENTIAL,
-                Algorithm::Pipelined => SYMM_ALGORITHM_PIPELINED,
-                Algorithm::Fused => SYMM_ALGORITHM_FUSED,
-            },
+            algorithm: to_c(d.algorithm),
             compute_ms: e.compute_ms,
             comm_ms: e.comm_ms,
             exposed_ms: e.exposed_ms,
@@ -113,7 +72,7 @@ pub extern "C" fn symm_plan_ag_mm(
     dtype: symm_dtype_t,
     plan: *mut symm_plan_t,
 ) -> symm_status_t {
-    call("symm_plan_ag_mm", || query(group, m_total, k, n, dtype, plan, PlannedOp::AgMm))
+    call("symm_plan_ag_mm", || query(group, m_total, k, n, dtype, plan, Op::AgMm))
 }
 
 /// Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this group.
@@ -126,5 +85,25 @@ pub extern "C" fn symm_plan_mm_rs(
     dtype: symm_dtype_t,
     plan: *mut symm_plan_t,
 ) -> symm_status_t {
-    call("symm_plan_mm_rs", || query(group, m, k, n, dtype, plan, PlannedOp::MmRs))
+    call("symm_plan_mm_rs", || query(group, m, k, n, dtype, plan, Op::MmRs))
+}
+
+/// The C value of an algorithm.
+pub(super) fn to_c(a: Algorithm) -> symm_algorithm_t {
+    match a {
+        Algorithm::Sequential => SYMM_ALGORITHM_SEQUENTIAL,
+        Algorithm::Pipelined => SYMM_ALGORITHM_PIPELINED,
+        Algorithm::Fused => SYMM_ALGORITHM_FUSED,
+    }
+}
+
+/// An options struct's `algorithm` (`None`: automatic).
+pub(super) fn from_c(a: symm_algorithm_t, name: &str) -> Result<Option<Algorithm>> {
+    match a {
+        SYMM_ALGORITHM_AUTO => Ok(None),
+        SYMM_ALGORITHM_SEQUENTIAL => Ok(Some(Algorithm::Sequential)),
+        SYMM_ALGORITHM_PIPELINED => Ok(Some(Algorithm::Pipelined)),
+        SYMM_ALGORITHM_FUSED => Ok(Some(Algorithm::Fused)),
+        other => Err(err!(InvalidArgument, "{name} is {other}; expected a SYMM_ALGORITHM_* value")),
+    }
 }

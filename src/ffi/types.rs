@@ -156,6 +156,21 @@ pub const SYMM_REDUCE_SUM: symm_reduce_op_t = 0;
 /// The sum divided by the world size.
 pub const SYMM_REDUCE_AVG: symm_reduce_op_t = 1;
 
+/// The algorithm chosen for an operation.
+pub type symm_algorithm_t = i32;
+/// Let symm choose (env `SYMM_ALGO`, else the cost model); the default of
+/// the options' `algorithm`.
+pub const SYMM_ALGORITHM_AUTO: symm_algorithm_t = -1;
+/// Communicate everything, then one matmul (or matmul, then reduce).
+pub const SYMM_ALGORITHM_SEQUENTIAL: symm_algorithm_t = 0;
+/// One matmul piece per rank, communication overlapped with the matmul.
+pub const SYMM_ALGORITHM_PIPELINED: symm_algorithm_t = 1;
+/// One persistent matmul kernel over the whole problem whose tiles wait for
+/// gathered rows or push reduce-scatter partials (Hopper, sm_90a; bf16/f16,
+/// gather or scatter dim 0, B K-major, i.e. a Linear weight's transpose;
+/// the query assumes that layout, other layouts run the pipelined path).
+pub const SYMM_ALGORITHM_FUSED: symm_algorithm_t = 2;
+
 /// Options of `symm_fused_ag_mm`. Initialize with `SYMM_AG_MM_OPTIONS_INIT`;
 /// fields are only ever appended, and `struct_size` tells symm which exist.
 ///
@@ -196,6 +211,12 @@ pub struct symm_ag_mm_options_t {
     /// dtype, which must then be bf16 or f16), added to each output after
     /// scaling; an entry whose `data` is NULL adds none. fp8 matmuls only.
     pub biases: *const symm_tensor_t,
+    /// `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default,
+    /// also for callers whose struct ends before this field): env
+    /// `SYMM_ALGO`, else the cost model's choice. Every rank passes the
+    /// same (else `SYMM_ERROR_MISMATCH`); `SYMM_ALGORITHM_FUSED` where the
+    /// fused kernel cannot run the call is `SYMM_ERROR_UNSUPPORTED`.
+    pub algorithm: symm_algorithm_t,
 }
 
 /// Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`.
@@ -221,6 +242,9 @@ pub struct symm_mm_rs_options_t {
     /// each rank's product, so that, as in PyTorch, `SYMM_REDUCE_SUM`
     /// includes it world times and `SYMM_REDUCE_AVG` once. fp8 only.
     pub bias: *const symm_tensor_t,
+    /// `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default);
+    /// as in `symm_ag_mm_options_t`.
+    pub algorithm: symm_algorithm_t,
 }
 
 /// The XLA platform a device ordinal belongs to (`symm_xla_bind_device`).

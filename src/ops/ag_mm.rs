@@ -15,7 +15,7 @@
 //! scales with gather_dim the last dimension would give each K block its
 //! own row scales, which one matmul cannot apply: not supported.
 //!
-//! Execution (see `AgMmPlan::execute`): every rank copies its shard (and
+//! Execution (see `AgMmPrepared::execute`): every rank copies its shard (and
 //! row scales), contiguous, into its workspace; after a barrier it pulls
 //! every peer's shard into its own workspace and copies each to its slice
 //! of `ag_out`. For gather_dim < last, shard r times B is slice r of each
@@ -24,14 +24,16 @@
 //! one matrix and multiplied once over the whole K.
 
 use super::agree::Signature;
+use super::decide::{self, Decision, Facts, Op};
+use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
 use super::workspace::Layout;
-use super::{check, fused, shape_text, Exec, Plan};
+use super::{check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
 use crate::backend::{FusedGather, FusedMatmul, GemmScales, Stream};
+use crate::cost::{self, Algorithm};
 use crate::error::{err, Result};
 use crate::group::Group;
-use crate::plan;
 use std::sync::Arc;
 
 /// One rank's call, as read from the caller.
@@ -43,6 +45,8 @@ pub struct AgMm {
     pub ag_out: Option<Array>,
     pub outs: Vec<Array>,
     pub scales: AgMmScales,
+    /// The algorithm the caller asks for (`None`: automatic, see `decide`).
+    pub algorithm: Option<Algorithm>,
 }
 
 /// The fp8 options (torch's `A_scale`, `B_scales`, `biases`).
@@ -59,20 +63,20 @@ pub struct AgMmScales {
 /// when the caller's arguments could not be read; this rank still takes
 /// part in the agreement so its peers fail too.
 pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Result<()> {
-    let world = group.world();
     let backend = group.backend();
     super::run_prepared(group, stream, call, |c| {
-        let fused = c.fused_field(group);
-        let signature = c.signature(fused.as_ref());
-        let plan = c
-            .plan(world, backend.kind().name(), fused::chosen(fused.as_ref()))
+        let facts = Facts::of(group);
+        let fit = c.fused_field(group, &facts);
+        let signature = c.signature(fit.as_ref());
+        let prepared = c
+            .prepare(&facts, backend.kind().name(), fit.as_ref().is_some_and(Fit::fits))
             .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
-        (signature, plan)
+        (super::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
     })
 }
 
 impl AgMm {
-    fn signature(&self, fused: Option<&String>) -> Signature {
+    fn signature(&self, fused: Option<&Fit>) -> Signature {
         let a = &self.a_shard;
         let mut s = Signature::new("fused_ag_mm")
             .arg("a_shard.dtype", a.dtype)
@@ -100,10 +104,10 @@ impl AgMm {
 
     /// Whether this rank's call suits the fused kernel (see `fused::field`):
     /// gathering dim 0 into matrices.
-    fn fused_field(&self, group: &Group) -> Option<String> {
+    fn fused_field(&self, group: &Group, facts: &Facts) -> Option<Fit> {
         let a = &self.a_shard;
         let k = *a.shape.last()?;
-        fused::field(group, a.dtype, k, || {
+        fused::field(group, facts, a.dtype, k, || {
             if self.gather_dim != 0 || self.bs.len() != self.outs.len() {
                 return None;
             }
@@ -147,7 +151,10 @@ impl AgMm {
         Ok(Some(Mode::of(s.a_scale.as_ref().expect("required"), &b_scales)))
     }
 
-    fn plan(self, world: usize, backend: &str, fused: bool) -> Result<AgMmPlan> {
+    /// Checks the call and lays out its workspace; `fits`: whether its
+    /// operands suit the fused kernel.
+    fn prepare(self, facts: &Facts, backend: &str, fits: bool) -> Result<AgMmPrepared> {
+        let world = facts.world;
         let a = &self.a_shard;
         check::ndim_at_least(a, "a_shard", 2)?;
         let dim = check::dim(self.gather_dim, "gather_dim", a.ndim(), "a_shard")?;
@@ -239,20 +246,19 @@ impl AgMm {
             None
         };
         let scratch = layout.region(check::mul(check::mul(rows, max_n, "the product")?, out_size, "the product")?);
-        // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
         let k = a.shape[last];
-        let slice_k = plan::gather_slice_k(shard_bytes, k, FusedGather::SLICE_ALIGN);
-        let ready = layout.region(4 * world * k.div_ceil(slice_k));
-        let problem = plan::Problem {
+        let shape = decide::Shape {
+            op: Op::AgMm,
             m: rows * world,
             k,
             n: self.bs.iter().map(|b| b.shape[1]).sum(),
-            world,
-            elem_bytes: a.dtype.size(),
-            fused,
+            dtype: a.dtype,
         };
-        let algorithm = plan::choose(&plan::ag_mm(&problem, &plan::DeviceModel::HOPPER), false)?;
-        Ok(AgMmPlan {
+        let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
+        // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
+        let slice_k = cost::gather_slice_k(shard_bytes, k, facts.caps.gather_slice_align);
+        let ready = layout.region(4 * world * k.div_ceil(slice_k));
+        Ok(AgMmPrepared {
             call: self,
             dim,
             mode,
@@ -263,7 +269,8 @@ impl AgMm {
             scratch,
             ready,
             slice_k,
-            algorithm,
+            decision,
+            shape,
             workspace: layout.bytes(),
         })
     }
@@ -288,7 +295,7 @@ impl AgMm {
 }
 
 #[derive(Debug)]
-struct AgMmPlan {
+struct AgMmPrepared {
     call: AgMm,
     dim: usize,
     /// The scale mode of an fp8 call.
@@ -305,9 +312,10 @@ struct AgMmPlan {
     /// The fused kernel's arrival flags: rank r's slice s at
     /// `ready + 4 * (r * slices + s)`.
     ready: usize,
-    /// Columns of a shard per pulled slice (see [`plan::gather_slice_k`]).
+    /// Columns of a shard per pulled slice (see [`cost::gather_slice_k`]).
     slice_k: usize,
-    algorithm: plan::Algorithm,
+    decision: Decision,
+    shape: decide::Shape,
     workspace: usize,
 }
 
@@ -318,9 +326,13 @@ enum Rows {
     All,
 }
 
-impl Plan for AgMmPlan {
+impl Prepared for AgMmPrepared {
     fn workspace_bytes(&self) -> usize {
         self.workspace
+    }
+
+    fn decided(&self) -> Option<String> {
+        Some(self.decision.describe(&self.shape))
     }
 
     fn replay_key(&self) -> String {
@@ -336,7 +348,7 @@ impl Plan for AgMmPlan {
     /// pieces, which pays when the pulls are short). Row scales travel with
     /// their shards.
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
-        if self.algorithm == plan::Algorithm::Fused {
+        if self.decision.algorithm == Algorithm::Fused {
             return self.fused(ex);
         }
         let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
@@ -345,7 +357,7 @@ impl Plan for AgMmPlan {
         let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
         let gathers_k = dim == a.ndim() - 1;
         let gathered = self.gathered_matrix(ex);
-        let whole = self.algorithm == plan::Algorithm::Sequential && !gathers_k && gathered.is_some();
+        let whole = self.decision.algorithm == Algorithm::Sequential && !gathers_k && gathered.is_some();
         let pipelined = !gathers_k && !whole;
         // Staging this rank's shard (for the peers to pull) is the side
         // stream's work, ahead of the barrier; this rank's own matmul reads
@@ -417,7 +429,7 @@ impl Plan for AgMmPlan {
     }
 }
 
-impl AgMmPlan {
+impl AgMmPrepared {
     /// Fused (gathering dim 0 into matrices, see `fused_field`): the main
     /// stream zeroes the arrival flags, stages this rank's shard for the
     /// peers, and launches one matmul per B, which starts with this rank's
@@ -434,7 +446,7 @@ impl AgMmPlan {
         let backend = ex.group.backend();
         let lhs = a.as_matrix().expect("checked by fused_field");
         let (rows, k) = (lhs.shape[0], lhs.shape[1]);
-        let slices = k / self.slice_k; // it divides k (plan::gather_slice_k)
+        let slices = k / self.slice_k; // it divides k (cost::gather_slice_k)
         backend.zero(ex.local(self.ready), 4 * world * slices, ex.stream)?;
         // Staged for the peers on the main stream, before the matmul: a copy
         // within one device runs on the SMs (measured: on the side stream,
@@ -627,6 +639,7 @@ fn writable_by_fp8(m: &Array) -> bool {
 mod tests {
     use super::*;
     use crate::array::DType;
+    use crate::ops::testing::host_facts;
     use crate::ErrorKind;
 
     /// A call on fake, well-separated addresses (planning never reads them).
@@ -640,13 +653,14 @@ mod tests {
             ag_out: None,
             outs: ns.iter().enumerate().map(|(i, &n)| at(10 + i as u64, &out_shape(n))).collect(),
             scales: AgMmScales::default(),
+            algorithm: None,
         }
     }
 
     #[test]
     fn gathered_shapes_for_each_dim() {
         // Leading dims: the gathered dim grows by the world size; K is kept.
-        let p = call(&[2, 3, 4], 1, 4, &[5, 6], &[2, 9]).plan(3, "host", false).unwrap();
+        let p = call(&[2, 3, 4], 1, 4, &[5, 6], &[2, 9]).prepare(&host_facts(3), "host", false).unwrap();
         assert_eq!(p.dim, 1);
         // Workspace: three bf16 shards of 48 bytes, then bf16 scratch of 6 rows x 6.
         assert_eq!((p.shards, p.shard_bytes, p.gathered_k, p.scratch), (0, 48, None, 256));
@@ -654,10 +668,10 @@ mod tests {
         // this small comes in one slice).
         assert_eq!((p.ready, p.slice_k, p.workspace), (512, 4, 512 + 3 * 4));
         // The last dim: K grows, so B has K * world rows and outputs keep the shard's rows.
-        assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).plan(3, "host", false).is_ok());
-        let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).plan(3, "host", false).unwrap_err();
+        assert!(call(&[2, 3, 4], 2, 12, &[5], &[2, 3]).prepare(&host_facts(3), "host", false).is_ok());
+        let e = call(&[2, 3, 4], 2, 4, &[5], &[2, 3]).prepare(&host_facts(3), "host", false).unwrap_err();
         assert_eq!(e.msg, "bs[0].shape[0] is 4; expected 12, a_shard's last dimension 4 times the world size 3");
-        let e = call(&[2, 3, 4], 0, 4, &[5, 7], &[6, 4]).plan(3, "host", false).unwrap_err();
+        let e = call(&[2, 3, 4], 0, 4, &[5, 7], &[6, 4]).prepare(&host_facts(3), "host", false).unwrap_err();
         assert_eq!(e.msg, "outs[0].shape is [6, 4, 5]; expected [6, 3, 5]");
     }
 
@@ -665,11 +679,14 @@ mod tests {
     fn ag_out_and_options() {
         let mut c = call(&[4, 8], 0, 8, &[3], &[8]);
         c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[4, 8]));
-        assert_eq!(c.clone().plan(2, "host", false).unwrap_err().msg, "ag_out.shape is [4, 8]; expected [8, 8]");
+        assert_eq!(
+            c.clone().prepare(&host_facts(2), "host", false).unwrap_err().msg,
+            "ag_out.shape is [4, 8]; expected [8, 8]"
+        );
         c.ag_out = Some(Array::contiguous(0x900_0000, DType::BF16, &[8, 8]));
-        assert!(c.clone().plan(2, "host", false).is_ok());
+        assert!(c.clone().prepare(&host_facts(2), "host", false).is_ok());
         c.scales.a_scale = Some(Array::contiguous(0x900_1000, DType::F32, &[1]));
-        let e = c.plan(2, "host", false).unwrap_err();
+        let e = c.prepare(&host_facts(2), "host", false).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.msg.starts_with("opts->a_scale is set but a_shard is bf16"), "{}", e.msg);
     }
@@ -678,7 +695,7 @@ mod tests {
     fn the_fused_gather_lies_slice_major() {
         // 256 x 8192 bf16 shards at world 2: 8 slices of 1024 columns, the
         // gathered A [8][512][1024].
-        let p = call(&[256, 8192], 0, 8192, &[64], &[512]).plan(2, "host", false).unwrap();
+        let p = call(&[256, 8192], 0, 8192, &[64], &[512]).prepare(&host_facts(2), "host", false).unwrap();
         let (base, el) = (0x4000_0000u64, 2u64);
         let plane = 512 * 1024 * el;
         // Rank 1's block of slice 3: its 256 rows after rank 0's, in plane 3.
@@ -708,7 +725,7 @@ mod tests {
             assert_eq!((t.addr, t.strides.as_slice()), (wide.addr + (s * 1024) as u64 * el, &[9000usize, 1][..]));
         }
         // One slice: the row-major layout, rank r's shard at r * shard_bytes.
-        let p = call(&[4, 96], 0, 96, &[8], &[8]).plan(2, "host", false).unwrap();
+        let p = call(&[4, 96], 0, 96, &[8], &[8]).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!(p.slice_k, 96);
         let pairs = p.sliced(base, 1, 2, &Array::contiguous(0x9000_0000, DType::BF16, &[4, 96]));
         assert_eq!((pairs.len(), pairs[0].0.addr, pairs[0].0.is_contiguous()), (1, base + p.shard_bytes as u64, true));
@@ -747,7 +764,7 @@ mod tests {
     #[test]
     fn fp8_plans() {
         // Row-wise: the gathered row scales get their own region after the shards.
-        let p = fp8_call(8, 0, 2, &[16, 32], true).plan(2, "host", false).unwrap();
+        let p = fp8_call(8, 0, 2, &[16, 32], true).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!(p.mode, Some(Mode::Row));
         assert_eq!((p.shard_bytes, p.row_scales, p.scratch), (8 * 32, Some(512), 768));
         // Each rank's slot of row scales is 16-byte aligned (3 rows: 16 bytes).
@@ -756,31 +773,38 @@ mod tests {
         // then the (unused) fused arrival flags.
         assert_eq!((p.ready, p.workspace), (768 + 8 * 32 * 2, 768 + 8 * 32 * 2 + 2 * 4));
         // A large shard comes in slices, each with a flag: 8 of 1024 columns.
-        let p = call(&[256, 8192], 0, 8192, &[64], &[512]).plan(2, "host", false).unwrap();
+        let p = call(&[256, 8192], 0, 8192, &[64], &[512]).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!(p.slice_k, 1024);
         assert_eq!(p.workspace - p.ready, 2 * 8 * 4);
-        let p = fp8_call(8, 0, 2, &[16], false).plan(2, "host", false).unwrap();
+        let p = fp8_call(8, 0, 2, &[16], false).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!((p.mode, p.row_scales), (Some(Mode::Tensor), None));
         // Gathering K: tensor-wise only.
-        assert!(fp8_call(8, 1, 2, &[16], false).plan(2, "host", false).is_ok());
-        let e = fp8_call(8, 1, 2, &[16], true).plan(2, "host", false).unwrap_err();
+        assert!(fp8_call(8, 1, 2, &[16], false).prepare(&host_facts(2), "host", false).is_ok());
+        let e = fp8_call(8, 1, 2, &[16], true).prepare(&host_facts(2), "host", false).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unsupported);
         assert!(e.msg.starts_with("row-wise scales with gather_dim 1"), "{}", e.msg);
         // Scales are required, N must be a multiple of 16, outputs are not fp8.
         let mut c = fp8_call(8, 0, 2, &[16], false);
         c.scales.b_scales = None;
-        assert!(c.plan(2, "host", false).unwrap_err().msg.contains("set opts->b_scales"));
-        assert!(fp8_call(8, 0, 2, &[24], false).plan(2, "host", false).unwrap_err().msg.contains("N = 24"));
+        assert!(c.prepare(&host_facts(2), "host", false).unwrap_err().msg.contains("set opts->b_scales"));
+        assert!(fp8_call(8, 0, 2, &[24], false)
+            .prepare(&host_facts(2), "host", false)
+            .unwrap_err()
+            .msg
+            .contains("N = 24"));
         let mut c = fp8_call(8, 0, 2, &[16], true);
         c.outs[0].dtype = DType::F8E4M3;
-        assert_eq!(c.plan(2, "host", false).unwrap_err().kind, ErrorKind::Unsupported);
+        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, ErrorKind::Unsupported);
         // A bias of the output's type and width.
         let mut c = fp8_call(8, 0, 2, &[16, 32], true);
         let bias = |n| Some(Array::contiguous(0x7100_0000, DType::BF16, &[n]));
         c.scales.biases = Some(vec![None, bias(32)]);
-        assert!(c.clone().plan(2, "host", false).is_ok());
+        assert!(c.clone().prepare(&host_facts(2), "host", false).is_ok());
         c.scales.biases = Some(vec![bias(32), None]);
-        assert_eq!(c.plan(2, "host", false).unwrap_err().msg, "opts->biases[0].shape is [32]; expected [16]");
+        assert_eq!(
+            c.prepare(&host_facts(2), "host", false).unwrap_err().msg,
+            "opts->biases[0].shape is [32]; expected [16]"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //!
 //! The exchange is a round trip through the bootstrap, too slow to repeat
 //! on every call of a GPU pipeline, so a signature that every rank sent
-//! identically is cached in the group and a later call with the same
+//! identically is cached (`state`) and a later call with the same
 //! signature skips the exchange. The trade-off: after a signature has been
 //! agreed, a rank that alone changes its call, or fails locally while its
 //! peers' identical calls skip the exchange, is no longer reported here;
@@ -18,6 +18,7 @@
 //! mismatched arguments). `SYMM_CHECK_ARGS=always` (or the group flag
 //! `SYMM_GROUP_CHECK_ARGS_ALWAYS`) exchanges on every call instead.
 
+use super::state;
 use crate::error::{err, Error, Result};
 use crate::group::Group;
 use crate::wire::{Reader, Writer};
@@ -71,22 +72,23 @@ impl Signature {
 
 /// Collective: agrees on a call. `sig` is this rank's signature (`None`
 /// when the call could not even be read, in which case `local` is the
-/// error); `local` is whether this rank's call is valid.
-pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<()> {
+/// error); `local` is whether this rank's call is valid. Whether the
+/// signature was agreed for the first time.
+pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<bool> {
     let encoded = sig.map(Signature::encode);
+    let state = state::of(group);
     if let Some(bytes) = &encoded {
-        if !group.check_args_always() && group.is_agreed(bytes) {
+        if !group.check_args_always() && state.is_agreed(bytes) {
             // Peers making this call skip the exchange as well, so a local
             // failure has nobody to tell (see the module's trade-off).
-            return local;
+            return local.map(|()| false);
         }
     }
     let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));
     let all = group.exchange(payload)?;
     let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
     check_same(&sigs)?;
-    group.mark_agreed(all[0].clone());
-    Ok(())
+    Ok(state.mark_agreed(all[0].clone()))
 }
 
 /// Every rank's arguments against rank 0's, so that all ranks report the
@@ -186,11 +188,11 @@ mod tests {
     fn agreed_signatures_skip_the_exchange_unless_always() {
         for always in [false, true] {
             let skipped = on_group(3, always, |_, g, calls| {
-                agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+                assert!(agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap(), "agreed for the first time");
                 let before = calls();
-                agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+                assert!(!agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap(), "agreed before");
                 let repeat = calls() - before;
-                agree(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap();
+                assert!(agree(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap());
                 (repeat, calls() - before)
             });
             for (repeat, total) in skipped {

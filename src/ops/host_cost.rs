@@ -108,6 +108,7 @@ fn gpu_repeated_calls_are_one_graph_launch_each() {
                             ag_out: None,
                             outs: vec![arr(&b[2], &[m, n])],
                             scales: AgMmScales::default(),
+                            algorithm: None,
                         };
                         fused_ag_mm(group, Ok(call), s).unwrap();
                     };
@@ -120,6 +121,7 @@ fn gpu_repeated_calls_are_one_graph_launch_each() {
                             op: ReduceOp::Sum,
                             out: arr(&b[5], &[m / 2, k]),
                             scales: MmRsScales::default(),
+                            algorithm: None,
                         };
                         mm_rs(group, Ok(call), s).unwrap();
                     };

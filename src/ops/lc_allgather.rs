@@ -18,7 +18,7 @@
 use super::agree::Signature;
 use super::symmetric::SymmetricPlace;
 use super::workspace::Layout;
-use super::{check, shape_text, Exec, Plan};
+use super::{check, shape_text, Exec, Prepared};
 use crate::array::Array;
 use crate::backend::Stream;
 use crate::error::Result;
@@ -40,7 +40,7 @@ pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Strea
     let prepared = call.map(|c| {
         // A symmetric input is read in place from every rank.
         let symmetric = SymmetricPlace::of(group, &c.input);
-        (c.signature(symmetric.as_ref()), c.plan(world, symmetric))
+        (c.signature(symmetric.as_ref()), c.prepare(world, symmetric))
     });
     super::run(group, stream, prepared)
 }
@@ -53,7 +53,7 @@ impl LcAllgather {
             .arg("input memory", SymmetricPlace::describe(symmetric))
     }
 
-    fn plan(self, world: usize, symmetric: Option<SymmetricPlace>) -> Result<LcPlan> {
+    fn prepare(self, world: usize, symmetric: Option<SymmetricPlace>) -> Result<LcPrepared> {
         let (input, output) = (&self.input, &self.output);
         check::same_dtype(output, "output", input.dtype, "input")?;
         let mut want = input.shape.clone();
@@ -67,14 +67,14 @@ impl LcAllgather {
             Some(_) => 0,
             None => layout.region(check::mul(input.numel(), input.dtype.size(), "input")?),
         };
-        Ok(LcPlan { call: self, symmetric, staged, workspace: layout.bytes() })
+        Ok(LcPrepared { call: self, symmetric, staged, workspace: layout.bytes() })
     }
 }
 
 /// Own parts at least this large are copied on the side stream.
 const SIDE_COPY_BYTES: usize = 4 << 20;
 
-struct LcPlan {
+struct LcPrepared {
     call: LcAllgather,
     /// Where every rank's input is read in place, if it is.
     symmetric: Option<SymmetricPlace>,
@@ -83,7 +83,7 @@ struct LcPlan {
     workspace: usize,
 }
 
-impl Plan for LcPlan {
+impl Prepared for LcPrepared {
     fn workspace_bytes(&self) -> usize {
         self.workspace
     }
@@ -143,9 +143,9 @@ mod tests {
             input: Array::contiguous(0x100_0000, DType::F8E5M2, &[2, 3]),
             output: Array::contiguous(0x200_0000, DType::F8E5M2, out),
         };
-        let e = call(&[4, 3]).plan(3, None).err().unwrap();
+        let e = call(&[4, 3]).prepare(3, None).err().unwrap();
         assert_eq!(e.msg, "output.shape is [4, 3]; expected [6, 3]");
-        assert_eq!(call(&[6, 3]).plan(3, None).ok().unwrap().workspace, 6);
+        assert_eq!(call(&[6, 3]).prepare(3, None).ok().unwrap().workspace, 6);
     }
 
     /// 3 MiB per rank gathered from symmetric memory needs no more than the
@@ -169,7 +169,8 @@ mod tests {
             let input = Array::contiguous(buf.addr(), DType::F32, &[n]);
             lc_allgather(g, Ok(LcAllgather { input, output: output.clone() }), Stream(0)).unwrap();
             check(&out);
-            let in_place = g.workspace().unwrap().buffer().size();
+            let in_place =
+                crate::ops::state::of(g).scratch(crate::ops::state::Scratch::Workspace).unwrap().buffer().size();
 
             out.fill(0);
             let mut ordinary: Vec<u32> = (0..n).map(|i| value(r, i)).collect();
@@ -177,7 +178,7 @@ mod tests {
             lc_allgather(g, Ok(LcAllgather { input, output }), Stream(0)).unwrap();
             check(&out);
             drop(h);
-            (in_place, g.workspace().unwrap().buffer().size())
+            (in_place, crate::ops::state::of(g).scratch(crate::ops::state::Scratch::Workspace).unwrap().buffer().size())
         });
         for (in_place, staged) in sizes {
             assert!(in_place < 4 * n, "the in-place gather staged its input ({in_place} bytes of workspace)");

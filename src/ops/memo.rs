@@ -1,11 +1,12 @@
-//! Prepared calls: an operation called again with exactly the same
-//! arguments (addresses included) and the same `SYMM_ALGO` skips its checks,
-//! its signature and the agreement, and its planning, which together are a
-//! good part of the host time of a small call (`bench/NOTES.md`), and reuses
-//! the plan and replay key of the first call.
+//! Kept calls: an operation called again with exactly the same arguments
+//! (addresses included) skips its checks, its signature and the
+//! agreement, and its preparation, which together are a good part of the
+//! host time of a small call, and reuses the prepared call and replay key
+//! of the first call.
 //!
-//! Safe where an operation's preparation reads nothing but its arguments,
-//! the group's fixed properties and `SYMM_ALGO`: `fused_ag_mm` and `mm_rs`
+//! Safe where an operation's preparation reads nothing but its arguments
+//! and the group's fixed properties (its agreed settings included):
+//! `fused_ag_mm` and `mm_rs`
 //! (`lc_allgather`'s depends on which symmetric buffers are live, so it is
 //! prepared every time). A prepared call stands for a signature every rank
 //! agreed on: it is kept after the agreement, found under the collective
@@ -13,23 +14,23 @@
 //! a call that skips the agreement here is one whose agreement every peer
 //! skips too. Not used when the group checks arguments on every call.
 
-use super::{Plan, ScratchIds};
+use super::state;
+use super::{Prepared, ScratchIds};
 use crate::group::Group;
 use std::any::{Any, TypeId};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-/// One prepared call: its arguments, the `SYMM_ALGO` it was planned under,
-/// its plan, and its replay key for the scratch buffers it last ran with.
+/// One kept call: its arguments, its preparation, and its replay key for
+/// the scratch buffers it last ran with.
 pub struct Entry<C, P> {
     call: C,
-    algo: Option<String>,
-    pub plan: Arc<P>,
+    pub prepared: Arc<P>,
     key: Mutex<Option<(ScratchIds, String)>>,
 }
 
-impl<C, P: Plan> Entry<C, P> {
+impl<C, P: Prepared> Entry<C, P> {
     /// The replay key for scratch buffers: made once per set of them.
     pub fn key(&self, ids: ScratchIds, make: impl FnOnce() -> String) -> String {
         let mut key = self.key.lock().unwrap_or_else(|p| p.into_inner());
@@ -44,43 +45,37 @@ impl<C, P: Plan> Entry<C, P> {
     }
 }
 
-/// `SYMM_ALGO` now (the plans depend on it; it may change between calls).
-pub fn algorithm_override() -> Option<String> {
-    std::env::var("SYMM_ALGO").ok()
-}
-
-fn hash<C: Hash + 'static>(call: &C, algo: &Option<String>) -> u64 {
+fn hash<C: Hash + 'static>(call: &C) -> u64 {
     let mut h = DefaultHasher::new();
     TypeId::of::<C>().hash(&mut h);
     call.hash(&mut h);
-    algo.hash(&mut h);
     h.finish()
 }
 
 /// The prepared call equal to `call`, if any. Call with the collective
 /// lock held.
-pub fn find<C, P>(group: &Group, call: &C, algo: &Option<String>) -> Option<Arc<Entry<C, P>>>
+pub fn find<C, P>(group: &Group, call: &C) -> Option<Arc<Entry<C, P>>>
 where
     C: Hash + Eq + Send + Sync + 'static,
     P: Send + Sync + 'static,
 {
-    group.prepared(hash(call, algo)).into_iter().find_map(|e| {
+    state::of(group).prepared(hash(call)).into_iter().find_map(|e| {
         let e: Arc<dyn Any + Send + Sync> = e;
         let e = e.downcast::<Entry<C, P>>().ok()?;
-        (e.call == *call && e.algo == *algo).then_some(e)
+        (e.call == *call).then_some(e)
     })
 }
 
 /// Keeps a call that every rank just agreed on. Call with the collective
 /// lock held, after the agreement.
-pub fn keep<C, P>(group: &Group, call: C, algo: Option<String>, plan: Arc<P>) -> Arc<Entry<C, P>>
+pub fn keep<C, P>(group: &Group, call: C, prepared: Arc<P>) -> Arc<Entry<C, P>>
 where
     C: Hash + Eq + Send + Sync + 'static,
     P: Send + Sync + 'static,
 {
-    let h = hash(&call, &algo);
-    let entry = Arc::new(Entry { call, algo, plan, key: Mutex::new(None) });
-    group.keep_prepared(h, entry.clone());
+    let h = hash(&call);
+    let entry = Arc::new(Entry { call, prepared, key: Mutex::new(None) });
+    state::of(group).keep_prepared(h, entry.clone());
     entry
 }
 
@@ -89,7 +84,7 @@ mod tests {
     use super::*;
     use crate::array::{Array, DType};
     use crate::backend::Stream;
-    use crate::ops::mm_rs::MmRsPlan;
+    use crate::ops::mm_rs::MmRsPrepared;
     use crate::ops::testing::{host_groups, on_each};
     use crate::ops::{mm_rs, MmRs, MmRsScales, ReduceOp};
 
@@ -124,7 +119,7 @@ mod tests {
                     .map(|(row, col)| 3.0 * (0..3).map(|k| m[row * 3 + k] * bv[k * 2 + col]).sum::<f32>())
                     .collect()
             };
-            let kept = |g: &Group, call: &MmRs| find::<MmRs, MmRsPlan>(g, call, &algorithm_override()).is_some();
+            let kept = |g: &Group, call: &MmRs| find::<MmRs, MmRsPrepared>(g, call).is_some();
             for (step, into_second) in [(1.0, false), (2.0, false), (3.0, true), (4.0, false)] {
                 a.copy_from_slice(&base(step).iter().map(|x| x * scale).collect::<Vec<_>>());
                 let out = if into_second { &mut out2 } else { &mut out1 };
@@ -136,6 +131,7 @@ mod tests {
                     op: ReduceOp::Sum,
                     out: arr(out, &[2, 2]),
                     scales: MmRsScales::default(),
+                    algorithm: None,
                 };
                 let seen = kept(g, &call);
                 mm_rs(g, Ok(call.clone()), Stream(0)).unwrap();

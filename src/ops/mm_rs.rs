@@ -9,7 +9,7 @@
 //! N; `scatter_dim` of that shape is split into `world` equal chunks, and
 //! rank r receives the sum (or mean) over ranks of their chunk r.
 //!
-//! Execution (pipelined, see `MmRsPlan::execute`): every rank computes its chunk r of the product for every r,
+//! Execution (pipelined, see `MmRsPrepared::execute`): every rank computes its chunk r of the product for every r,
 //! in the output dtype (as NCCL-then-cuBLAS and PyTorch's fused op do: half
 //! the bytes over the links of f32 partials; each partial is still summed
 //! over K in f32), into region r of its workspace (a chunk is a slice of `a` along
@@ -19,15 +19,18 @@
 //! and converts it into `out`.
 
 use super::agree::Signature;
+use super::decide::{self, Decision, Facts, Op};
+use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
+use super::state::Scratch;
 use super::symmetric::SymmetricPlace;
 use super::workspace::Layout;
-use super::{check, fused, shape_text, Exec, Plan};
+use super::{check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
-use crate::backend::{Backend, FusedMatmul, FusedScatter, GemmScales, Stream};
+use crate::backend::{FusedMatmul, FusedScatter, GemmScales, Stream};
+use crate::cost::Algorithm;
 use crate::error::{err, Result};
-use crate::group::{Group, Scratch};
-use crate::plan;
+use crate::group::Group;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,6 +57,8 @@ pub struct MmRs {
     pub op: ReduceOp,
     pub out: Array,
     pub scales: MmRsScales,
+    /// The algorithm the caller asks for (`None`: automatic, see `decide`).
+    pub algorithm: Option<Algorithm>,
 }
 
 /// The fp8 options (torch's `A_scale`, `B_scale`, `bias`).
@@ -64,37 +69,28 @@ pub struct MmRsScales {
     pub bias: Option<Array>,
 }
 
-/// Whether `backend`'s fused kernel is measured ahead of the pipelined path
-/// for `rows` of A per rank (chunks of `rows / world`) times `n` columns of
-/// `dtype`: what `symm_mm_rs` and `symm_plan_mm_rs` both go by.
-pub(crate) fn fused_preferred(backend: &dyn Backend, rows: usize, n: usize, world: usize, dtype: DType) -> bool {
-    rows % world == 0 && backend.fused_scatter_preferred(rows / world, n, world, dtype.size())
-}
-
 /// Collective over `group`: see the module documentation. `call` is `Err`
 /// when the caller's arguments could not be read; this rank still takes
 /// part in the agreement so its peers fail too.
 pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<()> {
-    let world = group.world();
     let backend = group.backend();
     super::run_prepared(group, stream, call, |c| {
-        let fused = c.fused_field(group);
+        let facts = Facts::of(group);
+        let fit = c.fused_field(group, &facts);
         // A symmetric `out`: the fused kernel may let the peers write into it.
         let symmetric = SymmetricPlace::of(group, &c.out);
-        let signature = c.signature(fused.as_ref(), symmetric.as_ref());
-        let can_fuse = fused::chosen(fused.as_ref());
-        let preferred = can_fuse && c.fused_preferred(&**backend, world);
-        let plan = c
-            .plan(world, backend.kind().name(), can_fuse, preferred)
+        let signature = c.signature(fit.as_ref(), symmetric.as_ref());
+        let prepared = c
+            .prepare(&facts, backend.kind().name(), fit.as_ref().is_some_and(Fit::fits))
             .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p))
-            .map(|p| MmRsPlan { symmetric_out: symmetric, ..p });
-        (signature, plan)
+            .map(|p| MmRsPrepared { symmetric_out: symmetric, ..p });
+        (super::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
     })
 }
 
 impl MmRs {
     /// `symmetric`: where `out` lies, an agreed argument (`SymmetricPlace`).
-    fn signature(&self, fused: Option<&String>, symmetric: Option<&SymmetricPlace>) -> Signature {
+    fn signature(&self, fused: Option<&Fit>, symmetric: Option<&SymmetricPlace>) -> Signature {
         let mut s = Signature::new("mm_rs")
             .arg("a.dtype", self.a.dtype)
             .arg("a.shape", shape_text(&self.a.shape))
@@ -138,9 +134,9 @@ impl MmRs {
 
     /// Whether this rank's call suits the fused kernel (see `fused::field`):
     /// scattering dim 0 of matrices.
-    fn fused_field(&self, group: &Group) -> Option<String> {
+    fn fused_field(&self, group: &Group, facts: &Facts) -> Option<Fit> {
         let k = *self.a.shape.last()?;
-        fused::field(group, self.a.dtype, k, || {
+        fused::field(group, facts, self.a.dtype, k, || {
             if self.scatter_dim != 0 {
                 return None;
             }
@@ -161,14 +157,10 @@ impl MmRs {
         Some(GemmScales { row_wise: Mode::of(&a, &[&b]) == Mode::Row, a, b, bias: s.bias.clone() })
     }
 
-    /// Whether the backend's fused kernel leads at this shape (agreed
-    /// shapes only, so every rank decides alike).
-    fn fused_preferred(&self, backend: &dyn Backend, world: usize) -> bool {
-        let rows = self.a.numel() / self.a.shape.last().copied().unwrap_or(1).max(1);
-        self.b.shape.len() == 2 && fused_preferred(backend, rows, self.b.shape[1], world, self.a.dtype)
-    }
-
-    fn plan(self, world: usize, backend: &str, fused: bool, fused_preferred: bool) -> Result<MmRsPlan> {
+    /// Checks the call and lays out its workspace; `fits`: whether its
+    /// operands suit the fused kernel.
+    fn prepare(self, facts: &Facts, backend: &str, fits: bool) -> Result<MmRsPrepared> {
+        let world = facts.world;
         let (a, b) = (&self.a, &self.b);
         check::ndim_at_least(a, "a", 2)?;
         let mode = self.scale_mode()?;
@@ -225,15 +217,15 @@ impl MmRs {
             .collect();
         check::outputs_disjoint(&[("out".into(), &self.out)], &inputs)?;
 
-        let problem = plan::Problem {
+        let shape = decide::Shape {
+            op: Op::MmRs,
             m: a.numel() / a.shape[a.ndim() - 1],
             k: a.shape[a.ndim() - 1],
             n: b.shape[1],
-            world,
-            elem_bytes: a.dtype.size(),
-            fused,
+            dtype: a.dtype,
         };
-        let algorithm = plan::choose(&plan::mm_rs(&problem, &plan::DeviceModel::HOPPER), fused_preferred)?;
+        let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
+        let algorithm = decision.algorithm;
 
         // Workspace: one product chunk per destination rank (peers pull
         // them), local copies of the peers' chunks for this rank, the
@@ -248,7 +240,7 @@ impl MmRs {
         let mut layout = Layout::default();
         let (mut mailbox, mut flags) = (Layout::default(), Layout::default());
         let mut region = |bytes| layout.region(bytes);
-        let (chunks, staged, reduced, packed_a, state, inbox) = if algorithm == plan::Algorithm::Fused {
+        let (chunks, staged, reduced, packed_a, state, inbox) = if algorithm == Algorithm::Fused {
             let out_rows = self.out.numel() / self.out.shape[last];
             let state = flags.region(FusedMatmul::state_bytes(out_rows, b.shape[1], world));
             (Vec::new(), Vec::new(), 0, 0, state, mailbox.region(check::mul(chunk_bytes, world, "the product")?))
@@ -264,7 +256,7 @@ impl MmRs {
             Some(Mode::Row) => Some(region(check::mul(rows, 4, "a_scale")?)),
             _ => None,
         };
-        Ok(MmRsPlan {
+        Ok(MmRsPrepared {
             call: self,
             symmetric_out: None,
             dim,
@@ -276,7 +268,8 @@ impl MmRs {
             state,
             inbox,
             packed_scale,
-            algorithm,
+            decision,
+            shape,
             workspace: layout.bytes(),
             mailbox: mailbox.bytes(),
             flags: flags.bytes(),
@@ -285,7 +278,7 @@ impl MmRs {
 }
 
 #[derive(Debug)]
-pub(super) struct MmRsPlan {
+pub(super) struct MmRsPrepared {
     call: MmRs,
     /// Where every rank's `out` lies, if in symmetric memory (agreed).
     symmetric_out: Option<SymmetricPlace>,
@@ -304,15 +297,20 @@ pub(super) struct MmRsPlan {
     inbox: usize,
     /// Row-wise: where a slice of `a_scale` is made contiguous.
     packed_scale: Option<usize>,
-    algorithm: plan::Algorithm,
+    decision: Decision,
+    shape: decide::Shape,
     workspace: usize,
     mailbox: usize,
     flags: usize,
 }
 
-impl Plan for MmRsPlan {
+impl Prepared for MmRsPrepared {
     fn workspace_bytes(&self) -> usize {
         self.workspace
+    }
+
+    fn decided(&self) -> Option<String> {
+        Some(self.decision.describe(&self.shape))
     }
 
     fn mailbox_bytes(&self) -> usize {
@@ -328,12 +326,12 @@ impl Plan for MmRsPlan {
     }
 
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
-        if self.algorithm == plan::Algorithm::Fused {
+        if self.decision.algorithm == Algorithm::Fused {
             return self.fused(ex);
         }
         let MmRs { a, b, out, .. } = &self.call;
         // One matmul over all of `a` when its rows are the chunks in order.
-        let whole = self.dim == 0 && self.algorithm == plan::Algorithm::Sequential && a.as_matrix().is_some();
+        let whole = self.dim == 0 && self.decision.algorithm == Algorithm::Sequential && a.as_matrix().is_some();
         if !whole {
             return self.pipelined(ex);
         }
@@ -345,7 +343,7 @@ impl Plan for MmRsPlan {
     }
 }
 
-impl MmRsPlan {
+impl MmRsPrepared {
     /// Fused (dim 0 of matrices, see `fused_field`): one kernel, and no
     /// barrier before it. The peers' chunks first (rank+1 first), each tile
     /// pushed into the destination's inbox slot for this rank once that
@@ -506,10 +504,9 @@ impl MmRsPlan {
     /// each but the first multiplied onto the peer's partial for it, which
     /// the side stream has pulled into `out` meanwhile (C += A @ B, one
     /// rounding). Only the first piece, computed before any partial has
-    /// arrived, is summed by a reduction at the end. The pass this replaces
-    /// read two chunks and wrote one after the last matmul (0.133 ms at
-    /// 16384x4096x8192 on two H100s); with it gone the call took 1.50 ms
-    /// on the GPU instead of 1.61 (bench/NOTES.md, run da4b360).
+    /// arrived, is summed by a reduction at the end. This saves a final
+    /// pass that read two chunks and wrote one after the last matmul
+    /// (about 7% of the call at 16384x4096x8192 on two H100s, bench/results/).
     fn pipelined_onto_pulls(&self, ex: &Exec<'_>, pieces: usize) -> Result<()> {
         let MmRs { a, b, out, .. } = &self.call;
         let (me, rows) = (ex.rank(), out.shape[0]);
@@ -566,7 +563,7 @@ impl MmRsPlan {
 }
 
 /// Rows of this rank's chunk per piece at least, and most pieces, of
-/// [`MmRsPlan::pipelined_onto_pulls`]: pieces large enough that cuBLASLt
+/// [`MmRsPrepared::pipelined_onto_pulls`]: pieces large enough that cuBLASLt
 /// runs them about as fast as the whole chunk, and few enough that their
 /// pulls and joins cost little.
 const MIN_PIECE_ROWS: usize = 512;
@@ -579,6 +576,7 @@ const READY: usize = super::CHANNEL + 1;
 mod tests {
     use super::*;
     use crate::array::DType;
+    use crate::ops::testing::host_facts;
 
     fn call(a: &[usize], b: &[usize], dim: i64, out: &[usize]) -> MmRs {
         MmRs {
@@ -588,21 +586,22 @@ mod tests {
             op: ReduceOp::Avg,
             out: Array::contiguous(0x300_0000, DType::F16, out),
             scales: MmRsScales::default(),
+            algorithm: None,
         }
     }
 
     #[test]
     fn output_chunks_for_each_dim() {
-        assert!(call(&[4, 3, 5], &[5, 6], 0, &[2, 3, 6]).plan(2, "host", false, false).is_ok());
-        assert!(call(&[4, 3, 5], &[5, 6], 2, &[4, 3, 3]).plan(2, "host", false, false).is_ok());
-        let e = call(&[4, 3, 5], &[5, 6], 1, &[4, 1, 6]).plan(2, "host", false, false).unwrap_err();
+        assert!(call(&[4, 3, 5], &[5, 6], 0, &[2, 3, 6]).prepare(&host_facts(2), "host", false).is_ok());
+        assert!(call(&[4, 3, 5], &[5, 6], 2, &[4, 3, 3]).prepare(&host_facts(2), "host", false).is_ok());
+        let e = call(&[4, 3, 5], &[5, 6], 1, &[4, 1, 6]).prepare(&host_facts(2), "host", false).unwrap_err();
         assert_eq!(
             e.msg,
             "dimension 1 of a @ b ([4, 3, 6]) has size 3, which the world size 2 does not divide; expected a multiple of 2"
         );
-        let e = call(&[4, 3, 5], &[5, 6], 0, &[4, 3, 6]).plan(2, "host", false, false).unwrap_err();
+        let e = call(&[4, 3, 5], &[5, 6], 0, &[4, 3, 6]).prepare(&host_facts(2), "host", false).unwrap_err();
         assert_eq!(e.msg, "out.shape is [4, 3, 6]; expected [2, 3, 6]");
-        let e = call(&[4, 3, 5], &[4, 6], 0, &[2, 3, 6]).plan(2, "host", false, false).unwrap_err();
+        let e = call(&[4, 3, 5], &[4, 6], 0, &[2, 3, 6]).prepare(&host_facts(2), "host", false).unwrap_err();
         assert_eq!(e.msg, "b.shape[0] is 4; expected 5, a's last dimension");
     }
 
@@ -625,24 +624,24 @@ mod tests {
 
     #[test]
     fn fp8_plans() {
-        let p = fp8_call(0, 16, 2, true).plan(2, "host", false, false).unwrap();
+        let p = fp8_call(0, 16, 2, true).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!(p.mode, Some(Mode::Row));
         // Chunks of 4 x 16 f32; a packed as 8 x 32 bytes; 8 row scales.
         assert_eq!(p.chunks, vec![0, 256]);
         assert_eq!((p.packed_a, p.packed_scale, p.workspace), (1280, Some(1536), 1536 + 32));
-        assert_eq!(fp8_call(0, 16, 2, false).plan(2, "host", false, false).unwrap().packed_scale, None);
+        assert_eq!(fp8_call(0, 16, 2, false).prepare(&host_facts(2), "host", false).unwrap().packed_scale, None);
         // Scattering N: each rank's N (here 32 / 2) must be a multiple of 16.
-        assert!(fp8_call(1, 32, 2, true).plan(2, "host", false, false).is_ok());
-        assert!(fp8_call(1, 16, 2, true).plan(2, "host", false, false).unwrap_err().msg.contains("N = 8"));
+        assert!(fp8_call(1, 32, 2, true).prepare(&host_facts(2), "host", false).is_ok());
+        assert!(fp8_call(1, 16, 2, true).prepare(&host_facts(2), "host", false).unwrap_err().msg.contains("N = 8"));
         // A bias needs a bf16/f16 output.
         let mut c = fp8_call(0, 16, 2, false);
         c.scales.bias = Some(Array::contiguous(0x7100_0000, DType::F32, &[16]));
-        assert_eq!(c.plan(2, "host", false, false).unwrap_err().kind, crate::ErrorKind::Unsupported);
+        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, crate::ErrorKind::Unsupported);
         // Row-wise a_scale has a's shape with the last dimension 1.
         let mut c = fp8_call(0, 16, 2, true);
         c.scales.a_scale = Some(Array::contiguous(0x7000_0000, DType::F32, &[1, 8]));
         assert!(c
-            .plan(2, "host", false, false)
+            .prepare(&host_facts(2), "host", false)
             .unwrap_err()
             .msg
             .starts_with("opts->a_scale.shape is [1, 8]; expected [8, 1]"));
@@ -650,17 +649,17 @@ mod tests {
         let mut c = fp8_call(0, 16, 2, false);
         c.b.dtype = DType::BF16;
         assert_eq!(
-            c.plan(2, "host", false, false).unwrap_err().msg,
+            c.prepare(&host_facts(2), "host", false).unwrap_err().msg,
             "b.dtype is bf16; expected an fp8 type, as a is fp8_e4m3"
         );
         let mut c = fp8_call(0, 16, 2, false);
         c.b.strides = vec![16, 1];
-        assert_eq!(c.plan(2, "host", false, false).unwrap_err().kind, crate::ErrorKind::Unsupported);
+        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, crate::ErrorKind::Unsupported);
     }
 
     #[test]
     fn workspace_holds_chunks_staging_and_packed_a() {
-        let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).plan(4, "host", false, false).unwrap();
+        let p = call(&[4, 3, 5], &[5, 6], 0, &[1, 3, 6]).prepare(&host_facts(4), "host", false).unwrap();
         // Chunks of 18 f16 (36 bytes): one per rank back to back, then at
         // 256-byte steps a staged copy per rank, the reduced chunk, 60 f16 of a.
         assert_eq!(p.chunks, vec![0, 36, 72, 108]);
@@ -675,7 +674,7 @@ mod tests {
             let mut c = call(&[2048, 8], &[8, 16], 0, &[2048 / world, 16]);
             c.op = ReduceOp::Sum;
             f(&mut c);
-            c.plan(world, "host", false, false).unwrap().onto_pull_pieces(world)
+            c.prepare(&host_facts(world), "host", false).unwrap().onto_pull_pieces(world)
         };
         assert_eq!(pieces(2, &|_| {}), Some(2));
         assert_eq!(pieces(2, &|c| c.op = ReduceOp::Avg), None);
@@ -683,10 +682,10 @@ mod tests {
         assert_eq!(pieces(2, &|c| c.out.strides = vec![32, 1]), None); // not contiguous
         let mut small = call(&[1024, 8], &[8, 16], 0, &[512, 16]);
         small.op = ReduceOp::Sum;
-        assert_eq!(small.plan(2, "host", false, false).unwrap().onto_pull_pieces(2), None); // one piece
+        assert_eq!(small.prepare(&host_facts(2), "host", false).unwrap().onto_pull_pieces(2), None); // one piece
         let mut big = call(&[32768, 8], &[8, 16], 0, &[16384, 16]);
         big.op = ReduceOp::Sum;
-        assert_eq!(big.plan(2, "host", false, false).unwrap().onto_pull_pieces(2), Some(MAX_PIECES));
+        assert_eq!(big.prepare(&host_facts(2), "host", false).unwrap().onto_pull_pieces(2), Some(MAX_PIECES));
     }
 
     /// Two ranks, 1024 rows each (two pieces), bf16 small integers, so
@@ -719,9 +718,10 @@ mod tests {
                 op: ReduceOp::Sum,
                 out: arr(&mut out, &[rows, n]),
                 scales: MmRsScales::default(),
+                algorithm: None,
             };
-            let mut plan = call.plan(2, "host", false, false).unwrap();
-            plan.algorithm = plan::Algorithm::Pipelined;
+            let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
+            plan.decision.algorithm = Algorithm::Pipelined;
             assert_eq!(plan.onto_pull_pieces(2), Some(2));
             super::super::launch(g, Stream(0), &plan, &|_, make| make()).unwrap();
             out

@@ -3,7 +3,9 @@
 //! of the group's workspace.
 //!
 //! Every operation runs the same steps (`run`):
-//! 1. check the call on this rank and plan it; nothing is written yet;
+//! 1. check the call on this rank and prepare it (`Prepared`: its
+//!    algorithm, chosen by `decide`, and its workspace layout); nothing is
+//!    written yet;
 //! 2. agree on the call with every rank (`agree`), so that a call that is
 //!    invalid on any rank, or differs between ranks, fails on all of them;
 //! 3. size the group's workspace from the agreed arguments (`workspace`);
@@ -13,7 +15,8 @@
 //!
 //! A matmul operation called again with identical arguments skips steps 1
 //! and 2 (`run_prepared`, `memo`), and the backend may replay step 4 as
-//! one captured graph (`Backend::run_repeatable`).
+//! one captured graph (`Backend::run_repeatable`). What the operations keep
+//! per group between calls is theirs (`state`), attached to the group.
 //!
 //! Tensors become matrices the same way in every operation: the part of a
 //! tensor that belongs to one rank is a slice along the gathered (or
@@ -24,6 +27,7 @@
 pub mod ag_mm;
 mod agree;
 mod check;
+pub(crate) mod decide;
 pub(crate) mod fused;
 #[cfg(test)]
 mod host_cost;
@@ -31,6 +35,7 @@ pub mod lc_allgather;
 mod memo;
 pub mod mm_rs;
 pub mod scaled;
+pub(crate) mod state;
 mod symmetric;
 #[cfg(test)]
 mod testing;
@@ -44,14 +49,17 @@ pub use workspace::reserve as reserve_workspace;
 use crate::array::Array;
 use crate::backend::{GemmScales, Stream};
 use crate::buffer::Handle;
+use crate::cost::Algorithm;
 use crate::error::{err, Result};
-use crate::group::{Group, Scratch};
+use crate::group::Group;
 use agree::Signature;
+use state::Scratch;
 use std::hash::Hash;
 use std::sync::Arc;
 
-/// A checked call, ready to run once the ranks agree on it.
-trait Plan {
+/// A checked call, its algorithm chosen and its workspace laid out, ready
+/// to run once the ranks agree on it.
+trait Prepared {
     /// Workspace bytes the call needs, computed from agreed arguments only
     /// (never from local strides or addresses), so every rank sizes the
     /// workspace alike.
@@ -67,25 +75,36 @@ trait Plan {
         0
     }
     fn execute(&self, ex: &Exec<'_>) -> Result<()>;
-    /// Everything `execute` reads from the plan (addresses included), so
-    /// that two plans with the same key issue the same work: a backend
+    /// Everything `execute` reads from the call (addresses included), so
+    /// that two calls with the same key issue the same work: a backend
     /// may replay a repeated call (`Backend::run_repeatable`).
     fn replay_key(&self) -> String;
+    /// The algorithm decided and why, for the log (operations that choose one).
+    fn decided(&self) -> Option<String> {
+        None
+    }
 }
 
-/// Runs one collective call. `prepared` is this rank's signature and plan,
-/// or why the call could not be read at all; either way every rank takes
-/// part in the agreement, so that peers learn of a failure.
-fn run<P: Plan>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
+/// `sig` with the algorithm the call runs (`Err`: the call failed here, and
+/// the agreement reports that instead), so that ranks whose choices differ
+/// fail with `Mismatch` instead of running different algorithms.
+fn with_algorithm<E>(sig: Signature, algorithm: std::result::Result<Algorithm, E>) -> Signature {
+    sig.arg("algorithm", algorithm.map_or("undecided", Algorithm::name))
+}
+
+/// Runs one collective call. `prepared` is this rank's signature and
+/// prepared call, or why the call could not be read at all; either way
+/// every rank takes part in the agreement, so that peers learn of a failure.
+fn run<P: Prepared>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
     let _lock = group.lock_collective();
-    let plan = agreed(group, prepared)?;
-    launch(group, stream, &plan, &|_, make| make())
+    let (p, _) = agreed(group, prepared)?;
+    launch(group, stream, &p, &|_, make| make())
 }
 
 /// As `run`, for an operation whose preparation (`prepare`: signature and
-/// plan) depends on nothing but its arguments, the group's fixed
-/// properties and `SYMM_ALGO`: a call identical to an earlier one reuses
-/// that one's preparation (see `memo`).
+/// prepared call) depends on nothing but its arguments and the group's
+/// fixed properties: a call identical to an earlier one reuses that one's
+/// preparation (see `memo`).
 fn run_prepared<C, P>(
     group: &Arc<Group>,
     stream: Stream,
@@ -94,46 +113,51 @@ fn run_prepared<C, P>(
 ) -> Result<()>
 where
     C: Clone + Hash + Eq + Send + Sync + 'static,
-    P: Plan + Send + Sync + 'static,
+    P: Prepared + Send + Sync + 'static,
 {
     let _lock = group.lock_collective();
     let reuse = !group.check_args_always();
-    let algo = memo::algorithm_override();
     if let (true, Ok(c)) = (reuse, &call) {
-        if let Some(e) = memo::find::<C, P>(group, c, &algo) {
-            return launch(group, stream, &*e.plan, &|ids, make| e.key(ids, make));
+        if let Some(e) = memo::find::<C, P>(group, c) {
+            return launch(group, stream, &*e.prepared, &|ids, make| e.key(ids, make));
         }
     }
     let kept = call.as_ref().ok().filter(|_| reuse).cloned();
-    let plan = agreed(group, call.map(prepare))?;
+    let (p, first) = agreed(group, call.map(prepare))?;
+    if first {
+        if let Some(line) = p.decided() {
+            log::info!("{line}");
+        }
+    }
     match kept {
         Some(c) => {
-            let e = memo::keep(group, c, algo, Arc::new(plan));
-            launch(group, stream, &*e.plan, &|ids, make| e.key(ids, make))
+            let e = memo::keep(group, c, Arc::new(p));
+            launch(group, stream, &*e.prepared, &|ids, make| e.key(ids, make))
         }
-        None => launch(group, stream, &plan, &|_, make| make()),
+        None => launch(group, stream, &p, &|_, make| make()),
     }
 }
 
-/// The agreement (with the collective lock held): this rank's plan once
-/// every rank agreed on the call.
-fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<P> {
-    let (sig, plan) = match prepared {
+/// The agreement (with the collective lock held): this rank's prepared
+/// call once every rank agreed on it, and whether its signature was agreed
+/// for the first time.
+fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<(P, bool)> {
+    let (sig, p) = match prepared {
         Ok((s, p)) => (Some(s), p),
         Err(e) => (None, Err(e)),
     };
-    agree::agree(group, sig.as_ref(), plan.as_ref().map(drop).map_err(Clone::clone))?;
-    plan
+    let first = agree::agree(group, sig.as_ref(), p.as_ref().map(drop).map_err(Clone::clone))?;
+    Ok((p?, first))
 }
 
 /// The ids of the scratch buffers a call runs with (workspace, mailbox,
 /// flags), which its replay key depends on.
 type ScratchIds = (u64, Option<u64>, Option<u64>);
 
-/// Executes an agreed plan (with the collective lock held), replayed where
+/// Executes an agreed call (with the collective lock held), replayed where
 /// the backend can. `key(scratch ids, make)` is the replay key, `make()`
 /// making it afresh.
-fn launch<P: Plan>(
+fn launch<P: Prepared>(
     group: &Arc<Group>,
     stream: Stream,
     plan: &P,
@@ -168,7 +192,7 @@ fn launch<P: Plan>(
 /// (the workspace is private to them, so one channel serves all).
 const CHANNEL: usize = 0;
 
-/// What a plan executes with: the group, its workspace (and mailbox and
+/// What a prepared call executes with: the group, its workspace (and mailbox and
 /// flags buffer, when it asked for them), the caller's stream.
 struct Exec<'a> {
     group: &'a Group,
@@ -205,7 +229,7 @@ impl Exec<'_> {
             Scratch::Mailbox => self.mailbox.as_ref(),
             Scratch::Flags => self.flags.as_ref(),
         };
-        let buf = buf.ok_or_else(|| err!(Internal, "the plan was given no {kind:?}"))?;
+        let buf = buf.ok_or_else(|| err!(Internal, "the call was given no {kind:?}"))?;
         (0..self.world()).map(|r| Ok(buf.peer_addr(r)? + offset as u64)).collect()
     }
 
@@ -226,7 +250,7 @@ impl Exec<'_> {
     }
 
     /// A second side stream, for signals that must not hold up the main
-    /// stream's next matmul (see `MmRsPlan::pipelined`).
+    /// stream's next matmul (see `MmRsPrepared::pipelined`).
     fn signal_side(&self) -> Result<Stream> {
         self.group.backend().side_stream(1)
     }

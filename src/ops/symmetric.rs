@@ -5,7 +5,7 @@
 //! knows where its peers' tensors are without an exchange per call.
 
 use crate::array::Array;
-use crate::buffer::Handle;
+use crate::buffer::{find_symmetric, Handle};
 use crate::error::Result;
 use crate::group::Group;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ impl SymmetricPlace {
         if !t.is_contiguous() {
             return None;
         }
-        let buffer = group.find_symmetric(t.byte_range())?;
+        let buffer = find_symmetric(group, t.byte_range())?;
         let offset = (t.addr - buffer.buffer().addr()) as usize;
         Some(SymmetricPlace { buffer, offset })
     }

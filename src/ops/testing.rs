@@ -15,6 +15,16 @@ pub fn host_config(check_args_always: bool) -> GroupConfig {
     }
 }
 
+/// The facts of a host group of `world` ranks (no fused kernel).
+pub fn host_facts(world: usize) -> crate::ops::decide::Facts {
+    crate::ops::decide::Facts {
+        caps: crate::backend::Capabilities::default(),
+        world,
+        own_devices: false,
+        setting: None,
+    }
+}
+
 pub fn host_groups(world: usize) -> Vec<Arc<Group>> {
     Group::new_local(&vec![0; world], &host_config(false)).unwrap()
 }

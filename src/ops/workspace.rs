@@ -10,10 +10,11 @@
 //! rank, so all ranks grow together. None shrinks; a grown one starts
 //! zeroed, as the first one did.
 
+use super::state::{self, Scratch};
 use crate::backend::Stream;
 use crate::buffer::{self, Buffer, Handle};
 use crate::error::{err, Result};
-use crate::group::{Group, Scratch};
+use crate::group::Group;
 use std::sync::Arc;
 
 /// Sizes grow in steps of this, so a run of slightly larger calls does not
@@ -47,7 +48,7 @@ impl Layout {
 /// The one it replaces is freed once the work of earlier calls is done:
 /// those on `stream` (the calling operation's), else on the whole device.
 pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize, stream: Option<Stream>) -> Result<Arc<Handle>> {
-    let old = group.scratch(kind);
+    let old = state::of(group).scratch(kind);
     if let Some(ws) = &old {
         if ws.buffer().size() >= bytes {
             return Ok(ws.clone());
@@ -73,7 +74,7 @@ pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize, stream: Option<St
         }
     };
     let ws = buffer::rendezvous_locked(&buf).map_err(|e| e.context(format!("growing the {kind:?}")))?;
-    group.set_scratch(kind, ws.clone());
+    state::of(group).set_scratch(kind, ws.clone());
     Ok(ws)
 }
 
@@ -146,14 +147,17 @@ mod tests {
             }
             let ws2 = ensure(g, Scratch::Workspace, 2 * GROWTH_STEP, None).unwrap();
             let mb2 = ensure(g, Scratch::Mailbox, 2 * GROWTH_STEP, None).unwrap();
-            assert!(Arc::ptr_eq(&mb2, &g.scratch(Scratch::Mailbox).unwrap()));
-            assert!(Arc::ptr_eq(&fl, &g.scratch(Scratch::Flags).unwrap()), "growing the mailbox kept the flags");
+            assert!(Arc::ptr_eq(&mb2, &state::of(g).scratch(Scratch::Mailbox).unwrap()));
+            assert!(
+                Arc::ptr_eq(&fl, &state::of(g).scratch(Scratch::Flags).unwrap()),
+                "growing the mailbox kept the flags"
+            );
             (ws2.id(), mb2.id(), fl.id())
         });
         assert_eq!(ids[0], ids[1]);
         gs.iter().for_each(|g| g.release_scratch());
         let none = |g: &Arc<Group>| {
-            [Scratch::Workspace, Scratch::Mailbox, Scratch::Flags].iter().all(|&k| g.scratch(k).is_none())
+            [Scratch::Workspace, Scratch::Mailbox, Scratch::Flags].iter().all(|&k| state::of(g).scratch(k).is_none())
         };
         assert!(gs.iter().all(none));
     }
@@ -168,7 +172,7 @@ mod tests {
             assert!(e.msg.contains("rank 0 4194304 bytes, rank 2 8388608"), "{}", e.msg);
         }
         on_each(&gs, |_, g| reserve(g, 3 << 20).unwrap());
-        assert!(gs.iter().all(|g| g.workspace().unwrap().buffer().size() == 3 << 20));
+        assert!(gs.iter().all(|g| state::of(g).scratch(Scratch::Workspace).unwrap().buffer().size() == 3 << 20));
         gs.iter().for_each(|g| g.release_scratch());
     }
 }

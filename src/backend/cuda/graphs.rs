@@ -56,14 +56,7 @@ struct Inner {
 
 /// Whether replays are on (`SYMM_GRAPHS=0` turns them off).
 fn enabled() -> bool {
-    static ON: once_cell::sync::Lazy<bool> = once_cell::sync::Lazy::new(|| {
-        let on = std::env::var("SYMM_GRAPHS").map_or(true, |v| v != "0");
-        if !on {
-            log::info!("SYMM_GRAPHS=0: repeated calls are not captured into CUDA graphs");
-        }
-        on
-    });
-    *ON
+    crate::config::graphs()
 }
 
 pub(super) fn is_capturing(stream: Stream) -> Result<bool> {

@@ -20,7 +20,9 @@ mod sm90_trace;
 mod streams;
 mod vmm;
 
-use super::{Allocation, Backend, BackendKind, FusedMatmul, GemmScales, Mapping, PadSet, Signals, Stream};
+use super::{
+    Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping, PadSet, Signals, Stream,
+};
 use crate::array::Array;
 use crate::error::{err, Result};
 use async_error::AsyncError;
@@ -43,6 +45,11 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
+    /// Whether this device runs symm's sm_90a matmul.
+    fn has_fused_matmul(&self) -> bool {
+        module::kernels(&self.ctx).is_ok_and(|k| k.gemm_sm90.is_some())
+    }
+
     /// The backend for CUDA device `device` (its primary context).
     pub fn new(device: i32) -> Result<Self> {
         let ctx = driver::context(device)?;
@@ -179,17 +186,19 @@ impl Backend for CudaBackend {
         // SAFETY: the caller's device memory of at least `bytes`.
         driver::check(unsafe { sys::cuMemsetD8Async(addr, 0, bytes, stream.0 as sys::CUstream) }, "cuMemsetD8Async")
     }
-    fn has_fused_matmul(&self) -> bool {
-        module::kernels(&self.ctx).is_ok_and(|k| k.gemm_sm90.is_some())
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fused_matmul: self.has_fused_matmul(),
+            max_fused_world: sm90_gemm::MAX_CHUNKS,
+            gather_slice_align: sm90_gemm::Sm90Matmul::SLICE_ALIGN,
+            fused_scatter_preferred: sm90_gemm::fused_scatter_preferred,
+        }
     }
     fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
         if !self.has_fused_matmul() {
             return Err(err!(Unsupported, "this device does not run symm's sm_90a matmul"));
         }
         sm90_gemm::Sm90Matmul::from_fused(call, 0)?.check()
-    }
-    fn fused_scatter_preferred(&self, chunk_rows: usize, n: usize, world: usize, in_elem: usize) -> bool {
-        self.has_fused_matmul() && sm90_gemm::fused_scatter_preferred(chunk_rows, n, world, in_elem)
     }
     fn fused_matmul(&self, call: &FusedMatmul, stream: Stream) -> Result<()> {
         self.bind()?;

@@ -10,7 +10,7 @@ mod memory;
 mod scaled;
 mod signals;
 
-use super::{Allocation, Backend, BackendKind, GemmScales, Mapping, PadSet, Signals, Stream};
+use super::{Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Signals, Stream};
 use crate::array::Array;
 use crate::error::Result;
 use std::os::fd::OwnedFd;
@@ -23,6 +23,11 @@ pub struct HostBackend;
 impl Backend for HostBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Host
+    }
+    /// No fused kernel: the operations run their sequential and pipelined
+    /// forms over `copy`, `reduce` and `gemm`.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
     fn device(&self) -> i32 {
         -1

@@ -193,6 +193,7 @@ fn read_ag_mm(f: &Frame<'_>) -> Result<AgMm> {
         ag_out,
         outs: arrays(&rets[..num_b], "outs")?,
         scales: AgMmScales::default(),
+        algorithm: None,
     })
 }
 
@@ -207,7 +208,8 @@ fn read_mm_rs(f: &Frame<'_>) -> Result<MmRs> {
     attrs.finish()?;
     let args = counted(&args, 2, "arguments")?;
     let out = counted(&rets, 1, "results")?[0].array("out")?;
-    Ok(MmRs { a: args[0].array("a")?, b: args[1].array("b")?, scatter_dim, op, out, scales: MmRsScales::default() })
+    let (a, b) = (args[0].array("a")?, args[1].array("b")?);
+    Ok(MmRs { a, b, scatter_dim, op, out, scales: MmRsScales::default(), algorithm: None })
 }
 
 fn read_lc_allgather(f: &Frame<'_>) -> Result<LcAllgather> {

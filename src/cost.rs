@@ -1,16 +1,14 @@
 //! The cost model: for a fused operation on a given group and shape, the
 //! predicted matmul time, communication time and exposed (not hidden)
-//! communication of each algorithm, and the choice among them.
+//! communication of each algorithm, and the best of them ([`best`]).
+//! The operations' choice (`ops::decide`) and the C query `symm_plan_*`
+//! both go by it.
 //!
 //! Times come from a roofline of the device (matmul rate, copy-engine link
 //! bandwidth, HBM bandwidth, launch and barrier latencies) plus the cost of
-//! splitting a matmul into pieces. The split cost is calibrated on our own
-//! runs on 2 x H200 (`bench/results/2026-11-22-h200-x2-*`): with per-rank
-//! pieces in rank-staggered order, the pipelined path beat one whole matmul
-//! after the pulls on every benchmark shape but one, where the two were
-//! within noise (ag_mm 16384x8192x8192: 3.37 vs 3.61 ms; 2048x8192x14336:
-//! 0.81 vs 0.80 ms), so splitting costs about 1% here, not the 24% a naive
-//! PyTorch pipeline showed in `../shared/anchors/`.
+//! splitting a matmul into pieces, calibrated on measured runs
+//! (`bench/results/`): with per-rank pieces in rank-staggered order,
+//! splitting costs about 1%.
 
 /// What the device can do, in the units the model uses.
 #[derive(Clone, Copy, Debug)]
@@ -30,10 +28,8 @@ pub struct DeviceModel {
     /// Relative matmul slowdown for each extra piece a matmul is split into.
     pub split_penalty: f64,
     /// Time of symm's own fused matmul relative to cuBLAS on the whole
-    /// problem (kernels/gemm_sm90.cu; bf16 0.96-1.02 x on an H200 and an
-    /// H100 since c7e5710; fp8 with exact accumulation 1.20-1.36 x, see
-    /// bench/KERNELS.md). The fused algorithm is chosen by measurement, not
-    /// by this estimate (see [`best`]).
+    /// problem. The fused algorithm is chosen by measurement, not by this
+    /// estimate (see [`best`]).
     pub fused_slowdown: f64,
 }
 
@@ -54,7 +50,7 @@ impl DeviceModel {
 }
 
 /// How an operation is carried out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Communicate everything, then one matmul (or matmul, then reduce).
     Sequential,
@@ -67,12 +63,19 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    pub const ALL: [Algorithm; 3] = [Algorithm::Sequential, Algorithm::Pipelined, Algorithm::Fused];
+
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Sequential => "sequential",
             Algorithm::Pipelined => "pipelined",
             Algorithm::Fused => "fused",
         }
+    }
+
+    /// The algorithm named `name` (as [`Algorithm::name`] writes it).
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name.trim().to_ascii_lowercase())
     }
 }
 
@@ -197,12 +200,10 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
 
 /// The fused all-gather pulls each shard in slices of k (columns), each
 /// flagged on its own, so that a tile of a peer's rows starts once the
-/// first slice has landed instead of the whole shard. At small M that lets
-/// those tiles run in the first wave beside the local ones, reading B
-/// together (at 512x8192x14336 the kernel otherwise read B once per shard:
-/// 1.07-1.09 x the whole matmul with the shard already there, one H100 and
-/// one H200, bench/KERNELS.md). Slices stay large enough that a copy engine
-/// streams them at speed, and few enough that their flags cost nothing.
+/// first slice has landed instead of the whole shard: at small M those
+/// tiles then run in the first wave beside the local ones, reading B
+/// together. Slices stay large enough that a copy engine streams them at
+/// speed, and few enough that their flags cost nothing.
 const MIN_SLICE_BYTES: usize = 512 << 10;
 const MAX_SLICES: usize = 8;
 
@@ -215,56 +216,14 @@ pub fn gather_slice_k(shard_bytes: usize, k: usize, align: usize) -> usize {
     (2..=most).rev().find(|&s| k % (s * align) == 0).map_or(k, |s| k / s)
 }
 
-/// The algorithm to run: `SYMM_ALGO` (`sequential`, `pipelined` or
-/// `fused`) when set, for benchmarking and tuning, else the best estimate
-/// (with `fused_preferred`, see [`best`]).
-/// `fused` is an error (Unsupported) where the fused kernel cannot run the
-/// call, so that a benchmark or test never measures a silent fallback.
-pub fn choose(estimates: &[Estimate], fused_preferred: bool) -> crate::Result<Algorithm> {
-    match std::env::var("SYMM_ALGO").as_deref() {
-        Ok("sequential") => Ok(Algorithm::Sequential),
-        Ok("pipelined") => Ok(Algorithm::Pipelined),
-        Ok("fused") if estimates.iter().any(|e| e.algorithm == Algorithm::Fused) => Ok(Algorithm::Fused),
-        Ok("fused") => Err(crate::error::err!(
-            Unsupported,
-            "SYMM_ALGO=fused, but the fused kernel cannot run this call: it needs every rank on a GPU of its own \
-             that runs symm's sm_90a kernels, bf16 or f16 operands with k a multiple of 8, gather/scatter \
-             dimension 0 of matrices, B K-major (a Linear weight's transpose) and 16-byte aligned rows"
-        )),
-        Ok(other) => {
-            Err(crate::error::err!(InvalidArgument, "SYMM_ALGO={other:?}: expected sequential, pipelined or fused"))
-        }
-        Err(_) => Ok(best(estimates, fused_preferred).algorithm),
-    }
-}
-
 /// The automatic choice: the estimate with the smallest predicted total
 /// among the sequential and pipelined paths, unless the fused one is
-/// `fused_preferred` (last paragraph). Otherwise the fused kernel runs only
-/// when asked for (`SYMM_ALGO=fused`): on 2 x H200 it was slower than the
-/// pipelined path on 7 of the 8 benchmark shapes (ag_mm 0.99-1.10 x, and
-/// 5 x at M = 512; mm_rs 1.05-1.39 x; bench/results/2026-11-23-h200-x2-*),
-/// and on 2 x H100 on all 8, eager and bound (ag_mm 1.02-1.17 x, mm_rs
-/// 1.03-1.11 x; bench/results/2026-11-25-h100-x2-*), for reasons the model
-/// does not capture yet, so its estimate is reported but never preferred.
-/// Since the fused reduce-scatter lost its opening barrier (2 x H200,
-/// bench/results/2026-11-26-h200-x2-*, bench/KERNELS.md v12-v13) it ties
-/// the pipelined path bound at mm_rs 512 (0.194-0.213 against 0.194-0.205
-/// ms, a noisy run aside) but is 2-5% slower replayed from graphs and
-/// 2-5% slower bound at 2048: still no shape where choosing it would pay.
-/// With v18 (bench/KERNELS.md) it was 2-3% faster bound at mm_rs 512 in the
-/// benchmark's quick runs (slower in its complete run, 0.203 against 0.196)
-/// and 9-26% slower than the pipelined path at five of six small-M shapes,
-/// 512 included (twice), when each call starts alone (`eager_gap_probe.py`,
-/// bench/results/2026-11-26-h200-x2-3df52bb-mm-rs-small-m-probe.txt),
-/// probably because its own tiles need the peer's pushes within ~10 us of
-/// their mainloop's end, where the pipelined path's pull has a whole second
-/// matmul to arrive in, so ranks that start apart cost it more.
-/// With v19 (narrow peer tiles on the SMs a one-wave kernel leaves idle,
-/// bench/KERNELS.md) the fused reduce-scatter beat the pipelined path at
-/// mm_rs 512 bound, replayed and one call at a time, so where the backend
-/// says its kernel is at that advantage (`fused_preferred`, from the shape
-/// alone) and it can run, it is chosen.
+/// `fused_preferred`. The fused kernel's estimate is reported but not
+/// otherwise preferred: measured, it lost to the pipelined path on every
+/// benchmark shape but one (bench/results/, the newest complete run per
+/// device), for reasons the model does not capture. Where the backend says
+/// its kernel is measured ahead (`Capabilities::fused_scatter_preferred`,
+/// from the shape alone: mm_rs at small M) and it can run, it is chosen.
 pub fn best(estimates: &[Estimate], fused_preferred: bool) -> Estimate {
     if let Some(f) = estimates.iter().find(|e| e.algorithm == Algorithm::Fused && fused_preferred) {
         return *f;

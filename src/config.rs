@@ -1,0 +1,99 @@
+//! The library's `SYMM_*` environment variables, read here and nowhere
+//! else (logging's `SYMM_DEBUG*` aside, which `log` owns).
+//!
+//! Group settings (`SYMM_ALGO`, `SYMM_TIMEOUT_MS`, `SYMM_CHECK_ARGS`,
+//! `SYMM_BACKEND`) are read once, when a group forms; the ones that change
+//! what the ranks do together (the algorithm, the check-args mode) are then
+//! agreed with the other ranks (`group::Settings`), so ranks started with
+//! different environments fail at once with `Mismatch` naming the variable
+//! instead of waiting for each other. Process settings (`SYMM_GRAPHS`) are
+//! read once per process: they change only how this rank issues its work.
+
+use crate::backend::BackendChoice;
+use crate::cost::Algorithm;
+use crate::error::{err, Result};
+use std::time::Duration;
+
+pub const ALGO: &str = "SYMM_ALGO";
+pub const TIMEOUT_MS: &str = "SYMM_TIMEOUT_MS";
+pub const CHECK_ARGS: &str = "SYMM_CHECK_ARGS";
+pub const BACKEND: &str = "SYMM_BACKEND";
+pub const GRAPHS: &str = "SYMM_GRAPHS";
+pub const BOOTSTRAP_ADDR: &str = "SYMM_BOOTSTRAP_ADDR";
+pub const BOOTSTRAP_PORT: &str = "SYMM_BOOTSTRAP_PORT";
+pub const BOOTSTRAP_SECRET: &str = "SYMM_BOOTSTRAP_SECRET";
+
+/// A variable's value; empty (or blank) counts as unset.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// `SYMM_ALGO`: the algorithm every fused operation of a group runs
+/// (`sequential`, `pipelined` or `fused`) unless a call's options choose
+/// one; unset, the cost model chooses.
+pub fn algorithm() -> Result<Option<Algorithm>> {
+    var(ALGO)
+        .map(|v| {
+            Algorithm::parse(&v)
+                .ok_or_else(|| err!(InvalidArgument, "{ALGO}={v:?}: expected sequential, pipelined or fused"))
+        })
+        .transpose()
+}
+
+/// `SYMM_TIMEOUT_MS`: how long a rank waits for the others.
+pub fn timeout() -> Result<Option<Duration>> {
+    var(TIMEOUT_MS)
+        .map(|v| {
+            v.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis)
+                .ok_or_else(|| err!(InvalidArgument, "{TIMEOUT_MS}={v:?}: expected a positive number of milliseconds"))
+        })
+        .transpose()
+}
+
+/// `SYMM_CHECK_ARGS`: `always` (`Some(true)`: exchange every call's
+/// arguments) or `cached` (`None`: as the group's config says).
+pub fn check_args_always() -> Result<Option<bool>> {
+    match var(CHECK_ARGS).map(|v| (v.trim().to_ascii_lowercase(), v)) {
+        None => Ok(None),
+        Some((l, _)) if l == "always" => Ok(Some(true)),
+        Some((l, _)) if l == "cached" => Ok(None),
+        Some((_, v)) => Err(err!(InvalidArgument, "{CHECK_ARGS}={v:?}: expected always or cached")),
+    }
+}
+
+/// `SYMM_BACKEND`: `auto`, `cuda` or `host`.
+pub fn backend() -> Result<Option<BackendChoice>> {
+    var(BACKEND).map(|v| BackendChoice::parse(&v)).transpose()
+}
+
+/// `SYMM_GRAPHS=0` turns off the replay of repeated calls as captured
+/// graphs (read once per process).
+pub fn graphs() -> bool {
+    static ON: once_cell::sync::Lazy<bool> = once_cell::sync::Lazy::new(|| {
+        let on = var(GRAPHS).is_none_or(|v| v != "0");
+        if !on {
+            log::info!("SYMM_GRAPHS=0: repeated calls are not captured into CUDA graphs");
+        }
+        on
+    });
+    *ON
+}
+
+/// `SYMM_BOOTSTRAP_ADDR`: where an embedded bootstrap store listens.
+pub fn bootstrap_addr() -> Option<String> {
+    var(BOOTSTRAP_ADDR)
+}
+
+/// `SYMM_BOOTSTRAP_PORT`: the env bootstrap's store port (as given).
+pub fn bootstrap_port() -> Option<String> {
+    var(BOOTSTRAP_PORT)
+}
+
+/// `SYMM_BOOTSTRAP_SECRET`: the env bootstrap's group secret (as given).
+pub fn bootstrap_secret() -> Option<String> {
+    var(BOOTSTRAP_SECRET)
+}

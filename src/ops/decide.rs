@@ -1,0 +1,264 @@
+//! The one place that chooses the algorithm of a fused operation
+//! (`fused_ag_mm`, `mm_rs`): a pure function of the call's agreed
+//! arguments (its shape and dtype, whether its operands suit the fused
+//! kernel, the algorithm its options ask for) and the group's facts (the
+//! backend's [`Capabilities`], the world, whether every rank has a device
+//! of its own, the agreed `SYMM_ALGO`). The operations and the C query
+//! `symm_plan_*` both call [`decide`], and the operations put its answer
+//! in the call's signature, so ranks never run different algorithms.
+//!
+//! Order: the call's option, else the group's `SYMM_ALGO`, else the cost
+//! model's best ([`cost::best`]). A forced `fused` the call cannot run is
+//! an error (Unsupported), never a silent fallback, so that a benchmark
+//! never measures something else than it asked for.
+
+use crate::array::DType;
+use crate::backend::Capabilities;
+use crate::cost::{self, Algorithm, DeviceModel, Estimate, Problem};
+use crate::error::{err, Result};
+use crate::group::Group;
+use std::fmt;
+
+/// The fused operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    AgMm,
+    MmRs,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::AgMm => "fused_ag_mm",
+            Op::MmRs => "mm_rs",
+        }
+    }
+}
+
+/// A call's shape as the decision sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub op: Op,
+    /// Rows of A: all ranks' for `AgMm`, this rank's for `MmRs`.
+    pub m: usize,
+    pub k: usize,
+    /// Sum of the N of every B.
+    pub n: usize,
+    pub dtype: DType,
+}
+
+/// What the decision knows of a group (equal on every rank of a formed
+/// group: the backend kind, the ranks' devices and the settings agreed).
+#[derive(Clone, Copy, Debug)]
+pub struct Facts {
+    pub caps: Capabilities,
+    pub world: usize,
+    /// Every rank on a device of its own (two ranks' persistent kernels on
+    /// one GPU would wait for each other).
+    pub own_devices: bool,
+    /// The group's `SYMM_ALGO`.
+    pub setting: Option<Algorithm>,
+}
+
+impl Facts {
+    pub fn of(group: &Group) -> Facts {
+        let mut devices: Vec<i32> = group.ranks().iter().map(|r| r.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        Facts {
+            caps: group.backend().capabilities(),
+            world: group.world(),
+            own_devices: devices.len() == group.world(),
+            setting: group.settings().algorithm,
+        }
+    }
+
+    /// Whether the group can run a fused kernel for `dtype` (bf16, f16 or
+    /// fp8) with inner size `k` (rows of whole 16-byte units, TMA's rule);
+    /// the call's layout is checked apart (`fused::field`).
+    pub fn fused_possible(&self, dtype: DType, k: usize) -> bool {
+        self.caps.fused_matmul
+            && (2..=self.caps.max_fused_world).contains(&self.world)
+            && self.own_devices
+            && (matches!(dtype, DType::BF16 | DType::F16) || dtype.fp8().is_some())
+            && (k * dtype.size()) % 16 == 0
+            && k <= i32::MAX as usize
+    }
+}
+
+/// Why an algorithm was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// The call's options asked for it.
+    Option,
+    /// The group's `SYMM_ALGO`.
+    Env,
+    /// The cost model's best (`fused_preferred`: the backend measured its
+    /// fused kernel ahead on this shape).
+    CostModel { fused_preferred: bool },
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Why::Option => write!(f, "forced by the call's options"),
+            Why::Env => write!(f, "forced by SYMM_ALGO"),
+            Why::CostModel { fused_preferred: true } => write!(f, "the backend measured its fused kernel ahead"),
+            Why::CostModel { fused_preferred: false } => write!(f, "the cost model"),
+        }
+    }
+}
+
+/// The algorithm a call runs, why, and the cost model's estimate of it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Decision {
+    pub algorithm: Algorithm,
+    pub why: Why,
+    pub estimate: Estimate,
+}
+
+impl Decision {
+    /// One line for the log: the operation, its shape, the choice and why.
+    pub fn describe(&self, shape: &Shape) -> String {
+        format!(
+            "{} m={} k={} n={} {}: {} ({}; predicted {:.3} ms)",
+            shape.op.name(),
+            shape.m,
+            shape.k,
+            shape.n,
+            shape.dtype,
+            self.algorithm.name(),
+            self.why,
+            self.estimate.total_ms
+        )
+    }
+}
+
+/// The algorithm `shape` runs on a group with `facts`; `fits`: whether the
+/// call's operands suit the fused kernel (its layout); `requested`: the
+/// call's option (`None`: automatic).
+pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algorithm>) -> Result<Decision> {
+    let world = facts.world;
+    let fused = fits && facts.fused_possible(shape.dtype, shape.k);
+    let problem = Problem { m: shape.m, k: shape.k, n: shape.n, world, elem_bytes: shape.dtype.size(), fused };
+    let estimates = match shape.op {
+        Op::AgMm => cost::ag_mm(&problem, &DeviceModel::HOPPER),
+        Op::MmRs => cost::mm_rs(&problem, &DeviceModel::HOPPER),
+    };
+    let forced = match (requested, facts.setting) {
+        (Some(a), _) => Some((a, Why::Option)),
+        (None, Some(a)) => Some((a, Why::Env)),
+        (None, None) => None,
+    };
+    match forced {
+        Some((Algorithm::Fused, why)) if !fused => {
+            let asked = match why {
+                Why::Option => "the call's options ask for the fused algorithm",
+                _ => "SYMM_ALGO=fused",
+            };
+            Err(err!(
+                Unsupported,
+                "{asked}, but the fused kernel cannot run this call: it needs every rank on a GPU of its own \
+                 that runs symm's sm_90a kernels, bf16 or f16 operands with k a multiple of 8, gather/scatter \
+                 dimension 0 of matrices, B K-major (a Linear weight's transpose) and 16-byte aligned rows"
+            ))
+        }
+        Some((algorithm, why)) => {
+            let estimate = estimates
+                .iter()
+                .find(|e| e.algorithm == algorithm)
+                .copied()
+                .unwrap_or_else(|| cost::best(&estimates, false));
+            Ok(Decision { algorithm, why, estimate })
+        }
+        None => {
+            let fused_preferred = shape.op == Op::MmRs
+                && fused
+                && shape.m % world == 0
+                && (facts.caps.fused_scatter_preferred)(shape.m / world, shape.n, world, shape.dtype.size());
+            let estimate = cost::best(&estimates, fused_preferred);
+            Ok(Decision { algorithm: estimate.algorithm, why: Why::CostModel { fused_preferred }, estimate })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CUDA backend's capabilities on a Hopper device, with its
+    /// preference reduced to the measured case (mm_rs chunks of 256 rows).
+    fn hopper(world: usize, setting: Option<Algorithm>) -> Facts {
+        Facts {
+            caps: Capabilities {
+                fused_matmul: true,
+                max_fused_world: 16,
+                gather_slice_align: 128,
+                fused_scatter_preferred: |rows, _, _, in_elem| rows == 256 && in_elem == 2,
+            },
+            world,
+            own_devices: true,
+            setting,
+        }
+    }
+
+    fn shape(op: Op, m: usize, k: usize, n: usize) -> Shape {
+        Shape { op, m, k, n, dtype: DType::BF16 }
+    }
+
+    #[test]
+    fn automatic_choices_are_the_cost_model_s() {
+        let f = hopper(2, None);
+        for &(m, k, n) in &[(16384, 8192, 8192), (8192, 8192, 14336), (2048, 8192, 14336), (512, 8192, 14336)] {
+            let d = decide(&f, &shape(Op::AgMm, m, k, n), true, None).unwrap();
+            assert_eq!(d.algorithm, Algorithm::Pipelined, "ag_mm {m}");
+            assert_eq!(d.why, Why::CostModel { fused_preferred: false });
+        }
+        for &(m, k, n) in &[(16384, 4096, 8192), (8192, 14336, 8192), (2048, 14336, 8192), (512, 14336, 8192)] {
+            let d = decide(&f, &shape(Op::MmRs, m, k, n), true, None).unwrap();
+            let want = if m == 512 { Algorithm::Fused } else { Algorithm::Pipelined };
+            assert_eq!(d.algorithm, want, "mm_rs {m}");
+            // Preferred, but the layout does not suit the kernel.
+            let d = decide(&f, &shape(Op::MmRs, m, k, n), false, None).unwrap();
+            assert_eq!(d.algorithm, Algorithm::Pipelined, "mm_rs {m}, unfit");
+        }
+        // Without the kernel, on shared devices, at world 1, in f32: never fused.
+        let host = Facts { caps: Capabilities::default(), ..f };
+        let shared = Facts { own_devices: false, ..f };
+        for facts in [host, shared, hopper(1, None)] {
+            let d = decide(&facts, &shape(Op::MmRs, 512, 14336, 8192), true, None).unwrap();
+            assert_ne!(d.algorithm, Algorithm::Fused, "{facts:?}");
+        }
+        let f32_call = Shape { dtype: DType::F32, ..shape(Op::MmRs, 512, 14336, 8192) };
+        assert_ne!(decide(&f, &f32_call, true, None).unwrap().algorithm, Algorithm::Fused);
+    }
+
+    #[test]
+    fn the_call_s_option_beats_the_group_s_setting() {
+        let s = shape(Op::AgMm, 2048, 8192, 14336);
+        let env = hopper(2, Some(Algorithm::Sequential));
+        let d = decide(&env, &s, true, None).unwrap();
+        assert_eq!((d.algorithm, d.why), (Algorithm::Sequential, Why::Env));
+        let d = decide(&env, &s, true, Some(Algorithm::Fused)).unwrap();
+        assert_eq!((d.algorithm, d.why), (Algorithm::Fused, Why::Option));
+        assert_eq!(d.estimate.algorithm, Algorithm::Fused);
+    }
+
+    #[test]
+    fn a_forced_fused_call_that_cannot_fuse_is_unsupported() {
+        let s = shape(Op::MmRs, 512, 14336, 8192);
+        let e = decide(&hopper(2, None), &s, false, Some(Algorithm::Fused)).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Unsupported);
+        assert!(e.msg.contains("options ask for the fused algorithm"), "{}", e.msg);
+        let host = Facts { caps: Capabilities::default(), ..hopper(2, Some(Algorithm::Fused)) };
+        let e = decide(&host, &s, true, None).unwrap_err();
+        assert!(e.msg.starts_with("SYMM_ALGO=fused"), "{}", e.msg);
+    }
+
+    #[test]
+    fn world_one_may_force_pipelined_and_reports_an_estimate() {
+        let d = decide(&hopper(1, None), &shape(Op::AgMm, 64, 64, 64), true, Some(Algorithm::Pipelined)).unwrap();
+        assert_eq!(d.algorithm, Algorithm::Pipelined);
+        assert_eq!(d.estimate.algorithm, Algorithm::Sequential);
+    }
+}

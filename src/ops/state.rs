@@ -1,0 +1,142 @@
+//! What the operations keep per group between calls (a group
+//! [`Attachment`]): the symmetric scratch buffers they move data through,
+//! the call signatures every rank agreed on, and the calls prepared under
+//! them (see `agree` and `memo`).
+
+use crate::buffer::Handle;
+use crate::group::{lock, Attachment, Group};
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+/// The symmetric buffers the operations keep per group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scratch {
+    /// Staging and scratch that every call reuses.
+    Workspace = 0,
+    /// The fused reduce-scatter's inboxes, which the peers' kernels push
+    /// into: no other work may write this memory.
+    Mailbox = 1,
+    /// The fused reduce-scatter's state: the count of calls (which lets
+    /// one call follow another with no barrier) and the tile flags, every
+    /// word an epoch no later than the last call's, whatever the shape.
+    /// A buffer of its own: laid out by the call's shape in the mailbox,
+    /// one shape's flags lay where another shape's peers had pushed
+    /// partials, which then read as flags already set.
+    Flags = 2,
+}
+
+impl Scratch {
+    const COUNT: usize = 3;
+}
+
+/// A workload cycling through more distinct calls than this re-agrees
+/// after each wrap-around; memory stays bounded.
+pub const MAX_AGREED: usize = 1024;
+
+/// A call the operations prepared (see `memo`), type-erased.
+pub type Prepared = Arc<dyn Any + Send + Sync>;
+
+#[derive(Default)]
+pub struct OpsState {
+    /// Signatures of calls all ranks agreed on, so that repeats skip the
+    /// exchange. Every rank inserts and clears in the same order (inserts
+    /// follow an exchange all ranks took part in), so the sets stay equal.
+    agreed: Mutex<HashSet<Vec<u8>>>,
+    /// Prepared calls by a hash of their arguments. Each stands for a
+    /// signature in `agreed`, so both are emptied together.
+    prepared: Mutex<HashMap<u64, Vec<Prepared>>>,
+    /// The scratch buffers by [`Scratch`], grown collectively on demand.
+    /// They refer back to the group, so `release` breaks the cycle when the
+    /// caller gives the group up.
+    scratch: [Mutex<Option<Arc<Handle>>>; Scratch::COUNT],
+}
+
+impl Attachment for OpsState {
+    /// Frees the scratch buffers once the work issued so far has finished
+    /// (it may still use them). They are freed even if waiting fails: the
+    /// device is then broken, and its next call says so.
+    fn release(&self, group: &Group) {
+        if self.scratch.iter().any(|s| lock(s).is_some()) {
+            let _ = group.backend().quiesce(None);
+        }
+        self.scratch.iter().for_each(|s| drop(lock(s).take()));
+    }
+}
+
+/// The operations' state of `group`.
+pub fn of(group: &Group) -> Arc<OpsState> {
+    group.attachment::<OpsState>()
+}
+
+impl OpsState {
+    /// Whether every rank agreed on this signature before.
+    pub fn is_agreed(&self, signature: &[u8]) -> bool {
+        lock(&self.agreed).contains(signature)
+    }
+
+    /// Records a signature every rank just agreed on (call on every rank,
+    /// right after the exchange that showed the agreement); whether it is
+    /// new.
+    pub fn mark_agreed(&self, signature: Vec<u8>) -> bool {
+        let mut agreed = lock(&self.agreed);
+        if agreed.len() >= MAX_AGREED {
+            agreed.clear();
+            // A prepared call skips the agreement as its signature is agreed.
+            lock(&self.prepared).clear();
+        }
+        agreed.insert(signature)
+    }
+
+    /// The calls prepared under `hash` (see [`OpsState::keep_prepared`]).
+    pub fn prepared(&self, hash: u64) -> Vec<Prepared> {
+        lock(&self.prepared).get(&hash).cloned().unwrap_or_default()
+    }
+
+    /// Keeps a call prepared, checked and agreed on (its signature is in
+    /// the agreed set now), under a hash of its arguments, for identical
+    /// calls to reuse.
+    pub fn keep_prepared(&self, hash: u64, call: Prepared) {
+        let mut prepared = lock(&self.prepared);
+        if prepared.len() >= MAX_AGREED {
+            prepared.clear();
+        }
+        prepared.entry(hash).or_default().push(call);
+    }
+
+    /// The scratch buffer of `kind`, if one was made.
+    pub fn scratch(&self, kind: Scratch) -> Option<Arc<Handle>> {
+        lock(&self.scratch[kind as usize]).clone()
+    }
+
+    /// Replaces a scratch buffer (the old one is freed once no call uses it).
+    pub fn set_scratch(&self, kind: Scratch, h: Arc<Handle>) {
+        *lock(&self.scratch[kind as usize]) = Some(h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::host_groups;
+
+    /// Prepared calls stand for agreed signatures: when the agreed set
+    /// wraps around, they are forgotten with it.
+    #[test]
+    fn prepared_calls_are_forgotten_with_the_agreed_signatures() {
+        let g = host_groups(1).pop().unwrap();
+        let s = of(&g);
+        s.keep_prepared(7, Arc::new(1u8));
+        s.keep_prepared(7, Arc::new(2u8));
+        assert_eq!(s.prepared(7).len(), 2);
+        assert!(s.prepared(8).is_empty());
+        for i in 0..MAX_AGREED {
+            assert!(s.mark_agreed(i.to_le_bytes().to_vec()));
+            assert!(i + 1 == MAX_AGREED || !s.mark_agreed(i.to_le_bytes().to_vec()), "agreed before");
+        }
+        assert_eq!(of(&g).prepared(7).len(), 2, "the agreed set has not wrapped yet");
+        s.mark_agreed(b"one more".to_vec());
+        assert!(s.prepared(7).is_empty());
+        assert!(s.is_agreed(b"one more") && !s.is_agreed(&0usize.to_le_bytes()));
+    }
+}
