@@ -26,6 +26,7 @@ prints a table of ratios to the floor.
 """
 import argparse
 import faulthandler
+import functools
 import json
 import os
 import statistics
@@ -145,22 +146,10 @@ def rel_err(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def with_algorithm(fn, algo):
-    """`fn` run with SYMM_ALGO=algo (None: symm's own choice), which the
-    library reads on every call."""
-    def run():
-        if algo:
-            os.environ["SYMM_ALGO"] = algo
-        try:
-            fn()
-        finally:
-            os.environ.pop("SYMM_ALGO", None)
-    return run
-
-
-def symm_algorithms(op, shape, ours, bound, out, ref, tolerance):
-    """{impl: fn} of symm's own choice, each algorithm forced, and the call
-    bound once (`symm.bind`: symm's choice, pipelined and fused forced),
+def symm_algorithms(op, shape, ours, bind, out, ref, tolerance):
+    """{impl: fn} of symm's own choice, each algorithm forced (the
+    `algorithm=` keyword: `ours(algorithm)`), and the call bound once
+    (`bind(algorithm)`: symm's choice, pipelined and fused forced),
     and {impl: relative error}:
     every one checked against `ref` (outputs poisoned first) twice, since
     timed calls repeat one call, which symm replays as a graph from its
@@ -172,9 +161,9 @@ def symm_algorithms(op, shape, ours, bound, out, ref, tolerance):
             # The bound call, with symm's choice or an algorithm forced: each
             # algorithm without the Python wrapper's time.
             forced = algo.removesuffix("bound").rstrip("_") or None
-            fn = with_algorithm(bound, forced)
+            fn = bind(forced)
         else:
-            fn = with_algorithm(ours, algo)
+            fn = functools.partial(ours, algo)
         out.fill_(float("nan"))
         try:
             fn()
@@ -232,8 +221,8 @@ def time_matmul_op(b, op, shape, fns, errs, out, ref, tolerance, graph_fns):
 
 def graphed(fns, ours):
     """symm's calls to replay from CUDA graphs: its own choice, and each
-    algorithm forced that runs here (a forced algorithm is a plain call
-    under SYMM_ALGO, which the capture records like any other)."""
+    algorithm forced that runs here (a call with `algorithm=`, which the
+    capture records like any other)."""
     return {"symm": ours, **{impl: fns[impl] for impl in ("symm_pipelined", "symm_fused") if impl in fns}}
 
 
@@ -259,17 +248,20 @@ def bench_ag_mm(b, g, shapes):
             dist.all_gather_into_tensor(gathered, a_shard)
             torch.matmul(gathered, w, out=ref)
 
-        def ours():
-            symm.fused_ag_mm(g, a_shard, [w], gather_dim=0, out=[out], stream=torch.cuda.current_stream().cuda_stream)
+        def ours(algorithm=None):
+            stream = torch.cuda.current_stream().cuda_stream
+            symm.fused_ag_mm(g, a_shard, [w], gather_dim=0, out=[out], stream=stream, algorithm=algorithm)
 
-        bound = symm.bind(
-            symm.fused_ag_mm, g, a_shard, [w], gather_dim=0, out=[out], stream=torch.cuda.current_stream().cuda_stream
-        )
+        def bind(algorithm):
+            stream = torch.cuda.current_stream().cuda_stream
+            return symm.bind(
+                symm.fused_ag_mm, g, a_shard, [w], gather_dim=0, out=[out], stream=stream, algorithm=algorithm
+            )
         nccl_cublas()
         shape = (m, k, n)
         torch_fused = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name)
         torch_err = torch_fused_checked("ag_mm", shape, lambda: torch_fused()[1][0], ref, 1e-2)
-        fns, errs = symm_algorithms("ag_mm", shape, ours, bound, out, ref, 1e-2)
+        fns, errs = symm_algorithms("ag_mm", shape, ours, bind, out, ref, 1e-2)
         errs["torch_fused"] = torch_err
         others = {
             "torch_fused": torch_fused,
@@ -303,17 +295,18 @@ def bench_mm_rs(b, g, shapes, symmetric_out):
             torch.matmul(a, w, out=c)
             dist.reduce_scatter_tensor(ref, c)
 
-        def ours():
-            symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=torch.cuda.current_stream().cuda_stream)
+        def ours(algorithm=None):
+            stream = torch.cuda.current_stream().cuda_stream
+            symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=stream, algorithm=algorithm)
 
-        bound = symm.bind(
-            symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=torch.cuda.current_stream().cuda_stream
-        )
+        def bind(algorithm):
+            stream = torch.cuda.current_stream().cuda_stream
+            return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=stream, algorithm=algorithm)
         nccl_cublas()
         shape = (m, k, n)
         torch_fused = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name)
         torch_err = torch_fused_checked("mm_rs", shape, torch_fused, ref, 2e-2)
-        fns, errs = symm_algorithms("mm_rs", shape, ours, bound, out, ref, 2e-2)
+        fns, errs = symm_algorithms("mm_rs", shape, ours, bind, out, ref, 2e-2)
         errs["torch_fused"] = torch_err
         others = {
             "torch_fused": torch_fused,

@@ -26,6 +26,7 @@ Prints one `RESULT case=... rank=... outcome=completed|hung ...` line per
 rank and call; exits 3 if a call hung (after --wait-s) and 1 if a result
 was wrong."""
 import argparse
+import functools
 import os
 import sys
 import time
@@ -130,9 +131,11 @@ def symm_cases(r):
     dist.all_gather_into_tensor(lc_ref, x)
     lc_out = torch.empty_like(lc_ref)
     calls = [
-        ("mm_rs", rs_out, rs_ref, 2e-2, lambda: symm.mm_rs(g, a, w, 0, op="sum", out=rs_out, stream=stream)),
-        ("fused_ag_mm", ag_out, ag_ref, 1e-2, lambda: symm.fused_ag_mm(g, a_shard, [w], 0, out=[ag_out], stream=stream)),
-        ("lc_allgather", lc_out, lc_ref, 0.0, lambda: symm.lc_allgather(g, x, out=lc_out, stream=stream)),
+        ("mm_rs", rs_out, rs_ref, 2e-2,
+         lambda algo: symm.mm_rs(g, a, w, 0, op="sum", out=rs_out, stream=stream, algorithm=algo)),
+        ("fused_ag_mm", ag_out, ag_ref, 1e-2,
+         lambda algo: symm.fused_ag_mm(g, a_shard, [w], 0, out=[ag_out], stream=stream, algorithm=algo)),
+        ("lc_allgather", lc_out, lc_ref, 0.0, lambda algo: symm.lc_allgather(g, x, out=lc_out, stream=stream)),
     ]
     algos = (None, "sequential", "pipelined", "fused")
     for round_, algo in enumerate(algos):
@@ -140,16 +143,12 @@ def symm_cases(r):
             if algo and name == "lc_allgather":
                 continue
             label = f"{name}[{algo or 'first call'}]"
-            if algo:
-                os.environ["SYMM_ALGO"] = algo
             out.fill_(float("nan"))
             try:
-                r.staggered(label, (i + round_) % r.world, fn)
+                r.staggered(label, (i + round_) % r.world, functools.partial(fn, algo))
             except symm.SymmUnsupported as e:
                 print(f"rank {r.rank}: {label} not run here: {e}", flush=True)
                 continue
-            finally:
-                os.environ.pop("SYMM_ALGO", None)
             if tol:
                 r.check(label, out, ref, tol)
             else:

@@ -14,6 +14,7 @@ waits for the GPU inside a timed batch), or `--gpus 2` for one GPU each
     python3 bench/gpu/host_overhead.py [--gpus 1|2] [--calls 20] [--batches 30]
 """
 import argparse
+import functools
 import collections
 import json
 import multiprocessing as mp
@@ -130,26 +131,30 @@ def rank_main(rank, world, uid, device, args, queue):
             c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             full = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 
-            def call():
-                symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[c], stream=stream.cuda_stream)
+            def call(algo):
+                symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[c], stream=stream.cuda_stream, algorithm=algo)
 
-            def bind():
-                return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[c], stream=stream.cuda_stream)
+            def bind(algo):
+                return symm.bind(
+                    symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[c], stream=stream.cuda_stream, algorithm=algo
+                )
         else:
             a = full = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             c = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
 
-            def call():
-                symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=c, stream=stream.cuda_stream)
+            def call(algo):
+                symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=c, stream=stream.cuda_stream, algorithm=algo)
 
-            def bind():
-                return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=c, stream=stream.cuda_stream)
+            def bind(algo):
+                return symm.bind(
+                    symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=c, stream=stream.cuda_stream, algorithm=algo
+                )
         mm_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         matmul_us, _ = host_times(lambda: torch.matmul(full, w, out=mm_out), args.calls, args.batches, sync)
         for algo in FUSED_ALGOS if args.gpus >= world else ALGOS:
-            os.environ["SYMM_ALGO"] = algo
             # The plain call, then the same call bound once (symm.bind).
-            for impl, fn in ((f"symm_{algo}", call), (f"symm_{algo}_bound", bind())):
+            plain = functools.partial(call, algo)
+            for impl, fn in ((f"symm_{algo}", plain), (f"symm_{algo}_bound", bind(algo))):
                 c.fill_(float("nan"))
                 fn()  # eager: the reference for the replays below
                 eager = c.clone()
@@ -169,7 +174,6 @@ def rank_main(rank, world, uid, device, args, queue):
                             "host_us": round(host_us, 1), "library_us": round(lib_us, 1),
                             "python_us": round(host_us - lib_us, 1), "torch_matmul_host_us": round(matmul_us, 1),
                             "api": {k: [v[0], round(v[1], 1)] for k, v in sorted(api.items(), key=lambda x: -x[1][1])}})
-            os.environ.pop("SYMM_ALGO")
     g.close()
     queue.put(out)
 

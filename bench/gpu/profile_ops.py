@@ -40,7 +40,8 @@ def current_stream():
 _KEEP = []
 
 
-def case_fn(g, op, m, k, n, world, bound=False):
+def case_fn(g, op, m, k, n, world, bound=False, algorithm=None):
+    """The call of one case; `algorithm` forces symm's algorithm (None: its choice)."""
     w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
     if op == "mm":
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -50,8 +51,8 @@ def case_fn(g, op, m, k, n, world, bound=False):
         a = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         if bound:
-            return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[out], stream=current_stream())
-        return lambda: symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[out], stream=current_stream())
+            return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[out], stream=current_stream(), algorithm=algorithm)
+        return lambda: symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[out], stream=current_stream(), algorithm=algorithm)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     if os.environ.get("SYMM_BENCH_MM_RS_OUT", "symmetric") == "symmetric":
         # As bench_ops.py passes it by default: in a rendezvoused symmetric
@@ -62,8 +63,8 @@ def case_fn(g, op, m, k, n, world, bound=False):
     else:
         out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
     if bound:
-        return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream())
-    return lambda: symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream())
+        return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream(), algorithm=algorithm)
+    return lambda: symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream(), algorithm=algorithm)
 
 
 def start_ranks():
@@ -86,8 +87,7 @@ def main():
     rank, world, g = start_ranks()
     for case in args.cases.split(","):
         op, m, k, n, algo = case.split(":")
-        os.environ["SYMM_ALGO"] = algo
-        fn = case_fn(g, op, int(m), int(k), int(n), world, args.bound)
+        fn = case_fn(g, op, int(m), int(k), int(n), world, args.bound, algo or None)
         for _ in range(5):
             fn()
         if args.graph:
@@ -109,7 +109,6 @@ def main():
                 with record_function("profiled_call"):
                     fn()
             torch.cuda.synchronize()
-        os.environ.pop("SYMM_ALGO")
         # (The annotation below shows on the GPU side too: left out.)
         gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name != "profiled_call"]
         gpu.sort(key=lambda e: e.time_range.start)
