@@ -103,7 +103,9 @@ typedef struct {
   void *ctx;
   // Gathers `bytes_per_rank` bytes from every rank into `recv`, in rank order.
   int (*allgather)(void *ctx, const void *send, void *recv, size_t bytes_per_rank);
-  // Optional (may be NULL: symm then uses `allgather`).
+  // Optional (may be NULL). symm's collectives all carry data (at least
+  // each rank's success or failure), so they run on `allgather`; symm
+  // does not call `barrier` at present.
   int (*barrier)(void *ctx);
 } symm_bootstrap_t;
 

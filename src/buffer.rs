@@ -7,7 +7,8 @@
 
 use crate::backend::{pad_bytes, round_up, Allocation, Mapping, PadSet, Signals, Stream};
 use crate::error::{err, Result};
-use crate::group::{lock, Attachment, Group};
+use crate::group::{Attachment, Group};
+use crate::sync::lock;
 use crate::ipc;
 use crate::wire::{Reader, Writer};
 use std::ops::Range;

@@ -1,5 +1,6 @@
-//! The library's `SYMM_*` environment variables, read here and nowhere
-//! else (logging's `SYMM_DEBUG*` aside, which `log` owns).
+//! The library's environment variables (`SYMM_*`, and the launcher's
+//! `RANK`, `WORLD_SIZE`, ... that the env bootstrap reads), read here and
+//! nowhere else. README.md's "Environment variables" table lists them.
 //!
 //! Group settings (`SYMM_ALGO`, `SYMM_TIMEOUT_MS`, `SYMM_CHECK_ARGS`,
 //! `SYMM_BACKEND`) are read once, when a group forms; the ones that change
@@ -22,6 +23,8 @@ pub const GRAPHS: &str = "SYMM_GRAPHS";
 pub const BOOTSTRAP_ADDR: &str = "SYMM_BOOTSTRAP_ADDR";
 pub const BOOTSTRAP_PORT: &str = "SYMM_BOOTSTRAP_PORT";
 pub const BOOTSTRAP_SECRET: &str = "SYMM_BOOTSTRAP_SECRET";
+pub const DEBUG: &str = "SYMM_DEBUG";
+pub const DEBUG_FILE: &str = "SYMM_DEBUG_FILE";
 
 /// A variable's value; empty (or blank) counts as unset.
 fn var(name: &str) -> Option<String> {
@@ -88,12 +91,17 @@ pub fn bootstrap_addr() -> Option<String> {
     var(BOOTSTRAP_ADDR)
 }
 
-/// `SYMM_BOOTSTRAP_PORT`: the env bootstrap's store port (as given).
-pub fn bootstrap_port() -> Option<String> {
-    var(BOOTSTRAP_PORT)
+/// `SYMM_DEBUG` and `SYMM_DEBUG_FILE`, raw (the logger parses them once
+/// per process; see `logging`). Unlike the others, an empty value is kept.
+pub fn logging() -> crate::logging::EnvSettings {
+    let raw = |name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    crate::logging::EnvSettings { debug: raw(DEBUG), debug_file: raw(DEBUG_FILE) }
 }
 
-/// `SYMM_BOOTSTRAP_SECRET`: the env bootstrap's group secret (as given).
-pub fn bootstrap_secret() -> Option<String> {
-    var(BOOTSTRAP_SECRET)
+/// A variable of the launcher's (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+/// `MASTER_ADDR`, `MASTER_PORT`, ...) or the env bootstrap's own
+/// (`SYMM_BOOTSTRAP_PORT`, `SYMM_BOOTSTRAP_SECRET`), as the env bootstrap
+/// looks them up.
+pub fn launcher_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }

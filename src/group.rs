@@ -19,6 +19,8 @@ use crate::bootstrap::{allgather_var, Bootstrap};
 use crate::config;
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
+use crate::logging::GroupScope;
+use crate::sync::lock;
 use crate::wire::{Reader, Writer};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -284,9 +286,16 @@ impl Group {
         &self.ranks
     }
 
-    /// Takes the collective lock for a multi-step collective.
-    pub fn lock_collective(&self) -> MutexGuard<'_, ()> {
-        lock(&self.collective)
+    /// Takes the collective lock for a multi-step collective; while held,
+    /// this thread's log lines name the group and rank.
+    pub fn lock_collective(&self) -> Collective<'_> {
+        Collective { _log: self.log_scope(), _lock: lock(&self.collective) }
+    }
+
+    /// Log lines of this thread name this group (an id every rank shares)
+    /// and rank until the scope is dropped.
+    pub fn log_scope(&self) -> GroupScope {
+        GroupScope::enter(crate::logging::group_id(&self.secret), self.rank, self.world)
     }
 
     /// Collective: every rank offers its own result; all get every rank's
@@ -328,17 +337,12 @@ impl Group {
         let all: Vec<Arc<dyn Attachment>> = lock(&self.attachments).clone();
         all.iter().for_each(|a| a.release(self));
     }
-
-    /// Collective barrier over the bootstrap (not the data path).
-    pub fn bootstrap_barrier(&self) -> Result<()> {
-        let _g = self.lock_collective();
-        self.bootstrap.barrier(self.timeout())
-    }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded values stay consistent even if a holder panicked.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// A held collective lock (see [`Group::lock_collective`]).
+pub struct Collective<'a> {
+    _log: GroupScope,
+    _lock: MutexGuard<'a, ()>,
 }
 
 /// See [`Group::exchange`].

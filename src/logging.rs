@@ -63,24 +63,18 @@ struct Scope {
 }
 
 /// The logging settings the environment holds: `SYMM_DEBUG` and
-/// `SYMM_DEBUG_FILE`, raw. The one place this module reads the
-/// environment (meant to move into the crate's config module).
+/// `SYMM_DEBUG_FILE`, raw (read by `config::logging`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EnvSettings {
     pub debug: Option<String>,
     pub debug_file: Option<String>,
 }
 
-pub fn env_settings() -> EnvSettings {
-    let var = |name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-    EnvSettings { debug: var("SYMM_DEBUG"), debug_file: var("SYMM_DEBUG_FILE") }
-}
-
 /// Reads the environment and installs the logger, once per process; later
 /// calls cost one atomic load. Every C entry point that can lead to an
 /// event calls it, as must Rust code using the crate directly.
 pub fn init() {
-    INIT.call_once(|| configure(&env_settings()));
+    INIT.call_once(|| configure(&crate::config::logging()));
 }
 
 fn configure(env: &EnvSettings) {
@@ -204,10 +198,14 @@ impl Drop for GroupScope {
     }
 }
 
-/// A short id for a group in log lines, the same on every rank: the first
-/// bytes of the secret all ranks of the group share (never the whole of it).
+/// A short id for a group in log lines, the same on every rank: 32 bits of
+/// a hash of the secret all ranks of the group share.
 pub fn group_id(secret: &[u8]) -> u64 {
-    secret.iter().take(4).fold(0u64, |id, &b| id << 8 | b as u64)
+    // A hash, not the secret's own bytes: log files are not secret.
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ("symm group id", secret).hash(&mut h);
+    h.finish() & 0xffff_ffff
 }
 
 /// One event as a line, without a newline. Newlines inside the message
@@ -329,8 +327,10 @@ mod tests {
 
     #[test]
     fn group_ids_come_from_the_shared_secret() {
-        assert_eq!(group_id(&[0xde, 0xad, 0xbe, 0xef, 1, 2]), 0xdeadbeef);
-        assert_eq!(group_id(&[]), 0);
+        let secret = [0xde, 0xad, 0xbe, 0xef, 1, 2];
+        assert_eq!(group_id(&secret), group_id(&secret.clone()));
+        assert_ne!(group_id(&secret), group_id(&[0xde, 0xad, 0xbe, 0xef, 1, 3]));
+        assert!(group_id(&secret) <= 0xffff_ffff);
     }
 
     #[test]

@@ -115,7 +115,9 @@ class Group:
 
         ``allgather(data: bytes)`` must return ``world_size`` bytes-like
         objects, every rank's ``data`` in rank order (``mpi4py``'s
-        ``comm.allgather`` does). ``barrier()`` is optional. Both are called
+        ``comm.allgather`` does). ``barrier()`` is optional and not called at
+        present (every collective symm runs carries data, so it uses
+        ``allgather``). Both are called
         on the calling thread during this and later collective calls of the
         group; they should raise rather than wait forever. An exception they
         raise fails the symm call with ``SymmBootstrapError`` whose

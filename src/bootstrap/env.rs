@@ -66,7 +66,7 @@ impl fmt::Debug for StoreConfig {
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn process_env(key: &str) -> Option<String> {
-    std::env::var(key).ok()
+    crate::config::launcher_var(key)
 }
 
 /// Reads `RANK`, `WORLD_SIZE` and `LOCAL_RANK` from the process environment.
@@ -95,7 +95,7 @@ pub fn read_env_from(lookup: Lookup) -> Result<EnvInfo> {
 /// `generation` is the number of env groups this process formed before.
 pub fn store_config_from(lookup: Lookup, generation: u64) -> Result<StoreConfig> {
     let host = get(lookup, "MASTER_ADDR").unwrap_or_else(|| DEFAULT_MASTER_ADDR.to_string());
-    let port = match optional::<u16>(lookup, "SYMM_BOOTSTRAP_PORT")? {
+    let port = match optional::<u16>(lookup, crate::config::BOOTSTRAP_PORT)? {
         Some(p) => p,
         None => {
             let hint = "(or set SYMM_BOOTSTRAP_PORT)";
@@ -153,7 +153,7 @@ fn bind_addr(host: &str, store: SocketAddr) -> SocketAddr {
 /// The group's secret: the user's, or one derived from what every rank of
 /// this job (and no other job) sees alike.
 fn env_secret(lookup: Lookup, generation: u64) -> [u8; SECRET_BYTES] {
-    let parts: Vec<String> = match get(lookup, "SYMM_BOOTSTRAP_SECRET") {
+    let parts: Vec<String> = match get(lookup, crate::config::BOOTSTRAP_SECRET) {
         Some(s) => vec!["user".into(), s],
         None => {
             let keys =

@@ -32,6 +32,7 @@ pub fn status_of(kind: ErrorKind) -> symm_status_t {
 /// Runs `f`, converting its error or panic into a status. `func` names the
 /// entry point in the message.
 pub fn call(func: &str, f: impl FnOnce() -> Result<()>) -> symm_status_t {
+    crate::logging::init();
     let result = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
         let what = payload
             .downcast_ref::<&str>()

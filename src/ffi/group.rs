@@ -18,7 +18,7 @@ pub(super) fn group(g: symm_group_t) -> Result<Arc<Group>> {
 }
 
 fn publish(g: Arc<Group>) -> symm_group_t {
-    let _scope = crate::logging::GroupScope::enter(crate::logging::group_id(g.secret()), g.rank(), g.world());
+    let _scope = g.log_scope();
     let devices: Vec<i32> = g.ranks().iter().map(|r| r.device).collect();
     log::info!("group formed: {} backend, world {}, devices {devices:?}", g.backend().kind().name(), g.world());
     GROUPS.insert(g) as symm_group_t

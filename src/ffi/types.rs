@@ -94,7 +94,9 @@ pub struct symm_bootstrap_t {
     pub allgather: Option<
         unsafe extern "C" fn(ctx: *mut c_void, send: *const c_void, recv: *mut c_void, bytes_per_rank: usize) -> c_int,
     >,
-    /// Optional (may be NULL: symm then uses `allgather`).
+    /// Optional (may be NULL). symm's collectives all carry data (at least
+    /// each rank's success or failure), so they run on `allgather`; symm
+    /// does not call `barrier` at present.
     pub barrier: Option<unsafe extern "C" fn(ctx: *mut c_void) -> c_int>,
 }
 

@@ -4,7 +4,8 @@
 //! them (see `agree` and `memo`).
 
 use crate::buffer::Handle;
-use crate::group::{lock, Attachment, Group};
+use crate::group::{Attachment, Group};
+use crate::sync::lock;
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

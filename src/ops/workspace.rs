@@ -13,6 +13,7 @@
 use super::state::{self, Scratch};
 use crate::backend::Stream;
 use crate::buffer::{self, Buffer, Handle};
+use crate::wire::{Reader, Writer};
 use crate::error::{err, Result};
 use crate::group::Group;
 use std::sync::Arc;
@@ -82,9 +83,8 @@ pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize, stream: Option<St
 /// calls up to that size do not grow it. Every rank must pass the same size.
 pub fn reserve(group: &Arc<Group>, bytes: usize) -> Result<()> {
     let _lock = group.lock_collective();
-    let all = group.exchange(Ok((bytes as u64).to_le_bytes().to_vec()))?;
-    let sizes: Vec<u64> =
-        all.iter().map(|b| b.as_slice().try_into().map(u64::from_le_bytes).unwrap_or(u64::MAX)).collect();
+    let all = group.exchange(Ok(Writer::new().u64(bytes as u64).finish()))?;
+    let sizes: Vec<u64> = all.iter().map(|b| Reader::new(b, "workspace size").u64().unwrap_or(u64::MAX)).collect();
     let differ: Vec<String> =
         sizes.iter().enumerate().filter(|&(_, &s)| s != sizes[0]).map(|(r, s)| format!("rank {r} {s}")).collect();
     if !differ.is_empty() {

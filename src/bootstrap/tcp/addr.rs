@@ -5,7 +5,7 @@ use crate::error::{ensure, err, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 
 /// Environment variable naming the address `create_unique_id` listens on.
-pub const ADDR_ENV: &str = "SYMM_BOOTSTRAP_ADDR";
+pub const ADDR_ENV: &str = crate::config::BOOTSTRAP_ADDR;
 /// Used when neither the caller nor [`ADDR_ENV`] names a listen address:
 /// loopback, so a single-host job exposes nothing to the network.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:0";
@@ -15,7 +15,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:0";
 pub(super) fn listen_addr(listen: Option<&str>) -> Result<SocketAddr> {
     let (spec, source) = match listen {
         Some(s) => (s.to_string(), "listen address"),
-        None => match std::env::var(ADDR_ENV).ok().filter(|s| !s.trim().is_empty()) {
+        None => match crate::config::bootstrap_addr() {
             Some(s) => (s, ADDR_ENV),
             None => (DEFAULT_LISTEN.to_string(), "default listen address"),
         },
