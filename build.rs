@@ -286,7 +286,7 @@ fn build_fatbins<'a>(
         .into_iter()
         .map(|(unit, entry)| {
             let image = fs::read(&entry).unwrap_or_else(|e| fail(&format!("reading {}: {e}", entry.display())));
-            let copy = out_dir.join(entry.file_name().unwrap());
+            let copy = out_dir.join(format!("{}.fatbin", unit.trim_end_matches(".cu")));
             write_file(&copy, &image);
             (unit, copy)
         })
