@@ -1,4 +1,4 @@
-//! Compiles `kernels/*.cu` into one fatbin embedded in the library, and
+//! Compiles each `kernels/*.cu` into a fatbin embedded in the library, and
 //! always embeds the kernel sources for the run-time NVRTC fallback.
 //!
 //! nvcc is looked for, in order, at:
@@ -12,16 +12,25 @@
 //!
 //! Nothing is ever installed from here.
 //!
-//! With nvcc: all `.cu` files are compiled as one translation unit into
-//! `$OUT_DIR/symm_kernels.fatbin` (SASS for sm_80, sm_90, sm_90a, sm_100 and
-//! PTX for compute_90) and `cfg(symm_fatbin)` is set. A compile error fails
-//! the build. nvcc must be 13.0.x: PTX from a newer nvcc does not load on
-//! driver 580 (CUDA 13.0).
+//! With nvcc: every `.cu` is its own translation unit (the `.cuh` files are
+//! headers), compiled into one fatbin per unit (SASS for sm_80, sm_90,
+//! sm_90a, sm_100 and PTX for compute_90), the units concurrently, and
+//! `cfg(symm_fatbin)` is set. The runtime loads each fatbin as a module. A
+//! compile error fails the build. nvcc must be 13.0.x: PTX from a newer nvcc
+//! does not load on driver 580 (CUDA 13.0).
+//! Compiled fatbins are cached outside OUT_DIR, in `$SYMM_KERNEL_CACHE` or
+//! else `<target dir>/symm-kernels/`, keyed by the unit, the headers, nvcc's
+//! version and the flags (build/kernel_cache.rs): another profile, clippy, or
+//! a rerun of this script reuses them without running nvcc.
 //! Without nvcc: one warning, no `cfg(symm_fatbin)`; `SYMM_REQUIRE_NVCC=1`
 //! (set in CI) turns a missing or too new nvcc into an error.
 //!
-//! Always: `$OUT_DIR/symm_kernel_sources.rs` (see src/backend/cuda/kernels.rs)
-//! and `SYMM_KERNELS_BUILD`, a one-line description of how kernels were built.
+//! Always: `$OUT_DIR/symm_kernel_sources.rs` and
+//! `$OUT_DIR/symm_kernel_fatbins.rs` (see src/backend/cuda/kernels.rs) and
+//! `SYMM_KERNELS_BUILD`, a one-line description of how kernels were built.
+
+#[path = "build/kernel_cache.rs"]
+mod kernel_cache;
 
 use std::env;
 use std::fmt::Write as _;
@@ -41,9 +50,22 @@ const GENCODE: &[(&str, &str)] = &[
     ("compute_90", "compute_90"),
 ];
 
-const FATBIN: &str = "symm_kernels.fatbin";
-const UNITY_SOURCE: &str = "symm_kernels.cu";
+/// nvcc's flags besides the gencode list, include path, output and input.
+const NVCC_FLAGS: &[&str] = &[
+    "-fatbin",
+    "-O3",
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "-lineinfo",
+    // Targets in parallel, and each target's functions in parallel (ptxas
+    // of sm_90a's matmul kernels is most of the build).
+    "--threads=0",
+    "--split-compile=0",
+    "-Xptxas=-warn-spills",
+];
+
 const SOURCES_RS: &str = "symm_kernel_sources.rs";
+const FATBINS_RS: &str = "symm_kernel_fatbins.rs";
 
 fn main() {
     declare_inputs();
@@ -53,14 +75,17 @@ fn main() {
     let files = kernel_files(&kernel_dir);
     let units: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).filter(|n| n.ends_with(".cu")).collect();
 
-    write_file(&out_dir.join(SOURCES_RS), &sources_rs(&files, &units));
-    write_file(&out_dir.join(UNITY_SOURCE), &unity_source(&kernel_dir, &units));
+    write_file(&out_dir.join(SOURCES_RS), sources_rs(&files, &units).as_bytes());
     println!("cargo::rustc-check-cfg=cfg(symm_fatbin)");
 
-    match find_nvcc(&crate_dir) {
-        Ok(nvcc) => build_fatbin(&nvcc, &kernel_dir, &out_dir),
-        Err(why) => no_nvcc(&why),
-    }
+    let fatbins = match find_nvcc(&crate_dir) {
+        Ok(nvcc) => build_fatbins(&nvcc, &kernel_dir, &files, &units, &out_dir),
+        Err(why) => {
+            no_nvcc(&why);
+            Vec::new()
+        }
+    };
+    write_file(&out_dir.join(FATBINS_RS), fatbins_rs(&fatbins).as_bytes());
 }
 
 fn declare_inputs() {
@@ -72,6 +97,8 @@ fn declare_inputs() {
         "PATH",
         "SYMM_NVCC_DIR",
         "SYMM_REQUIRE_NVCC",
+        "SYMM_KERNEL_CACHE",
+        "CARGO_TARGET_DIR",
         // Read by nvcc itself.
         "NVCC_CCBIN",
         "NVCC_PREPEND_FLAGS",
@@ -119,15 +146,26 @@ fn sources_rs(files: &[(String, PathBuf)], units: &[&str]) -> String {
     rs
 }
 
-/// The translation unit nvcc compiles: every `.cu`, by absolute path.
-fn unity_source(kernel_dir: &Path, units: &[&str]) -> String {
-    units.iter().map(|u| format!("#include \"{}\"\n", kernel_dir.join(u).display())).collect()
+/// Rust source defining `KERNEL_FATBINS`: (unit, fatbin) of each compiled
+/// unit, the images 16-byte aligned (`Aligned` is kernels.rs's).
+fn fatbins_rs(fatbins: &[(&str, PathBuf)]) -> String {
+    let mut rs = String::new();
+    for (i, (_, path)) in fatbins.iter().enumerate() {
+        let path = path.to_str().expect("OUT_DIR is not UTF-8");
+        writeln!(rs, "static FATBIN_{i}: &super::Aligned<[u8]> = &super::Aligned(*include_bytes!({path:?}));").unwrap();
+    }
+    rs.push_str("pub static KERNEL_FATBINS: &[(&str, &super::Aligned<[u8]>)] = &[\n");
+    for (i, (unit, _)) in fatbins.iter().enumerate() {
+        writeln!(rs, "    ({unit:?}, FATBIN_{i}),").unwrap();
+    }
+    rs.push_str("];\n");
+    rs
 }
 
-fn write_file(path: &Path, text: &str) {
+fn write_file(path: &Path, bytes: &[u8]) {
     // Leave an unchanged file alone so its timestamp does not move.
-    if fs::read_to_string(path).ok().as_deref() != Some(text) {
-        fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    if fs::read(path).ok().as_deref() != Some(bytes) {
+        fs::write(path, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     }
 }
 
@@ -200,59 +238,129 @@ fn no_nvcc(why: &str) {
     println!("cargo::rustc-env=SYMM_KERNELS_BUILD=sources only (NVRTC at run time)");
 }
 
-fn build_fatbin(nvcc: &Path, kernel_dir: &Path, out_dir: &Path) {
+/// Compiles (or finds in the cache) each unit's fatbin, copies it into
+/// OUT_DIR and returns (unit, path there).
+fn build_fatbins<'a>(
+    nvcc: &Path,
+    kernel_dir: &Path,
+    files: &[(String, PathBuf)],
+    units: &[&'a str],
+    out_dir: &Path,
+) -> Vec<(&'a str, PathBuf)> {
     println!("cargo::rerun-if-changed={}", nvcc.display());
-    let version = nvcc_version(nvcc);
+    let version_text = nvcc_version_text(nvcc);
+    let version = nvcc_version(nvcc, &version_text);
     check_version(nvcc, &version);
 
-    let output = Command::new(nvcc)
-        .args(nvcc_args(kernel_dir, out_dir))
-        .current_dir(out_dir)
-        .output()
-        .unwrap_or_else(|e| fail(&format!("running {}: {e}", nvcc.display())));
-    let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    if !output.status.success() {
-        fail(&format!("{} failed ({}) compiling kernels/:\n{log}", nvcc.display(), output.status));
+    let flags = nvcc_flags();
+    // nvcc's own environment changes its output as flags do.
+    let mut compiler = version_text;
+    for var in ["NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"] {
+        let value = env::var_os(var).unwrap_or_default();
+        write!(compiler, "\n{var}={}", value.to_string_lossy()).unwrap();
     }
-    // Compiler warnings: show them (once, not once per target), do not fail.
-    let mut seen = std::collections::HashSet::new();
-    for line in log.lines().filter(|l| !l.trim().is_empty() && seen.insert(*l)) {
-        println!("cargo::warning=nvcc: {line}");
-    }
+    let contents: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|(name, path)| {
+            (name.clone(), fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display())))
+        })
+        .collect();
+    let cache = kernel_cache::cache_dir(
+        env::var_os("SYMM_KERNEL_CACHE").map(PathBuf::from),
+        env::var_os("CARGO_TARGET_DIR").map(PathBuf::from),
+        out_dir,
+    );
+    fs::create_dir_all(&cache).unwrap_or_else(|e| fail(&format!("creating {}: {e}", cache.display())));
+    let entries: Vec<(&str, PathBuf)> = units
+        .iter()
+        .map(|&unit| {
+            (unit, kernel_cache::entry(&cache, unit, &kernel_cache::unit_key(unit, &contents, &compiler, &flags)))
+        })
+        .collect();
+
+    compile_missing(nvcc, kernel_dir, &flags, &entries);
+
     println!("cargo::rustc-cfg=symm_fatbin");
     println!("cargo::rustc-env=SYMM_KERNELS_BUILD=fatbin by nvcc {version} ({})", nvcc.display());
+    entries
+        .into_iter()
+        .map(|(unit, entry)| {
+            let image = fs::read(&entry).unwrap_or_else(|e| fail(&format!("reading {}: {e}", entry.display())));
+            let copy = out_dir.join(format!("{}.fatbin", unit.trim_end_matches(".cu")));
+            write_file(&copy, &image);
+            (unit, copy)
+        })
+        .collect()
 }
 
-fn nvcc_args(kernel_dir: &Path, out_dir: &Path) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "-fatbin",
-        "-O3",
-        "-std=c++17",
-        "--expt-relaxed-constexpr",
-        "-lineinfo",
-        "--threads=0",
-        "-Xptxas=-warn-spills",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.push(format!("-I{}", kernel_dir.display()));
-    for (arch, code) in GENCODE {
-        args.push(format!("-gencode=arch={arch},code={code}"));
+/// Compiles the units whose cache entry is missing, all at once (each nvcc
+/// also runs its targets in parallel; the largest unit dominates anyway),
+/// and publishes each entry by renaming a finished temporary file.
+fn compile_missing(nvcc: &Path, kernel_dir: &Path, flags: &[String], entries: &[(&str, PathBuf)]) {
+    let missing: Vec<&(&str, PathBuf)> = entries.iter().filter(|(_, entry)| !entry.is_file()).collect();
+    let results: Vec<(&str, Result<String, String>)> = std::thread::scope(|s| {
+        let running: Vec<_> = missing
+            .iter()
+            .map(|(unit, entry)| (*unit, s.spawn(move || compile_unit(nvcc, kernel_dir, flags, unit, entry))))
+            .collect();
+        running.into_iter().map(|(unit, job)| (unit, job.join().expect("compile thread panicked"))).collect()
+    });
+    let mut failed = String::new();
+    for (unit, result) in results {
+        match result {
+            // Compiler warnings: show them (once, not once per target), do not fail.
+            Ok(log) => {
+                let mut seen = std::collections::HashSet::new();
+                for line in log.lines().filter(|l| !l.trim().is_empty() && seen.insert(*l)) {
+                    println!("cargo::warning=nvcc ({unit}): {line}");
+                }
+            }
+            Err(why) => failed.push_str(&why),
+        }
     }
-    args.push("-o".into());
-    args.push(out_dir.join(FATBIN).display().to_string());
-    args.push(out_dir.join(UNITY_SOURCE).display().to_string());
-    args
+    if !failed.is_empty() {
+        fail(&failed);
+    }
 }
 
-/// "13.0.88" from `nvcc --version` ("... release 13.0, V13.0.88").
-fn nvcc_version(nvcc: &Path) -> String {
+/// nvcc on one unit into a temporary file, renamed to `entry` on success.
+/// Ok: nvcc's output (warnings); Err: why it failed.
+fn compile_unit(nvcc: &Path, kernel_dir: &Path, flags: &[String], unit: &str, entry: &Path) -> Result<String, String> {
+    let temp = kernel_cache::temp_path(entry);
+    let output = Command::new(nvcc)
+        .args(flags)
+        .arg(format!("-I{}", kernel_dir.display()))
+        .arg("-o")
+        .arg(&temp)
+        .arg(kernel_dir.join(unit))
+        .output()
+        .map_err(|e| format!("running {}: {e}\n", nvcc.display()))?;
+    let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() {
+        let _ = fs::remove_file(&temp);
+        return Err(format!("{} failed ({}) compiling kernels/{unit}:\n{log}\n", nvcc.display(), output.status));
+    }
+    fs::rename(&temp, entry).map_err(|e| format!("renaming {} to {}: {e}\n", temp.display(), entry.display()))?;
+    Ok(log)
+}
+
+/// The flags of every unit's compile, the gencode list included.
+fn nvcc_flags() -> Vec<String> {
+    let gencode = GENCODE.iter().map(|(arch, code)| format!("-gencode=arch={arch},code={code}"));
+    NVCC_FLAGS.iter().map(|s| s.to_string()).chain(gencode).collect()
+}
+
+/// The text of `nvcc --version`.
+fn nvcc_version_text(nvcc: &Path) -> String {
     let out = Command::new(nvcc)
         .arg("--version")
         .output()
         .unwrap_or_else(|e| fail(&format!("running {} --version: {e}", nvcc.display())));
-    let text = String::from_utf8_lossy(&out.stdout);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// "13.0.88" from `nvcc --version` ("... release 13.0, V13.0.88").
+fn nvcc_version(nvcc: &Path, text: &str) -> String {
     text.split_whitespace()
         .filter_map(|w| w.strip_prefix('V'))
         .find(|v| v.split('.').count() == 3 && v.split('.').all(|n| n.parse::<u32>().is_ok()))

@@ -112,7 +112,7 @@ fn build_info(struct_size: usize) -> symm_build_info_t {
         struct_size,
         version_code: SYMM_VERSION_MAJOR * 10000 + SYMM_VERSION_MINOR * 100 + SYMM_VERSION_PATCH,
         version: concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast(),
-        kernels: if kernels::fatbin().is_some() { c"fatbin" } else { c"nvrtc" }.as_ptr(),
+        kernels: if kernels::fatbins().next().is_some() { c"fatbin" } else { c"nvrtc" }.as_ptr(),
         kernels_build: build.as_ptr(),
     }
 }

@@ -1,10 +1,11 @@
 //! The CUDA kernels of `kernels/`, as built by `build.rs`.
 //!
-//! * [`fatbin`]: the fatbin nvcc produced at build time (SASS for sm_80,
-//!   sm_90, sm_90a, sm_100 and PTX for compute_90), or `None` when the crate
-//!   was built without nvcc. Load it with `cuModuleLoadData` (or
-//!   `cuLibraryLoadData`); the driver picks the SASS matching the device or
-//!   JIT-compiles the PTX.
+//! * [`fatbins`]: the fatbins nvcc produced at build time, one per
+//!   `kernels/*.cu` (SASS for sm_80, sm_90, sm_90a, sm_100 and PTX for
+//!   compute_90), or none when the crate was built without nvcc. Load each
+//!   with `cuModuleLoadData` (or `cuLibraryLoadData`) as its own module; the
+//!   driver picks the SASS matching the device or JIT-compiles the PTX. An
+//!   entry point is in the module of the unit that defines it.
 //! * [`sources`] and [`unity_source`]: always present, for the NVRTC
 //!   fallback. Compile [`unity_source`] (it `#include`s every `.cu` by bare
 //!   name) with every entry of [`sources`] given to `nvrtcCreateProgram` as
@@ -20,27 +21,22 @@ mod generated {
     include!(concat!(env!("OUT_DIR"), "/symm_kernel_sources.rs"));
 }
 
+mod generated_fatbins {
+    include!(concat!(env!("OUT_DIR"), "/symm_kernel_fatbins.rs"));
+}
+
 /// `include_bytes!` data is only byte-aligned; the driver expects a fatbin
 /// image at least 8-byte aligned (as nvcc places it in `.nv_fatbin`).
-#[cfg(symm_fatbin)]
 #[repr(C, align(16))]
+#[cfg_attr(not(symm_fatbin), allow(dead_code))] // built only by the generated fatbin list
 struct Aligned<B: ?Sized>(B);
 
-#[cfg(symm_fatbin)]
-static FATBIN: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/symm_kernels.fatbin")));
-
-/// The build-time fatbin, if nvcc was available when the crate was built.
-/// The slice is 16-byte aligned and lives for the whole program, so its
-/// pointer can go straight to `cuModuleLoadData`.
-pub fn fatbin() -> Option<&'static [u8]> {
-    #[cfg(symm_fatbin)]
-    {
-        Some(&FATBIN.0)
-    }
-    #[cfg(not(symm_fatbin))]
-    {
-        None
-    }
+/// The build-time fatbins, (unit, image) for each `kernels/*.cu` in name
+/// order, or none if nvcc was not available when the crate was built. Each
+/// image is 16-byte aligned and lives for the whole program, so its pointer
+/// can go straight to `cuModuleLoadData`.
+pub fn fatbins() -> impl Iterator<Item = (&'static str, &'static [u8])> {
+    generated_fatbins::KERNEL_FATBINS.iter().map(|(unit, image)| (*unit, &image.0))
 }
 
 /// (file name, text) of every `kernels/*.cu` and `kernels/*.cuh`, sorted by
@@ -67,6 +63,8 @@ pub mod names {
     pub const WAIT_SIGNAL: &str = "symm_wait_signal";
     pub const BARRIER: &str = "symm_barrier";
     pub const WAIT_VALUE: &str = "symm_wait_value";
+    /// kernels/gemm_sm90.cu: present for every target, finds the matmul's module.
+    pub const GEMM_SM90_PROBE: &str = "symm_gemm_sm90_probe";
     /// kernels/reduce.cu, indexed by `GemmDtype as usize` (F32, BF16, F16).
     pub const REDUCE: [&str; 3] = ["symm_reduce_f32", "symm_reduce_bf16", "symm_reduce_f16"];
     /// kernels/pack.cu, contiguous rows copied with 2^i-byte accesses.
@@ -98,9 +96,15 @@ mod tests {
     }
 
     #[test]
-    fn fatbin_matches_cfg() {
-        assert_eq!(fatbin().is_some(), cfg!(symm_fatbin));
-        if let Some(f) = fatbin() {
+    fn fatbins_match_cfg() {
+        let units: Vec<&str> = sources().iter().map(|(n, _)| *n).filter(|n| n.ends_with(".cu")).collect();
+        let built: Vec<&str> = fatbins().map(|(unit, _)| unit).collect();
+        if cfg!(symm_fatbin) {
+            assert_eq!(built, units, "one fatbin per kernels/*.cu");
+        } else {
+            assert!(built.is_empty());
+        }
+        for (_, f) in fatbins() {
             // Fatbin container magic 0xBA55ED50, little endian.
             assert_eq!(&f[..4], &[0x50, 0xED, 0x55, 0xBA]);
             assert_eq!(f.as_ptr() as usize % 16, 0);
@@ -108,3 +112,10 @@ mod tests {
         assert!(!build_info().is_empty());
     }
 }
+
+/// The build script's cache keying, tested here since build scripts have no
+/// test harness of their own.
+#[cfg(test)]
+#[path = "../../../build/kernel_cache.rs"]
+#[allow(dead_code)]
+mod build_kernel_cache;

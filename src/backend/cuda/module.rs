@@ -1,6 +1,7 @@
-//! The kernels of `kernels/`, loaded once per device: from the fatbin nvcc
-//! built into the library, or compiled at run time by NVRTC for the
-//! device's own architecture when the library was built without nvcc.
+//! The kernels of `kernels/`, loaded once per device: from the fatbins nvcc
+//! built into the library (one module per `kernels/*.cu`), or compiled at
+//! run time by NVRTC for the device's own architecture, as one module, when
+//! the library was built without nvcc.
 
 use super::driver::{cuda_err, describe};
 use super::kernels;
@@ -12,9 +13,9 @@ use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void, CString};
 use std::sync::{Arc, Mutex};
 
-/// The entry points of one device's module.
+/// The entry points of one device's modules.
 pub struct Kernels {
-    _module: Arc<CudaModule>,
+    _modules: Modules,
     pub put_signal: CudaFunction,
     pub wait_signal: CudaFunction,
     pub barrier: CudaFunction,
@@ -72,12 +73,14 @@ impl Kernels {
 /// The kernels for `ctx`'s device, loaded on first use.
 pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     static LOADED: Mutex<BTreeMap<usize, Arc<Kernels>>> = Mutex::new(BTreeMap::new());
-    let mut map = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut map = crate::sync::lock(&LOADED);
     if let Some(k) = map.get(&ctx.ordinal()) {
         return Ok(k.clone());
     }
-    let module = load(ctx)?;
-    let f = |name: &str| module.load_function(name).map_err(|e| cuda_err(e, &format!("loading kernel {name}")));
+    let modules = load(ctx)?;
+    let f = |name: &str| modules.function(name);
+    // The matmul's kernels all live in one unit (absent: its loader reports the missing kernel).
+    let module = modules.holding(kernels::names::GEMM_SM90_PROBE).unwrap_or(&modules.0[0]).clone();
     let k = Arc::new(Kernels {
         put_signal: f(kernels::names::PUT_SIGNAL)?,
         wait_signal: f(kernels::names::WAIT_SIGNAL)?,
@@ -106,20 +109,46 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         )?
         .max(1) as u32,
         ctx: ctx.clone(),
-        _module: module,
+        _modules: modules,
     });
     map.insert(ctx.ordinal(), k.clone());
     Ok(k)
 }
 
-fn load(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
-    let image = match kernels::fatbin() {
-        Some(f) => f.to_vec(),
-        None => {
-            log::info!("kernels: {}; compiling them with NVRTC for device {}", kernels::build_info(), ctx.ordinal());
-            nvrtc_cubin(ctx).inspect_err(|e| log::warn!("kernels: {}", e.msg))?
+/// The loaded modules of one device: one per embedded fatbin, or the one
+/// NVRTC compiled. Each entry point is in exactly one of them.
+struct Modules(Vec<Arc<CudaModule>>);
+
+impl Modules {
+    /// The entry point `name`, from whichever module defines it.
+    fn function(&self, name: &str) -> Result<CudaFunction> {
+        for module in &self.0 {
+            match module.load_function(name) {
+                Ok(f) => return Ok(f),
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND => continue,
+                Err(e) => return Err(cuda_err(e, &format!("loading kernel {name}"))),
+            }
         }
-    };
+        Err(err!(Cuda, "loading kernel {name}: no module of symm's kernels ({}) defines it", kernels::build_info()))
+    }
+
+    /// The module that defines `name`.
+    fn holding(&self, name: &str) -> Option<&Arc<CudaModule>> {
+        self.0.iter().find(|m| m.load_function(name).is_ok())
+    }
+}
+
+fn load(ctx: &Arc<CudaContext>) -> Result<Modules> {
+    if kernels::fatbins().next().is_none() {
+        log::info!("kernels: {}; compiling them with NVRTC for device {}", kernels::build_info(), ctx.ordinal());
+        let cubin = nvrtc_cubin(ctx).inspect_err(|e| log::warn!("kernels: {}", e.msg))?;
+        return Ok(Modules(vec![load_image(ctx, cubin, "NVRTC")?]));
+    }
+    kernels::fatbins().map(|(unit, image)| load_image(ctx, image.to_vec(), unit)).collect::<Result<_>>().map(Modules)
+}
+
+/// Loads one module from `image` (a fatbin or cubin); `what` names it in errors.
+fn load_image(ctx: &Arc<CudaContext>, image: Vec<u8>, what: &str) -> Result<Arc<CudaModule>> {
     ctx.load_module(Ptx::from_binary(image)).map_err(|e| {
         let hint = match e.0 {
             sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION => {
@@ -128,7 +157,7 @@ fn load(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
             sys::CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU => ": the kernels were not built for this GPU",
             _ => "",
         };
-        err!(Cuda, "loading symm's kernels ({}) failed: {}{hint}", kernels::build_info(), describe(e.0))
+        err!(Cuda, "loading symm's kernels ({what}; {}) failed: {}{hint}", kernels::build_info(), describe(e.0))
     })
 }
 
