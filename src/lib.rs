@@ -7,6 +7,8 @@
 
 pub mod array;
 pub mod backend;
+#[doc(hidden)]
+pub mod bench_support;
 pub mod bootstrap;
 pub mod error;
 pub mod fp8;
