@@ -1,9 +1,10 @@
 //! symm's sm90 matmul against cuBLASLt on the benchmark's matmul shapes
-//! (bf16 and fp8), and cuBLASLt's heuristic candidates at M = 512, on GPU
-//! 0. Prints one JSON record per shape and implementation, which
-//! bench/gpu/collect.py gathers from the run's log.
+//! (bf16 and fp8) on GPU 0, printing one JSON record per shape and
+//! implementation, which bench/gpu/collect.py gathers from the run's log.
+//! With `--candidates`, also every algorithm cuBLASLt's heuristic offers for
+//! the pipelined paths' matmuls at M = 512 (op "matmul_candidate").
 //!
-//!   cargo run --release --example sm90_matmul [-- MxKxN ...] [--no-fp8] [--no-candidates]
+//!   cargo run --release --example sm90_matmul [-- MxKxN ...] [--no-fp8] [--candidates]
 //!
 //! Shapes as MxKxN pick some of the benchmark's (for profilers); none: all.
 use symm::bench_support;
@@ -20,7 +21,7 @@ fn main() {
     if !args.iter().any(|a| a == "--no-fp8") {
         bench_support::sm90_fp8(&shapes);
     }
-    if !args.iter().any(|a| a == "--no-candidates") {
+    if args.iter().any(|a| a == "--candidates") {
         bench_support::heuristic_candidates();
     }
 }

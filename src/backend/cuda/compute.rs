@@ -4,11 +4,11 @@
 //! strides, the reduction kernel, and cuBLASLt (fp8 too).
 
 use super::driver::check;
-use super::gemm::{Fp8Params, Gemm, GemmDtype, MatmulParams};
+use super::gemm::{Fp8Params, Gemm, MatmulParams};
 use super::module::Kernels;
 use super::sm90::gemm_dtype;
 use super::{pack, reduce};
-use crate::array::{Array, DType};
+use crate::array::Array;
 use crate::backend::{GemmScales, Stream};
 use crate::error::{err, Result};
 use cudarc::driver::sys;
@@ -188,6 +188,7 @@ pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmSca
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::array::DType;
     use crate::backend::cuda::gpu_testing::gpu;
 
     /// Each path of `copy` (dense, pitched by the copy engine, pack, unpack)

@@ -882,8 +882,7 @@ pub(crate) fn bench_heuristic_candidates() {
     let Some(g) = gpu() else { return };
     let gemm = Gemm::new(&g.ctx).unwrap();
     // (m, n, k): mm_rs 512x14336x8192's chunks and whole; ag_mm 512x8192x14336's.
-    for (m, n, k) in [(256usize, 8192usize, 14336usize), (512, 8192, 14336), (256, 14336, 8192), (512, 14336, 8192)]
-    {
+    for (m, n, k) in [(256usize, 8192usize, 14336usize), (512, 8192, 14336), (256, 14336, 8192), (512, 14336, 8192)] {
         let a = g.upload(&encode(GemmDtype::BF16, &values(m * k, 1)));
         let b = g.upload(&encode(GemmDtype::BF16, &values(n * k, 2)));
         let (c, reference) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
@@ -1093,7 +1092,7 @@ mod tests {
     // ---- on a GPU (pass vacuously without one) ----
 
     use crate::backend::cuda::gpu_testing::{
-        capture_and_replay, decode, encode, fp8_bytes, gpu, rel_err, round_robin_ms, time_ms, values, DevBuf, Gpu,
+        capture_and_replay, decode, encode, fp8_bytes, gpu, time_ms, values, DevBuf, Gpu,
     };
 
     /// Device buffers and the host reference for one problem.

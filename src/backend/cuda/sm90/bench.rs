@@ -4,13 +4,13 @@
 //! bench/gpu/collect.py reads (op "matmul"), and panics if the results of
 //! the two differ.
 
+use super::Operand;
 use super::{Sm90Kernels, Sm90Matmul, TileN};
 use crate::backend::cuda::async_error::AsyncError;
 use crate::backend::cuda::gemm::{Fp8, Fp8Params, Gemm, GemmDtype, MatmulParams};
 use crate::backend::cuda::gpu_testing::{
     decode, encode, fp8_bytes, gpu, rel_err, round_robin_ms, values, DevBuf, Gpu, ROUNDS,
 };
-use super::Operand;
 
 /// The benchmark's matmul shapes, (m, n, k).
 pub const SHAPES: [(usize, usize, usize); 8] = [

@@ -4,7 +4,6 @@
 use super::launch::*;
 use super::matmul::*;
 use super::tiling::*;
-use super::*;
 use crate::backend::cuda::gemm::{Fp8, Fp8Params, GemmDtype};
 use crate::backend::{FusedMatmul, FusedScatter};
 
@@ -222,12 +221,14 @@ fn check_rejects_what_the_kernel_cannot_run() {
 
 // ---- on a GPU (pass vacuously without one, or on a non-Hopper GPU) ----
 
-use crate::backend::cuda::gemm::{Gemm, MatmulParams};
 use crate::backend::cuda::async_error::AsyncError;
+use crate::backend::cuda::driver::check;
 use crate::backend::cuda::gpu_testing::{
     decode, encode as enc, fp8_bytes, gpu, rel_err, round_robin_ms, values, DevBuf, Gpu, ROUNDS,
 };
 use crate::backend::cuda::streams::SideStreams;
+use cudarc::driver::sys;
+use std::ffi::c_void;
 
 fn hopper(g: &Gpu) -> Option<&Sm90Kernels> {
     let k = g.kernels.gemm_sm90.as_ref();

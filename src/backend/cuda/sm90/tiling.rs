@@ -3,7 +3,7 @@
 //! this rank's launch depends on it (the column cut). `busiest_cta_cols`
 //! mirrors the kernel's tile order (kernels/sm90_scheduler.cuh).
 
-use super::{BM, GROUP_M, SHAPE_SMS, BK_BYTES, EPI_BYTES};
+use super::{BK_BYTES, BM, EPI_BYTES, GROUP_M, SHAPE_SMS};
 
 /// Tile widths the kernels come in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,4 +230,3 @@ pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_el
     let wide_tiles = chunks * chunk_rows.div_ceil(BM) * n.div_ceil(TileN::N256.cols());
     in_elem == 2 && 10 * wide_tiles >= 9 * SHAPE_SMS && narrow_plan(chunk_rows, n, chunks).is_some()
 }
-

@@ -2,9 +2,9 @@
 //! C in boxes of one k-block (128 bytes, the swizzle's width), and the
 //! reduce-scatter's inboxes.
 
+use super::{Operand, BK_BYTES, MAX_CHUNKS};
 use crate::backend::cuda::driver::check;
 use crate::backend::cuda::gemm::GemmDtype;
-use super::{Operand, BK_BYTES, MAX_CHUNKS};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::ffi::c_void;
