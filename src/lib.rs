@@ -8,6 +8,8 @@
 
 pub mod array;
 pub mod backend;
+#[doc(hidden)]
+pub mod bench_support;
 pub mod bootstrap;
 pub mod error;
 pub mod fp8;

@@ -4,24 +4,16 @@
 //! strides, the reduction kernel, and cuBLASLt (fp8 too).
 
 use super::driver::check;
-use super::gemm::{Fp8Params, Gemm, GemmDtype, MatmulParams};
+use super::gemm::{Fp8Params, Gemm, MatmulParams};
 use super::module::Kernels;
+use super::sm90::gemm_dtype;
 use super::{pack, reduce};
-use crate::array::{Array, DType};
+use crate::array::Array;
 use crate::backend::{GemmScales, Stream};
 use crate::error::{err, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::Mutex;
-
-pub(super) fn gemm_dtype(d: DType) -> Result<GemmDtype> {
-    match d {
-        DType::F32 => Ok(GemmDtype::F32),
-        DType::BF16 => Ok(GemmDtype::BF16),
-        DType::F16 => Ok(GemmDtype::F16),
-        other => Err(err!(Unsupported, "{other} is not supported by the CUDA backend yet")),
-    }
-}
 
 fn i64s(v: &[usize]) -> Vec<i64> {
     v.iter().map(|&x| x as i64).collect()
@@ -196,6 +188,7 @@ pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmSca
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::array::DType;
     use crate::backend::cuda::gpu_testing::gpu;
 
     /// Each path of `copy` (dense, pitched by the copy engine, pack, unpack)

@@ -205,11 +205,14 @@ mod tests {
             include_str!("pack.rs"),
             include_str!("reduce.rs"),
             include_str!("signals.rs"),
-            include_str!("sm90_gemm.rs"),
+            include_str!("sm90/launch.rs"),
+            include_str!("sm90/matmul.rs"),
+            include_str!("sm90/tiling.rs"),
+            include_str!("sm90/tmap.rs"),
             include_str!("streams.rs"),
             include_str!("vmm.rs"),
         ];
-        let checked: Vec<&str> = SYMBOLS.iter().chain(super::super::sm90_gemm::SYMBOLS).copied().collect();
+        let checked: Vec<&str> = SYMBOLS.iter().chain(super::super::sm90::SYMBOLS).copied().collect();
         let mut unchecked = Vec::new();
         for source in sources {
             let code = source.split("#[cfg(test)]\nmod tests").next().unwrap();

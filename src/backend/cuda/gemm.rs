@@ -579,7 +579,6 @@ impl Plan {
 
     /// The heuristic's first `count` algorithms for this plan's
     /// descriptors, best first (those it reports as usable).
-    #[cfg(test)]
     fn heuristic(
         &self,
         handle: lt::cublasLtHandle_t,
@@ -903,6 +902,57 @@ impl Drop for Gemm {
     }
 }
 
+/// Every algorithm cuBLASLt's heuristic offers (up to 16) for the
+/// pipelined paths' matmuls at M = 512 (each rank's half of the rows,
+/// and all of them), timed round-robin against its first choice, which
+/// is what the library runs. Each output is checked against the first
+/// choice's. A timing run of bench/sm90_matmul.rs (through
+/// `crate::bench_support`), printing op "matmul_candidate" records.
+#[doc(hidden)]
+pub(crate) fn bench_heuristic_candidates() {
+    use super::gpu_testing::{decode, encode, gpu, rel_err, round_robin_ms, values};
+    let Some(g) = gpu() else { return };
+    let gemm = Gemm::new(&g.ctx).unwrap();
+    // (m, n, k): mm_rs 512x14336x8192's chunks and whole; ag_mm 512x8192x14336's.
+    for (m, n, k) in [(256usize, 8192usize, 14336usize), (512, 8192, 14336), (256, 14336, 8192), (512, 14336, 8192)] {
+        let a = g.upload(&encode(GemmDtype::BF16, &values(m * k, 1)));
+        let b = g.upload(&encode(GemmDtype::BF16, &values(n * k, 2)));
+        let (c, reference) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
+        // B K-major (a Linear weight's transpose), as the operations get it.
+        let mut p = MatmulParams::new(m, n, k, a.ptr, b.ptr, reference.ptr, GemmDtype::BF16);
+        (p.b_trans, p.ldb) = (true, k);
+        gemm.matmul(&p, g.stream()).unwrap();
+        g.sync();
+        let want: Vec<f64> = decode(GemmDtype::BF16, &reference.read_bytes()).iter().map(|&v| v as f64).collect();
+        p.c = c.ptr;
+        gemm.matmul(&p, g.stream()).unwrap(); // the plan of this key
+        let (key, ..) = gemm.key(&p);
+        let candidates = {
+            let inner = gemm.lock();
+            inner.plans[&key].heuristic(inner.handle, &Pref::new(&key).unwrap(), 16).unwrap()
+        };
+        let set = |algo: lt::cublasLtMatmulAlgo_t| gemm.lock().plans.get_mut(&key).unwrap().algo = algo;
+        let med = round_robin_ms(&g, candidates.len(), |c| {
+            set(candidates[c]);
+            gemm.matmul(&p, g.stream()).unwrap();
+        });
+        for (i, algo) in candidates.iter().enumerate() {
+            set(*algo);
+            gemm.matmul(&p, g.stream()).unwrap();
+            g.sync();
+            let e = rel_err(&decode(GemmDtype::BF16, &c.read_bytes()), &want);
+            println!(
+                "{{\"op\": \"matmul_candidate\", \"shape\": [{m}, {k}, {n}], \"candidate\": {i}, \
+                 \"ms\": {:.4}, \"ratio_to_first\": {:.3}, \"relerr_to_first\": {e:.1e}}}",
+                med[i],
+                med[i] / med[0]
+            );
+            assert!(e < 1e-2, "{m}x{k}x{n} candidate {i}: relative error {e} to the first choice");
+        }
+        set(candidates[0]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1074,7 +1124,7 @@ mod tests {
     // ---- on a GPU (pass vacuously without one) ----
 
     use crate::backend::cuda::gpu_testing::{
-        capture_and_replay, decode, encode, fp8_bytes, gpu, rel_err, round_robin_ms, time_ms, values, DevBuf, Gpu,
+        capture_and_replay, decode, encode, fp8_bytes, gpu, time_ms, values, DevBuf, Gpu,
     };
 
     /// Device buffers and the host reference for one problem.
@@ -1297,58 +1347,6 @@ mod tests {
                 let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 / 1e3) / 1e12;
                 eprintln!("matmul bf16 {m}x{n}x{k} sm_target={target:?}: {ms:.3} ms, {tflops:.0} TFLOP/s");
             }
-        }
-    }
-
-    /// Every algorithm cuBLASLt's heuristic offers (up to 16) for the
-    /// pipelined paths' matmuls at M = 512 (each rank's half of the rows,
-    /// and all of them), timed round-robin against its first choice, which
-    /// is what the library runs (bench/KERNELS.md: mm_rs 512's row split
-    /// costs 1.07-1.09 x the whole matmul). Each output is checked against
-    /// the first choice's. Run with --ignored on a GPU machine.
-    #[test]
-    #[ignore]
-    fn gpu_heuristic_candidates_timed() {
-        let Some(g) = gpu() else { return };
-        let gemm = Gemm::new(&g.ctx).unwrap();
-        // (m, n, k): mm_rs 512x14336x8192's chunks and whole; ag_mm 512x8192x14336's.
-        for (m, n, k) in [(256usize, 8192usize, 14336usize), (512, 8192, 14336), (256, 14336, 8192), (512, 14336, 8192)]
-        {
-            let a = g.upload(&encode(GemmDtype::BF16, &values(m * k, 1)));
-            let b = g.upload(&encode(GemmDtype::BF16, &values(n * k, 2)));
-            let (c, reference) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
-            // B K-major (a Linear weight's transpose), as the operations get it.
-            let mut p = MatmulParams::new(m, n, k, a.ptr, b.ptr, reference.ptr, GemmDtype::BF16);
-            (p.b_trans, p.ldb) = (true, k);
-            gemm.matmul(&p, g.stream()).unwrap();
-            g.sync();
-            let want: Vec<f64> = decode(GemmDtype::BF16, &reference.read_bytes()).iter().map(|&v| v as f64).collect();
-            p.c = c.ptr;
-            gemm.matmul(&p, g.stream()).unwrap(); // the plan of this key
-            let (key, ..) = gemm.key(&p);
-            let candidates = {
-                let inner = gemm.lock();
-                inner.plans[&key].heuristic(inner.handle, &Pref::new(&key).unwrap(), 16).unwrap()
-            };
-            let set = |algo: lt::cublasLtMatmulAlgo_t| gemm.lock().plans.get_mut(&key).unwrap().algo = algo;
-            let med = round_robin_ms(&g, candidates.len(), |c| {
-                set(candidates[c]);
-                gemm.matmul(&p, g.stream()).unwrap();
-            });
-            for (i, algo) in candidates.iter().enumerate() {
-                set(*algo);
-                gemm.matmul(&p, g.stream()).unwrap();
-                g.sync();
-                let e = rel_err(&decode(GemmDtype::BF16, &c.read_bytes()), &want);
-                println!(
-                    "{{\"op\": \"matmul_candidate\", \"shape\": [{m}, {k}, {n}], \"candidate\": {i}, \
-                     \"ms\": {:.4}, \"ratio_to_first\": {:.3}, \"relerr_to_first\": {e:.1e}}}",
-                    med[i],
-                    med[i] / med[0]
-                );
-                assert!(e < 1e-2, "{m}x{k}x{n} candidate {i}: relative error {e} to the first choice");
-            }
-            set(candidates[0]);
         }
     }
 

@@ -7,7 +7,8 @@ mod async_error;
 mod compute;
 pub mod driver;
 pub mod gemm;
-#[cfg(test)]
+// Test helpers, also used by the timing runs of `crate::bench_support`.
+#[allow(dead_code)]
 pub(crate) mod gpu_testing;
 pub(crate) mod graphs;
 pub mod kernels;
@@ -15,8 +16,7 @@ mod module;
 pub mod pack;
 pub mod reduce;
 mod signals;
-pub mod sm90_gemm;
-mod sm90_trace;
+pub mod sm90;
 mod streams;
 mod vmm;
 
@@ -189,16 +189,16 @@ impl Backend for CudaBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fused_matmul: self.has_fused_matmul(),
-            max_fused_world: sm90_gemm::MAX_CHUNKS,
-            gather_slice_align: sm90_gemm::Sm90Matmul::SLICE_ALIGN,
-            fused_scatter_preferred: sm90_gemm::fused_scatter_preferred,
+            max_fused_world: sm90::MAX_CHUNKS,
+            gather_slice_align: sm90::Sm90Matmul::SLICE_ALIGN,
+            fused_scatter_preferred: sm90::fused_scatter_preferred,
         }
     }
     fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
         if !self.has_fused_matmul() {
             return Err(err!(Unsupported, "this device does not run symm's sm_90a matmul"));
         }
-        sm90_gemm::Sm90Matmul::from_fused(call, 0)?.check()
+        sm90::Sm90Matmul::from_fused(call, 0)?.check()
     }
     fn fused_matmul(&self, call: &FusedMatmul, stream: Stream) -> Result<()> {
         self.bind()?;
@@ -206,14 +206,9 @@ impl Backend for CudaBackend {
         let Some(sm90) = k.gemm_sm90.as_ref() else {
             return Err(err!(Unsupported, "this device does not run symm's sm_90a matmul"));
         };
-        let mut mm = sm90_gemm::Sm90Matmul::from_fused(call, self.errors.device_ptr())?;
+        let mut mm = sm90::Sm90Matmul::from_fused(call, self.errors.device_ptr())?;
         mm.max_ctas = Some(k.sm_count.saturating_sub(call.spare_sms).max(1));
-        match sm90_trace::prefix() {
-            Some(prefix) if !graphs::is_capturing(stream)? => {
-                sm90_trace::launch(&mut mm, sm90, k.sm_count, stream, prefix)
-            }
-            _ => mm.launch(sm90, k.sm_count, stream),
-        }
+        mm.launch(sm90, k.sm_count, stream)
     }
     fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, stream: Stream) -> Result<()> {
         self.bind()?;

@@ -30,7 +30,7 @@ pub struct Kernels {
     pub pack_tiled: [CudaFunction; 4],
     /// symm's own Hopper matmul (kernels/gemm_sm90.cu), when this device
     /// runs its sm_90a code.
-    pub gemm_sm90: Option<super::sm90_gemm::Sm90Kernels>,
+    pub gemm_sm90: Option<super::sm90::Sm90Kernels>,
     /// The device's multiprocessor count, for sizing grids.
     pub sm_count: u32,
     /// The context the module lives in (made current before launches).
@@ -102,7 +102,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
             let n = kernels::names::PACK_TILED;
             [f(n[0])?, f(n[1])?, f(n[2])?, f(n[3])?]
         },
-        gemm_sm90: super::sm90_gemm::Sm90Kernels::load(&module, ctx.ordinal() as i32)?,
+        gemm_sm90: super::sm90::Sm90Kernels::load(&module, ctx.ordinal() as i32)?,
         sm_count: super::driver::attribute(
             ctx.ordinal() as i32,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,

@@ -1,34 +1,11 @@
 //! Tests of the sm90 matmul: the host-side checks, and on a Hopper GPU
 //! (passing vacuously elsewhere) its results against float64 references
-//! and cuBLASLt, its fused modes, and its speed against cuBLASLt.
-use super::*;
-
-#[test]
-fn params_layout_matches_the_kernel() {
-    // Offsets of struct symm_gemm_params (kernels/gemm_sm90.cu).
-    let p = std::mem::MaybeUninit::<Params>::uninit();
-    let base = p.as_ptr() as usize;
-    // SAFETY: only field addresses are taken.
-    let off = |f: *const u8| f as usize - base;
-    unsafe {
-        let q = p.as_ptr();
-        assert_eq!(off(std::ptr::addr_of!((*q).c).cast()), 16);
-        assert_eq!(off(std::ptr::addr_of!((*q).order).cast()), 40);
-        assert_eq!(off(std::ptr::addr_of!((*q).ready).cast()), 112);
-        assert_eq!(off(std::ptr::addr_of!((*q).inbox).cast()), 128);
-        assert_eq!(off(std::ptr::addr_of!((*q).alpha).cast()), 384);
-        assert_eq!(off(std::ptr::addr_of!((*q).err).cast()), 400);
-        assert_eq!(off(std::ptr::addr_of!((*q).a_scale).cast()), 408);
-        assert_eq!(off(std::ptr::addr_of!((*q).a_scale_slot).cast()), 432);
-        assert_eq!(off(std::ptr::addr_of!((*q).scale_mode).cast()), 440);
-        assert_eq!(off(std::ptr::addr_of!((*q).slices).cast()), 448);
-        assert_eq!(off(std::ptr::addr_of!((*q).slice_kblocks).cast()), 452);
-        assert_eq!(off(std::ptr::addr_of!((*q).trace).cast()), 456);
-        assert_eq!(off(std::ptr::addr_of!((*q).rs_narrow_less).cast()), 480);
-        assert_eq!(off(std::ptr::addr_of!((*q).cut_n).cast()), 484);
-        assert_eq!(off(std::ptr::addr_of!((*q).cut_w).cast()), 488);
-    }
-}
+//! and cuBLASLt, and its fused modes (its speed: bench/sm90_matmul.rs).
+use super::launch::*;
+use super::matmul::*;
+use super::tiling::*;
+use crate::backend::cuda::gemm::{Fp8, Fp8Params, GemmDtype};
+use crate::backend::{FusedMatmul, FusedScatter};
 
 #[test]
 fn smem_fits_hopper() {
@@ -107,7 +84,7 @@ fn column_cut_fills_the_last_wave() {
         assert_eq!(off.column_cut(132), None);
         assert_eq!(off.total_tiles(132), 128 * 8192 / off.tile.cols());
     }
-    let scatter = Scatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None };
+    let scatter = FusedScatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None };
     assert_eq!(Sm90Matmul { scatter: Some(scatter), ..plain }.column_cut(132), None);
 }
 
@@ -138,7 +115,7 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     let op = |ptr, rows, ld| Operand { ptr, rows, ld };
     let mut mm = Sm90Matmul::plain(op(0, 512, 64), op(0, 8192, 64), op(0, 256, 8192), 64, GemmDtype::BF16, 0);
     (mm.chunk_rows, mm.order) = (256, vec![1, 0]);
-    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None });
+    mm.scatter = Some(FusedScatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None });
     for (tiles, width, narrower, ok) in [
         (34, 240, 0, true),
         (34, 240, 8, true),
@@ -183,7 +160,7 @@ fn c_goes_through_tma_only_where_tma_cannot_spill() {
     (mm.chunk_rows, mm.order) = (100, vec![0, 1, 2]); // tiles straddle chunks
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
-    mm.scatter = Some(Scatter { rank: 0, inbox: vec![0], state: vec![0], out: None });
+    mm.scatter = Some(FusedScatter { rank: 0, inbox: vec![0], state: vec![0], out: None });
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
     mm.tma_epilogue = false;
@@ -244,12 +221,14 @@ fn check_rejects_what_the_kernel_cannot_run() {
 
 // ---- on a GPU (pass vacuously without one, or on a non-Hopper GPU) ----
 
-use super::super::gemm::{Gemm, MatmulParams};
 use crate::backend::cuda::async_error::AsyncError;
+use crate::backend::cuda::driver::check;
 use crate::backend::cuda::gpu_testing::{
     decode, encode as enc, fp8_bytes, gpu, rel_err, round_robin_ms, values, DevBuf, Gpu, ROUNDS,
 };
 use crate::backend::cuda::streams::SideStreams;
+use cudarc::driver::sys;
+use std::ffi::c_void;
 
 fn hopper(g: &Gpu) -> Option<&Sm90Kernels> {
     let k = g.kernels.gemm_sm90.as_ref();
@@ -372,54 +351,6 @@ fn gpu_sm90_matmul_column_cut() {
     errors.check().unwrap();
 }
 
-/// The trace (`SYMM_TRACE_SM90`, see `sm90_trace`): a plain matmul on 8
-/// CTAs of several tiles each still computes C, and every CTA's line in the
-/// file the host function appends to holds its stamps in order, its last
-/// tile's chunk, and nothing for the reduce-scatter's points.
-#[test]
-fn gpu_sm90_trace_stamps_every_cta() {
-    let Some(g) = gpu() else { return };
-    let Some(kern) = hopper(&g) else { return };
-    let errors = AsyncError::new().unwrap();
-    let (m, n, k, dt) = (1024, 1024, 256, GemmDtype::BF16);
-    let p = problem(&g, m, n, k, dt, 11);
-    let c = poisoned(&g, m * n, dt);
-    let mut mm = dense(p.bufs[0].ptr, p.bufs[1].ptr, c.ptr, (m, n, k), dt, errors.device_ptr());
-    mm.max_ctas = Some(8);
-    let prefix = std::env::temp_dir().join(format!("symm-sm90-trace-test-{}", std::process::id()));
-    let prefix = prefix.to_str().unwrap();
-    let path = format!("{prefix}.{}.txt", std::process::id());
-    let _ = std::fs::remove_file(&path);
-    super::super::sm90_trace::launch(&mut mm, kern, g.kernels.sm_count, g.stream(), prefix).unwrap();
-    g.sync(); // the host function that writes the file too
-    errors.check().unwrap();
-    let e = rel_err(&decode(dt, &c.read_bytes()), &p.reference(0..m));
-    assert!(e < 8e-3, "traced matmul: relative error {e}");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let _ = std::fs::remove_file(&path);
-    let lines: Vec<Vec<u64>> = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| l.split_whitespace().map(|x| x.parse().unwrap()).collect())
-        .collect();
-    assert_eq!(lines.len(), 8, "{text}");
-    for (cta, v) in lines.iter().enumerate() {
-        // launch rank m n k tile cta start mainloop epilogue pushed flagged partials chunk end added drained
-        // ready boxes handed first_in last_in
-        assert_eq!(v.len(), 22, "{text}");
-        assert_eq!(&v[1..7], &[0, m as u64, n as u64, k as u64, mm.tile.cols() as u64, cta as u64], "{text}");
-        let (start, mainloop, epilogue, drained, end) = (v[7], v[8], v[9], v[16], v[14]);
-        assert!(
-            start > 0 && start <= mainloop && mainloop <= epilogue && epilogue <= drained && drained <= end,
-            "CTA {cta}: {v:?}"
-        );
-        assert_eq!(&v[10..14], &[0, 0, 0, 1], "CTA {cta}: no reduce-scatter stamps, chunk 0 (+1)");
-        assert_eq!(v[15], 0, "CTA {cta}: no partials added");
-        assert_eq!(&v[17..20], &[0, 0, 0], "CTA {cta}: no narrow peer tile's stamps");
-        assert_eq!(&v[20..22], &[0, 0], "CTA {cta}: no partials landed");
-    }
-}
-
 /// A padded C (row stride a multiple of 8): n = 257, the 16-byte
 /// register epilogue with a partial last group of columns; n = 264, the
 /// TMA-store epilogue. The padding stays untouched.
@@ -452,18 +383,6 @@ fn gpu_sm90_matmul_padded_output() {
     }
 }
 
-/// The benchmark's matmul shapes, (m, n, k).
-const BENCH_SHAPES: [(usize, usize, usize); 8] = [
-    (16384, 8192, 8192),
-    (8192, 14336, 8192),
-    (2048, 14336, 8192),
-    (512, 14336, 8192),
-    (16384, 8192, 4096),
-    (8192, 8192, 14336),
-    (2048, 8192, 14336),
-    (512, 8192, 14336),
-];
-
 /// `SYMM_SM90_SHAPE=MxKxN` times that shape only (for profilers).
 fn shape_selected(m: usize, n: usize, k: usize) -> bool {
     std::env::var("SYMM_SM90_SHAPE").map_or(true, |s| s == format!("{m}x{k}x{n}"))
@@ -477,70 +396,6 @@ fn print_record((m, k, n): (usize, usize, usize), dtype: &str, imp: &str, ms: f3
          \"ms\": {ms:.4}, \"tflops\": {tflops:.1}, \"iters\": {}}}",
         5 * ROUNDS
     );
-}
-
-/// Times the sm90 kernel against cuBLASLt on the same operands (the
-/// benchmark's shapes), printing one JSON line per shape; fails if the
-/// results differ.
-#[test]
-fn gpu_sm90_matmul_against_cublaslt() {
-    let Some(g) = gpu() else { return };
-    let Some(kern) = hopper(&g) else { return };
-    let errors = AsyncError::new().unwrap();
-    let lt = Gemm::new(&g.ctx).unwrap();
-    let dt = GemmDtype::BF16;
-    for (m, n, k) in BENCH_SHAPES {
-        if !shape_selected(m, n, k) {
-            continue;
-        }
-        let a = g.upload(&enc(dt, &values(m * k, 1)));
-        let b = g.upload(&enc(dt, &values(n * k, 2)));
-        let (c1, c2) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
-        let chosen = dense(a.ptr, b.ptr, c1.ptr, (m, n, k), dt, errors.device_ptr());
-        let mut lp = MatmulParams::new(m, n, k, a.ptr, b.ptr, c2.ptr, dt);
-        (lp.b_trans, lp.ldb) = (true, k);
-        // Candidates (None: cuBLASLt): the chosen tile, cuBLASLt, then
-        // every tile width, and the chosen tile with C stored straight
-        // from registers (for bench/KERNELS.md), or without its column cut.
-        let mut candidates = vec![("symm_sm90".to_string(), Some(chosen.clone())), ("cublaslt".to_string(), None)];
-        for tile in [TileN::N128, TileN::N256] {
-            let mm = Sm90Matmul { tile, ..chosen.clone() };
-            candidates.push((format!("symm_sm90_n{}", tile.cols()), Some(mm)));
-        }
-        let regs = Sm90Matmul { tma_epilogue: false, ..chosen.clone() };
-        candidates.push(("symm_sm90_register_epilogue".into(), Some(regs)));
-        // And without the column cut (see `column_cut`), where it has one.
-        if chosen.column_cut(g.kernels.sm_count).is_some() {
-            let uncut = Sm90Matmul { column_cut: false, ..chosen.clone() };
-            candidates.push(("symm_sm90_uncut".into(), Some(uncut)));
-        }
-        let names: Vec<&String> = candidates.iter().map(|(name, _)| name).collect();
-        let med = round_robin_ms(&g, candidates.len(), |c| match &candidates[c].1 {
-            Some(mm) => mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap(),
-            None => lt.matmul(&lp, g.stream()).unwrap(),
-        });
-        let (ours, theirs) = (med[0], med[1]);
-        // C holds the last run of some candidate; rerun the chosen one.
-        chosen.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-        g.sync();
-        let (x, y) = (decode(dt, &c1.read_bytes()), decode(dt, &c2.read_bytes()));
-        let want: Vec<f64> = y.iter().map(|v| *v as f64).collect();
-        let e = rel_err(&x, &want);
-        for (imp, ms) in names.iter().zip(&med) {
-            print_record((m, k, n), "bf16", imp, *ms);
-        }
-        let others: Vec<String> =
-            names.iter().zip(&med).skip(2).map(|(v, ms)| format!("{v} {:.3}", ms / theirs)).collect();
-        println!(
-            "matmul {m}x{k}x{n} tile {:?}: sm90 {ours:.4} ms, cuBLASLt {theirs:.4} ms, ratio {:.3}, \
-             relative difference {e:.2e}; ratios of every variant: {}",
-            chosen.tile,
-            ours / theirs,
-            others.join(", ")
-        );
-        assert!(e < 1e-2, "{m}x{n}x{k}: sm90 and cuBLASLt differ by {e}");
-    }
-    errors.check().unwrap();
 }
 
 /// Scales (one, or one per row of A / column of B) and a bias for an
@@ -680,92 +535,6 @@ fn gpu_sm90_fp8_matches_reference() {
         "sm90 fp8: largest f32-output error / sum of |terms|: exact {:.2e}, fast_accum {:.2e} ({case} cases)",
         worst[0], worst[1]
     );
-}
-
-/// Times the sm90 kernel's fp8 (e4m3 x e4m3, bf16 out) against
-/// cuBLASLt's, which by default promotes its accumulators into f32
-/// (torch's default) and with fast_accum does as the kernel does, on the
-/// benchmark's shapes, tensor-wise and row-wise scales.
-#[test]
-fn gpu_sm90_fp8_against_cublaslt() {
-    let Some(g) = gpu() else { return };
-    let Some(kern) = hopper(&g) else { return };
-    let errors = AsyncError::new().unwrap();
-    let lt = Gemm::new(&g.ctx).unwrap();
-    let (at, bt) = (Fp8::E4M3, Fp8::E4M3);
-    for (m, n, k) in BENCH_SHAPES {
-        if !shape_selected(m, n, k) {
-            continue;
-        }
-        let a = g.upload(&fp8_bytes(m * k, 1, at));
-        let b = g.upload(&fp8_bytes(n * k, 2, bt));
-        let (c1, c2) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
-        let scales = [Scales::new(&g, m, n, false, None), Scales::new(&g, m, n, true, None)];
-        // Per scale mode: symm exact, symm fast_accum; cuBLASLt the same.
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-        for sc in &scales {
-            let mm = dense(a.ptr, b.ptr, c1.ptr, (m, n, k), GemmDtype::BF16, errors.device_ptr());
-            for fast_accum in [false, true] {
-                let f = Fp8Params { fast_accum, ..sc.params(at, bt) };
-                let mut ours_f = mm.clone();
-                ours_f.set_fp8(f);
-                ours.push(ours_f);
-                let mut lp = MatmulParams::new(m, n, k, a.ptr, b.ptr, c2.ptr, GemmDtype::BF16);
-                (lp.b_trans, lp.ldb, lp.fp8) = (true, k, Some(f));
-                theirs.push(lp);
-            }
-        }
-        // Fast accumulation on the exact kernels' 128-wide tile, tensor-wise:
-        // tells what the tile costs apart from the promotion.
-        let mut fast_n128 = ours[1].clone();
-        fast_n128.tile = TileN::N128;
-        // Candidate c < 8: scale mode c / 4; c % 4: symm exact, symm fast,
-        // cuBLASLt exact, cuBLASLt fast. Candidate 8: fast_n128.
-        let med = round_robin_ms(&g, 9, |c| {
-            let i = 2 * (c / 4) + c % 2;
-            if c == 8 {
-                fast_n128.launch(kern, g.kernels.sm_count, g.stream()).unwrap()
-            } else if c % 4 < 2 {
-                ours[i].launch(kern, g.kernels.sm_count, g.stream()).unwrap()
-            } else {
-                lt.matmul(&theirs[i], g.stream()).unwrap()
-            }
-        });
-        let names = ["", "_rowwise"].iter().flat_map(|mode| {
-            ["symm_sm90", "symm_sm90_fast_accum", "cublaslt", "cublaslt_fast_accum"].map(|imp| format!("{imp}{mode}"))
-        });
-        for (imp, ms) in names.chain(["symm_sm90_fast_accum_n128".to_string()]).zip(&med) {
-            print_record((m, k, n), "fp8_e4m3", &imp, *ms);
-        }
-        // Differences, in the order of `ours`: exact against exact, fast against fast.
-        let mut diffs = Vec::new();
-        for (mm, lp) in ours.iter().zip(&theirs) {
-            mm.launch(kern, g.kernels.sm_count, g.stream()).unwrap();
-            lt.matmul(lp, g.stream()).unwrap();
-            g.sync();
-            let (x, y) = (decode(GemmDtype::BF16, &c1.read_bytes()), decode(GemmDtype::BF16, &c2.read_bytes()));
-            let want: Vec<f64> = y.iter().map(|v| *v as f64).collect();
-            diffs.push(rel_err(&x, &want));
-        }
-        println!(
-            "matmul fp8 {m}x{k}x{n}: ratio to cuBLASLt, exact (tile N128) / fast_accum (tile {:?}): \
-             tensor-wise {:.3} / {:.3}, row-wise {:.3} / {:.3}; relative differences exact {:.2e} {:.2e}, \
-             fast {:.2e} {:.2e}",
-            ours[1].tile,
-            med[0] / med[2],
-            med[1] / med[3],
-            med[4] / med[6],
-            med[5] / med[7],
-            diffs[0],
-            diffs[2],
-            diffs[1],
-            diffs[3]
-        );
-        // Exact accumulation agrees with cuBLASLt's; fast accumulation
-        // may differ by what truncation loses (printed above).
-        assert!(diffs[0] < 1e-2 && diffs[2] < 1e-2, "{m}x{n}x{k}: sm90 fp8 and cuBLASLt differ: {diffs:?}");
-    }
-    errors.check().unwrap();
 }
 
 /// All-gather mode on one GPU: chunks arrive slice by slice (columns of
@@ -1081,9 +850,6 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
         case(2, false, f32, false, ChunkTiles),
         // This rank's C where TMA cannot store it (the sums from registers).
         RsCase { misaligned_c: true, ..case(2, false, bf16, true, Share) },
-        // The sums through the staging area instead of from the ring.
-        RsCase { staged: true, ..case(2, false, bf16, true, Share) },
-        RsCase { staged: true, ..case(3, false, f32, true, One) },
         // Three peers' partials added in turn. (With an f32 C the sums
         // span several stages of the ring, each held until their stores
         // have read it.)
@@ -1106,7 +872,7 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
 /// f32 C (whose boxes are half as wide), world 2 and 3, one CTA walking
 /// every tile, misaligned C, and a missing peer; staggered widths (n = 720:
 /// 248, 240 and 232); and with every rank's C passed as symmetric
-/// (`Scatter::out`), where at world 2 the peer stores its partials into C
+/// (`FusedScatter::out`), where at world 2 the peer stores its partials into C
 /// and the own tiles add theirs.
 #[test]
 fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
@@ -1123,7 +889,6 @@ fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
         case(2, bf16, One),
         RsCase { misaligned_c: true, ..case(2, bf16, Share) },
         RsCase { misaligned_c: true, ..case(3, f32, ChunkTiles) },
-        RsCase { staged: true, ..case(2, bf16, Share) },
         RsCase { staggered: true, ..case(2, bf16, Share) },
         RsCase { staggered: true, ..case(3, f32, One) },
         RsCase { adds: true, ..case(2, bf16, Share) },
@@ -1156,12 +921,9 @@ struct RsCase {
     staggered: bool,
     /// Each rank's C one element past a 16-byte boundary.
     misaligned_c: bool,
-    /// Through the staging area, not the ring (`Sm90Matmul::rs_in_ring`,
-    /// `rs_push_ring`).
-    staged: bool,
     /// Only rank 0 runs (see reduce_scatter_case).
     peer_missing: bool,
-    /// Every rank's C given as symmetric (`Scatter::out`): the partials go
+    /// Every rank's C given as symmetric (`FusedScatter::out`): the partials go
     /// through it where `Sm90Matmul::rs_adds` allows.
     adds: bool,
 }
@@ -1177,7 +939,6 @@ impl Default for RsCase {
             narrow: false,
             staggered: false,
             misaligned_c: false,
-            staged: false,
             peer_missing: false,
             adds: false,
         }
@@ -1201,7 +962,7 @@ enum Ctas {
 /// once (200 ms timeout): a timeout error naming rank 1 is expected
 /// instead of the sums.
 fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
-    let RsCase { world, fp8, out, push, ctas, narrow, staggered, misaligned_c, staged, peer_missing, adds } = case;
+    let RsCase { world, fp8, out, push, ctas, narrow, staggered, misaligned_c, peer_missing, adds } = case;
     let dt = GemmDtype::BF16;
     let n = match (narrow, staggered) {
         (false, _) => 320,
@@ -1245,7 +1006,6 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         });
         mm.timeout_ns = if peer_missing { 200_000_000 } else { 5_000_000_000 };
         mm.rs_push = push;
-        (mm.rs_in_ring, mm.rs_push_ring) = (!staged, !staged);
         if fp8 {
             mm.set_fp8(scales[r].params(Fp8::E5M2, Fp8::E4M3));
         }
@@ -1258,7 +1018,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
     // With a (placeholder) scatter, so that it counts the narrow tiles' flags.
     let (skew, out_elem) = (usize::from(misaligned_c), out.size());
     let probe = Sm90Matmul {
-        scatter: Some(Scatter { rank: 0, inbox: vec![0; world], state: vec![0; world], out: None }),
+        scatter: Some(FusedScatter { rank: 0, inbox: vec![0; world], state: vec![0; world], out: None }),
         ..template(0, 0)
     };
     assert_eq!(probe.narrow().is_some(), narrow && push, "{case:?}");
@@ -1279,7 +1039,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
     for call_outs in &outs {
         for (r, out) in call_outs.iter().enumerate().take(launched) {
             let mut mm = template(r, out.ptr + c_at);
-            mm.scatter = Some(Scatter {
+            mm.scatter = Some(FusedScatter {
                 rank: r,
                 inbox: inboxes.iter().map(|b| b.ptr).collect(),
                 state: states.iter().map(|b| b.ptr).collect(),
@@ -1383,7 +1143,7 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
     let inboxes: Vec<DevBuf> = (0..world).map(|_| g.alloc(mms[0].inbox_bytes())).collect();
     let states: Vec<DevBuf> = (0..world).map(|_| g.upload(&vec![0u8; mms[0].state_bytes()])).collect();
     for (r, mm) in mms.iter_mut().enumerate() {
-        mm.scatter = Some(Scatter {
+        mm.scatter = Some(FusedScatter {
             rank: r,
             inbox: inboxes.iter().map(|b| b.ptr).collect(),
             state: states.iter().map(|b| b.ptr).collect(),

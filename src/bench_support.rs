@@ -1,0 +1,11 @@
+//! Timing runs of symm's own kernels for the benchmark programs under
+//! bench/ (`cargo run --release --example sm90_matmul`). Not an API: hidden
+//! from the docs, and it may change with the benchmarks.
+
+pub use crate::backend::cuda::sm90::bench::{print_record, sm90_fp8, sm90_matmul, SHAPES};
+
+/// Every algorithm cuBLASLt's heuristic offers for the pipelined paths'
+/// matmuls at M = 512, timed round-robin against its first choice.
+pub fn heuristic_candidates() {
+    crate::backend::cuda::gemm::bench_heuristic_candidates()
+}
