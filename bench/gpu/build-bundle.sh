@@ -6,9 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash .ci/install-nvcc.sh >/dev/null
-SYMM_REQUIRE_NVCC=1 cargo build --release
+SYMM_REQUIRE_NVCC=1 cargo build --release --lib --example sm90_matmul
 mkdir -p bundle
 cp target/release/libsymm.so bundle/
+# The sm90 matmul alone against cuBLASLt (bench/sm90_matmul.rs).
+cp target/release/examples/sm90_matmul bundle/
 # The library's unit tests, whose GPU parts (gpu_* tests) run on the device.
 tests=$(SYMM_REQUIRE_NVCC=1 cargo test --release --lib --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
@@ -18,7 +20,7 @@ for l in sys.stdin:
         print(m["executable"])' | tail -1)
 cp "$tests" bundle/symm-lib-tests
 # Debug info would push the bundle past what the device tool carries (64 MiB).
-strip --strip-debug bundle/libsymm.so bundle/symm-lib-tests
+strip --strip-debug bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
 git rev-parse --short HEAD > bundle/commit
 if [ -n "$(git status --porcelain -- src kernels build.rs Cargo.toml)" ]; then echo "-dirty" >> bundle/commit; fi
 echo "bundle/: $(du -sh bundle/libsymm.so | cut -f1) libsymm.so, commit $(tr -d '\n' < bundle/commit)"

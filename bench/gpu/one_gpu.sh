@@ -5,10 +5,10 @@
 # reduce-scatter timing (two ranks in one context, half the SMs each:
 # fused pushed, fused from registers and the matmuls without the scatter)
 # and the all-gather timing (the fused kernel beside a copy engine's
-# delivery, against the plain matmul and the copy) SYMM_RS_REPEAT times; the
+# delivery, against the plain matmul and the copy) SYMM_REPEAT times; the
 # Python operations at world 4 on the one GPU;
 # then compute-sanitizer (sanitize.sh). Log and reports into $OUT.
-#   [SYMM_RS_REPEAT=3] [SYMM_SANITIZE=1] bash bench/gpu/one_gpu.sh
+#   [SYMM_REPEAT=3] [SYMM_SANITIZE=1] bash bench/gpu/one_gpu.sh
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -28,7 +28,7 @@ say "commit $(tr -d "\n" < bundle/commit), $(date -u +%Y-%m-%dT%H:%MZ)"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$log"
 
 run timeout 300 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
-for _ in $(seq "${SYMM_RS_REPEAT:-3}"); do
+for _ in $(seq "${SYMM_REPEAT:-3}"); do
     run timeout 120 bundle/symm-lib-tests gpu_sm90_reduce_scatter_push_against_registers --nocapture
     run timeout 120 bundle/symm-lib-tests gpu_sm90_gather_beside_a_copy_engine --nocapture
 done

@@ -32,6 +32,8 @@ ngpu=$(nvidia-smi -L | wc -l)
 # The library's own GPU unit tests (cuBLASLt, reduce, pack, the sm90 matmul
 # against cuBLASLt on the benchmark shapes), built here by build-bundle.sh.
 run timeout 600 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
+# The sm90 matmul alone against cuBLASLt on the benchmark's shapes (bf16, fp8).
+run timeout 300 bundle/sm90_matmul
 # Whether copies (same GPU, from a peer, through a VMM mapping) wait for busy SMs.
 nvcc -O2 -arch=native bench/probes/copy_engine_probe.cu -lcuda -o /tmp/symm-bin/copy_engine_probe 2>&1 | tee -a "$log"
 run /tmp/symm-bin/copy_engine_probe 64
