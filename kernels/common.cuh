@@ -2,11 +2,13 @@
 // asynchronous error record, memory-model primitives and the signal
 // operations on symmetric signal pads.
 //
-// Build model: build.rs compiles every kernels/*.cu as ONE translation unit
-// (a generated file that #includes them all), and the run-time NVRTC
-// fallback compiles the same unit with these files supplied as in-memory
-// headers. Hence:
+// Build model: build.rs compiles each kernels/*.cu as its own translation
+// unit into its own fatbin (one module each at run time), while the
+// run-time NVRTC fallback compiles all of them as ONE unit, with these
+// files supplied as in-memory headers. Hence:
 //   * kernel and helper names must be unique across all kernels/*.cu;
+//   * no __device__ globals shared between .cu files (each module would
+//     get a copy of its own);
 //   * nothing here may include a system or toolkit header under NVRTC (no
 //     <cstdint>, no <cuda/atomic>): atomics are written as inline PTX.
 //   * Targets are sm_80 and newer (the .sem/.scope PTX qualifiers need sm_70).
@@ -77,8 +79,7 @@ struct symm_async_error {
 // How often a spinning wait re-reads the error record, first after one
 // interval. It is a read of host memory over PCIe, and such reads slow the
 // whole SM: one thread per CTA waiting with a read every 20 us made the
-// fused reduce-scatter's other warps 2.8 x slower on an H100
-// (bench/KERNELS.md). A failure elsewhere is noticed within 1 ms, which is
+// fused reduce-scatter's other warps 2.8 x slower on an H100. A failure elsewhere is noticed within 1 ms, which is
 // far below any timeout.
 #define SYMM_ERR_POLL_NS 1000000ull
 

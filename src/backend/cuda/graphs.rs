@@ -20,8 +20,7 @@
 //! kernel with the fused matmul's 2152 bytes of arguments cost the host
 //! 1.2 us against 4.0 us for cuLaunchKernel of the same kernel, and an
 //! idle GPU ended it 4.1 us after the host began against 6.5
-//! (`bench/gpu/launch_probe.cu`,
-//! `bench/results/2026-11-27-h200-x2-launch-probe.txt`).
+//! (`bench/probes/launch_probe.cu`).
 
 use super::driver::check;
 use crate::backend::Stream;

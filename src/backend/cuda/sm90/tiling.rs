@@ -166,7 +166,7 @@ pub(super) fn busiest_cta_cols(rows: usize, tiles: usize, ctas: usize, width: im
 /// Staggered: a k-loop's time goes with its tile's width, so the three
 /// widths end theirs ~5 us apart (0.61 us per column at this shape) and
 /// the link, which takes ~11 us for the 4 MiB of partials (~380 GB/s,
-/// `bench/gpu/push_probe.cu`), drains the first group's pushes before the
+/// `bench/probes/push_probe.cu`), drains the first group's pushes before the
 /// next group's come. A queue model of the link put the last push ~2-3.5
 /// us earlier with a quarter of the tiles 8 narrower than with one width;
 /// measured on 2 x H200, pushes complete ~4 us earlier at the median but
