@@ -87,7 +87,7 @@ impl Handle {
     pub fn pad_addr(&self, rank: usize) -> Result<u64> {
         self.pads.get(rank).copied().ok_or_else(|| self.bad_rank(rank))
     }
-    fn bad_rank(&self, rank: usize) -> crate::Error {
+    fn bad_rank(&self, rank: usize) -> crate::error::Error {
         err!(InvalidArgument, "rank {rank} is out of range for a group of {}", self.data.len())
     }
     pub fn put_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {

@@ -640,7 +640,7 @@ mod tests {
     use super::*;
     use crate::array::DType;
     use crate::ops::testing::host_facts;
-    use crate::ErrorKind;
+    use crate::error::ErrorKind;
 
     /// A call on fake, well-separated addresses (planning never reads them).
     fn call(shard: &[usize], dim: i64, b_rows: usize, ns: &[usize], out_lead: &[usize]) -> AgMm {

@@ -220,7 +220,7 @@ pub fn bias(t: &Array, name: &str, n: usize, out: &Array, out_name: &str) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorKind;
+    use crate::error::ErrorKind;
 
     fn t(dtype: DType, shape: &[usize]) -> Array {
         Array::contiguous(0x1000, dtype, shape)
