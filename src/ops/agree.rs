@@ -125,8 +125,8 @@ fn check_same(sigs: &[Signature]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::bootstrap::{local::local_bootstraps, Bootstrap};
-    use crate::ops::testing::{host_config, on_each};
     use crate::error::ErrorKind;
+    use crate::ops::testing::{host_config, on_each};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::time::Duration;

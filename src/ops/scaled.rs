@@ -44,13 +44,6 @@ impl Mode {
             Mode::Row
         }
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Tensor => "tensor-wise",
-            Mode::Row => "row-wise",
-        }
-    }
 }
 
 /// Whether `backend` runs the fp8 matmuls of a plan with scale mode `mode`

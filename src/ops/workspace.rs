@@ -13,9 +13,9 @@
 use super::state::{self, Scratch};
 use crate::backend::Stream;
 use crate::buffer::{self, Buffer, Handle};
-use crate::wire::{Reader, Writer};
 use crate::error::{err, Result};
 use crate::group::Group;
+use crate::wire::{Reader, Writer};
 use std::sync::Arc;
 
 /// Sizes grow in steps of this, so a run of slightly larger calls does not
