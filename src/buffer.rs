@@ -8,8 +8,8 @@
 use crate::backend::{pad_bytes, round_up, Allocation, Mapping, PadSet, Signals, Stream};
 use crate::error::{err, Result};
 use crate::group::{Attachment, Group};
-use crate::sync::lock;
 use crate::ipc;
+use crate::sync::lock;
 use crate::wire::{Reader, Writer};
 use std::ops::Range;
 use std::os::fd::AsFd;
@@ -40,9 +40,6 @@ impl Buffer {
         Ok(Arc::new(Buffer { group: group.clone(), alloc, size, pad_offset }))
     }
 
-    pub fn group(&self) -> &Arc<Group> {
-        &self.group
-    }
     /// Address of this rank's data.
     pub fn addr(&self) -> u64 {
         self.alloc.addr()
@@ -59,7 +56,9 @@ impl Buffer {
 pub struct Handle {
     // Field order is drop order: signals reference the mappings' pads.
     signals: Box<dyn Signals>,
-    peers: Vec<Option<Box<dyn Mapping>>>,
+    /// Held, never read: the peers' memory stays mapped while `data` and
+    /// `pads` point into it.
+    _peers: Vec<Option<Box<dyn Mapping>>>,
     data: Vec<u64>,
     pads: Vec<u64>,
     buffer: Arc<Buffer>,
@@ -87,7 +86,7 @@ impl Handle {
     pub fn pad_addr(&self, rank: usize) -> Result<u64> {
         self.pads.get(rank).copied().ok_or_else(|| self.bad_rank(rank))
     }
-    fn bad_rank(&self, rank: usize) -> crate::Error {
+    fn bad_rank(&self, rank: usize) -> crate::error::Error {
         err!(InvalidArgument, "rank {rank} is out of range for a group of {}", self.data.len())
     }
     pub fn put_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
@@ -118,10 +117,6 @@ impl Handle {
     pub fn wait_value(&self, rank: usize, offset: usize, value: u32, stream: Stream) -> Result<()> {
         let addr = self.flag_addr(rank, offset)?;
         self.signals.wait_value(addr, value, rank, stream, self.group().timeout())
-    }
-    /// Number of peer mappings held (for tests of resource release).
-    pub fn mapped_peers(&self) -> usize {
-        self.peers.iter().filter(|p| p.is_some()).count()
     }
 }
 
@@ -188,7 +183,7 @@ pub fn rendezvous_locked(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
     group.exchange(mapped.as_ref().map(|_| Vec::new()).map_err(|e| e.clone()))?;
     let (peers_mapped, data, pads, signals) = mapped?;
     let handle =
-        Arc::new(Handle { signals, peers: peers_mapped, data, pads, buffer: buffer.clone(), id: peers[0].token });
+        Arc::new(Handle { signals, _peers: peers_mapped, data, pads, buffer: buffer.clone(), id: peers[0].token });
     group.attachment::<Symmetric>().register(&handle);
     Ok(handle)
 }

@@ -242,7 +242,7 @@ impl Group {
                 .map(|j| j.join().unwrap_or_else(|_| Err(err!(Internal, "panic while forming an in-process group"))))
                 .collect();
             // Report the root cause, not a peer's echo of it.
-            let first = results.iter().position(|r| matches!(r, Err(e) if e.kind != crate::ErrorKind::Remote));
+            let first = results.iter().position(|r| matches!(r, Err(e) if e.kind != crate::error::ErrorKind::Remote));
             match first.or_else(|| results.iter().position(Result::is_err)) {
                 Some(i) => Err(results.into_iter().nth(i).unwrap().unwrap_err()),
                 None => Ok(results.into_iter().map(Result::unwrap).collect()),
@@ -450,7 +450,7 @@ fn host_identity() -> String {
 mod tests {
     use super::*;
     use crate::bootstrap::local::local_bootstraps;
-    use crate::ErrorKind;
+    use crate::error::ErrorKind;
 
     fn host_cfg() -> GroupConfig {
         GroupConfig { backend: Some(BackendChoice::Host), timeout: Some(Duration::from_secs(5)), ..Default::default() }

@@ -25,7 +25,6 @@ use std::mem::{size_of, zeroed};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -76,7 +75,6 @@ type Table = Arc<Mutex<HashMap<u64, Entry>>>;
 pub struct FdServer {
     name: Vec<u8>,
     table: Table,
-    next_token: AtomicU64,
     /// The process that started it; a forked child needs its own.
     pid: u32,
 }
@@ -130,17 +128,12 @@ impl FdServer {
             .name("symm-fd-server".into())
             .spawn(move || accept_loop(listener, t))
             .map_err(|e| Error::os("ipc: cannot start the fd server thread", e))?;
-        Ok(FdServer { name, table, next_token: AtomicU64::new(1), pid: std::process::id() })
+        Ok(FdServer { name, table, pid: std::process::id() })
     }
 
     /// The abstract socket name (without the leading NUL), to publish to peers.
     pub fn name(&self) -> &[u8] {
         &self.name
-    }
-
-    /// A token not yet handed out by this server.
-    pub fn new_token(&self) -> u64 {
-        self.next_token.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Serves a dup of `fd` under `token` to peers presenting `secret`,
@@ -152,11 +145,6 @@ impl FdServer {
         ensure!(!table.contains_key(&token), InvalidArgument, "ipc: token {token} is already published");
         table.insert(token, Entry { secret, fd });
         Ok(Publication { table: self.table.clone(), token })
-    }
-
-    /// Fds currently published (for tests and leak checks).
-    pub fn published(&self) -> usize {
-        lock(&self.table).len()
     }
 }
 
@@ -484,8 +472,15 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
     use std::os::fd::AsFd;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     const T: Duration = Duration::from_secs(5);
+
+    /// A token no other test uses (the library's own are random).
+    fn new_token() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
 
     fn memfd(data: &[u8]) -> OwnedFd {
         // SAFETY: a NUL-terminated name; the result is checked.
@@ -528,7 +523,7 @@ mod tests {
         assert!(srv.name().starts_with(format!("symm-{}-", std::process::id()).as_bytes()));
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
         let fd = memfd(&data);
-        let token = srv.new_token();
+        let token = new_token();
         let pubn = srv.publish(token, [4; 32], fd.as_fd()).unwrap();
         let got = fetch_fd(srv.name(), token, &[4; 32], T).unwrap();
         assert!(cloexec(&got));
@@ -545,7 +540,7 @@ mod tests {
     fn wrong_secret_and_unknown_token_are_refused() {
         let srv = fd_server().unwrap();
         let fd = memfd(b"x");
-        let token = srv.new_token();
+        let token = new_token();
         let pubn = srv.publish(token, [1; 32], fd.as_fd()).unwrap();
         let e = fetch_fd(srv.name(), token, &[2; 32], T).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Bootstrap);
@@ -581,7 +576,7 @@ mod tests {
         let srv = fd_server().unwrap();
         let fd = memfd(&[9; 64]);
         let round = |secret: [u8; 32]| {
-            let token = srv.new_token();
+            let token = new_token();
             let p = srv.publish(token, [3; 32], fd.as_fd()).unwrap();
             let r = fetch_fd(srv.name(), token, &secret, T);
             drop(p);

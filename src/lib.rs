@@ -6,22 +6,21 @@
 //! `ipc`, `backend` -> `array`, `error`; beside them `config` (the
 //! environment, read once) and `cost` (the cost model).
 
-pub mod array;
-pub mod backend;
+pub(crate) mod array;
+pub(crate) mod backend;
 #[doc(hidden)]
 pub mod bench_support;
-pub mod bootstrap;
-pub mod error;
-pub mod fp8;
-pub mod ipc;
-pub mod logging;
+pub(crate) mod bootstrap;
+pub(crate) mod error;
+pub(crate) mod fp8;
+pub(crate) mod ipc;
+pub(crate) mod logging;
 
-pub use error::{Error, ErrorKind, Result};
-pub mod buffer;
-pub mod config;
-pub mod cost;
+pub(crate) mod buffer;
+pub(crate) mod config;
+pub(crate) mod cost;
 pub mod ffi;
-pub mod group;
-pub mod ops;
+pub(crate) mod group;
+pub(crate) mod ops;
 pub(crate) mod sync;
 pub(crate) mod wire;

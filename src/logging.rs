@@ -132,11 +132,6 @@ pub fn set_level(level: LevelFilter) {
     log::set_max_level(level);
 }
 
-pub fn level() -> LevelFilter {
-    init();
-    log::max_level()
-}
-
 /// Sends lines to `sink` instead of the file or stderr (`None`: back to
 /// them).
 pub fn set_sink(sink: Option<Sink>) {

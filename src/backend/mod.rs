@@ -360,10 +360,10 @@ pub struct FusedGather {
 /// Chunk `d` of the product is rank `d`'s: pushed into `inbox[d]` (slot
 /// `rank`) and announced in the tile flags of `state[d]`; this rank's own
 /// chunk, visited last, is summed with the peers' partials into `c`. Sizes:
-/// [`FusedMatmul::inbox_bytes`] and [`FusedMatmul::state_bytes`]. The
-/// state starts zeroed and no other work may write it or the inbox: it
-/// counts the calls, which is what lets one call follow another with no
-/// barrier between them.
+/// an inbox holds a `chunk_rows x n` slot of C's type per rank; a state,
+/// [`FusedMatmul::state_bytes`]. The state starts zeroed and no other work
+/// may write it or the inbox: it counts the calls, which is what lets one
+/// call follow another with no barrier between them.
 ///
 /// `out`: every rank's `c` as mapped here, where each lies at the same
 /// offset of one symmetric buffer, contiguous: the peer may then store its
@@ -385,11 +385,6 @@ impl FusedGather {
 }
 
 impl FusedMatmul {
-    /// Bytes of one rank's inbox: a `chunk_rows x n` slot per rank.
-    pub fn inbox_bytes(chunk_rows: usize, n: usize, world: usize, out_elem: usize) -> usize {
-        chunk_rows * n * world * out_elem
-    }
-
     /// The reduce-scatter state's header (`SYMM_RS_STATE_BYTES`: the count
     /// of calls), before its tile flags.
     pub const STATE_HEADER_BYTES: usize = 256;

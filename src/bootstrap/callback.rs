@@ -7,7 +7,7 @@
 //! not enforced here, and a callback that never returns hangs its caller.
 
 use super::Bootstrap;
-use crate::error::{ensure, err, Error, Result};
+use crate::error::{err, Error, Result};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
@@ -16,36 +16,23 @@ use std::time::Duration;
 /// `allgather(send, recv)`: gathers `send` from every rank into `recv`
 /// (`world * send.len()` bytes) in rank order.
 pub type AllgatherFn = Box<dyn Fn(&[u8], &mut [u8]) -> Result<()> + Send + Sync>;
-/// `barrier()`: returns once every rank has called it. Optional, and
-/// called only through [`Bootstrap::barrier`]: every collective symm runs
-/// carries data (at least each rank's success or failure), so its own
-/// operations gather through `allgather` and take no bare barrier.
-pub type BarrierFn = Box<dyn Fn() -> Result<()> + Send + Sync>;
 
+/// A caller's allgather. A barrier callback, where the caller gave one (the
+/// C struct has room for it), is not kept: [`Bootstrap`] has no barrier.
 pub struct CallbackBootstrap {
     rank: usize,
     world: usize,
     allgather: AllgatherFn,
-    barrier: Option<BarrierFn>,
     /// Foreign collectives are rarely safe to enter concurrently; this keeps
     /// the callbacks from ever running on two threads at once.
     serial: Mutex<()>,
 }
 
 impl CallbackBootstrap {
-    /// Wraps the caller's collectives for rank `rank` of `world`. Without a
-    /// barrier, barriers are 1-byte all-gathers. The caller vouches for
-    /// `rank < world` (group init checks it); [`CallbackBootstrap::try_new`]
-    /// checks it here.
-    pub fn new(rank: usize, world: usize, allgather: AllgatherFn, barrier: Option<BarrierFn>) -> Self {
-        CallbackBootstrap { rank, world, allgather, barrier, serial: Mutex::new(()) }
-    }
-
-    /// [`CallbackBootstrap::new`], rejecting `world == 0` and `rank >= world`.
-    pub fn try_new(rank: usize, world: usize, allgather: AllgatherFn, barrier: Option<BarrierFn>) -> Result<Self> {
-        ensure!(world >= 1, InvalidArgument, "bootstrap: world size must be at least 1");
-        ensure!(rank < world, InvalidArgument, "bootstrap: rank {rank} is out of range for world size {world}");
-        Ok(Self::new(rank, world, allgather, barrier))
+    /// Wraps the caller's allgather for rank `rank` of `world`. The caller
+    /// vouches for `rank < world` (group init checks it).
+    pub fn new(rank: usize, world: usize, allgather: AllgatherFn) -> Self {
+        CallbackBootstrap { rank, world, allgather, serial: Mutex::new(()) }
     }
 
     /// Runs a callback under the serial lock, turning its failure or panic
@@ -89,13 +76,6 @@ impl Bootstrap for CallbackBootstrap {
         self.call("allgather", || (self.allgather)(data, &mut recv))?;
         Ok(recv)
     }
-
-    fn barrier(&self, timeout: Duration) -> Result<()> {
-        match &self.barrier {
-            Some(b) => self.call("barrier", b),
-            None => self.allgather(&[0u8], timeout).map(|_| ()),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -103,7 +83,6 @@ mod tests {
     use super::*;
     use crate::bootstrap::local::local_bootstraps;
     use crate::error::ErrorKind;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::thread;
 
@@ -111,76 +90,40 @@ mod tests {
 
     /// Callback bootstraps whose allgather runs over an in-process group,
     /// standing in for MPI.
-    fn over_local(n: usize, with_barrier: bool, barriers: Arc<AtomicUsize>) -> Vec<CallbackBootstrap> {
+    fn over_local(n: usize) -> Vec<CallbackBootstrap> {
         local_bootstraps(n)
             .into_iter()
             .enumerate()
             .map(|(r, lb)| {
                 let lb = Arc::new(lb);
-                let lb2 = lb.clone();
                 let ag: AllgatherFn = Box::new(move |s, d| {
                     d.copy_from_slice(&lb.allgather(s, T)?);
                     Ok(())
                 });
-                let counter = barriers.clone();
-                let bar: Option<BarrierFn> = with_barrier.then(|| {
-                    Box::new(move || {
-                        counter.fetch_add(1, Ordering::SeqCst);
-                        lb2.barrier(T)
-                    }) as BarrierFn
-                });
-                CallbackBootstrap::try_new(r, n, ag, bar).unwrap()
+                CallbackBootstrap::new(r, n, ag)
             })
             .collect()
     }
 
-    fn run_all(bs: Vec<CallbackBootstrap>) -> Vec<Vec<u8>> {
-        let hs: Vec<_> = bs
+    #[test]
+    fn allgather_in_rank_order() {
+        let hs: Vec<_> = over_local(3)
             .into_iter()
-            .map(|b| {
-                thread::spawn(move || {
-                    let all = b.allgather(&[b.rank() as u8; 3], T).unwrap();
-                    b.barrier(T).unwrap();
-                    all
-                })
-            })
+            .map(|b| thread::spawn(move || b.allgather(&[b.rank() as u8; 3], T).unwrap()))
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    }
-
-    #[test]
-    fn allgather_and_given_barrier() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let out = run_all(over_local(3, true, count.clone()));
+        let out: Vec<Vec<u8>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
         assert!(out.iter().all(|o| o == &[0, 0, 0, 1, 1, 1, 2, 2, 2]));
-        assert_eq!(count.load(Ordering::SeqCst), 3);
-    }
-
-    #[test]
-    fn barrier_falls_back_to_allgather() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let out = run_all(over_local(2, false, count.clone()));
-        assert!(out.iter().all(|o| o == &[0, 0, 0, 1, 1, 1]));
-        assert_eq!(count.load(Ordering::SeqCst), 0);
     }
 
     #[test]
     fn failures_become_bootstrap_errors() {
         let ag: AllgatherFn = Box::new(|_, _| Err(err!(Timeout, "peer gone")));
-        let bar: BarrierFn = Box::new(|| panic!("boom"));
-        let b = CallbackBootstrap::new(0, 2, ag, Some(bar));
-        let e = b.allgather(&[1], T).unwrap_err();
+        let e = CallbackBootstrap::new(0, 2, ag).allgather(&[1], T).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Bootstrap);
         assert_eq!(e.msg, "bootstrap: the allgather callback failed: peer gone");
-        let e = b.barrier(T).unwrap_err();
+        let ag: AllgatherFn = Box::new(|_, _| panic!("boom"));
+        let e = CallbackBootstrap::new(0, 2, ag).allgather(&[1], T).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Bootstrap);
         assert!(e.msg.contains("panicked"), "{e}");
-    }
-
-    #[test]
-    fn validates_rank_and_world() {
-        let mk = || -> AllgatherFn { Box::new(|_, _| Ok(())) };
-        assert_eq!(CallbackBootstrap::try_new(2, 2, mk(), None).unwrap_err().kind, ErrorKind::InvalidArgument);
-        assert!(CallbackBootstrap::try_new(0, 0, mk(), None).is_err());
     }
 }

@@ -69,11 +69,6 @@ fn process_env(key: &str) -> Option<String> {
     crate::config::launcher_var(key)
 }
 
-/// Reads `RANK`, `WORLD_SIZE` and `LOCAL_RANK` from the process environment.
-pub fn read_env() -> Result<EnvInfo> {
-    read_env_from(&process_env)
-}
-
 /// Reads the rank variables through `lookup` (testable without touching the
 /// process environment).
 pub fn read_env_from(lookup: Lookup) -> Result<EnvInfo> {

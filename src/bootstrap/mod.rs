@@ -8,7 +8,7 @@
 //! - [`tcp`]: an embedded TCP store started by `symm_get_unique_id`, found
 //!   through a 128-byte [`unique_id::UniqueId`] that carries its address and
 //!   a secret;
-//! - [`callback`]: the caller's own allgather/barrier functions;
+//! - [`callback`]: the caller's own allgather function;
 //! - [`env`]: torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
 //!   rank 0 hosting the TCP store;
 //! - [`local`]: several ranks in one process, exchanging through memory.
@@ -39,15 +39,10 @@ pub trait Bootstrap: Send + Sync {
     /// within `timeout`; the message names those ranks ("ranks [2, 3] did not
     /// arrive within 5000 ms"). A length that differs between ranks is
     /// `ErrorKind::Mismatch` where it can be detected.
+    ///
+    /// The only collective: symm's exchanges all carry data (at least each
+    /// rank's success or failure), so none of them is a bare barrier.
     fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>>;
-
-    /// Returns once every rank has entered the barrier (or times out, naming
-    /// the missing ranks). symm's own collectives all carry data, so none of
-    /// them is a bare barrier; the callback bootstrap runs the caller's
-    /// barrier here when one was given.
-    fn barrier(&self, timeout: Duration) -> Result<()> {
-        self.allgather(&[0u8], timeout).map(|_| ())
-    }
 }
 
 /// All-gather of byte strings whose length may differ per rank: lengths go

@@ -37,17 +37,43 @@ pub fn from_table(t: &symm_bootstrap_t, rank: usize, world: usize) -> Result<Cal
             Err(err!(Bootstrap, "the bootstrap allgather callback returned {rc}"))
         }
     };
-    let barrier = t.barrier.map(|b| {
-        Box::new(move || -> Result<()> {
-            let ctx = ctx;
-            // SAFETY: the caller's function with its own context.
-            let rc = unsafe { b(ctx.0) };
-            if rc == 0 {
-                Ok(())
-            } else {
-                Err(err!(Bootstrap, "the bootstrap barrier callback returned {rc}"))
-            }
-        }) as Box<dyn Fn() -> Result<()> + Send + Sync>
-    });
-    Ok(CallbackBootstrap::new(rank, world, Box::new(ag), barrier))
+    // `t.barrier` may be set; symm never calls it (see its documentation).
+    Ok(CallbackBootstrap::new(rank, world, Box::new(ag)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::Bootstrap;
+    use std::ffi::c_int;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    static BARRIERS: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn copy(_: *mut c_void, send: *const c_void, recv: *mut c_void, bytes: usize) -> c_int {
+        // SAFETY: world 1: `recv` holds `bytes` bytes, as `send` does.
+        unsafe { std::ptr::copy_nonoverlapping(send.cast::<u8>(), recv.cast::<u8>(), bytes) };
+        0
+    }
+
+    unsafe extern "C" fn barrier(_: *mut c_void) -> c_int {
+        BARRIERS.fetch_add(1, Ordering::SeqCst);
+        1
+    }
+
+    /// A table with a barrier callback (older callers set one) is accepted,
+    /// and the barrier is never called.
+    #[test]
+    fn barrier_callback_accepted_and_unused() {
+        let t = symm_bootstrap_t {
+            struct_size: std::mem::size_of::<symm_bootstrap_t>(),
+            ctx: std::ptr::null_mut(),
+            allgather: Some(copy),
+            barrier: Some(barrier),
+        };
+        let bs = from_table(&t, 0, 1).unwrap();
+        assert_eq!(bs.allgather(b"abc", Duration::from_secs(1)).unwrap(), b"abc");
+        assert_eq!(BARRIERS.load(Ordering::SeqCst), 0);
+    }
 }

@@ -47,7 +47,7 @@ impl<T> Registry<T> {
         lock(&self.live).remove(&key).map(Some).ok_or_else(|| self.unknown(key))
     }
 
-    fn unknown(&self, key: usize) -> crate::Error {
+    fn unknown(&self, key: usize) -> crate::error::Error {
         err!(
             InvalidHandle,
             "{key:#x} is not a live {} (destroyed, never created, or another kind of handle)",

@@ -639,8 +639,8 @@ fn writable_by_fp8(m: &Array) -> bool {
 mod tests {
     use super::*;
     use crate::array::DType;
+    use crate::error::ErrorKind;
     use crate::ops::testing::host_facts;
-    use crate::ErrorKind;
 
     /// A call on fake, well-separated addresses (planning never reads them).
     fn call(shard: &[usize], dim: i64, b_rows: usize, ns: &[usize], out_lead: &[usize]) -> AgMm {

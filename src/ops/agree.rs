@@ -116,7 +116,7 @@ fn check_same(sigs: &[Signature]) -> Result<()> {
     diffs.truncate(SHOWN);
     let tail = if more > 0 { format!(" (and {more} more)") } else { String::new() };
     Err(Error::new(
-        crate::ErrorKind::Mismatch,
+        crate::error::ErrorKind::Mismatch,
         format!("the ranks passed different arguments: {}{tail}", diffs.join("; ")),
     ))
 }
@@ -125,8 +125,8 @@ fn check_same(sigs: &[Signature]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::bootstrap::{local::local_bootstraps, Bootstrap};
+    use crate::error::ErrorKind;
     use crate::ops::testing::{host_config, on_each};
-    use crate::ErrorKind;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
@@ -259,7 +259,7 @@ mod tests {
     fn reports_differences_against_rank_0() {
         assert!(check_same(&[sig(0, &[4, 8]), sig(0, &[4, 8])]).is_ok());
         let e = check_same(&[sig(0, &[4, 8]), sig(0, &[4, 8]), sig(1, &[2, 8])]).unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::Mismatch);
+        assert_eq!(e.kind, crate::error::ErrorKind::Mismatch);
         assert!(e.msg.contains("gather_dim is 0 on rank 0 but 1 on rank 2"), "{}", e.msg);
         assert!(e.msg.contains("a_shard.shape is [4, 8] on rank 0 but [2, 8] on rank 2"), "{}", e.msg);
         let extra = sig(0, &[4, 8]).arg("bs[1].shape", "[8, 2]");

@@ -86,7 +86,7 @@ pub fn mul(a: usize, b: usize, what: &str) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorKind;
+    use crate::error::ErrorKind;
 
     fn t(addr: u64, shape: &[usize]) -> Array {
         Array::contiguous(addr, DType::BF16, shape)

@@ -248,7 +248,7 @@ mod tests {
     fn a_forced_fused_call_that_cannot_fuse_is_unsupported() {
         let s = shape(Op::MmRs, 512, 14336, 8192);
         let e = decide(&hopper(2, None), &s, false, Some(Algorithm::Fused)).unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::Unsupported);
+        assert_eq!(e.kind, crate::error::ErrorKind::Unsupported);
         assert!(e.msg.contains("options ask for the fused algorithm"), "{}", e.msg);
         let host = Facts { caps: Capabilities::default(), ..hopper(2, Some(Algorithm::Fused)) };
         let e = decide(&host, &s, true, None).unwrap_err();

@@ -636,7 +636,7 @@ mod tests {
         // A bias needs a bf16/f16 output.
         let mut c = fp8_call(0, 16, 2, false);
         c.scales.bias = Some(Array::contiguous(0x7100_0000, DType::F32, &[16]));
-        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, crate::ErrorKind::Unsupported);
+        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, crate::error::ErrorKind::Unsupported);
         // Row-wise a_scale has a's shape with the last dimension 1.
         let mut c = fp8_call(0, 16, 2, true);
         c.scales.a_scale = Some(Array::contiguous(0x7000_0000, DType::F32, &[1, 8]));
@@ -654,7 +654,7 @@ mod tests {
         );
         let mut c = fp8_call(0, 16, 2, false);
         c.b.strides = vec![16, 1];
-        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, crate::ErrorKind::Unsupported);
+        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, crate::error::ErrorKind::Unsupported);
     }
 
     #[test]

@@ -44,13 +44,6 @@ impl Mode {
             Mode::Row
         }
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Tensor => "tensor-wise",
-            Mode::Row => "row-wise",
-        }
-    }
 }
 
 /// Whether `backend` runs the fp8 matmuls of a plan with scale mode `mode`
@@ -220,7 +213,7 @@ pub fn bias(t: &Array, name: &str, n: usize, out: &Array, out_name: &str) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorKind;
+    use crate::error::ErrorKind;
 
     fn t(dtype: DType, shape: &[usize]) -> Array {
         Array::contiguous(0x1000, dtype, shape)

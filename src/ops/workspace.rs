@@ -13,9 +13,9 @@
 use super::state::{self, Scratch};
 use crate::backend::Stream;
 use crate::buffer::{self, Buffer, Handle};
-use crate::wire::{Reader, Writer};
 use crate::error::{err, Result};
 use crate::group::Group;
+use crate::wire::{Reader, Writer};
 use std::sync::Arc;
 
 /// Sizes grow in steps of this, so a run of slightly larger calls does not
@@ -168,7 +168,7 @@ mod tests {
         let res = on_each(&gs, |r, g| reserve(g, if r == 2 { 8 << 20 } else { 4 << 20 }));
         for e in res {
             let e = e.unwrap_err();
-            assert_eq!(e.kind, crate::ErrorKind::Mismatch);
+            assert_eq!(e.kind, crate::error::ErrorKind::Mismatch);
             assert!(e.msg.contains("rank 0 4194304 bytes, rank 2 8388608"), "{}", e.msg);
         }
         on_each(&gs, |_, g| reserve(g, 3 << 20).unwrap());

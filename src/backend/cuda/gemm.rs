@@ -204,7 +204,8 @@ pub struct MatmulParams {
     pub sm_count_target: Option<u32>,
     /// (device address, bytes) of a workspace to use instead of the
     /// [`Gemm`]'s own: needed when matmuls of one `Gemm` may run
-    /// concurrently on several streams (see [`Gemm::alloc_workspace`]).
+    /// concurrently on several streams (tests make one with
+    /// `Gemm::alloc_workspace`).
     /// Must be `cuMemAlloc`/VMM memory that outlives the work (and any graph
     /// captured with it).
     pub workspace: Option<(u64, usize)>,
@@ -700,16 +701,8 @@ impl GemmWorkspace {
         Ok(GemmWorkspace { ctx: ctx.clone(), ptr, bytes })
     }
 
-    /// Device address (256-byte aligned).
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
     /// For [`MatmulParams::workspace`].
+    #[cfg(test)]
     pub fn as_param(&self) -> Option<(u64, usize)> {
         Some((self.ptr, self.bytes))
     }
@@ -773,18 +766,15 @@ impl Gemm {
         Ok(Gemm { ctx: ctx.clone(), inner: Mutex::new(Inner { handle, plans: HashMap::new() }), workspace })
     }
 
-    /// Size of the built-in workspace (and of those from [`Self::alloc_workspace`]).
-    pub fn workspace_bytes(&self) -> usize {
-        self.workspace.bytes
-    }
-
-    /// Another workspace of [`Self::workspace_bytes`], for matmuls running
+    /// Another workspace the size of the built-in one, for matmuls running
     /// concurrently with others of this `Gemm`. Not during graph capture.
+    #[cfg(test)]
     pub fn alloc_workspace(&self) -> Result<GemmWorkspace> {
         GemmWorkspace::alloc(&self.ctx, self.workspace.bytes)
     }
 
     /// Number of cached plans (shapes seen).
+    #[cfg(test)]
     pub fn cached_plans(&self) -> usize {
         self.lock().plans.len()
     }

@@ -216,6 +216,6 @@ mod tests {
         assert_eq!(out, vec![5.5, 16., 11.5, 22.]);
         let mut fp8 = vec![0u8; 4];
         let e = reduce(&view(&mut fp8, DType::F8E4M3, &[4], &[1]), &[], 1.0).unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::Unsupported);
+        assert_eq!(e.kind, crate::error::ErrorKind::Unsupported);
     }
 }

@@ -76,9 +76,9 @@ impl HostAllocation {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             let e = std::io::Error::last_os_error();
             let kind = if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::ENOMEM) {
-                crate::ErrorKind::OutOfMemory
+                crate::error::ErrorKind::OutOfMemory
             } else {
-                crate::ErrorKind::System
+                crate::error::ErrorKind::System
             };
             return Err(Error::new(kind, format!("sizing shared memory to {len} bytes: {e}")));
         }
@@ -155,11 +155,11 @@ mod tests {
     fn import_rejects_short_memory() {
         let a = HostAllocation::new(page_size()).unwrap();
         let e = HostMapping::import(a.export_fd().unwrap(), 2 * page_size()).err().unwrap();
-        assert_eq!(e.kind, crate::ErrorKind::Mismatch);
+        assert_eq!(e.kind, crate::error::ErrorKind::Mismatch);
     }
 
     #[test]
     fn zero_bytes_is_invalid() {
-        assert_eq!(HostAllocation::new(0).err().unwrap().kind, crate::ErrorKind::InvalidArgument);
+        assert_eq!(HostAllocation::new(0).err().unwrap().kind, crate::error::ErrorKind::InvalidArgument);
     }
 }

@@ -76,7 +76,7 @@ mod tests {
 
         // Scales of the wrong length are a bug in the caller.
         let short = GemmScales { row_wise: true, a: f32s(&mut ra, &[1]), ..rows.clone() };
-        assert_eq!(scaled_gemm(&outv, &av, &bv, &short).unwrap_err().kind, crate::ErrorKind::Internal);
+        assert_eq!(scaled_gemm(&outv, &av, &bv, &short).unwrap_err().kind, crate::error::ErrorKind::Internal);
         // Only the requested columns of the bias and scales are used.
         let mut two = [f32::NAN; 4];
         let cols = rows.columns(1, 2);

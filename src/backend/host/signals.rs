@@ -180,7 +180,7 @@ mod tests {
     fn wait_times_out_naming_peer() {
         let (_mem, s) = pads(3);
         let e = s[0].wait(2, 0, Stream(0), Duration::from_millis(30)).unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::Timeout);
+        assert_eq!(e.kind, crate::error::ErrorKind::Timeout);
         assert!(e.msg.contains("rank 2"), "{}", e.msg);
     }
 
@@ -209,8 +209,8 @@ mod tests {
     fn bad_peer_and_channel() {
         let (_mem, s) = pads(2);
         let t = Duration::from_millis(10);
-        assert_eq!(s[0].put(0, 0, Stream(0), t).unwrap_err().kind, crate::ErrorKind::InvalidArgument);
-        assert_eq!(s[0].put(5, 0, Stream(0), t).unwrap_err().kind, crate::ErrorKind::InvalidArgument);
-        assert_eq!(s[0].wait(1, 99, Stream(0), t).unwrap_err().kind, crate::ErrorKind::InvalidArgument);
+        assert_eq!(s[0].put(0, 0, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
+        assert_eq!(s[0].put(5, 0, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
+        assert_eq!(s[0].wait(1, 99, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
     }
 }

@@ -53,11 +53,6 @@ impl TcpBootstrap {
         Ok(TcpBootstrap { rank, world, addr, conn: Mutex::new(Conn { stream: Some(stream), seq: 0 }), hosted })
     }
 
-    /// The store's address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// Sends one round and reads its reply; `Err` here means the transport
     /// failed (the connection is then unusable).
     fn round(&self, stream: &TcpStream, seq: u64, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {

@@ -25,7 +25,6 @@ mod tests;
 pub(crate) mod wire;
 
 pub(crate) use addr::resolve;
-pub use addr::{ADDR_ENV, DEFAULT_LISTEN};
 pub use client::TcpBootstrap;
 
 use super::unique_id::{random_secret, UniqueId, SECRET_BYTES};

@@ -74,8 +74,7 @@ pub struct Sm90Matmul {
     pub gather: Option<Gather>,
     /// The fused reduce-scatter epilogue: chunk `d` of the product's rows
     /// is rank `d`'s output, C this rank's chunk (sizes of the inboxes and
-    /// states from [`Sm90Matmul::inbox_bytes`] and
-    /// [`Sm90Matmul::state_bytes`]; `out`: see [`Sm90Matmul::rs_adds`]).
+    /// states: see [`FusedScatter`]; `out`: see [`Sm90Matmul::rs_adds`]).
     pub scatter: Option<FusedScatter>,
     pub tile: TileN,
     /// CTAs to launch at most (default: one per SM); fewer leave SMs free.
@@ -239,13 +238,6 @@ impl Sm90Matmul {
         }
     }
 
-    /// Tiles in one chunk, the peers' narrow ones if narrower (the rs
-    /// flags per source rank).
-    pub fn tiles_per_chunk(&self) -> usize {
-        let across = self.narrow().map_or(0, |w| w.tiles).max(self.n.div_ceil(self.tile.cols()));
-        self.chunk_rows.div_ceil(BM) * across
-    }
-
     /// The narrow peer tiles this launch uses: where set, and the
     /// reduce-scatter goes through TMA (decided alike on every rank).
     pub fn narrow(&self) -> Option<NarrowPeers> {
@@ -279,17 +271,6 @@ impl Sm90Matmul {
             && self.c_through_tma();
         let rows = self.chunk_rows.div_ceil(BM) * self.chunks();
         eligible.then(|| column_cut(rows, self.n, ctas as usize)).flatten()
-    }
-
-    /// Bytes of one rank's rs inbox: a slot of `chunk_rows x n` per rank.
-    pub fn inbox_bytes(&self) -> usize {
-        self.chunks() * self.chunk_rows * self.n * self.out_dtype.size()
-    }
-
-    /// Bytes of one rank's rs state: `symm_rs_state`, then the tile flags,
-    /// `tiles_per_chunk` u32 per rank.
-    pub fn state_bytes(&self) -> usize {
-        FusedMatmul::STATE_HEADER_BYTES + self.chunks() * self.tiles_per_chunk() * 4
     }
 
     /// `Err(Unsupported)` naming the first reason the kernel cannot run
@@ -387,12 +368,6 @@ impl Sm90Matmul {
         } else {
             self.dtype.size()
         }
-    }
-
-    /// CTAs launched on a device of `sm_count` SMs: one per tile, at most
-    /// one per SM (persistent) or `max_ctas`.
-    pub fn grid(&self, sm_count: u32) -> u32 {
-        self.layout(sm_count).0
     }
 
     /// The grid and the column cut of a launch on `sm_count` SMs, the cut

@@ -29,8 +29,8 @@ mod tests;
 
 pub use launch::Sm90Kernels;
 pub(crate) use matmul::gemm_dtype;
-pub use matmul::{Gather, Operand, Sm90Matmul};
-pub use tiling::{choose_tile, column_cut, fused_scatter_preferred, narrow_peers, NarrowPeers, TileN};
+pub use matmul::{Operand, Sm90Matmul};
+pub use tiling::{fused_scatter_preferred, TileN};
 
 /// Most row chunks (ranks) a fused call may have (`SYMM_GEMM_MAX_CHUNKS`).
 pub(crate) const MAX_CHUNKS: usize = 16;

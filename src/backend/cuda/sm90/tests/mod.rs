@@ -8,7 +8,7 @@ mod gpu_scatter;
 use super::matmul::*;
 use super::tiling::*;
 use crate::backend::cuda::gemm::{Fp8, Fp8Params, GemmDtype};
-use crate::backend::FusedScatter;
+use crate::backend::{FusedMatmul, FusedScatter};
 
 #[test]
 fn smem_fits_hopper() {
@@ -31,6 +31,30 @@ impl Sm90Matmul {
     /// Tiles of the whole launch on at most `ctas` CTAs.
     fn total_tiles(&self, ctas: u32) -> usize {
         self.tiles_with(self.column_cut(ctas))
+    }
+
+    /// CTAs launched on a device of `sm_count` SMs: one per tile, at most
+    /// one per SM (persistent) or `max_ctas`.
+    fn grid(&self, sm_count: u32) -> u32 {
+        self.layout(sm_count).0
+    }
+
+    /// Tiles in one chunk, the peers' narrow ones if narrower (the rs
+    /// flags per source rank).
+    fn tiles_per_chunk(&self) -> usize {
+        let across = self.narrow().map_or(0, |w| w.tiles).max(self.n.div_ceil(self.tile.cols()));
+        self.chunk_rows.div_ceil(super::BM) * across
+    }
+
+    /// Bytes of one rank's rs inbox: a slot of `chunk_rows x n` per rank.
+    fn inbox_bytes(&self) -> usize {
+        self.chunks() * self.chunk_rows * self.n * self.out_dtype.size()
+    }
+
+    /// Bytes of one rank's rs state: `symm_rs_state`, then the tile flags,
+    /// `tiles_per_chunk` u32 per rank.
+    fn state_bytes(&self) -> usize {
+        FusedMatmul::STATE_HEADER_BYTES + self.chunks() * self.tiles_per_chunk() * 4
     }
 }
 
