@@ -37,8 +37,7 @@ impl DeviceModel {
     /// Hopper (H100/H200 SXM) with NVLink, measured on 2 x H200.
     pub const HOPPER: DeviceModel = DeviceModel {
         matmul_tflops: 790.0,
-        // cuBLASLt, e4m3, 16384 x 8192 x 8192 in 1.653 ms on one H200
-        // (bench/results/2026-11-23-h200-x1-2582f43-fp8-lib-tests.txt).
+        // cuBLASLt, e4m3, 16384 x 8192 x 8192 in 1.653 ms on one H200.
         fp8_matmul_tflops: 1330.0,
         link_gbps: 358.0,
         hbm_gbps: 4300.0,

@@ -33,7 +33,7 @@ pub struct Entry<C, P> {
 impl<C, P: Prepared> Entry<C, P> {
     /// The replay key for scratch buffers: made once per set of them.
     pub fn key(&self, ids: ScratchIds, make: impl FnOnce() -> String) -> String {
-        let mut key = self.key.lock().unwrap_or_else(|p| p.into_inner());
+        let mut key = crate::sync::lock(&self.key);
         match &*key {
             Some((last, k)) if *last == ids => k.clone(),
             _ => {

@@ -86,7 +86,7 @@ pub struct SourceTables {
 
 impl SourceTables {
     fn get(&self, addrs: Vec<u64>, upload: impl FnOnce(&[u8]) -> Result<u64>) -> Result<u64> {
-        let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = crate::sync::lock(&self.tables);
         if let Some(&dev) = t.get(&addrs) {
             return Ok(dev);
         }
@@ -99,7 +99,7 @@ impl SourceTables {
 
 impl Drop for SourceTables {
     fn drop(&mut self) {
-        for &dev in self.tables.get_mut().unwrap_or_else(|p| p.into_inner()).values() {
+        for &dev in crate::sync::get_mut(&mut self.tables).values() {
             // SAFETY: allocated by the upload closure with cuMemAlloc.
             unsafe { sys::cuMemFree_v2(dev) };
         }

@@ -63,9 +63,9 @@ const MIN_VERSION: usize = 12_00_00;
 const WORKSPACE_SM90: usize = 32 << 20;
 const WORKSPACE_OLDER: usize = 4 << 20;
 
-/// More cached plans than this and the cache starts over (each plan is a
+/// More cached matmuls than this and the cache starts over (each matmul is a
 /// few hundred bytes of host memory; this only bounds pathological use).
-const MAX_PLANS: usize = 4096;
+const MAX_MATMULS: usize = 4096;
 
 /// The cuBLASLt version once the library and all its symbols are present.
 pub fn ensure_cublaslt() -> Result<usize> {
@@ -392,7 +392,7 @@ pub fn alignment_class(addr: u64) -> u32 {
     }
 }
 
-/// The fp8 part of a plan's key: what shapes its descriptor and algorithm.
+/// The fp8 part of a matmul's key: what shapes its descriptor and algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Fp8Key {
     a_type: Fp8,
@@ -403,7 +403,7 @@ struct Fp8Key {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct PlanKey {
+struct MatmulKey {
     shape: ColMajor,
     dtype: GemmDtype,
     out_dtype: GemmDtype,
@@ -415,7 +415,7 @@ struct PlanKey {
 }
 
 /// What cuBLASLt needs for one shape: created once, reused for every call.
-struct Plan {
+struct LtMatmul {
     desc: lt::cublasLtMatmulDesc_t,
     layouts: [lt::cublasLtMatrixLayout_t; 3],
     algo: lt::cublasLtMatmulAlgo_t,
@@ -423,11 +423,11 @@ struct Plan {
 
 // SAFETY: cuBLASLt descriptors are plain host objects; we only touch them
 // under the Gemm's mutex.
-unsafe impl Send for Plan {}
+unsafe impl Send for LtMatmul {}
 
-impl Drop for Plan {
+impl Drop for LtMatmul {
     fn drop(&mut self) {
-        // SAFETY: created by Plan::new and destroyed only here; errors are
+        // SAFETY: created by LtMatmul::new and destroyed only here; errors are
         // not actionable in a destructor.
         unsafe {
             for l in self.layouts {
@@ -490,7 +490,7 @@ struct Pref(lt::cublasLtMatmulPreference_t);
 
 impl Pref {
     /// The heuristic's constraints for `key`: its workspace and alignments.
-    fn new(key: &PlanKey) -> Result<Pref> {
+    fn new(key: &MatmulKey) -> Result<Pref> {
         use lt::cublasLtMatmulPreferenceAttributes_t as P;
         let mut pref = Pref(std::ptr::null_mut());
         // SAFETY: out-pointer valid.
@@ -512,14 +512,14 @@ impl Drop for Pref {
     }
 }
 
-impl Plan {
+impl LtMatmul {
     /// Builds descriptors and asks the heuristic for the best algorithm
     /// (for an fp8 matmul with its first call's scale and bias pointers
     /// set, so the heuristic sees a complete descriptor; later calls set
     /// their own).
-    fn new(handle: lt::cublasLtHandle_t, key: &PlanKey, fp8: Option<&Fp8Params>) -> Result<Plan> {
+    fn new(handle: lt::cublasLtHandle_t, key: &MatmulKey, fp8: Option<&Fp8Params>) -> Result<LtMatmul> {
         use lt::cublasLtMatmulDescAttributes_t as D;
-        let mut plan = Plan {
+        let mut matmul = LtMatmul {
             desc: std::ptr::null_mut(),
             layouts: [std::ptr::null_mut(); 3],
             // SAFETY: plain old data; overwritten by the heuristic's result.
@@ -529,7 +529,7 @@ impl Plan {
         lt_check(
             unsafe {
                 lt::cublasLtMatmulDescCreate(
-                    &mut plan.desc,
+                    &mut matmul.desc,
                     lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     lt::cudaDataType::CUDA_R_32F,
                 )
@@ -537,18 +537,18 @@ impl Plan {
             "cublasLtMatmulDescCreate",
         )?;
         let op = |t: bool| if t { 1i32 } else { 0i32 }; // CUBLAS_OP_T / CUBLAS_OP_N
-        set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(key.shape.a.trans))?;
-        set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(key.shape.b.trans))?;
+        set_desc(matmul.desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(key.shape.a.trans))?;
+        set_desc(matmul.desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(key.shape.b.trans))?;
         if key.sm_count_target > 0 {
             let sms = i32::try_from(key.sm_count_target).unwrap_or(i32::MAX);
-            set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms)?;
+            set_desc(matmul.desc, D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms)?;
         }
         // A' is the caller's B and B' the caller's A (see ColMajor).
         let types = match key.fp8 {
             Some(Fp8Key { a_type: a, b_type: b, row_wise, bias, fast_accum }) => {
-                set_fp8_modes(plan.desc, row_wise, bias.then_some(key.out_dtype), fast_accum)?;
+                set_fp8_modes(matmul.desc, row_wise, bias.then_some(key.out_dtype), fast_accum)?;
                 if let Some(f) = fp8 {
-                    set_fp8_pointers(plan.desc, f)?;
+                    set_fp8_pointers(matmul.desc, f)?;
                 }
                 [b.cuda(), a.cuda(), key.out_dtype.cuda()]
             }
@@ -558,12 +558,12 @@ impl Plan {
         for (i, (ty, o)) in types.into_iter().zip(operands).enumerate() {
             // SAFETY: out-pointer valid.
             lt_check(
-                unsafe { lt::cublasLtMatrixLayoutCreate(&mut plan.layouts[i], ty, o.rows, o.cols, o.ld) },
+                unsafe { lt::cublasLtMatrixLayoutCreate(&mut matmul.layouts[i], ty, o.rows, o.cols, o.ld) },
                 "cublasLtMatrixLayoutCreate",
             )?;
         }
 
-        let Some(first) = plan.heuristic_results(handle, &Pref::new(key)?, 1)?.into_iter().next() else {
+        let Some(first) = matmul.heuristic_results(handle, &Pref::new(key)?, 1)?.into_iter().next() else {
             return Err(err!(
                 Unsupported,
                 "cuBLASLt has no algorithm for this matmul ({key:?}); \
@@ -574,11 +574,11 @@ impl Plan {
         let (m, n, k, dtype, id, ws) =
             (key.shape.n, key.shape.m, key.shape.k, key.dtype, algo_id(&first.algo), first.workspaceSize);
         log::info!("cuBLASLt's pick for m={m} n={n} k={k} {dtype:?}: algorithm id {id}, workspace {ws} bytes");
-        plan.algo = first.algo;
-        Ok(plan)
+        matmul.algo = first.algo;
+        Ok(matmul)
     }
 
-    /// The heuristic's first `count` algorithms for this plan's
+    /// The heuristic's first `count` algorithms for this matmul's
     /// descriptors, best first (those it reports as usable).
     fn heuristic(
         &self,
@@ -718,21 +718,21 @@ impl Drop for GemmWorkspace {
 
 struct Inner {
     handle: lt::cublasLtHandle_t,
-    plans: HashMap<PlanKey, Plan>,
+    matmuls: HashMap<MatmulKey, LtMatmul>,
 }
 
-// SAFETY: the handle and plans are only used under the Gemm's mutex.
+// SAFETY: the handle and matmuls are only used under the Gemm's mutex.
 unsafe impl Send for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.plans.clear();
+        self.matmuls.clear();
         // SAFETY: created in Gemm::new, destroyed once.
         unsafe { lt::cublasLtDestroy(self.handle) };
     }
 }
 
-/// cuBLASLt matmuls on one device: a handle, a workspace and a plan cache.
+/// cuBLASLt matmuls on one device: a handle, a workspace and a matmul cache.
 /// `Send + Sync`; calls are serialized on an internal mutex (enqueueing
 /// only: the GPU work itself runs on the caller's stream).
 ///
@@ -763,7 +763,7 @@ impl Gemm {
         let mut handle = std::ptr::null_mut();
         // SAFETY: symbols checked; out-pointer valid; the device's context is current.
         lt_check(unsafe { lt::cublasLtCreate(&mut handle) }, "cublasLtCreate")?;
-        Ok(Gemm { ctx: ctx.clone(), inner: Mutex::new(Inner { handle, plans: HashMap::new() }), workspace })
+        Ok(Gemm { ctx: ctx.clone(), inner: Mutex::new(Inner { handle, matmuls: HashMap::new() }), workspace })
     }
 
     /// Another workspace the size of the built-in one, for matmuls running
@@ -773,19 +773,19 @@ impl Gemm {
         GemmWorkspace::alloc(&self.ctx, self.workspace.bytes)
     }
 
-    /// Number of cached plans (shapes seen).
+    /// Number of cached matmuls (shapes seen).
     #[cfg(test)]
-    pub fn cached_plans(&self) -> usize {
-        self.lock().plans.len()
+    pub fn cached_matmuls(&self) -> usize {
+        self.lock().matmuls.len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// Enqueues `p` on `stream` (a stream of this device). Legal during
     /// graph capture; the first call for a shape queries the heuristic
-    /// (host only), later calls reuse the cached plan.
+    /// (host only), later calls reuse the cached matmul.
     pub fn matmul(&self, p: &MatmulParams, stream: Stream) -> Result<()> {
         p.validate()?;
         if p.m == 0 || p.n == 0 {
@@ -798,21 +798,21 @@ impl Gemm {
         let (key, a_ptr, b_ptr, ws) = self.key(p);
         let ws_bytes = key.workspace;
         let mut inner = self.lock();
-        if !inner.plans.contains_key(&key) {
-            let plan = Plan::new(inner.handle, &key, p.fp8.as_ref())
+        if !inner.matmuls.contains_key(&key) {
+            let matmul = LtMatmul::new(inner.handle, &key, p.fp8.as_ref())
                 .map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))?;
-            if inner.plans.len() >= MAX_PLANS {
-                inner.plans.clear();
+            if inner.matmuls.len() >= MAX_MATMULS {
+                inner.matmuls.clear();
             }
-            inner.plans.insert(key, plan);
+            inner.matmuls.insert(key, matmul);
         }
-        let plan = &inner.plans[&key];
+        let matmul = &inner.matmuls[&key];
         if let Some(f) = &p.fp8 {
-            set_fp8_pointers(plan.desc, f)?;
+            set_fp8_pointers(matmul.desc, f)?;
         }
         let alpha = p.alpha;
         let beta: f32 = if p.accumulate { 1.0 } else { 0.0 };
-        let [la, lb, lc] = plan.layouts;
+        let [la, lb, lc] = matmul.layouts;
         let c = p.c as *mut c_void;
         // SAFETY: descriptors belong to this handle; pointers were validated
         // by the caller's contract (device memory of the described shapes);
@@ -820,7 +820,7 @@ impl Gemm {
         let s = unsafe {
             lt::cublasLtMatmul(
                 inner.handle,
-                plan.desc,
+                matmul.desc,
                 (&alpha as *const f32).cast(),
                 a_ptr as *const c_void,
                 la,
@@ -831,7 +831,7 @@ impl Gemm {
                 lc,
                 c,
                 lc,
-                &plan.algo,
+                &matmul.algo,
                 ws as *mut c_void,
                 ws_bytes,
                 stream.0 as lt::cudaStream_t,
@@ -840,12 +840,12 @@ impl Gemm {
         lt_check(s, "cublasLtMatmul").map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))
     }
 
-    /// The plan key of `p`, with the column-major A' and B' pointers and
+    /// The matmul key of `p`, with the column-major A' and B' pointers and
     /// the workspace's address.
-    fn key(&self, p: &MatmulParams) -> (PlanKey, u64, u64, u64) {
+    fn key(&self, p: &MatmulParams) -> (MatmulKey, u64, u64, u64) {
         let (shape, a_ptr, b_ptr) = ColMajor::from_row_major(p);
         let (ws, ws_bytes) = p.workspace.unwrap_or((self.workspace.ptr, self.workspace.bytes));
-        let key = PlanKey {
+        let key = MatmulKey {
             shape,
             dtype: p.dtype,
             out_dtype: p.out_dtype,
@@ -881,7 +881,7 @@ impl Gemm {
     }
 }
 
-// SAFETY: the context is process-wide; the handle and plans are behind the
+// SAFETY: the context is process-wide; the handle and matmuls are behind the
 // mutex; the workspace is a device address.
 unsafe impl Send for Gemm {}
 unsafe impl Sync for Gemm {}
@@ -915,13 +915,13 @@ pub(crate) fn bench_heuristic_candidates() {
         g.sync();
         let want: Vec<f64> = decode(GemmDtype::BF16, &reference.read_bytes()).iter().map(|&v| v as f64).collect();
         p.c = c.ptr;
-        gemm.matmul(&p, g.stream()).unwrap(); // the plan of this key
+        gemm.matmul(&p, g.stream()).unwrap(); // the matmul of this key
         let (key, ..) = gemm.key(&p);
         let candidates = {
             let inner = gemm.lock();
-            inner.plans[&key].heuristic(inner.handle, &Pref::new(&key).unwrap(), 16).unwrap()
+            inner.matmuls[&key].heuristic(inner.handle, &Pref::new(&key).unwrap(), 16).unwrap()
         };
-        let set = |algo: lt::cublasLtMatmulAlgo_t| gemm.lock().plans.get_mut(&key).unwrap().algo = algo;
+        let set = |algo: lt::cublasLtMatmulAlgo_t| gemm.lock().matmuls.get_mut(&key).unwrap().algo = algo;
         let med = round_robin_ms(&g, candidates.len(), |c| {
             set(candidates[c]);
             gemm.matmul(&p, g.stream()).unwrap();
@@ -1226,7 +1226,7 @@ mod tests {
             g.sync();
             verify(&case, &format!("k == 0, accumulate {accumulate}"));
         }
-        assert!(gemm.cached_plans() > 100);
+        assert!(gemm.cached_matmuls() > 100);
     }
 
     /// cuBLASLt fp8 against a float64 reference of `torch._scaled_mm`:
@@ -1300,7 +1300,7 @@ mod tests {
     fn gpu_matmul_in_graph_capture() {
         let Some(g) = gpu() else { return };
         let gemm = Gemm::new(&g.ctx).unwrap();
-        // A shape seen before capture (cached plan) ...
+        // A shape seen before capture (cached matmul) ...
         let mut p = MatmulParams::new(256, 192, 128, 0, 0, 0, GemmDtype::BF16);
         p.accumulate = true;
         let warm = setup(&g, p, 0);
@@ -1309,14 +1309,14 @@ mod tests {
         let case = setup(&g, p, 0);
         // ... and one first seen during capture (heuristic query in capture).
         let fresh = setup(&g, MatmulParams::new(96, 80, 72, 0, 0, 0, GemmDtype::F16), 0);
-        let before = gemm.cached_plans();
+        let before = gemm.cached_matmuls();
         capture_and_replay(&g, 1, || {
             gemm.matmul(&case.p, g.stream()).unwrap();
             gemm.matmul(&fresh.p, g.stream()).unwrap();
         });
-        assert_eq!(gemm.cached_plans(), before + 1);
-        verify(&case, "captured, cached plan, accumulate, replayed once");
-        verify(&fresh, "captured, plan made during capture");
+        assert_eq!(gemm.cached_matmuls(), before + 1);
+        verify(&case, "captured, cached matmul, accumulate, replayed once");
+        verify(&fresh, "captured, matmul made during capture");
     }
 
     /// TFLOP/s of large bf16 matmuls, with and without an SM target (run

@@ -115,7 +115,7 @@ impl GraphCache {
             return issue(stream);
         }
         let key = &key();
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = crate::sync::lock(&self.inner);
         if let Some(&exec) = inner.execs.get(key) {
             drop(inner);
             check_errors()?;
@@ -200,7 +200,7 @@ fn capture(inner: &mut Inner, issue: &mut dyn FnMut(Stream) -> Result<()>) -> Re
 
 impl Drop for GraphCache {
     fn drop(&mut self) {
-        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        let inner = crate::sync::get_mut(&mut self.inner);
         for &exec in inner.execs.values() {
             // SAFETY: instantiated in capture(); the driver keeps a launched
             // graph's resources until its work completes.

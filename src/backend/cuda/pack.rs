@@ -3,7 +3,7 @@
 //! strides may be negative or zero) into a contiguous row-major buffer;
 //! [`unpack`] scatters a contiguous row-major buffer into a strided tensor.
 //!
-//! The host normalizes the layout first ([`PackPlan::new`]): size-1
+//! The host normalizes the layout first ([`PackRoute::new`]): size-1
 //! dimensions are dropped and dimensions contiguous with each other merged.
 //! A layout that turns out contiguous is one `cuMemcpyAsync`; one whose
 //! innermost dimension is contiguous is copied row by row with the widest
@@ -85,7 +85,7 @@ pub enum Direction {
 
 /// How a copy is carried out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PackPlan {
+pub enum PackRoute {
     /// No elements.
     Empty,
     /// Both sides contiguous: one memcpy of `bytes`.
@@ -151,8 +151,8 @@ fn segment(desc: &mut PackDesc) {
     desc.segs_per_row = desc.row_units.div_ceil(desc.seg_units);
 }
 
-impl PackPlan {
-    /// Plans a copy between a strided tensor at `strided` (address of
+impl PackRoute {
+    /// Routes a copy between a strided tensor at `strided` (address of
     /// element [0, ..., 0]) and a contiguous row-major one at `contiguous`.
     pub fn new(
         shape: &[i64],
@@ -161,7 +161,7 @@ impl PackPlan {
         strided: u64,
         contiguous: u64,
         dir: Direction,
-    ) -> Result<PackPlan> {
+    ) -> Result<PackRoute> {
         if shape.len() != strides.len() || shape.len() > PACK_MAX_DIMS {
             return Err(err!(
                 InvalidArgument,
@@ -177,7 +177,7 @@ impl PackPlan {
             return Err(err!(Unsupported, "pack: element size {elem_size} (1, 2, 4 or 8 bytes)"));
         }
         let Some(dims) = collapse(shape, strides) else {
-            return Ok(PackPlan::Empty);
+            return Ok(PackRoute::Empty);
         };
         let es = elem_size as u64;
         let total = dims.iter().try_fold(es, |acc, &(s, _)| acc.checked_mul(s));
@@ -201,7 +201,7 @@ impl PackPlan {
             ));
         }
         match dims.as_slice() {
-            [] | [(_, 1)] => return Ok(PackPlan::Copy { bytes: total as usize }),
+            [] | [(_, 1)] => return Ok(PackRoute::Copy { bytes: total as usize }),
             _ => {}
         }
         let (inner_len, inner_stride) = *dims.last().expect("non-empty");
@@ -222,14 +222,14 @@ impl PackPlan {
             let width_log2 = common_width_log2(&vals);
             desc.row_units = row_bytes >> width_log2;
             segment(&mut desc);
-            Ok(PackPlan::Rows { width_log2, desc })
+            Ok(PackRoute::Rows { width_log2, desc })
         } else if let Some(d) = outer.iter().position(|&(_, st)| st.unsigned_abs() == 1) {
-            Ok(PackPlan::Tiled { elem_log2: es.trailing_zeros(), desc: tile_desc(&dims, d, es as i64, dir) })
+            Ok(PackRoute::Tiled { elem_log2: es.trailing_zeros(), desc: tile_desc(&dims, d, es as i64, dir) })
         } else {
             desc.row_units = inner_len;
             desc.inner_stride = inner_stride * es as i64;
             segment(&mut desc);
-            Ok(PackPlan::Strided { elem_log2: es.trailing_zeros(), desc })
+            Ok(PackRoute::Strided { elem_log2: es.trailing_zeros(), desc })
         }
     }
 }
@@ -310,8 +310,8 @@ pub fn pack(
     max_blocks: Option<u32>,
     stream: Stream,
 ) -> Result<()> {
-    let plan = PackPlan::new(shape, src_strides, elem_size, src, dst, Direction::Pack)?;
-    run(kernels, &plan, src, dst, Direction::Pack, max_blocks, stream)
+    let route = PackRoute::new(shape, src_strides, elem_size, src, dst, Direction::Pack)?;
+    run(kernels, &route, src, dst, Direction::Pack, max_blocks, stream)
 }
 
 /// Scatters the contiguous row-major buffer `src` into the strided tensor
@@ -329,13 +329,13 @@ pub fn unpack(
     max_blocks: Option<u32>,
     stream: Stream,
 ) -> Result<()> {
-    let plan = PackPlan::new(shape, dst_strides, elem_size, dst, src, Direction::Unpack)?;
-    run(kernels, &plan, src, dst, Direction::Unpack, max_blocks, stream)
+    let route = PackRoute::new(shape, dst_strides, elem_size, dst, src, Direction::Unpack)?;
+    run(kernels, &route, src, dst, Direction::Unpack, max_blocks, stream)
 }
 
 fn run(
     kernels: &Kernels,
-    plan: &PackPlan,
+    route: &PackRoute,
     src: u64,
     dst: u64,
     dir: Direction,
@@ -345,16 +345,16 @@ fn run(
     if max_blocks == Some(0) {
         return Err(err!(InvalidArgument, "pack max_blocks must be at least 1"));
     }
-    let (f, desc) = match plan {
-        PackPlan::Empty => return Ok(()),
-        PackPlan::Copy { bytes } => {
+    let (f, desc) = match route {
+        PackRoute::Empty => return Ok(()),
+        PackRoute::Copy { bytes } => {
             kernels.ctx.bind_to_thread().map_err(|e| cuda_err(e, "making the context current"))?;
             // SAFETY: both buffers hold `bytes` (the caller's contract).
             return check(unsafe { sys::cuMemcpyAsync(dst, src, *bytes, stream.0 as sys::CUstream) }, "cuMemcpyAsync");
         }
-        PackPlan::Rows { width_log2, desc } => (&kernels.pack_rows[*width_log2 as usize], desc),
-        PackPlan::Strided { elem_log2, desc } => (&kernels.pack_strided[*elem_log2 as usize], desc),
-        PackPlan::Tiled { elem_log2, desc } => {
+        PackRoute::Rows { width_log2, desc } => (&kernels.pack_rows[*width_log2 as usize], desc),
+        PackRoute::Strided { elem_log2, desc } => (&kernels.pack_strided[*elem_log2 as usize], desc),
+        PackRoute::Tiled { elem_log2, desc } => {
             let f = &kernels.pack_tiled[*elem_log2 as usize];
             let grid = tile_grid(desc, kernels.sm_count, max_blocks);
             let (mut src, mut dst, mut desc) = (src, dst, *desc);
@@ -380,12 +380,12 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
 
-    /// Host model of the kernels: executes a plan on byte buffers, so the
-    /// planning logic is checked end to end against a naive strided copy.
-    fn execute(plan: &PackPlan, strided: &mut [u8], sbase: usize, contig: &mut [u8], dir: Direction) {
-        let (desc, unit, inner) = match plan {
-            PackPlan::Empty => return,
-            PackPlan::Tiled { elem_log2, desc: t } => {
+    /// Host model of the kernels: executes a route on byte buffers, so the
+    /// routing logic is checked end to end against a naive strided copy.
+    fn execute(route: &PackRoute, strided: &mut [u8], sbase: usize, contig: &mut [u8], dir: Direction) {
+        let (desc, unit, inner) = match route {
+            PackRoute::Empty => return,
+            PackRoute::Tiled { elem_log2, desc: t } => {
                 let e = 1usize << elem_log2;
                 assert_eq!(t.tiles_i, t.ni.div_ceil(32));
                 assert_eq!(t.tiles_j, t.nj.div_ceil(32));
@@ -419,15 +419,15 @@ mod tests {
                 }
                 return;
             }
-            PackPlan::Copy { bytes } => {
+            PackRoute::Copy { bytes } => {
                 match dir {
                     Direction::Pack => contig[..*bytes].copy_from_slice(&strided[sbase..sbase + bytes]),
                     Direction::Unpack => strided[sbase..sbase + bytes].copy_from_slice(&contig[..*bytes]),
                 }
                 return;
             }
-            PackPlan::Rows { width_log2, desc } => (desc, 1usize << width_log2, None),
-            PackPlan::Strided { elem_log2, desc } => (desc, 1usize << elem_log2, Some(desc.inner_stride)),
+            PackRoute::Rows { width_log2, desc } => (desc, 1usize << width_log2, None),
+            PackRoute::Strided { elem_log2, desc } => (desc, 1usize << elem_log2, Some(desc.inner_stride)),
         };
         // Every team-sized slice of every segment, like the kernel.
         let total = desc.rows * desc.segs_per_row;
@@ -470,7 +470,7 @@ mod tests {
             .collect()
     }
 
-    fn check_roundtrip(shape: &[i64], strides: &[i64], es: usize) -> PackPlan {
+    fn check_roundtrip(shape: &[i64], strides: &[i64], es: usize) -> PackRoute {
         let offs = offsets(shape, strides);
         let (lo, hi) = (offs.iter().copied().min().unwrap_or(0), offs.iter().copied().max().unwrap_or(0));
         // Base so that negative strides stay in bounds; 256-aligned.
@@ -480,8 +480,8 @@ mod tests {
         let mut strided: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
         let mut contig = vec![0u8; n * es];
         // Fake device addresses with the same alignment as the host buffers' offsets.
-        let plan = PackPlan::new(shape, strides, es, 0x10_0000 + base as u64, 0x20_0000, Direction::Pack).unwrap();
-        execute(&plan, &mut strided, base, &mut contig, Direction::Pack);
+        let route = PackRoute::new(shape, strides, es, 0x10_0000 + base as u64, 0x20_0000, Direction::Pack).unwrap();
+        execute(&route, &mut strided, base, &mut contig, Direction::Pack);
         for (i, &o) in offs.iter().enumerate() {
             let s = (base as i64 + o * es as i64) as usize;
             assert_eq!(contig[i * es..(i + 1) * es], strided[s..s + es], "pack {shape:?} {strides:?} element {i}");
@@ -491,15 +491,15 @@ mod tests {
         if non_overlapping(&dims) {
             let contig2: Vec<u8> = (0..n * es).map(|i| (i * 13 + 1) as u8).collect();
             let mut out = vec![0u8; len];
-            let plan2 =
-                PackPlan::new(shape, strides, es, 0x10_0000 + base as u64, 0x20_0000, Direction::Unpack).unwrap();
-            execute(&plan2, &mut out, base, &mut contig2.clone(), Direction::Unpack);
+            let route2 =
+                PackRoute::new(shape, strides, es, 0x10_0000 + base as u64, 0x20_0000, Direction::Unpack).unwrap();
+            execute(&route2, &mut out, base, &mut contig2.clone(), Direction::Unpack);
             for (i, &o) in offs.iter().enumerate() {
                 let s = (base as i64 + o * es as i64) as usize;
                 assert_eq!(out[s..s + es], contig2[i * es..(i + 1) * es], "unpack {shape:?} {strides:?} element {i}");
             }
         }
-        plan
+        route
     }
 
     #[test]
@@ -533,17 +533,17 @@ mod tests {
     }
 
     #[test]
-    fn plans() {
+    fn routes() {
         // Contiguous: one memcpy.
-        let p = PackPlan::new(&[4, 8], &[8, 1], 2, 0x1000, 0x2000, Direction::Pack).unwrap();
-        assert_eq!(p, PackPlan::Copy { bytes: 64 });
+        let p = PackRoute::new(&[4, 8], &[8, 1], 2, 0x1000, 0x2000, Direction::Pack).unwrap();
+        assert_eq!(p, PackRoute::Copy { bytes: 64 });
         // Empty.
-        assert_eq!(PackPlan::new(&[4, 0], &[8, 1], 2, 0x1000, 0x2000, Direction::Pack).unwrap(), PackPlan::Empty);
+        assert_eq!(PackRoute::new(&[4, 0], &[8, 1], 2, 0x1000, 0x2000, Direction::Pack).unwrap(), PackRoute::Empty);
         // Scalar (rank 0) and all-ones shapes copy one element.
-        assert_eq!(PackPlan::new(&[], &[], 4, 0x1000, 0x2000, Direction::Pack).unwrap(), PackPlan::Copy { bytes: 4 });
+        assert_eq!(PackRoute::new(&[], &[], 4, 0x1000, 0x2000, Direction::Pack).unwrap(), PackRoute::Copy { bytes: 4 });
         // Padded rows of 16-byte multiples: 16-byte accesses.
-        match PackPlan::new(&[4, 8], &[16, 1], 2, 0x1000, 0x2000, Direction::Pack).unwrap() {
-            PackPlan::Rows { width_log2: 4, desc } => {
+        match PackRoute::new(&[4, 8], &[16, 1], 2, 0x1000, 0x2000, Direction::Pack).unwrap() {
+            PackRoute::Rows { width_log2: 4, desc } => {
                 assert_eq!((desc.rows, desc.row_units, desc.outer_ndim), (4, 1, 1));
                 assert_eq!(desc.outer_stride[0], 32);
             }
@@ -551,48 +551,48 @@ mod tests {
         }
         // Rows of 3 floats: 4-byte accesses.
         assert!(matches!(
-            PackPlan::new(&[4, 3], &[5, 1], 4, 0x1000, 0x2000, Direction::Pack).unwrap(),
-            PackPlan::Rows { width_log2: 2, .. }
+            PackRoute::new(&[4, 3], &[5, 1], 4, 0x1000, 0x2000, Direction::Pack).unwrap(),
+            PackRoute::Rows { width_log2: 2, .. }
         ));
         // A misaligned base lowers the width.
         assert!(matches!(
-            PackPlan::new(&[4, 8], &[16, 1], 2, 0x1002, 0x2000, Direction::Pack).unwrap(),
-            PackPlan::Rows { width_log2: 1, .. }
+            PackRoute::new(&[4, 8], &[16, 1], 2, 0x1002, 0x2000, Direction::Pack).unwrap(),
+            PackRoute::Rows { width_log2: 1, .. }
         ));
         // Transposed: tiles over (dim 0, dim 1).
-        match PackPlan::new(&[3, 4], &[1, 3], 4, 0x1000, 0x2000, Direction::Pack).unwrap() {
-            PackPlan::Tiled { elem_log2: 2, desc } => {
+        match PackRoute::new(&[3, 4], &[1, 3], 4, 0x1000, 0x2000, Direction::Pack).unwrap() {
+            PackRoute::Tiled { elem_log2: 2, desc } => {
                 assert_eq!((desc.ni, desc.nj, desc.batch), (3, 4, 1));
                 assert_eq!((desc.rs_i, desc.rs_j, desc.ws_i, desc.ws_j), (4, 12, 16, 4));
                 assert_eq!((desc.read_fast_i, desc.write_fast_i), (1, 0));
             }
             p => panic!("{p:?}"),
         }
-        match PackPlan::new(&[3, 4], &[1, 3], 4, 0x1000, 0x2000, Direction::Unpack).unwrap() {
-            PackPlan::Tiled { desc, .. } => {
+        match PackRoute::new(&[3, 4], &[1, 3], 4, 0x1000, 0x2000, Direction::Unpack).unwrap() {
+            PackRoute::Tiled { desc, .. } => {
                 assert_eq!((desc.rs_i, desc.rs_j, desc.ws_i, desc.ws_j), (16, 4, 4, 12));
                 assert_eq!((desc.read_fast_i, desc.write_fast_i), (0, 1));
             }
             p => panic!("{p:?}"),
         }
         // A batch of transposes: [b, k, m] stored as [b, m, k].
-        match PackPlan::new(&[5, 6, 7], &[42, 1, 6], 2, 0x1000, 0x2000, Direction::Pack).unwrap() {
-            PackPlan::Tiled { desc, .. } => {
+        match PackRoute::new(&[5, 6, 7], &[42, 1, 6], 2, 0x1000, 0x2000, Direction::Pack).unwrap() {
+            PackRoute::Tiled { desc, .. } => {
                 assert_eq!((desc.ni, desc.nj, desc.batch, desc.batch_ndim), (6, 7, 5, 1));
                 assert_eq!((desc.batch_rs[0], desc.batch_ws[0]), (84, 84));
             }
             p => panic!("{p:?}"),
         }
         // No unit stride anywhere: strided elements (here one row of every other element).
-        match PackPlan::new(&[3, 4], &[8, 2], 4, 0x1000, 0x2000, Direction::Pack).unwrap() {
-            PackPlan::Strided { elem_log2: 2, desc } => {
+        match PackRoute::new(&[3, 4], &[8, 2], 4, 0x1000, 0x2000, Direction::Pack).unwrap() {
+            PackRoute::Strided { elem_log2: 2, desc } => {
                 assert_eq!((desc.rows, desc.row_units, desc.inner_stride), (1, 12, 8));
             }
             p => panic!("{p:?}"),
         }
         // Long rows are split into segments; short rows share a block.
-        match PackPlan::new(&[2, 100_000], &[100_008, 1], 2, 0x1000, 0x2000, Direction::Pack).unwrap() {
-            PackPlan::Rows { width_log2: 4, desc } => {
+        match PackRoute::new(&[2, 100_000], &[100_008, 1], 2, 0x1000, 0x2000, Direction::Pack).unwrap() {
+            PackRoute::Rows { width_log2: 4, desc } => {
                 assert_eq!(desc.row_units, 12_500);
                 assert_eq!(desc.team_log2, 8);
                 assert_eq!(desc.seg_units, 256 * UNITS_PER_THREAD);
@@ -604,17 +604,20 @@ mod tests {
 
     #[test]
     fn errors() {
-        let e = |r: Result<PackPlan>| r.unwrap_err().kind;
-        assert_eq!(e(PackPlan::new(&[2, 3], &[3], 4, 0x1000, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
-        assert_eq!(e(PackPlan::new(&[1; 9], &[1; 9], 4, 0x1000, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
-        assert_eq!(e(PackPlan::new(&[2, -1], &[1, 1], 4, 0x1000, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
-        assert_eq!(e(PackPlan::new(&[2, 3], &[3, 1], 3, 0x1000, 0x2000, Direction::Pack)), ErrorKind::Unsupported);
-        assert_eq!(e(PackPlan::new(&[2, 3], &[3, 2], 4, 0x1002, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
-        assert_eq!(e(PackPlan::new(&[2, 3], &[3, 2], 4, 0, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
-        // Broadcast input is fine to gather, not to scatter into.
-        PackPlan::new(&[4, 3], &[0, 1], 4, 0x1000, 0x2000, Direction::Pack).unwrap();
+        let e = |r: Result<PackRoute>| r.unwrap_err().kind;
+        assert_eq!(e(PackRoute::new(&[2, 3], &[3], 4, 0x1000, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
+        assert_eq!(e(PackRoute::new(&[1; 9], &[1; 9], 4, 0x1000, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
         assert_eq!(
-            e(PackPlan::new(&[4, 3], &[0, 1], 4, 0x1000, 0x2000, Direction::Unpack)),
+            e(PackRoute::new(&[2, -1], &[1, 1], 4, 0x1000, 0x2000, Direction::Pack)),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(e(PackRoute::new(&[2, 3], &[3, 1], 3, 0x1000, 0x2000, Direction::Pack)), ErrorKind::Unsupported);
+        assert_eq!(e(PackRoute::new(&[2, 3], &[3, 2], 4, 0x1002, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
+        assert_eq!(e(PackRoute::new(&[2, 3], &[3, 2], 4, 0, 0x2000, Direction::Pack)), ErrorKind::InvalidArgument);
+        // Broadcast input is fine to gather, not to scatter into.
+        PackRoute::new(&[4, 3], &[0, 1], 4, 0x1000, 0x2000, Direction::Pack).unwrap();
+        assert_eq!(
+            e(PackRoute::new(&[4, 3], &[0, 1], 4, 0x1000, 0x2000, Direction::Unpack)),
             ErrorKind::InvalidArgument
         );
     }
