@@ -93,9 +93,16 @@ pub fn bootstrap_addr() -> Option<String> {
 
 /// `SYMM_DEBUG` and `SYMM_DEBUG_FILE`, raw (the logger parses them once
 /// per process; see `logging`). Unlike the others, an empty value is kept.
-pub fn logging() -> crate::logging::EnvSettings {
+pub fn logging() -> LogSettings {
     let raw = |name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-    crate::logging::EnvSettings { debug: raw(DEBUG), debug_file: raw(DEBUG_FILE) }
+    LogSettings { debug: raw(DEBUG), debug_file: raw(DEBUG_FILE) }
+}
+
+/// The logging settings the environment holds, raw.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogSettings {
+    pub debug: Option<String>,
+    pub debug_file: Option<String>,
 }
 
 /// A variable of the launcher's (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,

@@ -21,6 +21,7 @@
 //! raised from inside a sink (a callback that calls symm) is dropped rather
 //! than recursing.
 
+use crate::config::LogSettings;
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use std::cell::Cell;
 use std::fmt::Write as _;
@@ -62,14 +63,6 @@ struct Scope {
     world: usize,
 }
 
-/// The logging settings the environment holds: `SYMM_DEBUG` and
-/// `SYMM_DEBUG_FILE`, raw (read by `config::logging`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EnvSettings {
-    pub debug: Option<String>,
-    pub debug_file: Option<String>,
-}
-
 /// Reads the environment and installs the logger, once per process; later
 /// calls cost one atomic load. Every C entry point that can lead to an
 /// event calls it, as must Rust code using the crate directly.
@@ -77,7 +70,7 @@ pub fn init() {
     INIT.call_once(|| configure(&crate::config::logging()));
 }
 
-fn configure(env: &EnvSettings) {
+fn configure(env: &LogSettings) {
     let (level, bad_level) = match parse_level(env.debug.as_deref()) {
         Ok(l) => (l, None),
         Err(v) => (LevelFilter::Warn, Some(v)),
