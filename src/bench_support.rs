@@ -1,5 +1,5 @@
 //! Timing runs of symm's own kernels for the benchmark programs under
-//! bench/ (`cargo run --release --example sm90_matmul`). Not an API: hidden
+//! bench/ (`cargo run --release --example sm90_matmul`, `copy_kernels`). Not an API: hidden
 //! from the docs, and it may change with the benchmarks.
 
 pub use crate::backend::cuda::sm90::bench::{print_record, sm90_fp8, sm90_matmul, SHAPES};
@@ -8,4 +8,16 @@ pub use crate::backend::cuda::sm90::bench::{print_record, sm90_fp8, sm90_matmul,
 /// matmuls at M = 512, timed round-robin against its first choice.
 pub fn heuristic_candidates() {
     crate::backend::cuda::gemm::bench_heuristic_candidates()
+}
+
+/// Bandwidth of the strided pack (copy) kernels on GPU 0.
+pub fn pack_bandwidth() {
+    crate::backend::cuda::pack::bench_pack_bandwidth()
+}
+
+/// Bandwidth of the reduction kernel: local sources, then a local and a
+/// peer GPU's buffer (where there are two GPUs).
+pub fn reduce_bandwidth() {
+    crate::backend::cuda::reduce::bench_reduce_bandwidth();
+    crate::backend::cuda::reduce::bench_reduce_peer_bandwidth();
 }

@@ -375,6 +375,29 @@ fn run(
     unsafe { kernels.launch(f, grid, (PACK_THREADS, 1, 1), stream, &mut params, "the pack kernel") }
 }
 
+/// Throughput of the row and strided paths (bench/copy_kernels.rs).
+pub(crate) fn bench_pack_bandwidth() {
+    use super::gpu_testing::{gpu, time_ms};
+    let Some(g) = gpu() else { return };
+    let cases: &[(&str, &[i64], &[i64])] = &[
+        ("rows 16B", &[8192, 8192], &[8192 + 64, 1]),
+        ("rows 4B", &[8192, 8190], &[8192, 1]),
+        ("blocks", &[8, 1024, 8192], &[8192, 65536, 1]),
+        ("transpose", &[8192, 8192], &[1, 8192]),
+        ("strided", &[8192, 4096], &[8192, 2]),
+    ];
+    for (name, shape, strides) in cases {
+        let n: i64 = shape.iter().product();
+        let span = shape.iter().zip(*strides).map(|(s, st)| (s - 1) * st.abs()).sum::<i64>() + 1;
+        let src = g.alloc(span as usize * 2);
+        let dst = g.alloc(n as usize * 2);
+        let ms =
+            time_ms(&g, 3, 20, || pack(&g.kernels, src.ptr, shape, strides, 2, dst.ptr, None, g.stream()).unwrap());
+        let gb = (2 * n * 2) as f64 / 1e9;
+        eprintln!("pack bf16 {name} {shape:?}: {ms:.3} ms, {:.0} GB/s (read + write)", gb / (ms as f64 / 1e3));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -671,7 +694,7 @@ mod tests {
 
     // ---- on a GPU (pass vacuously without one) ----
 
-    use crate::backend::cuda::gpu_testing::{gpu, time_ms, Gpu};
+    use crate::backend::cuda::gpu_testing::{gpu, Gpu};
 
     /// pack and unpack on the GPU against a naive host copy. `shift` bytes
     /// (a multiple of the element size) move the strided base off 256-byte
@@ -746,30 +769,6 @@ mod tests {
             check_gpu(&g, &[3, 100_000], &[100_008, 1], es, 0, Some(1));
             check_gpu(&g, &[300, 257], &[1, 300], es, 0, Some(3));
             check_gpu(&g, &[3, 100, 200], &[20000, 1, 100], es, 0, Some(2));
-        }
-    }
-
-    /// Throughput of the row and strided paths (run with --ignored on a GPU machine).
-    #[test]
-    #[ignore]
-    fn gpu_pack_bandwidth() {
-        let Some(g) = gpu() else { return };
-        let cases: &[(&str, &[i64], &[i64])] = &[
-            ("rows 16B", &[8192, 8192], &[8192 + 64, 1]),
-            ("rows 4B", &[8192, 8190], &[8192, 1]),
-            ("blocks", &[8, 1024, 8192], &[8192, 65536, 1]),
-            ("transpose", &[8192, 8192], &[1, 8192]),
-            ("strided", &[8192, 4096], &[8192, 2]),
-        ];
-        for (name, shape, strides) in cases {
-            let n: i64 = shape.iter().product();
-            let span = shape.iter().zip(*strides).map(|(s, st)| (s - 1) * st.abs()).sum::<i64>() + 1;
-            let src = g.alloc(span as usize * 2);
-            let dst = g.alloc(n as usize * 2);
-            let ms =
-                time_ms(&g, 3, 20, || pack(&g.kernels, src.ptr, shape, strides, 2, dst.ptr, None, g.stream()).unwrap());
-            let gb = (2 * n * 2) as f64 / 1e9;
-            eprintln!("pack bf16 {name} {shape:?}: {ms:.3} ms, {:.0} GB/s (read + write)", gb / (ms as f64 / 1e3));
         }
     }
 }

@@ -160,6 +160,61 @@ pub fn reduce_with(kernels: &Kernels, p: &ReduceParams, stream: Stream) -> Resul
     unsafe { kernels.launch(f, grid, (REDUCE_THREADS, 1, 1), stream, &mut params, "the reduction kernel") }
 }
 
+/// Reduction of a local and a peer GPU's buffer (two GPUs): what
+/// reduce-scatter's reduction sees (bench/copy_kernels.rs).
+pub(crate) fn bench_reduce_peer_bandwidth() {
+    use super::driver::{self, check};
+    use super::gpu_testing::{gpu, time_ms};
+    use cudarc::driver::sys;
+    let Some(g) = gpu() else { return };
+    if driver::device_count() < 2 {
+        eprintln!("one GPU: peer bandwidth not measured");
+        return;
+    }
+    let n = 64usize << 20;
+    let ctx1 = driver::context(1).unwrap();
+    let mut remote = 0;
+    // SAFETY: device 1's context is current; out-pointer valid.
+    check(unsafe { sys::cuMemAlloc_v2(&mut remote, n * 2) }, "cuMemAlloc on device 1").unwrap();
+    g.ctx.bind_to_thread().unwrap();
+    // SAFETY: both contexts are alive.
+    let r = unsafe { sys::cuCtxEnablePeerAccess(ctx1.cu_ctx(), 0) };
+    assert!(matches!(r, sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED));
+    let local = g.alloc(n * 2);
+    let out = g.alloc(n * 2);
+    let table = g.upload(&[local.ptr, remote]);
+    for cap in [None, Some(528), Some(264), Some(128), Some(64), Some(32)] {
+        let ms = time_ms(&g, 3, 20, || {
+            reduce(&g.kernels, table.ptr, 2, out.ptr, n, GemmDtype::BF16, 1.0, cap, g.stream()).unwrap()
+        });
+        let gbs = (n * 2) as f64 / 1e9 / (ms as f64 / 1e3);
+        eprintln!("reduce bf16 local+peer n={n} blocks={cap:?}: {ms:.3} ms, {gbs:.0} GB/s read from the peer");
+    }
+    ctx1.bind_to_thread().unwrap();
+    // SAFETY: allocated above; all work finished (time_ms synchronizes).
+    unsafe { sys::cuMemFree_v2(remote) };
+}
+
+/// Bandwidth of the reduction (bench/copy_kernels.rs).
+pub(crate) fn bench_reduce_bandwidth() {
+    use super::gpu_testing::{gpu, time_ms, DevBuf};
+    let Some(g) = gpu() else { return };
+    let dtype = GemmDtype::BF16;
+    for world in [2usize, 4, 8] {
+        let n = (256usize << 20) / world; // 512 MiB of bf16 sources in all
+        let srcs: Vec<DevBuf> = (0..world).map(|_| g.alloc(n * 2)).collect();
+        let table = g.upload(&srcs.iter().map(|b| b.ptr).collect::<Vec<u64>>());
+        let out = g.alloc(n * 2);
+        for cap in [None, Some(32), Some(16)] {
+            let ms = time_ms(&g, 3, 20, || {
+                reduce(&g.kernels, table.ptr, world, out.ptr, n, dtype, 1.0, cap, g.stream()).unwrap()
+            });
+            let gb = ((world + 1) * n * 2) as f64 / 1e9;
+            eprintln!("reduce bf16 world={world} n={n} blocks={cap:?}: {ms:.3} ms, {:.0} GB/s", gb / (ms as f64 / 1e3));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,7 +274,7 @@ mod tests {
 
     // ---- on a GPU (pass vacuously without one) ----
 
-    use crate::backend::cuda::gpu_testing::{decode, encode, gpu, time_ms, values, DevBuf, Gpu};
+    use crate::backend::cuda::gpu_testing::{decode, encode, gpu, values, DevBuf, Gpu};
 
     #[derive(Clone, Copy, Debug, PartialEq)]
     enum Mode {
@@ -317,65 +372,5 @@ mod tests {
             reduce(&g.kernels, table.ptr, world, out.ptr, n, dtype, 1.0, None, g.stream()).unwrap();
         });
         assert!(out.read_bytes() == one_block, "grid size or graph replay changed the result");
-    }
-
-    /// Reduction of a local and a peer GPU's buffer (run with --ignored on a
-    /// machine with two GPUs): what reduce-scatter's reduction sees.
-    #[test]
-    #[ignore]
-    fn gpu_reduce_peer_bandwidth() {
-        use crate::backend::cuda::driver::{self, check};
-        use cudarc::driver::sys;
-        let Some(g) = gpu() else { return };
-        if driver::device_count() < 2 {
-            eprintln!("one GPU: peer bandwidth not measured");
-            return;
-        }
-        let n = 64usize << 20;
-        let ctx1 = driver::context(1).unwrap();
-        let mut remote = 0;
-        // SAFETY: device 1's context is current; out-pointer valid.
-        check(unsafe { sys::cuMemAlloc_v2(&mut remote, n * 2) }, "cuMemAlloc on device 1").unwrap();
-        g.ctx.bind_to_thread().unwrap();
-        // SAFETY: both contexts are alive.
-        let r = unsafe { sys::cuCtxEnablePeerAccess(ctx1.cu_ctx(), 0) };
-        assert!(matches!(r, sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED));
-        let local = g.alloc(n * 2);
-        let out = g.alloc(n * 2);
-        let table = g.upload(&[local.ptr, remote]);
-        for cap in [None, Some(528), Some(264), Some(128), Some(64), Some(32)] {
-            let ms = time_ms(&g, 3, 20, || {
-                reduce(&g.kernels, table.ptr, 2, out.ptr, n, GemmDtype::BF16, 1.0, cap, g.stream()).unwrap()
-            });
-            let gbs = (n * 2) as f64 / 1e9 / (ms as f64 / 1e3);
-            eprintln!("reduce bf16 local+peer n={n} blocks={cap:?}: {ms:.3} ms, {gbs:.0} GB/s read from the peer");
-        }
-        ctx1.bind_to_thread().unwrap();
-        // SAFETY: allocated above; all work finished (time_ms synchronizes).
-        unsafe { sys::cuMemFree_v2(remote) };
-    }
-
-    /// Bandwidth of the reduction (run with --ignored on a GPU machine).
-    #[test]
-    #[ignore]
-    fn gpu_reduce_bandwidth() {
-        let Some(g) = gpu() else { return };
-        let dtype = GemmDtype::BF16;
-        for world in [2usize, 4, 8] {
-            let n = (256usize << 20) / world; // 512 MiB of bf16 sources in all
-            let srcs: Vec<DevBuf> = (0..world).map(|_| g.alloc(n * 2)).collect();
-            let table = g.upload(&srcs.iter().map(|b| b.ptr).collect::<Vec<u64>>());
-            let out = g.alloc(n * 2);
-            for cap in [None, Some(32), Some(16)] {
-                let ms = time_ms(&g, 3, 20, || {
-                    reduce(&g.kernels, table.ptr, world, out.ptr, n, dtype, 1.0, cap, g.stream()).unwrap()
-                });
-                let gb = ((world + 1) * n * 2) as f64 / 1e9;
-                eprintln!(
-                    "reduce bf16 world={world} n={n} blocks={cap:?}: {ms:.3} ms, {:.0} GB/s",
-                    gb / (ms as f64 / 1e3)
-                );
-            }
-        }
     }
 }
