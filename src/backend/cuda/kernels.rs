@@ -57,14 +57,21 @@ pub fn build_info() -> &'static str {
     env!("SYMM_KERNELS_BUILD")
 }
 
-/// Kernel entry-point names (`extern "C"`, unmangled).
+/// Kernel entry-point names (`extern "C"`, unmangled), each with the unit
+/// (`kernels/*.cu`) that defines it.
 pub mod names {
+    /// The units, as [`super::fatbins`] names them.
+    pub mod units {
+        pub const SIGNAL: &str = "signal.cu";
+        pub const REDUCE: &str = "reduce.cu";
+        pub const PACK: &str = "pack.cu";
+        pub const GEMM_SM90: &str = "gemm_sm90.cu";
+    }
+
     pub const PUT_SIGNAL: &str = "symm_put_signal";
     pub const WAIT_SIGNAL: &str = "symm_wait_signal";
     pub const BARRIER: &str = "symm_barrier";
     pub const WAIT_VALUE: &str = "symm_wait_value";
-    /// kernels/gemm_sm90.cu: present for every target, finds the matmul's module.
-    pub const GEMM_SM90_PROBE: &str = "symm_gemm_sm90_probe";
     /// kernels/reduce.cu, indexed by `GemmDtype as usize` (F32, BF16, F16).
     pub const REDUCE: [&str; 3] = ["symm_reduce_f32", "symm_reduce_bf16", "symm_reduce_f16"];
     /// kernels/pack.cu, contiguous rows copied with 2^i-byte accesses.
@@ -110,6 +117,14 @@ mod tests {
             assert_eq!(f.as_ptr() as usize % 16, 0);
         }
         assert!(!build_info().is_empty());
+    }
+
+    #[test]
+    fn every_named_unit_is_a_kernel_source() {
+        use names::units::*;
+        for unit in [SIGNAL, REDUCE, PACK, GEMM_SM90] {
+            assert!(sources().iter().any(|(n, _)| *n == unit), "kernels/{unit} missing");
+        }
     }
 }
 

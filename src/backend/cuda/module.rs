@@ -78,29 +78,31 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         return Ok(k.clone());
     }
     let modules = load(ctx)?;
-    let f = |name: &str| modules.function(name);
-    // The matmul's kernels all live in one unit (absent: its loader reports the missing kernel).
-    let module = modules.holding(kernels::names::GEMM_SM90_PROBE).unwrap_or(&modules.0[0]).clone();
+    use kernels::names::{self, units};
+    let signal = |name: &str| modules.function(units::SIGNAL, name);
+    let reduce = |name: &str| modules.function(units::REDUCE, name);
+    let pack = |name: &str| modules.function(units::PACK, name);
+    let module = modules.unit(units::GEMM_SM90)?.clone();
     let k = Arc::new(Kernels {
-        put_signal: f(kernels::names::PUT_SIGNAL)?,
-        wait_signal: f(kernels::names::WAIT_SIGNAL)?,
-        barrier: f(kernels::names::BARRIER)?,
-        wait_value: f(kernels::names::WAIT_VALUE)?,
+        put_signal: signal(names::PUT_SIGNAL)?,
+        wait_signal: signal(names::WAIT_SIGNAL)?,
+        barrier: signal(names::BARRIER)?,
+        wait_value: signal(names::WAIT_VALUE)?,
         reduce: {
-            let n = kernels::names::REDUCE;
-            [f(n[0])?, f(n[1])?, f(n[2])?]
+            let n = names::REDUCE;
+            [reduce(n[0])?, reduce(n[1])?, reduce(n[2])?]
         },
         pack_rows: {
-            let n = kernels::names::PACK_ROWS;
-            [f(n[0])?, f(n[1])?, f(n[2])?, f(n[3])?, f(n[4])?]
+            let n = names::PACK_ROWS;
+            [pack(n[0])?, pack(n[1])?, pack(n[2])?, pack(n[3])?, pack(n[4])?]
         },
         pack_strided: {
-            let n = kernels::names::PACK_STRIDED;
-            [f(n[0])?, f(n[1])?, f(n[2])?, f(n[3])?]
+            let n = names::PACK_STRIDED;
+            [pack(n[0])?, pack(n[1])?, pack(n[2])?, pack(n[3])?]
         },
         pack_tiled: {
-            let n = kernels::names::PACK_TILED;
-            [f(n[0])?, f(n[1])?, f(n[2])?, f(n[3])?]
+            let n = names::PACK_TILED;
+            [pack(n[0])?, pack(n[1])?, pack(n[2])?, pack(n[3])?]
         },
         gemm_sm90: super::sm90::Sm90Kernels::load(&module, ctx.ordinal() as i32)?,
         sm_count: super::driver::attribute(
@@ -115,26 +117,31 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     Ok(k)
 }
 
-/// The loaded modules of one device: one per embedded fatbin, or the one
-/// NVRTC compiled. Each entry point is in exactly one of them.
-struct Modules(Vec<Arc<CudaModule>>);
+/// The loaded modules of one device: one per embedded fatbin, by its unit
+/// (`kernels/<unit>`), or the one NVRTC compiled from all units. Kernels
+/// are looked up in the module of the unit that defines them, so no lookup
+/// fails (a failing cuModuleGetFunction is an error to compute-sanitizer).
+struct Modules {
+    by_unit: Vec<(&'static str, Arc<CudaModule>)>,
+    nvrtc: Option<Arc<CudaModule>>,
+}
 
 impl Modules {
-    /// The entry point `name`, from whichever module defines it.
-    fn function(&self, name: &str) -> Result<CudaFunction> {
-        for module in &self.0 {
-            match module.load_function(name) {
-                Ok(f) => return Ok(f),
-                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND => continue,
-                Err(e) => return Err(cuda_err(e, &format!("loading kernel {name}"))),
-            }
+    /// The module holding `unit`'s kernels.
+    fn unit(&self, unit: &str) -> Result<&Arc<CudaModule>> {
+        if let Some(m) = &self.nvrtc {
+            return Ok(m);
         }
-        Err(err!(Cuda, "loading kernel {name}: no module of symm's kernels ({}) defines it", kernels::build_info()))
+        self.by_unit
+            .iter()
+            .find(|(u, _)| *u == unit)
+            .map(|(_, m)| m)
+            .ok_or_else(|| err!(Cuda, "symm's kernels ({}) have no module for kernels/{unit}", kernels::build_info()))
     }
 
-    /// The module that defines `name`.
-    fn holding(&self, name: &str) -> Option<&Arc<CudaModule>> {
-        self.0.iter().find(|m| m.load_function(name).is_ok())
+    /// The entry point `name` of `unit`.
+    fn function(&self, unit: &str, name: &str) -> Result<CudaFunction> {
+        self.unit(unit)?.load_function(name).map_err(|e| cuda_err(e, &format!("loading kernel {name} of {unit}")))
     }
 }
 
@@ -142,9 +149,12 @@ fn load(ctx: &Arc<CudaContext>) -> Result<Modules> {
     if kernels::fatbins().next().is_none() {
         log::info!("kernels: {}; compiling them with NVRTC for device {}", kernels::build_info(), ctx.ordinal());
         let cubin = nvrtc_cubin(ctx).inspect_err(|e| log::warn!("kernels: {}", e.msg))?;
-        return Ok(Modules(vec![load_image(ctx, cubin, "NVRTC")?]));
+        return Ok(Modules { by_unit: Vec::new(), nvrtc: Some(load_image(ctx, cubin, "NVRTC")?) });
     }
-    kernels::fatbins().map(|(unit, image)| load_image(ctx, image.to_vec(), unit)).collect::<Result<_>>().map(Modules)
+    let by_unit = kernels::fatbins()
+        .map(|(unit, image)| Ok((unit, load_image(ctx, image.to_vec(), unit)?)))
+        .collect::<Result<_>>()?;
+    Ok(Modules { by_unit, nvrtc: None })
 }
 
 /// Loads one module from `image` (a fatbin or cubin); `what` names it in errors.
