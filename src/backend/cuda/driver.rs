@@ -22,6 +22,7 @@ const SYMBOLS: &[&str] = &[
     "cuDeviceGetCount",
     "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain",
+    "cuCtxEnablePeerAccess",
     "cuCtxGetCurrent",
     "cuCtxSetCurrent",
     "cuMemGetAllocationGranularity",
