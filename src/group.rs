@@ -148,6 +148,8 @@ pub struct Group {
     collective: Mutex<()>,
     /// Shared by all ranks (rank 0's draw): authenticates fd requests.
     secret: [u8; 32],
+    /// The group's id in log lines (from the secret, the same on every rank).
+    log_id: u64,
     ranks: Vec<RankInfo>,
     settings: Settings,
     /// What the layers above keep per group (see [`Attachment`]), at most
@@ -221,6 +223,7 @@ impl Group {
             bootstrap,
             collective: Mutex::new(()),
             secret: rank0_secret,
+            log_id: crate::logging::group_id(&rank0_secret),
             ranks,
             settings,
             attachments: Mutex::default(),
@@ -295,7 +298,7 @@ impl Group {
     /// Log lines of this thread name this group (an id every rank shares)
     /// and rank until the scope is dropped.
     pub fn log_scope(&self) -> GroupScope {
-        GroupScope::enter(crate::logging::group_id(&self.secret), self.rank, self.world)
+        GroupScope::enter(self.log_id, self.rank, self.world)
     }
 
     /// Collective: every rank offers its own result; all get every rank's

@@ -24,6 +24,17 @@ pub fn write<T>(p: *mut T, v: T) {
     unsafe { p.write(v) }
 }
 
+/// The `struct_size` the caller set in an output struct (`out` passed
+/// `out_ptr`): at least this version's size, since all of it is written.
+pub fn out_struct_size<T>(out: *mut T, name: &str, how: &str) -> Result<usize> {
+    // SAFETY: non-NULL; `struct_size` is the first field of every version.
+    let size = unsafe { std::ptr::read(out as *const usize) };
+    if size < std::mem::size_of::<T>() {
+        return Err(err!(InvalidArgument, "{name}->struct_size is {size}; {how}"));
+    }
+    Ok(size)
+}
+
 /// Borrows an input the caller passed by pointer.
 pub fn in_ref<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
     // SAFETY: non-NULL, and the caller promises it points to a valid T for the call.
@@ -191,14 +202,14 @@ pub fn optional_entries(p: *const symm_tensor_t, n: usize, name: &str) -> Result
     ts.iter().enumerate().map(read).collect::<Result<_>>().map(Some)
 }
 
-/// Reads an option struct (NULL = all defaults), honouring `struct_size`:
+/// Reads an option struct (NULL: `defaults`), honouring `struct_size`:
 /// it must cover at least the first `min_size` bytes (the fields of the
 /// oldest version); fields an older caller's struct ends before keep their
 /// value in `defaults`; whatever a newer caller added beyond this
 /// version's fields must be zero, since this version cannot honour it.
-pub fn options<T: Copy>(p: *const T, name: &str, init: &str, min_size: usize, defaults: T) -> Result<Option<T>> {
+pub fn options<T: Copy>(p: *const T, name: &str, init: &str, min_size: usize, defaults: T) -> Result<T> {
     if p.is_null() {
-        return Ok(None);
+        return Ok(defaults);
     }
     // SAFETY: `struct_size` is the first field of every option struct.
     let size = unsafe { std::ptr::read(p as *const usize) };
@@ -224,5 +235,5 @@ pub fn options<T: Copy>(p: *const T, name: &str, init: &str, min_size: usize, de
     // bytes, a prefix of T's fields (fields are only ever appended), and T
     // is plain data.
     unsafe { std::ptr::copy_nonoverlapping(p as *const u8, &mut out as *mut T as *mut u8, size.min(ours)) };
-    Ok(Some(out))
+    Ok(out)
 }

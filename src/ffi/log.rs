@@ -6,7 +6,7 @@
 //! names (`WARN`, `INFO`, `DEBUG`, `TRACE` or `OFF`, any case; unset = off).
 //! Both are read once, at the first symm call that may log.
 
-use super::args::out_ptr;
+use super::args::{out_ptr, out_struct_size};
 use super::boundary::call;
 use super::types::*;
 use super::version::{SYMM_VERSION_MAJOR, SYMM_VERSION_MINOR, SYMM_VERSION_PATCH};
@@ -85,15 +85,8 @@ pub extern "C" fn symm_set_log_level(level: c_int) -> symm_status_t {
 pub unsafe extern "C" fn symm_get_build_info(info: *mut symm_build_info_t) -> symm_status_t {
     call("symm_get_build_info", || {
         let out = out_ptr(info, "info")?;
-        // SAFETY: non-NULL; `struct_size` is the first field of every version.
-        let size = unsafe { std::ptr::read(out as *const usize) };
         let ours = std::mem::size_of::<symm_build_info_t>();
-        if size < ours {
-            return Err(err!(
-                InvalidArgument,
-                "info->struct_size is {size}; set it to sizeof(symm_build_info_t) ({ours})"
-            ));
-        }
+        let size = out_struct_size(out, "info", &format!("set it to sizeof(symm_build_info_t) ({ours})"))?;
         let filled = build_info(size);
         // SAFETY: the caller's struct holds `size` >= `ours` writable bytes;
         // a newer caller's fields beyond ours read as zero (unknown).

@@ -91,7 +91,7 @@ pub unsafe extern "C" fn symm_fused_ag_mm(
                 algorithm: SYMM_ALGORITHM_AUTO,
             };
             let oldest = std::mem::offset_of!(symm_ag_mm_options_t, algorithm);
-            let o = options(opts, "opts", "SYMM_AG_MM_OPTIONS_INIT", oldest, defaults)?.unwrap_or(defaults);
+            let o = options(opts, "opts", "SYMM_AG_MM_OPTIONS_INIT", oldest, defaults)?;
             let scales = AgMmScales {
                 a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
                 b_scales: optional_tensors(o.b_scales, n, "opts->b_scales")?,
@@ -158,7 +158,7 @@ pub unsafe extern "C" fn symm_mm_rs(
                 algorithm: SYMM_ALGORITHM_AUTO,
             };
             let oldest = std::mem::offset_of!(symm_mm_rs_options_t, algorithm);
-            let o = options(opts, "opts", "SYMM_MM_RS_OPTIONS_INIT", oldest, defaults)?.unwrap_or(defaults);
+            let o = options(opts, "opts", "SYMM_MM_RS_OPTIONS_INIT", oldest, defaults)?;
             let scales = MmRsScales {
                 a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
                 b_scale: optional_tensor(o.b_scale, "opts->b_scale")?,

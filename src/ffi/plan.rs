@@ -4,7 +4,7 @@
 //! decision the operations make (`ops::decide`), for operands in the fused
 //! kernel's layout and options that leave the algorithm automatic.
 
-use super::args::{dtype, out_ptr, write};
+use super::args::{dtype, out_ptr, out_struct_size, write};
 use super::boundary::call;
 use super::group::group;
 use super::types::*;
@@ -32,11 +32,7 @@ pub struct symm_plan_t {
 
 fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut symm_plan_t, op: Op) -> Result<()> {
     let out = out_ptr(out, "plan")?;
-    // SAFETY: non-NULL; struct_size is the first field of every version.
-    let size = unsafe { std::ptr::read(out as *const usize) };
-    if size < std::mem::size_of::<symm_plan_t>() {
-        return Err(err!(InvalidArgument, "plan->struct_size is {size}; initialize it with SYMM_PLAN_INIT"));
-    }
+    let size = out_struct_size(out, "plan", "initialize it with SYMM_PLAN_INIT")?;
     let dim = |v: i64, name: &str| {
         usize::try_from(v)
             .ok()
