@@ -17,25 +17,26 @@
 
 // Run by the producer a few k-blocks before `tile`'s epilogue: fetches the
 // maps that epilogue copies through (symm_tmap_prefetch).
+template <int MODE>
 static __device__ __forceinline__ void symm_prefetch_epilogue_maps(const symm_gemm_params& p, const symm_tile& tile,
                                                                    const symm_tmap* tm_c, const symm_rs_maps* tm_rs) {
-    if (symm_rs_pushes(p)) {
+    if constexpr (MODE == SYMM_GEMM_MATMUL) {
+        if (p.c_tma) symm_tmap_prefetch(tm_c);
+    } else if (symm_rs_pushes(p)) {
         if (tile.chunk != p.rank) {
             symm_tmap_prefetch(&tm_rs->push[tile.chunk]);
         } else {
             symm_tmap_prefetch(&tm_rs->inbox);
             if (p.rs_c_store != SYMM_RS_C_REGISTERS) symm_tmap_prefetch(tm_c);
         }
-    } else if (p.c_tma) {
-        symm_tmap_prefetch(tm_c);
     }
 }
 
 // The producer (one thread of warpgroup 0): every tile's k-blocks of A and
 // B, in the scheduler's order, each k-block of a gathered chunk's rows once
 // its slice has arrived; behind an own tile's k-blocks (rs_push) the peers'
-// partials. `BK`: elements of k per k-block.
-template <int BN, int BK>
+// partials. `BK`: elements of k per k-block; MODE: the kernel's.
+template <int BN, int BK, int MODE>
 static __device__ __forceinline__ void symm_produce(const symm_gemm_params& p, const symm_tiling& tiling, int kblocks,
                                                     const symm_tmap* tm_a, const symm_tmap* tm_a_local,
                                                     const symm_tmap* tm_b, const symm_tmap* tm_c,
@@ -43,21 +44,22 @@ static __device__ __forceinline__ void symm_produce(const symm_gemm_params& p, c
                                                     uint64_t* empty, bool rs_add, const uint32_t* call_epoch) {
     using Cfg = symm_gemm_cfg<BN>;
     constexpr int STAGES = Cfg::STAGES;
+    constexpr bool RS = MODE == SYMM_GEMM_REDUCE_SCATTER;  // no gathered rows, partials to load
     int stage = 0;
     uint32_t phase = 0;
     symm_gather gather;
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
-        const bool local = tile.chunk == p.local_chunk;
+        const bool local = !RS && tile.chunk == p.local_chunk;
         // The k-block at which this tile next waits for a slice of its
         // rows (kblocks: none left to wait for).
-        int wait_kb = gather.first_wait(p, tile.chunk, local, kblocks);
+        int wait_kb = RS ? kblocks : gather.first_wait(p, tile.chunk, local, kblocks);
         const symm_tmap* map_a = local ? tm_a_local : tm_a;
         const int a_row = local ? tile.row0 - tile.chunk * p.chunk_rows : tile.row0;
-        const bool sliced = !local && p.slices > 1;  // A's rows from the slice-major gathered copy
+        const bool sliced = !RS && !local && p.slices > 1;  // A's rows from the slice-major gathered copy
         for (int kb = 0; kb < kblocks; kb++) {
-            if (kb == max(0, kblocks - SYMM_TMAP_PREFETCH_KB)) symm_prefetch_epilogue_maps(p, tile, tm_c, tm_rs);
-            if (kb == wait_kb) wait_kb = gather.wait(p, tile.chunk, kb);
+            if (kb == max(0, kblocks - SYMM_TMAP_PREFETCH_KB)) symm_prefetch_epilogue_maps<MODE>(p, tile, tm_c, tm_rs);
+            if (!RS && kb == wait_kb) wait_kb = gather.wait(p, tile.chunk, kb);
             unsigned char* a = ring + stage * Cfg::STAGE_BYTES;
             symm_mbar_wait(&empty[stage], phase ^ 1);
             symm_mbar_expect_tx(&full[stage], Cfg::STAGE_BYTES);
@@ -72,12 +74,12 @@ static __device__ __forceinline__ void symm_produce(const symm_gemm_params& p, c
                 phase ^= 1;
             }
         }
-        if (symm_rs_pushes(p) && tile.chunk == p.rank && !rs_add) {
+        if (RS && symm_rs_pushes(p) && tile.chunk == p.rank && !rs_add) {
             symm_rs_load_partials<STAGES, Cfg::STAGE_BYTES>(p, tiling, tile, BN, tm_rs, ring, full, empty, stage,
                                                             phase, symm_rs_epoch(call_epoch));
         }
     }
-    if (symm_rs_pushes(p)) {
+    if (RS && symm_rs_pushes(p)) {
         // Every stage handed back: the consumers have read all that the
         // ring brought, the peers' partials included, so this CTA's inbox
         // reads are over. Counted here, beside the consumers' stores

@@ -56,7 +56,6 @@ struct symm_gemm_params {
     int32_t chunk_rows;    // rows per chunk (the last one may be shorter)
     int32_t order[SYMM_GEMM_MAX_CHUNKS];  // chunk visited at position i
     int32_t local_chunk;   // chunk read through tm_a_local (-1: none)
-    int32_t rs;            // 1: reduce-scatter epilogue
     const uint32_t* ready; // all-gather arrival flags per chunk (NULL: none)
     int32_t rank, world;
     uint64_t inbox[SYMM_GEMM_MAX_CHUNKS];       // rs: rank d's inbox, [world][chunk_rows][n] of C's dtype
@@ -71,7 +70,7 @@ struct symm_gemm_params {
     uint64_t bias;         // 0, or n elements of C's dtype
     int64_t a_scale_slot;  // row-wise: distance between chunks' row scales (gathered into slots)
     int32_t scale_mode;    // SYMM_GEMM_SCALES_*
-    int32_t rs_push;       // rs: 1 = through TMA and shared memory (tm_rs)
+    int32_t rs_push;       // reduce-scatter: 1 = through TMA and shared memory (tm_rs)
     int32_t slices;        // all-gather: k-slices per chunk, flags ready[chunk * slices + slice]
     int32_t slice_kblocks; // all-gather: k-blocks per slice (slices > 1: tm_a is [slices][m][k / slices])
     int32_t rs_narrow_n;   // rs_push: tiles per row tile of a peer's chunk (0: as wide as the own ones)
@@ -103,6 +102,11 @@ static_assert(__builtin_offsetof(symm_gemm_params, cut_w) == 476, "mirrored by l
 // flags of it are set, adds its sums into them by TMA reduce-adds: no
 // partial is loaded back. World 2 (one peer per tile).
 #define SYMM_RS_C_ADD 3
+
+// What an entry point does with its tiles (the kernel's MODE): a matmul,
+// whose tiles go to C (plain, gathered or column cut), or a matmul whose
+// row chunks are reduce-scattered over the ranks (rank d sums chunk d).
+enum symm_gemm_mode { SYMM_GEMM_MATMUL = 0, SYMM_GEMM_REDUCE_SCATTER = 1 };
 
 #define SYMM_GEMM_SCALES_NONE 0
 #define SYMM_GEMM_SCALES_TENSOR 1

@@ -55,9 +55,9 @@ static __device__ bool symm_wait_reach(const uint32_t* word, uint32_t target, co
                          SYMM_SIGNAL_KIND_WAIT, 256);
 }
 
-// Is this a reduce-scatter with peers (the epoch protocol above)?
+// In a reduce-scatter kernel: are there peers (the epoch protocol above)?
 static __device__ __forceinline__ bool symm_rs_live(const symm_gemm_params& p) {
-    return p.rs && p.world > 1;
+    return p.world > 1;
 }
 
 static __device__ __forceinline__ symm_rs_state* symm_rs_state_of(const symm_gemm_params& p, int rank) {
@@ -87,10 +87,11 @@ struct symm_handoff {
     uint64_t full, empty;
 };
 
-// Does this kernel push its peers' tiles by TMA stores and sum its own
-// rows from partials the producer loads into the ring (rs_push)?
+// In a reduce-scatter kernel: does it push its peers' tiles by TMA stores
+// and sum its own rows from partials the producer loads into the ring
+// (rs_push)?
 static __device__ __forceinline__ bool symm_rs_pushes(const symm_gemm_params& p) {
-    return p.rs && p.rs_push && p.world > 1;
+    return p.rs_push && p.world > 1;
 }
 
 // The flagging warp: pushed.full completes when both consumer warpgroups'

@@ -43,14 +43,15 @@ struct symm_tiling {
     bool cut;
     int32_t flags;      // rs: flags per source rank
 
-    __device__ symm_tiling(const symm_gemm_params& p, int bn) {
+    // `rs`: a reduce-scatter kernel's tiling (the kernel's MODE).
+    __device__ symm_tiling(const symm_gemm_params& p, int bn, bool rs) {
         tiles_m = (p.chunk_rows + SYMM_GEMM_BM - 1) / SYMM_GEMM_BM;
         tiles_n = (p.n + bn - 1) / bn;
         per_chunk = tiles_m * tiles_n;
         total = per_chunk * p.chunks;
-        rows = p.rs ? tiles_m : tiles_m * p.chunks;
-        cut = !p.rs && p.cut_n > 0;
-        narrow_n = p.rs && p.rs_push && p.world > 1 ? p.rs_narrow_n : (cut ? p.cut_n : 0);
+        rows = rs ? tiles_m : tiles_m * p.chunks;
+        cut = !rs && p.cut_n > 0;
+        narrow_n = rs && p.rs_push && p.world > 1 ? p.rs_narrow_n : (cut ? p.cut_n : 0);
         narrow_w = cut ? p.cut_w : p.rs_narrow_w;
         narrow_less = narrow_n ? p.rs_narrow_less : 0;
         narrow_extra = narrow_n ? (p.n + 7) / 8 - narrow_n * (narrow_w / 8) + narrow_less : 0;

@@ -156,12 +156,22 @@ def _algorithm(name):
     return ALGORITHMS[name]
 
 
+# Option structs that hold only an algorithm, made once: the library
+# only reads them, and a call's host time matters at small shapes.
+_ALGORITHM_ONLY = {}
+
+
 def _options(struct, algorithm=None, **tensors):
     """An option struct with the given tensor pointers (a descriptor, a C
     array of them, or None) and algorithm, or None when all are defaults."""
     code = _algorithm(algorithm)
-    if all(t is None for t in tensors.values()) and code == _lib.ALGORITHM_AUTO:
-        return None
+    if all(t is None for t in tensors.values()):
+        if code == _lib.ALGORITHM_AUTO:
+            return None
+        key = (struct, code)
+        if key not in _ALGORITHM_ONLY:
+            _ALGORITHM_ONLY[key] = ctypes.pointer(struct(ctypes.sizeof(struct), algorithm=code))
+        return _ALGORITHM_ONLY[key]
     ptr = ctypes.POINTER(_lib.Tensor)
     fields = {k: (None if t is None else ctypes.cast(ctypes.pointer(t), ptr)) for k, t in tensors.items()}
     return ctypes.pointer(struct(ctypes.sizeof(struct), algorithm=code, **fields))

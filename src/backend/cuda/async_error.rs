@@ -22,7 +22,7 @@ struct Record {
 
 const TIMEOUT: u32 = 1;
 const INVALID_ARG: u32 = 2;
-/// `SYMM_GEMM_CHANNEL`: the waits of kernels/gemm_sm90.cu.
+/// `SYMM_GEMM_CHANNEL`: the waits of the sm90 matmul (kernels/sm90_wait.cuh).
 const GEMM_CHANNEL: i32 = -2;
 
 pub struct AsyncError {

@@ -66,6 +66,7 @@ pub mod names {
         pub const REDUCE: &str = "reduce.cu";
         pub const PACK: &str = "pack.cu";
         pub const GEMM_SM90: &str = "gemm_sm90.cu";
+        pub const GEMM_SM90_RS: &str = "gemm_sm90_rs.cu";
     }
 
     pub const PUT_SIGNAL: &str = "symm_put_signal";
@@ -122,7 +123,7 @@ mod tests {
     #[test]
     fn every_named_unit_is_a_kernel_source() {
         use names::units::*;
-        for unit in [SIGNAL, REDUCE, PACK, GEMM_SM90] {
+        for unit in [SIGNAL, REDUCE, PACK, GEMM_SM90, GEMM_SM90_RS] {
             assert!(sources().iter().any(|(n, _)| *n == unit), "kernels/{unit} missing");
         }
     }

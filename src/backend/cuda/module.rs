@@ -28,7 +28,7 @@ pub struct Kernels {
     pub pack_strided: [CudaFunction; 4],
     /// `symm_pack_tiled_e{1,2,4,8}`, indexed by log2 of the element size (pack.rs).
     pub pack_tiled: [CudaFunction; 4],
-    /// symm's own Hopper matmul (kernels/gemm_sm90.cu), when this device
+    /// symm's own Hopper matmul (kernels/gemm_sm90.cu, gemm_sm90_rs.cu), when this device
     /// runs its sm_90a code.
     pub gemm_sm90: Option<super::sm90::Sm90Kernels>,
     /// The device's multiprocessor count, for sizing grids.
@@ -82,7 +82,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     let signal = |name: &str| modules.function(units::SIGNAL, name);
     let reduce = |name: &str| modules.function(units::REDUCE, name);
     let pack = |name: &str| modules.function(units::PACK, name);
-    let module = modules.unit(units::GEMM_SM90)?.clone();
+    let (matmul, reduce_scatter) = (modules.unit(units::GEMM_SM90)?, modules.unit(units::GEMM_SM90_RS)?);
     let k = Arc::new(Kernels {
         put_signal: signal(names::PUT_SIGNAL)?,
         wait_signal: signal(names::WAIT_SIGNAL)?,
@@ -104,7 +104,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
             let n = names::PACK_TILED;
             [pack(n[0])?, pack(n[1])?, pack(n[2])?, pack(n[3])?]
         },
-        gemm_sm90: super::sm90::Sm90Kernels::load(&module, ctx.ordinal() as i32)?,
+        gemm_sm90: super::sm90::Sm90Kernels::load(matmul, reduce_scatter, ctx.ordinal() as i32)?,
         sm_count: super::driver::attribute(
             ctx.ordinal() as i32,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,

@@ -29,7 +29,6 @@ pub(super) struct Params {
     chunk_rows: i32,
     order: [i32; MAX_CHUNKS],
     local_chunk: i32,
-    rs: i32,
     ready: u64,
     rank: i32,
     world: i32,
@@ -76,39 +75,65 @@ const SCALES_TENSOR: i32 = 1;
 const SCALES_ROW: i32 = 2;
 
 /// The input types the kernels come in, as named in their entry points
-/// (`symm_gemm_sm90_<name>_n<cols>`); the fp8 ones (the last three) also
-/// as `..._n128_exact`, which promote partial sums into f32 registers.
+/// (`symm_gemm_sm90[_rs]_<name>_n<cols>`); the fp8 ones (the last three)
+/// also as `..._n128_exact`, which promote partial sums into f32 registers.
 const INPUTS: [&str; 5] = ["bf16", "f16", "e4m3_e4m3", "e4m3_e5m2", "e5m2_e4m3"];
 
-/// The loaded kernels of one device: `[INPUTS][N128, N256]`, and the
-/// exact fp8 ones.
+/// The loaded kernels of one device: the matmul ones (kernels/gemm_sm90.cu)
+/// and the reduce-scatter ones (kernels/gemm_sm90_rs.cu, `symm_gemm_sm90_rs_`).
 pub struct Sm90Kernels {
+    matmul: ModeKernels,
+    reduce_scatter: ModeKernels,
+}
+
+/// One mode's entry points: `[INPUTS][N128, N256]`, and the exact fp8 ones.
+struct ModeKernels {
     functions: Vec<[CudaFunction; 2]>,
     exact: Vec<CudaFunction>,
 }
 
 impl Sm90Kernels {
-    /// The kernels when `module` can run them on this device, else `None`
-    /// (another architecture, a driver without the tensor-map encoder, or a
-    /// module the driver loaded from non-sm_90a code).
-    pub fn load(module: &Arc<CudaModule>, ordinal: i32) -> Result<Option<Self>> {
+    /// The kernels when the modules (`matmul`: gemm_sm90.cu's,
+    /// `reduce_scatter`: gemm_sm90_rs.cu's) can run them on this device,
+    /// else `None` (another architecture, a driver without the tensor-map
+    /// encoder, or modules the driver loaded from non-sm_90a code).
+    pub fn load(matmul: &Arc<CudaModule>, reduce_scatter: &Arc<CudaModule>, ordinal: i32) -> Result<Option<Self>> {
         use sys::CUdevice_attribute::*;
         let major = driver::attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = driver::attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         if (major, minor) != (9, 0) || !driver_has_symbols() {
             return Ok(None);
         }
-        let f =
-            |name: &str| module.load_function(name).map_err(|e| driver::cuda_err(e, &format!("loading kernel {name}")));
-        if !probe(&f("symm_gemm_sm90_probe")?)? {
+        if !probe(&function(matmul, "symm_gemm_sm90_probe")?)? {
             return Ok(None);
         }
+        Ok(Some(Sm90Kernels {
+            matmul: ModeKernels::load(matmul, "symm_gemm_sm90")?,
+            reduce_scatter: ModeKernels::load(reduce_scatter, "symm_gemm_sm90_rs")?,
+        }))
+    }
+
+    /// The kernel for `mm`'s mode, input types, accumulation and tile (checked).
+    fn function(&self, mm: &Sm90Matmul) -> &CudaFunction {
+        let mode = if mm.scatter.is_some() { &self.reduce_scatter } else { &self.matmul };
+        mode.function(mm)
+    }
+}
+
+fn function(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
+    module.load_function(name).map_err(|e| driver::cuda_err(e, &format!("loading kernel {name}")))
+}
+
+impl ModeKernels {
+    /// The entry points named `<prefix>_<input>_n<cols>[_exact]` in `module`,
+    /// each allowed its tile's shared memory.
+    fn load(module: &Arc<CudaModule>, prefix: &str) -> Result<Self> {
+        let f = |name: String| function(module, &name);
         let functions = INPUTS
             .iter()
-            .map(|i| Ok([f(&format!("symm_gemm_sm90_{i}_n128"))?, f(&format!("symm_gemm_sm90_{i}_n256"))?]))
+            .map(|i| Ok([f(format!("{prefix}_{i}_n128"))?, f(format!("{prefix}_{i}_n256"))?]))
             .collect::<Result<Vec<_>>>()?;
-        let exact =
-            INPUTS[2..].iter().map(|i| f(&format!("symm_gemm_sm90_{i}_n128_exact"))).collect::<Result<Vec<_>>>()?;
+        let exact = INPUTS[2..].iter().map(|i| f(format!("{prefix}_{i}_n128_exact"))).collect::<Result<Vec<_>>>()?;
         let sized = functions
             .iter()
             .flat_map(|[n128, n256]| [(n128, TileN::N128), (n256, TileN::N256)])
@@ -121,10 +146,9 @@ impl Sm90Kernels {
                 "cuFuncSetAttribute",
             )?;
         }
-        Ok(Some(Sm90Kernels { functions, exact }))
+        Ok(ModeKernels { functions, exact })
     }
 
-    /// The kernel for `mm`'s input types, accumulation and tile (checked).
     fn function(&self, mm: &Sm90Matmul) -> &CudaFunction {
         let row = match mm.fp8 {
             None if mm.dtype == GemmDtype::F16 => 1,
@@ -295,11 +319,11 @@ impl Sm90Matmul {
             *o = c as i32;
         }
         let (mut inbox, mut rs_state) = ([0u64; MAX_CHUNKS], [0u64; MAX_CHUNKS]);
-        let (mut rank, mut world, mut rs) = (0, self.chunks() as i32, 0);
+        let (mut rank, mut world) = (0, self.chunks() as i32);
         if let Some(s) = &self.scatter {
             inbox[..s.inbox.len()].copy_from_slice(&s.inbox);
             rs_state[..s.state.len()].copy_from_slice(&s.state);
-            (rank, rs) = (s.rank as i32, 1);
+            rank = s.rank as i32;
         }
         if let Some(g) = &self.gather {
             rank = g.local_chunk as i32;
@@ -320,7 +344,6 @@ impl Sm90Matmul {
             chunk_rows: self.chunk_rows as i32,
             order,
             local_chunk: self.gather.as_ref().map_or(-1, |g| g.local_chunk as i32),
-            rs,
             ready: self.gather.as_ref().map_or(0, |g| g.ready),
             rank,
             world,

@@ -1,4 +1,5 @@
-//! Host side of `kernels/gemm_sm90.cu`: symm's own persistent Hopper matmul,
+//! Host side of `kernels/gemm_sm90.cu` and `gemm_sm90_rs.cu` (one kernel,
+//! `kernels/sm90_kernel.cuh`, in two modes): symm's own persistent Hopper matmul,
 //! whose tiles can wait for all-gathered rows or push reduce-scatter
 //! partials (docs/sm90-kernel.md describes the design).
 //!
