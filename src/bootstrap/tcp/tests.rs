@@ -157,14 +157,22 @@ fn duplicate_rank_fails_the_group() {
     assert_eq!(r1.allgather(&[1], T).unwrap_err(), e);
 }
 
+/// A rank that leaves frees its rank for a successor while the group
+/// lives; once every rank has joined and left, the id is spent.
 #[test]
-fn rank_is_released_on_drop() {
+fn rank_is_released_on_drop_and_a_finished_group_is_forgotten() {
     let id = create_unique_id(None).unwrap();
+    let r0 = TcpBootstrap::connect(&id, 0, 2, T).unwrap();
     for _ in 0..3 {
-        let bs = connect_all(&id, 2);
-        let out = on_ranks(bs, |b| b.allgather(&[b.rank() as u8], T).unwrap());
-        assert_eq!(out, [vec![0, 1], vec![0, 1]]);
+        let r1 = TcpBootstrap::connect(&id, 1, 2, T).unwrap();
+        let h = thread::spawn(move || r1.allgather(&[1], T).unwrap());
+        assert_eq!(r0.allgather(&[0], T).unwrap(), [0, 1]);
+        assert_eq!(h.join().unwrap(), [0, 1]);
     }
+    drop(r0);
+    let e = TcpBootstrap::connect(&id, 0, 2, T).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Bootstrap);
+    assert!(e.msg.contains("a group that has finished"), "{e}");
 }
 
 #[test]
