@@ -362,8 +362,12 @@ mod tests {
     fn store_port_and_host() {
         let c = store_config_from(&env(&[("MASTER_PORT", "29500")]), 0).unwrap();
         assert_eq!((c.host.as_str(), c.port, c.same_host), ("127.0.0.1", 29501, true));
-        let vars =
-            [("MASTER_ADDR", "node0"), ("MASTER_PORT", "29500"), ("SYMM_BOOTSTRAP_PORT", "7000"), ("SYMM_BOOTSTRAP_SECRET", SECRET)];
+        let vars = [
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+            ("SYMM_BOOTSTRAP_PORT", "7000"),
+            ("SYMM_BOOTSTRAP_SECRET", SECRET),
+        ];
         let c = store_config_from(&env(&vars), 0).unwrap();
         assert_eq!((c.host.as_str(), c.port, c.same_host), ("node0", 7000, false));
         assert_eq!(format!("{c:?}"), "StoreConfig(node0:7000, network)");

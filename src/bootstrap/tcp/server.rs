@@ -44,8 +44,7 @@ pub(super) struct Limits {
 }
 
 impl Limits {
-    pub(super) const DEFAULT: Limits =
-        Limits { handshake: Duration::from_secs(10), max_pending: 64, max_idle: 4096 };
+    pub(super) const DEFAULT: Limits = Limits { handshake: Duration::from_secs(10), max_pending: 64, max_idle: 4096 };
 }
 
 /// This process's stores by requested listen address. The pid detects a
@@ -584,13 +583,6 @@ pub(super) fn hosted_namespace(addr: SocketAddr, secret: &[u8; SECRET_BYTES]) ->
     }
     let addr = Target::Tcp(addr);
     stores.servers.values().filter(|s| s.advertised == addr).find_map(|s| s.find_namespace(secret))
-}
-
-/// This process's store advertised as `id`'s address (for tests).
-#[cfg(test)]
-pub(super) fn store_of(id: &crate::bootstrap::unique_id::UniqueId) -> Option<Arc<Server>> {
-    let addr = Target::Tcp(id.addr().ok()?);
-    lock(&STORES).servers.values().find(|s| s.advertised == addr).cloned()
 }
 
 /// Rounds the store for `id` still holds (for tests and leak checks).
