@@ -646,7 +646,7 @@ mod tests {
                 .map(|rank| {
                     thread::spawn(move || {
                         let look = job(port, world, rank, network);
-                        let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (rank as u64 + 1) * 0x1234_5678;
+                        let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ ((rank as u64 + 1) * 0x1234_5678);
                         for g in 0..GROUPS {
                             rng ^= rng << 13;
                             rng ^= rng >> 7;

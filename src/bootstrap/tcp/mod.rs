@@ -1,11 +1,15 @@
-//! The embedded TCP store and its client, in four parts: [`wire`] (the
-//! messages), [`addr`] (listen and advertised addresses), [`server`] (the
-//! store) and [`client`] ([`TcpBootstrap`]).
+//! The embedded store and its client, in five parts: [`wire`] (the
+//! messages), [`addr`] (listen and advertised addresses), [`stream`] (TCP
+//! and abstract Unix sockets behind one type), [`server`] (the store) and
+//! [`client`] ([`TcpBootstrap`]).
 //!
 //! `create_unique_id` starts (once per listen address and process) a small
-//! server on background threads and returns an id carrying its address and
-//! a fresh secret. Every rank then opens one persistent connection with
-//! [`TcpBootstrap::connect`] and runs all-gather rounds through it.
+//! TCP server on background threads and returns an id carrying its address
+//! and a fresh secret. Every rank then opens one persistent connection with
+//! [`TcpBootstrap::connect`] and runs all-gather rounds through it. The env
+//! bootstrap uses the same store: over TCP across hosts ([`join_store`]),
+//! or on one host over an abstract Unix socket that admits only this
+//! user's processes and serves one group ([`join_unix`]).
 //!
 //! Each secret is its own namespace (one group): the store runs an
 //! `Exchange` per secret, keyed by the clients' sequence numbers, so groups
@@ -14,8 +18,12 @@
 //! break the group loudly (every participant gets `Mismatch`) rather than
 //! mixing their data.
 //!
-//! The store lives until the process exits; a finished round's data is
-//! dropped as soon as every rank has received it.
+//! What the store holds is bounded: a finished round's data is dropped as
+//! soon as every rank has received it; a namespace is dropped once every
+//! rank of its group has joined and left (an id serves one group); ids
+//! never used are capped, and so are connections still in their handshake,
+//! each of which has one deadline for its whole hello (`server::Limits`).
+//! A TCP store itself lives until the process exits.
 
 mod addr;
 mod client;
