@@ -81,7 +81,7 @@ impl TcpBootstrap {
                 return Err(err!(
                     Timeout,
                     "bootstrap: rank 0 did not open this group at the store at {target} within {} ms \
-                     (it answers for another group: {refusal})",
+                     (do all ranks share the group's secret? the store answers: {refusal})",
                     timeout.as_millis()
                 ));
             }
