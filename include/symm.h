@@ -395,6 +395,8 @@ symm_status_t symm_wait_value(symm_handle_t handle, int rank, size_t offset, uin
 // Starts an embedded bootstrap store in this process and describes it in
 // `id`, to be passed to every rank (including this one) for
 // `symm_group_init`. Listens on env `SYMM_BOOTSTRAP_ADDR`, else loopback.
+// An id serves one group: once all its ranks have joined and left, the
+// store forgets it.
 symm_status_t symm_get_unique_id(symm_unique_id_t *id);
 
 // As `symm_get_unique_id`, listening on `listen_addr` ("host:port",
@@ -411,8 +413,12 @@ symm_status_t symm_group_init(symm_group_t *group, int world_size, int rank, int
 symm_status_t symm_group_init_bootstrap(symm_group_t *group, int world_size, int rank, int device, const symm_bootstrap_t *bootstrap, const symm_group_config_t *cfg);
 
 // Collective: forms a group from torchrun's environment (`RANK`,
-// `WORLD_SIZE`, `LOCAL_RANK` = device, `MASTER_ADDR`, and
-// `SYMM_BOOTSTRAP_PORT` or `MASTER_PORT + 1`; rank 0 hosts the store).
+// `WORLD_SIZE`, `LOCAL_RANK` = device, `MASTER_ADDR`, `MASTER_PORT`; rank 0
+// hosts the store). Ranks all on one host (`LOCAL_WORLD_SIZE` =
+// `WORLD_SIZE`, or a loopback `MASTER_ADDR`) meet on a Unix socket that
+// admits only this user's processes; across hosts, on TCP port
+// `SYMM_BOOTSTRAP_PORT` or `MASTER_PORT + 1`, admitting only ranks that
+// present `SYMM_BOOTSTRAP_SECRET`, which must then be set.
 symm_status_t symm_group_init_env(symm_group_t *group, const symm_group_config_t *cfg);
 
 // Forms `n` groups in this process, one per rank, rank i on `devices[i]`

@@ -325,13 +325,13 @@ fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
     (addr, len as libc::socklen_t)
 }
 
-fn euid() -> u32 {
+pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
 }
 
 /// The uid of the process at the other end of a Unix socket.
-fn peer_uid(conn: &UnixStream) -> io::Result<u32> {
+pub(crate) fn peer_uid(conn: &UnixStream) -> io::Result<u32> {
     // SAFETY: ucred is plain old data; getsockopt fills at most `len` bytes.
     unsafe {
         let mut cred: libc::ucred = zeroed();

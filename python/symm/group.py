@@ -90,8 +90,9 @@ class Group:
     @classmethod
     def from_env(cls, backend="auto", timeout_ms=None, allow_shared_device=False, check_args_always=False):
         """Collective: forms the group torchrun describes (``RANK``,
-        ``WORLD_SIZE``, ``LOCAL_RANK`` = device, ``MASTER_ADDR``, and
-        ``SYMM_BOOTSTRAP_PORT`` or ``MASTER_PORT + 1``)."""
+        ``WORLD_SIZE``, ``LOCAL_RANK`` = device, ``MASTER_ADDR``,
+        ``MASTER_PORT``). Ranks spanning hosts need ``SYMM_BOOTSTRAP_SECRET``
+        (see the README's environment table)."""
         cfg = _config(backend, timeout_ms, allow_shared_device, check_args_always)
         raw = _lib.handle_t()
         check(lib.symm_group_init_env(ctypes.byref(raw), ctypes.byref(cfg)))

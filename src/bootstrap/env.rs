@@ -1,11 +1,24 @@
 //! Bootstrap from a torchrun-style environment.
 //!
 //! `RANK` and `WORLD_SIZE` are required, `LOCAL_RANK` optional (defaults to
-//! `RANK`). Rank 0 hosts symm's TCP store and every rank connects to it at
-//! `MASTER_ADDR` (default `127.0.0.1`) on port `SYMM_BOOTSTRAP_PORT`, or
-//! `MASTER_PORT + 1` when that is not set: torchrun's own store already
-//! listens on `MASTER_PORT`. Set `SYMM_BOOTSTRAP_PORT` when `MASTER_PORT + 1`
-//! is taken by something else on rank 0's host.
+//! `RANK`). How the ranks meet depends on where they are:
+//!
+//! - **All on this host** (`LOCAL_WORLD_SIZE` equals `WORLD_SIZE`, as
+//!   torchrun sets it on a single node; or, without `LOCAL_WORLD_SIZE`, a
+//!   loopback `MASTER_ADDR`): rank 0 serves the group on an abstract Unix
+//!   socket whose name every rank derives from the job's parameters, and
+//!   admits only processes of this user (`SO_PEERCRED` on both ends; a
+//!   process of this user could read our memory anyway). Nothing listens on
+//!   the network, and no secret is needed.
+//! - **Across hosts**: rank 0 hosts symm's TCP store and every rank connects
+//!   to it at `MASTER_ADDR` (default `127.0.0.1`) on port
+//!   `SYMM_BOOTSTRAP_PORT`, or `MASTER_PORT + 1` when that is not set
+//!   (torchrun's own store already listens on `MASTER_PORT`). The store
+//!   admits only ranks presenting the group's secret, made from
+//!   `SYMM_BOOTSTRAP_SECRET`, which must be set: everything else a launcher
+//!   exports (`MASTER_ADDR`, `MASTER_PORT`, `TORCHELASTIC_RUN_ID`, ...) is
+//!   on command lines or easy to guess, so a stranger who reached the port
+//!   could compute a secret made from it.
 //!
 //! Rank 0 binds `MASTER_ADDR` itself when it is a loopback address given
 //! literally (`127.0.0.1`, `::1`, `localhost`), so single-host jobs expose
@@ -13,20 +26,15 @@
 //! because a host name can resolve to a loopback alias (127.0.1.1) on the
 //! host that owns it while other hosts reach it by its real address.
 //!
-//! The group's secret is `SYMM_BOOTSTRAP_SECRET` (hashed to 32 bytes) when
-//! set. Otherwise it is derived from `MASTER_ADDR`, `MASTER_PORT`,
-//! `WORLD_SIZE`, `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT`:
-//! that keeps jobs and restarts sharing a host from joining each other's
-//! groups by accident, but anyone who can read the job's environment can
-//! compute it, so it is no defence against an attacker. Set
-//! `SYMM_BOOTSTRAP_SECRET` to a random value on untrusted networks.
-//!
-//! Each call of [`connect_env`] in a process forms a new group with its own
-//! secret (a per-process call counter is mixed in), so every rank must call
-//! it the same number of times, as with any collective.
+//! Each call of [`connect_env`] in a process forms a new group, the
+//! `generation`-th (a per-process call counter), so every rank must call it
+//! the same number of times, as with any collective. The generation is part
+//! of the socket name and of the secret: a rank that arrives before rank 0
+//! finds nothing (or only an earlier group) and waits until rank 0 opens
+//! the new group or its timeout ends.
 
-use super::tcp::{host_store, resolve, TcpBootstrap};
-use super::unique_id::{UniqueId, SECRET_BYTES};
+use super::tcp::{host_store, join_store, join_unix, resolve, TcpBootstrap};
+use super::unique_id::SECRET_BYTES;
 use crate::error::{ensure, err, Result};
 use crate::wire::Writer;
 use std::fmt;
@@ -37,6 +45,9 @@ use std::time::Duration;
 
 /// Default store host when `MASTER_ADDR` is not set.
 pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
+/// Shortest `SYMM_BOOTSTRAP_SECRET` accepted: a floor against obvious
+/// mistakes (it cannot measure randomness).
+pub const MIN_SECRET_LEN: usize = 16;
 
 /// Where this process sits in the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,19 +57,25 @@ pub struct EnvInfo {
     pub local_rank: usize,
 }
 
-/// Where the env store lives and the group's secret.
+/// Where the ranks meet and the group's key there.
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoreConfig {
     /// `MASTER_ADDR` as given (host name or IP).
     pub host: String,
     pub port: u16,
+    /// All ranks are on this host: they meet on an abstract Unix socket.
+    pub same_host: bool,
+    /// Across hosts, the secret the store demands (from
+    /// `SYMM_BOOTSTRAP_SECRET`); on one host, a key derived from the job's
+    /// parameters that names the socket (not secret: uids admit there).
     pub secret: [u8; SECRET_BYTES],
 }
 
 /// Shows where the store is; the secret stays out of logs.
 impl fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StoreConfig({}:{})", self.host, self.port)
+        let how = if self.same_host { "this host" } else { "network" };
+        write!(f, "StoreConfig({}:{}, {how})", self.host, self.port)
     }
 }
 
@@ -86,7 +103,7 @@ pub fn read_env_from(lookup: Lookup) -> Result<EnvInfo> {
     Ok(EnvInfo { rank, world, local_rank })
 }
 
-/// Works out the store's host, port and secret through `lookup`;
+/// Works out where the ranks meet and the group's key through `lookup`;
 /// `generation` is the number of env groups this process formed before.
 pub fn store_config_from(lookup: Lookup, generation: u64) -> Result<StoreConfig> {
     let host = get(lookup, "MASTER_ADDR").unwrap_or_else(|| DEFAULT_MASTER_ADDR.to_string());
@@ -105,14 +122,24 @@ pub fn store_config_from(lookup: Lookup, generation: u64) -> Result<StoreConfig>
         }
     };
     ensure!(port != 0, InvalidArgument, "symm's bootstrap port must not be 0");
-    Ok(StoreConfig { host, port, secret: env_secret(lookup, generation) })
+    let same_host = same_host(lookup, &host)?;
+    let secret = if same_host { local_key(lookup, port, generation) } else { network_secret(lookup, generation)? };
+    Ok(StoreConfig { host, port, same_host, secret })
+}
+
+/// Whether every rank runs on this host (see the module docs).
+fn same_host(lookup: Lookup, host: &str) -> Result<bool> {
+    match optional::<usize>(lookup, "LOCAL_WORLD_SIZE")? {
+        Some(local) => Ok(optional::<usize>(lookup, "WORLD_SIZE")? == Some(local)),
+        None => Ok(host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())),
+    }
 }
 
 /// Number of env groups this process has formed (see the module docs).
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// Forms a group from the environment: rank 0 hosts the store, then every
-/// rank connects, waiting up to `timeout` for the store to come up.
+/// Forms a group from the environment: rank 0 hosts the meeting point,
+/// then every rank joins, waiting up to `timeout` for it to open.
 pub fn connect_env(timeout: Duration) -> Result<(TcpBootstrap, EnvInfo)> {
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
     connect_env_from(&process_env, generation, timeout)
@@ -123,12 +150,26 @@ pub fn connect_env(timeout: Duration) -> Result<(TcpBootstrap, EnvInfo)> {
 pub fn connect_env_from(lookup: Lookup, generation: u64, timeout: Duration) -> Result<(TcpBootstrap, EnvInfo)> {
     let info = read_env_from(lookup)?;
     let cfg = store_config_from(lookup, generation)?;
-    let store = resolve(&cfg.host, cfg.port).map_err(|e| e.context("MASTER_ADDR"))?;
-    if info.rank == 0 {
-        host_store(bind_addr(&cfg.host, store), cfg.secret)?;
-    }
-    let id = UniqueId::new(store, cfg.secret);
-    let bs = TcpBootstrap::connect(&id, info.rank, info.world, timeout)?;
+    let (rank, world) = (info.rank, info.world);
+    let bs = if cfg.same_host {
+        let name = socket_name(&cfg.secret);
+        join_unix(&name, cfg.secret, rank, world, rank == 0, timeout).map_err(|e| {
+            if rank == 0 && e.msg.contains("cannot listen") {
+                e.context(
+                    "another process of this host holds the group's socket (a job with the same \
+                     MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)",
+                )
+            } else {
+                e
+            }
+        })?
+    } else {
+        let store = resolve(&cfg.host, cfg.port).map_err(|e| e.context("MASTER_ADDR"))?;
+        if rank == 0 {
+            host_store(bind_addr(&cfg.host, store), cfg.secret)?;
+        }
+        join_store(store, cfg.secret, rank, world, timeout)?
+    };
     Ok((bs, info))
 }
 
@@ -145,21 +186,51 @@ fn bind_addr(host: &str, store: SocketAddr) -> SocketAddr {
     SocketAddr::new(any, store.port())
 }
 
-/// The group's secret: the user's, or one derived from what every rank of
-/// this job (and no other job) sees alike.
-fn env_secret(lookup: Lookup, generation: u64) -> [u8; SECRET_BYTES] {
-    let parts: Vec<String> = match get(lookup, crate::config::BOOTSTRAP_SECRET) {
-        Some(s) => vec!["user".into(), s],
-        None => {
-            let keys =
-                ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"];
-            let mut v = vec!["derived".to_string()];
-            v.extend(keys.iter().map(|k| get(lookup, k).unwrap_or_default()));
-            v
-        }
+/// The secret of a group spanning hosts: `SYMM_BOOTSTRAP_SECRET`, required.
+fn network_secret(lookup: Lookup, generation: u64) -> Result<[u8; SECRET_BYTES]> {
+    let var = crate::config::BOOTSTRAP_SECRET;
+    let Some(user) = get(lookup, var) else {
+        return Err(err!(
+            InvalidArgument,
+            "environment variable {var} is not set: ranks on several hosts meet at a network store, \
+             which admits only ranks that present a secret no stranger can guess (nothing torchrun \
+             exports is one). Set {var} to the same random value on every rank, e.g. \
+             `export {var}=$(openssl rand -hex 16)` before launching (or, when every rank runs on this \
+             host, set LOCAL_WORLD_SIZE to WORLD_SIZE)"
+        ));
     };
-    let mut m = Writer::new().raw(b"symm-env-secret-v1");
-    for p in &parts {
+    ensure!(
+        user.len() >= MIN_SECRET_LEN,
+        InvalidArgument,
+        "environment variable {var} is {} characters long; use a random value of at least \
+         {MIN_SECRET_LEN} (e.g. `openssl rand -hex 16`)",
+        user.len()
+    );
+    Ok(digest(b"symm-env-secret-v2", &[user.as_str()], generation))
+}
+
+/// The key of a group on one host: the same on every rank of this job and
+/// generation, different for other jobs and restarts sharing the host.
+fn local_key(lookup: Lookup, port: u16, generation: u64) -> [u8; SECRET_BYTES] {
+    let keys = ["MASTER_ADDR", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"];
+    let mut parts: Vec<String> = keys.iter().map(|k| get(lookup, k).unwrap_or_default()).collect();
+    parts.push(port.to_string());
+    parts.push(get(lookup, crate::config::BOOTSTRAP_SECRET).unwrap_or_default());
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    digest(b"symm-env-local-v1", &parts, generation)
+}
+
+/// The abstract socket name for a same-host group's key; the uid keeps
+/// users' jobs apart.
+fn socket_name(key: &[u8; SECRET_BYTES]) -> Vec<u8> {
+    let h = sha256(&Writer::new().raw(b"symm-env-socket").raw(key).finish());
+    let hex: String = h[..12].iter().map(|b| format!("{b:02x}")).collect();
+    format!("symm-env-{}-{hex}", crate::ipc::euid()).into_bytes()
+}
+
+fn digest(domain: &[u8], parts: &[&str], generation: u64) -> [u8; SECRET_BYTES] {
+    let mut m = Writer::new().raw(domain);
+    for p in parts {
         // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
         m = m.u64(p.len() as u64).raw(p.as_bytes());
     }
@@ -285,14 +356,21 @@ mod tests {
         }
     }
 
+    const SECRET: &str = "0123456789abcdef0123";
+
     #[test]
     fn store_port_and_host() {
         let c = store_config_from(&env(&[("MASTER_PORT", "29500")]), 0).unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 29501));
-        let vars = [("MASTER_ADDR", "node0"), ("MASTER_PORT", "29500"), ("SYMM_BOOTSTRAP_PORT", "7000")];
+        assert_eq!((c.host.as_str(), c.port, c.same_host), ("127.0.0.1", 29501, true));
+        let vars = [
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+            ("SYMM_BOOTSTRAP_PORT", "7000"),
+            ("SYMM_BOOTSTRAP_SECRET", SECRET),
+        ];
         let c = store_config_from(&env(&vars), 0).unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("node0", 7000));
-        assert_eq!(format!("{c:?}"), "StoreConfig(node0:7000)");
+        assert_eq!((c.host.as_str(), c.port, c.same_host), ("node0", 7000, false));
+        assert_eq!(format!("{c:?}"), "StoreConfig(node0:7000, network)");
         let c = store_config_from(&env(&[("SYMM_BOOTSTRAP_PORT", "7000")]), 0).unwrap();
         assert_eq!(c.port, 7000);
 
@@ -304,23 +382,73 @@ mod tests {
         assert!(e.msg.contains("MASTER_PORT='70000'"), "{e}");
     }
 
+    /// All ranks on this host when torchrun says so (LOCAL_WORLD_SIZE ==
+    /// WORLD_SIZE) or, without it, when MASTER_ADDR is loopback.
     #[test]
-    fn secrets_separate_jobs_and_generations() {
-        let base = [("MASTER_ADDR", "n0"), ("MASTER_PORT", "29500"), ("WORLD_SIZE", "4"), ("RANK", "0")];
-        let secret = |extra: &[(&str, &str)], g| {
+    fn where_ranks_meet() {
+        let same = |vars: &[(&str, &str)]| {
+            let mut v = vec![("MASTER_PORT", "29500"), ("SYMM_BOOTSTRAP_SECRET", SECRET)];
+            v.extend_from_slice(vars);
+            store_config_from(&env(&v), 0).unwrap().same_host
+        };
+        assert!(same(&[]));
+        assert!(same(&[("MASTER_ADDR", "localhost")]));
+        assert!(same(&[("MASTER_ADDR", "::1")]));
+        assert!(!same(&[("MASTER_ADDR", "node0")]));
+        assert!(!same(&[("MASTER_ADDR", "10.0.0.1")]));
+        assert!(same(&[("MASTER_ADDR", "node0"), ("WORLD_SIZE", "8"), ("LOCAL_WORLD_SIZE", "8")]));
+        assert!(!same(&[("MASTER_ADDR", "127.0.0.1"), ("WORLD_SIZE", "8"), ("LOCAL_WORLD_SIZE", "4")]));
+        let e = store_config_from(&env(&[("MASTER_PORT", "1"), ("LOCAL_WORLD_SIZE", "x")]), 0).unwrap_err();
+        assert!(e.msg.contains("LOCAL_WORLD_SIZE='x'"), "{e}");
+    }
+
+    /// Across hosts there is no default secret: one derived from what the
+    /// launcher exports would admit anyone who knows the launch command.
+    #[test]
+    fn network_store_requires_a_secret() {
+        let base = [("MASTER_ADDR", "node0"), ("MASTER_PORT", "29500"), ("WORLD_SIZE", "4"), ("RANK", "1")];
+        let with = |extra: &[(&str, &str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            store_config_from(&env(&v), 0)
+        };
+        for extra in [&[][..], &[("TORCHELASTIC_RUN_ID", "job7")][..], &[("SYMM_BOOTSTRAP_SECRET", " ")][..]] {
+            let e = with(extra).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument);
+            assert!(e.msg.contains("SYMM_BOOTSTRAP_SECRET is not set"), "{e}");
+        }
+        let e = with(&[("SYMM_BOOTSTRAP_SECRET", "hunter2")]).unwrap_err();
+        assert!(e.msg.contains("SYMM_BOOTSTRAP_SECRET is 7 characters long"), "{e}");
+        // The same secret on every rank; generations and secrets apart.
+        let s = with(&[("SYMM_BOOTSTRAP_SECRET", SECRET)]).unwrap().secret;
+        assert_eq!(s, with(&[("SYMM_BOOTSTRAP_SECRET", SECRET), ("RANK", "3")]).unwrap().secret);
+        assert_ne!(s, with(&[("SYMM_BOOTSTRAP_SECRET", "0123456789abcdef0124")]).unwrap().secret);
+        let mut v = base.to_vec();
+        v.push(("SYMM_BOOTSTRAP_SECRET", SECRET));
+        assert_ne!(s, store_config_from(&env(&v), 1).unwrap().secret);
+        // The failure reaches the caller of connect as well, before any
+        // socket is opened.
+        let e = connect_env_from(&env(&base), 0, Duration::from_millis(100)).unwrap_err();
+        assert!(e.msg.contains("SYMM_BOOTSTRAP_SECRET"), "{e}");
+    }
+
+    #[test]
+    fn local_keys_separate_jobs_and_generations() {
+        let base = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500"), ("WORLD_SIZE", "4"), ("RANK", "0")];
+        let key = |extra: &[(&str, &str)], g| {
             let mut v = base.to_vec();
             v.extend_from_slice(extra);
             store_config_from(&env(&v), g).unwrap().secret
         };
-        let s = secret(&[], 0);
-        // Every rank derives the same secret; RANK does not enter it.
-        assert_eq!(s, secret(&[("RANK", "3")], 0));
-        assert_ne!(s, secret(&[], 1));
-        assert_ne!(s, secret(&[("TORCHELASTIC_RUN_ID", "job7")], 0));
-        assert_ne!(s, secret(&[("TORCHELASTIC_RESTART_COUNT", "1")], 0));
-        let user = secret(&[("SYMM_BOOTSTRAP_SECRET", "hunter2")], 0);
-        assert_ne!(s, user);
-        assert_eq!(user, secret(&[("SYMM_BOOTSTRAP_SECRET", "hunter2"), ("MASTER_PORT", "1")], 0));
+        let k = key(&[], 0);
+        // Every rank derives the same key; RANK does not enter it.
+        assert_eq!(k, key(&[("RANK", "3")], 0));
+        assert_ne!(k, key(&[], 1));
+        assert_ne!(k, key(&[("TORCHELASTIC_RUN_ID", "job7")], 0));
+        assert_ne!(k, key(&[("TORCHELASTIC_RESTART_COUNT", "1")], 0));
+        assert_ne!(k, key(&[("MASTER_PORT", "29502")], 0));
+        assert_ne!(socket_name(&k), socket_name(&key(&[], 1)));
+        assert!(socket_name(&k).starts_with(format!("symm-env-{}-", crate::ipc::euid()).as_bytes()));
     }
 
     #[test]
@@ -336,39 +464,205 @@ mod tests {
 
     #[test]
     fn connect_reports_bad_master_addr() {
-        let vars = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "no-such-host.invalid"), ("MASTER_PORT", "9")];
+        let vars = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "no-such-host.invalid"),
+            ("MASTER_PORT", "9"),
+            ("SYMM_BOOTSTRAP_SECRET", SECRET),
+        ];
         let e = connect_env_from(&env(&vars), 0, Duration::from_millis(100)).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.msg.starts_with("MASTER_ADDR: ") && e.msg.contains("no-such-host.invalid"), "{e}");
     }
 
-    /// Rank 0 hosts, the others connect (before the store is up), each
-    /// with its own private environment.
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    /// The variables of `rank` in a job of `world` on `port`: all on this
+    /// host, or (`network`) as if spread over hosts, with a secret.
+    fn job(port: u16, world: usize, rank: usize, network: bool) -> impl Fn(&str) -> Option<String> {
+        let mut v = vec![
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("SYMM_BOOTSTRAP_PORT", port.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".to_string()),
+        ];
+        if network {
+            v.push(("LOCAL_WORLD_SIZE", "1".into()));
+            v.push(("SYMM_BOOTSTRAP_SECRET", SECRET.into()));
+        }
+        let m: HashMap<String, String> = v.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    /// Rank 0 hosts, the others join (before it is up), each with its own
+    /// private environment, on one host and across "hosts".
     #[test]
     fn env_group_forms() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let world = 3;
-        let hs: Vec<_> = (0..world)
-            .rev()
-            .map(|rank| {
-                thread::spawn(move || {
-                    let p = port.to_string();
-                    let w = world.to_string();
-                    let r = rank.to_string();
-                    let vars = [("RANK", r.as_str()), ("WORLD_SIZE", w.as_str()), ("SYMM_BOOTSTRAP_PORT", p.as_str())];
-                    let look = env(&vars);
-                    if rank == 0 {
-                        // The others start first and wait for the store.
-                        thread::sleep(Duration::from_millis(50));
-                    }
-                    let (bs, info) = connect_env_from(&look, 0, Duration::from_secs(10)).unwrap();
-                    assert_eq!((info.rank, info.world, info.local_rank), (rank, world, rank));
-                    bs.allgather(&[rank as u8], Duration::from_secs(10)).unwrap()
+        for network in [false, true] {
+            let port = free_port();
+            let world = 3;
+            let hs: Vec<_> = (0..world)
+                .rev()
+                .map(|rank| {
+                    thread::spawn(move || {
+                        if rank == 0 {
+                            // The others start first and wait for the store.
+                            thread::sleep(Duration::from_millis(50));
+                        }
+                        let (bs, info) = connect_env_from(&job(port, world, rank, network), 0, T).unwrap();
+                        assert_eq!((info.rank, info.world, info.local_rank), (rank, world, rank));
+                        bs.allgather(&[rank as u8], T).unwrap()
+                    })
                 })
-            })
-            .collect();
-        for h in hs {
-            assert_eq!(h.join().unwrap(), vec![0, 1, 2]);
+                .collect();
+            for h in hs {
+                assert_eq!(h.join().unwrap(), vec![0, 1, 2]);
+            }
+            // On one host nothing listens on the network.
+            if !network {
+                assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+            }
+        }
+    }
+
+    const T: Duration = Duration::from_secs(10);
+
+    /// A stranger who knows every launch parameter (and so the secret the
+    /// store used to derive from them) is refused by the network store and
+    /// learns nothing of rank 0's record.
+    #[test]
+    fn stranger_with_the_launch_parameters_is_refused() {
+        let port = free_port();
+        let look = job(port, 2, 0, true);
+        let host = thread::spawn(move || {
+            let (bs, _) = connect_env_from(&look, 0, T).unwrap();
+            bs.allgather(b"rank 0's record", Duration::from_millis(500))
+        });
+        let public = ["127.0.0.1", &(port - 1).to_string(), "2", "", ""];
+        let mut guesses = vec![digest(b"symm-env-secret-v1", &public, 0), [0u8; 32]];
+        guesses.push(local_key(&job(port, 2, 1, true), port, 0));
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        for guess in guesses {
+            let id = crate::bootstrap::unique_id::UniqueId::new(addr, guess);
+            let e = TcpBootstrap::connect(&id, 1, 2, T).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Bootstrap);
+            assert!(e.msg.contains("wrong secret"), "{e}");
+        }
+        // Rank 0 heard from nobody.
+        let e = host.join().unwrap().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+        assert!(e.msg.contains("rank 1 of 2 did not arrive"), "{e}");
+    }
+
+    /// On one host the socket admits only this user: a process of another
+    /// uid is cut off before it can say anything (checked where the tests
+    /// run as root and can switch uid in a child).
+    #[test]
+    fn same_host_socket_refuses_other_users() {
+        if crate::ipc::euid() != 0 {
+            eprintln!("skipped: needs root to start a process of another uid");
+            return;
+        }
+        let port = free_port();
+        let look = job(port, 2, 0, false);
+        let name = socket_name(&store_config_from(&look, 0).unwrap().secret);
+        let host = thread::spawn(move || {
+            let (bs, _) = connect_env_from(&look, 0, T).unwrap();
+            bs.allgather(&[0], Duration::from_millis(1500))
+        });
+        // Prepared before fork: the child only makes system calls.
+        let (addr, len) = abstract_sockaddr(&name);
+        let mut hello = Vec::new();
+        let secret = [0u8; 32];
+        crate::bootstrap::tcp::wire::Request::Hello { protocol: 2, secret, rank: 1, world: 2 }
+            .write_to(&mut hello)
+            .unwrap();
+        thread::sleep(Duration::from_millis(200));
+        // SAFETY: the child calls only async-signal-safe functions on
+        // memory prepared before the fork, then _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            unsafe {
+                if libc::setuid(65534) != 0 {
+                    libc::_exit(3);
+                }
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                if libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len) != 0 {
+                    libc::_exit(4);
+                }
+                libc::send(fd, hello.as_ptr().cast(), hello.len(), libc::MSG_NOSIGNAL);
+                let mut buf = [0u8; 64];
+                let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+                libc::_exit(if n <= 0 { 0 } else { 1 });
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status));
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the other user's process got an answer (or could not connect)");
+        let e = host.join().unwrap().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+    }
+
+    fn abstract_sockaddr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
+        // SAFETY: all-zero is a valid sockaddr_un.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, &c) in addr.sun_path[1..].iter_mut().zip(name) {
+            *d = c as libc::c_char;
+        }
+        let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+        (addr, len as libc::socklen_t)
+    }
+
+    /// A rank whose rank 0 never comes gets a timeout naming rank 0, on
+    /// either path, within about its timeout.
+    #[test]
+    fn missing_rank_0_is_a_timeout() {
+        for network in [false, true] {
+            let t = std::time::Instant::now();
+            let e = connect_env_from(&job(free_port(), 2, 1, network), 0, Duration::from_millis(300)).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+            assert!(e.msg.contains("rank 0 did not open"), "{e}");
+            assert!(t.elapsed() < Duration::from_secs(3));
+        }
+    }
+
+    /// Groups made one after another from one environment form every time,
+    /// whoever arrives first: a rank ahead of rank 0 finds only the previous
+    /// group (or nothing) and waits for the new one instead of failing.
+    #[test]
+    fn env_groups_in_a_row_form_in_any_arrival_order() {
+        const GROUPS: u64 = 300;
+        for network in [false, true] {
+            let port = free_port();
+            let world = 3;
+            let hs: Vec<_> = (0..world)
+                .map(|rank| {
+                    thread::spawn(move || {
+                        let look = job(port, world, rank, network);
+                        let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ ((rank as u64 + 1) * 0x1234_5678);
+                        for g in 0..GROUPS {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            thread::sleep(Duration::from_micros(rng % 3000));
+                            let (bs, _) = connect_env_from(&look, g, T)
+                                .unwrap_or_else(|e| panic!("group {g} (network {network}), rank {rank}: {e}"));
+                            let all = bs.allgather(&g.to_le_bytes(), T).unwrap();
+                            assert_eq!(all, g.to_le_bytes().repeat(world));
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
         }
     }
 }

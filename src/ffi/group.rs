@@ -50,6 +50,8 @@ fn form(bs: Box<dyn Bootstrap>, device: c_int, cfg: &GroupConfig, out: *mut symm
 /// Starts an embedded bootstrap store in this process and describes it in
 /// `id`, to be passed to every rank (including this one) for
 /// `symm_group_init`. Listens on env `SYMM_BOOTSTRAP_ADDR`, else loopback.
+/// An id serves one group: once all its ranks have joined and left, the
+/// store forgets it.
 #[no_mangle]
 pub extern "C" fn symm_get_unique_id(id: *mut symm_unique_id_t) -> symm_status_t {
     call_logged("symm_get_unique_id", || unique_id_at(None, id))
@@ -118,8 +120,12 @@ pub unsafe extern "C" fn symm_group_init_bootstrap(
 }
 
 /// Collective: forms a group from torchrun's environment (`RANK`,
-/// `WORLD_SIZE`, `LOCAL_RANK` = device, `MASTER_ADDR`, and
-/// `SYMM_BOOTSTRAP_PORT` or `MASTER_PORT + 1`; rank 0 hosts the store).
+/// `WORLD_SIZE`, `LOCAL_RANK` = device, `MASTER_ADDR`, `MASTER_PORT`; rank 0
+/// hosts the store). Ranks all on one host (`LOCAL_WORLD_SIZE` =
+/// `WORLD_SIZE`, or a loopback `MASTER_ADDR`) meet on a Unix socket that
+/// admits only this user's processes; across hosts, on TCP port
+/// `SYMM_BOOTSTRAP_PORT` or `MASTER_PORT + 1`, admitting only ranks that
+/// present `SYMM_BOOTSTRAP_SECRET`, which must then be set.
 #[no_mangle]
 pub unsafe extern "C" fn symm_group_init_env(
     group: *mut symm_group_t,

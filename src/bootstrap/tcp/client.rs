@@ -2,6 +2,7 @@
 
 use super::check_rank;
 use super::server::{hosted_namespace, Namespace};
+use super::stream::{Stream, Target};
 use super::wire::{read_frame, Reply, Request, FRAME_CAP, PROTOCOL};
 use super::MAX_ROUND_TIMEOUT_MS;
 use crate::bootstrap::unique_id::{UniqueId, SECRET_BYTES};
@@ -10,7 +11,6 @@ use crate::error::{ensure, err, Error, Result};
 use crate::sync::{self, lock};
 use std::fmt;
 use std::io;
-use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -25,7 +25,7 @@ pub(super) const LINGER: Duration = Duration::from_secs(2);
 pub struct TcpBootstrap {
     rank: usize,
     world: usize,
-    addr: SocketAddr,
+    addr: Target,
     conn: Mutex<Conn>,
     /// This group's namespace at the store, when this process hosts it.
     pub(super) hosted: Option<Arc<Namespace>>,
@@ -33,7 +33,7 @@ pub struct TcpBootstrap {
 
 struct Conn {
     /// None once a transport failure left the stream in an unknown state.
-    stream: Option<TcpStream>,
+    stream: Option<Stream>,
     /// Advances on every round, failed ones included, so all ranks stay in
     /// step after a failure that every rank saw.
     seq: u64,
@@ -45,17 +45,56 @@ impl TcpBootstrap {
     pub fn connect(id: &UniqueId, rank: usize, world: usize, timeout: Duration) -> Result<Self> {
         check_rank(rank, world)?;
         let addr = id.addr()?;
-        let deadline = deadline_after(timeout);
-        let stream = dial(addr, deadline, timeout)?;
-        let _ = stream.set_nodelay(true);
-        hello(&stream, addr, &id.secret(), rank, world, deadline)?;
         let hosted = hosted_namespace(addr, &id.secret());
-        Ok(TcpBootstrap { rank, world, addr, conn: Mutex::new(Conn { stream: Some(stream), seq: 0 }), hosted })
+        Self::join(&Target::Tcp(addr), &id.secret(), rank, world, timeout, false, hosted)
+    }
+
+    /// Connects to the store at `target` and joins the group of `secret`.
+    /// With `host_may_be_late`, a store that does not know the group yet
+    /// (the host has not made it) is asked again until `timeout`, and
+    /// running out of time is a timeout; otherwise its refusal is final.
+    /// `hosted` is the group's namespace when this process hosts it.
+    pub(super) fn join(
+        target: &Target,
+        secret: &[u8; SECRET_BYTES],
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+        host_may_be_late: bool,
+        hosted: Option<Arc<Namespace>>,
+    ) -> Result<Self> {
+        check_rank(rank, world)?;
+        let deadline = deadline_after(timeout);
+        let mut backoff = Duration::from_millis(5);
+        let stream = loop {
+            let stream = dial(target, deadline, timeout, host_may_be_late)?;
+            stream.set_nodelay();
+            let refusal = match hello(&stream, target, secret, rank, world, deadline)? {
+                None => break stream,
+                Some(msg) => msg,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !host_may_be_late {
+                return Err(err!(Bootstrap, "{refusal}"));
+            }
+            if left.is_zero() {
+                return Err(err!(
+                    Timeout,
+                    "bootstrap: rank 0 did not open this group at the store at {target} within {} ms \
+                     (do all ranks share the group's secret? the store answers: {refusal})",
+                    timeout.as_millis()
+                ));
+            }
+            thread::sleep(backoff.min(left));
+            backoff = (backoff * 2).min(Duration::from_millis(100));
+        };
+        let conn = Mutex::new(Conn { stream: Some(stream), seq: 0 });
+        Ok(TcpBootstrap { rank, world, addr: target.clone(), conn, hosted })
     }
 
     /// Sends one round and reads its reply; `Err` here means the transport
     /// failed (the connection is then unusable).
-    fn round(&self, stream: &TcpStream, seq: u64, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+    fn round(&self, stream: &Stream, seq: u64, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let req = Request::Gather { seq, rank: self.rank as u32, world: self.world as u32, timeout_ms, payload: data };
         let wait = reply_wait(timeout);
@@ -93,45 +132,57 @@ pub(super) fn reply_wait(timeout: Duration) -> Duration {
 }
 
 /// Connects, retrying until the deadline (ranks may start before the store).
-fn dial(addr: SocketAddr, deadline: Instant, timeout: Duration) -> Result<TcpStream> {
-    let mut backoff = Duration::from_millis(10);
+fn dial(target: &Target, deadline: Instant, timeout: Duration, host_may_be_late: bool) -> Result<Stream> {
+    let mut backoff = Duration::from_millis(5);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = left.clamp(Duration::from_millis(1), Duration::from_secs(5));
-        let e = match TcpStream::connect_timeout(&addr, attempt) {
+        let e = match target.dial(attempt) {
             Ok(s) => return Ok(s),
+            // Someone else holds the name: waiting will not help.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(err!(Bootstrap, "bootstrap: refusing the store at {target}: {e}"))
+            }
             Err(e) => e,
         };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(err!(
-                Bootstrap,
-                "bootstrap: cannot reach the store at {addr} within {} ms: {e}",
-                timeout.as_millis()
-            ));
+            return Err(if host_may_be_late {
+                err!(
+                    Timeout,
+                    "bootstrap: rank 0 did not open the group's store at {target} within {} ms: {e}",
+                    timeout.as_millis()
+                )
+            } else {
+                err!(Bootstrap, "bootstrap: cannot reach the store at {target} within {} ms: {e}", timeout.as_millis())
+            });
         }
         thread::sleep(backoff.min(left));
-        backoff = (backoff * 2).min(Duration::from_millis(500));
+        backoff = (backoff * 2).min(Duration::from_millis(100));
     }
 }
 
-/// Presents the secret and rank; the store's refusal comes back as its error.
+/// Presents the secret and rank. `Some(message)` when the store does not
+/// know the secret; its other refusals come back as its error.
 fn hello(
-    stream: &TcpStream,
-    addr: SocketAddr,
+    stream: &Stream,
+    target: &Target,
     secret: &[u8; SECRET_BYTES],
     rank: usize,
     world: usize,
     deadline: Instant,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(2));
-    let lost = |e: io::Error| err!(Bootstrap, "bootstrap: handshake with the store at {addr} failed: {e}");
+    let lost = |e: io::Error| err!(Bootstrap, "bootstrap: handshake with the store at {target} failed: {e}");
     stream.set_write_timeout(Some(wait)).map_err(lost)?;
     stream.set_read_timeout(Some(wait)).map_err(lost)?;
     let req = Request::Hello { protocol: PROTOCOL, secret: *secret, rank: rank as u32, world: world as u32 };
     req.write_to(&mut &*stream).map_err(lost)?;
     let body = read_frame(&mut &*stream, 1 << 16).map_err(lost)?;
-    Reply::decode(&body)?.into_result().map(|_| ())
+    match Reply::decode(&body)? {
+        Reply::Refused(msg) => Ok(Some(msg.to_string())),
+        r => r.into_result().map(|_| None),
+    }
 }
 
 impl fmt::Debug for TcpBootstrap {

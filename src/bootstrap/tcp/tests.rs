@@ -2,7 +2,8 @@
 
 use super::addr::advertised;
 use super::client::{reply_wait, LINGER};
-use super::server::open_rounds;
+use super::server::{open_rounds, Limits, Server};
+use super::stream::Target;
 use super::wire::*;
 use super::*;
 use crate::bootstrap::on_ranks;
@@ -11,6 +12,7 @@ use crate::error::ErrorKind;
 use crate::sync::lock;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -157,14 +159,23 @@ fn duplicate_rank_fails_the_group() {
     assert_eq!(r1.allgather(&[1], T).unwrap_err(), e);
 }
 
+/// A rank that leaves frees its rank for a successor while the group
+/// lives; once every rank has joined and left, the id is spent.
 #[test]
-fn rank_is_released_on_drop() {
+fn rank_is_released_on_drop_and_a_finished_group_is_forgotten() {
     let id = create_unique_id(None).unwrap();
+    let r0 = TcpBootstrap::connect(&id, 0, 2, T).unwrap();
+    let r1 = TcpBootstrap::connect(&id, 1, 2, T).unwrap();
+    let h = thread::spawn(move || r1.allgather(&[1], T).unwrap());
+    assert_eq!(r0.allgather(&[0], T).unwrap(), [0, 1]);
+    assert_eq!(h.join().unwrap(), [0, 1]);
     for _ in 0..3 {
-        let bs = connect_all(&id, 2);
-        let out = on_ranks(bs, |b| b.allgather(&[b.rank() as u8], T).unwrap());
-        assert_eq!(out, [vec![0, 1], vec![0, 1]]);
+        drop(TcpBootstrap::connect(&id, 1, 2, T).unwrap());
     }
+    drop(r0);
+    let e = TcpBootstrap::connect(&id, 0, 2, T).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Bootstrap);
+    assert!(e.msg.contains("a group that has finished"), "{e}");
 }
 
 #[test]
@@ -276,4 +287,137 @@ fn validates_rank_and_world() {
     }
     let bad = UniqueId([0; 128]);
     assert_eq!(TcpBootstrap::connect(&bad, 0, 1, T).unwrap_err().kind, ErrorKind::InvalidArgument);
+}
+
+/// A private store (other tests share the process's default one).
+fn private_store(limits: Limits) -> (Arc<Server>, [u8; 32]) {
+    let secret = random_secret().unwrap();
+    let listen = Target::Tcp("127.0.0.1:0".parse().unwrap());
+    (Server::start(&listen, secret, limits, None).unwrap(), secret)
+}
+
+/// Raises this process's fd limit to at least `n` (within the hard limit).
+fn allow_fds(n: u64) {
+    // SAFETY: plain get/setrlimit on a local struct.
+    unsafe {
+        let mut l: libc::rlimit = std::mem::zeroed();
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut l), 0);
+        if l.rlim_cur < n {
+            l.rlim_cur = n.min(l.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
+/// Whether the peer has closed `s` (EOF or reset), without waiting long.
+fn closed_by_peer(s: &TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    let mut b = [0u8; 256];
+    loop {
+        match (&*s).read(&mut b) {
+            Ok(0) => return true,
+            // The store's parting error message.
+            Ok(_) => continue,
+            Err(e) => return !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        }
+    }
+}
+
+/// 1,000 strangers that announce a hello and then drip it a byte at a time
+/// neither stop real ranks from joining nor pile up: at most `max_pending`
+/// of them wait at once (each new one drops the oldest), and the dripping
+/// buys none of them time past the handshake deadline.
+#[test]
+fn dripping_strangers_neither_block_ranks_nor_pile_up() {
+    allow_fds(4096);
+    let limits = Limits { handshake: Duration::from_millis(1500), ..Limits::DEFAULT };
+    let (server, secret) = private_store(limits);
+    let addr = server.tcp_addr();
+    let start = Instant::now();
+    let strangers: Vec<TcpStream> = (0..1000)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&100u32.to_le_bytes()).unwrap();
+            s
+        })
+        .collect();
+    let strangers = Arc::new(strangers);
+    let drip = {
+        let strangers = strangers.clone();
+        thread::spawn(move || {
+            let until = Instant::now() + limits.handshake * 2;
+            while Instant::now() < until {
+                for mut s in strangers.iter() {
+                    let _ = s.write(&[1]);
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(200));
+    assert!(server.pending() <= limits.max_pending, "{} pending", server.pending());
+    let threads = server.handshakes.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(threads <= limits.max_pending + 8, "{threads} handshake threads");
+    // Real ranks join and exchange at once, while the dripping goes on.
+    let id = UniqueId::new(addr, secret);
+    let t = Instant::now();
+    let out = on_ranks(connect_all(&id, 2), |b| b.allgather(&[b.rank() as u8], T).unwrap());
+    assert_eq!(out, [vec![0, 1], vec![0, 1]]);
+    assert!(t.elapsed() < Duration::from_secs(1), "joining took {:?}", t.elapsed());
+    drip.join().unwrap();
+    // Past the deadline every stranger is gone, dripping or not.
+    assert!(start.elapsed() > limits.handshake);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while (server.pending() > 0 || server.handshakes.load(std::sync::atomic::Ordering::SeqCst) > 0)
+        && Instant::now() < deadline
+    {
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.pending(), 0);
+    assert_eq!(server.handshakes.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let open = strangers.iter().filter(|s| !closed_by_peer(s)).count();
+    assert_eq!(open, 0, "{open} strangers still connected");
+}
+
+/// A process that makes groups all its life keeps a flat store: 100,000
+/// ids, each used by a group that then ends, leave nothing behind; ids
+/// made and never used are capped.
+#[test]
+fn a_store_making_groups_for_a_lifetime_stays_flat() {
+    const IDS: u64 = 100_000;
+    // Groups come and go on several threads at once, as in a server.
+    const THREADS: u64 = 8;
+    let (server, _) = private_store(Limits::DEFAULT);
+    let addr = server.tcp_addr();
+    let base = server.namespaces();
+    let hs: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let server = server.clone();
+            thread::spawn(move || {
+                let mut secret = random_secret().unwrap();
+                for i in (t..IDS).step_by(THREADS as usize) {
+                    secret[..8].copy_from_slice(&i.to_le_bytes());
+                    server.register(secret);
+                    let b = TcpBootstrap::connect(&UniqueId::new(addr, secret), 0, 1, T).unwrap();
+                    assert_eq!(b.allgather(&i.to_le_bytes(), T).unwrap(), i.to_le_bytes());
+                    drop(b);
+                    let held = server.namespaces();
+                    assert!(held <= base + THREADS as usize, "{held} namespaces after group {i}");
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(server.namespaces(), base);
+    let mut secret = random_secret().unwrap();
+    for i in 0..IDS {
+        secret[..8].copy_from_slice(&i.to_le_bytes());
+        server.register(secret);
+    }
+    assert_eq!(server.namespaces(), Limits::DEFAULT.max_idle);
+    // The newest unused ids still work.
+    let b = TcpBootstrap::connect(&UniqueId::new(addr, secret), 0, 1, T).unwrap();
+    assert_eq!(b.allgather(b"x", T).unwrap(), b"x");
 }

@@ -10,9 +10,11 @@
 //! | Bye     | 3                                                                  |
 //! | Ok      | 0, data (Hello/Bye: empty; Gather: all payloads in rank order)     |
 //! | Err     | 1, error kind `u8`, UTF-8 message                                  |
+//! | Refused | 2, UTF-8 message (Hello: no group with this secret here, yet)      |
 //!
 //! The client sends Hello first and waits for Ok; then any number of Gather
-//! (each answered by Ok or Err), then optionally Bye.
+//! (each answered by Ok or Err), then optionally Bye. Refused is kept apart
+//! from Err because a client whose group's host is late may try again.
 
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::wire::{Reader, Writer};
@@ -24,13 +26,14 @@ pub const FRAME_CAP: usize = 1 << 30;
 /// so garbage cannot make the store allocate more than this.
 pub const HELLO_CAP: usize = 1024;
 /// Bumped on any incompatible change to the messages.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 const TAG_HELLO: u8 = 1;
 const TAG_GATHER: u8 = 2;
 const TAG_BYE: u8 = 3;
 const TAG_OK: u8 = 0;
 const TAG_ERR: u8 = 1;
+const TAG_REFUSED: u8 = 2;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
@@ -43,6 +46,7 @@ pub enum Request<'a> {
 pub enum Reply<'a> {
     Ok(&'a [u8]),
     Err(ErrorKind, &'a str),
+    Refused(&'a str),
 }
 
 /// Error kinds by wire code; the position in this table is the code.
@@ -121,6 +125,7 @@ impl Reply<'_> {
         match self {
             Reply::Ok(data) => write_frame(w, &[&[TAG_OK], data]),
             Reply::Err(kind, msg) => write_frame(w, &[&[TAG_ERR, kind_code(*kind)], msg.as_bytes()]),
+            Reply::Refused(msg) => write_frame(w, &[&[TAG_REFUSED], msg.as_bytes()]),
         }
     }
 }
@@ -135,6 +140,10 @@ impl<'a> Reply<'a> {
                 let msg = std::str::from_utf8(r.rest()).map_err(|_| malformed("error text is not UTF-8"))?;
                 Ok(Reply::Err(kind, msg))
             }
+            TAG_REFUSED => {
+                let msg = std::str::from_utf8(r.rest()).map_err(|_| malformed("error text is not UTF-8"))?;
+                Ok(Reply::Refused(msg))
+            }
             t => Err(malformed(&format!("unknown reply tag {t}"))),
         }
     }
@@ -144,6 +153,7 @@ impl<'a> Reply<'a> {
         match self {
             Reply::Ok(d) => Ok(d),
             Reply::Err(kind, msg) => Err(Error::new(kind, msg)),
+            Reply::Refused(msg) => Err(Error::new(ErrorKind::Bootstrap, msg)),
         }
     }
 }
@@ -211,7 +221,7 @@ mod tests {
             let body = read_frame(&mut buf.as_slice(), FRAME_CAP).unwrap();
             assert_eq!(&Request::decode(&body).unwrap(), r);
         }
-        let replies = [Reply::Ok(b"abc"), Reply::Err(ErrorKind::Timeout, "late")];
+        let replies = [Reply::Ok(b"abc"), Reply::Err(ErrorKind::Timeout, "late"), Reply::Refused("who?")];
         for r in &replies {
             let mut buf = Vec::new();
             r.write_to(&mut buf).unwrap();
