@@ -107,11 +107,8 @@ fn soname(out_dir: &Path) {
     let major = env::var("CARGO_PKG_VERSION_MAJOR").expect("CARGO_PKG_VERSION_MAJOR");
     let soname = format!("libsymm.so.{major}");
     println!("cargo::rustc-cdylib-link-arg=-Wl,-soname,{soname}");
-    let Some(profile_dir) = out_dir
-        .ancestors()
-        .nth(3)
-        .filter(|_| out_dir.parent().and_then(Path::parent).is_some_and(|b| b.ends_with("build")))
-    else {
+    let build_dir = out_dir.parent().and_then(Path::parent).filter(|d| d.ends_with("build"));
+    let Some(profile_dir) = build_dir.and_then(Path::parent) else {
         println!(
             "cargo::warning=OUT_DIR {} is not <profile>/build/<pkg>/out: no {soname} link next to libsymm.so",
             out_dir.display()

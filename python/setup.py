@@ -49,11 +49,19 @@ def _in_pip_build_env(directory):
     return any(part.startswith("pip-build-env-") for part in directory.split(os.sep))
 
 
+CARGO_TOML = os.path.join("..", "Cargo.toml")
+
+
 class BuildRust(build_rust):
     def run(self):
         if getattr(self.get_finalized_command("build_ext"), "editable_mode", False):
             print("symm: editable install, no libsymm.so built; `cargo build --release` makes the one it loads")
             return
+        if not os.path.isfile(CARGO_TOML):
+            raise SystemExit(
+                f"symm: no {os.path.abspath(CARGO_TOML)}: the package builds from python/ inside a checkout of "
+                "the repository (pip 21.3 or newer builds in place; sdists are not supported)"
+            )
         super().run()
 
     def get_dylib_ext_path(self, ext, target_fname):
@@ -71,7 +79,7 @@ setup(
     rust_extensions=[
         RustExtension(
             "symm.libsymm",
-            path=os.path.join("..", "Cargo.toml"),
+            path=CARGO_TOML,
             binding=Binding.NoBinding,
             args=["--crate-type", "cdylib,rlib"],
             env=_cargo_env(),
