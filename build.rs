@@ -28,6 +28,9 @@
 //! Always: `$OUT_DIR/symm_kernel_sources.rs` and
 //! `$OUT_DIR/symm_kernel_fatbins.rs` (see src/backend/cuda/kernels.rs) and
 //! `SYMM_KERNELS_BUILD`, a one-line description of how kernels were built.
+//!
+//! Also: the cdylib's SONAME, `libsymm.so.<major>`, and the link of that
+//! name to libsymm.so in cargo's profile directory (`soname` below).
 
 #[path = "build/kernel_cache.rs"]
 mod kernel_cache;
@@ -86,6 +89,39 @@ fn main() {
         }
     };
     write_file(&out_dir.join(FATBINS_RS), fatbins_rs(&fatbins).as_bytes());
+    soname(&out_dir);
+}
+
+// ---------------------------------------------------------------------------
+// The shared library's name
+// ---------------------------------------------------------------------------
+
+/// Gives libsymm.so the SONAME `libsymm.so.<major>`: programs linked with
+/// it then ask for `libsymm.so.<major>` at run time, which the install
+/// (scripts/install.sh) provides as a link to `libsymm.so.<version>`.
+/// So that programs linked in the build tree (ffi-tests, examples-c) find
+/// that name too, the profile directory cargo puts libsymm.so into gets the
+/// link `libsymm.so.<major> -> libsymm.so` (the profile directory is
+/// OUT_DIR's `<profile>/build/<pkg>-<hash>/out` minus three levels).
+fn soname(out_dir: &Path) {
+    let major = env::var("CARGO_PKG_VERSION_MAJOR").expect("CARGO_PKG_VERSION_MAJOR");
+    let soname = format!("libsymm.so.{major}");
+    println!("cargo::rustc-cdylib-link-arg=-Wl,-soname,{soname}");
+    let build_dir = out_dir.parent().and_then(Path::parent).filter(|d| d.ends_with("build"));
+    let Some(profile_dir) = build_dir.and_then(Path::parent) else {
+        println!(
+            "cargo::warning=OUT_DIR {} is not <profile>/build/<pkg>/out: no {soname} link next to libsymm.so",
+            out_dir.display()
+        );
+        return;
+    };
+    let link = profile_dir.join(&soname);
+    if fs::read_link(&link).ok().as_deref() != Some(Path::new("libsymm.so")) {
+        let _ = fs::remove_file(&link);
+        if let Err(e) = std::os::unix::fs::symlink("libsymm.so", &link) {
+            println!("cargo::warning=creating {}: {e}", link.display());
+        }
+    }
 }
 
 fn declare_inputs() {

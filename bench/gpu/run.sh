@@ -23,6 +23,9 @@ run() { say "[${SECONDS}s] \$ $*"; "$@" 2>&1 | tee -a "$log"; local rc=${PIPESTA
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpus.txt" | tee -a "$log"
 nvidia-smi topo -m >>"$log" 2>&1 || true
 
+# Programs linked with libsymm.so load it by its SONAME (a link made
+# here: the bundle may travel without links).
+ln -sf libsymm.so bundle/libsymm.so.0
 build() { # build NAME SOURCE
     nvcc -O2 -std=c++17 -arch=native -I include -I examples-c "$2" -o "/tmp/symm-bin/$1" \
         -L bundle -lsymm -Xlinker -rpath -Xlinker "$root/bundle" 2>&1 | tee -a "$log"

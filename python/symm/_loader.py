@@ -1,10 +1,12 @@
 """Finds and loads libsymm.so.
 
-Search order: env ``SYMM_LIBRARY``, a copy shipped inside this package,
-the repository's ``target/release`` then ``target/debug`` (for working from a
-checkout), then the system loader. An explicit ``SYMM_LIBRARY`` is never
-second-guessed: if it cannot be loaded that is the error, because silently
-picking another build would hide a misconfiguration.
+Search order: env ``SYMM_LIBRARY``, the copy inside this package (a wheel's,
+which ``pip install ./python`` builds with cargo: setup.py), the
+repository's ``target/release`` then ``target/debug`` (for working from a
+checkout, e.g. after ``pip install -e python``), then the system loader. An
+explicit ``SYMM_LIBRARY`` is never second-guessed: if it cannot be loaded
+that is the error, because silently picking another build would hide a
+misconfiguration.
 """
 
 import ctypes
@@ -56,6 +58,6 @@ def load():
     except OSError as e:
         tried.append(f"system loader for {system!r} ({e})")
     raise LibraryNotFoundError(
-        "libsymm.so not found; build it with `cargo build --release` or set SYMM_LIBRARY to its path. Looked at:\n  "
-        + "\n  ".join(tried)
+        "libsymm.so not found; build it with `cargo build --release`, install symm with `pip install ./python` "
+        "(which builds it into the package), or set SYMM_LIBRARY to its path. Looked at:\n  " + "\n  ".join(tried)
     )

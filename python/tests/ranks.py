@@ -8,7 +8,14 @@ import sys
 import threading
 from pathlib import Path
 
+import symm
+
+# The repository's python/ (tests, and ../include, ../bench).
 PYTHON_DIR = Path(__file__).resolve().parent.parent
+# Where the `symm` under test was imported from: python/ for an editable
+# install, site-packages for a wheel. Subprocesses get it as PYTHONPATH, so
+# they import the same package.
+SYMM_PARENT = Path(symm.__file__).resolve().parent.parent
 
 
 def on_threads(fn, args, deadline_s=30):
@@ -45,7 +52,7 @@ def in_processes(scenario, world, env, deadline_s=30, rank_env=None):
     output."""
     procs = []
     for rank in range(world):
-        penv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), PYTHONPATH=str(PYTHON_DIR), **env)
+        penv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), PYTHONPATH=str(SYMM_PARENT), **env)
         for k, v in (rank_env[rank] if rank_env else {}).items():
             if v is None:
                 penv.pop(k, None)

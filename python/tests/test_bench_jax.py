@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from ranks import PYTHON_DIR
+from ranks import PYTHON_DIR, SYMM_PARENT
 
 if os.environ.get("SYMM_REQUIRE_JAX") != "1":
     pytest.importorskip("jax")
@@ -16,7 +16,7 @@ if os.environ.get("SYMM_REQUIRE_JAX") != "1":
 
 def test_bench_jax_runs_and_prints_every_record():
     script = PYTHON_DIR.parent / "bench" / "bench_jax.py"
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=str(SYMM_PARENT), JAX_PLATFORMS="cpu")
     run = subprocess.run(
         [sys.executable, str(script), "--cpu-smoke", "--iters", "2", "--warmup", "1"],
         env=env, capture_output=True, text=True, timeout=300,

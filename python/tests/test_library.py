@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ranks import PYTHON_DIR
+from ranks import PYTHON_DIR, SYMM_PARENT
 
 import symm
 from symm import _lib
@@ -86,10 +86,10 @@ def _import_in_subprocess(package_parent, env_extra):
 def test_symm_library_env_is_used_and_never_second_guessed(tmp_path):
     copy = tmp_path / "renamed.so"
     shutil.copy(symm.library_path(), copy)
-    r = _import_in_subprocess(PYTHON_DIR, {"SYMM_LIBRARY": str(copy)})
+    r = _import_in_subprocess(SYMM_PARENT, {"SYMM_LIBRARY": str(copy)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(copy)
-    r = _import_in_subprocess(PYTHON_DIR, {"SYMM_LIBRARY": str(tmp_path / "missing.so")})
+    r = _import_in_subprocess(SYMM_PARENT, {"SYMM_LIBRARY": str(tmp_path / "missing.so")})
     assert r.returncode != 0
     assert "LibraryNotFoundError" in r.stderr and "missing.so" in r.stderr
 
@@ -98,7 +98,7 @@ def test_search_order_outside_the_repository(tmp_path):
     """A package copied out of the repository finds no target/ dirs: it
     fails listing every place it looked, and loads a copy placed inside it."""
     pkg = tmp_path / "site" / "symm"
-    shutil.copytree(PYTHON_DIR / "symm", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(SYMM_PARENT / "symm", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     r = _import_in_subprocess(pkg.parent, {})
     assert r.returncode != 0
     for place in ("SYMM_LIBRARY", str(pkg / "libsymm.so"), str(tmp_path / "target" / "release"), "system loader"):
@@ -107,3 +107,21 @@ def test_search_order_outside_the_repository(tmp_path):
     r = _import_in_subprocess(pkg.parent, {})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(pkg / "libsymm.so")
+
+
+def test_an_installed_wheel_loads_the_library_inside_it():
+    """A package installed from a wheel (`pip install ./python`) carries
+    libsymm.so and loads it with no environment variable. CI runs these
+    tests against the wheel in a clean venv with SYMM_REQUIRE_WHEEL=1, where
+    this cannot skip."""
+    pkg = SYMM_PARENT / "symm"
+    if not (pkg / "libsymm.so").is_file():
+        if os.environ.get("SYMM_REQUIRE_WHEEL") == "1":
+            pytest.fail(f"SYMM_REQUIRE_WHEEL=1 but the symm under test ({pkg}) has no libsymm.so")
+        pytest.skip(f"the symm under test ({pkg}) is not a wheel's: it has no libsymm.so")
+    assert pkg != PYTHON_DIR / "symm"
+    r = _import_in_subprocess(SYMM_PARENT, {})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(pkg / "libsymm.so")
+    if "SYMM_LIBRARY" not in os.environ:
+        assert Path(symm.library_path()).resolve() == (pkg / "libsymm.so").resolve()

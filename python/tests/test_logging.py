@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from ranks import PYTHON_DIR
+from ranks import SYMM_PARENT
 
 import symm
 from symm import _lib
@@ -25,7 +25,7 @@ def test_build_info_says_how_kernels_were_built():
 def _form_a_group(env_extra):
     """Forms a one-rank host group in a fresh interpreter with `env_extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYMM_DEBUG")}
-    env.update(env_extra, PYTHONPATH=str(PYTHON_DIR))
+    env.update(env_extra, PYTHONPATH=str(SYMM_PARENT))
     code = "import symm; g = symm.local_groups(1, backend='host')[0]; print('rank', g.rank)"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
