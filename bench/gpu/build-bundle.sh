@@ -21,6 +21,10 @@ for l in sys.stdin:
 cp "$tests" bundle/symm-lib-tests
 # Debug info would push the bundle past what the device tool carries (64 MiB).
 strip --strip-debug bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
+# The executables embed the kernels again: compressed (bench/gpu/unpack.sh
+# restores them on the device), the bundle stays under that limit.
+rm -f bundle/*.gz
+gzip -f bundle/symm-lib-tests bundle/sm90_matmul
 git rev-parse --short HEAD > bundle/commit
 if [ -n "$(git status --porcelain -- src kernels build.rs Cargo.toml)" ]; then echo "-dirty" >> bundle/commit; fi
 echo "bundle/: $(du -sh bundle/libsymm.so | cut -f1) libsymm.so, commit $(tr -d '\n' < bundle/commit)"

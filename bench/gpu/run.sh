@@ -25,6 +25,7 @@ nvidia-smi topo -m >>"$log" 2>&1 || true
 
 # Programs linked with libsymm.so load it by its SONAME (a link made
 # here: the bundle may travel without links).
+bash bench/gpu/unpack.sh
 ln -sf libsymm.so bundle/libsymm.so.0
 build() { # build NAME SOURCE
     nvcc -O2 -std=c++17 -arch=native -I include -I examples-c "$2" -o "/tmp/symm-bin/$1" \

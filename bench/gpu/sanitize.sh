@@ -9,6 +9,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/symm-out}
 mkdir -p "$OUT"
+bash bench/gpu/unpack.sh
 tests="gpu_sm90_matmul_padded_output gpu_sm90_matmul_waits_for_gathered_chunks gpu_sm90_matmul_reduce_scatter_epilogue
 gpu_sm90_matmul_matches_reference_on_any_shape gpu_sm90_fp8_matches_reference gpu_reduce_matches_host
 gpu_copy_every_layout gpu_sm90_reduce_scatter_narrow_peer_tiles
