@@ -192,6 +192,7 @@ impl Backend for CudaBackend {
             max_fused_world: sm90::MAX_CHUNKS,
             gather_slice_align: sm90::Sm90Matmul::SLICE_ALIGN,
             fused_scatter_preferred: sm90::fused_scatter_preferred,
+            all_reduce: false,
         }
     }
     fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
