@@ -434,6 +434,8 @@ pub struct AllReduceLayout {
 
 impl AllReduceLayout {
     pub const HEADER: usize = 256;
+    /// Most ranks the device-side kernels take (their table of buffers).
+    pub const MAX_WORLD: usize = 16;
     /// Chunks of a two-shot call (its chunk size grows beyond).
     pub const MAX_CHUNKS: usize = 4096;
     /// Smallest two-shot chunk, bytes.
@@ -460,17 +462,26 @@ impl AllReduceLayout {
         }
     }
 
+    /// Bytes of one rank's slot that a message of `bytes` per rank needs:
+    /// its LL lines (twice the message), or the two-shot's chunks of one
+    /// owner, sent and reduced.
+    fn slot_for(message: usize, world: usize) -> usize {
+        let chunk = Self::chunk_bytes(message);
+        let owned = message.div_ceil(chunk).div_ceil(world.max(1)) * chunk;
+        round_up((2 * round_up(message, 16)).max(2 * owned), 256)
+    }
+
     /// Bytes of a buffer whose layout holds a message of `bytes` per rank
     /// for either algorithm.
     pub fn bytes_for(message: usize, world: usize) -> usize {
-        let slot = round_up(2 * round_up(message, 16), 256);
-        let half = 2 * world * slot;
+        let half = 2 * world * Self::slot_for(message, world);
         Self::HEADER.next_multiple_of(Self::ALIGN) + Self::flags_bytes(world) + 2 * round_up(half, Self::ALIGN)
     }
 
     /// Whether this layout holds a message of `bytes` per rank.
     pub fn holds(&self, message: usize) -> bool {
-        2 * round_up(message, 16) <= self.one_shot_slot
+        let slot = Self::slot_for(message, self.world);
+        slot <= self.one_shot_slot && slot <= self.two_shot_slot
     }
 
     /// The two-shot's chunk size for a message of `bytes` (elements of

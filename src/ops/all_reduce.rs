@@ -175,7 +175,7 @@ impl AllReduce {
         }
         let world = facts.world;
         let bytes = check::mul(input.numel(), input.dtype.size(), "input")?;
-        let kernel = facts.caps.all_reduce;
+        let kernel = facts.caps.all_reduce && world <= AllReduceLayout::MAX_WORLD;
         let mut layout = Layout::default();
         let plan = if kernel {
             // Contiguous views, else packed copies in the workspace.
@@ -410,3 +410,6 @@ fn slice(n: usize, world: usize, r: usize) -> (usize, usize) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod gpu;
