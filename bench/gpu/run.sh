@@ -81,6 +81,11 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
         run torchrun --nproc-per-node "${SYMM_BENCH_WORLD:-$ngpu}" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
     fi
+    # The all-reduce beside NCCL and PyTorch's one-/two-shot, and the fused
+    # RMSNorm (world 2; SYMM_AR_BENCH=0 skips it).
+    if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ] && [ "${SYMM_AR_BENCH:-1}" = 1 ]; then
+        run timeout 900 torchrun --nproc-per-node 2 bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-}
+    fi
 fi
 
 if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
@@ -89,5 +94,10 @@ if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; 
 fi
 
 python3 bench/gpu/collect.py "$log" "$OUT" "$(cat bundle/commit)" || fail=1
+# The all-reduce chart, where matplotlib is installed (else draw it from the
+# results JSON elsewhere: python3 bench/plot_allreduce.py FILE.json).
+for f in "$OUT"/*-w*.json; do
+    python3 -c 'import matplotlib' 2>/dev/null && grep -q '"allreduce"' "$f" && python3 bench/plot_allreduce.py "$f" 2>&1 | tee -a "$log"
+done
 say "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail

@@ -112,7 +112,10 @@ pub extern "C" fn symm_plan_all_reduce(
         let d = decide::decide_all_reduce(&Facts::of(&g), numel, dtype, None);
         let algorithm = all_reduce_to_c(d.algorithm);
         let ms = d.total_ms;
-        write(out, symm_plan_t { struct_size: size, algorithm, compute_ms: 0.0, comm_ms: ms, exposed_ms: ms, total_ms: ms });
+        write(
+            out,
+            symm_plan_t { struct_size: size, algorithm, compute_ms: 0.0, comm_ms: ms, exposed_ms: ms, total_ms: ms },
+        );
         Ok(())
     })
 }

@@ -170,7 +170,10 @@ impl AllReduce {
         if self.norm.as_ref().is_some_and(|n| !same(&n.residual_out, &n.residual)) {
             let n = self.norm.as_ref().unwrap();
             if n.residual_out.overlaps(&n.residual) {
-                return Err(err!(InvalidArgument, "residual_out overlaps residual; pass residual itself or separate memory"));
+                return Err(err!(
+                    InvalidArgument,
+                    "residual_out overlaps residual; pass residual itself or separate memory"
+                ));
             }
         }
         let world = facts.world;
@@ -283,7 +286,8 @@ impl ArPrepared {
     }
 
     fn kernel(&self, ex: &Exec<'_>, scale: f32) -> Result<()> {
-        let Plan::Kernel { input: pin, output: pout, residual: pres, residual_out: pro, weight: pw } = &self.plan else {
+        let Plan::Kernel { input: pin, output: pout, residual: pres, residual_out: pro, weight: pw } = &self.plan
+        else {
             unreachable!("the kernel plan")
         };
         let c = &self.call;

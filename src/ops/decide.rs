@@ -219,7 +219,8 @@ pub fn decide_all_reduce(
         Some(a) => AllReduceDecision { algorithm: a, why: Why::Option, total_ms: ms(a) },
         None => {
             // One rank has nothing to exchange: the one-shot is a copy.
-            let a = if one <= two || facts.world < 2 { AllReduceAlgorithm::OneShot } else { AllReduceAlgorithm::TwoShot };
+            let a =
+                if one <= two || facts.world < 2 { AllReduceAlgorithm::OneShot } else { AllReduceAlgorithm::TwoShot };
             AllReduceDecision { algorithm: a, why: Why::CostModel { fused_preferred: false }, total_ms: ms(a) }
         }
     }
@@ -312,13 +313,17 @@ mod tests {
         // More ranks move the one-shot's message more often: it gives way sooner.
         let at = |world: usize| {
             let f = hopper(world, None);
-            (1..64).map(|i| i << 16).find(|&b| decide_all_reduce(&f, b / 2, DType::BF16, None).algorithm
-                == AllReduceAlgorithm::TwoShot)
+            (1..64)
+                .map(|i| i << 16)
+                .find(|&b| decide_all_reduce(&f, b / 2, DType::BF16, None).algorithm == AllReduceAlgorithm::TwoShot)
         };
         assert!(at(8).unwrap() <= at(2).unwrap());
         let forced = decide_all_reduce(&f, 1, DType::F32, Some(AllReduceAlgorithm::TwoShot));
         assert_eq!((forced.algorithm, forced.why), (AllReduceAlgorithm::TwoShot, Why::Option));
-        assert_eq!(decide_all_reduce(&hopper(1, None), 1 << 30, DType::F32, None).algorithm, AllReduceAlgorithm::OneShot);
+        assert_eq!(
+            decide_all_reduce(&hopper(1, None), 1 << 30, DType::F32, None).algorithm,
+            AllReduceAlgorithm::OneShot
+        );
     }
 
     #[test]

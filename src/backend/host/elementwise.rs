@@ -177,7 +177,14 @@ pub fn reduce(dst: &Array, srcs: &[Array], scale: f32) -> Result<()> {
 /// residual_out / sqrt(mean(residual_out^2) + eps) * weight` per row, in
 /// f32 (see `Backend::add_rms_norm`). Matrices of unit column stride;
 /// `residual_out` may alias `x` or `residual` (each row is read first).
-pub fn add_rms_norm(out: &Array, residual_out: &Array, x: &Array, residual: &Array, weight: &Array, eps: f32) -> Result<()> {
+pub fn add_rms_norm(
+    out: &Array,
+    residual_out: &Array,
+    x: &Array,
+    residual: &Array,
+    weight: &Array,
+    eps: f32,
+) -> Result<()> {
     let f = Float::of(x.dtype)?;
     let (rows, hidden) = (x.shape[0], x.shape[1]);
     let mats = [out, residual_out, x, residual];

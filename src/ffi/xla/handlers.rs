@@ -22,10 +22,10 @@ use super::api::Api;
 use super::c_api::*;
 use super::frame::{self, Frame, Request, XlaBuffer};
 use super::registry::{self, Platform};
+use crate::backend::AllReduceAlgorithm;
 use crate::backend::{BackendKind, Stream};
 use crate::error::{err, Error, Result};
 use crate::group::Group;
-use crate::backend::AllReduceAlgorithm;
 use crate::ops::{self, AgMm, AgMmScales, AllReduce, LcAllgather, MmRs, MmRsScales, Norm, ReduceOp};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -272,8 +272,10 @@ fn read_all_reduce(f: &Frame<'_>, norm: bool) -> Result<AllReduce> {
         return Ok(AllReduce { input, output, op, norm: None, algorithm });
     }
     let eps_text = attrs.string("eps")?;
-    let eps: f32 =
-        eps_text.trim().parse().map_err(|_| err!(InvalidArgument, "attribute eps is {eps_text:?}; expected a number"))?;
+    let eps: f32 = eps_text
+        .trim()
+        .parse()
+        .map_err(|_| err!(InvalidArgument, "attribute eps is {eps_text:?}; expected a number"))?;
     attrs.finish()?;
     let args = counted(&args, 3, "arguments")?;
     let rets = counted(&rets, 2, "results")?;

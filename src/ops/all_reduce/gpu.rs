@@ -7,8 +7,8 @@
 
 use super::*;
 use crate::backend::cuda::driver;
-use crate::backend::cuda::gpu_testing::{decode, encode, gpu_on, report_skipped, values, DevBuf, Gpu};
 use crate::backend::cuda::gemm::GemmDtype;
+use crate::backend::cuda::gpu_testing::{decode, encode, gpu_on, report_skipped, values, DevBuf, Gpu};
 use crate::backend::BackendChoice;
 use crate::buffer::{rendezvous, Buffer};
 use crate::group::GroupConfig;
@@ -55,7 +55,8 @@ fn check_close(what: &str, dtype: DType, got: &[f32], want: &[f64]) {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Place {
     Ordinary,
-    InPlace,
+    /// Output is the input.
+    Same,
     Strided,
     Symmetric,
 }
@@ -99,12 +100,12 @@ fn run(groups: &[Arc<Group>], c: Case) {
             outbuf.write(&encode(gd(c.dtype), &vec![-1024.0f32; c.n * step]));
             let arr = |addr| Array { addr, dtype: c.dtype, shape: vec![c.n], strides: vec![step] };
             let input = arr(in_addr);
-            let output = if c.place == Place::InPlace { input.clone() } else { arr(outbuf.ptr) };
+            let output = if c.place == Place::Same { input.clone() } else { arr(outbuf.ptr) };
             let call = AllReduce { input, output, op: c.op, norm: None, algorithm: c.algorithm };
             all_reduce(g, Ok(call), gpu.stream()).unwrap_or_else(|e| panic!("{what}: {}", e.msg));
             gpu.sync();
             g.backend().check_async_error().unwrap();
-            let out_addr = if c.place == Place::InPlace { in_addr } else { outbuf.ptr };
+            let out_addr = if c.place == Place::Same { in_addr } else { outbuf.ptr };
             let got = decode(gd(c.dtype), &read_at(&gpu, out_addr, c.n * step * size));
             if step == 2 {
                 assert!(got.iter().skip(1).step_by(2).all(|&x| x == -1024.0), "{what}: a gap was written");
@@ -167,7 +168,7 @@ fn gpu_all_reduce_every_dtype_op_size_and_algorithm() {
 #[test]
 fn gpu_all_reduce_in_place_strided_and_symmetric() {
     let Some(groups) = cuda_groups() else { return };
-    for place in [Place::InPlace, Place::Strided, Place::Symmetric] {
+    for place in [Place::Same, Place::Strided, Place::Symmetric] {
         for algorithm in ALGORITHMS {
             for n in [1, 999, 70_001, 3 << 20] {
                 for op in [ReduceOp::Sum, ReduceOp::Avg] {

@@ -126,7 +126,12 @@ fn run_case(c: Case) {
     for (r, out) in got.iter().enumerate() {
         for i in 0..c.n {
             let err = (out[i] as f64 - want[i]).abs();
-            assert!(err <= tolerance(c.dtype) * (1.0 + want[i].abs()), "{c:?} rank {r} element {i}: {} vs {}", out[i], want[i]);
+            assert!(
+                err <= tolerance(c.dtype) * (1.0 + want[i].abs()),
+                "{c:?} rank {r} element {i}: {} vs {}",
+                out[i],
+                want[i]
+            );
         }
         assert_eq!(out, &got[0], "{c:?}: ranks disagree");
     }
@@ -278,7 +283,12 @@ fn rmsnorm_case(
             input: tensor(&mut inp, dtype, &shape, Some(&st)),
             output: tensor(&mut out, dtype, &shape, Some(&st)),
             op: ReduceOp::Sum,
-            norm: Some(Norm { residual: residual_t, weight: tensor(&mut w, dtype, &[hidden], None), eps, residual_out }),
+            norm: Some(Norm {
+                residual: residual_t,
+                weight: tensor(&mut w, dtype, &[hidden], None),
+                eps,
+                residual_out,
+            }),
             algorithm,
         };
         all_reduce(g, Ok(call), Stream(0)).unwrap();
@@ -343,22 +353,32 @@ fn mismatched_shapes_dtypes_ops_and_algorithms_fail_everywhere() {
             c.output.dtype = DType::F16;
         }
     });
-    assert!(dtype.iter().all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("input.dtype is bf16 on rank 0 but f16")));
+    assert!(dtype
+        .iter()
+        .all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("input.dtype is bf16 on rank 0 but f16")));
     let op = failing(|r, c| c.op = if r == 0 { ReduceOp::Avg } else { ReduceOp::Sum });
     assert!(op.iter().all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("op is avg on rank 0 but sum")));
-    let algo = failing(|r, c| c.algorithm = Some(if r == 0 { AllReduceAlgorithm::OneShot } else { AllReduceAlgorithm::TwoShot }));
-    assert!(algo.iter().all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("algorithm is one_shot on rank 0 but two_shot")));
+    let algo = failing(|r, c| {
+        c.algorithm = Some(if r == 0 { AllReduceAlgorithm::OneShot } else { AllReduceAlgorithm::TwoShot })
+    });
+    assert!(algo
+        .iter()
+        .all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("algorithm is one_shot on rank 0 but two_shot")));
 }
 
 #[test]
 fn a_bad_argument_on_one_rank_fails_every_rank() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut AllReduce) + Sync>)> = vec![
+    type Bad = Box<dyn Fn(&mut AllReduce) + Sync>;
+    let cases: Vec<(&str, Bad)> = vec![
         ("output.shape is [8, 4]; expected [8, 8]", Box::new(|c| c.output.shape = vec![8, 4])),
         ("output.dtype is f32; expected bf16", Box::new(|c| c.output.dtype = DType::F32)),
-        ("input.dtype is fp8_e4m3; expected f32, bf16 or f16", Box::new(|c| {
-            c.input.dtype = DType::F8E4M3;
-            c.output.dtype = DType::F8E4M3;
-        })),
+        (
+            "input.dtype is fp8_e4m3; expected f32, bf16 or f16",
+            Box::new(|c| {
+                c.input.dtype = DType::F8E4M3;
+                c.output.dtype = DType::F8E4M3;
+            }),
+        ),
         ("output overlaps input", Box::new(|c| c.output.addr = c.input.addr + 2)),
         ("so its elements overlap", Box::new(|c| c.output.strides = vec![1, 1])),
     ];
@@ -391,7 +411,9 @@ fn bad_rmsnorm_arguments() {
         });
     };
     let res = failing(|_, c| norm(c, vec![8, 8], 4, 1e-6));
-    assert!(res.iter().all(|(k, m)| *k == ErrorKind::InvalidArgument && m.contains("weight.shape is [4]; expected [8]")));
+    assert!(res
+        .iter()
+        .all(|(k, m)| *k == ErrorKind::InvalidArgument && m.contains("weight.shape is [4]; expected [8]")));
     let res = failing(|_, c| norm(c, vec![8, 4], 8, 1e-6));
     assert!(res.iter().all(|(_, m)| m.contains("residual.shape is [8, 4]; expected [8, 8]")), "{res:?}");
     let res = failing(|_, c| norm(c, vec![8, 8], 8, f32::NAN));
