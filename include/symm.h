@@ -583,6 +583,11 @@ symm_status_t symm_lc_allgather(symm_group_t group, const symm_tensor_t *input, 
 // ordinary one is read by the kernel as it pushes it (no staging pass);
 // strided tensors are packed and unpacked around the kernel.
 //
+// The buffer counts the calls on the device, so a group's all-reduce
+// calls must run one after another on the device: issue them on one
+// stream (or order their streams with events), as for the fused
+// reduce-scatter.
+//
 // Every rank passes the same dtype, shape, `op`, algorithm option and
 // input place (symmetric or not), else `SYMM_ERROR_MISMATCH` on every rank.
 symm_status_t symm_all_reduce(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *output, symm_reduce_op_t op, const symm_all_reduce_options_t *opts, void *stream);

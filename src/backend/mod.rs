@@ -484,9 +484,9 @@ impl AllReduceLayout {
         slot <= self.one_shot_slot && slot <= self.two_shot_slot
     }
 
-    /// The two-shot's chunk size for a message of `bytes` (elements of
-    /// `elem` bytes): at least [`Self::MIN_CHUNK`], at most
-    /// [`Self::MAX_CHUNKS`] chunks in all, a multiple of 16 bytes.
+    /// The two-shot's chunk size for a message of `message` bytes: at
+    /// least [`Self::MIN_CHUNK`], at most [`Self::MAX_CHUNKS`] chunks in
+    /// all, a multiple of 16 bytes.
     pub fn chunk_bytes(message: usize) -> usize {
         round_up(message.div_ceil(Self::MAX_CHUNKS).max(Self::MIN_CHUNK), 16)
     }
