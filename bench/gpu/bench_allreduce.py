@@ -52,7 +52,6 @@ HIDDEN = [4096, 8192]
 def bench_all_reduce(b, g, sizes):
     import torch.distributed._symmetric_memory as symm_mem
 
-    s = b.stream.cuda_stream
     for nbytes in sizes:
         n = nbytes // 2
         x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -65,12 +64,14 @@ def bench_all_reduce(b, g, sizes):
         symm_mem.rendezvous(work, b.group_name)
         nccl_buf = x.clone()
 
-        fns = {"symm": lambda: symm.all_reduce(g, x, out=out, stream=s)}
-        fns["symm_bound"] = symm.bind(symm.all_reduce, g, x, out=out, stream=s)
+        # No stream given: each call runs on torch's current stream (the
+        # capture's, inside a graph).
+        fns = {"symm": lambda: symm.all_reduce(g, x, out=out)}
+        fns["symm_bound"] = symm.bind(symm.all_reduce, g, x, out=out)
         for algo in ("one_shot", "two_shot"):
             if algo == "one_shot" and nbytes > ONE_SHOT_MAX:
                 continue
-            fns[f"symm_{algo}"] = lambda algo=algo: symm.all_reduce(g, x, out=out, stream=s, algorithm=algo)
+            fns[f"symm_{algo}"] = lambda algo=algo: symm.all_reduce(g, x, out=out, algorithm=algo)
         # Correct before timing: twice each (the second is symm's graph replay).
         for impl, fn in fns.items():
             for attempt in ("eager", "replayed"):
@@ -107,7 +108,6 @@ def bench_all_reduce(b, g, sizes):
 
 
 def bench_rmsnorm(b, g, tokens_list, hiddens):
-    s = b.stream.cuda_stream
     eps = 1e-6
     for hidden in hiddens:
         for tokens in tokens_list:
@@ -121,10 +121,10 @@ def bench_rmsnorm(b, g, tokens_list, hiddens):
             ref = torch.nn.functional.rms_norm(ref_r.float(), (hidden,), weight.float(), eps)
 
             def fused():
-                symm.all_reduce_rmsnorm(g, x, residual, weight, eps, out=out, residual_out=res_out, stream=s)
+                symm.all_reduce_rmsnorm(g, x, residual, weight, eps, out=out, residual_out=res_out)
 
             def unfused():
-                symm.all_reduce(g, x, out=summed, stream=s)
+                symm.all_reduce(g, x, out=summed)
                 r = summed + residual
                 return torch.nn.functional.rms_norm(r, (hidden,), weight, eps)
 
@@ -142,7 +142,7 @@ def bench_rmsnorm(b, g, tokens_list, hiddens):
                 assert err < 2e-2, f"allreduce_rmsnorm {tokens}x{hidden} ({attempt}): relative error {err}"
             fns = {
                 "symm": fused,
-                "comm_only": lambda: symm.all_reduce(g, x, out=summed, stream=s),
+                "comm_only": lambda: symm.all_reduce(g, x, out=summed),
                 "unfused": unfused,
                 "nccl_unfused": nccl_unfused,
             }

@@ -157,9 +157,6 @@ pub(super) fn from_c(a: symm_algorithm_t, name: &str) -> Result<Option<Algorithm
         SYMM_ALGORITHM_SEQUENTIAL => Ok(Some(Algorithm::Sequential)),
         SYMM_ALGORITHM_PIPELINED => Ok(Some(Algorithm::Pipelined)),
         SYMM_ALGORITHM_FUSED => Ok(Some(Algorithm::Fused)),
-        other => Err(err!(
-            InvalidArgument,
-            "{name} is {other}; expected SYMM_ALGORITHM_AUTO, _SEQUENTIAL, _PIPELINED or _FUSED"
-        )),
+        other => Err(err!(InvalidArgument, "{name} is {other}; expected a SYMM_ALGORITHM_* value")),
     }
 }
