@@ -424,17 +424,24 @@ template <int DT>
 static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
     typedef symm_ar_dt<DT> T;
     constexpr int E = 2 * T::kPerWord;
-    const uint32_t seq = symm_ar_begin(p);
-    const int parity = seq & 1u;
     const uint64_t bytes = p.n * T::kSize;
     const uint64_t lines = (bytes + 7) / 8;
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const uint64_t gstride = (uint64_t)gridDim.x * blockDim.x;
+    // The first line's data is loaded while the call count is read.
+    uint32_t first0 = 0, first1 = 0;
+    if (gtid < lines) {
+        symm_ar_ld8(p.input, gtid, bytes, first0, first1);
+    }
+    const uint32_t seq = symm_ar_begin(p);
+    const int parity = seq & 1u;
     // Push this rank's lines to every peer.
     if (p.world > 1) {
         for (uint64_t i = gtid; i < lines; i += gstride) {
-            uint32_t d0, d1;
-            symm_ar_ld8(p.input, i, bytes, d0, d1);
+            uint32_t d0 = first0, d1 = first1;
+            if (i != gtid) {
+                symm_ar_ld8(p.input, i, bytes, d0, d1);
+            }
             for (int k = 1; k < p.world; ++k) {
                 const int q = (p.rank + k) % p.world;
                 symm_ar_st_line(symm_ar_one_slot<DT>(p, q, parity, p.rank) + 16 * i, d0, d1, seq);

@@ -31,7 +31,7 @@ build() { # build NAME SOURCE
 ngpu=$(nvidia-smi -L | wc -l)
 # The library's own GPU unit tests (cuBLASLt, reduce, pack, the sm90 matmul
 # against cuBLASLt on the benchmark shapes), built here by build-bundle.sh.
-run timeout 600 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
+run timeout 900 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
 # The sm90 matmul alone against cuBLASLt on the benchmark's shapes (bf16, fp8).
 run timeout 300 bundle/sm90_matmul
 # Whether copies (same GPU, from a peer, through a VMM mapping) wait for busy SMs.

@@ -266,10 +266,10 @@ def test_all_reduce_rmsnorm(mesh, dtype):
 
 def test_all_reduce_trace_time_errors(mesh):
     x = jnp.ones((WORLD, 8), jnp.float32)
+    def mapped(body):
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
     with pytest.raises(ValueError, match="algorithm"):
-        jax.jit(jax.shard_map(lambda x: sj.all_reduce(x, algorithm="x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")))(x)
+        mapped(lambda x: sj.all_reduce(x, algorithm="x"))(x)
     with pytest.raises(ValueError, match="weight"):
-        f = jax.shard_map(
-            lambda x: sj.all_reduce_rmsnorm(x, x, jnp.ones(3, jnp.float32)), mesh=mesh, in_specs=P("x"), out_specs=P("x")
-        )
-        jax.jit(f)(x)
+        mapped(lambda x: sj.all_reduce_rmsnorm(x, x, jnp.ones(3, jnp.float32)))(x)

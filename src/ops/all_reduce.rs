@@ -14,7 +14,7 @@
 //!   gather the reduced slices; half the traffic at two ranks, for large ones.
 //!
 //! Where the backend has device-side kernels (`Capabilities::all_reduce`,
-//! CUDA), one launch does the whole call through the group's all-reduce
+//! CUDA; every rank on a GPU of its own, at most 16 ranks), one launch does the whole call through the group's all-reduce
 //! buffer (`Scratch::AllReduce`): the data carry their arrival (flags in
 //! the lines, or a call-numbered flag per chunk), so a call pays no
 //! separate barrier, and the buffer counts the calls, so repeated calls
@@ -178,7 +178,9 @@ impl AllReduce {
         }
         let world = facts.world;
         let bytes = check::mul(input.numel(), input.dtype.size(), "input")?;
-        let kernel = facts.caps.all_reduce && world <= AllReduceLayout::MAX_WORLD;
+        // The kernels spin while their peers run: ranks sharing a GPU would wait
+        // for each other's blocks, so they take the generic path.
+        let kernel = facts.caps.all_reduce && facts.own_devices && world <= AllReduceLayout::MAX_WORLD;
         let mut layout = Layout::default();
         let plan = if kernel {
             // Contiguous views, else packed copies in the workspace.
@@ -198,8 +200,10 @@ impl AllReduce {
             let staged = if symmetric.is_some() { None } else { Some(layout.region(bytes)) };
             let reduced = (algorithm == AllReduceAlgorithm::TwoShot).then(|| layout.region(bytes));
             let gathered = layout.region(bytes);
-            // The norm's operands, contiguous: the residual, then out.
-            let norm = self.norm.as_ref().map(|_| (layout.region(bytes), layout.region(bytes)));
+            // The norm's operands, contiguous: the residual, out, the weight.
+            let norm = self.norm.as_ref().map(|n| {
+                (layout.region(bytes), layout.region(bytes), layout.region(n.weight.numel() * n.weight.dtype.size()))
+            });
             Plan::Generic { staged, reduced, gathered, norm }
         };
         let reduce_bytes = if kernel { AllReduceLayout::bytes_for(bytes, world) } else { 0 };
@@ -228,7 +232,7 @@ enum Plan {
     },
     /// Over copies, reductions and barriers: the input staged (unless it is
     /// read in place), the two-shot's reduced slices, the gathered sum.
-    Generic { staged: Option<usize>, reduced: Option<usize>, gathered: usize, norm: Option<(usize, usize)> },
+    Generic { staged: Option<usize>, reduced: Option<usize>, gathered: usize, norm: Option<(usize, usize, usize)> },
 }
 
 struct ArPrepared {
@@ -346,7 +350,7 @@ impl ArPrepared {
         staged: Option<usize>,
         reduced: Option<usize>,
         gathered: usize,
-        norm: Option<(usize, usize)>,
+        norm: Option<(usize, usize, usize)>,
     ) -> Result<()> {
         let c = &self.call;
         let (n, dtype, world, me) = (c.input.numel(), c.input.dtype, ex.world(), ex.rank());
@@ -389,7 +393,7 @@ impl ArPrepared {
         ex.barrier()?;
         let sum = Array::contiguous(sum.addr, dtype, &c.input.shape);
         match (&c.norm, norm) {
-            (Some(nm), Some((res, out))) => {
+            (Some(nm), Some((res, out, w))) => {
                 // On contiguous rows: the residual copied in, the sum
                 // becoming residual_out in place, out apart; then copied out.
                 let hidden = *c.input.shape.last().expect("at least one dimension");
@@ -397,7 +401,9 @@ impl ArPrepared {
                 let mat = |addr: u64| Array::contiguous(addr, dtype, &[rows, hidden]);
                 let (res_c, out_c, sum_c) = (mat(ex.local(res)), mat(ex.local(out)), mat(sum.addr));
                 ex.copy(&Array::contiguous(res_c.addr, dtype, &c.input.shape), &nm.residual)?;
-                ex.group.backend().add_rms_norm(&out_c, &sum_c, &sum_c, &res_c, &nm.weight, nm.eps, ex.stream)?;
+                let weight = Array::contiguous(ex.local(w), dtype, &nm.weight.shape);
+                ex.copy(&weight, &nm.weight)?;
+                ex.group.backend().add_rms_norm(&out_c, &sum_c, &sum_c, &res_c, &weight, nm.eps, ex.stream)?;
                 ex.copy(&nm.residual_out, &sum)?;
                 ex.copy(&c.output, &Array::contiguous(out_c.addr, dtype, &c.input.shape))
             }
