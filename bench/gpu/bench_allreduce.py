@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_ops import GRAPH_REPS, Bench, rel_err  # noqa: E402  (checks the multicast environment too)
+from bench_ops import Bench, rel_err  # noqa: E402  (checks the multicast environment too)
 
 import symm  # noqa: E402
 
