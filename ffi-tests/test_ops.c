@@ -453,6 +453,92 @@ static void lc_checks(symm_group_t g, int world) {
     tb_free(&out);
 }
 
+/* ---- all-reduce --------------------------------------------------------- */
+/* Every algorithm and dtype, strided and in place, against float64; the
+ * fused rmsnorm with residual_out = residual; options, plan and errors. */
+static void all_reduce_checks(symm_group_t g, int rank, int world) {
+    int64_t shape[2] = {3, 5};
+    int algos[3] = {SYMM_ALGORITHM_AUTO, SYMM_ALGORITHM_ONE_SHOT, SYMM_ALGORITHM_TWO_SHOT};
+    int dts[3] = {SYMM_DTYPE_F32, SYMM_DTYPE_BF16, SYMM_DTYPE_F16};
+    for (int a = 0; a < 3; a++)
+        for (int d = 0; d < 3; d++)
+            for (int layout = 0; layout < 2; layout++) {
+                int dt = dts[d];
+                tbuf_t in = tb_make(dt, 2, shape, layout ? PADDED : CONTIGUOUS);
+                tbuf_t out = tb_make(dt, 2, shape, layout ? CONTIGUOUS : PADDED);
+                tb_fill(&in, TAG_IN, rank);
+                symm_all_reduce_options_t opts = SYMM_ALL_REDUCE_OPTIONS_INIT;
+                opts.algorithm = algos[a];
+                CHECK(symm_all_reduce(g, &in.t, &out.t, a == 0 ? SYMM_REDUCE_AVG : SYMM_REDUCE_SUM,
+                                      a == 0 ? NULL : &opts, NULL));
+                err_acc_t e = {0, 0};
+                for (int64_t i = 0; i < 15; i++) {
+                    double ref = 0;
+                    for (int r = 0; r < world; r++) ref += value(dt, TAG_IN, r, i);
+                    err_add(&e, tb_get(&out, i), a == 0 ? ref / world : ref);
+                }
+                require(err_rel(&e) <= tolerance(dt), "all-reduce result", rank);
+                require(tb_outside_untouched(&out), "all-reduce wrote outside its output", rank);
+                /* In place. */
+                CHECK(symm_all_reduce(g, &in.t, &in.t, SYMM_REDUCE_SUM, &opts, NULL));
+                e.diff2 = e.ref2 = 0;
+                for (int64_t i = 0; i < 15; i++) {
+                    double ref = 0;
+                    for (int r = 0; r < world; r++) ref += value(dt, TAG_IN, r, i);
+                    err_add(&e, tb_get(&in, i), ref);
+                }
+                require(err_rel(&e) <= tolerance(dt), "in-place all-reduce result", rank);
+                tb_free(&in);
+                tb_free(&out);
+            }
+    /* Fused: residual += all_reduce(x); out = rmsnorm(residual) * weight. */
+    int64_t ws[1] = {5};
+    tbuf_t x = tb_make(SYMM_DTYPE_F32, 2, shape, CONTIGUOUS), res = tb_make(SYMM_DTYPE_F32, 2, shape, PADDED);
+    tbuf_t w = tb_make(SYMM_DTYPE_F32, 1, ws, CONTIGUOUS), out = tb_make(SYMM_DTYPE_F32, 2, shape, CONTIGUOUS);
+    tb_fill(&x, TAG_IN, rank);
+    tb_fill(&res, TAG_A, 0);
+    tb_fill(&w, TAG_B, 0);
+    CHECK(symm_all_reduce_rmsnorm(g, &x.t, &res.t, &w.t, 1e-6f, &out.t, &res.t, NULL, NULL));
+    err_acc_t e = {0, 0};
+    for (int t = 0; t < 3; t++) {
+        double r[5], ss = 0;
+        for (int i = 0; i < 5; i++) {
+            r[i] = value(SYMM_DTYPE_F32, TAG_A, 0, t * 5 + i);
+            for (int q = 0; q < world; q++) r[i] += value(SYMM_DTYPE_F32, TAG_IN, q, t * 5 + i);
+            ss += r[i] * r[i];
+            err_add(&e, tb_get(&res, t * 5 + i), r[i]);
+        }
+        for (int i = 0; i < 5; i++)
+            err_add(&e, tb_get(&out, t * 5 + i), r[i] / sqrt(ss / 5 + 1e-6) * value(SYMM_DTYPE_F32, TAG_B, 0, i));
+    }
+    require(err_rel(&e) <= 1e-5, "all-reduce rmsnorm result", rank);
+    /* Errors fail every rank and write nothing. */
+    tbuf_t fresh = tb_make(SYMM_DTYPE_F32, 2, shape, CONTIGUOUS);
+    symm_all_reduce_options_t opts = SYMM_ALL_REDUCE_OPTIONS_INIT;
+    opts.algorithm = SYMM_ALGORITHM_FUSED;
+    EXPECT_FAIL(symm_all_reduce(g, &x.t, &fresh.t, SYMM_REDUCE_SUM, &opts, NULL), SYMM_ERROR_INVALID_ARGUMENT,
+                "opts->algorithm is 2; expected SYMM_ALGORITHM_AUTO, SYMM_ALGORITHM_ONE_SHOT or SYMM_ALGORITHM_TWO_SHOT");
+    opts.algorithm = SYMM_ALGORITHM_ONE_SHOT;
+    opts.struct_size = sizeof(size_t);
+    EXPECT_FAIL(symm_all_reduce(g, &x.t, &fresh.t, SYMM_REDUCE_SUM, &opts, NULL), SYMM_ERROR_INVALID_ARGUMENT,
+                "initialize it with SYMM_ALL_REDUCE_OPTIONS_INIT");
+    EXPECT_FAIL(symm_all_reduce(g, &x.t, &fresh.t, 5, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT, "op");
+    EXPECT_FAIL(symm_all_reduce_rmsnorm(g, &x.t, &res.t, &x.t, 1e-6f, &fresh.t, &res.t, NULL, NULL),
+                SYMM_ERROR_INVALID_ARGUMENT, "weight.shape is [3, 5]; expected [5]");
+    EXPECT(tb_untouched(&fresh));
+    symm_plan_t p = SYMM_PLAN_INIT;
+    CHECK(symm_plan_all_reduce(g, 4096, SYMM_DTYPE_BF16, &p));
+    EXPECT(p.algorithm == SYMM_ALGORITHM_ONE_SHOT && p.total_ms > 0 && p.compute_ms == 0);
+    CHECK(symm_plan_all_reduce(g, 1 << 27, SYMM_DTYPE_BF16, &p));
+    EXPECT(p.algorithm == (world > 1 ? SYMM_ALGORITHM_TWO_SHOT : SYMM_ALGORITHM_ONE_SHOT));
+    EXPECT_STATUS(symm_plan_all_reduce(g, 0, SYMM_DTYPE_BF16, &p), SYMM_ERROR_INVALID_ARGUMENT);
+    tb_free(&x);
+    tb_free(&res);
+    tb_free(&w);
+    tb_free(&out);
+    tb_free(&fresh);
+}
+
 /* ---- ranks that disagree, or fail alone ------------------------------------ */
 /* A fresh call (shapes no earlier call used), so no rank has it agreed. */
 static symm_status_t fresh_ag_mm(symm_group_t g, int world, int rows, int gather_dim, int num_b, int dtype,
@@ -571,6 +657,7 @@ static int rank_main(symm_group_t g, int rank, int world) {
     mm_rs_checks(g, world);
     algorithm_option(g, world);
     lc_checks(g, world);
+    all_reduce_checks(g, rank, world);
     disagreements(g, rank, world);
     const char *check_args = getenv("SYMM_CHECK_ARGS");
     if (check_args && !strcmp(check_args, "always")) disagreement_after_agreement(g, rank, world);

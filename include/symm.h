@@ -203,7 +203,7 @@ typedef struct {
   symm_algorithm_t algorithm;
 } symm_ag_mm_options_t;
 
-// How `symm_mm_rs` combines the ranks' products.
+// How `symm_mm_rs` and `symm_all_reduce` combine the ranks' values.
 typedef int32_t symm_reduce_op_t;
 
 // Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`.
@@ -231,6 +231,19 @@ typedef struct {
   // as in `symm_ag_mm_options_t`.
   symm_algorithm_t algorithm;
 } symm_mm_rs_options_t;
+
+// Options of `symm_all_reduce` and `symm_all_reduce_rmsnorm`. Initialize
+// with `SYMM_ALL_REDUCE_OPTIONS_INIT`; fields are only ever appended, and
+// `struct_size` tells symm which exist.
+typedef struct {
+  // `sizeof(symm_all_reduce_options_t)` as the caller compiled it.
+  size_t struct_size;
+  // `SYMM_ALGORITHM_ONE_SHOT`, `SYMM_ALGORITHM_TWO_SHOT`, or
+  // `SYMM_ALGORITHM_AUTO` (the default: the cost model's choice by
+  // size and world, as `symm_plan_all_reduce` tells). Every rank passes
+  // the same (else `SYMM_ERROR_MISMATCH`).
+  symm_algorithm_t algorithm;
+} symm_all_reduce_options_t;
 
 // A prediction, in milliseconds. Initialize with `SYMM_PLAN_INIT`.
 typedef struct {
@@ -331,6 +344,14 @@ typedef int32_t symm_xla_platform_t;
 // gather or scatter dim 0, B K-major, i.e. a Linear weight's transpose;
 // the query assumes that layout, other layouts run the pipelined path).
 #define SYMM_ALGORITHM_FUSED 2
+
+// All-reduce: every rank reads every rank's data and reduces all of it
+// (one trip over the links; the lowest latency, for small messages).
+#define SYMM_ALGORITHM_ONE_SHOT 3
+
+// All-reduce: reduce-scatter then all-gather through the peers' buffers
+// (half the traffic at two ranks; for large messages).
+#define SYMM_ALGORITHM_TWO_SHOT 4
 
 // XLA's CPU platform: devices are served by a group on the host backend.
 #define SYMM_XLA_PLATFORM_CPU 1
@@ -548,12 +569,61 @@ symm_status_t symm_mm_rs(symm_group_t group, const symm_tensor_t *a, const symm_
 // buffer or in ordinary memory (else `SYMM_ERROR_MISMATCH`).
 symm_status_t symm_lc_allgather(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *output, void *stream);
 
+// Collective: `output = reduce(input over ranks)`, elementwise, `op`
+// `SYMM_REDUCE_SUM` or `SYMM_REDUCE_AVG`; any shape; f32, bf16 or f16,
+// summed in f32 in rank order, so every rank gets the same bits. `output`
+// has `input`'s dtype and shape, any strides, and may be `input` itself
+// (the same descriptor: in place); otherwise they must not overlap.
+// `opts` may be NULL (defaults).
+//
+// One-shot (every rank reads all of every rank's input; small messages)
+// or two-shot (reduce-scatter, then all-gather; large ones), chosen by
+// size and world (`symm_plan_all_reduce`) unless `opts->algorithm` forces
+// one. On CUDA one kernel launch does the call: the data carry their
+// arrival (flag-in-data lines, or a flag numbered by the call per chunk)
+// through a symmetric all-reduce buffer of the group, so a call pays no
+// separate barrier, and repeated calls replay as a CUDA graph (the first
+// call of a size, or a larger one, grows that buffer: make it before
+// capturing). An input that lies contiguous in a rendezvoused symmetric
+// buffer (the same offset on every rank) is read where it is; an
+// ordinary one is read by the kernel as it pushes it (no staging pass);
+// strided tensors are packed and unpacked around the kernel.
+//
+// The buffer counts the calls on the device, so a group's all-reduce
+// calls must run one after another on the device: issue them on one
+// stream (or order their streams with events), as for the fused
+// reduce-scatter.
+//
+// Every rank passes the same dtype, shape, `op`, algorithm option and
+// input place (symmetric or not), else `SYMM_ERROR_MISMATCH` on every rank.
+symm_status_t symm_all_reduce(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *output, symm_reduce_op_t op, const symm_all_reduce_options_t *opts, void *stream);
+
+// Collective: the all-reduce fused with the residual add and RMSNorm of
+// inference engines (after attention and after the MLP):
+// `residual_out = all_reduce_sum(input) + residual`, then per row (the
+// last dimension, `hidden`) `out = residual_out / sqrt(mean(residual_out^2)
+// + eps) * weight`. `input`, `residual`, `out` and `residual_out` share
+// one shape (`[tokens, hidden]`, or any leading dimensions) and dtype
+// (f32, bf16 or f16), any strides; `weight` is `[hidden]`. Computed in
+// f32; the all-reduced sum and `residual_out` are rounded to the dtype
+// as the unfused sequence would round them. `residual_out` may be
+// `residual` (the same descriptor: in place); `out` must not overlap any
+// other argument. `opts` and the rules of agreement as `symm_all_reduce`
+// (`eps` and the shapes are agreed too).
+symm_status_t symm_all_reduce_rmsnorm(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *residual, const symm_tensor_t *weight, float eps, const symm_tensor_t *out, const symm_tensor_t *residual_out, const symm_all_reduce_options_t *opts, void *stream);
+
 // Predicts `symm_fused_ag_mm` of an `m_total x k` gathered A (all ranks'
 // rows) times B of `n` columns (the sum over every B) on this group.
 symm_status_t symm_plan_ag_mm(symm_group_t group, int64_t m_total, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
 
 // Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this group.
 symm_status_t symm_plan_mm_rs(symm_group_t group, int64_t m, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
+
+// Predicts `symm_all_reduce` of `numel` elements of `dtype` per rank on
+// this group: `algorithm` is `SYMM_ALGORITHM_ONE_SHOT` or
+// `SYMM_ALGORITHM_TWO_SHOT` (what a call with automatic options runs),
+// `comm_ms`, `exposed_ms` and `total_ms` its predicted time, `compute_ms` 0.
+symm_status_t symm_plan_all_reduce(symm_group_t group, int64_t numel, symm_dtype_t dtype, symm_plan_t *plan);
 
 // Writes the library's version as `MAJOR * 10000 + MINOR * 100 + PATCH`,
 // to compare with `SYMM_VERSION_CODE` from the header.
@@ -592,6 +662,7 @@ symm_status_t symm_xla_bind_device(symm_xla_platform_t platform, int device_ordi
 #define SYMM_BOOTSTRAP_INIT {sizeof(symm_bootstrap_t), NULL, NULL, NULL}
 #define SYMM_AG_MM_OPTIONS_INIT {sizeof(symm_ag_mm_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO}
 #define SYMM_MM_RS_OPTIONS_INIT {sizeof(symm_mm_rs_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO}
+#define SYMM_ALL_REDUCE_OPTIONS_INIT {sizeof(symm_all_reduce_options_t), SYMM_ALGORITHM_AUTO}
 
 #ifndef SYMM_TENSOR_HELPERS
 #define SYMM_TENSOR_HELPERS

@@ -48,6 +48,37 @@ impl DeviceModel {
     };
 }
 
+/// The all-reduce's share of the model: kernel latencies of its two
+/// algorithms (the whole call, graph-replayed; calibrated against PyTorch's
+/// one-/two-shot and NCCL on 2 x H100), and the bandwidth its stores reach
+/// over the links.
+#[derive(Clone, Copy, Debug)]
+pub struct AllReduceModel {
+    /// One-shot at a tiny message, microseconds (one launch, one trip).
+    pub one_shot_us: f64,
+    /// Two-shot at a tiny message, microseconds (two trips).
+    pub two_shot_us: f64,
+    /// Peer store bandwidth of the SM copies, GB/s per rank.
+    pub push_gbps: f64,
+}
+
+impl AllReduceModel {
+    pub const HOPPER: AllReduceModel = AllReduceModel { one_shot_us: 3.0, two_shot_us: 6.0, push_gbps: 360.0 };
+}
+
+/// The predicted time (ms) of an all-reduce of `bytes` per rank over
+/// `world` ranks by each algorithm: (one-shot, two-shot). The one-shot
+/// pushes the whole message to every peer as LL lines (twice its bytes);
+/// the two-shot pushes `1/world` of it to each peer twice, and copies the
+/// gathered slices out of its scratch.
+pub fn all_reduce(bytes: usize, world: usize, m: &AllReduceModel, d: &DeviceModel) -> (f64, f64) {
+    let (b, peers) = (bytes as f64, world.saturating_sub(1) as f64);
+    let link = m.push_gbps * 1e6; // bytes per ms
+    let one = m.one_shot_us / 1e3 + 2.0 * b * peers / link;
+    let two = m.two_shot_us / 1e3 + 2.0 * b * peers / world as f64 / link + b / (d.hbm_gbps * 1e6);
+    (one, two)
+}
+
 /// How an operation is carried out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {

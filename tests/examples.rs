@@ -61,3 +61,8 @@ fn mm_rs() {
 fn lc_allgather() {
     run_example("lc_allgather", ": ok");
 }
+
+#[test]
+fn all_reduce() {
+    run_example("all_reduce", ": ok");
+}

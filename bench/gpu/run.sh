@@ -35,7 +35,7 @@ build() { # build NAME SOURCE
 ngpu=$(nvidia-smi -L | wc -l)
 # The library's own GPU unit tests (cuBLASLt, reduce, pack, the sm90 matmul
 # against cuBLASLt on the benchmark shapes), built here by build-bundle.sh.
-run timeout 600 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
+run timeout 900 bundle/symm-lib-tests gpu_ --test-threads 1 --nocapture
 # The sm90 matmul alone against cuBLASLt on the benchmark's shapes (bf16, fp8).
 run timeout 300 bundle/sm90_matmul
 # Whether copies (same GPU, from a peer, through a VMM mapping) wait for busy SMs.
@@ -85,6 +85,11 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
         run torchrun --nproc-per-node "${SYMM_BENCH_WORLD:-$ngpu}" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
     fi
+    # The all-reduce beside NCCL and PyTorch's one-/two-shot, and the fused
+    # RMSNorm (world 2; SYMM_AR_BENCH=0 skips it).
+    if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ] && [ "${SYMM_AR_BENCH:-1}" = 1 ]; then
+        run timeout 900 torchrun --nproc-per-node 2 bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-}
+    fi
 fi
 
 if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
@@ -93,5 +98,10 @@ if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; 
 fi
 
 python3 bench/gpu/collect.py "$log" "$OUT" "$(cat bundle/commit)" || fail=1
+# The all-reduce chart, where matplotlib is installed (else draw it from the
+# results JSON elsewhere: python3 bench/plot_allreduce.py FILE.json).
+for f in "$OUT"/*-w*.json; do
+    python3 -c 'import matplotlib' 2>/dev/null && grep -q '"allreduce"' "$f" && python3 bench/plot_allreduce.py "$f" 2>&1 | tee -a "$log"
+done
 say "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail

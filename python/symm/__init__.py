@@ -28,7 +28,7 @@ from .errors import (
 )
 from .group import Group, get_unique_id, local_groups
 from .memory import Buffer, Handle
-from .ops import bind, fused_ag_mm, lc_allgather, mm_rs
+from .ops import all_reduce, all_reduce_rmsnorm, bind, fused_ag_mm, lc_allgather, mm_rs
 
 
 def build_info():
@@ -56,6 +56,8 @@ __all__ = [
     "Buffer",
     "Group",
     "Handle",
+    "all_reduce",
+    "all_reduce_rmsnorm",
     "LibraryNotFoundError",
     "SymmBootstrapError",
     "SymmCudaError",

@@ -64,6 +64,8 @@ ALGORITHM_AUTO = -1
 ALGORITHM_SEQUENTIAL = 0
 ALGORITHM_PIPELINED = 1
 ALGORITHM_FUSED = 2
+ALGORITHM_ONE_SHOT = 3
+ALGORITHM_TWO_SHOT = 4
 
 XLA_PLATFORM_CPU = 1
 XLA_PLATFORM_CUDA = 2
@@ -132,6 +134,13 @@ class MmRsOptions(ctypes.Structure):
     ]
 
 
+class AllReduceOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("algorithm", c_int32),
+    ]
+
+
 class Plan(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -164,6 +173,7 @@ C_STRUCT_NAMES = {
     Tensor: "symm_tensor_t",
     AgMmOptions: "symm_ag_mm_options_t",
     MmRsOptions: "symm_mm_rs_options_t",
+    AllReduceOptions: "symm_all_reduce_options_t",
     Plan: "symm_plan_t",
     BuildInfo: "symm_build_info_t",
 }
@@ -224,9 +234,28 @@ FUNCTIONS = {
         [_h, POINTER(Tensor), POINTER(Tensor), c_int, reduce_op_t, POINTER(Tensor), POINTER(MmRsOptions), stream_t],
     ),
     "symm_lc_allgather": (status_t, [_h, POINTER(Tensor), POINTER(Tensor), stream_t]),
+    "symm_all_reduce": (
+        status_t,
+        [_h, POINTER(Tensor), POINTER(Tensor), reduce_op_t, POINTER(AllReduceOptions), stream_t],
+    ),
+    "symm_all_reduce_rmsnorm": (
+        status_t,
+        [
+            _h,
+            POINTER(Tensor),
+            POINTER(Tensor),
+            POINTER(Tensor),
+            ctypes.c_float,
+            POINTER(Tensor),
+            POINTER(Tensor),
+            POINTER(AllReduceOptions),
+            stream_t,
+        ],
+    ),
     # cost queries
     "symm_plan_ag_mm": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
     "symm_plan_mm_rs": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
+    "symm_plan_all_reduce": (status_t, [_h, ctypes.c_int64, dtype_t, POINTER(Plan)]),
     # XLA FFI handlers: which group serves a device
     "symm_xla_bind_device": (status_t, [c_int32, c_int, _h]),
     # version and errors

@@ -170,18 +170,23 @@ class Group:
         (on CUDA, growth is not allowed during graph capture)."""
         self._check(lib.symm_group_reserve_workspace(self.raw, nbytes))
 
-    def plan(self, op, m, k, n, dtype="bf16"):
+    def plan(self, op, m, k=None, n=None, dtype="bf16"):
         """What symm predicts ``op`` ("ag_mm": ``m`` all ranks' rows; "mm_rs":
-        this rank's rows) costs on this group, without running it: a dict of
-        the algorithm it would choose and compute / comm / exposed / total ms."""
-        fns = {"ag_mm": lib.symm_plan_ag_mm, "mm_rs": lib.symm_plan_mm_rs}
+        this rank's rows; "all_reduce": ``m`` elements per rank, no ``k``,
+        ``n``) costs on this group, without running it: a dict of the
+        algorithm it would choose and compute / comm / exposed / total ms."""
+        fns = {"ag_mm": lib.symm_plan_ag_mm, "mm_rs": lib.symm_plan_mm_rs, "all_reduce": lib.symm_plan_all_reduce}
         dtypes = {"f32": _lib.DTYPE_F32, "bf16": _lib.DTYPE_BF16, "f16": _lib.DTYPE_F16}
         if op not in fns or dtype not in dtypes:
             raise ValueError(f"op must be one of {sorted(fns)} and dtype one of {sorted(dtypes)}")
         p = _lib.Plan(struct_size=ctypes.sizeof(_lib.Plan))
-        self._check(fns[op](self.raw, m, k, n, dtypes[dtype], ctypes.byref(p)))
+        if op == "all_reduce":
+            self._check(fns[op](self.raw, m, dtypes[dtype], ctypes.byref(p)))
+        else:
+            self._check(fns[op](self.raw, m, k, n, dtypes[dtype], ctypes.byref(p)))
         names = {_lib.ALGORITHM_SEQUENTIAL: "sequential", _lib.ALGORITHM_PIPELINED: "pipelined",
-                 _lib.ALGORITHM_FUSED: "fused"}
+                 _lib.ALGORITHM_FUSED: "fused", _lib.ALGORITHM_ONE_SHOT: "one_shot",
+                 _lib.ALGORITHM_TWO_SHOT: "two_shot"}
         return {"algorithm": names[p.algorithm], "compute_ms": p.compute_ms, "comm_ms": p.comm_ms,
                 "exposed_ms": p.exposed_ms, "total_ms": p.total_ms}
 

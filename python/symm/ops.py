@@ -1,5 +1,6 @@
 """The tensor-parallel operations: fused all-gather + matmul, matmul +
-reduce-scatter, and the copy-engine all-gather.
+reduce-scatter, the copy-engine all-gather, and the all-reduce (alone or
+fused with the residual add and RMSNorm).
 
 Arrays are numpy arrays on the host backend; on CUDA, anything speaking
 DLPack or ``__cuda_array_interface__`` (torch, cupy, ...). Outputs not
@@ -76,7 +77,10 @@ def bind(operation, group, /, *args, **kwargs):
     the ranks agree on it, at every call, as for the operation itself."""
     prepare_call = _BINDABLE.get(operation)
     if prepare_call is None:
-        raise TypeError(f"bind takes symm.fused_ag_mm, symm.mm_rs or symm.lc_allgather, not {operation!r}")
+        raise TypeError(
+            "bind takes symm.fused_ag_mm, symm.mm_rs, symm.lc_allgather, symm.all_reduce or "
+            f"symm.all_reduce_rmsnorm, not {operation!r}"
+        )
     return prepare_call(group, *args, **kwargs)
 
 
@@ -330,3 +334,86 @@ def lc_allgather(group, x, out=None, stream=None):
         return (i.c, o.c, s), (i, o), result
 
     return _prepared(group, lib.symm_lc_allgather, prepare, (None, None, None))
+
+
+ALL_REDUCE_ALGORITHMS = {
+    None: _lib.ALGORITHM_AUTO,
+    "auto": _lib.ALGORITHM_AUTO,
+    "one_shot": _lib.ALGORITHM_ONE_SHOT,
+    "two_shot": _lib.ALGORITHM_TWO_SHOT,
+}
+
+
+def _all_reduce_options(algorithm):
+    """The options of an all-reduce (None: the defaults)."""
+    if algorithm not in ALL_REDUCE_ALGORITHMS:
+        raise ValueError(f"algorithm is {algorithm!r}; expected 'one_shot', 'two_shot', 'auto' or None")
+    code = ALL_REDUCE_ALGORITHMS[algorithm]
+    if code == _lib.ALGORITHM_AUTO:
+        return None
+    return ctypes.pointer(_lib.AllReduceOptions(ctypes.sizeof(_lib.AllReduceOptions), code))
+
+
+@_bindable
+def all_reduce(group, x, op="sum", out=None, stream=None, algorithm=None, inplace=False):
+    """``x`` summed (``op="sum"``) or averaged (``"avg"``) over the ranks,
+    elementwise, in f32 (f32, bf16 or f16; any shape and strides). Returns
+    ``out`` (allocated like ``x`` when not given), or ``x`` itself with
+    ``inplace=True``. Every rank gets the same bits.
+
+    ``algorithm``: "one_shot" (every rank reads all of every rank's data;
+    small messages), "two_shot" (reduce-scatter, then all-gather; large
+    ones), or None for symm's choice by size (``Group.plan("all_reduce",
+    numel)``), the same on every rank. An ``x`` in a rendezvoused
+    symmetric buffer is read by the peers where it is."""
+    _all_reduce_options(algorithm)
+
+    def prepare():
+        s = operation_stream(stream, x)
+        if op not in REDUCE_OPS:
+            raise ValueError(f"op is {op!r}; expected one of {sorted(REDUCE_OPS)}")
+        i = Arg(group, x, "input", s, output=inplace)
+        if inplace:
+            if out is not None:
+                raise ValueError("out and inplace=True both given")
+            return (i.c, i.c, REDUCE_OPS[op], _all_reduce_options(algorithm), s), (i,), x
+        result = out if out is not None else empty_like(x, tuple(i.shape))
+        o = Arg(group, result, "output", s, output=True)
+        return (i.c, o.c, REDUCE_OPS[op], _all_reduce_options(algorithm), s), (i, o), result
+
+    return _prepared(group, lib.symm_all_reduce, prepare, (None, None, _lib.REDUCE_SUM, None, None))
+
+
+@_bindable
+def all_reduce_rmsnorm(
+    group, x, residual, weight, eps=1e-6, out=None, residual_out=None, stream=None, algorithm=None, inplace=False
+):
+    """The all-reduce fused with the residual add and RMSNorm of inference
+    engines: ``r = all_reduce_sum(x) + residual``, ``out = r /
+    sqrt(mean(r**2, last dim) + eps) * weight``. ``x`` and ``residual`` are
+    ``[..., hidden]``, ``weight`` is ``[hidden]``, all of one dtype (f32,
+    bf16 or f16). Returns ``(out, residual_out)``; with ``inplace=True``,
+    ``r`` goes into ``residual`` itself (returned as ``residual_out``).
+    ``algorithm`` as in ``all_reduce``."""
+    _all_reduce_options(algorithm)
+
+    def prepare():
+        s = operation_stream(stream, x)
+        i = Arg(group, x, "input", s)
+        res = Arg(group, residual, "residual", s)
+        w = Arg(group, weight, "weight", s)
+        o_obj = out if out is not None else empty_like(x, tuple(i.shape))
+        o = Arg(group, o_obj, "out", s, output=True)
+        if inplace:
+            if residual_out is not None:
+                raise ValueError("residual_out and inplace=True both given")
+            ro_obj, ro = residual, res
+        else:
+            ro_obj = residual_out if residual_out is not None else empty_like(x, tuple(i.shape))
+            ro = Arg(group, ro_obj, "residual_out", s, output=True)
+        opts = _all_reduce_options(algorithm)
+        return (i.c, res.c, w.c, float(eps), o.c, ro.c, opts, s), (i, res, w, o, ro), (o_obj, ro_obj)
+
+    return _prepared(
+        group, lib.symm_all_reduce_rmsnorm, prepare, (None, None, None, 0.0, None, None, None, None)
+    )

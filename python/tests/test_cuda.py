@@ -473,3 +473,79 @@ def test_workspace_growth_is_refused_inside_a_capture():
         s.synchronize()
 
     on_ranks(rank_main)
+
+
+# --- all-reduce -----------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
+@pytest.mark.parametrize("numel", [1, 4097, 3 << 20])
+def test_all_reduce_torch(dtype, algorithm, numel):
+    xs = inputs(20, (numel,), dtype)
+    ref = sum(x.double() for x in xs)
+
+    def rank_main(g):
+        x = xs[g.rank].cuda()
+        outs = []
+        for _ in range(3):  # the second call on is replayed as a graph
+            out = symm.all_reduce(g, x, algorithm=algorithm)
+            avg = symm.all_reduce(g, x, op="avg", algorithm=algorithm)
+            outs.append((out, avg))
+        y = x.clone()
+        symm.all_reduce(g, y, inplace=True, algorithm=algorithm)
+        torch.cuda.current_stream().synchronize()
+        return outs, y
+
+    results = on_ranks(rank_main)
+    for outs, y in results:
+        for out, avg in outs:
+            assert_close(out, ref)
+            assert_close(avg, ref / WORLD)
+        assert_close(y, ref)
+    assert torch.equal(results[0][1].cpu(), results[1][1].cpu()), "ranks differ"
+
+
+@pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
+@pytest.mark.parametrize("tokens,hidden", [(1, 4096), (16, 8192), (5, 36)])
+def test_all_reduce_rmsnorm_torch(algorithm, tokens, hidden):
+    dtype, eps = torch.bfloat16, 1e-6
+    xs = inputs(21, (tokens, hidden), dtype)
+    residual, weight = inputs(22, (tokens, hidden), dtype)[0], inputs(23, (hidden,), dtype)[0]
+    s = sum(x.double() for x in xs).to(dtype).double()
+    r = (s + residual.double()).to(dtype).double()
+    want = r / torch.sqrt((r * r).mean(-1, keepdim=True) + eps) * weight.double()
+
+    def rank_main(g):
+        res = residual.cuda()
+        out, ro = symm.all_reduce_rmsnorm(g, xs[g.rank].cuda(), res, weight.cuda(), eps, algorithm=algorithm)
+        torch.cuda.current_stream().synchronize()
+        return out, ro
+
+    for out, ro in on_ranks(rank_main):
+        assert_close(ro, r, {dtype: 2e-2})
+        assert_close(out, want, {dtype: 2e-2})
+
+
+def test_all_reduce_captured_in_a_cuda_graph():
+    n = 8192
+    xs = inputs(24, (n,), torch.bfloat16)
+
+    def rank_main(g):
+        x = xs[g.rank].cuda()
+        out = torch.empty_like(x)
+        symm.all_reduce(g, x, out=out)  # sizes the all-reduce buffer outside the capture
+        torch.cuda.current_stream().synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            symm.all_reduce(g, x, out=out)
+        got = []
+        for k in range(3):
+            x.copy_(xs[g.rank].cuda() * (k + 1))
+            graph.replay()
+            torch.cuda.current_stream().synchronize()
+            got.append(out.clone())
+        return got
+
+    ref = sum(x.double() for x in xs)
+    for got in on_ranks(rank_main):
+        for k, out in enumerate(got):
+            assert_close(out, ref * (k + 1))

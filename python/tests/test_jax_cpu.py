@@ -221,3 +221,55 @@ def test_a_call_without_its_peers_times_out():
             jax.jit(sj.lc_allgather)(x).block_until_ready()
     finally:
         sj.shutdown()
+
+
+# --- all-reduce --------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
+def test_all_reduce_sum_and_avg(mesh, dtype, algorithm):
+    rng = np.random.default_rng(11)
+    x = random(rng, (WORLD * 3, 40), dtype)  # device r holds rows 3r..3r+2
+
+    def body(x):
+        s = sj.all_reduce(x, algorithm=algorithm, axis_name="x")
+        a = sj.all_reduce(x, "avg", algorithm=algorithm, axis_name="x")
+        return s, a
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    s, a = f(x)
+    ref = sum(per_device(f64(x)))
+    for got in per_device(s):
+        assert_close(got, ref, dtype)
+    for got in per_device(a):
+        assert_close(got, ref / WORLD, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_reduce_rmsnorm(mesh, dtype):
+    rng = np.random.default_rng(12)
+    tokens, hidden, eps = 2, 64, 1e-6
+    x = random(rng, (WORLD * tokens, hidden), dtype)
+    residual, weight = random(rng, (tokens, hidden), dtype), random(rng, (hidden,), dtype)
+
+    def body(x, residual, weight):
+        return sj.all_reduce_rmsnorm(x, residual, weight, eps, axis_name="x")
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=P("x")))
+    out, r = f(x, residual, weight)
+    s = np.asarray(jnp.asarray(sum(per_device(f64(x))), dtype), np.float64)
+    r_ref = np.asarray(jnp.asarray(s + f64(residual), dtype), np.float64)
+    want = r_ref / np.sqrt((r_ref**2).mean(-1, keepdims=True) + eps) * f64(weight)
+    for got_out, got_r in zip(per_device(out), per_device(r)):
+        assert_close(got_r, r_ref, dtype)
+        assert_close(got_out, want, dtype)
+
+
+def test_all_reduce_trace_time_errors(mesh):
+    x = jnp.ones((WORLD, 8), jnp.float32)
+    def mapped(body):
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+    with pytest.raises(ValueError, match="algorithm"):
+        mapped(lambda x: sj.all_reduce(x, algorithm="x"))(x)
+    with pytest.raises(ValueError, match="weight"):
+        mapped(lambda x: sj.all_reduce_rmsnorm(x, x, jnp.ones(3, jnp.float32)))(x)

@@ -170,6 +170,10 @@ pub struct Capabilities {
     /// with `in_elem`-byte inputs. From the shape alone, so that every
     /// rank of an agreed call chooses alike.
     pub fused_scatter_preferred: fn(chunk_rows: usize, n: usize, world: usize, in_elem: usize) -> bool,
+    /// Whether [`Backend::all_reduce`] runs here (the device-side one- and
+    /// two-shot kernels); without, the operations all-reduce over `copy`,
+    /// `reduce` and barriers.
+    pub all_reduce: bool,
 }
 
 impl Default for Capabilities {
@@ -180,6 +184,7 @@ impl Default for Capabilities {
             max_fused_world: 0,
             gather_slice_align: FusedGather::SLICE_ALIGN,
             fused_scatter_preferred: |_, _, _, _| false,
+            all_reduce: false,
         }
     }
 }
@@ -310,6 +315,180 @@ pub trait Backend: Send + Sync {
     fn fused_matmul(&self, call: &FusedMatmul, stream: Stream) -> Result<()> {
         let _ = (call, stream);
         Err(err!(Unsupported, "the {} backend has no fused matmul", self.kind().name()))
+    }
+
+    /// Enqueues one device-side all-reduce (see [`AllReduceCall`]), where
+    /// [`Capabilities::all_reduce`] says so.
+    fn all_reduce(&self, call: &AllReduceCall, stream: Stream) -> Result<()> {
+        let _ = (call, stream);
+        Err(err!(Unsupported, "the {} backend has no all-reduce kernel", self.kind().name()))
+    }
+
+    /// `residual_out = x + residual; out = residual_out / sqrt(mean(residual_out^2
+    /// over the last dimension) + eps) * weight`, computed in f32 (the sum
+    /// rounded to `residual_out`'s dtype before the norm reads it back).
+    /// Matrices `[rows, hidden]` of one dtype (any row stride, unit column
+    /// stride), `weight` a contiguous `[hidden]`; `residual_out` may be
+    /// `residual` or `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        out: &Array,
+        residual_out: &Array,
+        x: &Array,
+        residual: &Array,
+        weight: &Array,
+        eps: f32,
+        stream: Stream,
+    ) -> Result<()> {
+        let _ = (out, residual_out, x, residual, weight, eps, stream);
+        Err(err!(Unsupported, "the {} backend does not implement rmsnorm", self.kind().name()))
+    }
+}
+
+/// How a device-side all-reduce moves its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AllReduceAlgorithm {
+    /// Every rank pushes its whole input to every peer (flag in the data,
+    /// LL), then reduces everything: one trip over the links, the lowest
+    /// latency; each rank moves `(world - 1) x` the message.
+    OneShot,
+    /// Reduce-scatter then all-gather: each rank reduces a `1/world` slice
+    /// (peers push it their parts) and pushes the result to every peer,
+    /// with a sequence-numbered flag per chunk; `2 (world - 1) / world` of
+    /// the message moves, for large messages.
+    TwoShot,
+}
+
+impl AllReduceAlgorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            AllReduceAlgorithm::OneShot => "one_shot",
+            AllReduceAlgorithm::TwoShot => "two_shot",
+        }
+    }
+}
+
+/// The fused epilogue of [`AllReduceCall`]: with `s` the reduced row,
+/// `residual_out = s + residual`, `out = rmsnorm(residual_out) * weight`
+/// (see [`Backend::add_rms_norm`]); `out` is then the call's `output`.
+/// Contiguous `[n / hidden, hidden]` rows (`weight` `[hidden]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllReduceNorm {
+    pub hidden: usize,
+    pub residual: u64,
+    pub weight: u64,
+    pub residual_out: u64,
+    pub eps: f32,
+}
+
+/// One device-side all-reduce: `output = scale * sum over ranks of input`
+/// (`n` contiguous elements of `dtype`, summed in f32 in rank order, so
+/// every rank gets the same bits), moved through `scratch`: every rank's
+/// all-reduce scratch buffer (its base as mapped here, `scratch_bytes`
+/// each, laid out by [`AllReduceLayout`]). The buffer starts zeroed and no
+/// other work writes it: it counts the calls, whose numbers flag the data,
+/// so calls need no barrier before or after them and replay as graphs.
+/// `output` may be `input`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllReduceCall {
+    pub algorithm: AllReduceAlgorithm,
+    pub rank: usize,
+    pub world: usize,
+    pub dtype: crate::array::DType,
+    pub n: usize,
+    pub input: u64,
+    pub output: u64,
+    pub scale: f32,
+    pub scratch: Vec<u64>,
+    pub scratch_bytes: usize,
+    pub norm: Option<AllReduceNorm>,
+    pub timeout: Duration,
+}
+
+/// Where a device-side all-reduce keeps its state and data in a scratch
+/// buffer of a given size: a function of that size and the world only
+/// (never of the call), so that calls of any size and algorithm read the
+/// flags and lines of earlier calls where those wrote them.
+///
+/// - `[0, HEADER)`: the count of calls (u32 at 0) and the blocks of the
+///   running call that finished (u32 at 4).
+/// - flags: `u32` per (parity, source, chunk) for the two-shot, `source`
+///   0..world the reduce-scatter's senders and `world` the all-gather's;
+///   [`AllReduceLayout::MAX_CHUNKS`] chunks per source.
+/// - the one-shot's LL lines: per parity, one slot per rank.
+/// - the two-shot's data: per parity, one slot per rank (first half: the
+///   part that rank sent for this rank's slice; second half: that rank's
+///   reduced slice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllReduceLayout {
+    pub world: usize,
+    pub flags: usize,
+    pub one_shot: usize,
+    /// Bytes of one rank's one-shot slot (LL lines: twice the message).
+    pub one_shot_slot: usize,
+    pub two_shot: usize,
+    /// Bytes of one rank's two-shot slot (twice the largest slice).
+    pub two_shot_slot: usize,
+}
+
+impl AllReduceLayout {
+    pub const HEADER: usize = 256;
+    /// Most ranks the device-side kernels take (their table of buffers).
+    pub const MAX_WORLD: usize = 16;
+    /// Chunks of a two-shot call (its chunk size grows beyond).
+    pub const MAX_CHUNKS: usize = 4096;
+    /// Smallest two-shot chunk, bytes.
+    pub const MIN_CHUNK: usize = 16 << 10;
+    const ALIGN: usize = 4096;
+
+    fn flags_bytes(world: usize) -> usize {
+        round_up(2 * (world + 1) * Self::MAX_CHUNKS * 4, Self::ALIGN)
+    }
+
+    /// The layout of a buffer of `bytes` for `world` ranks.
+    pub fn of(bytes: usize, world: usize) -> AllReduceLayout {
+        let flags = Self::HEADER.next_multiple_of(Self::ALIGN);
+        let data = flags + Self::flags_bytes(world);
+        let half = bytes.saturating_sub(data) / 2 / Self::ALIGN * Self::ALIGN;
+        let slot = |region: usize| region / (2 * world) / 256 * 256;
+        AllReduceLayout {
+            world,
+            flags,
+            one_shot: data,
+            one_shot_slot: slot(half),
+            two_shot: data + half,
+            two_shot_slot: slot(half),
+        }
+    }
+
+    /// Bytes of one rank's slot that a message of `bytes` per rank needs:
+    /// its LL lines (twice the message), or the two-shot's chunks of one
+    /// owner, sent and reduced.
+    fn slot_for(message: usize, world: usize) -> usize {
+        let chunk = Self::chunk_bytes(message);
+        let owned = message.div_ceil(chunk).div_ceil(world.max(1)) * chunk;
+        round_up((2 * round_up(message, 16)).max(2 * owned), 256)
+    }
+
+    /// Bytes of a buffer whose layout holds a message of `bytes` per rank
+    /// for either algorithm.
+    pub fn bytes_for(message: usize, world: usize) -> usize {
+        let half = 2 * world * Self::slot_for(message, world);
+        Self::HEADER.next_multiple_of(Self::ALIGN) + Self::flags_bytes(world) + 2 * round_up(half, Self::ALIGN)
+    }
+
+    /// Whether this layout holds a message of `bytes` per rank.
+    pub fn holds(&self, message: usize) -> bool {
+        let slot = Self::slot_for(message, self.world);
+        slot <= self.one_shot_slot && slot <= self.two_shot_slot
+    }
+
+    /// The two-shot's chunk size for a message of `message` bytes: at
+    /// least [`Self::MIN_CHUNK`], at most [`Self::MAX_CHUNKS`] chunks in
+    /// all, a multiple of 16 bytes.
+    pub fn chunk_bytes(message: usize) -> usize {
+        round_up(message.div_ceil(Self::MAX_CHUNKS).max(Self::MIN_CHUNK), 16)
     }
 }
 

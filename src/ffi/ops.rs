@@ -13,11 +13,11 @@ use super::args::{
 };
 use super::boundary::call;
 use super::group::group;
-use super::plan::from_c;
+use super::plan::{all_reduce_from_c, from_c};
 use super::types::*;
 use crate::backend::Stream;
 use crate::error::{err, Result};
-use crate::ops::{self, AgMm, AgMmScales, LcAllgather, MmRs, MmRsScales};
+use crate::ops::{self, AgMm, AgMmScales, AllReduce, LcAllgather, MmRs, MmRsScales, Norm};
 use std::ffi::{c_int, c_void};
 
 /// Collective: makes the group's workspace at least `bytes` large now, so
@@ -199,5 +199,108 @@ pub unsafe extern "C" fn symm_lc_allgather(
             Ok(LcAllgather { input: tensor_arg(input, "input")?, output: tensor_arg(output, "output")? })
         };
         ops::lc_allgather(&g, read(), Stream(stream as usize))
+    })
+}
+
+/// The options of an all-reduce (NULL: defaults).
+fn all_reduce_options(opts: *const symm_all_reduce_options_t) -> Result<Option<crate::backend::AllReduceAlgorithm>> {
+    let defaults = symm_all_reduce_options_t { struct_size: 0, algorithm: SYMM_ALGORITHM_AUTO };
+    let oldest = std::mem::offset_of!(symm_all_reduce_options_t, algorithm) + std::mem::size_of::<symm_algorithm_t>();
+    let o = options(opts, "opts", "SYMM_ALL_REDUCE_OPTIONS_INIT", oldest, defaults)?;
+    all_reduce_from_c(o.algorithm, "opts->algorithm")
+}
+
+/// Collective: `output = reduce(input over ranks)`, elementwise, `op`
+/// `SYMM_REDUCE_SUM` or `SYMM_REDUCE_AVG`; any shape; f32, bf16 or f16,
+/// summed in f32 in rank order, so every rank gets the same bits. `output`
+/// has `input`'s dtype and shape, any strides, and may be `input` itself
+/// (the same descriptor: in place); otherwise they must not overlap.
+/// `opts` may be NULL (defaults).
+///
+/// One-shot (every rank reads all of every rank's input; small messages)
+/// or two-shot (reduce-scatter, then all-gather; large ones), chosen by
+/// size and world (`symm_plan_all_reduce`) unless `opts->algorithm` forces
+/// one. On CUDA one kernel launch does the call: the data carry their
+/// arrival (flag-in-data lines, or a flag numbered by the call per chunk)
+/// through a symmetric all-reduce buffer of the group, so a call pays no
+/// separate barrier, and repeated calls replay as a CUDA graph (the first
+/// call of a size, or a larger one, grows that buffer: make it before
+/// capturing). An input that lies contiguous in a rendezvoused symmetric
+/// buffer (the same offset on every rank) is read where it is; an
+/// ordinary one is read by the kernel as it pushes it (no staging pass);
+/// strided tensors are packed and unpacked around the kernel.
+///
+/// The buffer counts the calls on the device, so a group's all-reduce
+/// calls must run one after another on the device: issue them on one
+/// stream (or order their streams with events), as for the fused
+/// reduce-scatter.
+///
+/// Every rank passes the same dtype, shape, `op`, algorithm option and
+/// input place (symmetric or not), else `SYMM_ERROR_MISMATCH` on every rank.
+#[no_mangle]
+pub unsafe extern "C" fn symm_all_reduce(
+    group: symm_group_t,
+    input: *const symm_tensor_t,
+    output: *const symm_tensor_t,
+    op: symm_reduce_op_t,
+    opts: *const symm_all_reduce_options_t,
+    stream: *mut c_void,
+) -> symm_status_t {
+    call("symm_all_reduce", || {
+        let g = self::group(group)?;
+        let read = || -> Result<AllReduce> {
+            Ok(AllReduce {
+                input: tensor_arg(input, "input")?,
+                output: tensor_arg(output, "output")?,
+                op: reduce_op(op)?,
+                norm: None,
+                algorithm: all_reduce_options(opts)?,
+            })
+        };
+        ops::all_reduce(&g, read(), Stream(stream as usize))
+    })
+}
+
+/// Collective: the all-reduce fused with the residual add and RMSNorm of
+/// inference engines (after attention and after the MLP):
+/// `residual_out = all_reduce_sum(input) + residual`, then per row (the
+/// last dimension, `hidden`) `out = residual_out / sqrt(mean(residual_out^2)
+/// + eps) * weight`. `input`, `residual`, `out` and `residual_out` share
+/// one shape (`[tokens, hidden]`, or any leading dimensions) and dtype
+/// (f32, bf16 or f16), any strides; `weight` is `[hidden]`. Computed in
+/// f32; the all-reduced sum and `residual_out` are rounded to the dtype
+/// as the unfused sequence would round them. `residual_out` may be
+/// `residual` (the same descriptor: in place); `out` must not overlap any
+/// other argument. `opts` and the rules of agreement as `symm_all_reduce`
+/// (`eps` and the shapes are agreed too).
+#[no_mangle]
+pub unsafe extern "C" fn symm_all_reduce_rmsnorm(
+    group: symm_group_t,
+    input: *const symm_tensor_t,
+    residual: *const symm_tensor_t,
+    weight: *const symm_tensor_t,
+    eps: f32,
+    out: *const symm_tensor_t,
+    residual_out: *const symm_tensor_t,
+    opts: *const symm_all_reduce_options_t,
+    stream: *mut c_void,
+) -> symm_status_t {
+    call("symm_all_reduce_rmsnorm", || {
+        let g = self::group(group)?;
+        let read = || -> Result<AllReduce> {
+            Ok(AllReduce {
+                input: tensor_arg(input, "input")?,
+                output: tensor_arg(out, "out")?,
+                op: ops::ReduceOp::Sum,
+                norm: Some(Norm {
+                    residual: tensor_arg(residual, "residual")?,
+                    weight: tensor_arg(weight, "weight")?,
+                    eps,
+                    residual_out: tensor_arg(residual_out, "residual_out")?,
+                }),
+                algorithm: all_reduce_options(opts)?,
+            })
+        };
+        ops::all_reduce(&g, read(), Stream(stream as usize))
     })
 }

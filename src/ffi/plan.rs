@@ -8,6 +8,8 @@ use super::args::{dtype, out_ptr, out_struct_size, write};
 use super::boundary::call;
 use super::group::group;
 use super::types::*;
+use crate::array::DType;
+use crate::backend::AllReduceAlgorithm;
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
 use crate::ops::decide::{self, Facts, Op};
@@ -82,6 +84,61 @@ pub extern "C" fn symm_plan_mm_rs(
     plan: *mut symm_plan_t,
 ) -> symm_status_t {
     call("symm_plan_mm_rs", || query(group, m, k, n, dtype, plan, Op::MmRs))
+}
+
+/// Predicts `symm_all_reduce` of `numel` elements of `dtype` per rank on
+/// this group: `algorithm` is `SYMM_ALGORITHM_ONE_SHOT` or
+/// `SYMM_ALGORITHM_TWO_SHOT` (what a call with automatic options runs),
+/// `comm_ms`, `exposed_ms` and `total_ms` its predicted time, `compute_ms` 0.
+#[no_mangle]
+pub extern "C" fn symm_plan_all_reduce(
+    group: symm_group_t,
+    numel: i64,
+    dtype: symm_dtype_t,
+    plan: *mut symm_plan_t,
+) -> symm_status_t {
+    call("symm_plan_all_reduce", || {
+        let out = out_ptr(plan, "plan")?;
+        let size = out_struct_size(out, "plan", "initialize it with SYMM_PLAN_INIT")?;
+        let g = super::group::group(group)?;
+        let dtype = self::dtype(dtype, "dtype")?;
+        let numel = usize::try_from(numel)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| err!(InvalidArgument, "numel is {numel}; it must be positive"))?;
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(err!(InvalidArgument, "dtype is {dtype}; expected f32, bf16 or f16"));
+        }
+        let d = decide::decide_all_reduce(&Facts::of(&g), numel, dtype, None);
+        let algorithm = all_reduce_to_c(d.algorithm);
+        let ms = d.total_ms;
+        write(
+            out,
+            symm_plan_t { struct_size: size, algorithm, compute_ms: 0.0, comm_ms: ms, exposed_ms: ms, total_ms: ms },
+        );
+        Ok(())
+    })
+}
+
+/// The C value of an all-reduce algorithm.
+pub(super) fn all_reduce_to_c(a: AllReduceAlgorithm) -> symm_algorithm_t {
+    match a {
+        AllReduceAlgorithm::OneShot => SYMM_ALGORITHM_ONE_SHOT,
+        AllReduceAlgorithm::TwoShot => SYMM_ALGORITHM_TWO_SHOT,
+    }
+}
+
+/// An all-reduce options struct's `algorithm` (`None`: automatic).
+pub(super) fn all_reduce_from_c(a: symm_algorithm_t, name: &str) -> Result<Option<AllReduceAlgorithm>> {
+    match a {
+        SYMM_ALGORITHM_AUTO => Ok(None),
+        SYMM_ALGORITHM_ONE_SHOT => Ok(Some(AllReduceAlgorithm::OneShot)),
+        SYMM_ALGORITHM_TWO_SHOT => Ok(Some(AllReduceAlgorithm::TwoShot)),
+        other => Err(err!(
+            InvalidArgument,
+            "{name} is {other}; expected SYMM_ALGORITHM_AUTO, SYMM_ALGORITHM_ONE_SHOT or SYMM_ALGORITHM_TWO_SHOT"
+        )),
+    }
 }
 
 /// The C value of an algorithm.

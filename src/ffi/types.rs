@@ -152,7 +152,7 @@ pub struct symm_tensor_t {
     pub strides: [i64; SYMM_MAX_DIMS],
 }
 
-/// How `symm_mm_rs` combines the ranks' products.
+/// How `symm_mm_rs` and `symm_all_reduce` combine the ranks' values.
 pub type symm_reduce_op_t = i32;
 pub const SYMM_REDUCE_SUM: symm_reduce_op_t = 0;
 /// The sum divided by the world size.
@@ -172,6 +172,12 @@ pub const SYMM_ALGORITHM_PIPELINED: symm_algorithm_t = 1;
 /// gather or scatter dim 0, B K-major, i.e. a Linear weight's transpose;
 /// the query assumes that layout, other layouts run the pipelined path).
 pub const SYMM_ALGORITHM_FUSED: symm_algorithm_t = 2;
+/// All-reduce: every rank reads every rank's data and reduces all of it
+/// (one trip over the links; the lowest latency, for small messages).
+pub const SYMM_ALGORITHM_ONE_SHOT: symm_algorithm_t = 3;
+/// All-reduce: reduce-scatter then all-gather through the peers' buffers
+/// (half the traffic at two ranks; for large messages).
+pub const SYMM_ALGORITHM_TWO_SHOT: symm_algorithm_t = 4;
 
 /// Options of `symm_fused_ag_mm`. Initialize with `SYMM_AG_MM_OPTIONS_INIT`;
 /// fields are only ever appended, and `struct_size` tells symm which exist.
@@ -246,6 +252,21 @@ pub struct symm_mm_rs_options_t {
     pub bias: *const symm_tensor_t,
     /// `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default);
     /// as in `symm_ag_mm_options_t`.
+    pub algorithm: symm_algorithm_t,
+}
+
+/// Options of `symm_all_reduce` and `symm_all_reduce_rmsnorm`. Initialize
+/// with `SYMM_ALL_REDUCE_OPTIONS_INIT`; fields are only ever appended, and
+/// `struct_size` tells symm which exist.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct symm_all_reduce_options_t {
+    /// `sizeof(symm_all_reduce_options_t)` as the caller compiled it.
+    pub struct_size: usize,
+    /// `SYMM_ALGORITHM_ONE_SHOT`, `SYMM_ALGORITHM_TWO_SHOT`, or
+    /// `SYMM_ALGORITHM_AUTO` (the default: the cost model's choice by
+    /// size and world, as `symm_plan_all_reduce` tells). Every rank passes
+    /// the same (else `SYMM_ERROR_MISMATCH`).
     pub algorithm: symm_algorithm_t,
 }
 

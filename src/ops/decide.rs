@@ -13,8 +13,8 @@
 //! never measures something else than it asked for.
 
 use crate::array::DType;
-use crate::backend::Capabilities;
-use crate::cost::{self, Algorithm, DeviceModel, Estimate, Problem};
+use crate::backend::{AllReduceAlgorithm, Capabilities};
+use crate::cost::{self, Algorithm, AllReduceModel, DeviceModel, Estimate, Problem};
 use crate::error::{err, Result};
 use crate::group::Group;
 use std::fmt;
@@ -182,6 +182,50 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
     }
 }
 
+/// The all-reduce's decision: its algorithm, why, and the predicted time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AllReduceDecision {
+    pub algorithm: AllReduceAlgorithm,
+    pub why: Why,
+    pub total_ms: f64,
+}
+
+impl AllReduceDecision {
+    /// One line for the log.
+    pub fn describe(&self, numel: usize, dtype: DType, world: usize) -> String {
+        format!(
+            "all_reduce n={numel} {dtype} world={world}: {} ({}; predicted {:.4} ms)",
+            self.algorithm.name(),
+            self.why,
+            self.total_ms
+        )
+    }
+}
+
+/// The algorithm of an all-reduce of `numel` elements of `dtype` on a group
+/// with `facts`: the call's option, else the cheaper by the cost model
+/// (`cost::all_reduce`). A pure function of agreed arguments, so every
+/// rank chooses alike.
+pub fn decide_all_reduce(
+    facts: &Facts,
+    numel: usize,
+    dtype: DType,
+    requested: Option<AllReduceAlgorithm>,
+) -> AllReduceDecision {
+    let bytes = numel.saturating_mul(dtype.size());
+    let (one, two) = cost::all_reduce(bytes, facts.world, &AllReduceModel::HOPPER, &DeviceModel::HOPPER);
+    let ms = |a| if a == AllReduceAlgorithm::OneShot { one } else { two };
+    match requested {
+        Some(a) => AllReduceDecision { algorithm: a, why: Why::Option, total_ms: ms(a) },
+        None => {
+            // One rank has nothing to exchange: the one-shot is a copy.
+            let a =
+                if one <= two || facts.world < 2 { AllReduceAlgorithm::OneShot } else { AllReduceAlgorithm::TwoShot };
+            AllReduceDecision { algorithm: a, why: Why::CostModel { fused_preferred: false }, total_ms: ms(a) }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +239,7 @@ mod tests {
                 max_fused_world: 16,
                 gather_slice_align: 128,
                 fused_scatter_preferred: |rows, _, _, in_elem| rows == 256 && in_elem == 2,
+                all_reduce: true,
             },
             world,
             own_devices: true,
@@ -253,6 +298,32 @@ mod tests {
         let host = Facts { caps: Capabilities::default(), ..hopper(2, Some(Algorithm::Fused)) };
         let e = decide(&host, &s, true, None).unwrap_err();
         assert!(e.msg.starts_with("SYMM_ALGO=fused"), "{}", e.msg);
+    }
+
+    #[test]
+    fn all_reduce_is_one_shot_when_small_and_two_shot_when_large() {
+        let f = hopper(2, None);
+        let pick = |bytes: usize| decide_all_reduce(&f, bytes / 2, DType::BF16, None).algorithm;
+        for small in [2, 8 << 10, 64 << 10, 256 << 10] {
+            assert_eq!(pick(small), AllReduceAlgorithm::OneShot, "{small} bytes");
+        }
+        for large in [4 << 20, 16 << 20, 256 << 20] {
+            assert_eq!(pick(large), AllReduceAlgorithm::TwoShot, "{large} bytes");
+        }
+        // More ranks move the one-shot's message more often: it gives way sooner.
+        let at = |world: usize| {
+            let f = hopper(world, None);
+            (1..64)
+                .map(|i| i << 16)
+                .find(|&b| decide_all_reduce(&f, b / 2, DType::BF16, None).algorithm == AllReduceAlgorithm::TwoShot)
+        };
+        assert!(at(8).unwrap() <= at(2).unwrap());
+        let forced = decide_all_reduce(&f, 1, DType::F32, Some(AllReduceAlgorithm::TwoShot));
+        assert_eq!((forced.algorithm, forced.why), (AllReduceAlgorithm::TwoShot, Why::Option));
+        assert_eq!(
+            decide_all_reduce(&hopper(1, None), 1 << 30, DType::F32, None).algorithm,
+            AllReduceAlgorithm::OneShot
+        );
     }
 
     #[test]

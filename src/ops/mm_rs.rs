@@ -40,7 +40,7 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
             ReduceOp::Avg => "avg",

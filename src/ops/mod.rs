@@ -26,6 +26,7 @@
 
 pub mod ag_mm;
 mod agree;
+pub mod all_reduce;
 mod check;
 pub(crate) mod decide;
 pub(crate) mod fused;
@@ -42,6 +43,7 @@ mod testing;
 mod workspace;
 
 pub use ag_mm::{fused_ag_mm, AgMm, AgMmScales};
+pub use all_reduce::{all_reduce, AllReduce, Norm};
 pub use lc_allgather::{lc_allgather, LcAllgather};
 pub use mm_rs::{mm_rs, MmRs, MmRsScales, ReduceOp};
 pub use workspace::reserve as reserve_workspace;
@@ -72,6 +74,10 @@ trait Prepared {
     /// Bytes of the flags buffer the call needs (as above; the fused
     /// reduce-scatter's state).
     fn flags_bytes(&self) -> usize {
+        0
+    }
+    /// Bytes of the all-reduce buffer the call needs (as above).
+    fn all_reduce_bytes(&self) -> usize {
         0
     }
     fn execute(&self, ex: &Exec<'_>) -> Result<()>;
@@ -152,7 +158,7 @@ fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<
 
 /// The ids of the scratch buffers a call runs with (workspace, mailbox,
 /// flags), which its replay key depends on.
-type ScratchIds = (u64, Option<u64>, Option<u64>);
+type ScratchIds = (u64, Option<u64>, Option<u64>, Option<u64>);
 
 /// Executes an agreed call (with the collective lock held), replayed where
 /// the backend can. `key(scratch ids, make)` is the replay key, `make()`
@@ -170,12 +176,15 @@ fn launch<P: Prepared>(
     };
     let mailbox = optional(Scratch::Mailbox, plan.mailbox_bytes())?;
     let flags = optional(Scratch::Flags, plan.flags_bytes())?;
-    let ids = (ws.id(), mailbox.as_ref().map(|m| m.id()), flags.as_ref().map(|f| f.id()));
+    let reduce = optional(Scratch::AllReduce, plan.all_reduce_bytes())?;
+    let id = |h: &Option<Arc<Handle>>| h.as_ref().map(|h| h.id());
+    let ids = (ws.id(), id(&mailbox), id(&flags), id(&reduce));
     let make = || {
         let mailbox = ids.1.map(|id| format!(", mailbox {id:#x}")).unwrap_or_default();
         let flags = ids.2.map(|id| format!(", flags {id:#x}")).unwrap_or_default();
+        let reduce = ids.3.map(|id| format!(", all-reduce {id:#x}")).unwrap_or_default();
         format!(
-            "rank {} of {}, workspace {:#x}{mailbox}{flags}: {}",
+            "rank {} of {}, workspace {:#x}{mailbox}{flags}{reduce}: {}",
             group.rank(),
             group.world(),
             ids.0,
@@ -184,7 +193,14 @@ fn launch<P: Prepared>(
     };
     let key = || key(ids, &make);
     group.backend().run_repeatable(&key, stream, &mut |s| {
-        plan.execute(&Exec { group, ws: ws.clone(), mailbox: mailbox.clone(), flags: flags.clone(), stream: s })
+        plan.execute(&Exec {
+            group,
+            ws: ws.clone(),
+            mailbox: mailbox.clone(),
+            flags: flags.clone(),
+            reduce: reduce.clone(),
+            stream: s,
+        })
     })
 }
 
@@ -199,6 +215,8 @@ struct Exec<'a> {
     ws: Arc<Handle>,
     mailbox: Option<Arc<Handle>>,
     flags: Option<Arc<Handle>>,
+    /// The all-reduce buffer, when the call asked for one.
+    reduce: Option<Arc<Handle>>,
     stream: Stream,
 }
 
@@ -228,6 +246,7 @@ impl Exec<'_> {
             Scratch::Workspace => Some(&self.ws),
             Scratch::Mailbox => self.mailbox.as_ref(),
             Scratch::Flags => self.flags.as_ref(),
+            Scratch::AllReduce => self.reduce.as_ref(),
         };
         let buf = buf.ok_or_else(|| err!(Internal, "the call was given no {kind:?}"))?;
         (0..self.world()).map(|r| Ok(buf.peer_addr(r)? + offset as u64)).collect()

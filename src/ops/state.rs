@@ -25,10 +25,15 @@ pub enum Scratch {
     /// one shape's flags lay where another shape's peers had pushed
     /// partials, which then read as flags already set.
     Flags = 2,
+    /// The device-side all-reduce's buffer: its count of calls, the flags
+    /// and the data lines they number (`backend::AllReduceLayout`). No
+    /// other work writes it, so calls of any size follow one another with
+    /// no barrier.
+    AllReduce = 3,
 }
 
 impl Scratch {
-    const COUNT: usize = 3;
+    const COUNT: usize = 4;
 }
 
 /// A workload cycling through more distinct calls than this re-agrees

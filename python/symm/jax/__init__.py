@@ -14,7 +14,7 @@ own thread pool (sized at least N for exactly this), so the collectives
 meet; a call that waits longer than the group's timeout fails instead.
 """
 
-from ._ops import fused_ag_mm, lc_allgather, mm_rs
+from ._ops import all_reduce, all_reduce_rmsnorm, fused_ag_mm, lc_allgather, mm_rs
 from ._setup import init, mesh, shutdown
 
-__all__ = ["fused_ag_mm", "init", "lc_allgather", "mesh", "mm_rs", "shutdown"]
+__all__ = ["all_reduce", "all_reduce_rmsnorm", "fused_ag_mm", "init", "lc_allgather", "mesh", "mm_rs", "shutdown"]

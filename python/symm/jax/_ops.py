@@ -114,3 +114,50 @@ def lc_allgather(x, *, axis_name=None):
         raise ValueError("x has no dimension 0 to gather along")
     dt = _dtype(x, "x", COPY_DTYPES)
     return _call("symm_lc_allgather", jax.ShapeDtypeStruct((x.shape[0] * world, *x.shape[1:]), dt), x)
+
+
+ALL_REDUCE_ALGORITHMS = (None, "auto", "one_shot", "two_shot")
+
+
+def _ar_algorithm(algorithm):
+    if algorithm not in ALL_REDUCE_ALGORITHMS:
+        raise ValueError(f"algorithm is {algorithm!r}; expected 'one_shot', 'two_shot', 'auto' or None")
+    return algorithm or "auto"
+
+
+def all_reduce(x, op="sum", *, algorithm=None, axis_name=None):
+    """``x`` summed (``op="sum"``) or averaged (``"avg"``) over the devices,
+    elementwise (f32, bf16 or f16, summed in f32; any shape). ``algorithm``:
+    "one_shot", "two_shot" or None (symm's choice by size)."""
+    _world(axis_name)
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op is {op!r}; expected one of {REDUCE_OPS}")
+    dt = _dtype(x, "x", MATMUL_DTYPES)
+    return _call("symm_all_reduce", jax.ShapeDtypeStruct(x.shape, dt), x, op=op, algorithm=_ar_algorithm(algorithm))
+
+
+def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, algorithm=None, axis_name=None):
+    """``r = all_reduce_sum(x) + residual``, ``out = r / sqrt(mean(r**2,
+    last dim) + eps) * weight``; returns ``(out, r)``. ``x`` and
+    ``residual`` are ``[..., hidden]``, ``weight`` ``[hidden]``, one dtype."""
+    _world(axis_name)
+    dt = _dtype(x, "x", MATMUL_DTYPES)
+    if x.ndim < 1 or residual.shape != x.shape or weight.shape != (x.shape[-1],):
+        raise ValueError(
+            f"x {x.shape}, residual {residual.shape}, weight {weight.shape}: expected residual of x's shape "
+            "and weight [hidden]"
+        )
+    for name, t in (("residual", residual), ("weight", weight)):
+        if jnp.dtype(t.dtype) != dt:
+            raise TypeError(f"{name} has dtype {jnp.dtype(t.dtype).name}; x has {dt.name}")
+    shape = jax.ShapeDtypeStruct(x.shape, dt)
+    out, r = _call(
+        "symm_all_reduce_rmsnorm",
+        (shape, shape),
+        x,
+        residual,
+        weight,
+        eps=repr(float(np.float32(eps))),
+        algorithm=_ar_algorithm(algorithm),
+    )
+    return out, r

@@ -10,6 +10,8 @@ TARGETS = {
     "symm_fused_ag_mm": "fused_ag_mm",
     "symm_mm_rs": "mm_rs",
     "symm_lc_allgather": "lc_allgather",
+    "symm_all_reduce": "all_reduce",
+    "symm_all_reduce_rmsnorm": "all_reduce_rmsnorm",
 }
 # XLA platform name -> the handlers' platform suffix
 PLATFORMS = {"cpu": "cpu", "CUDA": "cuda"}

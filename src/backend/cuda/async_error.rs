@@ -24,6 +24,8 @@ const TIMEOUT: u32 = 1;
 const INVALID_ARG: u32 = 2;
 /// `SYMM_GEMM_CHANNEL`: the waits of the sm90 matmul (kernels/sm90_wait.cuh).
 const GEMM_CHANNEL: i32 = -2;
+/// `SYMM_AR_CHANNEL`: the waits of kernels/allreduce.cu.
+const ALL_REDUCE_CHANNEL: i32 = -3;
 
 pub struct AsyncError {
     host: *mut Record,
@@ -83,6 +85,7 @@ impl AsyncError {
         let r = unsafe { std::ptr::read_volatile(self.host) };
         let what = match r.kind {
             _ if r.channel == GEMM_CHANNEL => format!("the fused matmul waiting for rank {}", r.peer),
+            _ if r.channel == ALL_REDUCE_CHANNEL => format!("the all-reduce waiting for rank {}", r.peer),
             1 => {
                 format!("put_signal to rank {} on channel {}: the previous signal was not consumed", r.peer, r.channel)
             }

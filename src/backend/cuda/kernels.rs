@@ -67,6 +67,7 @@ pub mod names {
         pub const PACK: &str = "pack.cu";
         pub const GEMM_SM90: &str = "gemm_sm90.cu";
         pub const GEMM_SM90_RS: &str = "gemm_sm90_rs.cu";
+        pub const ALL_REDUCE: &str = "allreduce.cu";
     }
 
     pub const PUT_SIGNAL: &str = "symm_put_signal";
@@ -75,6 +76,14 @@ pub mod names {
     pub const WAIT_VALUE: &str = "symm_wait_value";
     /// kernels/reduce.cu, indexed by `GemmDtype as usize` (F32, BF16, F16).
     pub const REDUCE: [&str; 3] = ["symm_reduce_f32", "symm_reduce_bf16", "symm_reduce_f16"];
+    /// kernels/allreduce.cu, by `AllReduceAlgorithm as usize` (one-shot,
+    /// two-shot), then `GemmDtype as usize` (F32, BF16, F16).
+    pub const ALL_REDUCE: [[&str; 3]; 2] = [
+        ["symm_ar_one_shot_f32", "symm_ar_one_shot_bf16", "symm_ar_one_shot_f16"],
+        ["symm_ar_two_shot_f32", "symm_ar_two_shot_bf16", "symm_ar_two_shot_f16"],
+    ];
+    /// kernels/allreduce.cu, by `GemmDtype as usize`.
+    pub const ADD_RMSNORM: [&str; 3] = ["symm_add_rmsnorm_f32", "symm_add_rmsnorm_bf16", "symm_add_rmsnorm_f16"];
     /// kernels/pack.cu, contiguous rows copied with 2^i-byte accesses.
     pub const PACK_ROWS: [&str; 5] =
         ["symm_pack_rows_v1", "symm_pack_rows_v2", "symm_pack_rows_v4", "symm_pack_rows_v8", "symm_pack_rows_v16"];
@@ -123,7 +132,7 @@ mod tests {
     #[test]
     fn every_named_unit_is_a_kernel_source() {
         use names::units::*;
-        for unit in [SIGNAL, REDUCE, PACK, GEMM_SM90, GEMM_SM90_RS] {
+        for unit in [SIGNAL, REDUCE, PACK, GEMM_SM90, GEMM_SM90_RS, ALL_REDUCE] {
             assert!(sources().iter().any(|(n, _)| *n == unit), "kernels/{unit} missing");
         }
     }

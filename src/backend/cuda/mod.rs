@@ -3,6 +3,7 @@
 //! The driver is loaded at run time (no link-time dependency); a machine
 //! without one gets `SYMM_ERROR_NO_DEVICE`, never a crash.
 
+pub mod all_reduce;
 mod async_error;
 mod compute;
 pub mod driver;
@@ -21,7 +22,8 @@ mod streams;
 mod vmm;
 
 use super::{
-    Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping, PadSet, Signals, Stream,
+    AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping, PadSet, Signals,
+    Stream,
 };
 use crate::array::Array;
 use crate::error::{err, Result};
@@ -192,7 +194,29 @@ impl Backend for CudaBackend {
             max_fused_world: sm90::MAX_CHUNKS,
             gather_slice_align: sm90::Sm90Matmul::SLICE_ALIGN,
             fused_scatter_preferred: sm90::fused_scatter_preferred,
+            all_reduce: true,
         }
+    }
+    fn all_reduce(&self, call: &AllReduceCall, stream: Stream) -> Result<()> {
+        self.bind()?;
+        all_reduce::all_reduce(&*module::kernels(&self.ctx)?, call, self.errors.device_ptr(), stream)
+    }
+    fn add_rms_norm(
+        &self,
+        out: &Array,
+        residual_out: &Array,
+        x: &Array,
+        residual: &Array,
+        weight: &Array,
+        eps: f32,
+        stream: Stream,
+    ) -> Result<()> {
+        self.bind()?;
+        let k = module::kernels(&self.ctx)?;
+        if weight.is_contiguous() {
+            return all_reduce::add_rms_norm(&k, out, residual_out, x, residual, weight, eps, stream);
+        }
+        Err(err!(Internal, "rmsnorm weight with strides {:?}", weight.strides))
     }
     fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
         if !self.has_fused_matmul() {

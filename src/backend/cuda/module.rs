@@ -22,6 +22,11 @@ pub struct Kernels {
     pub wait_value: CudaFunction,
     /// `symm_reduce_*`, indexed by `GemmDtype as usize` (reduce.rs).
     pub reduce: [CudaFunction; 3],
+    /// `symm_ar_{one,two}_shot_*`, by `AllReduceAlgorithm as usize`, then
+    /// `GemmDtype as usize` (all_reduce.rs).
+    pub all_reduce: [[CudaFunction; 3]; 2],
+    /// `symm_add_rmsnorm_*`, by `GemmDtype as usize` (all_reduce.rs).
+    pub add_rmsnorm: [CudaFunction; 3],
     /// `symm_pack_rows_v{1,2,4,8,16}`, indexed by log2 of the access width (pack.rs).
     pub pack_rows: [CudaFunction; 5],
     /// `symm_pack_strided_e{1,2,4,8}`, indexed by log2 of the element size (pack.rs).
@@ -82,6 +87,8 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     let signal = |name: &str| modules.function(units::SIGNAL, name);
     let reduce = |name: &str| modules.function(units::REDUCE, name);
     let pack = |name: &str| modules.function(units::PACK, name);
+    let ar = |name: &str| modules.function(units::ALL_REDUCE, name);
+    let ar3 = |n: [&str; 3]| -> Result<[CudaFunction; 3]> { Ok([ar(n[0])?, ar(n[1])?, ar(n[2])?]) };
     let (matmul, reduce_scatter) = (modules.unit(units::GEMM_SM90)?, modules.unit(units::GEMM_SM90_RS)?);
     let k = Arc::new(Kernels {
         put_signal: signal(names::PUT_SIGNAL)?,
@@ -92,6 +99,8 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
             let n = names::REDUCE;
             [reduce(n[0])?, reduce(n[1])?, reduce(n[2])?]
         },
+        all_reduce: [ar3(names::ALL_REDUCE[0])?, ar3(names::ALL_REDUCE[1])?],
+        add_rmsnorm: ar3(names::ADD_RMSNORM)?,
         pack_rows: {
             let n = names::PACK_ROWS;
             [pack(n[0])?, pack(n[1])?, pack(n[2])?, pack(n[3])?, pack(n[4])?]

@@ -173,6 +173,52 @@ pub fn reduce(dst: &Array, srcs: &[Array], scale: f32) -> Result<()> {
     Ok(())
 }
 
+/// `residual_out = x + residual` (rounded to its dtype), then `out =
+/// residual_out / sqrt(mean(residual_out^2) + eps) * weight` per row, in
+/// f32 (see `Backend::add_rms_norm`). Matrices of unit column stride;
+/// `residual_out` may alias `x` or `residual` (each row is read first).
+pub fn add_rms_norm(
+    out: &Array,
+    residual_out: &Array,
+    x: &Array,
+    residual: &Array,
+    weight: &Array,
+    eps: f32,
+) -> Result<()> {
+    let f = Float::of(x.dtype)?;
+    let (rows, hidden) = (x.shape[0], x.shape[1]);
+    let mats = [out, residual_out, x, residual];
+    if mats.iter().any(|m| m.shape != x.shape || m.strides[1] != 1 || m.dtype != x.dtype)
+        || weight.shape != [hidden]
+        || weight.dtype != x.dtype
+    {
+        return Err(err!(Internal, "rmsnorm of {:?} with mismatched operands", x.shape));
+    }
+    let size = x.dtype.size();
+    let at = |m: &Array, r: usize, i: usize| m.addr as usize + (r * m.strides[0] + i) * size;
+    let mut row = vec![0f32; hidden];
+    for r in 0..rows {
+        let mut ss = 0f32;
+        for (i, v) in row.iter_mut().enumerate() {
+            // SAFETY: the operations hand over arrays in memory the caller
+            // promised (checked extents).
+            let sum = unsafe { f.load(at(x, r, i) as *const u8) + f.load(at(residual, r, i) as *const u8) };
+            // SAFETY: as above.
+            unsafe { f.store(at(residual_out, r, i) as *mut u8, sum) };
+            // The norm reads the rounded sum back, as an unfused pass would.
+            *v = unsafe { f.load(at(residual_out, r, i) as *const u8) };
+            ss += *v * *v;
+        }
+        let inv = 1.0 / (ss / hidden as f32 + eps).sqrt();
+        for (i, v) in row.iter().enumerate() {
+            let w_at = weight.addr as usize + i * weight.strides[0] * size;
+            // SAFETY: as above.
+            unsafe { f.store(at(out, r, i) as *mut u8, v * inv * f.load(w_at as *const u8)) };
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

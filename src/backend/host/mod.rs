@@ -56,6 +56,18 @@ impl Backend for HostBackend {
     fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, _stream: Stream) -> Result<()> {
         scaled::scaled_gemm(dst, a, b, scales)
     }
+    fn add_rms_norm(
+        &self,
+        out: &Array,
+        residual_out: &Array,
+        x: &Array,
+        residual: &Array,
+        weight: &Array,
+        eps: f32,
+        _stream: Stream,
+    ) -> Result<()> {
+        elementwise::add_rms_norm(out, residual_out, x, residual, weight, eps)
+    }
     fn check_scaled_gemm(&self, _row_wise: bool) -> Result<()> {
         Ok(())
     }

@@ -12,15 +12,21 @@
 //! - mm_rs: args `a, b`; result `out`; attributes `scatter_dim` (int) and
 //!   `op` ("sum" or "avg").
 //! - lc_allgather: arg `input`; result `output`; no attributes.
+//! - all_reduce: arg `input`; result `output`; attributes `op` ("sum" or
+//!   "avg") and `algorithm` ("auto", "one_shot" or "two_shot").
+//! - all_reduce_rmsnorm: args `input, residual, weight`; results `out,
+//!   residual_out`; attributes `eps` (a string holding the f32 value) and
+//!   `algorithm`.
 
 use super::api::Api;
 use super::c_api::*;
 use super::frame::{self, Frame, Request, XlaBuffer};
 use super::registry::{self, Platform};
+use crate::backend::AllReduceAlgorithm;
 use crate::backend::{BackendKind, Stream};
 use crate::error::{err, Error, Result};
 use crate::group::Group;
-use crate::ops::{self, AgMm, AgMmScales, LcAllgather, MmRs, MmRsScales, ReduceOp};
+use crate::ops::{self, AgMm, AgMmScales, AllReduce, LcAllgather, MmRs, MmRsScales, Norm, ReduceOp};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -29,6 +35,8 @@ enum Op {
     AgMm,
     MmRs,
     LcAllgather,
+    AllReduce,
+    AllReduceRmsNorm,
 }
 
 impl Op {
@@ -37,6 +45,8 @@ impl Op {
             Op::AgMm => "symm_fused_ag_mm",
             Op::MmRs => "symm_mm_rs",
             Op::LcAllgather => "symm_lc_allgather",
+            Op::AllReduce => "symm_all_reduce",
+            Op::AllReduceRmsNorm => "symm_all_reduce_rmsnorm",
         }
     }
 }
@@ -63,6 +73,22 @@ handler!(
 handler!(
     /// `symm_lc_allgather` on XLA's CUDA platform.
     symm_xla_lc_allgather_cuda, Platform::Cuda, Op::LcAllgather
+);
+handler!(
+    /// `symm_all_reduce` on XLA's CUDA platform.
+    symm_xla_all_reduce_cuda, Platform::Cuda, Op::AllReduce
+);
+handler!(
+    /// `symm_all_reduce_rmsnorm` on XLA's CUDA platform.
+    symm_xla_all_reduce_rmsnorm_cuda, Platform::Cuda, Op::AllReduceRmsNorm
+);
+handler!(
+    /// `symm_all_reduce` on XLA's CPU platform, over the host backend.
+    symm_xla_all_reduce_cpu, Platform::Cpu, Op::AllReduce
+);
+handler!(
+    /// `symm_all_reduce_rmsnorm` on XLA's CPU platform, over the host backend.
+    symm_xla_all_reduce_rmsnorm_cpu, Platform::Cpu, Op::AllReduceRmsNorm
 );
 handler!(
     /// `symm_fused_ag_mm` on XLA's CPU platform, over the host backend.
@@ -134,6 +160,8 @@ fn execute(f: &Frame<'_>, platform: Platform, op: Op) -> Result<()> {
         Op::AgMm => ops::fused_ag_mm(&group, ready.and_then(|_| read_ag_mm(f)), on),
         Op::MmRs => ops::mm_rs(&group, ready.and_then(|_| read_mm_rs(f)), on),
         Op::LcAllgather => ops::lc_allgather(&group, ready.and_then(|_| read_lc_allgather(f)), on),
+        Op::AllReduce => ops::all_reduce(&group, ready.and_then(|_| read_all_reduce(f, false)), on),
+        Op::AllReduceRmsNorm => ops::all_reduce(&group, ready.and_then(|_| read_all_reduce(f, true)), on),
     };
     result.map_err(|e| e.context(whose))
 }
@@ -218,6 +246,51 @@ fn read_lc_allgather(f: &Frame<'_>) -> Result<LcAllgather> {
     let input = counted(&args, 1, "arguments")?[0].array("input")?;
     let output = counted(&rets, 1, "results")?[0].array("output")?;
     Ok(LcAllgather { input, output })
+}
+
+fn algorithm(name: &str) -> Result<Option<AllReduceAlgorithm>> {
+    match name {
+        "auto" => Ok(None),
+        "one_shot" => Ok(Some(AllReduceAlgorithm::OneShot)),
+        "two_shot" => Ok(Some(AllReduceAlgorithm::TwoShot)),
+        other => Err(err!(InvalidArgument, "attribute algorithm is {other:?}; expected auto, one_shot or two_shot")),
+    }
+}
+
+fn read_all_reduce(f: &Frame<'_>, norm: bool) -> Result<AllReduce> {
+    let (args, rets, mut attrs) = (f.args()?, f.rets()?, f.attrs()?);
+    let algorithm = algorithm(&attrs.string("algorithm")?)?;
+    if !norm {
+        let op = match attrs.string("op")?.as_str() {
+            "sum" => ReduceOp::Sum,
+            "avg" => ReduceOp::Avg,
+            other => return Err(err!(InvalidArgument, "attribute op is {other:?}; expected \"sum\" or \"avg\"")),
+        };
+        attrs.finish()?;
+        let input = counted(&args, 1, "arguments")?[0].array("input")?;
+        let output = counted(&rets, 1, "results")?[0].array("output")?;
+        return Ok(AllReduce { input, output, op, norm: None, algorithm });
+    }
+    let eps_text = attrs.string("eps")?;
+    let eps: f32 = eps_text
+        .trim()
+        .parse()
+        .map_err(|_| err!(InvalidArgument, "attribute eps is {eps_text:?}; expected a number"))?;
+    attrs.finish()?;
+    let args = counted(&args, 3, "arguments")?;
+    let rets = counted(&rets, 2, "results")?;
+    Ok(AllReduce {
+        input: args[0].array("input")?,
+        output: rets[0].array("out")?,
+        op: ReduceOp::Sum,
+        norm: Some(Norm {
+            residual: args[1].array("residual")?,
+            weight: args[2].array("weight")?,
+            eps,
+            residual_out: rets[1].array("residual_out")?,
+        }),
+        algorithm,
+    })
 }
 
 #[cfg(test)]

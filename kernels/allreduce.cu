@@ -1,0 +1,713 @@
+// Device-side all-reduce: out = scale * sum over ranks of in, summed in f32 in
+// rank order (every rank computes the same bits), optionally followed by the
+// residual add and RMSNorm of inference engines; and that add + RMSNorm alone.
+//
+// Entry points (DT = f32, bf16, f16; f32 accumulation in all):
+//   symm_ar_one_shot_<DT>(symm_ar_params p)
+//   symm_ar_two_shot_<DT>(symm_ar_params p)
+//   symm_add_rmsnorm_<DT>(symm_rmsnorm_params p)
+//
+// The all-reduce moves data through one symmetric scratch buffer per group
+// (p.scratch[r]: rank r's, as mapped here), laid out by the host
+// (AllReduceLayout in src/backend/mod.rs):
+//   [0, 4)       the count of calls this rank made (u32);
+//   [4, 8)       the blocks of the running call that finished (u32);
+//   flags_off    u32 flags, flag(parity, k, c) at
+//                ((parity * (world + 1) + k) * SYMM_AR_MAX_CHUNKS + c) * 4;
+//   one_off      one-shot LL lines: slot (parity, src) at
+//                one_off + (parity * world + src) * one_slot;
+//   two_off      two-shot data: slot (parity, src) at
+//                two_off + (parity * world + src) * two_slot, its first half
+//                the parts src sent for this rank's chunks, its second half
+//                src's reduced chunks.
+// No other work writes the buffer. Call number `seq` = count + 1 flags the
+// data of a call and picks its parity (seq & 1): a rank can only be one call
+// ahead of its peers (each call waits for data every peer sends in it), so
+// two buffers in alternation are never overwritten while a peer reads them,
+// and the calls need no barrier before or after. The last block to finish
+// stores the count; the next call on the stream reads it, so graph replays
+// count like eager calls.
+//
+// One-shot (LL): each 8 bytes of the message travel as one 16-byte line
+// {data0, seq, data1, seq} stored to every peer's slot (parity, rank); each
+// 8-byte half is one store, so a reader that sees both flags equal to seq
+// has the data. Every rank then polls its own slots (local memory) and
+// reduces. With a norm (row bytes a multiple of 8), each block reduces whole
+// rows, adds the residual, normalizes and scales by the weight.
+//
+// Two-shot: chunks of chunk_bytes, chunk c owned by rank c % world. Phase A:
+// each rank pushes its part of every chunk it does not own into the owner's
+// slot (parity, rank), then sets flag(parity, rank, c) = seq there (release,
+// after the block's stores and a system fence). Phase B: the owner waits for
+// every peer's flag of its chunk, reduces it, writes its output and pushes
+// the result into every peer's slot (parity, owner), second half, then sets
+// flag(parity, world, c) = seq there. Phase C: each rank waits for that flag
+// and copies the chunk from its scratch into its output. Every block does all
+// its phase A before any wait, and the grid is at most one block per SM, so
+// every block of every rank is resident and the waits always end.
+//
+// Waits give up after timeout_ns (0: SYMM_DEFAULT_TIMEOUT_NS), recording a
+// timeout in the error record (channel SYMM_AR_CHANNEL), or within
+// SYMM_ERR_POLL_NS once another failure is recorded; the output is then
+// undefined and the group must be destroyed.
+#include "common.cuh"
+#include "dtype.cuh"
+
+#define SYMM_AR_MAX_WORLD 16
+#define SYMM_AR_THREADS 512
+#define SYMM_AR_MAX_CHUNKS 4096
+// The error record's channel for the all-reduce's waits.
+#define SYMM_AR_CHANNEL (-3)
+
+// Kernel parameters (mirrored by ArParams in src/backend/cuda/all_reduce.rs).
+struct symm_ar_params {
+    uint64_t scratch[SYMM_AR_MAX_WORLD];
+    uint64_t input;         // n contiguous elements
+    uint64_t output;        // n contiguous elements (may be input)
+    uint64_t residual;      // norm: n elements (rows of hidden)
+    uint64_t weight;        // norm: hidden elements
+    uint64_t residual_out;  // norm: n elements (may be residual)
+    uint64_t err;           // symm_async_error*
+    uint64_t n;
+    uint64_t timeout_ns;
+    uint64_t flags_off;
+    uint64_t one_off;
+    uint64_t one_slot;
+    uint64_t two_off;
+    uint64_t two_slot;
+    uint64_t chunk_bytes;
+    int32_t rank;
+    int32_t world;
+    uint32_t hidden;  // 0: no norm
+    float scale;
+    float eps;
+    uint32_t pad;
+};
+
+// out = residual_out / sqrt(mean(residual_out^2) + eps) * weight per row,
+// residual_out = x + residual (mirrored by NormParams in all_reduce.rs).
+// Row strides in elements; columns contiguous; residual_out may alias x or
+// residual (each element is read before it is written, by one thread).
+struct symm_rmsnorm_params {
+    uint64_t out;
+    uint64_t residual_out;
+    uint64_t x;
+    uint64_t residual;
+    uint64_t weight;
+    uint64_t rows;
+    uint64_t ld_out;
+    uint64_t ld_residual_out;
+    uint64_t ld_x;
+    uint64_t ld_residual;
+    uint32_t hidden;
+    float eps;
+};
+
+// ---------------------------------------------------------------------------
+// Element types: a 32-bit word holds 4 / size elements.
+// ---------------------------------------------------------------------------
+template <int DT>
+struct symm_ar_dt {
+    static constexpr int kSize = DT == SYMM_DT_F32 ? 4 : 2;
+    static constexpr int kPerWord = 4 / kSize;
+    static __device__ __forceinline__ void unpack(uint32_t w, float* f) {
+        if constexpr (DT == SYMM_DT_F32) {
+            f[0] = __uint_as_float(w);
+        } else if constexpr (DT == SYMM_DT_BF16) {
+            f[0] = __uint_as_float(w << 16);
+            f[1] = __uint_as_float(w & 0xffff0000u);
+        } else {
+            f[0] = symm_f16_bits_to_f32(w & 0xffffu);
+            f[1] = symm_f16_bits_to_f32(w >> 16);
+        }
+    }
+    static __device__ __forceinline__ uint32_t pack(const float* f) {
+        if constexpr (DT == SYMM_DT_F32) {
+            return __float_as_uint(f[0]);
+        } else if constexpr (DT == SYMM_DT_BF16) {
+            return symm_pack_bf16x2(f[0], f[1]);
+        } else {
+            return symm_pack_f16x2(f[0], f[1]);
+        }
+    }
+    static __device__ __forceinline__ float load(const unsigned char* p) {
+        if constexpr (DT == SYMM_DT_F32) {
+            return *(const volatile float*)p;
+        } else if constexpr (DT == SYMM_DT_BF16) {
+            return symm_bf16_bits_to_f32(*(const volatile unsigned short*)p);
+        } else {
+            return symm_f16_bits_to_f32(*(const volatile unsigned short*)p);
+        }
+    }
+    static __device__ __forceinline__ void store(unsigned char* p, float v) {
+        if constexpr (DT == SYMM_DT_F32) {
+            *(float*)p = v;
+        } else if constexpr (DT == SYMM_DT_BF16) {
+            *(unsigned short*)p = symm_f32_to_bf16_bits(v);
+        } else {
+            *(unsigned short*)p = symm_f32_to_f16_bits(v);
+        }
+    }
+    // v rounded to this type.
+    static __device__ __forceinline__ float round(float v) {
+        if constexpr (DT == SYMM_DT_F32) {
+            return v;
+        } else if constexpr (DT == SYMM_DT_BF16) {
+            return symm_bf16_bits_to_f32(symm_f32_to_bf16_bits(v));
+        } else {
+            return symm_f16_bits_to_f32(symm_f32_to_f16_bits(v));
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Memory access.
+// ---------------------------------------------------------------------------
+struct symm_ar_u4 {
+    uint32_t x, y, z, w;
+};
+
+static __device__ __forceinline__ void symm_ar_st_line(uint64_t addr, uint32_t d0, uint32_t d1,
+                                                       uint32_t flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(d0), "r"(flag),
+                 "r"(d1), "r"(flag)
+                 : "memory");
+}
+
+static __device__ __forceinline__ symm_ar_u4 symm_ar_ld_line(uint64_t addr) {
+    symm_ar_u4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(addr)
+                 : "memory");
+    return v;
+}
+
+// 16 bytes of scratch another rank wrote (L2, not a stale L1 line).
+static __device__ __forceinline__ symm_ar_u4 symm_ar_ld_cg(uint64_t addr) {
+    symm_ar_u4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(addr)
+                 : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ symm_ar_u4 symm_ar_ld16(uint64_t addr) {
+    const uint4 v = *(const uint4*)addr;
+    symm_ar_u4 r = {v.x, v.y, v.z, v.w};
+    return r;
+}
+
+static __device__ __forceinline__ void symm_ar_st16(uint64_t addr, symm_ar_u4 v) {
+    *(uint4*)addr = make_uint4(v.x, v.y, v.z, v.w);
+}
+
+// The 8 bytes at byte offset 8*i of an array of `bytes` bytes (elements of
+// at least 2 bytes, the array aligned to its element size): zero beyond the
+// end, and 2-byte accesses where the array is not 8-byte aligned.
+static __device__ __forceinline__ void symm_ar_ld8(uint64_t base, uint64_t i, uint64_t bytes,
+                                                   uint32_t& d0, uint32_t& d1) {
+    const uint64_t off = 8 * i;
+    if ((base & 7u) == 0 && off + 8 <= bytes) {
+        const uint2 v = *(const uint2*)(base + off);
+        d0 = v.x;
+        d1 = v.y;
+        return;
+    }
+    uint32_t h[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        h[k] = off + 2 * k + 2 <= bytes ? *(const unsigned short*)(base + off + 2 * k) : 0u;
+    }
+    d0 = h[0] | (h[1] << 16);
+    d1 = h[2] | (h[3] << 16);
+}
+
+static __device__ __forceinline__ void symm_ar_st8(uint64_t base, uint64_t i, uint64_t bytes, uint32_t d0,
+                                                   uint32_t d1) {
+    const uint64_t off = 8 * i;
+    if ((base & 7u) == 0 && off + 8 <= bytes) {
+        *(uint2*)(base + off) = make_uint2(d0, d1);
+        return;
+    }
+    const uint32_t h[4] = {d0 & 0xffffu, d0 >> 16, d1 & 0xffffu, d1 >> 16};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (off + 2 * k + 2 <= bytes) {
+            *(unsigned short*)(base + off + 2 * k) = (unsigned short)h[k];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Waiting.
+// ---------------------------------------------------------------------------
+struct symm_ar_wait {
+    uint64_t start;
+    uint64_t next_err_poll;
+    uint32_t spins;
+};
+
+static __device__ __forceinline__ void symm_ar_wait_begin(symm_ar_wait& w) {
+    w.start = 0;
+    w.spins = 0;
+}
+
+// Whether a wait must give up (timeout, recorded; or another failure
+// recorded); the first call only starts the clock.
+static __device__ bool symm_ar_timed_out(symm_ar_wait& w, uint64_t err_addr, uint64_t timeout_ns,
+                                                      int rank, int peer) {
+    const uint64_t now = symm_globaltimer_ns();
+    if (w.start == 0) {
+        w.start = now;
+        w.next_err_poll = now + SYMM_ERR_POLL_NS;
+        return false;
+    }
+    symm_async_error* err = (symm_async_error*)err_addr;
+    const uint64_t timeout = timeout_ns ? timeout_ns : SYMM_DEFAULT_TIMEOUT_NS;
+    if (now - w.start >= timeout) {
+        symm_record_error(err, SYMM_ASYNC_TIMEOUT, rank, peer, SYMM_AR_CHANNEL, SYMM_SIGNAL_KIND_VALUE,
+                          now - w.start);
+        return true;
+    }
+    if (now >= w.next_err_poll) {
+        if (symm_error_pending(err)) {
+            return true;
+        }
+        w.next_err_poll = now + SYMM_ERR_POLL_NS;
+    }
+    return false;
+}
+
+// The time and error checks every 64 polls (the clock and the error record
+// are slow to read).
+static __device__ __forceinline__ bool symm_ar_keep_waiting(symm_ar_wait& w, const symm_ar_params& p,
+                                                            int peer) {
+    if ((++w.spins & 63u) != 1u) {
+        return true;
+    }
+    return !symm_ar_timed_out(w, p.err, p.timeout_ns, p.rank, peer);
+}
+
+// Waits until the flag at `addr` (this rank's memory) reaches `seq`.
+static __device__ void symm_ar_wait_flag(uint64_t addr, uint32_t seq, const symm_ar_params& p, int peer) {
+    symm_ar_wait w;
+    symm_ar_wait_begin(w);
+    while ((int32_t)(symm_ld_acquire_sys((const uint32_t*)addr) - seq) < 0) {
+        if (!symm_ar_keep_waiting(w, p, peer)) {
+            return;
+        }
+    }
+}
+
+// The LL line at `addr` once both its flags read `seq` (or the wait gave up).
+static __device__ __forceinline__ symm_ar_u4 symm_ar_poll_line(uint64_t addr, uint32_t seq,
+                                                                const symm_ar_params& p, int peer) {
+    symm_ar_u4 v = symm_ar_ld_line(addr);
+    if (v.y == seq && v.w == seq) {
+        return v;
+    }
+    symm_ar_wait w;
+    symm_ar_wait_begin(w);
+    for (;;) {
+        v = symm_ar_ld_line(addr);
+        if ((v.y == seq && v.w == seq) || !symm_ar_keep_waiting(w, p, peer)) {
+            return v;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The call count.
+// ---------------------------------------------------------------------------
+static __device__ __forceinline__ uint32_t symm_ar_begin(const symm_ar_params& p) {
+    __shared__ uint32_t s_seq;
+    if (threadIdx.x == 0) {
+        s_seq = *(const volatile uint32_t*)p.scratch[p.rank] + 1u;
+    }
+    __syncthreads();
+    return s_seq;
+}
+
+// The last block to finish stores the count (after every block read it).
+static __device__ __forceinline__ void symm_ar_end(const symm_ar_params& p, uint32_t seq) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t* header = (uint32_t*)p.scratch[p.rank];
+        __threadfence();
+        const uint32_t done = atomicAdd(header + 1, 1u);
+        if (done == gridDim.x - 1) {
+            __threadfence();
+            *(volatile uint32_t*)(header + 1) = 0u;
+            *(volatile uint32_t*)header = seq;
+        }
+    }
+}
+
+// Sum over the block's threads (every thread gets it).
+static __device__ float symm_ar_block_sum(float v) {
+    __shared__ float s_part[32];
+    __shared__ float s_total;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        s_part[warp] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int i = 0; i < (int)(blockDim.x + 31) / 32; ++i) {
+            t += s_part[i];
+        }
+        s_total = t;
+    }
+    __syncthreads();
+    const float t = s_total;
+    __syncthreads();
+    return t;
+}
+
+// ---------------------------------------------------------------------------
+// One-shot.
+// ---------------------------------------------------------------------------
+template <int DT>
+static __device__ __forceinline__ uint64_t symm_ar_one_slot(const symm_ar_params& p, int owner, int parity,
+                                                            int src) {
+    return p.scratch[owner] + p.one_off + ((uint64_t)parity * p.world + src) * p.one_slot;
+}
+
+// Line i reduced over the ranks, in f32 (8 / size elements).
+template <int DT>
+static __device__ __forceinline__ void symm_ar_one_line(const symm_ar_params& p, uint64_t i, uint64_t bytes,
+                                                        uint32_t seq, int parity, float* acc) {
+    typedef symm_ar_dt<DT> T;
+    constexpr int E = 2 * T::kPerWord;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        acc[e] = 0.0f;
+    }
+    for (int r = 0; r < p.world; ++r) {
+        uint32_t d0, d1;
+        if (r == p.rank) {
+            symm_ar_ld8(p.input, i, bytes, d0, d1);
+        } else {
+            const symm_ar_u4 v = symm_ar_poll_line(symm_ar_one_slot<DT>(p, p.rank, parity, r) + 16 * i, seq, p, r);
+            d0 = v.x;
+            d1 = v.z;
+        }
+        float f[E];
+        T::unpack(d0, f);
+        T::unpack(d1, f + T::kPerWord);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[e] += f[e];
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        acc[e] *= p.scale;
+    }
+}
+
+template <int DT>
+static __device__ __forceinline__ void symm_ar_pack_line(const float* f, uint32_t& d0, uint32_t& d1) {
+    typedef symm_ar_dt<DT> T;
+    d0 = T::pack(f);
+    d1 = T::pack(f + T::kPerWord);
+}
+
+template <int DT>
+static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
+    typedef symm_ar_dt<DT> T;
+    constexpr int E = 2 * T::kPerWord;
+    const uint64_t bytes = p.n * T::kSize;
+    const uint64_t lines = (bytes + 7) / 8;
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t gstride = (uint64_t)gridDim.x * blockDim.x;
+    // The first line's data is loaded while the call count is read.
+    uint32_t first0 = 0, first1 = 0;
+    if (gtid < lines) {
+        symm_ar_ld8(p.input, gtid, bytes, first0, first1);
+    }
+    const uint32_t seq = symm_ar_begin(p);
+    const int parity = seq & 1u;
+    // Push this rank's lines to every peer.
+    if (p.world > 1) {
+        for (uint64_t i = gtid; i < lines; i += gstride) {
+            uint32_t d0 = first0, d1 = first1;
+            if (i != gtid) {
+                symm_ar_ld8(p.input, i, bytes, d0, d1);
+            }
+            for (int k = 1; k < p.world; ++k) {
+                const int q = (p.rank + k) % p.world;
+                symm_ar_st_line(symm_ar_one_slot<DT>(p, q, parity, p.rank) + 16 * i, d0, d1, seq);
+            }
+        }
+    }
+    if (p.hidden == 0) {
+        for (uint64_t i = gtid; i < lines; i += gstride) {
+            float acc[E];
+            symm_ar_one_line<DT>(p, i, bytes, seq, parity, acc);
+            uint32_t d0, d1;
+            symm_ar_pack_line<DT>(acc, d0, d1);
+            symm_ar_st8(p.output, i, bytes, d0, d1);
+        }
+    } else {
+        // Whole rows per block (row bytes are a multiple of 8: the host checks).
+        const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
+        const uint64_t rows = p.n / p.hidden;
+        const uint64_t wbytes = (uint64_t)p.hidden * T::kSize;
+        for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+            float ss = 0.0f;
+            for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
+                const uint64_t i = row * row_lines + j;
+                float acc[E];
+                symm_ar_one_line<DT>(p, i, bytes, seq, parity, acc);
+                uint32_t r0, r1;
+                symm_ar_ld8(p.residual, i, bytes, r0, r1);
+                float res[E];
+                T::unpack(r0, res);
+                T::unpack(r1, res + T::kPerWord);
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    acc[e] = T::round(T::round(acc[e]) + res[e]);
+                    ss += acc[e] * acc[e];
+                }
+                uint32_t d0, d1;
+                symm_ar_pack_line<DT>(acc, d0, d1);
+                symm_ar_st8(p.residual_out, i, bytes, d0, d1);
+            }
+            const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
+            for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
+                const uint64_t i = row * row_lines + j;
+                uint32_t r0, r1, w0, w1;
+                symm_ar_ld8(p.residual_out, i, bytes, r0, r1);
+                symm_ar_ld8(p.weight, j, wbytes, w0, w1);
+                float r[E], w[E];
+                T::unpack(r0, r);
+                T::unpack(r1, r + T::kPerWord);
+                T::unpack(w0, w);
+                T::unpack(w1, w + T::kPerWord);
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    r[e] = r[e] * inv * w[e];
+                }
+                uint32_t d0, d1;
+                symm_ar_pack_line<DT>(r, d0, d1);
+                symm_ar_st8(p.output, i, bytes, d0, d1);
+            }
+        }
+    }
+    symm_ar_end(p, seq);
+}
+
+// ---------------------------------------------------------------------------
+// Two-shot.
+// ---------------------------------------------------------------------------
+static __device__ __forceinline__ uint64_t symm_ar_two_slot(const symm_ar_params& p, int owner, int parity,
+                                                            int src) {
+    return p.scratch[owner] + p.two_off + ((uint64_t)parity * p.world + src) * p.two_slot;
+}
+
+static __device__ __forceinline__ uint64_t symm_ar_flag(const symm_ar_params& p, int owner, int parity, int k,
+                                                        uint64_t c) {
+    return p.scratch[owner] + p.flags_off +
+           (((uint64_t)parity * (p.world + 1) + k) * SYMM_AR_MAX_CHUNKS + c) * 4;
+}
+
+// Copies `len` bytes (even) with the block's threads: 16-byte accesses when
+// both ends are aligned, else 2-byte ones. `cg`: the source is scratch that
+// another rank wrote.
+static __device__ void symm_ar_block_copy(uint64_t dst, uint64_t src, uint64_t len, bool cg) {
+    if (((dst | src) & 15u) == 0) {
+        const uint64_t vecs = len / 16;
+        for (uint64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+            symm_ar_st16(dst + 16 * v, cg ? symm_ar_ld_cg(src + 16 * v) : symm_ar_ld16(src + 16 * v));
+        }
+        for (uint64_t o = vecs * 16 + 2 * threadIdx.x; o < len; o += 2 * blockDim.x) {
+            *(unsigned short*)(dst + o) = *(const volatile unsigned short*)(src + o);
+        }
+        return;
+    }
+    for (uint64_t o = 2 * threadIdx.x; o < len; o += 2 * blockDim.x) {
+        *(unsigned short*)(dst + o) = *(const volatile unsigned short*)(src + o);
+    }
+}
+
+// Chunk c (owned by this rank): the sum of every rank's part, written to the
+// output and to every peer's slot (parity, rank), second half.
+template <int DT>
+static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity, uint64_t lo, uint64_t len,
+                                            uint64_t slot_off) {
+    typedef symm_ar_dt<DT> T;
+    const int W = p.world;
+    const uint64_t in = p.input + lo, out = p.output + lo;
+    const uint64_t half = p.two_slot / 2;
+    if (((in | out) & 15u) == 0) {
+        constexpr int E = 4 * T::kPerWord;
+        const uint64_t vecs = len / 16;
+        for (uint64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+            float acc[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                acc[e] = 0.0f;
+            }
+            for (int r = 0; r < W; ++r) {
+                const symm_ar_u4 x = r == p.rank
+                                         ? symm_ar_ld16(in + 16 * v)
+                                         : symm_ar_ld_cg(symm_ar_two_slot(p, p.rank, parity, r) + slot_off + 16 * v);
+                float f[E];
+                T::unpack(x.x, f);
+                T::unpack(x.y, f + T::kPerWord);
+                T::unpack(x.z, f + 2 * T::kPerWord);
+                T::unpack(x.w, f + 3 * T::kPerWord);
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    acc[e] += f[e];
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                acc[e] *= p.scale;
+            }
+            symm_ar_u4 o;
+            o.x = T::pack(acc);
+            o.y = T::pack(acc + T::kPerWord);
+            o.z = T::pack(acc + 2 * T::kPerWord);
+            o.w = T::pack(acc + 3 * T::kPerWord);
+            symm_ar_st16(out + 16 * v, o);
+            for (int k = 1; k < W; ++k) {
+                const int q = (p.rank + k) % W;
+                symm_ar_st16(symm_ar_two_slot(p, q, parity, p.rank) + half + slot_off + 16 * v, o);
+            }
+        }
+        // A tail of fewer than 16 bytes: element by element below.
+        lo += vecs * 16;
+        len -= vecs * 16;
+        slot_off += vecs * 16;
+    }
+    const uint64_t count = len / T::kSize;
+    for (uint64_t e = threadIdx.x; e < count; e += blockDim.x) {
+        const uint64_t o = e * T::kSize;
+        float acc = 0.0f;
+        for (int r = 0; r < W; ++r) {
+            acc += r == p.rank ? T::load((const unsigned char*)(p.input + lo + o))
+                               : T::load((const unsigned char*)(symm_ar_two_slot(p, p.rank, parity, r) + slot_off + o));
+        }
+        acc *= p.scale;
+        T::store((unsigned char*)(p.output + lo + o), acc);
+        for (int k = 1; k < W; ++k) {
+            const int q = (p.rank + k) % W;
+            T::store((unsigned char*)(symm_ar_two_slot(p, q, parity, p.rank) + half + slot_off + o), acc);
+        }
+    }
+}
+
+template <int DT>
+static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
+    typedef symm_ar_dt<DT> T;
+    const uint32_t seq = symm_ar_begin(p);
+    const int parity = seq & 1u;
+    const int W = p.world, me = p.rank;
+    const uint64_t bytes = p.n * T::kSize;
+    const uint64_t C = p.chunk_bytes;
+    const uint64_t chunks = (bytes + C - 1) / C;
+    const uint64_t half = p.two_slot / 2;
+    // A: this rank's part of every chunk a peer owns, to that peer.
+    for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+        const int owner = (int)(c % W);
+        if (owner == me) {
+            continue;
+        }
+        const uint64_t lo = c * C, len = bytes - lo < C ? bytes - lo : C;
+        symm_ar_block_copy(symm_ar_two_slot(p, owner, parity, me) + (c / W) * C, p.input + lo, len, false);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            symm_st_release_sys((uint32_t*)symm_ar_flag(p, owner, parity, me, c), seq);
+        }
+    }
+    // B: the chunks this rank owns, reduced and sent to every peer.
+    for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+        if ((int)(c % W) != me) {
+            continue;
+        }
+        if ((int)threadIdx.x < W && (int)threadIdx.x != me) {
+            symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, c), seq, p, threadIdx.x);
+        }
+        __syncthreads();
+        const uint64_t lo = c * C, len = bytes - lo < C ? bytes - lo : C;
+        symm_ar_reduce_chunk<DT>(p, parity, lo, len, (c / W) * C);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            for (int k = 1; k < W; ++k) {
+                const int q = (me + k) % W;
+                symm_st_release_sys((uint32_t*)symm_ar_flag(p, q, parity, W, c), seq);
+            }
+        }
+    }
+    // C: the peers' reduced chunks, from this rank's scratch to the output.
+    for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+        const int owner = (int)(c % W);
+        if (owner == me) {
+            continue;
+        }
+        if (threadIdx.x == 0) {
+            symm_ar_wait_flag(symm_ar_flag(p, me, parity, W, c), seq, p, owner);
+        }
+        __syncthreads();
+        const uint64_t lo = c * C, len = bytes - lo < C ? bytes - lo : C;
+        symm_ar_block_copy(p.output + lo, symm_ar_two_slot(p, me, parity, owner) + half + (c / W) * C, len, true);
+    }
+    symm_ar_end(p, seq);
+}
+
+// ---------------------------------------------------------------------------
+// Add + RMSNorm alone (after a two-shot, or rows the one-shot cannot fuse).
+// ---------------------------------------------------------------------------
+template <int DT>
+static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
+    typedef symm_ar_dt<DT> T;
+    constexpr int S = T::kSize;
+    for (uint64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+        const unsigned char* x = (const unsigned char*)(p.x + row * p.ld_x * S);
+        const unsigned char* res = (const unsigned char*)(p.residual + row * p.ld_residual * S);
+        unsigned char* ro = (unsigned char*)(p.residual_out + row * p.ld_residual_out * S);
+        unsigned char* out = (unsigned char*)(p.out + row * p.ld_out * S);
+        float ss = 0.0f;
+        for (uint32_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+            const float r = T::round(T::load(x + i * S) + T::load(res + i * S));
+            T::store(ro + i * S, r);
+            ss += r * r;
+        }
+        const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
+        for (uint32_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+            const float r = T::load(ro + i * S);
+            T::store(out + i * S, r * inv * T::load((const unsigned char*)(p.weight + i * S)));
+        }
+    }
+}
+
+#define SYMM_AR_ENTRY(SUFFIX, DT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_one_shot_##SUFFIX(          \
+        const symm_ar_params p) {                                                                      \
+        symm_ar_one_shot_impl<DT>(p);                                                                  \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_two_shot_##SUFFIX(          \
+        const symm_ar_params p) {                                                                      \
+        symm_ar_two_shot_impl<DT>(p);                                                                  \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_add_rmsnorm_##SUFFIX(          \
+        const symm_rmsnorm_params p) {                                                                 \
+        symm_add_rmsnorm_impl<DT>(p);                                                                  \
+    }
+
+SYMM_AR_ENTRY(f32, SYMM_DT_F32)
+SYMM_AR_ENTRY(bf16, SYMM_DT_BF16)
+SYMM_AR_ENTRY(f16, SYMM_DT_F16)
+#undef SYMM_AR_ENTRY

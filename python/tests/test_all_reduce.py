@@ -1,0 +1,165 @@
+"""symm.all_reduce and symm.all_reduce_rmsnorm on the host backend against
+numpy float64 references: ranks as threads, poisoned outputs, every
+algorithm, in place, strided, symmetric inputs, DLPack, bound calls, and
+argument errors that fail every rank."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from fakes import DLPackOnly
+from ranks import on_threads
+
+import symm
+
+TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3, ml_dtypes.bfloat16: 1e-2}
+DTYPES = list(TOLERANCE)
+ALGORITHMS = [None, "one_shot", "two_shot"]
+
+
+def groups_of(world):
+    return symm.local_groups(world, backend="host", timeout_ms=10000)
+
+
+def inputs(world, shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(dtype) for _ in range(world)]
+
+
+def assert_close(got, ref, dtype):
+    err = np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert err <= TOLERANCE[dtype], f"relative error {err:.2e} for {np.dtype(dtype).name}"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_sum_and_avg(world, dtype, algorithm):
+    xs = inputs(world, (5, 37), dtype, world)
+
+    def rank_main(g):
+        out = np.full((5, 37), np.nan, dtype)
+        got = symm.all_reduce(g, xs[g.rank], out=out, algorithm=algorithm)
+        assert got is out
+        avg = symm.all_reduce(g, xs[g.rank], op="avg", algorithm=algorithm)
+        assert avg.dtype == dtype and avg.shape == (5, 37)
+        return out, avg
+
+    ref = sum(x.astype(np.float64) for x in xs)
+    results = on_threads(rank_main, groups_of(world))
+    for out, avg in results:
+        assert_close(out, ref, dtype)
+        assert_close(avg, ref / world, dtype)
+        np.testing.assert_array_equal(out, results[0][0])  # the same bits everywhere
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_in_place_strided_and_dlpack(algorithm):
+    world = 3
+    xs = inputs(world, (8, 12), np.float32, 1)
+    ref = sum(x.astype(np.float64) for x in xs)
+
+    def rank_main(g):
+        x = xs[g.rank].copy()
+        assert symm.all_reduce(g, x, inplace=True, algorithm=algorithm) is x
+        whole = np.full((8, 24), np.nan, np.float32)
+        symm.all_reduce(g, xs[g.rank].T, out=whole[:, ::2].T, algorithm=algorithm)
+        assert np.isnan(whole[:, 1::2]).all(), "wrote outside the output"
+        out = np.full((8, 12), np.nan, np.float32)
+        symm.all_reduce(g, DLPackOnly(xs[g.rank]), out=out, algorithm=algorithm)
+        return x, whole[:, ::2], out
+
+    for x, strided, out in on_threads(rank_main, groups_of(world)):
+        assert_close(x, ref, np.float32)
+        assert_close(strided, ref, np.float32)
+        assert_close(out, ref, np.float32)
+
+
+def test_symmetric_input_and_plan():
+    world = 2
+
+    def rank_main(g):
+        with g.create(1 << 16) as buf, buf.rendezvous():
+            x = buf.array(np.float32, (64,), offset=512)
+            x[:] = np.arange(64) + g.rank
+            out = symm.all_reduce(g, x)
+        plans = [g.plan("all_reduce", n, dtype="bf16") for n in (4096, 64 << 20)]
+        return out, plans
+
+    for out, plans in on_threads(rank_main, groups_of(world)):
+        np.testing.assert_array_equal(out, 2 * np.arange(64) + 1)
+        assert plans[0]["algorithm"] == "one_shot" and plans[1]["algorithm"] == "two_shot"
+        assert 0 < plans[0]["total_ms"] < plans[1]["total_ms"]
+
+
+def rmsnorm_ref(s, residual, weight, eps, dtype):
+    r = (s.astype(dtype).astype(np.float64) + residual.astype(np.float64)).astype(dtype).astype(np.float64)
+    inv = 1 / np.sqrt((r * r).mean(axis=-1, keepdims=True) + eps)
+    return r * inv * weight.astype(np.float64), r
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_rmsnorm(world, dtype, algorithm):
+    tokens, hidden, eps = 3, 64, 1e-6
+    xs = inputs(world, (tokens, hidden), dtype, 3)
+    (residual,) = inputs(1, (tokens, hidden), dtype, 4)
+    (weight,) = inputs(1, (hidden,), dtype, 5)
+    want, r = rmsnorm_ref(sum(x.astype(np.float64) for x in xs), residual, weight, eps, dtype)
+
+    def rank_main(g):
+        out, ro = symm.all_reduce_rmsnorm(g, xs[g.rank], residual, weight, eps, algorithm=algorithm)
+        res = residual.copy()
+        out2, ro2 = symm.all_reduce_rmsnorm(g, xs[g.rank], res, weight, eps, algorithm=algorithm, inplace=True)
+        assert ro2 is res
+        return out, ro, out2, ro2
+
+    for out, ro, out2, ro2 in on_threads(rank_main, groups_of(world)):
+        for o, x in ((out, ro), (out2, ro2)):
+            assert_close(o, want, dtype)
+            assert_close(x, r, dtype)
+
+
+def test_bound_all_reduce_repeats():
+    world = 2
+    xs = inputs(world, (16,), np.float32, 6)
+
+    def rank_main(g):
+        x = xs[g.rank].copy()
+        call = symm.bind(symm.all_reduce, g, x, algorithm="one_shot")
+        outs = []
+        for k in range(3):
+            x[:] = xs[g.rank] * (k + 1)
+            outs.append(call().copy())
+        return outs
+
+    for outs in on_threads(rank_main, groups_of(world)):
+        for k, out in enumerate(outs):
+            assert_close(out, (k + 1) * sum(x.astype(np.float64) for x in xs), np.float32)
+
+
+def test_errors_fail_every_rank():
+    def mismatch(g):
+        with pytest.raises(symm.SymmMismatchError, match="input.shape"):
+            symm.all_reduce(g, np.ones((4 + g.rank,), np.float32))
+        with pytest.raises(symm.SymmMismatchError, match="algorithm"):
+            symm.all_reduce(g, np.ones(4, np.float32), algorithm="one_shot" if g.rank else "two_shot")
+
+    on_threads(mismatch, groups_of(2))
+
+    def bad_out(g):
+        out = np.zeros(3 if g.rank == 1 else 4, np.float32)
+        err = symm.SymmInvalidArgument if g.rank == 1 else symm.SymmRemoteError
+        with pytest.raises(err, match="output.shape"):
+            symm.all_reduce(g, np.ones(4, np.float32), out=out)
+        with pytest.raises(ValueError, match="algorithm"):
+            symm.all_reduce(g, np.ones(4, np.float32), algorithm="three_shot")
+
+    on_threads(bad_out, groups_of(3))
+
+    def bad_weight(g):
+        x = np.ones((2, 8), np.float32)
+        with pytest.raises((symm.SymmInvalidArgument, symm.SymmRemoteError), match="weight.shape"):
+            symm.all_reduce_rmsnorm(g, x, x.copy(), np.ones(4 if g.rank == 0 else 8, np.float32))
+
+    on_threads(bad_weight, groups_of(2))

@@ -1,0 +1,252 @@
+//! The device-side all-reduce on CUDA (kernels/allreduce.cu): one launch
+//! of the one-shot (LL lines, flag in the data) or the two-shot (chunks
+//! with call-numbered flags) kernel per call, through the group's
+//! all-reduce buffer (layout: `backend::AllReduceLayout`); and the add +
+//! RMSNorm kernel, fused into the one-shot where rows are whole LL lines,
+//! launched after the all-reduce otherwise.
+
+use super::gemm::GemmDtype;
+use super::module::{arg, Kernels};
+use super::sm90::gemm_dtype;
+use crate::array::Array;
+use crate::backend::{AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
+use crate::error::{err, Result};
+use std::ffi::c_void;
+
+/// Threads per block (`SYMM_AR_THREADS`).
+pub const AR_THREADS: u32 = 512;
+/// Largest world the kernels take (`SYMM_AR_MAX_WORLD`).
+pub const AR_MAX_WORLD: usize = AllReduceLayout::MAX_WORLD;
+
+/// Mirror of `struct symm_ar_params`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ArParams {
+    scratch: [u64; AR_MAX_WORLD],
+    input: u64,
+    output: u64,
+    residual: u64,
+    weight: u64,
+    residual_out: u64,
+    err: u64,
+    n: u64,
+    timeout_ns: u64,
+    flags_off: u64,
+    one_off: u64,
+    one_slot: u64,
+    two_off: u64,
+    two_slot: u64,
+    chunk_bytes: u64,
+    rank: i32,
+    world: i32,
+    hidden: u32,
+    scale: f32,
+    eps: f32,
+    pad: u32,
+}
+
+/// Mirror of `struct symm_rmsnorm_params`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct NormParams {
+    out: u64,
+    residual_out: u64,
+    x: u64,
+    residual: u64,
+    weight: u64,
+    rows: u64,
+    ld_out: u64,
+    ld_residual_out: u64,
+    ld_x: u64,
+    ld_residual: u64,
+    hidden: u32,
+    eps: f32,
+}
+
+/// Blocks of a launch: at most one per SM (every block resident, so the
+/// two-shot's waits always end), at least 1.
+fn grid(call: &AllReduceCall, sm_count: u32) -> u32 {
+    let bytes = call.n * call.dtype.size();
+    let wanted = match call.algorithm {
+        AllReduceAlgorithm::OneShot => {
+            let lines = bytes.div_ceil(8);
+            let rows = call.norm.as_ref().map_or(0, |nm| call.n / nm.hidden.max(1));
+            lines.div_ceil(AR_THREADS as usize).max(rows)
+        }
+        AllReduceAlgorithm::TwoShot => bytes.div_ceil(AllReduceLayout::chunk_bytes(bytes)),
+    };
+    wanted.clamp(1, sm_count.max(1) as usize) as u32
+}
+
+/// Whether the one-shot kernel normalizes rows of `hidden` itself: its
+/// rows must be whole 8-byte LL lines.
+pub fn fuses_norm(algorithm: AllReduceAlgorithm, hidden: usize, elem: usize) -> bool {
+    algorithm == AllReduceAlgorithm::OneShot && (hidden * elem) % 8 == 0 && hidden <= u32::MAX as usize
+}
+
+fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
+    let (world, rank) = (call.world, call.rank);
+    if world == 0 || world > AR_MAX_WORLD || rank >= world || call.scratch.len() != world {
+        return Err(err!(Internal, "all-reduce kernel for rank {rank} of {world} with {} buffers", call.scratch.len()));
+    }
+    let size = call.dtype.size();
+    let bytes = call.n * size;
+    let layout = AllReduceLayout::of(call.scratch_bytes, world);
+    if !layout.holds(bytes) {
+        return Err(err!(Internal, "an all-reduce buffer of {} bytes cannot hold {bytes} bytes", call.scratch_bytes));
+    }
+    for (name, p) in [("input", call.input), ("output", call.output)] {
+        if p == 0 || p % size as u64 != 0 {
+            return Err(err!(Internal, "all-reduce {name} {p:#x} is NULL or misaligned"));
+        }
+    }
+    let mut p = ArParams {
+        input: call.input,
+        output: call.output,
+        err: err_ptr,
+        n: call.n as u64,
+        timeout_ns: call.timeout.as_nanos().min(u64::MAX as u128) as u64,
+        flags_off: layout.flags as u64,
+        one_off: layout.one_shot as u64,
+        one_slot: layout.one_shot_slot as u64,
+        two_off: layout.two_shot as u64,
+        two_slot: layout.two_shot_slot as u64,
+        chunk_bytes: AllReduceLayout::chunk_bytes(bytes) as u64,
+        rank: rank as i32,
+        world: world as i32,
+        scale: call.scale,
+        ..Default::default()
+    };
+    p.scratch[..world].copy_from_slice(&call.scratch);
+    Ok(p)
+}
+
+/// Enqueues `call` on `stream`; `err_ptr` is the device's error record.
+pub fn all_reduce(kernels: &Kernels, call: &AllReduceCall, err_ptr: u64, stream: Stream) -> Result<()> {
+    let dtype = gemm_dtype(call.dtype)?;
+    let mut p = params(call, err_ptr)?;
+    let fused = call.norm.as_ref().filter(|nm| fuses_norm(call.algorithm, nm.hidden, call.dtype.size()));
+    if let Some(nm) = fused {
+        (p.residual, p.weight, p.residual_out, p.hidden, p.eps) =
+            (nm.residual, nm.weight, nm.residual_out, nm.hidden as u32, nm.eps);
+    }
+    let f = &kernels.all_reduce[call.algorithm as usize][dtype as usize];
+    let blocks = grid(call, kernels.sm_count);
+    let mut params: [*mut c_void; 1] = [arg(&mut p)];
+    // SAFETY: one parameter, `struct symm_ar_params` by value (ArParams
+    // mirrors it); the addresses are the caller's checked arrays and the
+    // group's all-reduce buffers, live until the work completes.
+    unsafe { kernels.launch(f, blocks, (AR_THREADS, 1, 1), stream, &mut params, "the all-reduce kernel")? };
+    match (&call.norm, fused) {
+        (Some(nm), None) => {
+            // The sum is in `output` (out): normalize it there.
+            let rows = call.n / nm.hidden;
+            let m = |addr| Array::contiguous(addr, call.dtype, &[rows, nm.hidden]);
+            let w = Array::contiguous(nm.weight, call.dtype, &[nm.hidden]);
+            let out = m(call.output);
+            add_rms_norm(kernels, &out, &m(nm.residual_out), &out, &m(nm.residual), &w, nm.eps, stream)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `residual_out = x + residual`, `out = rmsnorm(residual_out) * weight`
+/// (see `Backend::add_rms_norm`): matrices of unit column stride.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    kernels: &Kernels,
+    out: &Array,
+    residual_out: &Array,
+    x: &Array,
+    residual: &Array,
+    weight: &Array,
+    eps: f32,
+    stream: Stream,
+) -> Result<()> {
+    let dtype: GemmDtype = gemm_dtype(x.dtype)?;
+    let (rows, hidden) = (x.shape[0], x.shape[1]);
+    let mats = [out, residual_out, x, residual];
+    if mats.iter().any(|m| m.shape != x.shape || m.strides[1] != 1 || m.dtype != x.dtype)
+        || weight.shape != [hidden]
+        || !weight.is_contiguous()
+        || weight.dtype != x.dtype
+        || hidden > u32::MAX as usize
+    {
+        return Err(err!(Internal, "rmsnorm of {:?} with mismatched operands", x.shape));
+    }
+    if rows == 0 || hidden == 0 {
+        return Ok(());
+    }
+    let ld = |m: &Array| m.strides[0].max(hidden) as u64;
+    let mut p = NormParams {
+        out: out.addr,
+        residual_out: residual_out.addr,
+        x: x.addr,
+        residual: residual.addr,
+        weight: weight.addr,
+        rows: rows as u64,
+        ld_out: ld(out),
+        ld_residual_out: ld(residual_out),
+        ld_x: ld(x),
+        ld_residual: ld(residual),
+        hidden: hidden as u32,
+        eps,
+    };
+    let blocks = rows.min(4 * kernels.sm_count.max(1) as usize) as u32;
+    let mut params: [*mut c_void; 1] = [arg(&mut p)];
+    // SAFETY: one parameter, `struct symm_rmsnorm_params` by value.
+    unsafe {
+        kernels.launch(&kernels.add_rmsnorm[dtype as usize], blocks, (AR_THREADS, 1, 1), stream, &mut params, "rmsnorm")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::array::DType;
+    use std::time::Duration;
+
+    #[test]
+    fn params_mirror_the_kernel_s_struct() {
+        assert_eq!(std::mem::size_of::<ArParams>(), 16 * 8 + 14 * 8 + 6 * 4);
+        assert_eq!(std::mem::size_of::<NormParams>(), 10 * 8 + 2 * 4);
+    }
+
+    fn call(algorithm: AllReduceAlgorithm, n: usize) -> AllReduceCall {
+        let bytes = AllReduceLayout::bytes_for(n * 2, 2);
+        AllReduceCall {
+            algorithm,
+            rank: 1,
+            world: 2,
+            dtype: DType::BF16,
+            n,
+            input: 0x1000,
+            output: 0x2000,
+            scale: 1.0,
+            scratch: vec![0x10_0000, 0x20_0000],
+            scratch_bytes: bytes,
+            norm: None,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn grids_and_checks() {
+        assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 4096), 132), 2); // 8 KiB: 1024 lines
+        assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 1 << 24), 132), 132);
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1), 132), 1);
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 132), 132);
+        let p = params(&call(AllReduceAlgorithm::TwoShot, 1000), 0).unwrap();
+        assert_eq!((p.rank, p.world, p.scratch[1], p.scratch[2]), (1, 2, 0x20_0000, 0));
+        let mut c = call(AllReduceAlgorithm::OneShot, 1000);
+        c.scratch_bytes = 4096;
+        assert!(params(&c, 0).is_err());
+        let mut c = call(AllReduceAlgorithm::OneShot, 1000);
+        c.output = 0x2001;
+        assert!(params(&c, 0).is_err());
+        assert!(fuses_norm(AllReduceAlgorithm::OneShot, 4096, 2));
+        assert!(!fuses_norm(AllReduceAlgorithm::OneShot, 33, 2));
+        assert!(fuses_norm(AllReduceAlgorithm::OneShot, 34, 4));
+        assert!(!fuses_norm(AllReduceAlgorithm::TwoShot, 4096, 2));
+    }
+}

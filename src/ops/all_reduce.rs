@@ -1,0 +1,425 @@
+//! `symm_all_reduce` and `symm_all_reduce_rmsnorm`: `output = reduce(input
+//! over ranks)`, sum or average, elementwise, summed in f32 in rank order
+//! (every rank gets the same bits); and the fused form of inference
+//! engines, `residual_out = all_reduce(input) + residual`, `out =
+//! rmsnorm(residual_out) * weight` over the last dimension.
+//!
+//! Two algorithms (PyTorch's `one_shot_all_reduce` and
+//! `two_shot_all_reduce_`), chosen by `decide::decide_all_reduce` from the
+//! agreed size or forced by the call's options:
+//!
+//! - **one-shot**: every rank reads every rank's input and reduces all of
+//!   it; the lowest latency, for small messages;
+//! - **two-shot**: each rank reduces a `1/world` slice and the ranks then
+//!   gather the reduced slices; half the traffic at two ranks, for large ones.
+//!
+//! Where the backend has device-side kernels (`Capabilities::all_reduce`,
+//! CUDA; every rank on a GPU of its own, at most 16 ranks), one launch does the whole call through the group's all-reduce
+//! buffer (`Scratch::AllReduce`): the data carry their arrival (flags in
+//! the lines, or a call-numbered flag per chunk), so a call pays no
+//! separate barrier, and the buffer counts the calls, so repeated calls
+//! replay as graphs. Strided tensors are packed to (and unpacked from)
+//! contiguous workspace around it. Elsewhere (the host backend) the same
+//! algorithms run over the backend's copies and reductions between
+//! barriers, reading a symmetric input in place.
+
+use super::agree::Signature;
+use super::symmetric::SymmetricPlace;
+use super::workspace::Layout;
+use super::{check, shape_text, Exec, Prepared, ReduceOp};
+use crate::array::{Array, DType};
+use crate::backend::{AllReduceAlgorithm, AllReduceCall, AllReduceLayout, AllReduceNorm, Stream};
+use crate::error::{err, Result};
+use crate::group::Group;
+use std::sync::Arc;
+
+/// The fused epilogue's arguments.
+#[derive(Clone, Debug)]
+pub struct Norm {
+    /// Added to the reduced input; its shape and dtype.
+    pub residual: Array,
+    /// `[hidden]`, the input's dtype.
+    pub weight: Array,
+    pub eps: f32,
+    /// Receives the sum with the residual (may be `residual`).
+    pub residual_out: Array,
+}
+
+/// One rank's call, as read from the caller. With `norm`, `output` is the
+/// normalized `out`.
+#[derive(Clone, Debug)]
+pub struct AllReduce {
+    pub input: Array,
+    pub output: Array,
+    pub op: ReduceOp,
+    pub norm: Option<Norm>,
+    /// The algorithm the caller asks for (`None`: automatic).
+    pub algorithm: Option<AllReduceAlgorithm>,
+}
+
+/// Collective over `group`: see the module documentation. `call` is `Err`
+/// when the caller's arguments could not be read; this rank still takes
+/// part in the agreement so its peers fail too.
+pub fn all_reduce(group: &Arc<Group>, call: Result<AllReduce>, stream: Stream) -> Result<()> {
+    let facts = super::decide::Facts::of(group);
+    let prepared = call.map(|c| {
+        let symmetric = SymmetricPlace::of(group, &c.input);
+        let decision = super::decide::decide_all_reduce(&facts, c.input.numel(), c.input.dtype, c.algorithm);
+        let sig = c.signature(symmetric.as_ref()).arg("algorithm", decision.algorithm.name());
+        let line = decision.describe(c.input.numel(), c.input.dtype, facts.world);
+        let p = c.prepare(&facts, decision.algorithm, symmetric).map(|mut p| {
+            p.decided = line;
+            p
+        });
+        (sig, p)
+    });
+    let _lock = group.lock_collective();
+    let (p, first) = super::agreed(group, prepared)?;
+    if first {
+        log::info!("{}", p.decided);
+    }
+    super::launch(group, stream, &p, &|_, make| make())
+}
+
+/// Whether `a` and `b` are the same tensor (same place, layout and type).
+fn same(a: &Array, b: &Array) -> bool {
+    a == b
+}
+
+impl ReduceOp {
+    fn scale(self, world: usize) -> f32 {
+        match self {
+            ReduceOp::Sum => 1.0,
+            ReduceOp::Avg => 1.0 / world as f32,
+        }
+    }
+}
+
+impl AllReduce {
+    fn name(&self) -> &'static str {
+        if self.norm.is_some() {
+            "all_reduce_rmsnorm"
+        } else {
+            "all_reduce"
+        }
+    }
+
+    fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
+        let mut s = Signature::new(self.name())
+            .arg("input.dtype", self.input.dtype)
+            .arg("input.shape", shape_text(&self.input.shape))
+            .arg("op", self.op.name())
+            .arg("input memory", SymmetricPlace::describe(symmetric));
+        if let Some(n) = &self.norm {
+            s = s
+                .arg("residual.shape", shape_text(&n.residual.shape))
+                .arg("weight.shape", shape_text(&n.weight.shape))
+                .arg("eps", format!("{:e}", n.eps));
+        }
+        s
+    }
+
+    fn prepare(
+        self,
+        facts: &super::decide::Facts,
+        algorithm: AllReduceAlgorithm,
+        symmetric: Option<SymmetricPlace>,
+    ) -> Result<ArPrepared> {
+        let (input, output) = (&self.input, &self.output);
+        if !matches!(input.dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(err!(InvalidArgument, "input.dtype is {}; expected f32, bf16 or f16", input.dtype));
+        }
+        let out_name = if self.norm.is_some() { "out" } else { "output" };
+        check::same_dtype(output, out_name, input.dtype, "input")?;
+        check::shape_is(output, out_name, &input.shape)?;
+        let mut outputs: Vec<(String, &Array)> = Vec::new();
+        let mut inputs: Vec<(String, &Array)> = vec![("input".into(), input)];
+        let in_place = same(output, input);
+        if !in_place || self.norm.is_some() {
+            outputs.push((out_name.into(), output));
+        }
+        if let Some(n) = &self.norm {
+            let hidden = *input.shape.last().expect("tensors have at least one dimension");
+            check::same_dtype(&n.residual, "residual", input.dtype, "input")?;
+            check::shape_is(&n.residual, "residual", &input.shape)?;
+            check::same_dtype(&n.weight, "weight", input.dtype, "input")?;
+            check::shape_is(&n.weight, "weight", &[hidden])?;
+            check::same_dtype(&n.residual_out, "residual_out", input.dtype, "input")?;
+            check::shape_is(&n.residual_out, "residual_out", &input.shape)?;
+            if !n.eps.is_finite() || n.eps < 0.0 {
+                return Err(err!(InvalidArgument, "eps is {}; expected a finite value >= 0", n.eps));
+            }
+            inputs.push(("weight".into(), &n.weight));
+            if same(&n.residual_out, &n.residual) {
+                // In place: written element by element after it is read.
+                if n.residual.self_overlaps() {
+                    outputs.push(("residual_out".into(), &n.residual_out));
+                }
+            } else {
+                inputs.push(("residual".into(), &n.residual));
+                outputs.push(("residual_out".into(), &n.residual_out));
+            }
+            if in_place {
+                return Err(err!(InvalidArgument, "out is input; the fused form writes out apart from its input"));
+            }
+        }
+        if in_place && output.self_overlaps() {
+            outputs.push((out_name.into(), output));
+        }
+        check::outputs_disjoint(&outputs, &inputs)?;
+        if self.norm.as_ref().is_some_and(|n| !same(&n.residual_out, &n.residual)) {
+            let n = self.norm.as_ref().unwrap();
+            if n.residual_out.overlaps(&n.residual) {
+                return Err(err!(
+                    InvalidArgument,
+                    "residual_out overlaps residual; pass residual itself or separate memory"
+                ));
+            }
+        }
+        let world = facts.world;
+        let bytes = check::mul(input.numel(), input.dtype.size(), "input")?;
+        // The kernels spin while their peers run: ranks sharing a GPU would wait
+        // for each other's blocks, so they take the generic path.
+        let kernel = facts.caps.all_reduce && facts.own_devices && world <= AllReduceLayout::MAX_WORLD;
+        let mut layout = Layout::default();
+        let plan = if kernel {
+            // Contiguous views, else packed copies in the workspace.
+            let norm = self.norm.as_ref();
+            let mut packed = |needed: bool, bytes: usize| needed.then(|| layout.region(bytes));
+            Plan::Kernel {
+                input: packed(!input.is_contiguous(), bytes),
+                output: packed(!output.is_contiguous(), bytes),
+                residual: packed(norm.is_some_and(|n| !n.residual.is_contiguous()), bytes),
+                residual_out: packed(norm.is_some_and(|n| !n.residual_out.is_contiguous()), bytes),
+                weight: packed(
+                    norm.is_some_and(|n| !n.weight.is_contiguous()),
+                    norm.map_or(0, |n| n.weight.numel() * n.weight.dtype.size()),
+                ),
+            }
+        } else {
+            let staged = if symmetric.is_some() { None } else { Some(layout.region(bytes)) };
+            let reduced = (algorithm == AllReduceAlgorithm::TwoShot).then(|| layout.region(bytes));
+            let gathered = layout.region(bytes);
+            // The norm's operands, contiguous: the residual, out, the weight.
+            let norm = self.norm.as_ref().map(|n| {
+                (layout.region(bytes), layout.region(bytes), layout.region(n.weight.numel() * n.weight.dtype.size()))
+            });
+            Plan::Generic { staged, reduced, gathered, norm }
+        };
+        let reduce_bytes = if kernel { AllReduceLayout::bytes_for(bytes, world) } else { 0 };
+        Ok(ArPrepared {
+            call: self,
+            algorithm,
+            symmetric,
+            plan,
+            workspace: layout.bytes(),
+            reduce_bytes,
+            decided: String::new(),
+        })
+    }
+}
+
+/// Where the call keeps what it stages (workspace offsets).
+#[derive(Clone, Debug)]
+enum Plan {
+    /// The device-side kernel; `Some`: a packed copy of that tensor.
+    Kernel {
+        input: Option<usize>,
+        output: Option<usize>,
+        residual: Option<usize>,
+        residual_out: Option<usize>,
+        weight: Option<usize>,
+    },
+    /// Over copies, reductions and barriers: the input staged (unless it is
+    /// read in place), the two-shot's reduced slices, the gathered sum.
+    Generic { staged: Option<usize>, reduced: Option<usize>, gathered: usize, norm: Option<(usize, usize, usize)> },
+}
+
+struct ArPrepared {
+    call: AllReduce,
+    algorithm: AllReduceAlgorithm,
+    symmetric: Option<SymmetricPlace>,
+    plan: Plan,
+    workspace: usize,
+    reduce_bytes: usize,
+    decided: String,
+}
+
+impl Prepared for ArPrepared {
+    fn workspace_bytes(&self) -> usize {
+        self.workspace
+    }
+
+    fn all_reduce_bytes(&self) -> usize {
+        self.reduce_bytes
+    }
+
+    fn replay_key(&self) -> String {
+        format!("{:?} {:?} in place {:?} {:?}", self.call, self.algorithm, self.symmetric, self.plan)
+    }
+
+    fn decided(&self) -> Option<String> {
+        Some(self.decided.clone())
+    }
+
+    fn execute(&self, ex: &Exec<'_>) -> Result<()> {
+        let scale = self.call.op.scale(ex.world());
+        match &self.plan {
+            Plan::Kernel { .. } => self.kernel(ex, scale),
+            Plan::Generic { staged, reduced, gathered, norm } => {
+                self.generic(ex, scale, *staged, *reduced, *gathered, *norm)
+            }
+        }
+    }
+}
+
+impl ArPrepared {
+    /// A contiguous array holding `t`'s elements: `t` itself, or its copy
+    /// at `at` in the workspace (copied there first when `fill`).
+    fn contiguous(&self, ex: &Exec<'_>, t: &Array, at: Option<usize>, fill: bool) -> Result<Array> {
+        match at {
+            None => Ok(t.clone()),
+            Some(off) => {
+                let c = Array::contiguous(ex.local(off), t.dtype, &t.shape);
+                if fill {
+                    ex.copy(&c, t)?;
+                }
+                Ok(c)
+            }
+        }
+    }
+
+    fn kernel(&self, ex: &Exec<'_>, scale: f32) -> Result<()> {
+        let Plan::Kernel { input: pin, output: pout, residual: pres, residual_out: pro, weight: pw } = &self.plan
+        else {
+            unreachable!("the kernel plan")
+        };
+        let c = &self.call;
+        let input = self.contiguous(ex, &c.input, *pin, true)?;
+        let output = self.contiguous(ex, &c.output, *pout, false)?;
+        let reduce = ex.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
+        let mut norm = None;
+        let mut unpack: Vec<(Array, &Array)> = Vec::new();
+        if pout.is_some() {
+            unpack.push((output.clone(), &c.output));
+        }
+        if let Some(n) = &c.norm {
+            let residual = self.contiguous(ex, &n.residual, *pres, true)?;
+            let residual_out = if same(&n.residual_out, &n.residual) && pres.is_some() {
+                residual.clone()
+            } else {
+                self.contiguous(ex, &n.residual_out, *pro, false)?
+            };
+            if pres.is_some() || pro.is_some() {
+                unpack.push((residual_out.clone(), &n.residual_out));
+            }
+            let weight = self.contiguous(ex, &n.weight, *pw, true)?;
+            norm = Some(AllReduceNorm {
+                hidden: *c.input.shape.last().expect("at least one dimension"),
+                residual: residual.addr,
+                weight: weight.addr,
+                residual_out: residual_out.addr,
+                eps: n.eps,
+            });
+        }
+        let call = AllReduceCall {
+            algorithm: self.algorithm,
+            rank: ex.rank(),
+            world: ex.world(),
+            dtype: c.input.dtype,
+            n: c.input.numel(),
+            input: input.addr,
+            output: output.addr,
+            scale,
+            scratch: ex.on_every_rank(super::state::Scratch::AllReduce, 0)?,
+            scratch_bytes: reduce.buffer().size(),
+            norm,
+            timeout: ex.group.timeout(),
+        };
+        ex.group.backend().all_reduce(&call, ex.stream)?;
+        for (from, to) in unpack {
+            ex.copy(to, &from)?;
+        }
+        Ok(())
+    }
+
+    fn generic(
+        &self,
+        ex: &Exec<'_>,
+        scale: f32,
+        staged: Option<usize>,
+        reduced: Option<usize>,
+        gathered: usize,
+        norm: Option<(usize, usize, usize)>,
+    ) -> Result<()> {
+        let c = &self.call;
+        let (n, dtype, world, me) = (c.input.numel(), c.input.dtype, ex.world(), ex.rank());
+        let flat = |addr: u64, len: usize| Array::contiguous(addr, dtype, &[len]);
+        let source = |r: usize| -> Result<u64> {
+            match (&self.symmetric, staged) {
+                (Some(place), _) => place.on(r),
+                (None, Some(off)) => ex.at(r, off),
+                (None, None) => Err(err!(Internal, "an all-reduce input neither symmetric nor staged")),
+            }
+        };
+        if let Some(off) = staged {
+            ex.copy(&Array::contiguous(ex.local(off), dtype, &c.input.shape), &c.input)?;
+        }
+        ex.barrier()?;
+        let sum = flat(ex.local(gathered), n);
+        let size = dtype.size() as u64;
+        match (self.algorithm, reduced) {
+            (AllReduceAlgorithm::TwoShot, Some(red)) => {
+                // This rank's slice, reduced from every rank's input into
+                // its workspace; then every rank's reduced slice gathered.
+                let (lo, hi) = slice(n, world, me);
+                let srcs: Vec<Array> =
+                    (0..world).map(|r| Ok(flat(source(r)? + lo as u64 * size, hi - lo))).collect::<Result<_>>()?;
+                ex.reduce(&flat(ex.local(red) + lo as u64 * size, hi - lo), &srcs, scale)?;
+                ex.barrier()?;
+                for r in ex.rotation() {
+                    let (lo, hi) = slice(n, world, r);
+                    let at = lo as u64 * size;
+                    ex.copy(&flat(sum.addr + at, hi - lo), &flat(ex.at(r, red)? + at, hi - lo))?;
+                }
+            }
+            _ => {
+                let srcs: Vec<Array> = (0..world).map(|r| Ok(flat(source(r)?, n))).collect::<Result<_>>()?;
+                ex.reduce(&sum, &srcs, scale)?;
+            }
+        }
+        // No rank may overwrite what a peer still reads (its staged input,
+        // its reduced slice, or a symmetric input) before all are done.
+        ex.barrier()?;
+        let sum = Array::contiguous(sum.addr, dtype, &c.input.shape);
+        match (&c.norm, norm) {
+            (Some(nm), Some((res, out, w))) => {
+                // On contiguous rows: the residual copied in, the sum
+                // becoming residual_out in place, out apart; then copied out.
+                let hidden = *c.input.shape.last().expect("at least one dimension");
+                let rows = n / hidden.max(1);
+                let mat = |addr: u64| Array::contiguous(addr, dtype, &[rows, hidden]);
+                let (res_c, out_c, sum_c) = (mat(ex.local(res)), mat(ex.local(out)), mat(sum.addr));
+                ex.copy(&Array::contiguous(res_c.addr, dtype, &c.input.shape), &nm.residual)?;
+                let weight = Array::contiguous(ex.local(w), dtype, &nm.weight.shape);
+                ex.copy(&weight, &nm.weight)?;
+                ex.group.backend().add_rms_norm(&out_c, &sum_c, &sum_c, &res_c, &weight, nm.eps, ex.stream)?;
+                ex.copy(&nm.residual_out, &sum)?;
+                ex.copy(&c.output, &Array::contiguous(out_c.addr, dtype, &c.input.shape))
+            }
+            _ => ex.copy(&c.output, &sum),
+        }
+    }
+}
+
+/// Elements `[lo, hi)` of rank `r`'s slice of `n` over `world` ranks.
+fn slice(n: usize, world: usize, r: usize) -> (usize, usize) {
+    let per = n.div_ceil(world);
+    ((r * per).min(n), ((r + 1) * per).min(n))
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod gpu;

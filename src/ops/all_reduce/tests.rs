@@ -1,0 +1,450 @@
+//! The all-reduce on the host backend against a float64 reference, at
+//! worlds 1 to 4, into poisoned outputs; and every bad call failing on
+//! every rank.
+
+use super::*;
+use crate::buffer::{rendezvous, Buffer};
+use crate::error::ErrorKind;
+use crate::ops::testing::{host_groups, on_each};
+use half::{bf16, f16};
+
+const POISON: f32 = -1024.0;
+
+fn encode(dtype: DType, v: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
+        DType::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+        _ => unreachable!(),
+    }
+}
+
+fn decode(dtype: DType, b: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F32 => b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+        DType::BF16 => b.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        DType::F16 => b.chunks(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        _ => unreachable!(),
+    }
+}
+
+/// Values in [-2, 2), representable in every dtype, different per seed.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) % 512) as f32 / 128.0 - 2.0
+        })
+        .collect()
+}
+
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        _ => 2e-2,
+    }
+}
+
+/// A tensor of `shape` over `mem` (bytes) with `strides` (`None`: contiguous).
+fn tensor(mem: &mut [u8], dtype: DType, shape: &[usize], strides: Option<&[usize]>) -> Array {
+    let strides = strides.map_or_else(|| crate::array::contiguous_strides(shape), |s| s.to_vec());
+    Array { addr: mem.as_mut_ptr() as u64, dtype, shape: shape.to_vec(), strides }
+}
+
+/// Element offsets of a tensor's elements in row-major index order.
+fn offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
+    let n: usize = shape.iter().product();
+    (0..n)
+        .map(|flat| {
+            let (mut rem, mut off) = (flat, 0);
+            for d in (0..shape.len()).rev() {
+                off += rem % shape[d] * strides[d];
+                rem /= shape[d];
+            }
+            off
+        })
+        .collect()
+}
+
+/// Memory for a (possibly strided) tensor of `shape`, filled with `poison`
+/// and the elements `v` at their places.
+fn fill(dtype: DType, shape: &[usize], strides: &[usize], v: &[f32], poison: f32) -> Vec<u8> {
+    let offs = offsets(shape, strides);
+    let len = offs.iter().max().map_or(0, |m| m + 1);
+    let mut all = vec![poison; len];
+    for (o, x) in offs.iter().zip(v) {
+        all[*o] = *x;
+    }
+    encode(dtype, &all)
+}
+
+fn read(dtype: DType, mem: &[u8], shape: &[usize], strides: &[usize]) -> Vec<f32> {
+    let all = decode(dtype, mem);
+    offsets(shape, strides).iter().map(|&o| all[o]).collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    world: usize,
+    dtype: DType,
+    n: usize,
+    op: ReduceOp,
+    algorithm: Option<AllReduceAlgorithm>,
+    strided: bool,
+    in_place: bool,
+}
+
+/// Runs `case` on a fresh group and checks every rank's output against
+/// the float64 sum, and that no element outside the output changed.
+fn run_case(c: Case) {
+    let groups = host_groups(c.world);
+    let shape = [c.n];
+    // A strided view: every other element of a twice-as-long buffer.
+    let strides: Vec<usize> = if c.strided { vec![2] } else { vec![1] };
+    let inputs: Vec<Vec<f32>> = (0..c.world).map(|r| values(c.n, r as u64 * 31 + c.n as u64)).collect();
+    let quant: Vec<Vec<f32>> = inputs.iter().map(|v| decode(c.dtype, &encode(c.dtype, v))).collect();
+    let scale = if c.op == ReduceOp::Avg { 1.0 / c.world as f64 } else { 1.0 };
+    let want: Vec<f64> = (0..c.n).map(|i| quant.iter().map(|v| v[i] as f64).sum::<f64>() * scale).collect();
+    let got = on_each(&groups, |r, g| {
+        let mut inp = fill(c.dtype, &shape, &strides, &inputs[r], POISON);
+        let mut out = fill(c.dtype, &shape, &strides, &vec![POISON; c.n], POISON);
+        let input = tensor(&mut inp, c.dtype, &shape, Some(&strides));
+        let output = if c.in_place { input.clone() } else { tensor(&mut out, c.dtype, &shape, Some(&strides)) };
+        let call = AllReduce { input, output, op: c.op, norm: None, algorithm: c.algorithm };
+        all_reduce(g, Ok(call), Stream(0)).unwrap();
+        let mem = if c.in_place { &inp } else { &out };
+        let all = decode(c.dtype, mem);
+        let used: std::collections::HashSet<usize> = offsets(&shape, &strides).into_iter().collect();
+        for (i, v) in all.iter().enumerate().filter(|(i, _)| !used.contains(i)) {
+            assert_eq!(*v, POISON, "{c:?}: element {i} outside the output was written");
+        }
+        read(c.dtype, mem, &shape, &strides)
+    });
+    for (r, out) in got.iter().enumerate() {
+        for i in 0..c.n {
+            let err = (out[i] as f64 - want[i]).abs();
+            assert!(
+                err <= tolerance(c.dtype) * (1.0 + want[i].abs()),
+                "{c:?} rank {r} element {i}: {} vs {}",
+                out[i],
+                want[i]
+            );
+        }
+        assert_eq!(out, &got[0], "{c:?}: ranks disagree");
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}
+
+#[test]
+fn matches_float64_at_worlds_1_to_4() {
+    for world in 1..=4 {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for algorithm in [None, Some(AllReduceAlgorithm::OneShot), Some(AllReduceAlgorithm::TwoShot)] {
+                for n in [1, 3, 1000, 4099] {
+                    let op = if n % 2 == 0 { ReduceOp::Avg } else { ReduceOp::Sum };
+                    run_case(Case { world, dtype, n, op, algorithm, strided: false, in_place: false });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn in_place_and_strided() {
+    for world in [2, 3] {
+        for algorithm in [Some(AllReduceAlgorithm::OneShot), Some(AllReduceAlgorithm::TwoShot)] {
+            for (strided, in_place) in [(false, true), (true, false), (true, true)] {
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    run_case(Case { world, dtype: DType::BF16, n: 517, op, algorithm, strided, in_place });
+                }
+            }
+        }
+    }
+}
+
+/// A multi-dimensional input whose leading dimensions do not collapse.
+#[test]
+fn any_shape_and_transposed_views() {
+    let groups = host_groups(2);
+    let (shape, strides) = ([3usize, 4, 5], [5usize, 15, 1]); // a permuted [4, 3, 5]
+    let outs = on_each(&groups, |r, g| {
+        let v = values(60, r as u64 + 5);
+        let mut inp = fill(DType::F32, &shape, &strides, &v, POISON);
+        let mut out = fill(DType::F32, &shape, &[20, 5, 1], &[POISON; 60], POISON);
+        let call = AllReduce {
+            input: tensor(&mut inp, DType::F32, &shape, Some(&strides)),
+            output: tensor(&mut out, DType::F32, &shape, None),
+            op: ReduceOp::Sum,
+            norm: None,
+            algorithm: Some(AllReduceAlgorithm::TwoShot),
+        };
+        all_reduce(g, Ok(call), Stream(0)).unwrap();
+        (v, decode(DType::F32, &out))
+    });
+    for i in 0..60 {
+        assert_eq!(outs[0].1[i], outs[0].0[i] + outs[1].0[i]);
+        assert_eq!(outs[1].1[i], outs[0].1[i]);
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}
+
+/// An input in a symmetric buffer is read where it is: no staging space.
+#[test]
+fn symmetric_input_is_read_in_place() {
+    let groups = host_groups(3);
+    let n = 1 << 18; // 1 MiB of f32
+    let res = on_each(&groups, |r, g| {
+        let buf = Buffer::create(g, 4 * n).unwrap();
+        let h = rendezvous(&buf).unwrap();
+        // SAFETY: the buffer holds n f32s.
+        let mine = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut f32, n) };
+        mine.iter_mut().enumerate().for_each(|(i, v)| *v = (i % 97) as f32 + r as f32);
+        let mut out = vec![POISON; n];
+        for algorithm in [AllReduceAlgorithm::OneShot, AllReduceAlgorithm::TwoShot] {
+            let call = AllReduce {
+                input: Array::contiguous(buf.addr(), DType::F32, &[n]),
+                output: Array::contiguous(out.as_mut_ptr() as u64, DType::F32, &[n]),
+                op: ReduceOp::Sum,
+                norm: None,
+                algorithm: Some(algorithm),
+            };
+            all_reduce(g, Ok(call), Stream(0)).unwrap();
+            assert!((0..n).all(|i| out[i] == 3.0 * (i % 97) as f32 + 3.0), "{algorithm:?}");
+        }
+        drop(h);
+        crate::ops::state::of(g).scratch(crate::ops::state::Scratch::Workspace).unwrap().buffer().size()
+    });
+    // Staging would need 4 MiB on top of the sums' 8 MiB.
+    assert!(res.iter().all(|&ws| ws < 12 * n), "{res:?}");
+    groups.iter().for_each(|g| g.release_scratch());
+}
+
+/// The fused form against float64: `r = sum + residual`, `out = r /
+/// sqrt(mean(r^2) + eps) * w`, with residual_out in place or apart, and
+/// strided operands.
+#[test]
+fn rmsnorm_matches_float64() {
+    for world in [1, 2, 3, 4] {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (tokens, hidden) in [(1, 8), (3, 64), (5, 33)] {
+                for algorithm in [Some(AllReduceAlgorithm::OneShot), Some(AllReduceAlgorithm::TwoShot)] {
+                    for (in_place, strided) in [(false, false), (true, false), (false, true)] {
+                        rmsnorm_case(world, dtype, tokens, hidden, algorithm, in_place, strided);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rmsnorm_case(
+    world: usize,
+    dtype: DType,
+    tokens: usize,
+    hidden: usize,
+    algorithm: Option<AllReduceAlgorithm>,
+    in_place: bool,
+    strided: bool,
+) {
+    let groups = host_groups(world);
+    let shape = [tokens, hidden];
+    let n = tokens * hidden;
+    let q = |v: Vec<f32>| decode(dtype, &encode(dtype, &v));
+    let inputs: Vec<Vec<f32>> = (0..world).map(|r| q(values(n, r as u64 + 100))).collect();
+    let residual = q(values(n, 7));
+    let weight = q(values(hidden, 8));
+    let eps = 1e-5f32;
+    // Reference: the sum rounded as an all-reduce's output, then in f64.
+    let sum = q((0..n).map(|i| inputs.iter().map(|v| v[i] as f64).sum::<f64>() as f32).collect());
+    let r: Vec<f64> = (0..n).map(|i| sum[i] as f64 + residual[i] as f64).collect();
+    let mut want = vec![0f64; n];
+    for t in 0..tokens {
+        let row = &r[t * hidden..(t + 1) * hidden];
+        let inv = 1.0 / (row.iter().map(|x| x * x).sum::<f64>() / hidden as f64 + eps as f64).sqrt();
+        for i in 0..hidden {
+            want[t * hidden + i] = row[i] * inv * weight[i] as f64;
+        }
+    }
+    // Strided: row pitch hidden + 3.
+    let st: Vec<usize> = if strided { vec![hidden + 3, 1] } else { vec![hidden, 1] };
+    let what = format!("world {world} {dtype} {tokens}x{hidden} {algorithm:?} in place {in_place} strided {strided}");
+    let got = on_each(&groups, |rk, g| {
+        let mut inp = fill(dtype, &shape, &st, &inputs[rk], POISON);
+        let mut res = fill(dtype, &shape, &st, &residual, POISON);
+        let mut w = encode(dtype, &weight);
+        let mut out = fill(dtype, &shape, &st, &vec![POISON; n], POISON);
+        let mut ro = fill(dtype, &shape, &st, &vec![POISON; n], POISON);
+        let residual_t = tensor(&mut res, dtype, &shape, Some(&st));
+        let residual_out = if in_place { residual_t.clone() } else { tensor(&mut ro, dtype, &shape, Some(&st)) };
+        let call = AllReduce {
+            input: tensor(&mut inp, dtype, &shape, Some(&st)),
+            output: tensor(&mut out, dtype, &shape, Some(&st)),
+            op: ReduceOp::Sum,
+            norm: Some(Norm {
+                residual: residual_t,
+                weight: tensor(&mut w, dtype, &[hidden], None),
+                eps,
+                residual_out,
+            }),
+            algorithm,
+        };
+        all_reduce(g, Ok(call), Stream(0)).unwrap();
+        let ro_mem = if in_place { &res } else { &ro };
+        (read(dtype, &out, &shape, &st), read(dtype, ro_mem, &shape, &st))
+    });
+    let tol = tolerance(dtype) * 2.0;
+    for (rk, (out, ro)) in got.iter().enumerate() {
+        for i in 0..n {
+            assert!((ro[i] as f64 - r[i]).abs() <= tol * (1.0 + r[i].abs()), "{what} rank {rk} residual_out {i}");
+            assert!(
+                (out[i] as f64 - want[i]).abs() <= tol * (1.0 + want[i].abs()),
+                "{what} rank {rk} out {i}: {} vs {}",
+                out[i],
+                want[i]
+            );
+        }
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}
+
+/// What `bad(rank)` makes of a call on each rank of a 3-rank group: every
+/// rank's error kind and message; outputs stay poisoned.
+fn failing(bad: impl Fn(usize, &mut AllReduce) + Sync) -> Vec<(ErrorKind, String)> {
+    let groups = host_groups(3);
+    let res = on_each(&groups, |r, g| {
+        let mut inp = encode(DType::BF16, &values(64, r as u64));
+        let mut out = encode(DType::BF16, &[POISON; 64]);
+        let mut call = AllReduce {
+            input: tensor(&mut inp, DType::BF16, &[8, 8], None),
+            output: tensor(&mut out, DType::BF16, &[8, 8], None),
+            op: ReduceOp::Sum,
+            norm: None,
+            algorithm: None,
+        };
+        bad(r, &mut call);
+        let e = all_reduce(g, Ok(call), Stream(0)).unwrap_err();
+        assert!(decode(DType::BF16, &out).iter().all(|&v| v == POISON), "rank {r}: output written");
+        (e.kind, e.msg)
+    });
+    groups.iter().for_each(|g| g.release_scratch());
+    res
+}
+
+#[test]
+fn mismatched_shapes_dtypes_ops_and_algorithms_fail_everywhere() {
+    let shape = failing(|r, c| {
+        if r == 1 {
+            c.input.shape = vec![4, 8];
+            c.input.strides = vec![8, 1];
+            c.output.shape = vec![4, 8];
+            c.output.strides = vec![8, 1];
+        }
+    });
+    for (kind, msg) in &shape {
+        assert_eq!(*kind, ErrorKind::Mismatch, "{msg}");
+        assert!(msg.contains("input.shape is [8, 8] on rank 0 but [4, 8] on rank 1"), "{msg}");
+    }
+    let dtype = failing(|r, c| {
+        if r == 2 {
+            c.input.dtype = DType::F16;
+            c.output.dtype = DType::F16;
+        }
+    });
+    assert!(dtype
+        .iter()
+        .all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("input.dtype is bf16 on rank 0 but f16")));
+    let op = failing(|r, c| c.op = if r == 0 { ReduceOp::Avg } else { ReduceOp::Sum });
+    assert!(op.iter().all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("op is avg on rank 0 but sum")));
+    let algo = failing(|r, c| {
+        c.algorithm = Some(if r == 0 { AllReduceAlgorithm::OneShot } else { AllReduceAlgorithm::TwoShot })
+    });
+    assert!(algo
+        .iter()
+        .all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("algorithm is one_shot on rank 0 but two_shot")));
+}
+
+#[test]
+fn a_bad_argument_on_one_rank_fails_every_rank() {
+    type Bad = Box<dyn Fn(&mut AllReduce) + Sync>;
+    let cases: Vec<(&str, Bad)> = vec![
+        ("output.shape is [8, 4]; expected [8, 8]", Box::new(|c| c.output.shape = vec![8, 4])),
+        ("output.dtype is f32; expected bf16", Box::new(|c| c.output.dtype = DType::F32)),
+        (
+            "input.dtype is fp8_e4m3; expected f32, bf16 or f16",
+            Box::new(|c| {
+                c.input.dtype = DType::F8E4M3;
+                c.output.dtype = DType::F8E4M3;
+            }),
+        ),
+        ("output overlaps input", Box::new(|c| c.output.addr = c.input.addr + 2)),
+        ("so its elements overlap", Box::new(|c| c.output.strides = vec![1, 1])),
+    ];
+    for (want, bad) in cases {
+        let res = failing(|r, c| {
+            if r == 1 {
+                bad(c)
+            }
+        });
+        assert_eq!(res[1].0, ErrorKind::InvalidArgument, "{want}: {}", res[1].1);
+        assert!(res[1].1.contains(want), "{want}: {}", res[1].1);
+        for r in [0, 2] {
+            assert_eq!(res[r].0, ErrorKind::Remote, "{want}: {}", res[r].1);
+            assert!(res[r].1.contains(want), "{want}: {}", res[r].1);
+        }
+    }
+}
+
+#[test]
+fn bad_rmsnorm_arguments() {
+    let norm = |c: &mut AllReduce, residual_shape: Vec<usize>, weight_len: usize, eps: f32| {
+        // Unused memory: the checks fail before anything is read.
+        let base = 0x1000_0000u64;
+        let residual = Array::contiguous(base, DType::BF16, &residual_shape);
+        c.norm = Some(Norm {
+            residual_out: Array::contiguous(base + 0x10_0000, DType::BF16, &residual_shape),
+            residual,
+            weight: Array::contiguous(base + 0x20_0000, DType::BF16, &[weight_len]),
+            eps,
+        });
+    };
+    let res = failing(|_, c| norm(c, vec![8, 8], 4, 1e-6));
+    assert!(res
+        .iter()
+        .all(|(k, m)| *k == ErrorKind::InvalidArgument && m.contains("weight.shape is [4]; expected [8]")));
+    let res = failing(|_, c| norm(c, vec![8, 4], 8, 1e-6));
+    assert!(res.iter().all(|(_, m)| m.contains("residual.shape is [8, 4]; expected [8, 8]")), "{res:?}");
+    let res = failing(|_, c| norm(c, vec![8, 8], 8, f32::NAN));
+    assert!(res.iter().all(|(_, m)| m.contains("eps is NaN")), "{res:?}");
+    let res = failing(|r, c| norm(c, vec![8, 8], 8, if r == 0 { 1e-6 } else { 1e-5 }));
+    assert!(res.iter().all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("eps is")), "{res:?}");
+}
+
+#[test]
+fn slices_cover_the_message() {
+    for (n, world) in [(1, 4), (7, 3), (8, 2), (1001, 4)] {
+        let mut next = 0;
+        for r in 0..world {
+            let (lo, hi) = slice(n, world, r);
+            assert_eq!(lo, next.min(n));
+            next = hi;
+        }
+        assert_eq!(next, n);
+    }
+}
+
+#[test]
+fn layout_holds_what_it_was_sized_for() {
+    for world in [1, 2, 4, 8] {
+        for bytes in [2, 4096, 1 << 20, 3 << 20] {
+            let size = AllReduceLayout::bytes_for(bytes, world);
+            let l = AllReduceLayout::of(size, world);
+            assert!(l.holds(bytes), "{world} {bytes}");
+            assert!(l.two_shot + 2 * world * l.two_shot_slot <= size);
+            assert!(l.one_shot + 2 * world * l.one_shot_slot <= l.two_shot);
+            assert!(l.flags >= AllReduceLayout::HEADER);
+        }
+    }
+}
