@@ -15,6 +15,7 @@ pub(crate) mod error;
 pub(crate) mod fp8;
 pub(crate) mod ipc;
 pub(crate) mod logging;
+pub(crate) mod overlap;
 
 pub(crate) mod buffer;
 pub(crate) mod config;
