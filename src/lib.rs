@@ -22,6 +22,7 @@ pub(crate) mod config;
 pub(crate) mod cost;
 pub mod ffi;
 pub(crate) mod group;
+pub(crate) mod health;
 pub(crate) mod ops;
 pub(crate) mod sync;
 pub(crate) mod wire;

@@ -12,6 +12,7 @@ from ._info import library_path, library_version
 from ._lib import SIGNAL_CHANNELS
 from ._loader import LibraryNotFoundError
 from .errors import (
+    SymmAbortedError,
     SymmBootstrapError,
     SymmCudaError,
     SymmError,
@@ -57,6 +58,7 @@ __all__ = [
     "Group",
     "Handle",
     "LibraryNotFoundError",
+    "SymmAbortedError",
     "SymmBootstrapError",
     "SymmCudaError",
     "SymmError",

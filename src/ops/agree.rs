@@ -15,7 +15,10 @@
 //! peers' identical calls skip the exchange, is no longer reported here;
 //! the peers then wait at the operation's first signal and fail with
 //! `Timeout` naming it (or, if both calls were agreed before, compute with
-//! mismatched arguments). `SYMM_CHECK_ARGS=always` (or the group flag
+//! mismatched arguments). A rank that fails locally on such a call fails
+//! the group, so its peers stop waiting at once with `Remote`; a timeout
+//! fails it too, so later calls are refused instead of running on signals
+//! out of step. `SYMM_CHECK_ARGS=always` (or the group flag
 //! `SYMM_GROUP_CHECK_ARGS_ALWAYS`) exchanges on every call instead.
 
 use super::state;
@@ -79,8 +82,12 @@ pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Resul
     let state = state::of(group);
     if let Some(bytes) = &encoded {
         if !group.check_args_always() && state.is_agreed(bytes) {
-            // Peers making this call skip the exchange as well, so a local
-            // failure has nobody to tell (see the module's trade-off).
+            // Peers making this call skip the exchange as well and go on
+            // to wait for this rank, which will not come: the group fails,
+            // so that they stop waiting (see the module's trade-off).
+            if let (Err(e), true) = (&local, group.world() > 1) {
+                group.fail(&e.clone().context("a call whose arguments the ranks had agreed on failed here"));
+            }
             return local.map(|()| false);
         }
     }

@@ -28,6 +28,8 @@ pub mod ag_mm;
 mod agree;
 mod check;
 pub(crate) mod decide;
+#[cfg(test)]
+mod failure_tests;
 pub(crate) mod fused;
 #[cfg(test)]
 mod host_cost;
@@ -97,6 +99,7 @@ fn with_algorithm<E>(sig: Signature, algorithm: std::result::Result<Algorithm, E
 /// every rank takes part in the agreement, so that peers learn of a failure.
 fn run<P: Prepared>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
     let _lock = group.lock_collective();
+    group.check_healthy()?;
     let (p, _) = agreed(group, prepared)?;
     launch(group, stream, &p, &|_, make| make())
 }
@@ -116,6 +119,7 @@ where
     P: Prepared + Send + Sync + 'static,
 {
     let _lock = group.lock_collective();
+    group.check_healthy()?;
     let reuse = !group.check_args_always();
     if let (true, Ok(c)) = (reuse, &call) {
         if let Some(e) = memo::find::<C, P>(group, c) {
@@ -184,7 +188,10 @@ fn launch<P: Prepared>(
     };
     let key = || key(ids, &make);
     group.backend().run_repeatable(&key, stream, &mut |s| {
+        // Work issued before the failure may be waited on by the peers:
+        // the group is out of step, and fails.
         plan.execute(&Exec { group, ws: ws.clone(), mailbox: mailbox.clone(), flags: flags.clone(), stream: s })
+            .inspect_err(|e| group.fail(e))
     })
 }
 
