@@ -62,7 +62,7 @@ pub fn may_share(a: &Array, b: &Array) -> bool {
     for (&n, &s) in b.shape.iter().zip(&b.strides) {
         add(-(s as i128 * sb), n);
     }
-    terms.sort_unstable_by(|x, y| y.coef.cmp(&x.coef));
+    terms.sort_unstable_by_key(|t| std::cmp::Reverse(t.coef));
     // x_a - x_b = addr_a - addr_b + sum(terms); it must lie in (-sa, sb).
     let base = a.addr as i128 - b.addr as i128;
     let (lo, hi) = (-sa + 1 - base, sb - 1 - base);

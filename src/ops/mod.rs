@@ -85,6 +85,12 @@ trait Prepared {
     fn decided(&self) -> Option<String> {
         None
     }
+    /// Learns every rank's signature once the ranks agreed (operations
+    /// whose signature has per-rank facts, `Signature::local`), before
+    /// `workspace_bytes` and `execute`.
+    fn agreed_by(&mut self, all: &[Signature]) {
+        let _ = all;
+    }
 }
 
 /// `sig` with the algorithm the call runs (`Err`: the call failed here, and
@@ -100,7 +106,8 @@ fn with_algorithm<E>(sig: Signature, algorithm: std::result::Result<Algorithm, E
 fn run<P: Prepared>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
-    let (p, _) = agreed(group, prepared)?;
+    let (mut p, agreement) = agreed(group, prepared)?;
+    p.agreed_by(&agreement.all);
     launch(group, stream, &p, &|_, make| make())
 }
 
@@ -127,8 +134,8 @@ where
         }
     }
     let kept = call.as_ref().ok().filter(|_| reuse).cloned();
-    let (p, first) = agreed(group, call.map(prepare))?;
-    if first {
+    let (p, agreement) = agreed(group, call.map(prepare))?;
+    if agreement.first {
         if let Some(line) = p.decided() {
             log::info!("{line}");
         }
@@ -143,15 +150,14 @@ where
 }
 
 /// The agreement (with the collective lock held): this rank's prepared
-/// call once every rank agreed on it, and whether its signature was agreed
-/// for the first time.
-fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<(P, bool)> {
+/// call once every rank agreed on it, and the agreement.
+fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<(P, agree::Agreed)> {
     let (sig, p) = match prepared {
         Ok((s, p)) => (Some(s), p),
         Err(e) => (None, Err(e)),
     };
-    let first = agree::agree(group, sig.as_ref(), p.as_ref().map(drop).map_err(Clone::clone))?;
-    Ok((p?, first))
+    let agreement = agree::agree(group, sig.as_ref(), p.as_ref().map(drop).map_err(Clone::clone))?;
+    Ok((p?, agreement))
 }
 
 /// The ids of the scratch buffers a call runs with (workspace, mailbox,
