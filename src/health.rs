@@ -71,6 +71,12 @@ impl Health {
     /// Records `e` as the group's failure unless one is recorded already,
     /// tells the peers, and wakes what waits on this rank.
     pub fn fail(&self, e: &Error) {
+        self.record(e, true)
+    }
+
+    /// As `fail`; `publish`: whether the peers need to be told (not for a
+    /// failure read from the board, which they see there themselves).
+    fn record(&self, e: &Error, publish: bool) {
         {
             let mut cause = lock(&self.cause);
             if cause.is_some() {
@@ -80,7 +86,7 @@ impl Health {
             self.failed.store(1, Ordering::Release);
         }
         log::warn!("the group failed on rank {}: {}; it refuses every later call", self.rank, e.msg);
-        if let Some(b) = self.board.get() {
+        if let (true, Some(b)) = (publish, self.board.get()) {
             b.publish(self.rank, &e.msg);
         }
         for w in lock(&self.wakers).iter() {
@@ -131,7 +137,7 @@ impl Health {
             return;
         }
         if let Some((r, msg)) = self.board.get().and_then(|b| b.first_failure(self.rank)) {
-            self.fail(&Error::new(ErrorKind::Remote, format!("rank {r} failed: {msg}")));
+            self.record(&Error::new(ErrorKind::Remote, format!("rank {r} failed: {msg}")), false);
         }
     }
 }

@@ -15,6 +15,8 @@
 //! - the group stays healthy (a one-rank group has no peer to fail).
 
 #![no_main]
+// The handles are pointers to opaque structs, only ever passed back to symm.
+#![allow(improper_ctypes)]
 
 use libfuzzer_sys::fuzz_target;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -166,8 +168,9 @@ fn callable(t: &symm_tensor_t, arena: usize) -> bool {
     if t.shape[..dims].iter().any(|&n| n < 1) || t.strides[..dims].iter().any(|&s| s < 0) {
         return true;
     }
-    let last: u128 = (0..dims).map(|d| (t.shape[d] as u128 - 1) * t.strides[d] as u128).sum();
-    let bytes = (last + 1) * size;
+    // Each term is below 2^126; their sum saturates past u128.
+    let last = (0..dims).fold(0u128, |acc, d| acc.saturating_add((t.shape[d] as u128 - 1) * t.strides[d] as u128));
+    let bytes = last.saturating_add(1).saturating_mul(size);
     if bytes > isize::MAX as u128 {
         return true;
     }
