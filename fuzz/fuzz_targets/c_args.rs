@@ -64,6 +64,9 @@ extern "C" {
 /// Bytes of the arena every descriptor points into. Small, so that a
 /// matmul that passes the checks stays cheap.
 const ARENA: usize = 64 << 10;
+/// Bytes after the arena that no call may touch (a write there is a write
+/// outside every tensor it was given).
+const GUARD: usize = 16 << 10;
 const MAX_TENSORS: usize = 12;
 
 struct Fixture {
@@ -84,7 +87,7 @@ fn fixture() -> &'static Fixture {
         // SAFETY: out-pointer for one group; cfg is a valid config.
         let st = unsafe { symm_group_init_local(&mut g, 1, std::ptr::null(), &cfg) };
         assert_eq!(st, SYMM_SUCCESS, "forming the fuzz group");
-        let arena = Box::leak(vec![0u64; ARENA / 8].into_boxed_slice());
+        let arena = Box::leak(vec![0u64; (ARENA + GUARD) / 8].into_boxed_slice());
         Fixture { group: g as usize, arena: arena.as_mut_ptr() as usize }
     })
 }
@@ -230,8 +233,8 @@ fuzz_target!(|data: &[u8]| {
         _ => 40,
     };
     let g = f.group as symm_group_t;
-    // SAFETY: the arena is ARENA bytes.
-    let arena = unsafe { std::slice::from_raw_parts_mut(f.arena as *mut u8, ARENA) };
+    // SAFETY: the arena and its guard are ARENA + GUARD bytes.
+    let arena = unsafe { std::slice::from_raw_parts_mut(f.arena as *mut u8, ARENA + GUARD) };
     arena.iter_mut().enumerate().for_each(|(i, b)| *b = (i as u8).wrapping_mul(31) ^ 0x3c);
     let before = arena.to_vec();
     let p = ts.as_ptr();
@@ -283,6 +286,23 @@ fuzz_target!(|data: &[u8]| {
     // SAFETY: symm_last_error returns a NUL-terminated string.
     let msg = unsafe { CStr::from_ptr(symm_last_error()) }.to_string_lossy().into_owned();
     assert_ne!(st, SYMM_ERROR_INTERNAL, "internal error: {msg}");
+    if arena[ARENA..] != before[ARENA..] {
+        let shown: Vec<String> = used
+            .iter()
+            .map(|&i| {
+                let t = &ts[i];
+                let d = t.ndim.clamp(0, 8) as usize;
+                format!(
+                    "[{i}] dtype {} shape {:?} strides {:?} at {:?}",
+                    t.dtype,
+                    &t.shape[..d],
+                    &t.strides[..d],
+                    (t.data as usize).wrapping_sub(f.arena)
+                )
+            })
+            .collect();
+        panic!("op {op} status {st}: a write past every tensor given (dim {dim}, num_b {num_b}): {shown:?}");
+    }
     if st != SYMM_SUCCESS {
         assert!(!msg.is_empty(), "status {st} without a message");
         assert!(arena == &before[..], "a failing call (status {st}: {msg}) wrote memory");
