@@ -5,7 +5,7 @@ interleaved outputs). Run from fuzz/: python3 seeds/make_seeds.py"""
 import struct
 from pathlib import Path
 
-F32, BF16 = 0, 1
+F32, BF16 = 1, 2  # SYMM_DTYPE_*
 
 
 def size(v):
@@ -20,7 +20,7 @@ def size(v):
 
 def tensor(shape, offset, dtype=F32, strides=None):
     ndim_byte = {1: 4, 2: 1, 3: 2, 4: 3}[len(shape)]
-    out = bytes([ndim_byte, dtype, 0 if strides is None else 1])
+    out = bytes([ndim_byte, dtype - 1, 0 if strides is None else 1])
     out += b"".join(size(n) for n in shape)
     if strides is not None:
         out += b"".join(size(s) for s in strides)
