@@ -60,15 +60,30 @@ static void mismatched_sizes(symm_group_t g, int rank, int world) {
 
 static void peer_skips_barrier(symm_group_t g, symm_handle_t h, int rank, int world) {
     /* Rank world-1 does not enter this barrier: everyone else must time out
-     * naming it, and the handle must still be usable afterwards. */
+     * naming it (or stop at once when a peer timed out first, naming it
+     * too); then the group has failed on every rank, world-1 included, and
+     * refuses every call until destroyed. */
     if (world < 2) return;
     CHECK(symm_group_set_timeout(g, 300));
+    char needle[32];
+    snprintf(needle, sizeof needle, "rank %d did not arrive", world - 1);
+    symm_status_t health = SYMM_SUCCESS;
     if (rank != world - 1) {
-        EXPECT_STATUS(symm_barrier(h, 2, NULL), SYMM_ERROR_TIMEOUT);
-        char needle[32];
-        snprintf(needle, sizeof needle, "rank %d", world - 1);
+        symm_status_t st = symm_barrier(h, 2, NULL);
+        EXPECT(st == SYMM_ERROR_TIMEOUT || st == SYMM_ERROR_REMOTE);
         EXPECT_MESSAGE(needle);
     }
+    for (int i = 0; i < 5000 && health == SYMM_SUCCESS; i++) {
+        CHECK(symm_group_health(g, &health));
+        if (health == SYMM_SUCCESS) usleep(1000);
+    }
+    EXPECT(health == SYMM_ERROR_TIMEOUT || health == SYMM_ERROR_REMOTE);
+    EXPECT_MESSAGE(needle);
+    EXPECT_STATUS(symm_barrier(h, 2, NULL), SYMM_ERROR_ABORTED);
+    EXPECT_MESSAGE("no longer usable");
+    EXPECT_STATUS(symm_group_reserve_workspace(g, 4096), SYMM_ERROR_ABORTED);
+    symm_buffer_t b;
+    EXPECT_STATUS(symm_create(g, 4096, &b), SYMM_ERROR_ABORTED);
 }
 
 static int rank_main(symm_group_t g, int rank, int world) {

@@ -284,6 +284,9 @@ static void ag_mm_checks(symm_group_t g, int world) {
     CASE(x.at.data = NULL, SYMM_ERROR_INVALID_ARGUMENT, "a_shard.data is NULL");
     CASE(x.at.data = (char *)x.at.data + 1, SYMM_ERROR_INVALID_ARGUMENT, "expected a multiple of the bf16 size (2)");
     CASE(x.at.shape[0] = INT64_MAX / 2, SYMM_ERROR_INVALID_ARGUMENT, "larger than the address space");
+    /* An extent between 2^63 and 2^64 bytes fits a u64 but no object. */
+    CASE(x.at.strides[0] = INT64_C(1) << 62, SYMM_ERROR_INVALID_ARGUMENT, "a_shard (shape [4, 6], strides");
+    CASE(x.ot[1].strides[0] = INT64_C(1) << 62, SYMM_ERROR_INVALID_ARGUMENT, "larger than the address space");
     CASE(x.bt[1].dtype = SYMM_DTYPE_F16, SYMM_ERROR_INVALID_ARGUMENT, "bs[1].dtype is f16; expected bf16");
     CASE(x.bt[0].ndim = 3, SYMM_ERROR_INVALID_ARGUMENT, "bs[0].ndim is 3; expected 2");
     CASE(x.bt[1].shape[0] = 5, SYMM_ERROR_INVALID_ARGUMENT, "bs[1].shape[0] is 5; expected 6");
@@ -339,6 +342,22 @@ static void ag_mm_checks(symm_group_t g, int world) {
     opts = (symm_ag_mm_options_t)SYMM_AG_MM_OPTIONS_INIT;
     CHECK(AG_MM(x, &opts));
     EXPECT(tb_outside_untouched(&x.out[0]) && !tb_untouched(&x.out[0]));
+
+    /* Two outputs interleaved column by column in one allocation share no
+     * element: accepted, and each gets what it gets alone. */
+    int64_t both[2] = {4 * (int64_t)world, 10};
+    tbuf_t mixed = tb_make(SYMM_DTYPE_BF16, 2, both, CONTIGUOUS);
+    symm_tensor_t inter[2] = {x.ot[0], x.ot[1]};
+    for (int i = 0; i < 2; i++) {
+        inter[i].data = (uint16_t *)mixed.t.data + i;
+        inter[i].strides[0] = 10;
+        inter[i].strides[1] = 2;
+    }
+    CHECK(symm_fused_ag_mm(g, &x.at, x.bt, 2, 0, NULL, inter, NULL, NULL));
+    for (int i = 0; i < 2; i++)
+        for (int64_t e = 0; e < numel(&x.ot[i]); e++)
+            EXPECT(*(uint16_t *)elem_ptr(&inter[i], e) == *(uint16_t *)elem_ptr(&x.ot[i], e));
+    tb_free(&mixed);
     tb_free(&x.a);
     tb_free(&x.ag);
     for (int i = 0; i < 2; i++) { tb_free(&x.b[i]); tb_free(&x.out[i]); }
@@ -374,6 +393,10 @@ static void mm_rs_checks(symm_group_t g, int world) {
                 "out overlaps b");
     EXPECT_FAIL(symm_mm_rs(g, &a.t, NULL, 0, SYMM_REDUCE_SUM, &out.t, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT,
                 "b is NULL");
+    t = out.t;
+    t.strides[0] = INT64_C(1) << 62;
+    EXPECT_FAIL(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &t, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT,
+                "larger than the address space");
     symm_mm_rs_options_t opts = SYMM_MM_RS_OPTIONS_INIT;
     opts.b_scale = &b.t;
     EXPECT_FAIL(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, &opts, NULL), SYMM_ERROR_INVALID_ARGUMENT,
@@ -448,6 +471,9 @@ static void lc_checks(symm_group_t g, int world) {
     t.data = (float *)in.t.data + 2;
     EXPECT_FAIL(symm_lc_allgather(g, &in.t, &t, NULL), SYMM_ERROR_INVALID_ARGUMENT, "output overlaps input");
     EXPECT_FAIL(symm_lc_allgather(g, &in.t, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT, "output is NULL");
+    t = in.t;
+    t.strides[0] = INT64_C(1) << 62;
+    EXPECT_FAIL(symm_lc_allgather(g, &t, &out.t, NULL), SYMM_ERROR_INVALID_ARGUMENT, "larger than the address space");
     EXPECT(tb_untouched(&out));
     tb_free(&in);
     tb_free(&out);

@@ -302,6 +302,13 @@ typedef int32_t symm_xla_platform_t;
 // A bug in symm; please report it with the message.
 #define SYMM_ERROR_INTERNAL 12
 
+// The group is no longer usable: it failed earlier, on this rank or on a
+// peer (a timeout, a peer's failure, a device error, an operation left
+// half done), or `symm_group_abort` was called. Every later operation of
+// the group returns this; the message quotes the first failure. Destroy
+// the group and form a new one.
+#define SYMM_ERROR_ABORTED 13
+
 // CUDA when a driver and the requested device exist, else host.
 #define SYMM_BACKEND_AUTO 0
 
@@ -469,8 +476,35 @@ symm_status_t symm_group_set_timeout(symm_group_t group, int timeout_ms);
 
 // Reports a failure that happened asynchronously on the device (a signal
 // wait that timed out inside a kernel), as `SYMM_ERROR_TIMEOUT` naming the
-// peer. Returns `SYMM_SUCCESS` when none happened.
+// peer, and fails the group (see `symm_group_health`). Returns
+// `SYMM_SUCCESS` when none happened.
 symm_status_t symm_group_check_async_error(symm_group_t group);
+
+// Aborts the group on this rank: operations of the group blocked in a
+// wait on any thread of this rank end with `SYMM_ERROR_ABORTED`, work it
+// queued on the device stops waiting, the peers' waits end with
+// `SYMM_ERROR_REMOTE` naming this rank, and every later operation of the
+// group on every rank returns `SYMM_ERROR_ABORTED`. Returns at once; safe
+// to call from any thread, also while another thread is blocked in a
+// call of this group (as `ncclCommAbort`). An exchange already under way
+// with the bootstrap store still ends only at its timeout. The group must
+// still be destroyed; a new one can be formed at once.
+symm_status_t symm_group_abort(symm_group_t group);
+
+// The group's health, in the style of `ncclCommGetAsyncError`: writes
+// `SYMM_SUCCESS` to `*health` while the group works, else the status of
+// its first failure, on this rank or a peer: `SYMM_ERROR_TIMEOUT`,
+// `SYMM_ERROR_REMOTE` (a peer failed; the text names it),
+// `SYMM_ERROR_ABORTED` (`symm_group_abort`), `SYMM_ERROR_CUDA`... From
+// then on every operation of the group returns `SYMM_ERROR_ABORTED`.
+// When the group failed, `symm_last_error()` then describes the failure.
+// A group fails at a timeout, at an exchange with the peers that was
+// lost, when an operation fails after it started moving data, when a
+// rank fails alone on a call the ranks had agreed on, at an asynchronous
+// device error, and at `symm_group_abort`; never for an argument every
+// rank was told about (those fail the one call). Returns an error only
+// for a bad handle or a NULL `health`.
+symm_status_t symm_group_health(symm_group_t group, symm_status_t *health);
 
 // Routes symm's log lines to `callback` (with `ctx` passed back) instead
 // of stderr or `SYMM_DEBUG_FILE`; NULL restores those. The level stays
@@ -508,9 +542,11 @@ symm_status_t symm_get_build_info(symm_build_info_t *info);
 // are then untouched. A call identical to one all ranks agreed on before
 // skips that check (one bootstrap round trip) unless the group has
 // `SYMM_GROUP_CHECK_ARGS_ALWAYS` or env `SYMM_CHECK_ARGS=always`; a rank
-// that then alone errs or differs makes its peers time out instead. After
-// `SYMM_ERROR_TIMEOUT` inside an operation, outputs may be partly written
-// and the group's signals out of step: destroy the group.
+// that then alone errs fails the group (its peers stop waiting with
+// `SYMM_ERROR_REMOTE`), and one that alone differs makes its peers time
+// out. After `SYMM_ERROR_TIMEOUT` (or any failure once data moved),
+// outputs may be partly written and the group has failed: every later
+// call returns `SYMM_ERROR_ABORTED` (see `symm_group_health`); destroy it.
 symm_status_t symm_group_reserve_workspace(symm_group_t group, size_t bytes);
 
 // Collective: `all_gather(a_shard, gather_dim) @ bs[i]` for i < `num_b`,
@@ -562,11 +598,12 @@ symm_status_t symm_mm_rs(symm_group_t group, const symm_tensor_t *a, const symm_
 // Collective: gathers every rank's `input` along dimension 0 into
 // `output` (`[world * d0, ...]`, rank r's input at rows r*d0), as PyTorch's
 // `_low_contention_all_gather`: pure copies, each rank pulling from one
-// peer at a time. Any dtype and strides. When `input` is contiguous in a
-// rendezvoused symmetric buffer, peers read it in place; otherwise it is
-// first copied to the group's workspace. Every rank passes the same dtype
-// and shape, and its input either at the same offset of the same symmetric
-// buffer or in ordinary memory (else `SYMM_ERROR_MISMATCH`).
+// peer at a time. Any dtype and strides (strides may differ between
+// ranks). When `input` is contiguous in a rendezvoused symmetric buffer,
+// peers read it in place; otherwise it is first copied to the group's
+// workspace. Every rank passes the same dtype and shape, and its input
+// either at the same offset of the same symmetric buffer or in ordinary
+// memory (else `SYMM_ERROR_MISMATCH`).
 symm_status_t symm_lc_allgather(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *output, void *stream);
 
 // Collective: `output = reduce(input over ranks)`, elementwise, `op`

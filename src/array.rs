@@ -84,7 +84,8 @@ impl Array {
     }
 
     /// Bytes from `addr` to the end of the last element, or `None` when
-    /// that does not fit in a `u64` address range.
+    /// that is more than any one object can span (`isize::MAX` bytes, the
+    /// limit of pointer offsets) or runs past the end of the address space.
     pub fn extent_bytes(&self) -> Option<u64> {
         let mut last = 0u64;
         for (&n, &s) in self.shape.iter().zip(&self.strides) {
@@ -92,6 +93,9 @@ impl Array {
             last = last.checked_add(step)?;
         }
         let bytes = last.checked_add(1)?.checked_mul(self.dtype.size() as u64)?;
+        if bytes > isize::MAX as u64 {
+            return None;
+        }
         self.addr.checked_add(bytes).map(|_| bytes)
     }
 
@@ -101,11 +105,12 @@ impl Array {
         self.addr..self.addr + bytes
     }
 
-    /// Whether the two arrays' byte ranges intersect (a conservative test:
-    /// interleaved arrays that share no element still count).
+    /// Whether the two arrays may share a byte: their byte ranges
+    /// intersect and `overlap::may_share` finds (or cannot rule out) a
+    /// common byte, so interleaved arrays that share none do not count.
     pub fn overlaps(&self, other: &Array) -> bool {
         let (a, b) = (self.byte_range(), other.byte_range());
-        a.start < b.end && b.start < a.end
+        a.start < b.end && b.start < a.end && crate::overlap::may_share(self, other)
     }
 
     pub fn is_contiguous(&self) -> bool {
@@ -124,7 +129,11 @@ impl Array {
             if stride <= span {
                 return true;
             }
-            span += stride * (n - 1);
+            // Past usize, nothing larger can step over it.
+            match stride.checked_mul(n - 1).and_then(|step| span.checked_add(step)) {
+                Some(s) => span = s,
+                None => return true,
+            }
         }
         false
     }
@@ -190,6 +199,9 @@ mod tests {
         assert_eq!(arr(&[2, 3], &[1, 2]).extent_bytes(), Some(12));
         assert_eq!(Array { addr: u64::MAX - 2, ..arr(&[2], &[1]) }.extent_bytes(), None);
         assert_eq!(arr(&[3, usize::MAX], &[usize::MAX, 1]).extent_bytes(), None);
+        // Between 2^63 and 2^64 bytes: fits a u64, but no object is that large.
+        assert_eq!(arr(&[2, 8], &[1 << 62, 1]).extent_bytes(), None);
+        assert_eq!(arr(&[2, 8], &[1 << 61, 1]).extent_bytes(), Some((1 << 62) + 16));
     }
 
     #[test]
@@ -233,5 +245,102 @@ mod tests {
         let c = Array { addr: 4096 + 8, ..arr(&[4], &[1]) };
         assert!(a.overlaps(&b) && b.overlaps(&a));
         assert!(!a.overlaps(&c));
+        // Interleaved columns share no element.
+        let even = arr(&[4, 4], &[8, 2]);
+        let odd = Array { addr: 4096 + 2, ..even.clone() };
+        assert!(!even.overlaps(&odd) && !odd.overlaps(&even));
+    }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// The extent by wide arithmetic, which cannot overflow here.
+        fn reference_extent(a: &Array) -> Option<u64> {
+            let last: u128 = a.shape.iter().zip(&a.strides).map(|(&n, &s)| (n as u128 - 1) * s as u128).sum();
+            let bytes = (last + 1) * a.dtype.size() as u128;
+            (bytes <= isize::MAX as u128 && a.addr as u128 + bytes <= u64::MAX as u128).then_some(bytes as u64)
+        }
+
+        /// The last byte by enumerating every element (small arrays).
+        fn enumerated_extent(a: &Array) -> u64 {
+            let mut idx = vec![0usize; a.ndim()];
+            let mut last = 0;
+            loop {
+                let off: usize = idx.iter().zip(&a.strides).map(|(i, s)| i * s).sum();
+                last = last.max((off + 1) * a.dtype.size());
+                let mut d = a.ndim();
+                loop {
+                    if d == 0 {
+                        return last as u64;
+                    }
+                    d -= 1;
+                    idx[d] += 1;
+                    if idx[d] < a.shape[d] {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+        }
+
+        fn dtype() -> impl Strategy<Value = DType> {
+            prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F8E5M2)]
+        }
+
+        /// Any size: shapes and strides up to 2^64, including the 2^63..2^64 band.
+        fn any_array() -> impl Strategy<Value = Array> {
+            let size = prop_oneof![1usize..4, any::<usize>(), (0u32..64).prop_map(|b| 1usize << b)];
+            let dims = prop::collection::vec((size.clone(), size), 1..5);
+            (any::<u64>(), dtype(), dims).prop_map(|(addr, dtype, dims)| {
+                let (shape, strides): (Vec<usize>, Vec<usize>) = dims.into_iter().map(|(n, s)| (n.max(1), s)).unzip();
+                Array { addr: addr & !7, dtype, shape, strides }
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn extent_matches_wide_arithmetic(a in any_array()) {
+                prop_assert_eq!(a.extent_bytes(), reference_extent(&a));
+            }
+
+            #[test]
+            fn extent_matches_enumeration(
+                dtype in dtype(),
+                dims in prop::collection::vec((1usize..5, 0usize..9), 1..4),
+            ) {
+                let (shape, strides) = dims.into_iter().unzip();
+                let a = Array { addr: 4096, dtype, shape, strides };
+                prop_assert_eq!(a.extent_bytes(), Some(enumerated_extent(&a)));
+            }
+
+            /// The self-overlap test is sufficient: an array it passes never
+            /// reaches one element by two indices.
+            #[test]
+            fn self_overlap_is_sound(dims in prop::collection::vec((1usize..4, 0usize..9), 1..4)) {
+                let (shape, strides) = dims.into_iter().unzip();
+                let a = Array { addr: 4096, dtype: DType::F32, shape, strides };
+                let mut seen = std::collections::HashSet::new();
+                let mut idx = vec![0usize; a.ndim()];
+                let mut repeats = false;
+                'all: loop {
+                    let off: usize = idx.iter().zip(&a.strides).map(|(i, s)| i * s).sum();
+                    repeats |= !seen.insert(off);
+                    let mut d = a.ndim();
+                    loop {
+                        if d == 0 {
+                            break 'all;
+                        }
+                        d -= 1;
+                        idx[d] += 1;
+                        if idx[d] < a.shape[d] {
+                            break;
+                        }
+                        idx[d] = 0;
+                    }
+                }
+                prop_assert!(a.self_overlaps() || !repeats);
+            }
+        }
     }
 }

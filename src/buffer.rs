@@ -6,7 +6,7 @@
 //! plus signalling over their pads.
 
 use crate::backend::{pad_bytes, round_up, Allocation, Mapping, PadSet, Signals, Stream};
-use crate::error::{err, Result};
+use crate::error::{err, ErrorKind, Result};
 use crate::group::{Attachment, Group};
 use crate::ipc;
 use crate::sync::lock;
@@ -27,6 +27,7 @@ pub struct Buffer {
 impl Buffer {
     /// Allocates `size` bytes of symmetric memory on this rank (not collective).
     pub fn create(group: &Arc<Group>, size: usize) -> Result<Arc<Buffer>> {
+        group.check_healthy()?;
         if size == 0 {
             return Err(err!(InvalidArgument, "size is 0: a symmetric buffer needs at least one byte"));
         }
@@ -90,13 +91,24 @@ impl Handle {
         err!(InvalidArgument, "rank {rank} is out of range for a group of {}", self.data.len())
     }
     pub fn put_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
-        self.signals.put(peer, channel, stream, self.group().timeout())
+        self.signalling(|s, t| s.put(peer, channel, stream, t))
     }
     pub fn wait_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
-        self.signals.wait(peer, channel, stream, self.group().timeout())
+        self.signalling(|s, t| s.wait(peer, channel, stream, t))
     }
     pub fn barrier(&self, channel: usize, stream: Stream) -> Result<()> {
-        self.signals.barrier(channel, stream, self.group().timeout())
+        self.signalling(|s, t| s.barrier(channel, stream, t))
+    }
+    /// A signal call on a healthy group; one that times out or is cut
+    /// short fails the group (its pads are out of step now).
+    fn signalling(&self, f: impl FnOnce(&dyn Signals, std::time::Duration) -> Result<()>) -> Result<()> {
+        let group = self.group();
+        group.check_healthy()?;
+        f(&*self.signals, group.timeout()).inspect_err(|e| {
+            if !matches!(e.kind, ErrorKind::InvalidArgument | ErrorKind::Unsupported) {
+                group.fail(e)
+            }
+        })
     }
     /// Address here of the `u32` flag at byte `offset` of `rank`'s buffer.
     fn flag_addr(&self, rank: usize, offset: usize) -> Result<u64> {
@@ -111,12 +123,13 @@ impl Handle {
     }
     /// Stream-ordered: sets the `u32` at `offset` of `rank`'s buffer to `value`.
     pub fn write_value(&self, rank: usize, offset: usize, value: u32, stream: Stream) -> Result<()> {
-        self.signals.write_value(self.flag_addr(rank, offset)?, value, stream)
+        let addr = self.flag_addr(rank, offset)?;
+        self.signalling(|s, _| s.write_value(addr, value, stream))
     }
     /// Stream-ordered: waits until the `u32` at `offset` of `rank`'s buffer is >= `value`.
     pub fn wait_value(&self, rank: usize, offset: usize, value: u32, stream: Stream) -> Result<()> {
         let addr = self.flag_addr(rank, offset)?;
-        self.signals.wait_value(addr, value, rank, stream, self.group().timeout())
+        self.signalling(|s, t| s.wait_value(addr, value, rank, stream, t))
     }
 }
 
@@ -142,6 +155,7 @@ impl Announce {
 /// registers the handle with the group (see [`find_symmetric`]).
 pub fn rendezvous(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
     let _lock = buffer.group.lock_collective();
+    buffer.group.check_healthy()?;
     rendezvous_locked(buffer)
 }
 

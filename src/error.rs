@@ -31,6 +31,9 @@ pub enum ErrorKind {
     Remote,
     /// A bug in symm (a caught panic, a broken invariant).
     Internal,
+    /// The group failed earlier (on this rank or a peer) or was aborted,
+    /// and refuses every operation until it is destroyed.
+    Aborted,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

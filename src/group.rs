@@ -13,16 +13,24 @@
 //! What the layers above keep per group (the operations' scratch and
 //! agreed calls, the registry of rendezvoused buffers) hangs off the group
 //! as opaque [`Attachment`]s, so this module depends on none of them.
+//!
+//! A group fails for good at its first timeout, lost exchange, device
+//! error, operation left half done, or abort, on any rank (see
+//! `crate::health`): it then refuses every operation until destroyed.
 
-use crate::backend::{self, Backend, BackendChoice, BackendKind};
+use crate::backend::host::{HostAllocation, HostMapping};
+use crate::backend::{self, Allocation, Backend, BackendChoice, BackendKind, Mapping};
 use crate::bootstrap::{allgather_var, Bootstrap};
 use crate::config;
 use crate::cost::Algorithm;
-use crate::error::{err, Result};
+use crate::error::{err, Error, Result};
+use crate::health::{Board, Health, SLOT_BYTES};
+use crate::ipc;
 use crate::logging::GroupScope;
 use crate::sync::lock;
 use crate::wire::{Reader, Writer};
 use std::any::Any;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -155,6 +163,8 @@ pub struct Group {
     /// What the layers above keep per group (see [`Attachment`]), at most
     /// one of each type.
     attachments: Mutex<Vec<Arc<dyn Attachment>>>,
+    /// Healthy, or failed for good (shared with the peers).
+    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for Group {
@@ -184,9 +194,10 @@ impl Group {
         let timeout = cfg.resolved_timeout();
         let wait = *timeout.as_ref().unwrap_or(&DEFAULT_TIMEOUT);
         let settings = cfg.resolved_settings();
+        let health = Arc::new(Health::new(rank));
         let local = timeout
             .and_then(|_| settings.clone())
-            .and_then(|settings| Ok((settings, backend::select(cfg.resolved_backend()?, device)?)));
+            .and_then(|settings| Ok((settings, backend::select(cfg.resolved_backend()?, device, &health)?)));
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| err!(System, "getrandom: {e}"))?;
         let payload = match &local {
@@ -202,7 +213,7 @@ impl Group {
             )),
             Err(e) => Err(e.clone()),
         };
-        let all = exchange(bootstrap.as_ref(), payload, wait)?;
+        let all = exchange(bootstrap.as_ref(), payload, wait, &|_| {})?;
         let (settings, backend) = local?;
         let mut ranks = Vec::with_capacity(world);
         let mut rank0_secret = [0u8; 32];
@@ -215,6 +226,11 @@ impl Group {
         }
         check_ranks(&ranks, rank, cfg.allow_shared_device)?;
         check_settings(&ranks)?;
+        health.attach_board(form_board(bootstrap.as_ref(), rank, world, &rank0_secret, wait)?);
+        if backend.kind() == BackendKind::Cuda {
+            // Kernels cannot read the board: a thread tells them (see `Health`).
+            watch_peers(&health);
+        }
         Ok(Arc::new(Group {
             rank,
             world,
@@ -227,6 +243,7 @@ impl Group {
             ranks,
             settings,
             attachments: Mutex::default(),
+            health,
         }))
     }
 
@@ -253,9 +270,42 @@ impl Group {
         })
     }
 
-    /// Reports an asynchronous failure (a device-side signal timeout).
+    /// Reports an asynchronous failure (a device-side signal timeout),
+    /// which fails the group.
     pub fn check_async_error(&self) -> Result<()> {
-        self.backend.check_async_error()
+        self.backend.check_async_error().inspect_err(|e| self.fail(e))
+    }
+
+    /// `Err(Aborted)` quoting the first failure once the group failed, here
+    /// or on a peer (asynchronous device errors included); call at the
+    /// start of every operation.
+    pub fn check_healthy(&self) -> Result<()> {
+        self.health.check()?;
+        if let Err(e) = self.backend.check_async_error() {
+            self.fail(&e);
+            return self.health.check();
+        }
+        Ok(())
+    }
+
+    /// Fails the group for good with `e` (first failure wins), telling the
+    /// peers and ending this rank's waits.
+    pub fn fail(&self, e: &Error) {
+        self.health.fail(e)
+    }
+
+    /// Fails the group on purpose: every rank's pending waits end and later
+    /// calls are refused. Takes no lock a blocked call may hold.
+    pub fn abort(&self) {
+        self.health.abort()
+    }
+
+    /// The group's first failure, or `None` while it is healthy.
+    pub fn failure(&self) -> Option<Error> {
+        if let Err(e) = self.backend.check_async_error() {
+            self.fail(&e);
+        }
+        self.health.cause()
     }
 
     pub fn rank(&self) -> usize {
@@ -306,7 +356,9 @@ impl Group {
     /// `Remote` naming the rank that failed and why). Call with the
     /// collective lock held.
     pub fn exchange(&self, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
-        exchange(self.bootstrap.as_ref(), local, self.timeout())
+        self.health.check()?;
+        // A lost exchange leaves the ranks out of step: the group fails.
+        exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
     }
 
     /// The agreed settings (see [`Settings`]).
@@ -348,13 +400,19 @@ pub struct Collective<'a> {
     _lock: MutexGuard<'a, ()>,
 }
 
-/// See [`Group::exchange`].
-fn exchange(bs: &dyn Bootstrap, local: Result<Vec<u8>>, timeout: Duration) -> Result<Vec<Vec<u8>>> {
+/// See [`Group::exchange`]; `lost` sees the error of an all-gather that
+/// failed (as opposed to a rank's reported failure).
+fn exchange(
+    bs: &dyn Bootstrap,
+    local: Result<Vec<u8>>,
+    timeout: Duration,
+    lost: &dyn Fn(&Error),
+) -> Result<Vec<Vec<u8>>> {
     let msg = match &local {
         Ok(p) => Writer::new().u8(0).bytes(p).finish(),
         Err(e) => Writer::new().u8(1).str(&e.msg).finish(),
     };
-    let all = allgather_var(bs, &msg, timeout)?;
+    let all = allgather_var(bs, &msg, timeout).inspect_err(|e| lost(e))?;
     local?;
     let mut out = Vec::with_capacity(all.len());
     let mut failures = Vec::new();
@@ -370,6 +428,69 @@ fn exchange(bs: &dyn Bootstrap, local: Result<Vec<u8>>, timeout: Duration) -> Re
         Ok(out)
     } else {
         Err(err!(Remote, "another rank failed: {}", failures.join("; ")))
+    }
+}
+
+/// Collective: the group's board of failures (see `crate::health`). Rank 0
+/// makes it in shared memory and publishes its fd as buffers are (group
+/// secret, fd server); every other rank maps it. A second exchange keeps
+/// the fd published until every rank holds it, and fails every rank if one
+/// could not map it.
+fn form_board(bs: &dyn Bootstrap, rank: usize, world: usize, secret: &[u8; 32], timeout: Duration) -> Result<Board> {
+    let bytes = world * SLOT_BYTES;
+    let make = || -> Result<(HostAllocation, ipc::Publication, Vec<u8>)> {
+        let alloc = HostAllocation::new(bytes)?;
+        let server = ipc::fd_server()?;
+        let mut token = [0u8; 8];
+        getrandom::fill(&mut token).map_err(|e| err!(System, "getrandom: {e}"))?;
+        let token = u64::from_le_bytes(token);
+        let publication = server.publish(token, *secret, alloc.export_fd()?.as_fd())?;
+        Ok((alloc, publication, Writer::new().u64(token).bytes(server.name()).finish()))
+    };
+    let made = if rank == 0 { make().map(Some) } else { Ok(None) };
+    let payload = match &made {
+        Ok(Some((_, _, announce))) => Ok(announce.clone()),
+        Ok(None) => Ok(Vec::new()),
+        Err(e) => Err(e.clone()),
+    };
+    let all = exchange(bs, payload, timeout, &|_| {})?;
+    let (board, _publication) = match made? {
+        Some((alloc, publication, _)) => {
+            (Ok(Board::new(alloc.addr() as usize, world, Box::new(alloc))), Some(publication))
+        }
+        None => {
+            let fetch = || -> Result<Board> {
+                let mut r = Reader::new(&all[0], "health board announcement");
+                let token = r.u64()?;
+                let server = r.bytes()?;
+                let fd = ipc::fetch_fd(server, token, secret, timeout)
+                    .map_err(|e| e.context("fetching the group's health board from rank 0"))?;
+                let m = HostMapping::import(fd, bytes)?;
+                Ok(Board::new(m.addr() as usize, world, Box::new(m)))
+            };
+            (fetch(), None)
+        }
+    };
+    exchange(bs, board.as_ref().map(|_| Vec::new()).map_err(Clone::clone), timeout, &|_| {})?;
+    board
+}
+
+/// A thread that looks at the board for the peers' failures, so that a
+/// failed peer also stops this rank's kernels (the failure wakes them).
+/// It ends when the group fails or is gone.
+fn watch_peers(health: &Arc<Health>) {
+    let weak = Arc::downgrade(health);
+    let watch = move || loop {
+        std::thread::sleep(Duration::from_millis(10));
+        match weak.upgrade() {
+            Some(h) if h.cause().is_none() => {}
+            _ => return,
+        }
+    };
+    if let Err(e) = std::thread::Builder::new().name("symm-health".into()).spawn(watch) {
+        log::warn!(
+            "no thread to watch the peers' failures ({e}); kernels waiting for a failed peer wait until their timeout"
+        );
     }
 }
 

@@ -15,12 +15,14 @@ pub(crate) mod error;
 pub(crate) mod fp8;
 pub(crate) mod ipc;
 pub(crate) mod logging;
+pub(crate) mod overlap;
 
 pub(crate) mod buffer;
 pub(crate) mod config;
 pub(crate) mod cost;
 pub mod ffi;
 pub(crate) mod group;
+pub(crate) mod health;
 pub(crate) mod ops;
 pub(crate) mod sync;
 pub(crate) mod wire;

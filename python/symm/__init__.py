@@ -12,6 +12,7 @@ from ._info import library_path, library_version
 from ._lib import SIGNAL_CHANNELS
 from ._loader import LibraryNotFoundError
 from .errors import (
+    SymmAbortedError,
     SymmBootstrapError,
     SymmCudaError,
     SymmError,
@@ -59,6 +60,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_rmsnorm",
     "LibraryNotFoundError",
+    "SymmAbortedError",
     "SymmBootstrapError",
     "SymmCudaError",
     "SymmError",

@@ -41,6 +41,7 @@ ERROR_NO_DEVICE = 9
 ERROR_SYSTEM = 10
 ERROR_REMOTE = 11
 ERROR_INTERNAL = 12
+ERROR_ABORTED = 13
 
 BACKEND_AUTO = 0
 BACKEND_CUDA = 1
@@ -213,6 +214,8 @@ FUNCTIONS = {
     "symm_group_backend": (status_t, [_h, POINTER(backend_t)]),
     "symm_group_set_timeout": (status_t, [_h, c_int]),
     "symm_group_check_async_error": (status_t, [_h]),
+    "symm_group_abort": (status_t, [_h]),
+    "symm_group_health": (status_t, [_h, POINTER(status_t)]),
     "symm_group_reserve_workspace": (status_t, [_h, c_size_t]),
     # operations
     "symm_fused_ag_mm": (

@@ -67,6 +67,11 @@ class SymmInternalError(SymmError):
     """A bug in symm; please report it with the message."""
 
 
+class SymmAbortedError(SymmError):
+    """The group failed earlier (here or on a peer) or was aborted; it refuses
+    every operation. Close it and form a new one."""
+
+
 _BY_STATUS = {
     _lib.ERROR_INVALID_ARGUMENT: SymmInvalidArgument,
     _lib.ERROR_INVALID_HANDLE: SymmInvalidHandle,
@@ -80,6 +85,7 @@ _BY_STATUS = {
     _lib.ERROR_SYSTEM: SymmSystemError,
     _lib.ERROR_REMOTE: SymmRemoteError,
     _lib.ERROR_INTERNAL: SymmInternalError,
+    _lib.ERROR_ABORTED: SymmAbortedError,
 }
 
 

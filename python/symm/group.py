@@ -6,7 +6,7 @@ from . import _lib
 from ._callback import CallbackBootstrap
 from ._lib import lib
 from ._owned import Owned
-from .errors import SymmInvalidHandle, check
+from .errors import SymmInvalidHandle, check, error
 from .memory import Buffer
 
 BACKENDS = {"auto": _lib.BACKEND_AUTO, "cuda": _lib.BACKEND_CUDA, "host": _lib.BACKEND_HOST}
@@ -163,6 +163,27 @@ class Group:
     def check_async_error(self):
         """Raises ``SymmTimeoutError`` if a device-side signal wait timed out."""
         self._check(lib.symm_group_check_async_error(self.raw))
+
+    def abort(self):
+        """Fails the group on purpose, at once (``symm_group_abort``): calls of
+        this group blocked in a wait on any thread end with
+        ``SymmAbortedError``, the peers' with ``SymmRemoteError`` naming this
+        rank, and every later operation on every rank is refused. Safe from
+        another thread while a call of this group is blocked. Close the group
+        afterwards."""
+        self._check(lib.symm_group_abort(self.raw))
+
+    def health(self):
+        """``None`` while the group works, else the exception (not raised)
+        that describes its first failure, here or on a peer
+        (``symm_group_health``): ``SymmTimeoutError``, ``SymmRemoteError``
+        naming the failed rank, ``SymmAbortedError`` after ``abort()``... A
+        failed group refuses every operation with ``SymmAbortedError``."""
+        status = _lib.status_t()
+        self._check(lib.symm_group_health(self.raw, ctypes.byref(status)))
+        if status.value == _lib.SUCCESS:
+            return None
+        return error(status.value, lib.symm_last_error().decode(errors="replace"))
 
     def reserve_workspace(self, nbytes):
         """Collective: grows the operations' workspace to ``nbytes`` now (same

@@ -3,6 +3,7 @@ multi-process tests (rank_worker.py): the same checks over every bootstrap.
 Each takes this rank's Group and raises on failure."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -79,11 +80,36 @@ def progress_flags(group, rounds=20):
         with pytest.raises(symm.SymmInvalidArgument, match="4-byte aligned"):
             h.write_value(nxt, 2, 1)
         h.barrier()
-        group.set_timeout(100)
-        with pytest.raises(symm.SymmTimeoutError, match=f"rank {rank}'s buffer did not reach {rounds + 1}"):
-            h.wait_value(rank, flag, rounds + 1)
-        group.set_timeout(10000)
+
+
+def failed(group, deadline_s=10):
+    """The group's failure, waiting for it to reach this rank."""
+    deadline = time.monotonic() + deadline_s
+    while (failure := group.health()) is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert failure is not None, "the group did not fail on this rank"
+    return failure
+
+
+def refuses_everything(group, h):
+    """A failed group refuses every call until it is closed."""
+    for call in (h.barrier, lambda: group.create(64), lambda: group.reserve_workspace(4096)):
+        with pytest.raises(symm.SymmAbortedError, match="no longer usable"):
+            call()
+
+
+def wait_value_timeout_fails_the_group(group):
+    """A flag that never comes: every rank's wait_value times out (or stops
+    when a peer's did, naming it), and the group has failed everywhere."""
+    rank = group.rank
+    flag = N * 4 - 4
+    with group.create(N * 4) as buf, buf.rendezvous() as h:
         h.barrier()
+        group.set_timeout(100)
+        with pytest.raises((symm.SymmTimeoutError, symm.SymmRemoteError), match="buffer did not reach 1 "):
+            h.wait_value(rank, flag, 1)
+        assert isinstance(failed(group), (symm.SymmTimeoutError, symm.SymmRemoteError))
+        refuses_everything(group, h)
 
 
 def mismatched_sizes(group):
@@ -102,9 +128,12 @@ def peer_skips_barrier(group):
         h.barrier()
         group.set_timeout(300)
         if group.rank != last:
-            with pytest.raises(symm.SymmTimeoutError, match=f"rank {last}") as e:
+            # The first rank to time out stops the others, who name it.
+            with pytest.raises((symm.SymmTimeoutError, symm.SymmRemoteError), match=f"rank {last} did not arrive"):
                 h.barrier(channel=2)
-            assert isinstance(e.value, TimeoutError) and e.value.status == 4
+        # The group failed on every rank, the absent one included.
+        assert f"rank {last} did not arrive" in failed(group).message
+        refuses_everything(group, h)
 
 
 def tensor_ops(group):
@@ -151,4 +180,4 @@ def all_scenarios(group):
     ring_signals(group)
     progress_flags(group)
     mismatched_sizes(group)
-    peer_skips_barrier(group)  # last: it leaves the group with a short timeout
+    peer_skips_barrier(group)  # last: it fails the group

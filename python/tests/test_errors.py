@@ -20,6 +20,7 @@ CLASSES = {
     _lib.ERROR_SYSTEM: (symm.SymmSystemError, OSError),
     _lib.ERROR_REMOTE: (symm.SymmRemoteError, symm.SymmError),
     _lib.ERROR_INTERNAL: (symm.SymmInternalError, symm.SymmError),
+    _lib.ERROR_ABORTED: (symm.SymmAbortedError, symm.SymmError),
 }
 
 
@@ -133,3 +134,49 @@ def test_plan_query_predicts_and_validates():
         assert 2.0 < p["compute_ms"] < 4.0 and p["total_ms"] >= p["compute_ms"]
         with pytest.raises(symm.SymmInvalidArgument, match="m is 0"):
             g.plan("mm_rs", 0, 8, 8)
+
+
+def test_abort_ends_a_blocked_call_and_fails_every_rank():
+    """A call blocked waiting for a peer that never comes ends promptly when
+    another thread aborts the group; the peer then finds the group failed,
+    naming the aborting rank, and refuses; a new group works."""
+    import threading
+    import time
+
+    import numpy as np
+
+    g0, g1 = symm.local_groups(2, backend="host", timeout_ms=60000)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    on_threads(lambda g: symm.lc_allgather(g, x), [g0, g1])
+    assert g0.health() is None and g1.health() is None
+    outcome = {}
+
+    def blocked():
+        start = time.monotonic()
+        try:
+            symm.lc_allgather(g0, x)
+        except symm.SymmError as e:
+            outcome["error"] = e
+        outcome["waited"] = time.monotonic() - start
+
+    t = threading.Thread(target=blocked, daemon=True)
+    t.start()
+    time.sleep(0.2)
+    g0.abort()
+    t.join(10)
+    assert not t.is_alive(), "the aborted call is still blocked"
+    assert isinstance(outcome["error"], symm.SymmAbortedError)
+    assert outcome["waited"] < 5
+    assert isinstance(g0.health(), symm.SymmAbortedError)
+    seen = g1.health()
+    assert isinstance(seen, symm.SymmRemoteError) and "rank 0 failed" in seen.message
+    with pytest.raises(symm.SymmAbortedError, match="no longer usable"):
+        symm.lc_allgather(g1, x)
+    g0.close()
+    g1.close()
+    fresh = symm.local_groups(2, backend="host")
+    outs = on_threads(lambda g: symm.lc_allgather(g, x), fresh)
+    assert np.array_equal(outs[0], np.concatenate([x, x]))
+    for g in fresh:
+        assert g.health() is None
+        g.close()

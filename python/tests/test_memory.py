@@ -44,6 +44,10 @@ def test_mismatched_sizes_fail_on_every_rank(groups):
     on_threads(scenarios.mismatched_sizes, groups)
 
 
+def test_wait_value_timeout_fails_the_group(groups):
+    on_threads(scenarios.wait_value_timeout_fails_the_group, groups)
+
+
 def test_barrier_timeout_names_the_absent_rank(groups):
     on_threads(scenarios.peer_skips_barrier, groups)
 

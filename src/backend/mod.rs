@@ -12,6 +12,7 @@ pub mod host;
 
 use crate::array::Array;
 use crate::error::{err, Result};
+use crate::health::Health;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,13 +54,15 @@ impl BackendChoice {
     }
 }
 
-/// The backend for `device` that `choice` asks for.
-pub fn select(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
+/// The backend for `device` that `choice` asks for, for a group whose
+/// failures `health` records: its waits end early once the group failed.
+pub fn select(choice: BackendChoice, device: i32, health: &Arc<Health>) -> Result<Arc<dyn Backend>> {
+    let host = || Ok(Arc::new(host::HostBackend::new(health.clone())) as Arc<dyn Backend>);
     match choice {
-        BackendChoice::Host => Ok(Arc::new(host::HostBackend)),
-        BackendChoice::Auto if cuda::available(device) => Ok(Arc::new(cuda::CudaBackend::new(device)?)),
-        BackendChoice::Auto => Ok(Arc::new(host::HostBackend)),
-        BackendChoice::Cuda => Ok(Arc::new(cuda::CudaBackend::new(device)?)),
+        BackendChoice::Host => host(),
+        BackendChoice::Auto if cuda::available(device) => Ok(Arc::new(cuda::CudaBackend::new(device, health)?)),
+        BackendChoice::Auto => host(),
+        BackendChoice::Cuda => Ok(Arc::new(cuda::CudaBackend::new(device, health)?)),
     }
 }
 

@@ -148,7 +148,7 @@ pub fn tensor(t: &symm_tensor_t, name: &str) -> Result<Array> {
     if a.extent_bytes().is_none() || a.shape.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n)).is_none() {
         return Err(err!(
             InvalidArgument,
-            "{name} (shape {:?}, strides {:?}) is larger than the address space",
+            "{name} (shape {:?}, strides {:?}) is larger than the address space allows (an object spans at most isize::MAX bytes)",
             a.shape,
             a.strides
         ));
@@ -236,4 +236,34 @@ pub fn options<T: Copy>(p: *const T, name: &str, init: &str, min_size: usize, de
     // is plain data.
     unsafe { std::ptr::copy_nonoverlapping(p as *const u8, &mut out as *mut T as *mut u8, size.min(ours)) };
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(shape: &[i64], strides: &[i64]) -> symm_tensor_t {
+        let mut t = symm_tensor_t {
+            data: 0x10000 as *mut std::ffi::c_void,
+            dtype: SYMM_DTYPE_BF16,
+            ndim: shape.len() as i32,
+            shape: [0; SYMM_MAX_DIMS],
+            strides: [0; SYMM_MAX_DIMS],
+        };
+        t.shape[..shape.len()].copy_from_slice(shape);
+        t.strides[..strides.len()].copy_from_slice(strides);
+        t
+    }
+
+    /// Extents past what one object can span are invalid, also between
+    /// 2^63 and 2^64 bytes, where a u64 still holds them.
+    #[test]
+    fn oversized_extents_are_invalid() {
+        for stride in [1i64 << 62, i64::MAX / 2, i64::MAX] {
+            let e = tensor(&desc(&[2, 8], &[stride, 1]), "a").unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
+            assert!(e.msg.contains("larger than the address space"), "{}", e.msg);
+        }
+        assert!(tensor(&desc(&[2, 8], &[1 << 40, 1]), "a").is_ok());
+    }
 }

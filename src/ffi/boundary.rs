@@ -26,6 +26,7 @@ pub fn status_of(kind: ErrorKind) -> symm_status_t {
         ErrorKind::System => SYMM_ERROR_SYSTEM,
         ErrorKind::Remote => SYMM_ERROR_REMOTE,
         ErrorKind::Internal => SYMM_ERROR_INTERNAL,
+        ErrorKind::Aborted => SYMM_ERROR_ABORTED,
     }
 }
 
@@ -48,6 +49,12 @@ pub fn call(func: &str, f: impl FnOnce() -> Result<()>) -> symm_status_t {
             status_of(e.kind)
         }
     }
+}
+
+/// Makes `msg` this thread's last-error text without failing the call
+/// (a query that reports a failure as its result).
+pub fn describe(func: &str, msg: &str) {
+    set_last_error(&format!("{func}: {msg}"));
 }
 
 fn set_last_error(msg: &str) {

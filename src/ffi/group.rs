@@ -232,7 +232,8 @@ pub extern "C" fn symm_group_set_timeout(group: symm_group_t, timeout_ms: c_int)
 
 /// Reports a failure that happened asynchronously on the device (a signal
 /// wait that timed out inside a kernel), as `SYMM_ERROR_TIMEOUT` naming the
-/// peer. Returns `SYMM_SUCCESS` when none happened.
+/// peer, and fails the group (see `symm_group_health`). Returns
+/// `SYMM_SUCCESS` when none happened.
 #[no_mangle]
 pub extern "C" fn symm_group_check_async_error(group: symm_group_t) -> symm_status_t {
     call("symm_group_check_async_error", || group_check(group))
@@ -240,4 +241,50 @@ pub extern "C" fn symm_group_check_async_error(group: symm_group_t) -> symm_stat
 
 fn group_check(g: symm_group_t) -> Result<()> {
     group(g)?.check_async_error()
+}
+
+/// Aborts the group on this rank: operations of the group blocked in a
+/// wait on any thread of this rank end with `SYMM_ERROR_ABORTED`, work it
+/// queued on the device stops waiting, the peers' waits end with
+/// `SYMM_ERROR_REMOTE` naming this rank, and every later operation of the
+/// group on every rank returns `SYMM_ERROR_ABORTED`. Returns at once; safe
+/// to call from any thread, also while another thread is blocked in a
+/// call of this group (as `ncclCommAbort`). An exchange already under way
+/// with the bootstrap store still ends only at its timeout. The group must
+/// still be destroyed; a new one can be formed at once.
+#[no_mangle]
+pub extern "C" fn symm_group_abort(group: symm_group_t) -> symm_status_t {
+    call("symm_group_abort", || {
+        self::group(group)?.abort();
+        Ok(())
+    })
+}
+
+/// The group's health, in the style of `ncclCommGetAsyncError`: writes
+/// `SYMM_SUCCESS` to `*health` while the group works, else the status of
+/// its first failure, on this rank or a peer: `SYMM_ERROR_TIMEOUT`,
+/// `SYMM_ERROR_REMOTE` (a peer failed; the text names it),
+/// `SYMM_ERROR_ABORTED` (`symm_group_abort`), `SYMM_ERROR_CUDA`... From
+/// then on every operation of the group returns `SYMM_ERROR_ABORTED`.
+/// When the group failed, `symm_last_error()` then describes the failure.
+/// A group fails at a timeout, at an exchange with the peers that was
+/// lost, when an operation fails after it started moving data, when a
+/// rank fails alone on a call the ranks had agreed on, at an asynchronous
+/// device error, and at `symm_group_abort`; never for an argument every
+/// rank was told about (those fail the one call). Returns an error only
+/// for a bad handle or a NULL `health`.
+#[no_mangle]
+pub extern "C" fn symm_group_health(group: symm_group_t, health: *mut symm_status_t) -> symm_status_t {
+    call("symm_group_health", || {
+        let out = out_ptr(health, "health")?;
+        let status = match self::group(group)?.failure() {
+            None => SYMM_SUCCESS,
+            Some(e) => {
+                super::boundary::describe("symm_group_health", &e.msg);
+                super::boundary::status_of(e.kind)
+            }
+        };
+        write(out, status);
+        Ok(())
+    })
 }

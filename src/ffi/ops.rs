@@ -39,9 +39,11 @@ use std::ffi::{c_int, c_void};
 /// are then untouched. A call identical to one all ranks agreed on before
 /// skips that check (one bootstrap round trip) unless the group has
 /// `SYMM_GROUP_CHECK_ARGS_ALWAYS` or env `SYMM_CHECK_ARGS=always`; a rank
-/// that then alone errs or differs makes its peers time out instead. After
-/// `SYMM_ERROR_TIMEOUT` inside an operation, outputs may be partly written
-/// and the group's signals out of step: destroy the group.
+/// that then alone errs fails the group (its peers stop waiting with
+/// `SYMM_ERROR_REMOTE`), and one that alone differs makes its peers time
+/// out. After `SYMM_ERROR_TIMEOUT` (or any failure once data moved),
+/// outputs may be partly written and the group has failed: every later
+/// call returns `SYMM_ERROR_ABORTED` (see `symm_group_health`); destroy it.
 #[no_mangle]
 pub extern "C" fn symm_group_reserve_workspace(group: symm_group_t, bytes: usize) -> symm_status_t {
     call("symm_group_reserve_workspace", || ops::reserve_workspace(&self::group(group)?, bytes))
@@ -181,11 +183,12 @@ pub unsafe extern "C" fn symm_mm_rs(
 /// Collective: gathers every rank's `input` along dimension 0 into
 /// `output` (`[world * d0, ...]`, rank r's input at rows r*d0), as PyTorch's
 /// `_low_contention_all_gather`: pure copies, each rank pulling from one
-/// peer at a time. Any dtype and strides. When `input` is contiguous in a
-/// rendezvoused symmetric buffer, peers read it in place; otherwise it is
-/// first copied to the group's workspace. Every rank passes the same dtype
-/// and shape, and its input either at the same offset of the same symmetric
-/// buffer or in ordinary memory (else `SYMM_ERROR_MISMATCH`).
+/// peer at a time. Any dtype and strides (strides may differ between
+/// ranks). When `input` is contiguous in a rendezvoused symmetric buffer,
+/// peers read it in place; otherwise it is first copied to the group's
+/// workspace. Every rank passes the same dtype and shape, and its input
+/// either at the same offset of the same symmetric buffer or in ordinary
+/// memory (else `SYMM_ERROR_MISMATCH`).
 #[no_mangle]
 pub unsafe extern "C" fn symm_lc_allgather(
     group: symm_group_t,

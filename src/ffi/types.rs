@@ -34,6 +34,12 @@ pub const SYMM_ERROR_SYSTEM: symm_status_t = 10;
 pub const SYMM_ERROR_REMOTE: symm_status_t = 11;
 /// A bug in symm; please report it with the message.
 pub const SYMM_ERROR_INTERNAL: symm_status_t = 12;
+/// The group is no longer usable: it failed earlier, on this rank or on a
+/// peer (a timeout, a peer's failure, a device error, an operation left
+/// half done), or `symm_group_abort` was called. Every later operation of
+/// the group returns this; the message quotes the first failure. Destroy
+/// the group and form a new one.
+pub const SYMM_ERROR_ABORTED: symm_status_t = 13;
 
 /// Which memory backend a group uses.
 pub type symm_backend_t = i32;

@@ -37,6 +37,7 @@ pub extern "C" fn symm_status_string(status: symm_status_t) -> *const c_char {
         SYMM_ERROR_SYSTEM => c"SYMM_ERROR_SYSTEM",
         SYMM_ERROR_REMOTE => c"SYMM_ERROR_REMOTE",
         SYMM_ERROR_INTERNAL => c"SYMM_ERROR_INTERNAL",
+        SYMM_ERROR_ABORTED => c"SYMM_ERROR_ABORTED",
         _ => c"SYMM_ERROR_UNKNOWN_STATUS",
     };
     s.as_ptr()

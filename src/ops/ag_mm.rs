@@ -249,7 +249,7 @@ impl AgMm {
         let k = a.shape[last];
         let shape = decide::Shape {
             op: Op::AgMm,
-            m: rows * world,
+            m: check::mul(rows, world, "the gathered a_shard")?,
             k,
             n: self.bs.iter().map(|b| b.shape[1]).sum(),
             dtype: a.dtype,

@@ -15,7 +15,10 @@
 //! peers' identical calls skip the exchange, is no longer reported here;
 //! the peers then wait at the operation's first signal and fail with
 //! `Timeout` naming it (or, if both calls were agreed before, compute with
-//! mismatched arguments). `SYMM_CHECK_ARGS=always` (or the group flag
+//! mismatched arguments). A rank that fails locally on such a call fails
+//! the group, so its peers stop waiting at once with `Remote`; a timeout
+//! fails it too, so later calls are refused instead of running on signals
+//! out of step. `SYMM_CHECK_ARGS=always` (or the group flag
 //! `SYMM_GROUP_CHECK_ARGS_ALWAYS`) exchanges on every call instead.
 
 use super::state;
@@ -23,6 +26,7 @@ use crate::error::{err, Error, Result};
 use crate::group::Group;
 use crate::wire::{Reader, Writer};
 use std::fmt::Display;
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Field {
@@ -31,14 +35,18 @@ struct Field {
 }
 
 /// A compact, human-readable description of one rank's call.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Signature {
     fields: Vec<Field>,
+    /// Facts about this rank's call that may differ between ranks but
+    /// that the peers must know (how to read its input), exchanged with
+    /// the fields and kept with the agreement.
+    local: Vec<Field>,
 }
 
 impl Signature {
     pub fn new(operation: &str) -> Signature {
-        Signature { fields: Vec::new() }.arg("operation", operation)
+        Signature::default().arg("operation", operation)
     }
 
     /// An argument every rank must pass identically.
@@ -47,22 +55,35 @@ impl Signature {
         self
     }
 
+    /// A fact of this rank's call that the peers learn but need not share.
+    pub fn local(mut self, name: impl Into<String>, value: impl Display) -> Signature {
+        self.local.push(Field { name: name.into(), value: value.to_string() });
+        self
+    }
+
+    /// The value of the per-rank fact `name` (see [`Signature::local`]).
+    pub fn local_value(&self, name: &str) -> Option<&str> {
+        self.local.iter().find(|f| f.name == name).map(|f| f.value.as_str())
+    }
+
     fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new().u32(self.fields.len() as u32);
-        for f in &self.fields {
-            w = w.str(&f.name).str(&f.value);
+        let mut w = Writer::new();
+        for fields in [&self.fields, &self.local] {
+            w = w.u32(fields.len() as u32);
+            for f in fields {
+                w = w.str(&f.name).str(&f.value);
+            }
         }
         w.finish()
     }
 
     fn decode(b: &[u8]) -> Result<Signature> {
         let mut r = Reader::new(b, "call signature");
-        let n = r.u32()?;
-        let mut fields = Vec::new();
-        for _ in 0..n {
-            fields.push(Field { name: r.str()?, value: r.str()? });
-        }
-        Ok(Signature { fields })
+        let mut read = || -> Result<Vec<Field>> {
+            let n = r.u32()?;
+            (0..n).map(|_| Ok(Field { name: r.str()?, value: r.str()? })).collect()
+        };
+        Ok(Signature { fields: read()?, local: read()? })
     }
 
     fn get(&self, name: &str) -> Option<&str> {
@@ -70,25 +91,39 @@ impl Signature {
     }
 }
 
+/// The outcome of an agreement: whether the signature was agreed for the
+/// first time, and every rank's signature (in rank order).
+#[derive(Debug)]
+pub struct Agreed {
+    pub first: bool,
+    pub all: Arc<Vec<Signature>>,
+}
+
 /// Collective: agrees on a call. `sig` is this rank's signature (`None`
 /// when the call could not even be read, in which case `local` is the
-/// error); `local` is whether this rank's call is valid. Whether the
-/// signature was agreed for the first time.
-pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<bool> {
+/// error); `local` is whether this rank's call is valid.
+pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<Agreed> {
     let encoded = sig.map(Signature::encode);
     let state = state::of(group);
     if let Some(bytes) = &encoded {
-        if !group.check_args_always() && state.is_agreed(bytes) {
-            // Peers making this call skip the exchange as well, so a local
-            // failure has nobody to tell (see the module's trade-off).
-            return local.map(|()| false);
+        let before = if group.check_args_always() { None } else { state.agreed_call(bytes) };
+        if let Some(all) = before {
+            // Peers making this call skip the exchange as well and go on
+            // to wait for this rank, which will not come: the group fails,
+            // so that they stop waiting (see the module's trade-off).
+            if let (Err(e), true) = (&local, group.world() > 1) {
+                group.fail(&e.clone().context("a call whose arguments the ranks had agreed on failed here"));
+            }
+            return local.map(|()| Agreed { first: false, all });
         }
     }
     let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));
     let all = group.exchange(payload)?;
     let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
     check_same(&sigs)?;
-    Ok(state.mark_agreed(all[0].clone()))
+    let sigs = Arc::new(sigs);
+    let first = state.mark_agreed(all[group.rank()].clone(), sigs.clone());
+    Ok(Agreed { first, all: sigs })
 }
 
 /// Every rank's arguments against rank 0's, so that all ranks report the
@@ -188,11 +223,11 @@ mod tests {
     fn agreed_signatures_skip_the_exchange_unless_always() {
         for always in [false, true] {
             let skipped = on_group(3, always, |_, g, calls| {
-                assert!(agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap(), "agreed for the first time");
+                assert!(agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap().first, "agreed for the first time");
                 let before = calls();
-                assert!(!agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap(), "agreed before");
+                assert!(!agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap().first, "agreed before");
                 let repeat = calls() - before;
-                assert!(agree(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap());
+                assert!(agree(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap().first);
                 (repeat, calls() - before)
             });
             for (repeat, total) in skipped {

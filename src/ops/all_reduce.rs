@@ -74,8 +74,9 @@ pub fn all_reduce(group: &Arc<Group>, call: Result<AllReduce>, stream: Stream) -
         (sig, p)
     });
     let _lock = group.lock_collective();
-    let (p, first) = super::agreed(group, prepared)?;
-    if first {
+    group.check_healthy()?;
+    let (p, agreement) = super::agreed(group, prepared)?;
+    if agreement.first {
         log::info!("{}", p.decided);
     }
     super::launch(group, stream, &p, &|_, make| make())

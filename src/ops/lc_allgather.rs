@@ -5,13 +5,16 @@
 //! no two ranks read one peer at once.
 //!
 //! An input that is contiguous and lies in a rendezvoused symmetric buffer
-//! is read by the peers in place; otherwise every rank first copies its
-//! input into its workspace region. Where the input lives is part of the
-//! agreed arguments: every rank's input is at the same offset of the same
+//! is read by the peers in place; otherwise its rank first copies it into
+//! its workspace region. Where the input lives is part of the agreed
+//! arguments: every rank's input is at the same offset of the same
 //! symmetric buffer, or in ordinary memory on every rank. (Peers then know
 //! where to read without an exchange per call, which copy engines reading
 //! a cached call need; PyTorch's rendezvous of the tensor is collective
-//! for the same reason.) Barriers before and after the pulls keep a rank
+//! for the same reason.) Strides may differ between ranks, so whether a
+//! rank's input is contiguous is a per-rank fact of the signature
+//! (`Signature::local`): the peers learn it with the agreement and read
+//! each rank in place or from its workspace. Barriers before and after the pulls keep a rank
 //! from reading an input before its owner wrote it, or after its owner
 //! returned and may overwrite it.
 
@@ -38,12 +41,17 @@ pub struct LcAllgather {
 pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
     let world = group.world();
     let prepared = call.map(|c| {
-        // A symmetric input is read in place from every rank.
-        let symmetric = SymmetricPlace::of(group, &c.input);
+        // A symmetric input is read in place from every rank whose input
+        // there is contiguous.
+        let symmetric = SymmetricPlace::holding(group, &c.input);
         (c.signature(symmetric.as_ref()), c.prepare(world, symmetric))
     });
     super::run(group, stream, prepared)
 }
+
+/// The per-rank fact of the signature: whether this rank's input is read
+/// in place.
+const IN_PLACE: &str = "input read in place";
 
 impl LcAllgather {
     fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
@@ -51,6 +59,7 @@ impl LcAllgather {
             .arg("input.dtype", self.input.dtype)
             .arg("input.shape", shape_text(&self.input.shape))
             .arg("input memory", SymmetricPlace::describe(symmetric))
+            .local(IN_PLACE, symmetric.is_some() && self.input.is_contiguous())
     }
 
     fn prepare(self, world: usize, symmetric: Option<SymmetricPlace>) -> Result<LcPrepared> {
@@ -60,14 +69,11 @@ impl LcAllgather {
         want[0] = check::mul(want[0], world, "the gathered input")?;
         check::shape_is(output, "output", &want)?;
         check::outputs_disjoint(&[("output".into(), output)], &[("input".into(), input)])?;
-        // Workspace: the staged input, unless it is read in place (then the
-        // workspace only carries the barriers).
-        let mut layout = Layout::default();
-        let staged = match symmetric {
-            Some(_) => 0,
-            None => layout.region(check::mul(input.numel(), input.dtype.size(), "input")?),
-        };
-        Ok(LcPrepared { call: self, symmetric, staged, workspace: layout.bytes() })
+        let staged_bytes = check::mul(input.numel(), input.dtype.size(), "input")?;
+        let in_place = vec![false; world];
+        let mut p = LcPrepared { call: self, symmetric, in_place, staged_bytes, staged: 0, workspace: 0 };
+        p.lay_out();
+        Ok(p)
     }
 }
 
@@ -76,11 +82,25 @@ const SIDE_COPY_BYTES: usize = 4 << 20;
 
 struct LcPrepared {
     call: LcAllgather,
-    /// Where every rank's input is read in place, if it is.
+    /// Where every rank's input lies in symmetric memory, if it does.
     symmetric: Option<SymmetricPlace>,
-    /// Workspace offset of the staged input otherwise.
+    /// By rank: whether its input is read in place there (agreed).
+    in_place: Vec<bool>,
+    staged_bytes: usize,
+    /// Workspace offset of the staged input of the other ranks.
     staged: usize,
     workspace: usize,
+}
+
+impl LcPrepared {
+    /// Workspace: the staged input, unless every rank's is read in place
+    /// (then the workspace only carries the barriers). From agreed facts
+    /// only, so every rank sizes it alike.
+    fn lay_out(&mut self) {
+        let mut layout = Layout::default();
+        self.staged = if self.in_place.iter().all(|&p| p) { 0 } else { layout.region(self.staged_bytes) };
+        self.workspace = layout.bytes();
+    }
 }
 
 impl Prepared for LcPrepared {
@@ -88,17 +108,21 @@ impl Prepared for LcPrepared {
         self.workspace
     }
 
+    fn agreed_by(&mut self, all: &[Signature]) {
+        self.in_place = all.iter().map(|s| s.local_value(IN_PLACE) == Some("true")).collect();
+        self.lay_out();
+    }
+
     fn replay_key(&self) -> String {
-        format!("{:?} in place {:?} staged {}", self.call, self.symmetric, self.staged)
+        format!("{:?} in place {:?} on ranks {:?} staged {}", self.call, self.symmetric, self.in_place, self.staged)
     }
 
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
         let LcAllgather { input, output } = &self.call;
-        let in_place = self.symmetric.as_ref();
         let source = |r: usize| -> Result<Array> {
-            let addr = match in_place {
-                Some(place) => place.on(r)?,
-                None => ex.at(r, self.staged)?,
+            let addr = match &self.symmetric {
+                Some(place) if self.in_place[r] => place.on(r)?,
+                _ => ex.at(r, self.staged)?,
             };
             Ok(Array::contiguous(addr, input.dtype, &input.shape))
         };
@@ -115,7 +139,7 @@ impl Prepared for LcPrepared {
             }
             None => ex.copy(&own, input)?,
         }
-        if in_place.is_none() {
+        if !self.in_place[me] {
             ex.copy(&source(me)?, input)?;
         }
         ex.barrier()?;
@@ -184,6 +208,39 @@ mod tests {
             assert!(in_place < 4 * n, "the in-place gather staged its input ({in_place} bytes of workspace)");
             assert!(staged >= 4 * n);
         }
+        groups.iter().for_each(|g| g.release_scratch());
+    }
+
+    /// Inputs at the same offset of one symmetric buffer, with strides that
+    /// differ per rank (the header allows it): agreed, not a mismatch; the
+    /// contiguous rank is read in place, the strided one is staged.
+    #[test]
+    fn strides_may_differ_between_ranks_in_symmetric_memory() {
+        let groups = host_groups(2);
+        let outs = on_each(&groups, |r, g| {
+            let buf = Buffer::create(g, 4 * 6).unwrap();
+            let h = rendezvous(&buf).unwrap();
+            // Logical [2, 3] of value 10 * rank + (row * 3 + col): row-major
+            // on rank 0, column-major (strides [1, 2]) on rank 1.
+            let strides = if r == 0 { vec![3, 1] } else { vec![1, 2] };
+            // SAFETY: the buffer holds 6 f32.
+            let mem = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut f32, 6) };
+            for (i, j) in (0..2).flat_map(|i| (0..3).map(move |j| (i, j))) {
+                mem[i * strides[0] + j * strides[1]] = (10 * r + i * 3 + j) as f32;
+            }
+            let input = Array { addr: buf.addr(), dtype: DType::F32, shape: vec![2, 3], strides };
+            let mut out = vec![0f32; 12];
+            let output = Array::contiguous(out.as_mut_ptr() as u64, DType::F32, &[4, 3]);
+            for _ in 0..2 {
+                // The second call reuses the agreement.
+                out.fill(0.0);
+                lc_allgather(g, Ok(LcAllgather { input: input.clone(), output: output.clone() }), Stream(0)).unwrap();
+            }
+            drop(h);
+            out
+        });
+        let want: Vec<f32> = (0..12).map(|i| (10 * (i / 6) + i % 6) as f32).collect();
+        assert_eq!(outs, vec![want.clone(), want]);
         groups.iter().for_each(|g| g.release_scratch());
     }
 }

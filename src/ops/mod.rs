@@ -29,6 +29,8 @@ mod agree;
 pub mod all_reduce;
 mod check;
 pub(crate) mod decide;
+#[cfg(test)]
+mod failure_tests;
 pub(crate) mod fused;
 #[cfg(test)]
 mod host_cost;
@@ -89,6 +91,12 @@ trait Prepared {
     fn decided(&self) -> Option<String> {
         None
     }
+    /// Learns every rank's signature once the ranks agreed (operations
+    /// whose signature has per-rank facts, `Signature::local`), before
+    /// `workspace_bytes` and `execute`.
+    fn agreed_by(&mut self, all: &[Signature]) {
+        let _ = all;
+    }
 }
 
 /// `sig` with the algorithm the call runs (`Err`: the call failed here, and
@@ -103,7 +111,9 @@ fn with_algorithm<E>(sig: Signature, algorithm: std::result::Result<Algorithm, E
 /// every rank takes part in the agreement, so that peers learn of a failure.
 fn run<P: Prepared>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
     let _lock = group.lock_collective();
-    let (p, _) = agreed(group, prepared)?;
+    group.check_healthy()?;
+    let (mut p, agreement) = agreed(group, prepared)?;
+    p.agreed_by(&agreement.all);
     launch(group, stream, &p, &|_, make| make())
 }
 
@@ -122,6 +132,7 @@ where
     P: Prepared + Send + Sync + 'static,
 {
     let _lock = group.lock_collective();
+    group.check_healthy()?;
     let reuse = !group.check_args_always();
     if let (true, Ok(c)) = (reuse, &call) {
         if let Some(e) = memo::find::<C, P>(group, c) {
@@ -129,8 +140,8 @@ where
         }
     }
     let kept = call.as_ref().ok().filter(|_| reuse).cloned();
-    let (p, first) = agreed(group, call.map(prepare))?;
-    if first {
+    let (p, agreement) = agreed(group, call.map(prepare))?;
+    if agreement.first {
         if let Some(line) = p.decided() {
             log::info!("{line}");
         }
@@ -145,15 +156,14 @@ where
 }
 
 /// The agreement (with the collective lock held): this rank's prepared
-/// call once every rank agreed on it, and whether its signature was agreed
-/// for the first time.
-fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<(P, bool)> {
+/// call once every rank agreed on it, and the agreement.
+fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<(P, agree::Agreed)> {
     let (sig, p) = match prepared {
         Ok((s, p)) => (Some(s), p),
         Err(e) => (None, Err(e)),
     };
-    let first = agree::agree(group, sig.as_ref(), p.as_ref().map(drop).map_err(Clone::clone))?;
-    Ok((p?, first))
+    let agreement = agree::agree(group, sig.as_ref(), p.as_ref().map(drop).map_err(Clone::clone))?;
+    Ok((p?, agreement))
 }
 
 /// The ids of the scratch buffers a call runs with (workspace, mailbox,
@@ -193,6 +203,8 @@ fn launch<P: Prepared>(
     };
     let key = || key(ids, &make);
     group.backend().run_repeatable(&key, stream, &mut |s| {
+        // Work issued before the failure may be waited on by the peers:
+        // the group is out of step, and fails.
         plan.execute(&Exec {
             group,
             ws: ws.clone(),
@@ -201,6 +213,7 @@ fn launch<P: Prepared>(
             reduce: reduce.clone(),
             stream: s,
         })
+        .inspect_err(|e| group.fail(e))
     })
 }
 

@@ -24,6 +24,12 @@ impl SymmetricPlace {
         if !t.is_contiguous() {
             return None;
         }
+        Self::holding(group, t)
+    }
+
+    /// Where `t` starts, when all of it lies in one of `group`'s
+    /// rendezvoused buffers (whatever its strides).
+    pub fn holding(group: &Group, t: &Array) -> Option<Self> {
         let buffer = find_symmetric(group, t.byte_range())?;
         let offset = (t.addr - buffer.buffer().addr()) as usize;
         Some(SymmetricPlace { buffer, offset })

@@ -22,6 +22,8 @@ struct Record {
 
 const TIMEOUT: u32 = 1;
 const INVALID_ARG: u32 = 2;
+/// Written by the host (`stop`), never by a kernel: the group failed.
+const STOPPED: u32 = 3;
 /// `SYMM_GEMM_CHANNEL`: the waits of the sm90 matmul (kernels/sm90_wait.cuh).
 const GEMM_CHANNEL: i32 = -2;
 /// `SYMM_AR_CHANNEL`: the waits of kernels/allreduce.cu.
@@ -66,6 +68,20 @@ impl AsyncError {
         self.device
     }
 
+    /// Makes every kernel of the group that waits stop (their waits poll the
+    /// status word), unless a failure is recorded already. Takes no lock
+    /// and does not touch the driver, so it is safe from any thread while
+    /// another is blocked in a CUDA call.
+    pub fn stop(&self) {
+        // SAFETY: as in `check`; the device CASes the same word, so whoever
+        // writes first wins and the other leaves the record alone.
+        let status = unsafe { &*(std::ptr::addr_of!((*self.host).status) as *const AtomicU32) };
+        if status.compare_exchange(0, STOPPED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            // SAFETY: the status is ours now; no kernel writes the fields.
+            unsafe { &*(std::ptr::addr_of!((*self.host).published) as *const AtomicU32) }.store(1, Ordering::Release);
+        }
+    }
+
     /// `Err(Timeout)` naming the peer once a kernel recorded a failure. The
     /// record stays set: the pads are in an unknown state after a timeout,
     /// so the group must be rebuilt.
@@ -75,6 +91,9 @@ impl AsyncError {
         let status = unsafe { &*(std::ptr::addr_of!((*self.host).status) as *const AtomicU32) }.load(Ordering::Acquire);
         if status == 0 {
             return Ok(());
+        }
+        if status == STOPPED {
+            return Err(err!(Aborted, "the group failed, and the work it had queued on the device was stopped"));
         }
         let published =
             unsafe { &*(std::ptr::addr_of!((*self.host).published) as *const AtomicU32) }.load(Ordering::Acquire);

@@ -27,6 +27,7 @@ use super::{
 };
 use crate::array::Array;
 use crate::error::{err, Result};
+use crate::health::Health;
 use async_error::AsyncError;
 use cudarc::driver::{sys, CudaContext};
 use std::os::fd::OwnedFd;
@@ -52,8 +53,9 @@ impl CudaBackend {
         module::kernels(&self.ctx).is_ok_and(|k| k.gemm_sm90.is_some())
     }
 
-    /// The backend for CUDA device `device` (its primary context).
-    pub fn new(device: i32) -> Result<Self> {
+    /// The backend for CUDA device `device` (its primary context), whose
+    /// queued waits stop when the group fails (see `Health`).
+    pub fn new(device: i32, health: &Arc<Health>) -> Result<Self> {
         let ctx = driver::context(device)?;
         let vmm = driver::attribute(
             device,
@@ -69,10 +71,13 @@ impl CudaBackend {
                 "CUDA device {device} does not support virtual memory management with POSIX fd handles"
             ));
         }
+        let errors = Arc::new(AsyncError::new()?);
+        let record = errors.clone();
+        health.on_failure(move || record.stop());
         Ok(CudaBackend {
             granularity: vmm::granularity(device)?,
             setup: SetupStream::new()?,
-            errors: Arc::new(AsyncError::new()?),
+            errors,
             gemm: once_cell::sync::OnceCell::new(),
             tables: compute::SourceTables::default(),
             side: streams::SideStreams::default(),

@@ -13,12 +13,22 @@ mod signals;
 use super::{Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Signals, Stream};
 use crate::array::Array;
 use crate::error::Result;
+use crate::health::Health;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 pub use memory::{HostAllocation, HostMapping};
 
-#[derive(Debug, Default)]
-pub struct HostBackend;
+pub struct HostBackend {
+    /// The group's health: waits end as soon as the group fails.
+    health: Arc<Health>,
+}
+
+impl HostBackend {
+    pub fn new(health: Arc<Health>) -> Self {
+        HostBackend { health }
+    }
+}
 
 impl Backend for HostBackend {
     fn kind(&self) -> BackendKind {
@@ -42,7 +52,7 @@ impl Backend for HostBackend {
         Ok(Box::new(HostMapping::import(fd, bytes)?))
     }
     fn signals(&self, pads: PadSet) -> Result<Box<dyn Signals>> {
-        Ok(Box::new(signals::HostSignals::new(pads)))
+        Ok(Box::new(signals::HostSignals::new(pads, self.health.clone())))
     }
     fn copy(&self, dst: &Array, src: &Array, _stream: Stream) -> Result<()> {
         elementwise::copy(dst, src)

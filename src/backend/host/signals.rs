@@ -1,20 +1,36 @@
 //! Signals on the host: `u32` slots in the shared pads, driven by atomics.
 //! Put = CAS 0 -> 1 (release) on the peer's slot for us; wait = CAS 1 -> 0
 //! (acquire) on our slot for the peer. Waiting spins briefly, then yields,
-//! then sleeps, so many ranks on few cores still make progress.
+//! then sleeps, so many ranks on few cores still make progress. A wait
+//! also ends as soon as the group fails (an abort, a peer's failure on the
+//! group's board), with that failure.
 
 use crate::backend::{slot_offset, PadSet, Signals, Stream};
-use crate::error::{err, Result};
+use crate::error::{err, Error, Result};
+use crate::health::Health;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub struct HostSignals {
     pads: PadSet,
+    health: Arc<Health>,
+}
+
+/// Why a wait ended without its condition.
+enum Ended {
+    TimedOut,
+    Failed(Error),
 }
 
 impl HostSignals {
-    pub fn new(pads: PadSet) -> Self {
-        HostSignals { pads }
+    pub fn new(pads: PadSet, health: Arc<Health>) -> Self {
+        HostSignals { pads, health }
+    }
+
+    /// Polls `done` until it returns true, the deadline passes or the group fails.
+    fn spin(&self, done: impl FnMut() -> bool, deadline: Instant) -> std::result::Result<(), Ended> {
+        spin_until(done, || self.health.interrupted(), deadline)
     }
 
     /// The slot `pad[channel][src]` in `owner`'s pad.
@@ -40,20 +56,26 @@ impl HostSignals {
     fn put_unchecked(&self, peer: usize, channel: usize, deadline: Instant, timeout: Duration) -> Result<()> {
         let slot = self.slot(peer, channel, self.pads.rank);
         let done = || slot.compare_exchange(0, 1, Ordering::Release, Ordering::Relaxed).is_ok();
-        spin_until(done, deadline).map_err(|_| {
-            err!(
+        self.spin(done, deadline).map_err(|why| match why {
+            Ended::Failed(e) => e,
+            Ended::TimedOut => err!(
                 Timeout,
                 "put_signal: rank {peer} did not consume the previous signal on channel {channel} within {} ms",
                 timeout.as_millis()
-            )
+            ),
         })
     }
 
     fn wait_unchecked(&self, peer: usize, channel: usize, deadline: Instant, timeout: Duration) -> Result<()> {
         let slot = self.slot(self.pads.rank, channel, peer);
         let done = || slot.compare_exchange(1, 0, Ordering::Acquire, Ordering::Relaxed).is_ok();
-        spin_until(done, deadline).map_err(|_| {
-            err!(Timeout, "wait_signal: rank {peer} did not signal channel {channel} within {} ms", timeout.as_millis())
+        self.spin(done, deadline).map_err(|why| match why {
+            Ended::Failed(e) => e,
+            Ended::TimedOut => err!(
+                Timeout,
+                "wait_signal: rank {peer} did not signal channel {channel} within {} ms",
+                timeout.as_millis()
+            ),
         })
     }
 }
@@ -66,14 +88,15 @@ impl Signals for HostSignals {
 
     fn wait_value(&self, addr: u64, value: u32, owner: usize, _stream: Stream, timeout: Duration) -> Result<()> {
         let f = flag(addr);
-        spin_until(|| f.load(Ordering::Acquire) >= value, Instant::now() + timeout)
-            .map_err(|_| {
-                err!(
+        self.spin(|| f.load(Ordering::Acquire) >= value, Instant::now() + timeout)
+            .map_err(|why| match why {
+                Ended::Failed(e) => e,
+                Ended::TimedOut => err!(
                     Timeout,
                     "wait_value: the flag in rank {owner}'s buffer did not reach {value} within {} ms (it is {})",
                     timeout.as_millis(),
                     f.load(Ordering::Relaxed)
-                )
+                ),
             })
             .inspect_err(|e| log::warn!("{}", e.msg))
     }
@@ -96,9 +119,16 @@ impl Signals for HostSignals {
         for p in peers() {
             self.put_unchecked(p, channel, deadline, timeout).inspect_err(|e| log::warn!("barrier: {}", e.msg))?;
         }
-        // Wait for everyone before failing, so the error names every late rank.
-        let late: Vec<usize> =
-            peers().filter(|&p| self.wait_unchecked(p, channel, deadline, timeout).is_err()).collect();
+        // Wait for everyone before failing, so the error names every late
+        // rank; a failed group ends the wait at once.
+        let mut late = Vec::new();
+        for p in peers() {
+            match self.wait_unchecked(p, channel, deadline, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind == crate::error::ErrorKind::Timeout => late.push(p),
+                Err(e) => return Err(e),
+            }
+        }
         if late.is_empty() {
             Ok(())
         } else {
@@ -132,8 +162,13 @@ fn check_channel(channel: usize) -> Result<()> {
     Ok(())
 }
 
-/// Polls `done` until it returns true or `deadline` passes.
-fn spin_until(mut done: impl FnMut() -> bool, deadline: Instant) -> std::result::Result<(), ()> {
+/// Polls `done` until it returns true, `deadline` passes, or `failed`
+/// (looked at between sleeps) returns the group's failure.
+fn spin_until(
+    mut done: impl FnMut() -> bool,
+    failed: impl Fn() -> Option<Error>,
+    deadline: Instant,
+) -> std::result::Result<(), Ended> {
     let mut tries = 0u32;
     loop {
         if done() {
@@ -145,9 +180,12 @@ fn spin_until(mut done: impl FnMut() -> bool, deadline: Instant) -> std::result:
         } else if tries < 1024 {
             std::thread::yield_now();
         } else {
+            if let Some(e) = failed() {
+                return Err(Ended::Failed(e));
+            }
             if Instant::now() >= deadline {
                 // One last look: the peer may have arrived while we slept.
-                return if done() { Ok(()) } else { Err(()) };
+                return if done() { Ok(()) } else { Err(Ended::TimedOut) };
             }
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -162,7 +200,9 @@ mod tests {
     fn pads(world: usize) -> (Vec<Vec<u32>>, Vec<HostSignals>) {
         let mut mem: Vec<Vec<u32>> = (0..world).map(|_| vec![0u32; pad_bytes(world) / 4]).collect();
         let addrs: Vec<u64> = mem.iter_mut().map(|m| m.as_mut_ptr() as u64).collect();
-        let sigs = (0..world).map(|rank| HostSignals::new(PadSet { rank, world, pads: addrs.clone() })).collect();
+        let sigs = (0..world)
+            .map(|rank| HostSignals::new(PadSet { rank, world, pads: addrs.clone() }, Arc::new(Health::new(rank))))
+            .collect();
         (mem, sigs)
     }
 
@@ -212,5 +252,24 @@ mod tests {
         assert_eq!(s[0].put(0, 0, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
         assert_eq!(s[0].put(5, 0, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
         assert_eq!(s[0].wait(1, 99, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn a_failed_group_ends_waits_at_once() {
+        let (_mem, s) = pads(2);
+        let t = Duration::from_secs(30);
+        std::thread::scope(|sc| {
+            let waiting = sc.spawn(|| {
+                let start = Instant::now();
+                (s[0].wait(1, 0, Stream(0), t).unwrap_err(), start.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            s[0].health.abort();
+            let (e, waited) = waiting.join().unwrap();
+            assert_eq!(e.kind, crate::error::ErrorKind::Aborted);
+            assert!(waited < Duration::from_secs(5), "{waited:?}");
+        });
+        let e = s[0].barrier(0, Stream(0), t).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Aborted);
     }
 }

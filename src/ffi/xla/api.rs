@@ -142,7 +142,7 @@ pub fn error_code(kind: ErrorKind) -> XLA_FFI_Error_Code {
         ErrorKind::Timeout => XLA_FFI_Error_Code_DEADLINE_EXCEEDED,
         ErrorKind::Bootstrap | ErrorKind::NoDevice => XLA_FFI_Error_Code_UNAVAILABLE,
         ErrorKind::OutOfMemory => XLA_FFI_Error_Code_RESOURCE_EXHAUSTED,
-        ErrorKind::Remote => XLA_FFI_Error_Code_ABORTED,
+        ErrorKind::Remote | ErrorKind::Aborted => XLA_FFI_Error_Code_ABORTED,
         ErrorKind::Cuda | ErrorKind::System | ErrorKind::Internal => XLA_FFI_Error_Code_INTERNAL,
     }
 }
