@@ -91,6 +91,8 @@ def rank_main(args):
 
     rank = args.rank
     torch.cuda.set_device(rank)
+    torch.zeros(1, device="cuda")  # the CUDA context, before the group's timeout starts
+    say("STARTED")  # the parent starts the new group's clock only once a fresh rank got here
     uid = bytes.fromhex(args.uid)
     dog = watchdog(120, f"rank {rank} forming the group")
     group = symm.Group.from_unique_id(uid, 2, rank, device=rank, backend="cuda", timeout_ms=args.timeout_ms)
@@ -252,6 +254,10 @@ def parent(args):
     uid = symm.get_unique_id()
     fresh = Rank(1, uid, args, "fresh")
     ranks.append(fresh)
+    # A fresh process takes seconds to import torch and make its context:
+    # the survivor joins the new group only once that is done.
+    if not fresh.expect("STARTED", 120):
+        return finish(3, "the fresh rank 1 did not start")
     ranks[0].send(f"NEWGROUP {uid.hex()}")
     lines = [ranks[0].expect("NEWGROUP", 300), fresh.expect("NEWGROUP", 300)]
     if not all(lines):

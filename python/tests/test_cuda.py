@@ -530,19 +530,25 @@ def test_all_reduce_captured_in_a_cuda_graph():
     xs = inputs(24, (n,), torch.bfloat16)
 
     def rank_main(g):
-        x = xs[g.rank].cuda()
-        out = torch.empty_like(x)
-        symm.all_reduce(g, x, out=out)  # sizes the all-reduce buffer outside the capture
-        torch.cuda.current_stream().synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            symm.all_reduce(g, x, out=out)
-        got = []
-        for k in range(3):
-            x.copy_(xs[g.rank].cuda() * (k + 1))
-            graph.replay()
-            torch.cuda.current_stream().synchronize()
-            got.append(out.clone())
+        # A stream of this rank's own: torch's default capture stream is one
+        # for the process, and the ranks here are threads.
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            x = xs[g.rank].cuda()
+            out = torch.empty_like(x)
+            symm.all_reduce(g, x, out=out, stream=s)  # sizes the all-reduce buffer outside the capture
+            s.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=s, capture_error_mode="thread_local"):
+                symm.all_reduce(g, x, out=out, stream=s)
+            got = []
+            for k in range(3):
+                x.copy_(xs[g.rank].cuda() * (k + 1))
+                out.fill_(float("nan"))
+                graph.replay()
+                s.synchronize()
+                got.append(out.clone())
+        g.check_async_error()
         return got
 
     ref = sum(x.double() for x in xs)
