@@ -327,26 +327,27 @@ pub trait Backend: Send + Sync {
         Err(err!(Unsupported, "the {} backend has no all-reduce kernel", self.kind().name()))
     }
 
-    /// `residual_out = x + residual; out = residual_out / sqrt(mean(residual_out^2
-    /// over the last dimension) + eps) * weight`, computed in f32 (the sum
-    /// rounded to `residual_out`'s dtype before the norm reads it back).
-    /// Matrices `[rows, hidden]` of one dtype (any row stride, unit column
-    /// stride), `weight` a contiguous `[hidden]`; `residual_out` may be
-    /// `residual` or `x`.
-    #[allow(clippy::too_many_arguments)]
-    fn add_rms_norm(
-        &self,
-        out: &Array,
-        residual_out: &Array,
-        x: &Array,
-        residual: &Array,
-        weight: &Array,
-        eps: f32,
-        stream: Stream,
-    ) -> Result<()> {
-        let _ = (out, residual_out, x, residual, weight, eps, stream);
+    /// Enqueues `norm` (see [`AddRmsNorm`]).
+    fn add_rms_norm(&self, norm: &AddRmsNorm, stream: Stream) -> Result<()> {
+        let _ = (norm, stream);
         Err(err!(Unsupported, "the {} backend does not implement rmsnorm", self.kind().name()))
     }
+}
+
+/// `residual_out = x + residual; out = residual_out / sqrt(mean(residual_out^2
+/// over the last dimension) + eps) * weight`, computed in f32 (the sum
+/// rounded to `residual_out`'s dtype before the norm reads it back).
+/// Matrices `[rows, hidden]` of one dtype (any row stride, unit column
+/// stride), `weight` a contiguous `[hidden]`; `residual_out` may be
+/// `residual` or `x`.
+#[derive(Clone, Copy)]
+pub struct AddRmsNorm<'a> {
+    pub out: &'a Array,
+    pub residual_out: &'a Array,
+    pub x: &'a Array,
+    pub residual: &'a Array,
+    pub weight: &'a Array,
+    pub eps: f32,
 }
 
 /// How a device-side all-reduce moves its data.

@@ -28,7 +28,7 @@ use super::symmetric::SymmetricPlace;
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Prepared, ReduceOp};
 use crate::array::{Array, DType};
-use crate::backend::{AllReduceAlgorithm, AllReduceCall, AllReduceLayout, AllReduceNorm, Stream};
+use crate::backend::{AddRmsNorm, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, AllReduceNorm, Stream};
 use crate::error::{err, Result};
 use crate::group::Group;
 use std::sync::Arc;
@@ -404,7 +404,15 @@ impl ArPrepared {
                 ex.copy(&Array::contiguous(res_c.addr, dtype, &c.input.shape), &nm.residual)?;
                 let weight = Array::contiguous(ex.local(w), dtype, &nm.weight.shape);
                 ex.copy(&weight, &nm.weight)?;
-                ex.group.backend().add_rms_norm(&out_c, &sum_c, &sum_c, &res_c, &weight, nm.eps, ex.stream)?;
+                let norm = AddRmsNorm {
+                    out: &out_c,
+                    residual_out: &sum_c,
+                    x: &sum_c,
+                    residual: &res_c,
+                    weight: &weight,
+                    eps: nm.eps,
+                };
+                ex.group.backend().add_rms_norm(&norm, ex.stream)?;
                 ex.copy(&nm.residual_out, &sum)?;
                 ex.copy(&c.output, &Array::contiguous(out_c.addr, dtype, &c.input.shape))
             }

@@ -9,7 +9,7 @@ use super::gemm::GemmDtype;
 use super::module::{arg, Kernels};
 use super::sm90::gemm_dtype;
 use crate::array::Array;
-use crate::backend::{AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
+use crate::backend::{AddRmsNorm, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
 use crate::error::{err, Result};
 use std::ffi::c_void;
 
@@ -144,7 +144,16 @@ pub fn all_reduce(kernels: &Kernels, call: &AllReduceCall, err_ptr: u64, stream:
             let m = |addr| Array::contiguous(addr, call.dtype, &[rows, nm.hidden]);
             let w = Array::contiguous(nm.weight, call.dtype, &[nm.hidden]);
             let out = m(call.output);
-            add_rms_norm(kernels, &out, &m(nm.residual_out), &out, &m(nm.residual), &w, nm.eps, stream)
+            let (residual_out, residual) = (m(nm.residual_out), m(nm.residual));
+            let norm = AddRmsNorm {
+                out: &out,
+                residual_out: &residual_out,
+                x: &out,
+                residual: &residual,
+                weight: &w,
+                eps: nm.eps,
+            };
+            add_rms_norm(kernels, &norm, stream)
         }
         _ => Ok(()),
     }
@@ -152,17 +161,8 @@ pub fn all_reduce(kernels: &Kernels, call: &AllReduceCall, err_ptr: u64, stream:
 
 /// `residual_out = x + residual`, `out = rmsnorm(residual_out) * weight`
 /// (see `Backend::add_rms_norm`): matrices of unit column stride.
-#[allow(clippy::too_many_arguments)]
-pub fn add_rms_norm(
-    kernels: &Kernels,
-    out: &Array,
-    residual_out: &Array,
-    x: &Array,
-    residual: &Array,
-    weight: &Array,
-    eps: f32,
-    stream: Stream,
-) -> Result<()> {
+pub fn add_rms_norm(kernels: &Kernels, norm: &AddRmsNorm, stream: Stream) -> Result<()> {
+    let AddRmsNorm { out, residual_out, x, residual, weight, eps } = *norm;
     let dtype: GemmDtype = gemm_dtype(x.dtype)?;
     let (rows, hidden) = (x.shape[0], x.shape[1]);
     let mats = [out, residual_out, x, residual];

@@ -22,8 +22,8 @@ mod streams;
 mod vmm;
 
 use super::{
-    AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping, PadSet, Signals,
-    Stream,
+    AddRmsNorm, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping,
+    PadSet, Signals, Stream,
 };
 use crate::array::Array;
 use crate::error::{err, Result};
@@ -206,22 +206,13 @@ impl Backend for CudaBackend {
         self.bind()?;
         all_reduce::all_reduce(&*module::kernels(&self.ctx)?, call, self.errors.device_ptr(), stream)
     }
-    fn add_rms_norm(
-        &self,
-        out: &Array,
-        residual_out: &Array,
-        x: &Array,
-        residual: &Array,
-        weight: &Array,
-        eps: f32,
-        stream: Stream,
-    ) -> Result<()> {
+    fn add_rms_norm(&self, norm: &AddRmsNorm, stream: Stream) -> Result<()> {
         self.bind()?;
         let k = module::kernels(&self.ctx)?;
-        if weight.is_contiguous() {
-            return all_reduce::add_rms_norm(&k, out, residual_out, x, residual, weight, eps, stream);
+        if norm.weight.is_contiguous() {
+            return all_reduce::add_rms_norm(&k, norm, stream);
         }
-        Err(err!(Internal, "rmsnorm weight with strides {:?}", weight.strides))
+        Err(err!(Internal, "rmsnorm weight with strides {:?}", norm.weight.strides))
     }
     fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
         if !self.has_fused_matmul() {

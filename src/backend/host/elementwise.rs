@@ -5,6 +5,7 @@
 //! a contiguous copy is one `memmove` and a strided one a short loop per row.
 
 use crate::array::{Array, DType};
+use crate::backend::AddRmsNorm;
 use crate::error::{err, Result};
 use half::{bf16, f16};
 
@@ -177,14 +178,8 @@ pub fn reduce(dst: &Array, srcs: &[Array], scale: f32) -> Result<()> {
 /// residual_out / sqrt(mean(residual_out^2) + eps) * weight` per row, in
 /// f32 (see `Backend::add_rms_norm`). Matrices of unit column stride;
 /// `residual_out` may alias `x` or `residual` (each row is read first).
-pub fn add_rms_norm(
-    out: &Array,
-    residual_out: &Array,
-    x: &Array,
-    residual: &Array,
-    weight: &Array,
-    eps: f32,
-) -> Result<()> {
+pub fn add_rms_norm(norm: &AddRmsNorm) -> Result<()> {
+    let AddRmsNorm { out, residual_out, x, residual, weight, eps } = *norm;
     let f = Float::of(x.dtype)?;
     let (rows, hidden) = (x.shape[0], x.shape[1]);
     let mats = [out, residual_out, x, residual];

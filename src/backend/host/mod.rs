@@ -10,7 +10,7 @@ mod memory;
 mod scaled;
 mod signals;
 
-use super::{Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Signals, Stream};
+use super::{AddRmsNorm, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Signals, Stream};
 use crate::array::Array;
 use crate::error::Result;
 use crate::health::Health;
@@ -66,17 +66,8 @@ impl Backend for HostBackend {
     fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, _stream: Stream) -> Result<()> {
         scaled::scaled_gemm(dst, a, b, scales)
     }
-    fn add_rms_norm(
-        &self,
-        out: &Array,
-        residual_out: &Array,
-        x: &Array,
-        residual: &Array,
-        weight: &Array,
-        eps: f32,
-        _stream: Stream,
-    ) -> Result<()> {
-        elementwise::add_rms_norm(out, residual_out, x, residual, weight, eps)
+    fn add_rms_norm(&self, norm: &AddRmsNorm, _stream: Stream) -> Result<()> {
+        elementwise::add_rms_norm(norm)
     }
     fn check_scaled_gemm(&self, _row_wise: bool) -> Result<()> {
         Ok(())
