@@ -186,6 +186,17 @@ fn known(st: symm_status_t) -> bool {
     (SYMM_SUCCESS..=SYMM_ERROR_INTERNAL).contains(&st)
 }
 
+/// An option struct in 64 zeroed bytes: a `struct_size` larger than the
+/// struct reads zeros past its end, as the C API's rules allow.
+fn padded<T>(o: &T) -> [u8; 64] {
+    let mut bytes = [0u8; 64];
+    let n = std::mem::size_of::<T>();
+    assert!(n <= bytes.len());
+    // SAFETY: `o` is `n` readable bytes; `bytes` has room for them.
+    unsafe { std::ptr::copy_nonoverlapping(o as *const T as *const u8, bytes.as_mut_ptr(), n) };
+    bytes
+}
+
 fuzz_target!(|data: &[u8]| {
     let f = fixture();
     let mut inp = Input(data);
@@ -244,7 +255,6 @@ fuzz_target!(|data: &[u8]| {
     let st = unsafe {
         match op {
             0 => {
-                let mut opts = [0u8; 64];
                 let o = symm_ag_mm_options_t {
                     struct_size: size_field,
                     a_scale: if with_opts & 4 != 0 { p.add(6) } else { std::ptr::null() },
@@ -252,18 +262,13 @@ fuzz_target!(|data: &[u8]| {
                     biases: if with_opts & 16 != 0 { p.add(9) } else { std::ptr::null() },
                     algorithm: (with_opts >> 5) as i32 % 5,
                 };
-                std::ptr::copy_nonoverlapping(
-                    &o as *const _ as *const u8,
-                    opts.as_mut_ptr(),
-                    std::mem::size_of_val(&o),
-                );
+                let opts = padded(&o);
                 let opts_ptr =
                     if size_field == 0 { std::ptr::null() } else { opts.as_ptr() as *const symm_ag_mm_options_t };
                 let ag = if with_opts & 2 != 0 { p.add(1) } else { std::ptr::null() };
                 symm_fused_ag_mm(g, p, p.add(2), num_b, dim, ag, p.add(2 + n), opts_ptr, std::ptr::null_mut())
             }
             1 => {
-                let mut opts = [0u8; 64];
                 let o = symm_mm_rs_options_t {
                     struct_size: size_field,
                     a_scale: if with_opts & 4 != 0 { p.add(3) } else { std::ptr::null() },
@@ -271,11 +276,7 @@ fuzz_target!(|data: &[u8]| {
                     bias: if with_opts & 16 != 0 { p.add(5) } else { std::ptr::null() },
                     algorithm: (with_opts >> 5) as i32 % 5,
                 };
-                std::ptr::copy_nonoverlapping(
-                    &o as *const _ as *const u8,
-                    opts.as_mut_ptr(),
-                    std::mem::size_of_val(&o),
-                );
+                let opts = padded(&o);
                 let opts_ptr =
                     if size_field == 0 { std::ptr::null() } else { opts.as_ptr() as *const symm_mm_rs_options_t };
                 symm_mm_rs(g, p, p.add(1), dim, reduce, p.add(2), opts_ptr, std::ptr::null_mut())

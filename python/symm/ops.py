@@ -153,11 +153,11 @@ ALGORITHMS = {
 }
 
 
-def _algorithm(name):
-    """The C value of an ``algorithm=`` keyword."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"algorithm is {name!r}; expected one of {sorted(k for k in ALGORITHMS if k)} or None")
-    return ALGORITHMS[name]
+def _algorithm(name, algorithms=ALGORITHMS):
+    """The C value of an ``algorithm=`` keyword, one of ``algorithms``."""
+    if name not in algorithms:
+        raise ValueError(f"algorithm is {name!r}; expected one of {sorted(k for k in algorithms if k)} or None")
+    return algorithms[name]
 
 
 # Option structs that hold only an algorithm, made once: the library
@@ -165,10 +165,11 @@ def _algorithm(name):
 _ALGORITHM_ONLY = {}
 
 
-def _options(struct, algorithm=None, **tensors):
+def _options(struct, algorithm=None, algorithms=ALGORITHMS, **tensors):
     """An option struct with the given tensor pointers (a descriptor, a C
-    array of them, or None) and algorithm, or None when all are defaults."""
-    code = _algorithm(algorithm)
+    array of them, or None) and algorithm (one of ``algorithms``), or None
+    when all are defaults."""
+    code = _algorithm(algorithm, algorithms)
     if all(t is None for t in tensors.values()):
         if code == _lib.ALGORITHM_AUTO:
             return None
@@ -346,12 +347,7 @@ ALL_REDUCE_ALGORITHMS = {
 
 def _all_reduce_options(algorithm):
     """The options of an all-reduce (None: the defaults)."""
-    if algorithm not in ALL_REDUCE_ALGORITHMS:
-        raise ValueError(f"algorithm is {algorithm!r}; expected 'one_shot', 'two_shot', 'auto' or None")
-    code = ALL_REDUCE_ALGORITHMS[algorithm]
-    if code == _lib.ALGORITHM_AUTO:
-        return None
-    return ctypes.pointer(_lib.AllReduceOptions(ctypes.sizeof(_lib.AllReduceOptions), code))
+    return _options(_lib.AllReduceOptions, algorithm, ALL_REDUCE_ALGORITHMS)
 
 
 @_bindable
