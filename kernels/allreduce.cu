@@ -35,10 +35,11 @@
 // reduces. With a norm (row bytes a multiple of 8), each block reduces whole
 // rows, adds the residual, normalizes and scales by the weight.
 //
-// Two-shot: chunks of chunk_bytes, chunk c owned by rank c % world. Phase A:
+// Two-shot: chunks of chunk_bytes, chunk c owned by rank c % world, in
+// groups of world chunks (c / world), a block taking whole groups. Phase A:
 // each rank pushes its part of every chunk it does not own into the owner's
 // slot (parity, rank), then sets flag(parity, rank, c) = seq there (release,
-// after the block's stores and a system fence). Phase B: the owner waits for
+// after the block's stores and one system fence). Phase B: the owner waits for
 // every peer's flag of its chunk, reduces it, writes its output and pushes
 // the result into every peer's slot (parity, owner), second half, then sets
 // flag(parity, world, c) = seq there. Phase C: each rank waits for that flag
@@ -380,36 +381,62 @@ static __device__ __forceinline__ uint64_t symm_ar_one_slot(const symm_ar_params
     return p.scratch[owner] + p.one_off + ((uint64_t)parity * p.world + src) * p.one_slot;
 }
 
-// Line i reduced over the ranks, in f32 (8 / size elements).
-template <int DT>
-static __device__ __forceinline__ void symm_ar_one_line(const symm_ar_params& p, uint64_t i, uint64_t bytes,
-                                                        uint32_t seq, int parity, float* acc) {
+// Lines i0 + l * stride (l < L; those at or beyond `end` are skipped)
+// reduced over the ranks into acc[l], in f32 (8 / size elements each), in
+// rank order. Each rank's L lines are all requested before any is waited
+// for, so a thread pays one memory latency per rank, not one per line.
+template <int DT, int L>
+static __device__ __forceinline__ void symm_ar_lines(const symm_ar_params& p, uint64_t i0, uint64_t stride,
+                                                     uint64_t end, uint64_t bytes, uint32_t seq, int parity,
+                                                     float (*acc)[2 * symm_ar_dt<DT>::kPerWord]) {
     typedef symm_ar_dt<DT> T;
     constexpr int E = 2 * T::kPerWord;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-        acc[e] = 0.0f;
-    }
-    for (int r = 0; r < p.world; ++r) {
-        uint32_t d0, d1;
-        if (r == p.rank) {
-            symm_ar_ld8(p.input, i, bytes, d0, d1);
-        } else {
-            const symm_ar_u4 v = symm_ar_poll_line(symm_ar_one_slot<DT>(p, p.rank, parity, r) + 16 * i, seq, p, r);
-            d0 = v.x;
-            d1 = v.z;
-        }
-        float f[E];
-        T::unpack(d0, f);
-        T::unpack(d1, f + T::kPerWord);
+    for (int l = 0; l < L; ++l) {
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-            acc[e] += f[e];
+            acc[l][e] = 0.0f;
+        }
+    }
+    for (int r = 0; r < p.world; ++r) {
+        const uint64_t slot = symm_ar_one_slot<DT>(p, p.rank, parity, r);
+        symm_ar_u4 v[L];
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+            const uint64_t i = i0 + l * stride;
+            if (i >= end) {
+                continue;
+            }
+            if (r == p.rank) {
+                symm_ar_ld8(p.input, i, bytes, v[l].x, v[l].z);
+            } else {
+                v[l] = symm_ar_ld_line(slot + 16 * i);
+            }
+        }
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+            const uint64_t i = i0 + l * stride;
+            if (i >= end) {
+                continue;
+            }
+            if (r != p.rank && !(v[l].y == seq && v[l].w == seq)) {
+                v[l] = symm_ar_poll_line(slot + 16 * i, seq, p, r);
+            }
+            float f[E];
+            T::unpack(v[l].x, f);
+            T::unpack(v[l].z, f + T::kPerWord);
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                acc[l][e] += f[e];
+            }
         }
     }
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-        acc[e] *= p.scale;
+    for (int l = 0; l < L; ++l) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[l][e] *= p.scale;
+        }
     }
 }
 
@@ -420,10 +447,123 @@ static __device__ __forceinline__ void symm_ar_pack_line(const float* f, uint32_
     d1 = T::pack(f + T::kPerWord);
 }
 
+// Lines per thread a row of the fused norm keeps in registers (rows of up
+// to 4 * 8 * SYMM_AR_THREADS bytes; longer rows are read back).
+#define SYMM_AR_ROW_LINES 4
+
+// Row `row` of the fused form: residual_out = sum + residual, out =
+// rmsnorm(residual_out) * weight, the row's values kept in registers.
+template <int DT>
+static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t row, uint64_t bytes, uint32_t seq,
+                                              int parity) {
+    typedef symm_ar_dt<DT> T;
+    constexpr int E = 2 * T::kPerWord, L = SYMM_AR_ROW_LINES;
+    const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
+    const uint64_t first = row * row_lines, end = first + row_lines;
+    const uint64_t wbytes = (uint64_t)p.hidden * T::kSize;
+    // The residual and weight are requested before the peers' lines.
+    uint32_t res[L][2], w[L][2];
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+        const uint64_t j = threadIdx.x + (uint64_t)l * blockDim.x;
+        if (j < row_lines) {
+            symm_ar_ld8(p.residual, first + j, bytes, res[l][0], res[l][1]);
+            symm_ar_ld8(p.weight, j, wbytes, w[l][0], w[l][1]);
+        }
+    }
+    float acc[L][E];
+    symm_ar_lines<DT, L>(p, first + threadIdx.x, blockDim.x, end, bytes, seq, parity, acc);
+    float ss = 0.0f;
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+        const uint64_t j = threadIdx.x + (uint64_t)l * blockDim.x;
+        if (j >= row_lines) {
+            continue;
+        }
+        float r[E];
+        T::unpack(res[l][0], r);
+        T::unpack(res[l][1], r + T::kPerWord);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[l][e] = T::round(T::round(acc[l][e]) + r[e]);
+            ss += acc[l][e] * acc[l][e];
+        }
+        uint32_t d0, d1;
+        symm_ar_pack_line<DT>(acc[l], d0, d1);
+        symm_ar_st8(p.residual_out, first + j, bytes, d0, d1);
+    }
+    const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+        const uint64_t j = threadIdx.x + (uint64_t)l * blockDim.x;
+        if (j >= row_lines) {
+            continue;
+        }
+        float wf[E];
+        T::unpack(w[l][0], wf);
+        T::unpack(w[l][1], wf + T::kPerWord);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[l][e] = acc[l][e] * inv * wf[e];
+        }
+        uint32_t d0, d1;
+        symm_ar_pack_line<DT>(acc[l], d0, d1);
+        symm_ar_st8(p.output, first + j, bytes, d0, d1);
+    }
+}
+
+// As symm_ar_norm_row_short for rows too long for registers: residual_out
+// is written, then read back.
+template <int DT>
+static __device__ void symm_ar_norm_row_long(const symm_ar_params& p, uint64_t row, uint64_t bytes, uint32_t seq,
+                                             int parity) {
+    typedef symm_ar_dt<DT> T;
+    constexpr int E = 2 * T::kPerWord;
+    const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
+    const uint64_t first = row * row_lines;
+    const uint64_t wbytes = (uint64_t)p.hidden * T::kSize;
+    float ss = 0.0f;
+    for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
+        float acc[1][E];
+        symm_ar_lines<DT, 1>(p, first + j, 0, first + row_lines, bytes, seq, parity, acc);
+        uint32_t r0, r1;
+        symm_ar_ld8(p.residual, first + j, bytes, r0, r1);
+        float res[E];
+        T::unpack(r0, res);
+        T::unpack(r1, res + T::kPerWord);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[0][e] = T::round(T::round(acc[0][e]) + res[e]);
+            ss += acc[0][e] * acc[0][e];
+        }
+        uint32_t d0, d1;
+        symm_ar_pack_line<DT>(acc[0], d0, d1);
+        symm_ar_st8(p.residual_out, first + j, bytes, d0, d1);
+    }
+    const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
+    for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
+        uint32_t r0, r1, w0, w1;
+        symm_ar_ld8(p.residual_out, first + j, bytes, r0, r1);
+        symm_ar_ld8(p.weight, j, wbytes, w0, w1);
+        float r[E], w[E];
+        T::unpack(r0, r);
+        T::unpack(r1, r + T::kPerWord);
+        T::unpack(w0, w);
+        T::unpack(w1, w + T::kPerWord);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            r[e] = r[e] * inv * w[e];
+        }
+        uint32_t d0, d1;
+        symm_ar_pack_line<DT>(r, d0, d1);
+        symm_ar_st8(p.output, first + j, bytes, d0, d1);
+    }
+}
+
 template <int DT>
 static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
     typedef symm_ar_dt<DT> T;
-    constexpr int E = 2 * T::kPerWord;
+    constexpr int E = 2 * T::kPerWord, L = 4;
     const uint64_t bytes = p.n * T::kSize;
     const uint64_t lines = (bytes + 7) / 8;
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -449,56 +589,28 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
         }
     }
     if (p.hidden == 0) {
-        for (uint64_t i = gtid; i < lines; i += gstride) {
-            float acc[E];
-            symm_ar_one_line<DT>(p, i, bytes, seq, parity, acc);
-            uint32_t d0, d1;
-            symm_ar_pack_line<DT>(acc, d0, d1);
-            symm_ar_st8(p.output, i, bytes, d0, d1);
+        for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
+            float acc[L][E];
+            symm_ar_lines<DT, L>(p, i0, gstride, lines, bytes, seq, parity, acc);
+#pragma unroll
+            for (int l = 0; l < L; ++l) {
+                if (i0 + l * gstride < lines) {
+                    uint32_t d0, d1;
+                    symm_ar_pack_line<DT>(acc[l], d0, d1);
+                    symm_ar_st8(p.output, i0 + l * gstride, bytes, d0, d1);
+                }
+            }
         }
     } else {
         // Whole rows per block (row bytes are a multiple of 8: the host checks).
         const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
         const uint64_t rows = p.n / p.hidden;
-        const uint64_t wbytes = (uint64_t)p.hidden * T::kSize;
+        const bool short_rows = row_lines <= (uint64_t)SYMM_AR_ROW_LINES * blockDim.x;
         for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-            float ss = 0.0f;
-            for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
-                const uint64_t i = row * row_lines + j;
-                float acc[E];
-                symm_ar_one_line<DT>(p, i, bytes, seq, parity, acc);
-                uint32_t r0, r1;
-                symm_ar_ld8(p.residual, i, bytes, r0, r1);
-                float res[E];
-                T::unpack(r0, res);
-                T::unpack(r1, res + T::kPerWord);
-#pragma unroll
-                for (int e = 0; e < E; ++e) {
-                    acc[e] = T::round(T::round(acc[e]) + res[e]);
-                    ss += acc[e] * acc[e];
-                }
-                uint32_t d0, d1;
-                symm_ar_pack_line<DT>(acc, d0, d1);
-                symm_ar_st8(p.residual_out, i, bytes, d0, d1);
-            }
-            const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
-            for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
-                const uint64_t i = row * row_lines + j;
-                uint32_t r0, r1, w0, w1;
-                symm_ar_ld8(p.residual_out, i, bytes, r0, r1);
-                symm_ar_ld8(p.weight, j, wbytes, w0, w1);
-                float r[E], w[E];
-                T::unpack(r0, r);
-                T::unpack(r1, r + T::kPerWord);
-                T::unpack(w0, w);
-                T::unpack(w1, w + T::kPerWord);
-#pragma unroll
-                for (int e = 0; e < E; ++e) {
-                    r[e] = r[e] * inv * w[e];
-                }
-                uint32_t d0, d1;
-                symm_ar_pack_line<DT>(r, d0, d1);
-                symm_ar_st8(p.output, i, bytes, d0, d1);
+            if (short_rows) {
+                symm_ar_norm_row_short<DT>(p, row, bytes, seq, parity);
+            } else {
+                symm_ar_norm_row_long<DT>(p, row, bytes, seq, parity);
             }
         }
     }
@@ -520,12 +632,26 @@ static __device__ __forceinline__ uint64_t symm_ar_flag(const symm_ar_params& p,
 }
 
 // Copies `len` bytes (even) with the block's threads: 16-byte accesses when
-// both ends are aligned, else 2-byte ones. `cg`: the source is scratch that
-// another rank wrote.
+// both ends are aligned, four in flight per thread, else 2-byte ones. `cg`:
+// the source is scratch that another rank wrote.
 static __device__ void symm_ar_block_copy(uint64_t dst, uint64_t src, uint64_t len, bool cg) {
     if (((dst | src) & 15u) == 0) {
-        const uint64_t vecs = len / 16;
-        for (uint64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+        constexpr int U = 4;
+        const uint64_t vecs = len / 16, step = blockDim.x;
+        uint64_t v = threadIdx.x;
+        for (; v + (U - 1) * step < vecs; v += U * step) {
+            symm_ar_u4 x[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const uint64_t a = src + 16 * (v + u * step);
+                x[u] = cg ? symm_ar_ld_cg(a) : symm_ar_ld16(a);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                symm_ar_st16(dst + 16 * (v + u * step), x[u]);
+            }
+        }
+        for (; v < vecs; v += step) {
             symm_ar_st16(dst + 16 * v, cg ? symm_ar_ld_cg(src + 16 * v) : symm_ar_ld16(src + 16 * v));
         }
         for (uint64_t o = vecs * 16 + 2 * threadIdx.x; o < len; o += 2 * blockDim.x) {
@@ -616,53 +742,73 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
     const uint64_t bytes = p.n * T::kSize;
     const uint64_t C = p.chunk_bytes;
     const uint64_t chunks = (bytes + C - 1) / C;
+    // Chunk c = g * W + owner: a block takes whole groups g, so that it pays
+    // one fence per phase, not one per chunk.
+    const uint64_t groups = (chunks + W - 1) / W;
     const uint64_t half = p.two_slot / 2;
+    auto len_of = [&](uint64_t c) { return bytes - c * C < C ? bytes - c * C : C; };
     // A: this rank's part of every chunk a peer owns, to that peer.
-    for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-        const int owner = (int)(c % W);
-        if (owner == me) {
-            continue;
+    for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+        for (int k = 1; k < W; ++k) {
+            const int owner = (me + k) % W;
+            const uint64_t c = g * W + owner;
+            if (c < chunks) {
+                symm_ar_block_copy(symm_ar_two_slot(p, owner, parity, me) + g * C, p.input + c * C, len_of(c), false);
+            }
         }
-        const uint64_t lo = c * C, len = bytes - lo < C ? bytes - lo : C;
-        symm_ar_block_copy(symm_ar_two_slot(p, owner, parity, me) + (c / W) * C, p.input + lo, len, false);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence_system();
-            symm_st_release_sys((uint32_t*)symm_ar_flag(p, owner, parity, me, c), seq);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+            for (int k = 1; k < W; ++k) {
+                const int owner = (me + k) % W;
+                if (g * W + owner < chunks) {
+                    symm_st_release_sys((uint32_t*)symm_ar_flag(p, owner, parity, me, g * W + owner), seq);
+                }
+            }
         }
     }
     // B: the chunks this rank owns, reduced and sent to every peer.
-    for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-        if ((int)(c % W) != me) {
+    bool sent = false;
+    for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+        const uint64_t c = g * W + me;
+        if (c >= chunks) {
             continue;
         }
         if ((int)threadIdx.x < W && (int)threadIdx.x != me) {
             symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, c), seq, p, threadIdx.x);
         }
         __syncthreads();
-        const uint64_t lo = c * C, len = bytes - lo < C ? bytes - lo : C;
-        symm_ar_reduce_chunk<DT>(p, parity, lo, len, (c / W) * C);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence_system();
-            for (int k = 1; k < W; ++k) {
-                const int q = (me + k) % W;
-                symm_st_release_sys((uint32_t*)symm_ar_flag(p, q, parity, W, c), seq);
+        symm_ar_reduce_chunk<DT>(p, parity, c * C, len_of(c), g * C);
+        sent = true;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && sent) {
+        __threadfence_system();
+        for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+            if (g * W + me < chunks) {
+                for (int k = 1; k < W; ++k) {
+                    const int q = (me + k) % W;
+                    symm_st_release_sys((uint32_t*)symm_ar_flag(p, q, parity, W, g * W + me), seq);
+                }
             }
         }
     }
     // C: the peers' reduced chunks, from this rank's scratch to the output.
-    for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-        const int owner = (int)(c % W);
-        if (owner == me) {
-            continue;
-        }
-        if (threadIdx.x == 0) {
-            symm_ar_wait_flag(symm_ar_flag(p, me, parity, W, c), seq, p, owner);
+    for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+        if ((int)threadIdx.x < W && (int)threadIdx.x != me && g * W + threadIdx.x < chunks) {
+            symm_ar_wait_flag(symm_ar_flag(p, me, parity, W, g * W + threadIdx.x), seq, p, threadIdx.x);
         }
         __syncthreads();
-        const uint64_t lo = c * C, len = bytes - lo < C ? bytes - lo : C;
-        symm_ar_block_copy(p.output + lo, symm_ar_two_slot(p, me, parity, owner) + half + (c / W) * C, len, true);
+        for (int k = 1; k < W; ++k) {
+            const int owner = (me + k) % W;
+            const uint64_t c = g * W + owner;
+            if (c < chunks) {
+                symm_ar_block_copy(p.output + c * C, symm_ar_two_slot(p, me, parity, owner) + half + g * C, len_of(c),
+                                   true);
+            }
+        }
     }
     symm_ar_end(p, seq);
 }
@@ -670,15 +816,100 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
 // ---------------------------------------------------------------------------
 // Add + RMSNorm alone (after a two-shot, or rows the one-shot cannot fuse).
 // ---------------------------------------------------------------------------
+// 16-byte vectors per thread a row keeps in registers (rows of up to
+// 4 * 16 * SYMM_AR_THREADS bytes; longer or unaligned rows take the
+// element-wise path).
+#define SYMM_NORM_VECS 4
+
+// One row with 16-byte accesses, its values in registers: every load of the
+// row is issued before the first sum.
+template <int DT>
+static __device__ void symm_add_rmsnorm_row_vec(const symm_rmsnorm_params& p, const unsigned char* x,
+                                                const unsigned char* res, unsigned char* ro, unsigned char* out) {
+    typedef symm_ar_dt<DT> T;
+    constexpr int K = SYMM_NORM_VECS, E = 4 * T::kPerWord;
+    const uint32_t vecs = p.hidden * T::kSize / 16;
+    symm_ar_u4 xv[K], rv[K], wv[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const uint32_t v = threadIdx.x + k * blockDim.x;
+        if (v < vecs) {
+            xv[k] = symm_ar_ld16((uint64_t)(x + 16 * v));
+            rv[k] = symm_ar_ld16((uint64_t)(res + 16 * v));
+            wv[k] = symm_ar_ld16(p.weight + 16 * v);
+        }
+    }
+    float acc[K][E];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const uint32_t v = threadIdx.x + k * blockDim.x;
+        if (v >= vecs) {
+            continue;
+        }
+        float a[E], b[E];
+        const uint32_t xw[4] = {xv[k].x, xv[k].y, xv[k].z, xv[k].w};
+        const uint32_t rw[4] = {rv[k].x, rv[k].y, rv[k].z, rv[k].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            T::unpack(xw[q], a + q * T::kPerWord);
+            T::unpack(rw[q], b + q * T::kPerWord);
+        }
+        uint32_t o[4];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[k][e] = T::round(a[e] + b[e]);
+            ss += acc[k][e] * acc[k][e];
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            o[q] = T::pack(acc[k] + q * T::kPerWord);
+        }
+        symm_ar_st16((uint64_t)(ro + 16 * v), symm_ar_u4{o[0], o[1], o[2], o[3]});
+    }
+    const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const uint32_t v = threadIdx.x + k * blockDim.x;
+        if (v >= vecs) {
+            continue;
+        }
+        float w[E];
+        const uint32_t ww[4] = {wv[k].x, wv[k].y, wv[k].z, wv[k].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            T::unpack(ww[q], w + q * T::kPerWord);
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[k][e] = acc[k][e] * inv * w[e];
+        }
+        uint32_t o[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            o[q] = T::pack(acc[k] + q * T::kPerWord);
+        }
+        symm_ar_st16((uint64_t)(out + 16 * v), symm_ar_u4{o[0], o[1], o[2], o[3]});
+    }
+}
+
 template <int DT>
 static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
     typedef symm_ar_dt<DT> T;
     constexpr int S = T::kSize;
+    const uint64_t row_bytes = (uint64_t)p.hidden * S;
+    const bool vec = row_bytes % 16 == 0 && row_bytes <= 16ull * SYMM_NORM_VECS * blockDim.x &&
+                     ((p.out | p.residual_out | p.x | p.residual | p.weight) & 15u) == 0 &&
+                     ((p.ld_out | p.ld_residual_out | p.ld_x | p.ld_residual) * S) % 16 == 0;
     for (uint64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
         const unsigned char* x = (const unsigned char*)(p.x + row * p.ld_x * S);
         const unsigned char* res = (const unsigned char*)(p.residual + row * p.ld_residual * S);
         unsigned char* ro = (unsigned char*)(p.residual_out + row * p.ld_residual_out * S);
         unsigned char* out = (unsigned char*)(p.out + row * p.ld_out * S);
+        if (vec) {
+            symm_add_rmsnorm_row_vec<DT>(p, x, res, ro, out);
+            continue;
+        }
         float ss = 0.0f;
         for (uint32_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
             const float r = T::round(T::load(x + i * S) + T::load(res + i * S));

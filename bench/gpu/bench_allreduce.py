@@ -175,7 +175,7 @@ def main():
     g.check_async_error()
     if b.rank == 0:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "allreduce-records.jsonl"), "w") as f:
+        with open(os.path.join(args.out, f"allreduce-w{b.world}-records.jsonl"), "w") as f:
             for r in b.records:
                 f.write(json.dumps(r) + "\n")
         summary(b.records)

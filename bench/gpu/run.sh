@@ -86,9 +86,12 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
         run torchrun --nproc-per-node "${SYMM_BENCH_WORLD:-$ngpu}" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-}
     fi
     # The all-reduce beside NCCL and PyTorch's one-/two-shot, and the fused
-    # RMSNorm (world 2; SYMM_AR_BENCH=0 skips it).
+    # RMSNorm, at world 2 and, on four GPUs or more, world 4 (SYMM_AR_WORLDS
+    # overrides; SYMM_AR_BENCH=0 skips it).
     if [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ] && [ "${SYMM_AR_BENCH:-1}" = 1 ]; then
-        run timeout 900 torchrun --nproc-per-node 2 bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-}
+        for w in ${SYMM_AR_WORLDS:-2 $([ "$ngpu" -ge 4 ] && echo 4)}; do
+            run timeout 900 torchrun --nproc-per-node "$w" bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-}
+        done
     fi
 fi
 

@@ -440,10 +440,15 @@ impl AllReduceLayout {
     pub const HEADER: usize = 256;
     /// Most ranks the device-side kernels take (their table of buffers).
     pub const MAX_WORLD: usize = 16;
-    /// Chunks of a two-shot call (its chunk size grows beyond).
+    /// Flags per source: more than the chunks of any call
+    /// (`world * GROUPS` and a remainder, `world` at most `MAX_WORLD`).
     pub const MAX_CHUNKS: usize = 4096;
-    /// Smallest two-shot chunk, bytes.
-    pub const MIN_CHUNK: usize = 16 << 10;
+    /// Chunk groups (one chunk per owner) a two-shot call is cut into when
+    /// large: one per block of its launch, about one per SM, so that each
+    /// block pays one fence and one flag per phase.
+    pub const GROUPS: usize = 128;
+    /// Smallest two-shot chunk, bytes (one 16-byte access per thread of a block).
+    pub const MIN_CHUNK: usize = 8 << 10;
     const ALIGN: usize = 4096;
 
     fn flags_bytes(world: usize) -> usize {
@@ -470,7 +475,7 @@ impl AllReduceLayout {
     /// its LL lines (twice the message), or the two-shot's chunks of one
     /// owner, sent and reduced.
     fn slot_for(message: usize, world: usize) -> usize {
-        let chunk = Self::chunk_bytes(message);
+        let chunk = Self::chunk_bytes(message, world);
         let owned = message.div_ceil(chunk).div_ceil(world.max(1)) * chunk;
         round_up((2 * round_up(message, 16)).max(2 * owned), 256)
     }
@@ -488,11 +493,17 @@ impl AllReduceLayout {
         slot <= self.one_shot_slot && slot <= self.two_shot_slot
     }
 
-    /// The two-shot's chunk size for a message of `message` bytes: at
-    /// least [`Self::MIN_CHUNK`], at most [`Self::MAX_CHUNKS`] chunks in
-    /// all, a multiple of 16 bytes.
-    pub fn chunk_bytes(message: usize) -> usize {
-        round_up(message.div_ceil(Self::MAX_CHUNKS).max(Self::MIN_CHUNK), 16)
+    /// The two-shot's chunk size for a message of `message` bytes over
+    /// `world` ranks: `world` chunks per group, at most [`Self::GROUPS`]
+    /// groups, at least [`Self::MIN_CHUNK`], a multiple of 16 bytes.
+    pub fn chunk_bytes(message: usize, world: usize) -> usize {
+        round_up(message.div_ceil(world.max(1) * Self::GROUPS).max(Self::MIN_CHUNK), 16)
+    }
+
+    /// The two-shot's chunk groups for a message of `message` bytes: chunk
+    /// `c` is in group `c / world` and owned by rank `c % world`.
+    pub fn chunk_groups(message: usize, world: usize) -> usize {
+        message.div_ceil(Self::chunk_bytes(message, world)).div_ceil(world.max(1))
     }
 }
 

@@ -24,7 +24,7 @@
 //! barriers, reading a symmetric input in place.
 
 use super::agree::Signature;
-use super::symmetric::SymmetricPlace;
+use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Prepared, ReduceOp};
 use crate::array::{Array, DType};
@@ -45,9 +45,26 @@ pub struct Norm {
     pub residual_out: Array,
 }
 
+// Bitwise, so that calls can be kept (`memo`): an eps of NaN is refused
+// before a call is kept.
+impl PartialEq for Norm {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.residual, &self.weight, self.eps.to_bits(), &self.residual_out)
+            == (&o.residual, &o.weight, o.eps.to_bits(), &o.residual_out)
+    }
+}
+
+impl Eq for Norm {}
+
+impl std::hash::Hash for Norm {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (&self.residual, &self.weight, self.eps.to_bits(), &self.residual_out).hash(h)
+    }
+}
+
 /// One rank's call, as read from the caller. With `norm`, `output` is the
 /// normalized `out`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AllReduce {
     pub input: Array,
     pub output: Array,
@@ -59,11 +76,12 @@ pub struct AllReduce {
 
 /// Collective over `group`: see the module documentation. `call` is `Err`
 /// when the caller's arguments could not be read; this rank still takes
-/// part in the agreement so its peers fail too.
+/// part in the agreement so its peers fail too. A call identical to an
+/// earlier one (input in the same place) reuses its preparation (`memo`).
 pub fn all_reduce(group: &Arc<Group>, call: Result<AllReduce>, stream: Stream) -> Result<()> {
-    let facts = super::decide::Facts::of(group);
-    let prepared = call.map(|c| {
-        let symmetric = SymmetricPlace::of(group, &c.input);
+    let (placed, symmetric) = Placed::of(group, call, |c| &c.input);
+    super::run_prepared(group, stream, placed, |Placed { call: c, .. }| {
+        let facts = super::decide::Facts::of(group);
         let decision = super::decide::decide_all_reduce(&facts, c.input.numel(), c.input.dtype, c.algorithm);
         let sig = c.signature(symmetric.as_ref()).arg("algorithm", decision.algorithm.name());
         let line = decision.describe(c.input.numel(), c.input.dtype, facts.world);
@@ -72,14 +90,7 @@ pub fn all_reduce(group: &Arc<Group>, call: Result<AllReduce>, stream: Stream) -
             p
         });
         (sig, p)
-    });
-    let _lock = group.lock_collective();
-    group.check_healthy()?;
-    let (p, agreement) = super::agreed(group, prepared)?;
-    if agreement.first {
-        log::info!("{}", p.decided);
-    }
-    super::launch(group, stream, &p, &|_, make| make())
+    })
 }
 
 /// Whether `a` and `b` are the same tensor (same place, layout and type).

@@ -23,7 +23,7 @@ use super::decide::{self, Decision, Facts, Op};
 use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
 use super::state::Scratch;
-use super::symmetric::SymmetricPlace;
+use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
@@ -74,11 +74,11 @@ pub struct MmRsScales {
 /// part in the agreement so its peers fail too.
 pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<()> {
     let backend = group.backend();
-    super::run_prepared(group, stream, call, |c| {
+    // A symmetric `out`: the fused kernel may let the peers write into it.
+    let (placed, symmetric) = Placed::of(group, call, |c| &c.out);
+    super::run_prepared(group, stream, placed, |Placed { call: c, .. }| {
         let facts = Facts::of(group);
         let fit = c.fused_field(group, &facts);
-        // A symmetric `out`: the fused kernel may let the peers write into it.
-        let symmetric = SymmetricPlace::of(group, &c.out);
         let signature = c.signature(fit.as_ref(), symmetric.as_ref());
         let prepared = c
             .prepare(&facts, backend.kind().name(), fit.as_ref().is_some_and(Fit::fits))

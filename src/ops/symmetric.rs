@@ -6,14 +6,17 @@
 
 use crate::array::Array;
 use crate::buffer::{find_symmetric, Handle};
-use crate::error::Result;
+use crate::error::{err, Result};
 use crate::group::Group;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-/// A contiguous tensor's place in a rendezvoused symmetric buffer.
+/// A contiguous tensor's place in a rendezvoused symmetric buffer. Held
+/// weakly: a call kept for reuse (`memo`) must not keep the caller's
+/// buffer alive or findable after the caller released it.
 #[derive(Clone)]
 pub struct SymmetricPlace {
-    buffer: Arc<Handle>,
+    buffer: Weak<Handle>,
+    id: u64,
     offset: usize,
 }
 
@@ -32,12 +35,20 @@ impl SymmetricPlace {
     pub fn holding(group: &Group, t: &Array) -> Option<Self> {
         let buffer = find_symmetric(group, t.byte_range())?;
         let offset = (t.addr - buffer.buffer().addr()) as usize;
-        Some(SymmetricPlace { buffer, offset })
+        Some(SymmetricPlace { buffer: Arc::downgrade(&buffer), id: buffer.id(), offset })
     }
 
     /// Rank `r`'s tensor at this place, as mapped here.
     pub fn on(&self, r: usize) -> Result<u64> {
-        Ok(self.buffer.peer_addr(r)? + self.offset as u64)
+        let buffer = self.buffer.upgrade().ok_or_else(|| {
+            err!(InvalidArgument, "symmetric buffer {:#x} was released while an operation read it", self.id)
+        })?;
+        Ok(buffer.peer_addr(r)? + self.offset as u64)
+    }
+
+    /// The buffer's id and the offset: equal for equal places.
+    fn key(&self) -> (u64, usize) {
+        (self.id, self.offset)
     }
 
     /// The signature's text for a tensor at `place` (`None`: ordinary memory).
@@ -49,8 +60,29 @@ impl SymmetricPlace {
     }
 }
 
+/// A call and where one of its tensors lies: which buffers are live decides
+/// that, so a kept call (`memo`) is found again only for the same place.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Placed<C> {
+    pub call: C,
+    place: Option<(u64, usize)>,
+}
+
+impl<C> Placed<C> {
+    /// `call` and the place of its tensor `tensor(call)`, if symmetric.
+    pub fn of(group: &Group, call: Result<C>, tensor: impl Fn(&C) -> &Array) -> (Result<Self>, Option<SymmetricPlace>) {
+        match call {
+            Ok(call) => {
+                let place = SymmetricPlace::of(group, tensor(&call));
+                (Ok(Placed { place: place.as_ref().map(SymmetricPlace::key), call }), place)
+            }
+            Err(e) => (Err(e), None),
+        }
+    }
+}
+
 impl std::fmt::Debug for SymmetricPlace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "symmetric buffer {:#x} at offset {}", self.buffer.id(), self.offset)
+        write!(f, "symmetric buffer {:#x} at offset {}", self.id, self.offset)
     }
 }

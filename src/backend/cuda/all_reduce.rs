@@ -64,7 +64,8 @@ struct NormParams {
 }
 
 /// Blocks of a launch: at most one per SM (every block resident, so the
-/// two-shot's waits always end), at least 1.
+/// two-shot's waits always end), at least 1; the two-shot's, one per chunk
+/// group.
 fn grid(call: &AllReduceCall, sm_count: u32) -> u32 {
     let bytes = call.n * call.dtype.size();
     let wanted = match call.algorithm {
@@ -73,7 +74,7 @@ fn grid(call: &AllReduceCall, sm_count: u32) -> u32 {
             let rows = call.norm.as_ref().map_or(0, |nm| call.n / nm.hidden.max(1));
             lines.div_ceil(AR_THREADS as usize).max(rows)
         }
-        AllReduceAlgorithm::TwoShot => bytes.div_ceil(AllReduceLayout::chunk_bytes(bytes)),
+        AllReduceAlgorithm::TwoShot => AllReduceLayout::chunk_groups(bytes, call.world),
     };
     wanted.clamp(1, sm_count.max(1) as usize) as u32
 }
@@ -111,7 +112,7 @@ fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
         one_slot: layout.one_shot_slot as u64,
         two_off: layout.two_shot as u64,
         two_slot: layout.two_shot_slot as u64,
-        chunk_bytes: AllReduceLayout::chunk_bytes(bytes) as u64,
+        chunk_bytes: AllReduceLayout::chunk_bytes(bytes, world) as u64,
         rank: rank as i32,
         world: world as i32,
         scale: call.scale,
@@ -235,7 +236,10 @@ mod tests {
         assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 4096), 132), 2); // 8 KiB: 1024 lines
         assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 1 << 24), 132), 132);
         assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1), 132), 1);
-        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 132), 132);
+        // 16 MiB: 128 chunk groups; 1 MiB: 8 KiB chunks, two per group.
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 132), 128);
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1 << 19), 132), 64);
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 100), 100);
         let p = params(&call(AllReduceAlgorithm::TwoShot, 1000), 0).unwrap();
         assert_eq!((p.rank, p.world, p.scratch[1], p.scratch[2]), (1, 2, 0x20_0000, 0));
         let mut c = call(AllReduceAlgorithm::OneShot, 1000);

@@ -203,6 +203,7 @@ fn symmetric_input_is_read_in_place() {
         let mine = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut f32, n) };
         mine.iter_mut().enumerate().for_each(|(i, v)| *v = (i % 97) as f32 + r as f32);
         let mut out = vec![POISON; n];
+        let mut kept = Vec::new();
         for algorithm in [AllReduceAlgorithm::OneShot, AllReduceAlgorithm::TwoShot] {
             let call = AllReduce {
                 input: Array::contiguous(buf.addr(), DType::F32, &[n]),
@@ -211,10 +212,19 @@ fn symmetric_input_is_read_in_place() {
                 norm: None,
                 algorithm: Some(algorithm),
             };
-            all_reduce(g, Ok(call), Stream(0)).unwrap();
+            all_reduce(g, Ok(call.clone()), Stream(0)).unwrap();
             assert!((0..n).all(|i| out[i] == 3.0 * (i % 97) as f32 + 3.0), "{algorithm:?}");
+            kept.push(call);
         }
+        // The calls are kept for the input's place, and found again only
+        // while the input is in that place.
+        let found = |c: &AllReduce| {
+            let (key, _) = Placed::of(g, Ok(c.clone()), |c| &c.input);
+            crate::ops::memo::find::<Placed<AllReduce>, ArPrepared>(g, &key.unwrap()).is_some()
+        };
+        assert!(kept.iter().all(found));
         drop(h);
+        assert!(!kept.iter().any(found));
         crate::ops::state::of(g).scratch(crate::ops::state::Scratch::Workspace).unwrap().buffer().size()
     });
     // Staging would need 4 MiB on top of the sums' 8 MiB.
@@ -447,4 +457,21 @@ fn layout_holds_what_it_was_sized_for() {
             assert!(l.flags >= AllReduceLayout::HEADER);
         }
     }
+}
+
+#[test]
+fn two_shot_chunks_fit_the_flags_and_groups() {
+    for world in [1, 2, 3, 4, 8, 16] {
+        for bytes in [2, 8190, 8192, 1 << 20, (16 << 20) + 6, 1 << 30] {
+            let chunk = AllReduceLayout::chunk_bytes(bytes, world);
+            let chunks = bytes.div_ceil(chunk);
+            assert!(chunk % 16 == 0 && chunk >= AllReduceLayout::MIN_CHUNK, "{world} {bytes}");
+            assert!(chunks <= AllReduceLayout::MAX_CHUNKS, "{world} {bytes}: {chunks} chunks");
+            let groups = AllReduceLayout::chunk_groups(bytes, world);
+            assert!(groups <= AllReduceLayout::GROUPS && groups * world >= chunks, "{world} {bytes}");
+        }
+    }
+    // 16 MiB over two ranks: 128 groups of two 64 KiB chunks.
+    assert_eq!(AllReduceLayout::chunk_bytes(16 << 20, 2), 64 << 10);
+    assert_eq!(AllReduceLayout::chunk_groups(16 << 20, 2), 128);
 }
