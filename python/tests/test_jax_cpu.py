@@ -246,16 +246,19 @@ def test_outside_shard_map_fails_at_trace_time():
                 with pytest.raises(ValueError, match=r"outside jax.shard_map; call .* inside jax.shard_map\(f, mesh="):
                     run(x)
                 assert time.monotonic() - start < 5, name
-        big = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("y",))
+        def mapped(body, mesh, axis="x"):
+            return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+
+        half = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("y",))
         with pytest.raises(ValueError, match="axis 'y' has 2 devices but the symm group 4"):
-            jax.jit(jax.shard_map(sj.all_reduce, mesh=big, in_specs=P("y"), out_specs=P("y")))(x)
+            mapped(sj.all_reduce, half, "y")(x)
         two_d = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2), ("x", "y"))
         with pytest.raises(ValueError, match="axis 'x' has 2 devices but the symm group 4"):
-            jax.jit(jax.shard_map(partial(sj.all_reduce, axis_name="x"), mesh=two_d, in_specs=P("x"), out_specs=P("x")))(x)
+            mapped(partial(sj.all_reduce, axis_name="x"), two_d)(x)
         with pytest.raises(ValueError, match="pass axis_name="):
-            jax.jit(jax.shard_map(sj.all_reduce, mesh=two_d, in_specs=P("x"), out_specs=P("x")))(x)
+            mapped(sj.all_reduce, two_d)(x)
         with pytest.raises(ValueError, match="axis 'z' is not a manual axis"):
-            jax.jit(jax.shard_map(partial(sj.all_reduce, axis_name="z"), mesh=sj.mesh("x"), in_specs=P("x"), out_specs=P("x")))(x)
+            mapped(partial(sj.all_reduce, axis_name="z"), sj.mesh("x"))(x)
     finally:
         sj.shutdown()
 

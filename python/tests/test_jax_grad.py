@@ -218,16 +218,19 @@ def test_grad_of_fp8_allgather_is_refused(world):
 
 
 # --- vmap -------------------------------------------------------------------------------
-def check_vmap(body, in_axes, in_specs, out_specs, args):
+def check_vmap(body, in_axes, in_specs, out_specs, args, looped=False):
     """``vmap(body, in_axes)`` inside shard_map against a loop over the
-    batch of ``body`` inside shard_map (outputs batched along 0)."""
+    batch of ``body`` inside shard_map (outputs batched along 0); ``looped``:
+    whether the batch must run one call per element rather than fold."""
     mesh = sj.mesh("x")
     size = next(x.shape[0] for x, ax in zip(args, in_axes) if ax is not None)
     batched_specs = tuple(s if ax is None else P(None, *s) for s, ax in zip(in_specs, in_axes))
     many = isinstance(out_specs, tuple)
     out_batched = tuple(P(None, *s) for s in out_specs) if many else P(None, *out_specs)
-    f = jax.jit(jax.shard_map(jax.vmap(body, in_axes=in_axes), mesh=mesh, in_specs=batched_specs, out_specs=out_batched))
+    vmapped = jax.vmap(body, in_axes=in_axes)
+    f = jax.jit(jax.shard_map(vmapped, mesh=mesh, in_specs=batched_specs, out_specs=out_batched))
     one = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+    assert (" scan[" in str(jax.make_jaxpr(f)(*args))) == looped
     got = f(*args)
     for i in range(size):
         want = one(*[x if ax is None else x[i] for x, ax in zip(args, in_axes)])
@@ -244,7 +247,7 @@ def test_vmap_ag_mm(world, in_axes):
         ag, out = sj.fused_ag_mm(a, b, 0, return_ag=True)
         return ag, out
 
-    check_vmap(body, in_axes, (P("x"), P()), (P("x"), P("x")), (a, b))
+    check_vmap(body, in_axes, (P("x"), P()), (P("x"), P("x")), (a, b), looped=in_axes == (0, 0))
 
 
 @pytest.mark.parametrize("in_axes,dim", [((0, None), 0), ((None, 0), 0), ((None, 0), 1), ((0, 0), 0)])
@@ -252,7 +255,8 @@ def test_vmap_mm_rs(world, in_axes, dim):
     a, b = random(32, (2, world * 4, world * 8)), random(33, (2, world * 8, world * 4))
     a, b = (x if ax is not None else x[0] for x, ax in zip((a, b), in_axes))
     out_spec = P("x") if dim == 0 else P(None, "x")
-    check_vmap(partial(sj.mm_rs, scatter_dim=dim), in_axes, (P(None, "x"), P("x")), out_spec, (a, b))
+    looped = in_axes == (0, 0) or (in_axes == (None, 0) and dim == 1)
+    check_vmap(partial(sj.mm_rs, scatter_dim=dim), in_axes, (P(None, "x"), P("x")), out_spec, (a, b), looped)
 
 
 def test_vmap_lc_allgather_and_all_reduce(world):
@@ -265,7 +269,7 @@ def test_vmap_lc_allgather_and_all_reduce(world):
 def test_vmap_all_reduce_rmsnorm(world, in_axes):
     x, residual, weight = random(35, (2, world * 2, 16)), random(36, (2, 2, 16)), random(37, (2, 16))
     args = tuple(t if ax is not None else t[0] for t, ax in zip((x, residual, weight), in_axes))
-    check_vmap(sj.all_reduce_rmsnorm, in_axes, (P("x"), P(), P()), (P("x"), P("x")), args)
+    check_vmap(sj.all_reduce_rmsnorm, in_axes, (P("x"), P(), P()), (P("x"), P("x")), args, looped=in_axes[2] == 0)
 
 
 def test_vmap_outside_shard_map_and_grad_of_vmap(world):
@@ -279,7 +283,8 @@ def test_vmap_outside_shard_map_and_grad_of_vmap(world):
         np.testing.assert_allclose(np.asarray(got[i]), np.asarray(f(a[i], b)), rtol=1e-6)
 
     def loss(body):
-        g = jax.shard_map(jax.vmap(body, in_axes=(0, None)), mesh=mesh, in_specs=(P(None, "x"), P()), out_specs=P(None, "x"))
+        specs = dict(in_specs=(P(None, "x"), P()), out_specs=P(None, "x"))
+        g = jax.shard_map(jax.vmap(body, in_axes=(0, None)), mesh=mesh, **specs)
         return lambda a, b: (g(a, b) ** 2).sum()
 
     got = jax.jit(jax.grad(loss(sj.fused_ag_mm), (0, 1)))(a, b)

@@ -37,7 +37,9 @@ def axis(axis_name):
             raise ValueError(f"the shard_map has manual axes {manual}; pass axis_name= naming the one of the group")
         axis_name = wide[0]
     elif axis_name not in manual:
-        raise ValueError(f"axis {axis_name!r} is not a manual axis of the enclosing shard_map (those are {manual}); {HOW}")
+        raise ValueError(
+            f"axis {axis_name!r} is not a manual axis of the enclosing shard_map (those are {manual}); {HOW}"
+        )
     if sizes[axis_name] != world:
         raise ValueError(
             f"axis {axis_name!r} has {sizes[axis_name]} devices but the symm group {world}; "

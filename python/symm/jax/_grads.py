@@ -49,7 +49,8 @@ def reduce_scatter(y, dim, axes, world):
     """The sum over the devices of ``y``, this device's chunk of ``dim``:
     ``mm_rs`` of ``y`` (viewed as narrow rows) with an identity."""
     if jnp.dtype(y.dtype) in FP8:
-        raise TypeError(f"symm.jax has no gradient in {jnp.dtype(y.dtype).name}: it would reduce-scatter fp8 cotangents")
+        name = jnp.dtype(y.dtype).name
+        raise TypeError(f"symm.jax has no gradient in {name}: it would reduce-scatter {name} cotangents")
     y = jnp.moveaxis(y, dim, 0)
     chunk = (y.shape[0] // world, *y.shape[1:])
     per = y.size // world
