@@ -10,6 +10,7 @@ collectives, so the devices' calls meet. Needs jax (CI installs a pinned
 one; set SYMM_REQUIRE_JAX=1 to fail rather than skip without it)."""
 
 import os
+import time
 from functools import partial
 
 import numpy as np
@@ -212,13 +213,52 @@ def test_unbound_device_is_reported():
 
 
 def test_a_call_without_its_peers_times_out():
-    """Under plain jit (one device) the collective's peers never come: the
-    call fails after the group's timeout, naming it, instead of hanging."""
+    """A custom call under plain jit (one device; symm.jax's wrappers refuse
+    this at trace time, see below): its peers never come, so it fails after
+    the group's timeout, naming it, instead of hanging."""
     sj.init(timeout_ms=1500)
     try:
         x = jax.device_put(jnp.ones((2, 3)), jax.devices()[0])
+        raw = jax.ffi.ffi_call("symm_lc_allgather", jax.ShapeDtypeStruct((WORLD * 2, 3), x.dtype))
         with pytest.raises(Exception, match="DEADLINE_EXCEEDED.*rank 0 of 4.*did not arrive within 1500 ms"):
-            jax.jit(sj.lc_allgather)(x).block_until_ready()
+            jax.jit(raw)(x).block_until_ready()
+    finally:
+        sj.shutdown()
+
+
+def test_outside_shard_map_fails_at_trace_time():
+    """Under plain jit, eagerly, or over an axis the group does not span,
+    every operation fails while tracing, saying what to do, in well under
+    the group's timeout (60 s here)."""
+    x, w = jnp.ones((WORLD * 2, 8)), jnp.ones(8)
+    calls = {
+        "fused_ag_mm": lambda x: sj.fused_ag_mm(x, jnp.ones((8, 3))),
+        "mm_rs": lambda x: sj.mm_rs(x, jnp.ones((8, WORLD))),
+        "lc_allgather": sj.lc_allgather,
+        "all_reduce": sj.all_reduce,
+        "all_reduce_rmsnorm": lambda x: sj.all_reduce_rmsnorm(x, x, w),
+    }
+    sj.init(timeout_ms=60_000)
+    try:
+        for name, call in calls.items():
+            for run in (jax.jit(call), call, jax.vmap(call, axis_name="x")):
+                start = time.monotonic()
+                with pytest.raises(ValueError, match=r"outside jax.shard_map; call .* inside jax.shard_map\(f, mesh="):
+                    run(x)
+                assert time.monotonic() - start < 5, name
+        def mapped(body, mesh, axis="x"):
+            return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+
+        half = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("y",))
+        with pytest.raises(ValueError, match="axis 'y' has 2 devices but the symm group 4"):
+            mapped(sj.all_reduce, half, "y")(x)
+        two_d = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2), ("x", "y"))
+        with pytest.raises(ValueError, match="axis 'x' has 2 devices but the symm group 4"):
+            mapped(partial(sj.all_reduce, axis_name="x"), two_d)(x)
+        with pytest.raises(ValueError, match="pass axis_name="):
+            mapped(sj.all_reduce, two_d)(x)
+        with pytest.raises(ValueError, match="axis 'z' is not a manual axis"):
+            mapped(partial(sj.all_reduce, axis_name="z"), sj.mesh("x"))(x)
     finally:
         sj.shutdown()
 

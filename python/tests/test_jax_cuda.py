@@ -8,6 +8,7 @@ GPUs; run it in its own pytest process (test_jax_cpu.py pins JAX to CPU):
 """
 
 import os
+from functools import partial
 
 import numpy as np
 import pytest
@@ -135,3 +136,57 @@ def test_repeated_calls_and_larger_shapes_regrow_the_workspace(mesh):
         ref = f64(a) @ f64(w)
         for out in outs:
             assert rel_err(out, ref) <= TOLERANCE[dtype]
+
+
+def grads(mesh, body, in_specs, out_specs, args, check_vma=True):
+    w = random(20, jax.eval_shape(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs), *args).shape,
+               jnp.float32)
+
+    def loss(*xs):
+        out = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma)(*xs)
+        return jnp.vdot(out.astype(jnp.float32), w)
+
+    return jax.jit(jax.grad(loss, tuple(range(len(args)))))(*args)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_grad_of_tensor_parallel_mlp_against_xla(mesh, dtype):
+    """jax.grad through fused_ag_mm -> gelu -> mm_rs (the backward runs
+    mm_rs and fused_ag_mm on the GPUs) against XLA's collectives."""
+    x = random(21, (WORLD * 128, 256), dtype)
+    w1, w2 = random(22, (256, WORLD * 256), dtype), random(23, (WORLD * 256, 256), dtype)
+
+    def ours(x, w1, w2):
+        return sj.mm_rs(jax.nn.gelu(sj.fused_ag_mm(x, w1, axis_name="x")), w2, axis_name="x")
+
+    def xla(x, w1, w2):
+        mm = partial(jnp.matmul, precision=HIGHEST, preferred_element_type=jnp.float32)
+        h = jax.nn.gelu(mm(jax.lax.all_gather(x, "x", axis=0, tiled=True), w1).astype(x.dtype))
+        return jax.lax.psum_scatter(mm(h, w2), "x", scatter_dimension=0, tiled=True).astype(x.dtype)
+
+    specs = ((P("x"), P(None, "x"), P("x")), P("x"))
+    got = grads(mesh, ours, *specs, (x, w1, w2))
+    ref = grads(mesh, xla, *specs, (x, w1, w2))
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 4 * TOLERANCE[dtype]
+
+
+def test_grad_of_allgather_and_all_reduce_and_vmap(mesh):
+    """Without check_vma the all-gather's gradient is a reduce-scatter (mm_rs
+    with an identity), the all-reduce's an all-reduce; then vmap folding a
+    batch into the rows of a."""
+    x = random(24, (WORLD * 64, 128), jnp.bfloat16)
+    for ours, xla in (
+        (sj.lc_allgather, lambda x: jax.lax.all_gather(x, "x", tiled=True)),
+        (sj.all_reduce, lambda x: jax.lax.psum(x, "x")),
+    ):
+        for check_vma in (True, False):
+            got = grads(mesh, ours, P("x"), P("x"), (x,), check_vma)[0]
+            ref = grads(mesh, xla, P("x"), P("x"), (x,), check_vma)[0]
+            assert rel_err(got, ref) <= TOLERANCE[jnp.bfloat16]
+    a, b = random(25, (3, WORLD * 128, 256), jnp.bfloat16), random(26, (256, 512), jnp.bfloat16)
+    f = smap(mesh, jax.vmap(partial(sj.fused_ag_mm, axis_name="x"), in_axes=(0, None)), (P(None, "x"), P()),
+             P(None, "x"))
+    got = f(a, b)
+    for i in range(3):
+        assert rel_err(np.split(np.asarray(got[i]), WORLD)[0], f64(a[i]) @ f64(b)) <= TOLERANCE[jnp.bfloat16]

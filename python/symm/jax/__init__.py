@@ -12,6 +12,10 @@ or ``jax_num_cpu_devices``) on the host backend. XLA's CPU client runs the
 N per-device programs of one multi-device executable concurrently on its
 own thread pool (sized at least N for exactly this), so the collectives
 meet; a call that waits longer than the group's timeout fails instead.
+
+The operations run only inside ``jax.shard_map`` over the group's devices
+(elsewhere they raise ValueError while tracing), and support ``jax.grad``
+(custom VJPs from symm's own operations) and ``jax.vmap``.
 """
 
 from ._ops import all_reduce, all_reduce_rmsnorm, fused_ag_mm, lc_allgather, mm_rs

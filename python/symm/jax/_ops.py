@@ -1,7 +1,7 @@
-"""The operations as JAX functions: shapes and dtypes are checked and the
-results' shapes computed at trace time, then each lowers to a custom call
-of symm's handlers. Call them on per-device arrays, i.e. inside
-``jax.shard_map`` over the devices given to ``symm.jax.init``.
+"""The operations as JAX functions: where they run (inside ``jax.shard_map``
+over the group's devices), shapes and dtypes are checked and the results'
+shapes computed at trace time; then each lowers to a custom call of symm's
+handlers, differentiable (``_grads``) and batchable (``_calls``).
 
 The calls are pure (no ``has_side_effect``): every device runs the same
 SPMD program, so when XLA drops a call whose result is unused, or merges
@@ -10,26 +10,16 @@ pair up. (A side-effecting call would also leave a runtime token behind
 that re-raises a failed call at every later effects barrier.)
 """
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ._setup import state
+from . import _grads
+from ._context import axis as _axis
+from ._context import vma
 
 # What the matmuls take; the all-gather moves any of symm's types.
 MATMUL_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 COPY_DTYPES = MATMUL_DTYPES + (jnp.float8_e4m3fn, jnp.float8_e5m2)
 REDUCE_OPS = ("sum", "avg")
-
-
-def _world(axis_name):
-    """The group's size, checked against the mapped axis when one is named."""
-    world = len(state().devices)
-    if axis_name is not None:
-        size = jax.lax.axis_size(axis_name)
-        if size != world:
-            raise ValueError(f"axis {axis_name!r} has {size} devices but the symm group {world}")
-    return world
 
 
 def _dtype(x, name, allowed):
@@ -46,17 +36,14 @@ def _dim(dim, ndim, name):
     return dim % ndim
 
 
-def _call(target, results, *args, **attrs):
-    return jax.ffi.ffi_call(target, results)(*args, **attrs)
-
-
 def fused_ag_mm(a_shard, bs, gather_dim=0, *, return_ag=False, axis_name=None):
     """``all_gather(a_shard, gather_dim) @ b`` for ``b`` in ``bs`` (one
     ``[K, N]`` matrix or a list; ``K * world`` rows when gathering the last
     dimension). Returns the product (a list for a list of ``bs``), or
     ``(gathered_a, products)`` with ``return_ag``. ``axis_name`` names the
-    shard_map axis, to check its size against the group's."""
-    world = _world(axis_name)
+    shard_map axis of the group's devices (default: the shard_map's only
+    one)."""
+    axis, world = _axis(axis_name)
     single = not isinstance(bs, (list, tuple))
     blist = [bs] if single else list(bs)
     if not blist:
@@ -74,10 +61,8 @@ def fused_ag_mm(a_shard, bs, gather_dim=0, *, return_ag=False, axis_name=None):
             raise TypeError(f"bs[{i}] has dtype {jnp.dtype(b.dtype).name}; a_shard has {dt.name}")
         if b.shape[0] != gathered[-1]:
             raise ValueError(f"bs[{i}] has {b.shape[0]} rows; the gathered a_shard has {gathered[-1]} columns")
-    results = [jax.ShapeDtypeStruct((*gathered[:-1], b.shape[1]), dt) for b in blist]
-    if return_ag:
-        results.append(jax.ShapeDtypeStruct(tuple(gathered), dt))
-    out = _call("symm_fused_ag_mm", results, a_shard, *blist, gather_dim=np.int64(dim))
+    vmas = tuple(vma(x) for x in (a_shard, *blist))
+    out = _grads.ag_mm(dim, len(blist), return_ag, axis, world, vmas)(a_shard, *blist)
     products = out[: len(blist)]
     products = products[0] if single else list(products)
     return (out[-1], products) if return_ag else products
@@ -88,7 +73,7 @@ def mm_rs(a, b, scatter_dim=0, op="sum", *, axis_name=None):
     dimension ``scatter_dim`` of the product, summed (``op="sum"``) or
     averaged (``"avg"``) over the devices. ``a`` is ``[..., K]``, ``b``
     ``[K, N]``."""
-    world = _world(axis_name)
+    axis, world = _axis(axis_name)
     if op not in REDUCE_OPS:
         raise ValueError(f"op is {op!r}; expected one of {REDUCE_OPS}")
     if a.ndim < 2 or b.ndim != 2:
@@ -103,17 +88,17 @@ def mm_rs(a, b, scatter_dim=0, op="sum", *, axis_name=None):
     if shape[dim] % world:
         raise ValueError(f"dimension {dim} of the product ({shape[dim]}) does not divide by the world size ({world})")
     shape[dim] //= world
-    return _call("symm_mm_rs", jax.ShapeDtypeStruct(tuple(shape), dt), a, b, scatter_dim=np.int64(dim), op=op)
+    return _grads.mm_rs(dim, op, axis, world, (vma(a), vma(b)))(a, b)
 
 
 def lc_allgather(x, *, axis_name=None):
     """Every device's ``x`` gathered along dimension 0 (``[world * d0, ...]``),
     moved by copies only."""
-    world = _world(axis_name)
+    axis, world = _axis(axis_name)
     if x.ndim < 1:
         raise ValueError("x has no dimension 0 to gather along")
-    dt = _dtype(x, "x", COPY_DTYPES)
-    return _call("symm_lc_allgather", jax.ShapeDtypeStruct((x.shape[0] * world, *x.shape[1:]), dt), x)
+    _dtype(x, "x", COPY_DTYPES)
+    return _grads.lc_allgather(axis, world, vma(x))(x)
 
 
 ALL_REDUCE_ALGORITHMS = (None, "auto", "one_shot", "two_shot")
@@ -129,18 +114,18 @@ def all_reduce(x, op="sum", *, algorithm=None, axis_name=None):
     """``x`` summed (``op="sum"``) or averaged (``"avg"``) over the devices,
     elementwise (f32, bf16 or f16, summed in f32; any shape). ``algorithm``:
     "one_shot", "two_shot" or None (symm's choice by size)."""
-    _world(axis_name)
+    axis, world = _axis(axis_name)
     if op not in REDUCE_OPS:
         raise ValueError(f"op is {op!r}; expected one of {REDUCE_OPS}")
-    dt = _dtype(x, "x", MATMUL_DTYPES)
-    return _call("symm_all_reduce", jax.ShapeDtypeStruct(x.shape, dt), x, op=op, algorithm=_ar_algorithm(algorithm))
+    _dtype(x, "x", MATMUL_DTYPES)
+    return _grads.all_reduce(op, _ar_algorithm(algorithm), axis, world, vma(x))(x)
 
 
 def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, algorithm=None, axis_name=None):
     """``r = all_reduce_sum(x) + residual``, ``out = r / sqrt(mean(r**2,
     last dim) + eps) * weight``; returns ``(out, r)``. ``x`` and
     ``residual`` are ``[..., hidden]``, ``weight`` ``[hidden]``, one dtype."""
-    _world(axis_name)
+    axis, _ = _axis(axis_name)
     dt = _dtype(x, "x", MATMUL_DTYPES)
     if x.ndim < 1 or residual.shape != x.shape or weight.shape != (x.shape[-1],):
         raise ValueError(
@@ -150,14 +135,5 @@ def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, algorithm=None, axis_na
     for name, t in (("residual", residual), ("weight", weight)):
         if jnp.dtype(t.dtype) != dt:
             raise TypeError(f"{name} has dtype {jnp.dtype(t.dtype).name}; x has {dt.name}")
-    shape = jax.ShapeDtypeStruct(x.shape, dt)
-    out, r = _call(
-        "symm_all_reduce_rmsnorm",
-        (shape, shape),
-        x,
-        residual,
-        weight,
-        eps=repr(float(np.float32(eps))),
-        algorithm=_ar_algorithm(algorithm),
-    )
-    return out, r
+    vmas = (vma(x), vma(residual), vma(weight))
+    return _grads.all_reduce_rmsnorm(float(eps), _ar_algorithm(algorithm), axis, vmas)(x, residual, weight)
