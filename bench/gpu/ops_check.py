@@ -1,4 +1,4 @@
-"""The three operations at world N, one process per rank, against float64
+"""The operations at world N, one process per rank, against float64
 references (correctness only: nothing here is timed).
 
     python3 bench/gpu/ops_check.py [--world 4] [--gpus 1]
@@ -107,6 +107,37 @@ def repeated_checks(g, rank, world):
     return failures
 
 
+def all_reduce_checks(g, rank, world):
+    """all_reduce (sum, avg; one-shot, two-shot; sizes that leave partial
+    chunks and chunk groups) and all_reduce_rmsnorm (rows fused in the
+    one-shot, in registers or not; after the two-shot), poisoned outputs."""
+    failures = []
+    for dtype in TOL:
+        for numel in (3, 4097, 600_001, 3 << 20):
+            xs = inputs(6, world, (numel,), dtype)
+            total = sum(x.double() for x in xs)
+            for algorithm in ("one_shot", "two_shot"):
+                for op, want in (("sum", total), ("avg", total / world)):
+                    out = torch.full((numel,), float("nan"), dtype=dtype, device="cuda")
+                    for _ in range(2):  # the second call is a kept (replayed) one
+                        symm.all_reduce(g, xs[rank].cuda(), op=op, out=out, algorithm=algorithm)
+                    e = rel(out, want)
+                    if not e < TOL[dtype] * 2:
+                        failures.append(f"all_reduce {dtype} {numel} {algorithm} {op}: {e}")
+    eps = 1e-6
+    for tokens, hidden in ((1, 4096), (7, 8192), (3, 20480), (5, 36)):
+        xs = inputs(7, world, (tokens, hidden), torch.bfloat16)
+        res, w = inputs(8, 2, (tokens, hidden), torch.bfloat16)[0], inputs(9, 1, (hidden,), torch.bfloat16)[0]
+        r = (sum(x.double() for x in xs).to(torch.bfloat16).double() + res.double()).to(torch.bfloat16).double()
+        want = r / torch.sqrt((r * r).mean(-1, keepdim=True) + eps) * w.double()
+        for algorithm in ("one_shot", "two_shot"):
+            out, ro = symm.all_reduce_rmsnorm(g, xs[rank].cuda(), res.cuda(), w.cuda(), eps, algorithm=algorithm)
+            e1, e2 = rel(ro, r), rel(out, want)
+            if not (e1 < 2e-2 and e2 < 2e-2):
+                failures.append(f"all_reduce_rmsnorm {tokens}x{hidden} {algorithm}: {e1} {e2}")
+    return failures
+
+
 def rank_main(rank, world, gpus, uid):
     device = rank % gpus
     torch.cuda.set_device(device)
@@ -137,6 +168,7 @@ def rank_main(rank, world, gpus, uid):
         symm.lc_allgather(g, xs[rank].cuda(), out=out)
         if not torch.equal(out.cpu(), torch.cat(xs)):
             failures.append(f"lc_allgather {dtype}")
+    failures += all_reduce_checks(g, rank, world)
     failures += fp8_checks(g, rank, world)
     failures += repeated_checks(g, rank, world)
     torch.cuda.synchronize()
@@ -162,7 +194,7 @@ def main():
     codes = [p.wait(timeout=600) for p in procs]
     ok = all(c == 0 for c in codes)
     print(f"{'PASS' if ok else 'FAIL'} ops_check world={args.world} gpus={args.gpus} "
-          "(fused_ag_mm, mm_rs, lc_allgather; f32/bf16/f16; fp8; repeated and bound calls)")
+          "(fused_ag_mm, mm_rs, lc_allgather, all_reduce, all_reduce_rmsnorm; f32/bf16/f16; fp8; repeated and bound calls)")
     sys.exit(0 if ok else 1)
 
 

@@ -505,7 +505,7 @@ def test_all_reduce_torch(dtype, algorithm, numel):
 
 
 @pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
-@pytest.mark.parametrize("tokens,hidden", [(1, 4096), (16, 8192), (5, 36)])
+@pytest.mark.parametrize("tokens,hidden", [(1, 4096), (16, 8192), (5, 36), (3, 20480)])
 def test_all_reduce_rmsnorm_torch(algorithm, tokens, hidden):
     dtype, eps = torch.bfloat16, 1e-6
     xs = inputs(21, (tokens, hidden), dtype)
