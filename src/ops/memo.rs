@@ -85,6 +85,7 @@ mod tests {
     use crate::array::{Array, DType};
     use crate::backend::Stream;
     use crate::ops::mm_rs::MmRsPrepared;
+    use crate::ops::symmetric::Placed;
     use crate::ops::testing::{host_groups, on_each};
     use crate::ops::{mm_rs, MmRs, MmRsScales, ReduceOp};
 
@@ -119,7 +120,10 @@ mod tests {
                     .map(|(row, col)| 3.0 * (0..3).map(|k| m[row * 3 + k] * bv[k * 2 + col]).sum::<f32>())
                     .collect()
             };
-            let kept = |g: &Group, call: &MmRs| find::<MmRs, MmRsPrepared>(g, call).is_some();
+            let kept = |g: &Group, call: &MmRs| {
+                let (key, _) = Placed::of(g, Ok(call.clone()), |c| &c.out);
+                find::<Placed<MmRs>, MmRsPrepared>(g, &key.unwrap()).is_some()
+            };
             for (step, into_second) in [(1.0, false), (2.0, false), (3.0, true), (4.0, false)] {
                 a.copy_from_slice(&base(step).iter().map(|x| x * scale).collect::<Vec<_>>());
                 let out = if into_second { &mut out2 } else { &mut out1 };
