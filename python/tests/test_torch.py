@@ -60,7 +60,7 @@ def test_schemas_are_torch_symm_mems():
     """Each operator's schema is torch.ops.symm_mem's, but for the namespace."""
     if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, "one_shot_all_reduce"):
         pytest.skip("this torch has no torch.ops.symm_mem")
-    import torch.distributed._symmetric_memory  # noqa: F401 -- defines the Python-side symm_mem operators
+    from torch.distributed import _symmetric_memory  # noqa: F401 -- defines the Python-side symm_mem operators
 
     for name in st.OPERATORS:
         ours = str(getattr(torch.ops.symm, name).default._schema)
