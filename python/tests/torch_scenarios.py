@@ -344,7 +344,8 @@ def fake(c):
             assert (t.shape, t.dtype, t.stride()) == (f.shape, f.dtype, f.stride()), f"{op}: {t.shape} vs {f.shape}"
     for op, args, kwargs in cases:
         # Every rank runs the same checks (each calls the operator, collectively).
-        torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+        checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+        torch.library.opcheck(op, args, kwargs, test_utils=checks)
     with FakeTensorMode():
         try:
             torch.ops.symm.fused_matmul_reduce_scatter(torch.empty(W + 1, 4), torch.empty(4, 4), "sum", 0, c.name)

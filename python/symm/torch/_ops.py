@@ -11,6 +11,7 @@ from torch.distributed import _functional_collectives as funcol
 
 import symm
 
+from . import _cached
 from ._groups import get_group, world_size
 
 NAMESPACE = "symm"
@@ -19,8 +20,23 @@ _lib = torch.library.Library(NAMESPACE, "FRAGMENT")  # noqa: TOR901 -- the compo
 REDUCE_OPS = ("sum", "avg")
 
 
+class _Op:
+    """An operator defined on ``_lib`` with its kernel for every device
+    (plain ``Library`` registration: a call costs a fraction of
+    ``torch.library.custom_op``'s wrappers), and ``register_fake``."""
+
+    def __init__(self, name, schema, fn):
+        self.qualname = f"{NAMESPACE}::{name}"
+        _lib.define(name + schema)
+        _lib.impl(name, fn, "CompositeExplicitAutograd")
+
+    def register_fake(self, fn):
+        return torch.library.register_fake(self.qualname, fn, lib=_lib)
+
+
 def _op(name, schema, mutates_args=()):
-    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=mutates_args, schema=schema)
+    # mutates_args: the schema's (a!) annotations say it; kept for the reader.
+    return lambda fn: _Op(name, schema, fn)
 
 
 def _plain(t):
@@ -60,10 +76,7 @@ def _scattered_shape(shape, dim, world):
     "(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, bool return_A=True) -> (Tensor?, Tensor[])",
 )
 def fused_all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
-    g, a, bs = get_group(group_name), _plain(A), [_plain(b) for b in Bs]
-    if return_A:
-        return symm.fused_ag_mm(g, a, bs, gather_dim, return_ag=True)
-    return None, symm.fused_ag_mm(g, a, bs, gather_dim)
+    return _cached.fused_ag_mm(get_group(group_name), _plain(A), [_plain(b) for b in Bs], gather_dim, return_A)
 
 
 @fused_all_gather_matmul.register_fake
@@ -132,7 +145,7 @@ torch.library.register_autograd(
 )
 def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     _check_reduce_op(reduce_op)
-    return symm.mm_rs(get_group(group_name), _plain(A), _plain(B), scatter_dim, op=reduce_op)
+    return _cached.mm_rs(get_group(group_name), _plain(A), _plain(B), reduce_op, scatter_dim)
 
 
 @fused_matmul_reduce_scatter.register_fake
@@ -172,7 +185,7 @@ torch.library.register_autograd(
 # --- copy-engine all-gather ---------------------------------------------------
 @_op("_low_contention_all_gather", "(Tensor tensor, str group_name) -> Tensor")
 def _low_contention_all_gather(tensor, group_name):
-    return symm.lc_allgather(get_group(group_name), _plain(tensor))
+    return _cached.lc_allgather(get_group(group_name), _plain(tensor))
 
 
 @_low_contention_all_gather.register_fake
@@ -195,7 +208,7 @@ torch.library.register_autograd(f"{NAMESPACE}::_low_contention_all_gather", _lc_
 @_op("one_shot_all_reduce", "(Tensor input, str reduce_op, str group_name) -> Tensor")
 def one_shot_all_reduce(input, reduce_op, group_name):
     _check_reduce_op(reduce_op)
-    return symm.all_reduce(get_group(group_name), _plain(input), op=reduce_op, algorithm="one_shot")
+    return _cached.all_reduce(get_group(group_name), _plain(input), reduce_op, "one_shot")
 
 
 @one_shot_all_reduce.register_fake
@@ -226,7 +239,7 @@ ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "auto")
 def _all_reduce_(input, reduce_op, group_name, algorithm):
     _check_reduce_op(reduce_op)
     algo = None if algorithm == "auto" else algorithm
-    symm.all_reduce(get_group(group_name), input, op=reduce_op, algorithm=algo, inplace=True)
+    _cached.all_reduce(get_group(group_name), input, reduce_op, algo, inplace=True)
 
 
 @_all_reduce_.register_fake
@@ -242,7 +255,7 @@ def _(input, reduce_op, group_name, algorithm):
 def _all_reduce_out(input, reduce_op, group_name, algorithm, out):
     _check_reduce_op(reduce_op)
     algo = None if algorithm == "auto" else algorithm
-    symm.all_reduce(get_group(group_name), _plain(input), op=reduce_op, out=out, algorithm=algo)
+    _cached.all_reduce(get_group(group_name), _plain(input), reduce_op, algo, out=out)
 
 
 @_all_reduce_out.register_fake
