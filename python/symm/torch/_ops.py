@@ -34,8 +34,9 @@ class _Op:
         return torch.library.register_fake(self.qualname, fn, lib=_lib)
 
 
-def _op(name, schema, mutates_args=()):
-    # mutates_args: the schema's (a!) annotations say it; kept for the reader.
+def _op(name, schema):
+    """Decorator: ``fn`` as the kernel of operator ``name`` (a mutated
+    argument is marked ``(a!)`` in the schema)."""
     return lambda fn: _Op(name, schema, fn)
 
 
@@ -234,7 +235,6 @@ ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "auto")
 @_op(
     "_all_reduce_",
     "(Tensor(a!) input, str reduce_op, str group_name, str algorithm) -> ()",
-    mutates_args=("input",),
 )
 def _all_reduce_(input, reduce_op, group_name, algorithm):
     _check_reduce_op(reduce_op)
@@ -250,7 +250,6 @@ def _(input, reduce_op, group_name, algorithm):
 @_op(
     "_all_reduce_out",
     "(Tensor input, str reduce_op, str group_name, str algorithm, Tensor(a!) out) -> ()",
-    mutates_args=("out",),
 )
 def _all_reduce_out(input, reduce_op, group_name, algorithm, out):
     _check_reduce_op(reduce_op)
