@@ -145,6 +145,28 @@ static void plan_queries(void) {
     CHECK(symm_group_destroy(g[1]));
 }
 
+/* Which arguments each operation uses in place from symmetric memory. */
+static void symmetric_args(void) {
+    symm_symmetric_args_t a = SYMM_SYMMETRIC_ARGS_INIT;
+    CHECK(symm_op_symmetric_args("all_reduce", &a));
+    EXPECT(a.count == 1 && !strcmp(a.names[0], "input") && a.access[0] == SYMM_PEERS_READ);
+    CHECK(symm_op_symmetric_args("lc_allgather", &a));
+    EXPECT(a.count == 1 && !strcmp(a.names[0], "input") && a.access[0] == SYMM_PEERS_READ);
+    CHECK(symm_op_symmetric_args("mm_rs", &a));
+    EXPECT(a.count == 1 && !strcmp(a.names[0], "out") && a.access[0] == SYMM_PEERS_WRITE);
+    CHECK(symm_op_symmetric_args("fused_ag_mm", &a));
+    EXPECT(a.count == 0 && a.names[0] == NULL);
+    a.count = 7;
+    EXPECT_STATUS(symm_op_symmetric_args("symm_mm_rs", &a), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("all_reduce_rmsnorm");
+    EXPECT(a.count == 7);
+    EXPECT_STATUS(symm_op_symmetric_args(NULL, &a), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(symm_op_symmetric_args("mm_rs", NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    a.struct_size = sizeof(size_t);
+    EXPECT_STATUS(symm_op_symmetric_args("mm_rs", &a), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("struct_size");
+}
+
 int main(void) {
     version_and_strings();
     check_args_always_flag();
@@ -157,6 +179,7 @@ int main(void) {
     CHECK(symm_group_destroy(g));
     handle_outlives_group();
     plan_queries();
+    symmetric_args();
     printf("test_api: ok\n");
     return 0;
 }

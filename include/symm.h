@@ -28,6 +28,16 @@
 // Everything, per-call events included.
 #define SYMM_LOG_TRACE 3
 
+// Capacity of `symm_symmetric_args_t`'s arrays.
+#define SYMM_MAX_SYMMETRIC_ARGS 8
+
+// Access flag: the peers read this rank's tensor where it lies (no copy
+// into the workspace first).
+#define SYMM_PEERS_READ 1
+
+// Access flag: the peers may write into this rank's tensor where it lies.
+#define SYMM_PEERS_WRITE 2
+
 // Group flag: several ranks may share one CUDA device (for testing). Such
 // ranks must each call on a stream of their own: on one stream (the
 // legacy default stream of two threads) a rank's wait for a peer would
@@ -260,6 +270,21 @@ typedef struct {
   // The whole operation.
   double total_ms;
 } symm_plan_t;
+
+// The arguments one operation uses in place from symmetric memory. Set
+// `struct_size` to `sizeof(symm_symmetric_args_t)` (`SYMM_SYMMETRIC_ARGS_INIT`);
+// fields are only ever appended, and those this library does not know are
+// zeroed.
+typedef struct {
+  // `sizeof(symm_symmetric_args_t)` as the caller compiled it.
+  size_t struct_size;
+  // How many of `names` and `access` are set (0: none is used in place).
+  int32_t count;
+  // The parameters' names as in this header (`"input"`, `"out"`); static.
+  const char *names[SYMM_MAX_SYMMETRIC_ARGS];
+  // `SYMM_PEERS_*` flags of each name.
+  uint32_t access[SYMM_MAX_SYMMETRIC_ARGS];
+} symm_symmetric_args_t;
 
 // The XLA platform a device ordinal belongs to (`symm_xla_bind_device`).
 typedef int32_t symm_xla_platform_t;
@@ -662,6 +687,16 @@ symm_status_t symm_plan_mm_rs(symm_group_t group, int64_t m, int64_t k, int64_t 
 // `comm_ms`, `exposed_ms` and `total_ms` its predicted time, `compute_ms` 0.
 symm_status_t symm_plan_all_reduce(symm_group_t group, int64_t numel, symm_dtype_t dtype, symm_plan_t *plan);
 
+// Which arguments of `operation` (a function's name without `symm_`:
+// "fused_ag_mm", "mm_rs", "lc_allgather", "all_reduce" or
+// "all_reduce_rmsnorm") symm uses where they are when the tensor is
+// contiguous in a rendezvoused symmetric buffer at the same offset on
+// every rank. Elsewhere such an argument is staged through the group's
+// workspace (a copy); the result is the same either way. Fills `args`,
+// whose `struct_size` the caller set. Needs no group: the answer is this
+// library's, the same for every group and backend.
+symm_status_t symm_op_symmetric_args(const char *operation, symm_symmetric_args_t *args);
+
 // Writes the library's version as `MAJOR * 10000 + MINOR * 100 + PATCH`,
 // to compare with `SYMM_VERSION_CODE` from the header.
 symm_status_t symm_get_version(int32_t *version);
@@ -700,6 +735,7 @@ symm_status_t symm_xla_bind_device(symm_xla_platform_t platform, int device_ordi
 #define SYMM_AG_MM_OPTIONS_INIT {sizeof(symm_ag_mm_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO}
 #define SYMM_MM_RS_OPTIONS_INIT {sizeof(symm_mm_rs_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO}
 #define SYMM_ALL_REDUCE_OPTIONS_INIT {sizeof(symm_all_reduce_options_t), SYMM_ALGORITHM_AUTO}
+#define SYMM_SYMMETRIC_ARGS_INIT {sizeof(symm_symmetric_args_t), 0, {NULL}, {0}}
 
 #ifndef SYMM_TENSOR_HELPERS
 #define SYMM_TENSOR_HELPERS

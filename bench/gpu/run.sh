@@ -61,6 +61,8 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
     # They need two GPUs (pytest would exit 5, nothing collected, on one).
     [ "$ngpu" -ge 2 ] && run python3 -m pytest -q python/tests/test_cuda.py python/tests/test_cuda_fused.py
+    # symm.torch's operators under torchrun (2 GPUs), beside torch.ops.symm_mem.
+    [ "$ngpu" -ge 2 ] && run timeout 1800 python3 -m pytest -q python/tests/test_torch_cuda.py
     if [ "$ngpu" -ge 4 ]; then
         run python3 bench/gpu/ops_check.py --world 4 --gpus 4
         [ "$ngpu" -ge 8 ] && run python3 bench/gpu/ops_check.py --world 8 --gpus 8

@@ -8,7 +8,7 @@ makes the library log one line per event to stderr, or to the file
 import ctypes as _ctypes
 
 from ._info import check_compatible as _check_compatible
-from ._info import library_path, library_version
+from ._info import library_path, library_version, symmetric_args
 from ._lib import SIGNAL_CHANNELS
 from ._loader import LibraryNotFoundError
 from .errors import (
@@ -83,6 +83,7 @@ __all__ = [
     "lc_allgather",
     "local_groups",
     "mm_rs",
+    "symmetric_args",
 ]
 
 _check_compatible()

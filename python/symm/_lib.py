@@ -76,6 +76,10 @@ LOG_WARN = 1
 LOG_INFO = 2
 LOG_TRACE = 3
 
+MAX_SYMMETRIC_ARGS = 8
+PEERS_READ = 1
+PEERS_WRITE = 2
+
 
 # --- structs ------------------------------------------------------------------
 class UniqueId(ctypes.Structure):
@@ -163,6 +167,15 @@ class BuildInfo(ctypes.Structure):
     ]
 
 
+class SymmetricArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("count", c_int32),
+        ("names", c_char_p * MAX_SYMMETRIC_ARGS),
+        ("access", c_uint32 * MAX_SYMMETRIC_ARGS),
+    ]
+
+
 # void (*)(void *ctx, int level, const char *message)
 LogCallbackFn = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
@@ -177,6 +190,7 @@ C_STRUCT_NAMES = {
     AllReduceOptions: "symm_all_reduce_options_t",
     Plan: "symm_plan_t",
     BuildInfo: "symm_build_info_t",
+    SymmetricArgs: "symm_symmetric_args_t",
 }
 
 # --- functions: name -> (restype, argtypes) --------------------------------------
@@ -259,6 +273,8 @@ FUNCTIONS = {
     "symm_plan_ag_mm": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
     "symm_plan_mm_rs": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
     "symm_plan_all_reduce": (status_t, [_h, ctypes.c_int64, dtype_t, POINTER(Plan)]),
+    # which arguments an operation uses in place from symmetric memory
+    "symm_op_symmetric_args": (status_t, [c_char_p, POINTER(SymmetricArgs)]),
     # XLA FFI handlers: which group serves a device
     "symm_xla_bind_device": (status_t, [c_int32, c_int, _h]),
     # version and errors

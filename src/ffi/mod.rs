@@ -15,6 +15,7 @@ mod handles;
 mod log;
 mod ops;
 mod plan;
+mod symmetric;
 pub mod types;
 mod version;
 /// cbindgen:ignore

@@ -48,6 +48,7 @@ pub use ag_mm::{fused_ag_mm, AgMm, AgMmScales};
 pub use all_reduce::{all_reduce, AllReduce, Norm};
 pub use lc_allgather::{lc_allgather, LcAllgather};
 pub use mm_rs::{mm_rs, MmRs, MmRsScales, ReduceOp};
+pub use symmetric::{symmetric_args, PeerAccess, SYMMETRIC_ARGS};
 pub use workspace::reserve as reserve_workspace;
 
 use crate::array::Array;

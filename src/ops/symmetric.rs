@@ -86,3 +86,45 @@ impl std::fmt::Debug for SymmetricPlace {
         write!(f, "symmetric buffer {:#x} at offset {}", self.id, self.offset)
     }
 }
+
+/// How the peers use a rank's tensor that lies in symmetric memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerAccess {
+    /// The peers read it where it is (no staging copy into the workspace).
+    Read,
+    /// The peers may write into it where it is.
+    Write,
+}
+
+/// One argument an operation uses in place when it lies in a rendezvoused
+/// symmetric buffer (at the same offset on every rank; contiguous, except
+/// `lc_allgather`'s input, read in place from each rank whose input there
+/// is contiguous).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SymmetricArg {
+    /// The parameter's name in `include/symm.h`.
+    pub name: &'static str,
+    pub access: PeerAccess,
+}
+
+const fn arg(name: &'static str, access: PeerAccess) -> SymmetricArg {
+    SymmetricArg { name, access }
+}
+
+/// Every operation (its C name without `symm_`) and the arguments it uses
+/// in place from symmetric memory: what the `SymmetricPlace` lookups of
+/// each operation's module do, in one table for frameworks that choose
+/// where to allocate (a compiler placing buffers in symmetric memory).
+pub const SYMMETRIC_ARGS: &[(&str, &[SymmetricArg])] = &[
+    ("fused_ag_mm", &[]),
+    ("mm_rs", &[arg("out", PeerAccess::Write)]),
+    ("lc_allgather", &[arg("input", PeerAccess::Read)]),
+    ("all_reduce", &[arg("input", PeerAccess::Read)]),
+    ("all_reduce_rmsnorm", &[arg("input", PeerAccess::Read)]),
+];
+
+/// The arguments `operation` uses in place from symmetric memory, or
+/// `None` for an unknown operation.
+pub fn symmetric_args(operation: &str) -> Option<&'static [SymmetricArg]> {
+    SYMMETRIC_ARGS.iter().find(|(op, _)| *op == operation).map(|(_, args)| *args)
+}
