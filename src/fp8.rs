@@ -194,7 +194,10 @@ mod tests {
         // Subnormals: 2^-10 is half the smallest (0x01), ties to 0; 3 * 2^-10 to 0x02.
         assert_eq!((e4(2f32.powi(-10)), e4(3.0 * 2f32.powi(-10)), e4(-1e-30)), (0x00, 0x02, 0x80));
         // Past 448 (also where rounding would reach the NaN code) and infinities saturate.
-        assert_eq!((e4(460.0), e4(470.0), e4(1e9), e4(f32::INFINITY), e4(-f32::INFINITY)), (0x7e, 0x7e, 0x7e, 0x7e, 0xfe));
+        assert_eq!(
+            (e4(460.0), e4(470.0), e4(1e9), e4(f32::INFINITY), e4(-f32::INFINITY)),
+            (0x7e, 0x7e, 0x7e, 0x7e, 0xfe)
+        );
         let e5 = |v| Fp8::E5M2.encode(v);
         assert_eq!((e5(60000.0), e5(f32::INFINITY), e5(-1e30)), (0x7b, 0x7b, 0xfb));
         assert_eq!((Fp8::E4M3.max(), Fp8::E5M2.max()), (448.0, 57344.0));

@@ -98,13 +98,18 @@ mod tests {
             // dst column-major with a gap row: strides [1, rows + 1].
             let ld = rows + 1;
             let poison = vec![0xa5u8; ld * cols];
-            let (src, bias_d, scale_d, dst) =
-                (g.upload(&v), g.upload(&bias), g.upload(&[scale]), g.upload(&poison));
-            let dst_a = Array { addr: dst.ptr, dtype: if fmt == Fp8::E4M3 { DType::F8E4M3 } else { DType::F8E5M2 }, shape: vec![rows, cols], strides: vec![1, ld] };
+            let (src, bias_d, scale_d, dst) = (g.upload(&v), g.upload(&bias), g.upload(&[scale]), g.upload(&poison));
+            let dst_a = Array {
+                addr: dst.ptr,
+                dtype: if fmt == Fp8::E4M3 { DType::F8E4M3 } else { DType::F8E5M2 },
+                shape: vec![rows, cols],
+                strides: vec![1, ld],
+            };
             let src_a = Array::contiguous(src.ptr, DType::F32, &[rows, cols]);
             let bias_a = Array::contiguous(bias_d.ptr, DType::BF16, &[cols]);
             let scale_a = Array::contiguous(scale_d.ptr, DType::F32, &[1]);
-            let q = Quantize { dst: &dst_a, src: &src_a, bias: Some(&bias_a), bias_weight: weight, scale: Some(&scale_a) };
+            let q =
+                Quantize { dst: &dst_a, src: &src_a, bias: Some(&bias_a), bias_weight: weight, scale: Some(&scale_a) };
             quantize(&g.kernels, &q, g.stream()).unwrap();
             g.sync();
             let got = dst.read::<u8>(ld * cols);

@@ -123,11 +123,18 @@ mod tests {
         let mut src = [1.0f32, 17.5, -600.0, f32::NAN, 0.75, 3.0];
         let srcv = f32s(&mut src, &[2, 3]);
         let mut dst = [0xaau8; 6];
-        let dstv = Array { addr: dst.as_mut_ptr() as u64, dtype: DType::F8E4M3, shape: vec![2, 3], strides: vec![1, 2] };
+        let dstv =
+            Array { addr: dst.as_mut_ptr() as u64, dtype: DType::F8E4M3, shape: vec![2, 3], strides: vec![1, 2] };
         let mut bias: Vec<u16> = [0.5f32, -1.0, 0.0].iter().map(|&v| f16::from_f32(v).to_bits()).collect();
         let biasv = Array::contiguous(bias.as_mut_ptr() as u64, DType::F16, &[3]);
         let mut scale = [2f32];
-        let q = Quantize { dst: &dstv, src: &srcv, bias: Some(&biasv), bias_weight: 2.0, scale: Some(&f32s(&mut scale, &[1])) };
+        let q = Quantize {
+            dst: &dstv,
+            src: &srcv,
+            bias: Some(&biasv),
+            bias_weight: 2.0,
+            scale: Some(&f32s(&mut scale, &[1])),
+        };
         quantize(&q).unwrap();
         // (v + 2 * bias) * 2: 4, 31 (a tie between 30, 0x5f, and 32, 0x60:
         // to the even code), -1200 (saturates), NaN, -2.5, 6.
@@ -145,7 +152,8 @@ mod tests {
         assert!(got[3].is_nan());
         // A non-fp8 destination is a bug in the caller.
         let mut f = [0f32; 6];
-        let e = quantize(&Quantize { dst: &f32s(&mut f, &[2, 3]), src: &srcv, bias: None, bias_weight: 1.0, scale: None });
+        let e =
+            quantize(&Quantize { dst: &f32s(&mut f, &[2, 3]), src: &srcv, bias: None, bias_weight: 1.0, scale: None });
         assert_eq!(e.unwrap_err().kind, crate::error::ErrorKind::Internal);
     }
 }
