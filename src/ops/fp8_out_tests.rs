@@ -289,7 +289,8 @@ fn mm_rs_case(
     transposed: bool,
 ) {
     let (m, n) = if scatter_dim == 0 { (4 * world, 16) } else { (4, 16 * world) };
-    let (om, on) = if scatter_dim == 0 { (4, 16) } else { (4, 16) };
+    // Each rank's chunk: 4 rows of a, or 16 columns of b.
+    let (om, on) = (4, 16);
     let fmt = format(out_dtype);
     let (a_fmt, b_fmt) = (Fp8::E4M3, if fmt == Fp8::E5M2 { Fp8::E4M3 } else { Fp8::E5M2 });
     let a_val =
