@@ -3,13 +3,16 @@
  * group: symm_fused_ag_mm and symm_mm_rs with e4m3/e5m2 operands,
  * tensor-wise and row-wise scales, biases and bf16/f16/f32 outputs, against
  * a float64 reference built from fp8 values this file decodes itself;
- * outputs poisoned, elements outside them left alone. Then every fp8
- * argument check: the call fails on every rank and writes nothing.
+ * outputs poisoned, elements outside them left alone. fp8 outputs with
+ * result scales against that reference rounded to the nearest fp8 code by
+ * a search of this file's decoding (ties to even, saturating, NaN kept).
+ * Then every fp8 argument check: the call fails on every rank and writes
+ * nothing.
  */
 #include "harness.h"
 #include "tensors.h"
 
-enum { TAG_A = 1, TAG_B = 10, TAG_SA = 20, TAG_SB = 30, TAG_BIAS = 40 };
+enum { TAG_A = 1, TAG_B = 10, TAG_SA = 20, TAG_SB = 30, TAG_BIAS = 40, TAG_RS = 50 };
 
 /* Number of valid layouts of B in these tests: fp8 B is K-major. */
 #define K 32
@@ -240,6 +243,168 @@ static void mm_rs_results(symm_group_t g, int rank, int world) {
                 }
 }
 
+/* ---- fp8 outputs -------------------------------------------------------------- */
+/* The code nearest to `v` (magnitudes past the largest finite value clamp to
+ * it; ties to the even code; NaN to 0x7f), by searching the decoded codes. */
+static uint8_t fp8_nearest(int dt, double v) {
+    if (isnan(v)) return 0x7f;
+    double a = fabs(v), max = 0;
+    for (int b = 0; b < 0x80; b++)
+        if (isfinite(fp8_to_f64(dt, (uint8_t)b)) && fp8_to_f64(dt, (uint8_t)b) > max) max = fp8_to_f64(dt, (uint8_t)b);
+    if (a > max) a = max;
+    int best = 0;
+    for (int b = 0; b < 0x80; b++) {
+        double x = fp8_to_f64(dt, (uint8_t)b);
+        if (!isfinite(x)) continue;
+        double d = fabs(x - a), db = fabs(fp8_to_f64(dt, (uint8_t)best) - a);
+        if (d < db || (d == db && b % 2 == 0)) best = b;
+    }
+    return (uint8_t)(best | (v < 0 ? 0x80 : 0));
+}
+
+typedef struct { int64_t checked, saturated, nan, near_tie; } fp8_seen_t;
+
+/* `got` is `ref` rounded: its nearest code, or, where f32 arithmetic may
+ * fall on the other side of a midpoint (within 2^-14 of it, relatively),
+ * the code on that side. */
+static void check_fp8(fp8_seen_t *s, int dt, uint8_t got, double ref, const char *what, int rank) {
+    uint8_t want = fp8_nearest(dt, ref);
+    s->checked++;
+    if (isnan(ref)) s->nan++;
+    else if (fabs(ref) > fp8_to_f64(dt, dt == SYMM_DTYPE_FP8_E4M3 ? 0x7e : 0x7b)) s->saturated++;
+    if (got == want) return;
+    double g = fp8_to_f64(dt, got), w = fp8_to_f64(dt, want), mid = (g + w) / 2;
+    int neighbours = (got & 0x80) == (want & 0x80) && abs((got & 0x7f) - (want & 0x7f)) == 1;
+    if (neighbours && fabs(ref - mid) <= ldexp(fabs(ref), -14)) {
+        s->near_tie++;
+        return;
+    }
+    fprintf(stderr, "rank %d: %s: got %#04x (%g), want %#04x (%g) for %.9g\n", rank, what, got, g, want, w, ref);
+    exit(1);
+}
+
+static tbuf_t result_scale_make(float v) {
+    int64_t one = 1;
+    tbuf_t s = tb_make(SYMM_DTYPE_F32, 1, &one, CONTIGUOUS);
+    memcpy(s.t.data, &v, 4);
+    return s;
+}
+
+/* ag_mm into two fp8 outputs: outs[0] with a bf16 bias and a result scale,
+ * padded; outs[1] of the other format, neither. Rank 0's first A element is
+ * NaN. */
+static void run_ag_mm_fp8_out(symm_group_t g, int rank, int world, int row_wise, int out0) {
+    int64_t shard[2] = {4, K}, n[2] = {16, 32}, one = 1, sshape[2] = {4, 1};
+    int out1 = out0 == SYMM_DTYPE_FP8_E4M3 ? SYMM_DTYPE_FP8_E5M2 : SYMM_DTYPE_FP8_E4M3;
+    float rs = out0 == SYMM_DTYPE_FP8_E4M3 ? 4.0f : 512.0f;
+    tbuf_t a = tb_make(SYMM_DTYPE_FP8_E4M3, 2, shard, CONTIGUOUS), b[2], out[2], sb[2];
+    tb_fill(&a, TAG_A, rank);
+    if (rank == 0) *(uint8_t *)a.t.data = 0x7f;
+    tbuf_t sa = row_wise ? scales_make(2, sshape, TAG_SA, rank) : scales_make(1, &one, TAG_SA, 0);
+    tbuf_t bias = tb_make(SYMM_DTYPE_BF16, 1, &n[0], CONTIGUOUS), rsb = result_scale_make(rs);
+    tb_fill(&bias, TAG_BIAS, rank);
+    symm_tensor_t bt[2], ot[2], sbt[2], biast[2] = {bias.t, bias.t}, rst[2] = {rsb.t, rsb.t};
+    biast[1].data = NULL;
+    rst[1].data = NULL;
+    for (int i = 0; i < 2; i++) {
+        int64_t bshape[2] = {K, n[i]}, sbshape[2] = {1, n[i]}, oshape[2] = {4 * (int64_t)world, n[i]};
+        b[i] = tb_make(SYMM_DTYPE_FP8_E5M2, 2, bshape, COLUMN_MAJOR);
+        tb_fill(&b[i], TAG_B + (uint64_t)i, rank);
+        sb[i] = row_wise ? scales_make(2, sbshape, TAG_SB + (uint64_t)i, rank) : scales_make(1, &one, TAG_SB + (uint64_t)i, rank);
+        out[i] = tb_make(i == 0 ? out0 : out1, 2, oshape, i == 0 ? PADDED : CONTIGUOUS);
+        bt[i] = b[i].t;
+        ot[i] = out[i].t;
+        sbt[i] = sb[i].t;
+    }
+    symm_ag_mm_options_t opts = SYMM_AG_MM_OPTIONS_INIT;
+    opts.a_scale = &sa.t;
+    opts.b_scales = sbt;
+    opts.biases = biast;
+    opts.result_scales = rst;
+    CHECK(symm_fused_ag_mm(g, &a.t, bt, 2, 0, NULL, ot, &opts, NULL));
+    char what[160];
+    snprintf(what, sizeof what, "ag_mm fp8 outputs %s/%s %s", dtype_name(out0), dtype_name(out1),
+             row_wise ? "row-wise" : "tensor-wise");
+    fp8_seen_t seen = {0, 0, 0, 0};
+    for (int i = 0; i < 2; i++) {
+        for (int64_t j = 0; j < numel(&out[i].t); j++) {
+            int64_t row = j / n[i], col = j % n[i], q = row / 4, r = row % 4;
+            double dot = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double av = q == 0 && r == 0 && k == 0 ? NAN : value(SYMM_DTYPE_FP8_E4M3, TAG_A, (int)q, r * K + k);
+                dot += av * tb_get(&b[i], k * n[i] + col);
+            }
+            double sa_r = row_wise ? scale_value(TAG_SA, (int)q, r) : tb_get(&sa, 0);
+            double ref = dot * sa_r * scale_at(&sb[i], col);
+            if (i == 0) ref = (ref + tb_get(&bias, col)) * rs;
+            check_fp8(&seen, i == 0 ? out0 : out1, *(uint8_t *)elem_ptr(&out[i].t, j), ref, what, rank);
+        }
+        require(tb_outside_untouched(&out[i]), what, rank);
+    }
+    require(seen.saturated > 0 && seen.nan > 0, "ag_mm fp8 outputs met saturation and NaN", rank);
+    for (int i = 0; i < 2; i++) { tb_free(&b[i]); tb_free(&out[i]); tb_free(&sb[i]); }
+    tb_free(&a); tb_free(&sa); tb_free(&bias); tb_free(&rsb);
+}
+
+/* mm_rs into a transposed fp8 out with a bf16 bias and a result scale:
+ * the sum of the ranks' products (each with the bias, as torch), rounded
+ * once. The last rank's first A element is NaN. */
+static void run_mm_rs_fp8_out(symm_group_t g, int rank, int world, int out_dtype, int scatter_dim, int op, int row_wise) {
+    int64_t w = world, shape[2] = {4 * w, K}, n = scatter_dim == 1 ? 16 * w : 32, one = 1;
+    int64_t chunk[2] = {scatter_dim == 0 ? 4 : 4 * w, scatter_dim == 1 ? 16 : n}, bshape[2] = {K, n};
+    int64_t sshape[2] = {4 * w, 1}, sbshape[2] = {1, n};
+    float rs = out_dtype == SYMM_DTYPE_FP8_E4M3 ? 2.0f : 256.0f;
+    tbuf_t a = tb_make(SYMM_DTYPE_FP8_E4M3, 2, shape, CONTIGUOUS), b = tb_make(SYMM_DTYPE_FP8_E5M2, 2, bshape, COLUMN_MAJOR);
+    tbuf_t out = tb_make(out_dtype, 2, chunk, TRANSPOSED), bias = tb_make(SYMM_DTYPE_BF16, 1, &n, CONTIGUOUS);
+    tbuf_t sa = row_wise ? scales_make(2, sshape, TAG_SA, rank) : scales_make(1, &one, TAG_SA, rank);
+    tbuf_t sb = row_wise ? scales_make(2, sbshape, TAG_SB, rank) : scales_make(1, &one, TAG_SB, rank);
+    tbuf_t rsb = result_scale_make(rs);
+    tb_fill(&a, TAG_A, rank);
+    if (rank == world - 1) *(uint8_t *)a.t.data = 0x7f;
+    tb_fill(&b, TAG_B, rank);
+    tb_fill(&bias, TAG_BIAS, 0); /* one bias on every rank */
+    symm_mm_rs_options_t opts = SYMM_MM_RS_OPTIONS_INIT;
+    opts.a_scale = &sa.t;
+    opts.b_scale = &sb.t;
+    opts.bias = &bias.t;
+    opts.result_scale = &rsb.t;
+    CHECK(symm_mm_rs(g, &a.t, &b.t, scatter_dim, op, &out.t, &opts, NULL));
+    char what[160];
+    snprintf(what, sizeof what, "mm_rs fp8 out %s scatter_dim %d op %d %s", dtype_name(out_dtype), scatter_dim, op,
+             row_wise ? "row-wise" : "tensor-wise");
+    fp8_seen_t seen = {0, 0, 0, 0};
+    for (int64_t j = 0; j < numel(&out.t); j++) {
+        int64_t row = j / chunk[1], col = j % chunk[1];
+        if (scatter_dim == 0) row += rank * chunk[0];
+        else col += rank * chunk[1];
+        double ref = 0;
+        for (int q = 0; q < world; q++) {
+            double dot = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double av = q == world - 1 && row == 0 && k == 0 ? NAN : value(SYMM_DTYPE_FP8_E4M3, TAG_A, q, row * K + k);
+                dot += av * value(SYMM_DTYPE_FP8_E5M2, TAG_B, q, k * n + col);
+            }
+            double sa_q = row_wise ? scale_value(TAG_SA, q, row) : scale_value(TAG_SA, q, 0);
+            ref += dot * sa_q * scale_value(TAG_SB, q, row_wise ? col : 0) + tb_get(&bias, col);
+        }
+        if (op == SYMM_REDUCE_AVG) ref /= world;
+        check_fp8(&seen, out_dtype, *(uint8_t *)elem_ptr(&out.t, j), ref * rs, what, rank);
+    }
+    require(tb_outside_untouched(&out), what, rank);
+    require(seen.saturated > 0, "mm_rs fp8 outputs met saturation", rank);
+    tb_free(&a); tb_free(&b); tb_free(&out); tb_free(&bias); tb_free(&sa); tb_free(&sb); tb_free(&rsb);
+}
+
+static void fp8_out_results(symm_group_t g, int rank, int world) {
+    for (int row_wise = 0; row_wise < 2; row_wise++) {
+        run_ag_mm_fp8_out(g, rank, world, row_wise, row_wise ? SYMM_DTYPE_FP8_E5M2 : SYMM_DTYPE_FP8_E4M3);
+        for (int sd = 0; sd < 2; sd++)
+            for (int op = 0; op < 2; op++)
+                run_mm_rs_fp8_out(g, rank, world, (sd + op) % 2 ? SYMM_DTYPE_FP8_E5M2 : SYMM_DTYPE_FP8_E4M3, sd,
+                                  op ? SYMM_REDUCE_AVG : SYMM_REDUCE_SUM, row_wise);
+    }
+}
+
 /* ---- argument checks ------------------------------------------------------------ */
 /* A valid fp8 ag_mm call (row-wise, bias on outs[1]); each check breaks one thing. */
 typedef struct {
@@ -322,12 +487,27 @@ static void ag_mm_checks(symm_group_t g, int world) {
     /* Row-major B: the message names the layout needed. */
     CASE(x.bt[0].strides[0] = 16; x.bt[0].strides[1] = 1, 0, SYMM_ERROR_UNSUPPORTED, "need B column-major");
     CASE(x.bt[1].data = (char *)x.bt[1].data + 1, 0, SYMM_ERROR_UNSUPPORTED, "16-byte aligned");
-    CASE(x.ot[0].dtype = SYMM_DTYPE_FP8_E4M3, 0, SYMM_ERROR_UNSUPPORTED, "fp8 outputs");
+    /* Result scales belong to fp8 outputs; an fp8 output's bias is bf16 or f16. */
+    {
+        int64_t one = 1;
+        tbuf_t rs = tb_make(SYMM_DTYPE_F32, 1, &one, CONTIGUOUS);
+        symm_tensor_t rst[2] = {rs.t, rs.t};
+        rst[1].data = NULL;
+        CASE(x.opts.result_scales = rst, 0, SYMM_ERROR_INVALID_ARGUMENT,
+             "opts->result_scales[0] is set but outs[0] is bf16: a result scale applies to fp8 outputs only");
+        CASE(x.ot[0].dtype = SYMM_DTYPE_FP8_E4M3; x.opts.result_scales = rst; rst[0].shape[0] = 2;
+             rst[0].data = x.sa.t.data, 0, SYMM_ERROR_INVALID_ARGUMENT,
+             "opts->result_scales[0].shape is [2]; expected one element");
+        rst[0] = rs.t;
+        CASE(x.ot[1].dtype = SYMM_DTYPE_FP8_E5M2; x.biast[1].dtype = SYMM_DTYPE_F32; x.biast[1].data = x.sb[1].t.data,
+             0, SYMM_ERROR_INVALID_ARGUMENT, "opts->biases[1].dtype is f32; the bias of an fp8 output is bf16 or f16");
+        tb_free(&rs);
+    }
     CASE(x.sa.t.dtype = SYMM_DTYPE_BF16, 0, SYMM_ERROR_INVALID_ARGUMENT, "opts->a_scale.dtype is bf16; scales are f32");
     CASE(x.sa.t.shape[1] = 2, 0, SYMM_ERROR_INVALID_ARGUMENT, "opts->a_scale.shape is [4, 2]; expected [4, 1]");
     CASE(x.sbt[1].shape[0] = 32; x.sbt[1].shape[1] = 1, 0, SYMM_ERROR_INVALID_ARGUMENT,
          "opts->b_scales[1].shape is [32, 1]; expected [1, 32]");
-    CASE(x.ot[1].dtype = SYMM_DTYPE_F32, 0, SYMM_ERROR_UNSUPPORTED, "a bias needs a bf16 or f16 output");
+    CASE(x.ot[1].dtype = SYMM_DTYPE_F32, 0, SYMM_ERROR_UNSUPPORTED, "a bias needs a bf16, f16 or fp8 output");
     CASE(x.biast[1].dtype = SYMM_DTYPE_F16, 0, SYMM_ERROR_INVALID_ARGUMENT,
          "opts->biases[1].dtype is f16; expected bf16, the dtype of outs[1]");
     CASE(x.biast[1].shape[0] = 16, 0, SYMM_ERROR_INVALID_ARGUMENT, "opts->biases[1].shape is [16]; expected [32]");
@@ -448,6 +628,7 @@ static void disagreement(symm_group_t g, int rank, int world) {
 static int rank_main(symm_group_t g, int rank, int world) {
     ag_mm_results(g, rank, world);
     mm_rs_results(g, rank, world);
+    fp8_out_results(g, rank, world);
     ag_mm_checks(g, world);
     mm_rs_checks(g, world);
     disagreement(g, rank, world);

@@ -181,8 +181,14 @@ typedef int32_t symm_algorithm_t;
 // row-major `[N, K]` weight (any other layout: `SYMM_ERROR_UNSUPPORTED`,
 // on every backend, naming this layout). K and every N_i must be
 // multiples of 16. `a_shard` may have any strides. The output dtype is
-// each output tensor's own `dtype`: bf16, f16 or f32 (fp8 outputs,
-// torch's `result_scale`, are not supported).
+// each output tensor's own `dtype`: bf16, f16, f32, or fp8 (E4M3 or E5M2;
+// torch's default for fp8 operands), then `outs[i] = fp8(((A * a_scale) @
+// (bs[i] * b_scales[i]) (+ biases[i])) * result_scales[i])` with the
+// product in f32, rounded once to nearest even, saturated to the format's
+// largest finite value (E4M3 448, E5M2 57344; NaN stays NaN), as
+// cuBLASLt writes an fp8 D with its D scale (torch's `scale_result` on
+// CUDA). fp8 outputs cost a pass over an f32 product in the workspace and
+// never run the fused kernel.
 //
 // Scales are f32. Tensor-wise when `a_scale` and every `b_scales[i]` hold
 // one element (any shape, e.g. `[1]`): `a_scale` is this rank's and scales
@@ -202,8 +208,9 @@ typedef struct {
   // `num_b` scales, one per B; NULL unless `a_shard` is fp8.
   const symm_tensor_t *b_scales;
   // NULL, or `num_b` bias vectors `[N_i]` (contiguous, of `outs[i]`'s
-  // dtype, which must then be bf16 or f16), added to each output after
-  // scaling; an entry whose `data` is NULL adds none. fp8 matmuls only.
+  // dtype, which must then be bf16 or f16; bf16 or f16 for an fp8
+  // output), added to each output after scaling; an entry whose `data`
+  // is NULL adds none. fp8 matmuls only.
   const symm_tensor_t *biases;
   // `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default,
   // also for callers whose struct ends before this field): env
@@ -211,6 +218,12 @@ typedef struct {
   // same (else `SYMM_ERROR_MISMATCH`); `SYMM_ALGORITHM_FUSED` where the
   // fused kernel cannot run the call is `SYMM_ERROR_UNSUPPORTED`.
   symm_algorithm_t algorithm;
+  // NULL (also for callers whose struct ends before this field), or
+  // `num_b` result scales, one per output as torch's `result_scales`:
+  // each a one-element f32 tensor that multiplies an fp8 output before
+  // it is rounded; an entry whose `data` is NULL scales by 1. Only fp8
+  // outputs take one (else `SYMM_ERROR_INVALID_ARGUMENT`).
+  const symm_tensor_t *result_scales;
 } symm_ag_mm_options_t;
 
 // How `symm_mm_rs` and `symm_all_reduce` combine the ranks' values.
@@ -223,9 +236,16 @@ typedef int32_t symm_reduce_op_t;
 // is `(a * a_scale) @ (b * b_scale) (+ bias)`, then reduced and scattered.
 // The same rules hold: fp8 `a` needs both scales, `b` fp8 and
 // column-major, K and N multiples of 16 (N / world when `scatter_dim` is
-// the last dimension), `out` bf16, f16 or f32. Tensor-wise: one-element
-// scales. Row-wise: `a_scale` has `a`'s shape with the last dimension 1,
-// `b_scale` is a contiguous `[1, N]`.
+// the last dimension), `out` bf16, f16, f32 or fp8. Tensor-wise:
+// one-element scales. Row-wise: `a_scale` has `a`'s shape with the last
+// dimension 1, `b_scale` is a contiguous `[1, N]`.
+//
+// An fp8 `out` receives the reduction rounded once: each rank's product
+// in f32 (without the bias) travels and is summed in f32, then `out =
+// fp8((sum + world * bias) * result_scale)` (`SYMM_REDUCE_AVG`: `(sum /
+// world + bias) * result_scale`), rounded to nearest even and saturated
+// as in `symm_ag_mm_options_t`; never the fused kernel. The partials are
+// f32, so twice the bytes of bf16 ones cross the links.
 typedef struct {
   // `sizeof(symm_mm_rs_options_t)` as the caller compiled it.
   size_t struct_size;
@@ -233,13 +253,18 @@ typedef struct {
   const symm_tensor_t *a_scale;
   // Scale of `b`; NULL unless `a` is fp8.
   const symm_tensor_t *b_scale;
-  // NULL, or a contiguous `[N]` of `out`'s dtype (bf16 or f16) added to
-  // each rank's product, so that, as in PyTorch, `SYMM_REDUCE_SUM`
-  // includes it world times and `SYMM_REDUCE_AVG` once. fp8 only.
+  // NULL, or a contiguous `[N]` of `out`'s dtype (bf16 or f16; bf16 or
+  // f16 for an fp8 `out`) added to each rank's product, so that, as in
+  // PyTorch, `SYMM_REDUCE_SUM` includes it world times and
+  // `SYMM_REDUCE_AVG` once. fp8 only.
   const symm_tensor_t *bias;
   // `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default);
   // as in `symm_ag_mm_options_t`.
   symm_algorithm_t algorithm;
+  // NULL (1; also for callers whose struct ends before this field), or
+  // a one-element f32 tensor multiplying an fp8 `out` before it is
+  // rounded, as torch's `result_scale`. Only for an fp8 `out`.
+  const symm_tensor_t *result_scale;
 } symm_mm_rs_options_t;
 
 // Options of `symm_all_reduce` and `symm_all_reduce_rmsnorm`. Initialize
@@ -351,7 +376,7 @@ typedef int32_t symm_xla_platform_t;
 // 8-bit floats (OCP E4M3 as `torch.float8_e4m3fn`: bias 7, no
 // infinities, NaN 0x7f/0xff; and E5M2 as `torch.float8_e5m2`). Copied by
 // `symm_lc_allgather` and gathered by `symm_fused_ag_mm`; matmul inputs
-// with scales (see `symm_ag_mm_options_t`), never outputs.
+// with scales, and outputs of such matmuls (see `symm_ag_mm_options_t`).
 #define SYMM_DTYPE_FP8_E4M3 4
 
 #define SYMM_DTYPE_FP8_E5M2 5
@@ -583,8 +608,9 @@ symm_status_t symm_group_reserve_workspace(symm_group_t group, size_t bytes);
 // `gather_dim` is the last dimension. `outs[i]` receives gathered A @
 // `bs[i]`: the gathered shape with the last dimension N_i. `ag_out`, if
 // not NULL, receives the gathered A (of `a_shard`'s dtype). Types: f32,
-// bf16 or f16, all the same; or fp8 inputs with scales, into bf16, f16 or
-// f32 outputs (see `symm_ag_mm_options_t`). Products are summed in f32.
+// bf16 or f16, all the same; or fp8 inputs with scales, into bf16, f16,
+// f32 or fp8 outputs (see `symm_ag_mm_options_t`). Products are summed in
+// f32.
 // `opts` may be NULL.
 //
 // Every rank passes the same dtypes, shapes (of scales too), `gather_dim`
@@ -601,10 +627,11 @@ symm_status_t symm_fused_ag_mm(symm_group_t group, const symm_tensor_t *a_shard,
 // `scatter_dim` (0 to ndim-1) must divide by the world size. Rank r's
 // `out` receives chunk r of that dimension, summed over the ranks
 // (`SYMM_REDUCE_SUM`) or averaged (`SYMM_REDUCE_AVG`). Types: f32, bf16 or
-// f16, all the same; or fp8 inputs with scales, into a bf16, f16 or f32
-// `out` (see `symm_mm_rs_options_t`). Products and sums in f32; each
-// rank's product is rounded to `out`'s dtype before it travels. `opts`
-// may be NULL.
+// f16, all the same; or fp8 inputs with scales, into a bf16, f16, f32 or
+// fp8 `out` (see `symm_mm_rs_options_t`). Products and sums in f32; each
+// rank's product is rounded to `out`'s dtype before it travels (to f32
+// for an fp8 `out`, which is rounded once after the sum). `opts` may be
+// NULL.
 //
 // `out` may lie in a rendezvoused symmetric buffer, contiguous: where it
 // lies is part of the agreed arguments (the same offset of the same
@@ -732,8 +759,8 @@ symm_status_t symm_xla_bind_device(symm_xla_platform_t platform, int device_ordi
 #define SYMM_GROUP_CONFIG_INIT {sizeof(symm_group_config_t), SYMM_BACKEND_AUTO, 0, 0}
 #define SYMM_PLAN_INIT {sizeof(symm_plan_t), 0, 0, 0, 0, 0}
 #define SYMM_BOOTSTRAP_INIT {sizeof(symm_bootstrap_t), NULL, NULL, NULL}
-#define SYMM_AG_MM_OPTIONS_INIT {sizeof(symm_ag_mm_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO}
-#define SYMM_MM_RS_OPTIONS_INIT {sizeof(symm_mm_rs_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO}
+#define SYMM_AG_MM_OPTIONS_INIT {sizeof(symm_ag_mm_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO, NULL}
+#define SYMM_MM_RS_OPTIONS_INIT {sizeof(symm_mm_rs_options_t), NULL, NULL, NULL, SYMM_ALGORITHM_AUTO, NULL}
 #define SYMM_ALL_REDUCE_OPTIONS_INIT {sizeof(symm_all_reduce_options_t), SYMM_ALGORITHM_AUTO}
 #define SYMM_SYMMETRIC_ARGS_INIT {sizeof(symm_symmetric_args_t), 0, {NULL}, {0}}
 

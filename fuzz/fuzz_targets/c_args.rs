@@ -218,6 +218,8 @@ fuzz_target!(|data: &[u8]| {
     if inp.byte() % 4 == 0 {
         ts[9].data = std::ptr::null_mut();
     }
+    // Result scales: ag_mm's point at the biases' descriptors, mm_rs's at its bias's.
+    let with_result_scales = inp.byte() % 2 == 1;
     // The descriptors the call reads: ag_mm's a_shard, ag_out, bs, outs,
     // a_scale, b_scales and biases; mm_rs's a, b, out and its three
     // options; lc_allgather's input and output.
@@ -229,9 +231,12 @@ fuzz_target!(|data: &[u8]| {
             .chain(2..2 + 2 * n)
             .chain(flag(4).then_some(6))
             .chain((7..7 + n).filter(|_| flag(8)))
-            .chain((9..9 + n).filter(|_| flag(16)))
+            .chain((9..9 + n).filter(|_| flag(16) || with_result_scales))
             .collect(),
-        1 => [0, 1, 2].into_iter().chain([3, 4, 5].into_iter().filter(|&i| flag(1 << (i - 1)))).collect(),
+        1 => [0, 1, 2]
+            .into_iter()
+            .chain([3, 4, 5].into_iter().filter(|&i| flag(1 << (i - 1)) || (i == 5 && with_result_scales)))
+            .collect(),
         _ => vec![0, 1],
     };
     let count_ok = usize::try_from(num_b).map_or(true, |b| b <= n);
@@ -261,6 +266,7 @@ fuzz_target!(|data: &[u8]| {
                     b_scales: if with_opts & 8 != 0 { p.add(7) } else { std::ptr::null() },
                     biases: if with_opts & 16 != 0 { p.add(9) } else { std::ptr::null() },
                     algorithm: (with_opts >> 5) as i32 % 5,
+                    result_scales: if with_result_scales { p.add(9) } else { std::ptr::null() },
                 };
                 let opts = padded(&o);
                 let opts_ptr =
@@ -275,6 +281,7 @@ fuzz_target!(|data: &[u8]| {
                     b_scale: if with_opts & 8 != 0 { p.add(4) } else { std::ptr::null() },
                     bias: if with_opts & 16 != 0 { p.add(5) } else { std::ptr::null() },
                     algorithm: (with_opts >> 5) as i32 % 5,
+                    result_scale: if with_result_scales { p.add(5) } else { std::ptr::null() },
                 };
                 let opts = padded(&o);
                 let opts_ptr =

@@ -118,7 +118,8 @@ class Tensor(ctypes.Structure):
     ]
 
 
-# The options of the operations: fp8 scales and biases, the algorithm (see symm.h).
+# The options of the operations: fp8 scales and biases, the algorithm, fp8
+# outputs' result scales (see symm.h).
 class AgMmOptions(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -126,6 +127,7 @@ class AgMmOptions(ctypes.Structure):
         ("b_scales", POINTER(Tensor)),
         ("biases", POINTER(Tensor)),
         ("algorithm", c_int32),
+        ("result_scales", POINTER(Tensor)),
     ]
 
 
@@ -136,6 +138,7 @@ class MmRsOptions(ctypes.Structure):
         ("b_scale", POINTER(Tensor)),
         ("bias", POINTER(Tensor)),
         ("algorithm", c_int32),
+        ("result_scale", POINTER(Tensor)),
     ]
 
 

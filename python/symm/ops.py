@@ -16,9 +16,14 @@ the host, torch tensors on CUDA) take f32 scales and compute
 of one element each are tensor-wise; otherwise ``a_scale`` has A's shape
 with the last dimension 1 and ``b_scale`` is ``[1, N]`` (row-wise). B must
 be column-major (``w.t()`` of a row-major ``[N, K]`` weight), K and N
-multiples of 16; outputs are bf16 (the default), f16 or f32, and a bias
-(bf16/f16 outputs only) has the output's dtype. ``include/symm.h``
-documents every rule.
+multiples of 16; outputs are bf16, f16, f32 or fp8, and a bias (not with
+f32 outputs) has the output's dtype (bf16 or f16 for fp8 outputs).
+Outputs allocated without ``out_dtype`` are fp8, as torch's: B's type for
+``fused_ag_mm`` (torch's ``out_dtype or B.dtype``), A's for ``mm_rs``. An
+fp8 output is ``fp8(result * result_scale)``, rounded once to nearest even
+and saturated to the format's largest finite value (NaN stays NaN), as
+cuBLASLt's D scale, which torch passes ``scale_result`` as.
+``include/symm.h`` documents every rule.
 """
 
 import ctypes
@@ -134,14 +139,13 @@ def _is_fp8(arg):
     return arg.dtype.startswith("float8")
 
 
-def _out_dtype(like, arg, out_dtype):
-    """The dtype of allocated outputs: ``out_dtype``, else the input's, or
-    bf16 for fp8 inputs (symm writes no fp8 outputs)."""
-    if out_dtype is not None or not _is_fp8(arg):
+def _ag_out_dtype(b, a, out_dtype):
+    """The dtype of an output of ``fused_ag_mm`` by ``b`` allocated here:
+    ``out_dtype``, else (as torch's ``out_dtype or B.dtype``) B's for an fp8
+    matmul, else ``a``'s (None: ``empty_like``'s default)."""
+    if out_dtype is not None or not _is_fp8(a):
         return out_dtype
-    if type(like).__module__.split(".")[0] == "torch":
-        return __import__("torch").bfloat16
-    return __import__("ml_dtypes").bfloat16
+    return b.dtype
 
 
 ALGORITHMS = {
@@ -203,6 +207,7 @@ def fused_ag_mm(
     biases=None,
     out_dtype=None,
     algorithm=None,
+    result_scales=None,
 ):
     """``all_gather(a_shard, gather_dim) @ b`` for each ``b`` of ``bs``.
 
@@ -213,10 +218,12 @@ def fused_ag_mm(
     ``(gathered_a, outputs)``. ``out`` and ``ag_out`` are written when given.
 
     fp8 (as torch's ``fused_all_gather_scaled_matmul``): ``a_scale``, and
-    ``b_scales`` and ``biases`` given like ``bs`` (a bias may be None);
-    ``out_dtype`` is that of allocated outputs. A row-wise ``a_scale`` is
-    gathered with the rows; a tensor-wise one scales the whole gathered A,
-    so every rank passes the same value.
+    ``b_scales``, ``biases`` and ``result_scales`` given like ``bs`` (a bias
+    or result scale may be None); ``out_dtype`` (one, or a list like
+    ``bs``) is that of allocated outputs, by default each B's: fp8, as
+    torch. A result scale (one f32) multiplies an fp8 output before it is
+    rounded. A row-wise ``a_scale`` is gathered with the rows; a tensor-wise
+    one scales the whole gathered A, so every rank passes the same value.
 
     ``algorithm``: "sequential", "pipelined" or "fused" to run that one
     (the same on every rank; "fused" where the fused kernel cannot run
@@ -235,8 +242,11 @@ def fused_ag_mm(
         dim = _dim(gather_dim, len(a.shape), "gather_dim")
         gathered = list(a.shape)
         gathered[dim] *= group.world_size
-        dtype = _out_dtype(a_shard, a, out_dtype)
-        outs = out_objs or [empty_like(a_shard, (*gathered[:-1], x.shape[1]), dtype) for x in b]
+        dtypes = _listed(out_dtype, len(b), "out_dtype") if isinstance(out_dtype, (list, tuple)) else [out_dtype] * len(b)
+        outs = out_objs or [
+            empty_like(a_shard, (*gathered[:-1], x.shape[1]), _ag_out_dtype(y, a, d))
+            for x, y, d in zip(b, b_objs, dtypes)
+        ]
         if len(outs) != len(b):
             raise ValueError(f"{len(outs)} outputs for {len(b)} B matrices")
         ag = ag_out if ag_out is not None or not return_ag else empty_like(a_shard, gathered)
@@ -250,16 +260,25 @@ def fused_ag_mm(
         if biases is not None:
             listed = _listed(biases, len(b), "biases")
             bias = [None if x is None else Arg(group, x, f"biases[{i}]", s) for i, x in enumerate(listed)]
+        rs = None
+        if result_scales is not None:
+            listed = _listed(result_scales, len(b), "result_scales")
+            rs = [None if x is None else Arg(group, x, f"result_scales[{i}]", s) for i, x in enumerate(listed)]
+
+        def entries(xs):  # torch's Tensor?[]: an entry with NULL data is absent
+            return None if xs is None else (_lib.Tensor * len(xs))(*(x.c if x else _lib.Tensor() for x in xs))
+
         opts = _options(
             _lib.AgMmOptions,
             algorithm=algorithm,
             a_scale=None if sa is None else sa.c,
             b_scales=None if sb is None else array_of(sb),
-            biases=None if bias is None else (_lib.Tensor * len(bias))(*(x.c if x else _lib.Tensor() for x in bias)),
+            biases=entries(bias),
+            result_scales=entries(rs),
         )
         args = (a.c, array_of(b), len(b), dim, None if g is None else g.c, array_of(o), opts, s)
         outs = outs[0] if single else outs
-        return args, (a, b, o, g, sa, sb, bias), ((ag, outs) if return_ag else outs)
+        return args, (a, b, o, g, sa, sb, bias, rs), ((ag, outs) if return_ag else outs)
 
     return _prepared(group, lib.symm_fused_ag_mm, prepare, (None, None, 0, 0, None, None, None, None))
 
@@ -278,15 +297,18 @@ def mm_rs(
     bias=None,
     out_dtype=None,
     algorithm=None,
+    result_scale=None,
 ):
     """``reduce_scatter(a @ b, op, scatter_dim)``: this rank's chunk of
     dimension ``scatter_dim`` of the product, summed (``op="sum"``) or
     averaged (``"avg"``) over the ranks. ``a`` is ``[..., K]``, ``b`` is
-    ``[K, N]``. Returns ``out`` (allocated when not given, of ``out_dtype``).
+    ``[K, N]``. Returns ``out`` (allocated when not given, of ``out_dtype``,
+    by default ``a``'s: fp8 for fp8 matmuls, as torch).
 
     fp8 (as torch's ``fused_scaled_matmul_reduce_scatter``): ``a_scale``,
     ``b_scale`` and ``bias``; each rank's product includes its bias, so a
-    sum holds the biases of every rank.
+    sum holds the biases of every rank. An fp8 ``out`` is the f32 sum
+    rounded once, times ``result_scale`` (one f32) if given.
 
     ``algorithm``: as in ``fused_ag_mm``."""
     _algorithm(algorithm)
@@ -306,9 +328,9 @@ def mm_rs(
                     f"dimension {dim} of the product ({shape[dim]}) does not divide by the world size ({world})"
                 )
             shape[dim] //= world
-            result = empty_like(a, tuple(shape), _out_dtype(a, x, out_dtype))
+            result = empty_like(a, tuple(shape), out_dtype)  # by default a's, as torch
         o = Arg(group, result, "out", s, output=True)
-        given = {"a_scale": a_scale, "b_scale": b_scale, "bias": bias}
+        given = {"a_scale": a_scale, "b_scale": b_scale, "bias": bias, "result_scale": result_scale}
         extra = {k: None if t is None else Arg(group, t, k, s) for k, t in given.items()}
         tensors = {k: None if t is None else t.c for k, t in extra.items()}
         opts = _options(_lib.MmRsOptions, algorithm=algorithm, **tensors)

@@ -254,6 +254,7 @@ def test_mm_rs_fp8_with_bias(row_wise, scatter_dim):
             a_scale=sa[r].to(dev),
             b_scale=sb[r].to(dev),
             bias=bias[r].to(dev),
+            out_dtype=torch.bfloat16,
         )
         torch.cuda.synchronize()
         assert out.dtype == torch.bfloat16
@@ -265,6 +266,126 @@ def test_mm_rs_fp8_with_bias(row_wise, scatter_dim):
     )
     for r, out in enumerate(on_ranks(rank_main)):
         assert_close(out, torch.chunk(total, WORLD, dim=scatter_dim)[r], FP8_TOLERANCE)
+
+
+FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
+
+
+def assert_fp8_out(got, ref, dtype):
+    """``got`` (fp8) is ``ref`` (float64) rounded: NaN where ref is NaN,
+    the format's largest finite value where ``|ref|`` exceeds it, else within
+    one code of it (fp8 tensor cores accumulate with fewer bits than f64, so
+    a value near a midpoint may round either way)."""
+    m, mbits = FP8_MAX[dtype], 3 if dtype == E4M3 else 2
+    assert got.dtype == dtype
+    g = got.double()
+    assert torch.equal(torch.isnan(g), torch.isnan(ref))
+    ok = ~torch.isnan(ref)
+    g, ref = g[ok], ref[ok]
+    big = ref.abs() > m * 1.01
+    assert torch.equal(g[big], torch.sign(ref[big]) * m), "saturated"
+    small = ~big
+    assert ((g[small] - ref[small]).abs() <= ref[small].abs() * 2.0**-mbits + 2.0**-9).all()
+    assert big.any(), "the case must saturate some elements"
+
+
+@pytest.mark.parametrize("row_wise", [False, True])
+@pytest.mark.parametrize("out_dtype", [E4M3, E5M2])
+def test_ag_mm_fp8_outputs(row_wise, out_dtype):
+    """fp8 outputs with a bias and a result scale (torch's scale_result:
+    cuBLASLt's D scale, a multiplier), compared with a float64 reference and,
+    where this torch and GPU run it, torch._scaled_mm itself."""
+    m, k, n = 64, 128, 96
+    shards = fp8_inputs(41, (m, k))
+    for s in shards:
+        s.view(torch.uint8)[0, 0] = 0x7F  # e4m3's NaN
+    (w,) = fp8_inputs(42, (n, k), E4M3 if out_dtype == E5M2 else E5M2, n=1)
+    sa = scale_inputs(43, (m, 1) if row_wise else (1,))
+    if not row_wise:
+        sa = [sa[0]] * WORLD
+    (sb,) = scale_inputs(44, (1, n) if row_wise else (1,), n=1)
+    bias = torch.randn(n).to(torch.bfloat16)
+    rs = torch.tensor([4.0 if out_dtype == E4M3 else 512.0])
+
+    def rank_main(g):
+        torch.cuda.set_device(device(g))
+        r, dev = g.rank, torch.device("cuda", device(g))
+        b = w.to(dev).t()
+        out = symm.fused_ag_mm(
+            g,
+            shards[r].to(dev),
+            b,
+            0,
+            a_scale=sa[r].to(dev),
+            b_scales=sb.to(dev),
+            biases=bias.to(dev),
+            result_scales=rs.to(dev),
+            out_dtype=out_dtype,
+        )
+        torch.cuda.synchronize()
+        return out.cpu()
+
+    gathered_scale = torch.cat(sa) if row_wise else sa[0]
+    want = (torch.cat(shards).double() * gathered_scale.double()) @ (w.double().t() * sb.double())
+    want = (want + bias.double()) * rs.double()
+    for out in on_ranks(rank_main):
+        assert_fp8_out(out, want, out_dtype)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("scatter_dim", [0, 1])
+def test_mm_rs_fp8_out_by_default(op, scatter_dim):
+    """Without out_dtype the output is a's fp8 type (as torch); the ranks'
+    products, each with its bias, are summed in f32 and rounded once."""
+    m, k, n = 128, 64, 64
+    a = fp8_inputs(51, (m, k))
+    a[0].view(torch.uint8)[3, 0] = 0x7F  # e4m3's NaN
+    w = fp8_inputs(52, (n, k), E5M2)
+    sa = scale_inputs(53, (m, 1))
+    sb = scale_inputs(54, (1, n))
+    bias = torch.randn(n).to(torch.float16)
+    rs = torch.tensor([8.0])
+
+    def rank_main(g):
+        torch.cuda.set_device(device(g))
+        r, dev = g.rank, torch.device("cuda", device(g))
+        out = symm.mm_rs(
+            g,
+            a[r].to(dev),
+            w[r].to(dev).t(),
+            scatter_dim,
+            op=op,
+            a_scale=sa[r].to(dev),
+            b_scale=sb[r].to(dev),
+            bias=bias.to(dev),
+            result_scale=rs.to(dev),
+        )
+        torch.cuda.synchronize()
+        return out.cpu()
+
+    total = sum(
+        (x.double() * s.double()) @ (y.double().t() * t.double()) + bias.double() for x, y, s, t in zip(a, w, sa, sb)
+    )
+    if op == "avg":
+        total /= WORLD
+    total *= rs.double()
+    for r, out in enumerate(on_ranks(rank_main)):
+        assert_fp8_out(out, torch.chunk(total, WORLD, dim=scatter_dim)[r], E4M3)
+
+
+def test_fp8_out_never_runs_the_fused_kernel():
+    """algorithm="fused" with an fp8 output is refused, naming why."""
+    (a,) = fp8_inputs(61, (128, 256), n=1)
+    (w,) = fp8_inputs(62, (256, 256), n=1)
+    one = torch.ones(1)
+
+    def rank_main(g):
+        torch.cuda.set_device(device(g))
+        dev = torch.device("cuda", device(g))
+        with pytest.raises(symm.SymmUnsupported):
+            symm.fused_ag_mm(g, a.to(dev), w.to(dev).t(), 0, a_scale=one.to(dev), b_scales=one.to(dev), algorithm="fused")
+
+    on_ranks(rank_main)
 
 
 def test_fp8_row_major_b_is_refused_with_the_layout_named():

@@ -332,6 +332,28 @@ pub trait Backend: Send + Sync {
         let _ = (norm, stream);
         Err(err!(Unsupported, "the {} backend does not implement rmsnorm", self.kind().name()))
     }
+
+    /// Enqueues `q` (see [`Quantize`]).
+    fn quantize(&self, q: &Quantize, stream: Stream) -> Result<()> {
+        let _ = (q, stream);
+        Err(err!(Unsupported, "the {} backend does not write fp8 outputs", self.kind().name()))
+    }
+}
+
+/// An fp8 output from an f32 product, as cuBLASLt writes an fp8 D:
+/// `dst[i, j] = fp8((src[i, j] + bias_weight * bias[j]) * scale)`, the
+/// arithmetic in f32 in that order, rounded once (`Fp8::encode`: to
+/// nearest even, saturating, NaN kept). `dst` is an fp8 matrix `[m, n]` of
+/// any strides, `src` a contiguous f32 `[m, n]` that does not overlap it;
+/// `bias` a contiguous bf16 or f16 `[n]`; `scale` one f32 element, read
+/// when the work runs (so earlier stream work may fill it), absent: 1.
+#[derive(Clone, Copy, Debug)]
+pub struct Quantize<'a> {
+    pub dst: &'a Array,
+    pub src: &'a Array,
+    pub bias: Option<&'a Array>,
+    pub bias_weight: f32,
+    pub scale: Option<&'a Array>,
 }
 
 /// `residual_out = x + residual; out = residual_out / sqrt(mean(residual_out^2

@@ -58,8 +58,9 @@ pub extern "C" fn symm_group_reserve_workspace(group: symm_group_t, bytes: usize
 /// `gather_dim` is the last dimension. `outs[i]` receives gathered A @
 /// `bs[i]`: the gathered shape with the last dimension N_i. `ag_out`, if
 /// not NULL, receives the gathered A (of `a_shard`'s dtype). Types: f32,
-/// bf16 or f16, all the same; or fp8 inputs with scales, into bf16, f16 or
-/// f32 outputs (see `symm_ag_mm_options_t`). Products are summed in f32.
+/// bf16 or f16, all the same; or fp8 inputs with scales, into bf16, f16,
+/// f32 or fp8 outputs (see `symm_ag_mm_options_t`). Products are summed in
+/// f32.
 /// `opts` may be NULL.
 ///
 /// Every rank passes the same dtypes, shapes (of scales too), `gather_dim`
@@ -91,6 +92,7 @@ pub unsafe extern "C" fn symm_fused_ag_mm(
                 b_scales: std::ptr::null(),
                 biases: std::ptr::null(),
                 algorithm: SYMM_ALGORITHM_AUTO,
+                result_scales: std::ptr::null(),
             };
             let oldest = std::mem::offset_of!(symm_ag_mm_options_t, algorithm);
             let o = options(opts, "opts", "SYMM_AG_MM_OPTIONS_INIT", oldest, defaults)?;
@@ -98,6 +100,7 @@ pub unsafe extern "C" fn symm_fused_ag_mm(
                 a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
                 b_scales: optional_tensors(o.b_scales, n, "opts->b_scales")?,
                 biases: optional_entries(o.biases, n, "opts->biases")?,
+                result_scales: optional_entries(o.result_scales, n, "opts->result_scales")?,
             };
             Ok(AgMm {
                 a_shard: tensor_arg(a_shard, "a_shard")?,
@@ -121,10 +124,11 @@ pub unsafe extern "C" fn symm_fused_ag_mm(
 /// `scatter_dim` (0 to ndim-1) must divide by the world size. Rank r's
 /// `out` receives chunk r of that dimension, summed over the ranks
 /// (`SYMM_REDUCE_SUM`) or averaged (`SYMM_REDUCE_AVG`). Types: f32, bf16 or
-/// f16, all the same; or fp8 inputs with scales, into a bf16, f16 or f32
-/// `out` (see `symm_mm_rs_options_t`). Products and sums in f32; each
-/// rank's product is rounded to `out`'s dtype before it travels. `opts`
-/// may be NULL.
+/// f16, all the same; or fp8 inputs with scales, into a bf16, f16, f32 or
+/// fp8 `out` (see `symm_mm_rs_options_t`). Products and sums in f32; each
+/// rank's product is rounded to `out`'s dtype before it travels (to f32
+/// for an fp8 `out`, which is rounded once after the sum). `opts` may be
+/// NULL.
 ///
 /// `out` may lie in a rendezvoused symmetric buffer, contiguous: where it
 /// lies is part of the agreed arguments (the same offset of the same
@@ -158,6 +162,7 @@ pub unsafe extern "C" fn symm_mm_rs(
                 b_scale: std::ptr::null(),
                 bias: std::ptr::null(),
                 algorithm: SYMM_ALGORITHM_AUTO,
+                result_scale: std::ptr::null(),
             };
             let oldest = std::mem::offset_of!(symm_mm_rs_options_t, algorithm);
             let o = options(opts, "opts", "SYMM_MM_RS_OPTIONS_INIT", oldest, defaults)?;
@@ -165,6 +170,7 @@ pub unsafe extern "C" fn symm_mm_rs(
                 a_scale: optional_tensor(o.a_scale, "opts->a_scale")?,
                 b_scale: optional_tensor(o.b_scale, "opts->b_scale")?,
                 bias: optional_tensor(o.bias, "opts->bias")?,
+                result_scale: optional_tensor(o.result_scale, "opts->result_scale")?,
             };
             Ok(MmRs {
                 a: tensor_arg(a, "a")?,

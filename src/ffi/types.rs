@@ -131,7 +131,7 @@ pub const SYMM_DTYPE_F16: symm_dtype_t = 3;
 /// 8-bit floats (OCP E4M3 as `torch.float8_e4m3fn`: bias 7, no
 /// infinities, NaN 0x7f/0xff; and E5M2 as `torch.float8_e5m2`). Copied by
 /// `symm_lc_allgather` and gathered by `symm_fused_ag_mm`; matmul inputs
-/// with scales (see `symm_ag_mm_options_t`), never outputs.
+/// with scales, and outputs of such matmuls (see `symm_ag_mm_options_t`).
 pub const SYMM_DTYPE_FP8_E4M3: symm_dtype_t = 4;
 pub const SYMM_DTYPE_FP8_E5M2: symm_dtype_t = 5;
 
@@ -199,8 +199,14 @@ pub const SYMM_ALGORITHM_TWO_SHOT: symm_algorithm_t = 4;
 /// row-major `[N, K]` weight (any other layout: `SYMM_ERROR_UNSUPPORTED`,
 /// on every backend, naming this layout). K and every N_i must be
 /// multiples of 16. `a_shard` may have any strides. The output dtype is
-/// each output tensor's own `dtype`: bf16, f16 or f32 (fp8 outputs,
-/// torch's `result_scale`, are not supported).
+/// each output tensor's own `dtype`: bf16, f16, f32, or fp8 (E4M3 or E5M2;
+/// torch's default for fp8 operands), then `outs[i] = fp8(((A * a_scale) @
+/// (bs[i] * b_scales[i]) (+ biases[i])) * result_scales[i])` with the
+/// product in f32, rounded once to nearest even, saturated to the format's
+/// largest finite value (E4M3 448, E5M2 57344; NaN stays NaN), as
+/// cuBLASLt writes an fp8 D with its D scale (torch's `scale_result` on
+/// CUDA). fp8 outputs cost a pass over an f32 product in the workspace and
+/// never run the fused kernel.
 ///
 /// Scales are f32. Tensor-wise when `a_scale` and every `b_scales[i]` hold
 /// one element (any shape, e.g. `[1]`): `a_scale` is this rank's and scales
@@ -222,8 +228,9 @@ pub struct symm_ag_mm_options_t {
     /// `num_b` scales, one per B; NULL unless `a_shard` is fp8.
     pub b_scales: *const symm_tensor_t,
     /// NULL, or `num_b` bias vectors `[N_i]` (contiguous, of `outs[i]`'s
-    /// dtype, which must then be bf16 or f16), added to each output after
-    /// scaling; an entry whose `data` is NULL adds none. fp8 matmuls only.
+    /// dtype, which must then be bf16 or f16; bf16 or f16 for an fp8
+    /// output), added to each output after scaling; an entry whose `data`
+    /// is NULL adds none. fp8 matmuls only.
     pub biases: *const symm_tensor_t,
     /// `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default,
     /// also for callers whose struct ends before this field): env
@@ -231,6 +238,12 @@ pub struct symm_ag_mm_options_t {
     /// same (else `SYMM_ERROR_MISMATCH`); `SYMM_ALGORITHM_FUSED` where the
     /// fused kernel cannot run the call is `SYMM_ERROR_UNSUPPORTED`.
     pub algorithm: symm_algorithm_t,
+    /// NULL (also for callers whose struct ends before this field), or
+    /// `num_b` result scales, one per output as torch's `result_scales`:
+    /// each a one-element f32 tensor that multiplies an fp8 output before
+    /// it is rounded; an entry whose `data` is NULL scales by 1. Only fp8
+    /// outputs take one (else `SYMM_ERROR_INVALID_ARGUMENT`).
+    pub result_scales: *const symm_tensor_t,
 }
 
 /// Options of `symm_mm_rs`. Initialize with `SYMM_MM_RS_OPTIONS_INIT`.
@@ -240,9 +253,16 @@ pub struct symm_ag_mm_options_t {
 /// is `(a * a_scale) @ (b * b_scale) (+ bias)`, then reduced and scattered.
 /// The same rules hold: fp8 `a` needs both scales, `b` fp8 and
 /// column-major, K and N multiples of 16 (N / world when `scatter_dim` is
-/// the last dimension), `out` bf16, f16 or f32. Tensor-wise: one-element
-/// scales. Row-wise: `a_scale` has `a`'s shape with the last dimension 1,
-/// `b_scale` is a contiguous `[1, N]`.
+/// the last dimension), `out` bf16, f16, f32 or fp8. Tensor-wise:
+/// one-element scales. Row-wise: `a_scale` has `a`'s shape with the last
+/// dimension 1, `b_scale` is a contiguous `[1, N]`.
+///
+/// An fp8 `out` receives the reduction rounded once: each rank's product
+/// in f32 (without the bias) travels and is summed in f32, then `out =
+/// fp8((sum + world * bias) * result_scale)` (`SYMM_REDUCE_AVG`: `(sum /
+/// world + bias) * result_scale`), rounded to nearest even and saturated
+/// as in `symm_ag_mm_options_t`; never the fused kernel. The partials are
+/// f32, so twice the bytes of bf16 ones cross the links.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct symm_mm_rs_options_t {
@@ -252,13 +272,18 @@ pub struct symm_mm_rs_options_t {
     pub a_scale: *const symm_tensor_t,
     /// Scale of `b`; NULL unless `a` is fp8.
     pub b_scale: *const symm_tensor_t,
-    /// NULL, or a contiguous `[N]` of `out`'s dtype (bf16 or f16) added to
-    /// each rank's product, so that, as in PyTorch, `SYMM_REDUCE_SUM`
-    /// includes it world times and `SYMM_REDUCE_AVG` once. fp8 only.
+    /// NULL, or a contiguous `[N]` of `out`'s dtype (bf16 or f16; bf16 or
+    /// f16 for an fp8 `out`) added to each rank's product, so that, as in
+    /// PyTorch, `SYMM_REDUCE_SUM` includes it world times and
+    /// `SYMM_REDUCE_AVG` once. fp8 only.
     pub bias: *const symm_tensor_t,
     /// `SYMM_ALGORITHM_*` to run, or `SYMM_ALGORITHM_AUTO` (the default);
     /// as in `symm_ag_mm_options_t`.
     pub algorithm: symm_algorithm_t,
+    /// NULL (1; also for callers whose struct ends before this field), or
+    /// a one-element f32 tensor multiplying an fp8 `out` before it is
+    /// rounded, as torch's `result_scale`. Only for an fp8 `out`.
+    pub result_scale: *const symm_tensor_t,
 }
 
 /// Options of `symm_all_reduce` and `symm_all_reduce_rmsnorm`. Initialize

@@ -15,6 +15,13 @@
 //! scales with gather_dim the last dimension would give each K block its
 //! own row scales, which one matmul cannot apply: not supported.
 //!
+//! An fp8 output (torch's default `out_dtype` for fp8 operands) is
+//! computed in f32 into the workspace, a shard's rows at a time, then
+//! rounded once into the output with its bias and result scale
+//! (`Backend::quantize`); never by the fused kernel, and Sequential runs
+//! shard by shard like Pipelined (the f32 product of the whole gathered A
+//! would need workspace of four times the output).
+//!
 //! Execution (see `AgMmPrepared::execute`): every rank copies its shard (and
 //! row scales), contiguous, into its workspace; after a barrier it pulls
 //! every peer's shard into its own workspace and copies each to its slice
@@ -30,7 +37,7 @@ use super::scaled::{self, Mode};
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
-use crate::backend::{FusedGather, FusedMatmul, GemmScales, Stream};
+use crate::backend::{FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -49,7 +56,8 @@ pub struct AgMm {
     pub algorithm: Option<Algorithm>,
 }
 
-/// The fp8 options (torch's `A_scale`, `B_scales`, `biases`).
+/// The fp8 options (torch's `A_scale`, `B_scales`, `biases`,
+/// `result_scales`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct AgMmScales {
     pub a_scale: Option<Array>,
@@ -57,6 +65,8 @@ pub struct AgMmScales {
     pub b_scales: Option<Vec<Array>>,
     /// One per B; `None` entries add no bias.
     pub biases: Option<Vec<Option<Array>>>,
+    /// One per B, for fp8 outputs; `None` entries scale by 1.
+    pub result_scales: Option<Vec<Option<Array>>>,
 }
 
 /// Collective over `group`: see the module documentation. `call` is `Err`
@@ -96,6 +106,9 @@ impl AgMm {
         for (i, t) in self.scales.biases.iter().flatten().enumerate() {
             s = s.arg(format!("opts->biases[{i}]"), if t.is_some() { "set" } else { "none" });
         }
+        for (i, t) in self.scales.result_scales.iter().flatten().enumerate() {
+            s = s.arg(format!("opts->result_scales[{i}]"), if t.is_some() { "set" } else { "none" });
+        }
         match fused {
             Some(f) => s.arg("fused", f),
             None => s,
@@ -107,6 +120,9 @@ impl AgMm {
     fn fused_field(&self, group: &Group, facts: &Facts) -> Option<Fit> {
         let a = &self.a_shard;
         let k = *a.shape.last()?;
+        if self.outs.iter().any(|o| o.dtype.fp8().is_some()) {
+            return fused::unfit(facts, a.dtype, k, FP8_OUT_UNFUSED);
+        }
         fused::field(group, facts, a.dtype, k, || {
             if self.gather_dim != 0 || self.bs.len() != self.outs.len() {
                 return None;
@@ -192,7 +208,10 @@ impl AgMm {
             check::shape_is(ag, "ag_out", &gathered)?;
         }
         let biases = self.scales.biases.clone().unwrap_or_else(|| vec![None; self.bs.len()]);
-        for (i, ((o, b), bias)) in self.outs.iter().zip(&self.bs).zip(&biases).enumerate() {
+        let result_scales = self.scales.result_scales.clone().unwrap_or_else(|| vec![None; self.bs.len()]);
+        for (i, ((o, b), (bias, result_scale))) in
+            self.outs.iter().zip(&self.bs).zip(biases.iter().zip(&result_scales)).enumerate()
+        {
             let name = format!("outs[{i}]");
             match mode {
                 Some(_) => scaled::output(o, &name)?,
@@ -203,6 +222,9 @@ impl AgMm {
             check::shape_is(o, &name, &want)?;
             if let Some(bias) = bias {
                 scaled::bias(bias, &format!("opts->biases[{i}]"), b.shape[1], o, &name)?;
+            }
+            if let Some(t) = result_scale {
+                scaled::result_scale(t, &format!("opts->result_scales[{i}]"), o, &name)?;
             }
         }
         let outputs: Vec<(String, &Array)> = self
@@ -216,11 +238,16 @@ impl AgMm {
             self.scales.b_scales.iter().flatten().enumerate().map(|(i, t)| (format!("opts->b_scales[{i}]"), t));
         let bias_inputs =
             biases.iter().enumerate().filter_map(|(i, t)| Some((format!("opts->biases[{i}]"), t.as_ref()?)));
+        let result_scale_inputs = result_scales
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| Some((format!("opts->result_scales[{i}]"), t.as_ref()?)));
         let inputs: Vec<(String, &Array)> = std::iter::once(("a_shard".to_string(), a))
             .chain(self.bs.iter().enumerate().map(|(i, t)| (format!("bs[{i}]"), t)))
             .chain(scale_inputs)
             .chain(b_scale_inputs)
             .chain(bias_inputs)
+            .chain(result_scale_inputs)
             .collect();
         check::outputs_disjoint(&outputs, &inputs)?;
 
@@ -229,7 +256,8 @@ impl AgMm {
         // they form the gathered A; likewise every rank's row scales; when
         // gathering K, the gathered A laid out as one matrix; then scratch
         // for one product in the output dtype (the shard's rows x the widest
-        // N). From agreed shapes and dtypes only.
+        // N); with fp8 outputs, room for one such product in f32. From
+        // agreed shapes and dtypes only.
         let rows = a.numel() / a.shape[last];
         let max_n = self.bs.iter().map(|b| b.shape[1]).max().unwrap_or(0);
         let out_size = self.outs.iter().map(|o| o.dtype.size()).max().unwrap_or(0);
@@ -246,6 +274,11 @@ impl AgMm {
             None
         };
         let scratch = layout.region(check::mul(check::mul(rows, max_n, "the product")?, out_size, "the product")?);
+        let fp8_n = self.bs.iter().zip(&self.outs).filter(|(_, o)| o.dtype.fp8().is_some()).map(|(b, _)| b.shape[1]);
+        let wide = match fp8_n.max() {
+            Some(n) => Some(layout.region(check::mul(check::mul(rows, n, "the product")?, 4, "the product")?)),
+            None => None,
+        };
         let k = a.shape[last];
         let shape = decide::Shape {
             op: Op::AgMm,
@@ -267,6 +300,7 @@ impl AgMm {
             row_scales,
             gathered_k,
             scratch,
+            wide,
             ready,
             slice_k,
             decision,
@@ -309,6 +343,9 @@ struct AgMmPrepared {
     /// The gathered A as one `[rows, K * world]` matrix, when gathering K.
     gathered_k: Option<usize>,
     scratch: usize,
+    /// With fp8 outputs: one f32 product of a shard's rows (the widest fp8
+    /// output's N), before it is rounded into the output.
+    wide: Option<usize>,
     /// The fused kernel's arrival flags: rank r's slice s at
     /// `ready + 4 * (r * slices + s)`.
     ready: usize,
@@ -421,8 +458,8 @@ impl Prepared for AgMmPrepared {
                 ex.copy(&gathered.narrow(dim, r * len, len), &local_shard(r))?;
             }
             let lhs = gathered.as_matrix().expect("a contiguous array is a matrix");
-            for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
-                self.gemm_into(ex, out, &lhs, b, self.scales(ex, i, Rows::All)?.as_ref())?;
+            for (i, out) in outs.iter().enumerate() {
+                self.gemm_into(ex, i, out, &lhs, Rows::All)?;
             }
         }
         ex.join(side)
@@ -573,11 +610,13 @@ impl AgMmPrepared {
                 Array::contiguous(self.row_scale_addr(ex.local(0), 0), DType::F32, &[self.shard_rows() * ex.world()])
             }
         };
+        // An fp8 output's bias is added when it is rounded (`quantized`).
+        let fp8_out = self.call.outs[i].dtype.fp8().is_some();
         Ok(Some(GemmScales {
             row_wise: mode == Mode::Row,
             a,
             b: Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
-            bias: s.biases.as_ref().and_then(|v| v[i].clone()),
+            bias: s.biases.as_ref().and_then(|v| v[i].clone()).filter(|_| !fp8_out),
         }))
     }
 
@@ -588,7 +627,8 @@ impl AgMmPrepared {
     fn gathered_matrix(&self, ex: &Exec<'_>) -> Option<Array> {
         let a = &self.call.a_shard;
         let padded_scales = self.row_scales.is_some() && row_scale_slot(self.shard_rows()) != self.shard_rows() * 4;
-        if self.dim != 0 || padded_scales || self.call.outs.iter().any(|o| o.as_matrix().is_none()) {
+        let fp8_out = self.wide.is_some();
+        if self.dim != 0 || padded_scales || fp8_out || self.call.outs.iter().any(|o| o.as_matrix().is_none()) {
             return None;
         }
         let mut shape = a.shape.clone();
@@ -600,18 +640,24 @@ impl AgMmPrepared {
     /// slice r of each output.
     fn multiply_shard(&self, ex: &Exec<'_>, shard: &Array, r: usize, len: usize) -> Result<()> {
         let lhs = shard.as_matrix().expect("the shard is a matrix");
-        for (i, (b, out)) in self.call.bs.iter().zip(&self.call.outs).enumerate() {
-            let scales = self.scales(ex, i, Rows::Shard(r))?;
-            self.gemm_into(ex, &out.narrow(self.dim, r * len, len), &lhs, b, scales.as_ref())?;
+        for (i, out) in self.call.outs.iter().enumerate() {
+            self.gemm_into(ex, i, &out.narrow(self.dim, r * len, len), &lhs, Rows::Shard(r))?;
         }
         Ok(())
     }
 
-    /// `dst = lhs @ b`: straight into `dst` when it is a matrix (that an
-    /// fp8 matmul can write: unit column stride, 16-byte aligned rows),
-    /// else into contiguous scratch of `dst`'s dtype and then copied (no
-    /// conversion, so every backend's plain strided copy serves).
-    fn gemm_into(&self, ex: &Exec<'_>, dst: &Array, lhs: &Array, b: &Array, scales: Option<&GemmScales>) -> Result<()> {
+    /// `dst = lhs @ bs[i]` over `rows` of the gathered A: straight into
+    /// `dst` when it is a matrix (that an fp8 matmul can write: unit column
+    /// stride, 16-byte aligned rows), else into contiguous scratch of
+    /// `dst`'s dtype and then copied (no conversion, so every backend's
+    /// plain strided copy serves). An fp8 `dst` goes through f32 (see
+    /// [`Self::quantized`]).
+    fn gemm_into(&self, ex: &Exec<'_>, i: usize, dst: &Array, lhs: &Array, rows: Rows) -> Result<()> {
+        let (b, scales) = (&self.call.bs[i], self.scales(ex, i, rows)?);
+        if dst.dtype.fp8().is_some() {
+            return self.quantized(ex, i, dst, lhs, scales.as_ref());
+        }
+        let scales = scales.as_ref();
         let direct = dst.as_matrix().filter(|m| scales.is_none() || writable_by_fp8(m));
         match direct {
             Some(m) => ex.matmul(&m, lhs, b, scales),
@@ -622,7 +668,35 @@ impl AgMmPrepared {
             }
         }
     }
+
+    /// An fp8 output: `lhs @ bs[i]` scaled, in f32 in the workspace, then
+    /// with its bias and result scale rounded once into `dst` (a matrix),
+    /// or into scratch and copied (any other strides).
+    fn quantized(&self, ex: &Exec<'_>, i: usize, dst: &Array, lhs: &Array, scales: Option<&GemmScales>) -> Result<()> {
+        let b = &self.call.bs[i];
+        let wide = self.wide.expect("workspace for fp8 outputs");
+        let product = Array::contiguous(ex.local(wide), DType::F32, &[lhs.shape[0], b.shape[1]]);
+        ex.matmul(&product, lhs, b, scales)?;
+        let s = &self.call.scales;
+        let entry = |v: &Option<Vec<Option<Array>>>| v.as_ref().and_then(|v| v[i].clone());
+        let (bias, scale) = (entry(&s.biases), entry(&s.result_scales));
+        let quantize = |dst: &Array| {
+            let q = Quantize { dst, src: &product, bias: bias.as_ref(), bias_weight: 1.0, scale: scale.as_ref() };
+            ex.quantize(&q)
+        };
+        match dst.as_matrix() {
+            Some(m) => quantize(&m),
+            None => {
+                let staged = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);
+                quantize(&staged.as_matrix().expect("contiguous"))?;
+                ex.copy(dst, &staged)
+            }
+        }
+    }
 }
+
+/// Why a call with fp8 outputs does not run the fused kernel.
+pub(super) const FP8_OUT_UNFUSED: &str = "fp8 outputs are computed in f32 and then rounded, outside the fused kernel";
 
 /// Bytes between the ranks' row scales in the workspace: 16-byte aligned,
 /// as vector loads of scale arrays (cuBLASLt's outer-vector scales) want.
@@ -757,6 +831,7 @@ mod tests {
                     .collect(),
             ),
             biases: None,
+            result_scales: None,
         };
         c
     }
@@ -792,9 +867,21 @@ mod tests {
             .unwrap_err()
             .msg
             .contains("N = 24"));
-        let mut c = fp8_call(8, 0, 2, &[16], true);
-        c.outs[0].dtype = DType::F8E4M3;
-        assert_eq!(c.prepare(&host_facts(2), "host", false).unwrap_err().kind, ErrorKind::Unsupported);
+        // An fp8 output: an f32 product of the shard's rows (8 x 32) after
+        // the scratch, before the flags; its result scale is one f32.
+        let mut c = fp8_call(8, 0, 2, &[16, 32], true);
+        c.outs[1].dtype = DType::F8E4M3;
+        let p = c.clone().prepare(&host_facts(2), "host", false).unwrap();
+        assert_eq!((p.scratch, p.wide, p.ready), (768, Some(768 + 8 * 32 * 2), 768 + 8 * 32 * 2 + 8 * 32 * 4));
+        let scale = |shape: &[usize]| Some(Array::contiguous(0x7200_0000, DType::F32, shape));
+        c.scales.result_scales = Some(vec![None, scale(&[1])]);
+        assert!(c.clone().prepare(&host_facts(2), "host", false).is_ok());
+        c.scales.result_scales = Some(vec![scale(&[1]), None]);
+        let e = c.clone().prepare(&host_facts(2), "host", false).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.msg.starts_with("opts->result_scales[0] is set but outs[0] is bf16"), "{}", e.msg);
+        c.scales.result_scales = Some(vec![None, scale(&[1, 2])]);
+        assert!(c.prepare(&host_facts(2), "host", false).unwrap_err().msg.contains("expected one element"));
         // A bias of the output's type and width.
         let mut c = fp8_call(8, 0, 2, &[16, 32], true);
         let bias = |n| Some(Array::contiguous(0x7100_0000, DType::BF16, &[n]));

@@ -65,6 +65,13 @@ pub fn field(
     Some(Fit::Fits(launches.iter().map(|l| l.c.dtype).collect()))
 }
 
+/// For a call the kernel never runs (`why`): `Unfit` where the group could
+/// fuse its dtype and k, so that the signature says why, else `None` (as
+/// [`field`]).
+pub fn unfit(facts: &Facts, dtype: DType, k: usize, why: &str) -> Option<Fit> {
+    facts.fused_possible(dtype, k).then(|| Fit::Unfit(why.into()))
+}
+
 /// A launch over this rank's operands (and fp8 scales) with placeholder
 /// workspace addresses, for the layout check.
 pub fn prototype(

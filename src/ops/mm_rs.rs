@@ -17,6 +17,14 @@
 //! After a barrier, rank r sums region r of every rank in rank order (so
 //! that the result does not depend on who computes it), scales it for avg
 //! and converts it into `out`.
+//!
+//! An fp8 `out` (torch's default `out_dtype` for fp8 operands) is rounded
+//! once, after the sum: the partials are f32 (without the bias), summed in
+//! f32 into the workspace, then the bias (times the world size for a sum,
+//! once for an average, as torch's per-rank bias adds up to) and the
+//! result scale are applied as the sum is rounded into `out`
+//! (`Backend::quantize`). Not the fused kernel, whose partials are in the
+//! output type.
 
 use super::agree::Signature;
 use super::decide::{self, Decision, Facts, Op};
@@ -27,7 +35,7 @@ use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
-use crate::backend::{FusedMatmul, FusedScatter, GemmScales, Stream};
+use crate::backend::{FusedMatmul, FusedScatter, GemmScales, Quantize, Stream};
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -61,12 +69,14 @@ pub struct MmRs {
     pub algorithm: Option<Algorithm>,
 }
 
-/// The fp8 options (torch's `A_scale`, `B_scale`, `bias`).
+/// The fp8 options (torch's `A_scale`, `B_scale`, `bias`, `result_scale`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MmRsScales {
     pub a_scale: Option<Array>,
     pub b_scale: Option<Array>,
     pub bias: Option<Array>,
+    /// For an fp8 `out`.
+    pub result_scale: Option<Array>,
 }
 
 /// Collective over `group`: see the module documentation. `call` is `Err`
@@ -107,6 +117,7 @@ impl MmRs {
             }
         }
         s = s.arg("opts->bias", if self.scales.bias.is_some() { "set" } else { "none" });
+        s = s.arg("opts->result_scale", if self.scales.result_scale.is_some() { "set" } else { "none" });
         match fused {
             Some(f) => s.arg("fused", f),
             None => s,
@@ -136,6 +147,9 @@ impl MmRs {
     /// scattering dim 0 of matrices.
     fn fused_field(&self, group: &Group, facts: &Facts) -> Option<Fit> {
         let k = *self.a.shape.last()?;
+        if self.out.dtype.fp8().is_some() {
+            return fused::unfit(facts, self.a.dtype, k, FP8_OUT_UNFUSED);
+        }
         fused::field(group, facts, self.a.dtype, k, || {
             if self.scatter_dim != 0 {
                 return None;
@@ -206,10 +220,14 @@ impl MmRs {
         if let Some(bias) = &self.scales.bias {
             scaled::bias(bias, "opts->bias", b.shape[1], &self.out, "out")?;
         }
+        if let Some(t) = &self.scales.result_scale {
+            scaled::result_scale(t, "opts->result_scale", &self.out, "out")?;
+        }
         let options = [
             ("opts->a_scale", &self.scales.a_scale),
             ("opts->b_scale", &self.scales.b_scale),
             ("opts->bias", &self.scales.bias),
+            ("opts->result_scale", &self.scales.result_scale),
         ];
         let inputs: Vec<(String, &Array)> = [("a".to_string(), a), ("b".to_string(), b)]
             .into_iter()
@@ -234,8 +252,11 @@ impl MmRs {
         // vector. Fused instead: the inbox, a slot per source rank that the
         // peers' kernels write into, in the mailbox (memory no other call
         // writes), and the kernel's state with its tile flags in a buffer
-        // of its own (see `Scratch::Flags`). Agreed shapes and dtypes only.
-        let chunk_bytes = check::mul(self.out.numel(), self.out.dtype.size(), "the product")?;
+        // of its own (see `Scratch::Flags`). With an fp8 `out` the chunks
+        // and the reduced chunk are f32, and the rounded chunk gets a place
+        // of its own (for an `out` that is no matrix). Agreed shapes and
+        // dtypes only.
+        let chunk_bytes = check::mul(self.out.numel(), partial_dtype(&self.out).size(), "the product")?;
         let rows = a.numel() / a.shape[last];
         let mut layout = Layout::default();
         let (mut mailbox, mut flags) = (Layout::default(), Layout::default());
@@ -256,6 +277,7 @@ impl MmRs {
             Some(Mode::Row) => Some(region(check::mul(rows, 4, "a_scale")?)),
             _ => None,
         };
+        let rounded = self.out.dtype.fp8().map(|_| region(self.out.numel()));
         Ok(MmRsPrepared {
             call: self,
             symmetric_out: None,
@@ -268,6 +290,7 @@ impl MmRs {
             state,
             inbox,
             packed_scale,
+            rounded,
             decision,
             shape,
             workspace: layout.bytes(),
@@ -297,6 +320,9 @@ pub(super) struct MmRsPrepared {
     inbox: usize,
     /// Row-wise: where a slice of `a_scale` is made contiguous.
     packed_scale: Option<usize>,
+    /// With an fp8 `out`: where the rounded chunk goes when `out` is no
+    /// matrix (then copied).
+    rounded: Option<usize>,
     decision: Decision,
     shape: decide::Shape,
     workspace: usize,
@@ -336,7 +362,7 @@ impl Prepared for MmRsPrepared {
             return self.pipelined(ex);
         }
         let lhs = self.lhs(ex, a)?;
-        let dst = Array::contiguous(ex.local(self.chunks[0]), out.dtype, &[lhs.shape[0], b.shape[1]]);
+        let dst = Array::contiguous(ex.local(self.chunks[0]), partial_dtype(out), &[lhs.shape[0], b.shape[1]]);
         let scales = self.scales(ex, self.call.scales.a_scale.as_ref())?;
         ex.matmul(&dst, &lhs, b, scales.as_ref())?;
         self.sequential(ex)
@@ -405,12 +431,14 @@ impl MmRsPrepared {
             row_wise: mode == Mode::Row,
             a,
             b: Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
-            bias: s.bias.clone(),
+            // An fp8 `out`'s bias is added once, after the sum.
+            bias: s.bias.clone().filter(|_| self.call.out.dtype.fp8().is_none()),
         }))
     }
 
+    /// A chunk of the product (or of the reduction) at `addr`.
     fn chunk(&self, addr: u64) -> Array {
-        Array::contiguous(addr, self.call.out.dtype, &self.call.out.shape)
+        Array::contiguous(addr, partial_dtype(&self.call.out), &self.call.out.shape)
     }
 
     /// After a barrier, the reduction reads every rank's chunk for this rank
@@ -455,7 +483,7 @@ impl MmRsPrepared {
                     (self.lhs(ex, &a.narrow(dim, r * len, len))?, b.clone(), scales)
                 }
             };
-            let dst = Array::contiguous(ex.local(self.chunks[r]), out.dtype, &[lhs.shape[0], rhs.shape[1]]);
+            let dst = Array::contiguous(ex.local(self.chunks[r]), partial_dtype(out), &[lhs.shape[0], rhs.shape[1]]);
             ex.matmul(&dst, &lhs, &rhs, scales.as_ref())?;
             if r != me {
                 // From a stream of its own: a signal kernel first waits for
@@ -552,6 +580,9 @@ impl MmRsPrepared {
             ReduceOp::Sum => 1.0,
             ReduceOp::Avg => 1.0 / ex.world() as f32,
         };
+        if let Some(rounded) = self.rounded {
+            return self.reduce_into_fp8(ex, srcs, scale, rounded);
+        }
         if out.is_contiguous() {
             ex.reduce(out, srcs, scale)
         } else {
@@ -560,7 +591,51 @@ impl MmRsPrepared {
             ex.copy(out, &reduced)
         }
     }
+
+    /// An fp8 `out`: the f32 sum into the workspace, then its bias (world
+    /// times for a sum: every rank's product had it) and result scale as it
+    /// is rounded into `out` (a matrix), or into `rounded` and copied.
+    fn reduce_into_fp8(&self, ex: &Exec<'_>, srcs: &[Array], scale: f32, rounded: usize) -> Result<()> {
+        let MmRs { a, out, op, scales, .. } = &self.call;
+        let reduced = self.chunk(ex.local(self.reduced));
+        ex.reduce(&reduced, srcs, scale)?;
+        let n = *out.shape.last().expect("out has dimensions");
+        let sum = Array::contiguous(reduced.addr, DType::F32, &[out.numel() / n, n]);
+        // Scattering N: this rank's columns of the bias.
+        let bias = match &scales.bias {
+            Some(b) if self.dim == a.ndim() - 1 => Some(b.narrow(0, ex.rank() * n, n)),
+            other => other.clone(),
+        };
+        let bias_weight = match op {
+            ReduceOp::Sum => ex.world() as f32,
+            ReduceOp::Avg => 1.0,
+        };
+        let quantize = |dst: &Array| {
+            let q = Quantize { dst, src: &sum, bias: bias.as_ref(), bias_weight, scale: scales.result_scale.as_ref() };
+            ex.quantize(&q)
+        };
+        match out.as_matrix() {
+            Some(m) => quantize(&m),
+            None => {
+                let staged = Array::contiguous(ex.local(rounded), out.dtype, &out.shape);
+                quantize(&staged.as_matrix().expect("contiguous"))?;
+                ex.copy(out, &staged)
+            }
+        }
+    }
 }
+
+/// The type of the partials: the output's, or f32 for an fp8 output.
+fn partial_dtype(out: &Array) -> DType {
+    if out.dtype.fp8().is_some() {
+        DType::F32
+    } else {
+        out.dtype
+    }
+}
+
+/// Why a call with an fp8 `out` does not run the fused kernel.
+const FP8_OUT_UNFUSED: &str = "an fp8 out is summed in f32 and then rounded, outside the fused kernel";
 
 /// Rows of this rank's chunk per piece at least, and most pieces, of
 /// [`MmRsPrepared::pipelined_onto_pulls`]: pieces large enough that cuBLASLt
@@ -618,6 +693,7 @@ mod tests {
             a_scale: scale(0, &if row_wise { vec![8, 1] } else { vec![1, 1] }),
             b_scale: scale(1, &if row_wise { vec![1, n] } else { vec![1] }),
             bias: None,
+            result_scale: None,
         };
         c
     }

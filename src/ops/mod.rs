@@ -31,6 +31,8 @@ mod check;
 pub(crate) mod decide;
 #[cfg(test)]
 mod failure_tests;
+#[cfg(test)]
+mod fp8_out_tests;
 pub(crate) mod fused;
 #[cfg(test)]
 mod host_cost;
@@ -312,6 +314,11 @@ impl Exec<'_> {
 
     fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool) -> Result<()> {
         self.group.backend().gemm(dst, a, b, accumulate, self.stream)
+    }
+
+    /// An fp8 output from an f32 product (see `Quantize`).
+    fn quantize(&self, q: &crate::backend::Quantize) -> Result<()> {
+        self.group.backend().quantize(q, self.stream)
     }
 
     /// `dst = a @ b`, scaled when `scales` is given (fp8 operands).

@@ -4,12 +4,22 @@
 //!
 //! `out = (A * a_scale) @ (B * b_scale) (+ bias)`, products summed in f32,
 //! with A and B 8-bit floats (e4m3 or e5m2, not both e5m2) and the output
-//! bf16, f16 or f32. Scales are f32 and either tensor-wise (each one
+//! bf16, f16, f32 or fp8. Scales are f32 and either tensor-wise (each one
 //! element) or row-wise (`a_scale` one per row of A, shaped like A with the
 //! last dimension 1; `b_scale` `[1, N]`); as in torch, the call is
 //! tensor-wise exactly when every scale holds one element. The bias is
-//! `[N]` of the output dtype (bf16 or f16: cuBLASLt, and so torch, has no
-//! bias for f32 outputs).
+//! `[N]` of the output dtype, bf16 or f16 (cuBLASLt, and so torch, has no
+//! bias for f32 outputs); for an fp8 output bf16 or f16.
+//!
+//! An fp8 output is `fp8(result * result_scale)`, the result scale one f32
+//! (absent: 1), rounded once to nearest even and saturated to the format's
+//! largest finite value, NaN kept: cuBLASLt's D scale
+//! (`CUBLASLT_MATMUL_DESC_D_SCALE_POINTER`, "converts results from the
+//! compute type's range to the storage type's"), which torch._scaled_mm
+//! passes its `scale_result` as on CUDA. (torch's CPU emulation of
+//! `_scaled_mm` divides by `scale_result` instead; symm follows the CUDA
+//! path, which the fused ops run on.) The operations compute such a
+//! product in f32 and round it with `Backend::quantize`.
 //!
 //! Layout, as cuBLASLt's fp8 kernels need and torch requires: B
 //! column-major (`W.t()` of a row-major `[N, K]` weight) with its column
@@ -140,15 +150,26 @@ pub fn sizes(k: usize, n: usize, what: &str) -> Result<()> {
 
 /// The output of an fp8 matmul.
 pub fn output(out: &Array, name: &str) -> Result<()> {
-    if out.dtype.is_unscaled_float() {
+    if out.dtype.is_unscaled_float() || out.dtype.fp8().is_some() {
         return Ok(());
     }
-    Err(err!(
-        Unsupported,
-        "{name}.dtype is {}; fp8 matmuls write bf16, f16 or f32 (fp8 outputs, torch's result_scale, are not \
-         supported)",
-        out.dtype
-    ))
+    Err(err!(Unsupported, "{name}.dtype is {}; fp8 matmuls write bf16, f16, f32 or an fp8 type", out.dtype))
+}
+
+/// The result scale of output `out`: one f32, for an fp8 output only.
+pub fn result_scale(t: &Array, name: &str, out: &Array, out_name: &str) -> Result<()> {
+    if out.dtype.fp8().is_none() {
+        return Err(err!(
+            InvalidArgument,
+            "{name} is set but {out_name} is {}: a result scale applies to fp8 outputs only; leave it NULL",
+            out.dtype
+        ));
+    }
+    f32_scale(t, name)?;
+    if t.numel() != 1 {
+        return Err(err!(InvalidArgument, "{name}.shape is {:?}; expected one element", t.shape));
+    }
+    Ok(())
 }
 
 fn f32_scale(t: &Array, name: &str) -> Result<()> {
@@ -198,11 +219,21 @@ pub fn bias(t: &Array, name: &str, n: usize, out: &Array, out_name: &str) -> Res
     if out.dtype == DType::F32 {
         return Err(err!(
             Unsupported,
-            "{name} is set but {out_name} is f32; a bias needs a bf16 or f16 output (as torch._scaled_mm: \
+            "{name} is set but {out_name} is f32; a bias needs a bf16, f16 or fp8 output (as torch._scaled_mm: \
              cuBLASLt adds bf16 and f16 biases only)"
         ));
     }
-    check::same_dtype(t, name, out.dtype, out_name)?;
+    if out.dtype.fp8().is_some() {
+        if !matches!(t.dtype, DType::BF16 | DType::F16) {
+            return Err(err!(
+                InvalidArgument,
+                "{name}.dtype is {}; the bias of an fp8 output is bf16 or f16 (as torch._scaled_mm)",
+                t.dtype
+            ));
+        }
+    } else {
+        check::same_dtype(t, name, out.dtype, out_name)?;
+    }
     check::shape_is(t, name, &[n])?;
     if !t.is_contiguous() {
         return Err(err!(InvalidArgument, "{name} has strides {:?}; expected a contiguous vector", t.strides));
@@ -253,8 +284,7 @@ mod tests {
         assert!(b_operand(&misaligned, "b", &a, "a").is_err());
         assert!(sizes(32, 48, "bs[0]").is_ok());
         assert_eq!(sizes(24, 16, "bs[0]").unwrap_err().msg.split(';').next().unwrap(), "bs[0] has K = 24 and N = 16");
-        assert_eq!(output(&t(DType::F8E4M3, &[2]), "out").unwrap_err().kind, ErrorKind::Unsupported);
-        assert!(output(&t(DType::F32, &[2]), "out").is_ok());
+        assert!(output(&t(DType::F8E4M3, &[2]), "out").is_ok() && output(&t(DType::F32, &[2]), "out").is_ok());
     }
 
     #[test]
@@ -276,6 +306,24 @@ mod tests {
         let e = bias(&t(DType::F32, &[16]), "opts->bias", 16, &t(DType::F32, &[4, 16]), "out").unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unsupported);
         assert!(bias(&t(DType::BF16, &[8]), "opts->bias", 16, &out, "out").is_err());
+        // An fp8 output takes a bf16 or f16 bias, and a one-element f32 result scale.
+        let fp8 = t(DType::F8E5M2, &[4, 16]);
+        assert!(bias(&t(DType::F16, &[16]), "b", 16, &fp8, "out").is_ok());
+        assert!(bias(&t(DType::BF16, &[16]), "b", 16, &fp8, "out").is_ok());
+        let e = bias(&t(DType::F32, &[16]), "opts->bias", 16, &fp8, "out").unwrap_err();
+        assert_eq!(e.msg, "opts->bias.dtype is f32; the bias of an fp8 output is bf16 or f16 (as torch._scaled_mm)");
+        assert!(result_scale(&t(DType::F32, &[1, 1]), "s", &fp8, "out").is_ok());
+        let e = result_scale(&t(DType::F32, &[1]), "opts->result_scale", &out, "out").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.msg.starts_with("opts->result_scale is set but out is bf16"), "{}", e.msg);
+        assert_eq!(
+            result_scale(&t(DType::F32, &[2]), "s", &fp8, "out").unwrap_err().msg,
+            "s.shape is [2]; expected one element"
+        );
+        assert_eq!(
+            result_scale(&t(DType::BF16, &[1]), "s", &fp8, "out").unwrap_err().msg,
+            "s.dtype is bf16; scales are f32"
+        );
     }
 
     #[test]

@@ -68,6 +68,7 @@ pub mod names {
         pub const GEMM_SM90: &str = "gemm_sm90.cu";
         pub const GEMM_SM90_RS: &str = "gemm_sm90_rs.cu";
         pub const ALL_REDUCE: &str = "allreduce.cu";
+        pub const QUANTIZE: &str = "quantize.cu";
     }
 
     pub const PUT_SIGNAL: &str = "symm_put_signal";
@@ -90,6 +91,8 @@ pub mod names {
     /// kernels/pack.cu, strided rows of 2^i-byte elements.
     pub const PACK_STRIDED: [&str; 4] =
         ["symm_pack_strided_e1", "symm_pack_strided_e2", "symm_pack_strided_e4", "symm_pack_strided_e8"];
+    /// kernels/quantize.cu, by format (E4M3, E5M2).
+    pub const QUANTIZE: [&str; 2] = ["symm_quantize_e4m3", "symm_quantize_e5m2"];
     /// kernels/pack.cu, tiled transposes of 2^i-byte elements.
     pub const PACK_TILED: [&str; 4] =
         ["symm_pack_tiled_e1", "symm_pack_tiled_e2", "symm_pack_tiled_e4", "symm_pack_tiled_e8"];
@@ -132,7 +135,7 @@ mod tests {
     #[test]
     fn every_named_unit_is_a_kernel_source() {
         use names::units::*;
-        for unit in [SIGNAL, REDUCE, PACK, GEMM_SM90, GEMM_SM90_RS, ALL_REDUCE] {
+        for unit in [SIGNAL, REDUCE, PACK, GEMM_SM90, GEMM_SM90_RS, ALL_REDUCE, QUANTIZE] {
             assert!(sources().iter().any(|(n, _)| *n == unit), "kernels/{unit} missing");
         }
     }

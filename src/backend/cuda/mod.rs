@@ -15,6 +15,7 @@ pub(crate) mod graphs;
 pub mod kernels;
 mod module;
 pub mod pack;
+mod quantize;
 pub mod reduce;
 mod signals;
 pub mod sm90;
@@ -23,7 +24,7 @@ mod vmm;
 
 use super::{
     AddRmsNorm, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping,
-    PadSet, Signals, Stream,
+    PadSet, Quantize, Signals, Stream,
 };
 use crate::array::Array;
 use crate::error::{err, Result};
@@ -213,6 +214,10 @@ impl Backend for CudaBackend {
             return all_reduce::add_rms_norm(&k, norm, stream);
         }
         Err(err!(Internal, "rmsnorm weight with strides {:?}", norm.weight.strides))
+    }
+    fn quantize(&self, q: &Quantize, stream: Stream) -> Result<()> {
+        self.bind()?;
+        quantize::quantize(&*module::kernels(&self.ctx)?, q, stream)
     }
     fn fused_matmul_supports(&self, call: &FusedMatmul) -> Result<()> {
         if !self.has_fused_matmul() {

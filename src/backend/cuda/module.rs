@@ -33,6 +33,8 @@ pub struct Kernels {
     pub pack_strided: [CudaFunction; 4],
     /// `symm_pack_tiled_e{1,2,4,8}`, indexed by log2 of the element size (pack.rs).
     pub pack_tiled: [CudaFunction; 4],
+    /// `symm_quantize_{e4m3,e5m2}` (quantize.rs).
+    pub quantize: [CudaFunction; 2],
     /// symm's own Hopper matmul (kernels/gemm_sm90.cu, gemm_sm90_rs.cu), when this device
     /// runs its sm_90a code.
     pub gemm_sm90: Option<super::sm90::Sm90Kernels>,
@@ -112,6 +114,10 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         pack_tiled: {
             let n = names::PACK_TILED;
             [pack(n[0])?, pack(n[1])?, pack(n[2])?, pack(n[3])?]
+        },
+        quantize: {
+            let q = |name: &str| modules.function(units::QUANTIZE, name);
+            [q(names::QUANTIZE[0])?, q(names::QUANTIZE[1])?]
         },
         gemm_sm90: super::sm90::Sm90Kernels::load(matmul, reduce_scatter, ctx.ordinal() as i32)?,
         sm_count: super::driver::attribute(

@@ -10,7 +10,9 @@ mod memory;
 mod scaled;
 mod signals;
 
-use super::{AddRmsNorm, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Signals, Stream};
+use super::{
+    AddRmsNorm, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Quantize, Signals, Stream,
+};
 use crate::array::Array;
 use crate::error::Result;
 use crate::health::Health;
@@ -71,5 +73,8 @@ impl Backend for HostBackend {
     }
     fn check_scaled_gemm(&self, _row_wise: bool) -> Result<()> {
         Ok(())
+    }
+    fn quantize(&self, q: &Quantize, _stream: Stream) -> Result<()> {
+        scaled::quantize(q)
     }
 }

@@ -1,11 +1,12 @@
 //! Scaled (fp8) matrix products on the host, the reference the CUDA path is
 //! held to: the fp8 values decoded exactly, their products summed in f32,
 //! then, in cuBLASLt's order, the product times the scales plus the bias,
-//! rounded once to the output type.
+//! rounded once to the output type; and fp8 outputs written from such a
+//! product (`Backend::quantize`).
 
 use super::{elementwise, matmul};
 use crate::array::{Array, DType};
-use crate::backend::GemmScales;
+use crate::backend::{GemmScales, Quantize};
 use crate::error::{err, Result};
 
 pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales) -> Result<()> {
@@ -30,6 +31,32 @@ pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales) -> Re
         }
     }
     elementwise::copy(dst, &product)
+}
+
+/// See [`Quantize`].
+pub fn quantize(q: &Quantize) -> Result<()> {
+    let Quantize { dst, src, bias, bias_weight, scale } = *q;
+    let fmt = dst.dtype.fp8();
+    let (m, n) = (src.shape[0], src.shape[1]);
+    let bias_ok = bias.is_none_or(|b| b.shape == [n] && b.dtype.is_unscaled_float() && b.dtype != DType::F32);
+    let ok = dst.ndim() == 2 && dst.shape == src.shape && src.dtype == DType::F32 && src.is_contiguous();
+    let (Some(fmt), true, true) = (fmt, ok, bias_ok && scale.is_none_or(|s| s.numel() == 1)) else {
+        return Err(err!(Internal, "quantizing {src:?} into {dst:?} with bias {bias:?}, scale {scale:?}"));
+    };
+    let bias = bias.map(values).transpose()?;
+    let scale = scale.map(values).transpose()?.map_or(1.0, |s| s[0]);
+    // SAFETY: the operations hand over a contiguous f32 `src` of m x n in
+    // memory the caller promised (checked extents).
+    let src = unsafe { std::slice::from_raw_parts(src.addr as *const f32, m * n) };
+    for (i, row) in src.chunks_exact(n).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            let v = bias.as_ref().map_or(v, |b| v + bias_weight * b[j]);
+            let at = dst.addr as usize + i * dst.strides[0] + j * dst.strides[1];
+            // SAFETY: element (i, j) of `dst`, inside its checked extent.
+            unsafe { (at as *mut u8).write(fmt.encode(v * scale)) };
+        }
+    }
+    Ok(())
 }
 
 /// The elements of a vector, as f32.
@@ -87,5 +114,46 @@ mod tests {
         scaled_gemm(&twov, &av, &bv.narrow(1, 1, 2), &cols).unwrap();
         let got: Vec<f32> = two_bf16.iter().map(|&h| bf16::from_bits(h).to_f32()).collect();
         assert_eq!(got, [8., 3., -30., -41.]);
+    }
+
+    #[test]
+    fn quantize_adds_weighted_bias_scales_and_saturates() {
+        use half::f16;
+        // src [2, 3]; dst is its transpose's storage (column-major), e4m3.
+        let mut src = [1.0f32, 17.5, -600.0, f32::NAN, 0.75, 3.0];
+        let srcv = f32s(&mut src, &[2, 3]);
+        let mut dst = [0xaau8; 6];
+        let dstv =
+            Array { addr: dst.as_mut_ptr() as u64, dtype: DType::F8E4M3, shape: vec![2, 3], strides: vec![1, 2] };
+        let mut bias: Vec<u16> = [0.5f32, -1.0, 0.0].iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        let biasv = Array::contiguous(bias.as_mut_ptr() as u64, DType::F16, &[3]);
+        let mut scale = [2f32];
+        let q = Quantize {
+            dst: &dstv,
+            src: &srcv,
+            bias: Some(&biasv),
+            bias_weight: 2.0,
+            scale: Some(&f32s(&mut scale, &[1])),
+        };
+        quantize(&q).unwrap();
+        // (v + 2 * bias) * 2: 4, 31 (a tie between 30, 0x5f, and 32, 0x60:
+        // to the even code), -1200 (saturates), NaN, -2.5, 6.
+        let want = |r: usize, c: usize| [[0x48u8, 0x60, 0xfe], [0x7f, 0xc2, 0x4c]][r][c];
+        for (r, c) in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)] {
+            assert_eq!(dst[r + 2 * c], want(r, c), "({r}, {c})");
+        }
+        // No bias and no scale: the values as they are, e5m2.
+        let mut e5 = [0u8; 6];
+        let e5v = Array::contiguous(e5.as_mut_ptr() as u64, DType::F8E5M2, &[2, 3]);
+        quantize(&Quantize { dst: &e5v, src: &srcv, bias: None, bias_weight: 1.0, scale: None }).unwrap();
+        let fmt = crate::fp8::Fp8::E5M2;
+        let got: Vec<f32> = e5.iter().map(|&b| fmt.decode(b)).collect();
+        assert_eq!((got[0], got[1], got[2], got[4], got[5]), (1.0, 16.0, -640.0, 0.75, 3.0));
+        assert!(got[3].is_nan());
+        // A non-fp8 destination is a bug in the caller.
+        let mut f = [0f32; 6];
+        let e =
+            quantize(&Quantize { dst: &f32s(&mut f, &[2, 3]), src: &srcv, bias: None, bias_weight: 1.0, scale: None });
+        assert_eq!(e.unwrap_err().kind, crate::error::ErrorKind::Internal);
     }
 }
