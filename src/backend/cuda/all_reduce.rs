@@ -10,9 +10,9 @@ use super::gemm::GemmDtype;
 use super::module::{arg, Kernels};
 use super::sm90::gemm_dtype;
 use crate::array::{Array, DType};
-use cudarc::driver::CudaFunction;
 use crate::backend::{AddRmsNorm, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
 use crate::error::{err, Result};
+use cudarc::driver::CudaFunction;
 use std::ffi::c_void;
 
 /// Threads per block (`SYMM_AR_THREADS`).
