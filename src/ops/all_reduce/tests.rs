@@ -423,7 +423,7 @@ fn bad_rmsnorm_arguments() {
 }
 
 /// Integer element `v` (any value: truncated to the type) as bytes.
-fn int_bytes(dtype: DType, v: i128) -> Vec<u8> {
+pub(super) fn int_bytes(dtype: DType, v: i128) -> Vec<u8> {
     match dtype {
         DType::I8 => (v as i8).to_le_bytes().to_vec(),
         DType::U8 => (v as u8).to_le_bytes().to_vec(),
@@ -433,7 +433,7 @@ fn int_bytes(dtype: DType, v: i128) -> Vec<u8> {
     }
 }
 
-fn int_value(dtype: DType, b: &[u8]) -> i128 {
+pub(super) fn int_value(dtype: DType, b: &[u8]) -> i128 {
     match dtype {
         DType::I8 => b[0] as i8 as i128,
         DType::U8 => b[0] as i128,
@@ -446,7 +446,7 @@ fn int_value(dtype: DType, b: &[u8]) -> i128 {
 /// Values that lose bits in f32 (and f64, for int64): int64 near +-2^60
 /// and near the limits (so sums wrap), int32 around 2^25 + 1 and its
 /// limits, int8 and uint8 over their whole range.
-fn int_values(dtype: DType, n: usize, seed: u64) -> Vec<i128> {
+pub(super) fn int_values(dtype: DType, n: usize, seed: u64) -> Vec<i128> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
         .map(|i| {
@@ -468,7 +468,7 @@ fn int_values(dtype: DType, n: usize, seed: u64) -> Vec<i128> {
 
 /// The exact reduction: the sum wrapped to the type, divided truncating
 /// toward zero for an average.
-fn int_reference(dtype: DType, inputs: &[Vec<i128>], i: usize, op: ReduceOp) -> i128 {
+pub(super) fn int_reference(dtype: DType, inputs: &[Vec<i128>], i: usize, op: ReduceOp) -> i128 {
     let sum: i128 = inputs.iter().map(|v| v[i]).sum();
     let wrapped = int_value(dtype, &int_bytes(dtype, sum));
     match op {
@@ -477,7 +477,7 @@ fn int_reference(dtype: DType, inputs: &[Vec<i128>], i: usize, op: ReduceOp) -> 
     }
 }
 
-const INT_POISON: u8 = 0xa5;
+pub(super) const INT_POISON: u8 = 0xa5;
 
 /// `case` with an integer dtype: every rank's output equals the exact
 /// reduction, and no byte outside the output changed.
