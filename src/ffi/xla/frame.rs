@@ -359,7 +359,9 @@ mod tests {
         let a = XlaBuffer(&b).array("x").unwrap();
         assert_eq!((a.shape, a.strides), (vec![2, 3, 4], vec![12, 4, 1]));
         let s64 = XLA_FFI_Buffer { dtype: XLA_FFI_DataType_S64, ..b };
-        assert!(XlaBuffer(&s64).array("x").unwrap_err().msg.contains("x has XLA data type 5"));
+        assert_eq!(XlaBuffer(&s64).array("x").unwrap().dtype, crate::array::DType::I64);
+        let s16 = XLA_FFI_Buffer { dtype: XLA_FFI_DataType_S16, ..b };
+        assert!(XlaBuffer(&s16).array("x").unwrap_err().msg.contains("x has XLA data type 3"));
         let scalar = XLA_FFI_Buffer { rank: 0, ..b };
         assert!(XlaBuffer(&scalar).array("x").unwrap_err().msg.contains("0 dimensions"));
         // SAFETY: `b.dims` points at `dims`, alive here.
