@@ -24,7 +24,16 @@
 
 /* ---- element types --------------------------------------------------------- */
 static inline size_t dtype_size(int dt) {
-    return dt == SYMM_DTYPE_F32 ? 4 : (dt == SYMM_DTYPE_BF16 || dt == SYMM_DTYPE_F16) ? 2 : 1;
+    switch (dt) {
+    case SYMM_DTYPE_F32: case SYMM_DTYPE_INT32: return 4;
+    case SYMM_DTYPE_BF16: case SYMM_DTYPE_F16: return 2;
+    case SYMM_DTYPE_INT64: return 8;
+    default: return 1;
+    }
+}
+
+static inline int is_int_dtype(int dt) {
+    return dt == SYMM_DTYPE_INT8 || dt == SYMM_DTYPE_UINT8 || dt == SYMM_DTYPE_INT32 || dt == SYMM_DTYPE_INT64;
 }
 
 static inline const char *dtype_name(int dt) {
@@ -33,6 +42,10 @@ static inline const char *dtype_name(int dt) {
     case SYMM_DTYPE_BF16: return "bf16";
     case SYMM_DTYPE_F16: return "f16";
     case SYMM_DTYPE_FP8_E4M3: return "fp8_e4m3";
+    case SYMM_DTYPE_INT8: return "int8";
+    case SYMM_DTYPE_UINT8: return "uint8";
+    case SYMM_DTYPE_INT32: return "int32";
+    case SYMM_DTYPE_INT64: return "int64";
     default: return "fp8_e5m2";
     }
 }
@@ -85,9 +98,32 @@ static inline double fp8_to_f64(int dt, uint8_t b) {
     return (b & 0x80) ? -v : v;
 }
 
+/* An integer element, exactly (uint8 and int8 through int64 all fit). */
+static inline int64_t load_int(int dt, const void *p) {
+    int32_t i32;
+    int64_t i64;
+    switch (dt) {
+    case SYMM_DTYPE_INT8: return *(const int8_t *)p;
+    case SYMM_DTYPE_UINT8: return *(const uint8_t *)p;
+    case SYMM_DTYPE_INT32: memcpy(&i32, p, 4); return i32;
+    default: memcpy(&i64, p, 8); return i64;
+    }
+}
+
+/* `v` truncated to the integer type (two's complement wrap). */
+static inline int64_t wrap_int(int dt, uint64_t v) {
+    switch (dt) {
+    case SYMM_DTYPE_INT8: return (int8_t)(uint8_t)v;
+    case SYMM_DTYPE_UINT8: return (uint8_t)v;
+    case SYMM_DTYPE_INT32: return (int32_t)(uint32_t)v;
+    default: return (int64_t)v;
+    }
+}
+
 static inline double load_elem(int dt, const void *p) {
     uint16_t h;
     float f;
+    if (is_int_dtype(dt)) return (double)load_int(dt, p);
     switch (dt) {
     case SYMM_DTYPE_F32: memcpy(&f, p, 4); return f;
     case SYMM_DTYPE_BF16: memcpy(&h, p, 2); return bf16_to_f32(h);
@@ -107,12 +143,28 @@ static inline uint64_t mix64(uint64_t x) { /* splitmix64's finalizer */
 /* The bytes of element `i` of rank `rank`'s tensor `tag`: uniform in
  * [-1, 1) rounded to the type, or for fp8 a random finite value of
  * magnitude 1/8 to 15 (random sign and mantissa, exponent within 3 of 1,
- * so products and sums stay far from fp8's and bf16's limits). */
+ * so products and sums stay far from fp8's and bf16's limits). Integers
+ * take values f32 (and, summed, f64) cannot hold: int64 +-(2^60 + up to
+ * 2^20) or within 2^20 of its limits (sums wrap), int32 likewise around
+ * 2^25 + 1 and its limits, int8 and uint8 any value. */
 static inline void value_bytes(int dt, uint64_t tag, int rank, int64_t i, void *out) {
     uint64_t h = mix64(mix64(tag * 1000003u + (uint64_t)rank) ^ (uint64_t)i);
     float v = (float)((double)(h >> 11) * ldexp(1.0, -52) - 1.0);
     uint16_t b;
+    int64_t small = (int64_t)(h >> 44), sign = (h & 1) ? -1 : 1, x64;
+    int32_t x32;
+    int near_limit = (h >> 1) % 4 == 0;
     switch (dt) {
+    case SYMM_DTYPE_INT64:
+        x64 = sign * (near_limit ? INT64_MAX - small : (INT64_C(1) << 60) + small);
+        memcpy(out, &x64, 8);
+        break;
+    case SYMM_DTYPE_INT32:
+        x32 = (int32_t)(sign * (near_limit ? INT32_MAX - small : (INT64_C(1) << 25) + 1 + small));
+        memcpy(out, &x32, 4);
+        break;
+    case SYMM_DTYPE_INT8:
+    case SYMM_DTYPE_UINT8: *(uint8_t *)out = (uint8_t)(h >> 56); break;
     case SYMM_DTYPE_F32: memcpy(out, &v, 4); break;
     case SYMM_DTYPE_BF16: b = f32_to_bf16(v); memcpy(out, &b, 2); break;
     case SYMM_DTYPE_F16: b = f32_to_f16(v); memcpy(out, &b, 2); break;
@@ -126,9 +178,16 @@ static inline void value_bytes(int dt, uint64_t tag, int rank, int64_t i, void *
 }
 
 static inline double value(int dt, uint64_t tag, int rank, int64_t i) {
-    unsigned char b[4];
+    unsigned char b[8];
     value_bytes(dt, tag, rank, i, b);
     return load_elem(dt, b);
+}
+
+/* An integer tensor's element, exactly. */
+static inline int64_t int_value(int dt, uint64_t tag, int rank, int64_t i) {
+    unsigned char b[8];
+    value_bytes(dt, tag, rank, i, b);
+    return load_int(dt, b);
 }
 
 /* ---- buffers with layouts ----------------------------------------------- */

@@ -565,6 +565,86 @@ static void all_reduce_checks(symm_group_t g, int rank, int world) {
     tb_free(&fresh);
 }
 
+/* ---- integers ----------------------------------------------------------- */
+/* int8, uint8, int32, int64 all-reduced exactly (values f32 and f64 would
+ * round; sums that wrap; AVG truncating toward zero) by every algorithm,
+ * strided and in place; gathered bit-exactly; refused by the rmsnorm, the
+ * matmuls and their plans. */
+static int64_t int_reference(int dt, int world, int64_t i, int avg) {
+    uint64_t sum = 0;
+    for (int r = 0; r < world; r++) sum += (uint64_t)int_value(dt, TAG_IN, r, i);
+    int64_t wrapped = wrap_int(dt, sum);
+    return avg ? wrapped / world : wrapped;
+}
+
+static void integer_checks(symm_group_t g, int rank, int world) {
+    int64_t shape[2] = {3, 5};
+    int algos[3] = {SYMM_ALGORITHM_AUTO, SYMM_ALGORITHM_ONE_SHOT, SYMM_ALGORITHM_TWO_SHOT};
+    int dts[4] = {SYMM_DTYPE_INT8, SYMM_DTYPE_UINT8, SYMM_DTYPE_INT32, SYMM_DTYPE_INT64};
+    char what[96];
+    for (int d = 0; d < 4; d++) {
+        int dt = dts[d];
+        for (int a = 0; a < 3; a++)
+            for (int layout = 0; layout < 2; layout++)
+                for (int avg = 0; avg < 2; avg++) {
+                    tbuf_t in = tb_make(dt, 2, shape, layout ? PADDED : CONTIGUOUS);
+                    tbuf_t out = tb_make(dt, 2, shape, layout ? CONTIGUOUS : PADDED);
+                    tb_fill(&in, TAG_IN, rank);
+                    symm_all_reduce_options_t opts = SYMM_ALL_REDUCE_OPTIONS_INIT;
+                    opts.algorithm = algos[a];
+                    CHECK(symm_all_reduce(g, &in.t, &out.t, avg ? SYMM_REDUCE_AVG : SYMM_REDUCE_SUM, &opts, NULL));
+                    snprintf(what, sizeof what, "%s all-reduce (algorithm %d, layout %d, avg %d)", dtype_name(dt),
+                             algos[a], layout, avg);
+                    for (int64_t i = 0; i < 15; i++)
+                        require(load_int(dt, elem_ptr(&out.t, i)) == int_reference(dt, world, i, avg), what, rank);
+                    require(tb_outside_untouched(&out), "integer all-reduce wrote outside its output", rank);
+                    CHECK(symm_all_reduce(g, &in.t, &in.t, SYMM_REDUCE_SUM, &opts, NULL));
+                    for (int64_t i = 0; i < 15; i++)
+                        require(load_int(dt, elem_ptr(&in.t, i)) == int_reference(dt, world, i, 0),
+                                "in-place integer all-reduce", rank);
+                    tb_free(&in);
+                    tb_free(&out);
+                }
+        /* The all-gather: a transposed input into a padded output. */
+        int64_t gshape[2] = {3 * world, 5};
+        tbuf_t in = tb_make(dt, 2, shape, TRANSPOSED), out = tb_make(dt, 2, gshape, PADDED);
+        tb_fill(&in, TAG_IN, rank);
+        CHECK(symm_lc_allgather(g, &in.t, &out.t, NULL));
+        for (int q = 0; q < world; q++)
+            for (int64_t i = 0; i < 15; i++)
+                require(load_int(dt, elem_ptr(&out.t, q * 15 + i)) == int_value(dt, TAG_IN, q, i),
+                        "integer lc_allgather", rank);
+        require(tb_outside_untouched(&out), "integer lc_allgather wrote outside its output", rank);
+        tb_free(&in);
+        tb_free(&out);
+    }
+    /* Refusals, on every rank, writing nothing. */
+    int64_t ws[1] = {5};
+    tbuf_t x = tb_make(SYMM_DTYPE_INT32, 2, shape, CONTIGUOUS), res = tb_make(SYMM_DTYPE_INT32, 2, shape, CONTIGUOUS);
+    tbuf_t w = tb_make(SYMM_DTYPE_INT32, 1, ws, CONTIGUOUS), out = tb_make(SYMM_DTYPE_INT32, 2, shape, CONTIGUOUS);
+    tb_fill(&x, TAG_IN, rank);
+    EXPECT_FAIL(symm_all_reduce_rmsnorm(g, &x.t, &res.t, &w.t, 1e-6f, &out.t, &res.t, NULL, NULL),
+                SYMM_ERROR_INVALID_ARGUMENT, "input.dtype is int32; all_reduce_rmsnorm takes f32, bf16 or f16");
+    EXPECT(tb_untouched(&out) && tb_untouched(&res));
+    int64_t bshape[2] = {5, 5}, oshape[2] = {3 * world, 5};
+    tbuf_t b = tb_make(SYMM_DTYPE_INT32, 2, bshape, CONTIGUOUS), agout = tb_make(SYMM_DTYPE_INT32, 2, oshape, CONTIGUOUS);
+    symm_tensor_t bt = b.t, ot = agout.t;
+    EXPECT_FAIL(symm_fused_ag_mm(g, &x.t, &bt, 1, 0, NULL, &ot, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT,
+                "a_shard.dtype is int32; matmuls take f32, bf16, f16 or fp8 operands");
+    EXPECT(tb_untouched(&agout));
+    symm_plan_t p = SYMM_PLAN_INIT;
+    CHECK(symm_plan_all_reduce(g, 4096, SYMM_DTYPE_INT64, &p));
+    EXPECT(p.algorithm == SYMM_ALGORITHM_ONE_SHOT && p.total_ms > 0);
+    EXPECT_FAIL(symm_plan_ag_mm(g, 64, 64, 64, SYMM_DTYPE_INT8, &p), SYMM_ERROR_INVALID_ARGUMENT,
+                "dtype is int8; matmuls take");
+    tb_free(&x);
+    tb_free(&res);
+    tb_free(&w);
+    tb_free(&out);
+    tb_free(&b);
+    tb_free(&agout);
+}
+
 /* ---- ranks that disagree, or fail alone ------------------------------------ */
 /* A fresh call (shapes no earlier call used), so no rank has it agreed. */
 static symm_status_t fresh_ag_mm(symm_group_t g, int world, int rows, int gather_dim, int num_b, int dtype,
@@ -684,6 +764,7 @@ static int rank_main(symm_group_t g, int rank, int world) {
     algorithm_option(g, world);
     lc_checks(g, world);
     all_reduce_checks(g, rank, world);
+    integer_checks(g, rank, world);
     disagreements(g, rank, world);
     const char *check_args = getenv("SYMM_CHECK_ARGS");
     if (check_args && !strcmp(check_args, "always")) disagreement_after_agreement(g, rank, world);

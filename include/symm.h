@@ -381,6 +381,20 @@ typedef int32_t symm_xla_platform_t;
 
 #define SYMM_DTYPE_FP8_E5M2 5
 
+// Integers (two's complement; `torch.int8`, `uint8`, `int32`, `int64`).
+// Copied by `symm_lc_allgather` and reduced by `symm_all_reduce`, exactly
+// in the element type: `SYMM_REDUCE_SUM` wraps on overflow (modulo 2^bits,
+// as NCCL and torch do), `SYMM_REDUCE_AVG` divides that wrapped sum by the
+// world size, truncating toward zero (as NCCL's `ncclAvg`). Never matmul
+// operands or outputs, and not taken by `symm_all_reduce_rmsnorm`.
+#define SYMM_DTYPE_INT8 6
+
+#define SYMM_DTYPE_UINT8 7
+
+#define SYMM_DTYPE_INT32 8
+
+#define SYMM_DTYPE_INT64 9
+
 #define SYMM_REDUCE_SUM 0
 
 // The sum divided by the world size.
@@ -650,7 +664,8 @@ symm_status_t symm_mm_rs(symm_group_t group, const symm_tensor_t *a, const symm_
 // Collective: gathers every rank's `input` along dimension 0 into
 // `output` (`[world * d0, ...]`, rank r's input at rows r*d0), as PyTorch's
 // `_low_contention_all_gather`: pure copies, each rank pulling from one
-// peer at a time. Any dtype and strides (strides may differ between
+// peer at a time. Any dtype (integers included: the bits are copied) and
+// strides (strides may differ between
 // ranks). When `input` is contiguous in a rendezvoused symmetric buffer,
 // peers read it in place; otherwise it is first copied to the group's
 // workspace. Every rank passes the same dtype and shape, and its input
@@ -660,7 +675,12 @@ symm_status_t symm_lc_allgather(symm_group_t group, const symm_tensor_t *input, 
 
 // Collective: `output = reduce(input over ranks)`, elementwise, `op`
 // `SYMM_REDUCE_SUM` or `SYMM_REDUCE_AVG`; any shape; f32, bf16 or f16,
-// summed in f32 in rank order, so every rank gets the same bits. `output`
+// summed in f32 in rank order, so every rank gets the same bits; or
+// int8, uint8, int32 or int64, summed exactly in the element type
+// (wrapping modulo 2^bits on overflow; AVG divides the wrapped sum by the
+// world size, truncating toward zero, as NCCL's `ncclAvg`). On CUDA,
+// integers need every rank on a GPU of its own and at most 16 ranks
+// (else `SYMM_ERROR_UNSUPPORTED`). `output`
 // has `input`'s dtype and shape, any strides, and may be `input` itself
 // (the same descriptor: in place); otherwise they must not overlap.
 // `opts` may be NULL (defaults).
@@ -693,7 +713,8 @@ symm_status_t symm_all_reduce(symm_group_t group, const symm_tensor_t *input, co
 // last dimension, `hidden`) `out = residual_out / sqrt(mean(residual_out^2)
 // + eps) * weight`. `input`, `residual`, `out` and `residual_out` share
 // one shape (`[tokens, hidden]`, or any leading dimensions) and dtype
-// (f32, bf16 or f16), any strides; `weight` is `[hidden]`. Computed in
+// (f32, bf16 or f16; integers: `SYMM_ERROR_INVALID_ARGUMENT`), any
+// strides; `weight` is `[hidden]`. Computed in
 // f32; the all-reduced sum and `residual_out` are rounded to the dtype
 // as the unfused sequence would round them. `residual_out` may be
 // `residual` (the same descriptor: in place); `out` must not overlap any

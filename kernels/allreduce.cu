@@ -1,10 +1,14 @@
 // Device-side all-reduce: out = scale * sum over ranks of in, summed in f32 in
 // rank order (every rank computes the same bits), optionally followed by the
 // residual add and RMSNorm of inference engines; and that add + RMSNorm alone.
+// Integers are summed exactly in their own width (wrapping modulo 2^bits),
+// then divided by p.divisor (1: sum; the world: average), truncating toward
+// zero.
 //
-// Entry points (DT = f32, bf16, f16; f32 accumulation in all):
-//   symm_ar_one_shot_<DT>(symm_ar_params p)
-//   symm_ar_two_shot_<DT>(symm_ar_params p)
+// Entry points (DT = f32, bf16, f16 with f32 accumulation; IT = i8, u8, i32,
+// i64, accumulated in the element's unsigned width):
+//   symm_ar_one_shot_<DT|IT>(symm_ar_params p)
+//   symm_ar_two_shot_<DT|IT>(symm_ar_params p)
 //   symm_add_rmsnorm_<DT>(symm_rmsnorm_params p)
 //
 // The all-reduce moves data through one symmetric scratch buffer per group
@@ -82,7 +86,7 @@ struct symm_ar_params {
     uint32_t hidden;  // 0: no norm
     float scale;
     float eps;
-    uint32_t pad;
+    uint32_t divisor;  // integers: the sum is divided by this (>= 1)
 };
 
 // out = residual_out / sqrt(mean(residual_out^2) + eps) * weight per row,
@@ -105,12 +109,17 @@ struct symm_rmsnorm_params {
 };
 
 // ---------------------------------------------------------------------------
-// Element types: a 32-bit word holds 4 / size elements.
+// Element types. Each has an accumulator type Acc, kPerLine elements per
+// 8-byte line (two 32-bit words), and finish(), which turns a sum into the
+// result. Floats: a 32-bit word holds 4 / size elements, summed in f32.
 // ---------------------------------------------------------------------------
 template <int DT>
 struct symm_ar_dt {
+    typedef float Acc;
+    static constexpr bool kFloat = true;
     static constexpr int kSize = DT == SYMM_DT_F32 ? 4 : 2;
     static constexpr int kPerWord = 4 / kSize;
+    static constexpr int kPerLine = 2 * kPerWord;
     static __device__ __forceinline__ void unpack(uint32_t w, float* f) {
         if constexpr (DT == SYMM_DT_F32) {
             f[0] = __uint_as_float(w);
@@ -159,6 +168,67 @@ struct symm_ar_dt {
             return symm_f16_bits_to_f32(symm_f32_to_f16_bits(v));
         }
     }
+    static __device__ __forceinline__ void unpack_line(uint32_t d0, uint32_t d1, float* f) {
+        unpack(d0, f);
+        unpack(d1, f + kPerWord);
+    }
+    static __device__ __forceinline__ void pack_line(const float* f, uint32_t& d0, uint32_t& d1) {
+        d0 = pack(f);
+        d1 = pack(f + kPerWord);
+    }
+    static __device__ __forceinline__ float finish(float sum, const struct symm_ar_params& p) {
+        return sum * p.scale;
+    }
+};
+
+// The unsigned accumulator of S-byte integers.
+template <int S>
+struct symm_ar_uacc {
+    typedef uint32_t T;
+};
+template <>
+struct symm_ar_uacc<8> {
+    typedef uint64_t T;
+};
+
+// Integers: lanes of the element's width, zero-extended into Acc (unsigned,
+// so sums wrap; truncated to the width they are exact modulo 2^bits).
+template <typename E>
+struct symm_ar_int {
+    typedef typename symm_ar_uacc<sizeof(E)>::T Acc;
+    static constexpr bool kFloat = false;
+    static constexpr int kSize = sizeof(E);
+    static constexpr int kPerLine = 8 / kSize;
+    static constexpr uint64_t kMask = kSize == 8 ? ~0ull : (1ull << (8 * kSize)) - 1;
+    static __device__ __forceinline__ void unpack_line(uint32_t d0, uint32_t d1, Acc* a) {
+        const uint64_t v = ((uint64_t)d1 << 32) | d0;
+#pragma unroll
+        for (int e = 0; e < kPerLine; ++e) {
+            a[e] = (Acc)((v >> (8 * kSize * e)) & kMask);
+        }
+    }
+    static __device__ __forceinline__ void pack_line(const Acc* a, uint32_t& d0, uint32_t& d1) {
+        uint64_t v = 0;
+#pragma unroll
+        for (int e = 0; e < kPerLine; ++e) {
+            v |= ((uint64_t)a[e] & kMask) << (8 * kSize * e);
+        }
+        d0 = (uint32_t)v;
+        d1 = (uint32_t)(v >> 32);
+    }
+    static __device__ __forceinline__ Acc load(const unsigned char* p) {
+        return (Acc)(*(const volatile E*)p) & (Acc)kMask;
+    }
+    static __device__ __forceinline__ void store(unsigned char* p, Acc v) { *(E*)p = (E)v; }
+    // The wrapped sum (its low kSize bytes, as E) divided, truncating toward
+    // zero as C division does.
+    static __device__ __forceinline__ Acc finish(Acc sum, const struct symm_ar_params& p) {
+        if (p.divisor <= 1u) {
+            return sum;
+        }
+        const E v = (E)sum;
+        return (Acc)(E)(v / (E)p.divisor);
+    }
 };
 
 // ---------------------------------------------------------------------------
@@ -204,9 +274,10 @@ static __device__ __forceinline__ void symm_ar_st16(uint64_t addr, symm_ar_u4 v)
     *(uint4*)addr = make_uint4(v.x, v.y, v.z, v.w);
 }
 
-// The 8 bytes at byte offset 8*i of an array of `bytes` bytes (elements of
-// at least 2 bytes, the array aligned to its element size): zero beyond the
-// end, and 2-byte accesses where the array is not 8-byte aligned.
+// The 8 bytes at byte offset 8*i of an array of `bytes` bytes (the array
+// aligned to its element size, S bytes): zero beyond the end, and S-byte
+// (at most 2-byte) accesses where the array is not 8-byte aligned.
+template <int S>
 static __device__ __forceinline__ void symm_ar_ld8(uint64_t base, uint64_t i, uint64_t bytes,
                                                    uint32_t& d0, uint32_t& d1) {
     const uint64_t off = 8 * i;
@@ -216,15 +287,29 @@ static __device__ __forceinline__ void symm_ar_ld8(uint64_t base, uint64_t i, ui
         d1 = v.y;
         return;
     }
-    uint32_t h[4];
+    if constexpr (S == 1) {
+        uint64_t v = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        h[k] = off + 2 * k + 2 <= bytes ? *(const unsigned short*)(base + off + 2 * k) : 0u;
+        for (int k = 0; k < 8; ++k) {
+            if (off + k < bytes) {
+                const uint64_t b = *(const unsigned char*)(base + off + k);
+                v |= b << (8 * k);
+            }
+        }
+        d0 = (uint32_t)v;
+        d1 = (uint32_t)(v >> 32);
+    } else {
+        uint32_t h[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            h[k] = off + 2 * k + 2 <= bytes ? *(const unsigned short*)(base + off + 2 * k) : 0u;
+        }
+        d0 = h[0] | (h[1] << 16);
+        d1 = h[2] | (h[3] << 16);
     }
-    d0 = h[0] | (h[1] << 16);
-    d1 = h[2] | (h[3] << 16);
 }
 
+template <int S>
 static __device__ __forceinline__ void symm_ar_st8(uint64_t base, uint64_t i, uint64_t bytes, uint32_t d0,
                                                    uint32_t d1) {
     const uint64_t off = 8 * i;
@@ -232,11 +317,21 @@ static __device__ __forceinline__ void symm_ar_st8(uint64_t base, uint64_t i, ui
         *(uint2*)(base + off) = make_uint2(d0, d1);
         return;
     }
-    const uint32_t h[4] = {d0 & 0xffffu, d0 >> 16, d1 & 0xffffu, d1 >> 16};
+    if constexpr (S == 1) {
+        const uint64_t v = ((uint64_t)d1 << 32) | d0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        if (off + 2 * k + 2 <= bytes) {
-            *(unsigned short*)(base + off + 2 * k) = (unsigned short)h[k];
+        for (int k = 0; k < 8; ++k) {
+            if (off + k < bytes) {
+                *(unsigned char*)(base + off + k) = (unsigned char)(v >> (8 * k));
+            }
+        }
+    } else {
+        const uint32_t h[4] = {d0 & 0xffffu, d0 >> 16, d1 & 0xffffu, d1 >> 16};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (off + 2 * k + 2 <= bytes) {
+                *(unsigned short*)(base + off + 2 * k) = (unsigned short)h[k];
+            }
         }
     }
 }
@@ -375,31 +470,29 @@ static __device__ float symm_ar_block_sum(float v) {
 // ---------------------------------------------------------------------------
 // One-shot.
 // ---------------------------------------------------------------------------
-template <int DT>
 static __device__ __forceinline__ uint64_t symm_ar_one_slot(const symm_ar_params& p, int owner, int parity,
                                                             int src) {
     return p.scratch[owner] + p.one_off + ((uint64_t)parity * p.world + src) * p.one_slot;
 }
 
 // Lines i0 + l * stride (l < L; those at or beyond `end` are skipped)
-// reduced over the ranks into acc[l], in f32 (8 / size elements each), in
-// rank order. Each rank's L lines are all requested before any is waited
+// reduced over the ranks into acc[l], in T::Acc (8 / size elements each),
+// in rank order. Each rank's L lines are all requested before any is waited
 // for, so a thread pays one memory latency per rank, not one per line.
-template <int DT, int L>
+template <typename T, int L>
 static __device__ __forceinline__ void symm_ar_lines(const symm_ar_params& p, uint64_t i0, uint64_t stride,
                                                      uint64_t end, uint64_t bytes, uint32_t seq, int parity,
-                                                     float (*acc)[2 * symm_ar_dt<DT>::kPerWord]) {
-    typedef symm_ar_dt<DT> T;
-    constexpr int E = 2 * T::kPerWord;
+                                                     typename T::Acc (*acc)[T::kPerLine]) {
+    constexpr int E = T::kPerLine;
 #pragma unroll
     for (int l = 0; l < L; ++l) {
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-            acc[l][e] = 0.0f;
+            acc[l][e] = 0;
         }
     }
     for (int r = 0; r < p.world; ++r) {
-        const uint64_t slot = symm_ar_one_slot<DT>(p, p.rank, parity, r);
+        const uint64_t slot = symm_ar_one_slot(p, p.rank, parity, r);
         symm_ar_u4 v[L];
 #pragma unroll
         for (int l = 0; l < L; ++l) {
@@ -408,7 +501,7 @@ static __device__ __forceinline__ void symm_ar_lines(const symm_ar_params& p, ui
                 continue;
             }
             if (r == p.rank) {
-                symm_ar_ld8(p.input, i, bytes, v[l].x, v[l].z);
+                symm_ar_ld8<T::kSize>(p.input, i, bytes, v[l].x, v[l].z);
             } else {
                 v[l] = symm_ar_ld_line(slot + 16 * i);
             }
@@ -422,9 +515,8 @@ static __device__ __forceinline__ void symm_ar_lines(const symm_ar_params& p, ui
             if (r != p.rank && !(v[l].y == seq && v[l].w == seq)) {
                 v[l] = symm_ar_poll_line(slot + 16 * i, seq, p, r);
             }
-            float f[E];
-            T::unpack(v[l].x, f);
-            T::unpack(v[l].z, f + T::kPerWord);
+            typename T::Acc f[E];
+            T::unpack_line(v[l].x, v[l].z, f);
 #pragma unroll
             for (int e = 0; e < E; ++e) {
                 acc[l][e] += f[e];
@@ -435,29 +527,21 @@ static __device__ __forceinline__ void symm_ar_lines(const symm_ar_params& p, ui
     for (int l = 0; l < L; ++l) {
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-            acc[l][e] *= p.scale;
+            acc[l][e] = T::finish(acc[l][e], p);
         }
     }
-}
-
-template <int DT>
-static __device__ __forceinline__ void symm_ar_pack_line(const float* f, uint32_t& d0, uint32_t& d1) {
-    typedef symm_ar_dt<DT> T;
-    d0 = T::pack(f);
-    d1 = T::pack(f + T::kPerWord);
 }
 
 // Lines per thread a row of the fused norm keeps in registers (rows of up
 // to 4 * 8 * SYMM_AR_THREADS bytes; longer rows are read back).
 #define SYMM_AR_ROW_LINES 4
 
-// Row `row` of the fused form: residual_out = sum + residual, out =
-// rmsnorm(residual_out) * weight, the row's values kept in registers.
-template <int DT>
+// Row `row` of the fused form (float types): residual_out = sum + residual,
+// out = rmsnorm(residual_out) * weight, the row's values kept in registers.
+template <typename T>
 static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t row, uint64_t bytes, uint32_t seq,
                                               int parity) {
-    typedef symm_ar_dt<DT> T;
-    constexpr int E = 2 * T::kPerWord, L = SYMM_AR_ROW_LINES;
+    constexpr int E = T::kPerLine, L = SYMM_AR_ROW_LINES;
     const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
     const uint64_t first = row * row_lines, end = first + row_lines;
     const uint64_t wbytes = (uint64_t)p.hidden * T::kSize;
@@ -467,12 +551,12 @@ static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t 
     for (int l = 0; l < L; ++l) {
         const uint64_t j = threadIdx.x + (uint64_t)l * blockDim.x;
         if (j < row_lines) {
-            symm_ar_ld8(p.residual, first + j, bytes, res[l][0], res[l][1]);
-            symm_ar_ld8(p.weight, j, wbytes, w[l][0], w[l][1]);
+            symm_ar_ld8<T::kSize>(p.residual, first + j, bytes, res[l][0], res[l][1]);
+            symm_ar_ld8<T::kSize>(p.weight, j, wbytes, w[l][0], w[l][1]);
         }
     }
     float acc[L][E];
-    symm_ar_lines<DT, L>(p, first + threadIdx.x, blockDim.x, end, bytes, seq, parity, acc);
+    symm_ar_lines<T, L>(p, first + threadIdx.x, blockDim.x, end, bytes, seq, parity, acc);
     float ss = 0.0f;
 #pragma unroll
     for (int l = 0; l < L; ++l) {
@@ -481,16 +565,15 @@ static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t 
             continue;
         }
         float r[E];
-        T::unpack(res[l][0], r);
-        T::unpack(res[l][1], r + T::kPerWord);
+        T::unpack_line(res[l][0], res[l][1], r);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             acc[l][e] = T::round(T::round(acc[l][e]) + r[e]);
             ss += acc[l][e] * acc[l][e];
         }
         uint32_t d0, d1;
-        symm_ar_pack_line<DT>(acc[l], d0, d1);
-        symm_ar_st8(p.residual_out, first + j, bytes, d0, d1);
+        T::pack_line(acc[l], d0, d1);
+        symm_ar_st8<T::kSize>(p.residual_out, first + j, bytes, d0, d1);
     }
     const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
 #pragma unroll
@@ -500,70 +583,65 @@ static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t 
             continue;
         }
         float wf[E];
-        T::unpack(w[l][0], wf);
-        T::unpack(w[l][1], wf + T::kPerWord);
+        T::unpack_line(w[l][0], w[l][1], wf);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             acc[l][e] = acc[l][e] * inv * wf[e];
         }
         uint32_t d0, d1;
-        symm_ar_pack_line<DT>(acc[l], d0, d1);
-        symm_ar_st8(p.output, first + j, bytes, d0, d1);
+        T::pack_line(acc[l], d0, d1);
+        symm_ar_st8<T::kSize>(p.output, first + j, bytes, d0, d1);
     }
 }
 
 // As symm_ar_norm_row_short for rows too long for registers: residual_out
 // is written, then read back.
-template <int DT>
+template <typename T>
 static __device__ void symm_ar_norm_row_long(const symm_ar_params& p, uint64_t row, uint64_t bytes, uint32_t seq,
                                              int parity) {
-    typedef symm_ar_dt<DT> T;
-    constexpr int E = 2 * T::kPerWord;
+    constexpr int E = T::kPerLine;
     const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
     const uint64_t first = row * row_lines;
     const uint64_t wbytes = (uint64_t)p.hidden * T::kSize;
     float ss = 0.0f;
     for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
         float acc[1][E];
-        symm_ar_lines<DT, 1>(p, first + j, 0, first + row_lines, bytes, seq, parity, acc);
+        symm_ar_lines<T, 1>(p, first + j, 0, first + row_lines, bytes, seq, parity, acc);
         uint32_t r0, r1;
-        symm_ar_ld8(p.residual, first + j, bytes, r0, r1);
+        symm_ar_ld8<T::kSize>(p.residual, first + j, bytes, r0, r1);
         float res[E];
-        T::unpack(r0, res);
-        T::unpack(r1, res + T::kPerWord);
+        T::unpack_line(r0, r1, res);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             acc[0][e] = T::round(T::round(acc[0][e]) + res[e]);
             ss += acc[0][e] * acc[0][e];
         }
         uint32_t d0, d1;
-        symm_ar_pack_line<DT>(acc[0], d0, d1);
-        symm_ar_st8(p.residual_out, first + j, bytes, d0, d1);
+        T::pack_line(acc[0], d0, d1);
+        symm_ar_st8<T::kSize>(p.residual_out, first + j, bytes, d0, d1);
     }
     const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
     for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
         uint32_t r0, r1, w0, w1;
-        symm_ar_ld8(p.residual_out, first + j, bytes, r0, r1);
-        symm_ar_ld8(p.weight, j, wbytes, w0, w1);
+        symm_ar_ld8<T::kSize>(p.residual_out, first + j, bytes, r0, r1);
+        symm_ar_ld8<T::kSize>(p.weight, j, wbytes, w0, w1);
         float r[E], w[E];
-        T::unpack(r0, r);
-        T::unpack(r1, r + T::kPerWord);
-        T::unpack(w0, w);
-        T::unpack(w1, w + T::kPerWord);
+        T::unpack_line(r0, r1, r);
+        T::unpack_line(w0, w1, w);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             r[e] = r[e] * inv * w[e];
         }
         uint32_t d0, d1;
-        symm_ar_pack_line<DT>(r, d0, d1);
-        symm_ar_st8(p.output, first + j, bytes, d0, d1);
+        T::pack_line(r, d0, d1);
+        symm_ar_st8<T::kSize>(p.output, first + j, bytes, d0, d1);
     }
 }
 
-template <int DT>
+template <typename T>
 static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
-    typedef symm_ar_dt<DT> T;
-    constexpr int E = 2 * T::kPerWord, L = 4;
+    typedef typename T::Acc Acc;
+    constexpr int E = T::kPerLine, L = 4;
     const uint64_t bytes = p.n * T::kSize;
     const uint64_t lines = (bytes + 7) / 8;
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -571,7 +649,7 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
     // The first line's data is loaded while the call count is read.
     uint32_t first0 = 0, first1 = 0;
     if (gtid < lines) {
-        symm_ar_ld8(p.input, gtid, bytes, first0, first1);
+        symm_ar_ld8<T::kSize>(p.input, gtid, bytes, first0, first1);
     }
     const uint32_t seq = symm_ar_begin(p);
     const int parity = seq & 1u;
@@ -580,37 +658,37 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
         for (uint64_t i = gtid; i < lines; i += gstride) {
             uint32_t d0 = first0, d1 = first1;
             if (i != gtid) {
-                symm_ar_ld8(p.input, i, bytes, d0, d1);
+                symm_ar_ld8<T::kSize>(p.input, i, bytes, d0, d1);
             }
             for (int k = 1; k < p.world; ++k) {
                 const int q = (p.rank + k) % p.world;
-                symm_ar_st_line(symm_ar_one_slot<DT>(p, q, parity, p.rank) + 16 * i, d0, d1, seq);
+                symm_ar_st_line(symm_ar_one_slot(p, q, parity, p.rank) + 16 * i, d0, d1, seq);
             }
         }
     }
-    if (p.hidden == 0) {
+    if (!T::kFloat || p.hidden == 0) {
         for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
-            float acc[L][E];
-            symm_ar_lines<DT, L>(p, i0, gstride, lines, bytes, seq, parity, acc);
+            Acc acc[L][E];
+            symm_ar_lines<T, L>(p, i0, gstride, lines, bytes, seq, parity, acc);
 #pragma unroll
             for (int l = 0; l < L; ++l) {
                 if (i0 + l * gstride < lines) {
                     uint32_t d0, d1;
-                    symm_ar_pack_line<DT>(acc[l], d0, d1);
-                    symm_ar_st8(p.output, i0 + l * gstride, bytes, d0, d1);
+                    T::pack_line(acc[l], d0, d1);
+                    symm_ar_st8<T::kSize>(p.output, i0 + l * gstride, bytes, d0, d1);
                 }
             }
         }
-    } else {
+    } else if constexpr (T::kFloat) {
         // Whole rows per block (row bytes are a multiple of 8: the host checks).
         const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
         const uint64_t rows = p.n / p.hidden;
         const bool short_rows = row_lines <= (uint64_t)SYMM_AR_ROW_LINES * blockDim.x;
         for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
             if (short_rows) {
-                symm_ar_norm_row_short<DT>(p, row, bytes, seq, parity);
+                symm_ar_norm_row_short<T>(p, row, bytes, seq, parity);
             } else {
-                symm_ar_norm_row_long<DT>(p, row, bytes, seq, parity);
+                symm_ar_norm_row_long<T>(p, row, bytes, seq, parity);
             }
         }
     }
@@ -631,10 +709,12 @@ static __device__ __forceinline__ uint64_t symm_ar_flag(const symm_ar_params& p,
            (((uint64_t)parity * (p.world + 1) + k) * SYMM_AR_MAX_CHUNKS + c) * 4;
 }
 
-// Copies `len` bytes (even) with the block's threads: 16-byte accesses when
-// both ends are aligned, four in flight per thread, else 2-byte ones. `cg`:
-// the source is scratch that another rank wrote.
+// Copies `len` bytes with the block's threads: 16-byte accesses when both
+// ends are aligned, four in flight per thread, else 2-byte ones, and 1-byte
+// ones for an odd end or address (1-byte elements). `cg`: the source is
+// scratch that another rank wrote.
 static __device__ void symm_ar_block_copy(uint64_t dst, uint64_t src, uint64_t len, bool cg) {
+    uint64_t from = 0;
     if (((dst | src) & 15u) == 0) {
         constexpr int U = 4;
         const uint64_t vecs = len / 16, step = blockDim.x;
@@ -643,8 +723,8 @@ static __device__ void symm_ar_block_copy(uint64_t dst, uint64_t src, uint64_t l
             symm_ar_u4 x[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const uint64_t a = src + 16 * (v + u * step);
-                x[u] = cg ? symm_ar_ld_cg(a) : symm_ar_ld16(a);
+                const uint64_t at = src + 16 * (v + u * step);
+                x[u] = cg ? symm_ar_ld_cg(at) : symm_ar_ld16(at);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -654,43 +734,44 @@ static __device__ void symm_ar_block_copy(uint64_t dst, uint64_t src, uint64_t l
         for (; v < vecs; v += step) {
             symm_ar_st16(dst + 16 * v, cg ? symm_ar_ld_cg(src + 16 * v) : symm_ar_ld16(src + 16 * v));
         }
-        for (uint64_t o = vecs * 16 + 2 * threadIdx.x; o < len; o += 2 * blockDim.x) {
+        from = vecs * 16;
+    }
+    if (((dst | src) & 1u) == 0) {
+        for (uint64_t o = from + 2 * threadIdx.x; o + 1 < len; o += 2 * blockDim.x) {
             *(unsigned short*)(dst + o) = *(const volatile unsigned short*)(src + o);
         }
-        return;
+        from = len & ~(uint64_t)1;
     }
-    for (uint64_t o = 2 * threadIdx.x; o < len; o += 2 * blockDim.x) {
-        *(unsigned short*)(dst + o) = *(const volatile unsigned short*)(src + o);
+    for (uint64_t o = from + threadIdx.x; o < len; o += blockDim.x) {
+        *(unsigned char*)(dst + o) = *(const volatile unsigned char*)(src + o);
     }
 }
 
 // Chunk c (owned by this rank): the sum of every rank's part, written to the
 // output and to every peer's slot (parity, rank), second half.
-template <int DT>
+template <typename T>
 static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity, uint64_t lo, uint64_t len,
                                             uint64_t slot_off) {
-    typedef symm_ar_dt<DT> T;
+    typedef typename T::Acc Acc;
     const int W = p.world;
     const uint64_t in = p.input + lo, out = p.output + lo;
     const uint64_t half = p.two_slot / 2;
     if (((in | out) & 15u) == 0) {
-        constexpr int E = 4 * T::kPerWord;
+        constexpr int L = T::kPerLine, E = 2 * L;
         const uint64_t vecs = len / 16;
         for (uint64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
-            float acc[E];
+            Acc acc[E];
 #pragma unroll
             for (int e = 0; e < E; ++e) {
-                acc[e] = 0.0f;
+                acc[e] = 0;
             }
             for (int r = 0; r < W; ++r) {
                 const symm_ar_u4 x = r == p.rank
                                          ? symm_ar_ld16(in + 16 * v)
                                          : symm_ar_ld_cg(symm_ar_two_slot(p, p.rank, parity, r) + slot_off + 16 * v);
-                float f[E];
-                T::unpack(x.x, f);
-                T::unpack(x.y, f + T::kPerWord);
-                T::unpack(x.z, f + 2 * T::kPerWord);
-                T::unpack(x.w, f + 3 * T::kPerWord);
+                Acc f[E];
+                T::unpack_line(x.x, x.y, f);
+                T::unpack_line(x.z, x.w, f + L);
 #pragma unroll
                 for (int e = 0; e < E; ++e) {
                     acc[e] += f[e];
@@ -698,13 +779,11 @@ static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity,
             }
 #pragma unroll
             for (int e = 0; e < E; ++e) {
-                acc[e] *= p.scale;
+                acc[e] = T::finish(acc[e], p);
             }
             symm_ar_u4 o;
-            o.x = T::pack(acc);
-            o.y = T::pack(acc + T::kPerWord);
-            o.z = T::pack(acc + 2 * T::kPerWord);
-            o.w = T::pack(acc + 3 * T::kPerWord);
+            T::pack_line(acc, o.x, o.y);
+            T::pack_line(acc + L, o.z, o.w);
             symm_ar_st16(out + 16 * v, o);
             for (int k = 1; k < W; ++k) {
                 const int q = (p.rank + k) % W;
@@ -719,12 +798,12 @@ static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity,
     const uint64_t count = len / T::kSize;
     for (uint64_t e = threadIdx.x; e < count; e += blockDim.x) {
         const uint64_t o = e * T::kSize;
-        float acc = 0.0f;
+        Acc acc = 0;
         for (int r = 0; r < W; ++r) {
             acc += r == p.rank ? T::load((const unsigned char*)(p.input + lo + o))
                                : T::load((const unsigned char*)(symm_ar_two_slot(p, p.rank, parity, r) + slot_off + o));
         }
-        acc *= p.scale;
+        acc = T::finish(acc, p);
         T::store((unsigned char*)(p.output + lo + o), acc);
         for (int k = 1; k < W; ++k) {
             const int q = (p.rank + k) % W;
@@ -733,9 +812,8 @@ static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity,
     }
 }
 
-template <int DT>
+template <typename T>
 static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
-    typedef symm_ar_dt<DT> T;
     const uint32_t seq = symm_ar_begin(p);
     const int parity = seq & 1u;
     const int W = p.world, me = p.rank;
@@ -780,7 +858,7 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, c), seq, p, threadIdx.x);
         }
         __syncthreads();
-        symm_ar_reduce_chunk<DT>(p, parity, c * C, len_of(c), g * C);
+        symm_ar_reduce_chunk<T>(p, parity, c * C, len_of(c), g * C);
         sent = true;
     }
     __syncthreads();
@@ -823,10 +901,9 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
 
 // One row with 16-byte accesses, its values in registers: every load of the
 // row is issued before the first sum.
-template <int DT>
+template <typename T>
 static __device__ void symm_add_rmsnorm_row_vec(const symm_rmsnorm_params& p, const unsigned char* x,
                                                 const unsigned char* res, unsigned char* ro, unsigned char* out) {
-    typedef symm_ar_dt<DT> T;
     constexpr int K = SYMM_NORM_VECS, E = 4 * T::kPerWord;
     const uint32_t vecs = p.hidden * T::kSize / 16;
     symm_ar_u4 xv[K], rv[K], wv[K];
@@ -893,9 +970,8 @@ static __device__ void symm_add_rmsnorm_row_vec(const symm_rmsnorm_params& p, co
     }
 }
 
-template <int DT>
+template <typename T>
 static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
-    typedef symm_ar_dt<DT> T;
     constexpr int S = T::kSize;
     const uint64_t row_bytes = (uint64_t)p.hidden * S;
     const bool vec = row_bytes % 16 == 0 && row_bytes <= 16ull * SYMM_NORM_VECS * blockDim.x &&
@@ -907,7 +983,7 @@ static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
         unsigned char* ro = (unsigned char*)(p.residual_out + row * p.ld_residual_out * S);
         unsigned char* out = (unsigned char*)(p.out + row * p.ld_out * S);
         if (vec) {
-            symm_add_rmsnorm_row_vec<DT>(p, x, res, ro, out);
+            symm_add_rmsnorm_row_vec<T>(p, x, res, ro, out);
             continue;
         }
         float ss = 0.0f;
@@ -924,21 +1000,30 @@ static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
     }
 }
 
-#define SYMM_AR_ENTRY(SUFFIX, DT)                                                                      \
+#define SYMM_AR_ENTRY(SUFFIX, T)                                                                       \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_one_shot_##SUFFIX(          \
         const symm_ar_params p) {                                                                      \
-        symm_ar_one_shot_impl<DT>(p);                                                                  \
+        symm_ar_one_shot_impl<T>(p);                                                                   \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_two_shot_##SUFFIX(          \
         const symm_ar_params p) {                                                                      \
-        symm_ar_two_shot_impl<DT>(p);                                                                  \
-    }                                                                                                  \
+        symm_ar_two_shot_impl<T>(p);                                                                   \
+    }
+#define SYMM_AR_NORM_ENTRY(SUFFIX, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_add_rmsnorm_##SUFFIX(          \
         const symm_rmsnorm_params p) {                                                                 \
-        symm_add_rmsnorm_impl<DT>(p);                                                                  \
+        symm_add_rmsnorm_impl<T>(p);                                                                   \
     }
 
-SYMM_AR_ENTRY(f32, SYMM_DT_F32)
-SYMM_AR_ENTRY(bf16, SYMM_DT_BF16)
-SYMM_AR_ENTRY(f16, SYMM_DT_F16)
+SYMM_AR_ENTRY(f32, symm_ar_dt<SYMM_DT_F32>)
+SYMM_AR_ENTRY(bf16, symm_ar_dt<SYMM_DT_BF16>)
+SYMM_AR_ENTRY(f16, symm_ar_dt<SYMM_DT_F16>)
+SYMM_AR_NORM_ENTRY(f32, symm_ar_dt<SYMM_DT_F32>)
+SYMM_AR_NORM_ENTRY(bf16, symm_ar_dt<SYMM_DT_BF16>)
+SYMM_AR_NORM_ENTRY(f16, symm_ar_dt<SYMM_DT_F16>)
+SYMM_AR_ENTRY(i8, symm_ar_int<signed char>)
+SYMM_AR_ENTRY(u8, symm_ar_int<unsigned char>)
+SYMM_AR_ENTRY(i32, symm_ar_int<int32_t>)
+SYMM_AR_ENTRY(i64, symm_ar_int<int64_t>)
 #undef SYMM_AR_ENTRY
+#undef SYMM_AR_NORM_ENTRY

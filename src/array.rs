@@ -10,7 +10,9 @@
 use crate::fp8::Fp8;
 
 /// Element types. The 8-bit floats are matmul inputs only with scales
-/// (see `ops::scaled`), and never converted by copies.
+/// (see `ops::scaled`), and never converted by copies. The integers are
+/// gathered and all-reduced (summed exactly, wrapping), never multiplied
+/// or converted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -18,6 +20,10 @@ pub enum DType {
     F16,
     F8E4M3,
     F8E5M2,
+    I8,
+    U8,
+    I32,
+    I64,
 }
 
 impl DType {
@@ -25,7 +31,9 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::F8E4M3 | DType::F8E5M2 => 1,
+            DType::F8E4M3 | DType::F8E5M2 | DType::I8 | DType::U8 => 1,
+            DType::I32 => 4,
+            DType::I64 => 8,
         }
     }
 
@@ -36,7 +44,16 @@ impl DType {
             DType::F16 => "f16",
             DType::F8E4M3 => "fp8_e4m3",
             DType::F8E5M2 => "fp8_e5m2",
+            DType::I8 => "int8",
+            DType::U8 => "uint8",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
         }
+    }
+
+    /// Whether this is one of the integer types.
+    pub fn is_integer(self) -> bool {
+        matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
     }
 
     /// Whether values convert to and from f32 without scales.
@@ -285,7 +302,7 @@ mod tests {
         }
 
         fn dtype() -> impl Strategy<Value = DType> {
-            prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F8E5M2)]
+            prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F8E5M2), Just(DType::I64)]
         }
 
         /// Any size: shapes and strides up to 2^64, including the 2^63..2^64 band.

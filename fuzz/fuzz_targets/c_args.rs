@@ -126,10 +126,10 @@ fn tensor(inp: &mut Input, arena: usize) -> symm_tensor_t {
         0 => inp.byte() as i8 as i32,
         k => (k % 4 + 1) as i32,
     };
-    // SYMM_DTYPE_F32 (1) to SYMM_DTYPE_FP8_E5M2 (5), or any value.
-    let dtype = match inp.byte() % 8 {
-        7 => inp.byte() as i32 - 2,
-        k => (k % 5) as i32 + 1,
+    // SYMM_DTYPE_F32 (1) to SYMM_DTYPE_INT64 (9), or any value.
+    let dtype = match inp.byte() % 16 {
+        15 => inp.byte() as i32 - 2,
+        k => (k % 9) as i32 + 1,
     };
     let mut t = symm_tensor_t { data: std::ptr::null_mut(), dtype, ndim, shape: [0; 8], strides: [0; 8] };
     let dims = (ndim.clamp(0, 8)) as usize;
@@ -160,9 +160,10 @@ fn tensor(inp: &mut Input, arena: usize) -> symm_tensor_t {
 /// the arena, or symm must refuse it without reading memory.
 fn callable(t: &symm_tensor_t, arena: usize) -> bool {
     let size: u128 = match t.dtype {
-        SYMM_DTYPE_F32 => 4,
+        SYMM_DTYPE_INT64 => 8,
+        SYMM_DTYPE_F32 | SYMM_DTYPE_INT32 => 4,
         SYMM_DTYPE_BF16 | SYMM_DTYPE_F16 => 2,
-        SYMM_DTYPE_FP8_E4M3 | SYMM_DTYPE_FP8_E5M2 => 1,
+        SYMM_DTYPE_FP8_E4M3 | SYMM_DTYPE_FP8_E5M2 | SYMM_DTYPE_INT8 | SYMM_DTYPE_UINT8 => 1,
         _ => return true,
     };
     if !(1..=8).contains(&t.ndim) || t.data.is_null() {

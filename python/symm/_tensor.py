@@ -6,13 +6,18 @@ import sys
 from . import _lib
 from ._arrays import MAX_DIMS, accessible, torch_fields, view
 
-# numpy-style dtype names (ml_dtypes' for bf16 and fp8) -> SYMM_DTYPE_*.
+# numpy-style dtype names (ml_dtypes' for bf16 and fp8; torch's and DLPack's
+# integer names are the same) -> SYMM_DTYPE_*.
 DTYPES = {
     "float32": _lib.DTYPE_F32,
     "bfloat16": _lib.DTYPE_BF16,
     "float16": _lib.DTYPE_F16,
     "float8_e4m3fn": _lib.DTYPE_FP8_E4M3,
     "float8_e5m2": _lib.DTYPE_FP8_E5M2,
+    "int8": _lib.DTYPE_INT8,
+    "uint8": _lib.DTYPE_UINT8,
+    "int32": _lib.DTYPE_INT32,
+    "int64": _lib.DTYPE_INT64,
 }
 
 

@@ -197,7 +197,15 @@ class Group:
         ``n``) costs on this group, without running it: a dict of the
         algorithm it would choose and compute / comm / exposed / total ms."""
         fns = {"ag_mm": lib.symm_plan_ag_mm, "mm_rs": lib.symm_plan_mm_rs, "all_reduce": lib.symm_plan_all_reduce}
-        dtypes = {"f32": _lib.DTYPE_F32, "bf16": _lib.DTYPE_BF16, "f16": _lib.DTYPE_F16}
+        dtypes = {
+            "f32": _lib.DTYPE_F32,
+            "bf16": _lib.DTYPE_BF16,
+            "f16": _lib.DTYPE_F16,
+            "int8": _lib.DTYPE_INT8,
+            "uint8": _lib.DTYPE_UINT8,
+            "int32": _lib.DTYPE_INT32,
+            "int64": _lib.DTYPE_INT64,
+        }
         if op not in fns or dtype not in dtypes:
             raise ValueError(f"op must be one of {sorted(fns)} and dtype one of {sorted(dtypes)}")
         p = _lib.Plan(struct_size=ctypes.sizeof(_lib.Plan))

@@ -375,8 +375,11 @@ def _all_reduce_options(algorithm):
 @_bindable
 def all_reduce(group, x, op="sum", out=None, stream=None, algorithm=None, inplace=False):
     """``x`` summed (``op="sum"``) or averaged (``"avg"``) over the ranks,
-    elementwise, in f32 (f32, bf16 or f16; any shape and strides). Returns
-    ``out`` (allocated like ``x`` when not given), or ``x`` itself with
+    elementwise, any shape and strides: f32, bf16 or f16 summed in f32;
+    int8, uint8, int32 or int64 summed exactly in their own type, wrapping
+    on overflow ("avg": the wrapped sum divided by the world size,
+    truncating toward zero, as NCCL's ``ncclAvg``). Returns ``out``
+    (allocated like ``x`` when not given), or ``x`` itself with
     ``inplace=True``. Every rank gets the same bits.
 
     ``algorithm``: "one_shot" (every rank reads all of every rank's data;

@@ -91,6 +91,87 @@ def test_symmetric_input_and_plan():
         assert 0 < plans[0]["total_ms"] < plans[1]["total_ms"]
 
 
+INT_DTYPES = [np.int8, np.uint8, np.int32, np.int64]
+
+
+def int_inputs(world, shape, dtype, seed):
+    """Values f32 (and f64, summed) cannot hold: int64 near +-2^60 and its
+    limits, int32 around 2^25 + 1 and its limits (sums wrap), int8 and
+    uint8 over their whole range."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype)
+    out = []
+    for _ in range(world):
+        if info.bits >= 32:
+            base = (1 << 60) if info.bits == 64 else (1 << 25) + 1
+            small = rng.integers(-(1 << 19), 1 << 19, shape)
+            x = np.where(rng.random(shape) < 0.25, info.max - np.abs(small), base + small).astype(dtype)
+            x = np.where(rng.random(shape) < 0.5, -x, x)
+        else:
+            x = rng.integers(info.min, info.max, shape, dtype, endpoint=True)
+        out.append(x.astype(dtype))
+    return out
+
+
+def int_reference(xs, dtype, avg):
+    """The sum wrapped to the type (Python integers, exact), divided
+    truncating toward zero for an average, as NCCL's ncclAvg."""
+    bits, signed = np.iinfo(dtype).bits, np.iinfo(dtype).min < 0
+    flat = [x.reshape(-1).tolist() for x in xs]
+    out = []
+    for vals in zip(*flat):
+        s = sum(vals) % (1 << bits)
+        if signed and s >= 1 << (bits - 1):
+            s -= 1 << bits
+        if avg:
+            s = abs(s) // len(xs) * (1 if s >= 0 else -1)
+        out.append(s)
+    return np.array(out, dtype).reshape(xs[0].shape)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_integers_sum_and_avg_exactly(world, dtype, algorithm):
+    xs = int_inputs(world, (5, 37), dtype, world)
+
+    def rank_main(g):
+        out = np.full((5, 37), 0x5A, dtype)
+        assert symm.all_reduce(g, xs[g.rank], out=out, algorithm=algorithm) is out
+        avg = symm.all_reduce(g, xs[g.rank], op="avg", algorithm=algorithm)
+        assert avg.dtype == dtype
+        strided = np.full((5, 74), 0x5A, dtype)
+        symm.all_reduce(g, xs[g.rank].T, out=strided[:, ::2].T, algorithm=algorithm)
+        assert (strided[:, 1::2] == dtype(0x5A)).all(), "wrote outside the output"
+        return out, avg, strided[:, ::2]
+
+    want, want_avg = int_reference(xs, dtype, False), int_reference(xs, dtype, True)
+    for out, avg, strided in on_threads(rank_main, groups_of(world)):
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(avg, want_avg)
+        np.testing.assert_array_equal(strided, want)
+
+
+def test_integer_reference_wraps_and_truncates():
+    i8 = [np.array([100, -3, 127], np.int8), np.array([100, 0, 1], np.int8)]
+    np.testing.assert_array_equal(int_reference(i8, np.int8, False), [-56, -3, -128])
+    np.testing.assert_array_equal(int_reference(i8, np.int8, True), [-28, -1, -64])
+    big = (1 << 60) + 1
+    i64 = [np.array([big, -7], np.int64), np.array([big + 2, -8], np.int64)]
+    np.testing.assert_array_equal(int_reference(i64, np.int64, True), [big + 1, -7])
+
+
+def test_integers_refused_by_the_rmsnorm_and_planned():
+    def rank_main(g):
+        x = np.ones((2, 8), np.int32)
+        with pytest.raises(symm.SymmInvalidArgument, match="all_reduce_rmsnorm takes f32, bf16 or f16"):
+            symm.all_reduce_rmsnorm(g, x, x.copy(), np.ones(8, np.int32))
+        return g.plan("all_reduce", 4096, dtype="int64")
+
+    for plan in on_threads(rank_main, groups_of(2)):
+        assert plan["algorithm"] == "one_shot"
+
+
 def rmsnorm_ref(s, residual, weight, eps, dtype):
     r = (s.astype(dtype).astype(np.float64) + residual.astype(np.float64)).astype(dtype).astype(np.float64)
     inv = 1 / np.sqrt((r * r).mean(axis=-1, keepdims=True) + eps)

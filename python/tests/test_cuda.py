@@ -625,6 +625,96 @@ def test_all_reduce_torch(dtype, algorithm, numel):
     assert torch.equal(results[0][1].cpu(), results[1][1].cpu()), "ranks differ"
 
 
+def int_inputs(seed, numel, np_dtype):
+    """Every rank's integer input: int64 near +-2^60 and its limits, int32
+    around 2^25 + 1 and its limits (so f32, and for int64 f64, would lose
+    bits, and sums wrap), int8 and uint8 over their whole range."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(np_dtype)
+    xs = []
+    for _ in range(WORLD):
+        if info.bits >= 32:
+            base = (1 << 60) if info.bits == 64 else (1 << 25) + 1
+            small = rng.integers(-(1 << 19), 1 << 19, numel)
+            x = np.where(rng.random(numel) < 0.25, info.max - np.abs(small), base + small)
+            x = np.where(rng.random(numel) < 0.5, -x, x).astype(np_dtype)
+        else:
+            x = rng.integers(info.min, info.max, numel, np_dtype, endpoint=True)
+        xs.append(x)
+    return xs
+
+
+def int_sum_and_avg(xs):
+    """The wrapped sum (numpy integer arithmetic wraps) and it divided by
+    the world size truncating toward zero (NCCL's ncclAvg)."""
+    s = xs[0].copy()
+    for x in xs[1:]:
+        s += x
+    q = s // WORLD
+    q += ((q < 0) & (s % WORLD != 0)).astype(s.dtype)
+    return s, q
+
+
+INT_DTYPES = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int32: np.int32, torch.int64: np.int64}
+
+
+@pytest.mark.parametrize("dtype", list(INT_DTYPES))
+@pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
+@pytest.mark.parametrize("numel", [1, 4097, (3 << 20) + 1])
+def test_all_reduce_integers_exact_torch(dtype, algorithm, numel):
+    xs = int_inputs(25, numel, INT_DTYPES[dtype])
+    want, want_avg = int_sum_and_avg(xs)
+
+    def rank_main(g):
+        x = torch.from_numpy(xs[g.rank]).cuda()
+        outs = []
+        for _ in range(2):
+            out = torch.full_like(x, 0x5A)
+            symm.all_reduce(g, x, out=out, algorithm=algorithm)
+            avg = symm.all_reduce(g, x, op="avg", algorithm=algorithm)
+            outs.append((out, avg))
+        # Strided, and 1-byte types at an odd address.
+        whole = torch.full((2 * numel + 1,), 0x5A, dtype=dtype, device="cuda")
+        symm.all_reduce(g, x, out=whole[1::2], algorithm=algorithm)
+        torch.cuda.current_stream().synchronize()
+        return [(o.cpu().numpy(), a.cpu().numpy()) for o, a in outs], whole.cpu().numpy()
+
+    for outs, whole in on_ranks(rank_main):
+        for out, avg in outs:
+            np.testing.assert_array_equal(out, want)
+            np.testing.assert_array_equal(avg, want_avg)
+        np.testing.assert_array_equal(whole[1::2], want)
+        assert (whole[0::2] == 0x5A).all(), "wrote outside the output"
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_lc_allgather_integers_torch(dtype):
+    """Token ids and the like: gathered bit for bit, strided input included."""
+    xs = [torch.from_numpy(x).reshape(-1, 8) for x in int_inputs(26, 8 * 1000, INT_DTYPES[dtype])]
+
+    def rank_main(g):
+        x = xs[g.rank].cuda()
+        out = torch.full((WORLD * 1000, 8), 0x5A, dtype=dtype, device="cuda")
+        symm.lc_allgather(g, x, out=out)
+        strided = symm.lc_allgather(g, x.t().contiguous().t())
+        torch.cuda.current_stream().synchronize()
+        return out.cpu(), strided.cpu()
+
+    want = torch.cat(xs)
+    for out, strided in on_ranks(rank_main):
+        assert torch.equal(out, want)
+        assert torch.equal(strided, want)
+
+
+def test_integers_refused_by_the_rmsnorm_on_cuda():
+    def rank_main(g):
+        x = torch.ones((2, 8), dtype=torch.int32, device="cuda")
+        with pytest.raises(symm.SymmInvalidArgument, match="all_reduce_rmsnorm takes f32, bf16 or f16"):
+            symm.all_reduce_rmsnorm(g, x, x.clone(), torch.ones(8, dtype=torch.int32, device="cuda"))
+
+    on_ranks(rank_main)
+
+
 @pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
 @pytest.mark.parametrize("tokens,hidden", [(1, 4096), (16, 8192), (5, 36), (3, 20480)])
 def test_all_reduce_rmsnorm_torch(algorithm, tokens, hidden):

@@ -178,7 +178,7 @@ def test_trace_time_checks(mesh):
     with pytest.raises(ValueError, match=r"does not divide by the world size \(4\)"):
         traced(partial(sj.mm_rs, scatter_dim=1), a, jnp.ones((WORLD * 2, 6)), specs=(P(None, "x"), P("x")))
     with pytest.raises(TypeError, match="expected one of"):
-        traced(sj.lc_allgather, jnp.ones((WORLD, 2), jnp.int32), specs=(P("x"),))
+        traced(sj.lc_allgather, jnp.ones((WORLD, 2), jnp.int16), specs=(P("x"),))
 
 
 def test_handler_rejects_bad_attributes_on_every_device(mesh):
@@ -282,6 +282,45 @@ def test_all_reduce_sum_and_avg(mesh, dtype, algorithm):
         assert_close(got, ref, dtype)
     for got in per_device(a):
         assert_close(got, ref / WORLD, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int32])
+@pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
+def test_all_reduce_integers_exact(mesh, dtype, algorithm):
+    """Integers sum exactly, wrapping (int32 values beyond f32's 24 bits);
+    "avg" divides the wrapped sum truncating toward zero. (int64 needs
+    jax_enable_x64; the C and numpy tests cover it.)"""
+    rng = np.random.default_rng(13)
+    info = np.iinfo(dtype)
+    if info.bits == 32:
+        x = np.where(rng.random((WORLD * 3, 40)) < 0.5, -1, 1) * ((1 << 25) + 1 + rng.integers(0, 1 << 19, (WORLD * 3, 40)))
+        x[0, :4] = info.max  # sums that wrap
+    else:
+        x = rng.integers(info.min, info.max, (WORLD * 3, 40), endpoint=True)
+    x = jnp.asarray(x.astype(dtype))
+
+    def body(x):
+        s = sj.all_reduce(x, algorithm=algorithm, axis_name="x")
+        a = sj.all_reduce(x, "avg", algorithm=algorithm, axis_name="x")
+        return s, a
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    s, a = f(x)
+    total = sum(p.astype(object) for p in per_device(np.asarray(x)))
+    wrapped = (total - info.min) % (1 << info.bits) + info.min
+    avg = np.vectorize(lambda v: abs(v) // WORLD * (1 if v >= 0 else -1))(wrapped)
+    for got in per_device(s):
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got.astype(object), wrapped)
+    for got in per_device(a):
+        np.testing.assert_array_equal(got.astype(object), avg)
+
+
+def test_lc_allgather_int32(mesh):
+    x = jnp.asarray(np.arange(WORLD * 3 * 5, dtype=np.int32).reshape(WORLD * 3, 5) * 1000003 + (1 << 25) + 1)
+    f = jax.jit(jax.shard_map(partial(sj.lc_allgather, axis_name="x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    for got in per_device(f(x)):
+        np.testing.assert_array_equal(got, np.asarray(x))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

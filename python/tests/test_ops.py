@@ -182,6 +182,25 @@ def test_lc_allgather_is_exact(world, dtype):
     on_threads(rank_main, groups_of(world))
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.int64])
+def test_lc_allgather_integers_bit_exact(world, dtype):
+    rng = np.random.default_rng(8)
+    info = np.iinfo(dtype)
+    xs = [rng.integers(info.min, info.max, (3, 10), dtype, endpoint=True)[:, ::2] for _ in range(world)]
+    gathered = np.concatenate(xs)
+
+    def rank_main(g):
+        out = np.full((3 * world, 5), 0x5A, dtype)
+        assert symm.lc_allgather(g, xs[g.rank], out=out) is out
+        allocated = symm.lc_allgather(g, xs[g.rank])
+        assert allocated.dtype == dtype
+        for got in (out, allocated):
+            np.testing.assert_array_equal(got, gathered)
+
+    on_threads(rank_main, groups_of(world))
+
+
 def test_lc_allgather_from_symmetric_memory():
     """An input inside a rendezvoused buffer, at the same offset on every rank."""
     world = 3

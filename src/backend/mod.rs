@@ -177,6 +177,9 @@ pub struct Capabilities {
     /// two-shot kernels); without, the operations all-reduce over `copy`,
     /// `reduce` and barriers.
     pub all_reduce: bool,
+    /// Whether [`Backend::reduce_integers`] runs here, for integer
+    /// all-reduces that do not take the device-side kernels.
+    pub reduce_integers: bool,
 }
 
 impl Default for Capabilities {
@@ -188,6 +191,7 @@ impl Default for Capabilities {
             gather_slice_align: FusedGather::SLICE_ALIGN,
             fused_scatter_preferred: |_, _, _, _| false,
             all_reduce: false,
+            reduce_integers: true,
         }
     }
 }
@@ -227,6 +231,15 @@ pub trait Backend: Send + Sync {
     fn reduce(&self, dst: &Array, srcs: &[Array], scale: f32, stream: Stream) -> Result<()> {
         let _ = (dst, srcs, scale, stream);
         Err(err!(Unsupported, "the {} backend does not implement reduce", self.kind().name()))
+    }
+
+    /// `dst = (srcs[0] + srcs[1] + ...) / divisor` for integer arrays (no
+    /// float round trip): summed in the element type, wrapping modulo
+    /// 2^bits, then divided truncating toward zero (`divisor` 1: the sum).
+    /// Every source has `dst`'s shape and dtype.
+    fn reduce_integers(&self, dst: &Array, srcs: &[Array], divisor: usize, stream: Stream) -> Result<()> {
+        let _ = (srcs, divisor, stream);
+        Err(err!(Unsupported, "the {} backend does not reduce {} values", self.kind().name(), dst.dtype))
     }
 
     /// Matrices: `dst = a @ b`, or `dst += a @ b` with `accumulate` (which
@@ -410,7 +423,8 @@ pub struct AllReduceNorm {
 
 /// One device-side all-reduce: `output = scale * sum over ranks of input`
 /// (`n` contiguous elements of `dtype`, summed in f32 in rank order, so
-/// every rank gets the same bits), moved through `scratch`: every rank's
+/// every rank gets the same bits; integer dtypes: `sum / divisor`, summed
+/// exactly in the element type as [`Backend::reduce_integers`]), moved through `scratch`: every rank's
 /// all-reduce scratch buffer (its base as mapped here, `scratch_bytes`
 /// each, laid out by [`AllReduceLayout`]). The buffer starts zeroed and no
 /// other work writes it: it counts the calls, whose numbers flag the data,
@@ -426,6 +440,9 @@ pub struct AllReduceCall {
     pub input: u64,
     pub output: u64,
     pub scale: f32,
+    /// Integer dtypes: what the wrapped sum is divided by (1: SUM, the
+    /// world: AVG); float dtypes use `scale`.
+    pub divisor: usize,
     pub scratch: Vec<u64>,
     pub scratch_bytes: usize,
     pub norm: Option<AllReduceNorm>,

@@ -96,6 +96,10 @@ pub fn dtype(d: symm_dtype_t, name: &str) -> Result<DType> {
         SYMM_DTYPE_F16 => Ok(DType::F16),
         SYMM_DTYPE_FP8_E4M3 => Ok(DType::F8E4M3),
         SYMM_DTYPE_FP8_E5M2 => Ok(DType::F8E5M2),
+        SYMM_DTYPE_INT8 => Ok(DType::I8),
+        SYMM_DTYPE_UINT8 => Ok(DType::U8),
+        SYMM_DTYPE_INT32 => Ok(DType::I32),
+        SYMM_DTYPE_INT64 => Ok(DType::I64),
         other => Err(err!(InvalidArgument, "{name} is {other}; expected one of the SYMM_DTYPE_* values")),
     }
 }

@@ -43,6 +43,7 @@ fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut sy
     };
     let g = group(g)?;
     let (dtype, m, k, n) = (dtype(dt, "dtype")?, dim(m, "m")?, dim(k, "k")?, dim(n, "n")?);
+    crate::ops::check::matmul_input(dtype, "dtype")?;
     let d = decide::decide(&Facts::of(&g), &decide::Shape { op, m, k, n, dtype }, true, None)?;
     let e = d.estimate;
     write(
@@ -106,8 +107,11 @@ pub extern "C" fn symm_plan_all_reduce(
             .ok()
             .filter(|&n| n > 0)
             .ok_or_else(|| err!(InvalidArgument, "numel is {numel}; it must be positive"))?;
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(err!(InvalidArgument, "dtype is {dtype}; expected f32, bf16 or f16"));
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) && !dtype.is_integer() {
+            return Err(err!(
+                InvalidArgument,
+                "dtype is {dtype}; expected f32, bf16, f16, int8, uint8, int32 or int64"
+            ));
         }
         let d = decide::decide_all_reduce(&Facts::of(&g), numel, dtype, None);
         let algorithm = all_reduce_to_c(d.algorithm);

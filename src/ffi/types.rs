@@ -134,6 +134,16 @@ pub const SYMM_DTYPE_F16: symm_dtype_t = 3;
 /// with scales, and outputs of such matmuls (see `symm_ag_mm_options_t`).
 pub const SYMM_DTYPE_FP8_E4M3: symm_dtype_t = 4;
 pub const SYMM_DTYPE_FP8_E5M2: symm_dtype_t = 5;
+/// Integers (two's complement; `torch.int8`, `uint8`, `int32`, `int64`).
+/// Copied by `symm_lc_allgather` and reduced by `symm_all_reduce`, exactly
+/// in the element type: `SYMM_REDUCE_SUM` wraps on overflow (modulo 2^bits,
+/// as NCCL and torch do), `SYMM_REDUCE_AVG` divides that wrapped sum by the
+/// world size, truncating toward zero (as NCCL's `ncclAvg`). Never matmul
+/// operands or outputs, and not taken by `symm_all_reduce_rmsnorm`.
+pub const SYMM_DTYPE_INT8: symm_dtype_t = 6;
+pub const SYMM_DTYPE_UINT8: symm_dtype_t = 7;
+pub const SYMM_DTYPE_INT32: symm_dtype_t = 8;
+pub const SYMM_DTYPE_INT64: symm_dtype_t = 9;
 
 /// Most dimensions a tensor may have.
 pub const SYMM_MAX_DIMS: usize = 8;

@@ -172,6 +172,7 @@ impl AgMm {
     fn prepare(self, facts: &Facts, backend: &str, fits: bool) -> Result<AgMmPrepared> {
         let world = facts.world;
         let a = &self.a_shard;
+        check::matmul_input(a.dtype, "a_shard.dtype")?;
         check::ndim_at_least(a, "a_shard", 2)?;
         let dim = check::dim(self.gather_dim, "gather_dim", a.ndim(), "a_shard")?;
         let mode = self.scale_mode()?;

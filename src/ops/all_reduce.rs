@@ -4,6 +4,11 @@
 //! engines, `residual_out = all_reduce(input) + residual`, `out =
 //! rmsnorm(residual_out) * weight` over the last dimension.
 //!
+//! Integer inputs (plain all-reduce only) are summed exactly in their own
+//! type, wrapping modulo 2^bits; their average is that sum divided by the
+//! world size, truncating toward zero, as NCCL's `ncclAvg` (which torch's
+//! `ReduceOp.AVG` uses on integer tensors).
+//!
 //! Two algorithms (PyTorch's `one_shot_all_reduce` and
 //! `two_shot_all_reduce_`), chosen by `decide::decide_all_reduce` from the
 //! agreed size or forced by the call's options:
@@ -138,8 +143,21 @@ impl AllReduce {
         symmetric: Option<SymmetricPlace>,
     ) -> Result<ArPrepared> {
         let (input, output) = (&self.input, &self.output);
-        if !matches!(input.dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(err!(InvalidArgument, "input.dtype is {}; expected f32, bf16 or f16", input.dtype));
+        let floats = matches!(input.dtype, DType::F32 | DType::BF16 | DType::F16);
+        if self.norm.is_some() && !floats {
+            return Err(err!(
+                InvalidArgument,
+                "input.dtype is {}; all_reduce_rmsnorm takes f32, bf16 or f16 (an rmsnorm of {} values is not defined)",
+                input.dtype,
+                input.dtype
+            ));
+        }
+        if !floats && !input.dtype.is_integer() {
+            return Err(err!(
+                InvalidArgument,
+                "input.dtype is {}; expected f32, bf16, f16, int8, uint8, int32 or int64",
+                input.dtype
+            ));
         }
         let out_name = if self.norm.is_some() { "out" } else { "output" };
         check::same_dtype(output, out_name, input.dtype, "input")?;
@@ -193,6 +211,15 @@ impl AllReduce {
         // The kernels spin while their peers run: ranks sharing a GPU would wait
         // for each other's blocks, so they take the generic path.
         let kernel = facts.caps.all_reduce && facts.own_devices && world <= AllReduceLayout::MAX_WORLD;
+        if input.dtype.is_integer() && !kernel && !facts.caps.reduce_integers {
+            return Err(err!(
+                Unsupported,
+                "input.dtype is {}: this backend all-reduces integers only in its device-side kernels, which need \
+                 every rank on a GPU of its own and at most {} ranks (here {world})",
+                input.dtype,
+                AllReduceLayout::MAX_WORLD
+            ));
+        }
         let mut layout = Layout::default();
         let plan = if kernel {
             // Contiguous views, else packed copies in the workspace.
@@ -286,6 +313,23 @@ impl Prepared for ArPrepared {
 }
 
 impl ArPrepared {
+    /// What an integer sum is divided by.
+    fn divisor(&self, world: usize) -> usize {
+        match self.call.op {
+            ReduceOp::Sum => 1,
+            ReduceOp::Avg => world,
+        }
+    }
+
+    /// `dst = reduce(srcs)`: scaled in f32 for floats, exact for integers.
+    fn reduce(&self, ex: &Exec<'_>, dst: &Array, srcs: &[Array], scale: f32) -> Result<()> {
+        if dst.dtype.is_integer() {
+            ex.group.backend().reduce_integers(dst, srcs, self.divisor(ex.world()), ex.stream)
+        } else {
+            ex.reduce(dst, srcs, scale)
+        }
+    }
+
     /// A contiguous array holding `t`'s elements: `t` itself, or its copy
     /// at `at` in the workspace (copied there first when `fill`).
     fn contiguous(&self, ex: &Exec<'_>, t: &Array, at: Option<usize>, fill: bool) -> Result<Array> {
@@ -343,6 +387,7 @@ impl ArPrepared {
             input: input.addr,
             output: output.addr,
             scale,
+            divisor: self.divisor(ex.world()),
             scratch: ex.on_every_rank(super::state::Scratch::AllReduce, 0)?,
             scratch_bytes: reduce.buffer().size(),
             norm,
@@ -387,7 +432,7 @@ impl ArPrepared {
                 let (lo, hi) = slice(n, world, me);
                 let srcs: Vec<Array> =
                     (0..world).map(|r| Ok(flat(source(r)? + lo as u64 * size, hi - lo))).collect::<Result<_>>()?;
-                ex.reduce(&flat(ex.local(red) + lo as u64 * size, hi - lo), &srcs, scale)?;
+                self.reduce(ex, &flat(ex.local(red) + lo as u64 * size, hi - lo), &srcs, scale)?;
                 ex.barrier()?;
                 for r in ex.rotation() {
                     let (lo, hi) = slice(n, world, r);
@@ -397,7 +442,7 @@ impl ArPrepared {
             }
             _ => {
                 let srcs: Vec<Array> = (0..world).map(|r| Ok(flat(source(r)?, n))).collect::<Result<_>>()?;
-                ex.reduce(&sum, &srcs, scale)?;
+                self.reduce(ex, &sum, &srcs, scale)?;
             }
         }
         // No rank may overwrite what a peer still reads (its staged input,

@@ -31,12 +31,26 @@ pub fn same_dtype(t: &Array, name: &str, want: DType, of: &str) -> Result<()> {
 /// A matmul output: its type is the inputs' (another output type is a
 /// later addition, hence Unsupported rather than invalid).
 pub fn output_dtype(t: &Array, name: &str, want: DType, backend: &str) -> Result<()> {
+    matmul_input(t.dtype, &format!("{name}.dtype"))?;
     if t.dtype != want {
         return Err(err!(
             Unsupported,
             "{name}.dtype is {} but the inputs are {want}; an output dtype other than the inputs' is not \
              supported by the {backend} backend yet",
             t.dtype
+        ));
+    }
+    Ok(())
+}
+
+/// A matmul operand's type: integers are gathered and all-reduced, never
+/// multiplied.
+pub fn matmul_input(dtype: DType, name: &str) -> Result<()> {
+    if dtype.is_integer() {
+        return Err(err!(
+            InvalidArgument,
+            "{name} is {dtype}; matmuls take f32, bf16, f16 or fp8 operands (integers are supported by \
+             symm_lc_allgather and symm_all_reduce only)"
         ));
     }
     Ok(())

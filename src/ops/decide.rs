@@ -240,6 +240,7 @@ mod tests {
                 gather_slice_align: 128,
                 fused_scatter_preferred: |rows, _, _, in_elem| rows == 256 && in_elem == 2,
                 all_reduce: true,
+                reduce_integers: false,
             },
             world,
             own_devices: true,

@@ -211,6 +211,52 @@ mod tests {
         groups.iter().for_each(|g| g.release_scratch());
     }
 
+    /// Integers gather bit-exactly at worlds 1 to 4: int64 near 2^60 and
+    /// int8 (one byte per element, odd sizes), from transposed inputs, into
+    /// poisoned outputs.
+    #[test]
+    fn integers_gather_exactly_at_worlds_1_to_4() {
+        for world in 1..=4 {
+            let groups = host_groups(world);
+            let outs = on_each(&groups, |r, g| {
+                // Logical [3, 5] stored column-major (strides [1, 3]).
+                let v64 = |q: usize, i: usize| (1i64 << 60) + (q * 15 + i) as i64 * 0x1_0000_0001 - 7;
+                let mut in64 = vec![0i64; 15];
+                let mut in8 = vec![0i8; 15];
+                for (i, j) in (0..3).flat_map(|i| (0..5).map(move |j| (i, j))) {
+                    in64[i + 3 * j] = -v64(r, i * 5 + j);
+                    in8[i + 3 * j] = ((r * 15 + i * 5 + j) as u8).wrapping_sub(100) as i8;
+                }
+                let mut out64 = vec![0x5a5a_5a5a_5a5a_5a5ai64; 15 * world];
+                let mut out8 = vec![0x5ai8; 15 * world + 1];
+                let strided = |addr: u64, dtype| Array { addr, dtype, shape: vec![3, 5], strides: vec![1, 3] };
+                let call = LcAllgather {
+                    input: strided(in64.as_mut_ptr() as u64, DType::I64),
+                    output: Array::contiguous(out64.as_mut_ptr() as u64, DType::I64, &[3 * world, 5]),
+                };
+                lc_allgather(g, Ok(call), Stream(0)).unwrap();
+                let call = LcAllgather {
+                    input: strided(in8.as_mut_ptr() as u64, DType::I8),
+                    output: Array::contiguous(out8.as_mut_ptr() as u64, DType::I8, &[3 * world, 5]),
+                };
+                lc_allgather(g, Ok(call), Stream(0)).unwrap();
+                assert_eq!(out8[15 * world], 0x5a, "a byte past the output was written");
+                for q in 0..world {
+                    for i in 0..15 {
+                        assert_eq!(out64[q * 15 + i], -v64(q, i), "world {world} rank {r} part {q} int64 {i}");
+                        assert_eq!(
+                            out8[q * 15 + i],
+                            ((q * 15 + i) as u8).wrapping_sub(100) as i8,
+                            "world {world} part {q} int8 {i}"
+                        );
+                    }
+                }
+            });
+            assert_eq!(outs.len(), world);
+            groups.iter().for_each(|g| g.release_scratch());
+        }
+    }
+
     /// Inputs at the same offset of one symmetric buffer, with strides that
     /// differ per rank (the header allows it): agreed, not a mismatch; the
     /// contiguous rank is read in place, the strided one is staged.

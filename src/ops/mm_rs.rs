@@ -176,6 +176,7 @@ impl MmRs {
     fn prepare(self, facts: &Facts, backend: &str, fits: bool) -> Result<MmRsPrepared> {
         let world = facts.world;
         let (a, b) = (&self.a, &self.b);
+        check::matmul_input(a.dtype, "a.dtype")?;
         check::ndim_at_least(a, "a", 2)?;
         let mode = self.scale_mode()?;
         match mode {

@@ -27,7 +27,7 @@
 pub mod ag_mm;
 mod agree;
 pub mod all_reduce;
-mod check;
+pub(crate) mod check;
 pub(crate) mod decide;
 #[cfg(test)]
 mod failure_tests;

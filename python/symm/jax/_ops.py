@@ -16,9 +16,12 @@ from . import _grads
 from ._context import axis as _axis
 from ._context import vma
 
-# What the matmuls take; the all-gather moves any of symm's types.
+# What the matmuls take; the all-gather moves any of symm's types; the
+# all-reduce sums floats (in f32) and integers (exactly, wrapping).
 MATMUL_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-COPY_DTYPES = MATMUL_DTYPES + (jnp.float8_e4m3fn, jnp.float8_e5m2)
+INT_DTYPES = (jnp.int8, jnp.uint8, jnp.int32, jnp.int64)
+COPY_DTYPES = MATMUL_DTYPES + (jnp.float8_e4m3fn, jnp.float8_e5m2) + INT_DTYPES
+ALL_REDUCE_DTYPES = MATMUL_DTYPES + INT_DTYPES
 REDUCE_OPS = ("sum", "avg")
 
 
@@ -112,12 +115,14 @@ def _ar_algorithm(algorithm):
 
 def all_reduce(x, op="sum", *, algorithm=None, axis_name=None):
     """``x`` summed (``op="sum"``) or averaged (``"avg"``) over the devices,
-    elementwise (f32, bf16 or f16, summed in f32; any shape). ``algorithm``:
-    "one_shot", "two_shot" or None (symm's choice by size)."""
+    elementwise, any shape: f32, bf16 or f16 summed in f32; int8, uint8,
+    int32 or int64 summed exactly, wrapping on overflow ("avg": the wrapped
+    sum divided by the world size, truncating toward zero, as NCCL).
+    ``algorithm``: "one_shot", "two_shot" or None (symm's choice by size)."""
     axis, world = _axis(axis_name)
     if op not in REDUCE_OPS:
         raise ValueError(f"op is {op!r}; expected one of {REDUCE_OPS}")
-    _dtype(x, "x", MATMUL_DTYPES)
+    _dtype(x, "x", ALL_REDUCE_DTYPES)
     return _grads.all_reduce(op, _ar_algorithm(algorithm), axis, world, vma(x))(x)
 
 

@@ -3,14 +3,16 @@
 //! with call-numbered flags) kernel per call, through the group's
 //! all-reduce buffer (layout: `backend::AllReduceLayout`); and the add +
 //! RMSNorm kernel, fused into the one-shot where rows are whole LL lines,
-//! launched after the all-reduce otherwise.
+//! launched after the all-reduce otherwise. Integers take kernels of
+//! their own that sum exactly in the element's width (no norm).
 
 use super::gemm::GemmDtype;
 use super::module::{arg, Kernels};
 use super::sm90::gemm_dtype;
-use crate::array::Array;
+use crate::array::{Array, DType};
 use crate::backend::{AddRmsNorm, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
 use crate::error::{err, Result};
+use cudarc::driver::CudaFunction;
 use std::ffi::c_void;
 
 /// Threads per block (`SYMM_AR_THREADS`).
@@ -42,7 +44,7 @@ struct ArParams {
     hidden: u32,
     scale: f32,
     eps: f32,
-    pad: u32,
+    divisor: u32,
 }
 
 /// Mirror of `struct symm_rmsnorm_params`.
@@ -92,6 +94,10 @@ fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
     }
     let size = call.dtype.size();
     let bytes = call.n * size;
+    let divisor = u32::try_from(call.divisor).ok().filter(|&d| d >= 1);
+    let Some(divisor) = divisor else {
+        return Err(err!(Internal, "all-reduce divisor {}", call.divisor));
+    };
     let layout = AllReduceLayout::of(call.scratch_bytes, world);
     if !layout.holds(bytes) {
         return Err(err!(Internal, "an all-reduce buffer of {} bytes cannot hold {bytes} bytes", call.scratch_bytes));
@@ -116,22 +122,43 @@ fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
         rank: rank as i32,
         world: world as i32,
         scale: call.scale,
+        divisor,
         ..Default::default()
     };
     p.scratch[..world].copy_from_slice(&call.scratch);
     Ok(p)
 }
 
+/// The index of an integer dtype in `Kernels::all_reduce_int`.
+pub fn int_index(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::I8 => Some(0),
+        DType::U8 => Some(1),
+        DType::I32 => Some(2),
+        DType::I64 => Some(3),
+        _ => None,
+    }
+}
+
+/// The kernel for `call`'s algorithm and dtype.
+fn kernel<'k>(kernels: &'k Kernels, call: &AllReduceCall) -> Result<&'k CudaFunction> {
+    let a = call.algorithm as usize;
+    match int_index(call.dtype) {
+        Some(_) if call.norm.is_some() => Err(err!(Internal, "an rmsnorm of {} values", call.dtype)),
+        Some(i) => Ok(&kernels.all_reduce_int[a][i]),
+        None => Ok(&kernels.all_reduce[a][gemm_dtype(call.dtype)? as usize]),
+    }
+}
+
 /// Enqueues `call` on `stream`; `err_ptr` is the device's error record.
 pub fn all_reduce(kernels: &Kernels, call: &AllReduceCall, err_ptr: u64, stream: Stream) -> Result<()> {
-    let dtype = gemm_dtype(call.dtype)?;
+    let f = kernel(kernels, call)?;
     let mut p = params(call, err_ptr)?;
     let fused = call.norm.as_ref().filter(|nm| fuses_norm(call.algorithm, nm.hidden, call.dtype.size()));
     if let Some(nm) = fused {
         (p.residual, p.weight, p.residual_out, p.hidden, p.eps) =
             (nm.residual, nm.weight, nm.residual_out, nm.hidden as u32, nm.eps);
     }
-    let f = &kernels.all_reduce[call.algorithm as usize][dtype as usize];
     let blocks = grid(call, kernels.sm_count);
     let mut params: [*mut c_void; 1] = [arg(&mut p)];
     // SAFETY: one parameter, `struct symm_ar_params` by value (ArParams
@@ -204,7 +231,6 @@ pub fn add_rms_norm(kernels: &Kernels, norm: &AddRmsNorm, stream: Stream) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::array::DType;
     use std::time::Duration;
 
     #[test]
@@ -224,6 +250,7 @@ mod tests {
             input: 0x1000,
             output: 0x2000,
             scale: 1.0,
+            divisor: 1,
             scratch: vec![0x10_0000, 0x20_0000],
             scratch_bytes: bytes,
             norm: None,
@@ -248,6 +275,11 @@ mod tests {
         let mut c = call(AllReduceAlgorithm::OneShot, 1000);
         c.output = 0x2001;
         assert!(params(&c, 0).is_err());
+        let mut c = call(AllReduceAlgorithm::TwoShot, 1000);
+        c.divisor = 0;
+        assert!(params(&c, 0).is_err());
+        c.divisor = 4;
+        assert_eq!(params(&c, 0).unwrap().divisor, 4);
         assert!(fuses_norm(AllReduceAlgorithm::OneShot, 4096, 2));
         assert!(!fuses_norm(AllReduceAlgorithm::OneShot, 33, 2));
         assert!(fuses_norm(AllReduceAlgorithm::OneShot, 34, 4));

@@ -83,6 +83,12 @@ pub mod names {
         ["symm_ar_one_shot_f32", "symm_ar_one_shot_bf16", "symm_ar_one_shot_f16"],
         ["symm_ar_two_shot_f32", "symm_ar_two_shot_bf16", "symm_ar_two_shot_f16"],
     ];
+    /// kernels/allreduce.cu, integers: by `AllReduceAlgorithm as usize`,
+    /// then int8, uint8, int32, int64 (`cuda::all_reduce::int_index`).
+    pub const ALL_REDUCE_INT: [[&str; 4]; 2] = [
+        ["symm_ar_one_shot_i8", "symm_ar_one_shot_u8", "symm_ar_one_shot_i32", "symm_ar_one_shot_i64"],
+        ["symm_ar_two_shot_i8", "symm_ar_two_shot_u8", "symm_ar_two_shot_i32", "symm_ar_two_shot_i64"],
+    ];
     /// kernels/allreduce.cu, by `GemmDtype as usize`.
     pub const ADD_RMSNORM: [&str; 3] = ["symm_add_rmsnorm_f32", "symm_add_rmsnorm_bf16", "symm_add_rmsnorm_f16"];
     /// kernels/pack.cu, contiguous rows copied with 2^i-byte accesses.

@@ -201,6 +201,8 @@ impl Backend for CudaBackend {
             gather_slice_align: sm90::Sm90Matmul::SLICE_ALIGN,
             fused_scatter_preferred: sm90::fused_scatter_preferred,
             all_reduce: true,
+            // Integers reduce in the all-reduce kernels only.
+            reduce_integers: false,
         }
     }
     fn all_reduce(&self, call: &AllReduceCall, stream: Stream) -> Result<()> {

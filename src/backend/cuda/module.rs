@@ -25,6 +25,9 @@ pub struct Kernels {
     /// `symm_ar_{one,two}_shot_*`, by `AllReduceAlgorithm as usize`, then
     /// `GemmDtype as usize` (all_reduce.rs).
     pub all_reduce: [[CudaFunction; 3]; 2],
+    /// `symm_ar_{one,two}_shot_{i8,u8,i32,i64}`, by `AllReduceAlgorithm as
+    /// usize`, then `all_reduce::int_index` (all_reduce.rs).
+    pub all_reduce_int: [[CudaFunction; 4]; 2],
     /// `symm_add_rmsnorm_*`, by `GemmDtype as usize` (all_reduce.rs).
     pub add_rmsnorm: [CudaFunction; 3],
     /// `symm_pack_rows_v{1,2,4,8,16}`, indexed by log2 of the access width (pack.rs).
@@ -91,6 +94,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     let pack = |name: &str| modules.function(units::PACK, name);
     let ar = |name: &str| modules.function(units::ALL_REDUCE, name);
     let ar3 = |n: [&str; 3]| -> Result<[CudaFunction; 3]> { Ok([ar(n[0])?, ar(n[1])?, ar(n[2])?]) };
+    let ar4 = |n: [&str; 4]| -> Result<[CudaFunction; 4]> { Ok([ar(n[0])?, ar(n[1])?, ar(n[2])?, ar(n[3])?]) };
     let (matmul, reduce_scatter) = (modules.unit(units::GEMM_SM90)?, modules.unit(units::GEMM_SM90_RS)?);
     let k = Arc::new(Kernels {
         put_signal: signal(names::PUT_SIGNAL)?,
@@ -102,6 +106,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
             [reduce(n[0])?, reduce(n[1])?, reduce(n[2])?]
         },
         all_reduce: [ar3(names::ALL_REDUCE[0])?, ar3(names::ALL_REDUCE[1])?],
+        all_reduce_int: [ar4(names::ALL_REDUCE_INT[0])?, ar4(names::ALL_REDUCE_INT[1])?],
         add_rmsnorm: ar3(names::ADD_RMSNORM)?,
         pack_rows: {
             let n = names::PACK_ROWS;

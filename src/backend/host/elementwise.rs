@@ -48,6 +48,56 @@ impl Float {
     }
 }
 
+/// The integer element types, reduced exactly in their own width.
+#[derive(Clone, Copy)]
+enum Int {
+    I8,
+    U8,
+    I32,
+    I64,
+}
+
+impl Int {
+    fn of(d: DType) -> Result<Int> {
+        match d {
+            DType::I8 => Ok(Int::I8),
+            DType::U8 => Ok(Int::U8),
+            DType::I32 => Ok(Int::I32),
+            DType::I64 => Ok(Int::I64),
+            other => Err(err!(Internal, "an integer reduction of {other} values")),
+        }
+    }
+
+    /// The element's bits, sign- or zero-extended: sums of these wrap in
+    /// u64 exactly as in the element type, once truncated back.
+    ///
+    /// # Safety
+    /// `p` points to a readable element of this type.
+    unsafe fn load(self, p: *const u8) -> u64 {
+        match self {
+            Int::I8 => (p as *const i8).read() as i64 as u64,
+            Int::U8 => p.read() as u64,
+            Int::I32 => (p as *const i32).read_unaligned() as i64 as u64,
+            Int::I64 => (p as *const i64).read_unaligned() as u64,
+        }
+    }
+
+    /// Stores the wrapped sum `v` divided by `divisor` (truncating toward
+    /// zero, in the element type's signedness).
+    ///
+    /// # Safety
+    /// `p` points to a writable element of this type.
+    unsafe fn store_divided(self, p: *mut u8, v: u64, divisor: usize) {
+        let d = divisor as i64;
+        match self {
+            Int::I8 => (p as *mut i8).write((v as i8 as i64 / d) as i8),
+            Int::U8 => p.write((v as u8 as u64 / divisor as u64) as u8),
+            Int::I32 => (p as *mut i32).write_unaligned((v as i32 as i64 / d) as i32),
+            Int::I64 => (p as *mut i64).write_unaligned(v as i64 / d),
+        }
+    }
+}
+
 /// `shape` with size-1 dimensions dropped and mergeable neighbours merged,
 /// and each array's strides for the result (at least one dimension).
 fn merge_dims(shape: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
@@ -174,6 +224,43 @@ pub fn reduce(dst: &Array, srcs: &[Array], scale: f32) -> Result<()> {
     Ok(())
 }
 
+/// `dst = (sum of srcs) / divisor` for integers (see
+/// `Backend::reduce_integers`): the sum wraps modulo 2^bits, the division
+/// truncates toward zero.
+pub fn reduce_integers(dst: &Array, srcs: &[Array], divisor: usize) -> Result<()> {
+    let int = Int::of(dst.dtype)?;
+    if divisor == 0 || divisor > i64::MAX as usize {
+        return Err(err!(Internal, "an integer reduction divided by {divisor}"));
+    }
+    for s in srcs {
+        same_shape(dst, s, "reduce")?;
+        if s.dtype != dst.dtype {
+            return Err(err!(Internal, "an integer reduction of {} into {}", s.dtype, dst.dtype));
+        }
+    }
+    let all: Vec<&[usize]> = std::iter::once(&dst.strides[..]).chain(srcs.iter().map(|s| &s.strides[..])).collect();
+    let (shape, strides) = merge_dims(&dst.shape, &all);
+    let last = shape.len() - 1;
+    let (n, size) = (shape[last], dst.dtype.size());
+    let mut acc = vec![0u64; n];
+    for_each_row(&shape, &strides, |o| {
+        acc.fill(0);
+        for (j, s) in srcs.iter().enumerate() {
+            let (base, stride) = (s.addr as *const u8, strides[j + 1][last]);
+            for (i, a) in acc.iter_mut().enumerate() {
+                // SAFETY: as in `copy`.
+                *a = a.wrapping_add(unsafe { int.load(base.add((o[j + 1] + i * stride) * size)) });
+            }
+        }
+        let (base, stride) = (dst.addr as *mut u8, strides[0][last]);
+        for (i, &a) in acc.iter().enumerate() {
+            // SAFETY: as in `copy`.
+            unsafe { int.store_divided(base.add((o[0] + i * stride) * size), a, divisor) };
+        }
+    });
+    Ok(())
+}
+
 /// `residual_out = x + residual` (rounded to its dtype), then `out =
 /// residual_out / sqrt(mean(residual_out^2) + eps) * weight` per row, in
 /// f32 (see `Backend::add_rms_norm`). Matrices of unit column stride;
@@ -258,5 +345,42 @@ mod tests {
         let mut fp8 = vec![0u8; 4];
         let e = reduce(&view(&mut fp8, DType::F8E4M3, &[4], &[1]), &[], 1.0).unwrap_err();
         assert_eq!(e.kind, crate::error::ErrorKind::Unsupported);
+    }
+
+    #[test]
+    fn integer_reductions_are_exact_and_wrap() {
+        // Near 2^60, where f32 (and f64 for the sum of four) would lose bits.
+        let big = (1i64 << 60) + 1;
+        let mut a = vec![big, -7, i64::MAX, 5];
+        let mut b = vec![big + 2, -8, 1, 6];
+        let mut out = vec![0x5a5a_5a5a_5a5a_5a5ai64; 4];
+        let srcs = [view(&mut a, DType::I64, &[4], &[1]), view(&mut b, DType::I64, &[4], &[1])];
+        reduce_integers(&view(&mut out, DType::I64, &[4], &[1]), &srcs, 1).unwrap();
+        assert_eq!(out, vec![2 * big + 2, -15, i64::MIN, 11]);
+        reduce_integers(&view(&mut out, DType::I64, &[4], &[1]), &srcs, 2).unwrap();
+        // AVG: the wrapped sum divided, truncating toward zero.
+        assert_eq!(out, vec![big + 1, -7, i64::MIN / 2, 5]);
+        // int8 wraps; int8 and uint8 divide in their own signedness.
+        let mut x = vec![100i8, -100, -3, 127];
+        let mut y = vec![100i8, -100, 0, 1];
+        let mut o8 = vec![0x55i8; 4];
+        let srcs = [view(&mut x, DType::I8, &[4], &[1]), view(&mut y, DType::I8, &[4], &[1])];
+        reduce_integers(&view(&mut o8, DType::I8, &[4], &[1]), &srcs, 1).unwrap();
+        assert_eq!(o8, vec![-56, 56, -3, -128]);
+        reduce_integers(&view(&mut o8, DType::I8, &[4], &[1]), &srcs, 2).unwrap();
+        assert_eq!(o8, vec![-28, 28, -1, -64]);
+        let mut u = vec![200u8, 255, 3, 0];
+        let mut v = vec![100u8, 1, 0, 0];
+        let mut ou = vec![0x55u8; 4];
+        let srcs = [view(&mut u, DType::U8, &[4], &[1]), view(&mut v, DType::U8, &[4], &[1])];
+        reduce_integers(&view(&mut ou, DType::U8, &[4], &[1]), &srcs, 2).unwrap();
+        assert_eq!(ou, vec![22, 0, 1, 0]);
+        // int32 beyond f32's 24 bits, strided source.
+        let mut p = vec![(1i32 << 25) + 1, 0, 3, 0];
+        let mut q = vec![1i32, i32::MAX];
+        let mut o32 = vec![-1i32; 2];
+        let srcs = [view(&mut p, DType::I32, &[2], &[2]), view(&mut q, DType::I32, &[2], &[1])];
+        reduce_integers(&view(&mut o32, DType::I32, &[2], &[1]), &srcs, 1).unwrap();
+        assert_eq!(o32, vec![(1 << 25) + 2, i32::MIN + 2]);
     }
 }

@@ -62,6 +62,9 @@ impl Backend for HostBackend {
     fn reduce(&self, dst: &Array, srcs: &[Array], scale: f32, _stream: Stream) -> Result<()> {
         elementwise::reduce(dst, srcs, scale)
     }
+    fn reduce_integers(&self, dst: &Array, srcs: &[Array], divisor: usize, _stream: Stream) -> Result<()> {
+        elementwise::reduce_integers(dst, srcs, divisor)
+    }
     fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, _stream: Stream) -> Result<()> {
         matmul::gemm(dst, a, b, accumulate)
     }

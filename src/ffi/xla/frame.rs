@@ -316,10 +316,15 @@ fn dtype(d: XLA_FFI_DataType, name: &str) -> Result<symm_dtype_t> {
         XLA_FFI_DataType_F16 => SYMM_DTYPE_F16,
         XLA_FFI_DataType_F8E4M3FN => SYMM_DTYPE_FP8_E4M3,
         XLA_FFI_DataType_F8E5M2 => SYMM_DTYPE_FP8_E5M2,
+        XLA_FFI_DataType_S8 => SYMM_DTYPE_INT8,
+        XLA_FFI_DataType_U8 => SYMM_DTYPE_UINT8,
+        XLA_FFI_DataType_S32 => SYMM_DTYPE_INT32,
+        XLA_FFI_DataType_S64 => SYMM_DTYPE_INT64,
         other => {
             return Err(err!(
                 InvalidArgument,
-                "{name} has XLA data type {other}; symm takes float32, bfloat16, float16, float8_e4m3fn and float8_e5m2"
+                "{name} has XLA data type {other}; symm takes float32, bfloat16, float16, float8_e4m3fn, \
+                 float8_e5m2, int8, uint8, int32 and int64"
             ))
         }
     })
@@ -354,7 +359,9 @@ mod tests {
         let a = XlaBuffer(&b).array("x").unwrap();
         assert_eq!((a.shape, a.strides), (vec![2, 3, 4], vec![12, 4, 1]));
         let s64 = XLA_FFI_Buffer { dtype: XLA_FFI_DataType_S64, ..b };
-        assert!(XlaBuffer(&s64).array("x").unwrap_err().msg.contains("x has XLA data type 5"));
+        assert_eq!(XlaBuffer(&s64).array("x").unwrap().dtype, crate::array::DType::I64);
+        let s16 = XLA_FFI_Buffer { dtype: XLA_FFI_DataType_S16, ..b };
+        assert!(XlaBuffer(&s16).array("x").unwrap_err().msg.contains("x has XLA data type 3"));
         let scalar = XLA_FFI_Buffer { rank: 0, ..b };
         assert!(XlaBuffer(&scalar).array("x").unwrap_err().msg.contains("0 dimensions"));
         // SAFETY: `b.dims` points at `dims`, alive here.

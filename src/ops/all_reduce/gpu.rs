@@ -3,7 +3,8 @@
 //! tens of MB with odd sizes, in place, strided, symmetric and ordinary
 //! inputs, one-shot and two-shot forced, the fused RMSNorm, many calls in a
 //! row (the call count and its parity), and calls captured into a CUDA
-//! graph and replayed. Named `gpu_*`; skipped without two GPUs.
+//! graph and replayed; integers summed exactly. Named `gpu_*`; skipped
+//! without two GPUs.
 
 use super::*;
 use crate::backend::cuda::driver;
@@ -178,6 +179,83 @@ fn gpu_all_reduce_in_place_strided_and_symmetric() {
         }
     }
     groups.iter().for_each(|g| g.release_scratch());
+}
+
+/// Integers summed exactly on the device (int64 near 2^60 and its limits,
+/// int32 around 2^25 + 1, int8/uint8 over their range; sums that wrap;
+/// AVG truncating toward zero): every algorithm, sizes from one element to
+/// MBs with odd byte counts, strided and in place, and 1-byte arrays at
+/// odd addresses; outputs poisoned, bytes around them checked.
+#[test]
+fn gpu_all_reduce_integers_exact() {
+    let Some(groups) = cuda_groups() else { return };
+    for dtype in [DType::I8, DType::U8, DType::I32, DType::I64] {
+        for algorithm in ALGORITHMS {
+            for n in [1, 3, 7, 8, 9, 1000, 4097, 65_539, 1 << 20, (3 << 20) + 3] {
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    run_int(&groups, dtype, n, op, algorithm, Place::Ordinary, 0);
+                }
+            }
+            for place in [Place::Same, Place::Strided] {
+                run_int(&groups, dtype, 70_001, ReduceOp::Sum, algorithm, place, 0);
+            }
+            if dtype.size() == 1 {
+                for n in [5, 4097, 300_001] {
+                    run_int(&groups, dtype, n, ReduceOp::Avg, algorithm, Place::Ordinary, 1);
+                }
+            }
+        }
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}
+
+/// One integer case, twice in a row (the call count's parity): `offset`
+/// bytes added to both arrays' addresses.
+fn run_int(
+    groups: &[Arc<Group>],
+    dtype: DType,
+    n: usize,
+    op: ReduceOp,
+    algorithm: Option<AllReduceAlgorithm>,
+    place: Place,
+    offset: usize,
+) {
+    use super::tests::{int_bytes, int_reference, int_value, int_values, INT_POISON};
+    let what = format!("{dtype} n={n} {op:?} {algorithm:?} {place:?} offset {offset}");
+    let size = dtype.size();
+    let step = if place == Place::Strided { 2 } else { 1 };
+    let len = n * step * size + offset + 16;
+    for call_no in 0..2u64 {
+        let inputs: Vec<Vec<i128>> = (0..WORLD).map(|r| int_values(dtype, n, call_no * 101 + r as u64)).collect();
+        let outs = on_each(groups, |r, g| {
+            let gpu = gpu_on(r as i32);
+            let mut host = vec![INT_POISON; len];
+            for (i, v) in inputs[r].iter().enumerate() {
+                host[offset + i * step * size..][..size].copy_from_slice(&int_bytes(dtype, *v));
+            }
+            let inbuf = gpu.upload(&host);
+            let outbuf = gpu.upload(&vec![INT_POISON; len]);
+            let arr = |base: u64| Array { addr: base + offset as u64, dtype, shape: vec![n], strides: vec![step] };
+            let input = arr(inbuf.ptr);
+            let output = if place == Place::Same { input.clone() } else { arr(outbuf.ptr) };
+            let call = AllReduce { input, output, op, norm: None, algorithm };
+            all_reduce(g, Ok(call), gpu.stream()).unwrap_or_else(|e| panic!("{what}: {}", e.msg));
+            gpu.sync();
+            g.backend().check_async_error().unwrap();
+            let got = if place == Place::Same { inbuf.read_bytes() } else { outbuf.read_bytes() };
+            let mut elems = vec![false; len];
+            (0..n).for_each(|i| elems[offset + i * step * size..][..size].fill(true));
+            let outside = got.iter().zip(&elems).filter(|(_, &e)| !e).all(|(&b, _)| b == INT_POISON);
+            assert!(outside, "{what} call {call_no} rank {r}: a byte outside the output was written");
+            (0..n).map(|i| int_value(dtype, &got[offset + i * step * size..][..size])).collect::<Vec<i128>>()
+        });
+        for (r, out) in outs.iter().enumerate() {
+            for (i, &v) in out.iter().enumerate() {
+                let want = int_reference(dtype, &inputs, i, op);
+                assert_eq!(v, want, "{what} call {call_no} rank {r} element {i}");
+            }
+        }
+    }
 }
 
 /// Many calls in a row, sizes and algorithms interleaved: the call count

@@ -383,7 +383,7 @@ fn a_bad_argument_on_one_rank_fails_every_rank() {
         ("output.shape is [8, 4]; expected [8, 8]", Box::new(|c| c.output.shape = vec![8, 4])),
         ("output.dtype is f32; expected bf16", Box::new(|c| c.output.dtype = DType::F32)),
         (
-            "input.dtype is fp8_e4m3; expected f32, bf16 or f16",
+            "input.dtype is fp8_e4m3; expected f32, bf16, f16, int8, uint8, int32 or int64",
             Box::new(|c| {
                 c.input.dtype = DType::F8E4M3;
                 c.output.dtype = DType::F8E4M3;
@@ -430,6 +430,167 @@ fn bad_rmsnorm_arguments() {
     assert!(res.iter().all(|(_, m)| m.contains("eps is NaN")), "{res:?}");
     let res = failing(|r, c| norm(c, vec![8, 8], 8, if r == 0 { 1e-6 } else { 1e-5 }));
     assert!(res.iter().all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("eps is")), "{res:?}");
+}
+
+/// Integer element `v` (any value: truncated to the type) as bytes.
+pub(super) fn int_bytes(dtype: DType, v: i128) -> Vec<u8> {
+    match dtype {
+        DType::I8 => (v as i8).to_le_bytes().to_vec(),
+        DType::U8 => (v as u8).to_le_bytes().to_vec(),
+        DType::I32 => (v as i32).to_le_bytes().to_vec(),
+        DType::I64 => (v as i64).to_le_bytes().to_vec(),
+        _ => unreachable!(),
+    }
+}
+
+pub(super) fn int_value(dtype: DType, b: &[u8]) -> i128 {
+    match dtype {
+        DType::I8 => b[0] as i8 as i128,
+        DType::U8 => b[0] as i128,
+        DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
+        DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
+        _ => unreachable!(),
+    }
+}
+
+/// Values that lose bits in f32 (and f64, for int64): int64 near +-2^60
+/// and near the limits (so sums wrap), int32 around 2^25 + 1 and its
+/// limits, int8 and uint8 over their whole range.
+pub(super) fn int_values(dtype: DType, n: usize, seed: u64) -> Vec<i128> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let small = (x >> 44) as i128 - (1 << 19); // +-2^19
+            let sign = if x & 1 == 0 { 1 } else { -1 };
+            match (dtype, i % 4) {
+                (DType::I64, 3) => sign * (i64::MAX as i128 - small.abs()),
+                (DType::I64, _) => sign * ((1i128 << 60) + small),
+                (DType::I32, 3) => sign * (i32::MAX as i128 - small.abs()),
+                (DType::I32, _) => sign * ((1i128 << 25) + 1 + small),
+                _ => (x >> 56) as i128,
+            }
+        })
+        .collect()
+}
+
+/// The exact reduction: the sum wrapped to the type, divided truncating
+/// toward zero for an average.
+pub(super) fn int_reference(dtype: DType, inputs: &[Vec<i128>], i: usize, op: ReduceOp) -> i128 {
+    let sum: i128 = inputs.iter().map(|v| v[i]).sum();
+    let wrapped = int_value(dtype, &int_bytes(dtype, sum));
+    match op {
+        ReduceOp::Sum => wrapped,
+        ReduceOp::Avg => wrapped / inputs.len() as i128,
+    }
+}
+
+pub(super) const INT_POISON: u8 = 0xa5;
+
+/// `case` with an integer dtype: every rank's output equals the exact
+/// reduction, and no byte outside the output changed.
+fn run_int_case(c: Case) {
+    let groups = host_groups(c.world);
+    let size = c.dtype.size();
+    let step = if c.strided { 2 } else { 1 };
+    let inputs: Vec<Vec<i128>> = (0..c.world).map(|r| int_values(c.dtype, c.n, r as u64 * 31 + c.n as u64)).collect();
+    let got = on_each(&groups, |r, g| {
+        let mut inp = vec![INT_POISON; c.n * step * size];
+        for (i, v) in inputs[r].iter().enumerate() {
+            inp[i * step * size..][..size].copy_from_slice(&int_bytes(c.dtype, *v));
+        }
+        let mut out = vec![INT_POISON; c.n * step * size];
+        let input = tensor(&mut inp, c.dtype, &[c.n], Some(&[step]));
+        let output = if c.in_place { input.clone() } else { tensor(&mut out, c.dtype, &[c.n], Some(&[step])) };
+        let call = AllReduce { input, output, op: c.op, norm: None, algorithm: c.algorithm };
+        all_reduce(g, Ok(call), Stream(0)).unwrap();
+        let mem = if c.in_place { &inp } else { &out };
+        let gaps = mem.chunks(size).enumerate().filter(|(i, _)| i % step != 0);
+        assert!(gaps.flat_map(|(_, b)| b).all(|&b| b == INT_POISON), "{c:?}: a byte outside the output was written");
+        mem.chunks(size).step_by(step).map(|b| int_value(c.dtype, b)).collect::<Vec<_>>()
+    });
+    for (r, out) in got.iter().enumerate() {
+        for (i, &v) in out.iter().enumerate() {
+            let want = int_reference(c.dtype, &inputs, i, c.op);
+            assert_eq!(v, want, "{c:?} rank {r} element {i}");
+        }
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}
+
+#[test]
+fn integers_are_exact_at_worlds_1_to_4() {
+    for world in 1..=4 {
+        for dtype in [DType::I8, DType::U8, DType::I32, DType::I64] {
+            for algorithm in [None, Some(AllReduceAlgorithm::OneShot), Some(AllReduceAlgorithm::TwoShot)] {
+                for n in [1, 3, 1000, 4099] {
+                    for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                        run_int_case(Case { world, dtype, n, op, algorithm, strided: false, in_place: false });
+                    }
+                }
+            }
+            for (strided, in_place) in [(false, true), (true, false), (true, true)] {
+                let algorithm = Some(AllReduceAlgorithm::TwoShot);
+                run_int_case(Case { world, dtype, n: 517, op: ReduceOp::Avg, algorithm, strided, in_place });
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_reference_wraps_and_truncates() {
+    // The reference itself, on values whose answers are known.
+    let v = |a: i128, b: i128| vec![vec![a], vec![b]];
+    assert_eq!(int_reference(DType::I8, &v(100, 100), 0, ReduceOp::Sum), -56);
+    assert_eq!(int_reference(DType::I8, &v(-3, 0), 0, ReduceOp::Avg), -1);
+    assert_eq!(int_reference(DType::U8, &v(200, 100), 0, ReduceOp::Avg), 22);
+    assert_eq!(int_reference(DType::I64, &v(i64::MAX as i128, 1), 0, ReduceOp::Sum), i64::MIN as i128);
+    let big = (1i128 << 60) + 1;
+    assert_eq!(int_reference(DType::I64, &v(big, big + 2), 0, ReduceOp::Avg), big + 1);
+}
+
+#[test]
+fn integers_are_refused_by_the_rmsnorm() {
+    let res = failing(|_, c| {
+        let base = 0x1000_0000u64;
+        c.input.dtype = DType::I32;
+        c.output.dtype = DType::I32;
+        c.norm = Some(Norm {
+            residual_out: Array::contiguous(base + 0x10_0000, DType::I32, &[8, 8]),
+            residual: Array::contiguous(base, DType::I32, &[8, 8]),
+            weight: Array::contiguous(base + 0x20_0000, DType::I32, &[8]),
+            eps: 1e-6,
+        });
+    });
+    for (kind, msg) in &res {
+        assert_eq!(*kind, ErrorKind::InvalidArgument, "{msg}");
+        assert!(msg.contains("input.dtype is int32; all_reduce_rmsnorm takes f32, bf16 or f16"), "{msg}");
+    }
+}
+
+/// Where integers cannot take the device-side kernels and the backend has
+/// no integer reduction of its own (CUDA ranks sharing a GPU), the call is
+/// refused before anything moves.
+#[test]
+fn integers_without_kernels_or_reduction_are_unsupported() {
+    let mut facts = crate::ops::testing::host_facts(2);
+    facts.caps.reduce_integers = false;
+    let call = |dtype| AllReduce {
+        input: Array::contiguous(0x1000, dtype, &[8]),
+        output: Array::contiguous(0x2000, dtype, &[8]),
+        op: ReduceOp::Sum,
+        norm: None,
+        algorithm: None,
+    };
+    let e = call(DType::I64).prepare(&facts, AllReduceAlgorithm::OneShot, None).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::Unsupported, "{}", e.msg);
+    assert!(e.msg.contains("integers only in its device-side kernels"), "{}", e.msg);
+    assert!(call(DType::F32).prepare(&facts, AllReduceAlgorithm::OneShot, None).is_ok());
+    facts.caps.all_reduce = true;
+    facts.own_devices = true;
+    assert!(call(DType::I64).prepare(&facts, AllReduceAlgorithm::OneShot, None).is_ok());
 }
 
 #[test]
