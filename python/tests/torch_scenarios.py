@@ -21,7 +21,7 @@ import symm.torch as st
 DEVICE = os.environ.get("SYMM_TEST_DEVICE", "cpu")
 CUDA = DEVICE == "cuda"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float8_e4m3fn: 2**-3}
 
 
 class Ctx:
@@ -239,6 +239,35 @@ def scaled(c):
             close(got, total.view(out_shape).chunk(W, dim=sd)[r], what)
             if tops is not None:
                 agree(got, tops.fused_scaled_matmul_reduce_scatter(*args, **kwargs), what)
+    scaled_fp8_outputs(c)
+
+
+def scaled_fp8_outputs(c):
+    """torch's default for the scaled operators: fp8 outputs (no out_dtype),
+    with a result scale multiplying the product (cuBLASLt's D scale)."""
+    W, r, tops = c.world, c.rank, c.torch_ops()
+    m, k, n = 16, 32, 48
+    w, a = fp8(c, 20, (n, k)), fp8(c, 21, (m, k))
+    sa, sb = [scales(c, 22, (1,))[0]] * W, scales(c, 23, (1,))
+    rs = torch.tensor([0.25])
+    B = c.mine(w).t()
+    what = "fused_all_gather_scaled_matmul, fp8 out"
+    args = (c.mine(a), [B], c.mine(sa), [c.mine(sb)], 0, c.name, [None], [c.mine([rs] * W)], [None], [False])
+    ag, (out,) = torch.ops.symm.fused_all_gather_scaled_matmul(*args)
+    assert out.dtype == torch.float8_e4m3fn, f"{what}: {out.dtype}"
+    ref = torch.cat([f64(x) for x in a]) * f64(sa[0]) @ (f64(w[r]).t() * f64(sb[r])) * 0.25
+    close(out, ref.clamp(-448, 448), what, 2**-3)
+    if tops is not None:
+        agree(out, tops.fused_all_gather_scaled_matmul(*args)[1][0], what)
+    what = "fused_scaled_matmul_reduce_scatter, fp8 out"
+    a = fp8(c, 24, (W * m, k))
+    args = (c.mine(a), B, c.mine(sa), c.mine(sb), "sum", 0, 0, c.name, None)
+    got = torch.ops.symm.fused_scaled_matmul_reduce_scatter(*args, result_scale=c.mine([rs] * W))
+    assert got.dtype == torch.float8_e4m3fn, f"{what}: {got.dtype}"
+    total = sum(f64(x) * f64(s) @ (f64(y).t() * f64(t)) for x, s, y, t in zip(a, sa, w, sb)) * 0.25
+    close(got, total.chunk(W)[r].clamp(-448, 448), what, 2**-3)
+    if tops is not None:
+        agree(got, tops.fused_scaled_matmul_reduce_scatter(*args, result_scale=c.mine([rs] * W)), what)
 
 
 # --- autograd -----------------------------------------------------------------

@@ -310,24 +310,28 @@ _define_composite(
 # --- fp8 ----------------------------------------------------------------------
 # c10::ScalarType codes of the output dtypes symm writes: a ScalarType?[]
 # argument reaches a Python kernel as these ints.
-_SCALAR_TYPES = {5: torch.float16, 6: torch.float32, 15: torch.bfloat16}
+_SCALAR_TYPES = {
+    5: torch.float16,
+    6: torch.float32,
+    15: torch.bfloat16,
+    23: torch.float8_e5m2,
+    24: torch.float8_e4m3fn,
+}
 
 
-def _fp8_out_dtype(out_dtype, what):
+def _out_dtype(out_dtype, default, what):
+    """The output dtype of a scaled op: ``out_dtype``, else torch's default
+    (an fp8 operand's dtype, as torch's ops do)."""
     if isinstance(out_dtype, int):
         if out_dtype not in _SCALAR_TYPES:
-            raise ValueError(f"{what}: out_dtype ScalarType {out_dtype} is not bf16, f16 or f32")
+            raise ValueError(f"{what}: out_dtype ScalarType {out_dtype} is not bf16, f16, f32 or fp8")
         out_dtype = _SCALAR_TYPES[out_dtype]
-    if out_dtype is None:
-        raise ValueError(
-            f"{what}: symm writes no fp8 outputs; pass an out_dtype (torch.bfloat16, torch.float16 or torch.float32)"
-        )
-    return out_dtype
+    return default if out_dtype is None else out_dtype
 
 
-def _no_result_scale(result_scale, what):
-    if result_scale is not None:
-        raise ValueError(f"{what}: result scales (for fp8 outputs) are not supported by symm")
+def _result_scale(t):
+    """torch's result scale (0-d or one element) as symm's, or None."""
+    return None if t is None else _scale(t)
 
 
 def _scale(t):
@@ -357,13 +361,11 @@ def fused_all_gather_scaled_matmul(
     A, Bs, A_scale, B_scales, gather_dim, group_name, biases, result_scales, out_dtypes, use_fast_accum
 ):
     what = "fused_all_gather_scaled_matmul"
-    for r in result_scales:
-        _no_result_scale(r, what)
     g = get_group(group_name)
     dim = _dim(gather_dim, A.dim(), "gather_dim")
     full = _gathered_shape(A.shape, dim, g.world_size)
-    # symm allocates one dtype for all outputs; torch's allow one per B.
-    outs = [A.new_empty((*full[:-1], B.shape[1]), dtype=_fp8_out_dtype(d, what)) for B, d in zip(Bs, out_dtypes)]
+    # One dtype per B, torch's default being the B's (fp8).
+    outs = [A.new_empty((*full[:-1], B.shape[1]), dtype=_out_dtype(d, B.dtype, what)) for B, d in zip(Bs, out_dtypes)]
     ag, outs = symm.fused_ag_mm(
         g,
         A,
@@ -374,6 +376,7 @@ def fused_all_gather_scaled_matmul(
         a_scale=_a_scale_shard(A_scale, A, dim, g.world_size, g.rank),
         b_scales=[_scale(s) for s in B_scales],
         biases=list(biases),
+        result_scales=[_result_scale(r) for r in result_scales] or None,
     )
     return ag, outs
 
@@ -381,10 +384,8 @@ def fused_all_gather_scaled_matmul(
 @fused_all_gather_scaled_matmul.register_fake
 def _(A, Bs, A_scale, B_scales, gather_dim, group_name, biases, result_scales, out_dtypes, use_fast_accum):
     what = "fused_all_gather_scaled_matmul"
-    for r in result_scales:
-        _no_result_scale(r, what)
     full = _gathered_shape(A.shape, _dim(gather_dim, A.dim(), "gather_dim"), world_size(group_name))
-    outs = [A.new_empty((*full[:-1], B.shape[1]), dtype=_fp8_out_dtype(d, what)) for B, d in zip(Bs, out_dtypes)]
+    outs = [A.new_empty((*full[:-1], B.shape[1]), dtype=_out_dtype(d, B.dtype, what)) for B, d in zip(Bs, out_dtypes)]
     return A.new_empty(full), outs
 
 
@@ -422,7 +423,6 @@ def fused_scaled_matmul_reduce_scatter(
 ):
     what = "fused_scaled_matmul_reduce_scatter"
     _check_reduce_op(reduce_op)
-    _no_result_scale(result_scale, what)
     a, scale = _scaled_mm_rs_operands(A, A_scale, output_shape)
     return symm.mm_rs(
         get_group(group_name),
@@ -433,7 +433,8 @@ def fused_scaled_matmul_reduce_scatter(
         a_scale=scale,
         b_scale=_scale(B_scale),
         bias=bias,
-        out_dtype=_fp8_out_dtype(out_dtype, what),
+        result_scale=_result_scale(result_scale),
+        out_dtype=_out_dtype(out_dtype, A.dtype, what),
     )
 
 
@@ -455,10 +456,9 @@ def _(
 ):
     what = "fused_scaled_matmul_reduce_scatter"
     _check_reduce_op(reduce_op)
-    _no_result_scale(result_scale, what)
     shape = list(output_shape) if output_shape is not None else [*A.shape[:-1], B.shape[1]]
     dim = _dim(orig_scatter_dim, len(shape), "orig_scatter_dim")
-    return A.new_empty(_scattered_shape(shape, dim, world_size(group_name)), dtype=_fp8_out_dtype(out_dtype, what))
+    return A.new_empty(_scattered_shape(shape, dim, world_size(group_name)), dtype=_out_dtype(out_dtype, A.dtype, what))
 
 
 # torch.ops.symm_mem's operators that torch.ops.symm has, by name.
