@@ -289,6 +289,13 @@ def assert_fp8_out(got, ref, dtype):
     assert big.any(), "the case must saturate some elements"
 
 
+# fp8 outputs are refused on CUDA for now (Capabilities::fp8_outputs): on two
+# H200s some elements of these cases were more than one code from the
+# float64 reference. They run again once the CUDA path is fixed.
+FP8_OUT_OFF = pytest.mark.skip(reason="fp8 outputs are disabled on CUDA (see Capabilities::fp8_outputs)")
+
+
+@FP8_OUT_OFF
 @pytest.mark.parametrize("row_wise", [False, True])
 @pytest.mark.parametrize("out_dtype", [E4M3, E5M2])
 def test_ag_mm_fp8_outputs(row_wise, out_dtype):
@@ -332,6 +339,7 @@ def test_ag_mm_fp8_outputs(row_wise, out_dtype):
         assert_fp8_out(out, want, out_dtype)
 
 
+@FP8_OUT_OFF
 @pytest.mark.parametrize("op", ["sum", "avg"])
 @pytest.mark.parametrize("scatter_dim", [0, 1])
 def test_mm_rs_fp8_out_by_default(op, scatter_dim):
@@ -373,8 +381,10 @@ def test_mm_rs_fp8_out_by_default(op, scatter_dim):
         assert_fp8_out(out, torch.chunk(total, WORLD, dim=scatter_dim)[r], E4M3)
 
 
-def test_fp8_out_never_runs_the_fused_kernel():
-    """algorithm="fused" with an fp8 output is refused, naming why."""
+def test_fp8_outputs_are_refused_on_cuda_before_anything_runs():
+    """fp8 outputs (torch's default for fp8 operands) fail with
+    SymmUnsupported on every rank, naming the way out, and write nothing;
+    the group stays usable."""
     (a,) = fp8_inputs(61, (128, 256), n=1)
     (w,) = fp8_inputs(62, (256, 256), n=1)
     one = torch.ones(1)
@@ -382,10 +392,20 @@ def test_fp8_out_never_runs_the_fused_kernel():
     def rank_main(g):
         torch.cuda.set_device(device(g))
         dev = torch.device("cuda", device(g))
-        with pytest.raises(symm.SymmUnsupported):
-            symm.fused_ag_mm(g, a.to(dev), w.to(dev).t(), 0, a_scale=one.to(dev), b_scales=one.to(dev), algorithm="fused")
+        b = w.to(dev).t()
+        out = torch.full((256, 256), float("nan"), device=dev).to(E4M3)
+        for algorithm in (None, "fused"):
+            with pytest.raises(symm.SymmUnsupported, match="out_dtype"):
+                symm.fused_ag_mm(g, a.to(dev), b, 0, a_scale=one.to(dev), b_scales=one.to(dev), out=out,
+                                 algorithm=algorithm)
+        with pytest.raises(symm.SymmUnsupported, match="out_dtype"):
+            symm.mm_rs(g, a.to(dev), b, 0, a_scale=one.to(dev), b_scale=one.to(dev))
+        assert torch.isnan(out.float()).all(), "a refused call wrote its output"
+        got = symm.fused_ag_mm(g, a.to(dev), b, 0, a_scale=one.to(dev), b_scales=one.to(dev), out_dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        return got.float().abs().sum().item()
 
-    on_ranks(rank_main)
+    assert all(v > 0 for v in on_ranks(rank_main))
 
 
 def test_fp8_row_major_b_is_refused_with_the_layout_named():

@@ -244,8 +244,12 @@ def scaled(c):
 
 def scaled_fp8_outputs(c):
     """torch's default for the scaled operators: fp8 outputs (no out_dtype),
-    with a result scale multiplying the product (cuBLASLt's D scale)."""
-    W, r, tops = c.world, c.rank, c.torch_ops()
+    with a result scale multiplying the product (torch._scaled_mm's
+    scale_result, cuBLASLt's D scale). Refused on CUDA for now
+    (Capabilities::fp8_outputs). torch.ops.symm_mem's all-gather op is not
+    compared: on two H200s torch 2.11's result differed from symm's by
+    exactly 1 - result scale, as if it ignored result_scales."""
+    W, r = c.world, c.rank
     m, k, n = 16, 32, 48
     w, a = fp8(c, 20, (n, k)), fp8(c, 21, (m, k))
     sa, sb = [scales(c, 22, (1,))[0]] * W, scales(c, 23, (1,))
@@ -253,12 +257,17 @@ def scaled_fp8_outputs(c):
     B = c.mine(w).t()
     what = "fused_all_gather_scaled_matmul, fp8 out"
     args = (c.mine(a), [B], c.mine(sa), [c.mine(sb)], 0, c.name, [None], [c.mine([rs] * W)], [None], [False])
+    if CUDA:
+        try:
+            torch.ops.symm.fused_all_gather_scaled_matmul(*args)
+        except Exception as e:  # symm.SymmUnsupported, as torch passes it on
+            assert "fp8 outputs are not supported" in str(e), f"{what}: {e!r}"
+            return
+        raise AssertionError(f"{what}: expected SymmUnsupported on CUDA")
     ag, (out,) = torch.ops.symm.fused_all_gather_scaled_matmul(*args)
     assert out.dtype == torch.float8_e4m3fn, f"{what}: {out.dtype}"
     ref = torch.cat([f64(x) for x in a]) * f64(sa[0]) @ (f64(w[r]).t() * f64(sb[r])) * 0.25
     close(out, ref.clamp(-448, 448), what, 2**-3)
-    if tops is not None:
-        agree(out, tops.fused_all_gather_scaled_matmul(*args)[1][0], what)
     what = "fused_scaled_matmul_reduce_scatter, fp8 out"
     a = fp8(c, 24, (W * m, k))
     args = (c.mine(a), B, c.mine(sa), c.mine(sb), "sum", 0, 0, c.name, None)
@@ -266,8 +275,6 @@ def scaled_fp8_outputs(c):
     assert got.dtype == torch.float8_e4m3fn, f"{what}: {got.dtype}"
     total = sum(f64(x) * f64(s) @ (f64(y).t() * f64(t)) for x, s, y, t in zip(a, sa, w, sb)) * 0.25
     close(got, total.chunk(W)[r].clamp(-448, 448), what, 2**-3)
-    if tops is not None:
-        agree(got, tops.fused_scaled_matmul_reduce_scatter(*args, result_scale=c.mine([rs] * W)), what)
 
 
 # --- autograd -----------------------------------------------------------------

@@ -59,7 +59,14 @@ impl Mode {
 /// Whether `backend` runs the fp8 matmuls of a plan with scale mode `mode`
 /// (`None`: not fp8); asked while planning, so a call the backend cannot run
 /// fails before any data moves.
-pub fn check_backend(backend: &dyn Backend, mode: Option<Mode>) -> Result<()> {
+pub fn check_backend(backend: &dyn Backend, mode: Option<Mode>, fp8_out: bool) -> Result<()> {
+    if fp8_out && !backend.capabilities().fp8_outputs {
+        return Err(err!(
+            Unsupported,
+            "fp8 outputs are not supported on the {} backend yet; pass a bf16, f16 or f32 output (out_dtype)",
+            backend.kind().name()
+        ));
+    }
     match mode {
         Some(m) => backend.check_scaled_gemm(m == Mode::Row),
         None => Ok(()),
