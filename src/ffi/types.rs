@@ -216,7 +216,8 @@ pub const SYMM_ALGORITHM_TWO_SHOT: symm_algorithm_t = 4;
 /// largest finite value (E4M3 448, E5M2 57344; NaN stays NaN), as
 /// cuBLASLt writes an fp8 D with its D scale (torch's `scale_result` on
 /// CUDA). fp8 outputs cost a pass over an f32 product in the workspace and
-/// never run the fused kernel.
+/// never run the fused kernel. The CUDA backend refuses them for now
+/// (`SYMM_ERROR_UNSUPPORTED`, on every rank, before anything runs).
 ///
 /// Scales are f32. Tensor-wise when `a_scale` and every `b_scales[i]` hold
 /// one element (any shape, e.g. `[1]`): `a_scale` is this rank's and scales
