@@ -81,11 +81,27 @@ impl Handle {
     }
     /// Address, in this process, of `rank`'s data.
     pub fn peer_addr(&self, rank: usize) -> Result<u64> {
+        self.reachable(rank)?;
         self.data.get(rank).copied().ok_or_else(|| self.bad_rank(rank))
     }
     /// Address, in this process, of `rank`'s signal pad.
     pub fn pad_addr(&self, rank: usize) -> Result<u64> {
+        self.reachable(rank)?;
         self.pads.get(rank).copied().ok_or_else(|| self.bad_rank(rank))
+    }
+    /// `Unsupported` for a rank on another host: no pointer here reaches
+    /// its memory.
+    fn reachable(&self, rank: usize) -> Result<()> {
+        let t = self.group().topology();
+        match t.host_of(rank) {
+            Some(h) if !t.is_local(rank) => Err(err!(
+                Unsupported,
+                "rank {rank} is on another host ({:?}): its memory is not mapped here; the ranks on this host are {:?}",
+                t.host_id(h).unwrap_or_default(),
+                t.local_ranks()
+            )),
+            _ => Ok(()),
+        }
     }
     fn bad_rank(&self, rank: usize) -> crate::error::Error {
         err!(InvalidArgument, "rank {rank} is out of range for a group of {}", self.data.len())

@@ -25,6 +25,8 @@ pub const BOOTSTRAP_PORT: &str = "SYMM_BOOTSTRAP_PORT";
 pub const BOOTSTRAP_SECRET: &str = "SYMM_BOOTSTRAP_SECRET";
 pub const DEBUG: &str = "SYMM_DEBUG";
 pub const DEBUG_FILE: &str = "SYMM_DEBUG_FILE";
+pub const HOST_ID: &str = "SYMM_HOST_ID";
+pub const NCCL_LIBRARY: &str = "SYMM_NCCL_LIBRARY";
 
 /// A variable's value; empty (or blank) counts as unset.
 fn var(name: &str) -> Option<String> {
@@ -84,6 +86,19 @@ pub fn graphs() -> bool {
         on
     });
     *ON
+}
+
+/// `SYMM_HOST_ID`: the host identity this rank announces when a group
+/// forms, instead of its hostname and boot id (ranks with different ids
+/// count as on different hosts).
+pub fn host_id() -> Option<String> {
+    var(HOST_ID).map(|v| v.trim().to_string())
+}
+
+/// `SYMM_NCCL_LIBRARY`: the NCCL library to load for groups that span
+/// hosts, before `libnccl.so.2` from the dynamic loader's search path.
+pub fn nccl_library() -> Option<String> {
+    var(NCCL_LIBRARY)
 }
 
 /// `SYMM_BOOTSTRAP_ADDR`: where an embedded bootstrap store listens.

@@ -18,6 +18,7 @@
 //! error, operation left half done, or abort, on any rank (see
 //! `crate::health`): it then refuses every operation until destroyed.
 
+use crate::backend::cuda::nccl::{self, Communicator};
 use crate::backend::host::{HostAllocation, HostMapping};
 use crate::backend::{self, Allocation, Backend, BackendChoice, BackendKind, Mapping};
 use crate::bootstrap::{allgather_var, Bootstrap};
@@ -28,6 +29,7 @@ use crate::health::{Board, Health, SLOT_BYTES};
 use crate::ipc;
 use crate::logging::GroupScope;
 use crate::sync::lock;
+use crate::topology::Topology;
 use crate::wire::{Reader, Writer};
 use std::any::Any;
 use std::os::fd::AsFd;
@@ -53,6 +55,11 @@ pub struct GroupConfig {
     /// The algorithm every fused operation runs unless a call chooses one;
     /// `None`: take `SYMM_ALGO`, else the cost model's choice.
     pub algorithm: Option<Algorithm>,
+    /// The host identity this rank announces (ranks with different ones
+    /// count as on different hosts); `None`: take `SYMM_HOST_ID`, else
+    /// the hostname and boot id. Lets in-process tests place ranks on
+    /// pretend hosts.
+    pub host_id: Option<String>,
 }
 
 impl GroupConfig {
@@ -61,6 +68,10 @@ impl GroupConfig {
             Some(t) => Ok(t),
             None => Ok(config::timeout()?.unwrap_or(DEFAULT_TIMEOUT)),
         }
+    }
+
+    fn resolved_host_id(&self) -> String {
+        self.host_id.clone().or_else(config::host_id).unwrap_or_else(host_identity)
     }
 
     fn resolved_backend(&self) -> Result<BackendChoice> {
@@ -159,6 +170,9 @@ pub struct Group {
     /// The group's id in log lines (from the secret, the same on every rank).
     log_id: u64,
     ranks: Vec<RankInfo>,
+    topology: Topology,
+    /// Groups spanning hosts: the NCCL communicator over every rank.
+    _nccl: Option<Communicator>,
     settings: Settings,
     /// What the layers above keep per group (see [`Attachment`]), at most
     /// one of each type.
@@ -203,7 +217,7 @@ impl Group {
         let payload = match &local {
             Ok((settings, b)) => Ok(encode_rank_info(
                 &RankInfo {
-                    host: host_identity(),
+                    host: cfg.resolved_host_id(),
                     pid: std::process::id(),
                     device: b.device(),
                     backend: b.kind(),
@@ -224,9 +238,15 @@ impl Group {
             }
             ranks.push(info);
         }
-        check_ranks(&ranks, rank, cfg.allow_shared_device)?;
+        let hosts: Vec<String> = ranks.iter().map(|r| r.host.clone()).collect();
+        let topology = Topology::new(&hosts, rank);
+        check_ranks(&ranks, &topology, rank, cfg.allow_shared_device)?;
         check_settings(&ranks)?;
-        health.attach_board(form_board(bootstrap.as_ref(), rank, world, &rank0_secret, wait)?);
+        let nccl = match topology.single_host() {
+            true => None,
+            false => Some(across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?),
+        };
+        health.attach_board(form_board(bootstrap.as_ref(), &topology, world, &rank0_secret, wait)?);
         if backend.kind() == BackendKind::Cuda {
             // Kernels cannot read the board: a thread tells them (see `Health`).
             watch_peers(&health);
@@ -241,6 +261,8 @@ impl Group {
             secret: rank0_secret,
             log_id: crate::logging::group_id(&rank0_secret),
             ranks,
+            topology,
+            _nccl: nccl,
             settings,
             attachments: Mutex::default(),
             health,
@@ -338,6 +360,10 @@ impl Group {
     pub fn ranks(&self) -> &[RankInfo] {
         &self.ranks
     }
+    /// Which ranks share a host (see [`Topology`]).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
 
     /// Takes the collective lock for a multi-step collective; while held,
     /// this thread's log lines name the group and rank.
@@ -357,6 +383,10 @@ impl Group {
     /// collective lock held.
     pub fn exchange(&self, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         self.health.check()?;
+        // Every collective after formation comes through here: refused
+        // alike on every rank of a group that spans hosts, before any
+        // rank waits for another.
+        self.topology.require_single_host("symm's collective operations")?;
         // A lost exchange leaves the ranks out of step: the group fails.
         exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
     }
@@ -431,12 +461,20 @@ fn exchange(
     }
 }
 
-/// Collective: the group's board of failures (see `crate::health`). Rank 0
-/// makes it in shared memory and publishes its fd as buffers are (group
-/// secret, fd server); every other rank maps it. A second exchange keeps
-/// the fd published until every rank holds it, and fails every rank if one
-/// could not map it.
-fn form_board(bs: &dyn Bootstrap, rank: usize, world: usize, secret: &[u8; 32], timeout: Duration) -> Result<Board> {
+/// Collective: the group's board of failures (see `crate::health`). The
+/// first rank of each host makes one in shared memory and publishes its fd
+/// as buffers are (group secret, fd server); every other rank of that host
+/// maps it (one board per host: failures reach the ranks of one host). A
+/// second exchange keeps the fds published until every rank holds its
+/// host's, and fails every rank if one could not map it.
+fn form_board(
+    bs: &dyn Bootstrap,
+    topology: &Topology,
+    world: usize,
+    secret: &[u8; 32],
+    timeout: Duration,
+) -> Result<Board> {
+    let leader = topology.local_ranks()[0];
     let bytes = world * SLOT_BYTES;
     let make = || -> Result<(HostAllocation, ipc::Publication, Vec<u8>)> {
         let alloc = HostAllocation::new(bytes)?;
@@ -447,7 +485,7 @@ fn form_board(bs: &dyn Bootstrap, rank: usize, world: usize, secret: &[u8; 32], 
         let publication = server.publish(token, *secret, alloc.export_fd()?.as_fd())?;
         Ok((alloc, publication, Writer::new().u64(token).bytes(server.name()).finish()))
     };
-    let made = if rank == 0 { make().map(Some) } else { Ok(None) };
+    let made = if bs.rank() == leader { make().map(Some) } else { Ok(None) };
     let payload = match &made {
         Ok(Some((_, _, announce))) => Ok(announce.clone()),
         Ok(None) => Ok(Vec::new()),
@@ -460,11 +498,11 @@ fn form_board(bs: &dyn Bootstrap, rank: usize, world: usize, secret: &[u8; 32], 
         }
         None => {
             let fetch = || -> Result<Board> {
-                let mut r = Reader::new(&all[0], "health board announcement");
+                let mut r = Reader::new(&all[leader], "health board announcement");
                 let token = r.u64()?;
                 let server = r.bytes()?;
                 let fd = ipc::fetch_fd(server, token, secret, timeout)
-                    .map_err(|e| e.context("fetching the group's health board from rank 0"))?;
+                    .map_err(|e| e.context(format!("fetching the group's health board from rank {leader}")))?;
                 let m = HostMapping::import(fd, bytes)?;
                 Ok(Board::new(m.addr() as usize, world, Box::new(m)))
             };
@@ -513,9 +551,28 @@ fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
     Ok((RankInfo { host, pid, device, backend, settings }, secret))
 }
 
-/// Every rank must use the same backend; CUDA ranks must not share a device
-/// (unless allowed) and must be on one host, since peers are mapped by IPC.
-fn check_ranks(ranks: &[RankInfo], me: usize, allow_shared_device: bool) -> Result<()> {
+/// Collective, for a group that spans hosts: every rank loads NCCL (any
+/// rank's failure fails all), then joins one communicator over the group.
+/// Only the CUDA backend gets here (see [`check_ranks`]).
+fn across_hosts(bs: &dyn Bootstrap, topology: &Topology, device: i32, wait: Duration) -> Result<Communicator> {
+    let loaded = nccl::load();
+    exchange(bs, loaded.as_ref().map(|_| Vec::new()).map_err(Clone::clone), wait, &|_| {})?;
+    let nccl = loaded?;
+    log::info!(
+        "the group spans {} hosts (this rank is local rank {} of {} on its host): NCCL {} from {}",
+        topology.hosts(),
+        topology.local_rank(),
+        topology.local_world(),
+        nccl.version_string(),
+        nccl.path()
+    );
+    Communicator::new(nccl, bs.rank(), bs.world(), device, |mine| exchange(bs, mine, wait, &|_| {}))
+}
+
+/// Every rank must use the same backend; CUDA ranks on one host must not
+/// share a device (unless allowed). Ranks on different hosts need the CUDA
+/// backend: the host backend's memory is shared memory of one host.
+fn check_ranks(ranks: &[RankInfo], topology: &Topology, me: usize, allow_shared_device: bool) -> Result<()> {
     let mine = &ranks[me];
     for (r, info) in ranks.iter().enumerate() {
         if info.backend != mine.backend {
@@ -526,19 +583,22 @@ fn check_ranks(ranks: &[RankInfo], me: usize, allow_shared_device: bool) -> Resu
                 mine.backend.name()
             ));
         }
-        if info.host != mine.host {
-            return Err(err!(
-                Unsupported,
-                "rank {r} runs on host {:?} and rank {me} on {:?}; symmetric memory needs every rank on one host",
-                info.host,
-                mine.host
-            ));
-        }
+    }
+    if mine.backend == BackendKind::Host && !topology.single_host() {
+        // Every rank sees the same topology: name the same two ranks everywhere.
+        let other = (0..ranks.len()).find(|&r| topology.host_of(r) != topology.host_of(0)).unwrap_or(0);
+        return Err(err!(
+            Unsupported,
+            "rank 0 runs on host {:?} and rank {other} on {:?}: the host backend shares memory within one host, \
+             and a group spanning hosts needs the CUDA backend and NCCL",
+            ranks[0].host,
+            ranks[other].host
+        ));
     }
     if mine.backend == BackendKind::Cuda && !allow_shared_device {
         for (a, x) in ranks.iter().enumerate() {
             for (b, y) in ranks.iter().enumerate().skip(a + 1) {
-                if x.device == y.device {
+                if x.device == y.device && topology.host_of(a) == topology.host_of(b) {
                     return Err(err!(Mismatch, "ranks {a} and {b} both use CUDA device {}; give each rank its own device or allow shared devices in the group config", x.device));
                 }
             }
@@ -564,7 +624,8 @@ fn check_settings(ranks: &[RankInfo]) -> Result<()> {
     Ok(())
 }
 
-/// Identifies this host (and boot), so ranks can tell whether IPC reaches.
+/// Identifies this host (and boot), so ranks can tell whether IPC reaches:
+/// containers on one host share the boot id.
 fn host_identity() -> String {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
     format!("{}/{}", read("/proc/sys/kernel/hostname"), read("/proc/sys/kernel/random/boot_id"))
@@ -636,8 +697,100 @@ mod tests {
             settings: Settings::default(),
         };
         let ranks = vec![info(0), info(0)];
-        assert_eq!(check_ranks(&ranks, 0, false).unwrap_err().kind, ErrorKind::Mismatch);
-        assert!(check_ranks(&ranks, 0, true).is_ok());
+        let one = Topology::new(&["h".into(), "h".into()], 0);
+        assert_eq!(check_ranks(&ranks, &one, 0, false).unwrap_err().kind, ErrorKind::Mismatch);
+        assert!(check_ranks(&ranks, &one, 0, true).is_ok());
+        // The same ordinal on two hosts is two devices.
+        let two = Topology::new(&["h".into(), "g".into()], 0);
+        assert!(check_ranks(&ranks, &two, 0, false).is_ok());
+    }
+
+    /// Forms a host-backend group of `world` ranks, rank r announcing
+    /// host `hosts[r]`.
+    fn form_on_hosts(hosts: &[&str]) -> Vec<Result<Arc<Group>>> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(hosts.len())
+                .into_iter()
+                .zip(hosts)
+                .map(|(b, h)| {
+                    let cfg = GroupConfig { host_id: Some(h.to_string()), ..host_cfg() };
+                    s.spawn(move || Group::new(Box::new(b), 0, &cfg))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// The host backend cannot span hosts: every rank fails at once with
+    /// the same message (none waits for a peer until its timeout).
+    #[test]
+    fn host_backend_refuses_groups_spanning_hosts() {
+        for hosts in [&["a", "b"][..], &["a", "a", "b"], &["a", "b", "a", "c"]] {
+            let start = std::time::Instant::now();
+            let res = form_on_hosts(hosts);
+            assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
+            for r in res {
+                let e = r.expect_err("ranks on different hosts");
+                assert_eq!(e.kind, ErrorKind::Unsupported);
+                assert!(
+                    e.msg.starts_with("rank 0 runs on host \"a\" and rank 1 on \"b\"")
+                        || e.msg.starts_with("rank 0 runs on host \"a\" and rank 2 on \"b\""),
+                    "{}",
+                    e.msg
+                );
+                assert!(e.msg.contains("needs the CUDA backend and NCCL"), "{}", e.msg);
+            }
+        }
+    }
+
+    /// One pretend host: the group forms as any other, its topology one host.
+    #[test]
+    fn one_named_host_forms() {
+        for world in 1..=4 {
+            let groups: Vec<Arc<Group>> = form_on_hosts(&vec!["x"; world]).into_iter().map(Result::unwrap).collect();
+            for (r, g) in groups.iter().enumerate() {
+                let t = g.topology();
+                assert_eq!((t.hosts(), t.host_of(r), t.local_rank(), t.local_world()), (1, Some(0), r, world));
+                assert_eq!(t.local_ranks(), (0..world).collect::<Vec<_>>());
+            }
+            // Collectives run as in any group.
+            std::thread::scope(|s| {
+                let hs: Vec<_> =
+                    groups.iter().enumerate().map(|(r, g)| s.spawn(move || g.exchange(Ok(vec![r as u8])))).collect();
+                for h in hs {
+                    assert_eq!(h.join().unwrap().unwrap(), (0..world as u8).map(|r| vec![r]).collect::<Vec<_>>());
+                }
+            });
+        }
+    }
+
+    /// Where NCCL is missing (as in CI), a group spanning hosts fails on
+    /// every rank with the message saying where NCCL comes from.
+    #[test]
+    fn spanning_hosts_without_nccl_fails_every_rank() {
+        if nccl::load().is_ok() {
+            eprintln!("NCCL is installed here: the communicator is a GPU test");
+            return;
+        }
+        let res: Vec<Result<Communicator>> = std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(3)
+                .into_iter()
+                .enumerate()
+                .map(|(r, b)| {
+                    s.spawn(move || {
+                        let ids = ["a".to_string(), "b".into(), "b".into()];
+                        across_hosts(&b, &Topology::new(&ids, r), 0, Duration::from_secs(5))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in res {
+            let e = r.err().expect("no NCCL");
+            assert_eq!(e.kind, ErrorKind::Unsupported);
+            assert!(e.msg.starts_with("a group spanning hosts needs NCCL"), "{}", e.msg);
+            assert!(e.msg.contains("SYMM_NCCL_LIBRARY"), "{}", e.msg);
+        }
     }
 
     /// Ranks whose settings differ all fail with `Mismatch` naming the

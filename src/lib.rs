@@ -25,4 +25,5 @@ pub(crate) mod group;
 pub(crate) mod health;
 pub(crate) mod ops;
 pub(crate) mod sync;
+pub(crate) mod topology;
 pub(crate) mod wire;

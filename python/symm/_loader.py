@@ -29,12 +29,38 @@ def _candidates():
     yield repo / "target" / "debug" / LIBRARY_NAME
 
 
+def nccl_from_wheel():
+    """The ``libnccl.so.2`` of an installed ``nvidia-nccl-cu*`` wheel (the
+    one torch installs), or None. Found without importing anything."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / "lib" / "libnccl.so.2"
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def point_at_nccl():
+    """Sets ``SYMM_NCCL_LIBRARY`` to the NCCL wheel's library when unset, so
+    that groups spanning hosts find NCCL where torch installed it."""
+    if not os.environ.get("SYMM_NCCL_LIBRARY"):
+        wheel = nccl_from_wheel()
+        if wheel:
+            os.environ["SYMM_NCCL_LIBRARY"] = wheel
+
+
 def load():
     """Returns the loaded library as a ``ctypes.CDLL``.
 
     CDLL (not PyDLL) releases the GIL during every call, which collectives of
     several ranks in one process (threads) depend on.
     """
+    point_at_nccl()
     explicit = os.environ.get("SYMM_LIBRARY")
     if explicit:
         try:

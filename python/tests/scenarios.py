@@ -181,3 +181,16 @@ def all_scenarios(group):
     progress_flags(group)
     mismatched_sizes(group)
     peer_skips_barrier(group)  # last: it fails the group
+
+
+def across_hosts(group):
+    """A group whose ranks are on different hosts (SYMM_HOST_ID) forms, and
+    refuses every collective on every rank at once: nothing moves data
+    across hosts yet."""
+    with group.create(4096) as buf:
+        try:
+            buf.rendezvous()
+        except symm.SymmUnsupported as e:
+            assert "operations across hosts are not implemented yet" in str(e), e
+        else:
+            raise AssertionError("a group spanning hosts rendezvoused")

@@ -125,3 +125,26 @@ def test_an_installed_wheel_loads_the_library_inside_it():
     assert r.stdout.strip() == str(pkg / "libsymm.so")
     if "SYMM_LIBRARY" not in os.environ:
         assert Path(symm.library_path()).resolve() == (pkg / "libsymm.so").resolve()
+
+
+def test_nccl_wheel_is_found_and_an_explicit_library_kept(tmp_path, monkeypatch):
+    """The Python package points SYMM_NCCL_LIBRARY at an installed
+    nvidia-nccl wheel's libnccl.so.2 when unset, and never over a value the
+    user set."""
+    lib = tmp_path / "nvidia" / "nccl" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnccl.so.2").write_bytes(b"stand-in")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from symm import _loader; "
+        "_loader.point_at_nccl(); import os; print(os.environ.get('SYMM_NCCL_LIBRARY'))"
+    )
+
+    def run(extra):
+        env = {k: v for k, v in os.environ.items() if k != "SYMM_NCCL_LIBRARY"}
+        env.update(extra, PYTHONPATH=str(SYMM_PARENT))
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert run({}) == str(lib / "libnccl.so.2")
+    assert run({"SYMM_NCCL_LIBRARY": "/mine/libnccl.so.2"}) == "/mine/libnccl.so.2"

@@ -69,3 +69,25 @@ def test_ranks_with_different_check_args_fail_fast():
         "SYMM_TEST_FORM_FAILS": "SYMM_CHECK_ARGS (or SYMM_GROUP_CHECK_ARGS_ALWAYS) is cached on rank 0 but always on rank 1",
     }
     in_processes("exchange", 2, env, rank_env=[{"SYMM_CHECK_ARGS": None}, {"SYMM_CHECK_ARGS": "always"}])
+
+
+@pytest.mark.parametrize("hosts", [("a", "b"), ("a", "a", "b"), ("a", "b", "c")])
+def test_host_backend_refuses_ranks_on_different_hosts(hosts):
+    """Ranks announcing different hosts (SYMM_HOST_ID) cannot share host
+    memory: every rank fails at once saying a group spanning hosts needs
+    the CUDA backend and NCCL, instead of waiting for the others."""
+    uid = symm.get_unique_id()
+    env = {
+        "SYMM_TEST_BOOTSTRAP": "uid",
+        "SYMM_TEST_UID": uid.hex(),
+        "SYMM_BACKEND": "host",
+        "SYMM_TEST_FORM_ERROR": "SymmUnsupported",
+        "SYMM_TEST_FORM_FAILS": "the host backend shares memory within one host",
+    }
+    in_processes("exchange", len(hosts), env, rank_env=[{"SYMM_HOST_ID": h} for h in hosts])
+
+
+def test_ranks_naming_one_host_form_a_group():
+    uid = symm.get_unique_id()
+    env = {"SYMM_TEST_BOOTSTRAP": "uid", "SYMM_TEST_UID": uid.hex(), "SYMM_HOST_ID": "one"}
+    in_processes("exchange", 2, env)

@@ -14,6 +14,7 @@ pub(crate) mod gpu_testing;
 pub(crate) mod graphs;
 pub mod kernels;
 mod module;
+pub mod nccl;
 pub mod pack;
 mod quantize;
 pub mod reduce;

@@ -1,0 +1,51 @@
+"""A CUDA group whose ranks announce different hosts (SYMM_HOST_ID), as
+processes on two GPUs of one machine: it forms through NCCL (torch's wheel
+or the system's) and refuses every collective. Skipped unless torch sees
+two GPUs and NCCL is found."""
+
+import ctypes
+import os
+
+import pytest
+from ranks import in_processes
+
+import symm
+from symm import _loader
+
+torch = pytest.importorskip("torch")
+if torch.cuda.device_count() < 2:
+    pytest.skip(f"needs two CUDA devices, torch sees {torch.cuda.device_count()}", allow_module_level=True)
+
+
+def _nccl():
+    path = os.environ.get("SYMM_NCCL_LIBRARY") or _loader.nccl_from_wheel() or "libnccl.so.2"
+    try:
+        ctypes.CDLL(path)
+    except OSError:
+        pytest.skip(f"no NCCL ({path})")
+    return path
+
+
+def test_group_spanning_hosts_forms_and_refuses_collectives():
+    uid = symm.get_unique_id()
+    env = {
+        "SYMM_TEST_BOOTSTRAP": "uid",
+        "SYMM_TEST_UID": uid.hex(),
+        "SYMM_TEST_BACKEND": "cuda",
+        "SYMM_NCCL_LIBRARY": _nccl(),
+    }
+    in_processes("across_hosts", 2, env, deadline_s=120, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])
+
+
+def test_group_spanning_hosts_without_nccl_fails_every_rank():
+    uid = symm.get_unique_id()
+    env = {
+        "SYMM_TEST_BOOTSTRAP": "uid",
+        "SYMM_TEST_UID": uid.hex(),
+        "SYMM_TEST_BACKEND": "cuda",
+        "SYMM_NCCL_LIBRARY": "/nonexistent/libnccl.so.2",
+        "SYMM_TEST_FORM_ERROR": "SymmUnsupported",
+        "SYMM_TEST_FORM_FAILS": "a group spanning hosts needs NCCL",
+        "SYMM_TEST_FORM_WITHIN": "30",
+    }
+    in_processes("exchange", 2, env, deadline_s=60, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])

@@ -1,0 +1,294 @@
+//! NCCL, loaded at run time like the driver (no link-time dependency), for
+//! groups whose ranks are on different hosts: a machine without it gets a
+//! clear `Unsupported`, never a crash.
+//!
+//! Search order: `SYMM_NCCL_LIBRARY` (only it, when set: a path the user
+//! named that fails is reported, not replaced), then `libnccl.so.2`
+//! through the dynamic loader (the system's, or the nvidia-nccl wheel's
+//! when the Python package points `SYMM_NCCL_LIBRARY` at it).
+//!
+//! Every symbol is looked up before any is used; the library stays loaded
+//! for the life of the process (NCCL keeps threads that must not outlive
+//! its code).
+
+use crate::config;
+use crate::error::{err, Error, Result};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+
+/// `ncclResult_t`: 0 is success.
+type NcclResult = c_int;
+/// `ncclComm_t`.
+type RawComm = *mut c_void;
+
+/// `ncclUniqueId`: 128 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UniqueId {
+    pub internal: [u8; UniqueId::BYTES],
+}
+
+impl UniqueId {
+    pub const BYTES: usize = 128;
+}
+
+type GetVersion = unsafe extern "C" fn(*mut c_int) -> NcclResult;
+type GetErrorString = unsafe extern "C" fn(NcclResult) -> *const c_char;
+type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> NcclResult;
+type CommInitRank = unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult;
+type CommDestroy = unsafe extern "C" fn(RawComm) -> NcclResult;
+/// send, recv, per-rank count, datatype, comm, stream.
+type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, *mut c_void) -> NcclResult;
+/// send, recv, count, datatype, op, comm, stream.
+type Reduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, *mut c_void) -> NcclResult;
+type GroupCall = unsafe extern "C" fn() -> NcclResult;
+
+/// The entry points symm uses.
+#[allow(non_snake_case)]
+struct Api {
+    ncclGetVersion: GetVersion,
+    ncclGetErrorString: GetErrorString,
+    ncclGetUniqueId: GetUniqueId,
+    ncclCommInitRank: CommInitRank,
+    ncclCommDestroy: CommDestroy,
+    // The collectives, for the operations across hosts (checked present now
+    // so that a library without them fails when the group forms).
+    #[allow(dead_code)]
+    ncclAllGather: AllGather,
+    #[allow(dead_code)]
+    ncclReduceScatter: Reduce,
+    #[allow(dead_code)]
+    ncclAllReduce: Reduce,
+    #[allow(dead_code)]
+    ncclGroupStart: GroupCall,
+    #[allow(dead_code)]
+    ncclGroupEnd: GroupCall,
+}
+
+/// A loaded NCCL library.
+pub struct Nccl {
+    api: Api,
+    /// Where it was loaded from (as named to the loader).
+    path: String,
+    /// `ncclGetVersion`'s code (e.g. 22703 for 2.27.3).
+    version: i32,
+}
+
+/// The message every failure to load starts with: what needs NCCL and
+/// where symm looks for it.
+const NEEDED: &str = "a group spanning hosts needs NCCL: libnccl.so.2 from the system or the nvidia-nccl-cu* wheel \
+                      torch installs, or SYMM_NCCL_LIBRARY pointing at it";
+
+/// NCCL, loaded once per process on first success (a failure is tried
+/// again next time, so a corrected environment is seen).
+pub fn load() -> Result<&'static Nccl> {
+    static LOADED: once_cell::sync::OnceCell<Nccl> = once_cell::sync::OnceCell::new();
+    LOADED.get_or_try_init(|| match config::nccl_library() {
+        Some(path) => Nccl::open(&path).map_err(|e| e.context(format!("{} (SYMM_NCCL_LIBRARY)", config::NCCL_LIBRARY))),
+        None => Nccl::open("libnccl.so.2"),
+    })
+}
+
+impl Nccl {
+    /// Loads NCCL from `path` (a path, or a name the dynamic loader
+    /// searches for) and checks every entry point symm uses.
+    pub fn open(path: &str) -> Result<Nccl> {
+        let unsupported = |what: String| err!(Unsupported, "{NEEDED}; {what}");
+        let name = CString::new(path).map_err(|_| unsupported(format!("{path:?} holds a NUL byte")))?;
+        // SAFETY: a valid C string; RTLD_NOW resolves everything up front.
+        let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if lib.is_null() {
+            return Err(unsupported(format!("loading {path}: {}", dlerror())));
+        }
+        let api = match Api::resolve(lib) {
+            Ok(api) => api,
+            Err(missing) => {
+                // SAFETY: `lib` came from dlopen and nothing of it is in use.
+                unsafe { libc::dlclose(lib) };
+                return Err(unsupported(format!("{path} is not NCCL: it has no {missing}")));
+            }
+        };
+        let mut version: c_int = 0;
+        // SAFETY: a valid out pointer.
+        let rc = unsafe { (api.ncclGetVersion)(&mut version) };
+        let nccl = Nccl { api, path: path.to_string(), version };
+        nccl.check(rc, "ncclGetVersion")?;
+        log::info!("NCCL {} loaded from {path}", nccl.version_string());
+        Ok(nccl)
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// `major.minor.patch`.
+    pub fn version_string(&self) -> String {
+        version_string(self.version)
+    }
+
+    /// `Err(Cuda)` naming `what` and NCCL's text for `rc` unless it is 0.
+    fn check(&self, rc: NcclResult, what: &str) -> Result<()> {
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: NCCL returns a static string for any code.
+        let text = unsafe { (self.api.ncclGetErrorString)(rc) };
+        let text = if text.is_null() {
+            "unknown error".to_string()
+        } else {
+            // SAFETY: non-null and NUL-terminated (static in NCCL).
+            unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
+        };
+        Err(err!(Cuda, "{what} failed: NCCL error {rc} ({text})"))
+    }
+
+    /// A new unique id (rank 0's, for [`Communicator::new`]).
+    pub fn unique_id(&self) -> Result<UniqueId> {
+        let mut id = UniqueId { internal: [0; UniqueId::BYTES] };
+        // SAFETY: a valid out pointer to a 128-byte id.
+        self.check(unsafe { (self.api.ncclGetUniqueId)(&mut id) }, "ncclGetUniqueId")?;
+        Ok(id)
+    }
+}
+
+impl Api {
+    /// Every entry point, or the name of the first one missing.
+    fn resolve(lib: *mut c_void) -> std::result::Result<Api, &'static str> {
+        macro_rules! sym {
+            ($name:ident: $ty:ty) => {{
+                let name = concat!(stringify!($name), "\0");
+                // SAFETY: `lib` is a live handle and `name` NUL-terminated.
+                let p = unsafe { libc::dlsym(lib, name.as_ptr().cast()) };
+                if p.is_null() {
+                    return Err(stringify!($name));
+                }
+                // SAFETY: NCCL's exported function of this name has this
+                // signature (nccl.h); a pointer to function and to data are
+                // the same size on every platform symm builds for.
+                unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
+            }};
+        }
+        Ok(Api {
+            ncclGetVersion: sym!(ncclGetVersion: GetVersion),
+            ncclGetErrorString: sym!(ncclGetErrorString: GetErrorString),
+            ncclGetUniqueId: sym!(ncclGetUniqueId: GetUniqueId),
+            ncclCommInitRank: sym!(ncclCommInitRank: CommInitRank),
+            ncclCommDestroy: sym!(ncclCommDestroy: CommDestroy),
+            ncclAllGather: sym!(ncclAllGather: AllGather),
+            ncclReduceScatter: sym!(ncclReduceScatter: Reduce),
+            ncclAllReduce: sym!(ncclAllReduce: Reduce),
+            ncclGroupStart: sym!(ncclGroupStart: GroupCall),
+            ncclGroupEnd: sym!(ncclGroupEnd: GroupCall),
+        })
+    }
+}
+
+/// `major.minor.patch` of an `ncclGetVersion` code: `major * 10000 +
+/// minor * 100 + patch` since NCCL 2.9, `major * 1000 + minor * 100 +
+/// patch` before.
+fn version_string(v: i32) -> String {
+    let (major, minor, patch) =
+        if v >= 10000 { (v / 10000, v / 100 % 100, v % 100) } else { (v / 1000, v / 100 % 10, v % 100) };
+    format!("{major}.{minor}.{patch}")
+}
+
+/// The dynamic loader's last error text.
+fn dlerror() -> String {
+    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until
+    // the next dl call on this thread.
+    let p = unsafe { libc::dlerror() };
+    if p.is_null() {
+        "unknown error".to_string()
+    } else {
+        // SAFETY: see above.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// An NCCL communicator over a group's ranks, destroyed when dropped.
+pub struct Communicator {
+    nccl: &'static Nccl,
+    comm: RawComm,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a
+// time; symm serializes a group's collectives.
+unsafe impl Send for Communicator {}
+// SAFETY: see above.
+unsafe impl Sync for Communicator {}
+
+impl Communicator {
+    /// Collective: rank 0 draws the unique id and `exchange` (the group's
+    /// bootstrap all-gather, which reports any rank's failure to all) gives
+    /// it to every rank; then every rank joins on CUDA device `device`.
+    pub fn new(
+        nccl: &'static Nccl,
+        rank: usize,
+        world: usize,
+        device: i32,
+        exchange: impl FnOnce(Result<Vec<u8>>) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<Communicator> {
+        let mine = if rank == 0 { nccl.unique_id().map(|id| id.internal.to_vec()) } else { Ok(Vec::new()) };
+        let all = exchange(mine)?;
+        let internal: [u8; UniqueId::BYTES] =
+            all[0].as_slice().try_into().map_err(|_| err!(Internal, "malformed NCCL unique id from rank 0"))?;
+        // NCCL takes the device from the thread's current context.
+        super::driver::context(device)?
+            .bind_to_thread()
+            .map_err(|e| super::driver::cuda_err(e, "making the context current"))?;
+        let mut comm: RawComm = std::ptr::null_mut();
+        // SAFETY: a valid out pointer; the id is 128 bytes by value.
+        let rc =
+            unsafe { (nccl.api.ncclCommInitRank)(&mut comm, world as c_int, UniqueId { internal }, rank as c_int) };
+        nccl.check(rc, "ncclCommInitRank").map_err(|e: Error| e.context(format!("rank {rank} of {world}")))?;
+        Ok(Communicator { nccl, comm })
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // SAFETY: `comm` came from ncclCommInitRank and is destroyed once.
+        let rc = unsafe { (self.nccl.api.ncclCommDestroy)(self.comm) };
+        if let Err(e) = self.nccl.check(rc, "ncclCommDestroy") {
+            log::warn!("{e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn expect_unsupported(r: Result<Nccl>, detail: &str) {
+        let e = r.err().expect("not NCCL");
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+        assert!(e.msg.starts_with(NEEDED), "{}", e.msg);
+        assert!(e.msg.contains(detail), "{}", e.msg);
+    }
+
+    #[test]
+    fn missing_library_is_unsupported() {
+        expect_unsupported(Nccl::open("/nonexistent/libnccl.so.2"), "loading /nonexistent/libnccl.so.2");
+    }
+
+    /// A file that is no library, and a library that is not NCCL.
+    #[test]
+    fn other_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("symm-nccl-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = dir.join("libnccl.so.2");
+        std::fs::write(&text, "not a library").unwrap();
+        let text = text.to_str().unwrap().to_string();
+        expect_unsupported(Nccl::open(&text), &format!("loading {text}"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        expect_unsupported(Nccl::open("libc.so.6"), "libc.so.6 is not NCCL: it has no ncclGetVersion");
+        expect_unsupported(Nccl::open("a\0b"), "NUL");
+    }
+
+    #[test]
+    fn versions() {
+        assert_eq!(version_string(22703), "2.27.3");
+        assert_eq!(version_string(21804), "2.18.4");
+        assert_eq!(version_string(2804), "2.8.4");
+    }
+}
