@@ -60,6 +60,13 @@ def in_processes(scenario, world, env, deadline_s=30, rank_env=None):
                 penv[k] = v
         cmd = [sys.executable, str(Path(__file__).with_name("rank_worker.py")), scenario]
         procs.append(subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    wait_for_ranks(procs, deadline_s)
+
+
+def wait_for_ranks(procs, deadline_s):
+    """Waits for the rank processes ``procs`` (output piped, text); kills
+    them all when one outlives ``deadline_s``; fails with every failing
+    rank's output."""
     failures = []
     for rank, p in enumerate(procs):
         try:

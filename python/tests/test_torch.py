@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ranks import SYMM_PARENT
+from ranks import SYMM_PARENT, wait_for_ranks
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
@@ -41,19 +41,7 @@ def run_ranks(tmp_path, world, *scenarios, deadline_s=600):
         )
         for r in range(world)
     ]
-    failures = []
-    for r, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = p.communicate()
-            failures.append(f"rank {r} still running after {deadline_s}s:\n{out}")
-            continue
-        if p.returncode != 0:
-            failures.append(f"rank {r} exited {p.returncode}:\n{out}")
-    assert not failures, "\n".join(failures)
+    wait_for_ranks(procs, deadline_s)
 
 
 def test_schemas_are_torch_symm_mems():
