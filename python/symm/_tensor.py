@@ -23,9 +23,10 @@ DTYPES = {
 
 class Arg:
     """One array argument of an operation: its shape and dtype name, its C
-    descriptor, and the object behind it (kept alive for the call)."""
+    descriptor (the one the call reads: ``array_of`` moves it into its
+    array), the object given and what keeps its memory alive for the call."""
 
-    __slots__ = ("shape", "dtype", "c", "_keep")
+    __slots__ = ("shape", "dtype", "c", "obj", "_keep")
 
     def __init__(self, group, obj, name, stream, output=False):
         # Plain torch tensors (most calls) skip the general reader's
@@ -50,7 +51,7 @@ class Arg:
         if output and not writable:
             raise ValueError(f"{name} is read-only")
         n = len(shape)
-        self.shape, self.dtype, self._keep = shape, dtype, keep
+        self.shape, self.dtype, self.obj, self._keep = shape, dtype, obj, keep
         self.c = c = _lib.Tensor(ptr, code, n)
         c.shape[:n] = shape
         c.strides[:n] = strides
@@ -60,9 +61,15 @@ _ARRAY_TYPES = {}  # n -> Tensor * n (made once: every call builds arrays)
 
 
 def array_of(args):
-    """A C array of the descriptors of ``args``."""
+    """A C array of the descriptors of ``args`` (None: an absent entry,
+    NULL data), each arg's ``c`` then the array's element (so that a kept
+    call can rewrite its address)."""
     n = len(args)
     t = _ARRAY_TYPES.get(n)
     if t is None:
         t = _ARRAY_TYPES.setdefault(n, _lib.Tensor * n)
-    return t(*[a.c for a in args])
+    array = t(*[_lib.Tensor() if a is None else a.c for a in args])
+    for i, a in enumerate(args):
+        if a is not None:
+            a.c = array[i]
+    return array

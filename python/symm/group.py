@@ -57,6 +57,7 @@ class Group:
         # bootstrap back in later collectives: each of their owners keeps it.
         self._owned = Owned(raw, lib.symm_group_destroy, keep=bootstrap)
         self._bootstrap = bootstrap
+        self._calls = {}  # operation -> its kept calls (symm._fastcall)
         # Immutable for the group's life; cached so they stay readable after close().
         self.rank = self._query(lib.symm_group_rank, ctypes.c_int)
         self.world_size = self._query(lib.symm_group_world_size, ctypes.c_int)
@@ -229,6 +230,7 @@ class Group:
     def close(self):
         """Releases this rank's reference. Idempotent."""
         self._owned = None
+        self._calls.clear()
 
     def __enter__(self):
         return self

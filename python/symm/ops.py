@@ -29,7 +29,7 @@ cuBLASLt's D scale, which torch passes ``scale_result`` as.
 import ctypes
 import functools
 
-from . import _lib
+from . import _fastcall, _lib
 from ._alloc import empty_like
 from ._lib import lib
 from ._stream import operation_stream
@@ -56,7 +56,9 @@ def _bindable(prepare_call):
 
     @functools.wraps(prepare_call)
     def op(*args, **kwargs):
-        return prepare_call(*args, **kwargs)()
+        if not args:
+            return prepare_call(*args, **kwargs)()
+        return _fastcall.call(args[0], prepare_call, args[1:], kwargs)
 
     _BINDABLE[op] = prepare_call
     return op
@@ -265,16 +267,13 @@ def fused_ag_mm(
             listed = _listed(result_scales, len(b), "result_scales")
             rs = [None if x is None else Arg(group, x, f"result_scales[{i}]", s) for i, x in enumerate(listed)]
 
-        def entries(xs):  # torch's Tensor?[]: an entry with NULL data is absent
-            return None if xs is None else (_lib.Tensor * len(xs))(*(x.c if x else _lib.Tensor() for x in xs))
-
         opts = _options(
             _lib.AgMmOptions,
             algorithm=algorithm,
             a_scale=None if sa is None else sa.c,
             b_scales=None if sb is None else array_of(sb),
-            biases=entries(bias),
-            result_scales=entries(rs),
+            biases=None if bias is None else array_of(bias),  # torch's Tensor?[]: None is absent
+            result_scales=None if rs is None else array_of(rs),
         )
         args = (a.c, array_of(b), len(b), dim, None if g is None else g.c, array_of(o), opts, s)
         outs = outs[0] if single else outs

@@ -1,0 +1,225 @@
+"""The eager calls' host time: an operation's prepared call is kept per
+group and kind of call, so that calling it again on arrays alike costs
+the library call and the addresses only.
+
+A call is keyed by everything its preparation reads from its arguments
+except the arrays' addresses: each plain torch tensor's shape, strides,
+dtype and device (CPU or CUDA), with the current stream of a CUDA one's device (the
+stream the call runs on, and whether the tensor is read directly, follow
+from it); each numpy array's shape, strides, dtype and writability; the
+other arguments' values; and which arguments are the same object. A hit
+writes the arrays' addresses into the kept C descriptors and allocates
+the outputs the call allocates; the library checks, and agrees on, every
+call as always. Anything else (tensors needing DLPack's exchange: those
+requiring grad, conjugate or negative views, other layouts; other array
+types, stream objects) takes the full preparation every time."""
+
+import math
+import sys
+
+import numpy as np
+
+from ._stream import current_torch_stream
+
+MAX_CALLS = 64  # kinds of call kept per operation and group (least recently used go)
+
+
+class _Slow(Exception):
+    """A result the cache cannot assemble."""
+
+
+_SCALARS = {type(None), bool, int, str}
+
+
+def _part(x, objs, ptrs, torch):
+    """The key of one argument, adding its arrays to ``objs`` and their
+    addresses to ``ptrs``; None where the cache does not describe it."""
+    t = type(x)
+    if torch is not None and t is torch.Tensor:
+        if x.requires_grad or x.layout is not torch.strided or x.is_conj() or x.is_neg():
+            return None
+        dev = x.get_device()  # -1: CPU (or no device at all: not described)
+        if dev < 0:
+            if not x.is_cpu:
+                return None
+        elif x.is_cuda:
+            dev = (dev, current_torch_stream(torch, dev))
+        else:
+            return None
+        objs.append(x)
+        ptrs.append(x.data_ptr())
+        return (x.shape, x.stride(), x.dtype, dev)
+    if t in _SCALARS:
+        return (t, x)
+    if t is np.ndarray:
+        objs.append(x)
+        ptrs.append(x.__array_interface__["data"][0])
+        return (x.shape, x.strides, x.dtype, x.flags.writeable)
+    if t is float:  # -0.0 == 0.0 as keys, not as arguments
+        return (t, x, math.copysign(1.0, x))
+    if t is list or t is tuple:
+        parts = [t]
+        for y in x:
+            p = _part(y, objs, ptrs, torch)
+            if p is None:
+                return None
+            parts.append(p)
+        return tuple(parts)
+    return None
+
+
+def key_of(args, kwargs):
+    """``(key, objs, ptrs)`` of a call's arguments (after the group): its
+    key and its arrays, in order, with their addresses; or None."""
+    torch = sys.modules.get("torch")
+    objs, ptrs, key = [], [], []
+    for x in args:
+        p = _part(x, objs, ptrs, torch)
+        if p is None:
+            return None
+        key.append(p)
+    for name, x in kwargs.items():  # a name is a str, a positional part never
+        p = _part(x, objs, ptrs, torch)
+        if p is None:
+            return None
+        key.append(name)
+        key.append(p)
+    if len(set(map(id, objs))) != len(objs):  # an array given twice: which positions alias
+        first = {}
+        key.append(tuple(first.setdefault(id(o), i) for i, o in enumerate(objs)))
+    return tuple(key), objs, ptrs
+
+
+def _allocator(obj):
+    """A function making an array like the allocated output ``obj``
+    (returning it and its address), or None."""
+    if type(obj) is np.ndarray:
+        if not obj.flags.c_contiguous:
+            return None
+        shape, dtype = obj.shape, obj.dtype
+
+        def make():
+            x = np.empty(shape, dtype)
+            return x, x.__array_interface__["data"][0]
+
+        return make
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor and obj.is_contiguous():
+        shape, dtype, device = obj.shape, obj.dtype, obj.device
+        empty = torch.empty
+
+        def make():
+            x = empty(shape, dtype=dtype, device=device)
+            return x, x.data_ptr()
+
+        return make
+    return None
+
+
+def _args_in(keep, found):
+    """The ``Arg``s in ``keep`` (nested lists, tuples and dicts)."""
+    if isinstance(keep, (list, tuple)):
+        for x in keep:
+            _args_in(x, found)
+    elif isinstance(keep, dict):
+        _args_in(list(keep.values()), found)
+    elif keep is not None:
+        found.append(keep)  # an Arg
+    return found
+
+
+class Template:
+    """A prepared call without its arrays: the C function and arguments,
+    the descriptors each array's address goes into, how to allocate the
+    outputs, and how to assemble the result."""
+
+    __slots__ = ("fn", "args", "writes", "makers", "result")
+
+    def __init__(self, fn, args, writes, makers, result):
+        self.fn, self.args, self.writes, self.makers, self.result = fn, args, writes, makers, result
+
+    @classmethod
+    def of(cls, call, objs):
+        """The template of the prepared ``call`` (a ``_Call``) of the arrays
+        ``objs``, or None where it holds anything unaccounted for."""
+        index = {id(o): i for i, o in enumerate(objs)}
+        allocated, makers, writes = [], [], []
+        for arg in _args_in(call.keep, []):
+            i = index.get(id(arg.obj))
+            if i is None:
+                make = _allocator(arg.obj)
+                if make is None:
+                    return None
+                i = index[id(arg.obj)] = len(objs) + len(allocated)
+                allocated.append(arg.obj)
+                makers.append(make)
+            writes.append((i, arg.c))
+        everything = [*objs, *allocated]
+
+        def spec(x):
+            if isinstance(x, (list, tuple)):
+                return (type(x), [spec(y) for y in x])
+            i = index.get(id(x))
+            if i is None or everything[i] is not x:
+                raise _Slow
+            return i
+
+        try:
+            result = spec(call.result)
+        except _Slow:
+            return None
+        if not set(range(len(objs), len(everything))) <= set(_leaves(result)):
+            return None  # an allocated output the call would not return
+        return cls(call.fn, call.args, writes, makers, result)
+
+    def __call__(self, group, objs, ptrs):
+        for make in self.makers:
+            x, ptr = make()
+            objs.append(x)
+            ptrs.append(ptr)
+        for i, desc in self.writes:
+            desc.data = ptrs[i]
+        group._check(self.fn(group.raw, *self.args))
+        return _built(self.result, objs)
+
+
+def _leaves(spec):
+    if type(spec) is int:
+        yield spec
+    else:
+        for s in spec[1]:
+            yield from _leaves(s)
+
+
+def _built(spec, objs):
+    if type(spec) is int:
+        return objs[spec]
+    kind, items = spec
+    return kind([_built(s, objs) for s in items])
+
+
+def call(group, prepare_call, args, kwargs):
+    """``prepare_call(group, *args, **kwargs)()``, through the group's cache."""
+    caches = getattr(group, "_calls", None)
+    found = None if caches is None else key_of(args, kwargs)
+    if found is None:
+        return prepare_call(group, *args, **kwargs)()
+    key, objs, ptrs = found
+    cache = caches.get(prepare_call)
+    if cache is None:
+        cache = caches.setdefault(prepare_call, {})
+    # Out of the cache while in use: another thread's call of the same key
+    # prepares its own instead of rewriting these descriptors.
+    template = cache.pop(key, None)
+    if template is None:
+        prepared = prepare_call(group, *args, **kwargs)
+        result = prepared()
+        template = Template.of(prepared, objs)
+        if template is None:
+            return result
+    else:
+        result = template(group, objs, ptrs)
+    cache[key] = template  # most recently used last
+    if len(cache) > MAX_CALLS:
+        del cache[next(iter(cache))]
+    return result
