@@ -1,0 +1,183 @@
+"""The kept calls of the plain operations (symm._fastcall) on numpy
+arrays: a repeated call reuses its prepared call and gives the fresh
+call's result; any change to what the preparation read (shape, strides,
+dtype, aliasing, keywords, stream) prepares anew; an array at a kept
+call's address is read anew. Outputs poisoned, references in float64."""
+
+import numpy as np
+import pytest
+from ranks import on_threads
+
+import symm
+
+WORLD = 2
+
+
+def groups():
+    return symm.local_groups(WORLD, backend="host", timeout_ms=10000)
+
+
+def kept(g):
+    return sum(len(c) for c in g._calls.values())
+
+
+def inputs(shape, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(dtype) for _ in range(WORLD)]
+
+
+def summed(xs):
+    return np.sum([x.astype(np.float64) for x in xs], axis=0)
+
+
+def test_repeated_call_is_kept_and_equal():
+    xs = inputs((8, 16))
+
+    def rank_main(g):
+        outs = []
+        for _ in range(3):
+            out = np.full((8, 16), np.nan, np.float32)
+            assert symm.all_reduce(g, xs[g.rank], out=out) is out
+            outs.append(out)
+        return kept(g), outs
+
+    for n, outs in on_threads(rank_main, groups()):
+        assert n == 1
+        for out in outs:
+            np.testing.assert_allclose(out, summed(xs), rtol=1e-6)
+        np.testing.assert_array_equal(outs[0], outs[2])
+
+
+def test_every_change_gives_the_fresh_result():
+    xs, ys = inputs((8, 16)), inputs((16, 8), seed=1)
+    halves = inputs((8, 16), np.float16, seed=2)
+
+    def rank_main(g):
+        me = g.rank
+        x, checks = xs[me], []
+
+        def ar(arr, ref, **kw):
+            out = np.full(arr.shape, np.nan, np.float32 if arr.dtype == np.float32 else arr.dtype)
+            symm.all_reduce(g, arr, out=out, **kw)
+            checks.append((out, ref))
+
+        ar(x, summed(xs))
+        ar(x.copy(), summed(xs))  # new address, same kind: kept call, new address
+        ar(ys[me], summed(ys))  # shape
+        ar(ys[me].T, summed(ys).T)  # strides
+        ar(halves[me], summed(halves))  # dtype
+        ar(x, summed(xs) / WORLD, op="avg")  # keyword
+        ar(x, summed(xs), algorithm="two_shot")
+        ar(x, summed(xs), stream=7)  # the host backend ignores the stream; a new key still
+        n = kept(g)
+        y = x.copy()
+        symm.all_reduce(g, y, out=y)  # aliasing
+        checks.append((y, summed(xs)))
+        return n, checks
+
+    for n, checks in on_threads(rank_main, groups()):
+        assert n == 7
+        for got, ref in checks:
+            np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_keyword_reaches_the_library():
+    a, b = inputs((4, 8)), np.ones((8, 4), np.float32)
+
+    def rank_main(g):
+        symm.fused_ag_mm(g, a[g.rank], b, 0, algorithm="sequential")
+        with pytest.raises(symm.SymmUnsupported):
+            symm.fused_ag_mm(g, a[g.rank], b, 0, algorithm="fused")
+
+    on_threads(rank_main, groups())
+
+
+def test_same_address_new_shape_dtype_and_contents():
+    # Arrays of one buffer at one address: a kept call must not read the
+    # old shape, dtype or contents.
+    def rank_main(g):
+        buf = np.empty(512, np.float32)
+        results = []
+        for shape, dtype, value in (((8, 16), np.float32, 1), ((16, 8), np.float32, 2), ((8, 16), np.float32, 3)):
+            x = buf[: np.prod(shape)].reshape(shape)
+            x[...] = value * (g.rank + 1)
+            results.append((symm.all_reduce(g, x), value * 3))
+        h = buf.view(np.float16)[:64].reshape(8, 8)
+        h[...] = g.rank + 1
+        results.append((symm.all_reduce(g, h), 3))
+        return results
+
+    for results in on_threads(rank_main, groups()):
+        shapes = [r.shape for r, _ in results]
+        assert shapes == [(8, 16), (16, 8), (8, 16), (8, 8)]
+        assert results[-1][0].dtype == np.float16
+        for got, want in results:
+            np.testing.assert_array_equal(got, np.full(got.shape, want, got.dtype))
+
+
+def test_allocated_outputs_are_new_every_call():
+    a, b = inputs((4, 8)), inputs((8, 6), seed=3)
+
+    def rank_main(g):
+        got = [symm.fused_ag_mm(g, a[g.rank], [b[0]], 0, return_ag=True) for _ in range(3)]
+        return kept(g), got
+
+    ref = np.concatenate(a).astype(np.float64)
+    for n, got in on_threads(rank_main, groups()):
+        assert n == 1
+        outs = [o[0] for _, o in got]
+        assert len({o.__array_interface__["data"][0] for o in outs}) == 3
+        for ag, (out,) in got:
+            np.testing.assert_array_equal(ag, ref.astype(np.float32))
+            np.testing.assert_allclose(out, ref @ b[0], rtol=1e-4, atol=1e-4)
+
+
+def test_ops_with_kept_calls():
+    a, b = inputs((4, 8)), inputs((8, 6), seed=4)
+    res, w = inputs((4, 8), seed=5), np.linspace(0.5, 1.5, 8).astype(np.float32)
+
+    def rank_main(g):
+        me, got = g.rank, []
+        for _ in range(2):
+            got.append(
+                (
+                    symm.mm_rs(g, a[me], b[me], 0),
+                    symm.lc_allgather(g, a[me]),
+                    symm.all_reduce_rmsnorm(g, a[me], res[me], w, out=np.full((4, 8), np.nan, np.float32)),
+                )
+            )
+        return kept(g), got
+
+    products = summed([x @ y for x, y in zip(a, b)])
+    for rank, (n, got) in enumerate(on_threads(rank_main, groups())):
+        assert n == 3
+        for rs, ag, (o, ro) in got:
+            np.testing.assert_allclose(rs, products[2 * rank : 2 * rank + 2], rtol=1e-4, atol=1e-4)
+            np.testing.assert_array_equal(ag, np.concatenate(a))
+            r = summed(a) + res[rank]
+            np.testing.assert_allclose(ro, r, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(o, r / np.sqrt((r**2).mean(-1, keepdims=True) + 1e-6) * w, rtol=1e-4, atol=1e-4)
+
+
+def test_bounded_and_cleared_on_close():
+    def rank_main(g):
+        for n in range(1, 80):
+            symm.all_reduce(g, np.ones(n, np.float32))
+        n = kept(g)
+        g.close()
+        return n, kept(g)
+
+    for n, after in on_threads(rank_main, groups()):
+        assert n == 64 and after == 0
+
+
+def test_read_only_output_still_refused():
+    def rank_main(g):
+        x = np.ones(4, np.float32)
+        out = np.empty(4, np.float32)
+        symm.all_reduce(g, x, out=out)
+        out.flags.writeable = False
+        with pytest.raises(symm.SymmInvalidArgument, match="read-only"):
+            symm.all_reduce(g, x, out=out)
+
+    on_threads(rank_main, groups())
