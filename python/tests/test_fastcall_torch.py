@@ -1,0 +1,111 @@
+"""The kept calls of the plain operations on CPU torch tensors (the host
+backend): repeats reuse the prepared call; new tensors, transposed views,
+dtypes, outputs and streams give the fresh result; tensors the direct
+reader does not describe (requiring grad) are never kept."""
+
+import numpy as np
+import pytest
+from ranks import on_threads
+
+import symm
+
+torch = pytest.importorskip("torch")
+WORLD = 2
+
+
+def groups():
+    return symm.local_groups(WORLD, backend="host", timeout_ms=10000)
+
+
+def kept(g):
+    return sum(len(c) for c in g._calls.values())
+
+
+def test_ag_mm_changes():
+    gen = torch.Generator().manual_seed(0)
+    a = [torch.randn(4, 8, generator=gen) for _ in range(WORLD)]
+    b = torch.randn(8, 6, generator=gen)
+    full = torch.cat(a).double()
+
+    def rank_main(g):
+        me, checks = g.rank, []
+        for _ in range(2):
+            out = torch.full((8, 6), float("nan"))
+            symm.fused_ag_mm(g, a[me], b, 0, out=out)
+            checks.append((out, full @ b.double()))
+        bt = b.t().contiguous().t()  # same values, transposed strides
+        checks.append((symm.fused_ag_mm(g, a[me], bt, 0), full @ b.double()))
+        a2 = a[me].clone() * 2  # new tensor
+        ag, (o,) = symm.fused_ag_mm(g, a2, [b], 0, return_ag=True)
+        checks.append((o, None))  # peers' a differ: checked below against ag
+        checks.append((ag[4 * me : 4 * me + 4], a2.double()))
+        h = symm.fused_ag_mm(g, a[me].half(), b.half(), 0)  # dtype
+        checks.append((h.float(), full @ b.double()))
+        return kept(g), checks, (ag, o)
+
+    for n, checks, (ag, o) in on_threads(rank_main, groups()):
+        assert n == 4
+        for got, ref in checks:
+            if ref is not None:
+                torch.testing.assert_close(got.double(), ref, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(o.double(), ag.double() @ b.double(), rtol=1e-4, atol=1e-4)
+
+
+def test_all_reduce_repeat_and_outputs():
+    xs = [torch.arange(32.0).reshape(4, 8) * (r + 1) for r in range(WORLD)]
+
+    def rank_main(g):
+        x, got = xs[g.rank], []
+        for _ in range(3):
+            out = torch.full((4, 8), float("nan"))
+            got.append(symm.all_reduce(g, x, out=out))
+        got.append(symm.all_reduce(g, x, stream=5))
+        got.append(symm.all_reduce(g, x[:, ::2]))  # strided view
+        y = x.clone()
+        got.append(symm.all_reduce(g, y, inplace=True))
+        n = kept(g)
+        leaf = x.clone().requires_grad_()
+        with pytest.raises(Exception):  # DLPack refuses tensors requiring grad, as before
+            symm.all_reduce(g, leaf)
+        return n, kept(g), got
+
+    ref = xs[0] + xs[1]
+    for n, after, got in on_threads(rank_main, groups()):
+        assert n == 4 and after == 4
+        for t in got[:4] + got[5:]:
+            torch.testing.assert_close(t, ref)
+        torch.testing.assert_close(got[4], ref[:, ::2])
+
+
+def test_same_address_new_geometry():
+    def rank_main(g):
+        buf = torch.empty(256)
+        got = []
+        for shape, v in (((4, 8), 1.0), ((8, 4), 2.0), ((4, 8), 3.0)):
+            x = buf[: 32].view(shape)
+            x.fill_(v * (g.rank + 1))
+            got.append((symm.all_reduce(g, x), v * 3))
+        t = buf[:32].view(4, 8).t()  # same address, transposed
+        t.copy_(torch.arange(32.0).reshape(8, 4) * (g.rank + 1))
+        got.append((symm.all_reduce(g, t), torch.arange(32.0).reshape(8, 4) * 3))
+        return got
+
+    for got in on_threads(rank_main, groups()):
+        assert [tuple(r.shape) for r, _ in got] == [(4, 8), (8, 4), (4, 8), (8, 4)]
+        for r, want in got:
+            torch.testing.assert_close(r, torch.broadcast_to(torch.as_tensor(want, dtype=r.dtype), r.shape))
+
+
+def test_bound_results_match_plain():
+    a = [torch.randn(4, 8) for _ in range(WORLD)]
+    b = torch.randn(8, 4)
+
+    def rank_main(g):
+        plain = [symm.mm_rs(g, a[g.rank], b, 0) for _ in range(2)]
+        out = torch.full((2, 4), float("nan"))
+        symm.bind(symm.mm_rs, g, a[g.rank], b, 0, out=out)()
+        return plain, out
+
+    for plain, out in on_threads(rank_main, groups()):
+        assert np.array_equal(plain[0].numpy(), plain[1].numpy())
+        assert np.array_equal(plain[0].numpy(), out.numpy())
