@@ -34,6 +34,7 @@ mod failure_tests;
 #[cfg(test)]
 mod fp8_out_tests;
 pub(crate) mod fused;
+pub mod hierarchy;
 #[cfg(test)]
 mod host_cost;
 pub mod lc_allgather;
