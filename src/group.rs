@@ -20,7 +20,7 @@
 
 mod across;
 
-pub use across::{AcrossHosts, Bootstrapped};
+pub use across::{AcrossHosts, Bootstrapped, NcclTransport};
 
 use crate::backend::cuda::nccl::{self, Communicator};
 use crate::backend::host::{HostAllocation, HostMapping};
@@ -257,7 +257,8 @@ impl Group {
         let (nccl, across) = match (topology.single_host(), backend.kind()) {
             (true, _) => (None, None),
             (false, BackendKind::Cuda) => {
-                (Some(across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?), None)
+                let (comm, transport) = across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?;
+                (Some(comm), Some(Box::new(transport) as Box<dyn AcrossHosts>))
             }
             (false, BackendKind::Host) => {
                 let members = across_members(&topology);
@@ -592,9 +593,15 @@ fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
 }
 
 /// Collective, for a group that spans hosts: every rank loads NCCL (any
-/// rank's failure fails all), then joins one communicator over the group.
-/// Only the CUDA backend gets here (see [`check_ranks`]).
-fn across_hosts(bs: &dyn Bootstrap, topology: &Topology, device: i32, wait: Duration) -> Result<Communicator> {
+/// rank's failure fails all), then joins one communicator over the group
+/// and one over the ranks of its local index (its transport across hosts,
+/// whose first member draws the id). Only the CUDA backend gets here.
+fn across_hosts(
+    bs: &dyn Bootstrap,
+    topology: &Topology,
+    device: i32,
+    wait: Duration,
+) -> Result<(Communicator, NcclTransport)> {
     let loaded = nccl::load();
     exchange(bs, loaded.as_ref().map(|_| Vec::new()).map_err(Clone::clone), wait, &|_| {})?;
     let nccl = loaded?;
@@ -606,7 +613,15 @@ fn across_hosts(bs: &dyn Bootstrap, topology: &Topology, device: i32, wait: Dura
         nccl.version_string(),
         nccl.path()
     );
-    Communicator::new(nccl, bs.rank(), bs.world(), device, |mine| exchange(bs, mine, wait, &|_| {}))
+    let all = Communicator::new(nccl, bs.rank(), bs.world(), device, |mine| exchange(bs, mine, wait, &|_| {}))?;
+    let members = across_members(topology);
+    let index = members.iter().position(|&m| m == bs.rank()).unwrap_or(0);
+    let mine = if index == 0 { nccl.unique_id().map(|id| id.internal.to_vec()) } else { Ok(Vec::new()) };
+    let ids = exchange(bs, mine, wait, &|_| {})?;
+    let id = nccl::UniqueId::from_bytes(&ids[members[0]])?;
+    let comm = Communicator::join(nccl, index, members.len(), device, id)
+        .map_err(|e| e.context(format!("joining the ranks {members:?} across hosts")))?;
+    Ok((all, NcclTransport::new(comm, members)))
 }
 
 /// The ranks with this rank's local index on every host, in host order:
@@ -925,7 +940,7 @@ mod tests {
             eprintln!("NCCL is installed here: the communicator is a GPU test");
             return;
         }
-        let res: Vec<Result<Communicator>> = std::thread::scope(|s| {
+        let res: Vec<Result<(Communicator, NcclTransport)>> = std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(3)
                 .into_iter()
                 .enumerate()

@@ -14,6 +14,7 @@
 
 use super::Group;
 use crate::array::{Array, DType};
+use crate::backend::cuda::nccl::{self, Communicator};
 use crate::backend::host::elementwise;
 use crate::backend::Stream;
 use crate::error::{err, Result};
@@ -154,5 +155,44 @@ impl AcrossHosts for Bootstrapped {
         let all = self.gather(group, send)?;
         let srcs: Vec<Array> = all.iter().map(|w| view(w, send.dtype, self.index * n, n)).collect();
         sum_into(&Array::contiguous(recv.addr, recv.dtype, &[n]), &srcs)
+    }
+}
+
+/// NCCL's transport (the CUDA backend): a communicator over the members,
+/// whose collectives are enqueued on the caller's stream.
+pub struct NcclTransport {
+    comm: Communicator,
+    members: Vec<usize>,
+}
+
+impl NcclTransport {
+    pub fn new(comm: Communicator, members: Vec<usize>) -> NcclTransport {
+        NcclTransport { comm, members }
+    }
+}
+
+/// NCCL's type for summing `dtype`, or `Unsupported`.
+fn nccl_type(dtype: DType) -> Result<std::ffi::c_int> {
+    nccl::reduce_type(dtype).ok_or_else(|| err!(Unsupported, "sums of {dtype} across hosts are not supported"))
+}
+
+impl AcrossHosts for NcclTransport {
+    fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    fn all_gather(&self, _: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()> {
+        check(Collective::AllGather, send, recv, self.members.len())?;
+        self.comm.all_gather(send.addr, recv.addr, send.numel() * send.dtype.size(), stream.0)
+    }
+
+    fn all_reduce(&self, _: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()> {
+        check(Collective::AllReduce, send, recv, self.members.len())?;
+        self.comm.all_reduce(send.addr, recv.addr, send.numel(), nccl_type(send.dtype)?, stream.0)
+    }
+
+    fn reduce_scatter(&self, _: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()> {
+        check(Collective::ReduceScatter, send, recv, self.members.len())?;
+        self.comm.reduce_scatter(send.addr, recv.addr, recv.numel(), nccl_type(send.dtype)?, stream.0)
     }
 }
