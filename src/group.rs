@@ -182,7 +182,6 @@ pub struct Group {
     _nccl: Option<Communicator>,
     /// Groups spanning hosts: the transport over the ranks of this rank's
     /// local index (see [`AcrossHosts`]).
-    #[allow(dead_code)] // the operations across hosts use it one at a time
     across: Option<Box<dyn AcrossHosts>>,
     settings: Settings,
     /// What the layers above keep per group (see [`Attachment`]), at most
@@ -413,14 +412,12 @@ impl Group {
 
     /// [`Self::exchange`] for the transport across hosts, which a group
     /// spanning hosts runs. Call with the collective lock held.
-    #[allow(dead_code)] // see `across`
     pub(crate) fn exchange_across_hosts(&self, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         self.health.check()?;
         exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
     }
 
     /// The transport across hosts (`None` while the group is on one host).
-    #[allow(dead_code)] // see `across`
     pub fn across_hosts(&self) -> Option<&dyn AcrossHosts> {
         self.across.as_deref()
     }

@@ -9,9 +9,6 @@
 //! backend: bytes through the bootstrap's all-gather; slow but correct,
 //! for tests of groups on declared hosts).
 
-// The operations across hosts use this one at a time.
-#![allow(dead_code)]
-
 use super::Group;
 use crate::array::{Array, DType};
 use crate::backend::cuda::nccl::{self, Communicator};

@@ -24,6 +24,7 @@
 //! dimensions collapse into matrix rows; a slice whose strides do not
 //! collapse is copied to contiguous scratch first.
 
+mod across_hosts;
 pub mod ag_mm;
 mod agree;
 pub mod all_reduce;
