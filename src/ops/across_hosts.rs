@@ -241,6 +241,8 @@ mod tests {
                     }
                 }
             }
+            // The workspace of the one-host group holds it.
+            one.iter().for_each(|g| g.release_scratch());
         }
     }
 
@@ -273,6 +275,7 @@ mod tests {
                     assert_eq!(got, &single[r]);
                 }
             }
+            one.iter().for_each(|g| g.release_scratch());
         }
     }
 
