@@ -193,3 +193,85 @@ impl AcrossHosts for NcclTransport {
         self.comm.reduce_scatter(send.addr, recv.addr, recv.numel(), nccl_type(send.dtype)?, stream.0)
     }
 }
+
+/// NCCL's transport on GPUs of one machine, the ranks declared on pretend
+/// hosts (`["a", "b"]` on two GPUs, `["a", "b", "a", "b"]` on four): every
+/// collective against a reference from every rank's input, outputs
+/// poisoned. Named `gpu_*`; skipped without the GPUs or NCCL.
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+    use crate::backend::cuda::driver;
+    use crate::backend::cuda::gpu_testing::{gpu_on, report_skipped};
+    use crate::backend::BackendChoice;
+    use crate::bootstrap::local::local_bootstraps;
+    use crate::group::GroupConfig;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn value(r: usize, i: usize) -> f32 {
+        (r * 10 + i) as f32 - 7.5
+    }
+
+    fn run(hosts: &[&str]) {
+        let groups: Vec<Arc<Group>> = std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(hosts.len())
+                .into_iter()
+                .zip(hosts)
+                .enumerate()
+                .map(|(r, (b, h))| {
+                    let cfg = GroupConfig {
+                        backend: Some(BackendChoice::Cuda),
+                        timeout: Some(Duration::from_secs(60)),
+                        host_id: Some(h.to_string()),
+                        ..Default::default()
+                    };
+                    s.spawn(move || Group::new(Box::new(b), r as i32, &cfg).expect("a CUDA group on pretend hosts"))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        std::thread::scope(|s| {
+            for g in &groups {
+                s.spawn(move || {
+                    let gpu = gpu_on(g.device());
+                    let t = g.across_hosts().expect("spans hosts");
+                    let m = t.members().to_vec();
+                    let (r, n, f) = (g.rank(), 1000, DType::F32);
+                    let dev =
+                        |b: &crate::backend::cuda::gpu_testing::DevBuf, len: usize| Array::contiguous(b.ptr, f, &[len]);
+                    let send: Vec<f32> = (0..n * m.len()).map(|i| value(r, i)).collect();
+                    let sbuf = gpu.upload(&send);
+                    let rbuf = gpu.upload(&vec![f32::NAN; n * m.len()]);
+                    t.all_gather(g, &dev(&sbuf, n), &dev(&rbuf, n * m.len()), gpu.stream()).unwrap();
+                    gpu.sync();
+                    let want: Vec<f32> = m.iter().flat_map(|&p| (0..n).map(move |i| value(p, i))).collect();
+                    assert_eq!(rbuf.read::<f32>(n * m.len()), want, "all-gather on rank {r}");
+                    rbuf.write(&vec![f32::NAN; n * m.len()]);
+                    t.all_reduce(g, &dev(&sbuf, n), &dev(&rbuf, n), gpu.stream()).unwrap();
+                    gpu.sync();
+                    let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, i)).sum()).collect();
+                    assert_eq!(rbuf.read::<f32>(n), want, "all-reduce on rank {r}");
+                    rbuf.write(&vec![f32::NAN; n * m.len()]);
+                    t.reduce_scatter(g, &dev(&sbuf, n * m.len()), &dev(&rbuf, n), gpu.stream()).unwrap();
+                    gpu.sync();
+                    let h = m.iter().position(|&p| p == r).unwrap();
+                    let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, h * n + i)).sum()).collect();
+                    assert_eq!(rbuf.read::<f32>(n), want, "reduce-scatter on rank {r}");
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn gpu_nccl_transport_across_pretend_hosts() {
+        if driver::device_count() < 2 || nccl::load().is_err() {
+            report_skipped();
+            return;
+        }
+        run(&["a", "b"]);
+        if driver::device_count() >= 4 {
+            run(&["a", "b", "a", "b"]);
+        }
+    }
+}
