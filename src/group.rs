@@ -18,6 +18,10 @@
 //! error, operation left half done, or abort, on any rank (see
 //! `crate::health`): it then refuses every operation until destroyed.
 
+mod across;
+
+pub use across::{AcrossHosts, Bootstrapped, NcclTransport};
+
 use crate::backend::cuda::nccl::{self, Communicator};
 use crate::backend::host::{HostAllocation, HostMapping};
 use crate::backend::{self, Allocation, Backend, BackendChoice, BackendKind, Mapping};
@@ -153,6 +157,9 @@ pub struct RankInfo {
     pub device: i32,
     pub backend: BackendKind,
     pub settings: Settings,
+    /// Whether the host was declared in the group config (a pretend host of
+    /// an in-process test) rather than found or set by `SYMM_HOST_ID`.
+    pub pretend_host: bool,
 }
 
 pub struct Group {
@@ -173,6 +180,9 @@ pub struct Group {
     topology: Topology,
     /// Groups spanning hosts: the NCCL communicator over every rank.
     _nccl: Option<Communicator>,
+    /// Groups spanning hosts: the transport over the ranks of this rank's
+    /// local index (see [`AcrossHosts`]).
+    across: Option<Box<dyn AcrossHosts>>,
     settings: Settings,
     /// What the layers above keep per group (see [`Attachment`]), at most
     /// one of each type.
@@ -222,6 +232,7 @@ impl Group {
                     device: b.device(),
                     backend: b.kind(),
                     settings: *settings,
+                    pretend_host: cfg.host_id.is_some(),
                 },
                 &secret,
             )),
@@ -242,9 +253,16 @@ impl Group {
         let topology = Topology::new(&hosts, rank);
         check_ranks(&ranks, &topology, rank, cfg.allow_shared_device)?;
         check_settings(&ranks)?;
-        let nccl = match topology.single_host() {
-            true => None,
-            false => Some(across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?),
+        let (nccl, across) = match (topology.single_host(), backend.kind()) {
+            (true, _) => (None, None),
+            (false, BackendKind::Cuda) => {
+                let (comm, transport) = across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?;
+                (Some(comm), Some(Box::new(transport) as Box<dyn AcrossHosts>))
+            }
+            (false, BackendKind::Host) => {
+                let members = across_members(&topology);
+                (None, Some(Box::new(Bootstrapped::new(members, rank)?) as Box<dyn AcrossHosts>))
+            }
         };
         health.attach_board(form_board(bootstrap.as_ref(), &topology, world, &rank0_secret, wait)?);
         if backend.kind() == BackendKind::Cuda {
@@ -263,6 +281,7 @@ impl Group {
             ranks,
             topology,
             _nccl: nccl,
+            across,
             settings,
             attachments: Mutex::default(),
             health,
@@ -389,6 +408,18 @@ impl Group {
         self.topology.require_single_host("symm's collective operations")?;
         // A lost exchange leaves the ranks out of step: the group fails.
         exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
+    }
+
+    /// [`Self::exchange`] for the transport across hosts, which a group
+    /// spanning hosts runs. Call with the collective lock held.
+    pub(crate) fn exchange_across_hosts(&self, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        self.health.check()?;
+        exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
+    }
+
+    /// The transport across hosts (`None` while the group is on one host).
+    pub fn across_hosts(&self) -> Option<&dyn AcrossHosts> {
+        self.across.as_deref()
     }
 
     /// The agreed settings (see [`Settings`]).
@@ -533,13 +564,20 @@ fn watch_peers(health: &Arc<Health>) {
 }
 
 fn encode_rank_info(m: &RankInfo, secret: &[u8; 32]) -> Vec<u8> {
-    let w = Writer::new().str(&m.host).u32(m.pid).u32(m.device as u32).str(m.backend.name()).bytes(secret);
+    let w = Writer::new()
+        .str(&m.host)
+        .u8(m.pretend_host as u8)
+        .u32(m.pid)
+        .u32(m.device as u32)
+        .str(m.backend.name())
+        .bytes(secret);
     m.settings.encode(w).finish()
 }
 
 fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
     let mut r = Reader::new(b, "group announcement");
     let host = r.str()?;
+    let pretend_host = r.u8()? != 0;
     let pid = r.u32()?;
     let device = r.u32()? as i32;
     let backend = match r.str()?.as_str() {
@@ -548,13 +586,19 @@ fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
     };
     let secret: [u8; 32] = r.bytes()?.try_into().map_err(|_| err!(Internal, "malformed group secret"))?;
     let settings = Settings::decode(&mut r)?;
-    Ok((RankInfo { host, pid, device, backend, settings }, secret))
+    Ok((RankInfo { host, pretend_host, pid, device, backend, settings }, secret))
 }
 
 /// Collective, for a group that spans hosts: every rank loads NCCL (any
-/// rank's failure fails all), then joins one communicator over the group.
-/// Only the CUDA backend gets here (see [`check_ranks`]).
-fn across_hosts(bs: &dyn Bootstrap, topology: &Topology, device: i32, wait: Duration) -> Result<Communicator> {
+/// rank's failure fails all), then joins one communicator over the group
+/// and one over the ranks of its local index (its transport across hosts,
+/// whose first member draws the id). Only the CUDA backend gets here.
+fn across_hosts(
+    bs: &dyn Bootstrap,
+    topology: &Topology,
+    device: i32,
+    wait: Duration,
+) -> Result<(Communicator, NcclTransport)> {
     let loaded = nccl::load();
     exchange(bs, loaded.as_ref().map(|_| Vec::new()).map_err(Clone::clone), wait, &|_| {})?;
     let nccl = loaded?;
@@ -566,12 +610,30 @@ fn across_hosts(bs: &dyn Bootstrap, topology: &Topology, device: i32, wait: Dura
         nccl.version_string(),
         nccl.path()
     );
-    Communicator::new(nccl, bs.rank(), bs.world(), device, |mine| exchange(bs, mine, wait, &|_| {}))
+    let all = Communicator::new(nccl, bs.rank(), bs.world(), device, |mine| exchange(bs, mine, wait, &|_| {}))?;
+    let members = across_members(topology);
+    let index = members.iter().position(|&m| m == bs.rank()).unwrap_or(0);
+    let mine = if index == 0 { nccl.unique_id().map(|id| id.internal.to_vec()) } else { Ok(Vec::new()) };
+    let ids = exchange(bs, mine, wait, &|_| {})?;
+    let id = nccl::UniqueId::from_bytes(&ids[members[0]])?;
+    let comm = Communicator::join(nccl, index, members.len(), device, id)
+        .map_err(|e| e.context(format!("joining the ranks {members:?} across hosts")))?;
+    Ok((all, NcclTransport::new(comm, members)))
+}
+
+/// The ranks with this rank's local index on every host, in host order:
+/// the members of its transport across hosts. Hosts without a rank of
+/// that index have no member.
+fn across_members(topology: &Topology) -> Vec<usize> {
+    let local = topology.local_rank();
+    (0..topology.hosts()).filter_map(|h| topology.ranks_on(h).get(local).copied()).collect()
 }
 
 /// Every rank must use the same backend; CUDA ranks on one host must not
 /// share a device (unless allowed). Ranks on different hosts need the CUDA
-/// backend: the host backend's memory is shared memory of one host.
+/// backend (the host backend's memory is shared memory of one host), except
+/// pretend hosts of in-process tests, declared on every rank, which the
+/// host backend joins through its bootstrap.
 fn check_ranks(ranks: &[RankInfo], topology: &Topology, me: usize, allow_shared_device: bool) -> Result<()> {
     let mine = &ranks[me];
     for (r, info) in ranks.iter().enumerate() {
@@ -584,7 +646,8 @@ fn check_ranks(ranks: &[RankInfo], topology: &Topology, me: usize, allow_shared_
             ));
         }
     }
-    if mine.backend == BackendKind::Host && !topology.single_host() {
+    let pretend = ranks.iter().all(|r| r.pretend_host);
+    if mine.backend == BackendKind::Host && !topology.single_host() && !pretend {
         // Every rank sees the same topology: name the same two ranks everywhere.
         let other = (0..ranks.len()).find(|&r| topology.host_of(r) != topology.host_of(0)).unwrap_or(0);
         return Err(err!(
@@ -695,6 +758,7 @@ mod tests {
             device: d,
             backend: BackendKind::Cuda,
             settings: Settings::default(),
+            pretend_host: false,
         };
         let ranks = vec![info(0), info(0)];
         let one = Topology::new(&["h".into(), "h".into()], 0);
@@ -721,16 +785,25 @@ mod tests {
         })
     }
 
-    /// The host backend cannot span hosts: every rank fails at once with
-    /// the same message (none waits for a peer until its timeout).
+    /// The host backend cannot span real hosts: every rank refuses alike
+    /// (the same two ranks named everywhere), before any waits for a peer.
     #[test]
     fn host_backend_refuses_groups_spanning_hosts() {
         for hosts in [&["a", "b"][..], &["a", "a", "b"], &["a", "b", "a", "c"]] {
-            let start = std::time::Instant::now();
-            let res = form_on_hosts(hosts);
-            assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
-            for r in res {
-                let e = r.expect_err("ranks on different hosts");
+            let ranks: Vec<RankInfo> = hosts
+                .iter()
+                .map(|h| RankInfo {
+                    host: h.to_string(),
+                    pretend_host: false,
+                    pid: 1,
+                    device: 0,
+                    backend: BackendKind::Host,
+                    settings: Settings::default(),
+                })
+                .collect();
+            let ids: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+            for me in 0..hosts.len() {
+                let e = check_ranks(&ranks, &Topology::new(&ids, me), me, false).expect_err("ranks on different hosts");
                 assert_eq!(e.kind, ErrorKind::Unsupported);
                 assert!(
                     e.msg.starts_with("rank 0 runs on host \"a\" and rank 1 on \"b\"")
@@ -739,7 +812,99 @@ mod tests {
                     e.msg
                 );
                 assert!(e.msg.contains("needs the CUDA backend and NCCL"), "{}", e.msg);
+                // Pretend hosts declared on every rank form (see below).
+                let pretend: Vec<RankInfo> =
+                    ranks.iter().map(|r| RankInfo { pretend_host: true, ..r.clone() }).collect();
+                assert!(check_ranks(&pretend, &Topology::new(&ids, me), me, false).is_ok());
             }
+        }
+    }
+
+    /// Pretend hosts on the host backend: the group forms, with a
+    /// transport across hosts over the ranks of each local index; the
+    /// collectives not implemented across hosts fail at once on every rank.
+    #[test]
+    fn pretend_hosts_form_with_a_transport() {
+        for hosts in [&["a", "b"][..], &["a", "b", "a", "b"], &["a", "a", "b", "b"], &["a", "b", "c", "d"]] {
+            let start = std::time::Instant::now();
+            let groups: Vec<Arc<Group>> = form_on_hosts(hosts).into_iter().map(Result::unwrap).collect();
+            for g in &groups {
+                let members = g.across_hosts().expect("spans hosts").members().to_vec();
+                assert!(members.contains(&g.rank()));
+                let mut on: Vec<&str> = members.iter().map(|&m| hosts[m]).collect();
+                on.dedup();
+                assert_eq!(on.len(), g.topology().hosts());
+                assert!(members.iter().all(|&m| groups[m].topology().local_rank() == g.topology().local_rank()));
+            }
+            std::thread::scope(|s| {
+                let hs: Vec<_> = groups.iter().map(|g| s.spawn(move || g.exchange(Ok(vec![1])))).collect();
+                for h in hs {
+                    let e = h.join().unwrap().unwrap_err();
+                    assert_eq!(e.kind, ErrorKind::Unsupported);
+                    assert!(e.msg.contains("not implemented yet"), "{}", e.msg);
+                }
+            });
+            assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
+        }
+        for g in form_on_hosts(&["x", "x"]) {
+            assert!(g.unwrap().across_hosts().is_none());
+        }
+    }
+
+    /// The bootstrap's transport: every rank's collective over its members
+    /// against a reference computed from every rank's input, in f32 and
+    /// wrapping int8, poisoned outputs.
+    #[test]
+    fn bootstrap_transport_collectives() {
+        use crate::array::{Array, DType};
+        use crate::backend::Stream;
+        let value = |r: usize, i: usize| (r * 10 + i) as f32 - 7.5;
+        for hosts in [&["a", "b"][..], &["a", "b", "b", "a"], &["a", "b", "c"], &["a", "a", "b", "b"]] {
+            let groups: Vec<Arc<Group>> = form_on_hosts(hosts).into_iter().map(Result::unwrap).collect();
+            std::thread::scope(|s| {
+                let hs: Vec<_> = groups
+                    .iter()
+                    .map(|g| {
+                        s.spawn(move || {
+                            let _lock = g.lock_collective();
+                            let t = g.across_hosts().unwrap();
+                            let m = t.members().to_vec();
+                            let n = 5;
+                            let (r, f) = (g.rank(), DType::F32);
+                            let arr = |v: &Vec<f32>| Array::contiguous(v.as_ptr() as u64, f, &[v.len()]);
+                            // All-gather.
+                            let send: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
+                            let recv = vec![f32::NAN; n * m.len()];
+                            t.all_gather(g, &arr(&send), &arr(&recv), Stream(0)).unwrap();
+                            let want: Vec<f32> = m.iter().flat_map(|&p| (0..n).map(move |i| value(p, i))).collect();
+                            assert_eq!(recv, want, "all-gather on rank {r}");
+                            // All-reduce.
+                            let recv = vec![f32::NAN; n];
+                            t.all_reduce(g, &arr(&send), &arr(&recv), Stream(0)).unwrap();
+                            let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, i)).sum()).collect();
+                            assert_eq!(recv, want, "all-reduce on rank {r}");
+                            // Reduce-scatter: block h of `send` is meant for member h.
+                            let send: Vec<f32> = (0..n * m.len()).map(|i| value(r, i)).collect();
+                            let recv = vec![f32::NAN; n];
+                            t.reduce_scatter(g, &arr(&send), &arr(&recv), Stream(0)).unwrap();
+                            let h = m.iter().position(|&p| p == r).unwrap();
+                            let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, h * n + i)).sum()).collect();
+                            assert_eq!(recv, want, "reduce-scatter on rank {r}");
+                            // Integers wrap.
+                            let send = vec![100i8 + r as i8; 3];
+                            let recv = vec![-1i8; 3];
+                            let a8 = |v: &Vec<i8>| Array::contiguous(v.as_ptr() as u64, DType::I8, &[3]);
+                            t.all_reduce(g, &a8(&send), &a8(&recv), Stream(0)).unwrap();
+                            let sum = m.iter().fold(0i8, |s, &p| s.wrapping_add(100 + p as i8));
+                            assert_eq!(recv, vec![sum; 3], "int8 all-reduce on rank {r}");
+                            // Missized buffers are refused before anything moves.
+                            let e = t.all_reduce(g, &a8(&send), &arr(&vec![0f32; 3]), Stream(0)).unwrap_err();
+                            assert_eq!(e.kind, ErrorKind::Internal);
+                        })
+                    })
+                    .collect();
+                hs.into_iter().for_each(|h| h.join().unwrap());
+            });
         }
     }
 
@@ -772,7 +937,7 @@ mod tests {
             eprintln!("NCCL is installed here: the communicator is a GPU test");
             return;
         }
-        let res: Vec<Result<Communicator>> = std::thread::scope(|s| {
+        let res: Vec<Result<(Communicator, NcclTransport)>> = std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(3)
                 .into_iter()
                 .enumerate()

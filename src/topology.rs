@@ -80,6 +80,21 @@ impl Topology {
         self.host_of(rank) == Some(self.host[self.rank])
     }
 
+    /// `Unsupported` for `what` unless every host has as many ranks: the
+    /// plans across hosts pair each rank with one rank of every other host.
+    pub fn require_equal_hosts(&self, what: &str) -> Result<()> {
+        let counts: Vec<usize> = (0..self.hosts()).map(|h| self.ranks_on(h).len()).collect();
+        if counts.windows(2).all(|w| w[0] == w[1]) {
+            return Ok(());
+        }
+        Err(err!(
+            Unsupported,
+            "{what}: this group's hosts have different numbers of ranks ({}); operations across hosts need \
+             the same number of ranks on every host",
+            counts.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+        ))
+    }
+
     /// `Unsupported` for `what` when the group spans hosts: nothing moves
     /// data across hosts yet, and every rank sees the same topology, so
     /// every rank refuses alike without talking to the others.
@@ -145,6 +160,16 @@ mod tests {
         assert!(!t.is_local(5));
         let t2 = Topology::new(&names, 2);
         assert_eq!((t2.local_rank(), t2.local_world()), (1, 2));
+    }
+
+    #[test]
+    fn equal_hosts() {
+        let t = Topology::new(&ids(&["a", "b", "a", "b"]), 3);
+        assert!(t.require_equal_hosts("x").is_ok());
+        let uneven = Topology::new(&ids(&["a", "b", "a"]), 1);
+        let e = uneven.require_equal_hosts("symm_all_reduce").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+        assert!(e.msg.contains("symm_all_reduce") && e.msg.contains("(2, 1)"), "{}", e.msg);
     }
 
     #[test]

@@ -126,6 +126,14 @@ pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Resul
     Ok(Agreed { first, all: sigs })
 }
 
+/// As [`agree`] for a group spanning hosts, every call (its operations
+/// keep no agreed calls): through the group's transport across hosts.
+pub fn agree_across_hosts(group: &Group, sig: &Signature, local: Result<()>) -> Result<()> {
+    let all = group.exchange_across_hosts(local.map(|()| sig.encode()))?;
+    let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
+    check_same(&sigs)
+}
+
 /// Every rank's arguments against rank 0's, so that all ranks report the
 /// same message.
 fn check_same(sigs: &[Signature]) -> Result<()> {

@@ -84,6 +84,9 @@ pub struct AllReduce {
 /// part in the agreement so its peers fail too. A call identical to an
 /// earlier one (input in the same place) reuses its preparation (`memo`).
 pub fn all_reduce(group: &Arc<Group>, call: Result<AllReduce>, stream: Stream) -> Result<()> {
+    if !group.topology().single_host() {
+        return super::across_hosts::all_reduce(group, call, stream);
+    }
     let (placed, symmetric) = Placed::of(group, call, |c| &c.input);
     super::run_prepared(group, stream, placed, |Placed { call: c, .. }| {
         let facts = super::decide::Facts::of(group);

@@ -39,6 +39,9 @@ pub struct LcAllgather {
 /// when the caller's arguments could not be read; this rank still takes
 /// part in the agreement so its peers fail too.
 pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
+    if !group.topology().single_host() {
+        return super::across_hosts::lc_allgather(group, call, stream);
+    }
     let world = group.world();
     let prepared = call.map(|c| {
         // A symmetric input is read in place from every rank whose input

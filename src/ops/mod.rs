@@ -24,6 +24,7 @@
 //! dimensions collapse into matrix rows; a slice whose strides do not
 //! collapse is copied to contiguous scratch first.
 
+mod across_hosts;
 pub mod ag_mm;
 mod agree;
 pub mod all_reduce;
@@ -34,6 +35,7 @@ mod failure_tests;
 #[cfg(test)]
 mod fp8_out_tests;
 pub(crate) mod fused;
+pub mod hierarchy;
 #[cfg(test)]
 mod host_cost;
 pub mod lc_allgather;

@@ -11,6 +11,7 @@
 //! for the life of the process (NCCL keeps threads that must not outlive
 //! its code).
 
+use crate::array::DType;
 use crate::config;
 use crate::error::{err, Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -29,7 +30,33 @@ pub struct UniqueId {
 
 impl UniqueId {
     pub const BYTES: usize = 128;
+
+    /// An id as another rank sent it.
+    pub fn from_bytes(b: &[u8]) -> Result<UniqueId> {
+        let internal = b.try_into().map_err(|_| err!(Internal, "malformed NCCL unique id ({} bytes)", b.len()))?;
+        Ok(UniqueId { internal })
+    }
 }
+
+/// `ncclDataType_t` of `dtype` for a reduction (`None`: NCCL cannot sum it
+/// on every version symm loads).
+pub fn reduce_type(dtype: DType) -> Option<c_int> {
+    Some(match dtype {
+        DType::I8 => 0,
+        DType::U8 => 1,
+        DType::I32 => 2,
+        DType::I64 => 4,
+        DType::F16 => 6,
+        DType::F32 => 7,
+        DType::BF16 => 9,
+        DType::F8E4M3 | DType::F8E5M2 => return None,
+    })
+}
+
+/// `ncclUint8`: moving bytes.
+const BYTES_TYPE: c_int = 1;
+/// `ncclSum`.
+const SUM: c_int = 0;
 
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> NcclResult;
 type GetErrorString = unsafe extern "C" fn(NcclResult) -> *const c_char;
@@ -50,13 +77,9 @@ struct Api {
     ncclGetUniqueId: GetUniqueId,
     ncclCommInitRank: CommInitRank,
     ncclCommDestroy: CommDestroy,
-    // The collectives, for the operations across hosts (checked present now
-    // so that a library without them fails when the group forms).
-    #[allow(dead_code)]
+    // The collectives of the transport across hosts.
     ncclAllGather: AllGather,
-    #[allow(dead_code)]
     ncclReduceScatter: Reduce,
-    #[allow(dead_code)]
     ncclAllReduce: Reduce,
     #[allow(dead_code)]
     ncclGroupStart: GroupCall,
@@ -229,18 +252,79 @@ impl Communicator {
     ) -> Result<Communicator> {
         let mine = if rank == 0 { nccl.unique_id().map(|id| id.internal.to_vec()) } else { Ok(Vec::new()) };
         let all = exchange(mine)?;
-        let internal: [u8; UniqueId::BYTES] =
-            all[0].as_slice().try_into().map_err(|_| err!(Internal, "malformed NCCL unique id from rank 0"))?;
+        let id = UniqueId::from_bytes(&all[0])?;
+        Communicator::join(nccl, rank, world, device, id)
+    }
+
+    /// Collective over the `size` ranks that got `id`: this rank joins as
+    /// member `index` on CUDA device `device`.
+    pub fn join(nccl: &'static Nccl, index: usize, size: usize, device: i32, id: UniqueId) -> Result<Communicator> {
+        let (rank, world) = (index, size);
         // NCCL takes the device from the thread's current context.
         super::driver::context(device)?
             .bind_to_thread()
             .map_err(|e| super::driver::cuda_err(e, "making the context current"))?;
         let mut comm: RawComm = std::ptr::null_mut();
         // SAFETY: a valid out pointer; the id is 128 bytes by value.
-        let rc =
-            unsafe { (nccl.api.ncclCommInitRank)(&mut comm, world as c_int, UniqueId { internal }, rank as c_int) };
+        let rc = unsafe { (nccl.api.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
         nccl.check(rc, "ncclCommInitRank").map_err(|e: Error| e.context(format!("rank {rank} of {world}")))?;
         Ok(Communicator { nccl, comm })
+    }
+}
+
+impl Communicator {
+    /// Enqueues on `stream`: `recv` (`size` x `bytes`) receives every
+    /// member's `bytes` bytes at `send`, in member order. Device pointers.
+    pub fn all_gather(&self, send: u64, recv: u64, bytes: usize, stream: usize) -> Result<()> {
+        // SAFETY: the caller passes device buffers of these sizes and a
+        // stream of this communicator's device.
+        let rc = unsafe {
+            (self.nccl.api.ncclAllGather)(
+                send as *const c_void,
+                recv as *mut c_void,
+                bytes,
+                BYTES_TYPE,
+                self.comm,
+                stream as *mut c_void,
+            )
+        };
+        self.nccl.check(rc, "ncclAllGather")
+    }
+
+    /// Enqueues on `stream`: `recv` receives the sum over members of
+    /// `count` elements of type `dtype` (see [`reduce_type`]) at `send`.
+    pub fn all_reduce(&self, send: u64, recv: u64, count: usize, dtype: c_int, stream: usize) -> Result<()> {
+        // SAFETY: as in `all_gather`.
+        let rc = unsafe {
+            (self.nccl.api.ncclAllReduce)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype,
+                SUM,
+                self.comm,
+                stream as *mut c_void,
+            )
+        };
+        self.nccl.check(rc, "ncclAllReduce")
+    }
+
+    /// Enqueues on `stream`: `recv` (`count` elements) receives the sum
+    /// over members of their block of `send` (`size` x `count`) for this member.
+    pub fn reduce_scatter(&self, send: u64, recv: u64, count: usize, dtype: c_int, stream: usize) -> Result<()> {
+        // SAFETY: as in `all_gather`.
+        let rc = unsafe {
+            (self.nccl.api.ncclReduceScatter)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype,
+                SUM,
+                self.comm,
+                stream as *mut c_void,
+            )
+        };
+        self.nccl.check(rc, "ncclReduceScatter")
     }
 }
 

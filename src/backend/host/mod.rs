@@ -4,7 +4,7 @@
 //! data-moving primitives are strided loops and the `gemm` crate (fp8
 //! decoded to f32 first).
 
-mod elementwise;
+pub(crate) mod elementwise;
 mod matmul;
 mod memory;
 mod scaled;
