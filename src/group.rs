@@ -178,8 +178,6 @@ pub struct Group {
     log_id: u64,
     ranks: Vec<RankInfo>,
     topology: Topology,
-    /// Groups spanning hosts: the NCCL communicator over every rank.
-    _nccl: Option<Communicator>,
     /// Groups spanning hosts: the transport over the ranks of this rank's
     /// local index (see [`AcrossHosts`]).
     across: Option<Box<dyn AcrossHosts>>,
@@ -253,15 +251,15 @@ impl Group {
         let topology = Topology::new(&hosts, rank);
         check_ranks(&ranks, &topology, rank, cfg.allow_shared_device)?;
         check_settings(&ranks)?;
-        let (nccl, across) = match (topology.single_host(), backend.kind()) {
-            (true, _) => (None, None),
+        let across = match (topology.single_host(), backend.kind()) {
+            (true, _) => None,
             (false, BackendKind::Cuda) => {
-                let (comm, transport) = across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?;
-                (Some(comm), Some(Box::new(transport) as Box<dyn AcrossHosts>))
+                let transport = across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?;
+                Some(Box::new(transport) as Box<dyn AcrossHosts>)
             }
             (false, BackendKind::Host) => {
                 let members = across_members(&topology);
-                (None, Some(Box::new(Bootstrapped::new(members, rank)?) as Box<dyn AcrossHosts>))
+                Some(Box::new(Bootstrapped::new(members, rank)?) as Box<dyn AcrossHosts>)
             }
         };
         health.attach_board(form_board(bootstrap.as_ref(), &topology, world, &rank0_secret, wait)?);
@@ -280,7 +278,6 @@ impl Group {
             log_id: crate::logging::group_id(&rank0_secret),
             ranks,
             topology,
-            _nccl: nccl,
             across,
             settings,
             attachments: Mutex::default(),
@@ -590,15 +587,10 @@ fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
 }
 
 /// Collective, for a group that spans hosts: every rank loads NCCL (any
-/// rank's failure fails all), then joins one communicator over the group
-/// and one over the ranks of its local index (its transport across hosts,
-/// whose first member draws the id). Only the CUDA backend gets here.
-fn across_hosts(
-    bs: &dyn Bootstrap,
-    topology: &Topology,
-    device: i32,
-    wait: Duration,
-) -> Result<(Communicator, NcclTransport)> {
+/// rank's failure fails all), then joins a communicator over the ranks of
+/// its local index (its transport across hosts, whose first member draws
+/// the id). Only the CUDA backend gets here.
+fn across_hosts(bs: &dyn Bootstrap, topology: &Topology, device: i32, wait: Duration) -> Result<NcclTransport> {
     let loaded = nccl::load();
     exchange(bs, loaded.as_ref().map(|_| Vec::new()).map_err(Clone::clone), wait, &|_| {})?;
     let nccl = loaded?;
@@ -610,7 +602,6 @@ fn across_hosts(
         nccl.version_string(),
         nccl.path()
     );
-    let all = Communicator::new(nccl, bs.rank(), bs.world(), device, |mine| exchange(bs, mine, wait, &|_| {}))?;
     let members = across_members(topology);
     let index = members.iter().position(|&m| m == bs.rank()).unwrap_or(0);
     let mine = if index == 0 { nccl.unique_id().map(|id| id.internal.to_vec()) } else { Ok(Vec::new()) };
@@ -618,7 +609,7 @@ fn across_hosts(
     let id = nccl::UniqueId::from_bytes(&ids[members[0]])?;
     let comm = Communicator::join(nccl, index, members.len(), device, id)
         .map_err(|e| e.context(format!("joining the ranks {members:?} across hosts")))?;
-    Ok((all, NcclTransport::new(comm, members)))
+    Ok(NcclTransport::new(comm, members))
 }
 
 /// The ranks with this rank's local index on every host, in host order:
@@ -937,7 +928,7 @@ mod tests {
             eprintln!("NCCL is installed here: the communicator is a GPU test");
             return;
         }
-        let res: Vec<Result<(Communicator, NcclTransport)>> = std::thread::scope(|s| {
+        let res: Vec<Result<NcclTransport>> = std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(3)
                 .into_iter()
                 .enumerate()

@@ -164,7 +164,7 @@ impl Nccl {
         Err(err!(Cuda, "{what} failed: NCCL error {rc} ({text})"))
     }
 
-    /// A new unique id (rank 0's, for [`Communicator::new`]).
+    /// A new unique id (drawn by one member, for [`Communicator::join`]).
     pub fn unique_id(&self) -> Result<UniqueId> {
         let mut id = UniqueId { internal: [0; UniqueId::BYTES] };
         // SAFETY: a valid out pointer to a 128-byte id.
@@ -240,22 +240,6 @@ unsafe impl Send for Communicator {}
 unsafe impl Sync for Communicator {}
 
 impl Communicator {
-    /// Collective: rank 0 draws the unique id and `exchange` (the group's
-    /// bootstrap all-gather, which reports any rank's failure to all) gives
-    /// it to every rank; then every rank joins on CUDA device `device`.
-    pub fn new(
-        nccl: &'static Nccl,
-        rank: usize,
-        world: usize,
-        device: i32,
-        exchange: impl FnOnce(Result<Vec<u8>>) -> Result<Vec<Vec<u8>>>,
-    ) -> Result<Communicator> {
-        let mine = if rank == 0 { nccl.unique_id().map(|id| id.internal.to_vec()) } else { Ok(Vec::new()) };
-        let all = exchange(mine)?;
-        let id = UniqueId::from_bytes(&all[0])?;
-        Communicator::join(nccl, rank, world, device, id)
-    }
-
     /// Collective over the `size` ranks that got `id`: this rank joins as
     /// member `index` on CUDA device `device`.
     pub fn join(nccl: &'static Nccl, index: usize, size: usize, device: i32, id: UniqueId) -> Result<Communicator> {
