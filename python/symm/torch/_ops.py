@@ -11,7 +11,6 @@ from torch.distributed import _functional_collectives as funcol
 
 import symm
 
-from . import _cached
 from ._groups import get_group, world_size
 
 NAMESPACE = "symm"
@@ -77,7 +76,9 @@ def _scattered_shape(shape, dim, world):
     "(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, bool return_A=True) -> (Tensor?, Tensor[])",
 )
 def fused_all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
-    return _cached.fused_ag_mm(get_group(group_name), _plain(A), [_plain(b) for b in Bs], gather_dim, return_A)
+    g, Bs = get_group(group_name), [_plain(b) for b in Bs]
+    got = symm.fused_ag_mm(g, _plain(A), Bs, gather_dim, return_ag=return_A)
+    return got if return_A else (None, got)
 
 
 @fused_all_gather_matmul.register_fake
@@ -146,7 +147,7 @@ torch.library.register_autograd(
 )
 def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     _check_reduce_op(reduce_op)
-    return _cached.mm_rs(get_group(group_name), _plain(A), _plain(B), reduce_op, scatter_dim)
+    return symm.mm_rs(get_group(group_name), _plain(A), _plain(B), scatter_dim, op=reduce_op)
 
 
 @fused_matmul_reduce_scatter.register_fake
@@ -186,7 +187,7 @@ torch.library.register_autograd(
 # --- copy-engine all-gather ---------------------------------------------------
 @_op("_low_contention_all_gather", "(Tensor tensor, str group_name) -> Tensor")
 def _low_contention_all_gather(tensor, group_name):
-    return _cached.lc_allgather(get_group(group_name), _plain(tensor))
+    return symm.lc_allgather(get_group(group_name), _plain(tensor))
 
 
 @_low_contention_all_gather.register_fake
@@ -209,7 +210,7 @@ torch.library.register_autograd(f"{NAMESPACE}::_low_contention_all_gather", _lc_
 @_op("one_shot_all_reduce", "(Tensor input, str reduce_op, str group_name) -> Tensor")
 def one_shot_all_reduce(input, reduce_op, group_name):
     _check_reduce_op(reduce_op)
-    return _cached.all_reduce(get_group(group_name), _plain(input), reduce_op, "one_shot")
+    return symm.all_reduce(get_group(group_name), _plain(input), op=reduce_op, algorithm="one_shot")
 
 
 @one_shot_all_reduce.register_fake
@@ -239,7 +240,7 @@ ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "auto")
 def _all_reduce_(input, reduce_op, group_name, algorithm):
     _check_reduce_op(reduce_op)
     algo = None if algorithm == "auto" else algorithm
-    _cached.all_reduce(get_group(group_name), input, reduce_op, algo, inplace=True)
+    symm.all_reduce(get_group(group_name), input, op=reduce_op, algorithm=algo, inplace=True)
 
 
 @_all_reduce_.register_fake
@@ -254,7 +255,7 @@ def _(input, reduce_op, group_name, algorithm):
 def _all_reduce_out(input, reduce_op, group_name, algorithm, out):
     _check_reduce_op(reduce_op)
     algo = None if algorithm == "auto" else algorithm
-    _cached.all_reduce(get_group(group_name), _plain(input), reduce_op, algo, out=out)
+    symm.all_reduce(get_group(group_name), _plain(input), op=reduce_op, algorithm=algo, out=out)
 
 
 @_all_reduce_out.register_fake
