@@ -186,10 +186,12 @@ typedef int32_t symm_algorithm_t;
 // (bs[i] * b_scales[i]) (+ biases[i])) * result_scales[i])` with the
 // product in f32, rounded once to nearest even, saturated to the format's
 // largest finite value (E4M3 448, E5M2 57344; NaN stays NaN), as
-// cuBLASLt writes an fp8 D with its D scale (torch's `scale_result` on
-// CUDA). fp8 outputs cost a pass over an f32 product in the workspace and
-// never run the fused kernel. The CUDA backend refuses them for now
-// (`SYMM_ERROR_UNSUPPORTED`, on every rank, before anything runs).
+// cuBLASLt writes an fp8 D with its D scale, the meaning torch documents
+// for `scale_result` (torch 2.11's `_scaled_mm` ignores it on CUDA). The
+// f32 product carries the fp8 tensor cores' accumulation error (up to
+// about 2^-12 of the sum of an element's terms' magnitudes), which the
+// rounding can move by one code. fp8 outputs cost a pass over an f32
+// product in the workspace and never run the fused kernel.
 //
 // Scales are f32. Tensor-wise when `a_scale` and every `b_scales[i]` hold
 // one element (any shape, e.g. `[1]`): `a_scale` is this rank's and scales

@@ -22,7 +22,8 @@ Outputs allocated without ``out_dtype`` are fp8, as torch's: B's type for
 ``fused_ag_mm`` (torch's ``out_dtype or B.dtype``), A's for ``mm_rs``. An
 fp8 output is ``fp8(result * result_scale)``, rounded once to nearest even
 and saturated to the format's largest finite value (NaN stays NaN), as
-cuBLASLt's D scale, which torch passes ``scale_result`` as.
+cuBLASLt's D scale: the meaning torch documents for ``scale_result``
+(torch 2.11's ``_scaled_mm`` ignores it on CUDA).
 ``include/symm.h`` documents every rule.
 """
 

@@ -245,10 +245,10 @@ def scaled(c):
 def scaled_fp8_outputs(c):
     """torch's default for the scaled operators: fp8 outputs (no out_dtype),
     with a result scale multiplying the product (torch._scaled_mm's
-    scale_result, cuBLASLt's D scale). Refused on CUDA for now
-    (Capabilities::fp8_outputs). torch.ops.symm_mem's all-gather op is not
-    compared: on two H200s torch 2.11's result differed from symm's by
-    exactly 1 - result scale, as if it ignored result_scales."""
+    scale_result, cuBLASLt's D scale). Not compared with torch.ops.symm_mem:
+    torch 2.11's _scaled_mm ignores scale_result on CUDA (measured on an
+    H200, bench/results/2026-11-28-h200-x1-ec19680-fp8-out-probe/). The
+    tolerance of 2^-3 is one e4m3 code."""
     W, r = c.world, c.rank
     m, k, n = 16, 32, 48
     w, a = fp8(c, 20, (n, k)), fp8(c, 21, (m, k))
@@ -257,13 +257,6 @@ def scaled_fp8_outputs(c):
     B = c.mine(w).t()
     what = "fused_all_gather_scaled_matmul, fp8 out"
     args = (c.mine(a), [B], c.mine(sa), [c.mine(sb)], 0, c.name, [None], [c.mine([rs] * W)], [None], [False])
-    if CUDA:
-        try:
-            torch.ops.symm.fused_all_gather_scaled_matmul(*args)
-        except Exception as e:  # symm.SymmUnsupported, as torch passes it on
-            assert "fp8 outputs are not supported" in str(e), f"{what}: {e!r}"
-            return
-        raise AssertionError(f"{what}: expected SymmUnsupported on CUDA")
     ag, (out,) = torch.ops.symm.fused_all_gather_scaled_matmul(*args)
     assert out.dtype == torch.float8_e4m3fn, f"{what}: {out.dtype}"
     ref = torch.cat([f64(x) for x in a]) * f64(sa[0]) @ (f64(w[r]).t() * f64(sb[r])) * 0.25

@@ -180,9 +180,6 @@ pub struct Capabilities {
     /// Whether [`Backend::reduce_integers`] runs here, for integer
     /// all-reduces that do not take the device-side kernels.
     pub reduce_integers: bool,
-    /// Whether the scaled matmuls may write fp8 outputs here (an f32
-    /// product rounded by [`Backend::quantize`]).
-    pub fp8_outputs: bool,
 }
 
 impl Default for Capabilities {
@@ -195,7 +192,6 @@ impl Default for Capabilities {
             fused_scatter_preferred: |_, _, _, _| false,
             all_reduce: false,
             reduce_integers: true,
-            fp8_outputs: true,
         }
     }
 }

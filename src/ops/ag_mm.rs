@@ -78,10 +78,9 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
         let facts = Facts::of(group);
         let fit = c.fused_field(group, &facts);
         let signature = c.signature(fit.as_ref());
-        let prepared = c.prepare(&facts, backend.kind().name(), fit.as_ref().is_some_and(Fit::fits)).and_then(|p| {
-            let fp8_out = p.call.outs.iter().any(|o| o.dtype.fp8().is_some());
-            scaled::check_backend(&**backend, p.mode, fp8_out).map(|()| p)
-        });
+        let prepared = c
+            .prepare(&facts, backend.kind().name(), fit.as_ref().is_some_and(Fit::fits))
+            .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
         (super::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
     })
 }

@@ -92,7 +92,7 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
         let signature = c.signature(fit.as_ref(), symmetric.as_ref());
         let prepared = c
             .prepare(&facts, backend.kind().name(), fit.as_ref().is_some_and(Fit::fits))
-            .and_then(|p| scaled::check_backend(&**backend, p.mode, p.call.out.dtype.fp8().is_some()).map(|()| p))
+            .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p))
             .map(|p| MmRsPrepared { symmetric_out: symmetric, ..p });
         (super::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
     })

@@ -15,10 +15,10 @@
 //! (absent: 1), rounded once to nearest even and saturated to the format's
 //! largest finite value, NaN kept: cuBLASLt's D scale
 //! (`CUBLASLT_MATMUL_DESC_D_SCALE_POINTER`, "converts results from the
-//! compute type's range to the storage type's"), which torch._scaled_mm
-//! passes its `scale_result` as on CUDA. (torch's CPU emulation of
-//! `_scaled_mm` divides by `scale_result` instead; symm follows the CUDA
-//! path, which the fused ops run on.) The operations compute such a
+//! compute type's range to the storage type's"), the meaning torch
+//! documents for `_scaled_mm`'s `scale_result`. (torch 2.11's CUDA
+//! `_scaled_mm` ignores it, measured on an H200, and its CPU emulation
+//! divides by it.) The operations compute such a
 //! product in f32 and round it with `Backend::quantize`.
 //!
 //! Layout, as cuBLASLt's fp8 kernels need and torch requires: B
@@ -59,14 +59,7 @@ impl Mode {
 /// Whether `backend` runs the fp8 matmuls of a plan with scale mode `mode`
 /// (`None`: not fp8); asked while planning, so a call the backend cannot run
 /// fails before any data moves.
-pub fn check_backend(backend: &dyn Backend, mode: Option<Mode>, fp8_out: bool) -> Result<()> {
-    if fp8_out && !backend.capabilities().fp8_outputs {
-        return Err(err!(
-            Unsupported,
-            "fp8 outputs are not supported on the {} backend yet; pass a bf16, f16 or f32 output (out_dtype)",
-            backend.kind().name()
-        ));
-    }
+pub fn check_backend(backend: &dyn Backend, mode: Option<Mode>) -> Result<()> {
     match mode {
         Some(m) => backend.check_scaled_gemm(m == Mode::Row),
         None => Ok(()),

@@ -204,11 +204,6 @@ impl Backend for CudaBackend {
             all_reduce: true,
             // Integers reduce in the all-reduce kernels only.
             reduce_integers: false,
-            // Off until the fp8 outputs' GPU tests pass: on two H200s some
-            // elements were more than one code from the float64 reference
-            // (bench/results/2026-11-28-h200-x2-48b4208-checks.txt), though
-            // `quantize` alone matches the host encoder bit for bit.
-            fp8_outputs: false,
         }
     }
     fn all_reduce(&self, call: &AllReduceCall, stream: Stream) -> Result<()> {
