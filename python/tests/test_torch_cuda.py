@@ -36,6 +36,14 @@ def test_scenario_on_two_gpus(scenario, tmp_path):
     launcher = [sys.executable, "-m", "torch.distributed.run"]
     cmd = [*launcher, "--standalone", "--nproc-per-node", str(WORLD), str(SCRIPT), scenario]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-20000:]
+    assert p.returncode == 0, failure(p.stdout)
     for r in range(WORLD):
-        assert f"rank {r}: {scenario} ok" in p.stdout, p.stdout[-20000:]
+        assert f"rank {r}: {scenario} ok" in p.stdout, failure(p.stdout)
+
+
+def failure(out):
+    """The ranks' own errors first (torchrun's summary, which ends the
+    output, names no cause), then the output's end."""
+    lines = out.splitlines()
+    errors = [ln for ln in lines if "Error" in ln or "assert" in ln or "Traceback" in ln]
+    return "\n".join(["ranks' errors:", *errors[:40], "", "output's end:", out[-8000:]])
