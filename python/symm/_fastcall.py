@@ -16,12 +16,13 @@ types, stream objects) takes the full preparation every time."""
 
 import math
 import sys
+import threading
 
 import numpy as np
 
 from ._stream import current_torch_stream
 
-MAX_CALLS = 64  # kinds of call kept per operation and group (least recently used go)
+MAX_CALLS = 64  # kinds of call kept per operation and group (the oldest go)
 
 
 class _Slow(Exception):
@@ -31,19 +32,23 @@ class _Slow(Exception):
 _SCALARS = {type(None), bool, int, str}
 
 
-def _part(x, objs, ptrs, torch):
+def _part(x, objs, ptrs, torch, streams):
     """The key of one argument, adding its arrays to ``objs`` and their
-    addresses to ``ptrs``; None where the cache does not describe it."""
+    addresses to ``ptrs``; None where the cache does not describe it.
+    ``streams`` caches the current stream per CUDA device for this call."""
     t = type(x)
-    if torch is not None and t is torch.Tensor:
-        if x.requires_grad or x.layout is not torch.strided or x.is_conj() or x.is_neg():
+    if t is _TENSOR[0]:
+        if x.requires_grad or x.layout is not _TENSOR[1] or x.is_conj() or x.is_neg():
             return None
         dev = x.get_device()  # -1: CPU (or no device at all: not described)
         if dev < 0:
             if not x.is_cpu:
                 return None
         elif x.is_cuda:
-            dev = (dev, current_torch_stream(torch, dev))
+            stream = streams.get(dev)
+            if stream is None:
+                stream = streams[dev] = current_torch_stream(torch, dev)
+            dev = (dev, stream)
         else:
             return None
         objs.append(x)
@@ -60,7 +65,7 @@ def _part(x, objs, ptrs, torch):
     if t is list or t is tuple:
         parts = [t]
         for y in x:
-            p = _part(y, objs, ptrs, torch)
+            p = _part(y, objs, ptrs, torch, streams)
             if p is None:
                 return None
             parts.append(p)
@@ -68,23 +73,30 @@ def _part(x, objs, ptrs, torch):
     return None
 
 
+# (torch.Tensor, torch.strided) once torch is imported; (None, None) before.
+_TENSOR = (None, None)
+
+
 def key_of(args, kwargs):
     """``(key, objs, ptrs)`` of a call's arguments (after the group): its
     key and its arrays, in order, with their addresses; or None."""
+    global _TENSOR
     torch = sys.modules.get("torch")
-    objs, ptrs, key = [], [], []
+    if torch is not None and _TENSOR[0] is None:
+        _TENSOR = (torch.Tensor, torch.strided)
+    objs, ptrs, key, streams = [], [], [], {}
     for x in args:
-        p = _part(x, objs, ptrs, torch)
+        p = _part(x, objs, ptrs, torch, streams)
         if p is None:
             return None
         key.append(p)
     for name, x in kwargs.items():  # a name is a str, a positional part never
-        p = _part(x, objs, ptrs, torch)
+        p = _part(x, objs, ptrs, torch, streams)
         if p is None:
             return None
         key.append(name)
         key.append(p)
-    if len(set(map(id, objs))) != len(objs):  # an array given twice: which positions alias
+    if len(objs) > 1 and len(set(map(id, objs))) != len(objs):  # an array given twice: which positions alias
         first = {}
         key.append(tuple(first.setdefault(id(o), i) for i, o in enumerate(objs)))
     return tuple(key), objs, ptrs
@@ -131,12 +143,15 @@ def _args_in(keep, found):
 class Template:
     """A prepared call without its arrays: the C function and arguments,
     the descriptors each array's address goes into, how to allocate the
-    outputs, and how to assemble the result."""
+    outputs, and how to assemble the result. ``busy`` is held while a call
+    writes its descriptors: another thread's call of the same kind then
+    prepares its own."""
 
-    __slots__ = ("fn", "args", "writes", "makers", "result")
+    __slots__ = ("fn", "args", "writes", "makers", "result", "busy")
 
     def __init__(self, fn, args, writes, makers, result):
         self.fn, self.args, self.writes, self.makers, self.result = fn, args, writes, makers, result
+        self.busy = threading.Lock()
 
     @classmethod
     def of(cls, call, objs):
@@ -208,18 +223,18 @@ def call(group, prepare_call, args, kwargs):
     cache = caches.get(prepare_call)
     if cache is None:
         cache = caches.setdefault(prepare_call, {})
-    # Out of the cache while in use: another thread's call of the same key
-    # prepares its own instead of rewriting these descriptors.
-    template = cache.pop(key, None)
+    template = cache.get(key)
+    if template is not None and template.busy.acquire(False):
+        try:
+            return template(group, objs, ptrs)
+        finally:
+            template.busy.release()
+    prepared = prepare_call(group, *args, **kwargs)
+    result = prepared()
     if template is None:
-        prepared = prepare_call(group, *args, **kwargs)
-        result = prepared()
         template = Template.of(prepared, objs)
-        if template is None:
-            return result
-    else:
-        result = template(group, objs, ptrs)
-    cache[key] = template  # most recently used last
-    if len(cache) > MAX_CALLS:
-        del cache[next(iter(cache))]
+        if template is not None:
+            if len(cache) >= MAX_CALLS:
+                del cache[next(iter(cache))]  # the oldest kept
+            cache[key] = template
     return result

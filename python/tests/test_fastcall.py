@@ -181,3 +181,27 @@ def test_read_only_output_still_refused():
             symm.all_reduce(g, x, out=out)
 
     on_threads(rank_main, groups())
+
+
+def test_kept_call_in_use_is_not_shared():
+    """While a kept call writes its descriptors (its ``busy`` lock held, as
+    by another thread), a call of the same kind prepares its own, and is
+    right; the kept one is used again once free."""
+    xs = inputs((4, 8))
+
+    def rank_main(g):
+        out = np.full((4, 8), np.nan, np.float32)
+        symm.all_reduce(g, xs[g.rank], out=out)
+        (cache,) = g._calls.values()
+        (template,) = cache.values()
+        with template.busy:
+            other = np.full((4, 8), np.nan, np.float32)
+            symm.all_reduce(g, xs[g.rank], out=other)
+        again = np.full((4, 8), np.nan, np.float32)
+        symm.all_reduce(g, xs[g.rank], out=again)
+        return other, again, list(cache.values()) == [template]
+
+    for other, again, same_kept in on_threads(rank_main, groups()):
+        np.testing.assert_allclose(other, summed(xs), rtol=1e-6)
+        np.testing.assert_allclose(again, summed(xs), rtol=1e-6)
+        assert same_kept
