@@ -171,7 +171,8 @@ def all_reduces(c, dtype):
         y = x.clone()
         torch.ops.symm.multimem_all_reduce_(y, op, c.name)
         close(y, ref, "multimem_all_reduce_ " + what)
-        if tops is not None and op == "sum":
+        # torch 2.11's one- and two-shot kernels have no f16.
+        if tops is not None and op == "sum" and dtype != torch.float16:
             sx = c.torch_symmetric(x)
             agree(torch.ops.symm.one_shot_all_reduce(x, op, c.name), tops.one_shot_all_reduce(sx, op, c.name), what)
             t_out = poisoned(x)
