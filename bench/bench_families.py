@@ -228,10 +228,11 @@ def main():
         for case in families.quick(cases) if args.quick else cases:
             try:
                 run_case(b, g, family, case, args, state)
-            except (symm.SymmError, RuntimeError, NotImplementedError) as e:
-                # Refused or failed alike on every rank (shapes and dtypes
-                # are the same everywhere): the run goes on without it. A
-                # wrong result (AssertionError) stops the run.
+            except (symm.SymmError, RuntimeError, ValueError, TypeError) as e:
+                # Refused alike on every rank (by symm, or by PyTorch's
+                # fused op: shapes and dtypes are the same everywhere): the
+                # run goes on without the case. A wrong result
+                # (AssertionError) stops the run.
                 failed.append(f"{family} {case}: {type(e).__name__}: {e}")
                 print(f"rank {b.rank}: families: FAILED {failed[-1]}", flush=True)
                 torch.cuda.synchronize()

@@ -187,7 +187,7 @@ def table(records):
         by_family.setdefault(case[0], []).append((case, row))
     t = case_times(records)
     for family, rows in by_family.items():
-        impls = [i for i in dict.fromkeys(i for _, row in rows for i in row)]
+        impls = list(dict.fromkeys(i for _, row in rows for i in row))
         kind = REFERENCE[rows[0][0][1]]
         lines.append(f"\n{family}: time / {kind} (`_graph`: / the {kind} replayed from graphs, where timed)")
         widths = [max(8, len(i) + 2) for i in impls]
