@@ -41,7 +41,11 @@ import symm  # noqa: E402  (after the environment check)
 
 AG_MM_SHAPES = [(16384, 8192, 8192), (8192, 8192, 14336), (2048, 8192, 14336), (512, 8192, 14336)]
 MM_RS_SHAPES = [(16384, 4096, 8192), (8192, 14336, 8192), (2048, 14336, 8192), (512, 14336, 8192)]
-LC_SIZES_MB = [1, 16, 64, 256]
+LC_SIZES = [1 << 20, 16 << 20, 64 << 20, 256 << 20]
+# symm's own choice, each algorithm forced, and the bound calls (symm_algorithms).
+ALGOS = (None, "sequential", "pipelined", "fused", "bound", "pipelined_bound", "fused_bound")
+# The records' names of torch's dtypes.
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float8_e4m3fn: "fp8_e4m3"}
 # Runs of each implementation per round-robin round (Bench.contest).
 ROUND_ITERS = 5
 # Calls captured per CUDA graph in the graph-replayed rows.
@@ -124,16 +128,18 @@ class Bench:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         return graph.replay if ok.item() else None
 
-    def record_graphs(self, op, shape, fns):
+    def record_graphs(self, op, shape, fns, **extra):
         """Times `fns` replayed from CUDA graphs, in one contest; records
-        them as `<name>_graph`."""
+        them as `<name>_graph` (with the record fields `extra`)."""
         replays = {name: self.graph_replay(fn) for name, fn in fns.items()}
         replays = {name: r for name, r in replays.items() if r is not None}
         if replays:
             for name, ms in self.contest(replays, calls_per_fn=GRAPH_REPS).items():
-                self.record(op, shape, name + "_graph", ms)
+                self.record(op, shape, name + "_graph", ms, **extra)
 
     def record(self, op, shape, impl, ms, **extra):
+        """One record (DESIGN.md's fields; `extra` adds or overrides fields,
+        `dtype` among them)."""
         rec = {"op": op, "shape": list(shape), "dtype": "bf16", "impl": impl, "ms": round(ms, 4), "iters": self.iters,
                "world": self.world}
         rec.update(extra)
@@ -146,16 +152,16 @@ def rel_err(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def symm_algorithms(op, shape, ours, bind, out, ref, tolerance):
+def symm_algorithms(op, shape, ours, bind, out, ref, tolerance, algos=ALGOS):
     """{impl: fn} of symm's own choice, each algorithm forced (the
     `algorithm=` keyword: `ours(algorithm)`), and the call bound once
-    (`bind(algorithm)`: symm's choice, pipelined and fused forced),
-    and {impl: relative error}:
+    (`bind(algorithm)`: symm's choice, pipelined and fused forced), those
+    of `algos` (ALGOS' names), and {impl: relative error}:
     every one checked against `ref` (outputs poisoned first) twice, since
     timed calls repeat one call, which symm replays as a graph from its
     second occurrence."""
     fns, errs = {}, {}
-    for algo in (None, "sequential", "pipelined", "fused", "bound", "pipelined_bound", "fused_bound"):
+    for algo in algos:
         impl = f"symm_{algo}" if algo else "symm"
         if algo and algo.endswith("bound"):
             # The bound call, with symm's choice or an algorithm forced: each
@@ -202,21 +208,21 @@ def torch_fused_checked(op, shape, fn, ref, tolerance):
     return err
 
 
-def time_matmul_op(b, op, shape, fns, errs, out, ref, tolerance, graph_fns):
+def time_matmul_op(b, op, shape, fns, errs, out, ref, tolerance, graph_fns, **extra):
     """One contest of every implementation of a shape; symm's results are
     checked again after timing (the timed calls were graph replays).
     `errs` holds every checked implementation's relative error; symm's
-    (those that write `out`) are checked again."""
+    (those that write `out`) are checked again. `extra`: record fields."""
     for impl, ms in b.contest(fns).items():
-        extra = {"relerr": errs[impl]} if impl in errs else {}
-        b.record(op, shape, impl, ms, **extra)
+        err = {"relerr": errs[impl]} if impl in errs else {}
+        b.record(op, shape, impl, ms, **err, **extra)
     for impl in (i for i in errs if i.startswith("symm")):
         out.fill_(float("nan"))
         fns[impl]()
         err = rel_err(out, ref)
         assert err < tolerance, f"{op} {shape} ({impl}) after timing: relative error {err}"
     if shape[0] <= b.graph_max_m:
-        b.record_graphs(op, shape, graph_fns)
+        b.record_graphs(op, shape, graph_fns, **extra)
 
 
 def graphed(fns, ours):
@@ -226,103 +232,141 @@ def graphed(fns, ours):
     return {"symm": ours, **{impl: fns[impl] for impl in ("symm_pipelined", "symm_fused") if impl in fns}}
 
 
-def linear_weight(k, n):
+def linear_weight(k, n, dtype=torch.bfloat16):
     """B as tensor parallelism has it: an nn.Linear weight [n, k] used as
     `x @ weight.t()`, i.e. a K-major [k, n] (every implementation gets the
     same tensor)."""
-    return (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
+    return (torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5).t()
 
 
 def bench_ag_mm(b, g, shapes):
+    for m, k, n in shapes:
+        ag_mm_case(b, g, m, k, n)
+
+
+def ag_mm_case(b, g, m, k, n, dtype=torch.bfloat16, batch=1, algos=ALGOS, **extra):
+    """Times every implementation of ag_mm at M x K x N (M gathered rows),
+    records carrying the fields `extra`. With `batch` > 1, A is
+    [batch, M / batch, K] gathered along dim 1 (sequence parallelism): NCCL
+    gathers rank-major, then the rows are reordered before cuBLAS."""
     import torch.distributed._symmetric_memory as symm_mem
 
     symm_mem.enable_symm_mem_for_group(b.group_name)
-    for m, k, n in shapes:
-        a_shard = torch.randn(m // b.world, k, device="cuda", dtype=torch.bfloat16)
-        w = linear_weight(k, n)
-        gathered = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        ref = torch.empty_like(out)
+    extra = {"dtype": DTYPE_NAMES[dtype], **extra}
+    seq, dim = m // batch, 0 if batch == 1 else 1
+    shard = (m // b.world, k) if batch == 1 else (batch, seq // b.world, k)
+    a_shard = torch.randn(shard, device="cuda", dtype=dtype)
+    w = linear_weight(k, n, dtype)
+    if batch == 1:
+        gathered = chunks = torch.empty(m, k, device="cuda", dtype=dtype)
+    else:
+        gathered = torch.empty(batch, seq, k, device="cuda", dtype=dtype)
+        chunks = torch.empty(b.world, *shard, device="cuda", dtype=dtype)
+    out = torch.empty(*gathered.shape[:-1], n, device="cuda", dtype=dtype)
+    ref = torch.empty_like(out)
 
-        def nccl_cublas():
-            dist.all_gather_into_tensor(gathered, a_shard)
-            torch.matmul(gathered, w, out=ref)
+    def gather():
+        dist.all_gather_into_tensor(chunks, a_shard)
+        if batch > 1:  # [world, batch, seq / world, K] -> [batch, seq, K]
+            gathered.view(batch, b.world, seq // b.world, k).copy_(chunks.transpose(0, 1))
 
-        def ours(algorithm=None):
-            stream = torch.cuda.current_stream().cuda_stream
-            symm.fused_ag_mm(g, a_shard, [w], gather_dim=0, out=[out], stream=stream, algorithm=algorithm)
+    def nccl_cublas():
+        gather()
+        torch.matmul(gathered, w, out=ref)
 
-        def bind(algorithm):
-            stream = torch.cuda.current_stream().cuda_stream
-            return symm.bind(
-                symm.fused_ag_mm, g, a_shard, [w], gather_dim=0, out=[out], stream=stream, algorithm=algorithm
-            )
-        nccl_cublas()
-        shape = (m, k, n)
-        torch_fused = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, b.group_name)
-        torch_err = torch_fused_checked("ag_mm", shape, lambda: torch_fused()[1][0], ref, 1e-2)
-        fns, errs = symm_algorithms("ag_mm", shape, ours, bind, out, ref, 1e-2)
-        errs["torch_fused"] = torch_err
-        others = {
-            "torch_fused": torch_fused,
-            "nccl_cublas": nccl_cublas,
-            "mm_only": lambda: torch.matmul(gathered, w, out=ref),
-        }
-        fns.update(others, comm_only=lambda: dist.all_gather_into_tensor(gathered, a_shard))
-        time_matmul_op(b, "ag_mm", shape, fns, errs, out, ref, 1e-2, {**graphed(fns, ours), **others})
+    def ours(algorithm=None):
+        stream = torch.cuda.current_stream().cuda_stream
+        symm.fused_ag_mm(g, a_shard, [w], gather_dim=dim, out=[out], stream=stream, algorithm=algorithm)
+
+    def bind(algorithm):
+        stream = torch.cuda.current_stream().cuda_stream
+        return symm.bind(
+            symm.fused_ag_mm, g, a_shard, [w], gather_dim=dim, out=[out], stream=stream, algorithm=algorithm
+        )
+    nccl_cublas()
+    shape = (m, k, n)
+    torch_fused = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], dim, b.group_name)
+    torch_err = torch_fused_checked("ag_mm", shape, lambda: torch_fused()[1][0], ref, 1e-2)
+    fns, errs = symm_algorithms("ag_mm", shape, ours, bind, out, ref, 1e-2, algos)
+    errs["torch_fused"] = torch_err
+    others = {
+        "torch_fused": torch_fused,
+        "nccl_cublas": nccl_cublas,
+        "mm_only": lambda: torch.matmul(gathered, w, out=ref),
+        "comm_only": lambda: dist.all_gather_into_tensor(chunks, a_shard),
+    }
+    fns.update(others)
+    time_matmul_op(b, "ag_mm", shape, fns, errs, out, ref, 1e-2, {**graphed(fns, ours), **others}, **extra)
 
 
 def bench_mm_rs(b, g, shapes, symmetric_out):
-    """With `symmetric_out`, symm's `out` lies in a rendezvoused symmetric
-    buffer (as a tensor-parallel program would keep its activations), where
-    the fused kernel at world 2 lets the peer write its partial into it."""
+    for m, k, n in shapes:
+        mm_rs_case(b, g, m, k, n, symmetric_out)
+
+
+def mm_rs_case(b, g, m, k, n, symmetric_out, dtype=torch.bfloat16, batch=1, algos=ALGOS, **extra):
+    """Times every implementation of mm_rs at M x K x N (M rows of A per
+    rank), records carrying the fields `extra`. With `symmetric_out`, symm's
+    `out` lies in a rendezvoused symmetric buffer (as a tensor-parallel
+    program would keep its activations), where the fused kernel at world 2
+    lets the peer write its partial into it. With `batch` > 1, A is
+    [batch, M / batch, K] scattered along dim 1 (sequence parallelism): the
+    product is reordered rank-major before NCCL's reduce-scatter."""
     # Registers torch.ops.symm_mem (bench_ag_mm may not have run: --only).
     import torch.distributed._symmetric_memory as symm_mem
 
     symm_mem.enable_symm_mem_for_group(b.group_name)
-    for m, k, n in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = linear_weight(k, n)
-        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        if symmetric_out:
-            out, keep = symmetric_tensor(g, m // b.world * n)
-            out = out.view(m // b.world, n)
-        else:
-            out, keep = torch.empty(m // b.world, n, device="cuda", dtype=torch.bfloat16), None
-        ref = torch.empty(m // b.world, n, device="cuda", dtype=torch.bfloat16)
+    extra = {"dtype": DTYPE_NAMES[dtype], **extra}
+    seq, dim = m // batch, 0 if batch == 1 else 1
+    lead = (m,) if batch == 1 else (batch, seq)
+    part = (m // b.world, n) if batch == 1 else (batch, seq // b.world, n)
+    a = torch.randn(*lead, k, device="cuda", dtype=dtype)
+    w = linear_weight(k, n, dtype)
+    c = torch.empty(*lead, n, device="cuda", dtype=dtype)
+    chunks = c if batch == 1 else torch.empty(b.world, *part, device="cuda", dtype=dtype)
+    if symmetric_out:
+        out, keep = symmetric_tensor(g, m // b.world * n, dtype)
+        out = out.view(part)
+    else:
+        out, keep = torch.empty(part, device="cuda", dtype=dtype), None
+    ref = torch.empty(part, device="cuda", dtype=dtype)
 
-        def nccl_cublas():
-            torch.matmul(a, w, out=c)
-            dist.reduce_scatter_tensor(ref, c)
+    def nccl_cublas():
+        torch.matmul(a, w, out=c)
+        if batch > 1:  # [batch, seq, N] -> [world, batch, seq / world, N]
+            chunks.copy_(c.view(batch, b.world, seq // b.world, n).transpose(0, 1))
+        dist.reduce_scatter_tensor(ref, chunks)
 
-        def ours(algorithm=None):
-            stream = torch.cuda.current_stream().cuda_stream
-            symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=stream, algorithm=algorithm)
+    def ours(algorithm=None):
+        stream = torch.cuda.current_stream().cuda_stream
+        symm.mm_rs(g, a, w, scatter_dim=dim, op="sum", out=out, stream=stream, algorithm=algorithm)
 
-        def bind(algorithm):
-            stream = torch.cuda.current_stream().cuda_stream
-            return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=stream, algorithm=algorithm)
-        nccl_cublas()
-        shape = (m, k, n)
-        torch_fused = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, b.group_name)
-        torch_err = torch_fused_checked("mm_rs", shape, torch_fused, ref, 2e-2)
-        fns, errs = symm_algorithms("mm_rs", shape, ours, bind, out, ref, 2e-2)
-        errs["torch_fused"] = torch_err
-        others = {
-            "torch_fused": torch_fused,
-            "nccl_cublas": nccl_cublas,
-            "mm_only": lambda: torch.matmul(a, w, out=c),
-        }
-        fns.update(others, comm_only=lambda: dist.reduce_scatter_tensor(ref, c))
-        time_matmul_op(b, "mm_rs", shape, fns, errs, out, ref, 2e-2, {**graphed(fns, ours), **others})
+    def bind(algorithm):
+        stream = torch.cuda.current_stream().cuda_stream
+        return symm.bind(symm.mm_rs, g, a, w, scatter_dim=dim, op="sum", out=out, stream=stream, algorithm=algorithm)
+    nccl_cublas()
+    shape = (m, k, n)
+    torch_fused = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", dim, b.group_name)
+    torch_err = torch_fused_checked("mm_rs", shape, torch_fused, ref, 2e-2)
+    fns, errs = symm_algorithms("mm_rs", shape, ours, bind, out, ref, 2e-2, algos)
+    errs["torch_fused"] = torch_err
+    others = {
+        "torch_fused": torch_fused,
+        "nccl_cublas": nccl_cublas,
+        "mm_only": lambda: torch.matmul(a, w, out=c),
+        "comm_only": lambda: dist.reduce_scatter_tensor(ref, chunks),
+    }
+    fns.update(others)
+    time_matmul_op(b, "mm_rs", shape, fns, errs, out, ref, 2e-2, {**graphed(fns, ours), **others}, **extra)
+    del keep
 
 
-def symmetric_tensor(g, numel):
-    """A bf16 tensor of `numel` elements in a rendezvoused symmetric buffer
-    (the buffer and handle stay alive with the returned tuple)."""
-    buf = g.create(numel * 2)
+def symmetric_tensor(g, numel, dtype=torch.bfloat16):
+    """A tensor of `numel` elements of `dtype` in a rendezvoused symmetric
+    buffer (the buffer and handle stay alive with the returned tuple)."""
+    buf = g.create(numel * dtype.itemsize)
     handle = buf.rendezvous()
-    return torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16), (buf, handle)
+    return torch.as_tensor(buf.cuda_bytes(), device="cuda").view(dtype), (buf, handle)
 
 
 def completed(fn):
@@ -335,14 +379,17 @@ def completed(fn):
     return run
 
 
-def bench_lc_allgather(b, g, sizes_mb):
-    """symm from an ordinary tensor (staged in the workspace) and from a
-    symmetric buffer (`symm_inplace`, peers read it where it is), NCCL, and
-    PyTorch's low-contention all-gather (input in its symmetric memory)."""
+def bench_lc_allgather(b, g, sizes, graphs=False, **extra):
+    """symm from an ordinary tensor (staged in the workspace), bound once
+    (`symm_bound`) and from a symmetric buffer (`symm_inplace`, peers read
+    it where it is), NCCL, and PyTorch's low-contention all-gather (input
+    in its symmetric memory), at each of `sizes` bytes per rank; with
+    `graphs`, symm's and NCCL's calls replayed from CUDA graphs too.
+    Records carry the fields `extra`."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    for mb in sizes_mb:
-        n = mb * (1 << 20) // 2
+    for nbytes in sizes:
+        n = nbytes // 2
         x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         xs, keep = symmetric_tensor(g, n)
         xs.copy_(x)
@@ -351,9 +398,11 @@ def bench_lc_allgather(b, g, sizes_mb):
         out = torch.empty(b.world * n, device="cuda", dtype=torch.bfloat16)
         ref = torch.empty_like(out)
         dist.all_gather_into_tensor(ref, x)
-        shape = (mb << 20,)
-        ours = {impl: (lambda src=src: symm.lc_allgather(g, src, out=out, stream=b.stream.cuda_stream))
+        shape = (nbytes,)
+        # No stream given: torch's current stream (the capture's, in a graph).
+        ours = {impl: (lambda src=src: symm.lc_allgather(g, src, out=out))
                 for impl, src in (("symm", x), ("symm_inplace", xs))}
+        ours["symm_bound"] = symm.bind(symm.lc_allgather, g, x, out=out)
 
         def check(when):
             # Twice: the second call of a repeated call is a graph replay.
@@ -361,17 +410,21 @@ def bench_lc_allgather(b, g, sizes_mb):
                 for _ in range(2):
                     out.fill_(float("nan"))
                     fn()
-                    assert torch.equal(out, ref), f"lc_allgather {mb} MB ({impl}, {when}) differs from NCCL"
+                    assert torch.equal(out, ref), f"lc_allgather {nbytes} B ({impl}, {when}) differs from NCCL"
 
         check("before timing")
+        nccl = lambda: dist.all_gather_into_tensor(ref, x)
         times = b.contest({
             **ours,
-            "nccl": lambda: dist.all_gather_into_tensor(ref, x),
+            "nccl": nccl,
             "torch_lc": completed(lambda: torch.ops.symm_mem._low_contention_all_gather(xt, b.group_name)),
         })
         check("after timing")
         for impl, ms in times.items():
-            b.record("lc_allgather", shape, impl, ms)
+            b.record("lc_allgather", shape, impl, ms, **extra)
+        if graphs:
+            replayed = {"symm": ours["symm"], "symm_inplace": ours["symm_inplace"], "nccl": nccl}
+            b.record_graphs("lc_allgather", shape, replayed, **extra)
         del keep
 
 
@@ -433,7 +486,7 @@ def table(records):
                              ("nccl_cublas", 9), ("mm_only", 8))))
     for (op, shape), t in rows.items():
         if op == "lc_allgather":
-            print(f"{op:<14}{shape[0] >> 20:>5} MB/rank   symm {t.get('symm', 0):.3f}  "
+            print(f"{op:<14}{shape[0] / 2**20:>7g} MB/rank   symm {t.get('symm', 0):.3f}  "
                   f"symm_inplace {t.get('symm_inplace', 0):.3f}  nccl {t.get('nccl', 0):.3f}  "
                   f"torch_lc {t.get('torch_lc', 0):.3f} ms")
         if op == "contention":
@@ -480,7 +533,7 @@ def main():
         shapes = tp_shapes(MM_RS_SHAPES, b.world, sharded=1)
         bench_mm_rs(b, g, shapes[-1:] if args.quick else shapes, args.mm_rs_out == "symmetric")
     if "lc_allgather" in only:
-        bench_lc_allgather(b, g, LC_SIZES_MB[:2] if args.quick else LC_SIZES_MB)
+        bench_lc_allgather(b, g, LC_SIZES[:2] if args.quick else LC_SIZES)
     if "contention" in only and not args.quick:
         bench_contention(b, g)
     g.check_async_error()

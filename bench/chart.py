@@ -22,7 +22,7 @@ def ratios(records):
     """{(op, shape): {impl: ms / floor}} for ag_mm and mm_rs."""
     by_case = {}
     for r in records:
-        if r["op"] in ("ag_mm", "mm_rs") and "ms" in r:
+        if r["op"] in ("ag_mm", "mm_rs") and "ms" in r and "family" not in r:  # families: plot_families.py
             by_case.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r["ms"]
     out = {}
     for case, t in by_case.items():
@@ -45,7 +45,7 @@ def main(path, png=None):
     cases = ratios(result["records"])
     lc = {}
     for r in result["records"]:
-        if r["op"] == "lc_allgather" and "ms" in r:
+        if r["op"] == "lc_allgather" and "ms" in r and "family" not in r:
             lc.setdefault(r["shape"][0] >> 20, {})[r["impl"]] = r["ms"]
 
     fig, (ax, ax_lc) = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw={"width_ratios": [3, 1]})

@@ -21,6 +21,9 @@ import sys
 # (host_overhead.py) shares op, shape and impl with the timing of the same
 # implementation and must not be merged into it.
 QUANTITIES = ("ms", "us_per_barrier", "host_us", "GBps")
+# Fields that tell cases of one op, shape and dtype apart (bench_families.py's
+# records: the family, a 3-D activation's batch, fp8 scales), kept as they are.
+LABELS = ("family", "batch", "scales")
 
 
 def gpus(out_dir, log):
@@ -74,11 +77,15 @@ def main(log, out_dir, commit, date=None):
     kind = f"{model.lower()}-x{count}"
     merged = {}
     for r in records:
-        key = (r["op"], tuple(r["shape"]), r.get("dtype", "bytes"), r["impl"], r.get("world", 1), quantity(r))
+        key = (r["op"], tuple(r["shape"]), r.get("dtype", "bytes"), r["impl"], r.get("world", 1), quantity(r),
+               tuple((f, r[f]) for f in LABELS if f in r))
         merged.setdefault(key, []).append(r)
     out = []
-    for (op, shape, dtype, impl, w, q), rs in sorted(merged.items(), key=lambda kv: repr(kv[0])):
+    for (op, shape, dtype, impl, w, q, labels), rs in sorted(merged.items(), key=lambda kv: repr(kv[0])):
         rec = {"op": op, "shape": list(shape), "dtype": dtype, "impl": impl, "world": w, "iters": rs[0].get("iters")}
+        rec.update(labels)
+        if "bytes" in rs[0]:
+            rec["bytes"] = rs[0]["bytes"]
         by_rank = sorted(rs, key=lambda r: r.get("rank", 0))
         for field in ("ms", "us_per_barrier", "host_us", "library_us", "python_us", "torch_matmul_host_us"):
             if field in rs[0]:
@@ -91,7 +98,9 @@ def main(log, out_dir, commit, date=None):
         out.append(rec)
     result = {"device": name, "device_count": count, "world_size": world, "date": date,
               "commit": commit, "driver": driver, "records": out}
-    path = f"{out_dir}/{date}-{kind}-w{world}-{commit}.json"
+    # A run of bench_families.py alone is named apart from a full run's.
+    suffix = "-families" if all("family" in r for r in records) else ""
+    path = f"{out_dir}/{date}-{kind}-w{world}-{commit}{suffix}.json"
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     print("collect: wrote", path)

@@ -3,11 +3,14 @@
 # bundle/ carried: builds the GPU test programs with the machine's nvcc
 # against bundle/libsymm.so, runs them, and writes the log and the results
 # JSON (bench/results format) into $OUT.
-#   [SYMM_BENCH=0] [SYMM_JAX=1] [SYMM_PROFILE=1] bash bench/gpu/run.sh
+#   [SYMM_BENCH=0] [SYMM_JAX=1] [SYMM_PROFILE=1] [SYMM_FAMILIES=1] bash bench/gpu/run.sh
 #   SYMM_BENCH=0: tests only, no benchmark. SYMM_JAX=1: also symm.jax on CUDA
 #   (one process, two GPUs): its tests (before the benchmark, which may run
 #   out of time), and with the benchmark, bench_jax.py (last).
 #   SYMM_PROFILE=1: profile_ops.py's per-rank timelines, before the benchmark.
+#   SYMM_FAMILIES=1: also bench_families.py (issue 41's families of shapes,
+#   world SYMM_FAMILIES_WORLD=2, cut at SYMM_FAMILIES_TIMEOUT=480 s, with
+#   SYMM_FAMILIES_ARGS), after the benchmarks; bench/gpu/families.sh runs it alone.
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -95,6 +98,10 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
             run timeout 900 torchrun --nproc-per-node "$w" bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-}
         done
     fi
+    if [ "$ngpu" -ge 2 ] && [ "${SYMM_FAMILIES:-0}" = 1 ]; then
+        run timeout "${SYMM_FAMILIES_TIMEOUT:-480}" torchrun --nproc-per-node "${SYMM_FAMILIES_WORLD:-2}" \
+            bench/bench_families.py --out "$OUT" ${SYMM_FAMILIES_ARGS:-}
+    fi
 fi
 
 if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; then
@@ -103,10 +110,11 @@ if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ] && [ "${SYMM_BENCH:-1}" = 1 ]; 
 fi
 
 python3 bench/gpu/collect.py "$log" "$OUT" "$(cat bundle/commit)" || fail=1
-# The all-reduce chart, where matplotlib is installed (else draw it from the
-# results JSON elsewhere: python3 bench/plot_allreduce.py FILE.json).
+# The all-reduce and families charts, where matplotlib is installed (else draw
+# them from the results JSON elsewhere: bench/plot_allreduce.py, bench/plot_families.py).
 for f in "$OUT"/*-w*.json; do
     python3 -c 'import matplotlib' 2>/dev/null && grep -q '"allreduce"' "$f" && python3 bench/plot_allreduce.py "$f" 2>&1 | tee -a "$log"
+    python3 -c 'import matplotlib' 2>/dev/null && grep -q '"family"' "$f" && python3 bench/plot_families.py "$f" 2>&1 | tee -a "$log"
 done
 say "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail
