@@ -25,6 +25,7 @@ strip --strip-debug bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
 # restores them on the device), the bundle stays under that limit.
 rm -f bundle/*.gz
 gzip -f bundle/symm-lib-tests bundle/sm90_matmul
-git rev-parse --short HEAD > bundle/commit
-if [ -n "$(git status --porcelain -- src kernels build.rs Cargo.toml)" ]; then echo "-dirty" >> bundle/commit; fi
-echo "bundle/: $(du -sh bundle/libsymm.so | cut -f1) libsymm.so, commit $(tr -d '\n' < bundle/commit)"
+# One line: results files are named after it.
+dirty=$([ -n "$(git status --porcelain -- src kernels build.rs Cargo.toml)" ] && echo -dirty || true)
+echo "$(git rev-parse --short HEAD)$dirty" > bundle/commit
+echo "bundle/: $(du -sh bundle/libsymm.so | cut -f1) libsymm.so, commit $(cat bundle/commit)"
