@@ -82,6 +82,8 @@ def capture(fn):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="8K,64K,1M,2M,4M,8M,16M")
+    p.add_argument("--rows", default="1x4096,16x8192,64x8192,512x8192",
+                   help="[tokens]x[hidden] of the fused all-reduce + RMSNorm, beside the all-reduce alone")
     args = p.parse_args()
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -128,6 +130,22 @@ def main():
                 print(f"{size:>9} B  {impl:18s} {ms * 1e3:7.1f} us/call  gpu ops/call {count:3.1f}  "
                       f"busy {busy:7.1f} us  idle {idle:6.1f} us  [{names}]", flush=True)
         del keep
+    for rows in args.rows.split(","):
+        tokens, hidden = map(int, rows.split("x"))
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        res, w = torch.randn_like(x), torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+        out, res_out, summed = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+        fns = {
+            "all-reduce alone": lambda: symm.all_reduce(g, x, out=summed),
+            "fused rmsnorm": lambda: symm.all_reduce_rmsnorm(g, x, res, w, out=out, residual_out=res_out),
+        }
+        for impl, fn in fns.items():
+            graph = capture(fn)
+            ms = replay_ms(graph)
+            count, busy, idle, names = gpu_activity(graph)
+            if rank == 0:
+                print(f"{rows:>9}    {impl:18s} {ms * 1e3:7.1f} us/call  gpu ops/call {count:3.1f}  "
+                      f"busy {busy:7.1f} us  idle {idle:6.1f} us  [{names}]", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
