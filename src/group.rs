@@ -179,8 +179,10 @@ pub struct Group {
     ranks: Vec<RankInfo>,
     topology: Topology,
     /// Groups spanning hosts: the transport over the ranks of this rank's
-    /// local index (see [`AcrossHosts`]).
+    /// local index (see [`AcrossHosts`]), and the one over the ranks of
+    /// its host (the plans' level inside a host).
     across: Option<Box<dyn AcrossHosts>>,
+    inside: Option<Box<dyn AcrossHosts>>,
     settings: Settings,
     /// What the layers above keep per group (see [`Attachment`]), at most
     /// one of each type.
@@ -251,15 +253,16 @@ impl Group {
         let topology = Topology::new(&hosts, rank);
         check_ranks(&ranks, &topology, rank, cfg.allow_shared_device)?;
         check_settings(&ranks)?;
-        let across = match (topology.single_host(), backend.kind()) {
-            (true, _) => None,
+        let (across, inside) = match (topology.single_host(), backend.kind()) {
+            (true, _) => (None, None),
             (false, BackendKind::Cuda) => {
-                let transport = across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?;
-                Some(Box::new(transport) as Box<dyn AcrossHosts>)
+                let (across, inside) = across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?;
+                (Some(Box::new(across) as Box<dyn AcrossHosts>), Some(Box::new(inside) as Box<dyn AcrossHosts>))
             }
             (false, BackendKind::Host) => {
-                let members = across_members(&topology);
-                Some(Box::new(Bootstrapped::new(members, rank)?) as Box<dyn AcrossHosts>)
+                let across = Bootstrapped::new(across_members(&topology), rank)?;
+                let inside = Bootstrapped::new(topology.local_ranks(), rank)?;
+                (Some(Box::new(across) as Box<dyn AcrossHosts>), Some(Box::new(inside) as Box<dyn AcrossHosts>))
             }
         };
         health.attach_board(form_board(bootstrap.as_ref(), &topology, world, &rank0_secret, wait)?);
@@ -279,6 +282,7 @@ impl Group {
             ranks,
             topology,
             across,
+            inside,
             settings,
             attachments: Mutex::default(),
             health,
@@ -417,6 +421,12 @@ impl Group {
     /// The transport across hosts (`None` while the group is on one host).
     pub fn across_hosts(&self) -> Option<&dyn AcrossHosts> {
         self.across.as_deref()
+    }
+
+    /// The transport over the ranks of this rank's host, for the plans'
+    /// level inside a host (`None` while the group is on one host).
+    pub fn inside_host(&self) -> Option<&dyn AcrossHosts> {
+        self.inside.as_deref()
     }
 
     /// The agreed settings (see [`Settings`]).
@@ -588,9 +598,15 @@ fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
 
 /// Collective, for a group that spans hosts: every rank loads NCCL (any
 /// rank's failure fails all), then joins a communicator over the ranks of
-/// its local index (its transport across hosts, whose first member draws
-/// the id). Only the CUDA backend gets here.
-fn across_hosts(bs: &dyn Bootstrap, topology: &Topology, device: i32, wait: Duration) -> Result<NcclTransport> {
+/// its local index (its transport across hosts) and one over the ranks of
+/// its host (the level inside a host, until that level runs on symmetric
+/// memory). Only the CUDA backend gets here.
+fn across_hosts(
+    bs: &dyn Bootstrap,
+    topology: &Topology,
+    device: i32,
+    wait: Duration,
+) -> Result<(NcclTransport, NcclTransport)> {
     let loaded = nccl::load();
     exchange(bs, loaded.as_ref().map(|_| Vec::new()).map_err(Clone::clone), wait, &|_| {})?;
     let nccl = loaded?;
@@ -602,13 +618,29 @@ fn across_hosts(bs: &dyn Bootstrap, topology: &Topology, device: i32, wait: Dura
         nccl.version_string(),
         nccl.path()
     );
-    let members = across_members(topology);
+    let across = join_nccl(bs, nccl, across_members(topology), device, wait, "across hosts")?;
+    let inside = join_nccl(bs, nccl, topology.local_ranks(), device, wait, "inside its host")?;
+    Ok((across, inside))
+}
+
+/// Collective over the whole group (every rank calls it, each with its own
+/// `members`, sets that partition the group): joins a communicator over
+/// `members`, whose first member draws the id, which travels through the
+/// bootstrap.
+fn join_nccl(
+    bs: &dyn Bootstrap,
+    nccl: &'static nccl::Nccl,
+    members: Vec<usize>,
+    device: i32,
+    wait: Duration,
+    what: &str,
+) -> Result<NcclTransport> {
     let index = members.iter().position(|&m| m == bs.rank()).unwrap_or(0);
     let mine = if index == 0 { nccl.unique_id().map(|id| id.internal.to_vec()) } else { Ok(Vec::new()) };
     let ids = exchange(bs, mine, wait, &|_| {})?;
     let id = nccl::UniqueId::from_bytes(&ids[members[0]])?;
     let comm = Communicator::join(nccl, index, members.len(), device, id)
-        .map_err(|e| e.context(format!("joining the ranks {members:?} across hosts")))?;
+        .map_err(|e| e.context(format!("joining the ranks {members:?} {what}")))?;
     Ok(NcclTransport::new(comm, members))
 }
 
@@ -812,7 +844,8 @@ mod tests {
     }
 
     /// Pretend hosts on the host backend: the group forms, with a
-    /// transport across hosts over the ranks of each local index; the
+    /// transport across hosts over the ranks of each local index and one
+    /// inside each host over its ranks; the
     /// collectives not implemented across hosts fail at once on every rank.
     #[test]
     fn pretend_hosts_form_with_a_transport() {
@@ -826,6 +859,7 @@ mod tests {
                 on.dedup();
                 assert_eq!(on.len(), g.topology().hosts());
                 assert!(members.iter().all(|&m| groups[m].topology().local_rank() == g.topology().local_rank()));
+                assert_eq!(g.inside_host().expect("spans hosts").members(), g.topology().local_ranks());
             }
             std::thread::scope(|s| {
                 let hs: Vec<_> = groups.iter().map(|g| s.spawn(move || g.exchange(Ok(vec![1])))).collect();
@@ -838,7 +872,8 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
         }
         for g in form_on_hosts(&["x", "x"]) {
-            assert!(g.unwrap().across_hosts().is_none());
+            let g = g.unwrap();
+            assert!(g.across_hosts().is_none() && g.inside_host().is_none());
         }
     }
 
@@ -928,7 +963,7 @@ mod tests {
             eprintln!("NCCL is installed here: the communicator is a GPU test");
             return;
         }
-        let res: Vec<Result<NcclTransport>> = std::thread::scope(|s| {
+        let res: Vec<Result<(NcclTransport, NcclTransport)>> = std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(3)
                 .into_iter()
                 .enumerate()

@@ -185,8 +185,8 @@ def all_scenarios(group):
 
 def across_hosts(group):
     """A group whose ranks are on different hosts (SYMM_HOST_ID) forms, and
-    refuses every collective on every rank at once: nothing moves data
-    across hosts yet."""
+    refuses a symmetric buffer's rendezvous on every rank at once: ranks on
+    different hosts cannot map each other's memory."""
     with group.create(4096) as buf:
         try:
             buf.rendezvous()
@@ -194,3 +194,104 @@ def across_hosts(group):
             assert "operations across hosts are not implemented yet" in str(e), e
         else:
             raise AssertionError("a group spanning hosts rendezvoused")
+
+
+def across_hosts_matmuls(group):
+    """fused_ag_mm and mm_rs in a CUDA group spanning (pretend) hosts, with
+    torch tensors on this rank's GPU: every gather and scatter dim, two Bs,
+    ag_out, sum and avg, strided inputs and outputs, fp8 with row-wise
+    scales into bf16 and fp8 outputs, against float64 math on every rank's
+    inputs (each rank makes all of them from one seed), outputs poisoned;
+    then a call that differs between ranks fails on every rank with
+    SymmMismatchError and writes nothing."""
+    import torch
+
+    rank, world = group.rank, group.world_size
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float8_e4m3fn: 2**-3}
+
+    def inputs(seed, shape, dtype=torch.float32):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(shape, generator=g, dtype=torch.float64).to(dtype) for _ in range(world)]
+
+    def f64(t):
+        return t.detach().to("cpu", torch.float64)
+
+    def close(got, ref, what):
+        tol = tolerance[got.dtype]
+        assert list(got.shape) == list(ref.shape), f"{what}: shape {list(got.shape)}, expected {list(ref.shape)}"
+        err = (f64(got) - ref).abs().max() / ref.abs().max().clamp_min(1e-30)
+        assert err <= tol, f"{what}: relative error {err:.2e} (tolerance {tol:.0e})"
+
+    def poisoned(shape, dtype=torch.float32, strided=False):
+        # Strided: every row of a tensor twice as wide.
+        wide = torch.full((*shape[:-1], 2 * shape[-1]), float("nan"), device=dev).to(dtype)
+        return wide[..., : shape[-1]] if strided else wide[..., : shape[-1]].contiguous()
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for gd in (0, 1, 2):
+            shards = inputs(1, (2, 3, 16), dtype)
+            k = 16 * world if gd == 2 else 16
+            bs = [inputs(2 + i, (k, n), dtype) for i, n in enumerate((8, 24))]
+            full = torch.cat([f64(a) for a in shards], gd)
+            gathered = list(shards[0].shape)
+            gathered[gd] *= world
+            a = torch.cat([shards[rank], shards[rank]], -1).to(dev)[..., :16]  # strided
+            outs = [poisoned([*gathered[:-1], b[0].shape[1]], dtype, strided=True) for b in bs]
+            ag = poisoned(gathered, dtype)
+            symm.fused_ag_mm(group, a, [b[rank].to(dev) for b in bs], gd, out=outs, ag_out=ag)
+            torch.cuda.synchronize()
+            assert torch.equal(f64(ag), full), f"fused_ag_mm {dtype} gather_dim {gd}: ag_out"
+            for out, b in zip(outs, bs):
+                close(out, full @ f64(b[rank]), f"fused_ag_mm {dtype} gather_dim {gd}")
+
+        a = inputs(3, (2 * world, 3 * world, 16), dtype)
+        b = inputs(4, (16, 8 * world), dtype)
+        total = sum(f64(x) @ f64(y) for x, y in zip(a, b))
+        for sd in (0, 1, 2):
+            for op in ("sum", "avg"):
+                shape = list(total.shape)
+                shape[sd] //= world
+                out = poisoned(shape, dtype, strided=True)
+                symm.mm_rs(group, a[rank].to(dev), b[rank].to(dev), sd, op=op, out=out)
+                torch.cuda.synchronize()
+                ref = total.chunk(world, dim=sd)[rank] / (world if op == "avg" else 1)
+                close(out, ref, f"mm_rs {dtype} scatter_dim {sd} {op}")
+
+    # fp8, row-wise scales.
+    m, k, n = 16, 32, 48
+
+    def fp8(seed, shape):
+        g = torch.Generator().manual_seed(seed)
+        return [(torch.rand(shape, generator=g) * 8 - 4).to(torch.float8_e4m3fn) for _ in range(world)]
+
+    def scales(seed, shape):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.rand(shape, generator=g) * 1.75 + 0.25 for _ in range(world)]
+
+    w = fp8(10, (n, k))  # row-major [N, K]: B = w.t() is column-major
+    bias = inputs(11, (n,), torch.bfloat16)
+    a, sa, sb = fp8(12, (m, k)), scales(13, (m, 1)), scales(14, (1, n))
+    B = w[rank].to(dev).t()
+    out = symm.fused_ag_mm(group, a[rank].to(dev), [B], 0, a_scale=sa[rank].to(dev), b_scales=[sb[rank].to(dev)],
+                           biases=[bias[rank].to(dev)], out_dtype=torch.bfloat16)[0]
+    torch.cuda.synchronize()
+    gathered = torch.cat([f64(x) * f64(s) for x, s in zip(a, sa)])
+    close(out, gathered @ (f64(w[rank]).t() * f64(sb[rank])) + f64(bias[rank]), "fused_ag_mm fp8 row-wise")
+    a, sa = fp8(15, (world * m, k)), scales(16, (world * m, 1))
+    for out_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        got = symm.mm_rs(group, a[rank].to(dev), B, 0, a_scale=sa[rank].to(dev), b_scale=sb[rank].to(dev),
+                         bias=bias[rank].to(dev), out_dtype=out_dtype)
+        torch.cuda.synchronize()
+        total = sum((f64(x) * f64(s)) @ (f64(y).t() * f64(t)) + f64(bb) for x, s, y, t, bb in zip(a, sa, w, sb, bias))
+        close(got, total.chunk(world)[rank], f"mm_rs fp8 row-wise into {out_dtype}")
+
+    # A call that differs between ranks: every rank fails, nothing written.
+    x = torch.ones((2, 16), device=dev)
+    y = torch.ones((16, 8 + 8 * (rank == world - 1)), device=dev)
+    out = poisoned([2 * world, y.shape[1]])
+    with pytest.raises(symm.SymmMismatchError):
+        symm.fused_ag_mm(group, x, [y], 0, out=[out])
+    torch.cuda.synchronize()
+    assert out.isnan().all()

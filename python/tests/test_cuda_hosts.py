@@ -1,7 +1,9 @@
 """A CUDA group whose ranks announce different hosts (SYMM_HOST_ID), as
 processes on two GPUs of one machine: it forms through NCCL (torch's wheel
-or the system's) and refuses every collective. Skipped unless torch sees
-two GPUs and NCCL is found."""
+or the system's), runs fused_ag_mm and mm_rs across its hosts (also with
+NCCL kept to its network transport), and refuses the collectives not
+implemented across hosts. Skipped unless torch sees two GPUs and NCCL is
+found."""
 
 import ctypes
 import os
@@ -26,7 +28,7 @@ def _nccl():
     return path
 
 
-def test_group_spanning_hosts_forms_and_refuses_collectives():
+def test_group_spanning_hosts_forms_and_refuses_rendezvous():
     uid = symm.get_unique_id()
     env = {
         "SYMM_TEST_BOOTSTRAP": "uid",
@@ -49,3 +51,20 @@ def test_group_spanning_hosts_without_nccl_fails_every_rank():
         "SYMM_TEST_FORM_WITHIN": "30",
     }
     in_processes("exchange", 2, env, deadline_s=60, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])
+
+
+@pytest.mark.parametrize("transport", ["default", "network"])
+def test_matmuls_across_pretend_hosts(transport):
+    """fused_ag_mm and mm_rs with each rank its own host, against float64
+    math (scenarios.across_hosts_matmuls); "network": NCCL with P2P and
+    shared memory off, so the ranks' data goes through sockets."""
+    uid = symm.get_unique_id()
+    env = {
+        "SYMM_TEST_BOOTSTRAP": "uid",
+        "SYMM_TEST_UID": uid.hex(),
+        "SYMM_TEST_BACKEND": "cuda",
+        "SYMM_NCCL_LIBRARY": _nccl(),
+    }
+    if transport == "network":
+        env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
+    in_processes("across_hosts_matmuls", 2, env, deadline_s=300, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])

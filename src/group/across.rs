@@ -1,13 +1,16 @@
-//! The group's transport across hosts: collectives over the ranks that
-//! share this rank's local index, one per host (the *members*, in host
-//! order), for the level of `crate::ops::hierarchy`'s plans that crosses
-//! hosts. Every member calls each collective at the same point; buffers
-//! are contiguous, in the backend's memory.
+//! The group's transports between ranks that cannot map each other's
+//! memory: collectives over a set of *members* for the levels of
+//! `crate::ops::hierarchy`'s plans. Across hosts the members are the
+//! ranks that share this rank's local index, one per host, in host order;
+//! inside a host, the ranks of this rank's host, in local order (until
+//! that level runs on symmetric memory). Every member calls each
+//! collective at the same point; buffers are contiguous, in the backend's
+//! memory.
 //!
-//! Two implementations: NCCL (the CUDA backend; one communicator per local
-//! index, made when the group forms) and the group's bootstrap (the host
-//! backend: bytes through the bootstrap's all-gather; slow but correct,
-//! for tests of groups on declared hosts).
+//! Two implementations: NCCL (the CUDA backend; one communicator per set
+//! of members, made when the group forms) and the group's bootstrap (the
+//! host backend: bytes through the bootstrap's all-gather; slow but
+//! correct, for tests of groups on declared hosts).
 
 use super::Group;
 use crate::array::{Array, DType};
@@ -19,18 +22,18 @@ use crate::error::{err, Result};
 /// Collectives over the members (see the module documentation). Sums only:
 /// integers wrap, floats are summed in f32 (bootstrap) or as NCCL does.
 pub trait AcrossHosts: Send + Sync {
-    /// The members, in host order (this rank among them).
+    /// The members, in order (this rank among them).
     fn members(&self) -> &[usize];
 
     /// `recv` (members x `send`'s elements) receives every member's `send`,
-    /// in host order.
+    /// in the members' order.
     fn all_gather(&self, group: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()>;
 
     /// `recv` (`send`'s shape) receives the sum of every member's `send`.
     fn all_reduce(&self, group: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()>;
 
-    /// `send` holds one block of `recv`'s elements per member, in host
-    /// order; `recv` receives the sum over members of this rank's block.
+    /// `send` holds one block of `recv`'s elements per member, in the
+    /// members' order; `recv` receives the sum over members of this rank's block.
     fn reduce_scatter(&self, group: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()>;
 }
 
@@ -194,9 +197,9 @@ impl AcrossHosts for NcclTransport {
     }
 }
 
-/// NCCL's transport on GPUs of one machine, the ranks declared on pretend
-/// hosts (`["a", "b"]` on two GPUs, `["a", "b", "a", "b"]` on four): every
-/// collective against a reference from every rank's input, outputs
+/// NCCL's transports (across hosts and inside each) on GPUs of one
+/// machine, the ranks declared on pretend hosts (`["a", "b"]` on two GPUs,
+/// `["a", "b", "a", "b"]` on four): every collective against a reference from every rank's input, outputs
 /// poisoned. Named `gpu_*`; skipped without the GPUs or NCCL.
 #[cfg(test)]
 mod gpu_tests {
@@ -235,29 +238,33 @@ mod gpu_tests {
             for g in &groups {
                 s.spawn(move || {
                     let gpu = gpu_on(g.device());
-                    let t = g.across_hosts().expect("spans hosts");
-                    let m = t.members().to_vec();
-                    let (r, n, f) = (g.rank(), 1000, DType::F32);
-                    let dev =
-                        |b: &crate::backend::cuda::gpu_testing::DevBuf, len: usize| Array::contiguous(b.ptr, f, &[len]);
-                    let send: Vec<f32> = (0..n * m.len()).map(|i| value(r, i)).collect();
-                    let sbuf = gpu.upload(&send);
-                    let rbuf = gpu.upload(&vec![f32::NAN; n * m.len()]);
-                    t.all_gather(g, &dev(&sbuf, n), &dev(&rbuf, n * m.len()), gpu.stream()).unwrap();
-                    gpu.sync();
-                    let want: Vec<f32> = m.iter().flat_map(|&p| (0..n).map(move |i| value(p, i))).collect();
-                    assert_eq!(rbuf.read::<f32>(n * m.len()), want, "all-gather on rank {r}");
-                    rbuf.write(&vec![f32::NAN; n * m.len()]);
-                    t.all_reduce(g, &dev(&sbuf, n), &dev(&rbuf, n), gpu.stream()).unwrap();
-                    gpu.sync();
-                    let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, i)).sum()).collect();
-                    assert_eq!(rbuf.read::<f32>(n), want, "all-reduce on rank {r}");
-                    rbuf.write(&vec![f32::NAN; n * m.len()]);
-                    t.reduce_scatter(g, &dev(&sbuf, n * m.len()), &dev(&rbuf, n), gpu.stream()).unwrap();
-                    gpu.sync();
-                    let h = m.iter().position(|&p| p == r).unwrap();
-                    let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, h * n + i)).sum()).collect();
-                    assert_eq!(rbuf.read::<f32>(n), want, "reduce-scatter on rank {r}");
+                    // Across hosts, then inside each host: the same order on every rank.
+                    for t in [g.across_hosts(), g.inside_host()] {
+                        let t = t.expect("spans hosts");
+                        let m = t.members().to_vec();
+                        let (r, n, f) = (g.rank(), 1000, DType::F32);
+                        let dev = |b: &crate::backend::cuda::gpu_testing::DevBuf, len: usize| {
+                            Array::contiguous(b.ptr, f, &[len])
+                        };
+                        let send: Vec<f32> = (0..n * m.len()).map(|i| value(r, i)).collect();
+                        let sbuf = gpu.upload(&send);
+                        let rbuf = gpu.upload(&vec![f32::NAN; n * m.len()]);
+                        t.all_gather(g, &dev(&sbuf, n), &dev(&rbuf, n * m.len()), gpu.stream()).unwrap();
+                        gpu.sync();
+                        let want: Vec<f32> = m.iter().flat_map(|&p| (0..n).map(move |i| value(p, i))).collect();
+                        assert_eq!(rbuf.read::<f32>(n * m.len()), want, "all-gather on rank {r}");
+                        rbuf.write(&vec![f32::NAN; n * m.len()]);
+                        t.all_reduce(g, &dev(&sbuf, n), &dev(&rbuf, n), gpu.stream()).unwrap();
+                        gpu.sync();
+                        let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, i)).sum()).collect();
+                        assert_eq!(rbuf.read::<f32>(n), want, "all-reduce on rank {r}");
+                        rbuf.write(&vec![f32::NAN; n * m.len()]);
+                        t.reduce_scatter(g, &dev(&sbuf, n * m.len()), &dev(&rbuf, n), gpu.stream()).unwrap();
+                        gpu.sync();
+                        let h = m.iter().position(|&p| p == r).unwrap();
+                        let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, h * n + i)).sum()).collect();
+                        assert_eq!(rbuf.read::<f32>(n), want, "reduce-scatter on rank {r}");
+                    }
                 });
             }
         });

@@ -1,9 +1,9 @@
-//! The operations of a group spanning hosts, run through the plans of
-//! `super::hierarchy` over the group's transports: across hosts the
-//! group's (`Group::across_hosts`), and inside a host, for now, the
-//! bootstrap's over the host's ranks. So only the host backend runs them
-//! (pretend hosts of tests); the CUDA backend's level inside a host, over
-//! symmetric memory, is to come: it refuses alike on every rank.
+//! All-reduce and all-gather in a group spanning hosts, run through the
+//! plans of `super::hierarchy` over the group's transports
+//! (`Group::across_hosts`, `Group::inside_host`), with scratch in host
+//! memory: only the host backend runs them (pretend hosts of tests); the
+//! CUDA backend refuses alike on every rank. (`super::across_matmul` runs
+//! the matmul operations on both.)
 //!
 //! Inputs and outputs must be contiguous. Every call is agreed (no call is
 //! kept), so a call that differs between ranks fails on all of them.
@@ -15,14 +15,15 @@ use crate::array::Array;
 use crate::backend::host::elementwise;
 use crate::backend::{BackendKind, Stream};
 use crate::error::{err, Result};
-use crate::group::{AcrossHosts, Bootstrapped, Group};
+use crate::group::{AcrossHosts, Group};
 
-/// `Unsupported` unless this group's operations across hosts can run here.
+/// `Unsupported` unless this group's operations across hosts can run here
+/// (these, on host memory only).
 fn runnable(group: &Group, what: &str) -> Result<Hierarchy> {
     if group.backend().kind() != BackendKind::Host {
         return Err(err!(
             Unsupported,
-            "{what}: this group spans {} hosts, and operations across hosts on GPUs are not implemented yet (issue 43); \
+            "{what}: this group spans {} hosts, and {what} across hosts on GPUs is not implemented yet (issue 43); \
              form one group per host",
             group.topology().hosts()
         ));
@@ -45,11 +46,16 @@ fn scratch(like: &Array, count: usize) -> (Vec<u64>, Array) {
     (words, a)
 }
 
-/// The group's transport across hosts, whose members must be the plan's.
-fn transport<'a>(group: &'a Group, members: &[usize]) -> Result<&'a dyn AcrossHosts> {
-    match group.across_hosts() {
-        Some(t) if t.members() == members => Ok(t),
-        _ => Err(err!(Internal, "the group's transport across hosts is not over the ranks {members:?}")),
+/// The group's transports across hosts and inside this rank's host,
+/// whose members must be the plan's (`across`, `inside`).
+pub(super) fn transports<'a>(
+    group: &'a Group,
+    across: &[usize],
+    inside: &[usize],
+) -> Result<(&'a dyn AcrossHosts, &'a dyn AcrossHosts)> {
+    match (group.across_hosts(), group.inside_host()) {
+        (Some(a), Some(i)) if a.members() == across && i.members() == inside => Ok((a, i)),
+        _ => Err(err!(Internal, "the group's transports are not over the ranks {across:?} and {inside:?}")),
     }
 }
 
@@ -86,8 +92,7 @@ pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Res
     agree_across_hosts(group, &sig, checked.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (c, h) = checked?;
     let plan = AllReducePlan::new(&h, c.input.numel(), 1);
-    let across = transport(group, &plan.across)?;
-    let inside = Bootstrapped::new(plan.local_ranks.clone(), group.rank())?;
+    let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
     // Slices padded to the first's length, so that each level moves equal blocks.
     let (lw, chunk) = (plan.slices.len(), plan.slices[0].len());
     let (_padded, padded) = scratch(&c.input, lw * chunk);
@@ -134,8 +139,8 @@ pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) ->
     agree_across_hosts(group, &sig, checked.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (c, h) = checked?;
     let plan = GatherPlan::new(&h);
-    let across = transport(group, &plan.across)?;
-    let inside = Bootstrapped::new(plan.inside.iter().map(|x| x.0).collect(), group.rank())?;
+    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let (across, inside) = transports(group, &plan.across, &local)?;
     let piece = c.input.numel();
     let hosts = plan.across.len();
     let (_staged, staged) = scratch(&c.input, hosts * piece);
@@ -153,7 +158,7 @@ pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) ->
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::testing::{host_config, host_groups, on_each};
     use super::super::{all_reduce as all_reduce_op, lc_allgather as lc_allgather_op};
     use super::*;
@@ -164,7 +169,7 @@ mod tests {
     use std::sync::Arc;
 
     /// Host-backend groups whose rank r is on pretend host `hosts[r]`.
-    fn on_hosts(hosts: &[&str]) -> Vec<Arc<Group>> {
+    pub(in crate::ops) fn on_hosts(hosts: &[&str]) -> Vec<Arc<Group>> {
         std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(hosts.len())
                 .into_iter()
@@ -178,7 +183,7 @@ mod tests {
         })
     }
 
-    const PLACEMENTS: &[&[&str]] =
+    pub(in crate::ops) const PLACEMENTS: &[&[&str]] =
         &[&["a", "b"], &["a", "b", "a", "b"], &["a", "a", "b", "b"], &["b", "a", "a", "b"], &["a", "b", "c", "d"]];
 
     fn arr<T>(v: &[T], dtype: DType, shape: &[usize]) -> Array {

@@ -73,6 +73,9 @@ pub struct AgMmScales {
 /// when the caller's arguments could not be read; this rank still takes
 /// part in the agreement so its peers fail too.
 pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Result<()> {
+    if !group.topology().single_host() {
+        return super::across_matmul::fused_ag_mm(group, call, stream);
+    }
     let backend = group.backend();
     super::run_prepared(group, stream, call, |c| {
         let facts = Facts::of(group);
@@ -83,6 +86,18 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
             .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
         (super::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
     })
+}
+
+/// This rank's call checked and laid out as `fused_ag_mm` does, for a
+/// group whose ranks do not run the fused kernel together (a group
+/// spanning hosts): its signature and prepared call.
+pub(super) fn prepare_unfused(group: &Group, c: AgMm) -> (Signature, Result<AgMmPrepared>) {
+    let backend = group.backend();
+    let signature = c.signature(None);
+    let prepared = c
+        .prepare(&Facts::of(group), backend.kind().name(), false)
+        .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
+    (signature, prepared)
 }
 
 impl AgMm {
@@ -330,7 +345,7 @@ impl AgMm {
 }
 
 #[derive(Debug)]
-struct AgMmPrepared {
+pub(super) struct AgMmPrepared {
     call: AgMm,
     dim: usize,
     /// The scale mode of an fp8 call.
@@ -389,13 +404,13 @@ impl Prepared for AgMmPrepared {
         if self.decision.algorithm == Algorithm::Fused {
             return self.fused(ex);
         }
-        let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
+        let a = &self.call.a_shard;
         let (dim, len, me, world) = (self.dim, a.shape[self.dim], ex.rank(), ex.world());
         let offset = |r: usize| self.shards + r * self.shard_bytes;
-        let local_shard = |r: usize| Array::contiguous(ex.local(offset(r)), a.dtype, &a.shape);
+        let local_shard = |r: usize| self.staged_shard(ex, r);
         let gathers_k = dim == a.ndim() - 1;
-        let gathered = self.gathered_matrix(ex);
-        let whole = self.decision.algorithm == Algorithm::Sequential && !gathers_k && gathered.is_some();
+        let whole =
+            self.decision.algorithm == Algorithm::Sequential && !gathers_k && self.gathered_matrix(ex).is_some();
         let pipelined = !gathers_k && !whole;
         // Staging this rank's shard (for the peers to pull) is the side
         // stream's work, ahead of the barrier; this rank's own matmul reads
@@ -404,17 +419,11 @@ impl Prepared for AgMmPrepared {
         let own_in_place = pipelined && self.mode.is_none() && a.as_matrix().is_some();
         let side = ex.side()?;
         ex.fork(side)?;
-        ex.copy_on(side, &local_shard(me), a)?;
-        if let Some(a_scale) = &self.call.scales.a_scale {
-            if self.row_scales.is_some() {
-                let staged = Array::contiguous(self.row_scale_addr(ex.local(0), me), DType::F32, &a_scale.shape);
-                ex.copy_on(side, &staged, a_scale)?;
-            }
-        }
+        self.stage(ex, side)?;
         if pipelined && !own_in_place {
             ex.join(side)?;
         }
-        ex.ws.barrier(super::CHANNEL, side)?;
+        ex.ws()?.barrier(super::CHANNEL, side)?;
         if pipelined {
             let staged = local_shard(me);
             self.multiply_shard(ex, if own_in_place { a } else { &staged }, me, len)?;
@@ -436,14 +445,27 @@ impl Prepared for AgMmPrepared {
         // the closing barrier (every rank has pulled this rank's shard, so
         // the next call may overwrite it) then overlaps the matmuls below.
         ex.join(side)?;
-        ex.ws.barrier(super::CHANNEL, side)?;
+        ex.ws()?.barrier(super::CHANNEL, side)?;
+        self.finish(ex, whole)?;
+        ex.join(side)
+    }
+}
+
+impl AgMmPrepared {
+    /// Once every rank's shard (and row scales) lies in this rank's
+    /// workspace: `ag_out`, and the products not made shard by shard (one
+    /// matmul over the gathered A when `whole`; over the whole K when
+    /// gathering K).
+    fn finish(&self, ex: &Exec<'_>, whole: bool) -> Result<()> {
+        let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
+        let (dim, len, world) = (self.dim, a.shape[self.dim], ex.world());
         if let Some(ag) = ag_out {
             for r in 0..world {
-                ex.copy(&ag.narrow(dim, r * len, len), &local_shard(r))?;
+                ex.copy(&ag.narrow(dim, r * len, len), &self.staged_shard(ex, r))?;
             }
         }
         if whole {
-            let lhs = gathered.expect("checked above");
+            let lhs = self.gathered_matrix(ex).expect("checked by the caller");
             for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
                 let m = out.as_matrix().expect("checked by gathered_matrix");
                 ex.matmul(&m, &lhs, b, self.scales(ex, i, Rows::All)?.as_ref())?;
@@ -456,18 +478,61 @@ impl Prepared for AgMmPrepared {
             shape[dim] *= world;
             let gathered = Array::contiguous(ex.local(offset), a.dtype, &shape);
             for r in 0..world {
-                ex.copy(&gathered.narrow(dim, r * len, len), &local_shard(r))?;
+                ex.copy(&gathered.narrow(dim, r * len, len), &self.staged_shard(ex, r))?;
             }
             let lhs = gathered.as_matrix().expect("a contiguous array is a matrix");
             for (i, out) in outs.iter().enumerate() {
                 self.gemm_into(ex, i, out, &lhs, Rows::All)?;
             }
         }
-        ex.join(side)
+        Ok(())
     }
-}
 
-impl AgMmPrepared {
+    /// Copies this rank's shard (and row scales) into their places in its
+    /// workspace, on `stream`.
+    pub(super) fn stage(&self, ex: &Exec<'_>, stream: Stream) -> Result<()> {
+        ex.copy_on(stream, &self.staged_shard(ex, ex.rank()), &self.call.a_shard)?;
+        if let (Some(a_scale), true) = (&self.call.scales.a_scale, self.row_scales.is_some()) {
+            let staged = Array::contiguous(self.row_scale_addr(ex.local(0), ex.rank()), DType::F32, &a_scale.shape);
+            ex.copy_on(stream, &staged, a_scale)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of the largest piece a rank contributes to the gather (its
+    /// shard, or its row scales).
+    pub(super) fn piece_bytes(&self) -> usize {
+        self.shard_bytes.max(4 * self.shard_rows())
+    }
+
+    /// Rank r's shard where it lies in this rank's workspace once gathered.
+    pub(super) fn staged_shard(&self, ex: &Exec<'_>, r: usize) -> Array {
+        let a = &self.call.a_shard;
+        Array::contiguous(ex.local(self.shards + r * self.shard_bytes), a.dtype, &a.shape)
+    }
+
+    /// Rank r's row scales (row-wise fp8 calls) where they lie in this
+    /// rank's workspace once gathered.
+    pub(super) fn staged_row_scales(&self, ex: &Exec<'_>, r: usize) -> Option<Array> {
+        self.row_scales.map(|_| self.row_scale_vector(ex.local(0), r))
+    }
+
+    /// Every output (and `ag_out`) from every rank's shard and row scales
+    /// already in this rank's workspace (where a group spanning hosts
+    /// gathers them): one matmul over the gathered A where it is one
+    /// matrix, else shard by shard, or over the whole K.
+    pub(super) fn multiply_gathered(&self, ex: &Exec<'_>) -> Result<()> {
+        let a = &self.call.a_shard;
+        let gathers_k = self.dim == a.ndim() - 1;
+        let whole = !gathers_k && self.gathered_matrix(ex).is_some();
+        if !gathers_k && !whole {
+            for r in 0..ex.world() {
+                self.multiply_shard(ex, &self.staged_shard(ex, r), r, a.shape[self.dim])?;
+            }
+        }
+        self.finish(ex, whole)
+    }
+
     /// Fused (gathering dim 0 into matrices, see `fused_field`): the main
     /// stream zeroes the arrival flags, stages this rank's shard for the
     /// peers, and launches one matmul per B, which starts with this rank's
@@ -522,7 +587,7 @@ impl AgMmPrepared {
             };
             backend.fused_matmul(&call, ex.stream)?;
         }
-        ex.ws.barrier(super::CHANNEL, side)?;
+        ex.ws()?.barrier(super::CHANNEL, side)?;
         for step in 1..world {
             let r = (me + step) % world;
             if self.row_scales.is_some() {
@@ -533,10 +598,10 @@ impl AgMmPrepared {
             for s in 0..slices {
                 let block = |base: u64| self.slice_block(base, s, r, rows, world, a.dtype);
                 ex.copy_on(side, &block(ex.local(self.shards)), &block(ex.at(r, self.shards)?))?;
-                ex.ws.write_value(me, self.ready + 4 * (r * slices + s), 1, side)?;
+                ex.ws()?.write_value(me, self.ready + 4 * (r * slices + s), 1, side)?;
             }
         }
-        ex.ws.barrier(super::CHANNEL, side)?;
+        ex.ws()?.barrier(super::CHANNEL, side)?;
         ex.join(side)?;
         if let Some(ag) = ag_out {
             let len = a.shape[0];

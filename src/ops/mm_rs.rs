@@ -83,6 +83,9 @@ pub struct MmRsScales {
 /// when the caller's arguments could not be read; this rank still takes
 /// part in the agreement so its peers fail too.
 pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<()> {
+    if !group.topology().single_host() {
+        return super::across_matmul::mm_rs(group, call, stream);
+    }
     let backend = group.backend();
     // A symmetric `out`: the fused kernel may let the peers write into it.
     let (placed, symmetric) = Placed::of(group, call, |c| &c.out);
@@ -96,6 +99,18 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
             .map(|p| MmRsPrepared { symmetric_out: symmetric, ..p });
         (super::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
     })
+}
+
+/// This rank's call checked and laid out as `mm_rs` does, for a group
+/// whose ranks do not run the fused kernel together nor write into each
+/// other's `out` (a group spanning hosts): its signature and prepared call.
+pub(super) fn prepare_unfused(group: &Group, c: MmRs) -> (Signature, Result<MmRsPrepared>) {
+    let backend = group.backend();
+    let signature = c.signature(None, None);
+    let prepared = c
+        .prepare(&Facts::of(group), backend.kind().name(), false)
+        .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
+    (signature, prepared)
 }
 
 impl MmRs {
@@ -438,7 +453,7 @@ impl MmRsPrepared {
     }
 
     /// A chunk of the product (or of the reduction) at `addr`.
-    fn chunk(&self, addr: u64) -> Array {
+    pub(super) fn chunk(&self, addr: u64) -> Array {
         Array::contiguous(addr, partial_dtype(&self.call.out), &self.call.out.shape)
     }
 
@@ -464,51 +479,80 @@ impl MmRsPrepared {
         if let Some(pieces) = self.onto_pull_pieces(ex.world()) {
             return self.pipelined_onto_pulls(ex, pieces);
         }
-        let MmRs { a, b, out, .. } = &self.call;
-        let (dim, world, me) = (self.dim, ex.world(), ex.rank());
-        let scatters_n = dim == a.ndim() - 1;
-        let len = out.shape[dim];
-        let a_scale = self.call.scales.a_scale.as_ref();
-        // Scattering N multiplies all of `a` by column slices of `b` (and
-        // of its scales and bias).
-        let whole_a = if scatters_n { Some((self.lhs(ex, a)?, self.scales(ex, a_scale)?)) } else { None };
+        let (world, me) = (ex.world(), ex.rank());
+        let whole_a = self.whole_a(ex)?;
         let (side, signals) = (ex.side()?, ex.signal_side()?);
         ex.fork(side)?;
         for step in 1..=world {
             let r = (me + step) % world;
-            let (lhs, rhs, scales) = match &whole_a {
-                Some((m, s)) => (m.clone(), b.narrow(1, r * len, len), s.as_ref().map(|s| s.columns(r * len, len))),
-                None => {
-                    let rows = a_scale.filter(|_| self.mode == Some(Mode::Row)).map(|s| s.narrow(dim, r * len, len));
-                    let scales = self.scales(ex, rows.as_ref().or(a_scale))?;
-                    (self.lhs(ex, &a.narrow(dim, r * len, len))?, b.clone(), scales)
-                }
-            };
-            let dst = Array::contiguous(ex.local(self.chunks[r]), partial_dtype(out), &[lhs.shape[0], rhs.shape[1]]);
-            ex.matmul(&dst, &lhs, &rhs, scales.as_ref())?;
+            self.product(ex, r, whole_a.as_ref())?;
             if r != me {
                 // From a stream of its own: a signal kernel first waits for
                 // the peer to have taken the previous one, which on the
                 // main stream held the next matmul back (7 us between the
                 // two at 512x14336x8192 on two H100s).
                 ex.fork(signals)?;
-                ex.ws.put_signal(r, READY, signals)?;
+                ex.ws()?.put_signal(r, READY, signals)?;
             }
         }
         for step in 1..world {
             let q = (me + world - step) % world;
-            ex.ws.wait_signal(q, READY, side)?;
+            ex.ws()?.wait_signal(q, READY, side)?;
             ex.copy_on(side, &self.chunk(ex.local(self.staged[q])), &self.chunk(ex.at(q, self.chunks[me])?))?;
         }
         ex.join(side)?;
         // Once every rank has pulled its chunks (side barrier), the next
         // call may overwrite them; that barrier overlaps the reduction.
-        ex.ws.barrier(super::CHANNEL, side)?;
+        ex.ws()?.barrier(super::CHANNEL, side)?;
         let srcs: Vec<Array> =
             (0..world).map(|q| self.chunk(ex.local(if q == me { self.chunks[me] } else { self.staged[q] }))).collect();
         self.reduce_into_out(ex, &srcs)?;
         ex.join(signals)?;
         ex.join(side)
+    }
+
+    /// Scattering N multiplies all of `a` (as a matrix, with its scales)
+    /// by column slices of `b` (and of its scales and bias): that matrix.
+    fn whole_a(&self, ex: &Exec<'_>) -> Result<Option<(Array, Option<GemmScales>)>> {
+        let a = &self.call.a;
+        if self.dim != a.ndim() - 1 {
+            return Ok(None);
+        }
+        Ok(Some((self.lhs(ex, a)?, self.scales(ex, self.call.scales.a_scale.as_ref())?)))
+    }
+
+    /// Chunk r of this rank's product, into `chunks[r]` (`whole_a`: see
+    /// [`Self::whole_a`]).
+    fn product(&self, ex: &Exec<'_>, r: usize, whole_a: Option<&(Array, Option<GemmScales>)>) -> Result<()> {
+        let MmRs { a, b, out, .. } = &self.call;
+        let (dim, len, a_scale) = (self.dim, out.shape[self.dim], self.call.scales.a_scale.as_ref());
+        let (lhs, rhs, scales) = match whole_a {
+            Some((m, s)) => (m.clone(), b.narrow(1, r * len, len), s.as_ref().map(|s| s.columns(r * len, len))),
+            None => {
+                let rows = a_scale.filter(|_| self.mode == Some(Mode::Row)).map(|s| s.narrow(dim, r * len, len));
+                let scales = self.scales(ex, rows.as_ref().or(a_scale))?;
+                (self.lhs(ex, &a.narrow(dim, r * len, len))?, b.clone(), scales)
+            }
+        };
+        let dst = Array::contiguous(ex.local(self.chunks[r]), partial_dtype(out), &[lhs.shape[0], rhs.shape[1]]);
+        ex.matmul(&dst, &lhs, &rhs, scales.as_ref())
+    }
+
+    /// Every chunk of this rank's product, each in its place (`chunk(r)`):
+    /// what a group spanning hosts reduces across its levels.
+    pub(super) fn products(&self, ex: &Exec<'_>) -> Result<()> {
+        let whole_a = self.whole_a(ex)?;
+        (0..ex.world()).try_for_each(|r| self.product(ex, r, whole_a.as_ref()))
+    }
+
+    /// Bytes of one chunk of the product.
+    pub(super) fn chunk_bytes(&self) -> usize {
+        self.call.out.numel() * partial_dtype(&self.call.out).size()
+    }
+
+    /// Rank r's chunk of this rank's product (after [`Self::products`]).
+    pub(super) fn product_chunk(&self, ex: &Exec<'_>, r: usize) -> Array {
+        self.chunk(ex.local(self.chunks[r]))
     }
 
     /// How many pieces [`Self::pipelined_onto_pulls`] cuts this rank's
@@ -546,8 +590,8 @@ impl MmRsPrepared {
         let theirs = self.chunk(ex.local(self.chunks[peer]));
         ex.matmul(&theirs, &lhs.narrow(0, peer * rows, rows), b, None)?;
         ex.fork(signals)?; // as in `pipelined`
-        ex.ws.put_signal(peer, READY, signals)?;
-        ex.ws.wait_signal(peer, READY, side)?;
+        ex.ws()?.put_signal(peer, READY, signals)?;
+        ex.ws()?.wait_signal(peer, READY, side)?;
         let bound = |j: usize| j * rows / pieces;
         let piece = |t: &Array, j: usize| t.narrow(0, bound(j), bound(j + 1) - bound(j));
         let (mine, pulled) = (lhs.narrow(0, me * rows, rows), self.chunk(ex.at(peer, self.chunks[me])?));
@@ -563,7 +607,7 @@ impl MmRsPrepared {
         ex.join(side)?;
         // Once both ranks have pulled (side barrier), the next call may
         // overwrite the chunks; it overlaps the last reduction.
-        ex.ws.barrier(super::CHANNEL, side)?;
+        ex.ws()?.barrier(super::CHANNEL, side)?;
         let mut srcs = [piece(&own, 0), piece(&staged, 0)];
         if me == 1 {
             srcs.swap(0, 1); // rank order, as reduce_into_out sums
@@ -575,7 +619,7 @@ impl MmRsPrepared {
 
     /// Sums `srcs` in rank order (so every rank's result is reproducible),
     /// scaled for avg, into `out`.
-    fn reduce_into_out(&self, ex: &Exec<'_>, srcs: &[Array]) -> Result<()> {
+    pub(super) fn reduce_into_out(&self, ex: &Exec<'_>, srcs: &[Array]) -> Result<()> {
         let out = &self.call.out;
         let scale = match self.call.op {
             ReduceOp::Sum => 1.0,

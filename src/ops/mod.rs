@@ -25,6 +25,7 @@
 //! collapse is copied to contiguous scratch first.
 
 mod across_hosts;
+mod across_matmul;
 pub mod ag_mm;
 mod agree;
 pub mod all_reduce;
@@ -212,7 +213,8 @@ fn launch<P: Prepared>(
         // the group is out of step, and fails.
         plan.execute(&Exec {
             group,
-            ws: ws.clone(),
+            base: ws.buffer().addr(),
+            ws: Some(ws.clone()),
             mailbox: mailbox.clone(),
             flags: flags.clone(),
             reduce: reduce.clone(),
@@ -230,7 +232,11 @@ const CHANNEL: usize = 0;
 /// flags buffer, when it asked for them), the caller's stream.
 struct Exec<'a> {
     group: &'a Group,
-    ws: Arc<Handle>,
+    /// This rank's workspace, where `local` offsets point.
+    base: u64,
+    /// The workspace rendezvoused with every rank; `None` in a group
+    /// spanning hosts, whose workspace is this rank's memory alone.
+    ws: Option<Arc<Handle>>,
     mailbox: Option<Arc<Handle>>,
     flags: Option<Arc<Handle>>,
     /// The all-reduce buffer, when the call asked for one.
@@ -247,21 +253,27 @@ impl Exec<'_> {
         self.group.world()
     }
 
+    /// The workspace rendezvoused with every rank, for the steps that reach
+    /// the peers' memory or signal them.
+    fn ws(&self) -> Result<&Arc<Handle>> {
+        self.ws.as_ref().ok_or_else(|| err!(Internal, "no peer's workspace is mapped in a group spanning hosts"))
+    }
+
     /// Address of `offset` in rank `r`'s workspace, as mapped here.
     fn at(&self, r: usize, offset: usize) -> Result<u64> {
-        Ok(self.ws.peer_addr(r)? + offset as u64)
+        Ok(self.ws()?.peer_addr(r)? + offset as u64)
     }
 
     /// Address of `offset` in this rank's workspace.
     fn local(&self, offset: usize) -> u64 {
-        self.ws.buffer().addr() + offset as u64
+        self.base + offset as u64
     }
 
     /// Address of `offset` in every rank's mailbox or flags buffer (`kind`),
     /// as mapped here, by rank.
     fn on_every_rank(&self, kind: Scratch, offset: usize) -> Result<Vec<u64>> {
         let buf = match kind {
-            Scratch::Workspace => Some(&self.ws),
+            Scratch::Workspace => self.ws.as_ref(),
             Scratch::Mailbox => self.mailbox.as_ref(),
             Scratch::Flags => self.flags.as_ref(),
             Scratch::AllReduce => self.reduce.as_ref(),
@@ -278,7 +290,7 @@ impl Exec<'_> {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.ws.barrier(CHANNEL, self.stream)
+        self.ws()?.barrier(CHANNEL, self.stream)
     }
 
     /// The side stream for communication that overlaps the main stream.
