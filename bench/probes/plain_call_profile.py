@@ -40,6 +40,24 @@ def per_call_us(fn):
     return best
 
 
+def event_us(fn, calls=5, samples=30):
+    """Median per-call time of `calls` calls between CUDA events after a
+    barrier and a synchronize, as bench_ops.Bench times a sample."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(samples):
+        torch.cuda.synchronize()
+        dist.barrier()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def main():
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -62,8 +80,18 @@ def main():
         plain = lambda op=op, args=args, kwargs=kwargs: op(*args, **kwargs)  # noqa: E731
         bound = symm.bind(op, *args, **kwargs)
         p, bd = per_call_us(plain), per_call_us(bound)
+        # As bench_ops.py's plain call: a list of outputs, the current
+        # stream read per call and passed, the algorithm keyword.
+        matmul = op is not symm.lc_allgather
+        bench_kwargs = {"out": [kwargs["out"]], "algorithm": None} if matmul else dict(kwargs)
+
+        def as_bench(op=op, args=args, bench_kwargs=bench_kwargs):
+            return op(*args, **bench_kwargs, stream=torch.cuda.current_stream().cuda_stream)
+
+        times = {k: event_us(f) for k, f in (("plain", plain), ("bound", bound), ("as bench", as_bench))}
         if rank == 0:
-            print(f"{name:28s} host us/call: plain {p:6.1f}  bound {bd:6.1f}", flush=True)
+            print(f"{name:28s} host us/call: plain {p:6.1f}  bound {bd:6.1f};  per call between events: "
+                  + "  ".join(f"{k} {v:6.1f}" for k, v in times.items()), flush=True)
         prof = cProfile.Profile()
         dist.barrier()
         prof.enable()
