@@ -155,9 +155,11 @@ impl LocalScratch {
         if let Some(a) = held.as_ref().filter(|a| a.len() >= bytes) {
             return Ok(a.addr());
         }
+        // Whole allocation units of the backend (VMM: 2 MiB on Hopper).
+        let step = GROWTH_STEP.next_multiple_of(group.backend().granularity());
         let size = bytes
             .max(1)
-            .checked_next_multiple_of(GROWTH_STEP)
+            .checked_next_multiple_of(step)
             .ok_or_else(|| err!(InvalidArgument, "a workspace of {bytes} bytes is too large"))?;
         if held.is_some() {
             group.backend().quiesce(Some(stream)).map_err(|e| e.context("growing the workspace"))?;

@@ -93,6 +93,27 @@ fn check_driver() -> std::result::Result<(), String> {
     check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.msg)
 }
 
+/// Loads `f`'s code now rather than at its first launch. Under CUDA's
+/// default lazy module loading, a kernel's first launch may synchronize
+/// the context; launched behind a kernel that spins until it runs (the
+/// fused matmul waiting for the side stream's barrier and copies), that
+/// would never return (CUDA Programming Guide, "Lazy Loading", concurrent
+/// execution). Drivers before CUDA 12.4 lack `cuFuncLoad`; there the kernel
+/// stays lazy (`CUDA_MODULE_LOADING=EAGER` avoids it).
+pub fn load_now(f: &cudarc::driver::CudaFunction, name: &str) -> Result<()> {
+    static HAS_FUNC_LOAD: OnceCell<bool> = OnceCell::new();
+    let has = *HAS_FUNC_LOAD.get_or_init(|| {
+        // SAFETY: the driver is present (a function exists); a lookup has no side effects.
+        missing_symbols(&["cuFuncLoad"], |n| unsafe { sys::culib().get::<unsafe extern "C" fn()>(n) }.is_ok())
+            .is_empty()
+    });
+    if !has {
+        return Ok(());
+    }
+    // SAFETY: a function of a module loaded in its (current) context.
+    check(unsafe { sys::cuFuncLoad(f.cu_function()) }, &format!("loading kernel {name}"))
+}
+
 /// The names in `symbols` for which `present` (given the NUL-terminated
 /// name) says no: cudarc would panic on first use of any of them.
 pub fn missing_symbols<'a>(symbols: &[&'a str], present: impl Fn(&[u8]) -> bool) -> Vec<&'a str> {

@@ -161,7 +161,12 @@ impl Modules {
 
     /// The entry point `name` of `unit`.
     fn function(&self, unit: &str, name: &str) -> Result<CudaFunction> {
-        self.unit(unit)?.load_function(name).map_err(|e| cuda_err(e, &format!("loading kernel {name} of {unit}")))
+        let f = self
+            .unit(unit)?
+            .load_function(name)
+            .map_err(|e| cuda_err(e, &format!("loading kernel {name} of {unit}")))?;
+        super::driver::load_now(&f, name)?;
+        Ok(f)
     }
 }
 

@@ -121,7 +121,9 @@ impl Sm90Kernels {
 }
 
 fn function(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
-    module.load_function(name).map_err(|e| driver::cuda_err(e, &format!("loading kernel {name}")))
+    let f = module.load_function(name).map_err(|e| driver::cuda_err(e, &format!("loading kernel {name}")))?;
+    driver::load_now(&f, name)?;
+    Ok(f)
 }
 
 impl ModeKernels {
