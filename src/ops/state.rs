@@ -128,6 +128,11 @@ impl OpsState {
     pub fn set_scratch(&self, kind: Scratch, h: Arc<Handle>) {
         *lock(&self.scratch[kind as usize]) = Some(h);
     }
+
+    /// Forgets a scratch buffer (freed once no call uses it).
+    pub fn clear_scratch(&self, kind: Scratch) {
+        *lock(&self.scratch[kind as usize]) = None;
+    }
 }
 
 #[cfg(test)]

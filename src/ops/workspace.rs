@@ -65,6 +65,17 @@ pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize, stream: Option<St
         Some(_) => group.backend().quiesce(stream).map_err(|e| e.context(format!("growing the {kind:?}"))),
         None => Ok(()),
     };
+    // Then free it, before the rendezvous of the new one: freeing and
+    // unmapping device memory may wait for the device, or for the peers'
+    // devices when they share this process, and until this rank has joined
+    // the rendezvous no peer can have launched a kernel that waits for it.
+    // Freed after it, a peer's kernel could be spinning for this rank's
+    // next step while this rank waited for that kernel (seen on 2 x H200
+    // with two ranks in one process: a fused call timed out).
+    if quiet.is_ok() && old.is_some() {
+        state::of(group).clear_scratch(kind);
+        drop(old);
+    }
     let buf = match quiet.and_then(|()| Buffer::create(group, size)) {
         Ok(b) => b,
         Err(e) => {
