@@ -80,10 +80,9 @@ def main():
         plain = lambda op=op, args=args, kwargs=kwargs: op(*args, **kwargs)  # noqa: E731
         bound = symm.bind(op, *args, **kwargs)
         p, bd = per_call_us(plain), per_call_us(bound)
-        # As bench_ops.py's plain call: a list of outputs, the current
-        # stream read per call and passed, the algorithm keyword.
-        matmul = op is not symm.lc_allgather
-        bench_kwargs = {"out": [kwargs["out"]], "algorithm": None} if matmul else dict(kwargs)
+        # As bench_ops.py's plain call: the current stream read per call and
+        # passed, and the algorithm keyword.
+        bench_kwargs = dict(kwargs, algorithm=None) if op is not symm.lc_allgather else dict(kwargs)
 
         def as_bench(op=op, args=args, bench_kwargs=bench_kwargs):
             return op(*args, **bench_kwargs, stream=torch.cuda.current_stream().cuda_stream)
