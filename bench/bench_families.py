@@ -95,7 +95,8 @@ def scaled_case(b, g, op, m, k, n, scales, algos, **extra):
             a, w, sa, sb, "sum", 0, 0, name, [m, n], out_dtype=bf16)
 
     def ours(algorithm=None):
-        symm_op(g, a, **symm_args, stream=stream(), algorithm=algorithm)
+        # As a user calls it: no stream given, symm takes torch's current one.
+        symm_op(g, a, **symm_args, algorithm=algorithm)
 
     def bind(algorithm):
         return symm.bind(symm_op, g, a, **symm_args, stream=stream(), algorithm=algorithm)

@@ -275,8 +275,8 @@ def ag_mm_case(b, g, m, k, n, dtype=torch.bfloat16, batch=1, algos=ALGOS, **extr
         torch.matmul(gathered, w, out=ref)
 
     def ours(algorithm=None):
-        stream = torch.cuda.current_stream().cuda_stream
-        symm.fused_ag_mm(g, a_shard, [w], gather_dim=dim, out=[out], stream=stream, algorithm=algorithm)
+        # As a user calls it: no stream given, symm takes torch's current one.
+        symm.fused_ag_mm(g, a_shard, [w], gather_dim=dim, out=[out], algorithm=algorithm)
 
     def bind(algorithm):
         stream = torch.cuda.current_stream().cuda_stream
@@ -338,8 +338,7 @@ def mm_rs_case(b, g, m, k, n, symmetric_out, dtype=torch.bfloat16, batch=1, algo
         dist.reduce_scatter_tensor(ref, chunks)
 
     def ours(algorithm=None):
-        stream = torch.cuda.current_stream().cuda_stream
-        symm.mm_rs(g, a, w, scatter_dim=dim, op="sum", out=out, stream=stream, algorithm=algorithm)
+        symm.mm_rs(g, a, w, scatter_dim=dim, op="sum", out=out, algorithm=algorithm)
 
     def bind(algorithm):
         stream = torch.cuda.current_stream().cuda_stream
