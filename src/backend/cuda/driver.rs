@@ -71,6 +71,10 @@ const SYMBOLS: &[&str] = &[
     "cuGetErrorString",
 ];
 
+/// Entry points used only where the driver has them, each checked at its
+/// use (`load_now`).
+const OPTIONAL_SYMBOLS: &[&str] = &["cuFuncLoad"];
+
 /// `Ok` once the driver library and every symbol we use are present.
 pub fn ensure_driver() -> Result<()> {
     static CHECKED: OnceCell<std::result::Result<(), String>> = OnceCell::new();
@@ -104,7 +108,7 @@ pub fn load_now(f: &cudarc::driver::CudaFunction, name: &str) -> Result<()> {
     static HAS_FUNC_LOAD: OnceCell<bool> = OnceCell::new();
     let has = *HAS_FUNC_LOAD.get_or_init(|| {
         // SAFETY: the driver is present (a function exists); a lookup has no side effects.
-        missing_symbols(&["cuFuncLoad"], |n| unsafe { sys::culib().get::<unsafe extern "C" fn()>(n) }.is_ok())
+        missing_symbols(OPTIONAL_SYMBOLS, |n| unsafe { sys::culib().get::<unsafe extern "C" fn()>(n) }.is_ok())
             .is_empty()
     });
     if !has {
@@ -234,7 +238,8 @@ mod tests {
             include_str!("streams.rs"),
             include_str!("vmm.rs"),
         ];
-        let checked: Vec<&str> = SYMBOLS.iter().chain(super::super::sm90::SYMBOLS).copied().collect();
+        let checked: Vec<&str> =
+            SYMBOLS.iter().chain(OPTIONAL_SYMBOLS).chain(super::super::sm90::SYMBOLS).copied().collect();
         let mut unchecked = Vec::new();
         for source in sources {
             let code = source.split("#[cfg(test)]\nmod tests").next().unwrap();
