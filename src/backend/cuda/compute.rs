@@ -133,11 +133,27 @@ fn operand(m: &Array) -> Result<(u64, usize, bool)> {
     }
 }
 
-/// `dst (+)= a @ b` through cuBLASLt.
+/// The matrix part of `t` (its last two dimensions) and its batch stride
+/// (0 for a plain matrix).
+fn batch_part(t: &Array) -> (Array, usize) {
+    match t.ndim() {
+        3 => (Array { shape: t.shape[1..].to_vec(), strides: t.strides[1..].to_vec(), ..t.clone() }, t.strides[0]),
+        _ => (t.clone(), 0),
+    }
+}
+
+/// `dst (+)= a @ b` through cuBLASLt: matrices, or batches of them
+/// (3-D arrays, see `Backend::gemm`) as one strided-batched matmul.
 pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
+    let batch = match (dst.ndim(), a.ndim(), b.ndim()) {
+        (2, 2, 2) => 1,
+        (3, 3, 3) if a.shape[0] == dst.shape[0] && b.shape[0] == dst.shape[0] => dst.shape[0],
+        _ => return Err(err!(Internal, "matmul of {:?} @ {:?} into {:?}", a.shape, b.shape, dst.shape)),
+    };
+    let ((dst, stride_c), (a, stride_a), (b, stride_b)) = (batch_part(dst), batch_part(a), batch_part(b));
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    let (a_addr, lda, a_trans) = operand(a)?;
-    let (b_addr, ldb, b_trans) = operand(b)?;
+    let (a_addr, lda, a_trans) = operand(&a)?;
+    let (b_addr, ldb, b_trans) = operand(&b)?;
     if dst.strides[1] != 1 {
         return Err(err!(Internal, "matmul output must have unit column stride"));
     }
@@ -149,6 +165,7 @@ pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, accumulate: bool, strea
     p.ldc = dst.strides[0].max(n);
     p.out_dtype = gemm_dtype(dst.dtype)?;
     p.accumulate = accumulate;
+    (p.batch, p.stride_a, p.stride_b, p.stride_c) = (batch, stride_a, stride_b, stride_c);
     g.matmul(&p, stream)
 }
 

@@ -54,17 +54,49 @@ fn decode_fp8(m: &Array, format: Fp8) -> Vec<f32> {
     v
 }
 
+/// `dst (+)= a @ b` for matrices, or for batches of them (3-D arrays, see
+/// `Backend::gemm`): matrix by matrix, a shared operand (batch stride 0)
+/// widened once.
 pub fn gemm(dst: &Array, a: &Array, b: &Array, accumulate: bool) -> Result<()> {
-    let shapes_ok = a.ndim() == 2
-        && b.ndim() == 2
-        && dst.ndim() == 2
-        && a.shape[1] == b.shape[0]
-        && dst.shape == [a.shape[0], b.shape[1]];
+    let matrices = a.ndim() == 2 && b.ndim() == 2 && dst.ndim() == 2;
+    let batched = a.ndim() == 3 && b.ndim() == 3 && dst.ndim() == 3 && a.shape[0] == dst.shape[0];
+    let batch = if batched { dst.shape[0] } else { 1 };
+    let shapes_ok = (matrices || batched && b.shape[0] == batch) && {
+        let [m, k, n] = [a.shape[a.ndim() - 2], a.shape[a.ndim() - 1], b.shape[b.ndim() - 1]];
+        b.shape[b.ndim() - 2] == k && dst.shape[dst.ndim() - 2..] == [m, n]
+    };
     if !shapes_ok {
         return Err(err!(Internal, "gemm of {:?} @ {:?} into {:?}", a.shape, b.shape, dst.shape));
     }
-    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    let (lhs, rhs) = (F32Matrix::of(a)?, F32Matrix::of(b)?);
+    if matrices {
+        return gemm_matrix(dst, &F32Matrix::of(a)?, &F32Matrix::of(b)?, a.shape[1], accumulate);
+    }
+    let k = a.shape[2];
+    let shared = |t: &Array| if t.strides[0] == 0 { Some(F32Matrix::of(&matrix(t, 0))) } else { None };
+    let (shared_a, shared_b) = (shared(a).transpose()?, shared(b).transpose()?);
+    for i in 0..batch {
+        let own_a = if shared_a.is_none() { Some(F32Matrix::of(&matrix(a, i))?) } else { None };
+        let own_b = if shared_b.is_none() { Some(F32Matrix::of(&matrix(b, i))?) } else { None };
+        let lhs = own_a.as_ref().or(shared_a.as_ref()).expect("one of the two");
+        let rhs = own_b.as_ref().or(shared_b.as_ref()).expect("one of the two");
+        gemm_matrix(&matrix(dst, i), lhs, rhs, k, accumulate)?;
+    }
+    Ok(())
+}
+
+/// Matrix `i` of a batch.
+fn matrix(t: &Array, i: usize) -> Array {
+    Array {
+        addr: t.addr + (i * t.strides[0] * t.dtype.size()) as u64,
+        dtype: t.dtype,
+        shape: t.shape[1..].to_vec(),
+        strides: t.strides[1..].to_vec(),
+    }
+}
+
+/// `dst (+)= lhs @ rhs` for one matrix `dst` (the shapes checked).
+fn gemm_matrix(dst: &Array, lhs: &F32Matrix, rhs: &F32Matrix, k: usize, accumulate: bool) -> Result<()> {
+    let (m, n) = (dst.shape[0], dst.shape[1]);
     let run = |ptr: *mut f32, row_stride: isize, col_stride: isize| {
         // SAFETY: the three matrices lie in memory the operations checked,
         // with the strides given; `dst` does not overlap the operands.
