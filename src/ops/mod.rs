@@ -33,6 +33,8 @@ mod across_matmul;
 pub mod ag_mm;
 mod agree;
 pub mod all_reduce;
+#[cfg(test)]
+mod batched_tests;
 pub(crate) mod check;
 pub(crate) mod decide;
 #[cfg(test)]

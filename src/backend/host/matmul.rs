@@ -144,6 +144,106 @@ mod tests {
     use super::*;
     use half::bf16;
 
+    /// Batches against a float64 reference: A with gaps between its
+    /// matrices, B shared (batch stride 0) or one per batch (column-major),
+    /// C with padded rows and gaps, poisoned; bf16, f16 and f32 inputs,
+    /// into their own type or f32, accumulating too. Small integers: every
+    /// sum is exact, so the results are compared exactly.
+    #[test]
+    fn batches_of_strided_matrices() {
+        use half::f16;
+        let (batch, m, k, n) = (3usize, 5usize, 7usize, 4usize);
+        let value = |i: usize| ((i * 5 + i / 3) % 7) as f64 - 3.0;
+        let enc = |t: DType, v: f64| -> u32 {
+            match t {
+                DType::BF16 => bf16::from_f64(v).to_bits() as u32,
+                DType::F16 => f16::from_f64(v).to_bits() as u32,
+                _ => (v as f32).to_bits(),
+            }
+        };
+        let dec = |t: DType, b: u32| -> f64 {
+            match t {
+                DType::BF16 => bf16::from_bits(b as u16).to_f64(),
+                DType::F16 => f16::from_bits(b as u16).to_f64(),
+                _ => f32::from_bits(b) as f64,
+            }
+        };
+        // Elements as u32 bits, 2-byte types packed two to a word.
+        let store = |t: DType, v: &[u32]| -> Vec<u32> {
+            match t.size() {
+                4 => v.to_vec(),
+                _ => (0..v.len().div_ceil(2)).map(|i| v[2 * i] | v.get(2 * i + 1).map_or(0, |&h| h << 16)).collect(),
+            }
+        };
+        let load = |t: DType, words: &[u32], i: usize| -> u32 {
+            match t.size() {
+                4 => words[i],
+                _ => (words[i / 2] >> (16 * (i % 2))) & 0xffff,
+            }
+        };
+        const POISON: u32 = 0x7fc0_7fc0;
+        for (input, output) in
+            [(DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::F32, DType::F32), (DType::BF16, DType::F32)]
+        {
+            for (shared_b, accumulate) in [(true, false), (false, false), (false, true)] {
+                let a_strides = [m * k + 3, k, 1];
+                let a_vals: Vec<u32> = (0..batch * a_strides[0]).map(|i| enc(input, value(i))).collect();
+                let mut a_mem = store(input, &a_vals);
+                // B column-major [k, n] per batch, or one row-major B.
+                let b_strides = if shared_b { [0, n, 1] } else { [k * n, 1, k] };
+                let b_len = if shared_b { k * n } else { batch * k * n };
+                let b_vals: Vec<u32> = (0..b_len).map(|i| enc(input, value(i + 100))).collect();
+                let mut b_mem = store(input, &b_vals);
+                let c_strides = [m * (n + 2) + 5, n + 2, 1];
+                let c_len = batch * c_strides[0];
+                let c_old: Vec<u32> = (0..c_len)
+                    .map(|i| {
+                        if accumulate {
+                            enc(output, value(i + 7))
+                        } else {
+                            POISON & if output.size() == 2 { 0xffff } else { u32::MAX }
+                        }
+                    })
+                    .collect();
+                let mut c_mem = store(output, &c_old);
+                let arr = |addr: *mut u32, t: DType, shape: [usize; 3], strides: [usize; 3]| Array {
+                    addr: addr as u64,
+                    dtype: t,
+                    shape: shape.to_vec(),
+                    strides: strides.to_vec(),
+                };
+                let (av, bv, cv) = (
+                    arr(a_mem.as_mut_ptr(), input, [batch, m, k], a_strides),
+                    arr(b_mem.as_mut_ptr(), input, [batch, k, n], b_strides),
+                    arr(c_mem.as_mut_ptr(), output, [batch, m, n], c_strides),
+                );
+                gemm(&cv, &av, &bv, accumulate).unwrap();
+                let what = format!("{input} into {output}, shared B {shared_b}, accumulate {accumulate}");
+                let mut held = vec![false; c_len];
+                for t in 0..batch {
+                    for i in 0..m {
+                        for j in 0..n {
+                            let dot: f64 = (0..k)
+                                .map(|p| {
+                                    let a = dec(input, a_vals[t * a_strides[0] + i * a_strides[1] + p]);
+                                    let b = dec(input, b_vals[t * b_strides[0] + p * b_strides[1] + j * b_strides[2]]);
+                                    a * b
+                                })
+                                .sum();
+                            let at = t * c_strides[0] + i * c_strides[1] + j;
+                            let old = if accumulate { dec(output, c_old[at]) } else { 0.0 };
+                            held[at] = true;
+                            assert_eq!(load(output, &c_mem, at), enc(output, dot + old), "{what}: C[{t}, {i}, {j}]");
+                        }
+                    }
+                }
+                for (at, _) in held.iter().enumerate().filter(|(_, &h)| !h) {
+                    assert_eq!(load(output, &c_mem, at), c_old[at], "{what}: the gap at {at} was written");
+                }
+            }
+        }
+    }
+
     #[test]
     fn mixed_types_strides_and_accumulation() {
         // a = [[1, 2], [3, 4], [5, 6]] stored column-major in bf16.
