@@ -1146,6 +1146,42 @@ mod tests {
     }
 
     #[test]
+    fn batch_validation_and_keys() {
+        let mut p = MatmulParams::new(4, 8, 16, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        (p.batch, p.stride_a, p.stride_b, p.stride_c) = (3, 64, 0, 40);
+        p.validate().unwrap();
+        let (cm, ..) = ColMajor::from_row_major(&p);
+        // A' is the caller's B (shared: stride 0), B' the caller's A.
+        assert_eq!((cm.batch, cm.a.stride, cm.b.stride, cm.c.stride), (3, 0, 64, 40));
+        let mut q = p;
+        q.stride_c = 31;
+        assert_eq!(q.validate().unwrap_err().kind, ErrorKind::InvalidArgument, "C's products overlap");
+        q = p;
+        q.batch = 0;
+        assert_eq!(q.validate().unwrap_err().kind, ErrorKind::InvalidArgument);
+        q = p;
+        q.fp8 = Some(Fp8Params {
+            a_type: Fp8::E4M3,
+            b_type: Fp8::E4M3,
+            row_wise: false,
+            a_scale: 0x100,
+            b_scale: 0x200,
+            bias: 0,
+            fast_accum: false,
+        });
+        (q.b_trans, q.ldb) = (true, 16);
+        assert_eq!(q.validate().unwrap_err().kind, ErrorKind::Unsupported, "fp8 is not batched");
+        // One product: strides are not part of its key.
+        let one = MatmulParams { batch: 1, ..p };
+        let (cm, ..) = ColMajor::from_row_major(&one);
+        assert_eq!((cm.batch, cm.a.stride, cm.b.stride, cm.c.stride), (1, 0, 0, 0));
+        // The alignment of every matrix in the batch: 40 bf16 = 80 bytes apart is 16-byte aligned.
+        assert_eq!(batch_alignment(0x3000, 40, 2), 16);
+        assert_eq!(batch_alignment(0x3000, 0, 2), 256);
+        assert_eq!(batch_alignment(0x3000, 3, 2), 2);
+    }
+
+    #[test]
     fn fp8_validation() {
         let f = Fp8Params {
             a_type: Fp8::E4M3,
@@ -1316,6 +1352,88 @@ mod tests {
             verify(&case, &format!("k == 0, accumulate {accumulate}"));
         }
         assert!(gemm.cached_matmuls() > 100);
+    }
+
+    /// Strided-batched matmuls against a float64 reference: A and C with
+    /// gaps between their matrices (C's rows padded too), everything of C
+    /// outside the products poisoned (NaN) and checked untouched; B shared
+    /// (batch stride 0) or one per batch, row- or column-major; every
+    /// input type; sequence slices of 3 and 11 rows; accumulating too.
+    #[test]
+    fn gpu_batched_matmul_matches_host() {
+        let Some(g) = gpu() else { return };
+        let gemm = Gemm::new(&g.ctx).unwrap();
+        use GemmDtype::*;
+        let shapes = [(2usize, 3usize, 8usize, 16usize), (4, 11, 40, 24), (3, 64, 48, 40), (2, 128, 256, 64)];
+        let types = [(BF16, BF16), (BF16, F32), (F16, F16), (F16, F32), (F32, F32)];
+        let modes = [(true, false, false), (true, true, false), (false, false, true), (false, true, false)];
+        for (batch, m, n, k) in shapes {
+            for (dt, ot) in types {
+                for (shared_b, b_trans, accumulate) in modes {
+                    let (lda, ldb, ldc) = (k, if b_trans { k } else { n }, n + 3);
+                    let stride_a = m * lda + 8;
+                    let stride_b = if shared_b { 0 } else { k * n + 8 };
+                    let stride_c = m * ldc + 5;
+                    let q = |v: Vec<f32>, t| decode(t, &encode(t, &v));
+                    let a = q(values(batch * stride_a, 1), dt);
+                    let b = q(values(if shared_b { k * n } else { batch * stride_b }, 2), dt);
+                    let mut c = q(values(batch * stride_c, 3), ot);
+                    let mut held = vec![false; c.len()];
+                    for t in 0..batch {
+                        for i in 0..m {
+                            (0..n).for_each(|j| held[t * stride_c + i * ldc + j] = true);
+                        }
+                    }
+                    c.iter_mut().zip(&held).filter(|(_, &h)| !h).for_each(|(v, _)| *v = f32::NAN);
+                    let c = q(c, ot);
+                    let bufs = [g.upload(&encode(dt, &a)), g.upload(&encode(dt, &b)), g.upload(&encode(ot, &c))];
+                    let mut p = MatmulParams::new(m, n, k, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, dt);
+                    (p.out_dtype, p.ldb, p.b_trans, p.ldc, p.accumulate) = (ot, ldb, b_trans, ldc, accumulate);
+                    (p.batch, p.stride_a, p.stride_b, p.stride_c) = (batch, stride_a, stride_b, stride_c);
+                    let what = format!("{p:?}");
+                    gemm.matmul(&p, g.stream()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    g.sync();
+                    let got = decode(ot, &bufs[2].read_bytes());
+                    let tol = match (dt, ot) {
+                        (_, BF16) => 1.0 / 64.0,
+                        (_, F16) => 1.0 / 512.0,
+                        (F32, _) => 1e-5,
+                        _ => 1e-4,
+                    };
+                    let b_el = |t: usize, x: usize, j: usize| {
+                        let base = t * stride_b;
+                        if b_trans {
+                            b[base + j * ldb + x]
+                        } else {
+                            b[base + x * ldb + j]
+                        }
+                    };
+                    for (idx, _) in held.iter().enumerate().filter(|(_, &h)| !h) {
+                        assert_eq!(got[idx].to_bits(), c[idx].to_bits(), "{what}: the gap at {idx} was written");
+                    }
+                    for t in 0..batch {
+                        for i in 0..m {
+                            for j in 0..n {
+                                let dot: f64 =
+                                    (0..k).map(|x| a[t * stride_a + i * lda + x] as f64 * b_el(t, x, j) as f64).sum();
+                                let idx = t * stride_c + i * ldc + j;
+                                let want = dot + if accumulate { c[idx] as f64 } else { 0.0 };
+                                let err = (got[idx] as f64 - want).abs();
+                                assert!(
+                                    err <= tol * (want.abs() + (k as f64).sqrt()),
+                                    "{what}: C[{t}][{i},{j}] = {} want {want}",
+                                    got[idx]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Products of C must not overlap.
+        let mut p = MatmulParams::new(8, 8, 8, 0x1000, 0x2000, 0x3000, BF16);
+        (p.batch, p.stride_c) = (2, 32);
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::InvalidArgument, "overlapping C");
     }
 
     /// cuBLASLt fp8 against a float64 reference of `torch._scaled_mm`:
