@@ -170,16 +170,7 @@ impl Array {
     pub fn as_matrix(&self) -> Option<Array> {
         let (&cols, lead) = self.shape.split_last()?;
         let col_stride = *self.strides.last()?;
-        let mut rows = 1usize;
-        let mut row_stride: Option<usize> = None;
-        for (&n, &s) in lead.iter().zip(&self.strides).rev().filter(|&(&n, _)| n > 1) {
-            match row_stride {
-                None => row_stride = Some(s),
-                Some(inner) if s == inner * rows => {}
-                Some(_) => return None,
-            }
-            rows *= n;
-        }
+        let (rows, row_stride) = collapse(lead, &self.strides[..lead.len()])?;
         let row_stride = row_stride.unwrap_or(cols * col_stride.max(1));
         Some(Array {
             addr: self.addr,
@@ -188,6 +179,47 @@ impl Array {
             strides: vec![row_stride, col_stride],
         })
     }
+
+    /// The same elements as a batch of equally strided matrices, `[batch,
+    /// rows, last dim]`: dimensions `..split` collapse into the batch (one
+    /// stride) and `split..` into matrices (as [`Self::as_matrix`]); `None`
+    /// when either part does not collapse, or `split` leaves no room for
+    /// rows (`1 <= split < ndim - 1`). E.g. a slice along the middle
+    /// dimension of a row-major `[b, s, n]`, which is no matrix.
+    pub fn as_batched(&self, split: usize) -> Option<Array> {
+        if split == 0 || split + 1 >= self.ndim() {
+            return None;
+        }
+        let (batch, batch_stride) = collapse(&self.shape[..split], &self.strides[..split])?;
+        let m = Array { shape: self.shape[split..].to_vec(), strides: self.strides[split..].to_vec(), ..self.clone() };
+        let m = m.as_matrix()?;
+        // One matrix: its stride is never used; that of the next one after it.
+        let batch_stride = batch_stride.unwrap_or(m.shape[0] * m.strides[0]);
+        Some(Array {
+            addr: self.addr,
+            dtype: self.dtype,
+            shape: vec![batch, m.shape[0], m.shape[1]],
+            strides: vec![batch_stride, m.strides[0], m.strides[1]],
+        })
+    }
+}
+
+/// Dimensions of `shape` (with `strides`) as one: (elements, stride),
+/// when each dimension of more than one element steps over all those
+/// inside it (stride `None` when there is no such dimension); `None` when
+/// they do not collapse.
+fn collapse(shape: &[usize], strides: &[usize]) -> Option<(usize, Option<usize>)> {
+    let mut count = 1usize;
+    let mut stride: Option<usize> = None;
+    for (&n, &s) in shape.iter().zip(strides).rev().filter(|&(&n, _)| n > 1) {
+        match stride {
+            None => stride = Some(s),
+            Some(inner) if s == inner * count => {}
+            Some(_) => return None,
+        }
+        count *= n;
+    }
+    Some((count, stride))
 }
 
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
@@ -229,6 +261,33 @@ mod tests {
         assert_eq!(n.shape, vec![4, 3, 8]);
         assert!(!n.is_contiguous());
         assert!(a.narrow(0, 1, 2).is_contiguous());
+    }
+
+    #[test]
+    fn batched_views() {
+        // A slice along the middle of [4, 6, 8]: 4 matrices of 3 x 8, 48 apart.
+        let s = arr(&[4, 6, 8], &[48, 8, 1]).narrow(1, 2, 3);
+        assert!(s.as_matrix().is_none());
+        let b = s.as_batched(1).unwrap();
+        assert_eq!((b.addr, b.shape, b.strides), (s.addr, vec![4, 3, 8], vec![48, 8, 1]));
+        // Four dimensions: the batch or the rows may span several.
+        let s = arr(&[2, 5, 6, 8], &[240, 48, 8, 1]).narrow(2, 1, 3);
+        let b = s.as_batched(2).unwrap();
+        assert_eq!((b.shape, b.strides), (vec![10, 3, 8], vec![48, 8, 1]));
+        assert!(s.as_batched(1).is_none(), "rows [5, 3] of strides [48, 8] do not collapse");
+        let s = arr(&[2, 5, 6, 8], &[240, 48, 8, 1]).narrow(1, 1, 3);
+        let b = s.as_batched(1).unwrap();
+        assert_eq!((b.shape, b.strides), (vec![2, 18, 8], vec![240, 8, 1]));
+        // Padded rows and a column-major matrix inside each batch.
+        let b = arr(&[3, 4, 5], &[100, 1, 7]).as_batched(1).unwrap();
+        assert_eq!((b.shape, b.strides), (vec![3, 4, 5], vec![100, 1, 7]));
+        // A batch of one: the stride steps past the matrix.
+        let b = arr(&[1, 4, 5], &[0, 5, 1]).as_batched(1).unwrap();
+        assert_eq!((b.shape, b.strides), (vec![1, 4, 5], vec![20, 5, 1]));
+        // No rows left to split off, or nothing to batch.
+        assert!(arr(&[4, 8], &[8, 1]).as_batched(1).is_none());
+        assert!(arr(&[4, 6, 8], &[48, 8, 1]).as_batched(0).is_none());
+        assert!(arr(&[4, 6, 8], &[48, 8, 1]).as_batched(2).is_none());
     }
 
     #[test]

@@ -165,6 +165,40 @@ def test_mm_rs_avg_into_a_strided_output():
         assert_close(out, torch.chunk(mean, WORLD, dim=0)[r])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("batch,seq,hidden,n", [(2, 3, 64, 40), (4, 11, 128, 96), (3, 128, 256, 512)])
+def test_sequence_parallel_batched_matmuls(dtype, batch, seq, hidden, n):
+    """[batch, seq, hidden] gathered and scattered along dim 1 (one
+    strided-batched cuBLASLt matmul per rank's slice), sequence slices that
+    are not multiples of 8 too, into outputs with padded rows and a gap
+    between batches, poisoned: the gaps stay NaN."""
+    total = seq * WORLD
+    shards = inputs(11, (batch, seq, hidden), dtype)
+    a_full = inputs(12, (batch, total, hidden), dtype)
+    bs = inputs(13, (hidden, n), dtype)
+    gathered = torch.cat([x.double() for x in shards], 1)
+    summed = sum(x.double() @ y.double() for x, y in zip(a_full, bs))
+
+    def padded(rows):
+        # Rows of n + 8 in batches one row apart: [batch, rows + 1, n + 8].
+        whole = torch.full((batch, rows + 1, n + 8), float("nan"), dtype=dtype, device="cuda")
+        return whole, whole[:, :rows, :n]
+
+    def rank_main(g):
+        torch.cuda.set_device(device(g))
+        (ag_whole, ag_out), (rs_whole, rs_out) = padded(total), padded(seq)
+        symm.fused_ag_mm(g, shards[g.rank].cuda(), [bs[g.rank].cuda()], 1, out=[ag_out])
+        symm.mm_rs(g, a_full[g.rank].cuda(), bs[g.rank].cuda(), 1, op="sum", out=rs_out)
+        torch.cuda.synchronize()
+        for whole, rows in ((ag_whole, total), (rs_whole, seq)):
+            assert whole[:, rows:, :].isnan().all() and whole[:, :, n:].isnan().all(), "wrote into a gap"
+        return ag_out.cpu(), rs_out.cpu()
+
+    for r, (ag_out, rs_out) in enumerate(on_ranks(rank_main)):
+        assert_close(ag_out, gathered @ bs[r].double())
+        assert_close(rs_out, torch.chunk(summed, WORLD, dim=1)[r])
+
+
 # --- fp8: torch.float8_e4m3fn / float8_e5m2 tensors, checked against a
 # float64 reference of torch._scaled_mm's definition and, where this torch
 # and GPU run it, against torch._scaled_mm itself. ---------------------------

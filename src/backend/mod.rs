@@ -244,6 +244,11 @@ pub trait Backend: Send + Sync {
 
     /// Matrices: `dst = a @ b`, or `dst += a @ b` with `accumulate` (which
     /// needs an f32 `dst`); products are summed in f32 whatever the types.
+    /// Or a batch of them (a strided-batched matmul): `[batch, m, k] @
+    /// [batch, k, n]` into `[batch, m, n]`, one batch size, matrix i of
+    /// each at i times its batch stride; a batch stride of 0 on `a` or `b`
+    /// shares one matrix (one B for every batch). The batches of `dst` do
+    /// not overlap; what lies between them is not touched.
     fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
         let _ = (dst, a, b, accumulate, stream);
         Err(err!(Unsupported, "the {} backend does not implement gemm", self.kind().name()))

@@ -26,8 +26,10 @@
 //! row scales), contiguous, into its workspace; after a barrier it pulls
 //! every peer's shard into its own workspace and copies each to its slice
 //! of `ag_out`. For gather_dim < last, shard r times B is slice r of each
-//! output, written directly when that slice is a matrix, else through
-//! scratch. For the last dimension the shards are laid side by side into
+//! output, written directly when that slice is a matrix or (unscaled) a
+//! batch of equally strided ones, as gathering the sequence dimension of
+//! `[batch, seq, hidden]` makes it (one strided-batched matmul), else
+//! through scratch. For the last dimension the shards are laid side by side into
 //! one matrix and multiplied once over the whole K.
 
 use super::agree::Signature;
@@ -480,9 +482,8 @@ impl AgMmPrepared {
             for r in 0..world {
                 ex.copy(&gathered.narrow(dim, r * len, len), &self.staged_shard(ex, r))?;
             }
-            let lhs = gathered.as_matrix().expect("a contiguous array is a matrix");
             for (i, out) in outs.iter().enumerate() {
-                self.gemm_into(ex, i, out, &lhs, Rows::All)?;
+                self.gemm_into(ex, i, out, &gathered, Rows::All)?;
             }
         }
         Ok(())
@@ -702,37 +703,39 @@ impl AgMmPrepared {
         Array::contiguous(ex.local(self.shards), a.dtype, &shape).as_matrix()
     }
 
-    /// Shard r (a matrix: staged, or this rank's input) times every B, into
-    /// slice r of each output.
+    /// Shard r (staged, or this rank's input, a matrix either way) times
+    /// every B, into slice r of each output.
     fn multiply_shard(&self, ex: &Exec<'_>, shard: &Array, r: usize, len: usize) -> Result<()> {
-        let lhs = shard.as_matrix().expect("the shard is a matrix");
         for (i, out) in self.call.outs.iter().enumerate() {
-            self.gemm_into(ex, i, &out.narrow(self.dim, r * len, len), &lhs, Rows::Shard(r))?;
+            self.gemm_into(ex, i, &out.narrow(self.dim, r * len, len), shard, Rows::Shard(r))?;
         }
         Ok(())
     }
 
-    /// `dst = lhs @ bs[i]` over `rows` of the gathered A: straight into
-    /// `dst` when it is a matrix (that an fp8 matmul can write: unit column
-    /// stride, 16-byte aligned rows), else into contiguous scratch of
-    /// `dst`'s dtype and then copied (no conversion, so every backend's
-    /// plain strided copy serves). An fp8 `dst` goes through f32 (see
-    /// [`Self::quantized`]).
+    /// `dst = lhs @ bs[i]` over `rows` of the gathered A (`lhs`: those rows
+    /// with `dst`'s leading shape, a matrix): straight into `dst` when it
+    /// is a matrix (that an fp8 matmul can write: unit column stride,
+    /// 16-byte aligned rows) or, unscaled, a batch of equally strided ones
+    /// (a slice along a middle dimension: one strided-batched matmul); else
+    /// into contiguous scratch of `dst`'s dtype and then copied (no
+    /// conversion, so every backend's plain strided copy serves). An fp8
+    /// `dst` goes through f32 (see [`Self::quantized`]).
     fn gemm_into(&self, ex: &Exec<'_>, i: usize, dst: &Array, lhs: &Array, rows: Rows) -> Result<()> {
         let (b, scales) = (&self.call.bs[i], self.scales(ex, i, rows)?);
+        let matrix = lhs.as_matrix().expect("the shards and the gathered A are matrices");
         if dst.dtype.fp8().is_some() {
-            return self.quantized(ex, i, dst, lhs, scales.as_ref());
+            return self.quantized(ex, i, dst, &matrix, scales.as_ref());
         }
         let scales = scales.as_ref();
-        let direct = dst.as_matrix().filter(|m| scales.is_none() || writable_by_fp8(m));
-        match direct {
-            Some(m) => ex.matmul(&m, lhs, b, scales),
-            None => {
-                let product = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);
-                ex.matmul(&product.as_matrix().expect("contiguous"), lhs, b, scales)?;
-                ex.copy(dst, &product)
-            }
+        if let Some(m) = dst.as_matrix().filter(|m| scales.is_none() || writable_by_fp8(m)) {
+            return ex.matmul(&m, &matrix, b, scales);
         }
+        if let Some([d, l, r]) = scales.is_none().then(|| super::batched_operands(dst, lhs, b)).flatten() {
+            return ex.gemm(&d, &l, &r, false);
+        }
+        let product = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);
+        ex.matmul(&product.as_matrix().expect("contiguous"), &matrix, b, scales)?;
+        ex.copy(dst, &product)
     }
 
     /// An fp8 output: `lhs @ bs[i]` scaled, in f32 in the workspace, then

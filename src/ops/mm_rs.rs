@@ -529,9 +529,19 @@ impl MmRsPrepared {
         let (lhs, rhs, scales) = match whole_a {
             Some((m, s)) => (m.clone(), b.narrow(1, r * len, len), s.as_ref().map(|s| s.columns(r * len, len))),
             None => {
+                let part = a.narrow(dim, r * len, len);
+                // Unscaled, a slice along a middle dimension (sequence
+                // parallelism's [batch, seq, hidden]) is read in place, as
+                // a batch of matrices, rather than packed.
+                if self.mode.is_none() && part.as_matrix().is_none() {
+                    let dst = self.chunk(ex.local(self.chunks[r]));
+                    if let Some([d, l, rhs]) = super::batched_operands(&dst, &part, b) {
+                        return ex.gemm(&d, &l, &rhs, false);
+                    }
+                }
                 let rows = a_scale.filter(|_| self.mode == Some(Mode::Row)).map(|s| s.narrow(dim, r * len, len));
                 let scales = self.scales(ex, rows.as_ref().or(a_scale))?;
-                (self.lhs(ex, &a.narrow(dim, r * len, len))?, b.clone(), scales)
+                (self.lhs(ex, &part)?, b.clone(), scales)
             }
         };
         let dst = Array::contiguous(ex.local(self.chunks[r]), partial_dtype(out), &[lhs.shape[0], rhs.shape[1]]);

@@ -21,14 +21,20 @@
 //! Tensors become matrices the same way in every operation: the part of a
 //! tensor that belongs to one rank is a slice along the gathered (or
 //! scattered) dimension, kept in its natural order, whose leading
-//! dimensions collapse into matrix rows; a slice whose strides do not
-//! collapse is copied to contiguous scratch first.
+//! dimensions collapse into matrix rows. A slice whose strides do not
+//! collapse (along a middle dimension, as sequence parallelism's `[batch,
+//! seq, hidden]`) is a batch of equally strided matrices, multiplied in
+//! place by one strided-batched matmul (`batched_operands`); fp8 matmuls,
+//! and slices that are not even that, are copied to contiguous scratch
+//! first.
 
 mod across_hosts;
 mod across_matmul;
 pub mod ag_mm;
 mod agree;
 pub mod all_reduce;
+#[cfg(test)]
+mod batched_tests;
 pub(crate) mod check;
 pub(crate) mod decide;
 #[cfg(test)]
@@ -380,6 +386,33 @@ impl Exec<'_> {
         };
         Ok(Array::contiguous(addr, t.dtype, &[t.numel()]))
     }
+}
+
+/// `dst = a @ b` as one strided-batched matmul (see `Backend::gemm`): the
+/// operands of an unscaled matmul whose `dst` (`[..., n]`) and `a` (`[...,
+/// k]`, the same leading shape) need not be matrices, e.g. rank r's slice
+/// `out[:, r*s:(r+1)*s, :]` of a `[batch, seq, n]` output, or a chunk of
+/// `a` sliced along its sequence dimension. Split at the outermost
+/// dimension where both collapse into equally strided matrices (the
+/// fewest, largest ones), `dst`'s one after another with unit column
+/// stride, `a`'s row- or column-major, `b` shared (batch stride 0).
+/// `None` when no split does: the caller packs or stages instead.
+fn batched_operands(dst: &Array, a: &Array, b: &Array) -> Option<[Array; 3]> {
+    let lead = dst.ndim().checked_sub(1)?;
+    if a.ndim() != dst.ndim() || dst.shape[..lead] != a.shape[..lead] || b.ndim() != 2 {
+        return None;
+    }
+    (1..lead).find_map(|split| {
+        let (d, l) = (dst.as_batched(split)?, a.as_batched(split)?);
+        let in_order = d.strides[2] == 1 && d.strides[0] >= d.shape[1] * d.strides[1];
+        let major = l.strides[2] == 1 || l.strides[1] == 1;
+        let shared = Array {
+            shape: vec![d.shape[0], b.shape[0], b.shape[1]],
+            strides: vec![0, b.strides[0], b.strides[1]],
+            ..b.clone()
+        };
+        (in_order && major).then_some([d, l, shared])
+    })
 }
 
 /// `shape` as the signature and messages show it.

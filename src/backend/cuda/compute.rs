@@ -133,11 +133,27 @@ fn operand(m: &Array) -> Result<(u64, usize, bool)> {
     }
 }
 
-/// `dst (+)= a @ b` through cuBLASLt.
+/// The matrix part of `t` (its last two dimensions) and its batch stride
+/// (0 for a plain matrix).
+fn batch_part(t: &Array) -> (Array, usize) {
+    match t.ndim() {
+        3 => (Array { shape: t.shape[1..].to_vec(), strides: t.strides[1..].to_vec(), ..t.clone() }, t.strides[0]),
+        _ => (t.clone(), 0),
+    }
+}
+
+/// `dst (+)= a @ b` through cuBLASLt: matrices, or batches of them
+/// (3-D arrays, see `Backend::gemm`) as one strided-batched matmul.
 pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
+    let batch = match (dst.ndim(), a.ndim(), b.ndim()) {
+        (2, 2, 2) => 1,
+        (3, 3, 3) if a.shape[0] == dst.shape[0] && b.shape[0] == dst.shape[0] => dst.shape[0],
+        _ => return Err(err!(Internal, "matmul of {:?} @ {:?} into {:?}", a.shape, b.shape, dst.shape)),
+    };
+    let ((dst, stride_c), (a, stride_a), (b, stride_b)) = (batch_part(dst), batch_part(a), batch_part(b));
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    let (a_addr, lda, a_trans) = operand(a)?;
-    let (b_addr, ldb, b_trans) = operand(b)?;
+    let (a_addr, lda, a_trans) = operand(&a)?;
+    let (b_addr, ldb, b_trans) = operand(&b)?;
     if dst.strides[1] != 1 {
         return Err(err!(Internal, "matmul output must have unit column stride"));
     }
@@ -149,6 +165,7 @@ pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, accumulate: bool, strea
     p.ldc = dst.strides[0].max(n);
     p.out_dtype = gemm_dtype(dst.dtype)?;
     p.accumulate = accumulate;
+    (p.batch, p.stride_a, p.stride_b, p.stride_c) = (batch, stride_a, stride_b, stride_c);
     g.matmul(&p, stream)
 }
 
@@ -189,7 +206,79 @@ pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmSca
 mod tests {
     use super::*;
     use crate::array::DType;
-    use crate::backend::cuda::gpu_testing::gpu;
+    use crate::backend::cuda::gpu_testing::{encode, gpu};
+
+    /// The batched matmuls the operations issue for `[batch, seq, hidden]`
+    /// sliced along the sequence (rank r's slice of a gathered output
+    /// from its shard, B shared; a strided chunk of `a` into a contiguous
+    /// chunk), through `gemm`'s 3-D arrays, against the host backend's
+    /// matmul on the same data, poisoned (NaN) outputs included: small
+    /// integers, so both are exact and compared bit for bit.
+    #[test]
+    fn gpu_batched_gemm_matches_host_backend() {
+        use crate::backend::cuda::gemm::Gemm;
+        use crate::backend::host::matmul;
+        let Some(g) = gpu() else { return };
+        let lt = Gemm::new(&g.ctx).unwrap();
+        let int =
+            |n: usize, seed: usize| (0..n).map(|i| ((i * 7 + seed * 13 + i / 5) % 9) as f32 - 4.0).collect::<Vec<_>>();
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let gd = crate::backend::cuda::sm90::gemm_dtype(dtype).unwrap();
+            for (batch, seq, hidden, n, world) in
+                [(2usize, 3usize, 16usize, 8usize, 2usize), (4, 11, 24, 40, 3), (3, 128, 64, 96, 2)]
+            {
+                let total = seq * world;
+                let (a_len, b_len, out_len) = (batch * seq * hidden, hidden * n, batch * total * n);
+                let a_host = encode(gd, &int(a_len, 1));
+                let b_host = encode(gd, &int(b_len, 2));
+                let poison = encode(gd, &vec![f32::NAN; out_len]);
+                let (a, b, out) = (g.upload(&a_host), g.upload(&b_host), g.upload(&poison));
+                let (mut a_h, mut b_h, mut out_h) = (a_host.clone(), b_host.clone(), poison.clone());
+                let arr = |addr: u64, shape: &[usize], strides: &[usize]| Array {
+                    addr,
+                    dtype,
+                    shape: shape.to_vec(),
+                    strides: strides.to_vec(),
+                };
+                let r = world - 1;
+                let operands = |a: u64, b: u64, out: u64| {
+                    let dst = arr(out, &[batch, total, n], &[total * n, n, 1]).narrow(1, r * seq, seq);
+                    let dst = dst.as_batched(1).unwrap();
+                    (
+                        dst,
+                        arr(a, &[batch, seq, hidden], &[seq * hidden, hidden, 1]),
+                        arr(b, &[batch, hidden, n], &[0, n, 1]),
+                    )
+                };
+                let (d, l, rhs) = operands(a.ptr, b.ptr, out.ptr);
+                gemm(&lt, &d, &l, &rhs, false, g.stream()).unwrap();
+                g.sync();
+                let (d, l, rhs) = operands(a_h.as_mut_ptr() as u64, b_h.as_mut_ptr() as u64, out_h.as_mut_ptr() as u64);
+                matmul::gemm(&d, &l, &rhs, false).unwrap();
+                assert_eq!(out.read_bytes(), out_h, "{dtype} gathered slice {batch}x{seq}x{hidden} @ {n}");
+                // mm_rs: chunk r of a [batch, total, hidden] read in place.
+                let a_host = encode(gd, &int(batch * total * hidden, 3));
+                let chunk_poison = encode(gd, &vec![f32::NAN; batch * seq * n]);
+                let (a, c) = (g.upload(&a_host), g.upload(&chunk_poison));
+                let (mut a_h, mut c_h) = (a_host.clone(), chunk_poison.clone());
+                let operands = |a: u64, c: u64| {
+                    let part = arr(a, &[batch, total, hidden], &[total * hidden, hidden, 1]).narrow(1, r * seq, seq);
+                    (arr(c, &[batch, seq, n], &[seq * n, n, 1]), part.as_batched(1).unwrap())
+                };
+                let (d, l) = operands(a.ptr, c.ptr);
+                gemm(&lt, &d, &l, &operands_b(&rhs, b.ptr), false, g.stream()).unwrap();
+                g.sync();
+                let (d, l) = operands(a_h.as_mut_ptr() as u64, c_h.as_mut_ptr() as u64);
+                matmul::gemm(&d, &l, &operands_b(&rhs, b_h.as_mut_ptr() as u64), false).unwrap();
+                assert_eq!(c.read_bytes(), c_h, "{dtype} scattered chunk {batch}x{seq}x{hidden} @ {n}");
+            }
+        }
+    }
+
+    /// `b` (a shared B) at `addr`.
+    fn operands_b(b: &Array, addr: u64) -> Array {
+        Array { addr, ..b.clone() }
+    }
 
     /// Each path of `copy` (dense, pitched by the copy engine, pack, unpack)
     /// against the same copy done on the host, into a poisoned destination.

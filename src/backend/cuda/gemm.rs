@@ -48,6 +48,7 @@ const LT_SYMBOLS: &[&str] = &[
     "cublasLtMatmulDescSetAttribute",
     "cublasLtMatrixLayoutCreate",
     "cublasLtMatrixLayoutDestroy",
+    "cublasLtMatrixLayoutSetAttribute",
     "cublasLtMatmulPreferenceCreate",
     "cublasLtMatmulPreferenceDestroy",
     "cublasLtMatmulPreferenceSetAttribute",
@@ -176,6 +177,11 @@ pub const MIN_ROW_WISE_VERSION: usize = 12_09_00;
 ///   stored `[n, k]` (e.g. a `torch.nn.Linear` weight), `ldb >= k`.
 /// * C: stored `[m, n]`, `ldc >= n`, of `out_dtype`.
 ///
+/// With `batch` > 1, `batch` such products (a strided-batched matmul):
+/// product i reads A at `a + i * stride_a` elements, B at `b + i *
+/// stride_b` and writes C at `c + i * stride_c`; a stride of 0 on A or B
+/// shares that operand (one B for every product). Not for fp8.
+///
 /// Pointers are device addresses (UVA: peers' mappings too), aligned at
 /// least to their element size; 16-byte alignment (of pointers and of
 /// `ld * size`) lets cuBLASLt pick its fastest kernels.
@@ -211,8 +217,14 @@ pub struct MatmulParams {
     pub workspace: Option<(u64, usize)>,
     /// Set for fp8 A and B (of the types given there, `dtype` then being
     /// unused): needs `a_trans == false`, `b_trans == true`, no
-    /// `accumulate`, and `out_dtype` of any type.
+    /// `accumulate`, `batch` 1, and `out_dtype` of any type.
     pub fp8: Option<Fp8Params>,
+    /// Products in the batch (1: one matmul), and the elements between
+    /// consecutive matrices of A, B and C (unused for one).
+    pub batch: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
 }
 
 impl MatmulParams {
@@ -237,6 +249,10 @@ impl MatmulParams {
             sm_count_target: None,
             workspace: None,
             fp8: None,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
         }
     }
 
@@ -266,6 +282,7 @@ impl MatmulParams {
         if self.ldc > limit {
             return Err(err!(InvalidArgument, "matmul ldc = {} is too large", self.ldc));
         }
+        self.validate_batch()?;
         if self.m == 0 || self.n == 0 {
             return Ok(());
         }
@@ -306,6 +323,37 @@ impl MatmulParams {
         Ok(())
     }
 
+    /// A batch: a count cuBLASLt takes (int32), strides it takes (int64),
+    /// none for fp8, and C's products apart (each at least its rows past
+    /// the previous one: the products must not overlap, and cuBLASLt's
+    /// layouts take no other order).
+    fn validate_batch(&self) -> Result<()> {
+        if self.batch == 1 {
+            return Ok(());
+        }
+        if self.batch == 0 || self.batch > i32::MAX as usize {
+            return Err(err!(InvalidArgument, "matmul batch = {} is not between 1 and {}", self.batch, i32::MAX));
+        }
+        if self.fp8.is_some() {
+            return Err(err!(Unsupported, "fp8 matmuls are not batched"));
+        }
+        for (name, v) in [("stride_a", self.stride_a), ("stride_b", self.stride_b), ("stride_c", self.stride_c)] {
+            if v > i64::MAX as usize {
+                return Err(err!(InvalidArgument, "matmul {name} = {v} is too large"));
+            }
+        }
+        if self.m > 0 && self.n > 0 && self.stride_c < self.m * self.ldc {
+            return Err(err!(
+                InvalidArgument,
+                "matmul stride_c = {} is smaller than one C ({} rows of {})",
+                self.stride_c,
+                self.m,
+                self.ldc
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_fp8(&self, f: &Fp8Params) -> Result<()> {
         if f.a_type == Fp8::E5M2 && f.b_type == Fp8::E5M2 {
             return Err(err!(Unsupported, "cuBLASLt has no fp8 matmul of two E5M2 operands"));
@@ -336,13 +384,14 @@ impl MatmulParams {
 
 /// One operand of the column-major problem cuBLASLt sees: the stored
 /// matrix is `rows x cols` column-major with leading dimension `ld`, and
-/// `trans` applies `op = T`.
+/// `trans` applies `op = T`; in a batch, the next one `stride` elements on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ColOperand {
     pub rows: u64,
     pub cols: u64,
     pub ld: i64,
     pub trans: bool,
+    pub stride: i64,
 }
 
 /// The column-major problem `D = op(A') op(B')` equivalent to a row-major
@@ -355,6 +404,8 @@ pub struct ColMajor {
     pub a: ColOperand,
     pub b: ColOperand,
     pub c: ColOperand,
+    /// Products in the batch (1: one).
+    pub batch: u64,
 }
 
 impl ColMajor {
@@ -365,20 +416,23 @@ impl ColMajor {
         // Caller's B row-major [k, n] == column-major [n, k]: op N gives
         // B^T (n x k). Stored transposed ([n, k] row-major == [k, n]
         // column-major), op T gives the same n x k.
+        // Strides only in a batch, so that one matmul has one key.
+        let stride = |s: usize| if p.batch > 1 { s as i64 } else { 0 };
+        let (sa, sb) = (stride(p.stride_b), stride(p.stride_a));
         let a = if p.b_trans {
-            ColOperand { rows: k, cols: n, ld: p.ldb as i64, trans: true }
+            ColOperand { rows: k, cols: n, ld: p.ldb as i64, trans: true, stride: sa }
         } else {
-            ColOperand { rows: n, cols: k, ld: p.ldb as i64, trans: false }
+            ColOperand { rows: n, cols: k, ld: p.ldb as i64, trans: false, stride: sa }
         };
         // Caller's A row-major [m, k] == column-major [k, m] = A^T (k x m).
         let b = if p.a_trans {
-            ColOperand { rows: m, cols: k, ld: p.lda as i64, trans: true }
+            ColOperand { rows: m, cols: k, ld: p.lda as i64, trans: true, stride: sb }
         } else {
-            ColOperand { rows: k, cols: m, ld: p.lda as i64, trans: false }
+            ColOperand { rows: k, cols: m, ld: p.lda as i64, trans: false, stride: sb }
         };
         // C row-major [m, n] == column-major [n, m] = C^T.
-        let c = ColOperand { rows: n, cols: m, ld: p.ldc as i64, trans: false };
-        (ColMajor { m: n, n: m, k, a, b, c }, p.b, p.a)
+        let c = ColOperand { rows: n, cols: m, ld: p.ldc as i64, trans: false, stride: stride(p.stride_c) };
+        (ColMajor { m: n, n: m, k, a, b, c, batch: p.batch as u64 }, p.b, p.a)
     }
 }
 
@@ -390,6 +444,13 @@ pub fn alignment_class(addr: u64) -> u32 {
     } else {
         1u32 << addr.trailing_zeros().min(8)
     }
+}
+
+/// The alignment every matrix of a batch has: that of the first, and of
+/// the step between two (`stride` elements of `size` bytes; 0 for one
+/// matrix or a shared one).
+fn batch_alignment(addr: u64, stride: i64, size: u64) -> u32 {
+    alignment_class(addr).min(alignment_class(stride as u64 * size))
 }
 
 /// The fp8 part of a matmul's key: what shapes its descriptor and algorithm.
@@ -471,6 +532,23 @@ fn set_desc<T>(desc: lt::cublasLtMatmulDesc_t, attr: lt::cublasLtMatmulDescAttri
     // SAFETY: `v` is the attribute's documented type and outlives the call.
     let s = unsafe { lt::cublasLtMatmulDescSetAttribute(desc, attr, (v as *const T).cast(), std::mem::size_of::<T>()) };
     lt_check(s, "cublasLtMatmulDescSetAttribute")
+}
+
+/// A strided batch on a layout: `count` matrices (int32 in cuBLASLt),
+/// `stride` elements apart (int64; 0 repeats one matrix).
+fn set_batch(layout: lt::cublasLtMatrixLayout_t, count: u64, stride: i64) -> Result<()> {
+    use lt::cublasLtMatrixLayoutAttribute_t as L;
+    let count = i32::try_from(count).map_err(|_| err!(InvalidArgument, "matmul batch = {count} is too large"))?;
+    let set = |attr, v: *const c_void, bytes| {
+        // SAFETY: `v` points to a value of the attribute's documented type,
+        // `bytes` long, alive for the call.
+        lt_check(
+            unsafe { lt::cublasLtMatrixLayoutSetAttribute(layout, attr, v, bytes) },
+            "cublasLtMatrixLayoutSetAttribute",
+        )
+    };
+    set(L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, (&count as *const i32).cast(), 4)?;
+    set(L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, (&stride as *const i64).cast(), 8)
 }
 
 fn set_pref<T>(
@@ -561,6 +639,9 @@ impl LtMatmul {
                 unsafe { lt::cublasLtMatrixLayoutCreate(&mut matmul.layouts[i], ty, o.rows, o.cols, o.ld) },
                 "cublasLtMatrixLayoutCreate",
             )?;
+            if key.shape.batch > 1 {
+                set_batch(matmul.layouts[i], key.shape.batch, o.stride)?;
+            }
         }
 
         let Some(first) = matmul.heuristic_results(handle, &Pref::new(key)?, 1)?.into_iter().next() else {
@@ -857,7 +938,11 @@ impl Gemm {
                 bias: f.bias != 0,
                 fast_accum: f.fast_accum,
             }),
-            align: [alignment_class(a_ptr), alignment_class(b_ptr), alignment_class(p.c)],
+            align: [
+                batch_alignment(a_ptr, shape.a.stride, p.operand_size()),
+                batch_alignment(b_ptr, shape.b.stride, p.operand_size()),
+                batch_alignment(p.c, shape.c.stride, p.out_dtype.size() as u64),
+            ],
             workspace: ws_bytes,
         };
         (key, a_ptr, b_ptr, ws)
@@ -871,13 +956,17 @@ impl Gemm {
         }
         let size = p.out_dtype.size();
         let s = stream.0 as sys::CUstream;
-        if p.ldc == p.n {
-            // SAFETY: C holds m * n elements (validated contract).
-            check(unsafe { sys::cuMemsetD8Async(p.c, 0, p.m * p.n * size, s) }, "cuMemsetD8Async")
-        } else {
-            // SAFETY: C holds m rows of pitch ldc, n used elements each.
-            check(unsafe { sys::cuMemsetD2D8Async(p.c, p.ldc * size, 0, p.n * size, p.m, s) }, "cuMemsetD2D8Async")
+        for i in 0..p.batch {
+            let c = p.c + (i * p.stride_c * size) as u64;
+            if p.ldc == p.n {
+                // SAFETY: each C holds m * n elements (validated contract).
+                check(unsafe { sys::cuMemsetD8Async(c, 0, p.m * p.n * size, s) }, "cuMemsetD8Async")?;
+            } else {
+                // SAFETY: each C holds m rows of pitch ldc, n used elements each.
+                check(unsafe { sys::cuMemsetD2D8Async(c, p.ldc * size, 0, p.n * size, p.m, s) }, "cuMemsetD2D8Async")?;
+            }
         }
+        Ok(())
     }
 }
 
@@ -1057,6 +1146,42 @@ mod tests {
     }
 
     #[test]
+    fn batch_validation_and_keys() {
+        let mut p = MatmulParams::new(4, 8, 16, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        (p.batch, p.stride_a, p.stride_b, p.stride_c) = (3, 64, 0, 40);
+        p.validate().unwrap();
+        let (cm, ..) = ColMajor::from_row_major(&p);
+        // A' is the caller's B (shared: stride 0), B' the caller's A.
+        assert_eq!((cm.batch, cm.a.stride, cm.b.stride, cm.c.stride), (3, 0, 64, 40));
+        let mut q = p;
+        q.stride_c = 31;
+        assert_eq!(q.validate().unwrap_err().kind, ErrorKind::InvalidArgument, "C's products overlap");
+        q = p;
+        q.batch = 0;
+        assert_eq!(q.validate().unwrap_err().kind, ErrorKind::InvalidArgument);
+        q = p;
+        q.fp8 = Some(Fp8Params {
+            a_type: Fp8::E4M3,
+            b_type: Fp8::E4M3,
+            row_wise: false,
+            a_scale: 0x100,
+            b_scale: 0x200,
+            bias: 0,
+            fast_accum: false,
+        });
+        (q.b_trans, q.ldb) = (true, 16);
+        assert_eq!(q.validate().unwrap_err().kind, ErrorKind::Unsupported, "fp8 is not batched");
+        // One product: strides are not part of its key.
+        let one = MatmulParams { batch: 1, ..p };
+        let (cm, ..) = ColMajor::from_row_major(&one);
+        assert_eq!((cm.batch, cm.a.stride, cm.b.stride, cm.c.stride), (1, 0, 0, 0));
+        // The alignment of every matrix in the batch: 40 bf16 = 80 bytes apart is 16-byte aligned.
+        assert_eq!(batch_alignment(0x3000, 40, 2), 16);
+        assert_eq!(batch_alignment(0x3000, 0, 2), 256);
+        assert_eq!(batch_alignment(0x3000, 3, 2), 2);
+    }
+
+    #[test]
     fn fp8_validation() {
         let f = Fp8Params {
             a_type: Fp8::E4M3,
@@ -1227,6 +1352,88 @@ mod tests {
             verify(&case, &format!("k == 0, accumulate {accumulate}"));
         }
         assert!(gemm.cached_matmuls() > 100);
+    }
+
+    /// Strided-batched matmuls against a float64 reference: A and C with
+    /// gaps between their matrices (C's rows padded too), everything of C
+    /// outside the products poisoned (NaN) and checked untouched; B shared
+    /// (batch stride 0) or one per batch, row- or column-major; every
+    /// input type; sequence slices of 3 and 11 rows; accumulating too.
+    #[test]
+    fn gpu_batched_matmul_matches_host() {
+        let Some(g) = gpu() else { return };
+        let gemm = Gemm::new(&g.ctx).unwrap();
+        use GemmDtype::*;
+        let shapes = [(2usize, 3usize, 8usize, 16usize), (4, 11, 40, 24), (3, 64, 48, 40), (2, 128, 256, 64)];
+        let types = [(BF16, BF16), (BF16, F32), (F16, F16), (F16, F32), (F32, F32)];
+        let modes = [(true, false, false), (true, true, false), (false, false, true), (false, true, false)];
+        for (batch, m, n, k) in shapes {
+            for (dt, ot) in types {
+                for (shared_b, b_trans, accumulate) in modes {
+                    let (lda, ldb, ldc) = (k, if b_trans { k } else { n }, n + 3);
+                    let stride_a = m * lda + 8;
+                    let stride_b = if shared_b { 0 } else { k * n + 8 };
+                    let stride_c = m * ldc + 5;
+                    let q = |v: Vec<f32>, t| decode(t, &encode(t, &v));
+                    let a = q(values(batch * stride_a, 1), dt);
+                    let b = q(values(if shared_b { k * n } else { batch * stride_b }, 2), dt);
+                    let mut c = q(values(batch * stride_c, 3), ot);
+                    let mut held = vec![false; c.len()];
+                    for t in 0..batch {
+                        for i in 0..m {
+                            (0..n).for_each(|j| held[t * stride_c + i * ldc + j] = true);
+                        }
+                    }
+                    c.iter_mut().zip(&held).filter(|(_, &h)| !h).for_each(|(v, _)| *v = f32::NAN);
+                    let c = q(c, ot);
+                    let bufs = [g.upload(&encode(dt, &a)), g.upload(&encode(dt, &b)), g.upload(&encode(ot, &c))];
+                    let mut p = MatmulParams::new(m, n, k, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, dt);
+                    (p.out_dtype, p.ldb, p.b_trans, p.ldc, p.accumulate) = (ot, ldb, b_trans, ldc, accumulate);
+                    (p.batch, p.stride_a, p.stride_b, p.stride_c) = (batch, stride_a, stride_b, stride_c);
+                    let what = format!("{p:?}");
+                    gemm.matmul(&p, g.stream()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    g.sync();
+                    let got = decode(ot, &bufs[2].read_bytes());
+                    let tol = match (dt, ot) {
+                        (_, BF16) => 1.0 / 64.0,
+                        (_, F16) => 1.0 / 512.0,
+                        (F32, _) => 1e-5,
+                        _ => 1e-4,
+                    };
+                    let b_el = |t: usize, x: usize, j: usize| {
+                        let base = t * stride_b;
+                        if b_trans {
+                            b[base + j * ldb + x]
+                        } else {
+                            b[base + x * ldb + j]
+                        }
+                    };
+                    for (idx, _) in held.iter().enumerate().filter(|(_, &h)| !h) {
+                        assert_eq!(got[idx].to_bits(), c[idx].to_bits(), "{what}: the gap at {idx} was written");
+                    }
+                    for t in 0..batch {
+                        for i in 0..m {
+                            for j in 0..n {
+                                let dot: f64 =
+                                    (0..k).map(|x| a[t * stride_a + i * lda + x] as f64 * b_el(t, x, j) as f64).sum();
+                                let idx = t * stride_c + i * ldc + j;
+                                let want = dot + if accumulate { c[idx] as f64 } else { 0.0 };
+                                let err = (got[idx] as f64 - want).abs();
+                                assert!(
+                                    err <= tol * (want.abs() + (k as f64).sqrt()),
+                                    "{what}: C[{t}][{i},{j}] = {} want {want}",
+                                    got[idx]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Products of C must not overlap.
+        let mut p = MatmulParams::new(8, 8, 8, 0x1000, 0x2000, 0x3000, BF16);
+        (p.batch, p.stride_c) = (2, 32);
+        assert_eq!(p.validate().unwrap_err().kind, ErrorKind::InvalidArgument, "overlapping C");
     }
 
     /// cuBLASLt fp8 against a float64 reference of `torch._scaled_mm`:

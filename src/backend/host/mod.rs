@@ -5,7 +5,7 @@
 //! decoded to f32 first).
 
 pub(crate) mod elementwise;
-mod matmul;
+pub(crate) mod matmul;
 mod memory;
 mod scaled;
 mod signals;
