@@ -730,7 +730,7 @@ impl AgMmPrepared {
         if let Some(m) = dst.as_matrix().filter(|m| scales.is_none() || writable_by_fp8(m)) {
             return ex.matmul(&m, &matrix, b, scales);
         }
-        if let Some([d, l, r]) = scales.is_none().then(|| super::batched_operands(dst, lhs, b)).flatten() {
+        if let Some([d, l, r]) = scales.is_none().then(|| ex.batched_operands(dst, lhs, b)).flatten() {
             return ex.gemm(&d, &l, &r, false);
         }
         let product = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);

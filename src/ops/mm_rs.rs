@@ -535,7 +535,7 @@ impl MmRsPrepared {
                 // a batch of matrices, rather than packed.
                 if self.mode.is_none() && part.as_matrix().is_none() {
                     let dst = self.chunk(ex.local(self.chunks[r]));
-                    if let Some([d, l, rhs]) = super::batched_operands(&dst, &part, b) {
+                    if let Some([d, l, rhs]) = ex.batched_operands(&dst, &part, b) {
                         return ex.gemm(&d, &l, &rhs, false);
                     }
                 }

@@ -204,6 +204,11 @@ impl Backend for CudaBackend {
             all_reduce: true,
             // Integers reduce in the all-reduce kernels only.
             reduce_integers: false,
+            // Off until the batched cuBLASLt matmul's GPU tests have run
+            // (gpu_batched_matmul_matches_host,
+            // gpu_batched_gemm_matches_host_backend): the operations then
+            // keep their scratch-and-copy path on CUDA.
+            batched_gemm: false,
         }
     }
     fn all_reduce(&self, call: &AllReduceCall, stream: Stream) -> Result<()> {
