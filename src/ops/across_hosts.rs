@@ -1,50 +1,31 @@
-//! All-reduce and all-gather in a group spanning hosts, run through the
-//! plans of `super::hierarchy` over the group's transports
-//! (`Group::across_hosts`, `Group::inside_host`), with scratch in host
-//! memory: only the host backend runs them (pretend hosts of tests); the
-//! CUDA backend refuses alike on every rank. (`super::across_matmul` runs
-//! the matmul operations on both.)
+//! All-reduce (and its rmsnorm form) and `lc_allgather` in a group
+//! spanning hosts, on both backends: the one-host operations' checks and
+//! epilogue (`AllReduce::check`, `AllReduce::finish`, `LcAllgather::check`),
+//! with the data moving between ranks through the plans of
+//! `super::hierarchy` over the group's transports (`Group::across_hosts`,
+//! `Group::inside_host`), staged in this rank's workspace
+//! (`LocalScratch`: device memory on CUDA). Also what the operations across
+//! hosts share (`transports`, `gather`, `flat`; `super::across_matmul` runs
+//! the matmuls).
 //!
-//! Inputs and outputs must be contiguous. Every call is agreed (no call is
-//! kept), so a call that differs between ranks fails on all of them.
+//! The all-reduce sums level by level in the input's type (NCCL's sum for
+//! floats of 16 bits rounds at each level), then the average divides the
+//! total once (`AllReduce::reduce`: in f32 for floats, truncating for
+//! integers). Strided tensors are staged through the workspace. The
+//! workspace is made ready before the ranks agree, so that a failure to
+//! allocate it fails every rank; every call is agreed (no call is kept),
+//! so one that differs between ranks fails on all of them, and bad input
+//! changes nothing.
 
 use super::agree::{agree_across_hosts, Signature};
 use super::hierarchy::{piece_rows, AllReducePlan, GatherPlan, Hierarchy};
-use super::{shape_text, AllReduce, LcAllgather, ReduceOp};
+use super::local_scratch::{local_exec, LocalScratch};
+use super::workspace::Layout;
+use super::{AllReduce, Exec, LcAllgather, ReduceOp};
 use crate::array::Array;
-use crate::backend::host::elementwise;
-use crate::backend::{BackendKind, Stream};
+use crate::backend::Stream;
 use crate::error::{err, Result};
 use crate::group::{AcrossHosts, Group};
-
-/// `Unsupported` unless this group's operations across hosts can run here
-/// (these, on host memory only).
-fn runnable(group: &Group, what: &str) -> Result<Hierarchy> {
-    if group.backend().kind() != BackendKind::Host {
-        return Err(err!(
-            Unsupported,
-            "{what}: this group spans {} hosts, and {what} across hosts on GPUs is not implemented yet (issue 43); \
-             form one group per host",
-            group.topology().hosts()
-        ));
-    }
-    Hierarchy::new(group.topology(), group.rank(), what)
-}
-
-fn contiguous(a: &Array, name: &str) -> Result<()> {
-    if a.is_contiguous() {
-        return Ok(());
-    }
-    Err(err!(Unsupported, "{name} must be contiguous in a group spanning hosts"))
-}
-
-/// A zeroed, 8-byte aligned buffer of `count` elements like `like`, and
-/// its array.
-fn scratch(like: &Array, count: usize) -> (Vec<u64>, Array) {
-    let words = vec![0u64; (count * like.dtype.size()).div_ceil(8)];
-    let a = Array::contiguous(words.as_ptr() as u64, like.dtype, &[count]);
-    (words, a)
-}
 
 /// The group's transports across hosts and inside this rank's host,
 /// whose members must be the plan's (`across`, `inside`).
@@ -59,102 +40,128 @@ pub(super) fn transports<'a>(
     }
 }
 
-/// `count` elements of `a` from element `start`, flat.
-fn part(a: &Array, start: usize, count: usize) -> Array {
-    Array::contiguous(a.addr + (start * a.dtype.size()) as u64, a.dtype, &[count])
+/// A contiguous array as one run of elements.
+pub(super) fn flat(a: &Array) -> Array {
+    Array::contiguous(a.addr, a.dtype, &[a.numel()])
 }
+
+/// Every rank's piece into its place on this rank through `plan`: across
+/// hosts into `staging` (one piece per host), then inside the host after
+/// them (every piece, by local index then host), then each to its place.
+/// `piece(r)`: where rank r's piece goes (any strides; all of one shape and
+/// dtype), except `piece(this rank)`: its piece, contiguous (already where
+/// it goes, or copied there by the caller).
+pub(super) fn gather(ex: &Exec<'_>, plan: &GatherPlan, staging: u64, piece: &dyn Fn(usize) -> Array) -> Result<()> {
+    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let (across, inside) = transports(ex.group, &plan.across, &local)?;
+    let mine = flat(&piece(ex.rank()));
+    let (n, dtype, hosts) = (mine.numel(), mine.dtype, plan.across.len());
+    let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
+    across.all_gather(ex.group, &mine, &at(0, hosts), ex.stream)?;
+    inside.all_gather(ex.group, &at(0, hosts), &at(hosts, local.len() * hosts), ex.stream)?;
+    for (j, (_, pieces)) in plan.inside.iter().enumerate() {
+        for (k, &rank) in pieces.iter().enumerate() {
+            if rank != ex.rank() {
+                let dst = piece(rank);
+                ex.copy(&dst, &Array::contiguous(at(hosts + j * hosts + k, 1).addr, dtype, &dst.shape))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Slices start 16 bytes apart at least, as NCCL's and the copies' vector
+/// accesses like.
+const SLICE_ALIGN_BYTES: usize = 16;
 
 pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
-    let what = "symm_all_reduce";
-    let sig = call.as_ref().map_or_else(
-        |_| Signature::new("all_reduce"),
-        |c| {
-            Signature::new(if c.norm.is_some() { "all_reduce_rmsnorm" } else { "all_reduce" })
-                .arg("input.dtype", c.input.dtype)
-                .arg("input.shape", shape_text(&c.input.shape))
-                .arg("op", c.op.name())
-        },
-    );
-    let checked = call.and_then(|c| {
-        let h = runnable(group, what)?;
-        if c.norm.is_some() {
-            return Err(err!(Unsupported, "symm_all_reduce_rmsnorm is not implemented across hosts yet"));
-        }
-        if c.output.shape != c.input.shape || c.output.dtype != c.input.dtype {
-            return Err(err!(InvalidArgument, "{what}: output must have the input's shape and dtype"));
-        }
-        contiguous(&c.input, "input")?;
-        contiguous(&c.output, "output")?;
-        Ok((c, h))
+    let (sig, checked) = match call {
+        Ok(c) => (c.signature(None), c.check().map(|()| c)),
+        Err(e) => (Signature::new("all_reduce"), Err(e)),
+    };
+    let ready = checked.and_then(|c| {
+        let what = if c.norm.is_some() { "symm_all_reduce_rmsnorm" } else { "symm_all_reduce" };
+        let h = Hierarchy::new(group.topology(), group.rank(), what)?;
+        let size = c.input.dtype.size();
+        let plan = AllReducePlan::new(&h, c.input.numel(), SLICE_ALIGN_BYTES.div_ceil(size));
+        // The input padded to a block per local rank, where the total lands
+        // too; this host's sum of this rank's block; its total.
+        let (mut layout, block) = (Layout::default(), plan.block * size);
+        let padded = layout.region(plan.slices.len() * block);
+        let (host_sum, total) = (layout.region(block), layout.region(block));
+        let norm = c.norm_regions(&mut layout);
+        let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
+        Ok((c, plan, base, [padded, host_sum, total], norm))
     });
-    agree_across_hosts(group, &sig, checked.as_ref().map(|_| ()).map_err(Clone::clone))?;
-    let (c, h) = checked?;
-    let plan = AllReducePlan::new(&h, c.input.numel(), 1);
-    let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
-    // Slices padded to the first's length, so that each level moves equal blocks.
-    let (lw, chunk) = (plan.slices.len(), plan.slices[0].len());
-    let (_padded, padded) = scratch(&c.input, lw * chunk);
-    elementwise::copy(&part(&padded, 0, c.input.numel()), &part(&c.input, 0, c.input.numel()))?;
-    let (_host_sum, host_sum) = scratch(&c.input, chunk);
-    inside.reduce_scatter(group, &padded, &host_sum, stream)?;
-    let (_sum, sum) = scratch(&c.input, chunk);
-    across.all_reduce(group, &host_sum, &sum, stream)?;
-    inside.all_gather(group, &sum, &padded, stream)?;
-    let (dst, src) = (part(&c.output, 0, c.input.numel()), part(&padded, 0, c.input.numel()));
-    match (c.op, c.input.dtype.is_integer()) {
-        (ReduceOp::Sum, _) => elementwise::copy(&dst, &src),
-        (ReduceOp::Avg, true) => elementwise::reduce_integers(&dst, &[src], h.world()),
-        (ReduceOp::Avg, false) => elementwise::reduce(&dst, &[src], 1.0 / h.world() as f32),
+    agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let (c, plan, base, [padded, host_sum, total], norm) = ready?;
+    if c.input.numel() == 0 {
+        return Ok(());
     }
+    let ex = local_exec(group, base, stream);
+    let run = || {
+        let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
+        let (dtype, block, world) = (c.input.dtype, plan.block, group.world());
+        let run_of = |offset: usize, blocks: usize| Array::contiguous(ex.local(offset), dtype, &[blocks * block]);
+        let sum = Array::contiguous(ex.local(padded), dtype, &c.input.shape);
+        ex.copy(&sum, &c.input)?;
+        let all = run_of(padded, plan.slices.len());
+        inside.reduce_scatter(group, &all, &run_of(host_sum, 1), stream)?;
+        across.all_reduce(group, &run_of(host_sum, 1), &run_of(total, 1), stream)?;
+        // The average divides each block's total once, before it spreads.
+        let reduced = match c.op {
+            ReduceOp::Sum => total,
+            ReduceOp::Avg => {
+                c.reduce(&ex, &run_of(host_sum, 1), &[run_of(total, 1)], world)?;
+                host_sum
+            }
+        };
+        inside.all_gather(group, &run_of(reduced, 1), &all, stream)?;
+        c.finish(&ex, &sum, norm)
+    };
+    // A rank that stops midway leaves its peers waiting in a transport.
+    run().inspect_err(|e| group.fail(e))
 }
 
 pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
-    let what = "symm_lc_allgather";
-    let sig = call.as_ref().map_or_else(
-        |_| Signature::new("lc_allgather"),
-        |c| {
-            Signature::new("lc_allgather")
-                .arg("input.dtype", c.input.dtype)
-                .arg("input.shape", shape_text(&c.input.shape))
-        },
-    );
-    let world = group.world();
-    let checked = call.and_then(|c| {
-        let h = runnable(group, what)?;
-        let mut want = c.input.shape.clone();
-        if let Some(rows) = want.first_mut() {
-            *rows *= world;
-        }
-        if c.input.shape.is_empty() || c.output.shape != want || c.output.dtype != c.input.dtype {
-            return Err(err!(InvalidArgument, "{what}: output must be {} of the input's dtype", shape_text(&want)));
-        }
-        contiguous(&c.input, "input")?;
-        contiguous(&c.output, "output")?;
-        Ok((c, h))
+    let (sig, checked) = match call {
+        Ok(c) => (c.signature(None), c.check(group.world()).map(|bytes| (c, bytes))),
+        Err(e) => (Signature::new("lc_allgather"), Err(e)),
+    };
+    let ready = checked.and_then(|(c, bytes)| {
+        let h = Hierarchy::new(group.topology(), group.rank(), "symm_lc_allgather")?;
+        // This rank's input, contiguous; one piece per host, then every rank's.
+        let mut layout = Layout::default();
+        let staged = layout.region(bytes);
+        let staging = layout.region((h.hosts() + h.world()) * bytes);
+        let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
+        Ok((c, GatherPlan::new(&h), base, staged, staging))
     });
-    agree_across_hosts(group, &sig, checked.as_ref().map(|_| ()).map_err(Clone::clone))?;
-    let (c, h) = checked?;
-    let plan = GatherPlan::new(&h);
-    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
-    let (across, inside) = transports(group, &plan.across, &local)?;
-    let piece = c.input.numel();
-    let hosts = plan.across.len();
-    let (_staged, staged) = scratch(&c.input, hosts * piece);
-    across.all_gather(group, &part(&c.input, 0, piece), &staged, stream)?;
-    let (_all, all) = scratch(&c.input, plan.inside.len() * hosts * piece);
-    inside.all_gather(group, &staged, &all, stream)?;
-    // Block (j, h) of `all` is the piece of the rank with local index j on host h.
-    for (j, (_, pieces)) in plan.inside.iter().enumerate() {
-        for (k, &rank) in pieces.iter().enumerate() {
-            let at = piece_rows(rank, piece).start;
-            elementwise::copy(&part(&c.output, at, piece), &part(&all, (j * hosts + k) * piece, piece))?;
-        }
+    agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let (c, plan, base, staged, staging) = ready?;
+    if c.input.numel() == 0 {
+        return Ok(());
     }
-    Ok(())
+    let ex = local_exec(group, base, stream);
+    let (me, len) = (group.rank(), c.input.shape[0]);
+    let run = || {
+        let mine = match c.input.is_contiguous() {
+            true => c.input.clone(),
+            false => {
+                let s = Array::contiguous(ex.local(staged), c.input.dtype, &c.input.shape);
+                ex.copy(&s, &c.input)?;
+                s
+            }
+        };
+        ex.copy(&c.output.narrow(0, piece_rows(me, len).start, len), &c.input)?;
+        let place = |r: usize| if r == me { mine.clone() } else { c.output.narrow(0, piece_rows(r, len).start, len) };
+        gather(&ex, &plan, ex.local(staging), &place)
+    };
+    run().inspect_err(|e| group.fail(e))
 }
 
 #[cfg(test)]
