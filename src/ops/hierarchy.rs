@@ -278,7 +278,11 @@ mod tests {
                     assert!(p.slices.iter().all(|s| s.is_empty() || s.start % align == 0));
                     assert!(p.local_ranks.iter().all(|&m| plans[m].slices == p.slices));
                     assert!(p.block % align == 0 && p.block * p.slices.len() >= count);
-                    assert!(p.slices.iter().all(|s| s.len() <= p.block && s.start % p.block == 0));
+                    assert!(p
+                        .slices
+                        .iter()
+                        .enumerate()
+                        .all(|(j, s)| s.len() <= p.block && s.start == (j * p.block).min(count)));
                 }
                 let mut data: Vec<Vec<Sum>> = (0..world).map(|r| vec![only(world, r); count]).collect();
                 // Step 1: each rank's slice summed over its host.

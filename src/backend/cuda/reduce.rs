@@ -164,6 +164,7 @@ pub fn reduce_with(kernels: &Kernels, p: &ReduceParams, stream: Stream) -> Resul
 /// srcs_table[r][i]) / divisor` for `i < n`, summed wrapping in the element
 /// type, divided truncating toward zero; `kernel` is the element type's
 /// (`Kernels::reduce_int`). `out` may be one of the sources.
+#[allow(clippy::too_many_arguments)]
 pub fn reduce_integers(
     kernels: &Kernels,
     kernel: usize,
