@@ -2,6 +2,7 @@
 //
 // Entry points (one per element type; f32 accumulation in all of them):
 //   symm_reduce_f32, symm_reduce_bf16, symm_reduce_f16
+// (and, for integers, symm_reduce_int_{i8,u8,i32,i64}: see the end of the file)
 //
 //   (const uint64_t* srcs, int world, uint64_t src_offset, void* out,
 //    const float* acc_in, float* acc_out, uint64_t n, float scale)
@@ -341,4 +342,45 @@ extern "C" __global__ void __launch_bounds__(SYMM_REDUCE_THREADS, SYMM_REDUCE_MI
     symm_reduce_f16(const uint64_t* srcs, int world, uint64_t src_offset, void* out,
                     const float* acc_in, float* acc_out, uint64_t n, float scale) {
     symm_reduce_impl<SYMM_DT_F16>(srcs, world, src_offset, out, acc_in, acc_out, n, scale);
+}
+
+// Integers: out[i] = (sum_r srcs[r][i]) / divisor for i < n, summed in the
+// element's unsigned form (wrapping modulo 2^bits), then divided in 64 bits,
+// truncating toward zero as C division does (divisor 1: the sum). E is the
+// element type, U its unsigned form. Scalar accesses, any grid; `out` may be
+// one of the sources (each thread reads its element before writing it).
+//
+//   (const uint64_t* srcs, int world, void* out, uint64_t n, uint32_t divisor)
+template <typename E, typename U>
+__device__ __forceinline__ void symm_reduce_int_impl(const uint64_t* srcs, int world, void* out, uint64_t n,
+                                                     uint32_t divisor) {
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        U sum = 0;
+        for (int r = 0; r < world; ++r) {
+            sum = (U)(sum + ((const U*)srcs[r])[i]);
+        }
+        const long long v = (long long)(E)sum;
+        ((E*)out)[i] = (E)(divisor > 1u ? v / (long long)divisor : v);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SYMM_REDUCE_THREADS)
+    symm_reduce_int_i8(const uint64_t* srcs, int world, void* out, uint64_t n, uint32_t divisor) {
+    symm_reduce_int_impl<signed char, unsigned char>(srcs, world, out, n, divisor);
+}
+
+extern "C" __global__ void __launch_bounds__(SYMM_REDUCE_THREADS)
+    symm_reduce_int_u8(const uint64_t* srcs, int world, void* out, uint64_t n, uint32_t divisor) {
+    symm_reduce_int_impl<unsigned char, unsigned char>(srcs, world, out, n, divisor);
+}
+
+extern "C" __global__ void __launch_bounds__(SYMM_REDUCE_THREADS)
+    symm_reduce_int_i32(const uint64_t* srcs, int world, void* out, uint64_t n, uint32_t divisor) {
+    symm_reduce_int_impl<int, unsigned int>(srcs, world, out, n, divisor);
+}
+
+extern "C" __global__ void __launch_bounds__(SYMM_REDUCE_THREADS)
+    symm_reduce_int_i64(const uint64_t* srcs, int world, void* out, uint64_t n, uint32_t divisor) {
+    symm_reduce_int_impl<long long, unsigned long long>(srcs, world, out, n, divisor);
 }

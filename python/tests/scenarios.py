@@ -295,3 +295,108 @@ def across_hosts_matmuls(group):
         symm.fused_ag_mm(group, x, [y], 0, out=[out])
     torch.cuda.synchronize()
     assert out.isnan().all()
+
+
+def across_hosts_collectives(group):
+    """all_reduce (sum and avg; bf16, f32 and int32; out of place, in place,
+    strided), lc_allgather and all_reduce_rmsnorm in a CUDA group spanning
+    (pretend) hosts, with torch tensors on this rank's GPU, against float64
+    math (exact int64 for int32, the average truncated toward zero) on every
+    rank's inputs (each rank makes all of them from one seed), outputs
+    poisoned; then a call that differs between ranks fails on every rank
+    with SymmMismatchError and writes nothing."""
+    import torch
+
+    rank, world = group.rank, group.world_size
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+    poison = {torch.float32: float("nan"), torch.bfloat16: float("nan"), torch.int32: -(2**31)}
+
+    def inputs(seed, shape, dtype):
+        g = torch.Generator().manual_seed(seed)
+        if dtype == torch.int32:
+            return [torch.randint(-1000, 1000, shape, generator=g, dtype=torch.int32) for _ in range(world)]
+        return [torch.randn(shape, generator=g, dtype=torch.float64).to(dtype) for _ in range(world)]
+
+    def f64(t):
+        return t.detach().to("cpu", torch.float64)
+
+    def close(got, ref, what):
+        assert list(got.shape) == list(ref.shape), f"{what}: shape {list(got.shape)}, expected {list(ref.shape)}"
+        if got.dtype == torch.int32:
+            assert torch.equal(got.cpu().to(torch.int64), ref.to(torch.int64)), f"{what}: not exact"
+            return
+        tol = tolerance[got.dtype]
+        err = (f64(got) - ref).abs().max() / ref.abs().max().clamp_min(1e-30)
+        assert err <= tol, f"{what}: relative error {err:.2e} (tolerance {tol:.0e})"
+
+    def poisoned(shape, dtype, strided=False):
+        # Strided: every row of a tensor twice as wide.
+        wide = torch.full((*shape[:-1], 2 * shape[-1]), poison[dtype], dtype=dtype, device=dev)
+        return wide[..., : shape[-1]] if strided else wide[..., : shape[-1]].contiguous()
+
+    def on_gpu(t, strided):
+        # Strided: every row of a tensor twice as wide, read in place.
+        t = t.to(dev)
+        return torch.cat([t, t], -1)[..., : t.shape[-1]] if strided else t
+
+    shape = (6, 40)
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        xs = inputs(1, shape, dtype)
+        if dtype == torch.int32:
+            total = sum(x.to(torch.int64) for x in xs)
+        else:
+            total = sum(f64(x) for x in xs)
+        for op in ("sum", "avg"):
+            if op == "sum":
+                ref = total
+            elif dtype == torch.int32:
+                ref = torch.div(total, world, rounding_mode="trunc")
+            else:
+                ref = total / world
+            for strided in (False, True):
+                what = f"all_reduce {dtype} {op} strided {strided}"
+                out = poisoned(shape, dtype, strided)
+                got = symm.all_reduce(group, on_gpu(xs[rank], strided), op=op, out=out)
+                torch.cuda.synchronize()
+                assert got.data_ptr() == out.data_ptr()
+                close(out, ref, what)
+                x = on_gpu(xs[rank], strided)
+                symm.all_reduce(group, x, op=op, inplace=True)
+                torch.cuda.synchronize()
+                close(x, ref, f"{what} in place")
+
+    for dtype in (torch.float32, torch.bfloat16):
+        xs = inputs(2, (3, 24), dtype)
+        for strided in (False, True):
+            out = poisoned((3 * world, 24), dtype, strided)
+            symm.lc_allgather(group, on_gpu(xs[rank], strided), out=out)
+            torch.cuda.synchronize()
+            assert torch.equal(f64(out), torch.cat([f64(x) for x in xs])), f"lc_allgather {dtype} strided {strided}"
+
+        hidden, eps = 64, 1e-6
+        xs = inputs(3, (5, hidden), dtype)
+        residual, weight = inputs(4, (5, hidden), dtype)[0], inputs(5, (hidden,), dtype)[0]
+        r = sum(f64(x) for x in xs) + f64(residual)
+        normed = r / (r.pow(2).mean(-1, keepdim=True) + eps).sqrt() * f64(weight)
+        for inplace in (False, True):
+            what = f"all_reduce_rmsnorm {dtype} inplace {inplace}"
+            out = poisoned((5, hidden), dtype, strided=True)
+            res = residual.to(dev)
+            res_out = None if inplace else poisoned((5, hidden), dtype)
+            got, got_res = symm.all_reduce_rmsnorm(group, on_gpu(xs[rank], True), res, weight.to(dev), eps=eps,
+                                                   out=out, residual_out=res_out, inplace=inplace)
+            torch.cuda.synchronize()
+            close(got_res, r, f"{what}: residual_out")
+            close(got, normed, f"{what}: out")
+            if inplace:
+                assert got_res.data_ptr() == res.data_ptr()
+
+    # A call that differs between ranks: every rank fails, nothing written.
+    x = torch.ones((4, 8 + 8 * (rank == world - 1)), device=dev)
+    out = poisoned(list(x.shape), torch.float32)
+    with pytest.raises(symm.SymmMismatchError):
+        symm.all_reduce(group, x, out=out)
+    torch.cuda.synchronize()
+    assert out.isnan().all()

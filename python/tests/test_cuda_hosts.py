@@ -1,9 +1,9 @@
 """A CUDA group whose ranks announce different hosts (SYMM_HOST_ID), as
 processes on two GPUs of one machine: it forms through NCCL (torch's wheel
 or the system's), runs fused_ag_mm and mm_rs across its hosts (also with
-NCCL kept to its network transport), and refuses the collectives not
-implemented across hosts. Skipped unless torch sees two GPUs and NCCL is
-found."""
+NCCL kept to its network transport), all_reduce, lc_allgather and
+all_reduce_rmsnorm (likewise), and refuses a symmetric buffer's rendezvous.
+Skipped unless torch sees two GPUs and NCCL is found."""
 
 import ctypes
 import os
@@ -68,3 +68,23 @@ def test_matmuls_across_pretend_hosts(transport):
     if transport == "network":
         env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
     in_processes("across_hosts_matmuls", 2, env, deadline_s=300, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])
+
+
+@pytest.mark.parametrize("transport", ["default", "network"])
+def test_collectives_across_pretend_hosts(transport):
+    """all_reduce (sum/avg; bf16, f32, int32; in place, out of place,
+    strided), lc_allgather and all_reduce_rmsnorm with each rank its own
+    host, against float64 math (scenarios.across_hosts_collectives);
+    "network" as in test_matmuls_across_pretend_hosts."""
+    uid = symm.get_unique_id()
+    env = {
+        "SYMM_TEST_BOOTSTRAP": "uid",
+        "SYMM_TEST_UID": uid.hex(),
+        "SYMM_TEST_BACKEND": "cuda",
+        "SYMM_NCCL_LIBRARY": _nccl(),
+    }
+    if transport == "network":
+        env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
+    in_processes(
+        "across_hosts_collectives", 2, env, deadline_s=300, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")]
+    )

@@ -1,50 +1,31 @@
-//! All-reduce and all-gather in a group spanning hosts, run through the
-//! plans of `super::hierarchy` over the group's transports
-//! (`Group::across_hosts`, `Group::inside_host`), with scratch in host
-//! memory: only the host backend runs them (pretend hosts of tests); the
-//! CUDA backend refuses alike on every rank. (`super::across_matmul` runs
-//! the matmul operations on both.)
+//! All-reduce (and its rmsnorm form) and `lc_allgather` in a group
+//! spanning hosts, on both backends: the one-host operations' checks and
+//! epilogue (`AllReduce::check`, `AllReduce::finish`, `LcAllgather::check`),
+//! with the data moving between ranks through the plans of
+//! `super::hierarchy` over the group's transports (`Group::across_hosts`,
+//! `Group::inside_host`), staged in this rank's workspace
+//! (`LocalScratch`: device memory on CUDA). Also what the operations across
+//! hosts share (`transports`, `gather`, `flat`; `super::across_matmul` runs
+//! the matmuls).
 //!
-//! Inputs and outputs must be contiguous. Every call is agreed (no call is
-//! kept), so a call that differs between ranks fails on all of them.
+//! The all-reduce sums level by level in the input's type (NCCL's sum for
+//! floats of 16 bits rounds at each level), then the average divides the
+//! total once (`AllReduce::reduce`: in f32 for floats, truncating for
+//! integers). Strided tensors are staged through the workspace. The
+//! workspace is made ready before the ranks agree, so that a failure to
+//! allocate it fails every rank; every call is agreed (no call is kept),
+//! so one that differs between ranks fails on all of them, and bad input
+//! changes nothing.
 
 use super::agree::{agree_across_hosts, Signature};
 use super::hierarchy::{piece_rows, AllReducePlan, GatherPlan, Hierarchy};
-use super::{shape_text, AllReduce, LcAllgather, ReduceOp};
+use super::local_scratch::{local_exec, LocalScratch};
+use super::workspace::Layout;
+use super::{AllReduce, Exec, LcAllgather, ReduceOp};
 use crate::array::Array;
-use crate::backend::host::elementwise;
-use crate::backend::{BackendKind, Stream};
+use crate::backend::Stream;
 use crate::error::{err, Result};
 use crate::group::{AcrossHosts, Group};
-
-/// `Unsupported` unless this group's operations across hosts can run here
-/// (these, on host memory only).
-fn runnable(group: &Group, what: &str) -> Result<Hierarchy> {
-    if group.backend().kind() != BackendKind::Host {
-        return Err(err!(
-            Unsupported,
-            "{what}: this group spans {} hosts, and {what} across hosts on GPUs is not implemented yet (issue 43); \
-             form one group per host",
-            group.topology().hosts()
-        ));
-    }
-    Hierarchy::new(group.topology(), group.rank(), what)
-}
-
-fn contiguous(a: &Array, name: &str) -> Result<()> {
-    if a.is_contiguous() {
-        return Ok(());
-    }
-    Err(err!(Unsupported, "{name} must be contiguous in a group spanning hosts"))
-}
-
-/// A zeroed, 8-byte aligned buffer of `count` elements like `like`, and
-/// its array.
-fn scratch(like: &Array, count: usize) -> (Vec<u64>, Array) {
-    let words = vec![0u64; (count * like.dtype.size()).div_ceil(8)];
-    let a = Array::contiguous(words.as_ptr() as u64, like.dtype, &[count]);
-    (words, a)
-}
 
 /// The group's transports across hosts and inside this rank's host,
 /// whose members must be the plan's (`across`, `inside`).
@@ -59,108 +40,134 @@ pub(super) fn transports<'a>(
     }
 }
 
-/// `count` elements of `a` from element `start`, flat.
-fn part(a: &Array, start: usize, count: usize) -> Array {
-    Array::contiguous(a.addr + (start * a.dtype.size()) as u64, a.dtype, &[count])
+/// A contiguous array as one run of elements.
+pub(super) fn flat(a: &Array) -> Array {
+    Array::contiguous(a.addr, a.dtype, &[a.numel()])
 }
 
-pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Result<()> {
-    let _lock = group.lock_collective();
-    group.check_healthy()?;
-    let what = "symm_all_reduce";
-    let sig = call.as_ref().map_or_else(
-        |_| Signature::new("all_reduce"),
-        |c| {
-            Signature::new(if c.norm.is_some() { "all_reduce_rmsnorm" } else { "all_reduce" })
-                .arg("input.dtype", c.input.dtype)
-                .arg("input.shape", shape_text(&c.input.shape))
-                .arg("op", c.op.name())
-        },
-    );
-    let checked = call.and_then(|c| {
-        let h = runnable(group, what)?;
-        if c.norm.is_some() {
-            return Err(err!(Unsupported, "symm_all_reduce_rmsnorm is not implemented across hosts yet"));
-        }
-        if c.output.shape != c.input.shape || c.output.dtype != c.input.dtype {
-            return Err(err!(InvalidArgument, "{what}: output must have the input's shape and dtype"));
-        }
-        contiguous(&c.input, "input")?;
-        contiguous(&c.output, "output")?;
-        Ok((c, h))
-    });
-    agree_across_hosts(group, &sig, checked.as_ref().map(|_| ()).map_err(Clone::clone))?;
-    let (c, h) = checked?;
-    let plan = AllReducePlan::new(&h, c.input.numel(), 1);
-    let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
-    // Slices padded to the first's length, so that each level moves equal blocks.
-    let (lw, chunk) = (plan.slices.len(), plan.slices[0].len());
-    let (_padded, padded) = scratch(&c.input, lw * chunk);
-    elementwise::copy(&part(&padded, 0, c.input.numel()), &part(&c.input, 0, c.input.numel()))?;
-    let (_host_sum, host_sum) = scratch(&c.input, chunk);
-    inside.reduce_scatter(group, &padded, &host_sum, stream)?;
-    let (_sum, sum) = scratch(&c.input, chunk);
-    across.all_reduce(group, &host_sum, &sum, stream)?;
-    inside.all_gather(group, &sum, &padded, stream)?;
-    let (dst, src) = (part(&c.output, 0, c.input.numel()), part(&padded, 0, c.input.numel()));
-    match (c.op, c.input.dtype.is_integer()) {
-        (ReduceOp::Sum, _) => elementwise::copy(&dst, &src),
-        (ReduceOp::Avg, true) => elementwise::reduce_integers(&dst, &[src], h.world()),
-        (ReduceOp::Avg, false) => elementwise::reduce(&dst, &[src], 1.0 / h.world() as f32),
-    }
-}
-
-pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
-    let _lock = group.lock_collective();
-    group.check_healthy()?;
-    let what = "symm_lc_allgather";
-    let sig = call.as_ref().map_or_else(
-        |_| Signature::new("lc_allgather"),
-        |c| {
-            Signature::new("lc_allgather")
-                .arg("input.dtype", c.input.dtype)
-                .arg("input.shape", shape_text(&c.input.shape))
-        },
-    );
-    let world = group.world();
-    let checked = call.and_then(|c| {
-        let h = runnable(group, what)?;
-        let mut want = c.input.shape.clone();
-        if let Some(rows) = want.first_mut() {
-            *rows *= world;
-        }
-        if c.input.shape.is_empty() || c.output.shape != want || c.output.dtype != c.input.dtype {
-            return Err(err!(InvalidArgument, "{what}: output must be {} of the input's dtype", shape_text(&want)));
-        }
-        contiguous(&c.input, "input")?;
-        contiguous(&c.output, "output")?;
-        Ok((c, h))
-    });
-    agree_across_hosts(group, &sig, checked.as_ref().map(|_| ()).map_err(Clone::clone))?;
-    let (c, h) = checked?;
-    let plan = GatherPlan::new(&h);
+/// Every rank's piece into its place on this rank through `plan`: across
+/// hosts into `staging` (one piece per host), then inside the host after
+/// them (every piece, by local index then host), then each to its place.
+/// `piece(r)`: where rank r's piece goes (any strides; all of one shape and
+/// dtype), except `piece(this rank)`: its piece, contiguous (already where
+/// it goes, or copied there by the caller).
+pub(super) fn gather(ex: &Exec<'_>, plan: &GatherPlan, staging: u64, piece: &dyn Fn(usize) -> Array) -> Result<()> {
     let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
-    let (across, inside) = transports(group, &plan.across, &local)?;
-    let piece = c.input.numel();
-    let hosts = plan.across.len();
-    let (_staged, staged) = scratch(&c.input, hosts * piece);
-    across.all_gather(group, &part(&c.input, 0, piece), &staged, stream)?;
-    let (_all, all) = scratch(&c.input, plan.inside.len() * hosts * piece);
-    inside.all_gather(group, &staged, &all, stream)?;
-    // Block (j, h) of `all` is the piece of the rank with local index j on host h.
+    let (across, inside) = transports(ex.group, &plan.across, &local)?;
+    let mine = flat(&piece(ex.rank()));
+    let (n, dtype, hosts) = (mine.numel(), mine.dtype, plan.across.len());
+    let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
+    across.all_gather(ex.group, &mine, &at(0, hosts), ex.stream)?;
+    inside.all_gather(ex.group, &at(0, hosts), &at(hosts, local.len() * hosts), ex.stream)?;
     for (j, (_, pieces)) in plan.inside.iter().enumerate() {
         for (k, &rank) in pieces.iter().enumerate() {
-            let at = piece_rows(rank, piece).start;
-            elementwise::copy(&part(&c.output, at, piece), &part(&all, (j * hosts + k) * piece, piece))?;
+            if rank != ex.rank() {
+                let dst = piece(rank);
+                ex.copy(&dst, &Array::contiguous(at(hosts + j * hosts + k, 1).addr, dtype, &dst.shape))?;
+            }
         }
     }
     Ok(())
 }
 
+/// Slices start 16 bytes apart at least, as NCCL's and the copies' vector
+/// accesses like.
+const SLICE_ALIGN_BYTES: usize = 16;
+
+pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Result<()> {
+    let _lock = group.lock_collective();
+    group.check_healthy()?;
+    let (sig, checked) = match call {
+        Ok(c) => (c.signature(None), c.check().map(|()| c)),
+        Err(e) => (Signature::new("all_reduce"), Err(e)),
+    };
+    let ready = checked.and_then(|c| {
+        let what = if c.norm.is_some() { "symm_all_reduce_rmsnorm" } else { "symm_all_reduce" };
+        let h = Hierarchy::new(group.topology(), group.rank(), what)?;
+        let size = c.input.dtype.size();
+        let plan = AllReducePlan::new(&h, c.input.numel(), SLICE_ALIGN_BYTES.div_ceil(size));
+        // The input padded to a block per local rank, where the total lands
+        // too; this host's sum of this rank's block; its total.
+        let (mut layout, block) = (Layout::default(), plan.block * size);
+        let padded = layout.region(plan.slices.len() * block);
+        let (host_sum, total) = (layout.region(block), layout.region(block));
+        let norm = c.norm_regions(&mut layout);
+        let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
+        Ok((c, plan, base, [padded, host_sum, total], norm))
+    });
+    agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let (c, plan, base, [padded, host_sum, total], norm) = ready?;
+    if c.input.numel() == 0 {
+        return Ok(());
+    }
+    let ex = local_exec(group, base, stream);
+    let run = || {
+        let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
+        let (dtype, block, world) = (c.input.dtype, plan.block, group.world());
+        let run_of = |offset: usize, blocks: usize| Array::contiguous(ex.local(offset), dtype, &[blocks * block]);
+        let sum = Array::contiguous(ex.local(padded), dtype, &c.input.shape);
+        ex.copy(&sum, &c.input)?;
+        let all = run_of(padded, plan.slices.len());
+        inside.reduce_scatter(group, &all, &run_of(host_sum, 1), stream)?;
+        across.all_reduce(group, &run_of(host_sum, 1), &run_of(total, 1), stream)?;
+        // The average divides each block's total once, before it spreads.
+        let reduced = match c.op {
+            ReduceOp::Sum => total,
+            ReduceOp::Avg => {
+                c.reduce(&ex, &run_of(host_sum, 1), &[run_of(total, 1)], world)?;
+                host_sum
+            }
+        };
+        inside.all_gather(group, &run_of(reduced, 1), &all, stream)?;
+        c.finish(&ex, &sum, norm)
+    };
+    // A rank that stops midway leaves its peers waiting in a transport.
+    run().inspect_err(|e| group.fail(e))
+}
+
+pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
+    let _lock = group.lock_collective();
+    group.check_healthy()?;
+    let (sig, checked) = match call {
+        Ok(c) => (c.signature(None), c.check(group.world()).map(|bytes| (c, bytes))),
+        Err(e) => (Signature::new("lc_allgather"), Err(e)),
+    };
+    let ready = checked.and_then(|(c, bytes)| {
+        let h = Hierarchy::new(group.topology(), group.rank(), "symm_lc_allgather")?;
+        // This rank's input, contiguous; one piece per host, then every rank's.
+        let mut layout = Layout::default();
+        let staged = layout.region(bytes);
+        let staging = layout.region((h.hosts() + h.world()) * bytes);
+        let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
+        Ok((c, GatherPlan::new(&h), base, staged, staging))
+    });
+    agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let (c, plan, base, staged, staging) = ready?;
+    if c.input.numel() == 0 {
+        return Ok(());
+    }
+    let ex = local_exec(group, base, stream);
+    let (me, len) = (group.rank(), c.input.shape[0]);
+    let run = || {
+        let mine = match c.input.is_contiguous() {
+            true => c.input.clone(),
+            false => {
+                let s = Array::contiguous(ex.local(staged), c.input.dtype, &c.input.shape);
+                ex.copy(&s, &c.input)?;
+                s
+            }
+        };
+        ex.copy(&c.output.narrow(0, piece_rows(me, len).start, len), &c.input)?;
+        let place = |r: usize| if r == me { mine.clone() } else { c.output.narrow(0, piece_rows(r, len).start, len) };
+        gather(&ex, &plan, ex.local(staging), &place)
+    };
+    run().inspect_err(|e| group.fail(e))
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::super::testing::{host_config, host_groups, on_each};
-    use super::super::{all_reduce as all_reduce_op, lc_allgather as lc_allgather_op};
+    use super::super::{all_reduce as all_reduce_op, lc_allgather as lc_allgather_op, Norm};
     use super::*;
     use crate::array::DType;
     use crate::bootstrap::local::local_bootstraps;
@@ -313,6 +320,306 @@ pub(super) mod tests {
         }) {
             assert_eq!(e.kind, ErrorKind::Unsupported);
             assert!(e.msg.contains("different numbers of ranks"), "{}", e.msg);
+        }
+    }
+
+    /// A `[rows, cols]` tensor in host memory whose rows are `ld` elements
+    /// apart (`ld > cols`: strided), every byte poisoned (0xa5) first.
+    struct M {
+        _data: Vec<u64>,
+        a: Array,
+    }
+
+    impl M {
+        fn new(dtype: DType, rows: usize, cols: usize, ld: usize, fill: impl Fn(usize) -> f64) -> M {
+            let data = vec![u64::from_ne_bytes([0xa5; 8]); (rows * ld * dtype.size()).div_ceil(8) + 1];
+            let a = Array { addr: data.as_ptr() as u64, dtype, shape: vec![rows, cols], strides: vec![ld, 1] };
+            let m = M { _data: data, a };
+            (0..rows * cols).for_each(|i| m.set(i, fill(i)));
+            m
+        }
+
+        fn at(&self, i: usize) -> *mut u8 {
+            let (row, col) = (i / self.a.shape[1], i % self.a.shape[1]);
+            (self.a.addr as usize + (row * self.a.strides[0] + col) * self.a.dtype.size()) as *mut u8
+        }
+
+        fn set(&self, i: usize, v: f64) {
+            let p = self.at(i);
+            // SAFETY: inside `_data`, which this tensor owns.
+            unsafe {
+                match self.a.dtype {
+                    DType::F32 => (p as *mut f32).write_unaligned(v as f32),
+                    DType::BF16 => (p as *mut u16).write_unaligned(half::bf16::from_f64(v).to_bits()),
+                    DType::I8 => (p as *mut i8).write(v as i8),
+                    DType::U8 => p.write(v as u8),
+                    DType::I32 => (p as *mut i32).write_unaligned(v as i32),
+                    DType::I64 => (p as *mut i64).write_unaligned(v as i64),
+                    d => panic!("{d}"),
+                }
+            }
+        }
+
+        fn get(&self, i: usize) -> f64 {
+            let p = self.at(i);
+            // SAFETY: as in `set`.
+            unsafe {
+                match self.a.dtype {
+                    DType::F32 => (p as *const f32).read_unaligned() as f64,
+                    DType::BF16 => half::bf16::from_bits((p as *const u16).read_unaligned()).to_f64(),
+                    DType::I8 => (p as *const i8).read() as f64,
+                    DType::U8 => p.read() as f64,
+                    DType::I32 => (p as *const i32).read_unaligned() as f64,
+                    DType::I64 => (p as *const i64).read_unaligned() as f64,
+                    d => panic!("{d}"),
+                }
+            }
+        }
+
+        fn values(&self) -> Vec<f64> {
+            (0..self.a.numel()).map(|i| self.get(i)).collect()
+        }
+
+        /// Whether every byte outside the elements is still poison.
+        fn padding_untouched(&self) -> bool {
+            let size = self.a.dtype.size();
+            let base = self.a.addr as usize;
+            let mut inside = vec![false; self.a.shape[0] * self.a.strides[0] * size];
+            for i in 0..self.a.numel() {
+                let at = self.at(i) as usize - base;
+                inside[at..at + size].iter_mut().for_each(|b| *b = true);
+            }
+            // SAFETY: `_data` holds at least `inside.len()` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, inside.len()) };
+            bytes.iter().zip(&inside).all(|(&b, &e)| e || b == 0xa5)
+        }
+    }
+
+    /// Rank r's element i for `dtype`: small integers (exact in every
+    /// dtype), near the top of the 8-bit types so that their sums wrap.
+    fn input_value(dtype: DType, r: usize, i: usize) -> f64 {
+        let small = ((r * 7 + i * 3) % 11) as f64 - 5.0;
+        match dtype {
+            DType::I8 => 120.0 + small,
+            DType::U8 => 250.0 + small,
+            _ => small,
+        }
+    }
+
+    /// The reference in f64, or i128 arithmetic for integers: wrapping
+    /// sums, averages truncated toward zero.
+    fn reduced(dtype: DType, op: ReduceOp, world: usize, i: usize) -> f64 {
+        let bits = 8 * dtype.size() as u32;
+        let sum: f64 = (0..world).map(|r| input_value(dtype, r, i)).sum();
+        if !dtype.is_integer() {
+            return if op == ReduceOp::Avg { sum / world as f64 } else { sum };
+        }
+        let m = (sum as i128).rem_euclid(1 << bits);
+        let wrapped = if dtype != DType::U8 && m >= 1 << (bits - 1) { m - (1 << bits) } else { m };
+        (if op == ReduceOp::Avg { wrapped / world as i128 } else { wrapped }) as f64
+    }
+
+    /// (in place, row stride of input and output past the row's length)
+    const LAYOUTS: &[(bool, usize)] = &[(false, 0), (false, 3), (true, 0), (true, 2)];
+
+    /// Every rank's output of an all-reduce of `[3, 5]` in `layout`.
+    fn reduce_layout_on(groups: &[Arc<Group>], dtype: DType, op: ReduceOp, layout: (bool, usize)) -> Vec<M> {
+        let (in_place, pad) = layout;
+        let (rows, cols) = (3, 5);
+        on_each(groups, |r, g| {
+            let input = M::new(dtype, rows, cols, cols + pad, |i| input_value(dtype, r, i));
+            let output = if in_place { None } else { Some(M::new(dtype, rows, cols, cols + pad + 1, |_| f64::NAN)) };
+            let out = output.as_ref().unwrap_or(&input).a.clone();
+            let call = AllReduce { input: input.a.clone(), output: out, op, norm: None, algorithm: None };
+            all_reduce_op(g, Ok(call), Stream(0)).unwrap();
+            output.unwrap_or(input)
+        })
+    }
+
+    /// Every dtype of the one-host op, sum and average, strided and in
+    /// place: against the reference and the one-host group's bits; the
+    /// outputs' padding is left alone.
+    #[test]
+    fn all_reduce_dtypes_and_layouts_match_one_host() {
+        let cases = [
+            (DType::BF16, ReduceOp::Avg),
+            (DType::F32, ReduceOp::Sum),
+            (DType::I8, ReduceOp::Avg),
+            (DType::U8, ReduceOp::Sum),
+            (DType::U8, ReduceOp::Avg),
+            (DType::I32, ReduceOp::Avg),
+            (DType::I64, ReduceOp::Sum),
+        ];
+        for hosts in PLACEMENTS {
+            let world = hosts.len();
+            let (groups, one) = (on_hosts(hosts), host_groups(world));
+            for (dtype, op) in cases {
+                for &layout in LAYOUTS {
+                    let got = reduce_layout_on(&groups, dtype, op, layout);
+                    let single = reduce_layout_on(&one, dtype, op, layout);
+                    let want: Vec<f64> = (0..15).map(|i| reduced(dtype, op, world, i)).collect();
+                    for r in 0..world {
+                        let what = format!("{hosts:?} {dtype} {op:?} (in place, pad) {layout:?} rank {r}");
+                        assert_eq!(got[r].values(), want, "{what}");
+                        assert_eq!(got[r].values(), single[r].values(), "{what}: one host");
+                        assert!(got[r].padding_untouched(), "{what}: padding written");
+                    }
+                }
+            }
+            one.iter().for_each(|g| g.release_scratch());
+        }
+    }
+
+    /// Every rank's (out, residual_out) of an all_reduce_rmsnorm of `[4,
+    /// 6]`, strided, residual_out apart or `residual` itself.
+    fn rmsnorm_on(groups: &[Arc<Group>], dtype: DType, in_place: bool) -> Vec<(M, M)> {
+        let (rows, hidden) = (4, 6);
+        on_each(groups, |r, g| {
+            let x = M::new(dtype, rows, hidden, hidden + 2, |i| input_value(dtype, r, i));
+            let residual = M::new(dtype, rows, hidden, hidden + 1, |i| (i % 5) as f64 - 2.0);
+            let weight = M::new(dtype, 1, hidden, hidden, |i| 0.5 + i as f64 * 0.25);
+            let out = M::new(dtype, rows, hidden, hidden + 3, |_| f64::NAN);
+            let residual_out = if in_place { None } else { Some(M::new(dtype, rows, hidden, hidden, |_| f64::NAN)) };
+            let norm = Norm {
+                residual: residual.a.clone(),
+                weight: Array::contiguous(weight.a.addr, dtype, &[hidden]),
+                eps: 1e-5,
+                residual_out: residual_out.as_ref().unwrap_or(&residual).a.clone(),
+            };
+            let call = AllReduce {
+                input: x.a.clone(),
+                output: out.a.clone(),
+                op: ReduceOp::Sum,
+                norm: Some(norm),
+                algorithm: None,
+            };
+            all_reduce_op(g, Ok(call), Stream(0)).unwrap();
+            (out, residual_out.unwrap_or(residual))
+        })
+    }
+
+    /// The norm of the reduced sum, against f64 and the one-host group's
+    /// bits (the sums are exact, and both run the backend's norm on them).
+    #[test]
+    fn all_reduce_rmsnorm_matches_one_host() {
+        let (rows, hidden) = (4, 6);
+        for hosts in PLACEMENTS {
+            let world = hosts.len();
+            let (groups, one) = (on_hosts(hosts), host_groups(world));
+            for (dtype, tolerance) in [(DType::F32, 1e-6), (DType::BF16, 1e-2)] {
+                for in_place in [false, true] {
+                    let r_out: Vec<f64> = (0..rows * hidden)
+                        .map(|i| reduced(dtype, ReduceOp::Sum, world, i) + (i % 5) as f64 - 2.0)
+                        .collect();
+                    let want: Vec<f64> = (0..rows * hidden)
+                        .map(|i| {
+                            let row = &r_out[i / hidden * hidden..][..hidden];
+                            let rms = (row.iter().map(|v| v * v).sum::<f64>() / hidden as f64 + 1e-5).sqrt();
+                            r_out[i] / rms * (0.5 + (i % hidden) as f64 * 0.25)
+                        })
+                        .collect();
+                    let got = rmsnorm_on(&groups, dtype, in_place);
+                    let single = rmsnorm_on(&one, dtype, in_place);
+                    for r in 0..world {
+                        let what = format!("{hosts:?} {dtype} in place {in_place} rank {r}");
+                        let (out, res) = &got[r];
+                        assert_eq!(res.values(), r_out, "{what}: residual_out");
+                        for (g, w) in out.values().iter().zip(&want) {
+                            assert!((g - w).abs() <= tolerance * w.abs().max(1.0), "{what}: out {g} vs {w}");
+                        }
+                        assert_eq!(out.values(), single[r].0.values(), "{what}: one host");
+                        assert!(out.padding_untouched() && res.padding_untouched(), "{what}: padding written");
+                    }
+                }
+            }
+            one.iter().for_each(|g| g.release_scratch());
+        }
+    }
+
+    /// A call invalid on one rank fails on every rank (`Remote` on the
+    /// others) and writes nothing; so does an rmsnorm of integers.
+    #[test]
+    fn invalid_calls_fail_every_rank_and_change_nothing() {
+        let groups = on_hosts(&["a", "b", "b", "a"]);
+        for odd in [1, 3] {
+            let results = on_each(&groups, |r, g| {
+                let input = M::new(DType::F32, 2, 4, 4, |i| i as f64);
+                let output = M::new(DType::F32, 2, 4 + (r == odd) as usize, 6, |_| f64::NAN);
+                let call = AllReduce {
+                    input: input.a.clone(),
+                    output: output.a.clone(),
+                    op: ReduceOp::Sum,
+                    norm: None,
+                    algorithm: None,
+                };
+                let e = all_reduce_op(g, Ok(call), Stream(0)).unwrap_err();
+                let gathered = M::new(DType::F32, 8 + (r == odd) as usize, 4, 4, |_| f64::NAN);
+                let call = LcAllgather { input: input.a.clone(), output: gathered.a.clone() };
+                let e2 = lc_allgather_op(g, Ok(call), Stream(0)).unwrap_err();
+                let untouched = output.values().iter().chain(&gathered.values()).all(|v| v.is_nan());
+                (e, e2, untouched)
+            });
+            for (r, (e, e2, untouched)) in results.into_iter().enumerate() {
+                let want = if r == odd { ErrorKind::InvalidArgument } else { ErrorKind::Remote };
+                assert_eq!((e.kind, e2.kind), (want, want), "rank {r}: {} / {}", e.msg, e2.msg);
+                assert!(untouched, "rank {r}");
+            }
+        }
+        for e in on_each(&groups, |_, g| {
+            let (x, res, w) = (
+                M::new(DType::I32, 2, 4, 4, |i| i as f64),
+                M::new(DType::I32, 2, 4, 4, |_| 1.0),
+                M::new(DType::I32, 1, 4, 4, |_| 1.0),
+            );
+            let out = M::new(DType::I32, 2, 4, 4, |_| -7.0);
+            let norm = Norm {
+                residual: res.a.clone(),
+                weight: Array::contiguous(w.a.addr, DType::I32, &[4]),
+                eps: 1e-6,
+                residual_out: res.a.clone(),
+            };
+            let call = AllReduce {
+                input: x.a.clone(),
+                output: out.a.clone(),
+                op: ReduceOp::Sum,
+                norm: Some(norm),
+                algorithm: None,
+            };
+            let e = all_reduce_op(g, Ok(call), Stream(0)).unwrap_err();
+            assert!(out.values().iter().all(|&v| v == -7.0) && res.values().iter().all(|&v| v == 1.0));
+            e
+        }) {
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{}", e.msg);
+        }
+        // Still usable.
+        assert!(gather_on(&groups, 2).iter().all(|o| o.iter().all(|v| !v.is_nan())));
+    }
+
+    /// Strided inputs and outputs of the gather, rank order whatever the
+    /// placement; padding left alone.
+    #[test]
+    fn lc_allgather_strided_matches_one_host() {
+        for hosts in PLACEMENTS {
+            let world = hosts.len();
+            let (groups, one) = (on_hosts(hosts), host_groups(world));
+            let run = |groups: &[Arc<Group>]| {
+                on_each(groups, |r, g| {
+                    let input = M::new(DType::BF16, 3, 4, 7, |i| input_value(DType::BF16, r, i));
+                    let output = M::new(DType::BF16, 3 * world, 4, 5, |_| f64::NAN);
+                    let call = LcAllgather { input: input.a.clone(), output: output.a.clone() };
+                    lc_allgather_op(g, Ok(call), Stream(0)).unwrap();
+                    output
+                })
+            };
+            let (got, single) = (run(&groups), run(&one));
+            let want: Vec<f64> =
+                (0..world).flat_map(|r| (0..12).map(move |i| input_value(DType::BF16, r, i))).collect();
+            for r in 0..world {
+                assert_eq!(got[r].values(), want, "{hosts:?} rank {r}");
+                assert_eq!(got[r].values(), single[r].values());
+                assert!(got[r].padding_untouched(), "{hosts:?} rank {r}: padding written");
+            }
+            one.iter().for_each(|g| g.release_scratch());
         }
     }
 }

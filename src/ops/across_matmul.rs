@@ -7,23 +7,23 @@
 //! every chunk of the product is made before the reduce-scatter, whose
 //! levels sum in the partials' type (the output's, f32 for an fp8 one).
 //!
-//! The workspace is this rank's memory alone ([`LocalScratch`]), laid out
+//! The workspace is this rank's memory alone (`LocalScratch`), laid out
 //! as the one-host call's, then the transports' staging; it is made ready
 //! before the ranks agree, so that a failure to allocate it fails every
 //! rank. Every call is agreed (no call is kept), so one that differs
 //! between ranks fails on all of them, and bad input changes nothing.
 
-use super::across_hosts::transports;
+use super::across_hosts::{flat, gather, transports};
 use super::agree::{agree_across_hosts, Signature};
 use super::hierarchy::{GatherPlan, Hierarchy, ScatterPlan};
+use super::local_scratch::{local_exec, LocalScratch};
 use super::workspace::Layout;
-use super::{ag_mm, AgMm, Exec, MmRs, Prepared};
+use super::{ag_mm, AgMm, MmRs, Prepared};
 use crate::array::Array;
-use crate::backend::{Allocation, Stream};
-use crate::error::{err, Result};
-use crate::group::{Attachment, Group};
-use crate::sync::lock;
-use std::sync::{Arc, Mutex};
+use crate::backend::Stream;
+use crate::error::Result;
+use crate::group::Group;
+use std::sync::Arc;
 
 pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Result<()> {
     let _lock = group.lock_collective();
@@ -102,85 +102,6 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
         p.reduce_into_out(&ex, &[p.chunk(ex.local(total))])
     };
     run().inspect_err(|e| group.fail(e))
-}
-
-/// Every rank's piece into its place on every rank (`piece(r)`: rank r's,
-/// contiguous, all of one size and dtype; this rank's already there),
-/// through `plan`: across hosts into `staging` (one piece per host), then
-/// inside the host after them (every piece, by local index then host),
-/// then each to its place.
-fn gather(ex: &Exec<'_>, plan: &GatherPlan, staging: u64, piece: &dyn Fn(usize) -> Array) -> Result<()> {
-    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
-    let (across, inside) = transports(ex.group, &plan.across, &local)?;
-    let mine = flat(&piece(ex.rank()));
-    let (n, dtype, hosts) = (mine.numel(), mine.dtype, plan.across.len());
-    let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
-    across.all_gather(ex.group, &mine, &at(0, hosts), ex.stream)?;
-    inside.all_gather(ex.group, &at(0, hosts), &at(hosts, local.len() * hosts), ex.stream)?;
-    for (j, (_, pieces)) in plan.inside.iter().enumerate() {
-        for (k, &rank) in pieces.iter().enumerate() {
-            if rank != ex.rank() {
-                ex.copy(&flat(&piece(rank)), &at(hosts + j * hosts + k, 1))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A contiguous array as one run of elements.
-fn flat(a: &Array) -> Array {
-    Array::contiguous(a.addr, a.dtype, &[a.numel()])
-}
-
-/// An execution over this rank's workspace at `base`, no peer's mapped.
-fn local_exec(group: &Group, base: u64, stream: Stream) -> Exec<'_> {
-    Exec { group, base, ws: None, mailbox: None, flags: None, reduce: None, stream }
-}
-
-/// The workspace of a group spanning hosts (a group [`Attachment`]): this
-/// rank's memory alone, grown on demand, never shrunk.
-#[derive(Default)]
-struct LocalScratch(Mutex<Option<Box<dyn Allocation>>>);
-
-/// Sizes grow in steps of this, so a run of slightly larger calls does not
-/// reallocate on every one.
-const GROWTH_STEP: usize = 1 << 20;
-
-impl LocalScratch {
-    /// The address of at least `bytes` of it, grown (after the work of
-    /// earlier calls on `stream` is done) where smaller.
-    fn ensure(group: &Group, bytes: usize, stream: Stream) -> Result<u64> {
-        let this = group.attachment::<LocalScratch>();
-        let mut held = lock(&this.0);
-        if let Some(a) = held.as_ref().filter(|a| a.len() >= bytes) {
-            return Ok(a.addr());
-        }
-        // Whole allocation units of the backend (VMM: 2 MiB on Hopper).
-        let step = GROWTH_STEP.next_multiple_of(group.backend().granularity());
-        let size = bytes
-            .max(1)
-            .checked_next_multiple_of(step)
-            .ok_or_else(|| err!(InvalidArgument, "a workspace of {bytes} bytes is too large"))?;
-        if held.is_some() {
-            group.backend().quiesce(Some(stream)).map_err(|e| e.context("growing the workspace"))?;
-        }
-        *held = None;
-        let a = group.backend().allocate(size)?;
-        let addr = a.addr();
-        *held = Some(a);
-        Ok(addr)
-    }
-}
-
-impl Attachment for LocalScratch {
-    /// Frees it once the work issued so far has finished (as `OpsState`).
-    fn release(&self, group: &Group) {
-        let mut held = lock(&self.0);
-        if held.is_some() {
-            let _ = group.backend().quiesce(None);
-        }
-        *held = None;
-    }
 }
 
 /// Against a reference in f64 (exact: small integers) and the same call

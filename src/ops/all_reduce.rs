@@ -124,7 +124,7 @@ impl AllReduce {
         }
     }
 
-    fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
+    pub(super) fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
         let mut s = Signature::new(self.name())
             .arg("input.dtype", self.input.dtype)
             .arg("input.shape", shape_text(&self.input.shape))
@@ -139,12 +139,9 @@ impl AllReduce {
         s
     }
 
-    fn prepare(
-        self,
-        facts: &super::decide::Facts,
-        algorithm: AllReduceAlgorithm,
-        symmetric: Option<SymmetricPlace>,
-    ) -> Result<ArPrepared> {
+    /// The checks of every all-reduce, on one host or across hosts: what
+    /// the arguments must be, whatever runs them.
+    pub(super) fn check(&self) -> Result<()> {
         let (input, output) = (&self.input, &self.output);
         let floats = matches!(input.dtype, DType::F32 | DType::BF16 | DType::F16);
         if self.norm.is_some() && !floats {
@@ -209,6 +206,17 @@ impl AllReduce {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn prepare(
+        self,
+        facts: &super::decide::Facts,
+        algorithm: AllReduceAlgorithm,
+        symmetric: Option<SymmetricPlace>,
+    ) -> Result<ArPrepared> {
+        self.check()?;
+        let (input, output) = (&self.input, &self.output);
         let world = facts.world;
         let bytes = check::mul(input.numel(), input.dtype.size(), "input")?;
         // The kernels spin while their peers run: ranks sharing a GPU would wait
@@ -242,10 +250,7 @@ impl AllReduce {
             let staged = if symmetric.is_some() { None } else { Some(layout.region(bytes)) };
             let reduced = (algorithm == AllReduceAlgorithm::TwoShot).then(|| layout.region(bytes));
             let gathered = layout.region(bytes);
-            // The norm's operands, contiguous: the residual, out, the weight.
-            let norm = self.norm.as_ref().map(|n| {
-                (layout.region(bytes), layout.region(bytes), layout.region(n.weight.numel() * n.weight.dtype.size()))
-            });
+            let norm = self.norm_regions(&mut layout);
             Plan::Generic { staged, reduced, gathered, norm }
         };
         let reduce_bytes = if kernel { AllReduceLayout::bytes_for(bytes, world) } else { 0 };
@@ -258,6 +263,67 @@ impl AllReduce {
             reduce_bytes,
             decided: String::new(),
         })
+    }
+}
+
+impl AllReduce {
+    /// The workspace regions of the norm's contiguous operands (the
+    /// residual, out, the weight), when the call has a norm.
+    pub(super) fn norm_regions(&self, layout: &mut Layout) -> Option<(usize, usize, usize)> {
+        let bytes = self.input.numel() * self.input.dtype.size();
+        self.norm.as_ref().map(|n| {
+            (layout.region(bytes), layout.region(bytes), layout.region(n.weight.numel() * n.weight.dtype.size()))
+        })
+    }
+
+    /// What an integer sum is divided by.
+    fn divisor(&self, world: usize) -> usize {
+        match self.op {
+            ReduceOp::Sum => 1,
+            ReduceOp::Avg => world,
+        }
+    }
+
+    /// `dst = reduce(srcs)` over `world` ranks: scaled in f32 for floats,
+    /// exact for integers.
+    pub(super) fn reduce(&self, ex: &Exec<'_>, dst: &Array, srcs: &[Array], world: usize) -> Result<()> {
+        if dst.dtype.is_integer() {
+            ex.group.backend().reduce_integers(dst, srcs, self.divisor(world), ex.stream)
+        } else {
+            ex.reduce(dst, srcs, self.op.scale(world))
+        }
+    }
+
+    /// Writes the outputs from `sum`, the reduced input (contiguous, of
+    /// its shape, in the workspace; the norm makes it residual_out in
+    /// place), the norm's operands at `norm` (`norm_regions`).
+    pub(super) fn finish(&self, ex: &Exec<'_>, sum: &Array, norm: Option<(usize, usize, usize)>) -> Result<()> {
+        let dtype = self.input.dtype;
+        match (&self.norm, norm) {
+            (Some(nm), Some((res, out, w))) => {
+                // On contiguous rows: the residual copied in, the sum
+                // becoming residual_out in place, out apart; then copied out.
+                let hidden = *self.input.shape.last().expect("at least one dimension");
+                let rows = self.input.numel() / hidden.max(1);
+                let mat = |addr: u64| Array::contiguous(addr, dtype, &[rows, hidden]);
+                let (res_c, out_c, sum_c) = (mat(ex.local(res)), mat(ex.local(out)), mat(sum.addr));
+                ex.copy(&Array::contiguous(res_c.addr, dtype, &self.input.shape), &nm.residual)?;
+                let weight = Array::contiguous(ex.local(w), dtype, &nm.weight.shape);
+                ex.copy(&weight, &nm.weight)?;
+                let norm = AddRmsNorm {
+                    out: &out_c,
+                    residual_out: &sum_c,
+                    x: &sum_c,
+                    residual: &res_c,
+                    weight: &weight,
+                    eps: nm.eps,
+                };
+                ex.group.backend().add_rms_norm(&norm, ex.stream)?;
+                ex.copy(&nm.residual_out, sum)?;
+                ex.copy(&self.output, &Array::contiguous(out_c.addr, dtype, &self.input.shape))
+            }
+            _ => ex.copy(&self.output, sum),
+        }
     }
 }
 
@@ -305,34 +371,14 @@ impl Prepared for ArPrepared {
     }
 
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
-        let scale = self.call.op.scale(ex.world());
         match &self.plan {
-            Plan::Kernel { .. } => self.kernel(ex, scale),
-            Plan::Generic { staged, reduced, gathered, norm } => {
-                self.generic(ex, scale, *staged, *reduced, *gathered, *norm)
-            }
+            Plan::Kernel { .. } => self.kernel(ex, self.call.op.scale(ex.world())),
+            Plan::Generic { staged, reduced, gathered, norm } => self.generic(ex, *staged, *reduced, *gathered, *norm),
         }
     }
 }
 
 impl ArPrepared {
-    /// What an integer sum is divided by.
-    fn divisor(&self, world: usize) -> usize {
-        match self.call.op {
-            ReduceOp::Sum => 1,
-            ReduceOp::Avg => world,
-        }
-    }
-
-    /// `dst = reduce(srcs)`: scaled in f32 for floats, exact for integers.
-    fn reduce(&self, ex: &Exec<'_>, dst: &Array, srcs: &[Array], scale: f32) -> Result<()> {
-        if dst.dtype.is_integer() {
-            ex.group.backend().reduce_integers(dst, srcs, self.divisor(ex.world()), ex.stream)
-        } else {
-            ex.reduce(dst, srcs, scale)
-        }
-    }
-
     /// A contiguous array holding `t`'s elements: `t` itself, or its copy
     /// at `at` in the workspace (copied there first when `fill`).
     fn contiguous(&self, ex: &Exec<'_>, t: &Array, at: Option<usize>, fill: bool) -> Result<Array> {
@@ -390,7 +436,7 @@ impl ArPrepared {
             input: input.addr,
             output: output.addr,
             scale,
-            divisor: self.divisor(ex.world()),
+            divisor: self.call.divisor(ex.world()),
             scratch: ex.on_every_rank(super::state::Scratch::AllReduce, 0)?,
             scratch_bytes: reduce.buffer().size(),
             norm,
@@ -406,7 +452,6 @@ impl ArPrepared {
     fn generic(
         &self,
         ex: &Exec<'_>,
-        scale: f32,
         staged: Option<usize>,
         reduced: Option<usize>,
         gathered: usize,
@@ -435,7 +480,7 @@ impl ArPrepared {
                 let (lo, hi) = slice(n, world, me);
                 let srcs: Vec<Array> =
                     (0..world).map(|r| Ok(flat(source(r)? + lo as u64 * size, hi - lo))).collect::<Result<_>>()?;
-                self.reduce(ex, &flat(ex.local(red) + lo as u64 * size, hi - lo), &srcs, scale)?;
+                c.reduce(ex, &flat(ex.local(red) + lo as u64 * size, hi - lo), &srcs, world)?;
                 ex.barrier()?;
                 for r in ex.rotation() {
                     let (lo, hi) = slice(n, world, r);
@@ -445,38 +490,13 @@ impl ArPrepared {
             }
             _ => {
                 let srcs: Vec<Array> = (0..world).map(|r| Ok(flat(source(r)?, n))).collect::<Result<_>>()?;
-                self.reduce(ex, &sum, &srcs, scale)?;
+                c.reduce(ex, &sum, &srcs, world)?;
             }
         }
         // No rank may overwrite what a peer still reads (its staged input,
         // its reduced slice, or a symmetric input) before all are done.
         ex.barrier()?;
-        let sum = Array::contiguous(sum.addr, dtype, &c.input.shape);
-        match (&c.norm, norm) {
-            (Some(nm), Some((res, out, w))) => {
-                // On contiguous rows: the residual copied in, the sum
-                // becoming residual_out in place, out apart; then copied out.
-                let hidden = *c.input.shape.last().expect("at least one dimension");
-                let rows = n / hidden.max(1);
-                let mat = |addr: u64| Array::contiguous(addr, dtype, &[rows, hidden]);
-                let (res_c, out_c, sum_c) = (mat(ex.local(res)), mat(ex.local(out)), mat(sum.addr));
-                ex.copy(&Array::contiguous(res_c.addr, dtype, &c.input.shape), &nm.residual)?;
-                let weight = Array::contiguous(ex.local(w), dtype, &nm.weight.shape);
-                ex.copy(&weight, &nm.weight)?;
-                let norm = AddRmsNorm {
-                    out: &out_c,
-                    residual_out: &sum_c,
-                    x: &sum_c,
-                    residual: &res_c,
-                    weight: &weight,
-                    eps: nm.eps,
-                };
-                ex.group.backend().add_rms_norm(&norm, ex.stream)?;
-                ex.copy(&nm.residual_out, &sum)?;
-                ex.copy(&c.output, &Array::contiguous(out_c.addr, dtype, &c.input.shape))
-            }
-            _ => ex.copy(&c.output, &sum),
-        }
+        c.finish(ex, &Array::contiguous(sum.addr, dtype, &c.input.shape), norm)
     }
 }
 

@@ -95,6 +95,9 @@ pub struct AllReducePlan {
     pub slices: Vec<Range<usize>>,
     /// Step 2: all-reduce of this rank's slice over these ranks (host order).
     pub across: Vec<usize>,
+    /// The slices' length before the last ones are cut at the end of the
+    /// buffer: padded to blocks of this many, each level moves equal blocks.
+    pub block: usize,
     local: usize,
 }
 
@@ -105,7 +108,13 @@ impl AllReducePlan {
         let (lw, align) = (h.local_world(), align.max(1));
         let chunk = count.div_ceil(lw).div_ceil(align) * align;
         let slices = (0..lw).map(|j| (j * chunk).min(count)..((j + 1) * chunk).min(count)).collect();
-        AllReducePlan { local_ranks: h.local_ranks().to_vec(), slices, across: h.across(), local: h.local_index() }
+        AllReducePlan {
+            local_ranks: h.local_ranks().to_vec(),
+            slices,
+            across: h.across(),
+            block: chunk,
+            local: h.local_index(),
+        }
     }
 
     /// This rank's slice: the one it reduces across hosts.
@@ -268,6 +277,12 @@ mod tests {
                     assert!(p.slices.windows(2).all(|w| w[0].end == w[1].start));
                     assert!(p.slices.iter().all(|s| s.is_empty() || s.start % align == 0));
                     assert!(p.local_ranks.iter().all(|&m| plans[m].slices == p.slices));
+                    assert!(p.block % align == 0 && p.block * p.slices.len() >= count);
+                    assert!(p
+                        .slices
+                        .iter()
+                        .enumerate()
+                        .all(|(j, s)| s.len() <= p.block && s.start == (j * p.block).min(count)));
                 }
                 let mut data: Vec<Vec<Sum>> = (0..world).map(|r| vec![only(world, r); count]).collect();
                 // Step 1: each rank's slice summed over its host.

@@ -57,7 +57,7 @@ pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Strea
 const IN_PLACE: &str = "input read in place";
 
 impl LcAllgather {
-    fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
+    pub(super) fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
         Signature::new("lc_allgather")
             .arg("input.dtype", self.input.dtype)
             .arg("input.shape", shape_text(&self.input.shape))
@@ -65,14 +65,20 @@ impl LcAllgather {
             .local(IN_PLACE, symmetric.is_some() && self.input.is_contiguous())
     }
 
-    fn prepare(self, world: usize, symmetric: Option<SymmetricPlace>) -> Result<LcPrepared> {
+    /// The checks of every gather, on one host or across hosts; the
+    /// input's bytes.
+    pub(super) fn check(&self, world: usize) -> Result<usize> {
         let (input, output) = (&self.input, &self.output);
         check::same_dtype(output, "output", input.dtype, "input")?;
         let mut want = input.shape.clone();
         want[0] = check::mul(want[0], world, "the gathered input")?;
         check::shape_is(output, "output", &want)?;
         check::outputs_disjoint(&[("output".into(), output)], &[("input".into(), input)])?;
-        let staged_bytes = check::mul(input.numel(), input.dtype.size(), "input")?;
+        check::mul(input.numel(), input.dtype.size(), "input")
+    }
+
+    fn prepare(self, world: usize, symmetric: Option<SymmetricPlace>) -> Result<LcPrepared> {
+        let staged_bytes = self.check(world)?;
         let in_place = vec![false; world];
         let mut p = LcPrepared { call: self, symmetric, in_place, staged_bytes, staged: 0, workspace: 0 };
         p.lay_out();

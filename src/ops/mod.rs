@@ -46,6 +46,7 @@ pub mod hierarchy;
 #[cfg(test)]
 mod host_cost;
 pub mod lc_allgather;
+mod local_scratch;
 mod memo;
 pub mod mm_rs;
 pub mod scaled;

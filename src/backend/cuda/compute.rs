@@ -124,6 +124,27 @@ pub fn reduce(
     reduce::reduce(kernels, table, srcs.len(), dst.addr, dst.numel(), dtype, scale, None, stream)
 }
 
+/// `dst = sum(srcs) / divisor` for contiguous integer arrays of one dtype
+/// (`Backend::reduce_integers`).
+pub fn reduce_integers(
+    kernels: &Kernels,
+    tables: &SourceTables,
+    upload: impl FnOnce(&[u8]) -> Result<u64>,
+    dst: &Array,
+    srcs: &[Array],
+    divisor: usize,
+    stream: Stream,
+) -> Result<()> {
+    let Some(kernel) = super::all_reduce::int_index(dst.dtype) else {
+        return Err(err!(Unsupported, "the CUDA backend does not reduce {} values as integers", dst.dtype));
+    };
+    if !dst.is_contiguous() || srcs.iter().any(|s| !s.is_contiguous() || s.dtype != dst.dtype || s.shape != dst.shape) {
+        return Err(err!(Internal, "the CUDA reduction takes contiguous sources and output of one dtype and shape"));
+    }
+    let table = tables.get(srcs.iter().map(|s| s.addr).collect(), upload)?;
+    reduce::reduce_integers(kernels, kernel, table, srcs.len(), dst.addr, dst.numel(), divisor, stream)
+}
+
 /// One row-major matrix, its leading dimension and whether it is stored transposed.
 fn operand(m: &Array) -> Result<(u64, usize, bool)> {
     match (m.strides[0], m.strides[1]) {

@@ -77,6 +77,10 @@ pub mod names {
     pub const WAIT_VALUE: &str = "symm_wait_value";
     /// kernels/reduce.cu, indexed by `GemmDtype as usize` (F32, BF16, F16).
     pub const REDUCE: [&str; 3] = ["symm_reduce_f32", "symm_reduce_bf16", "symm_reduce_f16"];
+    /// kernels/reduce.cu, integers: int8, uint8, int32, int64
+    /// (`cuda::all_reduce::int_index`).
+    pub const REDUCE_INT: [&str; 4] =
+        ["symm_reduce_int_i8", "symm_reduce_int_u8", "symm_reduce_int_i32", "symm_reduce_int_i64"];
     /// kernels/allreduce.cu, by `AllReduceAlgorithm as usize` (one-shot,
     /// two-shot), then `GemmDtype as usize` (F32, BF16, F16).
     pub const ALL_REDUCE: [[&str; 3]; 2] = [

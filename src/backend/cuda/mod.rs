@@ -92,6 +92,19 @@ impl CudaBackend {
     fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| driver::cuda_err(e, "making the context current"))
     }
+
+    /// A reduction's table of source addresses in new device memory
+    /// (kept by `tables`, which frees it).
+    fn upload_table(&self, bytes: &[u8]) -> Result<u64> {
+        let mut dev = 0;
+        // SAFETY: the context is current; out-pointer valid.
+        driver::check(unsafe { sys::cuMemAlloc_v2(&mut dev, bytes.len()) }, "cuMemAlloc")?;
+        self.setup.upload(dev, bytes).inspect_err(|_| {
+            // SAFETY: allocated just above.
+            unsafe { sys::cuMemFree_v2(dev) };
+        })?;
+        Ok(dev)
+    }
 }
 
 /// Whether CUDA device `device` exists (for `SYMM_BACKEND=auto`).
@@ -138,17 +151,13 @@ impl Backend for CudaBackend {
     }
     fn reduce(&self, dst: &Array, srcs: &[Array], scale: f32, stream: Stream) -> Result<()> {
         self.bind()?;
-        let upload = |bytes: &[u8]| -> Result<u64> {
-            let mut dev = 0;
-            // SAFETY: the context is current; out-pointer valid.
-            driver::check(unsafe { sys::cuMemAlloc_v2(&mut dev, bytes.len()) }, "cuMemAlloc")?;
-            self.setup.upload(dev, bytes).inspect_err(|_| {
-                // SAFETY: allocated just above.
-                unsafe { sys::cuMemFree_v2(dev) };
-            })?;
-            Ok(dev)
-        };
+        let upload = |bytes: &[u8]| self.upload_table(bytes);
         compute::reduce(&*module::kernels(&self.ctx)?, &self.tables, upload, dst, srcs, scale, stream)
+    }
+    fn reduce_integers(&self, dst: &Array, srcs: &[Array], divisor: usize, stream: Stream) -> Result<()> {
+        self.bind()?;
+        let upload = |bytes: &[u8]| self.upload_table(bytes);
+        compute::reduce_integers(&*module::kernels(&self.ctx)?, &self.tables, upload, dst, srcs, divisor, stream)
     }
     fn side_stream(&self, i: usize) -> Result<Stream> {
         self.bind()?;
@@ -202,7 +211,9 @@ impl Backend for CudaBackend {
             gather_slice_align: sm90::Sm90Matmul::SLICE_ALIGN,
             fused_scatter_preferred: sm90::fused_scatter_preferred,
             all_reduce: true,
-            // Integers reduce in the all-reduce kernels only.
+            // One host's integer all-reduces keep to the kernels (the
+            // generic path of ranks sharing a GPU is not checked on GPUs);
+            // `reduce_integers` serves the average across hosts.
             reduce_integers: false,
             // Off until the batched cuBLASLt matmul's GPU tests have run
             // (gpu_batched_matmul_matches_host,

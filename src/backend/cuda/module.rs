@@ -22,6 +22,8 @@ pub struct Kernels {
     pub wait_value: CudaFunction,
     /// `symm_reduce_*`, indexed by `GemmDtype as usize` (reduce.rs).
     pub reduce: [CudaFunction; 3],
+    /// `symm_reduce_int_*`, by `all_reduce::int_index` (reduce.rs).
+    pub reduce_int: [CudaFunction; 4],
     /// `symm_ar_{one,two}_shot_*`, by `AllReduceAlgorithm as usize`, then
     /// `GemmDtype as usize` (all_reduce.rs).
     pub all_reduce: [[CudaFunction; 3]; 2],
@@ -104,6 +106,10 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         reduce: {
             let n = names::REDUCE;
             [reduce(n[0])?, reduce(n[1])?, reduce(n[2])?]
+        },
+        reduce_int: {
+            let n = names::REDUCE_INT;
+            [reduce(n[0])?, reduce(n[1])?, reduce(n[2])?, reduce(n[3])?]
         },
         all_reduce: [ar3(names::ALL_REDUCE[0])?, ar3(names::ALL_REDUCE[1])?],
         all_reduce_int: [ar4(names::ALL_REDUCE_INT[0])?, ar4(names::ALL_REDUCE_INT[1])?],

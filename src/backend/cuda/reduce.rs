@@ -160,6 +160,46 @@ pub fn reduce_with(kernels: &Kernels, p: &ReduceParams, stream: Stream) -> Resul
     unsafe { kernels.launch(f, grid, (REDUCE_THREADS, 1, 1), stream, &mut params, "the reduction kernel") }
 }
 
+/// Integers (kernels/reduce.cu, `symm_reduce_int_*`): `out[i] = (sum_r
+/// srcs_table[r][i]) / divisor` for `i < n`, summed wrapping in the element
+/// type, divided truncating toward zero; `kernel` is the element type's
+/// (`Kernels::reduce_int`). `out` may be one of the sources.
+#[allow(clippy::too_many_arguments)]
+pub fn reduce_integers(
+    kernels: &Kernels,
+    kernel: usize,
+    srcs_table: u64,
+    world: usize,
+    out: u64,
+    n: usize,
+    divisor: usize,
+    stream: Stream,
+) -> Result<()> {
+    if world == 0 || world > REDUCE_MAX_WORLD || divisor == 0 || divisor > u32::MAX as usize {
+        return Err(err!(InvalidArgument, "integer reduce over {world} sources divided by {divisor}"));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let resident = kernels.sm_count.max(1) as u64 * REDUCE_BLOCKS_PER_SM as u64;
+    let grid = (n as u64).div_ceil(REDUCE_THREADS as u64).min(resident).max(1) as u32;
+    let (mut srcs, mut world, mut out, mut n, mut divisor) = (srcs_table, world as i32, out, n as u64, divisor as u32);
+    let mut params: [*mut c_void; 5] = [arg(&mut srcs), arg(&mut world), arg(&mut out), arg(&mut n), arg(&mut divisor)];
+    // SAFETY: the parameters match symm_reduce_int_*'s signature
+    // (kernels/reduce.cu) and live until the launch returns; the caller
+    // guarantees the table and `out` address n elements on this device.
+    unsafe {
+        kernels.launch(
+            &kernels.reduce_int[kernel],
+            grid,
+            (REDUCE_THREADS, 1, 1),
+            stream,
+            &mut params,
+            "the integer reduction kernel",
+        )
+    }
+}
+
 /// Reduction of a local and a peer GPU's buffer (two GPUs): what
 /// reduce-scatter's reduction sees (bench/copy_kernels.rs).
 pub(crate) fn bench_reduce_peer_bandwidth() {
@@ -372,5 +412,60 @@ mod tests {
             reduce(&g.kernels, table.ptr, world, out.ptr, n, dtype, 1.0, None, g.stream()).unwrap();
         });
         assert!(out.read_bytes() == one_block, "grid size or graph replay changed the result");
+    }
+
+    /// The integer kernels against i128 arithmetic on the host: sums that
+    /// wrap, negative averages truncated toward zero, in place (`out` the
+    /// first source), outputs poisoned.
+    #[test]
+    fn gpu_reduce_integers_wrap_and_truncate() {
+        let Some(g) = gpu() else { return };
+        // (kernel index, bytes, signed)
+        for (kernel, size, signed) in [(0usize, 1usize, true), (1, 1, false), (2, 4, true), (3, 8, true)] {
+            let bits = 8 * size as u32;
+            let wrap = |v: i128| -> i128 {
+                let m = v.rem_euclid(1i128 << bits);
+                if signed && m >= 1i128 << (bits - 1) {
+                    m - (1i128 << bits)
+                } else {
+                    m
+                }
+            };
+            let to_bytes =
+                |v: &[i128]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()[..size].to_vec()).collect() };
+            let from_bytes = |b: &[u8]| -> Vec<i128> {
+                b.chunks(size)
+                    .map(|c| {
+                        let mut w = [0u8; 16];
+                        w[..size].copy_from_slice(c);
+                        wrap(i128::from_le_bytes(w))
+                    })
+                    .collect()
+            };
+            for (world, n, divisor) in [(1, 5, 1), (3, 1001, 1), (3, 1001, 3), (5, 70_001, 5)] {
+                let top = 1i128 << (bits - 1);
+                let srcs: Vec<Vec<i128>> = (0..world)
+                    .map(|r| {
+                        (0..n).map(|i| wrap(top - 3 + (i as i128 * 7919 + r as i128 * 104_729) % 11 - 5)).collect()
+                    })
+                    .collect();
+                let want: Vec<i128> = (0..n)
+                    .map(|i| {
+                        let sum = wrap(srcs.iter().map(|s| s[i]).sum());
+                        // Rust's division truncates toward zero, as C's.
+                        sum / divisor as i128
+                    })
+                    .collect();
+                let bufs: Vec<DevBuf> = srcs.iter().map(|v| g.upload(&to_bytes(v))).collect();
+                let table = g.upload(&bufs.iter().map(|b| b.ptr).collect::<Vec<u64>>());
+                let out = g.upload(&vec![0xa5u8; n * size]);
+                reduce_integers(&g.kernels, kernel, table.ptr, world, out.ptr, n, divisor, g.stream()).unwrap();
+                reduce_integers(&g.kernels, kernel, table.ptr, world, bufs[0].ptr, n, divisor, g.stream()).unwrap();
+                g.sync();
+                let what = format!("kernel {kernel} world {world} n {n} divisor {divisor}");
+                assert_eq!(from_bytes(&out.read_bytes()[..n * size]), want, "{what}");
+                assert_eq!(from_bytes(&bufs[0].read_bytes()[..n * size]), want, "{what}: in place");
+            }
+        }
     }
 }

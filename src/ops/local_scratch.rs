@@ -1,0 +1,62 @@
+//! The workspace of a group spanning hosts: this rank's memory alone
+//! (`Backend::allocate`: device memory on CUDA), where the operations
+//! across hosts stage what the transports move. No peer maps it, so it
+//! needs no rendezvous.
+
+use super::Exec;
+use crate::backend::{Allocation, Stream};
+use crate::error::{err, Result};
+use crate::group::{Attachment, Group};
+use crate::sync::lock;
+use std::sync::Mutex;
+
+/// A group [`Attachment`]: grown on demand, never shrunk.
+#[derive(Default)]
+pub(super) struct LocalScratch(Mutex<Option<Box<dyn Allocation>>>);
+
+/// Sizes grow in steps of this, so a run of slightly larger calls does not
+/// reallocate on every one.
+const GROWTH_STEP: usize = 1 << 20;
+
+impl LocalScratch {
+    /// The address of at least `bytes` of it, grown (after the work of
+    /// earlier calls on `stream` is done) where smaller.
+    pub(super) fn ensure(group: &Group, bytes: usize, stream: Stream) -> Result<u64> {
+        let this = group.attachment::<LocalScratch>();
+        let mut held = lock(&this.0);
+        if let Some(a) = held.as_ref().filter(|a| a.len() >= bytes) {
+            return Ok(a.addr());
+        }
+        // Whole allocation units of the backend (VMM: 2 MiB on Hopper).
+        let step = GROWTH_STEP.next_multiple_of(group.backend().granularity());
+        let size = bytes
+            .max(1)
+            .checked_next_multiple_of(step)
+            .ok_or_else(|| err!(InvalidArgument, "a workspace of {bytes} bytes is too large"))?;
+        if held.is_some() {
+            group.backend().quiesce(Some(stream)).map_err(|e| e.context("growing the workspace"))?;
+        }
+        *held = None;
+        let a = group.backend().allocate(size)?;
+        let addr = a.addr();
+        *held = Some(a);
+        Ok(addr)
+    }
+}
+
+impl Attachment for LocalScratch {
+    /// Frees it once the work issued so far has finished (as `OpsState`).
+    fn release(&self, group: &Group) {
+        let mut held = lock(&self.0);
+        if held.is_some() {
+            let _ = group.backend().quiesce(None);
+        }
+        *held = None;
+    }
+}
+
+/// An execution over this rank's workspace at `base` (from
+/// [`LocalScratch::ensure`]), no peer's mapped.
+pub(super) fn local_exec(group: &Group, base: u64, stream: Stream) -> Exec<'_> {
+    Exec { group, base, ws: None, mailbox: None, flags: None, reduce: None, stream }
+}
