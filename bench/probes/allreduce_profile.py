@@ -79,6 +79,16 @@ def capture(fn):
     return g
 
 
+def report(rank, case, impl, fn):
+    """Times `fn` replayed from a graph and prints its line (rank 0)."""
+    graph = capture(fn)
+    ms = replay_ms(graph)
+    count, busy, idle, names = gpu_activity(graph)
+    if rank == 0:
+        print(f"{case}  {impl:18s} {ms * 1e3:7.1f} us/call  gpu ops/call {count:3.1f}  "
+              f"busy {busy:7.1f} us  idle {idle:6.1f} us  [{names}]", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="8K,64K,1M,2M,4M,8M,16M")
@@ -123,12 +133,7 @@ def main():
         for impl, fn in fns.items():
             if impl == "torch 2-shot":
                 work.copy_(x)
-            graph = capture(fn)
-            ms = replay_ms(graph)
-            count, busy, idle, names = gpu_activity(graph)
-            if rank == 0:
-                print(f"{size:>9} B  {impl:18s} {ms * 1e3:7.1f} us/call  gpu ops/call {count:3.1f}  "
-                      f"busy {busy:7.1f} us  idle {idle:6.1f} us  [{names}]", flush=True)
+            report(rank, f"{size:>9} B", impl, fn)
         del keep
     for rows in args.rows.split(","):
         tokens, hidden = map(int, rows.split("x"))
@@ -140,12 +145,7 @@ def main():
             "fused rmsnorm": lambda: symm.all_reduce_rmsnorm(g, x, res, w, out=out, residual_out=res_out),
         }
         for impl, fn in fns.items():
-            graph = capture(fn)
-            ms = replay_ms(graph)
-            count, busy, idle, names = gpu_activity(graph)
-            if rank == 0:
-                print(f"{rows:>9}    {impl:18s} {ms * 1e3:7.1f} us/call  gpu ops/call {count:3.1f}  "
-                      f"busy {busy:7.1f} us  idle {idle:6.1f} us  [{names}]", flush=True)
+            report(rank, f"{rows:>9}  ", impl, fn)
     dist.barrier()
     dist.destroy_process_group()
 
