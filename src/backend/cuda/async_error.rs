@@ -7,6 +7,14 @@ use super::driver::check;
 use crate::error::{err, Result};
 use cudarc::driver::sys;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+
+/// Records of dropped `AsyncError`s (host addresses), reused by later ones
+/// and never freed: freeing pinned portable memory synchronizes every
+/// device of the process, so a group destroyed while another group's kernel
+/// waits for this thread's next call would wait for that kernel, which
+/// waits for this thread, until the kernel's timeout.
+static FREED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 /// Mirror of `struct symm_async_error`.
 #[repr(C)]
@@ -42,12 +50,15 @@ unsafe impl Send for AsyncError {}
 unsafe impl Sync for AsyncError {}
 
 impl AsyncError {
-    /// Allocates a zeroed record. The current context must be the device's.
+    /// A zeroed record (a freed one's, else a new one). The current context
+    /// must be the device's.
     pub fn new() -> Result<Self> {
-        let mut p = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: out-pointer valid; flags are driver constants.
-        check(unsafe { sys::cuMemHostAlloc(&mut p, std::mem::size_of::<Record>(), flags) }, "cuMemHostAlloc")?;
+        let mut p = crate::sync::lock(&FREED).pop().unwrap_or(0) as *mut std::ffi::c_void;
+        if p.is_null() {
+            let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+            // SAFETY: out-pointer valid; flags are driver constants.
+            check(unsafe { sys::cuMemHostAlloc(&mut p, std::mem::size_of::<Record>(), flags) }, "cuMemHostAlloc")?;
+        }
         let host = p as *mut Record;
         // SAFETY: freshly allocated, large enough, not yet shared.
         unsafe { host.write(std::mem::zeroed()) };
@@ -56,8 +67,7 @@ impl AsyncError {
         if let Err(e) =
             check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0) }, "cuMemHostGetDevicePointer")
         {
-            // SAFETY: allocated above.
-            unsafe { sys::cuMemFreeHost(p) };
+            crate::sync::lock(&FREED).push(p as usize);
             return Err(e);
         }
         Ok(AsyncError { host, device, logged: AtomicBool::new(false) })
@@ -130,8 +140,8 @@ impl AsyncError {
 }
 
 impl Drop for AsyncError {
+    /// Keeps the record for the next `AsyncError` (see [`FREED`]).
     fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc in new().
-        unsafe { sys::cuMemFreeHost(self.host.cast()) };
+        crate::sync::lock(&FREED).push(self.host as usize);
     }
 }
