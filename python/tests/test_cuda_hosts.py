@@ -28,63 +28,47 @@ def _nccl():
     return path
 
 
-def test_group_spanning_hosts_forms_and_refuses_rendezvous():
-    uid = symm.get_unique_id()
+def on_two_hosts(scenario, deadline_s, nccl=None, transport="default", **extra):
+    """``scenarios.<scenario>`` in two processes, each its own pretend host;
+    "network": NCCL with P2P and shared memory off, so the ranks' data goes
+    through sockets."""
     env = {
         "SYMM_TEST_BOOTSTRAP": "uid",
-        "SYMM_TEST_UID": uid.hex(),
+        "SYMM_TEST_UID": symm.get_unique_id().hex(),
         "SYMM_TEST_BACKEND": "cuda",
-        "SYMM_NCCL_LIBRARY": _nccl(),
+        "SYMM_NCCL_LIBRARY": nccl or _nccl(),
+        **extra,
     }
-    in_processes("across_hosts", 2, env, deadline_s=120, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])
+    if transport == "network":
+        env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
+    in_processes(scenario, 2, env, deadline_s=deadline_s, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])
+
+
+def test_group_spanning_hosts_forms_and_refuses_rendezvous():
+    on_two_hosts("across_hosts", 120)
 
 
 def test_group_spanning_hosts_without_nccl_fails_every_rank():
-    uid = symm.get_unique_id()
-    env = {
-        "SYMM_TEST_BOOTSTRAP": "uid",
-        "SYMM_TEST_UID": uid.hex(),
-        "SYMM_TEST_BACKEND": "cuda",
-        "SYMM_NCCL_LIBRARY": "/nonexistent/libnccl.so.2",
-        "SYMM_TEST_FORM_ERROR": "SymmUnsupported",
-        "SYMM_TEST_FORM_FAILS": "a group spanning hosts needs NCCL",
-        "SYMM_TEST_FORM_WITHIN": "30",
-    }
-    in_processes("exchange", 2, env, deadline_s=60, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])
+    on_two_hosts(
+        "exchange",
+        60,
+        nccl="/nonexistent/libnccl.so.2",
+        SYMM_TEST_FORM_ERROR="SymmUnsupported",
+        SYMM_TEST_FORM_FAILS="a group spanning hosts needs NCCL",
+        SYMM_TEST_FORM_WITHIN="30",
+    )
 
 
 @pytest.mark.parametrize("transport", ["default", "network"])
 def test_matmuls_across_pretend_hosts(transport):
     """fused_ag_mm and mm_rs with each rank its own host, against float64
-    math (scenarios.across_hosts_matmuls); "network": NCCL with P2P and
-    shared memory off, so the ranks' data goes through sockets."""
-    uid = symm.get_unique_id()
-    env = {
-        "SYMM_TEST_BOOTSTRAP": "uid",
-        "SYMM_TEST_UID": uid.hex(),
-        "SYMM_TEST_BACKEND": "cuda",
-        "SYMM_NCCL_LIBRARY": _nccl(),
-    }
-    if transport == "network":
-        env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
-    in_processes("across_hosts_matmuls", 2, env, deadline_s=300, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])
+    math (scenarios.across_hosts_matmuls)."""
+    on_two_hosts("across_hosts_matmuls", 300, transport=transport)
 
 
 @pytest.mark.parametrize("transport", ["default", "network"])
 def test_collectives_across_pretend_hosts(transport):
     """all_reduce (sum/avg; bf16, f32, int32; in place, out of place,
     strided), lc_allgather and all_reduce_rmsnorm with each rank its own
-    host, against float64 math (scenarios.across_hosts_collectives);
-    "network" as in test_matmuls_across_pretend_hosts."""
-    uid = symm.get_unique_id()
-    env = {
-        "SYMM_TEST_BOOTSTRAP": "uid",
-        "SYMM_TEST_UID": uid.hex(),
-        "SYMM_TEST_BACKEND": "cuda",
-        "SYMM_NCCL_LIBRARY": _nccl(),
-    }
-    if transport == "network":
-        env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
-    in_processes(
-        "across_hosts_collectives", 2, env, deadline_s=300, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")]
-    )
+    host, against float64 math (scenarios.across_hosts_collectives)."""
+    on_two_hosts("across_hosts_collectives", 300, transport=transport)

@@ -278,37 +278,32 @@ impl Communicator {
     /// Enqueues on `stream`: `recv` receives the sum over members of
     /// `count` elements of type `dtype` (see [`reduce_type`]) at `send`.
     pub fn all_reduce(&self, send: u64, recv: u64, count: usize, dtype: c_int, stream: usize) -> Result<()> {
-        // SAFETY: as in `all_gather`.
-        let rc = unsafe {
-            (self.nccl.api.ncclAllReduce)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                dtype,
-                SUM,
-                self.comm,
-                stream as *mut c_void,
-            )
-        };
-        self.nccl.check(rc, "ncclAllReduce")
+        self.sum(self.nccl.api.ncclAllReduce, "ncclAllReduce", send, recv, count, dtype, stream)
     }
 
     /// Enqueues on `stream`: `recv` (`count` elements) receives the sum
     /// over members of their block of `send` (`size` x `count`) for this member.
     pub fn reduce_scatter(&self, send: u64, recv: u64, count: usize, dtype: c_int, stream: usize) -> Result<()> {
+        self.sum(self.nccl.api.ncclReduceScatter, "ncclReduceScatter", send, recv, count, dtype, stream)
+    }
+
+    /// One of NCCL's summing collectives (they share a signature).
+    #[allow(clippy::too_many_arguments)]
+    fn sum(
+        &self,
+        f: Reduce,
+        name: &str,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: c_int,
+        stream: usize,
+    ) -> Result<()> {
         // SAFETY: as in `all_gather`.
         let rc = unsafe {
-            (self.nccl.api.ncclReduceScatter)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                dtype,
-                SUM,
-                self.comm,
-                stream as *mut c_void,
-            )
+            f(send as *const c_void, recv as *mut c_void, count, dtype, SUM, self.comm, stream as *mut c_void)
         };
-        self.nccl.check(rc, "ncclReduceScatter")
+        self.nccl.check(rc, name)
     }
 }
 
