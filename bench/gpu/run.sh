@@ -64,6 +64,8 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
     # They need two GPUs (pytest would exit 5, nothing collected, on one).
     [ "$ngpu" -ge 2 ] && run python3 -m pytest -q python/tests/test_cuda.py python/tests/test_cuda_fused.py
+    # Groups across pretend hosts (each rank its own), over NCCL's default and network transports.
+    [ "$ngpu" -ge 2 ] && run timeout 300 python3 -m pytest -q python/tests/test_cuda_hosts.py
     # symm.torch's operators under torchrun (2 GPUs), beside torch.ops.symm_mem.
     [ "$ngpu" -ge 2 ] && run timeout 1800 python3 -m pytest -q python/tests/test_torch_cuda.py
     if [ "$ngpu" -ge 4 ]; then

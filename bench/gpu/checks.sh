@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root, with bundle/ carried: the
+# named checks, each into its own $OUT/NAME.txt, with their start times in
+# $OUT/steps.txt. A shorter, selectable run.sh for one device call.
+#   bash bench/gpu/checks.sh [CHECK...]     (default: every check below)
+# Checks: lib (the library's GPU unit tests), cuda (test_cuda + test_cuda_fused,
+# SYMM_CUDA_ROUNDS fresh processes, default 1), hosts (test_cuda_hosts), torch
+# (test_torch_cuda), allreduce (bench_allreduce.py, world 2), ar_profile
+# (probes/allreduce_profile.py), host_overhead, families (bench_families.py).
+set -uo pipefail
+# Never NVLink multicast on these machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/symm-out}
+mkdir -p "$OUT"
+root=$PWD
+export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
+bash bench/gpu/unpack.sh
+ngpu=$(nvidia-smi -L | wc -l)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpus.txt"
+echo "commit $(cat bundle/commit)" >>"$OUT/gpus.txt"
+fail=0
+
+step() { # step NAME COMMAND...: output to $OUT/NAME.txt, last lines echoed
+    local name=$1; shift
+    echo "[${SECONDS}s] $name: $*" | tee -a "$OUT/steps.txt"
+    "$@" >>"$OUT/$name.txt" 2>&1
+    local rc=$?
+    echo "[${SECONDS}s] $name exit $rc" | tee -a "$OUT/steps.txt"
+    tail -n 3 "$OUT/$name.txt"
+    [ "$rc" = 0 ] || fail=1
+}
+
+checks=${*:-lib cuda hosts torch allreduce ar_profile host_overhead}
+for c in $checks; do
+    case $c in
+    lib) step lib timeout 600 bundle/symm-lib-tests gpu_ --test-threads 1 ;;
+    cuda)
+        for i in $(seq "${SYMM_CUDA_ROUNDS:-1}"); do
+            step "cuda-$i" timeout 300 python3 -m pytest -q -x python/tests/test_cuda.py python/tests/test_cuda_fused.py
+        done ;;
+    hosts) step hosts timeout 300 python3 -m pytest -q python/tests/test_cuda_hosts.py ;;
+    torch) step torch timeout 600 python3 -m pytest -q python/tests/test_torch_cuda.py ;;
+    allreduce) step allreduce timeout 600 torchrun --nproc-per-node 2 bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-} ;;
+    ar_profile) step ar_profile timeout 300 torchrun --nproc-per-node 2 bench/probes/allreduce_profile.py ${SYMM_AR_PROFILE_ARGS:-} ;;
+    host_overhead) step host_overhead timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)" ;;
+    families) step families timeout "${SYMM_FAMILIES_TIMEOUT:-480}" torchrun --nproc-per-node 2 bench/bench_families.py --out "$OUT" ${SYMM_FAMILIES_ARGS:-} ;;
+    *) echo "unknown check $c" | tee -a "$OUT/steps.txt"; fail=1 ;;
+    esac
+done
+echo "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)" | tee -a "$OUT/steps.txt"
+exit $fail
