@@ -180,10 +180,6 @@ pub struct Capabilities {
     /// Whether [`Backend::reduce_integers`] runs here, for integer
     /// all-reduces that do not take the device-side kernels.
     pub reduce_integers: bool,
-    /// Whether [`Backend::gemm`] takes strided batches of matrices (3-D
-    /// operands), which the operations use for slices along a middle
-    /// dimension instead of a copy.
-    pub batched_gemm: bool,
 }
 
 impl Default for Capabilities {
@@ -196,7 +192,6 @@ impl Default for Capabilities {
             fused_scatter_preferred: |_, _, _, _| false,
             all_reduce: false,
             reduce_integers: true,
-            batched_gemm: true,
         }
     }
 }

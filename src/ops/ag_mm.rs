@@ -37,7 +37,7 @@ use super::decide::{self, Decision, Facts, Op};
 use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
 use super::workspace::Layout;
-use super::{check, shape_text, Exec, Prepared};
+use super::{batched_operands, check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
 use crate::backend::{FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
@@ -730,7 +730,7 @@ impl AgMmPrepared {
         if let Some(m) = dst.as_matrix().filter(|m| scales.is_none() || writable_by_fp8(m)) {
             return ex.matmul(&m, &matrix, b, scales);
         }
-        if let Some([d, l, r]) = scales.is_none().then(|| ex.batched_operands(dst, lhs, b)).flatten() {
+        if let Some([d, l, r]) = scales.is_none().then(|| batched_operands(dst, lhs, b)).flatten() {
             return ex.gemm(&d, &l, &r, false);
         }
         let product = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);

@@ -241,7 +241,6 @@ mod tests {
                 fused_scatter_preferred: |rows, _, _, in_elem| rows == 256 && in_elem == 2,
                 all_reduce: true,
                 reduce_integers: false,
-                batched_gemm: false,
             },
             world,
             own_devices: true,

@@ -33,7 +33,7 @@ use super::scaled::{self, Mode};
 use super::state::Scratch;
 use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
-use super::{check, shape_text, Exec, Prepared};
+use super::{batched_operands, check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
 use crate::backend::{FusedMatmul, FusedScatter, GemmScales, Quantize, Stream};
 use crate::cost::Algorithm;
@@ -535,7 +535,7 @@ impl MmRsPrepared {
                 // a batch of matrices, rather than packed.
                 if self.mode.is_none() && part.as_matrix().is_none() {
                     let dst = self.chunk(ex.local(self.chunks[r]));
-                    if let Some([d, l, rhs]) = ex.batched_operands(&dst, &part, b) {
+                    if let Some([d, l, rhs]) = batched_operands(&dst, &part, b) {
                         return ex.gemm(&d, &l, &rhs, false);
                     }
                 }

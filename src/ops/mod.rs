@@ -260,12 +260,6 @@ impl Exec<'_> {
         self.group.world()
     }
 
-    /// `dst = a @ b` as one strided-batched matmul (`batched_operands`),
-    /// where the backend runs those.
-    fn batched_operands(&self, dst: &Array, a: &Array, b: &Array) -> Option<[Array; 3]> {
-        self.group.backend().capabilities().batched_gemm.then(|| batched_operands(dst, a, b)).flatten()
-    }
-
     /// The workspace rendezvoused with every rank, for the steps that reach
     /// the peers' memory or signal them.
     fn ws(&self) -> Result<&Arc<Handle>> {

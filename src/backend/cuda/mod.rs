@@ -215,11 +215,6 @@ impl Backend for CudaBackend {
             // generic path of ranks sharing a GPU is not checked on GPUs);
             // `reduce_integers` serves the average across hosts.
             reduce_integers: false,
-            // Off until the batched cuBLASLt matmul's GPU tests have run
-            // (gpu_batched_matmul_matches_host,
-            // gpu_batched_gemm_matches_host_backend): the operations then
-            // keep their scratch-and-copy path on CUDA.
-            batched_gemm: false,
         }
     }
     fn all_reduce(&self, call: &AllReduceCall, stream: Stream) -> Result<()> {
