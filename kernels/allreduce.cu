@@ -16,6 +16,7 @@
 // (AllReduceLayout in src/backend/mod.rs):
 //   [0, 4)       the count of calls this rank made (u32);
 //   [4, 8)       the blocks of the running call that finished (u32);
+//   partials_off the fused norm's sums of squares, u64 {sum, seq} per block;
 //   flags_off    u32 flags, flag(parity, k, c) at
 //                ((parity * (world + 1) + k) * SYMM_AR_MAX_CHUNKS + c) * 4;
 //   one_off      one-shot LL lines: slot (parity, src) at
@@ -37,7 +38,10 @@
 // 8-byte half is one store, so a reader that sees both flags equal to seq
 // has the data. Every rank then polls its own slots (local memory) and
 // reduces. With a norm (row bytes a multiple of 8), each block reduces whole
-// rows, adds the residual, normalizes and scales by the weight.
+// rows (or, with p.segments = S > 1, one S-th of one row: a row's sum of
+// squares then goes through this rank's partials, so that few rows still
+// spread over as many SMs as the all-reduce alone), adds the residual,
+// normalizes and scales by the weight.
 //
 // Two-shot: chunks of chunk_bytes, chunk c owned by rank c % world, in
 // groups of world chunks (c / world), a block taking whole groups. Phase A:
@@ -61,6 +65,8 @@
 #define SYMM_AR_MAX_WORLD 16
 #define SYMM_AR_THREADS 512
 #define SYMM_AR_MAX_CHUNKS 4096
+// Most blocks one row of the fused norm is split over.
+#define SYMM_AR_MAX_SEGMENTS 8
 // The error record's channel for the all-reduce's waits.
 #define SYMM_AR_CHANNEL (-3)
 
@@ -81,12 +87,14 @@ struct symm_ar_params {
     uint64_t two_off;
     uint64_t two_slot;
     uint64_t chunk_bytes;
+    uint64_t partials_off;
     int32_t rank;
     int32_t world;
     uint32_t hidden;  // 0: no norm
     float scale;
     float eps;
     uint32_t divisor;  // integers: the sum is divided by this (>= 1)
+    uint32_t segments; // norm: blocks per row (> 1: grid = rows * segments)
 };
 
 // out = residual_out / sqrt(mean(residual_out^2) + eps) * weight per row,
@@ -467,6 +475,39 @@ static __device__ float symm_ar_block_sum(float v) {
     return t;
 }
 
+// 1 / sqrt(mean square + eps) of the row whose part this block holds (`ss`:
+// each thread's sum of squares). Split rows: each block posts its part as
+// one word {sum, seq} and reads its row's S parts in segment order, so
+// every block of the row computes the same bits.
+static __device__ float symm_ar_row_inv(const symm_ar_params& p, float ss, uint32_t seq) {
+    float total = symm_ar_block_sum(ss);
+    const uint32_t S = p.segments;
+    if (S > 1) {
+        __shared__ float s_part[SYMM_AR_MAX_SEGMENTS];
+        volatile uint64_t* parts = (volatile uint64_t*)(p.scratch[p.rank] + p.partials_off) + blockIdx.x / S * S;
+        if (threadIdx.x == 0) {
+            parts[blockIdx.x % S] = ((uint64_t)seq << 32) | __float_as_uint(total);
+        }
+        if (threadIdx.x < S) {
+            uint64_t v = parts[threadIdx.x];
+            if ((uint32_t)(v >> 32) != seq) {
+                symm_ar_wait w;
+                symm_ar_wait_begin(w);
+                do {
+                    v = parts[threadIdx.x];
+                } while ((uint32_t)(v >> 32) != seq && symm_ar_keep_waiting(w, p, p.rank));
+            }
+            s_part[threadIdx.x] = __uint_as_float((uint32_t)v);
+        }
+        __syncthreads();
+        total = 0.0f;
+        for (uint32_t s = 0; s < S; ++s) {
+            total += s_part[s];
+        }
+    }
+    return 1.0f / sqrtf(total / (float)p.hidden + p.eps);
+}
+
 // ---------------------------------------------------------------------------
 // One-shot.
 // ---------------------------------------------------------------------------
@@ -536,32 +577,33 @@ static __device__ __forceinline__ void symm_ar_lines(const symm_ar_params& p, ui
 // to 4 * 8 * SYMM_AR_THREADS bytes; longer rows are read back).
 #define SYMM_AR_ROW_LINES 4
 
-// Row `row` of the fused form (float types): residual_out = sum + residual,
-// out = rmsnorm(residual_out) * weight, the row's values kept in registers.
+// Lines [j0, j1) of row `row` of the fused form (float types): residual_out
+// = sum + residual, out = rmsnorm(residual_out) * weight, the values kept in
+// registers.
 template <typename T>
-static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t row, uint64_t bytes, uint32_t seq,
-                                              int parity) {
+static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t row, uint64_t j0, uint64_t j1,
+                                              uint64_t bytes, uint32_t seq, int parity) {
     constexpr int E = T::kPerLine, L = SYMM_AR_ROW_LINES;
     const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
-    const uint64_t first = row * row_lines, end = first + row_lines;
+    const uint64_t first = row * row_lines;
     const uint64_t wbytes = (uint64_t)p.hidden * T::kSize;
     // The residual and weight are requested before the peers' lines.
     uint32_t res[L][2], w[L][2];
 #pragma unroll
     for (int l = 0; l < L; ++l) {
-        const uint64_t j = threadIdx.x + (uint64_t)l * blockDim.x;
-        if (j < row_lines) {
+        const uint64_t j = j0 + threadIdx.x + (uint64_t)l * blockDim.x;
+        if (j < j1) {
             symm_ar_ld8<T::kSize>(p.residual, first + j, bytes, res[l][0], res[l][1]);
             symm_ar_ld8<T::kSize>(p.weight, j, wbytes, w[l][0], w[l][1]);
         }
     }
     float acc[L][E];
-    symm_ar_lines<T, L>(p, first + threadIdx.x, blockDim.x, end, bytes, seq, parity, acc);
+    symm_ar_lines<T, L>(p, first + j0 + threadIdx.x, blockDim.x, first + j1, bytes, seq, parity, acc);
     float ss = 0.0f;
 #pragma unroll
     for (int l = 0; l < L; ++l) {
-        const uint64_t j = threadIdx.x + (uint64_t)l * blockDim.x;
-        if (j >= row_lines) {
+        const uint64_t j = j0 + threadIdx.x + (uint64_t)l * blockDim.x;
+        if (j >= j1) {
             continue;
         }
         float r[E];
@@ -575,11 +617,11 @@ static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t 
         T::pack_line(acc[l], d0, d1);
         symm_ar_st8<T::kSize>(p.residual_out, first + j, bytes, d0, d1);
     }
-    const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
+    const float inv = symm_ar_row_inv(p, ss, seq);
 #pragma unroll
     for (int l = 0; l < L; ++l) {
-        const uint64_t j = threadIdx.x + (uint64_t)l * blockDim.x;
-        if (j >= row_lines) {
+        const uint64_t j = j0 + threadIdx.x + (uint64_t)l * blockDim.x;
+        if (j >= j1) {
             continue;
         }
         float wf[E];
@@ -597,14 +639,14 @@ static __device__ void symm_ar_norm_row_short(const symm_ar_params& p, uint64_t 
 // As symm_ar_norm_row_short for rows too long for registers: residual_out
 // is written, then read back.
 template <typename T>
-static __device__ void symm_ar_norm_row_long(const symm_ar_params& p, uint64_t row, uint64_t bytes, uint32_t seq,
-                                             int parity) {
+static __device__ void symm_ar_norm_row_long(const symm_ar_params& p, uint64_t row, uint64_t j0, uint64_t j1,
+                                             uint64_t bytes, uint32_t seq, int parity) {
     constexpr int E = T::kPerLine;
     const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
     const uint64_t first = row * row_lines;
     const uint64_t wbytes = (uint64_t)p.hidden * T::kSize;
     float ss = 0.0f;
-    for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
+    for (uint64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
         float acc[1][E];
         symm_ar_lines<T, 1>(p, first + j, 0, first + row_lines, bytes, seq, parity, acc);
         uint32_t r0, r1;
@@ -620,8 +662,8 @@ static __device__ void symm_ar_norm_row_long(const symm_ar_params& p, uint64_t r
         T::pack_line(acc[0], d0, d1);
         symm_ar_st8<T::kSize>(p.residual_out, first + j, bytes, d0, d1);
     }
-    const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
-    for (uint64_t j = threadIdx.x; j < row_lines; j += blockDim.x) {
+    const float inv = symm_ar_row_inv(p, ss, seq);
+    for (uint64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
         uint32_t r0, r1, w0, w1;
         symm_ar_ld8<T::kSize>(p.residual_out, first + j, bytes, r0, r1);
         symm_ar_ld8<T::kSize>(p.weight, j, wbytes, w0, w1);
@@ -680,15 +722,20 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
             }
         }
     } else if constexpr (T::kFloat) {
-        // Whole rows per block (row bytes are a multiple of 8: the host checks).
+        // Segment blockIdx.x % S of rows blockIdx.x / S + k * (grid / S) (row
+        // bytes are a multiple of 8: the host checks; S > 1 only with one row
+        // per block, so each block posts one partial per call).
         const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
         const uint64_t rows = p.n / p.hidden;
-        const bool short_rows = row_lines <= (uint64_t)SYMM_AR_ROW_LINES * blockDim.x;
-        for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const uint32_t S = p.segments;
+        const uint64_t seg_lines = (row_lines + S - 1) / S;
+        const uint64_t j0 = min(row_lines, (blockIdx.x % S) * seg_lines), j1 = min(row_lines, j0 + seg_lines);
+        const bool short_rows = seg_lines <= (uint64_t)SYMM_AR_ROW_LINES * blockDim.x;
+        for (uint64_t row = blockIdx.x / S; row < rows; row += gridDim.x / S) {
             if (short_rows) {
-                symm_ar_norm_row_short<T>(p, row, bytes, seq, parity);
+                symm_ar_norm_row_short<T>(p, row, j0, j1, bytes, seq, parity);
             } else {
-                symm_ar_norm_row_long<T>(p, row, bytes, seq, parity);
+                symm_ar_norm_row_long<T>(p, row, j0, j1, bytes, seq, parity);
             }
         }
     }

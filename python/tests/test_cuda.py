@@ -743,8 +743,10 @@ def test_integers_refused_by_the_rmsnorm_on_cuda():
     on_ranks(rank_main)
 
 
+# One-shot rows split over blocks (1x4096 two ways, 16x8192 four, 7x8200
+# unevenly, 2x131072 eight ways past the registers) and whole (5x36).
 @pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
-@pytest.mark.parametrize("tokens,hidden", [(1, 4096), (16, 8192), (5, 36), (3, 20480)])
+@pytest.mark.parametrize("tokens,hidden", [(1, 4096), (16, 8192), (5, 36), (3, 20480), (7, 8200), (2, 131072)])
 def test_all_reduce_rmsnorm_torch(algorithm, tokens, hidden):
     dtype, eps = torch.bfloat16, 1e-6
     xs = inputs(21, (tokens, hidden), dtype)

@@ -461,6 +461,9 @@ pub struct AllReduceCall {
 ///
 /// - `[0, HEADER)`: the count of calls (u32 at 0) and the blocks of the
 ///   running call that finished (u32 at 4).
+/// - `[HEADER, HEADER + 8 * MAX_NORM_BLOCKS)`: the fused RMSNorm's sums of
+///   squares, one call-numbered word per block, where a row is split over
+///   several blocks (read only by this rank's blocks).
 /// - flags: `u32` per (parity, source, chunk) for the two-shot, `source`
 ///   0..world the reduce-scatter's senders and `world` the all-gather's;
 ///   [`AllReduceLayout::MAX_CHUNKS`] chunks per source.
@@ -482,6 +485,9 @@ pub struct AllReduceLayout {
 
 impl AllReduceLayout {
     pub const HEADER: usize = 256;
+    /// Most blocks a fused RMSNorm launch splitting rows takes (its partial
+    /// sums after the header).
+    pub const MAX_NORM_BLOCKS: usize = 448;
     /// Most ranks the device-side kernels take (their table of buffers).
     pub const MAX_WORLD: usize = 16;
     /// Flags per source: more than the chunks of any call
@@ -495,13 +501,18 @@ impl AllReduceLayout {
     pub const MIN_CHUNK: usize = 8 << 10;
     const ALIGN: usize = 4096;
 
+    /// Where the flags begin: after the header and the norm's partial sums.
+    fn flags_start() -> usize {
+        (Self::HEADER + 8 * Self::MAX_NORM_BLOCKS).next_multiple_of(Self::ALIGN)
+    }
+
     fn flags_bytes(world: usize) -> usize {
         round_up(2 * (world + 1) * Self::MAX_CHUNKS * 4, Self::ALIGN)
     }
 
     /// The layout of a buffer of `bytes` for `world` ranks.
     pub fn of(bytes: usize, world: usize) -> AllReduceLayout {
-        let flags = Self::HEADER.next_multiple_of(Self::ALIGN);
+        let flags = Self::flags_start();
         let data = flags + Self::flags_bytes(world);
         let half = bytes.saturating_sub(data) / 2 / Self::ALIGN * Self::ALIGN;
         let slot = |region: usize| region / (2 * world) / 256 * 256;
@@ -528,7 +539,7 @@ impl AllReduceLayout {
     /// for either algorithm.
     pub fn bytes_for(message: usize, world: usize) -> usize {
         let half = 2 * world * Self::slot_for(message, world);
-        Self::HEADER.next_multiple_of(Self::ALIGN) + Self::flags_bytes(world) + 2 * round_up(half, Self::ALIGN)
+        Self::flags_start() + Self::flags_bytes(world) + 2 * round_up(half, Self::ALIGN)
     }
 
     /// Whether this layout holds a message of `bytes` per rank.

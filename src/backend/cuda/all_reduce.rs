@@ -39,12 +39,14 @@ struct ArParams {
     two_off: u64,
     two_slot: u64,
     chunk_bytes: u64,
+    partials_off: u64,
     rank: i32,
     world: i32,
     hidden: u32,
     scale: f32,
     eps: f32,
     divisor: u32,
+    segments: u32,
 }
 
 /// Mirror of `struct symm_rmsnorm_params`.
@@ -65,20 +67,37 @@ struct NormParams {
     eps: f32,
 }
 
-/// Blocks of a launch: at most one per SM (every block resident, so the
-/// two-shot's waits always end), at least 1; the two-shot's, one per chunk
-/// group.
-fn grid(call: &AllReduceCall, sm_count: u32) -> u32 {
+/// Most blocks one row of the fused norm is split over (`SYMM_AR_MAX_SEGMENTS`).
+const MAX_SEGMENTS: usize = 8;
+
+/// Blocks of a launch and, for the one-shot's fused norm, blocks per row:
+/// at most one block per SM (every block resident, so the waits always
+/// end), at least 1; the one-shot's, a line per thread; the two-shot's,
+/// one per chunk group. A fused norm of fewer rows than those blocks splits
+/// each row over several (a row per block would leave most SMs idle while
+/// the few others read every line of the message).
+fn grid(call: &AllReduceCall, sm_count: u32) -> (u32, u32) {
     let bytes = call.n * call.dtype.size();
-    let wanted = match call.algorithm {
+    let sms = (sm_count.max(1) as usize).min(AllReduceLayout::MAX_NORM_BLOCKS);
+    match call.algorithm {
         AllReduceAlgorithm::OneShot => {
-            let lines = bytes.div_ceil(8);
-            let rows = call.norm.as_ref().map_or(0, |nm| call.n / nm.hidden.max(1));
-            lines.div_ceil(AR_THREADS as usize).max(rows)
+            let blocks = bytes.div_ceil(8).div_ceil(AR_THREADS as usize).clamp(1, sms);
+            let rows = call
+                .norm
+                .as_ref()
+                .filter(|nm| fuses_norm(call.algorithm, nm.hidden, call.dtype.size()))
+                .map_or(0, |nm| call.n / nm.hidden.max(1));
+            let segments = if rows == 0 { 1 } else { (blocks / rows).clamp(1, MAX_SEGMENTS) };
+            if segments > 1 {
+                ((rows * segments) as u32, segments as u32)
+            } else {
+                (blocks.max(rows).min(sms) as u32, 1)
+            }
         }
-        AllReduceAlgorithm::TwoShot => AllReduceLayout::chunk_groups(bytes, call.world),
-    };
-    wanted.clamp(1, sm_count.max(1) as usize) as u32
+        AllReduceAlgorithm::TwoShot => {
+            (AllReduceLayout::chunk_groups(bytes, call.world).clamp(1, sm_count.max(1) as usize) as u32, 1)
+        }
+    }
 }
 
 /// Whether the one-shot kernel normalizes rows of `hidden` itself: its
@@ -119,6 +138,7 @@ fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
         two_off: layout.two_shot as u64,
         two_slot: layout.two_shot_slot as u64,
         chunk_bytes: AllReduceLayout::chunk_bytes(bytes, world) as u64,
+        partials_off: AllReduceLayout::HEADER as u64,
         rank: rank as i32,
         world: world as i32,
         scale: call.scale,
@@ -159,7 +179,8 @@ pub fn all_reduce(kernels: &Kernels, call: &AllReduceCall, err_ptr: u64, stream:
         (p.residual, p.weight, p.residual_out, p.hidden, p.eps) =
             (nm.residual, nm.weight, nm.residual_out, nm.hidden as u32, nm.eps);
     }
-    let blocks = grid(call, kernels.sm_count);
+    let (blocks, segments) = grid(call, kernels.sm_count);
+    p.segments = segments;
     let mut params: [*mut c_void; 1] = [arg(&mut p)];
     // SAFETY: one parameter, `struct symm_ar_params` by value (ArParams
     // mirrors it); the addresses are the caller's checked arrays and the
@@ -231,11 +252,12 @@ pub fn add_rms_norm(kernels: &Kernels, norm: &AddRmsNorm, stream: Stream) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::AllReduceNorm;
     use std::time::Duration;
 
     #[test]
     fn params_mirror_the_kernel_s_struct() {
-        assert_eq!(std::mem::size_of::<ArParams>(), 16 * 8 + 14 * 8 + 6 * 4);
+        assert_eq!(std::mem::size_of::<ArParams>(), 16 * 8 + 15 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<NormParams>(), 10 * 8 + 2 * 4);
     }
 
@@ -260,13 +282,28 @@ mod tests {
 
     #[test]
     fn grids_and_checks() {
-        assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 4096), 132), 2); // 8 KiB: 1024 lines
-        assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 1 << 24), 132), 132);
-        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1), 132), 1);
+        assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 4096), 132), (2, 1)); // 8 KiB: 1024 lines
+        assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 1 << 24), 132), (132, 1));
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1), 132), (1, 1));
         // 16 MiB: 128 chunk groups; 1 MiB: 8 KiB chunks, two per group.
-        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 132), 128);
-        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1 << 19), 132), 64);
-        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 100), 100);
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 132), (128, 1));
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1 << 19), 132), (64, 1));
+        assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 100), (100, 1));
+        // The fused norm: rows split while they are fewer than the blocks
+        // of one line per thread, at most 8 ways; whole rows otherwise.
+        let normed = |algorithm, rows: usize, hidden: usize| {
+            let mut c = call(algorithm, rows * hidden);
+            c.norm = Some(AllReduceNorm { hidden, residual: 0x3000, weight: 0x4000, residual_out: 0x3000, eps: 1e-6 });
+            grid(&c, 132)
+        };
+        assert_eq!(normed(AllReduceAlgorithm::OneShot, 1, 4096), (2, 2));
+        assert_eq!(normed(AllReduceAlgorithm::OneShot, 16, 8192), (64, 4));
+        assert_eq!(normed(AllReduceAlgorithm::OneShot, 64, 8192), (128, 2));
+        assert_eq!(normed(AllReduceAlgorithm::OneShot, 2, 65536), (16, 8));
+        assert_eq!(normed(AllReduceAlgorithm::OneShot, 100, 8192), (132, 1));
+        assert_eq!(normed(AllReduceAlgorithm::OneShot, 300, 4096), (132, 1));
+        assert_eq!(normed(AllReduceAlgorithm::OneShot, 3, 33), (1, 1)); // unfusable rows
+        assert_eq!(normed(AllReduceAlgorithm::TwoShot, 16, 8192), (16, 1));
         let p = params(&call(AllReduceAlgorithm::TwoShot, 1000), 0).unwrap();
         assert_eq!((p.rank, p.world, p.scratch[1], p.scratch[2]), (1, 2, 0x20_0000, 0));
         let mut c = call(AllReduceAlgorithm::OneShot, 1000);
