@@ -9,6 +9,7 @@
 // i64, accumulated in the element's unsigned width):
 //   symm_ar_one_shot_<DT|IT>(symm_ar_params p)
 //   symm_ar_two_shot_<DT|IT>(symm_ar_params p)
+//   symm_ar_two_shot_norm_<DT>(symm_ar_params p)   (the norm folded in)
 //   symm_add_rmsnorm_<DT>(symm_rmsnorm_params p)
 //
 // The all-reduce moves data through one symmetric scratch buffer per group
@@ -51,7 +52,9 @@
 // every peer's flag of its chunk, reduces it, writes its output and pushes
 // the result into every peer's slot (parity, owner), second half, then sets
 // flag(parity, world, c) = seq there. Phase C: each rank waits for that flag
-// and copies the chunk from its scratch into its output. Every block does all
+// and copies the chunk from its scratch into its output. With a norm (chunks
+// of whole rows, chosen by the host), each rank then normalizes the rows of
+// every chunk it reduced or copied, while they are in L2. Every block does all
 // its phase A before any wait, and the grid is at most one block per SM, so
 // every block of every rank is resident and the waits always end.
 //
@@ -743,6 +746,129 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
 }
 
 // ---------------------------------------------------------------------------
+// Add + RMSNorm: alone (rows no kernel fuses), or folded into the two-shot.
+// ---------------------------------------------------------------------------
+// 16-byte vectors per thread a row keeps in registers (rows of up to
+// 4 * 16 * SYMM_AR_THREADS bytes; longer or unaligned rows take the
+// element-wise path).
+#define SYMM_NORM_VECS 4
+
+// One row with 16-byte accesses, its values in registers: every load of the
+// row is issued before the first sum.
+template <typename T>
+static __device__ void symm_add_rmsnorm_row_vec(const symm_rmsnorm_params& p, const unsigned char* x,
+                                                const unsigned char* res, unsigned char* ro, unsigned char* out) {
+    constexpr int K = SYMM_NORM_VECS, E = 4 * T::kPerWord;
+    const uint32_t vecs = p.hidden * T::kSize / 16;
+    symm_ar_u4 xv[K], rv[K], wv[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const uint32_t v = threadIdx.x + k * blockDim.x;
+        if (v < vecs) {
+            xv[k] = symm_ar_ld16((uint64_t)(x + 16 * v));
+            rv[k] = symm_ar_ld16((uint64_t)(res + 16 * v));
+            wv[k] = symm_ar_ld16(p.weight + 16 * v);
+        }
+    }
+    float acc[K][E];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const uint32_t v = threadIdx.x + k * blockDim.x;
+        if (v >= vecs) {
+            continue;
+        }
+        float a[E], b[E];
+        const uint32_t xw[4] = {xv[k].x, xv[k].y, xv[k].z, xv[k].w};
+        const uint32_t rw[4] = {rv[k].x, rv[k].y, rv[k].z, rv[k].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            T::unpack(xw[q], a + q * T::kPerWord);
+            T::unpack(rw[q], b + q * T::kPerWord);
+        }
+        uint32_t o[4];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[k][e] = T::round(a[e] + b[e]);
+            ss += acc[k][e] * acc[k][e];
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            o[q] = T::pack(acc[k] + q * T::kPerWord);
+        }
+        symm_ar_st16((uint64_t)(ro + 16 * v), symm_ar_u4{o[0], o[1], o[2], o[3]});
+    }
+    const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const uint32_t v = threadIdx.x + k * blockDim.x;
+        if (v >= vecs) {
+            continue;
+        }
+        float w[E];
+        const uint32_t ww[4] = {wv[k].x, wv[k].y, wv[k].z, wv[k].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            T::unpack(ww[q], w + q * T::kPerWord);
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc[k][e] = acc[k][e] * inv * w[e];
+        }
+        uint32_t o[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            o[q] = T::pack(acc[k] + q * T::kPerWord);
+        }
+        symm_ar_st16((uint64_t)(out + 16 * v), symm_ar_u4{o[0], o[1], o[2], o[3]});
+    }
+}
+
+// Whether rows take the 16-byte path (row and strides 16-byte multiples,
+// the row short enough for registers).
+template <typename T>
+static __device__ __forceinline__ bool symm_add_rmsnorm_vec(const symm_rmsnorm_params& p) {
+    constexpr int S = T::kSize;
+    const uint64_t row_bytes = (uint64_t)p.hidden * S;
+    return row_bytes % 16 == 0 && row_bytes <= 16ull * SYMM_NORM_VECS * blockDim.x &&
+           ((p.out | p.residual_out | p.x | p.residual | p.weight) & 15u) == 0 &&
+           ((p.ld_out | p.ld_residual_out | p.ld_x | p.ld_residual) * S) % 16 == 0;
+}
+
+// Row `row`, by the whole block.
+template <typename T>
+static __device__ void symm_add_rmsnorm_row(const symm_rmsnorm_params& p, uint64_t row, bool vec) {
+    constexpr int S = T::kSize;
+    const unsigned char* x = (const unsigned char*)(p.x + row * p.ld_x * S);
+    const unsigned char* res = (const unsigned char*)(p.residual + row * p.ld_residual * S);
+    unsigned char* ro = (unsigned char*)(p.residual_out + row * p.ld_residual_out * S);
+    unsigned char* out = (unsigned char*)(p.out + row * p.ld_out * S);
+    if (vec) {
+        symm_add_rmsnorm_row_vec<T>(p, x, res, ro, out);
+        return;
+    }
+    float ss = 0.0f;
+    for (uint32_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+        const float r = T::round(T::load(x + i * S) + T::load(res + i * S));
+        T::store(ro + i * S, r);
+        ss += r * r;
+    }
+    const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
+    for (uint32_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+        const float r = T::load(ro + i * S);
+        T::store(out + i * S, r * inv * T::load((const unsigned char*)(p.weight + i * S)));
+    }
+}
+
+template <typename T>
+static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
+    const bool vec = symm_add_rmsnorm_vec<T>(p);
+    for (uint64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+        symm_add_rmsnorm_row<T>(p, row, vec);
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Two-shot.
 // ---------------------------------------------------------------------------
 static __device__ __forceinline__ uint64_t symm_ar_two_slot(const symm_ar_params& p, int owner, int parity,
@@ -859,7 +985,31 @@ static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity,
     }
 }
 
+// The fused norm of the two-shot, whose chunks are then whole rows: the
+// rows of output bytes [lo, lo + len), which hold the sum (just written by
+// this block, so read from L2), normalized in place.
 template <typename T>
+static __device__ void symm_ar_norm_chunk(const symm_ar_params& p, uint64_t lo, uint64_t len) {
+    const uint64_t row_bytes = (uint64_t)p.hidden * T::kSize;
+    symm_rmsnorm_params np;
+    np.out = np.x = p.output;
+    np.residual_out = p.residual_out;
+    np.residual = p.residual;
+    np.weight = p.weight;
+    np.rows = p.n / p.hidden;
+    np.ld_out = np.ld_residual_out = np.ld_x = np.ld_residual = p.hidden;
+    np.hidden = p.hidden;
+    np.eps = p.eps;
+    const bool vec = symm_add_rmsnorm_vec<T>(np);
+    __syncthreads();  // the block's stores of the sum before any thread reads a row
+    for (uint64_t row = lo / row_bytes; row < (lo + len) / row_bytes; ++row) {
+        symm_add_rmsnorm_row<T>(np, row, vec);
+    }
+}
+
+// kNorm: the fused norm folded in (a kernel of its own, so that the plain
+// two-shot keeps its registers).
+template <typename T, bool kNorm>
 static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
     const uint32_t seq = symm_ar_begin(p);
     const int parity = seq & 1u;
@@ -920,6 +1070,14 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             }
         }
     }
+    // The norm of the chunks this rank reduced, once the peers have them.
+    if constexpr (kNorm) {
+        for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+            if (g * W + me < chunks) {
+                symm_ar_norm_chunk<T>(p, (g * W + me) * C, len_of(g * W + me));
+            }
+        }
+    }
     // C: the peers' reduced chunks, from this rank's scratch to the output.
     for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
         if ((int)threadIdx.x < W && (int)threadIdx.x != me && g * W + threadIdx.x < chunks) {
@@ -932,119 +1090,13 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             if (c < chunks) {
                 symm_ar_block_copy(p.output + c * C, symm_ar_two_slot(p, me, parity, owner) + half + g * C, len_of(c),
                                    true);
+                if constexpr (kNorm) {
+                    symm_ar_norm_chunk<T>(p, c * C, len_of(c));
+                }
             }
         }
     }
     symm_ar_end(p, seq);
-}
-
-// ---------------------------------------------------------------------------
-// Add + RMSNorm alone (after a two-shot, or rows the one-shot cannot fuse).
-// ---------------------------------------------------------------------------
-// 16-byte vectors per thread a row keeps in registers (rows of up to
-// 4 * 16 * SYMM_AR_THREADS bytes; longer or unaligned rows take the
-// element-wise path).
-#define SYMM_NORM_VECS 4
-
-// One row with 16-byte accesses, its values in registers: every load of the
-// row is issued before the first sum.
-template <typename T>
-static __device__ void symm_add_rmsnorm_row_vec(const symm_rmsnorm_params& p, const unsigned char* x,
-                                                const unsigned char* res, unsigned char* ro, unsigned char* out) {
-    constexpr int K = SYMM_NORM_VECS, E = 4 * T::kPerWord;
-    const uint32_t vecs = p.hidden * T::kSize / 16;
-    symm_ar_u4 xv[K], rv[K], wv[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const uint32_t v = threadIdx.x + k * blockDim.x;
-        if (v < vecs) {
-            xv[k] = symm_ar_ld16((uint64_t)(x + 16 * v));
-            rv[k] = symm_ar_ld16((uint64_t)(res + 16 * v));
-            wv[k] = symm_ar_ld16(p.weight + 16 * v);
-        }
-    }
-    float acc[K][E];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const uint32_t v = threadIdx.x + k * blockDim.x;
-        if (v >= vecs) {
-            continue;
-        }
-        float a[E], b[E];
-        const uint32_t xw[4] = {xv[k].x, xv[k].y, xv[k].z, xv[k].w};
-        const uint32_t rw[4] = {rv[k].x, rv[k].y, rv[k].z, rv[k].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            T::unpack(xw[q], a + q * T::kPerWord);
-            T::unpack(rw[q], b + q * T::kPerWord);
-        }
-        uint32_t o[4];
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-            acc[k][e] = T::round(a[e] + b[e]);
-            ss += acc[k][e] * acc[k][e];
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            o[q] = T::pack(acc[k] + q * T::kPerWord);
-        }
-        symm_ar_st16((uint64_t)(ro + 16 * v), symm_ar_u4{o[0], o[1], o[2], o[3]});
-    }
-    const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const uint32_t v = threadIdx.x + k * blockDim.x;
-        if (v >= vecs) {
-            continue;
-        }
-        float w[E];
-        const uint32_t ww[4] = {wv[k].x, wv[k].y, wv[k].z, wv[k].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            T::unpack(ww[q], w + q * T::kPerWord);
-        }
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-            acc[k][e] = acc[k][e] * inv * w[e];
-        }
-        uint32_t o[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            o[q] = T::pack(acc[k] + q * T::kPerWord);
-        }
-        symm_ar_st16((uint64_t)(out + 16 * v), symm_ar_u4{o[0], o[1], o[2], o[3]});
-    }
-}
-
-template <typename T>
-static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
-    constexpr int S = T::kSize;
-    const uint64_t row_bytes = (uint64_t)p.hidden * S;
-    const bool vec = row_bytes % 16 == 0 && row_bytes <= 16ull * SYMM_NORM_VECS * blockDim.x &&
-                     ((p.out | p.residual_out | p.x | p.residual | p.weight) & 15u) == 0 &&
-                     ((p.ld_out | p.ld_residual_out | p.ld_x | p.ld_residual) * S) % 16 == 0;
-    for (uint64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-        const unsigned char* x = (const unsigned char*)(p.x + row * p.ld_x * S);
-        const unsigned char* res = (const unsigned char*)(p.residual + row * p.ld_residual * S);
-        unsigned char* ro = (unsigned char*)(p.residual_out + row * p.ld_residual_out * S);
-        unsigned char* out = (unsigned char*)(p.out + row * p.ld_out * S);
-        if (vec) {
-            symm_add_rmsnorm_row_vec<T>(p, x, res, ro, out);
-            continue;
-        }
-        float ss = 0.0f;
-        for (uint32_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
-            const float r = T::round(T::load(x + i * S) + T::load(res + i * S));
-            T::store(ro + i * S, r);
-            ss += r * r;
-        }
-        const float inv = 1.0f / sqrtf(symm_ar_block_sum(ss) / (float)p.hidden + p.eps);
-        for (uint32_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
-            const float r = T::load(ro + i * S);
-            T::store(out + i * S, r * inv * T::load((const unsigned char*)(p.weight + i * S)));
-        }
-    }
 }
 
 #define SYMM_AR_ENTRY(SUFFIX, T)                                                                       \
@@ -1054,12 +1106,16 @@ static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_two_shot_##SUFFIX(          \
         const symm_ar_params p) {                                                                      \
-        symm_ar_two_shot_impl<T>(p);                                                                   \
+        symm_ar_two_shot_impl<T, false>(p);                                                            \
     }
 #define SYMM_AR_NORM_ENTRY(SUFFIX, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_add_rmsnorm_##SUFFIX(          \
         const symm_rmsnorm_params p) {                                                                 \
         symm_add_rmsnorm_impl<T>(p);                                                                   \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_two_shot_norm_##SUFFIX(     \
+        const symm_ar_params p) {                                                                      \
+        symm_ar_two_shot_impl<T, true>(p);                                                             \
     }
 
 SYMM_AR_ENTRY(f32, symm_ar_dt<SYMM_DT_F32>)

@@ -744,9 +744,13 @@ def test_integers_refused_by_the_rmsnorm_on_cuda():
 
 
 # One-shot rows split over blocks (1x4096 two ways, 16x8192 four, 7x8200
-# unevenly, 2x131072 eight ways past the registers) and whole (5x36).
+# unevenly, 2x131072 eight ways past the registers) and whole (5x36); the
+# two-shot's norm folded into chunks of whole rows (300x5000: one 10000-byte
+# row per chunk) or after it (16x8192: rows longer than a chunk).
 @pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
-@pytest.mark.parametrize("tokens,hidden", [(1, 4096), (16, 8192), (5, 36), (3, 20480), (7, 8200), (2, 131072)])
+@pytest.mark.parametrize(
+    "tokens,hidden", [(1, 4096), (16, 8192), (5, 36), (3, 20480), (7, 8200), (2, 131072), (300, 5000)]
+)
 def test_all_reduce_rmsnorm_torch(algorithm, tokens, hidden):
     dtype, eps = torch.bfloat16, 1e-6
     xs = inputs(21, (tokens, hidden), dtype)

@@ -555,10 +555,26 @@ impl AllReduceLayout {
         round_up(message.div_ceil(world.max(1) * Self::GROUPS).max(Self::MIN_CHUNK), 16)
     }
 
-    /// The two-shot's chunk groups for a message of `message` bytes: chunk
-    /// `c` is in group `c / world` and owned by rank `c % world`.
-    pub fn chunk_groups(message: usize, world: usize) -> usize {
-        message.div_ceil(Self::chunk_bytes(message, world)).div_ceil(world.max(1))
+    /// The two-shot's chunk groups for a message of `message` bytes cut into
+    /// chunks of `chunk`: chunk `c` is in group `c / world` and owned by rank
+    /// `c % world`.
+    pub fn groups_of(message: usize, chunk: usize, world: usize) -> usize {
+        message.div_ceil(chunk.max(1)).div_ceil(world.max(1))
+    }
+
+    /// The two-shot's chunk for a message of rows of `row` bytes whose
+    /// RMSNorm the kernel folds in: whole rows, at most the plain chunk,
+    /// where this layout holds that cut (rows of 16-byte multiples no longer
+    /// than the plain chunk); `None` otherwise.
+    pub fn row_chunk_bytes(&self, message: usize, row: usize) -> Option<usize> {
+        let plain = Self::chunk_bytes(message, self.world);
+        if row == 0 || row % 16 != 0 || row > plain || message % row != 0 {
+            return None;
+        }
+        let chunk = plain / row * row;
+        let chunks = message.div_ceil(chunk);
+        let owned = chunks.div_ceil(self.world.max(1)) * chunk;
+        (chunks <= Self::MAX_CHUNKS && 2 * owned <= self.two_shot_slot).then_some(chunk)
     }
 }
 

@@ -70,40 +70,48 @@ struct NormParams {
 /// Most blocks one row of the fused norm is split over (`SYMM_AR_MAX_SEGMENTS`).
 const MAX_SEGMENTS: usize = 8;
 
-/// Blocks of a launch and, for the one-shot's fused norm, blocks per row:
-/// at most one block per SM (every block resident, so the waits always
-/// end), at least 1; the one-shot's, a line per thread; the two-shot's,
-/// one per chunk group. A fused norm of fewer rows than those blocks splits
-/// each row over several (a row per block would leave most SMs idle while
-/// the few others read every line of the message).
-fn grid(call: &AllReduceCall, sm_count: u32) -> (u32, u32) {
+/// How one call's kernel is cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cut {
+    blocks: u32,
+    /// The one-shot's fused norm: blocks per row.
+    segments: u32,
+    /// The two-shot's chunk.
+    chunk_bytes: usize,
+    /// Whether the kernel applies the norm itself (else a second kernel does).
+    folds_norm: bool,
+}
+
+/// At most one block per SM (every block resident, so the waits always
+/// end), at least 1. The one-shot: a line per thread; its norm folded in
+/// where rows are whole 8-byte LL lines, a few rows split over several
+/// blocks each (a row per block would leave most SMs idle while the others
+/// read every line). The two-shot: a block per chunk group; its norm folded
+/// in where the chunks can be whole rows, so each rank normalizes the rows
+/// it reduced or received while they are in L2.
+fn cut(call: &AllReduceCall, sm_count: u32) -> Cut {
     let bytes = call.n * call.dtype.size();
     let sms = (sm_count.max(1) as usize).min(AllReduceLayout::MAX_NORM_BLOCKS);
+    let row = call.norm.as_ref().filter(|nm| nm.hidden <= u32::MAX as usize).map(|nm| nm.hidden * call.dtype.size());
+    let plain = AllReduceLayout::chunk_bytes(bytes, call.world);
     match call.algorithm {
         AllReduceAlgorithm::OneShot => {
             let blocks = bytes.div_ceil(8).div_ceil(AR_THREADS as usize).clamp(1, sms);
-            let rows = call
-                .norm
-                .as_ref()
-                .filter(|nm| fuses_norm(call.algorithm, nm.hidden, call.dtype.size()))
-                .map_or(0, |nm| call.n / nm.hidden.max(1));
+            let folds_norm = row.is_some_and(|row| row > 0 && row % 8 == 0);
+            let rows = if folds_norm { bytes / row.unwrap_or(1) } else { 0 };
             let segments = if rows == 0 { 1 } else { (blocks / rows).clamp(1, MAX_SEGMENTS) };
-            if segments > 1 {
-                ((rows * segments) as u32, segments as u32)
-            } else {
-                (blocks.max(rows).min(sms) as u32, 1)
-            }
+            let blocks = if segments > 1 { rows * segments } else { blocks.max(rows).min(sms) };
+            Cut { blocks: blocks as u32, segments: segments as u32, chunk_bytes: plain, folds_norm }
         }
         AllReduceAlgorithm::TwoShot => {
-            (AllReduceLayout::chunk_groups(bytes, call.world).clamp(1, sm_count.max(1) as usize) as u32, 1)
+            let layout = AllReduceLayout::of(call.scratch_bytes, call.world);
+            let folded = row.and_then(|row| layout.row_chunk_bytes(bytes, row));
+            let chunk_bytes = folded.unwrap_or(plain);
+            let groups = AllReduceLayout::groups_of(bytes, chunk_bytes, call.world);
+            let blocks = groups.clamp(1, sm_count.max(1) as usize) as u32;
+            Cut { blocks, segments: 1, chunk_bytes, folds_norm: folded.is_some() }
         }
     }
-}
-
-/// Whether the one-shot kernel normalizes rows of `hidden` itself: its
-/// rows must be whole 8-byte LL lines.
-pub fn fuses_norm(algorithm: AllReduceAlgorithm, hidden: usize, elem: usize) -> bool {
-    algorithm == AllReduceAlgorithm::OneShot && (hidden * elem) % 8 == 0 && hidden <= u32::MAX as usize
 }
 
 fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
@@ -172,15 +180,19 @@ fn kernel<'k>(kernels: &'k Kernels, call: &AllReduceCall) -> Result<&'k CudaFunc
 
 /// Enqueues `call` on `stream`; `err_ptr` is the device's error record.
 pub fn all_reduce(kernels: &Kernels, call: &AllReduceCall, err_ptr: u64, stream: Stream) -> Result<()> {
-    let f = kernel(kernels, call)?;
+    let cut = cut(call, kernels.sm_count);
+    let f = match call.algorithm {
+        AllReduceAlgorithm::TwoShot if cut.folds_norm => &kernels.two_shot_norm[gemm_dtype(call.dtype)? as usize],
+        _ => kernel(kernels, call)?,
+    };
     let mut p = params(call, err_ptr)?;
-    let fused = call.norm.as_ref().filter(|nm| fuses_norm(call.algorithm, nm.hidden, call.dtype.size()));
+    (p.chunk_bytes, p.segments) = (cut.chunk_bytes as u64, cut.segments);
+    let fused = call.norm.as_ref().filter(|_| cut.folds_norm);
     if let Some(nm) = fused {
         (p.residual, p.weight, p.residual_out, p.hidden, p.eps) =
             (nm.residual, nm.weight, nm.residual_out, nm.hidden as u32, nm.eps);
     }
-    let (blocks, segments) = grid(call, kernels.sm_count);
-    p.segments = segments;
+    let blocks = cut.blocks;
     let mut params: [*mut c_void; 1] = [arg(&mut p)];
     // SAFETY: one parameter, `struct symm_ar_params` by value (ArParams
     // mirrors it); the addresses are the caller's checked arrays and the
@@ -281,7 +293,11 @@ mod tests {
     }
 
     #[test]
-    fn grids_and_checks() {
+    fn cuts_and_checks() {
+        let grid = |c: &AllReduceCall, sms| {
+            let cut = cut(c, sms);
+            (cut.blocks, cut.segments)
+        };
         assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 4096), 132), (2, 1)); // 8 KiB: 1024 lines
         assert_eq!(grid(&call(AllReduceAlgorithm::OneShot, 1 << 24), 132), (132, 1));
         assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1), 132), (1, 1));
@@ -289,21 +305,33 @@ mod tests {
         assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 132), (128, 1));
         assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 1 << 19), 132), (64, 1));
         assert_eq!(grid(&call(AllReduceAlgorithm::TwoShot, 8 << 20), 100), (100, 1));
-        // The fused norm: rows split while they are fewer than the blocks
-        // of one line per thread, at most 8 ways; whole rows otherwise.
         let normed = |algorithm, rows: usize, hidden: usize| {
             let mut c = call(algorithm, rows * hidden);
             c.norm = Some(AllReduceNorm { hidden, residual: 0x3000, weight: 0x4000, residual_out: 0x3000, eps: 1e-6 });
-            grid(&c, 132)
+            cut(&c, 132)
         };
-        assert_eq!(normed(AllReduceAlgorithm::OneShot, 1, 4096), (2, 2));
-        assert_eq!(normed(AllReduceAlgorithm::OneShot, 16, 8192), (64, 4));
-        assert_eq!(normed(AllReduceAlgorithm::OneShot, 64, 8192), (128, 2));
-        assert_eq!(normed(AllReduceAlgorithm::OneShot, 2, 65536), (16, 8));
-        assert_eq!(normed(AllReduceAlgorithm::OneShot, 100, 8192), (132, 1));
-        assert_eq!(normed(AllReduceAlgorithm::OneShot, 300, 4096), (132, 1));
-        assert_eq!(normed(AllReduceAlgorithm::OneShot, 3, 33), (1, 1)); // unfusable rows
-        assert_eq!(normed(AllReduceAlgorithm::TwoShot, 16, 8192), (16, 1));
+        // The one-shot: rows split while they are fewer than the blocks of
+        // one line per thread, at most 8 ways; whole rows otherwise.
+        let split = |rows, hidden| {
+            let c = normed(AllReduceAlgorithm::OneShot, rows, hidden);
+            assert!(c.folds_norm);
+            (c.blocks, c.segments)
+        };
+        assert_eq!(split(1, 4096), (2, 2));
+        assert_eq!(split(16, 8192), (64, 4));
+        assert_eq!(split(64, 8192), (128, 2));
+        assert_eq!(split(2, 65536), (16, 8));
+        assert_eq!(split(100, 8192), (132, 1));
+        assert_eq!(split(300, 4096), (132, 1));
+        assert!(!normed(AllReduceAlgorithm::OneShot, 3, 33).folds_norm); // rows not whole lines
+                                                                         // The two-shot: chunks of whole rows, no larger than the plain ones.
+        let c = normed(AllReduceAlgorithm::TwoShot, 512, 8192); // 8 MiB: 32 KiB chunks, two rows
+        assert_eq!((c.blocks, c.chunk_bytes, c.folds_norm), (128, 32 << 10, true));
+        let c = normed(AllReduceAlgorithm::TwoShot, 300, 5000); // 10000-byte rows in 11728-byte chunks: one each
+        assert_eq!((c.blocks, c.chunk_bytes, c.folds_norm), (132, 10000, true));
+        let c = normed(AllReduceAlgorithm::TwoShot, 16, 8192); // 16 KiB rows over 8 KiB chunks
+        assert_eq!((c.blocks, c.chunk_bytes, c.folds_norm), (16, 8 << 10, false));
+        assert!(!normed(AllReduceAlgorithm::TwoShot, 64, 4100).folds_norm); // rows not 16-byte multiples
         let p = params(&call(AllReduceAlgorithm::TwoShot, 1000), 0).unwrap();
         assert_eq!((p.rank, p.world, p.scratch[1], p.scratch[2]), (1, 2, 0x20_0000, 0));
         let mut c = call(AllReduceAlgorithm::OneShot, 1000);
@@ -317,9 +345,5 @@ mod tests {
         assert!(params(&c, 0).is_err());
         c.divisor = 4;
         assert_eq!(params(&c, 0).unwrap().divisor, 4);
-        assert!(fuses_norm(AllReduceAlgorithm::OneShot, 4096, 2));
-        assert!(!fuses_norm(AllReduceAlgorithm::OneShot, 33, 2));
-        assert!(fuses_norm(AllReduceAlgorithm::OneShot, 34, 4));
-        assert!(!fuses_norm(AllReduceAlgorithm::TwoShot, 4096, 2));
     }
 }
