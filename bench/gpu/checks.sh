@@ -6,7 +6,10 @@
 # Checks: lib (the library's GPU unit tests), cuda (test_cuda + test_cuda_fused,
 # SYMM_CUDA_ROUNDS fresh processes, default 1), hosts (test_cuda_hosts), torch
 # (test_torch_cuda), allreduce (bench_allreduce.py, world 2), ar_profile
-# (probes/allreduce_profile.py), host_overhead, families (bench_families.py).
+# (probes/allreduce_profile.py), host_overhead, families (bench_families.py),
+# hosts_bench (bench_hosts.py, world 2: NCCL's network transport, then its
+# default; SYMM_HOSTS_BENCH_ARGS, e.g. --quick; then the results JSON
+# <date>-<kind>-w2-<commit>-hosts.json; not in the default list).
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -43,6 +46,13 @@ for c in $checks; do
     allreduce) step allreduce timeout 600 torchrun --nproc-per-node 2 bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-} ;;
     ar_profile) step ar_profile timeout 300 torchrun --nproc-per-node 2 bench/probes/allreduce_profile.py ${SYMM_AR_PROFILE_ARGS:-} ;;
     host_overhead) step host_overhead timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)" ;;
+    hosts_bench)
+        for t in network default; do
+            # A hung run prints every thread's stack before the timeout ends it.
+            step hosts_bench env SYMM_BENCH_WATCHDOG_S=270 timeout 300 torchrun --nproc-per-node 2 \
+                bench/gpu/bench_hosts.py --out "$OUT" --transport "$t" ${SYMM_HOSTS_BENCH_ARGS:-}
+        done
+        step hosts_collect python3 bench/gpu/collect.py "$OUT/hosts_bench.txt" "$OUT" "$(cat bundle/commit)" ;;
     families) step families timeout "${SYMM_FAMILIES_TIMEOUT:-480}" torchrun --nproc-per-node 2 bench/bench_families.py --out "$OUT" ${SYMM_FAMILIES_ARGS:-} ;;
     *) echo "unknown check $c" | tee -a "$OUT/steps.txt"; fail=1 ;;
     esac

@@ -22,15 +22,17 @@ import sys
 # implementation and must not be merged into it.
 QUANTITIES = ("ms", "us_per_barrier", "host_us", "GBps")
 # Fields that tell cases of one op, shape and dtype apart (bench_families.py's
-# records: the family, a 3-D activation's batch, fp8 scales), kept as they are.
-LABELS = ("family", "batch", "scales")
+# records: the family, a 3-D activation's batch, fp8 scales; bench_hosts.py's:
+# NCCL's transport, the pretend hosts), kept as they are.
+LABELS = ("family", "batch", "scales", "transport", "hosts")
 
 
 def gpus(out_dir, log):
     """(name, driver, count) from run.sh's gpus.txt, else the log's
     nvidia-smi lines, else nvidia-smi."""
     try:
-        out = open(f"{out_dir}/gpus.txt").read().strip().splitlines()
+        # checks.sh adds a line naming the commit.
+        out = [l for l in open(f"{out_dir}/gpus.txt").read().splitlines() if re.match(r"[^,]+, \d+\.\d+", l)]
     except OSError:
         out = [l for l in open(log).read().splitlines()[:16] if re.match(r"NVIDIA .*, \d+\.\d+", l)]
     if not out:
@@ -98,8 +100,9 @@ def main(log, out_dir, commit, date=None):
         out.append(rec)
     result = {"device": name, "device_count": count, "world_size": world, "date": date,
               "commit": commit, "driver": driver, "records": out}
-    # A run of bench_families.py alone is named apart from a full run's.
-    suffix = "-families" if all("family" in r for r in records) else ""
+    # A run of bench_families.py or bench_hosts.py alone is named apart from a full run's.
+    suffix = "-families" if all("family" in r for r in records) else \
+        "-hosts" if all(r["op"].startswith("hosts_") for r in records) else ""
     path = f"{out_dir}/{date}-{kind}-w{world}-{commit}{suffix}.json"
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
