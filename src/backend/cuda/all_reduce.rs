@@ -99,7 +99,7 @@ fn cut(call: &AllReduceCall, sm_count: u32) -> Cut {
             let blocks = bytes.div_ceil(8).div_ceil(AR_THREADS as usize).clamp(1, sms);
             let folds_norm = row.is_some_and(|row| row > 0 && row % 8 == 0);
             let rows = if folds_norm { bytes / row.unwrap_or(1) } else { 0 };
-            let segments = if rows == 0 { 1 } else { (blocks / rows).clamp(1, MAX_SEGMENTS) };
+            let segments = blocks.checked_div(rows).map_or(1, |s| s.clamp(1, MAX_SEGMENTS));
             let blocks = if segments > 1 { rows * segments } else { blocks.max(rows).min(sms) };
             Cut { blocks: blocks as u32, segments: segments as u32, chunk_bytes: plain, folds_norm }
         }
