@@ -3,7 +3,7 @@
 # named checks, each into its own $OUT/NAME.txt, with their start times in
 # $OUT/steps.txt. A shorter, selectable run.sh for one device call.
 #   bash bench/gpu/checks.sh [CHECK...]     (default: every check below)
-# Checks: lib (the library's GPU unit tests), cuda (test_cuda + test_cuda_fused,
+# Checks: lib (the library's GPU unit tests, or those SYMM_LIB_FILTER names), cuda (test_cuda + test_cuda_fused,
 # SYMM_CUDA_ROUNDS fresh processes, default 1), hosts (test_cuda_hosts), torch
 # (test_torch_cuda), allreduce (bench_allreduce.py, world 2), ar_profile
 # (probes/allreduce_profile.py), host_overhead, families (bench_families.py),
@@ -36,7 +36,7 @@ step() { # step NAME COMMAND...: output to $OUT/NAME.txt, last lines echoed
 checks=${*:-lib cuda hosts torch allreduce ar_profile host_overhead}
 for c in $checks; do
     case $c in
-    lib) step lib timeout 600 bundle/symm-lib-tests gpu_ --test-threads 1 ;;
+    lib) step lib timeout 600 bundle/symm-lib-tests "${SYMM_LIB_FILTER:-gpu_}" --test-threads 1 ;;
     cuda)
         for i in $(seq "${SYMM_CUDA_ROUNDS:-1}"); do
             step "cuda-$i" timeout 300 python3 -m pytest -q -x python/tests/test_cuda.py python/tests/test_cuda_fused.py
