@@ -4,13 +4,15 @@
 //! all-reduce buffer (layout: `backend::AllReduceLayout`); and the add +
 //! RMSNorm kernel, fused into the one-shot where rows are whole LL lines,
 //! launched after the all-reduce otherwise. Integers take kernels of
-//! their own that sum exactly in the element's width (no norm).
+//! their own that sum exactly in the element's width (no norm). And the
+//! all-gather of the same buffer (`symm_ag_one_shot`): the one-shot's lines
+//! placed into the output instead of summed.
 
 use super::gemm::GemmDtype;
 use super::module::{arg, Kernels};
 use super::sm90::gemm_dtype;
 use crate::array::{Array, DType};
-use crate::backend::{AddRmsNorm, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
+use crate::backend::{AddRmsNorm, AllGatherCall, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
 use crate::error::{err, Result};
 use cudarc::driver::CudaFunction;
 use std::ffi::c_void;
@@ -87,46 +89,112 @@ pub fn fuses_norm(algorithm: AllReduceAlgorithm, hidden: usize, elem: usize) -> 
     algorithm == AllReduceAlgorithm::OneShot && (hidden * elem) % 8 == 0 && hidden <= u32::MAX as usize
 }
 
-fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
-    let (world, rank) = (call.world, call.rank);
-    if world == 0 || world > AR_MAX_WORLD || rank >= world || call.scratch.len() != world {
-        return Err(err!(Internal, "all-reduce kernel for rank {rank} of {world} with {} buffers", call.scratch.len()));
+/// What every launch on the all-reduce buffer shares: the buffers, the
+/// layout, this rank, the timeout; checked to hold `bytes` per rank.
+struct Shared<'a> {
+    rank: usize,
+    world: usize,
+    scratch: &'a [u64],
+    scratch_bytes: usize,
+    bytes: usize,
+    timeout: std::time::Duration,
+}
+
+impl Shared<'_> {
+    fn params(&self, err_ptr: u64) -> Result<ArParams> {
+        let Shared { rank, world, scratch, scratch_bytes, bytes, timeout } = *self;
+        if world == 0 || world > AR_MAX_WORLD || rank >= world || scratch.len() != world {
+            return Err(err!(Internal, "all-reduce kernel for rank {rank} of {world} with {} buffers", scratch.len()));
+        }
+        let layout = AllReduceLayout::of(scratch_bytes, world);
+        if !layout.holds(bytes) {
+            return Err(err!(Internal, "an all-reduce buffer of {scratch_bytes} bytes cannot hold {bytes} bytes"));
+        }
+        let mut p = ArParams {
+            err: err_ptr,
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            flags_off: layout.flags as u64,
+            one_off: layout.one_shot as u64,
+            one_slot: layout.one_shot_slot as u64,
+            two_off: layout.two_shot as u64,
+            two_slot: layout.two_shot_slot as u64,
+            rank: rank as i32,
+            world: world as i32,
+            scale: 1.0,
+            divisor: 1,
+            ..Default::default()
+        };
+        p.scratch[..world].copy_from_slice(scratch);
+        Ok(p)
     }
+}
+
+fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
     let size = call.dtype.size();
     let bytes = call.n * size;
     let divisor = u32::try_from(call.divisor).ok().filter(|&d| d >= 1);
     let Some(divisor) = divisor else {
         return Err(err!(Internal, "all-reduce divisor {}", call.divisor));
     };
-    let layout = AllReduceLayout::of(call.scratch_bytes, world);
-    if !layout.holds(bytes) {
-        return Err(err!(Internal, "an all-reduce buffer of {} bytes cannot hold {bytes} bytes", call.scratch_bytes));
-    }
+    let shared = Shared {
+        rank: call.rank,
+        world: call.world,
+        scratch: &call.scratch,
+        scratch_bytes: call.scratch_bytes,
+        bytes,
+        timeout: call.timeout,
+    };
+    let mut p = shared.params(err_ptr)?;
     for (name, p) in [("input", call.input), ("output", call.output)] {
         if p == 0 || p % size as u64 != 0 {
             return Err(err!(Internal, "all-reduce {name} {p:#x} is NULL or misaligned"));
         }
     }
-    let mut p = ArParams {
-        input: call.input,
-        output: call.output,
-        err: err_ptr,
-        n: call.n as u64,
-        timeout_ns: call.timeout.as_nanos().min(u64::MAX as u128) as u64,
-        flags_off: layout.flags as u64,
-        one_off: layout.one_shot as u64,
-        one_slot: layout.one_shot_slot as u64,
-        two_off: layout.two_shot as u64,
-        two_slot: layout.two_shot_slot as u64,
-        chunk_bytes: AllReduceLayout::chunk_bytes(bytes, world) as u64,
-        rank: rank as i32,
-        world: world as i32,
-        scale: call.scale,
-        divisor,
-        ..Default::default()
-    };
-    p.scratch[..world].copy_from_slice(&call.scratch);
+    (p.input, p.output, p.n, p.scale, p.divisor) = (call.input, call.output, call.n as u64, call.scale, divisor);
+    p.chunk_bytes = AllReduceLayout::chunk_bytes(bytes, call.world) as u64;
     Ok(p)
+}
+
+/// The all-gather's parameters: `n` is the bytes per rank.
+fn gather_params(call: &AllGatherCall, err_ptr: u64) -> Result<ArParams> {
+    let shared = Shared {
+        rank: call.rank,
+        world: call.world,
+        scratch: &call.scratch,
+        scratch_bytes: call.scratch_bytes,
+        bytes: call.bytes,
+        timeout: call.timeout,
+    };
+    let mut p = shared.params(err_ptr)?;
+    if call.input == 0 || call.output == 0 {
+        return Err(err!(Internal, "all-gather input {:#x} or output {:#x} is NULL", call.input, call.output));
+    }
+    (p.input, p.output, p.n) = (call.input, call.output, call.bytes as u64);
+    Ok(p)
+}
+
+/// Blocks of an all-gather: one thread per 8-byte line, at most one block
+/// per SM (every block resident: each pushes all its lines before it
+/// waits), at least 1.
+fn gather_grid(bytes: usize, sm_count: u32) -> u32 {
+    bytes.div_ceil(8).div_ceil(AR_THREADS as usize).clamp(1, sm_count.max(1) as usize) as u32
+}
+
+/// Enqueues the all-gather `call` on `stream`; `err_ptr` is the device's
+/// error record. Nothing to move (0 bytes): no launch, on every rank alike.
+pub fn all_gather(kernels: &Kernels, call: &AllGatherCall, err_ptr: u64, stream: Stream) -> Result<()> {
+    if call.bytes == 0 {
+        return Ok(());
+    }
+    let mut p = gather_params(call, err_ptr)?;
+    let blocks = gather_grid(call.bytes, kernels.sm_count);
+    let mut params: [*mut c_void; 1] = [arg(&mut p)];
+    // SAFETY: one parameter, `struct symm_ar_params` by value (ArParams
+    // mirrors it); the addresses are the caller's contiguous arrays and the
+    // group's all-reduce buffers, live until the work completes.
+    unsafe {
+        kernels.launch(&kernels.all_gather, blocks, (AR_THREADS, 1, 1), stream, &mut params, "the all-gather kernel")
+    }
 }
 
 /// The index of an integer dtype in `Kernels::all_reduce_int`.
@@ -280,6 +348,26 @@ mod tests {
         assert!(params(&c, 0).is_err());
         c.divisor = 4;
         assert_eq!(params(&c, 0).unwrap().divisor, 4);
+        let gather = AllGatherCall {
+            rank: 1,
+            world: 2,
+            bytes: 1001,
+            input: 0x1001,
+            output: 0x2003,
+            scratch: vec![0x10_0000, 0x20_0000],
+            scratch_bytes: AllReduceLayout::bytes_for(1001, 2),
+            timeout: Duration::from_secs(1),
+        };
+        let p = gather_params(&gather, 0).unwrap();
+        assert_eq!((p.n, p.input, p.output, p.rank, p.world), (1001, 0x1001, 0x2003, 1, 2));
+        let layout = AllReduceLayout::of(gather.scratch_bytes, 2);
+        assert_eq!((p.one_off, p.one_slot), (layout.one_shot as u64, layout.one_shot_slot as u64));
+        assert!(gather_params(&AllGatherCall { scratch_bytes: 4096, ..gather.clone() }, 0).is_err());
+        assert!(gather_params(&AllGatherCall { output: 0, ..gather.clone() }, 0).is_err());
+        assert!(gather_params(&AllGatherCall { rank: 2, ..gather.clone() }, 0).is_err());
+        // 128 KiB per rank: 16384 lines, 32 blocks of 512 threads.
+        assert_eq!(gather_grid(128 << 10, 132), 32);
+        assert_eq!((gather_grid(1, 132), gather_grid(64 << 20, 132)), (1, 132));
         assert!(fuses_norm(AllReduceAlgorithm::OneShot, 4096, 2));
         assert!(!fuses_norm(AllReduceAlgorithm::OneShot, 33, 2));
         assert!(fuses_norm(AllReduceAlgorithm::OneShot, 34, 4));
