@@ -9,8 +9,8 @@
 // i64, accumulated in the element's unsigned width):
 //   symm_ar_one_shot_<DT|IT>(symm_ar_params p)
 //   symm_ar_two_shot_<DT|IT>(symm_ar_params p)
-//   symm_ar_two_shot_norm_<DT>(symm_ar_params p)   (the norm folded in)
 //   symm_add_rmsnorm_<DT>(symm_rmsnorm_params p)
+//   symm_ag_one_shot(symm_ar_params p)    the all-gather, see below
 //
 // The all-reduce moves data through one symmetric scratch buffer per group
 // (p.scratch[r]: rank r's, as mapped here), laid out by the host
@@ -26,7 +26,8 @@
 //                two_off + (parity * world + src) * two_slot, its first half
 //                the parts src sent for this rank's chunks, its second half
 //                src's reduced chunks.
-// No other work writes the buffer. Call number `seq` = count + 1 flags the
+// No other work than these kernels (the all-reduces and the all-gather)
+// writes the buffer. Call number `seq` = count + 1 flags the
 // data of a call and picks its parity (seq & 1): a rank can only be one call
 // ahead of its peers (each call waits for data every peer sends in it), so
 // two buffers in alternation are never overwritten while a peer reads them,
@@ -44,6 +45,15 @@
 // spread over as many SMs as the all-reduce alone), adds the residual,
 // normalizes and scales by the weight.
 //
+// All-gather (symm_ag_one_shot): the one-shot with "place" for "sum". p.n is
+// the bytes of every rank's input (bytes are bytes: any element type), and
+// the output holds world * n: each rank pushes its lines into every peer's
+// slot (parity, rank) as above, writes its own part straight from its input
+// to output + rank * n, and writes slot src's lines to output + src * n as
+// they arrive. Tails and unaligned ends take 2-byte accesses where n and
+// both addresses are even, else 1-byte ones. The call count and parity are
+// the all-reduce's, so gathers and all-reduces interleave freely.
+//
 // Two-shot: chunks of chunk_bytes, chunk c owned by rank c % world, in
 // groups of world chunks (c / world), a block taking whole groups. Phase A:
 // each rank pushes its part of every chunk it does not own into the owner's
@@ -52,9 +62,7 @@
 // every peer's flag of its chunk, reduces it, writes its output and pushes
 // the result into every peer's slot (parity, owner), second half, then sets
 // flag(parity, world, c) = seq there. Phase C: each rank waits for that flag
-// and copies the chunk from its scratch into its output. With a norm (chunks
-// of whole rows, chosen by the host), each rank then normalizes the rows of
-// every chunk it reduced or copied, while they are in L2. Every block does all
+// and copies the chunk from its scratch into its output. Every block does all
 // its phase A before any wait, and the grid is at most one block per SM, so
 // every block of every rank is resident and the waits always end.
 //
@@ -746,7 +754,7 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
 }
 
 // ---------------------------------------------------------------------------
-// Add + RMSNorm: alone (rows no kernel fuses), or folded into the two-shot.
+// Add + RMSNorm alone (after a two-shot, or rows the one-shot cannot fuse).
 // ---------------------------------------------------------------------------
 // 16-byte vectors per thread a row keeps in registers (rows of up to
 // 4 * 16 * SYMM_AR_THREADS bytes; longer or unaligned rows take the
@@ -869,6 +877,69 @@ static __device__ void symm_add_rmsnorm_impl(const symm_rmsnorm_params& p) {
 }
 
 // ---------------------------------------------------------------------------
+// All-gather: the one-shot's lines, placed instead of summed. S: the access
+// width of tails and unaligned ends (1 or 2 bytes).
+// ---------------------------------------------------------------------------
+template <int S>
+static __device__ void symm_ag_one_shot_impl(const symm_ar_params& p) {
+    constexpr int L = 4;
+    const uint64_t bytes = p.n;
+    const uint64_t lines = (bytes + 7) / 8;
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t gstride = (uint64_t)gridDim.x * blockDim.x;
+    const int W = p.world, me = p.rank;
+    // The first line's data is loaded while the call count is read.
+    uint32_t first0 = 0, first1 = 0;
+    if (gtid < lines) {
+        symm_ar_ld8<S>(p.input, gtid, bytes, first0, first1);
+    }
+    const uint32_t seq = symm_ar_begin(p);
+    const int parity = seq & 1u;
+    // This rank's lines to every peer, and to its own part of the output.
+    const uint64_t own = p.output + (uint64_t)me * bytes;
+    for (uint64_t i = gtid; i < lines; i += gstride) {
+        uint32_t d0 = first0, d1 = first1;
+        if (i != gtid) {
+            symm_ar_ld8<S>(p.input, i, bytes, d0, d1);
+        }
+        for (int k = 1; k < W; ++k) {
+            const int q = (me + k) % W;
+            symm_ar_st_line(symm_ar_one_slot(p, q, parity, me) + 16 * i, d0, d1, seq);
+        }
+        symm_ar_st8<S>(own, i, bytes, d0, d1);
+    }
+    // Every peer's lines, from this rank's slots to their part: L lines
+    // requested before any is waited for.
+    for (int k = 1; k < W; ++k) {
+        const int src = (me + W - k) % W;
+        const uint64_t slot = symm_ar_one_slot(p, me, parity, src);
+        const uint64_t dst = p.output + (uint64_t)src * bytes;
+        for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
+            symm_ar_u4 v[L];
+#pragma unroll
+            for (int l = 0; l < L; ++l) {
+                const uint64_t i = i0 + l * gstride;
+                if (i < lines) {
+                    v[l] = symm_ar_ld_line(slot + 16 * i);
+                }
+            }
+#pragma unroll
+            for (int l = 0; l < L; ++l) {
+                const uint64_t i = i0 + l * gstride;
+                if (i >= lines) {
+                    continue;
+                }
+                if (!(v[l].y == seq && v[l].w == seq)) {
+                    v[l] = symm_ar_poll_line(slot + 16 * i, seq, p, src);
+                }
+                symm_ar_st8<S>(dst, i, bytes, v[l].x, v[l].z);
+            }
+        }
+    }
+    symm_ar_end(p, seq);
+}
+
+// ---------------------------------------------------------------------------
 // Two-shot.
 // ---------------------------------------------------------------------------
 static __device__ __forceinline__ uint64_t symm_ar_two_slot(const symm_ar_params& p, int owner, int parity,
@@ -985,31 +1056,7 @@ static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity,
     }
 }
 
-// The fused norm of the two-shot, whose chunks are then whole rows: the
-// rows of output bytes [lo, lo + len), which hold the sum (just written by
-// this block, so read from L2), normalized in place.
 template <typename T>
-static __device__ void symm_ar_norm_chunk(const symm_ar_params& p, uint64_t lo, uint64_t len) {
-    const uint64_t row_bytes = (uint64_t)p.hidden * T::kSize;
-    symm_rmsnorm_params np;
-    np.out = np.x = p.output;
-    np.residual_out = p.residual_out;
-    np.residual = p.residual;
-    np.weight = p.weight;
-    np.rows = p.n / p.hidden;
-    np.ld_out = np.ld_residual_out = np.ld_x = np.ld_residual = p.hidden;
-    np.hidden = p.hidden;
-    np.eps = p.eps;
-    const bool vec = symm_add_rmsnorm_vec<T>(np);
-    __syncthreads();  // the block's stores of the sum before any thread reads a row
-    for (uint64_t row = lo / row_bytes; row < (lo + len) / row_bytes; ++row) {
-        symm_add_rmsnorm_row<T>(np, row, vec);
-    }
-}
-
-// kNorm: the fused norm folded in (a kernel of its own, so that the plain
-// two-shot keeps its registers).
-template <typename T, bool kNorm>
 static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
     const uint32_t seq = symm_ar_begin(p);
     const int parity = seq & 1u;
@@ -1070,14 +1117,6 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    // The norm of the chunks this rank reduced, once the peers have them.
-    if constexpr (kNorm) {
-        for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-            if (g * W + me < chunks) {
-                symm_ar_norm_chunk<T>(p, (g * W + me) * C, len_of(g * W + me));
-            }
-        }
-    }
     // C: the peers' reduced chunks, from this rank's scratch to the output.
     for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
         if ((int)threadIdx.x < W && (int)threadIdx.x != me && g * W + threadIdx.x < chunks) {
@@ -1090,9 +1129,6 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             if (c < chunks) {
                 symm_ar_block_copy(p.output + c * C, symm_ar_two_slot(p, me, parity, owner) + half + g * C, len_of(c),
                                    true);
-                if constexpr (kNorm) {
-                    symm_ar_norm_chunk<T>(p, c * C, len_of(c));
-                }
             }
         }
     }
@@ -1106,17 +1142,21 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_two_shot_##SUFFIX(          \
         const symm_ar_params p) {                                                                      \
-        symm_ar_two_shot_impl<T, false>(p);                                                            \
+        symm_ar_two_shot_impl<T>(p);                                                                   \
     }
 #define SYMM_AR_NORM_ENTRY(SUFFIX, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_add_rmsnorm_##SUFFIX(          \
         const symm_rmsnorm_params p) {                                                                 \
         symm_add_rmsnorm_impl<T>(p);                                                                   \
-    }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_two_shot_norm_##SUFFIX(     \
-        const symm_ar_params p) {                                                                      \
-        symm_ar_two_shot_impl<T, true>(p);                                                             \
     }
+
+extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ag_one_shot(const symm_ar_params p) {
+    if (((p.input | p.output | p.n) & 1u) == 0) {
+        symm_ag_one_shot_impl<2>(p);
+    } else {
+        symm_ag_one_shot_impl<1>(p);
+    }
+}
 
 SYMM_AR_ENTRY(f32, symm_ar_dt<SYMM_DT_F32>)
 SYMM_AR_ENTRY(bf16, symm_ar_dt<SYMM_DT_BF16>)

@@ -79,6 +79,45 @@ pub fn all_reduce(bytes: usize, world: usize, m: &AllReduceModel, d: &DeviceMode
     (one, two)
 }
 
+/// `lc_allgather`'s share of the model: its copy-engine path's fixed cost
+/// (graph-replayed, measured on 2 x H200: 25.6 us at 128 KiB per rank,
+/// against NCCL's 9.4 us) and its LL path's (the one-shot all-reduce's
+/// kernel placing lines instead of summing them: one launch, one trip, no
+/// barrier).
+#[derive(Clone, Copy, Debug)]
+pub struct GatherModel {
+    /// Copy engines at a tiny message over two ranks, microseconds: two
+    /// barriers, the own part's copy and one pull.
+    pub copies_us: f64,
+    /// Each further peer's pull, microseconds (the pulls run one after
+    /// another on one stream).
+    pub copy_per_peer_us: f64,
+    /// The LL kernel at a tiny message, microseconds.
+    pub lines_us: f64,
+    /// Peer store bandwidth of the LL lines, GB/s per rank (the lines carry
+    /// twice the data's bytes).
+    pub lines_gbps: f64,
+}
+
+impl GatherModel {
+    pub const HOPPER: GatherModel =
+        GatherModel { copies_us: 25.0, copy_per_peer_us: 3.0, lines_us: 4.0, lines_gbps: 300.0 };
+}
+
+/// The predicted time (ms) of `lc_allgather` of `bytes` per rank over
+/// `world` ranks by each path: (copy engines, LL lines). The copy engines
+/// pull each peer's part in turn at the link's rate after a fixed cost of
+/// barriers and launches; the LL kernel pushes twice the message to every
+/// peer with the SMs, after a kernel's latency. The fixed costs part them:
+/// the lines win on small messages, the copy engines on large ones.
+pub fn lc_allgather(bytes: usize, world: usize, m: &GatherModel, d: &DeviceModel) -> (f64, f64) {
+    let (b, peers) = (bytes as f64, world.saturating_sub(1) as f64);
+    let fixed = m.copies_us + m.copy_per_peer_us * (peers - 1.0).max(0.0);
+    let copies = fixed / 1e3 + peers * transfer_ms(b, d);
+    let lines = m.lines_us / 1e3 + 2.0 * b * peers / (m.lines_gbps * 1e6);
+    (copies, lines)
+}
+
 /// How an operation is carried out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -359,6 +398,32 @@ mod tests {
             let w = gather_slice_k(4096 * k * 2, k, 128);
             assert!(w == k || (k % w == 0 && w % 128 == 0 && k / w <= MAX_SLICES), "k {k}: {w}");
         }
+    }
+
+    /// The LL path wins up to a few MiB per rank at two ranks (where NCCL
+    /// still leads the copy engines), less with more ranks (each moves
+    /// twice the message to every peer), and never on large messages.
+    #[test]
+    fn lc_allgather_takes_the_lines_when_small() {
+        let (m, d) = (GatherModel::HOPPER, DeviceModel::HOPPER);
+        let lines_win = |bytes: usize, world: usize| {
+            let (copies, lines) = lc_allgather(bytes, world, &m, &d);
+            lines < copies
+        };
+        // The sizes measured against NCCL: 64K, 256K and 1M bf16 per rank.
+        for bytes in [8, 64 << 10, 128 << 10, 512 << 10, 2 << 20, 4 << 20] {
+            assert!(lines_win(bytes, 2), "{bytes} bytes at two ranks");
+        }
+        for bytes in [8 << 20, 64 << 20, 1 << 30] {
+            assert!(!lines_win(bytes, 2), "{bytes} bytes at two ranks");
+        }
+        let crossover = |world: usize| (1..4096).map(|i| i << 12).find(|&b| !lines_win(b, world)).unwrap();
+        assert!((4 << 20..7 << 20).contains(&crossover(2)), "{}", crossover(2));
+        assert!(crossover(8) < crossover(4) && crossover(4) < crossover(2));
+        assert!(crossover(8) >= 512 << 10, "{}", crossover(8));
+        // A tiny message: the fixed costs alone.
+        let (copies, lines) = lc_allgather(0, 2, &m, &d);
+        assert!((copies - 0.025).abs() < 1e-9 && (lines - 0.004).abs() < 1e-9);
     }
 
     #[test]

@@ -342,8 +342,10 @@ def mm_rs(
 @_bindable
 def lc_allgather(group, x, out=None, stream=None):
     """Gathers every rank's ``x`` along dimension 0 (``[world * d0, ...]``)
-    with copies only, leaving compute units to concurrent work. Returns
-    ``out`` (allocated when not given)."""
+    with copy engines, leaving compute units to concurrent work; small
+    messages (up to a few MiB per rank, on GPUs of their own) take one SM
+    kernel instead, for latency. Returns ``out`` (allocated when not
+    given)."""
 
     def prepare():
         s = operation_stream(stream, x)

@@ -481,6 +481,59 @@ def test_lc_allgather_large_from_ordinary_and_symmetric_memory():
             assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("dtype,shape", [
+    (torch.bfloat16, (3,)), (torch.uint8, (5,)), (torch.int8, (1001,)), (torch.float8_e4m3fn, (9, 7)),
+    (torch.int32, (1000, 8)), (torch.int64, (3, 5)), (torch.float16, (33, 3)), (torch.float32, (4, 5)),
+    (torch.bfloat16, (64, 1024)), (torch.bfloat16, (1024, 1024)),
+])
+def test_lc_allgather_small_sizes_bit_exact(dtype, shape):
+    """Up to a few MiB per rank the gather takes the SM path (LL lines)
+    on two GPUs: bit for bit for every dtype (random bytes, NaN patterns
+    included), odd tails (3 bf16, 5 and 1001 bytes), from contiguous and
+    strided inputs into contiguous and strided outputs whose gaps stay
+    poisoned, three calls in a row (the later ones replayed)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator().manual_seed(31)
+    raw = [torch.randint(0, 256, (*shape[:-1], shape[-1] * size), generator=gen, dtype=torch.uint8)
+           for _ in range(WORLD)]
+    want = torch.cat(raw)
+
+    def wide(rows_shape):
+        """A poisoned tensor twice as wide as `rows_shape` in its last dim,
+        and its bytes by element: [..., 2 * last, size] (byte views keep
+        the checks free of any float conversion)."""
+        t = torch.empty((*rows_shape[:-1], 2 * rows_shape[-1]), dtype=dtype, device="cuda")
+        return t, t.view(torch.uint8).view(*rows_shape[:-1], 2 * rows_shape[-1], size)
+
+    def rank_main(g):
+        torch.cuda.set_device(device(g))
+        x = raw[g.rank].cuda().view(dtype)
+        spread, spread_bytes = wide(shape)
+        spread_bytes.fill_(0x5A)
+        spread_bytes[..., ::2, :] = raw[g.rank].cuda().view(*shape, size)
+        got = []
+        for src in (x, spread[..., ::2]):
+            for strided_out in (False, True):
+                # Strided: every other element of a poisoned tensor.
+                rows = (WORLD * shape[0], *shape[1:])
+                whole, whole_bytes = wide(rows)
+                out = whole[..., ::2] if strided_out else torch.empty(rows, dtype=dtype, device="cuda")
+                for _ in range(3):
+                    (whole if strided_out else out).view(torch.uint8).fill_(0x5A)
+                    symm.lc_allgather(g, src, out=out)
+                torch.cuda.current_stream().synchronize()
+                if strided_out:
+                    got.append((whole_bytes[..., ::2, :].reshape(want.shape).cpu(), whole_bytes[..., 1::2, :].cpu()))
+                else:
+                    got.append((out.view(torch.uint8).cpu(), None))
+        return got
+
+    for got in on_ranks(rank_main):
+        for out, gaps in got:
+            assert torch.equal(out, want)
+            assert gaps is None or (gaps == 0x5A).all(), "wrote outside the output"
+
+
 def test_repeated_calls_replayed_as_graphs_match_eager():
     """A call repeated with the same arguments is captured on its second
     occurrence and replayed after that: every one of five calls of each
@@ -744,9 +797,7 @@ def test_integers_refused_by_the_rmsnorm_on_cuda():
 
 
 # One-shot rows split over blocks (1x4096 two ways, 16x8192 four, 7x8200
-# unevenly, 2x131072 eight ways past the registers) and whole (5x36); the
-# two-shot's norm folded into chunks of whole rows (300x5000: one 10000-byte
-# row per chunk) or after it (16x8192: rows longer than a chunk).
+# unevenly, 2x131072 eight ways past the registers) and whole (5x36).
 @pytest.mark.parametrize("algorithm", [None, "one_shot", "two_shot"])
 @pytest.mark.parametrize(
     "tokens,hidden", [(1, 4096), (16, 8192), (5, 36), (3, 20480), (7, 8200), (2, 131072), (300, 5000)]

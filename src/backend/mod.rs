@@ -180,6 +180,9 @@ pub struct Capabilities {
     /// Whether [`Backend::reduce_integers`] runs here, for integer
     /// all-reduces that do not take the device-side kernels.
     pub reduce_integers: bool,
+    /// Whether [`Backend::all_gather`] runs here (the device-side
+    /// all-gather through the all-reduce's buffer).
+    pub all_gather: bool,
 }
 
 impl Default for Capabilities {
@@ -192,6 +195,7 @@ impl Default for Capabilities {
             fused_scatter_preferred: |_, _, _, _| false,
             all_reduce: false,
             reduce_integers: true,
+            all_gather: false,
         }
     }
 }
@@ -345,6 +349,13 @@ pub trait Backend: Send + Sync {
         Err(err!(Unsupported, "the {} backend has no all-reduce kernel", self.kind().name()))
     }
 
+    /// Enqueues one device-side all-gather (see [`AllGatherCall`]), where
+    /// [`Capabilities::all_gather`] says so.
+    fn all_gather(&self, call: &AllGatherCall, stream: Stream) -> Result<()> {
+        let _ = (call, stream);
+        Err(err!(Unsupported, "the {} backend has no all-gather kernel", self.kind().name()))
+    }
+
     /// Enqueues `norm` (see [`AddRmsNorm`]).
     fn add_rms_norm(&self, norm: &AddRmsNorm, stream: Stream) -> Result<()> {
         let _ = (norm, stream);
@@ -432,7 +443,8 @@ pub struct AllReduceNorm {
 /// exactly in the element type as [`Backend::reduce_integers`]), moved through `scratch`: every rank's
 /// all-reduce scratch buffer (its base as mapped here, `scratch_bytes`
 /// each, laid out by [`AllReduceLayout`]). The buffer starts zeroed and no
-/// other work writes it: it counts the calls, whose numbers flag the data,
+/// other work than these calls and [`AllGatherCall`]s writes it: it counts
+/// the calls, whose numbers flag the data,
 /// so calls need no barrier before or after them and replay as graphs.
 /// `output` may be `input`.
 #[derive(Clone, Debug, PartialEq)]
@@ -451,6 +463,28 @@ pub struct AllReduceCall {
     pub scratch: Vec<u64>,
     pub scratch_bytes: usize,
     pub norm: Option<AllReduceNorm>,
+    pub timeout: Duration,
+}
+
+/// One device-side all-gather: `output[r * bytes..(r + 1) * bytes]` =
+/// rank r's `input` for every rank r, where `input` is `bytes` contiguous
+/// bytes and `output` `world * bytes` (it does not overlap `input`). A
+/// copy: bytes are bytes, whatever the element type. Moved as the
+/// one-shot all-reduce moves its message ([`AllReduceCall`]'s `scratch`,
+/// the same buffers, layout and count of calls, so all-gathers and
+/// all-reduces follow one another in any order with no barrier): each
+/// rank stores its input as LL lines into every peer's one-shot slot
+/// (its parity, this rank), then places the lines of its own slots into
+/// the output as they arrive.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllGatherCall {
+    pub rank: usize,
+    pub world: usize,
+    pub bytes: usize,
+    pub input: u64,
+    pub output: u64,
+    pub scratch: Vec<u64>,
+    pub scratch_bytes: usize,
     pub timeout: Duration,
 }
 
@@ -542,6 +576,13 @@ impl AllReduceLayout {
         Self::flags_start() + Self::flags_bytes(world) + 2 * round_up(half, Self::ALIGN)
     }
 
+    /// Offset of the one-shot slot of `parity` (0 or 1) for the lines
+    /// rank `src` sends (`one_off + (parity * world + src) * one_slot` of
+    /// kernels/allreduce.cu).
+    pub fn one_shot_at(&self, parity: usize, src: usize) -> usize {
+        self.one_shot + (parity * self.world + src) * self.one_shot_slot
+    }
+
     /// Whether this layout holds a message of `bytes` per rank.
     pub fn holds(&self, message: usize) -> bool {
         let slot = Self::slot_for(message, self.world);
@@ -560,21 +601,6 @@ impl AllReduceLayout {
     /// `c % world`.
     pub fn groups_of(message: usize, chunk: usize, world: usize) -> usize {
         message.div_ceil(chunk.max(1)).div_ceil(world.max(1))
-    }
-
-    /// The two-shot's chunk for a message of rows of `row` bytes whose
-    /// RMSNorm the kernel folds in: whole rows, at most the plain chunk,
-    /// where this layout holds that cut (rows of 16-byte multiples no longer
-    /// than the plain chunk); `None` otherwise.
-    pub fn row_chunk_bytes(&self, message: usize, row: usize) -> Option<usize> {
-        let plain = Self::chunk_bytes(message, self.world);
-        if row == 0 || row % 16 != 0 || row > plain || message % row != 0 {
-            return None;
-        }
-        let chunk = plain / row * row;
-        let chunks = message.div_ceil(chunk);
-        let owned = chunks.div_ceil(self.world.max(1)) * chunk;
-        (chunks <= Self::MAX_CHUNKS && 2 * owned <= self.two_shot_slot).then_some(chunk)
     }
 }
 

@@ -189,11 +189,13 @@ pub unsafe extern "C" fn symm_mm_rs(
 /// Collective: gathers every rank's `input` along dimension 0 into
 /// `output` (`[world * d0, ...]`, rank r's input at rows r*d0), as PyTorch's
 /// `_low_contention_all_gather`: pure copies, each rank pulling from one
-/// peer at a time. Any dtype (integers included: the bits are copied) and
-/// strides (strides may differ between
-/// ranks). When `input` is contiguous in a rendezvoused symmetric buffer,
-/// peers read it in place; otherwise it is first copied to the group's
-/// workspace. Every rank passes the same dtype and shape, and its input
+/// peer at a time with the copy engines (no SMs). Small messages (up to a
+/// few MiB per rank, every rank on a GPU of its own) take one SM kernel
+/// instead, for latency: the all-reduce's LL lines, with no barrier. Any
+/// dtype (integers included: the bits are copied) and strides (strides may
+/// differ between ranks). When `input` is contiguous in a rendezvoused
+/// symmetric buffer, the copy engines read it in place; otherwise it is
+/// first copied to the group's workspace. Every rank passes the same dtype and shape, and its input
 /// either at the same offset of the same symmetric buffer or in ordinary
 /// memory (else `SYMM_ERROR_MISMATCH`).
 #[no_mangle]

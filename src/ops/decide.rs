@@ -1,5 +1,5 @@
-//! The one place that chooses the algorithm of a fused operation
-//! (`fused_ag_mm`, `mm_rs`): a pure function of the call's agreed
+//! The one place that chooses the algorithm of an operation (`fused_ag_mm`,
+//! `mm_rs`, `all_reduce`, `lc_allgather`): a pure function of the call's agreed
 //! arguments (its shape and dtype, whether its operands suit the fused
 //! kernel, the algorithm its options ask for) and the group's facts (the
 //! backend's [`Capabilities`], the world, whether every rank has a device
@@ -13,8 +13,9 @@
 //! never measures something else than it asked for.
 
 use crate::array::DType;
+use crate::backend::AllReduceLayout;
 use crate::backend::{AllReduceAlgorithm, Capabilities};
-use crate::cost::{self, Algorithm, AllReduceModel, DeviceModel, Estimate, Problem};
+use crate::cost::{self, Algorithm, AllReduceModel, DeviceModel, Estimate, GatherModel, Problem};
 use crate::error::{err, Result};
 use crate::group::Group;
 use std::fmt;
@@ -226,6 +227,66 @@ pub fn decide_all_reduce(
     }
 }
 
+/// How `lc_allgather` moves its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GatherPath {
+    /// Copy-engine pulls between barriers: no SM is used, which is what
+    /// the low-contention gather is for, at a fixed cost of ~25 us.
+    CopyEngines,
+    /// The device-side all-gather (`Backend::all_gather`): the one-shot
+    /// all-reduce's LL lines, placed instead of summed; a few us, for
+    /// small messages, where contention for SMs does not matter.
+    Lines,
+}
+
+impl GatherPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            GatherPath::CopyEngines => "copy_engines",
+            GatherPath::Lines => "lines",
+        }
+    }
+}
+
+/// `lc_allgather`'s decision: its path, why, and the predicted time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GatherDecision {
+    pub path: GatherPath,
+    pub why: Why,
+    pub total_ms: f64,
+}
+
+/// The path of an `lc_allgather` of `bytes` per rank on a group with
+/// `facts`: `requested` (tests force a path), else the LL lines where the
+/// backend has the kernel, every rank has a device of its own (the
+/// kernel's blocks spin for their peers'), there are peers and at most
+/// [`AllReduceLayout::MAX_WORLD`] ranks, and the cost model
+/// ([`cost::lc_allgather`]) predicts them faster; else the copy engines.
+/// A pure function of agreed arguments, so every rank chooses alike. A
+/// requested path the backend cannot run is an error (Unsupported).
+pub fn decide_lc_allgather(facts: &Facts, bytes: usize, requested: Option<GatherPath>) -> Result<GatherDecision> {
+    let world = facts.world;
+    let (copies, lines) = cost::lc_allgather(bytes, world, &GatherModel::HOPPER, &DeviceModel::HOPPER);
+    let ms = |p| if p == GatherPath::Lines { lines } else { copies };
+    let kernel = facts.caps.all_gather && world <= AllReduceLayout::MAX_WORLD;
+    match requested {
+        Some(GatherPath::Lines) if !kernel => Err(err!(
+            Unsupported,
+            "the LL all-gather needs a backend with the device-side all-gather and at most {} ranks (here {world})",
+            AllReduceLayout::MAX_WORLD
+        )),
+        Some(p) => Ok(GatherDecision { path: p, why: Why::Option, total_ms: ms(p) }),
+        None => {
+            let p = if kernel && facts.own_devices && world > 1 && bytes > 0 && lines < copies {
+                GatherPath::Lines
+            } else {
+                GatherPath::CopyEngines
+            };
+            Ok(GatherDecision { path: p, why: Why::CostModel { fused_preferred: false }, total_ms: ms(p) })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +302,7 @@ mod tests {
                 fused_scatter_preferred: |rows, _, _, in_elem| rows == 256 && in_elem == 2,
                 all_reduce: true,
                 reduce_integers: false,
+                all_gather: true,
             },
             world,
             own_devices: true,
@@ -325,6 +387,36 @@ mod tests {
             decide_all_reduce(&hopper(1, None), 1 << 30, DType::F32, None).algorithm,
             AllReduceAlgorithm::OneShot
         );
+    }
+
+    #[test]
+    fn lc_allgather_takes_the_lines_when_small_on_own_devices() {
+        let path = |facts: &Facts, bytes: usize| decide_lc_allgather(facts, bytes, None).unwrap().path;
+        let f = hopper(2, None);
+        for small in [1, 64 << 10, 256 << 10, 2 << 20] {
+            assert_eq!(path(&f, small), GatherPath::Lines, "{small} bytes");
+        }
+        for large in [8 << 20, 256 << 20] {
+            assert_eq!(path(&f, large), GatherPath::CopyEngines, "{large} bytes");
+        }
+        // Nothing to move, one rank, ranks sharing a device (every host
+        // rank), more ranks than the kernel takes, no kernel: the copy engines.
+        let shared = Facts { own_devices: false, ..f };
+        let host = Facts { caps: Capabilities { all_gather: false, ..f.caps }, ..f };
+        for facts in [shared, host, hopper(1, None), hopper(AllReduceLayout::MAX_WORLD + 1, None)] {
+            assert_eq!(path(&facts, 64 << 10), GatherPath::CopyEngines, "{facts:?}");
+        }
+        assert_eq!(path(&f, 0), GatherPath::CopyEngines);
+        // Forced: either path where the kernel exists, whatever the size;
+        // the lines refused without it.
+        let d = decide_lc_allgather(&shared, 1 << 30, Some(GatherPath::Lines)).unwrap();
+        assert_eq!((d.path, d.why), (GatherPath::Lines, Why::Option));
+        let d = decide_lc_allgather(&f, 8, Some(GatherPath::CopyEngines)).unwrap();
+        assert_eq!(d.path, GatherPath::CopyEngines);
+        let e = decide_lc_allgather(&host, 8, Some(GatherPath::Lines)).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Unsupported);
+        let many = hopper(AllReduceLayout::MAX_WORLD + 1, None);
+        assert!(decide_lc_allgather(&many, 8, Some(GatherPath::Lines)).is_err());
     }
 
     #[test]

@@ -1,30 +1,50 @@
 //! `symm_lc_allgather`: the ranks' inputs concatenated along dimension 0
-//! in rank order, as PyTorch's `_low_contention_all_gather`: pure copies,
-//! each rank pulling from one peer at a time (its own input first, then
-//! the others in turn), so that on GPUs the copy engines move the data and
-//! no two ranks read one peer at once.
+//! in rank order, as PyTorch's `_low_contention_all_gather`. Two paths,
+//! chosen by `decide::decide_lc_allgather` from agreed facts only (the
+//! bytes per rank, the world, whether the backend has the device-side
+//! all-gather and every rank a device of its own), and put in the
+//! signature:
 //!
-//! An input that is contiguous and lies in a rendezvoused symmetric buffer
-//! is read by the peers in place; otherwise its rank first copies it into
-//! its workspace region. Where the input lives is part of the agreed
-//! arguments: every rank's input is at the same offset of the same
-//! symmetric buffer, or in ordinary memory on every rank. (Peers then know
-//! where to read without an exchange per call, which copy engines reading
-//! a cached call need; PyTorch's rendezvous of the tensor is collective
-//! for the same reason.) Strides may differ between ranks, so whether a
-//! rank's input is contiguous is a per-rank fact of the signature
-//! (`Signature::local`): the peers learn it with the agreement and read
-//! each rank in place or from its workspace. Barriers before and after the pulls keep a rank
-//! from reading an input before its owner wrote it, or after its owner
-//! returned and may overwrite it.
+//! - **copy engines** (large messages): pure copies, each rank pulling
+//!   from one peer at a time (its own input first, then the others in
+//!   turn), so that on GPUs the copy engines move the data, no SM is
+//!   taken from concurrent compute, and no two ranks read one peer at
+//!   once. The low-contention design; it costs two barriers and a copy
+//!   launch per peer, ~25 us before any byte moves.
+//! - **lines** (small messages, below a few MiB per rank where the cost
+//!   model, `cost::lc_allgather`, predicts it faster): one launch of the
+//!   device-side all-gather (`Backend::all_gather`), the one-shot
+//!   all-reduce's LL lines placed instead of summed, through the group's
+//!   all-reduce buffer; no barrier, a few us. It uses SMs, but for the
+//!   microseconds a small message takes, contention does not matter, and
+//!   latency does. Any dtype: a copy of bytes. A rank whose input or
+//!   output is strided packs (unpacks) it through the workspace around the
+//!   launch; whether each rank does is a per-rank fact of the signature,
+//!   so that every rank lays out the same workspace.
+//!
+//! Copy engines: an input that is contiguous and lies in a rendezvoused
+//! symmetric buffer is read by the peers in place; otherwise its rank
+//! first copies it into its workspace region. Where the input lives is
+//! part of the agreed arguments: every rank's input is at the same offset
+//! of the same symmetric buffer, or in ordinary memory on every rank.
+//! (Peers then know where to read without an exchange per call, which copy
+//! engines reading a cached call need; PyTorch's rendezvous of the tensor
+//! is collective for the same reason.) Strides may differ between ranks,
+//! so whether a rank's input is contiguous is a per-rank fact of the
+//! signature (`Signature::local`): the peers learn it with the agreement
+//! and read each rank in place or from its workspace. Barriers before and
+//! after the pulls keep a rank from reading an input before its owner
+//! wrote it, or after its owner returned and may overwrite it.
 
 use super::agree::Signature;
+use super::decide::{decide_lc_allgather, Facts, GatherPath};
+use super::state::Scratch;
 use super::symmetric::SymmetricPlace;
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Prepared};
 use crate::array::Array;
-use crate::backend::Stream;
-use crate::error::Result;
+use crate::backend::{AllGatherCall, AllReduceLayout, Stream};
+use crate::error::{err, Result};
 use crate::group::Group;
 use std::sync::Arc;
 
@@ -39,22 +59,38 @@ pub struct LcAllgather {
 /// when the caller's arguments could not be read; this rank still takes
 /// part in the agreement so its peers fail too.
 pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
+    lc_allgather_by(group, call, stream, None)
+}
+
+/// [`lc_allgather`] by `path` (`None`: the decision's), for tests of
+/// either path on any backend that has it.
+pub(crate) fn lc_allgather_by(
+    group: &Arc<Group>,
+    call: Result<LcAllgather>,
+    stream: Stream,
+    path: Option<GatherPath>,
+) -> Result<()> {
     if !group.topology().single_host() {
         return super::across_hosts::lc_allgather(group, call, stream);
     }
-    let world = group.world();
+    let facts = Facts::of(group);
     let prepared = call.map(|c| {
         // A symmetric input is read in place from every rank whose input
         // there is contiguous.
         let symmetric = SymmetricPlace::holding(group, &c.input);
-        (c.signature(symmetric.as_ref()), c.prepare(world, symmetric))
+        let bytes = c.input.numel().saturating_mul(c.input.dtype.size());
+        let decision = decide_lc_allgather(&facts, bytes, path);
+        let sig = c.signature(symmetric.as_ref()).arg("path", decision.as_ref().map_or("undecided", |d| d.path.name()));
+        (sig, decision.and_then(|d| c.prepare(facts.world, symmetric, d.path)))
     });
     super::run(group, stream, prepared)
 }
 
-/// The per-rank fact of the signature: whether this rank's input is read
-/// in place.
+/// The per-rank facts of the signature: whether this rank's input is read
+/// in place (copy engines), and whether its input and output are both
+/// contiguous (lines; else it packs them in the workspace).
 const IN_PLACE: &str = "input read in place";
+const CONTIGUOUS: &str = "input and output contiguous";
 
 impl LcAllgather {
     pub(super) fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
@@ -63,6 +99,11 @@ impl LcAllgather {
             .arg("input.shape", shape_text(&self.input.shape))
             .arg("input memory", SymmetricPlace::describe(symmetric))
             .local(IN_PLACE, symmetric.is_some() && self.input.is_contiguous())
+            .local(CONTIGUOUS, self.contiguous())
+    }
+
+    fn contiguous(&self) -> bool {
+        self.input.is_contiguous() && self.output.is_contiguous()
     }
 
     /// The checks of every gather, on one host or across hosts; the
@@ -77,10 +118,22 @@ impl LcAllgather {
         check::mul(input.numel(), input.dtype.size(), "input")
     }
 
-    fn prepare(self, world: usize, symmetric: Option<SymmetricPlace>) -> Result<LcPrepared> {
+    fn prepare(self, world: usize, symmetric: Option<SymmetricPlace>, path: GatherPath) -> Result<LcPrepared> {
         let staged_bytes = self.check(world)?;
-        let in_place = vec![false; world];
-        let mut p = LcPrepared { call: self, symmetric, in_place, staged_bytes, staged: 0, workspace: 0 };
+        let gathered_bytes = check::mul(staged_bytes, world, "the gathered input")?;
+        let contiguous = vec![self.contiguous(); world];
+        let mut p = LcPrepared {
+            call: self,
+            path,
+            symmetric,
+            in_place: vec![false; world],
+            contiguous,
+            staged_bytes,
+            gathered_bytes,
+            staged: 0,
+            packed: None,
+            workspace: 0,
+        };
         p.lay_out();
         Ok(p)
     }
@@ -91,24 +144,81 @@ const SIDE_COPY_BYTES: usize = 4 << 20;
 
 struct LcPrepared {
     call: LcAllgather,
+    path: GatherPath,
     /// Where every rank's input lies in symmetric memory, if it does.
     symmetric: Option<SymmetricPlace>,
     /// By rank: whether its input is read in place there (agreed).
     in_place: Vec<bool>,
+    /// By rank (one per rank of the group): whether its input and output
+    /// are contiguous (agreed).
+    contiguous: Vec<bool>,
     staged_bytes: usize,
-    /// Workspace offset of the staged input of the other ranks.
+    /// `world` inputs.
+    gathered_bytes: usize,
+    /// Copy engines: workspace offset of the staged input of the other ranks.
     staged: usize,
+    /// Lines: workspace offsets of the packed input and output, when a
+    /// rank's are strided.
+    packed: Option<(usize, usize)>,
     workspace: usize,
 }
 
 impl LcPrepared {
-    /// Workspace: the staged input, unless every rank's is read in place
-    /// (then the workspace only carries the barriers). From agreed facts
-    /// only, so every rank sizes it alike.
+    /// Workspace, from agreed facts only, so every rank sizes it alike.
+    /// Copy engines: the staged input, unless every rank's is read in
+    /// place (then the workspace only carries the barriers). Lines: the
+    /// packed input and output, if any rank's are strided (else none).
     fn lay_out(&mut self) {
         let mut layout = Layout::default();
-        self.staged = if self.in_place.iter().all(|&p| p) { 0 } else { layout.region(self.staged_bytes) };
+        (self.staged, self.packed) = match self.path {
+            GatherPath::CopyEngines if self.in_place.iter().all(|&p| p) => (0, None),
+            GatherPath::CopyEngines => (layout.region(self.staged_bytes), None),
+            GatherPath::Lines if self.contiguous.iter().all(|&c| c) => (0, None),
+            GatherPath::Lines => (0, Some((layout.region(self.staged_bytes), layout.region(self.gathered_bytes)))),
+        };
         self.workspace = layout.bytes();
+    }
+
+    /// The lines path: one device-side all-gather between contiguous
+    /// arrays, this rank's strided input packed before it and its output
+    /// unpacked after it.
+    fn lines(&self, ex: &Exec<'_>) -> Result<()> {
+        let LcAllgather { input, output } = &self.call;
+        if self.staged_bytes == 0 {
+            return Ok(());
+        }
+        let packed = |pick: fn((usize, usize)) -> usize| {
+            let region = self.packed.ok_or_else(|| err!(Internal, "a strided lc_allgather has no packing region"))?;
+            Ok::<u64, crate::error::Error>(ex.local(pick(region)))
+        };
+        let src = match input.is_contiguous() {
+            true => input.addr,
+            false => {
+                let at = packed(|(i, _)| i)?;
+                ex.copy(&Array::contiguous(at, input.dtype, &input.shape), input)?;
+                at
+            }
+        };
+        let dst = match output.is_contiguous() {
+            true => output.addr,
+            false => packed(|(_, o)| o)?,
+        };
+        let reduce = ex.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
+        let call = AllGatherCall {
+            rank: ex.rank(),
+            world: ex.world(),
+            bytes: self.staged_bytes,
+            input: src,
+            output: dst,
+            scratch: ex.on_every_rank(Scratch::AllReduce, 0)?,
+            scratch_bytes: reduce.buffer().size(),
+            timeout: ex.group.timeout(),
+        };
+        ex.group.backend().all_gather(&call, ex.stream)?;
+        if !output.is_contiguous() {
+            ex.copy(output, &Array::contiguous(dst, output.dtype, &output.shape))?;
+        }
+        Ok(())
     }
 }
 
@@ -117,16 +227,30 @@ impl Prepared for LcPrepared {
         self.workspace
     }
 
+    fn all_reduce_bytes(&self) -> usize {
+        match self.path {
+            GatherPath::Lines => AllReduceLayout::bytes_for(self.staged_bytes, self.contiguous.len()),
+            GatherPath::CopyEngines => 0,
+        }
+    }
+
     fn agreed_by(&mut self, all: &[Signature]) {
         self.in_place = all.iter().map(|s| s.local_value(IN_PLACE) == Some("true")).collect();
+        self.contiguous = all.iter().map(|s| s.local_value(CONTIGUOUS) == Some("true")).collect();
         self.lay_out();
     }
 
     fn replay_key(&self) -> String {
-        format!("{:?} in place {:?} on ranks {:?} staged {}", self.call, self.symmetric, self.in_place, self.staged)
+        format!(
+            "{:?} by {:?} in place {:?} on ranks {:?} staged {} packed {:?}",
+            self.call, self.path, self.symmetric, self.in_place, self.staged, self.packed
+        )
     }
 
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
+        if self.path == GatherPath::Lines {
+            return self.lines(ex);
+        }
         let LcAllgather { input, output } = &self.call;
         let source = |r: usize| -> Result<Array> {
             let addr = match &self.symmetric {
@@ -164,6 +288,9 @@ impl Prepared for LcPrepared {
 }
 
 #[cfg(test)]
+mod gpu;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::array::DType;
@@ -176,9 +303,14 @@ mod tests {
             input: Array::contiguous(0x100_0000, DType::F8E5M2, &[2, 3]),
             output: Array::contiguous(0x200_0000, DType::F8E5M2, out),
         };
-        let e = call(&[4, 3]).prepare(3, None).err().unwrap();
+        let e = call(&[4, 3]).prepare(3, None, GatherPath::CopyEngines).err().unwrap();
         assert_eq!(e.msg, "output.shape is [4, 3]; expected [6, 3]");
-        assert_eq!(call(&[6, 3]).prepare(3, None).ok().unwrap().workspace, 6);
+        let e = call(&[4, 3]).prepare(3, None, GatherPath::Lines).err().unwrap();
+        assert_eq!(e.msg, "output.shape is [4, 3]; expected [6, 3]");
+        assert_eq!(call(&[6, 3]).prepare(3, None, GatherPath::CopyEngines).ok().unwrap().workspace, 6);
+        // The lines need no workspace for contiguous arrays.
+        let p = call(&[6, 3]).prepare(3, None, GatherPath::Lines).ok().unwrap();
+        assert_eq!((p.workspace, p.all_reduce_bytes()), (0, AllReduceLayout::bytes_for(6, 3)));
     }
 
     /// 3 MiB per rank gathered from symmetric memory needs no more than the
@@ -264,6 +396,158 @@ mod tests {
             assert_eq!(outs.len(), world);
             groups.iter().for_each(|g| g.release_scratch());
         }
+    }
+
+    /// Byte `i` of rank `r`'s input in call `c`: never the poison.
+    fn byte(r: usize, c: usize, i: usize) -> u8 {
+        match (i * 7 + (i >> 8) * 13 + r * 31 + c * 101) as u8 ^ 0xa5 {
+            POISON => !POISON,
+            b => b,
+        }
+    }
+
+    const POISON: u8 = 0x5a;
+
+    /// Where a case's input and output lie.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Place {
+        Contiguous,
+        /// Input transposed (column-major), output rows padded by one
+        /// element (a poisoned gap).
+        Strided,
+        /// Input in a rendezvoused buffer (read in place by the copy engines).
+        Symmetric,
+    }
+
+    /// One rank's gather of a `[rows, cols]` `dtype` input placed as
+    /// `place`, by `path`, into a poisoned output: every byte of the output
+    /// buffer checked (the gathered ones, and the poison of the gaps and
+    /// past the end). Collective.
+    fn gather_case(
+        g: &Arc<Group>,
+        path: GatherPath,
+        (dtype, rows, cols): (DType, usize, usize),
+        place: Place,
+        call_no: usize,
+    ) {
+        let (r, world, e) = (g.rank(), g.world(), dtype.size());
+        let what = format!("world {world} rank {r} {path:?} {dtype} [{rows}, {cols}] {place:?} call {call_no}");
+        let n = rows * cols;
+        let transposed = place == Place::Strided;
+        let at = |i: usize, j: usize| if transposed { i + j * rows } else { i * cols + j };
+        let sym = (place == Place::Symmetric).then(|| {
+            let b = Buffer::create(g, n * e).unwrap();
+            let h = rendezvous(&b).unwrap();
+            (b, h)
+        });
+        let mut ordinary = vec![0u8; n * e];
+        let base = sym.as_ref().map_or(ordinary.as_mut_ptr() as u64, |(b, _)| b.addr());
+        // SAFETY: either buffer holds n * e bytes.
+        let mem = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, n * e) };
+        for (i, j) in (0..rows).flat_map(|i| (0..cols).map(move |j| (i, j))) {
+            for b in 0..e {
+                mem[at(i, j) * e + b] = byte(r, call_no, (i * cols + j) * e + b);
+            }
+        }
+        let strides = if transposed { vec![1, rows] } else { vec![cols, 1] };
+        let input = Array { addr: base, dtype, shape: vec![rows, cols], strides };
+        let ld = if transposed { cols + 1 } else { cols };
+        let mut out = vec![POISON; world * rows * ld * e + 16];
+        let output =
+            Array { addr: out.as_mut_ptr() as u64, dtype, shape: vec![world * rows, cols], strides: vec![ld, 1] };
+        lc_allgather_by(g, Ok(LcAllgather { input, output }), Stream(0), Some(path))
+            .unwrap_or_else(|err| panic!("{what}: {}", err.msg));
+        let mut want = vec![POISON; out.len()];
+        for (row, j) in (0..world * rows).flat_map(|row| (0..cols).map(move |j| (row, j))) {
+            let (q, i) = (row / rows, row % rows);
+            for b in 0..e {
+                want[(row * ld + j) * e + b] = byte(q, call_no, (i * cols + j) * e + b);
+            }
+        }
+        if let Some(k) = (0..out.len()).find(|&k| out[k] != want[k]) {
+            panic!("{what}: byte {k} of the output is {:#x}, expected {:#x}", out[k], want[k]);
+        }
+        drop(sym);
+    }
+
+    /// The calls' count in this rank's all-reduce buffer (the lines' call
+    /// numbers), or `None` when the group has none.
+    fn lines_calls(g: &Group) -> Option<u32> {
+        let h = crate::ops::state::of(g).scratch(crate::ops::state::Scratch::AllReduce)?;
+        // SAFETY: the buffer's first word is the count, and no call runs.
+        Some(unsafe { *(h.buffer().addr() as *const u32) })
+    }
+
+    /// Both paths, forced, at worlds 1 to 4: every dtype, sizes from 2
+    /// bytes to 125 KiB with odd byte counts and tails shorter than a line
+    /// (3 bf16, 5 int8, 63 fp8), contiguous, strided and symmetric, each
+    /// twice (new values; the lines' call parity) into poisoned outputs.
+    /// The lines number every call in the all-reduce buffer (its count),
+    /// the copy engines make no such buffer.
+    #[test]
+    fn both_paths_gather_every_dtype_and_size_at_worlds_1_to_4() {
+        // The largest first: the all-reduce buffer is sized once, so its
+        // count is every lines call's.
+        let cases = [
+            (DType::BF16, 64, 1000),
+            (DType::BF16, 3, 1),
+            (DType::I8, 5, 1),
+            (DType::U8, 1001, 1),
+            (DType::F16, 1, 1),
+            (DType::F32, 4, 5),
+            (DType::I32, 7, 3),
+            (DType::I64, 3, 5),
+            (DType::F8E4M3, 9, 7),
+            (DType::F8E5M2, 2, 3),
+        ];
+        let places = [Place::Contiguous, Place::Strided, Place::Symmetric];
+        for world in 1..=4 {
+            let groups = host_groups(world);
+            on_each(&groups, |_, g| {
+                for path in [GatherPath::CopyEngines, GatherPath::Lines] {
+                    for case in cases {
+                        for place in places {
+                            (0..2).for_each(|call_no| gather_case(g, path, case, place, call_no));
+                        }
+                    }
+                    let calls = lines_calls(g);
+                    match path {
+                        GatherPath::CopyEngines => assert_eq!(calls, None, "world {world}"),
+                        GatherPath::Lines => {
+                            assert_eq!(calls, Some((cases.len() * places.len() * 2) as u32), "world {world}")
+                        }
+                    }
+                }
+            });
+            groups.iter().for_each(|g| g.release_scratch());
+        }
+    }
+
+    /// Unforced, the host's ranks (sharing the host, so no device of their
+    /// own) take the copy engines; ranks forcing different paths fail
+    /// together (Mismatch) instead of waiting for each other (the call was
+    /// agreed before: checked on every call here).
+    #[test]
+    fn host_ranks_take_the_copy_engines_and_paths_must_agree() {
+        let groups = Group::new_local(&[0, 0], &crate::ops::testing::host_config(true)).unwrap();
+        let errs = on_each(&groups, |r, g| {
+            let mut input = vec![7u8; 8];
+            let mut out = vec![0u8; 16];
+            let (input, out) = (input.as_mut_ptr() as u64, out.as_mut_ptr() as u64);
+            let call = || LcAllgather {
+                input: Array::contiguous(input, DType::U8, &[8]),
+                output: Array::contiguous(out, DType::U8, &[16]),
+            };
+            lc_allgather(g, Ok(call()), Stream(0)).unwrap();
+            assert_eq!(lines_calls(g), None);
+            let path = if r == 0 { GatherPath::Lines } else { GatherPath::CopyEngines };
+            lc_allgather_by(g, Ok(call()), Stream(0), Some(path)).unwrap_err()
+        });
+        for e in errs {
+            assert_eq!(e.kind, crate::error::ErrorKind::Mismatch, "{}", e.msg);
+            assert!(e.msg.contains("path"), "{}", e.msg);
+        }
+        groups.iter().for_each(|g| g.release_scratch());
     }
 
     /// Inputs at the same offset of one symmetric buffer, with strides that

@@ -26,10 +26,10 @@ pub enum Scratch {
     /// one shape's flags lay where another shape's peers had pushed
     /// partials, which then read as flags already set.
     Flags = 2,
-    /// The device-side all-reduce's buffer: its count of calls, the flags
-    /// and the data lines they number (`backend::AllReduceLayout`). No
-    /// other work writes it, so calls of any size follow one another with
-    /// no barrier.
+    /// The device-side all-reduce's buffer (and `lc_allgather`'s lines'):
+    /// its count of calls, the flags and the data lines they number
+    /// (`backend::AllReduceLayout`). No other work writes it, so calls of
+    /// any size and either operation follow one another with no barrier.
     AllReduce = 3,
 }
 

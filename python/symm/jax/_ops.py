@@ -96,7 +96,7 @@ def mm_rs(a, b, scatter_dim=0, op="sum", *, axis_name=None):
 
 def lc_allgather(x, *, axis_name=None):
     """Every device's ``x`` gathered along dimension 0 (``[world * d0, ...]``),
-    moved by copies only."""
+    moved by copy engines (small messages: one SM kernel, for latency)."""
     axis, world = _axis(axis_name)
     if x.ndim < 1:
         raise ValueError("x has no dimension 0 to gather along")

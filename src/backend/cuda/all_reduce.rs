@@ -4,13 +4,15 @@
 //! all-reduce buffer (layout: `backend::AllReduceLayout`); and the add +
 //! RMSNorm kernel, fused into the one-shot where rows are whole LL lines,
 //! launched after the all-reduce otherwise. Integers take kernels of
-//! their own that sum exactly in the element's width (no norm).
+//! their own that sum exactly in the element's width (no norm). And the
+//! all-gather of the same buffer (`symm_ag_one_shot`): the one-shot's lines
+//! placed into the output instead of summed.
 
 use super::gemm::GemmDtype;
 use super::module::{arg, Kernels};
 use super::sm90::gemm_dtype;
 use crate::array::{Array, DType};
-use crate::backend::{AddRmsNorm, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
+use crate::backend::{AddRmsNorm, AllGatherCall, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
 use crate::error::{err, Result};
 use cudarc::driver::CudaFunction;
 use std::ffi::c_void;
@@ -86,9 +88,9 @@ struct Cut {
 /// end), at least 1. The one-shot: a line per thread; its norm folded in
 /// where rows are whole 8-byte LL lines, a few rows split over several
 /// blocks each (a row per block would leave most SMs idle while the others
-/// read every line). The two-shot: a block per chunk group; its norm folded
-/// in where the chunks can be whole rows, so each rank normalizes the rows
-/// it reduced or received while they are in L2.
+/// read every line). The two-shot: a block per chunk group, its norm a
+/// second kernel (folding it in, each block normalizing its chunks' rows one
+/// after another, measured no faster on 2 x H200).
 fn cut(call: &AllReduceCall, sm_count: u32) -> Cut {
     let bytes = call.n * call.dtype.size();
     let sms = (sm_count.max(1) as usize).min(AllReduceLayout::MAX_NORM_BLOCKS);
@@ -104,57 +106,120 @@ fn cut(call: &AllReduceCall, sm_count: u32) -> Cut {
             Cut { blocks: blocks as u32, segments: segments as u32, chunk_bytes: plain, folds_norm }
         }
         AllReduceAlgorithm::TwoShot => {
-            let layout = AllReduceLayout::of(call.scratch_bytes, call.world);
-            let folded = row.and_then(|row| layout.row_chunk_bytes(bytes, row));
-            let chunk_bytes = folded.unwrap_or(plain);
-            let groups = AllReduceLayout::groups_of(bytes, chunk_bytes, call.world);
+            let groups = AllReduceLayout::groups_of(bytes, plain, call.world);
             let blocks = groups.clamp(1, sm_count.max(1) as usize) as u32;
-            Cut { blocks, segments: 1, chunk_bytes, folds_norm: folded.is_some() }
+            Cut { blocks, segments: 1, chunk_bytes: plain, folds_norm: false }
         }
     }
 }
 
-fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
-    let (world, rank) = (call.world, call.rank);
-    if world == 0 || world > AR_MAX_WORLD || rank >= world || call.scratch.len() != world {
-        return Err(err!(Internal, "all-reduce kernel for rank {rank} of {world} with {} buffers", call.scratch.len()));
+/// What every launch on the all-reduce buffer shares: the buffers, the
+/// layout, this rank, the timeout; checked to hold `bytes` per rank.
+struct Shared<'a> {
+    rank: usize,
+    world: usize,
+    scratch: &'a [u64],
+    scratch_bytes: usize,
+    bytes: usize,
+    timeout: std::time::Duration,
+}
+
+impl Shared<'_> {
+    fn params(&self, err_ptr: u64) -> Result<ArParams> {
+        let Shared { rank, world, scratch, scratch_bytes, bytes, timeout } = *self;
+        if world == 0 || world > AR_MAX_WORLD || rank >= world || scratch.len() != world {
+            return Err(err!(Internal, "all-reduce kernel for rank {rank} of {world} with {} buffers", scratch.len()));
+        }
+        let layout = AllReduceLayout::of(scratch_bytes, world);
+        if !layout.holds(bytes) {
+            return Err(err!(Internal, "an all-reduce buffer of {scratch_bytes} bytes cannot hold {bytes} bytes"));
+        }
+        let mut p = ArParams {
+            err: err_ptr,
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            flags_off: layout.flags as u64,
+            one_off: layout.one_shot as u64,
+            one_slot: layout.one_shot_slot as u64,
+            two_off: layout.two_shot as u64,
+            two_slot: layout.two_shot_slot as u64,
+            partials_off: AllReduceLayout::HEADER as u64,
+            rank: rank as i32,
+            world: world as i32,
+            scale: 1.0,
+            divisor: 1,
+            ..Default::default()
+        };
+        p.scratch[..world].copy_from_slice(scratch);
+        Ok(p)
     }
+}
+
+fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
     let size = call.dtype.size();
     let bytes = call.n * size;
     let divisor = u32::try_from(call.divisor).ok().filter(|&d| d >= 1);
     let Some(divisor) = divisor else {
         return Err(err!(Internal, "all-reduce divisor {}", call.divisor));
     };
-    let layout = AllReduceLayout::of(call.scratch_bytes, world);
-    if !layout.holds(bytes) {
-        return Err(err!(Internal, "an all-reduce buffer of {} bytes cannot hold {bytes} bytes", call.scratch_bytes));
-    }
+    let shared = Shared {
+        rank: call.rank,
+        world: call.world,
+        scratch: &call.scratch,
+        scratch_bytes: call.scratch_bytes,
+        bytes,
+        timeout: call.timeout,
+    };
+    let mut p = shared.params(err_ptr)?;
     for (name, p) in [("input", call.input), ("output", call.output)] {
         if p == 0 || p % size as u64 != 0 {
             return Err(err!(Internal, "all-reduce {name} {p:#x} is NULL or misaligned"));
         }
     }
-    let mut p = ArParams {
-        input: call.input,
-        output: call.output,
-        err: err_ptr,
-        n: call.n as u64,
-        timeout_ns: call.timeout.as_nanos().min(u64::MAX as u128) as u64,
-        flags_off: layout.flags as u64,
-        one_off: layout.one_shot as u64,
-        one_slot: layout.one_shot_slot as u64,
-        two_off: layout.two_shot as u64,
-        two_slot: layout.two_shot_slot as u64,
-        chunk_bytes: AllReduceLayout::chunk_bytes(bytes, world) as u64,
-        partials_off: AllReduceLayout::HEADER as u64,
-        rank: rank as i32,
-        world: world as i32,
-        scale: call.scale,
-        divisor,
-        ..Default::default()
-    };
-    p.scratch[..world].copy_from_slice(&call.scratch);
+    (p.input, p.output, p.n, p.scale, p.divisor) = (call.input, call.output, call.n as u64, call.scale, divisor);
+    p.chunk_bytes = AllReduceLayout::chunk_bytes(bytes, call.world) as u64;
     Ok(p)
+}
+
+/// The all-gather's parameters: `n` is the bytes per rank.
+fn gather_params(call: &AllGatherCall, err_ptr: u64) -> Result<ArParams> {
+    let shared = Shared {
+        rank: call.rank,
+        world: call.world,
+        scratch: &call.scratch,
+        scratch_bytes: call.scratch_bytes,
+        bytes: call.bytes,
+        timeout: call.timeout,
+    };
+    let mut p = shared.params(err_ptr)?;
+    if call.input == 0 || call.output == 0 {
+        return Err(err!(Internal, "all-gather input {:#x} or output {:#x} is NULL", call.input, call.output));
+    }
+    (p.input, p.output, p.n) = (call.input, call.output, call.bytes as u64);
+    Ok(p)
+}
+
+/// Blocks of an all-gather: one thread per 8-byte line, at most one block
+/// per SM (every block resident: each pushes all its lines before it
+/// waits), at least 1.
+fn gather_grid(bytes: usize, sm_count: u32) -> u32 {
+    bytes.div_ceil(8).div_ceil(AR_THREADS as usize).clamp(1, sm_count.max(1) as usize) as u32
+}
+
+/// Enqueues the all-gather `call` on `stream`; `err_ptr` is the device's
+/// error record. Nothing to move (0 bytes): no launch, on every rank alike.
+pub fn all_gather(kernels: &Kernels, call: &AllGatherCall, err_ptr: u64, stream: Stream) -> Result<()> {
+    if call.bytes == 0 {
+        return Ok(());
+    }
+    let mut p = gather_params(call, err_ptr)?;
+    let blocks = gather_grid(call.bytes, kernels.sm_count);
+    let mut params: [*mut c_void; 1] = [arg(&mut p)];
+    // SAFETY: one parameter, `struct symm_ar_params` by value (ArParams
+    // mirrors it); the addresses are the caller's contiguous arrays and the
+    // group's all-reduce buffers, live until the work completes.
+    unsafe {
+        kernels.launch(&kernels.all_gather, blocks, (AR_THREADS, 1, 1), stream, &mut params, "the all-gather kernel")
+    }
 }
 
 /// The index of an integer dtype in `Kernels::all_reduce_int`.
@@ -181,10 +246,7 @@ fn kernel<'k>(kernels: &'k Kernels, call: &AllReduceCall) -> Result<&'k CudaFunc
 /// Enqueues `call` on `stream`; `err_ptr` is the device's error record.
 pub fn all_reduce(kernels: &Kernels, call: &AllReduceCall, err_ptr: u64, stream: Stream) -> Result<()> {
     let cut = cut(call, kernels.sm_count);
-    let f = match call.algorithm {
-        AllReduceAlgorithm::TwoShot if cut.folds_norm => &kernels.two_shot_norm[gemm_dtype(call.dtype)? as usize],
-        _ => kernel(kernels, call)?,
-    };
+    let f = kernel(kernels, call)?;
     let mut p = params(call, err_ptr)?;
     (p.chunk_bytes, p.segments) = (cut.chunk_bytes as u64, cut.segments);
     let fused = call.norm.as_ref().filter(|_| cut.folds_norm);
@@ -324,14 +386,9 @@ mod tests {
         assert_eq!(split(100, 8192), (132, 1));
         assert_eq!(split(300, 4096), (132, 1));
         assert!(!normed(AllReduceAlgorithm::OneShot, 3, 33).folds_norm); // rows not whole lines
-                                                                         // The two-shot: chunks of whole rows, no larger than the plain ones.
-        let c = normed(AllReduceAlgorithm::TwoShot, 512, 8192); // 8 MiB: 32 KiB chunks, two rows
-        assert_eq!((c.blocks, c.chunk_bytes, c.folds_norm), (128, 32 << 10, true));
-        let c = normed(AllReduceAlgorithm::TwoShot, 300, 5000); // 10000-byte rows in 11728-byte chunks: one each
-        assert_eq!((c.blocks, c.chunk_bytes, c.folds_norm), (132, 10000, true));
-        let c = normed(AllReduceAlgorithm::TwoShot, 16, 8192); // 16 KiB rows over 8 KiB chunks
-        assert_eq!((c.blocks, c.chunk_bytes, c.folds_norm), (16, 8 << 10, false));
-        assert!(!normed(AllReduceAlgorithm::TwoShot, 64, 4100).folds_norm); // rows not 16-byte multiples
+                                                                         // The two-shot: its norm after it.
+        let c = normed(AllReduceAlgorithm::TwoShot, 512, 8192);
+        assert_eq!((c.blocks, c.chunk_bytes, c.folds_norm), (128, 32 << 10, false));
         let p = params(&call(AllReduceAlgorithm::TwoShot, 1000), 0).unwrap();
         assert_eq!((p.rank, p.world, p.scratch[1], p.scratch[2]), (1, 2, 0x20_0000, 0));
         let mut c = call(AllReduceAlgorithm::OneShot, 1000);
@@ -345,5 +402,25 @@ mod tests {
         assert!(params(&c, 0).is_err());
         c.divisor = 4;
         assert_eq!(params(&c, 0).unwrap().divisor, 4);
+        let gather = AllGatherCall {
+            rank: 1,
+            world: 2,
+            bytes: 1001,
+            input: 0x1001,
+            output: 0x2003,
+            scratch: vec![0x10_0000, 0x20_0000],
+            scratch_bytes: AllReduceLayout::bytes_for(1001, 2),
+            timeout: Duration::from_secs(1),
+        };
+        let p = gather_params(&gather, 0).unwrap();
+        assert_eq!((p.n, p.input, p.output, p.rank, p.world), (1001, 0x1001, 0x2003, 1, 2));
+        let layout = AllReduceLayout::of(gather.scratch_bytes, 2);
+        assert_eq!((p.one_off, p.one_slot), (layout.one_shot as u64, layout.one_shot_slot as u64));
+        assert!(gather_params(&AllGatherCall { scratch_bytes: 4096, ..gather.clone() }, 0).is_err());
+        assert!(gather_params(&AllGatherCall { output: 0, ..gather.clone() }, 0).is_err());
+        assert!(gather_params(&AllGatherCall { rank: 2, ..gather.clone() }, 0).is_err());
+        // 128 KiB per rank: 16384 lines, 32 blocks of 512 threads.
+        assert_eq!(gather_grid(128 << 10, 132), 32);
+        assert_eq!((gather_grid(1, 132), gather_grid(64 << 20, 132)), (1, 132));
     }
 }

@@ -93,11 +93,11 @@ pub mod names {
         ["symm_ar_one_shot_i8", "symm_ar_one_shot_u8", "symm_ar_one_shot_i32", "symm_ar_one_shot_i64"],
         ["symm_ar_two_shot_i8", "symm_ar_two_shot_u8", "symm_ar_two_shot_i32", "symm_ar_two_shot_i64"],
     ];
+    /// kernels/allreduce.cu, the all-gather through the all-reduce's
+    /// buffer (any element type).
+    pub const ALL_GATHER: &str = "symm_ag_one_shot";
     /// kernels/allreduce.cu, by `GemmDtype as usize`.
     pub const ADD_RMSNORM: [&str; 3] = ["symm_add_rmsnorm_f32", "symm_add_rmsnorm_bf16", "symm_add_rmsnorm_f16"];
-    /// kernels/allreduce.cu, the two-shot with the RMSNorm folded in, by `GemmDtype as usize`.
-    pub const TWO_SHOT_NORM: [&str; 3] =
-        ["symm_ar_two_shot_norm_f32", "symm_ar_two_shot_norm_bf16", "symm_ar_two_shot_norm_f16"];
     /// kernels/pack.cu, contiguous rows copied with 2^i-byte accesses.
     pub const PACK_ROWS: [&str; 5] =
         ["symm_pack_rows_v1", "symm_pack_rows_v2", "symm_pack_rows_v4", "symm_pack_rows_v8", "symm_pack_rows_v16"];

@@ -24,8 +24,8 @@ mod streams;
 mod vmm;
 
 use super::{
-    AddRmsNorm, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales, Mapping,
-    PadSet, Quantize, Signals, Stream,
+    AddRmsNorm, AllGatherCall, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales,
+    Mapping, PadSet, Quantize, Signals, Stream,
 };
 use crate::array::Array;
 use crate::error::{err, Result};
@@ -215,11 +215,16 @@ impl Backend for CudaBackend {
             // generic path of ranks sharing a GPU is not checked on GPUs);
             // `reduce_integers` serves the average across hosts.
             reduce_integers: false,
+            all_gather: true,
         }
     }
     fn all_reduce(&self, call: &AllReduceCall, stream: Stream) -> Result<()> {
         self.bind()?;
         all_reduce::all_reduce(&*module::kernels(&self.ctx)?, call, self.errors.device_ptr(), stream)
+    }
+    fn all_gather(&self, call: &AllGatherCall, stream: Stream) -> Result<()> {
+        self.bind()?;
+        all_reduce::all_gather(&*module::kernels(&self.ctx)?, call, self.errors.device_ptr(), stream)
     }
     fn add_rms_norm(&self, norm: &AddRmsNorm, stream: Stream) -> Result<()> {
         self.bind()?;

@@ -30,10 +30,10 @@ pub struct Kernels {
     /// `symm_ar_{one,two}_shot_{i8,u8,i32,i64}`, by `AllReduceAlgorithm as
     /// usize`, then `all_reduce::int_index` (all_reduce.rs).
     pub all_reduce_int: [[CudaFunction; 4]; 2],
+    /// `symm_ag_one_shot` (all_reduce.rs).
+    pub all_gather: CudaFunction,
     /// `symm_add_rmsnorm_*`, by `GemmDtype as usize` (all_reduce.rs).
     pub add_rmsnorm: [CudaFunction; 3],
-    /// `symm_ar_two_shot_norm_*`, by `GemmDtype as usize` (all_reduce.rs).
-    pub two_shot_norm: [CudaFunction; 3],
     /// `symm_pack_rows_v{1,2,4,8,16}`, indexed by log2 of the access width (pack.rs).
     pub pack_rows: [CudaFunction; 5],
     /// `symm_pack_strided_e{1,2,4,8}`, indexed by log2 of the element size (pack.rs).
@@ -115,8 +115,8 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         },
         all_reduce: [ar3(names::ALL_REDUCE[0])?, ar3(names::ALL_REDUCE[1])?],
         all_reduce_int: [ar4(names::ALL_REDUCE_INT[0])?, ar4(names::ALL_REDUCE_INT[1])?],
+        all_gather: ar(names::ALL_GATHER)?,
         add_rmsnorm: ar3(names::ADD_RMSNORM)?,
-        two_shot_norm: ar3(names::TWO_SHOT_NORM)?,
         pack_rows: {
             let n = names::PACK_ROWS;
             [pack(n[0])?, pack(n[1])?, pack(n[2])?, pack(n[3])?, pack(n[4])?]

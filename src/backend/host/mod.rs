@@ -5,13 +5,15 @@
 //! decoded to f32 first).
 
 pub(crate) mod elementwise;
+mod gather;
 pub(crate) mod matmul;
 mod memory;
 mod scaled;
 mod signals;
 
 use super::{
-    AddRmsNorm, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Quantize, Signals, Stream,
+    AddRmsNorm, AllGatherCall, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Quantize,
+    Signals, Stream,
 };
 use crate::array::Array;
 use crate::error::Result;
@@ -37,9 +39,11 @@ impl Backend for HostBackend {
         BackendKind::Host
     }
     /// No fused kernel: the operations run their sequential and pipelined
-    /// forms over `copy`, `reduce` and `gemm`.
+    /// forms over `copy`, `reduce` and `gemm`. The all-gather runs the
+    /// kernel's protocol on the CPU (taken where a call forces it: the
+    /// ranks share the host, so the automatic choice is the copies).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
+        Capabilities { all_gather: true, ..Capabilities::default() }
     }
     fn device(&self) -> i32 {
         -1
@@ -70,6 +74,9 @@ impl Backend for HostBackend {
     }
     fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, _stream: Stream) -> Result<()> {
         scaled::scaled_gemm(dst, a, b, scales)
+    }
+    fn all_gather(&self, call: &AllGatherCall, _stream: Stream) -> Result<()> {
+        gather::all_gather(call, &self.health)
     }
     fn add_rms_norm(&self, norm: &AddRmsNorm, _stream: Stream) -> Result<()> {
         elementwise::add_rms_norm(norm)

@@ -18,7 +18,7 @@ pub struct HostSignals {
 }
 
 /// Why a wait ended without its condition.
-enum Ended {
+pub(super) enum Ended {
     TimedOut,
     Failed(Error),
 }
@@ -164,7 +164,7 @@ fn check_channel(channel: usize) -> Result<()> {
 
 /// Polls `done` until it returns true, `deadline` passes, or `failed`
 /// (looked at between sleeps) returns the group's failure.
-fn spin_until(
+pub(super) fn spin_until(
     mut done: impl FnMut() -> bool,
     failed: impl Fn() -> Option<Error>,
     deadline: Instant,

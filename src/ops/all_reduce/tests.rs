@@ -636,25 +636,3 @@ fn two_shot_chunks_fit_the_flags_and_groups() {
     assert_eq!(AllReduceLayout::chunk_bytes(16 << 20, 2), 64 << 10);
     assert_eq!(AllReduceLayout::groups_of(16 << 20, 64 << 10, 2), 128);
 }
-
-#[test]
-fn two_shot_row_chunks_are_whole_rows_within_the_slot() {
-    for world in [2, 3, 4, 8] {
-        for (rows, row) in [(512, 16384), (300, 10000), (7, 8192), (4096, 256), (1, 16)] {
-            let bytes = rows * row;
-            let l = AllReduceLayout::of(AllReduceLayout::bytes_for(bytes, world), world);
-            let plain = AllReduceLayout::chunk_bytes(bytes, world);
-            match l.row_chunk_bytes(bytes, row) {
-                Some(chunk) => {
-                    assert!(chunk % row == 0 && chunk <= plain && chunk + row > plain, "{world} {rows}x{row}");
-                    let owned = bytes.div_ceil(chunk).div_ceil(world) * chunk;
-                    assert!(2 * owned <= l.two_shot_slot && bytes.div_ceil(chunk) <= AllReduceLayout::MAX_CHUNKS);
-                }
-                None => assert!(row > plain, "{world} {rows}x{row}"),
-            }
-        }
-    }
-    let l = AllReduceLayout::of(AllReduceLayout::bytes_for(1 << 20, 2), 2);
-    assert_eq!(l.row_chunk_bytes(1 << 20, 1000), None); // not 16-byte rows
-    assert_eq!(l.row_chunk_bytes((1 << 20) - 16, 4096), None); // not whole rows
-}

@@ -1,0 +1,98 @@
+//! The host's device-side all-gather (`Backend::all_gather`): the kernel's
+//! protocol (kernels/allreduce.cu, `symm_ag_one_shot`) on the CPU, over the
+//! same buffer and layout, so that the operations' LL path runs and is
+//! tested on the host. The call count in the buffer's header numbers the
+//! call (`seq`); each 8 bytes of this rank's input go to every peer's slot
+//! (parity, rank) as a line `{data0, seq, data1, seq}` of atomic words, the
+//! flags stored with release after the data; the peers' lines are then
+//! placed into the output once both flags of a line read `seq` (acquire).
+//! No barrier: a rank can be at most one call ahead of a peer (each call
+//! waits for data every peer sends in it), so the two parities are never
+//! overwritten while read.
+
+use super::signals::{spin_until, Ended};
+use crate::backend::{AllGatherCall, AllReduceLayout};
+use crate::error::{err, Result};
+use crate::health::Health;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+/// The `u32` at `addr` of a mapped all-reduce buffer.
+fn word(addr: u64) -> &'static AtomicU32 {
+    // SAFETY: the caller's addresses lie in the group's all-reduce buffers
+    // (checked against the layout), 4-byte aligned, mapped while the call
+    // runs; every access to them, ours and peers', is atomic.
+    unsafe { &*(addr as *const AtomicU32) }
+}
+
+/// Line `i` (8 bytes, zero past the end) of `bytes` bytes at `base`.
+fn load_line(base: u64, i: usize, bytes: usize) -> [u8; 8] {
+    let mut line = [0u8; 8];
+    let n = (bytes - 8 * i).min(8);
+    // SAFETY: the caller's input holds `bytes` bytes.
+    unsafe { std::ptr::copy_nonoverlapping((base as *const u8).add(8 * i), line.as_mut_ptr(), n) };
+    line
+}
+
+fn store_line(base: u64, i: usize, bytes: usize, line: [u8; 8]) {
+    let n = (bytes - 8 * i).min(8);
+    // SAFETY: the caller's output holds `bytes` bytes at `base`.
+    unsafe { std::ptr::copy_nonoverlapping(line.as_ptr(), (base as *mut u8).add(8 * i), n) };
+}
+
+pub fn all_gather(call: &AllGatherCall, health: &Health) -> Result<()> {
+    let &AllGatherCall { rank, world, bytes, input, output, ref scratch, scratch_bytes, timeout } = call;
+    if world == 0 || rank >= world || scratch.len() != world {
+        return Err(err!(Internal, "all-gather for rank {rank} of {world} with {} buffers", scratch.len()));
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    let layout = AllReduceLayout::of(scratch_bytes, world);
+    if !layout.holds(bytes) {
+        return Err(err!(Internal, "an all-reduce buffer of {scratch_bytes} bytes cannot hold {bytes} bytes"));
+    }
+    let header = word(scratch[rank]);
+    let seq = header.load(Ordering::Acquire).wrapping_add(1);
+    let parity = (seq & 1) as usize;
+    let line_at =
+        |owner: usize, src: usize, i: usize| scratch[owner] + (layout.one_shot_at(parity, src) + 16 * i) as u64;
+    let lines = bytes.div_ceil(8);
+    let peers = || (1..world).map(|k| (rank + k) % world);
+    for i in 0..lines {
+        let line = load_line(input, i, bytes);
+        let (d0, d1) =
+            (u32::from_le_bytes(line[..4].try_into().unwrap()), u32::from_le_bytes(line[4..].try_into().unwrap()));
+        for q in peers() {
+            let at = line_at(q, rank, i);
+            word(at).store(d0, Ordering::Relaxed);
+            word(at + 8).store(d1, Ordering::Relaxed);
+            word(at + 4).store(seq, Ordering::Release);
+            word(at + 12).store(seq, Ordering::Release);
+        }
+        store_line(output + (rank * bytes) as u64, i, bytes, line);
+    }
+    let deadline = Instant::now() + timeout;
+    for src in peers() {
+        for i in 0..lines {
+            let at = line_at(rank, src, i);
+            let arrived =
+                || word(at + 4).load(Ordering::Acquire) == seq && word(at + 12).load(Ordering::Acquire) == seq;
+            spin_until(arrived, || health.interrupted(), deadline).map_err(|why| match why {
+                Ended::Failed(e) => e,
+                Ended::TimedOut => err!(
+                    Timeout,
+                    "all_gather: rank {src}'s data did not arrive within {} ms (call {seq})",
+                    timeout.as_millis()
+                ),
+            })?;
+            let (d0, d1) = (word(at).load(Ordering::Relaxed), word(at + 8).load(Ordering::Relaxed));
+            let mut line = [0u8; 8];
+            line[..4].copy_from_slice(&d0.to_le_bytes());
+            line[4..].copy_from_slice(&d1.to_le_bytes());
+            store_line(output + (src * bytes) as u64, i, bytes, line);
+        }
+    }
+    header.store(seq, Ordering::Release);
+    Ok(())
+}
