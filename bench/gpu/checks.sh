@@ -58,4 +58,6 @@ for c in $checks; do
     esac
 done
 echo "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)" | tee -a "$OUT/steps.txt"
+# The device tool brings back only a few files: everything else in one archive.
+(cd "$OUT" && find . -type f ! -name steps.txt ! -name checks.tgz -printf '%P\n' | tar czf checks.tgz -T - --remove-files)
 exit $fail
