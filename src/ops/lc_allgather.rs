@@ -261,18 +261,26 @@ impl Prepared for LcPrepared {
         };
         let (me, len) = (ex.rank(), input.shape[0]);
         let own = output.narrow(0, me * len, len);
-        // This rank's part comes straight from its input; a large one goes
-        // on the side stream, beside the staging copy and the pulls (a
-        // small one is not worth the two extra driver calls of the fork).
+        // This rank's part comes straight from its input, or from its staged
+        // copy where neither side is contiguous (no one copy maps, say, a
+        // transposed input onto padded rows); a large one goes on the side
+        // stream, beside the staging copy and the pulls (a small one is not
+        // worth the two extra driver calls of the fork).
+        let direct = input.is_contiguous() || own.is_contiguous();
+        let stage = !self.in_place[me];
+        if stage && !direct {
+            ex.copy(&source(me)?, input)?;
+        }
+        let from = if direct { input.clone() } else { source(me)? };
         let side = if own.numel() * own.dtype.size() >= SIDE_COPY_BYTES { Some(ex.side()?) } else { None };
         match side {
             Some(side) => {
                 ex.fork(side)?;
-                ex.copy_on(side, &own, input)?;
+                ex.copy_on(side, &own, &from)?;
             }
-            None => ex.copy(&own, input)?,
+            None => ex.copy(&own, &from)?,
         }
-        if !self.in_place[me] {
+        if stage && direct {
             ex.copy(&source(me)?, input)?;
         }
         ex.barrier()?;
