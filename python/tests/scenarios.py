@@ -299,7 +299,8 @@ def across_hosts_matmuls(group):
 
 def across_hosts_collectives(group):
     """all_reduce (sum and avg; bf16, f32 and int32; out of place, in place,
-    strided), lc_allgather and all_reduce_rmsnorm in a CUDA group spanning
+    input and output strided or not, apart and differently between ranks),
+    lc_allgather (as laid out) and all_reduce_rmsnorm in a CUDA group spanning
     (pretend) hosts, with torch tensors on this rank's GPU, against float64
     math (exact int64 for int32, the average truncated toward zero) on every
     rank's inputs (each rank makes all of them from one seed), outputs
@@ -341,6 +342,11 @@ def across_hosts_collectives(group):
         t = t.to(dev)
         return torch.cat([t, t], -1)[..., : t.shape[-1]] if strided else t
 
+    # (input strided, output strided): with each rank alone on its host, a
+    # contiguous output takes NCCL's result straight, a strided one is
+    # staged; the last differs between ranks within one call.
+    layouts = ((False, False), (True, True), (True, False), (False, True), (rank % 2 == 0, rank % 2 == 1))
+
     shape = (6, 40)
     for dtype in (torch.float32, torch.bfloat16, torch.int32):
         xs = inputs(1, shape, dtype)
@@ -355,9 +361,9 @@ def across_hosts_collectives(group):
                 ref = torch.div(total, world, rounding_mode="trunc")
             else:
                 ref = total / world
-            for strided in (False, True):
-                what = f"all_reduce {dtype} {op} strided {strided}"
-                out = poisoned(shape, dtype, strided)
+            for strided, out_strided in layouts:
+                what = f"all_reduce {dtype} {op} strided {strided} out strided {out_strided}"
+                out = poisoned(shape, dtype, out_strided)
                 got = symm.all_reduce(group, on_gpu(xs[rank], strided), op=op, out=out)
                 torch.cuda.synchronize()
                 assert got.data_ptr() == out.data_ptr()
@@ -369,23 +375,24 @@ def across_hosts_collectives(group):
 
     for dtype in (torch.float32, torch.bfloat16):
         xs = inputs(2, (3, 24), dtype)
-        for strided in (False, True):
-            out = poisoned((3 * world, 24), dtype, strided)
+        for strided, out_strided in layouts:
+            out = poisoned((3 * world, 24), dtype, out_strided)
             symm.lc_allgather(group, on_gpu(xs[rank], strided), out=out)
             torch.cuda.synchronize()
-            assert torch.equal(f64(out), torch.cat([f64(x) for x in xs])), f"lc_allgather {dtype} strided {strided}"
+            want = torch.cat([f64(x) for x in xs])
+            assert torch.equal(f64(out), want), f"lc_allgather {dtype} strided {strided} out strided {out_strided}"
 
         hidden, eps = 64, 1e-6
         xs = inputs(3, (5, hidden), dtype)
         residual, weight = inputs(4, (5, hidden), dtype)[0], inputs(5, (hidden,), dtype)[0]
         r = sum(f64(x) for x in xs) + f64(residual)
         normed = r / (r.pow(2).mean(-1, keepdim=True) + eps).sqrt() * f64(weight)
-        for inplace in (False, True):
-            what = f"all_reduce_rmsnorm {dtype} inplace {inplace}"
-            out = poisoned((5, hidden), dtype, strided=True)
+        for inplace, x_strided in ((False, True), (True, True), (False, False)):
+            what = f"all_reduce_rmsnorm {dtype} inplace {inplace} x strided {x_strided}"
+            out = poisoned((5, hidden), dtype, strided=x_strided)
             res = residual.to(dev)
             res_out = None if inplace else poisoned((5, hidden), dtype)
-            got, got_res = symm.all_reduce_rmsnorm(group, on_gpu(xs[rank], True), res, weight.to(dev), eps=eps,
+            got, got_res = symm.all_reduce_rmsnorm(group, on_gpu(xs[rank], x_strided), res, weight.to(dev), eps=eps,
                                                    out=out, residual_out=res_out, inplace=inplace)
             torch.cuda.synchronize()
             close(got_res, r, f"{what}: residual_out")

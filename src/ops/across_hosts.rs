@@ -11,7 +11,12 @@
 //! The all-reduce sums level by level in the input's type (NCCL's sum for
 //! floats of 16 bits rounds at each level), then the average divides the
 //! total once (`AllReduce::reduce`: in f32 for floats, truncating for
-//! integers). Strided tensors are staged through the workspace. The
+//! integers). Strided tensors are staged through the workspace. Where
+//! every host holds one rank of the group (the level inside a host is the
+//! rank alone), the level inside is skipped: the all-reduce is one
+//! all-reduce across hosts, and `lc_allgather` into a contiguous output
+//! one all-gather straight into it (the members are in rank order), both
+//! staging only what is strided (and the average's total). The
 //! workspace is made ready before the ranks agree, so that a failure to
 //! allocate it fails every rank; every call is agreed (no call is kept),
 //! so one that differs between ranks fails on all of them, and bad input
@@ -47,7 +52,8 @@ pub(super) fn flat(a: &Array) -> Array {
 
 /// Every rank's piece into its place on this rank through `plan`: across
 /// hosts into `staging` (one piece per host), then inside the host after
-/// them (every piece, by local index then host), then each to its place.
+/// them (every piece, by local index then host; skipped where the rank is
+/// alone on its host), then each to its place.
 /// `piece(r)`: where rank r's piece goes (any strides; all of one shape and
 /// dtype), except `piece(this rank)`: its piece, contiguous (already where
 /// it goes, or copied there by the caller).
@@ -58,12 +64,17 @@ pub(super) fn gather(ex: &Exec<'_>, plan: &GatherPlan, staging: u64, piece: &dyn
     let (n, dtype, hosts) = (mine.numel(), mine.dtype, plan.across.len());
     let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
     across.all_gather(ex.group, &mine, &at(0, hosts), ex.stream)?;
-    inside.all_gather(ex.group, &at(0, hosts), &at(hosts, local.len() * hosts), ex.stream)?;
+    // Alone on its host, a rank holds every piece after the first level.
+    let alone = local.len() == 1;
+    if !alone {
+        inside.all_gather(ex.group, &at(0, hosts), &at(hosts, local.len() * hosts), ex.stream)?;
+    }
     for (j, (_, pieces)) in plan.inside.iter().enumerate() {
         for (k, &rank) in pieces.iter().enumerate() {
             if rank != ex.rank() {
                 let dst = piece(rank);
-                ex.copy(&dst, &Array::contiguous(at(hosts + j * hosts + k, 1).addr, dtype, &dst.shape))?;
+                let held = if alone { k } else { hosts + j * hosts + k };
+                ex.copy(&dst, &Array::contiguous(at(held, 1).addr, dtype, &dst.shape))?;
             }
         }
     }
@@ -73,6 +84,19 @@ pub(super) fn gather(ex: &Exec<'_>, plan: &GatherPlan, staging: u64, piece: &dyn
 /// Slices start 16 bytes apart at least, as NCCL's and the copies' vector
 /// accesses like.
 const SLICE_ALIGN_BYTES: usize = 16;
+
+/// Where an all-reduce stages (workspace offsets).
+enum Staging {
+    /// Several ranks per host, the plan's levels: the input padded to a
+    /// block per local rank, where the total lands too; this host's sum of
+    /// this rank's block; its total.
+    Levels { padded: usize, host_sum: usize, total: usize },
+    /// One rank per host, one all-reduce across hosts: `sum` where the
+    /// result is made when it cannot be made in the output (strided, or
+    /// the norm's input), else the output; `total` where the sum lands
+    /// before the average divides it, else where the result is made.
+    Alone { sum: Option<usize>, total: Option<usize> },
+}
 
 pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Result<()> {
     let _lock = group.lock_collective();
@@ -86,23 +110,35 @@ pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Res
         let h = Hierarchy::new(group.topology(), group.rank(), what)?;
         let size = c.input.dtype.size();
         let plan = AllReducePlan::new(&h, c.input.numel(), SLICE_ALIGN_BYTES.div_ceil(size));
-        // The input padded to a block per local rank, where the total lands
-        // too; this host's sum of this rank's block; its total.
-        let (mut layout, block) = (Layout::default(), plan.block * size);
-        let padded = layout.region(plan.slices.len() * block);
-        let (host_sum, total) = (layout.region(block), layout.region(block));
+        let mut layout = Layout::default();
+        let staging = if plan.local_ranks.len() == 1 {
+            // Every rank decides alike how many all-reduces it issues (one);
+            // only where its data lands differs.
+            let bytes = c.input.numel() * size;
+            let sum = (c.norm.is_some() || !c.output.is_contiguous()).then(|| layout.region(bytes));
+            let total = (c.op == ReduceOp::Avg).then(|| layout.region(bytes));
+            Staging::Alone { sum, total }
+        } else {
+            let block = plan.block * size;
+            let padded = layout.region(plan.slices.len() * block);
+            Staging::Levels { padded, host_sum: layout.region(block), total: layout.region(block) }
+        };
         let norm = c.norm_regions(&mut layout);
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
-        Ok((c, plan, base, [padded, host_sum, total], norm))
+        Ok((c, plan, base, staging, norm))
     });
     agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
-    let (c, plan, base, [padded, host_sum, total], norm) = ready?;
+    let (c, plan, base, staging, norm) = ready?;
     if c.input.numel() == 0 {
         return Ok(());
     }
     let ex = local_exec(group, base, stream);
     let run = || {
         let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
+        let (padded, host_sum, total) = match staging {
+            Staging::Alone { sum, total } => return reduce_alone(&c, &ex, across, sum, total, norm),
+            Staging::Levels { padded, host_sum, total } => (padded, host_sum, total),
+        };
         let (dtype, block, world) = (c.input.dtype, plan.block, group.world());
         let run_of = |offset: usize, blocks: usize| Array::contiguous(ex.local(offset), dtype, &[blocks * block]);
         let sum = Array::contiguous(ex.local(padded), dtype, &c.input.shape);
@@ -125,6 +161,38 @@ pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Res
     run().inspect_err(|e| group.fail(e))
 }
 
+/// The all-reduce of a rank alone on its host (`Staging::Alone`): the sum
+/// across hosts straight from the input (or its contiguous copy) into the
+/// output (or the workspace), the average dividing the total once, as the
+/// levels do; then the outputs written from the workspace if staged there.
+fn reduce_alone(
+    c: &AllReduce,
+    ex: &Exec<'_>,
+    across: &dyn AcrossHosts,
+    sum: Option<usize>,
+    total: Option<usize>,
+    norm: Option<(usize, usize, usize)>,
+) -> Result<()> {
+    let staged = |offset: usize| Array::contiguous(ex.local(offset), c.input.dtype, &c.input.shape);
+    let result = sum.map_or_else(|| c.output.clone(), staged);
+    let lands = total.map_or_else(|| result.clone(), staged);
+    let send = match c.input.is_contiguous() {
+        true => c.input.clone(),
+        false => {
+            ex.copy(&lands, &c.input)?;
+            lands.clone()
+        }
+    };
+    across.all_reduce(ex.group, &flat(&send), &flat(&lands), ex.stream)?;
+    if total.is_some() {
+        c.reduce(ex, &result, &[lands], ex.group.world())?;
+    }
+    match sum {
+        Some(_) => c.finish(ex, &result, norm),
+        None => Ok(()),
+    }
+}
+
 pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
@@ -134,12 +202,18 @@ pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) ->
     };
     let ready = checked.and_then(|(c, bytes)| {
         let h = Hierarchy::new(group.topology(), group.rank(), "symm_lc_allgather")?;
+        let plan = GatherPlan::new(&h);
+        // Alone on its host with the members in rank order, one all-gather
+        // lays every piece in place; either way each rank issues the same
+        // one across hosts (`gather` skips the level inside), so ranks may
+        // differ in which they take.
+        let direct = plan.inside.len() == 1 && plan.across.iter().copied().eq(0..h.world()) && c.output.is_contiguous();
         // This rank's input, contiguous; one piece per host, then every rank's.
         let mut layout = Layout::default();
-        let staged = layout.region(bytes);
-        let staging = layout.region((h.hosts() + h.world()) * bytes);
+        let staged = (!c.input.is_contiguous()).then(|| layout.region(bytes));
+        let staging = (!direct).then(|| layout.region((h.hosts() + h.world()) * bytes));
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
-        Ok((c, GatherPlan::new(&h), base, staged, staging))
+        Ok((c, plan, base, staged, staging))
     });
     agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (c, plan, base, staged, staging) = ready?;
@@ -149,13 +223,17 @@ pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) ->
     let ex = local_exec(group, base, stream);
     let (me, len) = (group.rank(), c.input.shape[0]);
     let run = || {
-        let mine = match c.input.is_contiguous() {
-            true => c.input.clone(),
-            false => {
-                let s = Array::contiguous(ex.local(staged), c.input.dtype, &c.input.shape);
+        let mine = match staged {
+            None => c.input.clone(),
+            Some(at) => {
+                let s = Array::contiguous(ex.local(at), c.input.dtype, &c.input.shape);
                 ex.copy(&s, &c.input)?;
                 s
             }
+        };
+        let Some(staging) = staging else {
+            let (across, _) = transports(group, &plan.across, &[me])?;
+            return across.all_gather(group, &flat(&mine), &flat(&c.output), stream);
         };
         ex.copy(&c.output.narrow(0, piece_rows(me, len).start, len), &c.input)?;
         let place = |r: usize| if r == me { mine.clone() } else { c.output.narrow(0, piece_rows(r, len).start, len) };
@@ -472,10 +550,11 @@ pub(super) mod tests {
 
     /// Every rank's (out, residual_out) of an all_reduce_rmsnorm of `[4,
     /// 6]`, strided, residual_out apart or `residual` itself.
-    fn rmsnorm_on(groups: &[Arc<Group>], dtype: DType, in_place: bool) -> Vec<(M, M)> {
+    /// `x_pad(r)`: rank r's row stride of x past the row's length.
+    fn rmsnorm_on(groups: &[Arc<Group>], dtype: DType, in_place: bool, x_pad: fn(usize) -> usize) -> Vec<(M, M)> {
         let (rows, hidden) = (4, 6);
         on_each(groups, |r, g| {
-            let x = M::new(dtype, rows, hidden, hidden + 2, |i| input_value(dtype, r, i));
+            let x = M::new(dtype, rows, hidden, hidden + x_pad(r), |i| input_value(dtype, r, i));
             let residual = M::new(dtype, rows, hidden, hidden + 1, |i| (i % 5) as f64 - 2.0);
             let weight = M::new(dtype, 1, hidden, hidden, |i| 0.5 + i as f64 * 0.25);
             let out = M::new(dtype, rows, hidden, hidden + 3, |_| f64::NAN);
@@ -518,8 +597,10 @@ pub(super) mod tests {
                             r_out[i] / rms * (0.5 + (i % hidden) as f64 * 0.25)
                         })
                         .collect();
-                    let got = rmsnorm_on(&groups, dtype, in_place);
-                    let single = rmsnorm_on(&one, dtype, in_place);
+                    // x contiguous on even ranks (sent as it is where alone on a host).
+                    let x_pad = if in_place { |_| 2 } else { |r| 2 * (r % 2) };
+                    let got = rmsnorm_on(&groups, dtype, in_place, x_pad);
+                    let single = rmsnorm_on(&one, dtype, in_place, x_pad);
                     for r in 0..world {
                         let what = format!("{hosts:?} {dtype} in place {in_place} rank {r}");
                         let (out, res) = &got[r];
@@ -620,6 +701,151 @@ pub(super) mod tests {
                 assert!(got[r].padding_untouched(), "{hosts:?} rank {r}: padding written");
             }
             one.iter().for_each(|g| g.release_scratch());
+        }
+    }
+
+    /// Layouts of one rank's all-reduce: (in place, input's row padding,
+    /// output's): contiguous (straight into the output where alone on a
+    /// host), input strided, output strided, in place, strided in place.
+    const RANK_LAYOUTS: &[(bool, usize, usize)] =
+        &[(false, 0, 0), (false, 3, 0), (false, 0, 2), (true, 0, 0), (true, 2, 2)];
+
+    /// Every rank's output of an all-reduce of `[3, 5]`, rank r in
+    /// `RANK_LAYOUTS[(r + shift) % len]`.
+    fn reduce_mixed_on(groups: &[Arc<Group>], dtype: DType, op: ReduceOp, shift: usize) -> Vec<M> {
+        let (rows, cols) = (3, 5);
+        on_each(groups, |r, g| {
+            let (in_place, in_pad, out_pad) = RANK_LAYOUTS[(r + shift) % RANK_LAYOUTS.len()];
+            let input = M::new(dtype, rows, cols, cols + in_pad, |i| input_value(dtype, r, i));
+            let output = (!in_place).then(|| M::new(dtype, rows, cols, cols + out_pad, |_| f64::NAN));
+            let out = output.as_ref().unwrap_or(&input).a.clone();
+            let call = AllReduce { input: input.a.clone(), output: out, op, norm: None, algorithm: None };
+            all_reduce_op(g, Ok(call), Stream(0)).unwrap();
+            output.unwrap_or(input)
+        })
+    }
+
+    /// Ranks whose layouts differ (some straight into their output, some
+    /// staged) in one call: against the reference and the one-host
+    /// group's bits, padding left alone.
+    #[test]
+    fn all_reduce_with_layouts_differing_between_ranks() {
+        let cases = [
+            (DType::F32, ReduceOp::Sum),
+            (DType::BF16, ReduceOp::Avg),
+            (DType::I32, ReduceOp::Avg),
+            (DType::I8, ReduceOp::Sum),
+        ];
+        for hosts in PLACEMENTS {
+            let world = hosts.len();
+            let (groups, one) = (on_hosts(hosts), host_groups(world));
+            for (dtype, op) in cases {
+                let want: Vec<f64> = (0..15).map(|i| reduced(dtype, op, world, i)).collect();
+                for shift in 0..RANK_LAYOUTS.len() {
+                    let got = reduce_mixed_on(&groups, dtype, op, shift);
+                    let single = reduce_mixed_on(&one, dtype, op, shift);
+                    for r in 0..world {
+                        let what = format!("{hosts:?} {dtype} {op:?} shift {shift} rank {r}");
+                        assert_eq!(got[r].values(), want, "{what}");
+                        assert_eq!(got[r].values(), single[r].values(), "{what}: one host");
+                        assert!(got[r].padding_untouched(), "{what}: padding written");
+                    }
+                }
+            }
+            one.iter().for_each(|g| g.release_scratch());
+        }
+    }
+
+    /// Layouts of one rank's gather: (input's row padding, output's).
+    const GATHER_LAYOUTS: &[(usize, usize)] = &[(0, 0), (3, 0), (0, 2), (3, 2)];
+
+    /// Ranks whose gather layouts differ (contiguous outputs straight from
+    /// the transport where alone on a host, strided ones staged) in one
+    /// call, rank order whatever the placement; padding left alone.
+    #[test]
+    fn lc_allgather_with_layouts_differing_between_ranks() {
+        for hosts in PLACEMENTS {
+            let world = hosts.len();
+            let (groups, one) = (on_hosts(hosts), host_groups(world));
+            let want: Vec<f64> = (0..world).flat_map(|r| (0..12).map(move |i| input_value(DType::I32, r, i))).collect();
+            for shift in 0..GATHER_LAYOUTS.len() {
+                let run = |groups: &[Arc<Group>]| {
+                    on_each(groups, |r, g| {
+                        let (in_pad, out_pad) = GATHER_LAYOUTS[(r + shift) % GATHER_LAYOUTS.len()];
+                        let input = M::new(DType::I32, 3, 4, 4 + in_pad, |i| input_value(DType::I32, r, i));
+                        let output = M::new(DType::I32, 3 * world, 4, 4 + out_pad, |_| -77.0);
+                        let call = LcAllgather { input: input.a.clone(), output: output.a.clone() };
+                        lc_allgather_op(g, Ok(call), Stream(0)).unwrap();
+                        output
+                    })
+                };
+                let (got, single) = (run(&groups), run(&one));
+                for r in 0..world {
+                    assert_eq!(got[r].values(), want, "{hosts:?} shift {shift} rank {r}");
+                    assert_eq!(got[r].values(), single[r].values());
+                    assert!(got[r].padding_untouched(), "{hosts:?} shift {shift} rank {r}: padding written");
+                }
+            }
+            one.iter().for_each(|g| g.release_scratch());
+        }
+    }
+
+    /// Where every rank is alone on its host, contiguous calls stage
+    /// nothing (the workspace stays at its least, under one piece): the
+    /// sum and the gather go straight between input and output. A strided
+    /// gather output, or two ranks per host, stage through it.
+    #[test]
+    fn alone_on_a_host_contiguous_calls_stage_nothing() {
+        let n = 1 << 19; // 2 MiB of f32 per rank: more than the least workspace
+        let piece = n * 4;
+        for (hosts, host_count) in [(&["a", "b"][..], 2), (&["a", "b", "c", "d"], 4), (&["a", "a", "b", "b"], 2)] {
+            let world = hosts.len();
+            let alone = host_count == world;
+            let groups = on_hosts(hosts);
+            let held = on_each(&groups, |r, g| {
+                let value = |p: usize, i: usize| ((p * 3 + i) % 1000) as f32 - 500.0;
+                let input: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
+                let output = vec![f32::NAN; n];
+                let call = AllReduce {
+                    input: arr(&input, DType::F32, &[n]),
+                    output: arr(&output, DType::F32, &[n]),
+                    op: ReduceOp::Sum,
+                    norm: None,
+                    algorithm: None,
+                };
+                all_reduce_op(g, Ok(call), Stream(0)).unwrap();
+                let want = |i: usize| (0..world).map(|p| value(p, i) as f64).sum::<f64>() as f32;
+                assert!(output.iter().enumerate().all(|(i, &v)| v == want(i)), "{hosts:?} rank {r}: all_reduce");
+                let gathered = vec![f32::NAN; world * n];
+                let call = LcAllgather {
+                    input: arr(&input, DType::F32, &[n]),
+                    output: arr(&gathered, DType::F32, &[world * n]),
+                };
+                lc_allgather_op(g, Ok(call), Stream(0)).unwrap();
+                assert!(
+                    gathered.iter().enumerate().all(|(i, &v)| v == value(i / n, i % n)),
+                    "{hosts:?} rank {r}: gather"
+                );
+                let contiguous = LocalScratch::held_bytes(g);
+                // Every other element of the output: staged.
+                let wide = vec![f32::NAN; 2 * world * n];
+                let strided =
+                    Array { addr: wide.as_ptr() as u64, dtype: DType::F32, shape: vec![world * n], strides: vec![2] };
+                let call = LcAllgather { input: arr(&input, DType::F32, &[n]), output: strided };
+                lc_allgather_op(g, Ok(call), Stream(0)).unwrap();
+                let ok =
+                    wide.iter()
+                        .enumerate()
+                        .all(|(i, &v)| if i % 2 == 1 { v.is_nan() } else { v == value(i / 2 / n, i / 2 % n) });
+                assert!(ok, "{hosts:?} rank {r}: strided gather");
+                (contiguous, LocalScratch::held_bytes(g))
+            });
+            for (r, (contiguous, strided)) in held.into_iter().enumerate() {
+                let what = format!("{hosts:?} rank {r}: workspace {contiguous} then {strided} bytes");
+                assert_eq!(contiguous < piece, alone, "{what}");
+                // A piece per host, then every rank's.
+                assert!(strided >= (host_count + world) * piece, "{what}");
+            }
         }
     }
 }

@@ -44,6 +44,14 @@ impl LocalScratch {
     }
 }
 
+#[cfg(test)]
+impl LocalScratch {
+    /// Bytes held now (0 before the first call): what the calls staged.
+    pub(super) fn held_bytes(group: &Group) -> usize {
+        lock(&group.attachment::<LocalScratch>().0).as_ref().map_or(0, |a| a.len())
+    }
+}
+
 impl Attachment for LocalScratch {
     /// Frees it once the work issued so far has finished (as `OpsState`).
     fn release(&self, group: &Group) {
