@@ -10,7 +10,9 @@
 //! The exchange is a round trip through the bootstrap, too slow to repeat
 //! on every call of a GPU pipeline, so a signature that every rank sent
 //! identically is cached (`state`) and a later call with the same
-//! signature skips the exchange. The trade-off: after a signature has been
+//! signature skips the exchange, unless it carries per-rank facts
+//! (`Signature::local`), which a peer may change while this rank does not.
+//! The trade-off: after a signature has been
 //! agreed, a rank that alone changes its call, or fails locally while its
 //! peers' identical calls skip the exchange, is no longer reported here;
 //! the peers then wait at the operation's first signal and fail with
@@ -105,8 +107,11 @@ pub struct Agreed {
 pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<Agreed> {
     let encoded = sig.map(Signature::encode);
     let state = state::of(group);
-    if let Some(bytes) = &encoded {
-        let before = if group.check_args_always() { None } else { state.agreed_call(bytes) };
+    // A signature with per-rank facts is agreed on every call: a peer's
+    // facts may have changed while this rank's did not.
+    let cached = !group.check_args_always() && sig.is_some_and(|s| s.local.is_empty());
+    if let Some(bytes) = encoded.as_ref().filter(|_| cached) {
+        let before = state.agreed_call(bytes);
         if let Some(all) = before {
             // Peers making this call skip the exchange as well and go on
             // to wait for this rank, which will not come: the group fails,

@@ -19,8 +19,8 @@
 //!   microseconds a small message takes, contention does not matter, and
 //!   latency does. Any dtype: a copy of bytes. A rank whose input or
 //!   output is strided packs (unpacks) it through the workspace around the
-//!   launch; whether each rank does is a per-rank fact of the signature,
-//!   so that every rank lays out the same workspace.
+//!   launch; every rank lays out room for that, so that whether a rank
+//!   packs is its own business.
 //!
 //! Copy engines: an input that is contiguous and lies in a rendezvoused
 //! symmetric buffer is read by the peers in place; otherwise its rank
@@ -30,9 +30,10 @@
 //! (Peers then know where to read without an exchange per call, which copy
 //! engines reading a cached call need; PyTorch's rendezvous of the tensor
 //! is collective for the same reason.) Strides may differ between ranks,
-//! so whether a rank's input is contiguous is a per-rank fact of the
-//! signature (`Signature::local`): the peers learn it with the agreement
-//! and read each rank in place or from its workspace. Barriers before and
+//! so whether a rank's symmetric input is contiguous is a per-rank fact of
+//! the signature (`Signature::local`): the peers learn it with the
+//! agreement, made on every such call, and read each rank in place or from
+//! its workspace. Barriers before and
 //! after the pulls keep a rank from reading an input before its owner
 //! wrote it, or after its owner returned and may overwrite it.
 
@@ -86,24 +87,21 @@ pub(crate) fn lc_allgather_by(
     super::run(group, stream, prepared)
 }
 
-/// The per-rank facts of the signature: whether this rank's input is read
-/// in place (copy engines), and whether its input and output are both
-/// contiguous (lines; else it packs them in the workspace).
+/// The per-rank fact of the signature of an input in symmetric memory:
+/// whether this rank's is read in place (copy engines). (Per-rank facts
+/// cost the call its cached agreement, so ordinary inputs carry none.)
 const IN_PLACE: &str = "input read in place";
-const CONTIGUOUS: &str = "input and output contiguous";
 
 impl LcAllgather {
     pub(super) fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
-        Signature::new("lc_allgather")
+        let sig = Signature::new("lc_allgather")
             .arg("input.dtype", self.input.dtype)
             .arg("input.shape", shape_text(&self.input.shape))
-            .arg("input memory", SymmetricPlace::describe(symmetric))
-            .local(IN_PLACE, symmetric.is_some() && self.input.is_contiguous())
-            .local(CONTIGUOUS, self.contiguous())
-    }
-
-    fn contiguous(&self) -> bool {
-        self.input.is_contiguous() && self.output.is_contiguous()
+            .arg("input memory", SymmetricPlace::describe(symmetric));
+        match symmetric {
+            Some(_) => sig.local(IN_PLACE, self.input.is_contiguous()),
+            None => sig,
+        }
     }
 
     /// The checks of every gather, on one host or across hosts; the
@@ -121,13 +119,12 @@ impl LcAllgather {
     fn prepare(self, world: usize, symmetric: Option<SymmetricPlace>, path: GatherPath) -> Result<LcPrepared> {
         let staged_bytes = self.check(world)?;
         let gathered_bytes = check::mul(staged_bytes, world, "the gathered input")?;
-        let contiguous = vec![self.contiguous(); world];
         let mut p = LcPrepared {
             call: self,
             path,
             symmetric,
             in_place: vec![false; world],
-            contiguous,
+            world,
             staged_bytes,
             gathered_bytes,
             staged: 0,
@@ -149,9 +146,7 @@ struct LcPrepared {
     symmetric: Option<SymmetricPlace>,
     /// By rank: whether its input is read in place there (agreed).
     in_place: Vec<bool>,
-    /// By rank (one per rank of the group): whether its input and output
-    /// are contiguous (agreed).
-    contiguous: Vec<bool>,
+    world: usize,
     staged_bytes: usize,
     /// `world` inputs.
     gathered_bytes: usize,
@@ -166,14 +161,16 @@ struct LcPrepared {
 impl LcPrepared {
     /// Workspace, from agreed facts only, so every rank sizes it alike.
     /// Copy engines: the staged input, unless every rank's is read in
-    /// place (then the workspace only carries the barriers). Lines: the
-    /// packed input and output, if any rank's are strided (else none).
+    /// place (then the workspace only carries the barriers). Lines: room to
+    /// pack this rank's input and output (whether a rank's are strided is
+    /// its own business: the small messages the lines take make the room
+    /// cheaper than exchanging that fact, which would cost every call its
+    /// cached agreement).
     fn lay_out(&mut self) {
         let mut layout = Layout::default();
         (self.staged, self.packed) = match self.path {
             GatherPath::CopyEngines if self.in_place.iter().all(|&p| p) => (0, None),
             GatherPath::CopyEngines => (layout.region(self.staged_bytes), None),
-            GatherPath::Lines if self.contiguous.iter().all(|&c| c) => (0, None),
             GatherPath::Lines => (0, Some((layout.region(self.staged_bytes), layout.region(self.gathered_bytes)))),
         };
         self.workspace = layout.bytes();
@@ -229,14 +226,13 @@ impl Prepared for LcPrepared {
 
     fn all_reduce_bytes(&self) -> usize {
         match self.path {
-            GatherPath::Lines => AllReduceLayout::bytes_for(self.staged_bytes, self.contiguous.len()),
+            GatherPath::Lines => AllReduceLayout::bytes_for(self.staged_bytes, self.world),
             GatherPath::CopyEngines => 0,
         }
     }
 
     fn agreed_by(&mut self, all: &[Signature]) {
         self.in_place = all.iter().map(|s| s.local_value(IN_PLACE) == Some("true")).collect();
-        self.contiguous = all.iter().map(|s| s.local_value(CONTIGUOUS) == Some("true")).collect();
         self.lay_out();
     }
 
@@ -316,9 +312,9 @@ mod tests {
         let e = call(&[4, 3]).prepare(3, None, GatherPath::Lines).err().unwrap();
         assert_eq!(e.msg, "output.shape is [4, 3]; expected [6, 3]");
         assert_eq!(call(&[6, 3]).prepare(3, None, GatherPath::CopyEngines).ok().unwrap().workspace, 6);
-        // The lines need no workspace for contiguous arrays.
+        // The lines: room to pack the input (6 bytes) and output (18).
         let p = call(&[6, 3]).prepare(3, None, GatherPath::Lines).ok().unwrap();
-        assert_eq!((p.workspace, p.all_reduce_bytes()), (0, AllReduceLayout::bytes_for(6, 3)));
+        assert_eq!((p.workspace >= 24, p.all_reduce_bytes()), (true, AllReduceLayout::bytes_for(6, 3)));
     }
 
     /// 3 MiB per rank gathered from symmetric memory needs no more than the
@@ -567,27 +563,31 @@ mod tests {
         let outs = on_each(&groups, |r, g| {
             let buf = Buffer::create(g, 4 * 6).unwrap();
             let h = rendezvous(&buf).unwrap();
-            // Logical [2, 3] of value 10 * rank + (row * 3 + col): row-major
-            // on rank 0, column-major (strides [1, 2]) on rank 1.
-            let strides = if r == 0 { vec![3, 1] } else { vec![1, 2] };
             // SAFETY: the buffer holds 6 f32.
             let mem = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut f32, 6) };
-            for (i, j) in (0..2).flat_map(|i| (0..3).map(move |j| (i, j))) {
-                mem[i * strides[0] + j * strides[1]] = (10 * r + i * 3 + j) as f32;
-            }
-            let input = Array { addr: buf.addr(), dtype: DType::F32, shape: vec![2, 3], strides };
             let mut out = vec![0f32; 12];
             let output = Array::contiguous(out.as_mut_ptr() as u64, DType::F32, &[4, 3]);
-            for _ in 0..2 {
-                // The second call reuses the agreement.
+            let mut got = Vec::new();
+            // Logical [2, 3] of value 10 * rank + (row * 3 + col): row-major
+            // on rank 0; on rank 1 column-major (strides [1, 2]), then
+            // row-major, then column-major again. Rank 0 repeats its call
+            // while rank 1 changes its own: a cached agreement on rank 0
+            // alone would leave rank 1 exchanging by itself.
+            for call in 0..3 {
+                let strides = if r == 0 || call == 1 { vec![3, 1] } else { vec![1, 2] };
+                for (i, j) in (0..2).flat_map(|i| (0..3).map(move |j| (i, j))) {
+                    mem[i * strides[0] + j * strides[1]] = (10 * r + i * 3 + j) as f32;
+                }
+                let input = Array { addr: buf.addr(), dtype: DType::F32, shape: vec![2, 3], strides };
                 out.fill(0.0);
-                lc_allgather(g, Ok(LcAllgather { input: input.clone(), output: output.clone() }), Stream(0)).unwrap();
+                lc_allgather(g, Ok(LcAllgather { input, output: output.clone() }), Stream(0)).unwrap();
+                got.push(out.clone());
             }
             drop(h);
-            out
+            got
         });
         let want: Vec<f32> = (0..12).map(|i| (10 * (i / 6) + i % 6) as f32).collect();
-        assert_eq!(outs, vec![want.clone(), want]);
+        assert_eq!(outs, vec![vec![want.clone(); 3], vec![want; 3]]);
         groups.iter().for_each(|g| g.release_scratch());
     }
 }
