@@ -10,9 +10,10 @@
 //! The exchange is a round trip through the bootstrap, too slow to repeat
 //! on every call of a GPU pipeline, so a signature that every rank sent
 //! identically is cached (`state`) and a later call with the same
-//! signature skips the exchange, unless it carries per-rank facts
-//! (`Signature::local`), which a peer may change while this rank does not.
-//! The trade-off: after a signature has been
+//! signature skips the exchange. (So every argument a peer must know is one
+//! every rank passes alike: a fact that may differ between ranks could
+//! change on a peer while this rank repeats its cached call.) The
+//! trade-off: after a signature has been
 //! agreed, a rank that alone changes its call, or fails locally while its
 //! peers' identical calls skip the exchange, is no longer reported here;
 //! the peers then wait at the operation's first signal and fail with
@@ -28,7 +29,6 @@ use crate::error::{err, Error, Result};
 use crate::group::Group;
 use crate::wire::{Reader, Writer};
 use std::fmt::Display;
-use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Field {
@@ -40,10 +40,6 @@ struct Field {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Signature {
     fields: Vec<Field>,
-    /// Facts about this rank's call that may differ between ranks but
-    /// that the peers must know (how to read its input), exchanged with
-    /// the fields and kept with the agreement.
-    local: Vec<Field>,
 }
 
 impl Signature {
@@ -57,35 +53,19 @@ impl Signature {
         self
     }
 
-    /// A fact of this rank's call that the peers learn but need not share.
-    pub fn local(mut self, name: impl Into<String>, value: impl Display) -> Signature {
-        self.local.push(Field { name: name.into(), value: value.to_string() });
-        self
-    }
-
-    /// The value of the per-rank fact `name` (see [`Signature::local`]).
-    pub fn local_value(&self, name: &str) -> Option<&str> {
-        self.local.iter().find(|f| f.name == name).map(|f| f.value.as_str())
-    }
-
     fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new();
-        for fields in [&self.fields, &self.local] {
-            w = w.u32(fields.len() as u32);
-            for f in fields {
-                w = w.str(&f.name).str(&f.value);
-            }
+        let mut w = Writer::new().u32(self.fields.len() as u32);
+        for f in &self.fields {
+            w = w.str(&f.name).str(&f.value);
         }
         w.finish()
     }
 
     fn decode(b: &[u8]) -> Result<Signature> {
         let mut r = Reader::new(b, "call signature");
-        let mut read = || -> Result<Vec<Field>> {
-            let n = r.u32()?;
-            (0..n).map(|_| Ok(Field { name: r.str()?, value: r.str()? })).collect()
-        };
-        Ok(Signature { fields: read()?, local: read()? })
+        let n = r.u32()?;
+        let fields = (0..n).map(|_| Ok(Field { name: r.str()?, value: r.str()? })).collect::<Result<_>>()?;
+        Ok(Signature { fields })
     }
 
     fn get(&self, name: &str) -> Option<&str> {
@@ -94,11 +74,10 @@ impl Signature {
 }
 
 /// The outcome of an agreement: whether the signature was agreed for the
-/// first time, and every rank's signature (in rank order).
+/// first time.
 #[derive(Debug)]
 pub struct Agreed {
     pub first: bool,
-    pub all: Arc<Vec<Signature>>,
 }
 
 /// Collective: agrees on a call. `sig` is this rank's signature (`None`
@@ -107,28 +86,23 @@ pub struct Agreed {
 pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<Agreed> {
     let encoded = sig.map(Signature::encode);
     let state = state::of(group);
-    // A signature with per-rank facts is agreed on every call: a peer's
-    // facts may have changed while this rank's did not.
-    let cached = !group.check_args_always() && sig.is_some_and(|s| s.local.is_empty());
-    if let Some(bytes) = encoded.as_ref().filter(|_| cached) {
-        let before = state.agreed_call(bytes);
-        if let Some(all) = before {
+    if let Some(bytes) = &encoded {
+        if !group.check_args_always() && state.is_agreed(bytes) {
             // Peers making this call skip the exchange as well and go on
             // to wait for this rank, which will not come: the group fails,
             // so that they stop waiting (see the module's trade-off).
             if let (Err(e), true) = (&local, group.world() > 1) {
                 group.fail(&e.clone().context("a call whose arguments the ranks had agreed on failed here"));
             }
-            return local.map(|()| Agreed { first: false, all });
+            return local.map(|()| Agreed { first: false });
         }
     }
     let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));
     let all = group.exchange(payload)?;
     let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
     check_same(&sigs)?;
-    let sigs = Arc::new(sigs);
-    let first = state.mark_agreed(all[group.rank()].clone(), sigs.clone());
-    Ok(Agreed { first, all: sigs })
+    let first = state.mark_agreed(all[group.rank()].clone());
+    Ok(Agreed { first })
 }
 
 /// As [`agree`] for a group spanning hosts, every call (its operations

@@ -29,18 +29,18 @@
 //! of the same symmetric buffer, or in ordinary memory on every rank.
 //! (Peers then know where to read without an exchange per call, which copy
 //! engines reading a cached call need; PyTorch's rendezvous of the tensor
-//! is collective for the same reason.) Strides may differ between ranks,
-//! so whether a rank's symmetric input is contiguous is a per-rank fact of
-//! the signature (`Signature::local`): the peers learn it with the
-//! agreement, made on every such call, and read each rank in place or from
-//! its workspace. Barriers before and
+//! is collective for the same reason.) Whether the input is contiguous
+//! there, and so read in place, is agreed too: ranks whose symmetric inputs
+//! differ in that fail with `Mismatch` (a fact allowed to differ could
+//! change on one rank while another repeats a call whose agreement it
+//! keeps). Barriers before and
 //! after the pulls keep a rank from reading an input before its owner
 //! wrote it, or after its owner returned and may overwrite it.
 
 use super::agree::Signature;
 use super::decide::{decide_lc_allgather, Facts, GatherPath};
 use super::state::Scratch;
-use super::symmetric::SymmetricPlace;
+use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Prepared};
 use crate::array::Array;
@@ -50,7 +50,7 @@ use crate::group::Group;
 use std::sync::Arc;
 
 /// One rank's call, as read from the caller.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LcAllgather {
     pub input: Array,
     pub output: Array,
@@ -75,33 +75,28 @@ pub(crate) fn lc_allgather_by(
         return super::across_hosts::lc_allgather(group, call, stream);
     }
     let facts = Facts::of(group);
-    let prepared = call.map(|c| {
-        // A symmetric input is read in place from every rank whose input
-        // there is contiguous.
-        let symmetric = SymmetricPlace::holding(group, &c.input);
+    // A contiguous input in symmetric memory is read in place (copy
+    // engines), on every rank alike: where it lies is agreed.
+    let (placed, symmetric) = Placed::of(group, call, |c| &c.input);
+    let prepare = |Placed { call: c, .. }: Placed<LcAllgather>| {
         let bytes = c.input.numel().saturating_mul(c.input.dtype.size());
         let decision = decide_lc_allgather(&facts, bytes, path);
         let sig = c.signature(symmetric.as_ref()).arg("path", decision.as_ref().map_or("undecided", |d| d.path.name()));
         (sig, decision.and_then(|d| c.prepare(facts.world, symmetric, d.path)))
-    });
-    super::run(group, stream, prepared)
+    };
+    match path {
+        // A call made again reuses its preparation (`memo`).
+        None => super::run_prepared(group, stream, placed, prepare),
+        Some(_) => super::run(group, stream, placed.map(prepare)),
+    }
 }
-
-/// The per-rank fact of the signature of an input in symmetric memory:
-/// whether this rank's is read in place (copy engines). (Per-rank facts
-/// cost the call its cached agreement, so ordinary inputs carry none.)
-const IN_PLACE: &str = "input read in place";
 
 impl LcAllgather {
     pub(super) fn signature(&self, symmetric: Option<&SymmetricPlace>) -> Signature {
-        let sig = Signature::new("lc_allgather")
+        Signature::new("lc_allgather")
             .arg("input.dtype", self.input.dtype)
             .arg("input.shape", shape_text(&self.input.shape))
-            .arg("input memory", SymmetricPlace::describe(symmetric));
-        match symmetric {
-            Some(_) => sig.local(IN_PLACE, self.input.is_contiguous()),
-            None => sig,
-        }
+            .arg("input memory", SymmetricPlace::describe(symmetric))
     }
 
     /// The checks of every gather, on one host or across hosts; the
@@ -119,11 +114,12 @@ impl LcAllgather {
     fn prepare(self, world: usize, symmetric: Option<SymmetricPlace>, path: GatherPath) -> Result<LcPrepared> {
         let staged_bytes = self.check(world)?;
         let gathered_bytes = check::mul(staged_bytes, world, "the gathered input")?;
+        let in_place = symmetric.is_some();
         let mut p = LcPrepared {
             call: self,
             path,
             symmetric,
-            in_place: vec![false; world],
+            in_place,
             world,
             staged_bytes,
             gathered_bytes,
@@ -144,8 +140,8 @@ struct LcPrepared {
     path: GatherPath,
     /// Where every rank's input lies in symmetric memory, if it does.
     symmetric: Option<SymmetricPlace>,
-    /// By rank: whether its input is read in place there (agreed).
-    in_place: Vec<bool>,
+    /// Whether every rank's input is read in place there (agreed).
+    in_place: bool,
     world: usize,
     staged_bytes: usize,
     /// `world` inputs.
@@ -169,7 +165,7 @@ impl LcPrepared {
     fn lay_out(&mut self) {
         let mut layout = Layout::default();
         (self.staged, self.packed) = match self.path {
-            GatherPath::CopyEngines if self.in_place.iter().all(|&p| p) => (0, None),
+            GatherPath::CopyEngines if self.in_place => (0, None),
             GatherPath::CopyEngines => (layout.region(self.staged_bytes), None),
             GatherPath::Lines => (0, Some((layout.region(self.staged_bytes), layout.region(self.gathered_bytes)))),
         };
@@ -231,11 +227,6 @@ impl Prepared for LcPrepared {
         }
     }
 
-    fn agreed_by(&mut self, all: &[Signature]) {
-        self.in_place = all.iter().map(|s| s.local_value(IN_PLACE) == Some("true")).collect();
-        self.lay_out();
-    }
-
     fn replay_key(&self) -> String {
         format!(
             "{:?} by {:?} in place {:?} on ranks {:?} staged {} packed {:?}",
@@ -250,7 +241,7 @@ impl Prepared for LcPrepared {
         let LcAllgather { input, output } = &self.call;
         let source = |r: usize| -> Result<Array> {
             let addr = match &self.symmetric {
-                Some(place) if self.in_place[r] => place.on(r)?,
+                Some(place) if self.in_place => place.on(r)?,
                 _ => ex.at(r, self.staged)?,
             };
             Ok(Array::contiguous(addr, input.dtype, &input.shape))
@@ -263,7 +254,7 @@ impl Prepared for LcPrepared {
         // stream, beside the staging copy and the pulls (a small one is not
         // worth the two extra driver calls of the fork).
         let direct = input.is_contiguous() || own.is_contiguous();
-        let stage = !self.in_place[me];
+        let stage = !self.in_place;
         if stage && !direct {
             ex.copy(&source(me)?, input)?;
         }
@@ -299,6 +290,7 @@ mod tests {
     use super::*;
     use crate::array::DType;
     use crate::buffer::{rendezvous, Buffer};
+    use crate::error::ErrorKind;
     use crate::ops::testing::{host_groups, on_each};
 
     #[test]
@@ -558,36 +550,45 @@ mod tests {
     /// differ per rank (the header allows it): agreed, not a mismatch; the
     /// contiguous rank is read in place, the strided one is staged.
     #[test]
-    fn strides_may_differ_between_ranks_in_symmetric_memory() {
+    fn symmetric_inputs_agree_on_being_read_in_place() {
         let groups = host_groups(2);
         let outs = on_each(&groups, |r, g| {
             let buf = Buffer::create(g, 4 * 6).unwrap();
             let h = rendezvous(&buf).unwrap();
             // SAFETY: the buffer holds 6 f32.
             let mem = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut f32, 6) };
-            let mut out = vec![0f32; 12];
+            let mut out = vec![-1f32; 12];
             let output = Array::contiguous(out.as_mut_ptr() as u64, DType::F32, &[4, 3]);
             let mut got = Vec::new();
-            // Logical [2, 3] of value 10 * rank + (row * 3 + col): row-major
-            // on rank 0; on rank 1 column-major (strides [1, 2]), then
-            // row-major, then column-major again. Rank 0 repeats its call
-            // while rank 1 changes its own: a cached agreement on rank 0
-            // alone would leave rank 1 exchanging by itself.
-            for call in 0..3 {
-                let strides = if r == 0 || call == 1 { vec![3, 1] } else { vec![1, 2] };
+            // Logical [2, 3] of value 10 * rank + (row * 3 + col), row-major
+            // or column-major (strides [1, 2]): row-major on rank 0 only,
+            // twice: a mismatch on both ranks each time, nothing written;
+            // then column-major on every rank, row-major on every rank,
+            // column-major again (each read where it lies or staged, as
+            // agreed, the last call's agreement kept from the first).
+            for (call, column_major) in [(0, [false, true]), (1, [true, true]), (2, [false, false]), (3, [true, true])]
+            {
+                let strides = if column_major[r] { vec![1, 2] } else { vec![3, 1] };
                 for (i, j) in (0..2).flat_map(|i| (0..3).map(move |j| (i, j))) {
                     mem[i * strides[0] + j * strides[1]] = (10 * r + i * 3 + j) as f32;
                 }
                 let input = Array { addr: buf.addr(), dtype: DType::F32, shape: vec![2, 3], strides };
-                out.fill(0.0);
-                lc_allgather(g, Ok(LcAllgather { input, output: output.clone() }), Stream(0)).unwrap();
-                got.push(out.clone());
+                for _ in 0..1 + usize::from(call == 0) {
+                    out.fill(-1.0);
+                    let res =
+                        lc_allgather(g, Ok(LcAllgather { input: input.clone(), output: output.clone() }), Stream(0));
+                    got.push((res.map_err(|e| e.kind), out.clone()));
+                }
             }
             drop(h);
             got
         });
         let want: Vec<f32> = (0..12).map(|i| (10 * (i / 6) + i % 6) as f32).collect();
-        assert_eq!(outs, vec![vec![want.clone(); 3], vec![want; 3]]);
+        for got in outs {
+            let (results, values): (Vec<_>, Vec<_>) = got.into_iter().unzip();
+            assert_eq!(results, [Err(ErrorKind::Mismatch), Err(ErrorKind::Mismatch), Ok(()), Ok(()), Ok(())]);
+            assert_eq!(values, [vec![-1.0; 12], vec![-1.0; 12], want.clone(), want.clone(), want.clone()]);
+        }
         groups.iter().for_each(|g| g.release_scratch());
     }
 }

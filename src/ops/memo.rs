@@ -6,10 +6,10 @@
 //!
 //! Safe where an operation's preparation reads nothing but its arguments
 //! and the group's fixed properties (its agreed settings included):
-//! `fused_ag_mm`, and `mm_rs` and `all_reduce` keyed with where their
-//! symmetric tensor lies (`symmetric::Placed`); `lc_allgather`'s depends on
-//! which of its peers' buffers are live, so it is prepared every time. A prepared call stands for a signature every rank
-//! agreed on: it is kept after the agreement, found under the collective
+//! `fused_ag_mm`, and `mm_rs`, `all_reduce` and `lc_allgather` keyed with
+//! where their symmetric tensor lies (`symmetric::Placed`). A prepared call
+//! stands for a signature every rank agreed on: it is kept after the
+//! agreement, found under the collective
 //! lock, and forgotten whenever the group forgets its agreed signatures, so
 //! a call that skips the agreement here is one whose agreement every peer
 //! skips too. Not used when the group checks arguments on every call.

@@ -104,12 +104,6 @@ trait Prepared {
     fn decided(&self) -> Option<String> {
         None
     }
-    /// Learns every rank's signature once the ranks agreed (operations
-    /// whose signature has per-rank facts, `Signature::local`), before
-    /// `workspace_bytes` and `execute`.
-    fn agreed_by(&mut self, all: &[Signature]) {
-        let _ = all;
-    }
 }
 
 /// `sig` with the algorithm the call runs (`Err`: the call failed here, and
@@ -125,8 +119,7 @@ fn with_algorithm<E>(sig: Signature, algorithm: std::result::Result<Algorithm, E
 fn run<P: Prepared>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
-    let (mut p, agreement) = agreed(group, prepared)?;
-    p.agreed_by(&agreement.all);
+    let (p, _) = agreed(group, prepared)?;
     launch(group, stream, &p, &|_, make| make())
 }
 

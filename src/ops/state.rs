@@ -3,12 +3,11 @@
 //! the call signatures every rank agreed on, and the calls prepared under
 //! them (see `agree` and `memo`).
 
-use super::agree::Signature;
 use crate::buffer::Handle;
 use crate::group::{Attachment, Group};
 use crate::sync::lock;
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// The symmetric buffers the operations keep per group.
@@ -51,7 +50,7 @@ pub struct OpsState {
     /// follow an exchange all ranks took part in), so the sets stay equal.
     /// Keyed by this rank's encoded signature; each keeps every rank's
     /// signature, whose per-rank fields (`Signature::local`) may differ.
-    agreed: Mutex<HashMap<Vec<u8>, Arc<Vec<Signature>>>>,
+    agreed: Mutex<HashSet<Vec<u8>>>,
     /// Prepared calls by a hash of their arguments. Each stands for a
     /// signature in `agreed`, so both are emptied together.
     prepared: Mutex<HashMap<u64, Vec<Prepared>>>,
@@ -80,27 +79,21 @@ pub fn of(group: &Group) -> Arc<OpsState> {
 
 impl OpsState {
     /// Whether every rank agreed on this signature before.
-    #[cfg(test)]
     pub fn is_agreed(&self, signature: &[u8]) -> bool {
-        self.agreed_call(signature).is_some()
+        lock(&self.agreed).contains(signature)
     }
 
-    /// Every rank's signature, if the ranks agreed on this one before.
-    pub fn agreed_call(&self, signature: &[u8]) -> Option<Arc<Vec<Signature>>> {
-        lock(&self.agreed).get(signature).cloned()
-    }
-
-    /// Records a signature every rank just agreed on, with every rank's
-    /// (call on every rank, right after the exchange that showed the
-    /// agreement); whether it is new.
-    pub fn mark_agreed(&self, signature: Vec<u8>, all: Arc<Vec<Signature>>) -> bool {
+    /// Records a signature every rank just agreed on (call on every rank,
+    /// right after the exchange that showed the agreement); whether it is
+    /// new.
+    pub fn mark_agreed(&self, signature: Vec<u8>) -> bool {
         let mut agreed = lock(&self.agreed);
         if agreed.len() >= MAX_AGREED {
             agreed.clear();
             // A prepared call skips the agreement as its signature is agreed.
             lock(&self.prepared).clear();
         }
-        agreed.insert(signature, all).is_none()
+        agreed.insert(signature)
     }
 
     /// The calls prepared under `hash` (see [`OpsState::keep_prepared`]).
@@ -151,11 +144,11 @@ mod tests {
         assert_eq!(s.prepared(7).len(), 2);
         assert!(s.prepared(8).is_empty());
         for i in 0..MAX_AGREED {
-            assert!(s.mark_agreed(i.to_le_bytes().to_vec(), Arc::default()));
-            assert!(i + 1 == MAX_AGREED || !s.mark_agreed(i.to_le_bytes().to_vec(), Arc::default()), "agreed before");
+            assert!(s.mark_agreed(i.to_le_bytes().to_vec()));
+            assert!(i + 1 == MAX_AGREED || !s.mark_agreed(i.to_le_bytes().to_vec()), "agreed before");
         }
         assert_eq!(of(&g).prepared(7).len(), 2, "the agreed set has not wrapped yet");
-        s.mark_agreed(b"one more".to_vec(), Arc::default());
+        s.mark_agreed(b"one more".to_vec());
         assert!(s.prepared(7).is_empty());
         assert!(s.is_agreed(b"one more") && !s.is_agreed(&0usize.to_le_bytes()));
     }
