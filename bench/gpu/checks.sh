@@ -5,8 +5,10 @@
 #   bash bench/gpu/checks.sh [CHECK...]     (default: every check below)
 # Checks: lib (the library's GPU unit tests, or those SYMM_LIB_FILTER names), cuda (test_cuda + test_cuda_fused,
 # SYMM_CUDA_ROUNDS fresh processes, default 1), hosts (test_cuda_hosts), torch
-# (test_torch_cuda), allreduce (bench_allreduce.py, world 2), ar_profile
+# (test_torch_cuda), allreduce (bench_allreduce.py), ar_profile
 # (probes/allreduce_profile.py), host_overhead, families (bench_families.py),
+# ops_check (every operation against the host backend), bench (bench_ops.py);
+# allreduce, ops_check, bench and families at SYMM_WORLD ranks (default 2);
 # hosts_bench (bench_hosts.py, world 2: NCCL's network transport, then its
 # default; SYMM_HOSTS_BENCH_ARGS, e.g. --quick; then the results JSON
 # <date>-<kind>-w2-<commit>-hosts.json; not in the default list).
@@ -19,6 +21,7 @@ root=$PWD
 export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
 bash bench/gpu/unpack.sh
 ngpu=$(nvidia-smi -L | wc -l)
+world=${SYMM_WORLD:-2}  # ranks of allreduce, ops_check, bench and families
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpus.txt"
 echo "commit $(cat bundle/commit)" >>"$OUT/gpus.txt"
 fail=0
@@ -43,8 +46,10 @@ for c in $checks; do
         done ;;
     hosts) step hosts timeout 300 python3 -m pytest -q python/tests/test_cuda_hosts.py ;;
     torch) step torch timeout 600 python3 -m pytest -q python/tests/test_torch_cuda.py ;;
-    allreduce) step allreduce timeout 600 torchrun --nproc-per-node 2 bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-} ;;
+    allreduce) step allreduce timeout 600 torchrun --nproc-per-node "$world" bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-} ;;
     ar_profile) step ar_profile timeout 300 torchrun --nproc-per-node 2 bench/probes/allreduce_profile.py ${SYMM_AR_PROFILE_ARGS:-} ;;
+    ops_check) step ops_check timeout 300 python3 bench/gpu/ops_check.py --world "$world" --gpus "$world" ;;
+    bench) step bench timeout "${SYMM_BENCH_TIMEOUT:-300}" torchrun --nproc-per-node "$world" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-} ;;
     host_overhead) step host_overhead timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)" ;;
     hosts_bench)
         for t in network default; do
@@ -53,7 +58,7 @@ for c in $checks; do
                 bench/gpu/bench_hosts.py --out "$OUT" --transport "$t" ${SYMM_HOSTS_BENCH_ARGS:-}
         done
         step hosts_collect python3 bench/gpu/collect.py "$OUT/hosts_bench.txt" "$OUT" "$(cat bundle/commit)" ;;
-    families) step families timeout "${SYMM_FAMILIES_TIMEOUT:-480}" torchrun --nproc-per-node 2 bench/bench_families.py --out "$OUT" ${SYMM_FAMILIES_ARGS:-} ;;
+    families) step families timeout "${SYMM_FAMILIES_TIMEOUT:-480}" torchrun --nproc-per-node "$world" bench/bench_families.py --out "$OUT" ${SYMM_FAMILIES_ARGS:-} ;;
     *) echo "unknown check $c" | tee -a "$OUT/steps.txt"; fail=1 ;;
     esac
 done
