@@ -46,7 +46,7 @@ def fp8_checks(g, rank, world):
             (sb,) = [s.abs() + 0.25 for s in inputs(9, 1, (1, 48) if row_wise else (1,), torch.float32)]
             (bias,) = inputs(10, 1, (48,), bf16)
             out = symm.fused_ag_mm(g, shards[rank].cuda(), w.cuda().t(), dim, a_scale=sa[rank].cuda(),
-                                   b_scales=sb.cuda(), biases=bias.cuda())
+                                   b_scales=sb.cuda(), biases=bias.cuda(), out_dtype=bf16)
             gathered = torch.cat([s.double() * t.double() for s, t in zip(shards, sa)], dim=dim)
             e = rel(out, gathered @ (w.double().t() * sb.double()) + bias.double())
             if not e < TOL[bf16]:
@@ -58,7 +58,7 @@ def fp8_checks(g, rank, world):
             sb = [s.abs() + 0.25 for s in inputs(14, world, (1, 16 * world) if row_wise else (1,), torch.float32)]
             bias = inputs(15, world, (16 * world,), bf16)
             got = symm.mm_rs(g, a[rank].cuda(), w[rank].cuda().t(), dim, a_scale=sa[rank].cuda(),
-                             b_scale=sb[rank].cuda(), bias=bias[rank].cuda())
+                             b_scale=sb[rank].cuda(), bias=bias[rank].cuda(), out_dtype=bf16)
             total = sum((x.double() * s.double()) @ (y.double().t() * t.double()) + c.double()
                         for x, y, s, t, c in zip(a, w, sa, sb, bias))
             e = rel(got, torch.chunk(total, world, dim=dim)[rank])

@@ -1,7 +1,7 @@
 """fp8 fused_ag_mm / mm_rs (bf16 outputs, tensor-wise scales) at a given
 world, each of symm's algorithms, with and without a bias: relative error
-against float64, to find which path ops_check's fp8 failures at world 4
-come from. Processes as ops_check.py runs them:
+against float64, which found ops_check's fp8 failures at world 4 (and 2) to
+be its own: outputs allocated without out_dtype are fp8, as torch's. Processes as ops_check.py runs them:
 
     python3 bench/probes/fp8_world_probe.py --world 4 --gpus 4
 """
@@ -30,7 +30,7 @@ def rank_main(rank, world, gpus, uid):
             sa = torch.tensor([0.75])
             sb = torch.tensor([1.25])
             (bias,) = inputs(10, 1, (48,), torch.bfloat16)
-            kw = dict(a_scale=sa.cuda(), b_scales=sb.cuda(), algorithm=algorithm)
+            kw = dict(a_scale=sa.cuda(), b_scales=sb.cuda(), algorithm=algorithm, out_dtype=torch.bfloat16)
             if with_bias:
                 kw["biases"] = bias.cuda()
             try:
@@ -43,7 +43,7 @@ def rank_main(rank, world, gpus, uid):
             a = fp8(11, world, (8, 12, 32))
             w2 = fp8(12, world, (16 * world, 32))
             bias2 = inputs(15, world, (16 * world,), torch.bfloat16)
-            kw = dict(a_scale=sa.cuda(), b_scale=sb.cuda(), algorithm=algorithm)
+            kw = dict(a_scale=sa.cuda(), b_scale=sb.cuda(), algorithm=algorithm, out_dtype=torch.bfloat16)
             if with_bias:
                 kw["bias"] = bias2[rank].cuda()
             try:
