@@ -49,21 +49,33 @@ impl DeviceModel {
 }
 
 /// The all-reduce's share of the model: kernel latencies of its two
-/// algorithms (the whole call, graph-replayed; calibrated against PyTorch's
-/// one-/two-shot and NCCL on 2 x H100), and the bandwidth its stores reach
-/// over the links.
+/// algorithms (the whole call, graph-replayed) at a tiny message, growing
+/// with the peers each rank signals and polls, and the bandwidth its stores
+/// reach over the links. Calibrated on 4 KB-8 MB at worlds 2 and 4 on H200s
+/// (`bench_allreduce.py`'s forced rows, 2026-11-28): one-shot 5.0 / 7.4 us,
+/// two-shot 10.9 / 14.6 us at 4 KB, crossing near 2 MB and 700 KB.
 #[derive(Clone, Copy, Debug)]
 pub struct AllReduceModel {
-    /// One-shot at a tiny message, microseconds (one launch, one trip).
+    /// One-shot at a tiny message over one peer, microseconds (one launch,
+    /// one trip).
     pub one_shot_us: f64,
-    /// Two-shot at a tiny message, microseconds (two trips).
+    /// Two-shot at a tiny message over one peer, microseconds (two trips).
     pub two_shot_us: f64,
+    /// Each further peer's cost at a tiny message, one-shot and two-shot.
+    pub one_shot_per_peer_us: f64,
+    pub two_shot_per_peer_us: f64,
     /// Peer store bandwidth of the SM copies, GB/s per rank.
     pub push_gbps: f64,
 }
 
 impl AllReduceModel {
-    pub const HOPPER: AllReduceModel = AllReduceModel { one_shot_us: 3.0, two_shot_us: 6.0, push_gbps: 360.0 };
+    pub const HOPPER: AllReduceModel = AllReduceModel {
+        one_shot_us: 5.0,
+        two_shot_us: 10.5,
+        one_shot_per_peer_us: 1.2,
+        two_shot_per_peer_us: 2.1,
+        push_gbps: 360.0,
+    };
 }
 
 /// The predicted time (ms) of an all-reduce of `bytes` per rank over
@@ -74,8 +86,11 @@ impl AllReduceModel {
 pub fn all_reduce(bytes: usize, world: usize, m: &AllReduceModel, d: &DeviceModel) -> (f64, f64) {
     let (b, peers) = (bytes as f64, world.saturating_sub(1) as f64);
     let link = m.push_gbps * 1e6; // bytes per ms
-    let one = m.one_shot_us / 1e3 + 2.0 * b * peers / link;
-    let two = m.two_shot_us / 1e3 + 2.0 * b * peers / world as f64 / link + b / (d.hbm_gbps * 1e6);
+    let more = (peers - 1.0).max(0.0);
+    let one = (m.one_shot_us + more * m.one_shot_per_peer_us) / 1e3 + 2.0 * b * peers / link;
+    let two = (m.two_shot_us + more * m.two_shot_per_peer_us) / 1e3
+        + 2.0 * b * peers / world as f64 / link
+        + b / (d.hbm_gbps * 1e6);
     (one, two)
 }
 
@@ -307,6 +322,22 @@ pub fn best(estimates: &[Estimate], fused_preferred: bool) -> Estimate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-shot while it was measured faster (worlds 2 and 4, H200s,
+    /// graph-replayed), the two-shot past that.
+    #[test]
+    fn all_reduce_crosses_over_where_measured() {
+        let one_shot = |bytes, world| {
+            let (one, two) = all_reduce(bytes, world, &AllReduceModel::HOPPER, &DeviceModel::HOPPER);
+            one < two
+        };
+        // World 2: one-shot 12.0 against 15.1 us at 1 MB, 36.6 against 58 at 8 MB.
+        assert!(one_shot(8 << 10, 2) && one_shot(1 << 20, 2) && !one_shot(4 << 20, 2) && !one_shot(8 << 20, 2));
+        // World 4: 14.2 against 21.6 us at 256 KB, 19.5 against 22.4 at 512 KB, 29.0 against 24.7 at 1 MB.
+        assert!(one_shot(256 << 10, 4) && one_shot(512 << 10, 4) && !one_shot(1 << 20, 4));
+        // More peers: the two-shot sooner.
+        assert!(one_shot(64 << 10, 8) && !one_shot(1 << 20, 8));
+    }
 
     fn prob(m: usize, k: usize, n: usize) -> Problem {
         Problem { m, k, n, world: 2, elem_bytes: 2, fused: false }
