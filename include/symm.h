@@ -673,9 +673,10 @@ symm_status_t symm_mm_rs(symm_group_t group, const symm_tensor_t *a, const symm_
 // dtype (integers included: the bits are copied) and strides (strides may
 // differ between ranks). When `input` is contiguous in a rendezvoused
 // symmetric buffer, the copy engines read it in place; otherwise it is
-// first copied to the group's workspace. Every rank passes the same dtype and shape, and its input
-// either at the same offset of the same symmetric buffer or in ordinary
-// memory (else `SYMM_ERROR_MISMATCH`).
+// first copied to the group's workspace. Every rank passes the same dtype
+// and shape, and its input either contiguous at the same offset of the
+// same symmetric buffer or elsewhere (ordinary memory, or strided) on
+// every rank (else `SYMM_ERROR_MISMATCH`).
 symm_status_t symm_lc_allgather(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *output, void *stream);
 
 // Collective: `output = reduce(input over ranks)`, elementwise, `op`

@@ -195,9 +195,10 @@ pub unsafe extern "C" fn symm_mm_rs(
 /// dtype (integers included: the bits are copied) and strides (strides may
 /// differ between ranks). When `input` is contiguous in a rendezvoused
 /// symmetric buffer, the copy engines read it in place; otherwise it is
-/// first copied to the group's workspace. Every rank passes the same dtype and shape, and its input
-/// either at the same offset of the same symmetric buffer or in ordinary
-/// memory (else `SYMM_ERROR_MISMATCH`).
+/// first copied to the group's workspace. Every rank passes the same dtype
+/// and shape, and its input either contiguous at the same offset of the
+/// same symmetric buffer or elsewhere (ordinary memory, or strided) on
+/// every rank (else `SYMM_ERROR_MISMATCH`).
 #[no_mangle]
 pub unsafe extern "C" fn symm_lc_allgather(
     group: symm_group_t,
