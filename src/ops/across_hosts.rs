@@ -500,18 +500,30 @@ pub(super) mod tests {
     /// (in place, row stride of input and output past the row's length)
     const LAYOUTS: &[(bool, usize)] = &[(false, 0), (false, 3), (true, 0), (true, 2)];
 
-    /// Every rank's output of an all-reduce of `[3, 5]` in `layout`.
-    fn reduce_layout_on(groups: &[Arc<Group>], dtype: DType, op: ReduceOp, layout: (bool, usize)) -> Vec<M> {
-        let (in_place, pad) = layout;
+    /// Every rank's output of an all-reduce of `[3, 5]`, rank r's layout
+    /// `layout(r)`: (in place, input row padding, output row padding).
+    fn reduce_with_layouts(
+        groups: &[Arc<Group>],
+        dtype: DType,
+        op: ReduceOp,
+        layout: impl Fn(usize) -> (bool, usize, usize) + Sync,
+    ) -> Vec<M> {
         let (rows, cols) = (3, 5);
         on_each(groups, |r, g| {
-            let input = M::new(dtype, rows, cols, cols + pad, |i| input_value(dtype, r, i));
-            let output = if in_place { None } else { Some(M::new(dtype, rows, cols, cols + pad + 1, |_| f64::NAN)) };
+            let (in_place, in_pad, out_pad) = layout(r);
+            let input = M::new(dtype, rows, cols, cols + in_pad, |i| input_value(dtype, r, i));
+            let output = (!in_place).then(|| M::new(dtype, rows, cols, cols + out_pad, |_| f64::NAN));
             let out = output.as_ref().unwrap_or(&input).a.clone();
             let call = AllReduce { input: input.a.clone(), output: out, op, norm: None, algorithm: None };
             all_reduce_op(g, Ok(call), Stream(0)).unwrap();
             output.unwrap_or(input)
         })
+    }
+
+    /// Every rank's output of an all-reduce of `[3, 5]` in `layout` (in
+    /// place, padding: the output's one more).
+    fn reduce_layout_on(groups: &[Arc<Group>], dtype: DType, op: ReduceOp, (in_place, pad): (bool, usize)) -> Vec<M> {
+        reduce_with_layouts(groups, dtype, op, |_| (in_place, pad, pad + 1))
     }
 
     /// Every dtype of the one-host op, sum and average, strided and in
@@ -713,16 +725,7 @@ pub(super) mod tests {
     /// Every rank's output of an all-reduce of `[3, 5]`, rank r in
     /// `RANK_LAYOUTS[(r + shift) % len]`.
     fn reduce_mixed_on(groups: &[Arc<Group>], dtype: DType, op: ReduceOp, shift: usize) -> Vec<M> {
-        let (rows, cols) = (3, 5);
-        on_each(groups, |r, g| {
-            let (in_place, in_pad, out_pad) = RANK_LAYOUTS[(r + shift) % RANK_LAYOUTS.len()];
-            let input = M::new(dtype, rows, cols, cols + in_pad, |i| input_value(dtype, r, i));
-            let output = (!in_place).then(|| M::new(dtype, rows, cols, cols + out_pad, |_| f64::NAN));
-            let out = output.as_ref().unwrap_or(&input).a.clone();
-            let call = AllReduce { input: input.a.clone(), output: out, op, norm: None, algorithm: None };
-            all_reduce_op(g, Ok(call), Stream(0)).unwrap();
-            output.unwrap_or(input)
-        })
+        reduce_with_layouts(groups, dtype, op, |r| RANK_LAYOUTS[(r + shift) % RANK_LAYOUTS.len()])
     }
 
     /// Ranks whose layouts differ (some straight into their output, some

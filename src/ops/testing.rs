@@ -29,6 +29,21 @@ pub fn host_groups(world: usize) -> Vec<Arc<Group>> {
     Group::new_local(&vec![0; world], &host_config(false)).unwrap()
 }
 
+/// A CUDA group of `world` ranks on devices 0..world, or None (reported
+/// as skipped) with fewer devices.
+pub fn cuda_groups(world: usize) -> Option<Vec<Arc<Group>>> {
+    if crate::backend::cuda::driver::device_count() < world {
+        crate::backend::cuda::gpu_testing::report_skipped();
+        return None;
+    }
+    let cfg = GroupConfig {
+        backend: Some(BackendChoice::Cuda),
+        timeout: Some(Duration::from_secs(30)),
+        ..Default::default()
+    };
+    Some(Group::new_local(&(0..world as i32).collect::<Vec<_>>(), &cfg).expect("a CUDA group of one rank per GPU"))
+}
+
 /// Runs `f(rank, group)` on every rank at once and collects the results.
 pub fn on_each<T: Send>(groups: &[Arc<Group>], f: impl Fn(usize, &Arc<Group>) -> T + Sync) -> Vec<T> {
     let f = &f;

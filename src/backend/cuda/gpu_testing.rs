@@ -100,6 +100,25 @@ impl Gpu {
         b.write(data);
         b
     }
+
+    /// Writes `bytes` at `addr`, device memory of this GPU's (any
+    /// allocation: symmetric buffers too), and waits for them to land.
+    pub fn write_at(&self, addr: u64, bytes: &[u8]) {
+        self.ctx.bind_to_thread().unwrap();
+        // SAFETY: the caller's device memory of at least `bytes.len()`.
+        check(unsafe { sys::cuMemcpyHtoD_v2(addr, bytes.as_ptr().cast(), bytes.len()) }, "cuMemcpyHtoD").unwrap();
+        // SAFETY: no arguments.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize").unwrap();
+    }
+
+    /// The `len` bytes at `addr` (as `write_at`).
+    pub fn read_at(&self, addr: u64, len: usize) -> Vec<u8> {
+        self.ctx.bind_to_thread().unwrap();
+        let mut v = vec![0u8; len];
+        // SAFETY: as write_at, the other way.
+        check(unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), addr, len) }, "cuMemcpyDtoH").unwrap();
+        v
+    }
 }
 
 impl Drop for Gpu {

@@ -9,28 +9,12 @@
 use super::*;
 use crate::backend::cuda::driver;
 use crate::backend::cuda::gemm::GemmDtype;
-use crate::backend::cuda::gpu_testing::{decode, encode, gpu_on, report_skipped, values, DevBuf, Gpu};
-use crate::backend::BackendChoice;
+use crate::backend::cuda::gpu_testing::{decode, encode, gpu_on, values, DevBuf};
 use crate::buffer::{rendezvous, Buffer};
-use crate::group::GroupConfig;
-use crate::ops::testing::on_each;
+use crate::ops::testing::{cuda_groups, on_each};
 use cudarc::driver::sys;
-use std::time::Duration;
 
 const WORLD: usize = 2;
-
-fn cuda_groups() -> Option<Vec<Arc<Group>>> {
-    if driver::device_count() < WORLD {
-        report_skipped();
-        return None;
-    }
-    let cfg = GroupConfig {
-        backend: Some(BackendChoice::Cuda),
-        timeout: Some(Duration::from_secs(30)),
-        ..Default::default()
-    };
-    Some(Group::new_local(&(0..WORLD as i32).collect::<Vec<_>>(), &cfg).expect("a CUDA group on two GPUs"))
-}
 
 fn gd(d: DType) -> GemmDtype {
     match d {
@@ -97,7 +81,7 @@ fn run(groups: &[Arc<Group>], c: Case) {
                 full[i * step] = v[i];
             }
             let bytes = encode(gd(c.dtype), &full);
-            write_at(&gpu, in_addr, &bytes);
+            gpu.write_at(in_addr, &bytes);
             outbuf.write(&encode(gd(c.dtype), &vec![-1024.0f32; c.n * step]));
             let arr = |addr| Array { addr, dtype: c.dtype, shape: vec![c.n], strides: vec![step] };
             let input = arr(in_addr);
@@ -107,7 +91,7 @@ fn run(groups: &[Arc<Group>], c: Case) {
             gpu.sync();
             g.backend().check_async_error().unwrap();
             let out_addr = if c.place == Place::Same { in_addr } else { outbuf.ptr };
-            let got = decode(gd(c.dtype), &read_at(&gpu, out_addr, c.n * step * size));
+            let got = decode(gd(c.dtype), &gpu.read_at(out_addr, c.n * step * size));
             if step == 2 {
                 assert!(got.iter().skip(1).step_by(2).all(|&x| x == -1024.0), "{what}: a gap was written");
             }
@@ -128,28 +112,12 @@ fn run(groups: &[Arc<Group>], c: Case) {
     }
 }
 
-fn write_at(g: &Gpu, addr: u64, bytes: &[u8]) {
-    g.ctx.bind_to_thread().unwrap();
-    // SAFETY: the caller's device memory of at least `bytes.len()`.
-    driver::check(unsafe { sys::cuMemcpyHtoD_v2(addr, bytes.as_ptr().cast(), bytes.len()) }, "cuMemcpyHtoD").unwrap();
-    // SAFETY: no arguments.
-    driver::check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize").unwrap();
-}
-
-fn read_at(g: &Gpu, addr: u64, len: usize) -> Vec<u8> {
-    g.ctx.bind_to_thread().unwrap();
-    let mut v = vec![0u8; len];
-    // SAFETY: as write_at, the other way.
-    driver::check(unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), addr, len) }, "cuMemcpyDtoH").unwrap();
-    v
-}
-
 const ALGORITHMS: [Option<AllReduceAlgorithm>; 3] =
     [None, Some(AllReduceAlgorithm::OneShot), Some(AllReduceAlgorithm::TwoShot)];
 
 #[test]
 fn gpu_all_reduce_every_dtype_op_size_and_algorithm() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for algorithm in ALGORITHMS {
             for n in [1, 2, 3, 7, 8, 9, 1000, 4097, 65_539, 1 << 20, (5 << 20) + 3] {
@@ -168,7 +136,7 @@ fn gpu_all_reduce_every_dtype_op_size_and_algorithm() {
 
 #[test]
 fn gpu_all_reduce_in_place_strided_and_symmetric() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     for place in [Place::Same, Place::Strided, Place::Symmetric] {
         for algorithm in ALGORITHMS {
             for n in [1, 999, 70_001, 1 << 20] {
@@ -188,7 +156,7 @@ fn gpu_all_reduce_in_place_strided_and_symmetric() {
 /// odd addresses; outputs poisoned, bytes around them checked.
 #[test]
 fn gpu_all_reduce_integers_exact() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     for dtype in [DType::I8, DType::U8, DType::I32, DType::I64] {
         for algorithm in ALGORITHMS {
             for n in [1, 3, 7, 8, 9, 1000, 4097, 65_539, 1 << 20, (3 << 20) + 3] {
@@ -263,7 +231,7 @@ fn run_int(
 /// graphs).
 #[test]
 fn gpu_all_reduce_many_calls_interleaved() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     for round in 0..3 {
         for (n, algorithm) in [
             (4096, Some(AllReduceAlgorithm::OneShot)),
@@ -283,7 +251,7 @@ fn gpu_all_reduce_many_calls_interleaved() {
 /// sized the buffers), replayed with new inputs each time.
 #[test]
 fn gpu_all_reduce_captured_and_replayed() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     for (n, algorithm) in [(4096usize, AllReduceAlgorithm::OneShot), (3 << 20, AllReduceAlgorithm::TwoShot)] {
         let dtype = DType::BF16;
         let replays = 5;
@@ -339,7 +307,7 @@ fn gpu_all_reduce_captured_and_replayed() {
 /// whole 8-byte lines) or after the two-shot, residual_out in place or not.
 #[test]
 fn gpu_all_reduce_rmsnorm() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         for (tokens, hidden) in [(1, 4096), (7, 8192), (64, 4096), (512, 8192), (3, 33), (5, 130)] {
             for algorithm in ALGORITHMS {

@@ -10,46 +10,15 @@
 use super::*;
 use crate::array::DType;
 use crate::backend::cuda::driver;
-use crate::backend::cuda::gpu_testing::{gpu_on, report_skipped, Gpu};
-use crate::backend::{AllReduceAlgorithm, BackendChoice};
+use crate::backend::cuda::gpu_testing::gpu_on;
+use crate::backend::AllReduceAlgorithm;
 use crate::buffer::{rendezvous, Buffer};
-use crate::group::GroupConfig;
-use crate::ops::testing::on_each;
+use crate::ops::testing::{cuda_groups, on_each};
 use crate::ops::{all_reduce, AllReduce, ReduceOp};
 use cudarc::driver::sys;
-use std::time::Duration;
 
 const WORLD: usize = 2;
 const POISON: u8 = 0x5a;
-
-fn cuda_groups() -> Option<Vec<Arc<Group>>> {
-    if driver::device_count() < WORLD {
-        report_skipped();
-        return None;
-    }
-    let cfg = GroupConfig {
-        backend: Some(BackendChoice::Cuda),
-        timeout: Some(Duration::from_secs(30)),
-        ..Default::default()
-    };
-    Some(Group::new_local(&(0..WORLD as i32).collect::<Vec<_>>(), &cfg).expect("a CUDA group on two GPUs"))
-}
-
-fn write_at(g: &Gpu, addr: u64, bytes: &[u8]) {
-    g.ctx.bind_to_thread().unwrap();
-    // SAFETY: the caller's device memory of at least `bytes.len()`.
-    driver::check(unsafe { sys::cuMemcpyHtoD_v2(addr, bytes.as_ptr().cast(), bytes.len()) }, "cuMemcpyHtoD").unwrap();
-    // SAFETY: no arguments.
-    driver::check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize").unwrap();
-}
-
-fn read_at(g: &Gpu, addr: u64, len: usize) -> Vec<u8> {
-    g.ctx.bind_to_thread().unwrap();
-    let mut v = vec![0u8; len];
-    // SAFETY: as write_at, the other way.
-    driver::check(unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), addr, len) }, "cuMemcpyDtoH").unwrap();
-    v
-}
 
 /// Byte `i` of rank `r`'s input in call `c`: never the poison.
 fn byte(r: usize, c: usize, i: usize) -> u8 {
@@ -122,13 +91,13 @@ fn run(groups: &[Arc<Group>], path: Option<GatherPath>, (dtype, rows, cols): (DT
                     host[at(i, j) * e + b] = byte(r, call_no, (i * cols + j) * e + b);
                 }
             }
-            write_at(&gpu, in_addr, &host);
-            write_at(&gpu, outbuf.ptr, &vec![POISON; out_len]);
+            gpu.write_at(in_addr, &host);
+            gpu.write_at(outbuf.ptr, &vec![POISON; out_len]);
             let call = LcAllgather { input: input.clone(), output: output.clone() };
             lc_allgather_by(g, Ok(call), gpu.stream(), path).unwrap_or_else(|err| panic!("{what}: {}", err.msg));
             gpu.sync();
             g.backend().check_async_error().unwrap();
-            let got = read_at(&gpu, outbuf.ptr, out_len);
+            let got = gpu.read_at(outbuf.ptr, out_len);
             let mut want = vec![POISON; out_len];
             for (row, j) in (0..WORLD * rows).flat_map(|row| (0..cols).map(move |j| (row, j))) {
                 let (q, i) = (row / rows, row % rows);
@@ -146,7 +115,7 @@ fn run(groups: &[Arc<Group>], path: Option<GatherPath>, (dtype, rows, cols): (DT
 
 #[test]
 fn gpu_lc_allgather_both_paths_every_dtype_size_and_place() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     for path in [None, Some(GatherPath::Lines), Some(GatherPath::CopyEngines)] {
         for case in CASES {
             for place in PLACES {
@@ -162,7 +131,7 @@ fn gpu_lc_allgather_both_paths_every_dtype_size_and_place() {
 /// takes the copy engines.
 #[test]
 fn gpu_lc_allgather_small_messages_take_the_lines() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     for g in &groups {
         let facts = Facts::of(g);
         for bytes in [64 << 10, 128 << 10, 512 << 10, 2 << 20] {
@@ -183,7 +152,7 @@ fn gpu_lc_allgather_small_messages_take_the_lines() {
         }
         gpu.sync();
         let h = crate::ops::state::of(g).scratch(Scratch::AllReduce).expect("the lines' all-reduce buffer");
-        u32::from_le_bytes(read_at(&gpu, h.buffer().addr(), 4).try_into().unwrap())
+        u32::from_le_bytes(gpu.read_at(h.buffer().addr(), 4).try_into().unwrap())
     });
     assert_eq!(counts, vec![3; WORLD]);
     groups.iter().for_each(|g| g.release_scratch());
@@ -194,7 +163,7 @@ fn gpu_lc_allgather_small_messages_take_the_lines() {
 /// buffer, one call count, no barrier.
 #[test]
 fn gpu_lc_allgather_lines_interleaved_with_all_reduces() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     let (n, rounds) = (70_001usize, 12usize);
     let value = |round: usize, q: usize, i: usize| (i as i32) * 3 + (q as i32) * 1000 + round as i32;
     let ints = |b: Vec<u8>| b.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
@@ -225,8 +194,7 @@ fn gpu_lc_allgather_lines_interleaved_with_all_reduces() {
         gpu.sync();
         g.backend().check_async_error().unwrap();
         for (round, (_, sum, gathered)) in bufs.iter().enumerate() {
-            let (sum, gathered) =
-                (ints(read_at(&gpu, sum.ptr, 4 * n)), ints(read_at(&gpu, gathered.ptr, 4 * WORLD * n)));
+            let (sum, gathered) = (ints(gpu.read_at(sum.ptr, 4 * n)), ints(gpu.read_at(gathered.ptr, 4 * WORLD * n)));
             for (i, &x) in sum.iter().enumerate() {
                 let want = (0..WORLD).map(|q| value(round, q, i)).sum::<i32>();
                 assert_eq!(x, want, "round {round} rank {r} sum {i}");
@@ -244,7 +212,7 @@ fn gpu_lc_allgather_lines_interleaved_with_all_reduces() {
 /// is read on the device.
 #[test]
 fn gpu_lc_allgather_lines_captured_and_replayed() {
-    let Some(groups) = cuda_groups() else { return };
+    let Some(groups) = cuda_groups(WORLD) else { return };
     let n = (256 << 10) + 3; // bytes per rank
     let replays = 5;
     on_each(&groups, |r, g| {
@@ -269,11 +237,11 @@ fn gpu_lc_allgather_lines_captured_and_replayed() {
             driver::check(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), "cuGraphInstantiate").unwrap();
             for k in 0..replays {
                 let v: Vec<u8> = (0..n).map(|i| byte(r, k, i)).collect();
-                write_at(&gpu, inbuf.ptr, &v);
-                write_at(&gpu, outbuf.ptr, &vec![POISON; WORLD * n]);
+                gpu.write_at(inbuf.ptr, &v);
+                gpu.write_at(outbuf.ptr, &vec![POISON; WORLD * n]);
                 driver::check(sys::cuGraphLaunch(exec, s), "cuGraphLaunch").unwrap();
                 gpu.sync();
-                let got = read_at(&gpu, outbuf.ptr, WORLD * n);
+                let got = gpu.read_at(outbuf.ptr, WORLD * n);
                 if let Some(i) = (0..WORLD * n).find(|&i| got[i] != byte(i / n, k, i % n)) {
                     panic!("replay {k} rank {r}: byte {i} is {:#x}", got[i]);
                 }
