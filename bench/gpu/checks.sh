@@ -5,10 +5,11 @@
 #   bash bench/gpu/checks.sh [CHECK...]     (default: every check below)
 # Checks: lib (the library's GPU unit tests, or those SYMM_LIB_FILTER names), cuda (test_cuda + test_cuda_fused,
 # SYMM_CUDA_ROUNDS fresh processes, default 1), hosts (test_cuda_hosts), torch
-# (test_torch_cuda), allreduce (bench_allreduce.py), ar_profile
+# (test_torch_cuda), jax (test_jax_cuda), allreduce (bench_allreduce.py), ar_profile
 # (probes/allreduce_profile.py), host_overhead, families (bench_families.py),
 # ops_check (every operation against the host backend), bench (bench_ops.py);
-# allreduce, ops_check, bench and families at SYMM_WORLD ranks (default 2);
+# every check but hosts, ar_profile and host_overhead at SYMM_WORLD ranks
+# (default 2);
 # hosts_bench (bench_hosts.py, world 2: NCCL's network transport, then its
 # default; SYMM_HOSTS_BENCH_ARGS, e.g. --quick; then the results JSON
 # <date>-<kind>-w2-<commit>-hosts.json; not in the default list).
@@ -21,7 +22,8 @@ root=$PWD
 export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
 bash bench/gpu/unpack.sh
 ngpu=$(nvidia-smi -L | wc -l)
-world=${SYMM_WORLD:-2}  # ranks of allreduce, ops_check, bench and families
+world=${SYMM_WORLD:-2}
+export SYMM_TEST_WORLD=$world  # the GPU tests' world
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpus.txt"
 echo "commit $(cat bundle/commit)" >>"$OUT/gpus.txt"
 fail=0
@@ -46,6 +48,7 @@ for c in $checks; do
         done ;;
     hosts) step hosts timeout 300 python3 -m pytest -q python/tests/test_cuda_hosts.py ;;
     torch) step torch timeout 600 python3 -m pytest -q python/tests/test_torch_cuda.py ;;
+    jax) step jax env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 timeout 300 python3 -m pytest -q python/tests/test_jax_cuda.py ;;
     allreduce) step allreduce timeout 600 torchrun --nproc-per-node "$world" bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-} ;;
     ar_profile) step ar_profile timeout 300 torchrun --nproc-per-node 2 bench/probes/allreduce_profile.py ${SYMM_AR_PROFILE_ARGS:-} ;;
     ops_check) step ops_check timeout 300 python3 bench/gpu/ops_check.py --world "$world" --gpus "$world" ;;

@@ -16,6 +16,9 @@ PYTHON_DIR = Path(__file__).resolve().parent.parent
 # install, site-packages for a wheel. Subprocesses get it as PYTHONPATH, so
 # they import the same package.
 SYMM_PARENT = Path(symm.__file__).resolve().parent.parent
+# The world of the GPU tests: one rank per GPU, two unless SYMM_TEST_WORLD
+# says more (a four-GPU machine runs them at world 4).
+GPU_TEST_WORLD = max(2, int(os.environ.get("SYMM_TEST_WORLD", "2")))
 
 
 def on_threads(fn, args, deadline_s=30):

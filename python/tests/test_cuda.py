@@ -1,12 +1,12 @@
 """The operations on the CUDA backend with torch and cupy arrays: two ranks
-on threads, each on a GPU of its own and a stream of its own. Skipped
-unless torch sees two GPUs."""
+(SYMM_TEST_WORLD for more) on threads, each on a GPU of its own and a
+stream of its own. Skipped unless torch sees two GPUs."""
 
 import functools
 
 import numpy as np
 import pytest
-from ranks import on_threads
+from ranks import GPU_TEST_WORLD, on_threads
 
 import symm
 
@@ -17,7 +17,7 @@ if torch.cuda.device_count() < 2:
     # them (torch.cuda.synchronize, symmetric buffers made and freed).
     pytest.skip(f"needs two CUDA devices, torch sees {torch.cuda.device_count()}", allow_module_level=True)
 
-WORLD = 2
+WORLD = GPU_TEST_WORLD
 GPUS = torch.cuda.device_count()
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
@@ -488,7 +488,7 @@ def test_lc_allgather_large_from_ordinary_and_symmetric_memory():
 ])
 def test_lc_allgather_small_sizes_bit_exact(dtype, shape):
     """Up to a few MiB per rank the gather takes the SM path (LL lines)
-    on two GPUs: bit for bit for every dtype (random bytes, NaN patterns
+    on GPUs: bit for bit for every dtype (random bytes, NaN patterns
     included), odd tails (3 bf16, 5 and 1001 bytes), from contiguous and
     strided inputs into contiguous and strided outputs whose gaps stay
     poisoned, three calls in a row (the later ones replayed)."""

@@ -1,21 +1,23 @@
 """The fused path (symm's own Hopper matmul kernel) of fused_ag_mm and
-mm_rs: two GPUs as two ranks on threads, forced with SYMM_ALGO=fused, which
-fails instead of falling back when the kernel cannot run the call. Skipped
-unless torch sees two GPUs of compute capability 9.0."""
+mm_rs: one rank per GPU on threads (two, or SYMM_TEST_WORLD), forced with
+SYMM_ALGO=fused, which fails instead of falling back when the kernel cannot
+run the call. Skipped unless torch sees that many GPUs of compute
+capability 9.0."""
 
 import pytest
-from ranks import on_threads
+from ranks import GPU_TEST_WORLD, on_threads
 
 import symm
 
 torch = pytest.importorskip("torch")
-if torch.cuda.device_count() < 2:
-    pytest.skip(f"needs two Hopper GPUs, torch sees {torch.cuda.device_count()} CUDA devices", allow_module_level=True)
+WORLD = GPU_TEST_WORLD
+if torch.cuda.device_count() < WORLD:
+    pytest.skip(f"needs {WORLD} Hopper GPUs, torch sees {torch.cuda.device_count()} CUDA devices",
+                allow_module_level=True)
 if torch.cuda.get_device_capability(0) != (9, 0):
-    pytest.skip(f"needs two Hopper GPUs, GPU 0 is sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}",
+    pytest.skip(f"needs Hopper GPUs, GPU 0 is sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}",
                 allow_module_level=True)
 
-WORLD = 2
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.2e-2}
 
 

@@ -1,8 +1,9 @@
-"""symm.jax on CUDA: one process driving two GPUs (JAX's default on one
-host), the three operations under jit + shard_map against jnp references
-and against what XLA itself does (``jax.lax.all_gather`` then a matmul,
-a matmul then ``jax.lax.psum_scatter``). Skipped unless JAX sees two CUDA
-GPUs; run it in its own pytest process (test_jax_cpu.py pins JAX to CPU):
+"""symm.jax on CUDA: one process driving two GPUs, or SYMM_TEST_WORLD
+(JAX's default on one host), the three operations under jit + shard_map
+against jnp references and against what XLA itself does
+(``jax.lax.all_gather`` then a matmul, a matmul then
+``jax.lax.psum_scatter``). Skipped unless JAX sees that many GPUs;
+run it in its own pytest process (test_jax_cpu.py pins JAX to CPU):
 
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 python3 -m pytest -q python/tests/test_jax_cuda.py
 """
@@ -12,6 +13,7 @@ from functools import partial
 
 import numpy as np
 import pytest
+from ranks import GPU_TEST_WORLD
 
 # XLA takes 75% of each GPU by default; symm's workspace is allocated beside it.
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
@@ -23,12 +25,12 @@ try:
     GPUS = jax.devices("gpu")
 except RuntimeError:
     GPUS = []
-if len(GPUS) < 2:
-    pytest.skip(f"needs JAX with two CUDA GPUs, JAX sees {len(GPUS)}", allow_module_level=True)
+WORLD = GPU_TEST_WORLD
+if len(GPUS) < WORLD:
+    pytest.skip(f"needs JAX with {WORLD} CUDA GPUs, JAX sees {len(GPUS)}", allow_module_level=True)
 
 import symm.jax as sj  # noqa: E402
 
-WORLD = 2
 HIGHEST = jax.lax.Precision.HIGHEST
 TOLERANCE = {jnp.float32: 1e-4, jnp.float16: 4e-3, jnp.bfloat16: 2e-2}
 DTYPES = list(TOLERANCE)

@@ -1,9 +1,9 @@
 """symm.torch on GPUs: torch_scenarios.py under torchrun, one process per
-GPU (2), with SYMM_TEST_DEVICE=cuda: every operator against float64 math
-and against torch.ops.symm_mem on the same inputs (multicast off), fp8,
-autograd, fake kernels, the tensor-parallel MLP under
+GPU (2, or SYMM_TEST_WORLD), with SYMM_TEST_DEVICE=cuda: every operator
+against float64 math and against torch.ops.symm_mem on the same inputs
+(multicast off), fp8, autograd, fake kernels, the tensor-parallel MLP under
 torch.compile(fullgraph=True) (inductor) against eager, groups formed
-through the store, and capture in a CUDA graph. Skipped below two GPUs.
+through the store, and capture in a CUDA graph. Skipped with fewer GPUs.
 
     PYTHONPATH=python SYMM_LIBRARY=bundle/libsymm.so python3 -m pytest -q python/tests/test_torch_cuda.py
 """
@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from ranks import SYMM_PARENT
+from ranks import GPU_TEST_WORLD, SYMM_PARENT
 
 torch = pytest.importorskip("torch")
-if torch.cuda.device_count() < 2:
-    pytest.skip(f"needs two CUDA devices, torch sees {torch.cuda.device_count()}", allow_module_level=True)
+WORLD = GPU_TEST_WORLD
+if torch.cuda.device_count() < WORLD:
+    pytest.skip(f"needs {WORLD} CUDA devices, torch sees {torch.cuda.device_count()}", allow_module_level=True)
 
 SCRIPT = Path(__file__).with_name("torch_scenarios.py")
-WORLD = 2
 
 
 @pytest.mark.parametrize("scenario", ["ops", "scaled", "autograd", "fake", "compiled", "bootstrap", "graphs"])

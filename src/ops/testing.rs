@@ -29,6 +29,12 @@ pub fn host_groups(world: usize) -> Vec<Arc<Group>> {
     Group::new_local(&vec![0; world], &host_config(false)).unwrap()
 }
 
+/// The world of the GPU tests: `SYMM_TEST_WORLD` ranks, one per GPU
+/// (default 2), so a four-GPU machine runs them at world 4.
+pub fn gpu_test_world() -> usize {
+    std::env::var("SYMM_TEST_WORLD").ok().and_then(|v| v.parse().ok()).filter(|&w| w >= 2).unwrap_or(2)
+}
+
 /// A CUDA group of `world` ranks on devices 0..world, or None (reported
 /// as skipped) with fewer devices.
 pub fn cuda_groups(world: usize) -> Option<Vec<Arc<Group>>> {

@@ -1,20 +1,18 @@
-//! The device-side all-reduce on two GPUs (one process, a thread per rank)
-//! against a float64 reference: every dtype, sum and average, 1 element to
-//! tens of MB with odd sizes, in place, strided, symmetric and ordinary
-//! inputs, one-shot and two-shot forced, the fused RMSNorm, many calls in a
-//! row (the call count and its parity), and calls captured into a CUDA
-//! graph and replayed; integers summed exactly. Named `gpu_*`; skipped
-//! without two GPUs.
+//! The device-side all-reduce on `SYMM_TEST_WORLD` GPUs (default 2; one
+//! process, a thread per rank) against a float64 reference: every dtype,
+//! sum and average, 1 element to tens of MB with odd sizes, in place,
+//! strided, symmetric and ordinary inputs, one-shot and two-shot forced, the
+//! fused RMSNorm, many calls in a row (the call count and its parity), and
+//! calls captured into a CUDA graph and replayed; integers summed exactly.
+//! Named `gpu_*`; skipped with fewer GPUs than that world.
 
 use super::*;
 use crate::backend::cuda::driver;
 use crate::backend::cuda::gemm::GemmDtype;
 use crate::backend::cuda::gpu_testing::{decode, encode, gpu_on, values, DevBuf};
 use crate::buffer::{rendezvous, Buffer};
-use crate::ops::testing::{cuda_groups, on_each};
+use crate::ops::testing::{cuda_groups, gpu_test_world, on_each};
 use cudarc::driver::sys;
-
-const WORLD: usize = 2;
 
 fn gd(d: DType) -> GemmDtype {
     match d {
@@ -100,7 +98,7 @@ fn run(groups: &[Arc<Group>], c: Case) {
         drop(sym);
         results
     });
-    let scale = if c.op == ReduceOp::Avg { 1.0 / WORLD as f64 } else { 1.0 };
+    let scale = if c.op == ReduceOp::Avg { 1.0 / gpu_test_world() as f64 } else { 1.0 };
     for call_no in 0..c.calls {
         let want: Vec<f64> =
             (0..c.n).map(|i| outs.iter().map(|o| o[call_no].0[i] as f64).sum::<f64>() * scale).collect();
@@ -117,7 +115,7 @@ const ALGORITHMS: [Option<AllReduceAlgorithm>; 3] =
 
 #[test]
 fn gpu_all_reduce_every_dtype_op_size_and_algorithm() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for algorithm in ALGORITHMS {
             for n in [1, 2, 3, 7, 8, 9, 1000, 4097, 65_539, 1 << 20, (5 << 20) + 3] {
@@ -136,7 +134,7 @@ fn gpu_all_reduce_every_dtype_op_size_and_algorithm() {
 
 #[test]
 fn gpu_all_reduce_in_place_strided_and_symmetric() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     for place in [Place::Same, Place::Strided, Place::Symmetric] {
         for algorithm in ALGORITHMS {
             for n in [1, 999, 70_001, 1 << 20] {
@@ -156,7 +154,7 @@ fn gpu_all_reduce_in_place_strided_and_symmetric() {
 /// odd addresses; outputs poisoned, bytes around them checked.
 #[test]
 fn gpu_all_reduce_integers_exact() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     for dtype in [DType::I8, DType::U8, DType::I32, DType::I64] {
         for algorithm in ALGORITHMS {
             for n in [1, 3, 7, 8, 9, 1000, 4097, 65_539, 1 << 20, (3 << 20) + 3] {
@@ -194,7 +192,8 @@ fn run_int(
     let step = if place == Place::Strided { 2 } else { 1 };
     let len = n * step * size + offset + 16;
     for call_no in 0..2u64 {
-        let inputs: Vec<Vec<i128>> = (0..WORLD).map(|r| int_values(dtype, n, call_no * 101 + r as u64)).collect();
+        let inputs: Vec<Vec<i128>> =
+            (0..gpu_test_world()).map(|r| int_values(dtype, n, call_no * 101 + r as u64)).collect();
         let outs = on_each(groups, |r, g| {
             let gpu = gpu_on(r as i32);
             let mut host = vec![INT_POISON; len];
@@ -231,7 +230,7 @@ fn run_int(
 /// graphs).
 #[test]
 fn gpu_all_reduce_many_calls_interleaved() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     for round in 0..3 {
         for (n, algorithm) in [
             (4096, Some(AllReduceAlgorithm::OneShot)),
@@ -251,7 +250,7 @@ fn gpu_all_reduce_many_calls_interleaved() {
 /// sized the buffers), replayed with new inputs each time.
 #[test]
 fn gpu_all_reduce_captured_and_replayed() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     for (n, algorithm) in [(4096usize, AllReduceAlgorithm::OneShot), (3 << 20, AllReduceAlgorithm::TwoShot)] {
         let dtype = DType::BF16;
         let replays = 5;
@@ -307,7 +306,7 @@ fn gpu_all_reduce_captured_and_replayed() {
 /// whole 8-byte lines) or after the two-shot, residual_out in place or not.
 #[test]
 fn gpu_all_reduce_rmsnorm() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         for (tokens, hidden) in [(1, 4096), (7, 8192), (64, 4096), (512, 8192), (3, 33), (5, 130)] {
             for algorithm in ALGORITHMS {

@@ -1,11 +1,11 @@
-//! `lc_allgather` on two GPUs (one process, a thread per rank): both paths
-//! forced and the automatic choice, every dtype, sizes from 2 bytes to
+//! `lc_allgather` on `SYMM_TEST_WORLD` GPUs (default 2; one process, a
+//! thread per rank): both paths forced and the automatic choice, every dtype, sizes from 2 bytes to
 //! 5 MiB with odd byte counts and tails shorter than a line, contiguous,
 //! strided (input transposed, output rows padded), symmetric and at
 //! unaligned addresses, into poisoned outputs checked byte for byte; the
 //! lines interleaved with all-reduces through the one buffer and call
 //! count; and the lines captured into a CUDA graph and replayed. Named
-//! `gpu_*`; skipped without two GPUs.
+//! `gpu_*`; skipped with fewer GPUs than that world.
 
 use super::*;
 use crate::array::DType;
@@ -13,11 +13,10 @@ use crate::backend::cuda::driver;
 use crate::backend::cuda::gpu_testing::gpu_on;
 use crate::backend::AllReduceAlgorithm;
 use crate::buffer::{rendezvous, Buffer};
-use crate::ops::testing::{cuda_groups, on_each};
+use crate::ops::testing::{cuda_groups, gpu_test_world, on_each};
 use crate::ops::{all_reduce, AllReduce, ReduceOp};
 use cudarc::driver::sys;
 
-const WORLD: usize = 2;
 const POISON: u8 = 0x5a;
 
 /// Byte `i` of rank `r`'s input in call `c`: never the poison.
@@ -68,7 +67,7 @@ fn run(groups: &[Arc<Group>], path: Option<GatherPath>, (dtype, rows, cols): (DT
     let transposed = place == Place::Strided;
     let skew = if place == Place::Unaligned { e } else { 0 };
     let ld = if transposed { cols + 1 } else { cols };
-    let out_len = skew + WORLD * rows * ld * e + 16;
+    let out_len = skew + gpu_test_world() * rows * ld * e + 16;
     on_each(groups, |r, g| {
         let gpu = gpu_on(r as i32);
         let sym = (place == Place::Symmetric).then(|| {
@@ -82,8 +81,12 @@ fn run(groups: &[Arc<Group>], path: Option<GatherPath>, (dtype, rows, cols): (DT
         let at = |i: usize, j: usize| if transposed { i + j * rows } else { i * cols + j };
         let strides = if transposed { vec![1, rows] } else { vec![cols, 1] };
         let input = Array { addr: in_addr, dtype, shape: vec![rows, cols], strides };
-        let output =
-            Array { addr: outbuf.ptr + skew as u64, dtype, shape: vec![WORLD * rows, cols], strides: vec![ld, 1] };
+        let output = Array {
+            addr: outbuf.ptr + skew as u64,
+            dtype,
+            shape: vec![gpu_test_world() * rows, cols],
+            strides: vec![ld, 1],
+        };
         for call_no in 0..2 {
             let mut host = vec![0u8; n * e];
             for (i, j) in (0..rows).flat_map(|i| (0..cols).map(move |j| (i, j))) {
@@ -99,7 +102,7 @@ fn run(groups: &[Arc<Group>], path: Option<GatherPath>, (dtype, rows, cols): (DT
             g.backend().check_async_error().unwrap();
             let got = gpu.read_at(outbuf.ptr, out_len);
             let mut want = vec![POISON; out_len];
-            for (row, j) in (0..WORLD * rows).flat_map(|row| (0..cols).map(move |j| (row, j))) {
+            for (row, j) in (0..gpu_test_world() * rows).flat_map(|row| (0..cols).map(move |j| (row, j))) {
                 let (q, i) = (row / rows, row % rows);
                 for b in 0..e {
                     want[skew + (row * ld + j) * e + b] = byte(q, call_no, (i * cols + j) * e + b);
@@ -115,7 +118,7 @@ fn run(groups: &[Arc<Group>], path: Option<GatherPath>, (dtype, rows, cols): (DT
 
 #[test]
 fn gpu_lc_allgather_both_paths_every_dtype_size_and_place() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     for path in [None, Some(GatherPath::Lines), Some(GatherPath::CopyEngines)] {
         for case in CASES {
             for place in PLACES {
@@ -131,7 +134,7 @@ fn gpu_lc_allgather_both_paths_every_dtype_size_and_place() {
 /// takes the copy engines.
 #[test]
 fn gpu_lc_allgather_small_messages_take_the_lines() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     for g in &groups {
         let facts = Facts::of(g);
         for bytes in [64 << 10, 128 << 10, 512 << 10, 2 << 20] {
@@ -142,11 +145,11 @@ fn gpu_lc_allgather_small_messages_take_the_lines() {
     let counts = on_each(&groups, |r, g| {
         let gpu = gpu_on(r as i32);
         let n = 64 << 10;
-        let (inbuf, outbuf) = (gpu.alloc(2 * n), gpu.alloc(2 * WORLD * n));
+        let (inbuf, outbuf) = (gpu.alloc(2 * n), gpu.alloc(2 * gpu_test_world() * n));
         for _ in 0..3 {
             let call = LcAllgather {
                 input: Array::contiguous(inbuf.ptr, DType::BF16, &[n]),
-                output: Array::contiguous(outbuf.ptr, DType::BF16, &[WORLD * n]),
+                output: Array::contiguous(outbuf.ptr, DType::BF16, &[gpu_test_world() * n]),
             };
             lc_allgather(g, Ok(call), gpu.stream()).unwrap();
         }
@@ -154,7 +157,7 @@ fn gpu_lc_allgather_small_messages_take_the_lines() {
         let h = crate::ops::state::of(g).scratch(Scratch::AllReduce).expect("the lines' all-reduce buffer");
         u32::from_le_bytes(gpu.read_at(h.buffer().addr(), 4).try_into().unwrap())
     });
-    assert_eq!(counts, vec![3; WORLD]);
+    assert_eq!(counts, vec![3; gpu_test_world()]);
     groups.iter().for_each(|g| g.release_scratch());
 }
 
@@ -163,7 +166,7 @@ fn gpu_lc_allgather_small_messages_take_the_lines() {
 /// buffer, one call count, no barrier.
 #[test]
 fn gpu_lc_allgather_lines_interleaved_with_all_reduces() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     let (n, rounds) = (70_001usize, 12usize);
     let value = |round: usize, q: usize, i: usize| (i as i32) * 3 + (q as i32) * 1000 + round as i32;
     let ints = |b: Vec<u8>| b.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
@@ -172,7 +175,7 @@ fn gpu_lc_allgather_lines_interleaved_with_all_reduces() {
         let bufs: Vec<_> = (0..rounds)
             .map(|round| {
                 let v: Vec<u8> = (0..n).flat_map(|i| value(round, r, i).to_le_bytes()).collect();
-                (gpu.upload(&v), gpu.upload(&vec![POISON; 4 * n]), gpu.upload(&vec![POISON; 4 * WORLD * n]))
+                (gpu.upload(&v), gpu.upload(&vec![POISON; 4 * n]), gpu.upload(&vec![POISON; 4 * gpu_test_world() * n]))
             })
             .collect();
         for (round, (input, sum, gathered)) in bufs.iter().enumerate() {
@@ -187,16 +190,17 @@ fn gpu_lc_allgather_lines_interleaved_with_all_reduces() {
             all_reduce(g, Ok(ar), gpu.stream()).unwrap();
             let ag = LcAllgather {
                 input: Array::contiguous(input.ptr, DType::I32, &[n]),
-                output: Array::contiguous(gathered.ptr, DType::I32, &[WORLD * n]),
+                output: Array::contiguous(gathered.ptr, DType::I32, &[gpu_test_world() * n]),
             };
             lc_allgather_by(g, Ok(ag), gpu.stream(), Some(GatherPath::Lines)).unwrap();
         }
         gpu.sync();
         g.backend().check_async_error().unwrap();
         for (round, (_, sum, gathered)) in bufs.iter().enumerate() {
-            let (sum, gathered) = (ints(gpu.read_at(sum.ptr, 4 * n)), ints(gpu.read_at(gathered.ptr, 4 * WORLD * n)));
+            let (sum, gathered) =
+                (ints(gpu.read_at(sum.ptr, 4 * n)), ints(gpu.read_at(gathered.ptr, 4 * gpu_test_world() * n)));
             for (i, &x) in sum.iter().enumerate() {
-                let want = (0..WORLD).map(|q| value(round, q, i)).sum::<i32>();
+                let want = (0..gpu_test_world()).map(|q| value(round, q, i)).sum::<i32>();
                 assert_eq!(x, want, "round {round} rank {r} sum {i}");
             }
             for (k, &x) in gathered.iter().enumerate() {
@@ -212,15 +216,15 @@ fn gpu_lc_allgather_lines_interleaved_with_all_reduces() {
 /// is read on the device.
 #[test]
 fn gpu_lc_allgather_lines_captured_and_replayed() {
-    let Some(groups) = cuda_groups(WORLD) else { return };
+    let Some(groups) = cuda_groups(gpu_test_world()) else { return };
     let n = (256 << 10) + 3; // bytes per rank
     let replays = 5;
     on_each(&groups, |r, g| {
         let gpu = gpu_on(r as i32);
-        let (inbuf, outbuf) = (gpu.alloc(n), gpu.alloc(WORLD * n));
+        let (inbuf, outbuf) = (gpu.alloc(n), gpu.alloc(gpu_test_world() * n));
         let call = || LcAllgather {
             input: Array::contiguous(inbuf.ptr, DType::U8, &[n]),
-            output: Array::contiguous(outbuf.ptr, DType::U8, &[WORLD * n]),
+            output: Array::contiguous(outbuf.ptr, DType::U8, &[gpu_test_world() * n]),
         };
         lc_allgather_by(g, Ok(call()), gpu.stream(), Some(GatherPath::Lines)).unwrap();
         gpu.sync();
@@ -238,11 +242,11 @@ fn gpu_lc_allgather_lines_captured_and_replayed() {
             for k in 0..replays {
                 let v: Vec<u8> = (0..n).map(|i| byte(r, k, i)).collect();
                 gpu.write_at(inbuf.ptr, &v);
-                gpu.write_at(outbuf.ptr, &vec![POISON; WORLD * n]);
+                gpu.write_at(outbuf.ptr, &vec![POISON; gpu_test_world() * n]);
                 driver::check(sys::cuGraphLaunch(exec, s), "cuGraphLaunch").unwrap();
                 gpu.sync();
-                let got = gpu.read_at(outbuf.ptr, WORLD * n);
-                if let Some(i) = (0..WORLD * n).find(|&i| got[i] != byte(i / n, k, i % n)) {
+                let got = gpu.read_at(outbuf.ptr, gpu_test_world() * n);
+                if let Some(i) = (0..gpu_test_world() * n).find(|&i| got[i] != byte(i / n, k, i % n)) {
                     panic!("replay {k} rank {r}: byte {i} is {:#x}", got[i]);
                 }
             }
