@@ -18,6 +18,7 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python SYMM_LIBRARY=$PWD/bundle/libsymm.so
+bash bench/gpu/unpack.sh
 OUT=${OUT:-/tmp/symm-out}
 RAW=$(mktemp -d)
 mkdir -p "$OUT"

@@ -21,11 +21,11 @@ for l in sys.stdin:
 cp "$tests" bundle/symm-lib-tests
 # Debug info would push the bundle past what the device tool carries (64 MiB).
 strip --strip-debug bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
-# The executables embed the kernels again: compressed (bench/gpu/unpack.sh
-# restores them on the device), the bundle stays under that limit.
+# Each of them embeds the kernels: compressed (bench/gpu/unpack.sh restores
+# them on the device), the bundle and the working tree stay under that limit.
 rm -f bundle/*.gz
-gzip -f bundle/symm-lib-tests bundle/sm90_matmul
+gzip -f bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
 # One line: results files are named after it.
 dirty=$([ -n "$(git status --porcelain -- src kernels build.rs Cargo.toml)" ] && echo -dirty || true)
 echo "$(git rev-parse --short HEAD)$dirty" > bundle/commit
-echo "bundle/: $(du -sh bundle/libsymm.so | cut -f1) libsymm.so, commit $(cat bundle/commit)"
+echo "bundle/: $(du -sh bundle | cut -f1), commit $(cat bundle/commit)"

@@ -19,6 +19,7 @@ OUT=${OUT:-/tmp/symm-out}
 mkdir -p "$OUT"
 log="$OUT/log.txt"
 root=$PWD
+bash bench/gpu/unpack.sh
 fail=0
 
 say() { echo "$*" | tee -a "$log"; }
