@@ -366,6 +366,30 @@ mod tests {
         }
     }
 
+    /// Rank r's payload of `len` bytes: distinct bytes, none of them the
+    /// zero padding.
+    fn payload(r: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|i| ((i * 7 + r * 13) % 251 + 1) as u8).collect()
+    }
+
+    #[test]
+    fn variable_lengths_around_the_first_exchange() {
+        // Short payloads take one exchange; one longer than the first
+        // exchange carries makes every rank take a second, whatever the
+        // length of its own.
+        for lens in [[0, 1, 504], [504, 503, 0], [505, 0, 3], [2000, 505, 504], [0, 0, 0]] {
+            let out = on_ranks(local_bootstraps(3), move |b| {
+                let all = allgather_var(b, &payload(b.rank(), lens[b.rank()]), T).unwrap();
+                (all, *lock(&b.seq))
+            });
+            let rounds = if lens.iter().any(|&n| n > 504) { 2 } else { 1 };
+            for (all, taken) in out {
+                assert_eq!(all, (0..3).map(|r| payload(r, lens[r])).collect::<Vec<_>>(), "{lens:?}");
+                assert_eq!(taken, rounds, "{lens:?}");
+            }
+        }
+    }
+
     #[test]
     fn timeout_names_missing_ranks() {
         let bs = local_bootstraps(4);

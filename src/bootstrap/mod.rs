@@ -20,7 +20,7 @@ pub mod local;
 pub mod tcp;
 pub mod unique_id;
 
-use crate::error::Result;
+use crate::error::{err, Result};
 use crate::wire::{Reader, Writer};
 use std::time::Duration;
 
@@ -46,17 +46,50 @@ pub trait Bootstrap: Send + Sync {
     fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>>;
 }
 
-/// All-gather of byte strings whose length may differ per rank: lengths go
-/// first, then payloads padded to the longest.
+/// Bytes of a payload that travel in [`allgather_var`]'s first exchange:
+/// an operation's arguments and status fit, so agreeing on a call is one
+/// round trip.
+const INLINE: usize = 504;
+
+/// All-gather of byte strings whose length may differ per rank. Each rank
+/// sends its length and first [`INLINE`] bytes in one fixed-size exchange;
+/// only where some rank has more does a second exchange carry the rest,
+/// padded to the longest (every rank sees every length, so all of them
+/// take it or none does).
 pub fn allgather_var(bs: &dyn Bootstrap, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
-    let lens = bs.allgather(&Writer::new().u64(data.len() as u64).finish(), timeout)?;
-    let mut r = Reader::new(&lens, "payload lengths");
-    let lens: Vec<usize> = (0..bs.world()).map(|_| r.u64().map(|n| n as usize)).collect::<Result<_>>()?;
-    let max = lens.iter().copied().max().unwrap_or(0);
-    let mut padded = data.to_vec();
-    padded.resize(max, 0);
-    let all = bs.allgather(&padded, timeout)?;
-    Ok(lens.iter().enumerate().map(|(r, &n)| all[r * max..r * max + n].to_vec()).collect())
+    const SLOT: usize = 8 + INLINE;
+    let head = data.len().min(INLINE);
+    let mut first = Writer::new().u64(data.len() as u64).finish();
+    first.extend_from_slice(&data[..head]);
+    first.resize(SLOT, 0);
+    let all = bs.allgather(&first, timeout)?;
+    if all.len() != bs.world() * SLOT {
+        return Err(err!(Internal, "the bootstrap returned {} bytes for {} ranks of {SLOT}", all.len(), bs.world()));
+    }
+    let slots: Vec<&[u8]> = all.chunks(SLOT).collect();
+    let lens: Vec<usize> = slots
+        .iter()
+        .map(|s| Reader::new(&s[..8], "payload length").u64().map(|n| n as usize))
+        .collect::<Result<_>>()?;
+    let longest = lens.iter().map(|n| n.saturating_sub(INLINE)).max().unwrap_or(0);
+    let rest = match longest {
+        0 => Vec::new(),
+        _ => {
+            let mut tail = data[head..].to_vec();
+            tail.resize(longest, 0);
+            bs.allgather(&tail, timeout)?
+        }
+    };
+    Ok(lens
+        .iter()
+        .zip(&slots)
+        .enumerate()
+        .map(|(r, (&n, slot))| {
+            let mut v = slot[8..8 + n.min(INLINE)].to_vec();
+            v.extend_from_slice(&rest[r * longest..r * longest + n.saturating_sub(INLINE)]);
+            v
+        })
+        .collect())
 }
 
 /// Test helper: runs `f` on every rank's bootstrap, each on its own thread,
