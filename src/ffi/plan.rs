@@ -44,7 +44,7 @@ fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut sy
     let g = group(g)?;
     let (dtype, m, k, n) = (dtype(dt, "dtype")?, dim(m, "m")?, dim(k, "k")?, dim(n, "n")?);
     crate::ops::check::matmul_input(dtype, "dtype")?;
-    let d = decide::decide(&Facts::of(&g), &decide::Shape { op, m, k, n, dtype }, true, None)?;
+    let d = decide::decide(&Facts::of(&g), &decide::Shape { op, m, k, n, dtype, lines: true }, true, None)?;
     let e = d.estimate;
     write(
         out,

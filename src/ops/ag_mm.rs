@@ -36,10 +36,11 @@ use super::agree::Signature;
 use super::decide::{self, Decision, Facts, Op};
 use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
+use super::state::Scratch;
 use super::workspace::Layout;
 use super::{batched_operands, check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
-use crate::backend::{FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
+use crate::backend::{AllGatherCall, AllReduceLayout, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -304,6 +305,7 @@ impl AgMm {
             k,
             n: self.bs.iter().map(|b| b.shape[1]).sum(),
             dtype: a.dtype,
+            lines: dim != last && mode != Some(Mode::Row),
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
@@ -321,6 +323,7 @@ impl AgMm {
             wide,
             ready,
             slice_k,
+            lines_bytes: if decision.lines { AllReduceLayout::bytes_for(shard_bytes, world) } else { 0 },
             decision,
             shape,
             workspace: layout.bytes(),
@@ -369,6 +372,8 @@ pub(super) struct AgMmPrepared {
     ready: usize,
     /// Columns of a shard per pulled slice (see [`cost::gather_slice_k`]).
     slice_k: usize,
+    /// Bytes of the all-reduce buffer the LL lines need (`decision.lines`).
+    lines_bytes: usize,
     decision: Decision,
     shape: decide::Shape,
     workspace: usize,
@@ -386,6 +391,10 @@ impl Prepared for AgMmPrepared {
         self.workspace
     }
 
+    fn all_reduce_bytes(&self) -> usize {
+        self.lines_bytes
+    }
+
     fn decided(&self) -> Option<String> {
         Some(self.decision.describe(&self.shape))
     }
@@ -401,10 +410,14 @@ impl Prepared for AgMmPrepared {
     /// and each pulled shard as it lands. Sequential: one matmul over the gathered A once
     /// everything has landed (cuBLAS runs one large matmul faster than
     /// pieces, which pays when the pulls are short). Row scales travel with
-    /// their shards.
+    /// their shards. On the LL lines, see [`Self::gather_on_lines`].
     fn execute(&self, ex: &Exec<'_>) -> Result<()> {
         if self.decision.algorithm == Algorithm::Fused {
             return self.fused(ex);
+        }
+        if self.decision.lines {
+            self.gather_on_lines(ex)?;
+            return self.multiply_gathered(ex);
         }
         let a = &self.call.a_shard;
         let (dim, len, me, world) = (self.dim, a.shape[self.dim], ex.rank(), ex.world());
@@ -454,6 +467,35 @@ impl Prepared for AgMmPrepared {
 }
 
 impl AgMmPrepared {
+    /// Sequential at small shards (`Decision::lines`): every rank's shard
+    /// into its place in this rank's workspace by one launch of the
+    /// device-side all-gather over the group's all-reduce buffer, whose LL
+    /// lines carry their own flags (no barrier, no copy engine: a few us
+    /// where the copies cost ~25). A strided shard is first staged in its
+    /// own place, which the gather then reads.
+    fn gather_on_lines(&self, ex: &Exec<'_>) -> Result<()> {
+        let a = &self.call.a_shard;
+        let input = match a.is_contiguous() {
+            true => a.addr,
+            false => {
+                self.stage(ex, ex.stream)?;
+                self.staged_shard(ex, ex.rank()).addr
+            }
+        };
+        let reduce = ex.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
+        let call = AllGatherCall {
+            rank: ex.rank(),
+            world: ex.world(),
+            bytes: self.shard_bytes,
+            input,
+            output: ex.local(self.shards),
+            scratch: ex.on_every_rank(Scratch::AllReduce, 0)?,
+            scratch_bytes: reduce.buffer().size(),
+            timeout: ex.group.timeout(),
+        };
+        ex.group.backend().all_gather(&call, ex.stream)
+    }
+
     /// Once every rank's shard (and row scales) lies in this rank's
     /// workspace: `ag_out`, and the products not made shard by shard (one
     /// matmul over the gathered A when `whole`; over the whole K when

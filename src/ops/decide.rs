@@ -14,7 +14,7 @@
 
 use crate::array::DType;
 use crate::backend::AllReduceLayout;
-use crate::backend::{AllReduceAlgorithm, Capabilities};
+use crate::backend::{AllReduceAlgorithm, BackendKind, Capabilities};
 use crate::cost::{self, Algorithm, AllReduceModel, DeviceModel, Estimate, GatherModel, Problem};
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -46,6 +46,9 @@ pub struct Shape {
     /// Sum of the N of every B.
     pub n: usize,
     pub dtype: DType,
+    /// `AgMm`: whether the sequential path may gather on the LL lines (a
+    /// gather along a dimension before the last, without row-wise scales).
+    pub lines: bool,
 }
 
 /// What the decision knows of a group (equal on every rank of a formed
@@ -55,7 +58,8 @@ pub struct Facts {
     pub caps: Capabilities,
     pub world: usize,
     /// Every rank on a device of its own (two ranks' persistent kernels on
-    /// one GPU would wait for each other).
+    /// one GPU would wait for each other); always on the host backend, whose
+    /// ranks wait for each other on threads of their own.
     pub own_devices: bool,
     /// The group's `SYMM_ALGO`.
     pub setting: Option<Algorithm>,
@@ -69,7 +73,7 @@ impl Facts {
         Facts {
             caps: group.backend().capabilities(),
             world: group.world(),
-            own_devices: devices.len() == group.world(),
+            own_devices: devices.len() == group.world() || group.backend().kind() == BackendKind::Host,
             setting: group.settings().algorithm,
         }
     }
@@ -116,19 +120,23 @@ pub struct Decision {
     pub algorithm: Algorithm,
     pub why: Why,
     pub estimate: Estimate,
+    /// Sequential `AgMm`: the gather runs on the LL lines (one launch of
+    /// the device-side all-gather, no barrier) instead of the copy engines.
+    pub lines: bool,
 }
 
 impl Decision {
     /// One line for the log: the operation, its shape, the choice and why.
     pub fn describe(&self, shape: &Shape) -> String {
         format!(
-            "{} m={} k={} n={} {}: {} ({}; predicted {:.3} ms)",
+            "{} m={} k={} n={} {}: {}{} ({}; predicted {:.3} ms)",
             shape.op.name(),
             shape.m,
             shape.k,
             shape.n,
             shape.dtype,
             self.algorithm.name(),
+            if self.lines { " on the LL lines" } else { "" },
             self.why,
             self.estimate.total_ms
         )
@@ -137,14 +145,33 @@ impl Decision {
 
 /// The algorithm `shape` runs on a group with `facts`; `fits`: whether the
 /// call's operands suit the fused kernel (its layout); `requested`: the
-/// call's option (`None`: automatic).
+/// call's option (`None`: automatic). A sequential all-gather + matmul
+/// gathers on the LL lines where `lc_allgather` would for one shard
+/// ([`decide_lc_allgather`]: small shards, at decode sizes), and is
+/// estimated so.
 pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algorithm>) -> Result<Decision> {
     let world = facts.world;
     let fused = fits && facts.fused_possible(shape.dtype, shape.k);
     let problem = Problem { m: shape.m, k: shape.k, n: shape.n, world, elem_bytes: shape.dtype.size(), fused };
-    let estimates = match shape.op {
+    let mut estimates = match shape.op {
         Op::AgMm => cost::ag_mm(&problem, &DeviceModel::HOPPER),
         Op::MmRs => cost::mm_rs(&problem, &DeviceModel::HOPPER),
+    };
+    let shard_bytes = (shape.m / world.max(1)).saturating_mul(shape.k).saturating_mul(shape.dtype.size());
+    let lines = shape.op == Op::AgMm
+        && shape.lines
+        && decide_lc_allgather(facts, shard_bytes, None).is_ok_and(|g| g.path == GatherPath::Lines);
+    if lines {
+        let (_, gather) = cost::lc_allgather(shard_bytes, world, &GatherModel::HOPPER, &DeviceModel::HOPPER);
+        for e in estimates.iter_mut().filter(|e| e.algorithm == Algorithm::Sequential) {
+            (e.comm_ms, e.exposed_ms, e.total_ms) = (gather, gather, e.compute_ms + gather);
+        }
+    }
+    let decided = |algorithm: Algorithm, why: Why, estimate: Estimate| Decision {
+        algorithm,
+        why,
+        estimate,
+        lines: lines && algorithm == Algorithm::Sequential,
     };
     let forced = match (requested, facts.setting) {
         (Some(a), _) => Some((a, Why::Option)),
@@ -170,7 +197,7 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
                 .find(|e| e.algorithm == algorithm)
                 .copied()
                 .unwrap_or_else(|| cost::best(&estimates, false));
-            Ok(Decision { algorithm, why, estimate })
+            Ok(decided(algorithm, why, estimate))
         }
         None => {
             let fused_preferred = shape.op == Op::MmRs
@@ -178,7 +205,7 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
                 && shape.m % world == 0
                 && (facts.caps.fused_scatter_preferred)(shape.m / world, shape.n, world, shape.dtype.size());
             let estimate = cost::best(&estimates, fused_preferred);
-            Ok(Decision { algorithm: estimate.algorithm, why: Why::CostModel { fused_preferred }, estimate })
+            Ok(decided(estimate.algorithm, Why::CostModel { fused_preferred }, estimate))
         }
     }
 }
@@ -311,7 +338,7 @@ mod tests {
     }
 
     fn shape(op: Op, m: usize, k: usize, n: usize) -> Shape {
-        Shape { op, m, k, n, dtype: DType::BF16 }
+        Shape { op, m, k, n, dtype: DType::BF16, lines: true }
     }
 
     #[test]
@@ -339,6 +366,37 @@ mod tests {
         }
         let f32_call = Shape { dtype: DType::F32, ..shape(Op::MmRs, 512, 14336, 8192) };
         assert_ne!(decide(&f, &f32_call, true, None).unwrap().algorithm, Algorithm::Fused);
+    }
+
+    /// Decode sizes gather on the LL lines, sequentially, estimated at the
+    /// lines' cost; not where the gather is large, on shared devices, in
+    /// mm_rs, or where the call cannot use the lines (`Shape::lines`).
+    #[test]
+    fn decode_sizes_gather_on_the_lines() {
+        for world in [2, 4, 8] {
+            let f = hopper(world, None);
+            for m in [16, 64, 128] {
+                let d = decide(&f, &shape(Op::AgMm, m, 8192, 14336), true, None).unwrap();
+                assert_eq!((d.algorithm, d.lines), (Algorithm::Sequential, true), "ag_mm {m} at world {world}");
+                let shard = m / world * 8192 * 2;
+                let (_, lines) = cost::lc_allgather(shard, world, &GatherModel::HOPPER, &DeviceModel::HOPPER);
+                assert_eq!(d.estimate.comm_ms, lines);
+                assert_eq!(d.estimate.total_ms, d.estimate.compute_ms + lines);
+                assert!(d.describe(&shape(Op::AgMm, m, 8192, 14336)).contains("sequential on the LL lines"));
+            }
+            // Forced sequential takes the lines too; pipelined never does.
+            let s = shape(Op::AgMm, 64, 8192, 14336);
+            assert!(decide(&f, &s, true, Some(Algorithm::Sequential)).unwrap().lines);
+            assert!(!decide(&f, &s, true, Some(Algorithm::Pipelined)).unwrap().lines);
+            let shared = Facts { own_devices: false, ..f };
+            let no_lines = Shape { lines: false, ..s };
+            for (facts, s) in [(shared, s), (f, no_lines), (f, shape(Op::MmRs, 64, 14336, 8192))] {
+                assert!(!decide(&facts, &s, true, Some(Algorithm::Sequential)).unwrap().lines, "{facts:?} {s:?}");
+            }
+            // A large shard (64 MiB): the copy engines, pipelined.
+            let d = decide(&f, &shape(Op::AgMm, 4096 * world, 8192, 8192), true, None).unwrap();
+            assert_eq!((d.algorithm, d.lines), (Algorithm::Pipelined, false), "world {world}");
+        }
     }
 
     #[test]

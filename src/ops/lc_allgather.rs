@@ -309,8 +309,9 @@ mod tests {
         assert_eq!((p.workspace >= 24, p.all_reduce_bytes()), (true, AllReduceLayout::bytes_for(6, 3)));
     }
 
-    /// 3 MiB per rank gathered from symmetric memory needs no more than the
-    /// smallest workspace; from ordinary memory it is staged in a larger one.
+    /// 3 MiB per rank gathered by the copy engines from symmetric memory
+    /// needs no more than the smallest workspace; from ordinary memory it is
+    /// staged in a larger one.
     /// (The u32 values travel as f32 elements: same-type copies move bits.)
     #[test]
     fn symmetric_inputs_are_read_in_place() {
@@ -328,7 +329,8 @@ mod tests {
             let mine = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut u32, n) };
             mine.iter_mut().enumerate().for_each(|(i, v)| *v = value(r, i));
             let input = Array::contiguous(buf.addr(), DType::F32, &[n]);
-            lc_allgather(g, Ok(LcAllgather { input, output: output.clone() }), Stream(0)).unwrap();
+            let copies = Some(GatherPath::CopyEngines);
+            lc_allgather_by(g, Ok(LcAllgather { input, output: output.clone() }), Stream(0), copies).unwrap();
             check(&out);
             let in_place =
                 crate::ops::state::of(g).scratch(crate::ops::state::Scratch::Workspace).unwrap().buffer().size();
@@ -336,7 +338,7 @@ mod tests {
             out.fill(0);
             let mut ordinary: Vec<u32> = (0..n).map(|i| value(r, i)).collect();
             let input = Array::contiguous(ordinary.as_mut_ptr() as u64, DType::F32, &[n]);
-            lc_allgather(g, Ok(LcAllgather { input, output }), Stream(0)).unwrap();
+            lc_allgather_by(g, Ok(LcAllgather { input, output }), Stream(0), copies).unwrap();
             check(&out);
             drop(h);
             (in_place, crate::ops::state::of(g).scratch(crate::ops::state::Scratch::Workspace).unwrap().buffer().size())
@@ -519,12 +521,13 @@ mod tests {
         }
     }
 
-    /// Unforced, the host's ranks (sharing the host, so no device of their
-    /// own) take the copy engines; ranks forcing different paths fail
+    /// Unforced, the host's ranks (threads of their own, so free to wait
+    /// for each other) take the lines for a small message; ranks forcing
+    /// different paths fail
     /// together (Mismatch) instead of waiting for each other (the call was
     /// agreed before: checked on every call here).
     #[test]
-    fn host_ranks_take_the_copy_engines_and_paths_must_agree() {
+    fn host_ranks_take_the_lines_when_small_and_paths_must_agree() {
         let groups = Group::new_local(&[0, 0], &crate::ops::testing::host_config(true)).unwrap();
         let errs = on_each(&groups, |r, g| {
             let mut input = vec![7u8; 8];
@@ -535,7 +538,7 @@ mod tests {
                 output: Array::contiguous(out, DType::U8, &[16]),
             };
             lc_allgather(g, Ok(call()), Stream(0)).unwrap();
-            assert_eq!(lines_calls(g), None);
+            assert_eq!(lines_calls(g), Some(1));
             let path = if r == 0 { GatherPath::Lines } else { GatherPath::CopyEngines };
             lc_allgather_by(g, Ok(call()), Stream(0), Some(path)).unwrap_err()
         });

@@ -257,6 +257,7 @@ impl MmRs {
             k: a.shape[a.ndim() - 1],
             n: b.shape[1],
             dtype: a.dtype,
+            lines: false,
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         let algorithm = decision.algorithm;
