@@ -285,15 +285,13 @@ fn scattering_the_sequence_dimension() {
     }
 }
 
-/// Ranks on devices of their own (as on GPUs) gather small shards on the
-/// LL lines when sequential (`Decision::lines`): the same results, padded
+/// Ranks gather small shards on the LL lines when sequential (`Decision::lines`): the same results, padded
 /// shards staged first, every call one launch of the device-side
 /// all-gather (numbered in the all-reduce buffer), none when pipelined.
 #[test]
 fn sequential_gathers_small_shards_on_the_lines() {
     for world in 2..=4 {
-        let devices: Vec<i32> = (0..world as i32).collect();
-        let groups = Group::new_local(&devices, &super::testing::host_config(false)).unwrap();
+        let groups = host_groups(world);
         for (i, shape) in SHAPES.into_iter().enumerate() {
             ag_mm_case(&groups, shape, DType::BF16, Algorithm::Sequential);
             ag_mm_case(&groups, shape, DType::BF16, Algorithm::Pipelined);
