@@ -200,11 +200,13 @@ fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
     (flops / (tflops * 1e9)).max(bytes / (d.hbm_gbps * 1e6)) + d.launch_us / 1e3
 }
 
-/// The whole matmul split into one piece per rank: (all pieces, one piece).
-fn split_ms(whole: f64, world: usize, d: &DeviceModel) -> (f64, f64) {
-    let extra = world as f64 - 1.0;
-    let split = whole * (1.0 + d.split_penalty * extra) + extra * d.launch_us / 1e3;
-    (split, split / world as f64)
+/// The matmul of `p.m` rows split into one piece of `p.m / world` rows per
+/// rank: (all pieces, one piece). Each piece reads all of B, so where the
+/// matmul is bound by that read (small M) the pieces cost about `world`
+/// times the whole.
+fn split_ms(p: &Problem, d: &DeviceModel) -> (f64, f64) {
+    let piece = matmul_ms(p, p.m.div_ceil(p.world.max(1)), d) * (1.0 + d.split_penalty * (p.world as f64 - 1.0));
+    (piece * p.world as f64, piece)
 }
 
 fn transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
@@ -212,10 +214,11 @@ fn transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
 }
 
 /// Both algorithms of an operation whose communication is `pulls`
-/// transfers of `bytes` each (one after another) around a matmul taking
-/// `whole` ms; `local_ms` is work the pipelined form adds after the last
-/// piece (a local reduction).
-fn estimates(whole: f64, bytes: f64, world: usize, local_ms: f64, fused: bool, d: &DeviceModel) -> Vec<Estimate> {
+/// transfers of `bytes` each (one after another) around the matmul of `p`
+/// taking `whole` ms; `local_ms` is work the pipelined form adds after the
+/// last piece (a local reduction).
+fn estimates(p: &Problem, whole: f64, bytes: f64, local_ms: f64, d: &DeviceModel) -> Vec<Estimate> {
+    let (world, fused) = (p.world, p.fused);
     let pulls = world.saturating_sub(1) as f64;
     let barriers = 2.0 * d.barrier_us / 1e3;
     let comm = pulls * transfer_ms(bytes, d) + barriers;
@@ -229,7 +232,7 @@ fn estimates(whole: f64, bytes: f64, world: usize, local_ms: f64, fused: bool, d
     if world > 1 {
         // Each pull hides behind a matmul piece; only the barriers (and the
         // local work) stay exposed, unless a pull is slower than a piece.
-        let (split, piece) = split_ms(whole, world, d);
+        let (split, piece) = split_ms(p, d);
         let exposed = barriers + local_ms + pulls * (transfer_ms(bytes, d) - piece).max(0.0);
         out.push(Estimate {
             algorithm: Algorithm::Pipelined,
@@ -261,7 +264,7 @@ fn estimates(whole: f64, bytes: f64, world: usize, local_ms: f64, fused: bool, d
 /// peer's shard; pipelined, its own shard's piece runs first.
 pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
-    estimates(matmul_ms(p, p.m, d), shard_bytes, p.world, 0.0, p.fused, d)
+    estimates(p, matmul_ms(p, p.m, d), shard_bytes, 0.0, d)
 }
 
 /// Matmul of this rank's `m` rows, then reduce-scatter of the result: each
@@ -273,7 +276,7 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let chunk_bytes = (p.m / p.world * p.n * p.elem_bytes) as f64;
     let local_reduce = (p.world as f64 + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
     let whole = matmul_ms(p, p.m, d);
-    let mut out = estimates(whole, chunk_bytes, p.world, local_reduce, p.fused, d);
+    let mut out = estimates(p, whole, chunk_bytes, local_reduce, d);
     if let Some(f) = out.iter_mut().find(|e| e.algorithm == Algorithm::Fused) {
         let reads = (p.world as f64 - 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
         f.exposed_ms += reads - local_reduce;

@@ -375,7 +375,7 @@ mod tests {
     fn decode_sizes_gather_on_the_lines() {
         for world in [2, 4, 8] {
             let f = hopper(world, None);
-            for m in [16, 64, 128] {
+            for m in [16, 64, 128, 256] {
                 let d = decide(&f, &shape(Op::AgMm, m, 8192, 14336), true, None).unwrap();
                 assert_eq!((d.algorithm, d.lines), (Algorithm::Sequential, true), "ag_mm {m} at world {world}");
                 let shard = m / world * 8192 * 2;
