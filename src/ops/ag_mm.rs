@@ -30,7 +30,9 @@
 //! batch of equally strided ones, as gathering the sequence dimension of
 //! `[batch, seq, hidden]` makes it (one strided-batched matmul), else
 //! through scratch. For the last dimension the shards are laid side by side into
-//! one matrix and multiplied once over the whole K.
+//! one matrix and multiplied once over the whole K. At decode sizes the
+//! sequential path gathers instead on the all-reduce's LL lines (one
+//! launch, no barrier; `Decision::lines`).
 
 use super::agree::Signature;
 use super::decide::{self, Decision, Facts, Op};
