@@ -313,6 +313,9 @@ impl AgMm {
         // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
         let slice_k = cost::gather_slice_k(shard_bytes, k, facts.caps.gather_slice_align);
         let ready = layout.region(4 * world * k.div_ceil(slice_k));
+        // On the lines, a strided shard is packed here first: the gather
+        // reads an input apart from its output.
+        let lines_input = decision.lines.then(|| layout.region(shard_bytes));
         Ok(AgMmPrepared {
             call: self,
             dim,
@@ -326,6 +329,7 @@ impl AgMm {
             ready,
             slice_k,
             lines_bytes: if decision.lines { AllReduceLayout::bytes_for(shard_bytes, world) } else { 0 },
+            lines_input,
             decision,
             shape,
             workspace: layout.bytes(),
@@ -376,6 +380,8 @@ pub(super) struct AgMmPrepared {
     slice_k: usize,
     /// Bytes of the all-reduce buffer the LL lines need (`decision.lines`).
     lines_bytes: usize,
+    /// On the lines: where a strided shard is packed for the gather.
+    lines_input: Option<usize>,
     decision: Decision,
     shape: decide::Shape,
     workspace: usize,
@@ -473,16 +479,16 @@ impl AgMmPrepared {
     /// into its place in this rank's workspace by one launch of the
     /// device-side all-gather over the group's all-reduce buffer, whose LL
     /// lines carry their own flags (no barrier, no copy engine: a few us
-    /// where the copies cost ~25). A strided shard is first staged in its
-    /// own place, which the gather then reads.
+    /// where the copies cost ~25). A strided shard is first packed apart.
     fn gather_on_lines(&self, ex: &Exec<'_>) -> Result<()> {
         let a = &self.call.a_shard;
-        let input = match a.is_contiguous() {
-            true => a.addr,
-            false => {
-                self.stage(ex, ex.stream)?;
-                self.staged_shard(ex, ex.rank()).addr
+        let input = match (a.is_contiguous(), self.lines_input) {
+            (true, _) => a.addr,
+            (false, Some(at)) => {
+                ex.copy(&Array::contiguous(ex.local(at), a.dtype, &a.shape), a)?;
+                ex.local(at)
             }
+            (false, None) => return Err(err!(Internal, "a strided shard on the lines has no packing region")),
         };
         let reduce = ex.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
         let call = AllGatherCall {
