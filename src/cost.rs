@@ -303,6 +303,26 @@ pub fn gather_slice_k(shard_bytes: usize, k: usize, align: usize) -> usize {
     (2..=most).rev().find(|&s| k % (s * align) == 0).map_or(k, |s| k / s)
 }
 
+/// Communication at least this share of the matmul makes a reduce-scatter
+/// "comm-heavy": there the fused kernel, whose tiles push to every peer at
+/// once as they finish, was measured ahead of the pipelined path, which
+/// pulls one peer's chunk at a time (bound calls, H200s): at world 2
+/// mm_rs 4096x2048x8192 (share 0.54) 295 against 311 us, 2048x1536x8192
+/// (0.72) 162 against 178, 3000x1024x8192 (1.07) 175 against 205; at world
+/// 4 16384x1024x8192 (1.6) 891 against 1019. Below it the pipelined path
+/// stayed ahead: world 4 8192x3584x8192 and 2048x3584x8192 (0.46), 794
+/// against 736 and 263 against 242.
+pub const FUSED_SCATTER_COMM_SHARE: f64 = 0.5;
+
+/// Whether `estimates` (an mm_rs's) are comm-heavy: the sequential path's
+/// communication at least [`FUSED_SCATTER_COMM_SHARE`] of its matmul.
+pub fn comm_heavy(estimates: &[Estimate]) -> bool {
+    estimates
+        .iter()
+        .find(|e| e.algorithm == Algorithm::Sequential)
+        .is_some_and(|e| e.comm_ms >= FUSED_SCATTER_COMM_SHARE * e.compute_ms)
+}
+
 /// The automatic choice: the estimate with the smallest predicted total
 /// among the sequential and pipelined paths, unless the fused one is
 /// `fused_preferred`. The fused kernel's estimate is reported but not

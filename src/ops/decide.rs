@@ -108,7 +108,7 @@ impl fmt::Display for Why {
         match self {
             Why::Option => write!(f, "forced by the call's options"),
             Why::Env => write!(f, "forced by SYMM_ALGO"),
-            Why::CostModel { fused_preferred: true } => write!(f, "the backend measured its fused kernel ahead"),
+            Why::CostModel { fused_preferred: true } => write!(f, "the fused kernel, measured ahead on such shapes"),
             Why::CostModel { fused_preferred: false } => write!(f, "the cost model"),
         }
     }
@@ -200,10 +200,13 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
             Ok(decided(algorithm, why, estimate))
         }
         None => {
+            // The fused reduce-scatter where the backend measured its kernel
+            // ahead on the shape, or where communication is heavy.
             let fused_preferred = shape.op == Op::MmRs
                 && fused
                 && shape.m % world == 0
-                && (facts.caps.fused_scatter_preferred)(shape.m / world, shape.n, world, shape.dtype.size());
+                && ((facts.caps.fused_scatter_preferred)(shape.m / world, shape.n, world, shape.dtype.size())
+                    || cost::comm_heavy(&estimates));
             let estimate = cost::best(&estimates, fused_preferred);
             Ok(decided(estimate.algorithm, Why::CostModel { fused_preferred }, estimate))
         }
@@ -396,6 +399,31 @@ mod tests {
             // A large shard (64 MiB): the copy engines, pipelined.
             let d = decide(&f, &shape(Op::AgMm, 4096 * world, 8192, 8192), true, None).unwrap();
             assert_eq!((d.algorithm, d.lines), (Algorithm::Pipelined, false), "world {world}");
+        }
+    }
+
+    /// A comm-heavy mm_rs takes the fused kernel where it fits, as measured
+    /// (`cost::FUSED_SCATTER_COMM_SHARE`); not below that share, not where
+    /// the kernel cannot run, never an ag_mm.
+    #[test]
+    fn comm_heavy_reduce_scatters_take_the_fused_kernel() {
+        let cases = [
+            (2, (4096, 2048, 8192), true),
+            (2, (2048, 1536, 8192), true),
+            (2, (3000, 1024, 8192), true),
+            (2, (3001, 1024, 8192), false), // rows that do not divide into the world's chunks
+            (4, (16384, 1024, 8192), true),
+            (4, (8192, 3584, 8192), false),
+            (4, (2048, 3584, 8192), false),
+            (2, (16384, 4096, 8192), false),
+        ];
+        for (world, (m, k, n), fused) in cases {
+            let f = hopper(world, None);
+            let d = decide(&f, &shape(Op::MmRs, m, k, n), true, None).unwrap();
+            assert_eq!(d.algorithm == Algorithm::Fused, fused, "mm_rs {m}x{k}x{n} at world {world}: {d:?}");
+            let unfit = decide(&f, &shape(Op::MmRs, m, k, n), false, None).unwrap();
+            assert_ne!(unfit.algorithm, Algorithm::Fused);
+            assert_ne!(decide(&f, &shape(Op::AgMm, m, k, n), true, None).unwrap().algorithm, Algorithm::Fused);
         }
     }
 
