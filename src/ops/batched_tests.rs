@@ -335,3 +335,46 @@ fn sequence_slices_are_batched_in_place() {
     assert!(batched_operands(&t(0x1000, &[2, 3, 8], &[48, 16, 2]), &shard, &b).is_none());
     assert!(batched_operands(&t(0x1000, &[3, 2, 8], &[48, 8, 1]), &shard, &b).is_none());
 }
+
+/// Ranks whose `a` differ in layout (rank 0's a matrix, rank 1's batches
+/// padded apart, no matrix) take the same path, scattering dim 0 by each
+/// algorithm: the layout is each rank's own business, never agreed.
+#[test]
+fn layouts_that_differ_between_ranks_scatter_alike() {
+    let (batch, seq, hidden, n) = (4, 3, 8, 5);
+    let groups = host_groups(2);
+    let a_val = |r: usize, b: usize, s: usize, h: usize| value(r + 1, (b * seq + s) * hidden + h);
+    let b_val = |r: usize, h: usize, j: usize| value(50 + r, h * n + j);
+    for algorithm in ALGORITHMS {
+        let outs = on_each(&groups, |r, g| {
+            let a_strides =
+                if r == 0 { contiguous_strides(&[batch, seq, hidden]) } else { vec![seq * hidden + 5, hidden, 1] };
+            let mut a = Buf::new(batch * a_strides[0], DType::F32);
+            for (i, b, s, h) in elements(batch, seq, hidden, &a_strides) {
+                a.set_bits(i, encode(DType::F32, a_val(r, b, s, h)));
+            }
+            let bm = Buf::of(&(0..hidden * n).map(|e| b_val(r, e / n, e % n)).collect::<Vec<_>>(), DType::F32);
+            let out = Buf::new(batch / 2 * seq * n, DType::F32);
+            let call = MmRs {
+                a: a.array(&[batch, seq, hidden], &a_strides),
+                b: bm.array(&[hidden, n], &[n, 1]),
+                scatter_dim: 0,
+                op: ReduceOp::Sum,
+                out: out.array(&[batch / 2, seq, n], &contiguous_strides(&[batch / 2, seq, n])),
+                scales: MmRsScales::default(),
+                algorithm: Some(algorithm),
+            };
+            mm_rs(g, Ok(call), Stream(0)).map(|()| out)
+        });
+        for (r, out) in outs.into_iter().enumerate() {
+            let out = out.unwrap_or_else(|e| panic!("{algorithm:?}: rank {r}: {}", e.msg));
+            for (i, b, s, j) in elements(batch / 2, seq, n, &contiguous_strides(&[batch / 2, seq, n])) {
+                let want: f64 = (0..2)
+                    .map(|q| (0..hidden).map(|h| a_val(q, r * batch / 2 + b, s, h) * b_val(q, h, j)).sum::<f64>())
+                    .sum();
+                assert_eq!(decode(DType::F32, out.bits(i)), want, "{algorithm:?}: rank {r} out[{b}, {s}, {j}]");
+            }
+        }
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}

@@ -373,8 +373,10 @@ impl Prepared for MmRsPrepared {
             return self.fused(ex);
         }
         let MmRs { a, b, out, .. } = &self.call;
-        // One matmul over all of `a` when its rows are the chunks in order.
-        let whole = self.dim == 0 && self.decision.algorithm == Algorithm::Sequential && a.as_matrix().is_some();
+        // One matmul over all of `a` when its rows are the chunks in order
+        // (packed first where `a` is no matrix: whether it is one differs
+        // between ranks, and the two paths synchronize differently).
+        let whole = self.dim == 0 && self.decision.algorithm == Algorithm::Sequential;
         if !whole {
             return self.pipelined(ex);
         }
