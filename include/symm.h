@@ -689,6 +689,9 @@ symm_status_t symm_lc_allgather(symm_group_t group, const symm_tensor_t *input, 
 // (else `SYMM_ERROR_UNSUPPORTED`). `output`
 // has `input`'s dtype and shape, any strides, and may be `input` itself
 // (the same descriptor: in place); otherwise they must not overlap.
+// Strides may differ between ranks; past 64 MiB per rank, whether each
+// tensor is contiguous must be the same on every rank (else
+// `SYMM_ERROR_MISMATCH`).
 // `opts` may be NULL (defaults).
 //
 // One-shot (every rank reads all of every rank's input; small messages)

@@ -706,6 +706,34 @@ def test_all_reduce_torch(dtype, algorithm, numel):
     assert torch.equal(results[0][1].cpu(), results[1][1].cpu()), "ranks differ"
 
 
+def test_all_reduce_ranks_strided_or_not():
+    """Rank 0's input and output contiguous, the others' every other column
+    of wider tensors, on a fresh group (its workspace made by the first
+    call, and grown by a larger one): every rank asks for the same
+    workspace, and all get the sum."""
+    dtype = torch.bfloat16
+
+    def rank_main(g):
+        got = []
+        for rows in (64, 4096):
+            x = inputs(21 + rows, (rows, 256), dtype)[g.rank].cuda()
+            if g.rank == 0:
+                out = torch.full_like(x, float("nan"))
+            else:
+                wide = torch.zeros((rows, 512), dtype=dtype, device="cuda")
+                wide[:, 0::2] = x
+                x = wide[:, 0::2]
+                out = torch.full((rows, 512), float("nan"), dtype=dtype, device="cuda")[:, 1::2]
+            symm.all_reduce(g, x, out=out)
+            got.append(out.cpu())
+        torch.cuda.current_stream().synchronize()
+        return got
+
+    for got in on_ranks(rank_main):
+        for out, rows in zip(got, (64, 4096)):
+            assert_close(out, sum(x.double() for x in inputs(21 + rows, (rows, 256), dtype)))
+
+
 def int_inputs(seed, numel, np_dtype):
     """Every rank's integer input: int64 near +-2^60 and its limits, int32
     around 2^25 + 1 and its limits (so f32, and for int64 f64, would lose

@@ -67,6 +67,14 @@ impl std::hash::Hash for Norm {
     }
 }
 
+/// Messages up to this size lay out room in the workspace to pack each of
+/// their tensors around the device kernel, strided on this rank or not:
+/// which are strided may differ between ranks, and the workspace, which
+/// grows by a rendezvous, must be asked for alike on every rank. Larger
+/// messages instead agree on which are strided (`AllReduce::signature`)
+/// rather than hold twice the message in reserve.
+pub(super) const PACK_ROOM_MAX_BYTES: usize = 64 << 20;
+
 /// One rank's call, as read from the caller. With `norm`, `output` is the
 /// normalized `out`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -135,6 +143,18 @@ impl AllReduce {
                 .arg("residual.shape", shape_text(&n.residual.shape))
                 .arg("weight.shape", shape_text(&n.weight.shape))
                 .arg("eps", format!("{:e}", n.eps));
+        }
+        if self.input.numel().saturating_mul(self.input.dtype.size()) > PACK_ROOM_MAX_BYTES {
+            // Past the room every rank lays out, which tensors are packed
+            // decides the workspace's size: agreed (see the constant).
+            let layout = |a: &Array| if a.is_contiguous() { "contiguous" } else { "strided" };
+            s = s.arg("input layout", layout(&self.input)).arg("output layout", layout(&self.output));
+            if let Some(n) = &self.norm {
+                s = s
+                    .arg("residual layout", layout(&n.residual))
+                    .arg("residual_out layout", layout(&n.residual_out))
+                    .arg("weight layout", layout(&n.weight));
+            }
         }
         s
     }
@@ -233,18 +253,19 @@ impl AllReduce {
         }
         let mut layout = Layout::default();
         let plan = if kernel {
-            // Contiguous views, else packed copies in the workspace.
-            let norm = self.norm.as_ref();
-            let mut packed = |needed: bool, bytes: usize| needed.then(|| layout.region(bytes));
+            // Contiguous views, else packed copies in the workspace, with
+            // room for every tensor's up to PACK_ROOM_MAX_BYTES.
+            let (norm, room) = (self.norm.as_ref(), bytes <= PACK_ROOM_MAX_BYTES);
+            let mut packed = |t: Option<&Array>, bytes: usize| {
+                let needed = !t?.is_contiguous();
+                (room || needed).then(|| layout.region(bytes)).filter(|_| needed)
+            };
             Plan::Kernel {
-                input: packed(!input.is_contiguous(), bytes),
-                output: packed(!output.is_contiguous(), bytes),
-                residual: packed(norm.is_some_and(|n| !n.residual.is_contiguous()), bytes),
-                residual_out: packed(norm.is_some_and(|n| !n.residual_out.is_contiguous()), bytes),
-                weight: packed(
-                    norm.is_some_and(|n| !n.weight.is_contiguous()),
-                    norm.map_or(0, |n| n.weight.numel() * n.weight.dtype.size()),
-                ),
+                input: packed(Some(input), bytes),
+                output: packed(Some(output), bytes),
+                residual: packed(norm.map(|n| &n.residual), bytes),
+                residual_out: packed(norm.map(|n| &n.residual_out), bytes),
+                weight: packed(norm.map(|n| &n.weight), norm.map_or(0, |n| n.weight.numel() * n.weight.dtype.size())),
             }
         } else {
             let staged = if symmetric.is_some() { None } else { Some(layout.region(bytes)) };

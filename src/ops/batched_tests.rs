@@ -378,3 +378,45 @@ fn layouts_that_differ_between_ranks_scatter_alike() {
     }
     groups.iter().for_each(|g| g.release_scratch());
 }
+
+/// Two ranks scattering matrices by rows, one into a contiguous output
+/// (the pipelined path that multiplies onto the pulled partials), one
+/// into a padded one: the same result.
+#[test]
+fn outputs_that_differ_between_ranks_scatter_alike() {
+    let (rows, hidden, n) = (2048, 16, 8); // 1024 output rows: two pieces of 512
+    let groups = host_groups(2);
+    let a_val = |r: usize, i: usize, h: usize| value(r + 1, i * hidden + h);
+    let b_val = |r: usize, h: usize, j: usize| value(50 + r, h * n + j);
+    for algorithm in ALGORITHMS {
+        let outs = on_each(&groups, |r, g| {
+            let a =
+                Buf::of(&(0..rows * hidden).map(|e| a_val(r, e / hidden, e % hidden)).collect::<Vec<_>>(), DType::F32);
+            let bm = Buf::of(&(0..hidden * n).map(|e| b_val(r, e / n, e % n)).collect::<Vec<_>>(), DType::F32);
+            let ld = if r == 0 { n } else { n + 3 };
+            let out = Buf::new(rows / 2 * ld, DType::F32);
+            let call = MmRs {
+                a: a.array(&[rows, hidden], &[hidden, 1]),
+                b: bm.array(&[hidden, n], &[n, 1]),
+                scatter_dim: 0,
+                op: ReduceOp::Sum,
+                out: out.array(&[rows / 2, n], &[ld, 1]),
+                scales: MmRsScales::default(),
+                algorithm: Some(algorithm),
+            };
+            mm_rs(g, Ok(call), Stream(0)).map(|()| (out, ld))
+        });
+        for (r, out) in outs.into_iter().enumerate() {
+            let (out, ld) = out.unwrap_or_else(|e| panic!("{algorithm:?}: rank {r}: {}", e.msg));
+            for i in 0..rows / 2 {
+                for j in 0..n {
+                    let row = r * rows / 2 + i;
+                    let want: f64 =
+                        (0..2).map(|q| (0..hidden).map(|h| a_val(q, row, h) * b_val(q, h, j)).sum::<f64>()).sum();
+                    assert_eq!(decode(DType::F32, out.bits(i * ld + j)), want, "{algorithm:?}: rank {r} out[{i}, {j}]");
+                }
+            }
+        }
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}

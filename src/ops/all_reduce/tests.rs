@@ -636,3 +636,31 @@ fn two_shot_chunks_fit_the_flags_and_groups() {
     assert_eq!(AllReduceLayout::chunk_bytes(16 << 20, 2), 64 << 10);
     assert_eq!(AllReduceLayout::groups_of(16 << 20, 64 << 10, 2), 128);
 }
+
+/// On the device kernel, ranks whose tensors differ in being strided ask
+/// for the same workspace up to `PACK_ROOM_MAX_BYTES` (it grows by a
+/// rendezvous every rank must join); past it they agree on which are
+/// strided instead (the signature differs, so ranks that differ fail with
+/// Mismatch rather than wait for each other).
+#[test]
+fn ranks_strided_or_not_size_the_workspace_alike() {
+    let mut facts = crate::ops::testing::host_facts(2);
+    (facts.caps.all_reduce, facts.own_devices) = (true, true);
+    let call = |n: usize, strided: bool| {
+        let shape = [n / 2, 2];
+        let input = match strided {
+            true => Array { addr: 0x1000, dtype: DType::F32, shape: shape.to_vec(), strides: vec![4, 1] },
+            false => Array::contiguous(0x1000, DType::F32, &shape),
+        };
+        let output = Array::contiguous(0x1_0000_0000, DType::F32, &shape);
+        AllReduce { input, output, op: ReduceOp::Sum, norm: None, algorithm: None }
+    };
+    let prepared = |c: AllReduce| c.prepare(&facts, AllReduceAlgorithm::TwoShot, None).unwrap().workspace_bytes();
+    for n in [2, 1000, PACK_ROOM_MAX_BYTES / 4] {
+        assert_eq!(prepared(call(n, false)), prepared(call(n, true)), "{n} elements");
+        assert_eq!(call(n, false).signature(None), call(n, true).signature(None), "{n} elements");
+    }
+    let n = PACK_ROOM_MAX_BYTES / 4 + 2;
+    assert!(prepared(call(n, false)) < prepared(call(n, true)));
+    assert_ne!(call(n, false).signature(None), call(n, true).signature(None));
+}
