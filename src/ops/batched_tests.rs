@@ -7,6 +7,8 @@
 //! integers, so every product sum is exact in f32 and the reference (f64
 //! sums, then the documented roundings: each partial to the output type,
 //! the f32 sum and scale, the output type) is exact: compared bit for bit.
+//! With the same helpers: small shards gathered on the LL lines, and
+//! `mm_rs` calls whose layouts differ between ranks.
 
 use super::testing::{host_groups, on_each};
 use super::{batched_operands, fused_ag_mm, mm_rs, AgMm, AgMmScales, MmRs, MmRsScales, ReduceOp};
