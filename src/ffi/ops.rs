@@ -233,6 +233,9 @@ fn all_reduce_options(opts: *const symm_all_reduce_options_t) -> Result<Option<c
 /// (else `SYMM_ERROR_UNSUPPORTED`). `output`
 /// has `input`'s dtype and shape, any strides, and may be `input` itself
 /// (the same descriptor: in place); otherwise they must not overlap.
+/// Strides may differ between ranks; past 64 MiB per rank, whether each
+/// tensor is contiguous must be the same on every rank (else
+/// `SYMM_ERROR_MISMATCH`).
 /// `opts` may be NULL (defaults).
 ///
 /// One-shot (every rank reads all of every rank's input; small messages)
