@@ -38,11 +38,10 @@ use super::agree::Signature;
 use super::decide::{self, Decision, Facts, Op};
 use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
-use super::state::Scratch;
 use super::workspace::Layout;
 use super::{batched_operands, check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
-use crate::backend::{AllGatherCall, AllReduceLayout, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
+use crate::backend::{AllReduceLayout, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -490,18 +489,7 @@ impl AgMmPrepared {
             }
             (false, None) => return Err(err!(Internal, "a strided shard on the lines has no packing region")),
         };
-        let reduce = ex.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
-        let call = AllGatherCall {
-            rank: ex.rank(),
-            world: ex.world(),
-            bytes: self.shard_bytes,
-            input,
-            output: ex.local(self.shards),
-            scratch: ex.on_every_rank(Scratch::AllReduce, 0)?,
-            scratch_bytes: reduce.buffer().size(),
-            timeout: ex.group.timeout(),
-        };
-        ex.group.backend().all_gather(&call, ex.stream)
+        ex.all_gather_lines(input, ex.local(self.shards), self.shard_bytes)
     }
 
     /// Once every rank's shard (and row scales) lies in this rank's

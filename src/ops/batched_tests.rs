@@ -10,7 +10,7 @@
 //! With the same helpers: small shards gathered on the LL lines, and
 //! `mm_rs` calls whose layouts differ between ranks.
 
-use super::testing::{host_groups, on_each};
+use super::testing::{host_groups, lines_calls, on_each};
 use super::{batched_operands, fused_ag_mm, mm_rs, AgMm, AgMmScales, MmRs, MmRsScales, ReduceOp};
 use crate::array::{contiguous_strides, Array, DType};
 use crate::backend::Stream;
@@ -298,9 +298,7 @@ fn sequential_gathers_small_shards_on_the_lines() {
             ag_mm_case(&groups, shape, DType::BF16, Algorithm::Sequential);
             ag_mm_case(&groups, shape, DType::BF16, Algorithm::Pipelined);
             for g in &groups {
-                let h = super::state::of(g).scratch(super::state::Scratch::AllReduce).expect("the lines' buffer");
-                // SAFETY: the buffer's first word is the call count, and no call runs.
-                assert_eq!(unsafe { *(h.buffer().addr() as *const u32) }, i as u32 + 1, "world {world} {shape:?}");
+                assert_eq!(lines_calls(g), Some(i as u32 + 1), "world {world} {shape:?}");
             }
         }
         groups.iter().for_each(|g| g.release_scratch());

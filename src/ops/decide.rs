@@ -157,12 +157,14 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         Op::AgMm => cost::ag_mm(&problem, &DeviceModel::HOPPER),
         Op::MmRs => cost::mm_rs(&problem, &DeviceModel::HOPPER),
     };
+    // The lines' time, where the sequential path gathers on them.
     let shard_bytes = (shape.m / world.max(1)).saturating_mul(shape.k).saturating_mul(shape.dtype.size());
-    let lines = shape.op == Op::AgMm
-        && shape.lines
-        && decide_lc_allgather(facts, shard_bytes, None).is_ok_and(|g| g.path == GatherPath::Lines);
-    if lines {
-        let (_, gather) = cost::lc_allgather(shard_bytes, world, &GatherModel::HOPPER, &DeviceModel::HOPPER);
+    let lines = (shape.op == Op::AgMm && shape.lines)
+        .then(|| decide_lc_allgather(facts, shard_bytes, None).ok())
+        .flatten()
+        .filter(|g| g.path == GatherPath::Lines)
+        .map(|g| g.total_ms);
+    if let Some(gather) = lines {
         for e in estimates.iter_mut().filter(|e| e.algorithm == Algorithm::Sequential) {
             (e.comm_ms, e.exposed_ms, e.total_ms) = (gather, gather, e.compute_ms + gather);
         }
@@ -171,7 +173,7 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         algorithm,
         why,
         estimate,
-        lines: lines && algorithm == Algorithm::Sequential,
+        lines: lines.is_some() && algorithm == Algorithm::Sequential,
     };
     let forced = match (requested, facts.setting) {
         (Some(a), _) => Some((a, Why::Option)),

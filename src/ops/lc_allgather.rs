@@ -39,12 +39,11 @@
 
 use super::agree::Signature;
 use super::decide::{decide_lc_allgather, Facts, GatherPath};
-use super::state::Scratch;
 use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{check, shape_text, Exec, Prepared};
 use crate::array::Array;
-use crate::backend::{AllGatherCall, AllReduceLayout, Stream};
+use crate::backend::{AllReduceLayout, Stream};
 use crate::error::{err, Result};
 use crate::group::Group;
 use std::sync::Arc;
@@ -196,18 +195,7 @@ impl LcPrepared {
             true => output.addr,
             false => packed(|(_, o)| o)?,
         };
-        let reduce = ex.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
-        let call = AllGatherCall {
-            rank: ex.rank(),
-            world: ex.world(),
-            bytes: self.staged_bytes,
-            input: src,
-            output: dst,
-            scratch: ex.on_every_rank(Scratch::AllReduce, 0)?,
-            scratch_bytes: reduce.buffer().size(),
-            timeout: ex.group.timeout(),
-        };
-        ex.group.backend().all_gather(&call, ex.stream)?;
+        ex.all_gather_lines(src, dst, self.staged_bytes)?;
         if !output.is_contiguous() {
             ex.copy(output, &Array::contiguous(dst, output.dtype, &output.shape))?;
         }
@@ -291,7 +279,7 @@ mod tests {
     use crate::array::DType;
     use crate::buffer::{rendezvous, Buffer};
     use crate::error::ErrorKind;
-    use crate::ops::testing::{host_groups, on_each};
+    use crate::ops::testing::{host_groups, lines_calls, on_each};
 
     #[test]
     fn output_must_hold_every_rank() {
@@ -466,14 +454,6 @@ mod tests {
             panic!("{what}: byte {k} of the output is {:#x}, expected {:#x}", out[k], want[k]);
         }
         drop(sym);
-    }
-
-    /// The calls' count in this rank's all-reduce buffer (the lines' call
-    /// numbers), or `None` when the group has none.
-    fn lines_calls(g: &Group) -> Option<u32> {
-        let h = crate::ops::state::of(g).scratch(crate::ops::state::Scratch::AllReduce)?;
-        // SAFETY: the buffer's first word is the count, and no call runs.
-        Some(unsafe { *(h.buffer().addr() as *const u32) })
     }
 
     /// Both paths, forced, at worlds 1 to 4: every dtype, sizes from 2

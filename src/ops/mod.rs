@@ -64,7 +64,7 @@ pub use symmetric::{symmetric_args, PeerAccess, SYMMETRIC_ARGS};
 pub use workspace::reserve as reserve_workspace;
 
 use crate::array::Array;
-use crate::backend::{GemmScales, Stream};
+use crate::backend::{AllGatherCall, GemmScales, Stream};
 use crate::buffer::Handle;
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
@@ -280,6 +280,25 @@ impl Exec<'_> {
         };
         let buf = buf.ok_or_else(|| err!(Internal, "the call was given no {kind:?}"))?;
         (0..self.world()).map(|r| Ok(buf.peer_addr(r)? + offset as u64)).collect()
+    }
+
+    /// Every rank's `bytes` contiguous bytes at `input` into `output` (rank
+    /// r's at `output + r * bytes`) by one launch of the device-side
+    /// all-gather (`Backend::all_gather`) through the all-reduce buffer the
+    /// call asked for (`Prepared::all_reduce_bytes`).
+    fn all_gather_lines(&self, input: u64, output: u64, bytes: usize) -> Result<()> {
+        let reduce = self.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
+        let call = AllGatherCall {
+            rank: self.rank(),
+            world: self.world(),
+            bytes,
+            input,
+            output,
+            scratch: self.on_every_rank(Scratch::AllReduce, 0)?,
+            scratch_bytes: reduce.buffer().size(),
+            timeout: self.group.timeout(),
+        };
+        self.group.backend().all_gather(&call, self.stream)
     }
 
     /// Every rank once, starting with this one and going down, so that at

@@ -32,7 +32,18 @@ pub fn host_groups(world: usize) -> Vec<Arc<Group>> {
 /// The world of the GPU tests: `SYMM_TEST_WORLD` ranks, one per GPU
 /// (default 2), so a four-GPU machine runs them at world 4.
 pub fn gpu_test_world() -> usize {
-    std::env::var("SYMM_TEST_WORLD").ok().and_then(|v| v.parse().ok()).filter(|&w| w >= 2).unwrap_or(2)
+    static WORLD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WORLD.get_or_init(|| {
+        std::env::var("SYMM_TEST_WORLD").ok().and_then(|v| v.parse().ok()).filter(|&w| w >= 2).unwrap_or(2)
+    })
+}
+
+/// The calls' count in this rank's all-reduce buffer (the LL lines' and
+/// the all-reduce's call numbers), or `None` when the group has none.
+pub fn lines_calls(g: &Group) -> Option<u32> {
+    let h = crate::ops::state::of(g).scratch(crate::ops::state::Scratch::AllReduce)?;
+    // SAFETY: the buffer's first word is the count, and no call runs.
+    Some(unsafe { *(h.buffer().addr() as *const u32) })
 }
 
 /// A CUDA group of `world` ranks on devices 0..world, or None (reported

@@ -154,7 +154,9 @@ fn gpu_lc_allgather_small_messages_take_the_lines() {
             lc_allgather(g, Ok(call), gpu.stream()).unwrap();
         }
         gpu.sync();
-        let h = crate::ops::state::of(g).scratch(Scratch::AllReduce).expect("the lines' all-reduce buffer");
+        let h = crate::ops::state::of(g)
+            .scratch(crate::ops::state::Scratch::AllReduce)
+            .expect("the lines' all-reduce buffer");
         u32::from_le_bytes(gpu.read_at(h.buffer().addr(), 4).try_into().unwrap())
     });
     assert_eq!(counts, vec![3; gpu_test_world()]);
