@@ -23,8 +23,9 @@ mod across;
 pub use across::{AcrossHosts, Bootstrapped, NcclTransport};
 
 use crate::backend::cuda::nccl::{self, Communicator};
+use crate::backend::cuda::nccl_watch::Watchdog;
 use crate::backend::host::{HostAllocation, HostMapping};
-use crate::backend::{self, Allocation, Backend, BackendChoice, BackendKind, Mapping};
+use crate::backend::{self, Allocation, Backend, BackendChoice, BackendKind, Mapping, Stream};
 use crate::bootstrap::{allgather_var, Bootstrap};
 use crate::config;
 use crate::cost::Algorithm;
@@ -183,6 +184,9 @@ pub struct Group {
     /// its host (the plans' level inside a host).
     across: Option<Box<dyn AcrossHosts>>,
     inside: Option<Box<dyn AcrossHosts>>,
+    /// Groups spanning hosts through NCCL: aborts its communicators when a
+    /// call outlives the timeout or the group fails.
+    nccl_watch: Option<Watchdog>,
     settings: Settings,
     /// What the layers above keep per group (see [`Attachment`]), at most
     /// one of each type.
@@ -253,16 +257,18 @@ impl Group {
         let topology = Topology::new(&hosts, rank);
         check_ranks(&ranks, &topology, rank, cfg.allow_shared_device)?;
         check_settings(&ranks)?;
-        let (across, inside) = match (topology.single_host(), backend.kind()) {
-            (true, _) => (None, None),
+        let (across, inside, nccl_watch) = match (topology.single_host(), backend.kind()) {
+            (true, _) => (None, None, None),
             (false, BackendKind::Cuda) => {
                 let (across, inside) = across_hosts(bootstrap.as_ref(), &topology, backend.device(), wait)?;
-                (Some(Box::new(across) as Box<dyn AcrossHosts>), Some(Box::new(inside) as Box<dyn AcrossHosts>))
+                let watch = watch_nccl(&health, backend.device(), &[&across, &inside])?;
+                let boxed = |t: NcclTransport| Some(Box::new(t) as Box<dyn AcrossHosts>);
+                (boxed(across), boxed(inside), Some(watch))
             }
             (false, BackendKind::Host) => {
                 let across = Bootstrapped::new(across_members(&topology), rank)?;
                 let inside = Bootstrapped::new(topology.local_ranks(), rank)?;
-                (Some(Box::new(across) as Box<dyn AcrossHosts>), Some(Box::new(inside) as Box<dyn AcrossHosts>))
+                (Some(Box::new(across) as Box<dyn AcrossHosts>), Some(Box::new(inside) as Box<dyn AcrossHosts>), None)
             }
         };
         health.attach_board(form_board(bootstrap.as_ref(), &topology, world, &rank0_secret, wait)?);
@@ -283,6 +289,7 @@ impl Group {
             topology,
             across,
             inside,
+            nccl_watch,
             settings,
             attachments: Mutex::default(),
             health,
@@ -411,11 +418,36 @@ impl Group {
         exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
     }
 
-    /// [`Self::exchange`] for the transport across hosts, which a group
-    /// spanning hosts runs. Call with the collective lock held.
-    pub(crate) fn exchange_across_hosts(&self, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    /// [`Self::exchange`] for a group spanning hosts, each payload tagged
+    /// with its `purpose`: a rank agreeing on a call while a peer moves a
+    /// kept call's data through the bootstrap (see `crate::ops::agree`)
+    /// fails both with `Mismatch`, neither reading the other's bytes as its
+    /// own. Call with the collective lock held.
+    pub(crate) fn exchange_across_hosts(&self, purpose: Purpose, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         self.health.check()?;
-        exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
+        let tag = purpose as u8;
+        let tagged = local.map(|b| [&[tag][..], &b].concat());
+        let all = exchange(self.bootstrap.as_ref(), tagged, self.timeout(), &|e| self.fail(e))?;
+        if let Some(r) = all.iter().position(|b| b.first() != Some(&tag)) {
+            let e = err!(
+                Mismatch,
+                "rank {r} made another call than this rank ({purpose:?} here): the ranks are out of step"
+            );
+            self.fail(&e);
+            return Err(e);
+        }
+        Ok(all.into_iter().map(|mut b| b.split_off(1)).collect())
+    }
+
+    /// Runs `enqueue`, a call's work across hosts on `stream` named `what`,
+    /// under the NCCL watchdog where the group has one (see
+    /// `crate::backend::cuda::nccl_watch`): if it runs on the GPU past the
+    /// group's timeout, the group fails and NCCL's waits end.
+    pub(crate) fn watched(&self, stream: Stream, what: &'static str, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+        match &self.nccl_watch {
+            Some(w) => w.watch(stream, what, self.timeout(), enqueue),
+            None => enqueue(),
+        }
     }
 
     /// The transport across hosts (`None` while the group is on one host).
@@ -642,6 +674,29 @@ fn join_nccl(
     let comm = Communicator::join(nccl, index, members.len(), device, id)
         .map_err(|e| e.context(format!("joining the ranks {members:?} {what}")))?;
     Ok(NcclTransport::new(comm, members))
+}
+
+/// What an exchange across hosts is for (its tag).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// The arguments of a call (`crate::ops::agree`).
+    Agreement = 1,
+    /// A collective's data (the bootstrap's transport).
+    Data = 2,
+}
+
+/// The watchdog of a group's NCCL communicators: it fails the group (held
+/// weakly: the group owns the watchdog) and hears of its failures.
+fn watch_nccl(health: &Arc<Health>, device: i32, transports: &[&NcclTransport]) -> Result<Watchdog> {
+    let weak = Arc::downgrade(health);
+    let fail = Box::new(move |e: &Error| {
+        if let Some(h) = weak.upgrade() {
+            h.fail(e)
+        }
+    });
+    let watch = Watchdog::start(device, transports.iter().map(|t| t.communicator()).collect(), fail)?;
+    health.on_failure(watch.group_failed());
+    Ok(watch)
 }
 
 /// The ranks with this rank's local index on every host, in host order:

@@ -12,12 +12,13 @@
 //! host backend: bytes through the bootstrap's all-gather; slow but
 //! correct, for tests of groups on declared hosts).
 
-use super::Group;
+use super::{Group, Purpose};
 use crate::array::{Array, DType};
 use crate::backend::cuda::nccl::{self, Communicator};
 use crate::backend::host::elementwise;
 use crate::backend::Stream;
 use crate::error::{err, Result};
+use std::sync::Arc;
 
 /// Collectives over the members (see the module documentation). Sums only:
 /// integers wrap, floats are summed in f32 (bootstrap) or as NCCL does.
@@ -94,7 +95,7 @@ impl Bootstrapped {
         let bytes = send.numel() * send.dtype.size();
         // SAFETY: `send` is contiguous (checked) and readable for its extent.
         let mine = unsafe { std::slice::from_raw_parts(send.addr as *const u8, bytes) }.to_vec();
-        let all = group.exchange_across_hosts(Ok(mine))?;
+        let all = group.exchange_across_hosts(Purpose::Data, Ok(mine))?;
         self.members
             .iter()
             .map(|&m| {
@@ -161,13 +162,18 @@ impl AcrossHosts for Bootstrapped {
 /// NCCL's transport (the CUDA backend): a communicator over the members,
 /// whose collectives are enqueued on the caller's stream.
 pub struct NcclTransport {
-    comm: Communicator,
+    comm: Arc<Communicator>,
     members: Vec<usize>,
 }
 
 impl NcclTransport {
     pub fn new(comm: Communicator, members: Vec<usize>) -> NcclTransport {
-        NcclTransport { comm, members }
+        NcclTransport { comm: Arc::new(comm), members }
+    }
+
+    /// The communicator, for the group's watchdog to abort.
+    pub fn communicator(&self) -> Arc<Communicator> {
+        self.comm.clone()
     }
 }
 

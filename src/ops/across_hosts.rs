@@ -18,9 +18,9 @@
 //! one all-gather straight into it (the members are in rank order), both
 //! staging only what is strided (and the average's total). The
 //! workspace is made ready before the ranks agree, so that a failure to
-//! allocate it fails every rank; every call is agreed (no call is kept),
-//! so one that differs between ranks fails on all of them, and bad input
-//! changes nothing.
+//! allocate it fails every rank; a call is agreed once and then kept, as on
+//! one host (`agree_across_hosts`), its work across hosts watched
+//! (`Group::watched`), and bad input changes nothing.
 
 use super::agree::{agree_across_hosts, Signature};
 use super::hierarchy::{piece_rows, AllReducePlan, GatherPlan, Hierarchy};
@@ -158,7 +158,8 @@ pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Res
         c.finish(&ex, &sum, norm)
     };
     // A rank that stops midway leaves its peers waiting in a transport.
-    run().inspect_err(|e| group.fail(e))
+    let what = if c.norm.is_some() { "symm_all_reduce_rmsnorm" } else { "symm_all_reduce" };
+    group.watched(stream, what, run).inspect_err(|e| group.fail(e))
 }
 
 /// The all-reduce of a rank alone on its host (`Staging::Alone`): the sum
@@ -239,7 +240,7 @@ pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) ->
         let place = |r: usize| if r == me { mine.clone() } else { c.output.narrow(0, piece_rows(r, len).start, len) };
         gather(&ex, &plan, ex.local(staging), &place)
     };
-    run().inspect_err(|e| group.fail(e))
+    group.watched(stream, "symm_lc_allgather", run).inspect_err(|e| group.fail(e))
 }
 
 #[cfg(test)]
@@ -255,12 +256,17 @@ pub(super) mod tests {
 
     /// Host-backend groups whose rank r is on pretend host `hosts[r]`.
     pub(in crate::ops) fn on_hosts(hosts: &[&str]) -> Vec<Arc<Group>> {
+        on_hosts_with(hosts, false)
+    }
+
+    /// As [`on_hosts`]; `always`: every call's arguments are checked.
+    fn on_hosts_with(hosts: &[&str], always: bool) -> Vec<Arc<Group>> {
         std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(hosts.len())
                 .into_iter()
                 .zip(hosts)
                 .map(|(b, h)| {
-                    let cfg = GroupConfig { host_id: Some(h.to_string()), ..host_config(false) };
+                    let cfg = GroupConfig { host_id: Some(h.to_string()), ..host_config(always) };
                     s.spawn(move || Group::new(Box::new(b), 0, &cfg).unwrap())
                 })
                 .collect();
@@ -398,6 +404,45 @@ pub(super) mod tests {
         }) {
             assert_eq!(e.kind, ErrorKind::Unsupported);
             assert!(e.msg.contains("different numbers of ranks"), "{}", e.msg);
+        }
+    }
+
+    /// A kept call (agreed before) that one rank alone changes: that rank
+    /// agrees while its peers move data, and every rank fails with
+    /// `Mismatch` (out of step) instead of reading the other's bytes; the
+    /// group then refuses every call. Checking every call keeps it usable.
+    #[test]
+    fn a_kept_call_changed_on_one_rank_fails_every_rank() {
+        for always in [false, true] {
+            let groups = on_hosts_with(&["a", "b", "a", "b"], always);
+            let call = |g: &Arc<Group>, n: usize| {
+                let (input, output) = (vec![1f32; n], vec![f32::NAN; n]);
+                let call = AllReduce {
+                    input: arr(&input, DType::F32, &[n]),
+                    output: arr(&output, DType::F32, &[n]),
+                    op: ReduceOp::Sum,
+                    norm: None,
+                    algorithm: None,
+                };
+                all_reduce_op(g, Ok(call), Stream(0)).map(|()| output)
+            };
+            let got = on_each(&groups, |r, g| {
+                let first = call(g, 4).unwrap();
+                let changed = call(g, if r == 2 { 5 } else { 4 });
+                (first, changed, call(g, 4))
+            });
+            for (r, (first, changed, after)) in got.into_iter().enumerate() {
+                assert_eq!(first, vec![4.0; 4]);
+                let e = changed.unwrap_err();
+                assert_eq!(e.kind, ErrorKind::Mismatch, "rank {r}: {}", e.msg);
+                match (always, after) {
+                    (true, after) => assert_eq!(after.unwrap(), vec![4.0; 4]),
+                    (false, after) => {
+                        assert!(e.msg.contains("out of step"), "{}", e.msg);
+                        assert_eq!(after.unwrap_err().kind, ErrorKind::Aborted);
+                    }
+                }
+            }
         }
     }
 
@@ -850,5 +895,112 @@ pub(super) mod tests {
                 assert!(strided >= (host_count + world) * piece, "{what}");
             }
         }
+    }
+}
+
+/// The watchdog of a CUDA group on pretend hosts (NCCL between them): a
+/// kept call whose peer never comes ends at the group's timeout, and an
+/// abort ends it at once; either way the stream goes on and later calls
+/// are refused. Named `gpu_*`; skipped without two GPUs or NCCL.
+#[cfg(test)]
+mod gpu_tests {
+    use super::super::lc_allgather as lc_allgather_op;
+    use super::*;
+    use crate::array::DType;
+    use crate::backend::cuda::gpu_testing::{gpu_on, report_skipped};
+    use crate::backend::cuda::{driver, nccl};
+    use crate::backend::BackendChoice;
+    use crate::bootstrap::local::local_bootstraps;
+    use crate::error::ErrorKind;
+    use crate::group::GroupConfig;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn groups(timeout: Duration) -> Vec<Arc<Group>> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(2)
+                .into_iter()
+                .zip(["a", "b"])
+                .enumerate()
+                .map(|(r, (b, h))| {
+                    let cfg = GroupConfig {
+                        backend: Some(BackendChoice::Cuda),
+                        timeout: Some(timeout),
+                        host_id: Some(h.to_string()),
+                        ..Default::default()
+                    };
+                    s.spawn(move || Group::new(Box::new(b), r as i32, &cfg).expect("a CUDA group on pretend hosts"))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Both ranks make a call (agreed, then kept), then rank 0 alone makes
+    /// it again: `stop(group)` runs on rank 0 while it waits. Returns how
+    /// long rank 0's stream took to get past the lone call, and rank 0's
+    /// group.
+    fn lone_kept_call(timeout: Duration, stop: impl Fn(&Group) + Sync) -> (Duration, Arc<Group>) {
+        let gs = groups(timeout);
+        let n = 1 << 16;
+        let waited = std::thread::scope(|s| {
+            let hs: Vec<_> = gs
+                .iter()
+                .map(|g| {
+                    let stop = &stop;
+                    s.spawn(move || {
+                        let gpu = gpu_on(g.device());
+                        let input = gpu.upload(&vec![g.rank() as f32 + 0.5; n]);
+                        let output = gpu.upload(&vec![f32::NAN; 2 * n]);
+                        let call = || LcAllgather {
+                            input: Array::contiguous(input.ptr, DType::F32, &[n]),
+                            output: Array::contiguous(output.ptr, DType::F32, &[2 * n]),
+                        };
+                        for _ in 0..2 {
+                            lc_allgather_op(g, Ok(call()), gpu.stream()).unwrap();
+                        }
+                        gpu.sync();
+                        let got = output.read::<f32>(2 * n);
+                        assert!(got[..n].iter().all(|&v| v == 0.5) && got[n..].iter().all(|&v| v == 1.5));
+                        if g.rank() != 0 {
+                            return None;
+                        }
+                        let t = Instant::now();
+                        lc_allgather_op(g, Ok(call()), gpu.stream()).expect("a kept call is enqueued");
+                        std::thread::sleep(Duration::from_millis(200));
+                        stop(g);
+                        gpu.sync();
+                        Some(t.elapsed())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).find_map(|w| w).unwrap()
+        });
+        gs[1].abort();
+        (waited, gs[0].clone())
+    }
+
+    #[test]
+    fn gpu_a_kept_call_without_its_peer_times_out_or_aborts() {
+        if driver::device_count() < 2 || nccl::load().is_err() {
+            report_skipped();
+            return;
+        }
+        let (waited, g) = lone_kept_call(Duration::from_secs(2), |_| {});
+        assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(20), "{waited:?}");
+        let e = g.failure().expect("the group failed");
+        assert_eq!(e.kind, ErrorKind::Timeout, "{}", e.msg);
+        assert!(e.msg.contains("symm_lc_allgather across hosts did not finish"), "{}", e.msg);
+        let (n, gpu) = (4, gpu_on(g.device()));
+        let (input, output) = (gpu.upload(&[1f32; 4]), gpu.upload(&[f32::NAN; 8]));
+        let call = LcAllgather {
+            input: Array::contiguous(input.ptr, DType::F32, &[n]),
+            output: Array::contiguous(output.ptr, DType::F32, &[2 * n]),
+        };
+        assert_eq!(lc_allgather_op(&g, Ok(call), gpu.stream()).unwrap_err().kind, ErrorKind::Aborted);
+        // An abort ends the wait long before a minute's timeout.
+        let (waited, g) = lone_kept_call(Duration::from_secs(60), |g| g.abort());
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+        assert_eq!(g.failure().expect("aborted").kind, ErrorKind::Aborted);
     }
 }

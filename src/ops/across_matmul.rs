@@ -10,8 +10,9 @@
 //! The workspace is this rank's memory alone (`LocalScratch`), laid out
 //! as the one-host call's, then the transports' staging; it is made ready
 //! before the ranks agree, so that a failure to allocate it fails every
-//! rank. Every call is agreed (no call is kept), so one that differs
-//! between ranks fails on all of them, and bad input changes nothing.
+//! rank. A call is agreed once and then kept, as on one host
+//! (`agree_across_hosts`), its work across hosts watched (`Group::watched`),
+//! and bad input changes nothing.
 
 use super::across_hosts::{flat, gather, transports};
 use super::agree::{agree_across_hosts, Signature};
@@ -53,7 +54,7 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
         p.multiply_gathered(&ex)
     };
     // A rank that stops midway leaves its peers waiting in a transport.
-    run().inspect_err(|e| group.fail(e))
+    group.watched(stream, "symm_fused_ag_mm", run).inspect_err(|e| group.fail(e))
 }
 
 pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<()> {
@@ -101,7 +102,7 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
         across.reduce_scatter(group, &run_of(host_sums, hosts), &run_of(total, 1), stream)?;
         p.reduce_into_out(&ex, &[p.chunk(ex.local(total))])
     };
-    run().inspect_err(|e| group.fail(e))
+    group.watched(stream, "symm_mm_rs", run).inspect_err(|e| group.fail(e))
 }
 
 /// Against a reference in f64 (exact: small integers) and the same call

@@ -26,7 +26,7 @@
 
 use super::state;
 use crate::error::{err, Error, Result};
-use crate::group::Group;
+use crate::group::{Group, Purpose};
 use crate::wire::{Reader, Writer};
 use std::fmt::Display;
 
@@ -105,12 +105,26 @@ pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Resul
     Ok(Agreed { first })
 }
 
-/// As [`agree`] for a group spanning hosts, every call (its operations
-/// keep no agreed calls): through the group's transport across hosts.
+/// As [`agree`] for a group spanning hosts, through its transport across
+/// hosts, with the same trade-off: an agreed call is kept. A rank that
+/// alone changes a kept call leaves its peers waiting in NCCL, which the
+/// group's watchdog ends (`Timeout`, see `crate::backend::cuda::nccl_watch`);
+/// on the bootstrap's transport its agreement meets their data and every
+/// rank fails with `Mismatch`.
 pub fn agree_across_hosts(group: &Group, sig: &Signature, local: Result<()>) -> Result<()> {
-    let all = group.exchange_across_hosts(local.map(|()| sig.encode()))?;
+    let encoded = sig.encode();
+    let state = state::of(group);
+    if !group.check_args_always() && state.is_agreed(&encoded) {
+        if let Err(e) = &local {
+            group.fail(&e.clone().context("a call whose arguments the ranks had agreed on failed here"));
+        }
+        return local;
+    }
+    let all = group.exchange_across_hosts(Purpose::Agreement, local.map(|()| encoded))?;
     let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
-    check_same(&sigs)
+    check_same(&sigs)?;
+    state.mark_agreed(all[group.rank()].clone());
+    Ok(())
 }
 
 /// Every rank's arguments against rank 0's, so that all ranks report the
@@ -172,14 +186,16 @@ mod tests {
         }
     }
 
-    /// An in-process group whose ranks count their all-gathers.
-    fn counting_groups(world: usize, always: bool) -> Vec<(Arc<Group>, Arc<AtomicUsize>)> {
-        let cfg = host_config(always);
+    /// An in-process group whose ranks count their all-gathers; rank r on
+    /// pretend host `hosts[r]` if given, else all on one host.
+    fn counting_groups(world: usize, always: bool, hosts: Option<&[&str]>) -> Vec<(Arc<Group>, Arc<AtomicUsize>)> {
         std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(world)
                 .into_iter()
-                .map(|b| {
-                    let cfg = cfg.clone();
+                .enumerate()
+                .map(|(r, b)| {
+                    let host_id = hosts.map(|h| h[r].to_string());
+                    let cfg = crate::group::GroupConfig { host_id, ..host_config(always) };
                     s.spawn(move || {
                         let calls = Arc::new(AtomicUsize::new(0));
                         let g = Group::new(Box::new(Counting { inner: b, calls: calls.clone() }), 0, &cfg).unwrap();
@@ -198,7 +214,13 @@ mod tests {
         always: bool,
         f: impl Fn(usize, &Group, &dyn Fn() -> usize) -> T + Sync,
     ) -> Vec<T> {
-        let groups = counting_groups(world, always);
+        on_group_of(counting_groups(world, always, None), f)
+    }
+
+    fn on_group_of<T: Send>(
+        groups: Vec<(Arc<Group>, Arc<AtomicUsize>)>,
+        f: impl Fn(usize, &Group, &dyn Fn() -> usize) -> T + Sync,
+    ) -> Vec<T> {
         let gs: Vec<Arc<Group>> = groups.iter().map(|(g, _)| g.clone()).collect();
         on_each(&gs, |r, g| {
             let _lock = g.lock_collective();
@@ -220,6 +242,27 @@ mod tests {
             for (repeat, total) in skipped {
                 assert_eq!(repeat == 0, !always);
                 assert!(total > repeat, "a new signature is exchanged");
+            }
+        }
+    }
+
+    /// Across hosts as on one host: an agreed call skips the exchange
+    /// unless every call is checked; a differing first call is no agreement.
+    #[test]
+    fn agreed_signatures_across_hosts_skip_the_exchange_unless_always() {
+        for always in [false, true] {
+            let groups = counting_groups(4, always, Some(&["a", "b", "a", "b"]));
+            let got = on_group_of(groups, |r, g, calls| {
+                agree_across_hosts(g, &sig(0, &[4, 8]), Ok(())).unwrap();
+                let before = calls();
+                agree_across_hosts(g, &sig(0, &[4, 8]), Ok(())).unwrap();
+                let repeat = calls() - before;
+                let differing = agree_across_hosts(g, &sig(r % 2, &[2, 8]), Ok(())).unwrap_err();
+                (repeat, differing.kind)
+            });
+            for (repeat, differing) in got {
+                assert_eq!(repeat == 0, !always);
+                assert_eq!(differing, ErrorKind::Mismatch);
             }
         }
     }

@@ -15,6 +15,7 @@ pub(crate) mod graphs;
 pub mod kernels;
 mod module;
 pub mod nccl;
+pub mod nccl_watch;
 pub mod pack;
 mod quantize;
 pub mod reduce;

@@ -15,6 +15,7 @@ use crate::array::DType;
 use crate::config;
 use crate::error::{err, Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::RwLock;
 
 /// `ncclResult_t`: 0 is success.
 type NcclResult = c_int;
@@ -63,6 +64,8 @@ type GetErrorString = unsafe extern "C" fn(NcclResult) -> *const c_char;
 type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> NcclResult;
 type CommInitRank = unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult;
 type CommDestroy = unsafe extern "C" fn(RawComm) -> NcclResult;
+type CommAbort = unsafe extern "C" fn(RawComm) -> NcclResult;
+type CommGetAsyncError = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
 /// send, recv, per-rank count, datatype, comm, stream.
 type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, *mut c_void) -> NcclResult;
 /// send, recv, count, datatype, op, comm, stream.
@@ -77,6 +80,10 @@ struct Api {
     ncclGetUniqueId: GetUniqueId,
     ncclCommInitRank: CommInitRank,
     ncclCommDestroy: CommDestroy,
+    // The watchdog's (`super::nccl_watch`): a call that outlives the
+    // group's timeout, or an error NCCL met on its own threads, aborts.
+    ncclCommAbort: CommAbort,
+    ncclCommGetAsyncError: CommGetAsyncError,
     // The collectives of the transport across hosts.
     ncclAllGather: AllGather,
     ncclReduceScatter: Reduce,
@@ -196,6 +203,8 @@ impl Api {
             ncclGetUniqueId: sym!(ncclGetUniqueId: GetUniqueId),
             ncclCommInitRank: sym!(ncclCommInitRank: CommInitRank),
             ncclCommDestroy: sym!(ncclCommDestroy: CommDestroy),
+            ncclCommAbort: sym!(ncclCommAbort: CommAbort),
+            ncclCommGetAsyncError: sym!(ncclCommGetAsyncError: CommGetAsyncError),
             ncclAllGather: sym!(ncclAllGather: AllGather),
             ncclReduceScatter: sym!(ncclReduceScatter: Reduce),
             ncclAllReduce: sym!(ncclAllReduce: Reduce),
@@ -227,17 +236,25 @@ fn dlerror() -> String {
     }
 }
 
-/// An NCCL communicator over a group's ranks, destroyed when dropped.
+/// An NCCL communicator over a group's ranks, destroyed when dropped,
+/// unless aborted first ([`Communicator::abort`]: NCCL frees it then).
 pub struct Communicator {
     nccl: &'static Nccl,
-    comm: RawComm,
+    /// Null once aborted. Enqueues hold the read side for the length of
+    /// NCCL's host call, so an abort (the write side, from the watchdog)
+    /// never frees the communicator under one.
+    comm: RwLock<RawComm>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a
-// time; symm serializes a group's collectives.
+// time (symm serializes a group's collectives); `ncclCommAbort` is meant to
+// be called from another thread while work is pending.
 unsafe impl Send for Communicator {}
 // SAFETY: see above.
 unsafe impl Sync for Communicator {}
+
+/// `ncclInProgress`: a nonblocking call not finished yet (not an error).
+const IN_PROGRESS: NcclResult = 7;
 
 impl Communicator {
     /// Collective over the `size` ranks that got `id`: this rank joins as
@@ -252,27 +269,68 @@ impl Communicator {
         // SAFETY: a valid out pointer; the id is 128 bytes by value.
         let rc = unsafe { (nccl.api.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
         nccl.check(rc, "ncclCommInitRank").map_err(|e: Error| e.context(format!("rank {rank} of {world}")))?;
-        Ok(Communicator { nccl, comm })
+        Ok(Communicator { nccl, comm: RwLock::new(comm) })
     }
-}
 
-impl Communicator {
+    /// Runs `f` on the live communicator (`Aborted` once aborted).
+    fn with(&self, what: &str, f: impl FnOnce(RawComm) -> NcclResult) -> Result<()> {
+        let comm = crate::sync::read(&self.comm);
+        if comm.is_null() {
+            return Err(err!(Aborted, "{what}: the NCCL communicator was aborted"));
+        }
+        self.nccl.check(f(*comm), what)
+    }
+
+    /// Aborts the communicator: NCCL's kernels of it still waiting end (what
+    /// they were writing is left partly written) and NCCL frees it. Later
+    /// calls fail with `Aborted`. Blocks while a call is being enqueued.
+    pub fn abort(&self) {
+        let mut comm = crate::sync::write(&self.comm);
+        if comm.is_null() {
+            return;
+        }
+        // SAFETY: a live communicator, aborted once (nulled under the lock).
+        let rc = unsafe { (self.nccl.api.ncclCommAbort)(*comm) };
+        *comm = std::ptr::null_mut();
+        if let Err(e) = self.nccl.check(rc, "ncclCommAbort") {
+            log::warn!("{e}");
+        }
+    }
+
+    /// An error NCCL met asynchronously (a lost connection, a peer's
+    /// abort), if any; `None` while healthy or once aborted.
+    pub fn async_error(&self) -> Option<Error> {
+        let comm = crate::sync::read(&self.comm);
+        if comm.is_null() {
+            return None;
+        }
+        let mut found: NcclResult = 0;
+        // SAFETY: a live communicator and a valid out pointer.
+        let rc = unsafe { (self.nccl.api.ncclCommGetAsyncError)(*comm, &mut found) };
+        if let Err(e) = self.nccl.check(rc, "ncclCommGetAsyncError") {
+            return Some(e);
+        }
+        match found {
+            0 | IN_PROGRESS => None,
+            code => self.nccl.check(code, "an NCCL operation (reported asynchronously)").err(),
+        }
+    }
+
     /// Enqueues on `stream`: `recv` (`size` x `bytes`) receives every
     /// member's `bytes` bytes at `send`, in member order. Device pointers.
     pub fn all_gather(&self, send: u64, recv: u64, bytes: usize, stream: usize) -> Result<()> {
         // SAFETY: the caller passes device buffers of these sizes and a
         // stream of this communicator's device.
-        let rc = unsafe {
+        self.with("ncclAllGather", |comm| unsafe {
             (self.nccl.api.ncclAllGather)(
                 send as *const c_void,
                 recv as *mut c_void,
                 bytes,
                 BYTES_TYPE,
-                self.comm,
+                comm,
                 stream as *mut c_void,
             )
-        };
-        self.nccl.check(rc, "ncclAllGather")
+        })
     }
 
     /// Enqueues on `stream`: `recv` receives the sum over members of
@@ -300,17 +358,21 @@ impl Communicator {
         stream: usize,
     ) -> Result<()> {
         // SAFETY: as in `all_gather`.
-        let rc = unsafe {
-            f(send as *const c_void, recv as *mut c_void, count, dtype, SUM, self.comm, stream as *mut c_void)
-        };
-        self.nccl.check(rc, name)
+        self.with(name, |comm| unsafe {
+            f(send as *const c_void, recv as *mut c_void, count, dtype, SUM, comm, stream as *mut c_void)
+        })
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // SAFETY: `comm` came from ncclCommInitRank and is destroyed once.
-        let rc = unsafe { (self.nccl.api.ncclCommDestroy)(self.comm) };
+        let comm = *crate::sync::read(&self.comm);
+        if comm.is_null() {
+            return;
+        }
+        // SAFETY: `comm` came from ncclCommInitRank, was not aborted, and is
+        // destroyed once.
+        let rc = unsafe { (self.nccl.api.ncclCommDestroy)(comm) };
         if let Err(e) = self.nccl.check(rc, "ncclCommDestroy") {
             log::warn!("{e}");
         }
