@@ -25,7 +25,9 @@ bench_ops.py's and bench_allreduce.py's records of the same shapes).
 
 Timed as bench_ops.py times (its Bench: CUDA events, the median of --iters
 after --warmup in round-robin rounds, the maximum over ranks), eagerly
-(calls across hosts agree on the host every call, so no graph replay).
+(a repeated call is kept after its first agreement, as on one host, and
+runs under the group's NCCL watchdog; calls across hosts are not replayed
+as graphs).
 bf16. Ops (records' `op`, `shape` as DESIGN.md's format names them):
 - hosts_allgather [bytes per rank]: symm.lc_allgather; `nccl`
   dist.all_gather_into_tensor.

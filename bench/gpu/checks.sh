@@ -12,7 +12,10 @@
 # (default 2);
 # hosts_bench (bench_hosts.py, world 2: NCCL's network transport, then its
 # default; SYMM_HOSTS_BENCH_ARGS, e.g. --quick; then the results JSON
-# <date>-<kind>-w2-<commit>-hosts.json; not in the default list).
+# <date>-<kind>-w2-<commit>-hosts.json; not in the default list);
+# baseline (bench_ops.py of the baseline in bundle/base/, built by
+# build-baseline.sh, and of this tree in turn, SYMM_BASELINE_ROUNDS times
+# (default 3), at SYMM_WORLD with SYMM_BENCH_ARGS; not in the default list).
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -61,6 +64,18 @@ for c in $checks; do
                 bench/gpu/bench_hosts.py --out "$OUT" --transport "$t" ${SYMM_HOSTS_BENCH_ARGS:-}
         done
         step hosts_collect python3 bench/gpu/collect.py "$OUT/hosts_bench.txt" "$OUT" "$(cat bundle/commit)" ;;
+    baseline)
+        gunzip -kf bundle/base/libsymm.so.gz
+        for i in $(seq "${SYMM_BASELINE_ROUNDS:-3}"); do
+            # Each side with its own package and benchmark script.
+            for side in base head; do
+                if [ $side = base ]; then dir=$root/bundle/base lib=$root/bundle/base/libsymm.so
+                else dir=$root lib=$root/bundle/libsymm.so; fi
+                step "baseline-$side-$i" env PYTHONPATH="$dir/python" SYMM_LIBRARY="$lib" timeout 300 \
+                    torchrun --nproc-per-node "$world" "$dir/bench/bench_ops.py" --out "$OUT/$side-$i" \
+                    ${SYMM_BENCH_ARGS:-}
+            done
+        done ;;
     families) step families timeout "${SYMM_FAMILIES_TIMEOUT:-480}" torchrun --nproc-per-node "$world" bench/bench_families.py --out "$OUT" ${SYMM_FAMILIES_ARGS:-} ;;
     *) echo "unknown check $c" | tee -a "$OUT/steps.txt"; fail=1 ;;
     esac
