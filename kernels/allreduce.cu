@@ -11,6 +11,7 @@
 //   symm_ar_two_shot_<DT|IT>(symm_ar_params p)
 //   symm_add_rmsnorm_<DT>(symm_rmsnorm_params p)
 //   symm_ag_one_shot(symm_ar_params p)    the all-gather, see below
+//   symm_rs_one_shot_<DT>(symm_ar_params p)  the reduce-scatter, see below
 //
 // The all-reduce moves data through one symmetric scratch buffer per group
 // (p.scratch[r]: rank r's, as mapped here), laid out by the host
@@ -53,6 +54,14 @@
 // they arrive. Tails and unaligned ends take 2-byte accesses where n and
 // both addresses are even, else 1-byte ones. The call count and parity are
 // the all-reduce's, so gathers and all-reduces interleave freely.
+//
+// Reduce-scatter (symm_rs_one_shot_<DT>): the one-shot for one chunk per
+// rank. The input holds world chunks of p.n elements, p.chunk_bytes apart
+// (both 8-byte multiples, and the input 8-byte aligned: whole lines per
+// chunk); each rank pushes chunk q's lines into rank q's slot (parity,
+// rank) only, then sums its own chunk's lines over the ranks in rank order,
+// as the all-reduce does, into the output (p.n elements). (world - 1) / world
+// of the input leaves each rank instead of world - 1 times all of it.
 //
 // Two-shot: chunks of chunk_bytes, chunk c owned by rank c % world, in
 // groups of world chunks (c / world), a block taking whole groups. Phase A:
@@ -1135,6 +1144,43 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
     symm_ar_end(p, seq);
 }
 
+template <typename T>
+static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
+    typedef typename T::Acc Acc;
+    constexpr int E = T::kPerLine, L = 4;
+    const uint64_t bytes = p.n * T::kSize;
+    const uint64_t lines = bytes / 8;
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t gstride = (uint64_t)gridDim.x * blockDim.x;
+    const uint32_t seq = symm_ar_begin(p);
+    const int parity = seq & 1u;
+    for (int k = 1; k < p.world; ++k) {
+        const int q = (p.rank + k) % p.world;
+        const uint64_t src = p.input + q * p.chunk_bytes;
+        const uint64_t slot = symm_ar_one_slot(p, q, parity, p.rank);
+        for (uint64_t i = gtid; i < lines; i += gstride) {
+            const uint2 v = *(const uint2*)(src + 8 * i);
+            symm_ar_st_line(slot + 16 * i, v.x, v.y, seq);
+        }
+    }
+    // symm_ar_lines reads this rank's own lines at p.input.
+    symm_ar_params own = p;
+    own.input = p.input + p.rank * p.chunk_bytes;
+    for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
+        Acc acc[L][E];
+        symm_ar_lines<T, L>(own, i0, gstride, lines, bytes, seq, parity, acc);
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+            if (i0 + l * gstride < lines) {
+                uint32_t d0, d1;
+                T::pack_line(acc[l], d0, d1);
+                symm_ar_st8<T::kSize>(p.output, i0 + l * gstride, bytes, d0, d1);
+            }
+        }
+    }
+    symm_ar_end(p, seq);
+}
+
 #define SYMM_AR_ENTRY(SUFFIX, T)                                                                       \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_one_shot_##SUFFIX(          \
         const symm_ar_params p) {                                                                      \
@@ -1144,10 +1190,14 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
         const symm_ar_params p) {                                                                      \
         symm_ar_two_shot_impl<T>(p);                                                                   \
     }
-#define SYMM_AR_NORM_ENTRY(SUFFIX, T)                                                                  \
+#define SYMM_AR_FLOAT_ENTRY(SUFFIX, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_add_rmsnorm_##SUFFIX(          \
         const symm_rmsnorm_params p) {                                                                 \
         symm_add_rmsnorm_impl<T>(p);                                                                   \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_rs_one_shot_##SUFFIX(          \
+        const symm_ar_params p) {                                                                      \
+        symm_rs_one_shot_impl<T>(p);                                                                   \
     }
 
 extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ag_one_shot(const symm_ar_params p) {
@@ -1161,12 +1211,12 @@ extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ag_one_sho
 SYMM_AR_ENTRY(f32, symm_ar_dt<SYMM_DT_F32>)
 SYMM_AR_ENTRY(bf16, symm_ar_dt<SYMM_DT_BF16>)
 SYMM_AR_ENTRY(f16, symm_ar_dt<SYMM_DT_F16>)
-SYMM_AR_NORM_ENTRY(f32, symm_ar_dt<SYMM_DT_F32>)
-SYMM_AR_NORM_ENTRY(bf16, symm_ar_dt<SYMM_DT_BF16>)
-SYMM_AR_NORM_ENTRY(f16, symm_ar_dt<SYMM_DT_F16>)
+SYMM_AR_FLOAT_ENTRY(f32, symm_ar_dt<SYMM_DT_F32>)
+SYMM_AR_FLOAT_ENTRY(bf16, symm_ar_dt<SYMM_DT_BF16>)
+SYMM_AR_FLOAT_ENTRY(f16, symm_ar_dt<SYMM_DT_F16>)
 SYMM_AR_ENTRY(i8, symm_ar_int<signed char>)
 SYMM_AR_ENTRY(u8, symm_ar_int<unsigned char>)
 SYMM_AR_ENTRY(i32, symm_ar_int<int32_t>)
 SYMM_AR_ENTRY(i64, symm_ar_int<int64_t>)
 #undef SYMM_AR_ENTRY
-#undef SYMM_AR_NORM_ENTRY
+#undef SYMM_AR_FLOAT_ENTRY

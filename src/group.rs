@@ -443,7 +443,12 @@ impl Group {
     /// under the NCCL watchdog where the group has one (see
     /// `crate::backend::cuda::nccl_watch`): if it runs on the GPU past the
     /// group's timeout, the group fails and NCCL's waits end.
-    pub(crate) fn watched(&self, stream: Stream, what: &'static str, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub(crate) fn watched(
+        &self,
+        stream: Stream,
+        what: &'static str,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         match &self.nccl_watch {
             Some(w) => w.watch(stream, what, self.timeout(), enqueue),
             None => enqueue(),

@@ -10,7 +10,7 @@
 pub mod cuda;
 pub mod host;
 
-use crate::array::Array;
+use crate::array::{Array, DType};
 use crate::error::{err, Result};
 use crate::health::Health;
 use std::os::fd::OwnedFd;
@@ -180,8 +180,9 @@ pub struct Capabilities {
     /// Whether [`Backend::reduce_integers`] runs here, for integer
     /// all-reduces that do not take the device-side kernels.
     pub reduce_integers: bool,
-    /// Whether [`Backend::all_gather`] runs here (the device-side
-    /// all-gather through the all-reduce's buffer).
+    /// Whether [`Backend::all_gather`] and [`Backend::reduce_scatter`] run
+    /// here (the device-side all-gather and reduce-scatter through the
+    /// all-reduce's buffer).
     pub all_gather: bool,
 }
 
@@ -356,6 +357,13 @@ pub trait Backend: Send + Sync {
         Err(err!(Unsupported, "the {} backend has no all-gather kernel", self.kind().name()))
     }
 
+    /// Enqueues one device-side reduce-scatter (see [`ReduceScatterCall`]),
+    /// where [`Capabilities::all_gather`] says so.
+    fn reduce_scatter(&self, call: &ReduceScatterCall, stream: Stream) -> Result<()> {
+        let _ = (call, stream);
+        Err(err!(Unsupported, "the {} backend has no reduce-scatter kernel", self.kind().name()))
+    }
+
     /// Enqueues `norm` (see [`AddRmsNorm`]).
     fn add_rms_norm(&self, norm: &AddRmsNorm, stream: Stream) -> Result<()> {
         let _ = (norm, stream);
@@ -486,6 +494,58 @@ pub struct AllGatherCall {
     pub scratch: Vec<u64>,
     pub scratch_bytes: usize,
     pub timeout: Duration,
+}
+
+/// One device-side reduce-scatter: `output` (`n` contiguous elements of
+/// `dtype`, a float type) = `scale` x the sum over ranks, in f32 in rank
+/// order, of their chunk for this rank, where each rank's `input` holds
+/// `world` chunks of `n` elements, chunk q at `input + q * chunk_stride`
+/// bytes (`n * size` and `chunk_stride` multiples of 8, `input` 8-byte
+/// aligned: every chunk whole LL lines). Moved as [`AllGatherCall`]s are
+/// (the same buffers, layout and count of calls, so it follows them and
+/// all-reduces in any order with no barrier), except that each rank
+/// stores chunk q as LL lines into rank q's one-shot slot only.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReduceScatterCall {
+    pub rank: usize,
+    pub world: usize,
+    pub dtype: DType,
+    pub n: usize,
+    pub input: u64,
+    pub chunk_stride: usize,
+    pub output: u64,
+    pub scale: f32,
+    pub scratch: Vec<u64>,
+    pub scratch_bytes: usize,
+    pub timeout: Duration,
+}
+
+impl ReduceScatterCall {
+    /// `Internal` unless the call keeps to the lines' rules above.
+    pub fn check(&self) -> Result<()> {
+        let bytes = self.n * self.dtype.size();
+        let float = matches!(self.dtype, DType::F32 | DType::BF16 | DType::F16);
+        if !float
+            || bytes % 8 != 0
+            || self.chunk_stride % 8 != 0
+            || self.chunk_stride < bytes
+            || self.input % 8 != 0
+            || self.input == 0
+            || self.output == 0
+        {
+            return Err(err!(
+                Internal,
+                "a reduce-scatter on the lines of {} x {} {} chunks {} bytes apart from {:#x} into {:#x}",
+                self.world,
+                self.n,
+                self.dtype,
+                self.chunk_stride,
+                self.input,
+                self.output
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Where a device-side all-reduce keeps its state and data in a scratch

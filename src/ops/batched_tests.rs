@@ -7,7 +7,8 @@
 //! integers, so every product sum is exact in f32 and the reference (f64
 //! sums, then the documented roundings: each partial to the output type,
 //! the f32 sum and scale, the output type) is exact: compared bit for bit.
-//! With the same helpers: small shards gathered on the LL lines, and
+//! With the same helpers: small shards gathered and small chunks
+//! reduce-scattered on the LL lines, and
 //! `mm_rs` calls whose layouts differ between ranks.
 
 use super::testing::{host_groups, lines_calls, on_each};
@@ -299,6 +300,30 @@ fn sequential_gathers_small_shards_on_the_lines() {
             ag_mm_case(&groups, shape, DType::BF16, Algorithm::Pipelined);
             for g in &groups {
                 assert_eq!(lines_calls(g), Some(i as u32 + 1), "world {world} {shape:?}");
+            }
+        }
+        groups.iter().for_each(|g| g.release_scratch());
+    }
+}
+
+/// Ranks reduce-scatter small chunks on the LL lines when sequential
+/// (`Decision::lines`): the same bits as the other paths (summed in f32 in
+/// rank order), into a padded output through the workspace, every call one
+/// launch of the device-side reduce-scatter (numbered in the all-reduce
+/// buffer), none when pipelined.
+#[test]
+fn sequential_reduce_scatters_small_chunks_on_the_lines() {
+    for world in 2..=4 {
+        let groups = host_groups(world);
+        let mut calls = 0;
+        for shape in SHAPES {
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                mm_rs_case(&groups, shape, DType::BF16, Algorithm::Sequential, op);
+                mm_rs_case(&groups, shape, DType::BF16, Algorithm::Pipelined, op);
+                calls += 1;
+                for g in &groups {
+                    assert_eq!(lines_calls(g), Some(calls), "world {world} {shape:?} {op:?}");
+                }
             }
         }
         groups.iter().for_each(|g| g.release_scratch());

@@ -46,8 +46,9 @@ pub struct Shape {
     /// Sum of the N of every B.
     pub n: usize,
     pub dtype: DType,
-    /// `AgMm`: whether the sequential path may gather on the LL lines (a
-    /// gather along a dimension before the last, without row-wise scales).
+    /// Whether the sequential path may move its data on the LL lines:
+    /// `AgMm`, a gather along a dimension before the last, without row-wise
+    /// scales; `MmRs`, chunks of whole 8-byte lines.
     pub lines: bool,
 }
 
@@ -120,8 +121,10 @@ pub struct Decision {
     pub algorithm: Algorithm,
     pub why: Why,
     pub estimate: Estimate,
-    /// Sequential `AgMm`: the gather runs on the LL lines (one launch of
-    /// the device-side all-gather, no barrier) instead of the copy engines.
+    /// Sequential: the data moves on the LL lines (one launch of the
+    /// device-side all-gather or reduce-scatter, no barrier) instead of
+    /// the copy engines (`AgMm`) or reads of the peers' chunks between two
+    /// barriers (`MmRs`).
     pub lines: bool,
 }
 
@@ -145,10 +148,12 @@ impl Decision {
 
 /// The algorithm `shape` runs on a group with `facts`; `fits`: whether the
 /// call's operands suit the fused kernel (its layout); `requested`: the
-/// call's option (`None`: automatic). A sequential all-gather + matmul
-/// gathers on the LL lines where `lc_allgather` would for one shard
-/// ([`decide_lc_allgather`]: small shards, at decode sizes), and is
-/// estimated so.
+/// call's option (`None`: automatic). The sequential path moves its data
+/// on the LL lines where `lc_allgather` would for one shard
+/// ([`decide_lc_allgather`]: small shards, at decode sizes) of what each
+/// rank sends each peer (`AgMm`: its shard of A; `MmRs`: a chunk of its
+/// product; for `MmRs` only where they beat its barriers and reads of the
+/// peers' chunks), and is estimated so.
 pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algorithm>) -> Result<Decision> {
     let world = facts.world;
     let fused = fits && facts.fused_possible(shape.dtype, shape.k);
@@ -157,13 +162,23 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         Op::AgMm => cost::ag_mm(&problem, &DeviceModel::HOPPER),
         Op::MmRs => cost::mm_rs(&problem, &DeviceModel::HOPPER),
     };
-    // The lines' time, where the sequential path gathers on them.
-    let shard_bytes = (shape.m / world.max(1)).saturating_mul(shape.k).saturating_mul(shape.dtype.size());
-    let lines = (shape.op == Op::AgMm && shape.lines)
-        .then(|| decide_lc_allgather(facts, shard_bytes, None).ok())
+    // The lines' time, where the sequential path moves its data on them.
+    let per_peer = match shape.op {
+        Op::AgMm => shape.k,
+        Op::MmRs => shape.n,
+    };
+    let sent = (shape.m / world.max(1)).saturating_mul(per_peer).saturating_mul(shape.dtype.size());
+    let lines = shape
+        .lines
+        .then(|| decide_lc_allgather(facts, sent, None).ok())
         .flatten()
         .filter(|g| g.path == GatherPath::Lines)
-        .map(|g| g.total_ms);
+        .map(|g| g.total_ms)
+        // AgMm: where lc_allgather takes them (measured ahead of the copy
+        // engines there); MmRs: where they beat its barriers and reads.
+        .filter(|&l| {
+            shape.op == Op::AgMm || estimates.iter().any(|e| e.algorithm == Algorithm::Sequential && l < e.comm_ms)
+        });
     if let Some(gather) = lines {
         for e in estimates.iter_mut().filter(|e| e.algorithm == Algorithm::Sequential) {
             (e.comm_ms, e.exposed_ms, e.total_ms) = (gather, gather, e.compute_ms + gather);
@@ -374,8 +389,8 @@ mod tests {
     }
 
     /// Decode sizes gather on the LL lines, sequentially, estimated at the
-    /// lines' cost; not where the gather is large, on shared devices, in
-    /// mm_rs, or where the call cannot use the lines (`Shape::lines`).
+    /// lines' cost; not where the gather is large, on shared devices, or
+    /// where the call cannot use the lines (`Shape::lines`).
     #[test]
     fn decode_sizes_gather_on_the_lines() {
         for world in [2, 4, 8] {
@@ -395,12 +410,38 @@ mod tests {
             assert!(!decide(&f, &s, true, Some(Algorithm::Pipelined)).unwrap().lines);
             let shared = Facts { own_devices: false, ..f };
             let no_lines = Shape { lines: false, ..s };
-            for (facts, s) in [(shared, s), (f, no_lines), (f, shape(Op::MmRs, 64, 14336, 8192))] {
+            for (facts, s) in [(shared, s), (f, no_lines)] {
                 assert!(!decide(&facts, &s, true, Some(Algorithm::Sequential)).unwrap().lines, "{facts:?} {s:?}");
             }
             // A large shard (64 MiB): the copy engines, pipelined.
             let d = decide(&f, &shape(Op::AgMm, 4096 * world, 8192, 8192), true, None).unwrap();
             assert_eq!((d.algorithm, d.lines), (Algorithm::Pipelined, false), "world {world}");
+        }
+    }
+
+    /// The smallest decode sizes of mm_rs reduce-scatter on the LL lines,
+    /// sequentially, estimated at the lines' cost, where the cost model has
+    /// them ahead of the barriers and reads of the peers' chunks; larger
+    /// chunks keep those; never where the call cannot use them.
+    #[test]
+    fn small_reduce_scatters_take_the_lines_where_they_beat_the_barriers() {
+        for world in [2, 4] {
+            let f = hopper(world, None);
+            for m in [16, 32, 64] {
+                let s = shape(Op::MmRs, m, 28672 / world, 8192);
+                let d = decide(&f, &s, true, None).unwrap();
+                assert_eq!((d.algorithm, d.lines), (Algorithm::Sequential, true), "mm_rs {m} at world {world}");
+                let chunk = m / world * 8192 * 2;
+                let (_, lines) = cost::lc_allgather(chunk, world, &GatherModel::HOPPER, &DeviceModel::HOPPER);
+                assert_eq!(d.estimate.comm_ms, lines);
+                let without = decide(&f, &Shape { lines: false, ..s }, true, None).unwrap();
+                assert!(lines < without.estimate.comm_ms && d.estimate.total_ms < without.estimate.total_ms);
+                let shared = Facts { own_devices: false, ..f };
+                assert!(!decide(&shared, &s, true, Some(Algorithm::Sequential)).unwrap().lines);
+            }
+            // 1 MiB chunks and up: not on the lines.
+            let d = decide(&f, &shape(Op::MmRs, 64 * world, 14336, 8192), true, None).unwrap();
+            assert!(!d.lines, "world {world}: {d:?}");
         }
     }
 

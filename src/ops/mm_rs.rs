@@ -35,7 +35,7 @@ use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{batched_operands, check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
-use crate::backend::{FusedMatmul, FusedScatter, GemmScales, Quantize, Stream};
+use crate::backend::{AllReduceLayout, FusedMatmul, FusedScatter, GemmScales, Quantize, Stream};
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -257,7 +257,8 @@ impl MmRs {
             k: a.shape[a.ndim() - 1],
             n: b.shape[1],
             dtype: a.dtype,
-            lines: false,
+            // Chunks of whole LL lines (the partials are floats).
+            lines: self.out.numel() * partial_dtype(&self.out).size() % 8 == 0,
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         let algorithm = decision.algorithm;
@@ -308,6 +309,7 @@ impl MmRs {
             inbox,
             packed_scale,
             rounded,
+            lines_bytes: if decision.lines { AllReduceLayout::bytes_for(chunk_bytes, world) } else { 0 },
             decision,
             shape,
             workspace: layout.bytes(),
@@ -340,6 +342,8 @@ pub(super) struct MmRsPrepared {
     /// With an fp8 `out`: where the rounded chunk goes when `out` is no
     /// matrix (then copied).
     rounded: Option<usize>,
+    /// Bytes of the all-reduce buffer the LL lines need (`decision.lines`).
+    lines_bytes: usize,
     decision: Decision,
     shape: decide::Shape,
     workspace: usize,
@@ -364,6 +368,10 @@ impl Prepared for MmRsPrepared {
         self.flags
     }
 
+    fn all_reduce_bytes(&self) -> usize {
+        self.lines_bytes
+    }
+
     fn replay_key(&self) -> String {
         format!("{self:?}")
     }
@@ -376,6 +384,10 @@ impl Prepared for MmRsPrepared {
         // One matmul over all of `a` when its rows are the chunks in order
         // (packed first where `a` is no matrix: whether it is one differs
         // between ranks, and the two paths synchronize differently).
+        if self.decision.lines {
+            self.products(ex)?;
+            return self.reduce_on_lines(ex);
+        }
         let whole = self.dim == 0 && self.decision.algorithm == Algorithm::Sequential;
         if !whole {
             return self.pipelined(ex);
@@ -471,6 +483,30 @@ impl MmRsPrepared {
         self.reduce_into_out(ex, &srcs)?;
         // No rank's next call may overwrite chunks a peer still reads.
         ex.barrier()
+    }
+
+    /// Sequential at small chunks (`Decision::lines`), after the products:
+    /// one launch pushes each chunk to its rank as LL lines (their flags in
+    /// the data: no barrier before or after) and sums this rank's, scaled
+    /// for avg, into `out` where it is contiguous in the partials' type,
+    /// else into the workspace, finished there as [`Self::reduce_into_out`]
+    /// finishes.
+    fn reduce_on_lines(&self, ex: &Exec<'_>) -> Result<()> {
+        let out = &self.call.out;
+        let scale = match self.call.op {
+            ReduceOp::Sum => 1.0,
+            ReduceOp::Avg => 1.0 / ex.world() as f32,
+        };
+        let input = ex.local(self.chunks[0]);
+        if self.rounded.is_none() && out.is_contiguous() {
+            return ex.reduce_scatter_lines(input, out, scale);
+        }
+        let reduced = self.chunk(ex.local(self.reduced));
+        ex.reduce_scatter_lines(input, &reduced, scale)?;
+        match self.rounded {
+            Some(rounded) => self.quantize_into_out(ex, &reduced, rounded),
+            None => ex.copy(out, &reduced),
+        }
     }
 
     /// Pipelined: the chunks for the peers first (rank+1, rank+2, ...),
@@ -654,9 +690,15 @@ impl MmRsPrepared {
     /// times for a sum: every rank's product had it) and result scale as it
     /// is rounded into `out` (a matrix), or into `rounded` and copied.
     fn reduce_into_fp8(&self, ex: &Exec<'_>, srcs: &[Array], scale: f32, rounded: usize) -> Result<()> {
-        let MmRs { a, out, op, scales, .. } = &self.call;
         let reduced = self.chunk(ex.local(self.reduced));
         ex.reduce(&reduced, srcs, scale)?;
+        self.quantize_into_out(ex, &reduced, rounded)
+    }
+
+    /// The f32 sum `reduced` with its bias and result scale, rounded into
+    /// an fp8 `out` (a matrix), or into `rounded` and copied.
+    fn quantize_into_out(&self, ex: &Exec<'_>, reduced: &Array, rounded: usize) -> Result<()> {
+        let MmRs { a, out, op, scales, .. } = &self.call;
         let n = *out.shape.last().expect("out has dimensions");
         let sum = Array::contiguous(reduced.addr, DType::F32, &[out.numel() / n, n]);
         // Scattering N: this rank's columns of the bias.
@@ -704,6 +746,9 @@ const MAX_PIECES: usize = 4;
 
 /// Signal channel announcing "the chunk for you is in my workspace".
 const READY: usize = super::CHANNEL + 1;
+
+#[cfg(test)]
+mod gpu;
 
 #[cfg(test)]
 mod tests {

@@ -64,7 +64,7 @@ pub use symmetric::{symmetric_args, PeerAccess, SYMMETRIC_ARGS};
 pub use workspace::reserve as reserve_workspace;
 
 use crate::array::Array;
-use crate::backend::{AllGatherCall, GemmScales, Stream};
+use crate::backend::{AllGatherCall, GemmScales, ReduceScatterCall, Stream};
 use crate::buffer::Handle;
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
@@ -299,6 +299,31 @@ impl Exec<'_> {
             timeout: self.group.timeout(),
         };
         self.group.backend().all_gather(&call, self.stream)
+    }
+
+    /// One device-side reduce-scatter on the all-reduce buffer's LL lines
+    /// (no barrier): `output` (contiguous, a float type) = `scale` x the
+    /// sum over ranks of their chunk for this rank, every rank's `input`
+    /// holding `world` chunks of `output`'s size back to back.
+    fn reduce_scatter_lines(&self, input: u64, output: &Array, scale: f32) -> Result<()> {
+        let reduce = self.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
+        if !output.is_contiguous() {
+            return Err(err!(Internal, "a reduce-scatter on the lines into a strided output"));
+        }
+        let call = ReduceScatterCall {
+            rank: self.rank(),
+            world: self.world(),
+            dtype: output.dtype,
+            n: output.numel(),
+            input,
+            chunk_stride: output.numel() * output.dtype.size(),
+            output: output.addr,
+            scale,
+            scratch: self.on_every_rank(Scratch::AllReduce, 0)?,
+            scratch_bytes: reduce.buffer().size(),
+            timeout: self.group.timeout(),
+        };
+        self.group.backend().reduce_scatter(&call, self.stream)
     }
 
     /// Every rank once, starting with this one and going down, so that at

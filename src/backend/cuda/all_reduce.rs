@@ -6,13 +6,16 @@
 //! launched after the all-reduce otherwise. Integers take kernels of
 //! their own that sum exactly in the element's width (no norm). And the
 //! all-gather of the same buffer (`symm_ag_one_shot`): the one-shot's lines
-//! placed into the output instead of summed.
+//! placed into the output instead of summed; and its reduce-scatter
+//! (`symm_rs_one_shot_*`): each chunk's lines to their rank only, summed there.
 
 use super::gemm::GemmDtype;
 use super::module::{arg, Kernels};
 use super::sm90::gemm_dtype;
 use crate::array::{Array, DType};
-use crate::backend::{AddRmsNorm, AllGatherCall, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, Stream};
+use crate::backend::{
+    AddRmsNorm, AllGatherCall, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, ReduceScatterCall, Stream,
+};
 use crate::error::{err, Result};
 use cudarc::driver::CudaFunction;
 use std::ffi::c_void;
@@ -222,6 +225,50 @@ pub fn all_gather(kernels: &Kernels, call: &AllGatherCall, err_ptr: u64, stream:
     }
 }
 
+/// The reduce-scatter's parameters: `n` the elements per chunk, each
+/// chunk whole lines in the one-shot slot; the input's chunks
+/// `chunk_bytes` apart.
+fn scatter_params(call: &ReduceScatterCall, err_ptr: u64) -> Result<ArParams> {
+    call.check()?;
+    let shared = Shared {
+        rank: call.rank,
+        world: call.world,
+        scratch: &call.scratch,
+        scratch_bytes: call.scratch_bytes,
+        bytes: call.n * call.dtype.size(),
+        timeout: call.timeout,
+    };
+    let mut p = shared.params(err_ptr)?;
+    (p.input, p.output, p.n, p.scale) = (call.input, call.output, call.n as u64, call.scale);
+    p.chunk_bytes = call.chunk_stride as u64;
+    Ok(p)
+}
+
+/// Enqueues the reduce-scatter `call` on `stream` (nothing for empty
+/// chunks, on every rank alike).
+pub fn reduce_scatter(kernels: &Kernels, call: &ReduceScatterCall, err_ptr: u64, stream: Stream) -> Result<()> {
+    if call.n == 0 {
+        return Ok(());
+    }
+    let mut p = scatter_params(call, err_ptr)?;
+    let dtype = gemm_dtype(call.dtype)?;
+    let blocks = gather_grid(call.n * call.dtype.size(), kernels.sm_count);
+    let mut params: [*mut c_void; 1] = [arg(&mut p)];
+    // SAFETY: as in `all_gather`: `struct symm_ar_params` by value; the
+    // caller's chunks and output, and the group's buffers, live until the
+    // work completes.
+    unsafe {
+        kernels.launch(
+            &kernels.reduce_scatter[dtype as usize],
+            blocks,
+            (AR_THREADS, 1, 1),
+            stream,
+            &mut params,
+            "the reduce-scatter kernel",
+        )
+    }
+}
+
 /// The index of an integer dtype in `Kernels::all_reduce_int`.
 pub fn int_index(dtype: DType) -> Option<usize> {
     match dtype {
@@ -422,5 +469,32 @@ mod tests {
         // 128 KiB per rank: 16384 lines, 32 blocks of 512 threads.
         assert_eq!(gather_grid(128 << 10, 132), 32);
         assert_eq!((gather_grid(1, 132), gather_grid(64 << 20, 132)), (1, 132));
+        // The reduce-scatter: chunks of whole lines, p.chunk_bytes their stride.
+        let scatter = ReduceScatterCall {
+            rank: 1,
+            world: 2,
+            dtype: DType::BF16,
+            n: 1000,
+            input: 0x1000,
+            chunk_stride: 2048,
+            output: 0x3002,
+            scale: 0.5,
+            scratch: vec![0x10_0000, 0x20_0000],
+            scratch_bytes: AllReduceLayout::bytes_for(2000, 2),
+            timeout: Duration::from_secs(1),
+        };
+        let p = scatter_params(&scatter, 0).unwrap();
+        assert_eq!((p.n, p.input, p.output, p.chunk_bytes, p.scale), (1000, 0x1000, 0x3002, 2048, 0.5));
+        for bad in [
+            ReduceScatterCall { n: 1001, ..scatter.clone() },
+            ReduceScatterCall { chunk_stride: 1998, ..scatter.clone() },
+            ReduceScatterCall { chunk_stride: 2004, ..scatter.clone() },
+            ReduceScatterCall { input: 0x1004, ..scatter.clone() },
+            ReduceScatterCall { dtype: DType::F8E4M3, n: 2000, ..scatter.clone() },
+            ReduceScatterCall { dtype: DType::I32, ..scatter.clone() },
+            ReduceScatterCall { scratch_bytes: 4096, ..scatter.clone() },
+        ] {
+            assert!(scatter_params(&bad, 0).is_err(), "{bad:?}");
+        }
     }
 }

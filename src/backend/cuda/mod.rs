@@ -26,7 +26,7 @@ mod vmm;
 
 use super::{
     AddRmsNorm, AllGatherCall, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales,
-    Mapping, PadSet, Quantize, Signals, Stream,
+    Mapping, PadSet, Quantize, ReduceScatterCall, Signals, Stream,
 };
 use crate::array::Array;
 use crate::error::{err, Result};
@@ -226,6 +226,10 @@ impl Backend for CudaBackend {
     fn all_gather(&self, call: &AllGatherCall, stream: Stream) -> Result<()> {
         self.bind()?;
         all_reduce::all_gather(&*module::kernels(&self.ctx)?, call, self.errors.device_ptr(), stream)
+    }
+    fn reduce_scatter(&self, call: &ReduceScatterCall, stream: Stream) -> Result<()> {
+        self.bind()?;
+        all_reduce::reduce_scatter(&*module::kernels(&self.ctx)?, call, self.errors.device_ptr(), stream)
     }
     fn add_rms_norm(&self, norm: &AddRmsNorm, stream: Stream) -> Result<()> {
         self.bind()?;

@@ -188,9 +188,9 @@ impl Drop for Watchdog {
 
 impl Shared {
     fn run(&self, device: i32) {
-        if let Err(e) = driver::context(device).and_then(|c| {
-            c.bind_to_thread().map_err(|e| driver::cuda_err(e, "making the context current"))
-        }) {
+        if let Err(e) = driver::context(device)
+            .and_then(|c| c.bind_to_thread().map_err(|e| driver::cuda_err(e, "making the context current")))
+        {
             (self.fail)(&e.context("the thread that watches NCCL"));
         }
         loop {

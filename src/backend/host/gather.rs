@@ -1,5 +1,6 @@
-//! The host's device-side all-gather (`Backend::all_gather`): the kernel's
-//! protocol (kernels/allreduce.cu, `symm_ag_one_shot`) on the CPU, over the
+//! The host's device-side all-gather (`Backend::all_gather`) and
+//! reduce-scatter (`Backend::reduce_scatter`): the kernels' protocol
+//! (kernels/allreduce.cu, `symm_ag_one_shot`, `symm_rs_one_shot_*`) on the CPU, over the
 //! same buffer and layout, so that the operations' LL path runs and is
 //! tested on the host. The call count in the buffer's header numbers the
 //! call (`seq`); each 8 bytes of this rank's input go to every peer's slot
@@ -11,7 +12,8 @@
 //! overwritten while read.
 
 use super::signals::{spin_until, Ended};
-use crate::backend::{AllGatherCall, AllReduceLayout};
+use crate::array::Array;
+use crate::backend::{AllGatherCall, AllReduceLayout, ReduceScatterCall};
 use crate::error::{err, Result};
 use crate::health::Health;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -93,6 +95,74 @@ pub fn all_gather(call: &AllGatherCall, health: &Health) -> Result<()> {
             store_line(output + (src * bytes) as u64, i, bytes, line);
         }
     }
+    header.store(seq, Ordering::Release);
+    Ok(())
+}
+
+/// As the kernel: chunk q of this rank's input to rank q's slot (parity,
+/// rank) as lines; then this rank's chunk and its peers' lines summed in
+/// f32 in rank order, scaled, into the output (`elementwise::reduce`'s
+/// arithmetic: the same bits as the kernel's).
+pub fn reduce_scatter(call: &ReduceScatterCall, health: &Health) -> Result<()> {
+    call.check()?;
+    let &ReduceScatterCall { rank, world, dtype, n, input, chunk_stride, output, scale, ref scratch, scratch_bytes, timeout } =
+        call;
+    if world == 0 || rank >= world || scratch.len() != world {
+        return Err(err!(Internal, "reduce-scatter for rank {rank} of {world} with {} buffers", scratch.len()));
+    }
+    let bytes = n * dtype.size();
+    if bytes == 0 {
+        return Ok(());
+    }
+    let layout = AllReduceLayout::of(scratch_bytes, world);
+    if !layout.holds(bytes) {
+        return Err(err!(Internal, "an all-reduce buffer of {scratch_bytes} bytes cannot hold {bytes} bytes"));
+    }
+    let header = word(scratch[rank]);
+    let seq = header.load(Ordering::Acquire).wrapping_add(1);
+    let parity = (seq & 1) as usize;
+    let line_at =
+        |owner: usize, src: usize, i: usize| scratch[owner] + (layout.one_shot_at(parity, src) + 16 * i) as u64;
+    let lines = bytes / 8;
+    let chunk = |q: usize| input + (q * chunk_stride) as u64;
+    for q in (1..world).map(|k| (rank + k) % world) {
+        for i in 0..lines {
+            let line = load_line(chunk(q), i, bytes);
+            let at = line_at(q, rank, i);
+            word(at).store(u32::from_le_bytes(line[..4].try_into().unwrap()), Ordering::Relaxed);
+            word(at + 8).store(u32::from_le_bytes(line[4..].try_into().unwrap()), Ordering::Relaxed);
+            word(at + 4).store(seq, Ordering::Release);
+            word(at + 12).store(seq, Ordering::Release);
+        }
+    }
+    // Every rank's part of this chunk, in rank order, as contiguous arrays.
+    let deadline = Instant::now() + timeout;
+    let mut received: Vec<Vec<u64>> = Vec::with_capacity(world);
+    for src in 0..world {
+        let mut words = vec![0u64; lines];
+        for (i, w) in words.iter_mut().enumerate() {
+            if src == rank {
+                *w = u64::from_le_bytes(load_line(chunk(rank), i, bytes));
+                continue;
+            }
+            let at = line_at(rank, src, i);
+            let arrived =
+                || word(at + 4).load(Ordering::Acquire) == seq && word(at + 12).load(Ordering::Acquire) == seq;
+            spin_until(arrived, || health.interrupted(), deadline).map_err(|why| match why {
+                Ended::Failed(e) => e,
+                Ended::TimedOut => err!(
+                    Timeout,
+                    "reduce_scatter: rank {src}'s data did not arrive within {} ms (call {seq})",
+                    timeout.as_millis()
+                ),
+            })?;
+            let (d0, d1) = (word(at).load(Ordering::Relaxed), word(at + 8).load(Ordering::Relaxed));
+            *w = (d1 as u64) << 32 | d0 as u64;
+        }
+        received.push(words);
+    }
+    let srcs: Vec<Array> = received.iter().map(|w| Array::contiguous(w.as_ptr() as u64, dtype, &[n])).collect();
+    super::elementwise::reduce(&Array::contiguous(output, dtype, &[n]), &srcs, scale)?;
     header.store(seq, Ordering::Release);
     Ok(())
 }

@@ -12,7 +12,7 @@ mod scaled;
 mod signals;
 
 use super::{
-    AddRmsNorm, AllGatherCall, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Quantize,
+    AddRmsNorm, AllGatherCall, Allocation, ReduceScatterCall, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Quantize,
     Signals, Stream,
 };
 use crate::array::Array;
@@ -77,6 +77,9 @@ impl Backend for HostBackend {
     }
     fn all_gather(&self, call: &AllGatherCall, _stream: Stream) -> Result<()> {
         gather::all_gather(call, &self.health)
+    }
+    fn reduce_scatter(&self, call: &ReduceScatterCall, _stream: Stream) -> Result<()> {
+        gather::reduce_scatter(call, &self.health)
     }
     fn add_rms_norm(&self, norm: &AddRmsNorm, _stream: Stream) -> Result<()> {
         elementwise::add_rms_norm(norm)

@@ -1,0 +1,114 @@
+//! `mm_rs` at decode sizes on `SYMM_TEST_WORLD` GPUs (default 2; one
+//! process, a thread per rank), sequential: the reduce-scatter on the LL
+//! lines (`Decision::lines`) against a float64 reference by relative error, every
+//! float dtype, sum and average, into a contiguous and a padded output
+//! (poisoned first: an element left unwritten fails), three calls back to
+//! back with new values (the repeats replay as one graph), each call one
+//! launch counted in the all-reduce buffer, with an all-reduce between
+//! them on the same buffer. Named `gpu_*`; skipped with fewer GPUs.
+
+use super::*;
+use crate::backend::cuda::gpu_testing::{gpu_on, rel_err};
+use crate::ops::testing::{cuda_groups, gpu_test_world, lines_calls, on_each};
+use crate::ops::{all_reduce, AllReduce};
+use half::{bf16, f16};
+
+/// Value `i` of a tensor tagged `tag`: small, of both signs, never zero
+/// throughout.
+fn value(tag: usize, i: usize) -> f64 {
+    ((i * 37 + tag * 101) % 23) as f64 / 8.0 - 1.375
+}
+
+fn encode(dtype: DType, v: &[f64]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+        DType::BF16 => v.iter().flat_map(|&x| bf16::from_f64(x).to_le_bytes()).collect(),
+        _ => v.iter().flat_map(|&x| f16::from_f64(x).to_le_bytes()).collect(),
+    }
+}
+
+fn decode(dtype: DType, b: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F32 => b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+        DType::BF16 => b.chunks(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+        _ => b.chunks(2).map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+    }
+}
+
+#[test]
+fn gpu_mm_rs_decode_sizes_reduce_scatter_on_the_lines() {
+    let world = gpu_test_world();
+    let Some(groups) = cuda_groups(world) else { return };
+    let tolerance = |d: DType| if d == DType::F32 { 1e-5 } else { 1.5e-2 };
+    // (rows of a per rank, k, n, padded output)
+    let cases = [(16, 256, 512, false), (8 * world, 512, 1024, true), (64, 1024, 2048, false)];
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for &(m, k, n, padded) in &cases {
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let what = format!("{dtype} {m}x{k}x{n} padded {padded} {op:?}");
+                let rows = m / world;
+                let ld = if padded { n + 8 } else { n };
+                on_each(&groups, |r, g| {
+                    let gpu = gpu_on(r as i32);
+                    let b: Vec<f64> = (0..k * n).map(|i| value(50 + r, i)).collect();
+                    let bbuf = gpu.upload(&encode(dtype, &b));
+                    let abuf = gpu.alloc(m * k * dtype.size());
+                    let outbuf = gpu.alloc(rows * ld * dtype.size());
+                    for call_no in 0..3 {
+                        let a: Vec<f64> = (0..m * k).map(|i| value(r + 10 * call_no, i)).collect();
+                        gpu.write_at(abuf.ptr, &encode(dtype, &a));
+                        gpu.write_at(outbuf.ptr, &encode(dtype, &vec![f64::NAN; rows * ld]));
+                        let before = lines_calls(g).unwrap_or(0);
+                        let call = MmRs {
+                            a: Array::contiguous(abuf.ptr, dtype, &[m, k]),
+                            b: Array::contiguous(bbuf.ptr, dtype, &[k, n]),
+                            scatter_dim: 0,
+                            op,
+                            out: Array { addr: outbuf.ptr, dtype, shape: vec![rows, n], strides: vec![ld, 1] },
+                            scales: MmRsScales::default(),
+                            algorithm: Some(Algorithm::Sequential),
+                        };
+                        mm_rs(g, Ok(call), gpu.stream()).unwrap_or_else(|e| panic!("{what}: {}", e.msg));
+                        gpu.sync();
+                        assert_eq!(lines_calls(g), Some(before + 1), "{what}: one launch on the lines");
+                        // The reference: every rank's rows of this rank's chunk.
+                        let scale = if op == ReduceOp::Avg { 1.0 / world as f64 } else { 1.0 };
+                        let mut want = vec![0f64; rows * n];
+                        for q in 0..world {
+                            for (i, j) in (0..rows).flat_map(|i| (0..n).map(move |j| (i, j))) {
+                                let row = r * rows + i;
+                                let dot: f64 = (0..k)
+                                    .map(|h| value(q + 10 * call_no, row * k + h) * value(50 + q, h * n + j))
+                                    .sum();
+                                want[i * n + j] += scale * dot;
+                            }
+                        }
+                        let out = decode(dtype, &gpu.read_at(outbuf.ptr, rows * ld * dtype.size()));
+                        let got: Vec<f32> = (0..rows).flat_map(|i| out[i * ld..i * ld + n].to_vec()).collect();
+                        assert!(got.iter().all(|v| v.is_finite()), "{what}: an element was not written");
+                        let err = rel_err(&got, &want);
+                        assert!(err < tolerance(dtype), "{what} call {call_no} rank {r}: relative error {err}");
+                        if padded {
+                            let gaps = (0..rows).flat_map(|i| out[i * ld + n..(i + 1) * ld].to_vec());
+                            assert!(gaps.into_iter().all(f32::is_nan), "{what}: padding written");
+                        }
+                        // An all-reduce on the same buffer in between.
+                        let x = gpu.upload(&encode(DType::F32, &[1.0, 2.0, 3.0, 4.0]));
+                        let ar = AllReduce {
+                            input: Array::contiguous(x.ptr, DType::F32, &[4]),
+                            output: Array::contiguous(x.ptr, DType::F32, &[4]),
+                            op: ReduceOp::Sum,
+                            norm: None,
+                            algorithm: None,
+                        };
+                        all_reduce(g, Ok(ar), gpu.stream()).unwrap();
+                        gpu.sync();
+                        let summed = decode(DType::F32, &gpu.read_at(x.ptr, 16));
+                        assert_eq!(summed, [1.0, 2.0, 3.0, 4.0].map(|v| v * world as f32));
+                    }
+                });
+            }
+        }
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}
