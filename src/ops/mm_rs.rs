@@ -384,19 +384,21 @@ impl Prepared for MmRsPrepared {
         // One matmul over all of `a` when its rows are the chunks in order
         // (packed first where `a` is no matrix: whether it is one differs
         // between ranks, and the two paths synchronize differently).
-        if self.decision.lines {
-            self.products(ex)?;
-            return self.reduce_on_lines(ex);
-        }
         let whole = self.dim == 0 && self.decision.algorithm == Algorithm::Sequential;
-        if !whole {
+        if whole {
+            let lhs = self.lhs(ex, a)?;
+            let dst = Array::contiguous(ex.local(self.chunks[0]), partial_dtype(out), &[lhs.shape[0], b.shape[1]]);
+            let scales = self.scales(ex, self.call.scales.a_scale.as_ref())?;
+            ex.matmul(&dst, &lhs, b, scales.as_ref())?;
+        } else if self.decision.lines {
+            self.products(ex)?;
+        } else {
             return self.pipelined(ex);
         }
-        let lhs = self.lhs(ex, a)?;
-        let dst = Array::contiguous(ex.local(self.chunks[0]), partial_dtype(out), &[lhs.shape[0], b.shape[1]]);
-        let scales = self.scales(ex, self.call.scales.a_scale.as_ref())?;
-        ex.matmul(&dst, &lhs, b, scales.as_ref())?;
-        self.sequential(ex)
+        match self.decision.lines {
+            true => self.reduce_on_lines(ex),
+            false => self.sequential(ex),
+        }
     }
 }
 

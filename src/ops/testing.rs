@@ -40,6 +40,7 @@ pub fn gpu_test_world() -> usize {
 
 /// The calls' count in this rank's all-reduce buffer (the LL lines' and
 /// the all-reduce's call numbers), or `None` when the group has none.
+/// Host backend only: it reads the buffer as host memory.
 pub fn lines_calls(g: &Group) -> Option<u32> {
     let h = crate::ops::state::of(g).scratch(crate::ops::state::Scratch::AllReduce)?;
     // SAFETY: the buffer's first word is the count, and no call runs.
