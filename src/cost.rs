@@ -117,6 +117,13 @@ pub struct GatherModel {
 impl GatherModel {
     pub const HOPPER: GatherModel =
         GatherModel { copies_us: 25.0, copy_per_peer_us: 3.0, lines_us: 4.0, lines_gbps: 300.0 };
+    /// The LL reduce-scatter after a matmul (`mm_rs` at decode sizes):
+    /// graph-replayed on 2 x H200 it took 8.9 us beyond the matmul at
+    /// 128 KiB chunks and 18 us at 512 KiB
+    /// (bench/results/2026-11-28-h200-x2-3b5d9be-decode), the rate a
+    /// quarter of the gather's: the ranks' matmuls end apart, and the lines
+    /// wait for the later one.
+    pub const HOPPER_SCATTER: GatherModel = GatherModel { lines_gbps: 70.0, ..GatherModel::HOPPER };
 }
 
 /// The predicted time (ms) of `lc_allgather` of `bytes` per rank over
@@ -131,6 +138,13 @@ pub fn lc_allgather(bytes: usize, world: usize, m: &GatherModel, d: &DeviceModel
     let copies = fixed / 1e3 + peers * transfer_ms(b, d);
     let lines = m.lines_us / 1e3 + 2.0 * b * peers / (m.lines_gbps * 1e6);
     (copies, lines)
+}
+
+/// The predicted time (ms) of the LL reduce-scatter of `bytes` per chunk
+/// over `world` ranks (each rank pushes its chunk for every peer, as the
+/// gather pushes its message).
+pub fn reduce_scatter_lines(bytes: usize, world: usize, d: &DeviceModel) -> f64 {
+    lc_allgather(bytes, world, &GatherModel::HOPPER_SCATTER, d).1
 }
 
 /// How an operation is carried out.

@@ -173,7 +173,10 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         .then(|| decide_lc_allgather(facts, sent, None).ok())
         .flatten()
         .filter(|g| g.path == GatherPath::Lines)
-        .map(|g| g.total_ms)
+        .map(|g| match shape.op {
+            Op::AgMm => g.total_ms,
+            Op::MmRs => cost::reduce_scatter_lines(sent, world, &DeviceModel::HOPPER),
+        })
         // AgMm: where lc_allgather takes them (measured ahead of the copy
         // engines there); MmRs: where they beat its barriers and reads.
         .filter(|&l| {
@@ -420,29 +423,30 @@ mod tests {
     }
 
     /// The smallest decode sizes of mm_rs reduce-scatter on the LL lines,
-    /// sequentially, estimated at the lines' cost, where the cost model has
-    /// them ahead of the barriers and reads of the peers' chunks; larger
-    /// chunks keep those; never where the call cannot use them.
+    /// sequentially, estimated at the lines' cost (`cost::reduce_scatter_lines`),
+    /// where the cost model has them ahead of the barriers and reads of the
+    /// peers' chunks; larger chunks keep those; never on shared devices.
     #[test]
     fn small_reduce_scatters_take_the_lines_where_they_beat_the_barriers() {
-        for world in [2, 4] {
-            let f = hopper(world, None);
-            for m in [16, 32, 64] {
-                let s = shape(Op::MmRs, m, 28672 / world, 8192);
-                let d = decide(&f, &s, true, None).unwrap();
-                assert_eq!((d.algorithm, d.lines), (Algorithm::Sequential, true), "mm_rs {m} at world {world}");
-                let chunk = m / world * 8192 * 2;
-                let (_, lines) = cost::lc_allgather(chunk, world, &GatherModel::HOPPER, &DeviceModel::HOPPER);
-                assert_eq!(d.estimate.comm_ms, lines);
-                let without = decide(&f, &Shape { lines: false, ..s }, true, None).unwrap();
-                assert!(lines < without.estimate.comm_ms && d.estimate.total_ms < without.estimate.total_ms);
-                let shared = Facts { own_devices: false, ..f };
-                assert!(!decide(&shared, &s, true, Some(Algorithm::Sequential)).unwrap().lines);
-            }
-            // 1 MiB chunks and up: not on the lines.
-            let d = decide(&f, &shape(Op::MmRs, 64 * world, 14336, 8192), true, None).unwrap();
-            assert!(!d.lines, "world {world}: {d:?}");
+        // At world 2 (at 4 the lines carry three chunks: not at these sizes).
+        let world = 2;
+        let f = hopper(world, None);
+        // Chunks of 64 and 128 KiB.
+        for m in [4 * world, 8 * world] {
+            let s = shape(Op::MmRs, m, 28672 / world, 8192);
+            let d = decide(&f, &s, true, None).unwrap();
+            assert_eq!((d.algorithm, d.lines), (Algorithm::Sequential, true), "mm_rs {m} at world {world}");
+            let chunk = m / world * 8192 * 2;
+            let lines = cost::reduce_scatter_lines(chunk, world, &DeviceModel::HOPPER);
+            assert_eq!(d.estimate.comm_ms, lines);
+            let without = decide(&f, &Shape { lines: false, ..s }, true, None).unwrap();
+            assert!(lines < without.estimate.comm_ms && d.estimate.total_ms < without.estimate.total_ms);
+            let shared = Facts { own_devices: false, ..f };
+            assert!(!decide(&shared, &s, true, Some(Algorithm::Sequential)).unwrap().lines);
         }
+        // 512 KiB chunks (measured slower there than the barriers) and up: not on the lines.
+        let d = decide(&f, &shape(Op::MmRs, 32 * world, 14336, 8192), true, None).unwrap();
+        assert!(!d.lines, "world {world}: {d:?}");
     }
 
     /// A comm-heavy mm_rs takes the fused kernel where it fits, as measured

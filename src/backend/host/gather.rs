@@ -105,8 +105,19 @@ pub fn all_gather(call: &AllGatherCall, health: &Health) -> Result<()> {
 /// arithmetic: the same bits as the kernel's).
 pub fn reduce_scatter(call: &ReduceScatterCall, health: &Health) -> Result<()> {
     call.check()?;
-    let &ReduceScatterCall { rank, world, dtype, n, input, chunk_stride, output, scale, ref scratch, scratch_bytes, timeout } =
-        call;
+    let &ReduceScatterCall {
+        rank,
+        world,
+        dtype,
+        n,
+        input,
+        chunk_stride,
+        output,
+        scale,
+        ref scratch,
+        scratch_bytes,
+        timeout,
+    } = call;
     if world == 0 || rank >= world || scratch.len() != world {
         return Err(err!(Internal, "reduce-scatter for rank {rank} of {world} with {} buffers", scratch.len()));
     }

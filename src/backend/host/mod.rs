@@ -12,8 +12,8 @@ mod scaled;
 mod signals;
 
 use super::{
-    AddRmsNorm, AllGatherCall, Allocation, ReduceScatterCall, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Quantize,
-    Signals, Stream,
+    AddRmsNorm, AllGatherCall, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Quantize,
+    ReduceScatterCall, Signals, Stream,
 };
 use crate::array::Array;
 use crate::error::Result;
