@@ -306,7 +306,9 @@ impl AgMm {
             k,
             n: self.bs.iter().map(|b| b.shape[1]).sum(),
             dtype: a.dtype,
-            lines: dim != last && mode != Some(Mode::Row),
+            // Row scales travel on the lines too where their slots are
+            // unpadded (the gather writes them back to back).
+            lines: dim != last && (mode != Some(Mode::Row) || row_scale_slot(rows) == 4 * rows),
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
@@ -315,6 +317,7 @@ impl AgMm {
         // On the lines, a strided shard is packed here first: the gather
         // reads an input apart from its output.
         let lines_input = decision.lines.then(|| layout.region(shard_bytes));
+        let lines_scales_input = (decision.lines && row_scales.is_some()).then(|| layout.region(4 * rows));
         Ok(AgMmPrepared {
             call: self,
             dim,
@@ -329,6 +332,7 @@ impl AgMm {
             slice_k,
             lines_bytes: if decision.lines { AllReduceLayout::bytes_for(shard_bytes, world) } else { 0 },
             lines_input,
+            lines_scales_input,
             decision,
             shape,
             workspace: layout.bytes(),
@@ -381,6 +385,8 @@ pub(super) struct AgMmPrepared {
     lines_bytes: usize,
     /// On the lines: where a strided shard is packed for the gather.
     lines_input: Option<usize>,
+    /// On the lines, row-wise: where strided row scales are packed.
+    lines_scales_input: Option<usize>,
     decision: Decision,
     shape: decide::Shape,
     workspace: usize,
@@ -478,7 +484,8 @@ impl AgMmPrepared {
     /// into its place in this rank's workspace by one launch of the
     /// device-side all-gather over the group's all-reduce buffer, whose LL
     /// lines carry their own flags (no barrier, no copy engine: a few us
-    /// where the copies cost ~25). A strided shard is first packed apart.
+    /// where the copies cost ~25), and row scales by a second. A strided
+    /// shard (or scale vector) is first packed apart.
     fn gather_on_lines(&self, ex: &Exec<'_>) -> Result<()> {
         let a = &self.call.a_shard;
         let input = match (a.is_contiguous(), self.lines_input) {
@@ -489,7 +496,19 @@ impl AgMmPrepared {
             }
             (false, None) => return Err(err!(Internal, "a strided shard on the lines has no packing region")),
         };
-        ex.all_gather_lines(input, ex.local(self.shards), self.shard_bytes)
+        ex.all_gather_lines(input, ex.local(self.shards), self.shard_bytes)?;
+        // Row scales: a second gather into their slots, back to back
+        // (`Shape::lines` holds them unpadded).
+        let (Some(slots), Some(a_scale)) = (self.row_scales, &self.call.scales.a_scale) else { return Ok(()) };
+        let input = match (a_scale.is_contiguous(), self.lines_scales_input) {
+            (true, _) => a_scale.addr,
+            (false, Some(at)) => {
+                ex.copy(&Array::contiguous(ex.local(at), DType::F32, &a_scale.shape), a_scale)?;
+                ex.local(at)
+            }
+            (false, None) => return Err(err!(Internal, "strided row scales on the lines have no packing region")),
+        };
+        ex.all_gather_lines(input, ex.local(slots), 4 * self.shard_rows())
     }
 
     /// Once every rank's shard (and row scales) lies in this rank's

@@ -47,8 +47,9 @@ pub struct Shape {
     pub n: usize,
     pub dtype: DType,
     /// Whether the sequential path may move its data on the LL lines:
-    /// `AgMm`, a gather along a dimension before the last, without row-wise
-    /// scales; `MmRs`, chunks of whole 8-byte lines.
+    /// `AgMm`, a gather along a dimension before the last (with row-wise
+    /// scales, rows a multiple of 4: their slots unpadded); `MmRs`, chunks
+    /// of whole 8-byte lines.
     pub lines: bool,
 }
 

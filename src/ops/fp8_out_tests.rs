@@ -7,7 +7,7 @@
 //! not `Fp8::encode`. Outputs are poisoned and compared bit for bit; each
 //! case must meet ties, saturation and NaN, so that it tests them.
 
-use super::testing::{host_groups, on_each};
+use super::testing::{host_groups, lines_calls, on_each};
 use super::{fused_ag_mm, mm_rs, AgMm, AgMmScales, MmRs, MmRsScales, ReduceOp};
 use crate::array::{Array, DType};
 use crate::backend::Stream;
@@ -139,7 +139,15 @@ impl Seen {
 /// `gather_dim` (0: rows, 1: K); two outputs, the first fp8 (`outs[0]`,
 /// with a bf16 bias, a result scale and a padded row stride), the
 /// second `second` (fp8 without options, or bf16).
-fn ag_mm_case(world: usize, algorithm: Algorithm, row_wise: bool, gather_dim: usize, first: DType, second: DType) {
+/// Returns each rank's count of launches on the LL lines (`None`: none).
+fn ag_mm_case(
+    world: usize,
+    algorithm: Algorithm,
+    row_wise: bool,
+    gather_dim: usize,
+    first: DType,
+    second: DType,
+) -> Vec<Option<u32>> {
     let rows = 4;
     let (k_total, out_rows) = if gather_dim == 1 { (K * world, rows) } else { (K, rows * world) };
     let ns = [16usize, 32];
@@ -254,7 +262,9 @@ fn ag_mm_case(world: usize, algorithm: Algorithm, row_wise: bool, gather_dim: us
         }
     }
     assert!(seen.all(), "{what}: the outputs must meet ties, saturation and NaN: {seen:?}");
+    let lines = groups.iter().map(|g| lines_calls(g)).collect();
     groups.iter().for_each(|g| g.release_scratch());
+    lines
 }
 
 fn b_fmt_dtype(f: Fp8) -> DType {
@@ -268,9 +278,15 @@ fn b_fmt_dtype(f: Fp8) -> DType {
 fn ag_mm_fp8_outputs_at_worlds_1_to_4() {
     for world in 1..=4 {
         for algorithm in [Algorithm::Sequential, Algorithm::Pipelined] {
-            ag_mm_case(world, algorithm, false, 0, DType::F8E4M3, DType::F8E5M2);
-            ag_mm_case(world, algorithm, true, 0, DType::F8E5M2, DType::BF16);
-            ag_mm_case(world, algorithm, false, 1, DType::F8E4M3, DType::BF16);
+            // Sequential, gathering rows: on the LL lines, row scales by a
+            // second launch; gathering K or pipelined: not.
+            let on_lines = |launches: u32| match (world, algorithm) {
+                (2.., Algorithm::Sequential) => vec![Some(launches); world],
+                _ => vec![None; world],
+            };
+            assert_eq!(ag_mm_case(world, algorithm, false, 0, DType::F8E4M3, DType::F8E5M2), on_lines(1));
+            assert_eq!(ag_mm_case(world, algorithm, true, 0, DType::F8E5M2, DType::BF16), on_lines(2));
+            assert_eq!(ag_mm_case(world, algorithm, false, 1, DType::F8E4M3, DType::BF16), vec![None; world]);
         }
     }
 }
