@@ -54,13 +54,14 @@ fn gpu_mm_rs_decode_sizes_reduce_scatter_on_the_lines() {
                     let bbuf = gpu.upload(&encode(dtype, &b));
                     let abuf = gpu.alloc(m * k * dtype.size());
                     let outbuf = gpu.alloc(rows * ld * dtype.size());
-                    // The all-reduce buffer and its call count (device memory):
-                    // a call that grows the buffer counts from 0 in the new one.
+                    // The all-reduce buffer (its place and size) and its call
+                    // count (device memory): a call that grows the buffer counts
+                    // from 0 in the new one, which may lie where the old one did.
                     let lines_calls = || {
                         let h = crate::ops::state::of(g).scratch(crate::ops::state::Scratch::AllReduce);
-                        h.map_or((0, 0), |h| {
-                            let addr = h.buffer().addr();
-                            (addr, u32::from_le_bytes(gpu.read_at(addr, 4).try_into().unwrap()))
+                        h.map_or(((0, 0), 0), |h| {
+                            let (addr, size) = (h.buffer().addr(), h.buffer().size());
+                            ((addr, size), u32::from_le_bytes(gpu.read_at(addr, 4).try_into().unwrap()))
                         })
                     };
                     for call_no in 0..3 {
