@@ -47,9 +47,24 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
     let ex = local_exec(group, base, stream);
     let run = || {
         p.stage(&ex, stream)?;
-        gather(&ex, &plan, ex.local(staging), &|r| p.staged_shard(&ex, r))?;
+        let world = group.world();
+        // Alone on its host with the members in rank order, the staged
+        // pieces (this rank's among them, back to back in rank order) are
+        // gathered in place by one all-gather across hosts.
+        let alone = plan.inside.len() == 1 && plan.across.iter().copied().eq(0..world);
+        let pieces = |piece: &dyn Fn(usize) -> Array| -> Result<()> {
+            let (first, mine) = (piece(0), flat(&piece(group.rank())));
+            let bytes = (mine.numel() * mine.dtype.size()) as u64;
+            if !alone || (0..world).any(|r| piece(r).addr != first.addr + r as u64 * bytes) {
+                return gather(&ex, &plan, ex.local(staging), piece);
+            }
+            let (across, _) = transports(group, &plan.across, &[group.rank()])?;
+            let all = Array::contiguous(first.addr, mine.dtype, &[world * mine.numel()]);
+            across.all_gather(group, &mine, &all, stream)
+        };
+        pieces(&|r| p.staged_shard(&ex, r))?;
         if p.staged_row_scales(&ex, 0).is_some() {
-            gather(&ex, &plan, ex.local(staging), &|r| p.staged_row_scales(&ex, r).expect("row-wise"))?;
+            pieces(&|r| p.staged_row_scales(&ex, r).expect("row-wise"))?;
         }
         p.multiply_gathered(&ex)
     };
@@ -86,6 +101,14 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
         let hosts = plan.across.len();
         let n = p.product_chunk(&ex, 0).numel();
         let dtype = p.product_chunk(&ex, 0).dtype;
+        let total_chunk = p.chunk(ex.local(total));
+        if plan.local_ranks.len() == 1 && plan.across.iter().copied().eq(0..group.world()) {
+            // Alone on its host with the members in rank order: the chunks,
+            // back to back in rank order, are reduce-scattered as they lie.
+            let all = Array::contiguous(p.product_chunk(&ex, 0).addr, dtype, &[hosts * n]);
+            across.reduce_scatter(group, &all, &flat(&total_chunk), stream)?;
+            return p.reduce_into_out(&ex, &[total_chunk]);
+        }
         let block = |offset: usize, i: usize| flat(&p.chunk(ex.local(offset + i * p.chunk_bytes())));
         for (j, pieces) in plan.pieces.iter().enumerate() {
             for (k, &rank) in pieces.iter().enumerate() {
