@@ -17,7 +17,7 @@ use crate::backend::{AllGatherCall, AllReduceLayout, ReduceScatterCall};
 use crate::error::{err, Result};
 use crate::health::Health;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The `u32` at `addr` of a mapped all-reduce buffer.
 fn word(addr: u64) -> &'static AtomicU32 {
@@ -42,60 +42,99 @@ fn store_line(base: u64, i: usize, bytes: usize, line: [u8; 8]) {
     unsafe { std::ptr::copy_nonoverlapping(line.as_ptr(), (base as *mut u8).add(8 * i), n) };
 }
 
+/// One call on the buffers: its number and parity, and the line slots.
+struct Lines<'a> {
+    scratch: &'a [u64],
+    layout: AllReduceLayout,
+    rank: usize,
+    seq: u32,
+    what: &'static str,
+}
+
+impl<'a> Lines<'a> {
+    /// The call after the last one this rank made on the buffers, or an
+    /// error where they cannot carry `bytes` per slot.
+    fn begin(
+        what: &'static str,
+        rank: usize,
+        world: usize,
+        scratch: &'a [u64],
+        scratch_bytes: usize,
+        bytes: usize,
+    ) -> Result<Self> {
+        if world == 0 || rank >= world || scratch.len() != world {
+            return Err(err!(Internal, "{what} for rank {rank} of {world} with {} buffers", scratch.len()));
+        }
+        let layout = AllReduceLayout::of(scratch_bytes, world);
+        if !layout.holds(bytes) {
+            return Err(err!(Internal, "an all-reduce buffer of {scratch_bytes} bytes cannot hold {bytes} bytes"));
+        }
+        let seq = word(scratch[rank]).load(Ordering::Acquire).wrapping_add(1);
+        Ok(Lines { scratch, layout, rank, seq, what })
+    }
+
+    /// Line `i` of slot `src` in rank `owner`'s buffer.
+    fn at(&self, owner: usize, src: usize, i: usize) -> u64 {
+        self.scratch[owner] + (self.layout.one_shot_at((self.seq & 1) as usize, src) + 16 * i) as u64
+    }
+
+    /// `line` as line `i` of this rank's slot in `owner`'s buffer, flags
+    /// stored with release after the data.
+    fn push(&self, owner: usize, i: usize, line: [u8; 8]) {
+        let at = self.at(owner, self.rank, i);
+        word(at).store(u32::from_le_bytes(line[..4].try_into().unwrap()), Ordering::Relaxed);
+        word(at + 8).store(u32::from_le_bytes(line[4..].try_into().unwrap()), Ordering::Relaxed);
+        word(at + 4).store(self.seq, Ordering::Release);
+        word(at + 12).store(self.seq, Ordering::Release);
+    }
+
+    /// Line `i` of slot `src` in this rank's buffer once both its flags
+    /// read this call's number.
+    fn wait(&self, src: usize, i: usize, health: &Health, deadline: Instant, timeout: Duration) -> Result<[u8; 8]> {
+        let at = self.at(self.rank, src, i);
+        let seq = self.seq;
+        let arrived = || word(at + 4).load(Ordering::Acquire) == seq && word(at + 12).load(Ordering::Acquire) == seq;
+        spin_until(arrived, || health.interrupted(), deadline).map_err(|why| match why {
+            Ended::Failed(e) => e,
+            Ended::TimedOut => err!(
+                Timeout,
+                "{}: rank {src}'s data did not arrive within {} ms (call {seq})",
+                self.what,
+                timeout.as_millis()
+            ),
+        })?;
+        let mut line = [0u8; 8];
+        line[..4].copy_from_slice(&word(at).load(Ordering::Relaxed).to_le_bytes());
+        line[4..].copy_from_slice(&word(at + 8).load(Ordering::Relaxed).to_le_bytes());
+        Ok(line)
+    }
+
+    /// The call is done here: the next one on the buffers takes the next number.
+    fn end(self) {
+        word(self.scratch[self.rank]).store(self.seq, Ordering::Release);
+    }
+}
+
 pub fn all_gather(call: &AllGatherCall, health: &Health) -> Result<()> {
     let &AllGatherCall { rank, world, bytes, input, output, ref scratch, scratch_bytes, timeout } = call;
-    if world == 0 || rank >= world || scratch.len() != world {
-        return Err(err!(Internal, "all-gather for rank {rank} of {world} with {} buffers", scratch.len()));
-    }
+    let ll = Lines::begin("all_gather", rank, world, scratch, scratch_bytes, bytes)?;
     if bytes == 0 {
         return Ok(());
     }
-    let layout = AllReduceLayout::of(scratch_bytes, world);
-    if !layout.holds(bytes) {
-        return Err(err!(Internal, "an all-reduce buffer of {scratch_bytes} bytes cannot hold {bytes} bytes"));
-    }
-    let header = word(scratch[rank]);
-    let seq = header.load(Ordering::Acquire).wrapping_add(1);
-    let parity = (seq & 1) as usize;
-    let line_at =
-        |owner: usize, src: usize, i: usize| scratch[owner] + (layout.one_shot_at(parity, src) + 16 * i) as u64;
     let lines = bytes.div_ceil(8);
     let peers = || (1..world).map(|k| (rank + k) % world);
     for i in 0..lines {
         let line = load_line(input, i, bytes);
-        let (d0, d1) =
-            (u32::from_le_bytes(line[..4].try_into().unwrap()), u32::from_le_bytes(line[4..].try_into().unwrap()));
-        for q in peers() {
-            let at = line_at(q, rank, i);
-            word(at).store(d0, Ordering::Relaxed);
-            word(at + 8).store(d1, Ordering::Relaxed);
-            word(at + 4).store(seq, Ordering::Release);
-            word(at + 12).store(seq, Ordering::Release);
-        }
+        peers().for_each(|q| ll.push(q, i, line));
         store_line(output + (rank * bytes) as u64, i, bytes, line);
     }
     let deadline = Instant::now() + timeout;
     for src in peers() {
         for i in 0..lines {
-            let at = line_at(rank, src, i);
-            let arrived =
-                || word(at + 4).load(Ordering::Acquire) == seq && word(at + 12).load(Ordering::Acquire) == seq;
-            spin_until(arrived, || health.interrupted(), deadline).map_err(|why| match why {
-                Ended::Failed(e) => e,
-                Ended::TimedOut => err!(
-                    Timeout,
-                    "all_gather: rank {src}'s data did not arrive within {} ms (call {seq})",
-                    timeout.as_millis()
-                ),
-            })?;
-            let (d0, d1) = (word(at).load(Ordering::Relaxed), word(at + 8).load(Ordering::Relaxed));
-            let mut line = [0u8; 8];
-            line[..4].copy_from_slice(&d0.to_le_bytes());
-            line[4..].copy_from_slice(&d1.to_le_bytes());
-            store_line(output + (src * bytes) as u64, i, bytes, line);
+            store_line(output + (src * bytes) as u64, i, bytes, ll.wait(src, i, health, deadline, timeout)?);
         }
     }
-    header.store(seq, Ordering::Release);
+    ll.end();
     Ok(())
 }
 
@@ -118,62 +157,31 @@ pub fn reduce_scatter(call: &ReduceScatterCall, health: &Health) -> Result<()> {
         scratch_bytes,
         timeout,
     } = call;
-    if world == 0 || rank >= world || scratch.len() != world {
-        return Err(err!(Internal, "reduce-scatter for rank {rank} of {world} with {} buffers", scratch.len()));
-    }
     let bytes = n * dtype.size();
+    let ll = Lines::begin("reduce_scatter", rank, world, scratch, scratch_bytes, bytes)?;
     if bytes == 0 {
         return Ok(());
     }
-    let layout = AllReduceLayout::of(scratch_bytes, world);
-    if !layout.holds(bytes) {
-        return Err(err!(Internal, "an all-reduce buffer of {scratch_bytes} bytes cannot hold {bytes} bytes"));
-    }
-    let header = word(scratch[rank]);
-    let seq = header.load(Ordering::Acquire).wrapping_add(1);
-    let parity = (seq & 1) as usize;
-    let line_at =
-        |owner: usize, src: usize, i: usize| scratch[owner] + (layout.one_shot_at(parity, src) + 16 * i) as u64;
     let lines = bytes / 8;
     let chunk = |q: usize| input + (q * chunk_stride) as u64;
     for q in (1..world).map(|k| (rank + k) % world) {
-        for i in 0..lines {
-            let line = load_line(chunk(q), i, bytes);
-            let at = line_at(q, rank, i);
-            word(at).store(u32::from_le_bytes(line[..4].try_into().unwrap()), Ordering::Relaxed);
-            word(at + 8).store(u32::from_le_bytes(line[4..].try_into().unwrap()), Ordering::Relaxed);
-            word(at + 4).store(seq, Ordering::Release);
-            word(at + 12).store(seq, Ordering::Release);
-        }
+        (0..lines).for_each(|i| ll.push(q, i, load_line(chunk(q), i, bytes)));
     }
     // Every rank's part of this chunk, in rank order, as contiguous arrays.
     let deadline = Instant::now() + timeout;
     let mut received: Vec<Vec<u64>> = Vec::with_capacity(world);
     for src in 0..world {
-        let mut words = vec![0u64; lines];
-        for (i, w) in words.iter_mut().enumerate() {
-            if src == rank {
-                *w = u64::from_le_bytes(load_line(chunk(rank), i, bytes));
-                continue;
-            }
-            let at = line_at(rank, src, i);
-            let arrived =
-                || word(at + 4).load(Ordering::Acquire) == seq && word(at + 12).load(Ordering::Acquire) == seq;
-            spin_until(arrived, || health.interrupted(), deadline).map_err(|why| match why {
-                Ended::Failed(e) => e,
-                Ended::TimedOut => err!(
-                    Timeout,
-                    "reduce_scatter: rank {src}'s data did not arrive within {} ms (call {seq})",
-                    timeout.as_millis()
-                ),
-            })?;
-            let (d0, d1) = (word(at).load(Ordering::Relaxed), word(at + 8).load(Ordering::Relaxed));
-            *w = (d1 as u64) << 32 | d0 as u64;
-        }
+        let words = (0..lines)
+            .map(|i| match src == rank {
+                true => Ok(load_line(chunk(rank), i, bytes)),
+                false => ll.wait(src, i, health, deadline, timeout),
+            })
+            .map(|line| line.map(u64::from_le_bytes))
+            .collect::<Result<Vec<u64>>>()?;
         received.push(words);
     }
     let srcs: Vec<Array> = received.iter().map(|w| Array::contiguous(w.as_ptr() as u64, dtype, &[n])).collect();
     super::elementwise::reduce(&Array::contiguous(output, dtype, &[n]), &srcs, scale)?;
-    header.store(seq, Ordering::Release);
+    ll.end();
     Ok(())
 }
