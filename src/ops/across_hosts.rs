@@ -375,23 +375,25 @@ pub(super) mod tests {
         }
     }
 
+    /// The all-reduce (sum) of `n` ones in f32 on this rank.
+    fn sum_of_ones(g: &Arc<Group>, n: usize) -> Result<Vec<f32>> {
+        let (input, output) = (vec![1f32; n], vec![f32::NAN; n]);
+        let call = AllReduce {
+            input: arr(&input, DType::F32, &[n]),
+            output: arr(&output, DType::F32, &[n]),
+            op: ReduceOp::Sum,
+            norm: None,
+            algorithm: None,
+        };
+        all_reduce_op(g, Ok(call), Stream(0)).map(|()| output)
+    }
+
     /// A call that differs between ranks, or hosts of unequal sizes, fail
     /// on every rank; the group stays usable after a mismatch.
     #[test]
     fn mismatch_and_unequal_hosts_fail_every_rank() {
         let groups = on_hosts(&["a", "b", "a", "b"]);
-        let errs = on_each(&groups, |r, g| {
-            let n = if r == 2 { 5 } else { 4 };
-            let (input, output) = (vec![1f32; n], vec![f32::NAN; n]);
-            let call = AllReduce {
-                input: arr(&input, DType::F32, &[n]),
-                output: arr(&output, DType::F32, &[n]),
-                op: ReduceOp::Sum,
-                norm: None,
-                algorithm: None,
-            };
-            all_reduce_op(g, Ok(call), Stream(0)).unwrap_err()
-        });
+        let errs = on_each(&groups, |r, g| sum_of_ones(g, if r == 2 { 5 } else { 4 }).unwrap_err());
         for e in errs {
             assert_eq!(e.kind, ErrorKind::Mismatch, "{}", e.msg);
         }
@@ -415,17 +417,7 @@ pub(super) mod tests {
     fn a_kept_call_changed_on_one_rank_fails_every_rank() {
         for always in [false, true] {
             let groups = on_hosts_with(&["a", "b", "a", "b"], always);
-            let call = |g: &Arc<Group>, n: usize| {
-                let (input, output) = (vec![1f32; n], vec![f32::NAN; n]);
-                let call = AllReduce {
-                    input: arr(&input, DType::F32, &[n]),
-                    output: arr(&output, DType::F32, &[n]),
-                    op: ReduceOp::Sum,
-                    norm: None,
-                    algorithm: None,
-                };
-                all_reduce_op(g, Ok(call), Stream(0)).map(|()| output)
-            };
+            let call = sum_of_ones;
             let got = on_each(&groups, |r, g| {
                 let first = call(g, 4).unwrap();
                 let changed = call(g, if r == 2 { 5 } else { 4 });
