@@ -375,17 +375,23 @@ pub(super) mod tests {
         }
     }
 
-    /// The all-reduce (sum) of `n` ones in f32 on this rank.
-    fn sum_of_ones(g: &Arc<Group>, n: usize) -> Result<Vec<f32>> {
-        let (input, output) = (vec![1f32; n], vec![f32::NAN; n]);
+    /// The all-reduce (sum) of `input` (f32) on this rank, into a poisoned output.
+    fn summed(g: &Arc<Group>, input: &[f32]) -> Result<Vec<f32>> {
+        let n = input.len();
+        let output = vec![f32::NAN; n];
         let call = AllReduce {
-            input: arr(&input, DType::F32, &[n]),
+            input: arr(input, DType::F32, &[n]),
             output: arr(&output, DType::F32, &[n]),
             op: ReduceOp::Sum,
             norm: None,
             algorithm: None,
         };
         all_reduce_op(g, Ok(call), Stream(0)).map(|()| output)
+    }
+
+    /// The all-reduce (sum) of `n` ones on this rank.
+    fn sum_of_ones(g: &Arc<Group>, n: usize) -> Result<Vec<f32>> {
+        summed(g, &vec![1f32; n])
     }
 
     /// A call that differs between ranks, or hosts of unequal sizes, fail
@@ -845,15 +851,7 @@ pub(super) mod tests {
             let held = on_each(&groups, |r, g| {
                 let value = |p: usize, i: usize| ((p * 3 + i) % 1000) as f32 - 500.0;
                 let input: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
-                let output = vec![f32::NAN; n];
-                let call = AllReduce {
-                    input: arr(&input, DType::F32, &[n]),
-                    output: arr(&output, DType::F32, &[n]),
-                    op: ReduceOp::Sum,
-                    norm: None,
-                    algorithm: None,
-                };
-                all_reduce_op(g, Ok(call), Stream(0)).unwrap();
+                let output = summed(g, &input).unwrap();
                 let want = |i: usize| (0..world).map(|p| value(p, i) as f64).sum::<f64>() as f32;
                 assert!(output.iter().enumerate().all(|(i, &v)| v == want(i)), "{hosts:?} rank {r}: all_reduce");
                 let gathered = vec![f32::NAN; world * n];

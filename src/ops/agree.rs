@@ -84,6 +84,26 @@ pub struct Agreed {
 /// when the call could not even be read, in which case `local` is the
 /// error); `local` is whether this rank's call is valid.
 pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<Agreed> {
+    agree_through(group, sig, local, |payload| group.exchange(payload))
+}
+
+/// As [`agree`] for a group spanning hosts, through its transport across
+/// hosts, with the same trade-off: an agreed call is kept. A rank that
+/// alone changes a kept call leaves its peers waiting in NCCL, which the
+/// group's watchdog ends (`Timeout`, see `crate::backend::cuda::nccl_watch`);
+/// on the bootstrap's transport its agreement meets their data and every
+/// rank fails with `Mismatch`.
+pub fn agree_across_hosts(group: &Group, sig: &Signature, local: Result<()>) -> Result<()> {
+    agree_through(group, Some(sig), local, |payload| group.exchange_across_hosts(Purpose::Agreement, payload)).map(drop)
+}
+
+/// [`agree`], the signatures exchanged by `exchange`.
+fn agree_through(
+    group: &Group,
+    sig: Option<&Signature>,
+    local: Result<()>,
+    exchange: impl FnOnce(Result<Vec<u8>>) -> Result<Vec<Vec<u8>>>,
+) -> Result<Agreed> {
     let encoded = sig.map(Signature::encode);
     let state = state::of(group);
     if let Some(bytes) = &encoded {
@@ -98,33 +118,11 @@ pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Resul
         }
     }
     let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));
-    let all = group.exchange(payload)?;
+    let all = exchange(payload)?;
     let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
     check_same(&sigs)?;
     let first = state.mark_agreed(all[group.rank()].clone());
     Ok(Agreed { first })
-}
-
-/// As [`agree`] for a group spanning hosts, through its transport across
-/// hosts, with the same trade-off: an agreed call is kept. A rank that
-/// alone changes a kept call leaves its peers waiting in NCCL, which the
-/// group's watchdog ends (`Timeout`, see `crate::backend::cuda::nccl_watch`);
-/// on the bootstrap's transport its agreement meets their data and every
-/// rank fails with `Mismatch`.
-pub fn agree_across_hosts(group: &Group, sig: &Signature, local: Result<()>) -> Result<()> {
-    let encoded = sig.encode();
-    let state = state::of(group);
-    if !group.check_args_always() && state.is_agreed(&encoded) {
-        if let Err(e) = &local {
-            group.fail(&e.clone().context("a call whose arguments the ranks had agreed on failed here"));
-        }
-        return local;
-    }
-    let all = group.exchange_across_hosts(Purpose::Agreement, local.map(|()| encoded))?;
-    let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
-    check_same(&sigs)?;
-    state.mark_agreed(all[group.rank()].clone());
-    Ok(())
 }
 
 /// Every rank's arguments against rank 0's, so that all ranks report the
