@@ -331,10 +331,12 @@ mod tests {
         use super::super::*;
         use proptest::prelude::*;
 
-        /// The extent by wide arithmetic, which cannot overflow here.
+        /// The extent by wide arithmetic: each step fits in 128 bits, and a
+        /// sum past them is past `isize::MAX` anyway.
         fn reference_extent(a: &Array) -> Option<u64> {
-            let last: u128 = a.shape.iter().zip(&a.strides).map(|(&n, &s)| (n as u128 - 1) * s as u128).sum();
-            let bytes = (last + 1) * a.dtype.size() as u128;
+            let mut steps = a.shape.iter().zip(&a.strides).map(|(&n, &s)| (n as u128 - 1) * s as u128);
+            let last = steps.try_fold(0u128, u128::checked_add)?;
+            let bytes = (last + 1).checked_mul(a.dtype.size() as u128)?;
             (bytes <= isize::MAX as u128 && a.addr as u128 + bytes <= u64::MAX as u128).then_some(bytes as u64)
         }
 
