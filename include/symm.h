@@ -453,21 +453,26 @@ symm_status_t symm_buffer_size(symm_buffer_t buffer, size_t *bytes);
 symm_status_t symm_buffer_destroy(symm_buffer_t buffer);
 
 // Collective over the buffer's group: maps every rank's buffer into this
-// process. Fails on every rank if the ranks' sizes differ.
+// process (in a group spanning hosts, those of the ranks on this host).
+// Fails on every rank if the ranks' sizes differ.
 symm_status_t symm_rendezvous(symm_buffer_t buffer, symm_handle_t *handle);
 
 // Where rank `rank`'s buffer is mapped in this process (this rank's own
-// data pointer for `rank` = own rank).
+// data pointer for `rank` = own rank). `SYMM_ERROR_UNSUPPORTED` for a rank
+// on another host: its memory is not mapped here.
 symm_status_t symm_handle_peer_ptr(symm_handle_t handle, int rank, void **ptr);
 
-// Where rank `rank`'s signal pad (`uint32_t pad[16][world]`) is mapped.
+// Where rank `rank`'s signal pad (`uint32_t pad[16][world]`) is mapped
+// (`SYMM_ERROR_UNSUPPORTED` for a rank on another host).
 symm_status_t symm_handle_signal_pad_ptr(symm_handle_t handle, int rank, void **ptr);
 
 // Unmaps the peers' buffers. NULL is accepted.
 symm_status_t symm_handle_destroy(symm_handle_t handle);
 
 // Stream-ordered barrier of all ranks on `channel` (0..15): memory written
-// before it by any rank is visible to every rank after it.
+// before it by any rank is visible to every rank after it. In a group
+// spanning hosts, of the ranks on this host (signals, too, reach only
+// them).
 symm_status_t symm_barrier(symm_handle_t handle, int channel, void *stream);
 
 // Stream-ordered: signals `peer` on `channel`, releasing this rank's

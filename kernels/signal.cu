@@ -2,7 +2,8 @@
 //
 // Common arguments:
 //   pads        device array of `world` addresses: pads[r] is rank r's signal
-//               pad as mapped in this process (uint32 slots pad[channel][src]).
+//               pad as mapped in this process (uint32 slots pad[channel][src]),
+//               0 where rank r is on another host (not mapped here).
 //   rank, world this rank and the group size.
 //   channel     which row of slots to use (the host checks it is in range).
 //   timeout_ns  how long to wait before giving up; 0 = SYMM_DEFAULT_TIMEOUT_NS.
@@ -48,7 +49,9 @@ extern "C" __global__ void symm_wait_signal(const uint64_t* pads, int rank, int 
 // and memory operations of the stream before the barrier (on any rank) are
 // visible to those after it (on any rank).
 // Launch with one block of at least `world` threads (e.g. world rounded up
-// to 32); thread t < world, t != rank, signals and then waits for peer t.
+// to 32); thread t < world, t != rank, signals and then waits for peer t,
+// unless peer t is on another host (its pad is 0): the barrier is over the
+// ranks of this host.
 extern "C" __global__ void symm_barrier(const uint64_t* pads, int rank, int world, int channel,
                                         uint64_t timeout_ns, symm_async_error* err) {
     const int peer = (int)threadIdx.x;
@@ -59,7 +62,7 @@ extern "C" __global__ void symm_barrier(const uint64_t* pads, int rank, int worl
         }
         return;
     }
-    const bool active = peer < world && peer != rank;
+    const bool active = peer < world && peer != rank && pads[peer] != 0;
     if (active) {
         __threadfence_system();
         symm_signal_put(pads, rank, world, peer, channel, timeout_ns, err);

@@ -2,7 +2,9 @@
 //!
 //! A [`Buffer`] is one rank's allocation: the data the caller asked for,
 //! rounded to the backend's granularity, followed by a signal pad. A
-//! [`Handle`] is the rendezvoused view: every rank's allocation mapped here,
+//! [`Handle`] is the rendezvoused view: the allocations of every rank on this
+//! host mapped here (a rank on another host is reached only through the
+//! group's transports across hosts),
 //! plus signalling over their pads.
 
 use crate::backend::{pad_bytes, round_up, Allocation, Mapping, PadSet, Signals, Stream};
@@ -107,11 +109,14 @@ impl Handle {
         err!(InvalidArgument, "rank {rank} is out of range for a group of {}", self.data.len())
     }
     pub fn put_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
+        self.reachable(peer)?;
         self.signalling(|s, t| s.put(peer, channel, stream, t))
     }
     pub fn wait_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
+        self.reachable(peer)?;
         self.signalling(|s, t| s.wait(peer, channel, stream, t))
     }
+    /// Over the ranks of this rank's host (every rank, in a group on one host).
     pub fn barrier(&self, channel: usize, stream: Stream) -> Result<()> {
         self.signalling(|s, t| s.barrier(channel, stream, t))
     }
@@ -205,8 +210,16 @@ pub fn rendezvous_locked(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
     // device-synchronizing call here (cuMemAlloc, say) could wait for it
     // when the two ranks share one device.
     let mapped = check_sizes(&peers, rank).and_then(|_| map_peers(buffer, &peers)).and_then(|peers_mapped| {
-        let data: Vec<u64> = peers_mapped.iter().map(|m| m.as_ref().map_or(buffer.addr(), |m| m.addr())).collect();
-        let pads: Vec<u64> = data.iter().map(|a| a + buffer.pad_offset as u64).collect();
+        let topology = group.topology();
+        let data: Vec<u64> = (0..world)
+            .map(|r| match &peers_mapped[r] {
+                Some(m) => m.addr(),
+                None if r == rank => buffer.addr(),
+                None => 0, // on another host
+            })
+            .collect();
+        let pads: Vec<u64> =
+            data.iter().enumerate().map(|(r, &a)| if topology.is_local(r) { a + buffer.pad_offset as u64 } else { 0 }).collect();
         let signals = group.backend().signals(PadSet { rank, world, pads: pads.clone() })?;
         Ok((peers_mapped, data, pads, signals))
     });
@@ -258,11 +271,13 @@ fn check_sizes(peers: &[Announce], me: usize) -> Result<()> {
     }
 }
 
+/// Maps the buffers of this rank's peers on its host (`None` for itself
+/// and for ranks on other hosts, whose memory no mapping here reaches).
 fn map_peers(buffer: &Buffer, peers: &[Announce]) -> Result<Vec<Option<Box<dyn Mapping>>>> {
     let group = &buffer.group;
     let mut out = Vec::with_capacity(peers.len());
     for (r, a) in peers.iter().enumerate() {
-        if r == group.rank() {
+        if r == group.rank() || !group.topology().is_local(r) {
             out.push(None);
             continue;
         }
@@ -275,4 +290,57 @@ fn map_peers(buffer: &Buffer, peers: &[Announce]) -> Result<Vec<Option<Box<dyn M
         out.push(Some(m));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::ops::testing::{on_each, on_hosts};
+
+    /// In a group spanning hosts, a rendezvous maps the buffers of the
+    /// ranks on this rank's host only: their data is reached and they
+    /// signal each other (slots named by group rank); a rank on another
+    /// host is refused with `Unsupported`; a barrier is over the host's
+    /// ranks alone (the other host's ranks never join it).
+    #[test]
+    fn rendezvous_across_hosts_maps_the_ranks_of_this_host() {
+        let hosts = ["a", "b", "a", "b"];
+        let groups = on_hosts(&hosts);
+        let handles = on_each(&groups, |r, g| {
+            let b = Buffer::create(g, 64).unwrap();
+            // SAFETY: the host backend's buffer is this process's memory.
+            unsafe { *(b.addr() as *mut u32) = 100 + r as u32 };
+            rendezvous(&b).unwrap()
+        });
+        on_each(&groups, |r, _| {
+            let h = &handles[r];
+            for p in 0..hosts.len() {
+                if hosts[p] == hosts[r] {
+                    // SAFETY: a peer on this host is mapped here.
+                    let v = unsafe { *(h.peer_addr(p).unwrap() as *const u32) };
+                    assert_eq!(v, 100 + p as u32);
+                    assert!(h.pad_addr(p).unwrap() != 0);
+                    continue;
+                }
+                for e in [
+                    h.peer_addr(p).unwrap_err(),
+                    h.pad_addr(p).unwrap_err(),
+                    h.put_signal(p, 1, Stream(0)).unwrap_err(),
+                    h.wait_signal(p, 1, Stream(0)).unwrap_err(),
+                ] {
+                    assert_eq!(e.kind, ErrorKind::Unsupported, "{}", e.msg);
+                    assert!(e.msg.contains("another host"), "{}", e.msg);
+                }
+            }
+            let partner = (0..hosts.len()).find(|&p| p != r && hosts[p] == hosts[r]).unwrap();
+            if hosts[r] == "a" {
+                h.barrier(2, Stream(0)).unwrap();
+            } else {
+                h.put_signal(partner, 1, Stream(0)).unwrap();
+                h.wait_signal(partner, 1, Stream(0)).unwrap();
+            }
+        });
+        assert!(groups.iter().all(|g| g.check_healthy().is_ok()));
+    }
 }

@@ -409,11 +409,10 @@ impl Group {
     /// `Remote` naming the rank that failed and why). Call with the
     /// collective lock held.
     pub fn exchange(&self, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        if !self.topology.single_host() {
+            return self.exchange_across_hosts(Purpose::Collective, local);
+        }
         self.health.check()?;
-        // Every collective after formation comes through here: refused
-        // alike on every rank of a group that spans hosts, before any
-        // rank waits for another.
-        self.topology.require_single_host("symm's collective operations")?;
         // A lost exchange leaves the ranks out of step: the group fails.
         exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
     }
@@ -688,6 +687,9 @@ pub(crate) enum Purpose {
     Agreement = 1,
     /// A collective's data (the bootstrap's transport).
     Data = 2,
+    /// The group's own collectives ([`Group::exchange`]: a rendezvous, the
+    /// workspace's growth).
+    Collective = 3,
 }
 
 /// The watchdog of a group's NCCL communicators: it fails the group (held
@@ -905,8 +907,9 @@ mod tests {
 
     /// Pretend hosts on the host backend: the group forms, with a
     /// transport across hosts over the ranks of each local index and one
-    /// inside each host over its ranks; the
-    /// collectives not implemented across hosts fail at once on every rank.
+    /// inside each host over its ranks; the group's own exchanges reach
+    /// every rank, tagged, so one that meets an exchange of a call's data
+    /// fails both ranks.
     #[test]
     fn pretend_hosts_form_with_a_transport() {
         for hosts in [&["a", "b"][..], &["a", "b", "a", "b"], &["a", "a", "b", "b"], &["a", "b", "c", "d"]] {
@@ -922,11 +925,11 @@ mod tests {
                 assert_eq!(g.inside_host().expect("spans hosts").members(), g.topology().local_ranks());
             }
             std::thread::scope(|s| {
-                let hs: Vec<_> = groups.iter().map(|g| s.spawn(move || g.exchange(Ok(vec![1])))).collect();
+                let hs: Vec<_> =
+                    groups.iter().enumerate().map(|(r, g)| s.spawn(move || g.exchange(Ok(vec![r as u8])))).collect();
                 for h in hs {
-                    let e = h.join().unwrap().unwrap_err();
-                    assert_eq!(e.kind, ErrorKind::Unsupported);
-                    assert!(e.msg.contains("not implemented yet"), "{}", e.msg);
+                    let all = h.join().unwrap().unwrap();
+                    assert_eq!(all, (0..hosts.len()).map(|r| vec![r as u8]).collect::<Vec<_>>());
                 }
             });
             assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());

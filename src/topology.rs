@@ -94,21 +94,6 @@ impl Topology {
             counts.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
         ))
     }
-
-    /// `Unsupported` for `what` when the group spans hosts: nothing moves
-    /// data across hosts yet, and every rank sees the same topology, so
-    /// every rank refuses alike without talking to the others.
-    pub fn require_single_host(&self, what: &str) -> Result<()> {
-        if self.single_host() {
-            return Ok(());
-        }
-        Err(err!(
-            Unsupported,
-            "{what}: this group spans {} hosts, and operations across hosts are not implemented yet (issue 43); \
-             form one group per host",
-            self.hosts()
-        ))
-    }
 }
 
 #[cfg(test)]
@@ -127,7 +112,6 @@ mod tests {
         assert!(t.single_host());
         assert_eq!(t.local_ranks(), vec![0, 1, 2]);
         assert_eq!((t.local_rank(), t.local_world()), (1, 3));
-        assert!(t.require_single_host("x").is_ok());
         let alone = Topology::new(&ids(&["a"]), 0);
         assert_eq!((alone.hosts(), alone.local_rank(), alone.local_world()), (1, 0, 1));
     }
@@ -181,10 +165,6 @@ mod tests {
             assert_eq!(t.host_of(rank), Some(rank));
             assert_eq!(t.local_ranks(), vec![rank]);
             assert_eq!((t.local_rank(), t.local_world()), (0, 1));
-            let e = t.require_single_host("symm_all_reduce").unwrap_err();
-            assert_eq!(e.kind, ErrorKind::Unsupported);
-            assert!(e.msg.contains("symm_all_reduce") && e.msg.contains("spans 4 hosts"), "{}", e.msg);
-            assert!(e.msg.contains("not implemented yet"), "{}", e.msg);
         }
     }
 }

@@ -69,7 +69,8 @@ class Buffer:
         return out.value
 
     def rendezvous(self):
-        """Collective over the group: maps every rank's buffer here."""
+        """Collective over the group: maps every rank's buffer here (in a
+        group spanning hosts, those of the ranks on this host)."""
         raw = _lib.handle_t()
         self.group._check(lib.symm_rendezvous(self.raw, ctypes.byref(raw)))
         return Handle(self.group, raw.value, self.nbytes)
@@ -122,7 +123,8 @@ class Handle:
         return out.value or 0
 
     def peer_ptr(self, rank):
-        """Where ``rank``'s buffer is mapped in this process."""
+        """Where ``rank``'s buffer is mapped in this process
+        (``SymmUnsupported`` for a rank on another host)."""
         return self._ptr(lib.symm_handle_peer_ptr, rank)
 
     def signal_pad_ptr(self, rank):
@@ -141,7 +143,8 @@ class Handle:
         return _view(self.group, self._owned, ptr, nbytes, np.uint32, (_lib.SIGNAL_CHANNELS, world), 0)
 
     def barrier(self, channel=0, stream=None):
-        """Stream-ordered barrier of all ranks: writes before it are visible to all after it."""
+        """Stream-ordered barrier of all ranks (in a group spanning hosts,
+        those on this host): writes before it are visible to all after it."""
         self.group._check(lib.symm_barrier(self.raw, channel, as_stream(stream)))
 
     def put_signal(self, peer, channel=0, stream=None):

@@ -184,16 +184,26 @@ def all_scenarios(group):
 
 
 def across_hosts(group):
-    """A group whose ranks are on different hosts (SYMM_HOST_ID) forms, and
-    refuses a symmetric buffer's rendezvous on every rank at once: ranks on
-    different hosts cannot map each other's memory."""
+    """A group whose ranks are on different hosts (SYMM_HOST_ID) forms and
+    rendezvouses a symmetric buffer: this rank's own memory is mapped, a
+    rank on another host is refused (its memory is not mapped here) for
+    pointers and signals, and a barrier is over this host's ranks."""
+    me, peer = group.rank, 1 - group.rank
     with group.create(4096) as buf:
-        try:
-            buf.rendezvous()
-        except symm.SymmUnsupported as e:
-            assert "operations across hosts are not implemented yet" in str(e), e
-        else:
-            raise AssertionError("a group spanning hosts rendezvoused")
+        h = buf.rendezvous()
+        assert h.peer_ptr(me) == buf.ptr
+        for refused in (lambda: h.peer_ptr(peer), lambda: h.signal_pad_ptr(peer), lambda: h.put_signal(peer)):
+            try:
+                refused()
+            except symm.SymmUnsupported as e:
+                assert "another host" in str(e), e
+            else:
+                raise AssertionError("a rank on another host was reached")
+        h.barrier()
+        import torch
+
+        torch.cuda.synchronize()
+        group.check_async_error()
 
 
 def across_hosts_matmuls(group):

@@ -2,7 +2,8 @@
 processes on two GPUs of one machine: it forms through NCCL (torch's wheel
 or the system's), runs fused_ag_mm and mm_rs across its hosts (also with
 NCCL kept to its network transport), all_reduce, lc_allgather and
-all_reduce_rmsnorm (likewise), and refuses a symmetric buffer's rendezvous.
+all_reduce_rmsnorm (likewise), and rendezvouses a symmetric buffer (only
+the ranks of one host map each other's memory).
 Skipped unless torch sees two GPUs and NCCL is found."""
 
 import ctypes
@@ -44,7 +45,7 @@ def on_two_hosts(scenario, deadline_s, nccl=None, transport="default", **extra):
     in_processes(scenario, 2, env, deadline_s=deadline_s, rank_env=[{"SYMM_HOST_ID": h} for h in ("a", "b")])
 
 
-def test_group_spanning_hosts_forms_and_refuses_rendezvous():
+def test_group_spanning_hosts_forms_and_rendezvouses_within_each_host():
     on_two_hosts("across_hosts", 120)
 
 

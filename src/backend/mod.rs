@@ -112,8 +112,17 @@ pub trait Signals: Send + Sync {
 pub struct PadSet {
     pub rank: usize,
     pub world: usize,
-    /// `pads[r]` = address of rank r's pad as mapped here.
+    /// `pads[r]` = address of rank r's pad as mapped here; 0 for a rank
+    /// whose memory is not mapped here (on another host): it takes no part
+    /// in barriers, and signals to or from it are refused.
     pub pads: Vec<u64>,
+}
+
+impl PadSet {
+    /// Whether `peer`'s pad is mapped here.
+    pub fn reaches(&self, peer: usize) -> bool {
+        self.pads.get(peer).is_some_and(|&a| a != 0)
+    }
 }
 
 /// Number of signal channels in every pad.

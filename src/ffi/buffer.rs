@@ -58,7 +58,8 @@ pub extern "C" fn symm_buffer_destroy(buffer: symm_buffer_t) -> symm_status_t {
 }
 
 /// Collective over the buffer's group: maps every rank's buffer into this
-/// process. Fails on every rank if the ranks' sizes differ.
+/// process (in a group spanning hosts, those of the ranks on this host).
+/// Fails on every rank if the ranks' sizes differ.
 #[no_mangle]
 pub extern "C" fn symm_rendezvous(buffer: symm_buffer_t, handle: *mut symm_handle_t) -> symm_status_t {
     call("symm_rendezvous", || {
@@ -70,7 +71,8 @@ pub extern "C" fn symm_rendezvous(buffer: symm_buffer_t, handle: *mut symm_handl
 }
 
 /// Where rank `rank`'s buffer is mapped in this process (this rank's own
-/// data pointer for `rank` = own rank).
+/// data pointer for `rank` = own rank). `SYMM_ERROR_UNSUPPORTED` for a rank
+/// on another host: its memory is not mapped here.
 #[no_mangle]
 pub extern "C" fn symm_handle_peer_ptr(handle: symm_handle_t, rank: c_int, ptr: *mut *mut c_void) -> symm_status_t {
     call("symm_handle_peer_ptr", || {
@@ -81,7 +83,8 @@ pub extern "C" fn symm_handle_peer_ptr(handle: symm_handle_t, rank: c_int, ptr: 
     })
 }
 
-/// Where rank `rank`'s signal pad (`uint32_t pad[16][world]`) is mapped.
+/// Where rank `rank`'s signal pad (`uint32_t pad[16][world]`) is mapped
+/// (`SYMM_ERROR_UNSUPPORTED` for a rank on another host).
 #[no_mangle]
 pub extern "C" fn symm_handle_signal_pad_ptr(
     handle: symm_handle_t,
@@ -103,7 +106,9 @@ pub extern "C" fn symm_handle_destroy(handle: symm_handle_t) -> symm_status_t {
 }
 
 /// Stream-ordered barrier of all ranks on `channel` (0..15): memory written
-/// before it by any rank is visible to every rank after it.
+/// before it by any rank is visible to every rank after it. In a group
+/// spanning hosts, of the ranks on this host (signals, too, reach only
+/// them).
 #[no_mangle]
 pub extern "C" fn symm_barrier(handle: symm_handle_t, channel: c_int, stream: *mut c_void) -> symm_status_t {
     call("symm_barrier", || self::handle(handle)?.barrier(non_negative(channel, "channel")?, Stream(stream as usize)))

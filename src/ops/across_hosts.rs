@@ -245,34 +245,12 @@ pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) ->
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::super::testing::{host_config, host_groups, on_each};
+    use super::super::testing::{host_groups, on_each, on_hosts, on_hosts_with};
     use super::super::{all_reduce as all_reduce_op, lc_allgather as lc_allgather_op, Norm};
     use super::*;
     use crate::array::DType;
-    use crate::bootstrap::local::local_bootstraps;
     use crate::error::ErrorKind;
-    use crate::group::GroupConfig;
     use std::sync::Arc;
-
-    /// Host-backend groups whose rank r is on pretend host `hosts[r]`.
-    pub(in crate::ops) fn on_hosts(hosts: &[&str]) -> Vec<Arc<Group>> {
-        on_hosts_with(hosts, false)
-    }
-
-    /// As [`on_hosts`]; `always`: every call's arguments are checked.
-    fn on_hosts_with(hosts: &[&str], always: bool) -> Vec<Arc<Group>> {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = local_bootstraps(hosts.len())
-                .into_iter()
-                .zip(hosts)
-                .map(|(b, h)| {
-                    let cfg = GroupConfig { host_id: Some(h.to_string()), ..host_config(always) };
-                    s.spawn(move || Group::new(Box::new(b), 0, &cfg).unwrap())
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
 
     pub(in crate::ops) const PLACEMENTS: &[&[&str]] =
         &[&["a", "b"], &["a", "b", "a", "b"], &["a", "a", "b", "b"], &["b", "a", "a", "b"], &["a", "b", "c", "d"]];

@@ -135,7 +135,8 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
 /// reference).
 #[cfg(test)]
 mod tests {
-    use super::super::across_hosts::tests::{on_hosts, PLACEMENTS};
+    use super::super::across_hosts::tests::PLACEMENTS;
+    use super::super::testing::on_hosts;
     use super::super::testing::{host_groups, on_each};
     use super::super::{fused_ag_mm as ag_op, mm_rs as rs_op, AgMmScales, MmRsScales, ReduceOp};
     use super::*;

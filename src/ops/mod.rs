@@ -53,7 +53,7 @@ pub mod scaled;
 pub(crate) mod state;
 mod symmetric;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 mod workspace;
 
 pub use ag_mm::{fused_ag_mm, AgMm, AgMmScales};

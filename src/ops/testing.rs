@@ -70,3 +70,23 @@ pub fn on_each<T: Send>(groups: &[Arc<Group>], f: impl Fn(usize, &Arc<Group>) ->
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
 }
+
+/// Host-backend groups whose rank r is on pretend host `hosts[r]`.
+pub fn on_hosts(hosts: &[&str]) -> Vec<Arc<Group>> {
+    on_hosts_with(hosts, false)
+}
+
+/// As [`on_hosts`]; `always`: every call's arguments are checked.
+pub fn on_hosts_with(hosts: &[&str], always: bool) -> Vec<Arc<Group>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = crate::bootstrap::local::local_bootstraps(hosts.len())
+            .into_iter()
+            .zip(hosts)
+            .map(|(b, h)| {
+                let cfg = GroupConfig { host_id: Some(h.to_string()), ..host_config(always) };
+                s.spawn(move || Group::new(Box::new(b), 0, &cfg).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}

@@ -22,6 +22,8 @@ pub struct CudaSignals {
     pads: u64,
     rank: usize,
     world: usize,
+    /// `reaches[r]`: rank r's pad is mapped here (see `PadSet::pads`).
+    reaches: Vec<bool>,
 }
 
 // SAFETY: device pointers and function handles are process-wide.
@@ -33,7 +35,8 @@ impl CudaSignals {
         let mut dev = 0;
         // SAFETY: the device's context is current (the backend binds it).
         check(unsafe { sys::cuMemAlloc_v2(&mut dev, pads.pads.len() * 8) }, "cuMemAlloc")?;
-        Ok(CudaSignals { ctx, kernels, errors, pads: dev, rank: pads.rank, world: pads.world })
+        let reaches = (0..pads.world).map(|r| pads.reaches(r)).collect();
+        Ok(CudaSignals { ctx, kernels, errors, pads: dev, rank: pads.rank, world: pads.world, reaches })
     }
 
     /// The device array of pad addresses, for the backend to fill.
@@ -49,6 +52,9 @@ impl CudaSignals {
                 self.world,
                 self.rank
             ));
+        }
+        if !self.reaches[peer] {
+            return Err(err!(Unsupported, "rank {peer} is on another host: its signal pad is not mapped here"));
         }
         check_channel(channel)
     }

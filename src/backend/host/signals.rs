@@ -50,6 +50,9 @@ impl HostSignals {
                 "peer {peer} is not another rank of this group of {world} (this is rank {rank})"
             ));
         }
+        if !self.pads.reaches(peer) {
+            return Err(err!(Unsupported, "rank {peer} is on another host: its signal pad is not mapped here"));
+        }
         check_channel(channel)
     }
 
@@ -115,7 +118,7 @@ impl Signals for HostSignals {
         check_channel(channel)?;
         let PadSet { rank, world, .. } = self.pads;
         let deadline = Instant::now() + timeout;
-        let peers = || (1..world).map(move |i| (rank + i) % world);
+        let peers = || (1..world).map(move |i| (rank + i) % world).filter(|&p| self.pads.reaches(p));
         for p in peers() {
             self.put_unchecked(p, channel, deadline, timeout).inspect_err(|e| log::warn!("barrier: {}", e.msg))?;
         }
