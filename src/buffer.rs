@@ -218,8 +218,11 @@ pub fn rendezvous_locked(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
                 None => 0, // on another host
             })
             .collect();
-        let pads: Vec<u64> =
-            data.iter().enumerate().map(|(r, &a)| if topology.is_local(r) { a + buffer.pad_offset as u64 } else { 0 }).collect();
+        let pads: Vec<u64> = data
+            .iter()
+            .enumerate()
+            .map(|(r, &a)| if topology.is_local(r) { a + buffer.pad_offset as u64 } else { 0 })
+            .collect();
         let signals = group.backend().signals(PadSet { rank, world, pads: pads.clone() })?;
         Ok((peers_mapped, data, pads, signals))
     });

@@ -147,6 +147,30 @@ pub fn reduce_scatter_lines(bytes: usize, world: usize, d: &DeviceModel) -> f64 
     lc_allgather(bytes, world, &GatherModel::HOPPER_SCATTER, d).1
 }
 
+/// NCCL's collectives between the GPUs of one host (NVLink), which the
+/// level inside a host of the operations across hosts takes where the LL
+/// lines do not pay: a fixed cost, growing with the peers, then the
+/// links' rate. The fixed cost is its all-gather's of 128 KiB per rank on
+/// two H200s, graph-replayed (9.4 us; see [`GatherModel`]).
+#[derive(Clone, Copy, Debug)]
+pub struct NcclModel {
+    pub fixed_us: f64,
+    pub per_peer_us: f64,
+    /// Bytes each rank moves to or from each peer per second, GB/s.
+    pub gbps: f64,
+}
+
+impl NcclModel {
+    pub const HOPPER: NcclModel = NcclModel { fixed_us: 9.0, per_peer_us: 1.0, gbps: 358.0 };
+}
+
+/// The predicted time (ms) of NCCL's all-gather or reduce-scatter of
+/// `bytes` per rank (per piece, per chunk) over `world` ranks of one host.
+pub fn nccl_inside(bytes: usize, world: usize, m: &NcclModel) -> f64 {
+    let peers = world.saturating_sub(1) as f64;
+    (m.fixed_us + m.per_peer_us * (peers - 1.0).max(0.0)) / 1e3 + bytes as f64 * peers / (m.gbps * 1e6)
+}
+
 /// How an operation is carried out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {

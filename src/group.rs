@@ -20,6 +20,7 @@
 
 mod across;
 
+pub(crate) use across::{check as check_transport, Collective as TransportCollective};
 pub use across::{AcrossHosts, Bootstrapped, NcclTransport};
 
 use crate::backend::cuda::nccl::{self, Communicator};
@@ -635,8 +636,8 @@ fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
 /// Collective, for a group that spans hosts: every rank loads NCCL (any
 /// rank's failure fails all), then joins a communicator over the ranks of
 /// its local index (its transport across hosts) and one over the ranks of
-/// its host (the level inside a host, until that level runs on symmetric
-/// memory). Only the CUDA backend gets here.
+/// its host (the level inside a host, where its steps do not take
+/// symmetric memory). Only the CUDA backend gets here.
 fn across_hosts(
     bs: &dyn Bootstrap,
     topology: &Topology,

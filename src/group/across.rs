@@ -2,8 +2,9 @@
 //! memory: collectives over a set of *members* for the levels of
 //! `crate::ops::hierarchy`'s plans. Across hosts the members are the
 //! ranks that share this rank's local index, one per host, in host order;
-//! inside a host, the ranks of this rank's host, in local order (until
-//! that level runs on symmetric memory). Every member calls each
+//! inside a host, the ranks of this rank's host, in local order (for the
+//! steps that do not take symmetric memory, `crate::ops::inside_host`).
+//! Every member calls each
 //! collective at the same point; buffers are contiguous, in the backend's
 //! memory.
 //!

@@ -2,14 +2,16 @@
 //! spanning hosts, on both backends: the one-host operations' checks and
 //! epilogue (`AllReduce::check`, `AllReduce::finish`, `LcAllgather::check`),
 //! with the data moving between ranks through the plans of
-//! `super::hierarchy` over the group's transports (`Group::across_hosts`,
+//! `super::hierarchy` over the group's transport across hosts
+//! (`Group::across_hosts`) and the level inside each host
+//! (`super::inside_host`: symmetric memory for small steps, else
 //! `Group::inside_host`), staged in this rank's workspace
 //! (`LocalScratch`: device memory on CUDA). Also what the operations across
-//! hosts share (`transports`, `gather`, `flat`; `super::across_matmul` runs
-//! the matmuls).
+//! hosts share (`transports`, `gather`, `gather_inside`, `flat`;
+//! `super::across_matmul` runs the matmuls).
 //!
-//! The all-reduce sums level by level in the input's type (NCCL's sum for
-//! floats of 16 bits rounds at each level), then the average divides the
+//! The all-reduce sums level by level in the input's type (each level's
+//! sum of floats of 16 bits rounds once), then the average divides the
 //! total once (`AllReduce::reduce`: in f32 for floats, truncating for
 //! integers). Strided tensors are staged through the workspace. Where
 //! every host holds one rank of the group (the level inside a host is the
@@ -24,6 +26,7 @@
 
 use super::agree::{agree_across_hosts, Signature};
 use super::hierarchy::{piece_rows, AllReducePlan, GatherPlan, Hierarchy};
+use super::inside_host::{Inside, Step};
 use super::local_scratch::{local_exec, LocalScratch};
 use super::workspace::Layout;
 use super::{AllReduce, Exec, LcAllgather, ReduceOp};
@@ -31,6 +34,7 @@ use crate::array::Array;
 use crate::backend::Stream;
 use crate::error::{err, Result};
 use crate::group::{AcrossHosts, Group};
+use std::sync::Arc;
 
 /// The group's transports across hosts and inside this rank's host,
 /// whose members must be the plan's (`across`, `inside`).
@@ -56,10 +60,17 @@ pub(super) fn flat(a: &Array) -> Array {
 /// alone on its host), then each to its place.
 /// `piece(r)`: where rank r's piece goes (any strides; all of one shape and
 /// dtype), except `piece(this rank)`: its piece, contiguous (already where
-/// it goes, or copied there by the caller).
-pub(super) fn gather(ex: &Exec<'_>, plan: &GatherPlan, staging: u64, piece: &dyn Fn(usize) -> Array) -> Result<()> {
+/// it goes, or copied there by the caller). `inside`: the level inside the
+/// host, prepared for [`gather_step`] of these pieces.
+pub(super) fn gather(
+    ex: &Exec<'_>,
+    plan: &GatherPlan,
+    inside: &Inside<'_>,
+    staging: u64,
+    piece: &dyn Fn(usize) -> Array,
+) -> Result<()> {
     let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
-    let (across, inside) = transports(ex.group, &plan.across, &local)?;
+    let (across, _) = transports(ex.group, &plan.across, &local)?;
     let mine = flat(&piece(ex.rank()));
     let (n, dtype, hosts) = (mine.numel(), mine.dtype, plan.across.len());
     let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
@@ -81,6 +92,21 @@ pub(super) fn gather(ex: &Exec<'_>, plan: &GatherPlan, staging: u64, piece: &dyn
     Ok(())
 }
 
+/// Collective, after the call's agreement: the level inside the host of
+/// [`gather`]s of pieces of each of `piece_bytes` (each step moves every
+/// host's piece of each rank of this host).
+pub(super) fn gather_inside<'a>(
+    group: &'a Arc<Group>,
+    plan: &GatherPlan,
+    piece_bytes: &[usize],
+    stream: Stream,
+) -> Result<Inside<'a>> {
+    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let (_, inside) = transports(group, &plan.across, &local)?;
+    let steps: Vec<Step> = piece_bytes.iter().map(|&b| Step::AllGather { bytes: plan.across.len() * b }).collect();
+    Inside::prepare(group, inside, &steps, stream)
+}
+
 /// Slices start 16 bytes apart at least, as NCCL's and the copies' vector
 /// accesses like.
 const SLICE_ALIGN_BYTES: usize = 16;
@@ -98,7 +124,7 @@ enum Staging {
     Alone { sum: Option<usize>, total: Option<usize> },
 }
 
-pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Result<()> {
+pub fn all_reduce(group: &Arc<Group>, call: Result<AllReduce>, stream: Stream) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
     let (sig, checked) = match call {
@@ -133,8 +159,11 @@ pub fn all_reduce(group: &Group, call: Result<AllReduce>, stream: Stream) -> Res
         return Ok(());
     }
     let ex = local_exec(group, base, stream);
+    let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
+    let (block, dtype) = (plan.block * c.input.dtype.size(), c.input.dtype);
+    let steps = [Step::ReduceScatter { bytes: block, dtype }, Step::AllGather { bytes: block }];
+    let inside = Inside::prepare(group, inside, &steps, stream)?;
     let run = || {
-        let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
         let (padded, host_sum, total) = match staging {
             Staging::Alone { sum, total } => return reduce_alone(&c, &ex, across, sum, total, norm),
             Staging::Levels { padded, host_sum, total } => (padded, host_sum, total),
@@ -194,7 +223,7 @@ fn reduce_alone(
     }
 }
 
-pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
+pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Stream) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
     let (sig, checked) = match call {
@@ -223,6 +252,7 @@ pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) ->
     }
     let ex = local_exec(group, base, stream);
     let (me, len) = (group.rank(), c.input.shape[0]);
+    let inside = gather_inside(group, &plan, &[c.input.numel() * c.input.dtype.size()], stream)?;
     let run = || {
         let mine = match staged {
             None => c.input.clone(),
@@ -238,7 +268,7 @@ pub fn lc_allgather(group: &Group, call: Result<LcAllgather>, stream: Stream) ->
         };
         ex.copy(&c.output.narrow(0, piece_rows(me, len).start, len), &c.input)?;
         let place = |r: usize| if r == me { mine.clone() } else { c.output.narrow(0, piece_rows(r, len).start, len) };
-        gather(&ex, &plan, ex.local(staging), &place)
+        gather(&ex, &plan, &inside, ex.local(staging), &place)
     };
     group.watched(stream, "symm_lc_allgather", run).inspect_err(|e| group.fail(e))
 }
@@ -372,6 +402,41 @@ pub(super) mod tests {
         summed(g, &vec![1f32; n])
     }
 
+    /// The level inside a host moves each step on the LL lines (counted in
+    /// every rank's all-reduce buffer) where `decide::inside_on_lines`
+    /// takes them: both steps of a small all-reduce, the gather alone of a
+    /// middling one, neither of a large one, never for ranks alone on
+    /// their hosts; every result equals one host's.
+    #[test]
+    fn the_level_inside_a_host_takes_the_lines_for_small_steps() {
+        use super::super::decide::{inside_on_lines, Facts, InsideStep};
+        use super::super::testing::lines_buffer;
+        for hosts in [&["a", "a", "b", "b"], &["a", "b", "a", "b"], &["a", "b", "c", "d"]] {
+            let (groups, one) = (on_hosts(hosts), host_groups(4));
+            let local = groups[0].topology().local_world();
+            for (n, lines_if_shared) in [(64, 2), (1 << 17, 1), (1 << 20, 0)] {
+                let input = |r: usize| (0..n).map(|i| ((r * 7 + i) % 13) as f32 - 6.0).collect::<Vec<f32>>();
+                let want = on_each(&one, |r, g| summed(g, &input(r)).unwrap());
+                let counts = on_each(&groups, |r, g| {
+                    let before = lines_buffer(g);
+                    assert_eq!(summed(g, &input(r)).unwrap(), want[r], "{hosts:?} n {n} rank {r}");
+                    match (before, lines_buffer(g)) {
+                        (Some((id, was)), Some((now_id, now))) if id == now_id => now - was,
+                        (_, after) => after.map_or(0, |(_, now)| now), // a new buffer counts from 0
+                    }
+                });
+                let block = n / local * 4;
+                let facts = Facts::of(&groups[0]);
+                let chosen = [InsideStep::ReduceScatter, InsideStep::AllGather]
+                    .into_iter()
+                    .filter(|&s| inside_on_lines(&facts, local, s, block))
+                    .count() as u32;
+                let expected = if local == 1 { 0 } else { lines_if_shared };
+                assert_eq!((chosen, counts), (expected, vec![expected; 4]), "{hosts:?} n {n}");
+            }
+        }
+    }
+
     /// A call that differs between ranks, or hosts of unequal sizes, fail
     /// on every rank; the group stays usable after a mismatch.
     #[test]
@@ -394,13 +459,19 @@ pub(super) mod tests {
     }
 
     /// A kept call (agreed before) that one rank alone changes: that rank
-    /// agrees while its peers move data, and every rank fails with
-    /// `Mismatch` (out of step) instead of reading the other's bytes; the
-    /// group then refuses every call. Checking every call keeps it usable.
+    /// agrees while its peers move data, and every rank fails instead of
+    /// reading the other's bytes: with `Mismatch` (out of step) where all
+    /// meet in an exchange; where the changed rank's partner on its host
+    /// waits for it on the LL lines they share, that one at the group's
+    /// timeout (as on one host), and the ranks waiting for it in an
+    /// exchange likewise. The group then refuses every call. Checking
+    /// every call keeps it usable.
     #[test]
     fn a_kept_call_changed_on_one_rank_fails_every_rank() {
-        for always in [false, true] {
-            let groups = on_hosts_with(&["a", "b", "a", "b"], always);
+        for (hosts, always) in
+            [(&["a", "b", "c", "d"], false), (&["a", "b", "a", "b"], false), (&["a", "b", "a", "b"], true)]
+        {
+            let groups = on_hosts_with(hosts, always);
             let call = sum_of_ones;
             let got = on_each(&groups, |r, g| {
                 let first = call(g, 4).unwrap();
@@ -410,13 +481,15 @@ pub(super) mod tests {
             for (r, (first, changed, after)) in got.into_iter().enumerate() {
                 assert_eq!(first, vec![4.0; 4]);
                 let e = changed.unwrap_err();
-                assert_eq!(e.kind, ErrorKind::Mismatch, "rank {r}: {}", e.msg);
+                let lines = !always && hosts[0] == hosts[2];
+                match e.kind {
+                    ErrorKind::Mismatch => assert!(always || e.msg.contains("out of step"), "{}", e.msg),
+                    ErrorKind::Timeout => assert!(lines, "rank {r} on {hosts:?}: {}", e.msg),
+                    _ => panic!("rank {r} on {hosts:?}: {:?} {}", e.kind, e.msg),
+                }
                 match (always, after) {
                     (true, after) => assert_eq!(after.unwrap(), vec![4.0; 4]),
-                    (false, after) => {
-                        assert!(e.msg.contains("out of step"), "{}", e.msg);
-                        assert_eq!(after.unwrap_err().kind, ErrorKind::Aborted);
-                    }
+                    (false, after) => assert_eq!(after.unwrap_err().kind, ErrorKind::Aborted),
                 }
             }
         }
@@ -885,10 +958,15 @@ mod gpu_tests {
     use std::time::{Duration, Instant};
 
     fn groups(timeout: Duration) -> Vec<Arc<Group>> {
+        groups_on(&["a", "b"], timeout)
+    }
+
+    /// A CUDA group whose rank r is on GPU r and pretend host `hosts[r]`.
+    fn groups_on(hosts: &[&str], timeout: Duration) -> Vec<Arc<Group>> {
         std::thread::scope(|s| {
-            let hs: Vec<_> = local_bootstraps(2)
+            let hs: Vec<_> = local_bootstraps(hosts.len())
                 .into_iter()
-                .zip(["a", "b"])
+                .zip(hosts)
                 .enumerate()
                 .map(|(r, (b, h))| {
                     let cfg = GroupConfig {
@@ -970,5 +1048,59 @@ mod gpu_tests {
         let (waited, g) = lone_kept_call(Duration::from_secs(60), |g| g.abort());
         assert!(waited < Duration::from_secs(10), "{waited:?}");
         assert_eq!(g.failure().expect("aborted").kind, ErrorKind::Aborted);
+    }
+
+    /// Two pretend hosts of two GPUs each: the level inside each host on
+    /// the LL lines (both steps of a small all-reduce, the gather of a
+    /// middling one; `decide::inside_on_lines`) and through NCCL (a large
+    /// one), and gathers on the lines, against exact sums (small integers)
+    /// and every rank's rows; outputs poisoned. Skipped without four GPUs.
+    #[test]
+    fn gpu_the_level_inside_a_host_on_symmetric_memory() {
+        if driver::device_count() < 4 || nccl::load().is_err() {
+            report_skipped();
+            return;
+        }
+        for hosts in [["a", "a", "b", "b"], ["a", "b", "b", "a"]] {
+            let gs = groups_on(&hosts, Duration::from_secs(30));
+            let value = |r: usize, i: usize| ((r * 5 + i) % 11) as f32 - 5.0;
+            std::thread::scope(|s| {
+                for g in &gs {
+                    s.spawn(move || {
+                        let (r, gpu) = (g.rank(), gpu_on(g.device()));
+                        for n in [1024, 1 << 17, 1 << 21] {
+                            let input = gpu.upload(&(0..n).map(|i| value(r, i)).collect::<Vec<_>>());
+                            let output = gpu.upload(&vec![f32::NAN; n]);
+                            let call = AllReduce {
+                                input: Array::contiguous(input.ptr, DType::F32, &[n]),
+                                output: Array::contiguous(output.ptr, DType::F32, &[n]),
+                                op: ReduceOp::Sum,
+                                norm: None,
+                                algorithm: None,
+                            };
+                            for _ in 0..2 {
+                                super::super::all_reduce(g, Ok(call.clone()), gpu.stream()).unwrap();
+                            }
+                            gpu.sync();
+                            let got = output.read::<f32>(n);
+                            let bad = (0..n).filter(|&i| got[i] != (0..4).map(|q| value(q, i)).sum::<f32>()).count();
+                            assert_eq!(bad, 0, "{hosts:?} all-reduce of {n}: {bad} wrong on rank {r}");
+                            let rows = n / 1024;
+                            let gathered = gpu.upload(&vec![f32::NAN; 4 * n]);
+                            let call = LcAllgather {
+                                input: Array::contiguous(input.ptr, DType::F32, &[rows, 1024]),
+                                output: Array::contiguous(gathered.ptr, DType::F32, &[4 * rows, 1024]),
+                            };
+                            lc_allgather_op(g, Ok(call), gpu.stream()).unwrap();
+                            gpu.sync();
+                            let got = gathered.read::<f32>(4 * n);
+                            let bad = (0..4 * n).filter(|&i| got[i] != value(i / n, i % n)).count();
+                            assert_eq!(bad, 0, "{hosts:?} gather of {n}: {bad} wrong on rank {r}");
+                        }
+                    });
+                }
+            });
+            assert!(gs.iter().all(|g| g.check_healthy().is_ok()));
+        }
     }
 }

@@ -1,11 +1,12 @@
 //! `fused_ag_mm` and `mm_rs` in a group spanning hosts, on both backends:
 //! the one-host operations' checks, workspace layout and matmuls
 //! (`AgMmPrepared`, `MmRsPrepared`), with the data moving between ranks
-//! through the plans of `super::hierarchy` over the group's transports
-//! (`Group::across_hosts`, `Group::inside_host`) instead of symmetric
-//! memory. Nothing overlaps: all of A is gathered before the matmuls, and
-//! every chunk of the product is made before the reduce-scatter, whose
-//! levels sum in the partials' type (the output's, f32 for an fp8 one).
+//! through the plans of `super::hierarchy`: across hosts over the group's
+//! transport (`Group::across_hosts`), inside each host through
+//! `super::inside_host` (symmetric memory for small steps). Nothing
+//! overlaps: all of A is gathered before the matmuls, and every chunk of
+//! the product is made before the reduce-scatter, whose levels sum in the
+//! partials' type (the output's, f32 for an fp8 one).
 //!
 //! The workspace is this rank's memory alone (`LocalScratch`), laid out
 //! as the one-host call's, then the transports' staging; it is made ready
@@ -14,9 +15,10 @@
 //! (`agree_across_hosts`), its work across hosts watched (`Group::watched`),
 //! and bad input changes nothing.
 
-use super::across_hosts::{flat, gather, transports};
+use super::across_hosts::{flat, gather, gather_inside, transports};
 use super::agree::{agree_across_hosts, Signature};
 use super::hierarchy::{GatherPlan, Hierarchy, ScatterPlan};
+use super::inside_host::{Inside, Step};
 use super::local_scratch::{local_exec, LocalScratch};
 use super::workspace::Layout;
 use super::{ag_mm, AgMm, MmRs, Prepared};
@@ -45,6 +47,9 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
     agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (p, plan, base, staging) = ready?;
     let ex = local_exec(group, base, stream);
+    let size = |a: Array| a.numel() * a.dtype.size();
+    let pieces = [Some(size(p.staged_shard(&ex, 0))), p.staged_row_scales(&ex, 0).map(size)];
+    let inside = gather_inside(group, &plan, &pieces.into_iter().flatten().collect::<Vec<_>>(), stream)?;
     let run = || {
         p.stage(&ex, stream)?;
         let world = group.world();
@@ -56,7 +61,7 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
             let (first, mine) = (piece(0), flat(&piece(group.rank())));
             let bytes = (mine.numel() * mine.dtype.size()) as u64;
             if !alone || (0..world).any(|r| piece(r).addr != first.addr + r as u64 * bytes) {
-                return gather(&ex, &plan, ex.local(staging), piece);
+                return gather(&ex, &plan, &inside, ex.local(staging), piece);
             }
             let (across, _) = transports(group, &plan.across, &[group.rank()])?;
             let all = Array::contiguous(first.addr, mine.dtype, &[world * mine.numel()]);
@@ -95,12 +100,13 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
     agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (p, plan, base, [send, host_sums, total]) = ready?;
     let ex = local_exec(group, base, stream);
+    let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
+    let hosts = plan.across.len();
+    let (n, dtype) = (p.product_chunk(&ex, 0).numel(), p.product_chunk(&ex, 0).dtype);
+    let inside =
+        Inside::prepare(group, inside, &[Step::ReduceScatter { bytes: hosts * n * dtype.size(), dtype }], stream)?;
     let run = || {
-        let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
         p.products(&ex)?;
-        let hosts = plan.across.len();
-        let n = p.product_chunk(&ex, 0).numel();
-        let dtype = p.product_chunk(&ex, 0).dtype;
         let total_chunk = p.chunk(ex.local(total));
         if plan.local_ranks.len() == 1 && plan.across.iter().copied().eq(0..group.world()) {
             // Alone on its host with the members in rank order: the chunks,

@@ -15,7 +15,7 @@
 use crate::array::DType;
 use crate::backend::AllReduceLayout;
 use crate::backend::{AllReduceAlgorithm, BackendKind, Capabilities};
-use crate::cost::{self, Algorithm, AllReduceModel, DeviceModel, Estimate, GatherModel, Problem};
+use crate::cost::{self, Algorithm, AllReduceModel, DeviceModel, Estimate, GatherModel, NcclModel, Problem};
 use crate::error::{err, Result};
 use crate::group::Group;
 use std::fmt;
@@ -338,6 +338,35 @@ pub fn decide_lc_allgather(facts: &Facts, bytes: usize, requested: Option<Gather
     }
 }
 
+/// A step of the level inside a host, in an operation across hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsideStep {
+    AllGather,
+    ReduceScatter,
+}
+
+/// Whether a step inside this host of an operation across hosts moves
+/// `bytes` per rank (each piece gathered, each chunk reduced) on the LL
+/// lines (`Backend::all_gather` / `Backend::reduce_scatter` through the
+/// all-reduce buffer, which the host's ranks map) instead of NCCL: where
+/// the backend has the kernels, every rank has a device of its own, a host
+/// holds 2 to [`AllReduceLayout::MAX_WORLD`] ranks (`local_world`, equal
+/// on every host), and the cost model predicts the lines faster
+/// ([`cost::nccl_inside`]): small messages, where NCCL's fixed cost
+/// dominates. A pure function of agreed arguments, so every rank chooses alike.
+pub fn inside_on_lines(facts: &Facts, local_world: usize, step: InsideStep, bytes: usize) -> bool {
+    let kernel = facts.caps.all_gather && facts.own_devices;
+    if !kernel || !(2..=AllReduceLayout::MAX_WORLD).contains(&local_world) || bytes == 0 {
+        return false;
+    }
+    let d = DeviceModel::HOPPER;
+    let lines = match step {
+        InsideStep::AllGather => cost::lc_allgather(bytes, local_world, &GatherModel::HOPPER, &d).1,
+        InsideStep::ReduceScatter => cost::reduce_scatter_lines(bytes, local_world, &d),
+    };
+    lines < cost::nccl_inside(bytes, local_world, &NcclModel::HOPPER)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,5 +587,34 @@ mod tests {
         let d = decide(&hopper(1, None), &shape(Op::AgMm, 64, 64, 64), true, Some(Algorithm::Pipelined)).unwrap();
         assert_eq!(d.algorithm, Algorithm::Pipelined);
         assert_eq!(d.estimate.algorithm, Algorithm::Sequential);
+    }
+
+    /// The level inside a host takes the lines for small steps only, the
+    /// reduce-scatter (whose lines wait for the later rank) up to smaller
+    /// ones than the gather; never alone on a host, past the kernels'
+    /// world, or on shared devices.
+    #[test]
+    fn inside_a_host_small_steps_take_the_lines() {
+        let facts = Facts {
+            caps: Capabilities { all_gather: true, ..Capabilities::default() },
+            own_devices: true,
+            ..crate::ops::testing::host_facts(8)
+        };
+        for local in [2, 4, 8] {
+            for step in [InsideStep::AllGather, InsideStep::ReduceScatter] {
+                assert!(inside_on_lines(&facts, local, step, 4 << 10), "{step:?} 4 KiB over {local}");
+                assert!(!inside_on_lines(&facts, local, step, 16 << 20), "{step:?} 16 MiB over {local}");
+                assert!(!inside_on_lines(&facts, local, step, 0));
+            }
+        }
+        let gather = |b| inside_on_lines(&facts, 2, InsideStep::AllGather, b);
+        let scatter = |b| inside_on_lines(&facts, 2, InsideStep::ReduceScatter, b);
+        assert!(gather(512 << 10) && !scatter(512 << 10));
+        assert!(!inside_on_lines(&facts, 1, InsideStep::AllGather, 4 << 10));
+        assert!(!inside_on_lines(&facts, AllReduceLayout::MAX_WORLD + 1, InsideStep::AllGather, 4 << 10));
+        let shared = Facts { own_devices: false, ..facts };
+        assert!(!inside_on_lines(&shared, 2, InsideStep::AllGather, 4 << 10));
+        let no_kernel = Facts { caps: Capabilities::default(), ..facts };
+        assert!(!inside_on_lines(&no_kernel, 2, InsideStep::AllGather, 4 << 10));
     }
 }

@@ -45,6 +45,7 @@ pub(crate) mod fused;
 pub mod hierarchy;
 #[cfg(test)]
 mod host_cost;
+mod inside_host;
 pub mod lc_allgather;
 mod local_scratch;
 mod memo;

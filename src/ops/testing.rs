@@ -42,9 +42,15 @@ pub fn gpu_test_world() -> usize {
 /// the all-reduce's call numbers), or `None` when the group has none.
 /// Host backend only: it reads the buffer as host memory.
 pub fn lines_calls(g: &Group) -> Option<u32> {
+    lines_buffer(g).map(|(_, calls)| calls)
+}
+
+/// [`lines_calls`] with the buffer's rendezvous id: a grown buffer counts
+/// from 0 again.
+pub fn lines_buffer(g: &Group) -> Option<(u64, u32)> {
     let h = crate::ops::state::of(g).scratch(crate::ops::state::Scratch::AllReduce)?;
     // SAFETY: the buffer's first word is the count, and no call runs.
-    Some(unsafe { *(h.buffer().addr() as *const u32) })
+    Some((h.id(), unsafe { *(h.buffer().addr() as *const u32) }))
 }
 
 /// A CUDA group of `world` ranks on devices 0..world, or None (reported
