@@ -1103,4 +1103,83 @@ mod gpu_tests {
             assert!(gs.iter().all(|g| g.check_healthy().is_ok()));
         }
     }
+
+    /// Calls across hosts captured into a CUDA graph (after an eager call
+    /// of each made their buffers) and replayed with new inputs: an
+    /// all-reduce and a gather, on two pretend hosts of one GPU each, and
+    /// of two where four GPUs exist (the level inside on the lines). Exact
+    /// sums of small integers; outputs poisoned before each replay.
+    #[test]
+    fn gpu_calls_across_hosts_replay_as_graphs() {
+        use crate::backend::cuda::driver::check;
+        use cudarc::driver::sys;
+        if driver::device_count() < 2 || nccl::load().is_err() {
+            report_skipped();
+            return;
+        }
+        let placements: &[&[&str]] =
+            if driver::device_count() >= 4 { &[&["a", "b"], &["a", "a", "b", "b"]] } else { &[&["a", "b"]] };
+        for hosts in placements {
+            let gs = groups_on(hosts, Duration::from_secs(30));
+            let world = hosts.len();
+            let value = |r: usize, i: usize, k: usize| ((r * 5 + i + 3 * k) % 11) as f32 - 5.0;
+            let n = 4096;
+            std::thread::scope(|s| {
+                for g in &gs {
+                    s.spawn(move || {
+                        let (r, gpu) = (g.rank(), gpu_on(g.device()));
+                        let input = gpu.upload(&vec![0f32; n]);
+                        let (summed, gathered) = (gpu.upload(&vec![0f32; n]), gpu.upload(&vec![0f32; world * n]));
+                        let enqueue = || -> Result<()> {
+                            let reduce = AllReduce {
+                                input: Array::contiguous(input.ptr, DType::F32, &[n]),
+                                output: Array::contiguous(summed.ptr, DType::F32, &[n]),
+                                op: ReduceOp::Sum,
+                                norm: None,
+                                algorithm: None,
+                            };
+                            super::super::all_reduce(g, Ok(reduce), gpu.stream())?;
+                            let gather = LcAllgather {
+                                input: Array::contiguous(input.ptr, DType::F32, &[n / 256, 256]),
+                                output: Array::contiguous(gathered.ptr, DType::F32, &[world * n / 256, 256]),
+                            };
+                            lc_allgather_op(g, Ok(gather), gpu.stream())
+                        };
+                        enqueue().unwrap();
+                        gpu.sync();
+                        let st = gpu.stream().0 as sys::CUstream;
+                        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+                        // SAFETY: our own stream; graph handles made and destroyed here.
+                        unsafe {
+                            check(sys::cuStreamBeginCapture_v2(st, mode), "cuStreamBeginCapture").unwrap();
+                            let issued = enqueue();
+                            let mut graph = std::ptr::null_mut();
+                            check(sys::cuStreamEndCapture(st, &mut graph), "cuStreamEndCapture").unwrap();
+                            issued.unwrap();
+                            let mut exec = std::ptr::null_mut();
+                            check(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), "cuGraphInstantiate").unwrap();
+                            for k in 0..3 {
+                                input.write(&(0..n).map(|i| value(r, i, k)).collect::<Vec<_>>());
+                                summed.write(&vec![f32::NAN; n]);
+                                gathered.write(&vec![f32::NAN; world * n]);
+                                check(sys::cuGraphLaunch(exec, st), "cuGraphLaunch").unwrap();
+                                gpu.sync();
+                                let got = summed.read::<f32>(n);
+                                let want = |i: usize| (0..world).map(|q| value(q, i, k)).sum::<f32>();
+                                let bad = (0..n).filter(|&i| got[i] != want(i)).count();
+                                assert_eq!(bad, 0, "{hosts:?} replay {k}: {bad} sums wrong on rank {r}");
+                                let got = gathered.read::<f32>(world * n);
+                                let bad = (0..world * n).filter(|&i| got[i] != value(i / n, i % n, k)).count();
+                                assert_eq!(bad, 0, "{hosts:?} replay {k}: {bad} gathered wrong on rank {r}");
+                            }
+                            sys::cuGraphExecDestroy(exec);
+                            sys::cuGraphDestroy(graph);
+                        }
+                        g.backend().check_async_error().unwrap();
+                    });
+                }
+            });
+            assert!(gs.iter().all(|g| g.check_healthy().is_ok()));
+        }
+    }
 }
