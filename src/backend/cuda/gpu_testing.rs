@@ -6,7 +6,7 @@
 //! thing on a GPU machine (`cargo test --release --lib backend::cuda`).
 //! Rust's test harness has no "skipped" state, so such a test still counts
 //! as passed; to keep that visible, [`gpu`] writes
-//! `SKIPPED (no CUDA device): <test name>` to stderr (past the harness's
+//! `SKIPPED (too few CUDA devices, or no NCCL): <test name>` to stderr (past the harness's
 //! output capture) and the process prints how many were skipped when it
 //! exits, after the harness's summary.
 
@@ -47,7 +47,7 @@ pub fn report_skipped() {
     let name = thread.name().unwrap_or("<unnamed test>");
     // Not eprintln!: the harness captures that for passing tests. One
     // write, so the line is not split by the harness's own output.
-    let _ = std::io::stderr().write_all(format!("SKIPPED (no CUDA device): {name}\n").as_bytes());
+    let _ = std::io::stderr().write_all(format!("SKIPPED (too few CUDA devices, or no NCCL): {name}\n").as_bytes());
     SKIPPED.fetch_add(1, Ordering::Relaxed);
     static AT_EXIT: Once = Once::new();
     AT_EXIT.call_once(|| {
@@ -60,7 +60,7 @@ pub fn report_skipped() {
 extern "C" fn print_skipped() {
     let n = SKIPPED.load(Ordering::Relaxed);
     let s = if n == 1 { "" } else { "s" };
-    let line = format!("SKIPPED (no CUDA device): {n} GPU test{s} passed without running\n");
+    let line = format!("SKIPPED (too few CUDA devices, or no NCCL): {n} GPU test{s} passed without running\n");
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
