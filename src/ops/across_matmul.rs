@@ -3,10 +3,12 @@
 //! (`AgMmPrepared`, `MmRsPrepared`), with the data moving between ranks
 //! through the plans of `super::hierarchy`: across hosts over the group's
 //! transport (`Group::across_hosts`), inside each host through
-//! `super::inside_host` (symmetric memory for small steps). Nothing
-//! overlaps: all of A is gathered before the matmuls, and every chunk of
-//! the product is made before the reduce-scatter, whose levels sum in the
-//! partials' type (the output's, f32 for an fp8 one).
+//! `super::inside_host` (symmetric memory for small steps). A is gathered
+//! before the matmuls, except that where the shards' matmuls are
+//! compute-bound this rank's own shard is multiplied beside the gather
+//! (`AgMmPrepared::overlaps_gather`); every chunk of the product is made
+//! before the reduce-scatter, whose levels sum in the partials' type (the
+//! output's, f32 for an fp8 one).
 //!
 //! The workspace is this rank's memory alone (`LocalScratch`), laid out
 //! as the one-host call's, then the transports' staging; it is made ready
@@ -21,7 +23,7 @@ use super::hierarchy::{GatherPlan, Hierarchy, ScatterPlan};
 use super::inside_host::{Inside, Step};
 use super::local_scratch::{local_exec, LocalScratch};
 use super::workspace::Layout;
-use super::{ag_mm, AgMm, MmRs, Prepared};
+use super::{ag_mm, AgMm, Exec, MmRs, Prepared};
 use crate::array::Array;
 use crate::backend::Stream;
 use crate::error::Result;
@@ -50,8 +52,8 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
     let size = |a: Array| a.numel() * a.dtype.size();
     let pieces = [Some(size(p.staged_shard(&ex, 0))), p.staged_row_scales(&ex, 0).map(size)];
     let inside = gather_inside(group, &plan, &pieces.into_iter().flatten().collect::<Vec<_>>(), stream)?;
-    let run = || {
-        p.stage(&ex, stream)?;
+    // Every rank's shard (and row scales) into its place, on `ex`'s stream.
+    let gather_all = |ex: &Exec<'_>| -> Result<()> {
         let world = group.world();
         // Alone on its host with the members in rank order, the staged
         // pieces (this rank's among them, back to back in rank order) are
@@ -61,17 +63,32 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
             let (first, mine) = (piece(0), flat(&piece(group.rank())));
             let bytes = (mine.numel() * mine.dtype.size()) as u64;
             if !alone || (0..world).any(|r| piece(r).addr != first.addr + r as u64 * bytes) {
-                return gather(&ex, &plan, &inside, ex.local(staging), piece);
+                return gather(ex, &plan, &inside, ex.local(staging), piece);
             }
             let (across, _) = transports(group, &plan.across, &[group.rank()])?;
             let all = Array::contiguous(first.addr, mine.dtype, &[world * mine.numel()]);
-            across.all_gather(group, &mine, &all, stream)
+            across.all_gather(group, &mine, &all, ex.stream)
         };
-        pieces(&|r| p.staged_shard(&ex, r))?;
-        if p.staged_row_scales(&ex, 0).is_some() {
-            pieces(&|r| p.staged_row_scales(&ex, r).expect("row-wise"))?;
+        pieces(&|r| p.staged_shard(ex, r))?;
+        if p.staged_row_scales(ex, 0).is_some() {
+            pieces(&|r| p.staged_row_scales(ex, r).expect("row-wise"))?;
         }
-        p.multiply_gathered(&ex)
+        Ok(())
+    };
+    let run = || {
+        p.stage(&ex, stream)?;
+        if !p.overlaps_gather(group.world()) {
+            gather_all(&ex)?;
+            return p.multiply_gathered(&ex);
+        }
+        // The gather on a side stream (after the staging), this rank's own
+        // shard's matmul beside it, the others' once they have landed.
+        let side = ex.side()?;
+        ex.fork(side)?;
+        gather_all(&local_exec(group, base, side))?;
+        p.multiply_own_shard(&ex)?;
+        ex.join(side)?;
+        p.multiply_peer_shards(&ex)
     };
     // A rank that stops midway leaves its peers waiting in a transport.
     group.watched(stream, "symm_fused_ag_mm", run).inspect_err(|e| group.fail(e))
@@ -254,6 +271,9 @@ mod tests {
         AgCase { shard: &[2, 3, 4], dim: 0, ns: &[2], padded: true },
         AgCase { shard: &[2, 3, 4], dim: 2, ns: &[3, 2], padded: true },
         AgCase { shard: &[3, 4], dim: 1, ns: &[4], padded: false },
+        // Compute-bound shards: the own shard's matmul overlaps the gather.
+        AgCase { shard: &[800, 8], dim: 0, ns: &[4, 6], padded: false },
+        AgCase { shard: &[2, 400, 8], dim: 1, ns: &[3], padded: true },
     ];
 
     /// Every rank's outputs then `ag_out`, as bits.

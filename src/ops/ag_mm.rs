@@ -591,6 +591,30 @@ impl AgMmPrepared {
         self.finish(ex, whole)
     }
 
+    /// Across hosts (`super::across_matmul`): whether this rank's own
+    /// shard is multiplied while the others are gathered
+    /// (`decide::across_hosts_overlap`).
+    pub(super) fn overlaps_gather(&self, world: usize) -> bool {
+        let gathers_k = self.dim == self.call.a_shard.ndim() - 1;
+        decide::across_hosts_overlap(&self.shape, world, gathers_k)
+    }
+
+    /// This rank's own shard's products, from where it is staged (its row
+    /// scales too), before the others' have landed.
+    pub(super) fn multiply_own_shard(&self, ex: &Exec<'_>) -> Result<()> {
+        let me = ex.rank();
+        self.multiply_shard(ex, &self.staged_shard(ex, me), me, self.call.a_shard.shape[self.dim])
+    }
+
+    /// Once every shard has landed: the other shards' products, and `ag_out`.
+    pub(super) fn multiply_peer_shards(&self, ex: &Exec<'_>) -> Result<()> {
+        let len = self.call.a_shard.shape[self.dim];
+        for r in (0..ex.world()).filter(|&r| r != ex.rank()) {
+            self.multiply_shard(ex, &self.staged_shard(ex, r), r, len)?;
+        }
+        self.finish(ex, false)
+    }
+
     /// Fused (gathering dim 0 into matrices, see `fused_field`): the main
     /// stream zeroes the arrival flags, stages this rank's shard for the
     /// peers, and launches one matmul per B, which starts with this rank's
