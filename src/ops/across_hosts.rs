@@ -285,6 +285,10 @@ pub(super) mod tests {
     pub(in crate::ops) const PLACEMENTS: &[&[&str]] =
         &[&["a", "b"], &["a", "b", "a", "b"], &["a", "a", "b", "b"], &["b", "a", "a", "b"], &["a", "b", "c", "d"]];
 
+    /// World 8: two hosts of four, four hosts of two (interleaved).
+    pub(in crate::ops) const PLACEMENTS_8: &[&[&str]] =
+        &[&["a", "a", "a", "a", "b", "b", "b", "b"], &["a", "b", "c", "d", "a", "b", "c", "d"]];
+
     fn arr<T>(v: &[T], dtype: DType, shape: &[usize]) -> Array {
         Array::contiguous(v.as_ptr() as u64, dtype, shape)
     }
@@ -321,7 +325,24 @@ pub(super) mod tests {
     /// result, at worlds 2 and 4, sizes that do not split evenly.
     #[test]
     fn all_reduce_matches_one_host() {
-        for hosts in PLACEMENTS {
+        all_reduce_matches_one_host_on(PLACEMENTS);
+    }
+
+    /// World 8 (see `PLACEMENTS_8`): the all-reduce and the gather as one
+    /// host computes them.
+    #[test]
+    fn all_reduce_and_gather_at_world_8_match_one_host() {
+        all_reduce_matches_one_host_on(PLACEMENTS_8);
+        for hosts in PLACEMENTS_8 {
+            let (groups, one) = (on_hosts(hosts), host_groups(8));
+            for rows in [1, 2] {
+                assert_eq!(gather_on(&groups, rows), gather_on(&one, rows), "{hosts:?} rows {rows}");
+            }
+        }
+    }
+
+    fn all_reduce_matches_one_host_on(placements: &[&[&str]]) {
+        for hosts in placements {
             let world = hosts.len();
             let groups = on_hosts(hosts);
             let one = host_groups(world);

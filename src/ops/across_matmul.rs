@@ -158,7 +158,7 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
 /// reference).
 #[cfg(test)]
 mod tests {
-    use super::super::across_hosts::tests::PLACEMENTS;
+    use super::super::across_hosts::tests::{PLACEMENTS, PLACEMENTS_8};
     use super::super::testing::on_hosts;
     use super::super::testing::{host_groups, on_each};
     use super::super::{fused_ag_mm as ag_op, mm_rs as rs_op, AgMmScales, MmRsScales, ReduceOp};
@@ -308,10 +308,14 @@ mod tests {
 
     #[test]
     fn fused_ag_mm_matches_one_host() {
-        for hosts in PLACEMENTS {
+        ag_mm_matches_one_host(PLACEMENTS, AG_CASES);
+    }
+
+    fn ag_mm_matches_one_host(placements: &[&[&str]], cases: &[AgCase]) {
+        for hosts in placements {
             let world = hosts.len();
             let (groups, one) = (on_hosts(hosts), host_groups(world));
-            for &c in AG_CASES {
+            for &c in cases {
                 let last = c.shard.len() - 1;
                 let numel: usize = c.shard.iter().product();
                 let parts: Vec<Vec<f64>> =
@@ -380,10 +384,14 @@ mod tests {
 
     #[test]
     fn mm_rs_matches_one_host() {
-        for hosts in PLACEMENTS {
+        mm_rs_matches_one_host_on(PLACEMENTS, RS_CASES);
+    }
+
+    fn mm_rs_matches_one_host_on(placements: &[&[&str]], cases: &[RsCase]) {
+        for hosts in placements {
             let world = hosts.len();
             let (groups, one) = (on_hosts(hosts), host_groups(world));
-            for &c in RS_CASES {
+            for &c in cases {
                 let (last, k) = (c.shape.len() - 1, c.shape[c.shape.len() - 1]);
                 let numel: usize = c.shape.iter().product();
                 let mut total = vec![0f64; numel / k * c.n];
@@ -416,6 +424,14 @@ mod tests {
             }
             one.iter().for_each(|g| g.release_scratch());
         }
+    }
+
+    /// World 8 on two hosts of four ranks and four hosts of two
+    /// (interleaved): both matmuls as one host computes them.
+    #[test]
+    fn matmuls_at_world_8_match_one_host() {
+        ag_mm_matches_one_host(PLACEMENTS_8, &[AG_CASES[0], AG_CASES[2], AG_CASES[6]]);
+        mm_rs_matches_one_host_on(PLACEMENTS_8, &[RS_CASES[0], RS_CASES[4]]);
     }
 
     /// fp8: e4m3 operands with row-wise scales; fused_ag_mm into bf16 and
