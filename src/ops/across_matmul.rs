@@ -122,10 +122,33 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
     let (n, dtype) = (p.product_chunk(&ex, 0).numel(), p.product_chunk(&ex, 0).dtype);
     let inside =
         Inside::prepare(group, inside, &[Step::ReduceScatter { bytes: hosts * n * dtype.size(), dtype }], stream)?;
+    let alone = plan.local_ranks.len() == 1 && plan.across.iter().copied().eq(0..group.world());
     let run = || {
+        if alone && p.overlaps_scatter(group.world()) {
+            // Each rank makes the chunks for the ranks after it first, its
+            // own last: chunk by chunk, the side stream sends the one just
+            // made while receiving the partial for this rank of the rank
+            // as far before it (the same step on every rank, so the pairs
+            // match), beside the next matmul.
+            let (me, world, side) = (group.rank(), group.world(), ex.side()?);
+            let received = |q: usize| p.chunk(ex.local(host_sums + q * p.chunk_bytes()));
+            let order: Vec<usize> = (1..=world).map(|s| (me + s) % world).collect();
+            p.products_in(&ex, &order, &mut |to| {
+                if to == me {
+                    return Ok(());
+                }
+                let from = (2 * me + world - to) % world;
+                ex.fork(side)?;
+                across.send_recv(group, &flat(&p.product_chunk(&ex, to)), to, &flat(&received(from)), from, side)
+            })?;
+            ex.join(side)?;
+            let srcs: Vec<Array> =
+                (0..world).map(|q| if q == me { p.product_chunk(&ex, me) } else { received(q) }).collect();
+            return p.reduce_into_out(&ex, &srcs);
+        }
         p.products(&ex)?;
         let total_chunk = p.chunk(ex.local(total));
-        if plan.local_ranks.len() == 1 && plan.across.iter().copied().eq(0..group.world()) {
+        if alone {
             // Alone on its host with the members in rank order: the chunks,
             // back to back in rank order, are reduce-scattered as they lie.
             let all = Array::contiguous(p.product_chunk(&ex, 0).addr, dtype, &[hosts * n]);
@@ -356,6 +379,11 @@ mod tests {
         RsCase { shape: &[4, 3, 6], dim: 0, n: 2, op: ReduceOp::Avg, padded: false },
         RsCase { shape: &[3, 5], dim: 1, n: 8, op: ReduceOp::Sum, padded: true },
         RsCase { shape: &[2, 3, 5], dim: 2, n: 4, op: ReduceOp::Avg, padded: false },
+        // Compute-bound chunks: one rank per host sends each chunk while
+        // it makes the next.
+        RsCase { shape: &[3200, 6], dim: 0, n: 5, op: ReduceOp::Sum, padded: false },
+        RsCase { shape: &[800, 6], dim: 1, n: 8, op: ReduceOp::Avg, padded: true },
+        RsCase { shape: &[2, 1600, 4], dim: 1, n: 3, op: ReduceOp::Sum, padded: false },
     ];
 
     fn mm_rs_on(groups: &[Arc<Group>], c: RsCase) -> Vec<Vec<u32>> {

@@ -595,8 +595,10 @@ impl AgMmPrepared {
     /// shard is multiplied while the others are gathered
     /// (`decide::across_hosts_overlap`).
     pub(super) fn overlaps_gather(&self, world: usize) -> bool {
-        let gathers_k = self.dim == self.call.a_shard.ndim() - 1;
-        decide::across_hosts_overlap(&self.shape, world, gathers_k)
+        let a = &self.call.a_shard;
+        let gathers_k = self.dim == a.ndim() - 1;
+        let rows = a.numel() / a.shape[a.ndim() - 1].max(1);
+        !gathers_k && world > 1 && decide::across_hosts_overlap(rows, a.dtype)
     }
 
     /// This rank's own shard's products, from where it is staged (its row

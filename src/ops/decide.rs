@@ -338,22 +338,22 @@ pub fn decide_lc_allgather(facts: &Facts, bytes: usize, requested: Option<Gather
     }
 }
 
-/// Whether `fused_ag_mm` across hosts multiplies this rank's own shard on
-/// the main stream while the gather runs on a side stream, and the others'
-/// shards once they land, rather than one matmul after the gather: where
-/// A is gathered along a dimension before the last and each shard's
-/// matmul is compute-bound (its flops take at least twice as long as
-/// reading the B matrices once), so that the split costs little and the
-/// overlap hides up to one shard's matmul of the gather. `shape.m`: every
-/// rank's rows.
-pub fn across_hosts_overlap(shape: &Shape, world: usize, gathers_k: bool) -> bool {
+/// Whether a matmul across hosts is split into one piece per rank so that
+/// its communication overlaps the pieces (`fused_ag_mm`: this rank's own
+/// shard multiplied while the others are gathered; `mm_rs`: each chunk
+/// sent while the next is made): where each piece's matmul, `piece_rows`
+/// rows of operands of `dtype`, is compute-bound (its flops take at least
+/// twice as long as reading its B once: the ratio does not depend on K or
+/// N), so that the split costs little and the overlap hides up to all but
+/// one piece's matmul of the communication. At decode sizes a piece reads
+/// all of B for a few rows, and one matmul stays cheaper.
+pub fn across_hosts_overlap(piece_rows: usize, dtype: DType) -> bool {
     let d = DeviceModel::HOPPER;
-    let fp8 = shape.dtype.size() == 1;
-    let tflops = if fp8 { d.fp8_matmul_tflops } else { d.matmul_tflops };
-    let (rows, k, n) = ((shape.m / world.max(1)) as f64, shape.k as f64, shape.n as f64);
-    let compute_ms = 2.0 * rows * k * n / (tflops * 1e9);
-    let read_ms = k * n * shape.dtype.size() as f64 / (d.hbm_gbps * 1e6);
-    !gathers_k && world > 1 && compute_ms >= 2.0 * read_ms
+    let tflops = if dtype.size() == 1 { d.fp8_matmul_tflops } else { d.matmul_tflops };
+    // Per element of B (k x n): 2 x rows flops against `size` bytes read.
+    let compute_ms = 2.0 * piece_rows as f64 / (tflops * 1e9);
+    let read_ms = dtype.size() as f64 / (d.hbm_gbps * 1e6);
+    compute_ms >= 2.0 * read_ms
 }
 
 /// A step of the level inside a host, in an operation across hosts.
@@ -636,18 +636,18 @@ mod tests {
         assert!(!inside_on_lines(&no_kernel, 2, InsideStep::AllGather, 4 << 10));
     }
 
-    /// Across hosts, the own shard's matmul overlaps the gather from where
-    /// a shard's matmul is compute-bound (about 370 rows of bf16 each),
-    /// never at decode sizes or when gathering K.
+    /// Across hosts, matmuls are split to overlap their communication from
+    /// where a piece's matmul is compute-bound (about 370 rows of bf16,
+    /// 320 of fp8), never at decode sizes.
     #[test]
-    fn across_hosts_overlap_from_compute_bound_shards() {
-        let at = |m: usize, world: usize, dtype: DType| {
-            across_hosts_overlap(&Shape { op: Op::AgMm, m, k: 8192, n: 14336, dtype, lines: false }, world, false)
-        };
-        assert!(!at(64, 2, DType::BF16) && !at(512, 2, DType::BF16) && !at(1024, 4, DType::BF16));
-        assert!(at(1024, 2, DType::BF16) && at(16384, 4, DType::BF16) && at(8192, 8, DType::BF16));
-        assert!(!at(512, 2, DType::F8E4M3) && at(2048, 2, DType::F8E4M3));
-        let shape = Shape { op: Op::AgMm, m: 16384, k: 8192, n: 14336, dtype: DType::BF16, lines: false };
-        assert!(!across_hosts_overlap(&shape, 2, true) && !across_hosts_overlap(&shape, 1, false));
+    fn across_hosts_overlap_from_compute_bound_pieces() {
+        for rows in [16, 64, 256, 320] {
+            assert!(!across_hosts_overlap(rows, DType::BF16), "{rows}");
+        }
+        for rows in [384, 512, 4096, 8192] {
+            assert!(across_hosts_overlap(rows, DType::BF16), "{rows}");
+        }
+        assert!(!across_hosts_overlap(256, DType::F8E4M3) && across_hosts_overlap(384, DType::F8E4M3));
+        assert!(!across_hosts_overlap(512, DType::F32) && across_hosts_overlap(768, DType::F32));
     }
 }
