@@ -58,8 +58,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import families  # noqa: E402  (standard library only)
 
-SIZES = [1 << 20, 16 << 20, 64 << 20, 256 << 20]
-QUICK_SIZES = [1 << 20, 16 << 20]
+SIZES = [64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+QUICK_SIZES = [64 << 10, 1 << 20]
 # The model's dimensions (families.per_rank shards them as tensor
 # parallelism does); at world 2 these are bench_ops.py's first three shapes.
 AG_MM = [families.Case("ag_mm", 16384, 8192, 16384), families.Case("ag_mm", 8192, 8192, 28672),

@@ -13,6 +13,7 @@
 # hosts_bench (bench_hosts.py, world 2: NCCL's network transport, then its
 # default; SYMM_HOSTS_BENCH_ARGS, e.g. --quick; then the results JSON
 # <date>-<kind>-w2-<commit>-hosts.json; not in the default list);
+# hosts_bench4 (the same on four GPUs as two pretend hosts of two);
 # baseline (bench_ops.py of the baseline in bundle/base/, built by
 # build-baseline.sh, and of this tree in turn, SYMM_BASELINE_ROUNDS times
 # (default 3), at SYMM_WORLD with SYMM_BENCH_ARGS; not in the default list).
@@ -64,6 +65,13 @@ for c in $checks; do
                 bench/gpu/bench_hosts.py --out "$OUT" --transport "$t" ${SYMM_HOSTS_BENCH_ARGS:-}
         done
         step hosts_collect python3 bench/gpu/collect.py "$OUT/hosts_bench.txt" "$OUT" "$(cat bundle/commit)" ;;
+    hosts_bench4)
+        # Four GPUs as two pretend hosts of two: the level inside a host.
+        for t in network default; do
+            step hosts_bench4 env SYMM_BENCH_WATCHDOG_S=270 timeout 300 torchrun --nproc-per-node 4 \
+                bench/gpu/bench_hosts.py --out "$OUT" --hosts 2 --transport "$t" ${SYMM_HOSTS_BENCH_ARGS:-}
+        done
+        step hosts4_collect python3 bench/gpu/collect.py "$OUT/hosts_bench4.txt" "$OUT" "$(cat bundle/commit)" ;;
     baseline)
         gunzip -kf bundle/base/libsymm.so.gz
         for i in $(seq "${SYMM_BASELINE_ROUNDS:-3}"); do

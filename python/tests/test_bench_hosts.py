@@ -93,7 +93,7 @@ def test_shapes_are_bench_ops_at_world_2_and_shard_as_tensor_parallelism():
             for m, k, n in shapes:
                 assert m % world == 0 and k % 16 == 0 and n % 16 == 0, (op, world, m, k, n)
     assert bench_hosts.QUICK_SIZES == bench_hosts.SIZES[:2]
-    assert min(bench_hosts.SIZES) == 1 << 20 and max(bench_hosts.SIZES) == 256 << 20
+    assert min(bench_hosts.SIZES) == 64 << 10 and max(bench_hosts.SIZES) == 256 << 20
 
 
 def test_imports_what_bench_ops_defines():
