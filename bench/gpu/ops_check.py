@@ -52,9 +52,9 @@ def fp8_checks(g, rank, world):
             if not e < TOL[bf16]:
                 failures.append(f"ag_mm fp8 row_wise {row_wise} dim {dim}: {e}")
         for dim in (0, 2):
-            a = fp8(11, world, (8, 12, 32))
+            a = fp8(11, world, (2 * world, 12, 32))
             w = fp8(12, world, (16 * world, 32))
-            sa = [s.abs() + 0.25 for s in inputs(13, world, (8, 12, 1) if row_wise else (1,), torch.float32)]
+            sa = [s.abs() + 0.25 for s in inputs(13, world, (2 * world, 12, 1) if row_wise else (1,), torch.float32)]
             sb = [s.abs() + 0.25 for s in inputs(14, world, (1, 16 * world) if row_wise else (1,), torch.float32)]
             bias = inputs(15, world, (16 * world,), bf16)
             got = symm.mm_rs(g, a[rank].cuda(), w[rank].cuda().t(), dim, a_scale=sa[rank].cuda(),
@@ -155,8 +155,8 @@ def rank_main(rank, world, gpus, uid):
                 e = rel(o, gathered @ b.double())
                 if not e < TOL[dtype]:
                     failures.append(f"ag_mm {dtype} dim {dim}: {e}")
-            # mm_rs: a [8, 12, 32] @ [32, 16], scattered along `dim`, avg.
-            a = inputs(3, world, (8, 12, 32), dtype)
+            # mm_rs: a [2 world, 3 world, 32] @ [32, 16], scattered along `dim`, avg.
+            a = inputs(3, world, (2 * world, 3 * world, 32), dtype)
             b = inputs(4, world, (32, 16), dtype)
             total = sum(x.double() @ y.double() for x, y in zip(a, b)) / world
             got = symm.mm_rs(g, a[rank].cuda(), b[rank].cuda(), dim, op="avg")
