@@ -497,4 +497,109 @@ mod tests {
             assert!(scatter_params(&bad, 0).is_err(), "{bad:?}");
         }
     }
+
+    /// The LL kernels with two ranks on one GPU: one context, each rank's
+    /// kernel on a stream of its own, messages small enough that both grids
+    /// are resident at once (each spins for the other's lines). What a
+    /// one-GPU machine can check of the one-shot and two-shot all-reduce,
+    /// the all-gather and the reduce-scatter, in f32 and bf16, repeated
+    /// (the buffers count the calls): against exact sums of small integers,
+    /// outputs poisoned.
+    #[test]
+    fn gpu_lines_kernels_with_two_ranks_on_one_gpu() {
+        use crate::backend::cuda::async_error::AsyncError;
+        use crate::backend::cuda::gemm::GemmDtype;
+        use crate::backend::cuda::gpu_testing::{decode, encode, gpu, gpu_on, DevBuf};
+        use crate::backend::{AllGatherCall, ReduceScatterCall};
+        let Some(g0) = gpu() else { return };
+        let gpus = [g0, gpu_on(0)]; // one stream per rank
+        gpus[0].ctx.bind_to_thread().unwrap();
+        let errors = AsyncError::new().unwrap();
+        let (world, most) = (2, 64 << 10);
+        let scratch_bytes = AllReduceLayout::bytes_for(most, world);
+        let buffers: Vec<DevBuf> = (0..world).map(|_| gpus[0].upload(&vec![0u8; scratch_bytes])).collect();
+        let scratch: Vec<u64> = buffers.iter().map(|b| b.ptr).collect();
+        let value = |r: usize, i: usize, k: usize| ((r * 7 + i * 3 + k) % 17) as f32 - 8.0;
+        let timeout = Duration::from_secs(10);
+        let run_both = |launch: &dyn Fn(usize) -> Result<()>| {
+            (0..world).for_each(|r| launch(r).unwrap());
+            gpus.iter().for_each(|g| g.sync());
+            errors.check().unwrap();
+        };
+        for (dtype, gd) in [(DType::F32, GemmDtype::F32), (DType::BF16, GemmDtype::BF16)] {
+            let size = dtype.size();
+            for (k, n) in [(0, 1000), (1, 4096), (2, most / size / world)] {
+                let inputs: Vec<Vec<f32>> =
+                    (0..world).map(|r| (0..n * world).map(|i| value(r, i, k)).collect()).collect();
+                let ins: Vec<DevBuf> = inputs.iter().map(|v| gpus[0].upload(&encode(gd, v))).collect();
+                let outs: Vec<DevBuf> = (0..world).map(|_| gpus[0].upload(&vec![0xffu8; n * world * size])).collect();
+                let read = |r: usize, len: usize| decode(gd, &outs[r].read_bytes()[..len * size]);
+                let poison = || outs.iter().for_each(|o| o.write(&vec![0xffu8; n * world * size]));
+                for algorithm in [AllReduceAlgorithm::OneShot, AllReduceAlgorithm::TwoShot] {
+                    poison();
+                    run_both(&|r| {
+                        let c = AllReduceCall {
+                            algorithm,
+                            rank: r,
+                            world,
+                            dtype,
+                            n,
+                            input: ins[r].ptr,
+                            output: outs[r].ptr,
+                            scale: 1.0,
+                            divisor: 1,
+                            scratch: scratch.clone(),
+                            scratch_bytes,
+                            norm: None,
+                            timeout,
+                        };
+                        all_reduce(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
+                    });
+                    let want: Vec<f32> = (0..n).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
+                    for r in 0..world {
+                        assert_eq!(read(r, n), want, "{dtype} {n} {algorithm:?} rank {r}");
+                    }
+                }
+                poison();
+                run_both(&|r| {
+                    let c = AllGatherCall {
+                        rank: r,
+                        world,
+                        bytes: n * size,
+                        input: ins[r].ptr,
+                        output: outs[r].ptr,
+                        scratch: scratch.clone(),
+                        scratch_bytes,
+                        timeout,
+                    };
+                    all_gather(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
+                });
+                let want: Vec<f32> = (0..world).flat_map(|q| inputs[q][..n].to_vec()).collect();
+                for r in 0..world {
+                    assert_eq!(read(r, n * world), want, "{dtype} {n} all-gather rank {r}");
+                }
+                poison();
+                run_both(&|r| {
+                    let c = ReduceScatterCall {
+                        rank: r,
+                        world,
+                        dtype,
+                        n,
+                        input: ins[r].ptr,
+                        chunk_stride: n * size,
+                        output: outs[r].ptr,
+                        scale: 1.0,
+                        scratch: scratch.clone(),
+                        scratch_bytes,
+                        timeout,
+                    };
+                    reduce_scatter(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
+                });
+                for r in 0..world {
+                    let want: Vec<f32> = (0..n).map(|i| inputs.iter().map(|v| v[r * n + i]).sum()).collect();
+                    assert_eq!(read(r, n), want, "{dtype} {n} reduce-scatter rank {r}");
+                }
+            }
+        }
+    }
 }
