@@ -593,6 +593,28 @@ static __device__ __forceinline__ void symm_ar_lines(const symm_ar_params& p, ui
     }
 }
 
+// Every line of the message (`lines` of `bytes`) summed over the ranks and
+// written to p.output, L lines per thread in flight.
+template <typename T>
+static __device__ __forceinline__ void symm_ar_sum_lines(const symm_ar_params& p, uint64_t lines, uint64_t bytes,
+                                                         uint32_t seq, int parity) {
+    constexpr int E = T::kPerLine, L = 4;
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t gstride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
+        typename T::Acc acc[L][E];
+        symm_ar_lines<T, L>(p, i0, gstride, lines, bytes, seq, parity, acc);
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+            if (i0 + l * gstride < lines) {
+                uint32_t d0, d1;
+                T::pack_line(acc[l], d0, d1);
+                symm_ar_st8<T::kSize>(p.output, i0 + l * gstride, bytes, d0, d1);
+            }
+        }
+    }
+}
+
 // Lines per thread a row of the fused norm keeps in registers (rows of up
 // to 4 * 8 * SYMM_AR_THREADS bytes; longer rows are read back).
 #define SYMM_AR_ROW_LINES 4
@@ -702,8 +724,6 @@ static __device__ void symm_ar_norm_row_long(const symm_ar_params& p, uint64_t r
 
 template <typename T>
 static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
-    typedef typename T::Acc Acc;
-    constexpr int E = T::kPerLine, L = 4;
     const uint64_t bytes = p.n * T::kSize;
     const uint64_t lines = (bytes + 7) / 8;
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -729,18 +749,7 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
         }
     }
     if (!T::kFloat || p.hidden == 0) {
-        for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
-            Acc acc[L][E];
-            symm_ar_lines<T, L>(p, i0, gstride, lines, bytes, seq, parity, acc);
-#pragma unroll
-            for (int l = 0; l < L; ++l) {
-                if (i0 + l * gstride < lines) {
-                    uint32_t d0, d1;
-                    T::pack_line(acc[l], d0, d1);
-                    symm_ar_st8<T::kSize>(p.output, i0 + l * gstride, bytes, d0, d1);
-                }
-            }
-        }
+        symm_ar_sum_lines<T>(p, lines, bytes, seq, parity);
     } else if constexpr (T::kFloat) {
         // Segment blockIdx.x % S of rows blockIdx.x / S + k * (grid / S) (row
         // bytes are a multiple of 8: the host checks; S > 1 only with one row
@@ -1146,8 +1155,6 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
 
 template <typename T>
 static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
-    typedef typename T::Acc Acc;
-    constexpr int E = T::kPerLine, L = 4;
     const uint64_t bytes = p.n * T::kSize;
     const uint64_t lines = bytes / 8;
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1166,18 +1173,7 @@ static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
     // symm_ar_lines reads this rank's own lines at p.input.
     symm_ar_params own = p;
     own.input = p.input + p.rank * p.chunk_bytes;
-    for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
-        Acc acc[L][E];
-        symm_ar_lines<T, L>(own, i0, gstride, lines, bytes, seq, parity, acc);
-#pragma unroll
-        for (int l = 0; l < L; ++l) {
-            if (i0 + l * gstride < lines) {
-                uint32_t d0, d1;
-                T::pack_line(acc[l], d0, d1);
-                symm_ar_st8<T::kSize>(p.output, i0 + l * gstride, bytes, d0, d1);
-            }
-        }
-    }
+    symm_ar_sum_lines<T>(own, lines, bytes, seq, parity);
     symm_ar_end(p, seq);
 }
 
