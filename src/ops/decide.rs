@@ -69,13 +69,12 @@ pub struct Facts {
 
 impl Facts {
     pub fn of(group: &Group) -> Facts {
-        let mut devices: Vec<i32> = group.ranks().iter().map(|r| r.device).collect();
-        devices.sort_unstable();
-        devices.dedup();
+        let t = group.topology();
+        let placed = group.ranks().iter().enumerate().map(|(r, info)| (t.host_of(r), info.device));
         Facts {
             caps: group.backend().capabilities(),
             world: group.world(),
-            own_devices: devices.len() == group.world() || group.backend().kind() == BackendKind::Host,
+            own_devices: all_distinct(placed) || group.backend().kind() == BackendKind::Host,
             setting: group.settings().algorithm,
         }
     }
@@ -336,6 +335,16 @@ pub fn decide_lc_allgather(facts: &Facts, bytes: usize, requested: Option<Gather
             Ok(GatherDecision { path: p, why: Why::CostModel { fused_preferred: false }, total_ms: ms(p) })
         }
     }
+}
+
+/// Whether every rank's device is its own: no two ranks on one device of
+/// one host (device ordinals repeat from host to host).
+fn all_distinct(placed: impl Iterator<Item = (Option<usize>, i32)>) -> bool {
+    let mut devices: Vec<_> = placed.collect();
+    let n = devices.len();
+    devices.sort_unstable();
+    devices.dedup();
+    devices.len() == n
 }
 
 /// Whether a matmul across hosts is split into one piece per rank so that
@@ -649,5 +658,14 @@ mod tests {
         }
         assert!(!across_hosts_overlap(256, DType::F8E4M3) && across_hosts_overlap(384, DType::F8E4M3));
         assert!(!across_hosts_overlap(512, DType::F32) && across_hosts_overlap(768, DType::F32));
+    }
+
+    /// Devices are told apart by host: GPU 0 of two hosts is two devices.
+    #[test]
+    fn own_devices_count_each_host_s_devices() {
+        let on = |p: &[(usize, i32)]| all_distinct(p.iter().map(|&(h, d)| (Some(h), d)));
+        assert!(on(&[(0, 0), (0, 1), (1, 0), (1, 1)]));
+        assert!(!on(&[(0, 0), (0, 0), (1, 1)]));
+        assert!(on(&[(0, 0), (1, 0)]));
     }
 }
