@@ -8,6 +8,8 @@
 # into $OUT and exits non-zero if any tool found an error.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Two ranks share the GPU in the LL kernels' test: no lazy loading while one spins.
+export CUDA_MODULE_LOADING=EAGER
 OUT=${OUT:-/tmp/symm-out}
 mkdir -p "$OUT"
 bash bench/gpu/unpack.sh
