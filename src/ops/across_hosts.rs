@@ -92,18 +92,105 @@ pub(super) fn gather(
     Ok(())
 }
 
+/// [`gather`] in two halves, so that the pieces of this host's ranks can
+/// be used while the others travel. The local half: every piece of this
+/// host's ranks into its place, gathered inside the host into `staging`
+/// (its first pieces). Nothing to do alone on a host.
+pub(super) fn gather_local(
+    ex: &Exec<'_>,
+    plan: &GatherPlan,
+    inside: &Inside<'_>,
+    staging: u64,
+    piece: &dyn Fn(usize) -> Array,
+) -> Result<()> {
+    let local = plan.inside.len();
+    if local == 1 {
+        return Ok(());
+    }
+    let mine = flat(&piece(ex.rank()));
+    let (n, dtype) = (mine.numel(), mine.dtype);
+    let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
+    inside.all_gather(ex.group, &mine, &at(0, local), ex.stream)?;
+    for (j, &(rank, _)) in plan.inside.iter().enumerate() {
+        if rank != ex.rank() {
+            let dst = piece(rank);
+            ex.copy(&dst, &Array::contiguous(at(j, 1).addr, dtype, &dst.shape))?;
+        }
+    }
+    Ok(())
+}
+
+/// The other half of [`gather_local`]: the pieces of the ranks on other
+/// hosts. Across hosts into `staging` after the local half's (one piece
+/// per host), the other hosts' packed together and gathered inside the
+/// host, then each to its place.
+pub(super) fn gather_remote(
+    ex: &Exec<'_>,
+    plan: &GatherPlan,
+    inside: &Inside<'_>,
+    staging: u64,
+    piece: &dyn Fn(usize) -> Array,
+) -> Result<()> {
+    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let (across, _) = transports(ex.group, &plan.across, &local)?;
+    let mine = flat(&piece(ex.rank()));
+    let (n, dtype, hosts) = (mine.numel(), mine.dtype, plan.across.len());
+    let here = plan.across.iter().position(|&r| r == ex.rank()).unwrap_or(0);
+    let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
+    let (first, others) = (local.len(), local.len() + hosts);
+    across.all_gather(ex.group, &mine, &at(first, hosts), ex.stream)?;
+    // Each local rank's pieces of the other hosts, in host order.
+    let (before, after) = (here, hosts - 1 - here);
+    let held: Box<dyn Fn(usize, usize) -> usize> = if local.len() == 1 {
+        Box::new(|_, h| first + h)
+    } else {
+        if before > 0 {
+            ex.copy(&at(others, before), &at(first, before))?;
+        }
+        if after > 0 {
+            ex.copy(&at(others + before, after), &at(first + here + 1, after))?;
+        }
+        let gathered = others + hosts - 1;
+        inside.all_gather(ex.group, &at(others, hosts - 1), &at(gathered, local.len() * (hosts - 1)), ex.stream)?;
+        Box::new(move |j, h| gathered + j * (hosts - 1) + if h < here { h } else { h - 1 })
+    };
+    for (j, (_, pieces)) in plan.inside.iter().enumerate() {
+        for (h, &rank) in pieces.iter().enumerate().filter(|&(h, _)| h != here) {
+            let dst = piece(rank);
+            ex.copy(&dst, &Array::contiguous(at(held(j, h), 1).addr, dtype, &dst.shape))?;
+        }
+    }
+    Ok(())
+}
+
+/// Pieces of staging [`gather`] needs; [`gather_local`] and
+/// [`gather_remote`] together need `hosts - 1` more.
+pub(super) fn gather_staging_pieces(plan: &GatherPlan, halves: bool) -> usize {
+    let (local, hosts) = (plan.inside.len(), plan.across.len());
+    local * hosts + hosts + if halves { hosts - 1 } else { 0 }
+}
+
 /// Collective, after the call's agreement: the level inside the host of
-/// [`gather`]s of pieces of each of `piece_bytes` (each step moves every
-/// host's piece of each rank of this host).
+/// gathers of pieces of each of `piece_bytes`, whole ([`gather`]: each
+/// step moves every host's piece of each rank of this host) or in
+/// `halves` ([`gather_local`], [`gather_remote`]).
 pub(super) fn gather_inside<'a>(
     group: &'a Arc<Group>,
     plan: &GatherPlan,
     piece_bytes: &[usize],
+    halves: bool,
     stream: Stream,
 ) -> Result<Inside<'a>> {
     let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
     let (_, inside) = transports(group, &plan.across, &local)?;
-    let steps: Vec<Step> = piece_bytes.iter().map(|&b| Step::AllGather { bytes: plan.across.len() * b }).collect();
+    let hosts = plan.across.len();
+    let steps: Vec<Step> = piece_bytes
+        .iter()
+        .flat_map(|&b| match halves {
+            false => vec![Step::AllGather { bytes: hosts * b }],
+            true => vec![Step::AllGather { bytes: b }, Step::AllGather { bytes: (hosts - 1) * b }],
+        })
+        .collect();
     Inside::prepare(group, inside, &steps, stream)
 }
 
@@ -241,7 +328,7 @@ pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Strea
         // This rank's input, contiguous; one piece per host, then every rank's.
         let mut layout = Layout::default();
         let staged = (!c.input.is_contiguous()).then(|| layout.region(bytes));
-        let staging = (!direct).then(|| layout.region((h.hosts() + h.world()) * bytes));
+        let staging = (!direct).then(|| layout.region(gather_staging_pieces(&plan, false) * bytes));
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
         Ok((c, plan, base, staged, staging))
     });
@@ -252,7 +339,7 @@ pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Strea
     }
     let ex = local_exec(group, base, stream);
     let (me, len) = (group.rank(), c.input.shape[0]);
-    let inside = gather_inside(group, &plan, &[c.input.numel() * c.input.dtype.size()], stream)?;
+    let inside = gather_inside(group, &plan, &[c.input.numel() * c.input.dtype.size()], false, stream)?;
     let run = || {
         let mine = match staged {
             None => c.input.clone(),

@@ -5,8 +5,8 @@
 //! transport (`Group::across_hosts`), inside each host through
 //! `super::inside_host` (symmetric memory for small steps). A is gathered
 //! before the matmuls, except that where the shards' matmuls are
-//! compute-bound this rank's own shard is multiplied beside the gather
-//! (`AgMmPrepared::overlaps_gather`); every chunk of the product is made
+//! compute-bound the shards of this host's ranks are gathered first and
+//! multiplied while the other hosts' travel (`AgMmPrepared::overlaps_gather`); every chunk of the product is made
 //! before the reduce-scatter, whose levels sum in the partials' type (the
 //! output's, f32 for an fp8 one).
 //!
@@ -17,7 +17,9 @@
 //! (`agree_across_hosts`), its work across hosts watched (`Group::watched`),
 //! and bad input changes nothing.
 
-use super::across_hosts::{flat, gather, gather_inside, transports};
+use super::across_hosts::{
+    flat, gather, gather_inside, gather_local, gather_remote, gather_staging_pieces, transports,
+};
 use super::agree::{agree_across_hosts, Signature};
 use super::hierarchy::{GatherPlan, Hierarchy, ScatterPlan};
 use super::inside_host::{Inside, Step};
@@ -39,33 +41,50 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
     };
     let ready = prepared.and_then(|p| {
         let h = Hierarchy::new(group.topology(), group.rank(), "symm_fused_ag_mm")?;
-        // Staging: one piece per host, then every rank's.
+        let (plan, overlap) = (GatherPlan::new(&h), p.overlaps_gather(group.world()));
+        // Staging: the pieces the gathers move (one per host, every rank's).
         let (mut layout, piece) = (Layout::default(), p.piece_bytes());
         layout.region(p.workspace_bytes());
-        let staging = layout.region((h.hosts() + h.world()) * piece);
+        let staging = layout.region(gather_staging_pieces(&plan, overlap) * piece);
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
-        Ok((p, GatherPlan::new(&h), base, staging))
+        Ok((p, plan, overlap, base, staging))
     });
     agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
-    let (p, plan, base, staging) = ready?;
+    let (p, plan, overlap, base, staging) = ready?;
     let ex = local_exec(group, base, stream);
     let size = |a: Array| a.numel() * a.dtype.size();
     let pieces = [Some(size(p.staged_shard(&ex, 0))), p.staged_row_scales(&ex, 0).map(size)];
-    let inside = gather_inside(group, &plan, &pieces.into_iter().flatten().collect::<Vec<_>>(), stream)?;
-    // Every rank's shard (and row scales) into its place, on `ex`'s stream.
-    let gather_all = |ex: &Exec<'_>| -> Result<()> {
-        let world = group.world();
+    let inside = gather_inside(group, &plan, &pieces.into_iter().flatten().collect::<Vec<_>>(), overlap, stream)?;
+    // Every rank's shard (and row scales) into its place on `ex`'s stream:
+    // all of them, or (`Half`) those of this host's ranks or of the others.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Half {
+        All,
+        Local,
+        Remote,
+    }
+    let (world, me) = (group.world(), group.rank());
+    let local_ranks: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let gather_into = |ex: &Exec<'_>, half: Half| -> Result<()> {
         // Alone on its host with the members in rank order, the staged
         // pieces (this rank's among them, back to back in rank order) are
         // gathered in place by one all-gather across hosts.
-        let alone = plan.inside.len() == 1 && plan.across.iter().copied().eq(0..world);
+        let alone = local_ranks.len() == 1 && plan.across.iter().copied().eq(0..world);
         let pieces = |piece: &dyn Fn(usize) -> Array| -> Result<()> {
-            let (first, mine) = (piece(0), flat(&piece(group.rank())));
+            let (first, mine) = (piece(0), flat(&piece(me)));
             let bytes = (mine.numel() * mine.dtype.size()) as u64;
             if !alone || (0..world).any(|r| piece(r).addr != first.addr + r as u64 * bytes) {
-                return gather(ex, &plan, &inside, ex.local(staging), piece);
+                let staging = ex.local(staging);
+                return match half {
+                    Half::All => gather(ex, &plan, &inside, staging, piece),
+                    Half::Local => gather_local(ex, &plan, &inside, staging, piece),
+                    Half::Remote => gather_remote(ex, &plan, &inside, staging, piece),
+                };
             }
-            let (across, _) = transports(group, &plan.across, &[group.rank()])?;
+            if half == Half::Local {
+                return Ok(()); // this rank's piece is in place
+            }
+            let (across, _) = transports(group, &plan.across, &[me])?;
             let all = Array::contiguous(first.addr, mine.dtype, &[world * mine.numel()]);
             across.all_gather(group, &mine, &all, ex.stream)
         };
@@ -77,18 +96,22 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
     };
     let run = || {
         p.stage(&ex, stream)?;
-        if !p.overlaps_gather(group.world()) {
-            gather_all(&ex)?;
+        if !overlap {
+            gather_into(&ex, Half::All)?;
             return p.multiply_gathered(&ex);
         }
-        // The gather on a side stream (after the staging), this rank's own
-        // shard's matmul beside it, the others' once they have landed.
+        // This host's shards gathered on the main stream and multiplied
+        // while a side stream gathers the other hosts' (after the local
+        // half: both read this rank's staged shard); theirs once landed.
+        gather_into(&ex, Half::Local)?;
         let side = ex.side()?;
         ex.fork(side)?;
-        gather_all(&local_exec(group, base, side))?;
-        p.multiply_own_shard(&ex)?;
+        gather_into(&local_exec(group, base, side), Half::Remote)?;
+        p.multiply_staged(&ex, &local_ranks)?;
         ex.join(side)?;
-        p.multiply_peer_shards(&ex)
+        let others: Vec<usize> = (0..world).filter(|r| !local_ranks.contains(r)).collect();
+        p.multiply_staged(&ex, &others)?;
+        p.finish_staged(&ex)
     };
     // A rank that stops midway leaves its peers waiting in a transport.
     group.watched(stream, "symm_fused_ag_mm", run).inspect_err(|e| group.fail(e))
@@ -465,9 +488,10 @@ mod tests {
     /// fp8: e4m3 operands with row-wise scales; fused_ag_mm into bf16 and
     /// fp8 outputs (with a bias and a result scale), mm_rs into an fp8
     /// `out` with a bias, and into bf16 with tensor-wise scales.
-    fn fp8_on(groups: &[Arc<Group>]) -> Vec<Vec<Vec<u32>>> {
+    /// `rows` per shard (from 320, fp8's matmuls split to overlap).
+    fn fp8_on(groups: &[Arc<Group>], rows: usize) -> Vec<Vec<Vec<u32>>> {
         let world = groups.len();
-        let (rows, k, n) = (4, 32, 16);
+        let (k, n) = (32, 16);
         let e4 = DType::F8E4M3;
         let small = |tag: usize, r: usize, i: usize| value(tag, r, i) * 0.5;
         on_each(groups, |r, g| {
@@ -549,10 +573,12 @@ mod tests {
         for hosts in PLACEMENTS {
             let world = hosts.len();
             let (groups, one) = (on_hosts(hosts), host_groups(world));
-            let (got, single) = (fp8_on(&groups), fp8_on(&one));
-            for r in 0..world {
-                for (i, (g, s)) in got[r].iter().zip(&single[r]).enumerate() {
-                    assert_eq!(g, s, "{hosts:?} rank {r} output {i}");
+            for rows in [4, 400] {
+                let (got, single) = (fp8_on(&groups, rows), fp8_on(&one, rows));
+                for r in 0..world {
+                    for (i, (g, s)) in got[r].iter().zip(&single[r]).enumerate() {
+                        assert_eq!(g, s, "{hosts:?} {rows} rows, rank {r} output {i}");
+                    }
                 }
             }
             one.iter().for_each(|g| g.release_scratch());

@@ -601,19 +601,15 @@ impl AgMmPrepared {
         !gathers_k && world > 1 && decide::across_hosts_overlap(rows, a.dtype)
     }
 
-    /// This rank's own shard's products, from where it is staged (its row
-    /// scales too), before the others' have landed.
-    pub(super) fn multiply_own_shard(&self, ex: &Exec<'_>) -> Result<()> {
-        let me = ex.rank();
-        self.multiply_shard(ex, &self.staged_shard(ex, me), me, self.call.a_shard.shape[self.dim])
+    /// The products of the shards of `ranks`, from where they are staged
+    /// (their row scales too), as soon as those have landed.
+    pub(super) fn multiply_staged(&self, ex: &Exec<'_>, ranks: &[usize]) -> Result<()> {
+        let len = self.call.a_shard.shape[self.dim];
+        ranks.iter().try_for_each(|&r| self.multiply_shard(ex, &self.staged_shard(ex, r), r, len))
     }
 
-    /// Once every shard has landed: the other shards' products, and `ag_out`.
-    pub(super) fn multiply_peer_shards(&self, ex: &Exec<'_>) -> Result<()> {
-        let len = self.call.a_shard.shape[self.dim];
-        for r in (0..ex.world()).filter(|&r| r != ex.rank()) {
-            self.multiply_shard(ex, &self.staged_shard(ex, r), r, len)?;
-        }
+    /// Once every shard has landed and been multiplied: `ag_out`.
+    pub(super) fn finish_staged(&self, ex: &Exec<'_>) -> Result<()> {
         self.finish(ex, false)
     }
 
