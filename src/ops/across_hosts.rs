@@ -54,6 +54,30 @@ pub(super) fn flat(a: &Array) -> Array {
     Array::contiguous(a.addr, a.dtype, &[a.numel()])
 }
 
+/// Pieces of one shape and dtype back to back in staging.
+struct Staged {
+    staging: u64,
+    n: usize,
+    dtype: crate::array::DType,
+}
+
+impl Staged {
+    /// Pieces like `mine` (contiguous) at `staging`.
+    fn like(mine: &Array, staging: u64) -> Staged {
+        Staged { staging, n: mine.numel(), dtype: mine.dtype }
+    }
+
+    /// `count` pieces from piece `i`, as one run.
+    fn at(&self, i: usize, count: usize) -> Array {
+        Array::contiguous(self.staging + (i * self.n * self.dtype.size()) as u64, self.dtype, &[count * self.n])
+    }
+
+    /// Piece `i` into `dst` (its place: any strides).
+    fn place(&self, ex: &Exec<'_>, dst: &Array, i: usize) -> Result<()> {
+        ex.copy(dst, &Array::contiguous(self.at(i, 1).addr, self.dtype, &dst.shape))
+    }
+}
+
 /// Every rank's piece into its place on this rank through `plan`: across
 /// hosts into `staging` (one piece per host), then inside the host after
 /// them (every piece, by local index then host; skipped where the rank is
@@ -72,21 +96,16 @@ pub(super) fn gather(
     let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
     let (across, _) = transports(ex.group, &plan.across, &local)?;
     let mine = flat(&piece(ex.rank()));
-    let (n, dtype, hosts) = (mine.numel(), mine.dtype, plan.across.len());
-    let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
-    across.all_gather(ex.group, &mine, &at(0, hosts), ex.stream)?;
+    let (s, hosts) = (Staged::like(&mine, staging), plan.across.len());
+    across.all_gather(ex.group, &mine, &s.at(0, hosts), ex.stream)?;
     // Alone on its host, a rank holds every piece after the first level.
     let alone = local.len() == 1;
     if !alone {
-        inside.all_gather(ex.group, &at(0, hosts), &at(hosts, local.len() * hosts), ex.stream)?;
+        inside.all_gather(ex.group, &s.at(0, hosts), &s.at(hosts, local.len() * hosts), ex.stream)?;
     }
     for (j, (_, pieces)) in plan.inside.iter().enumerate() {
-        for (k, &rank) in pieces.iter().enumerate() {
-            if rank != ex.rank() {
-                let dst = piece(rank);
-                let held = if alone { k } else { hosts + j * hosts + k };
-                ex.copy(&dst, &Array::contiguous(at(held, 1).addr, dtype, &dst.shape))?;
-            }
+        for (k, &rank) in pieces.iter().enumerate().filter(|&(_, &r)| r != ex.rank()) {
+            s.place(ex, &piece(rank), if alone { k } else { hosts + j * hosts + k })?;
         }
     }
     Ok(())
@@ -108,14 +127,10 @@ pub(super) fn gather_local(
         return Ok(());
     }
     let mine = flat(&piece(ex.rank()));
-    let (n, dtype) = (mine.numel(), mine.dtype);
-    let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
-    inside.all_gather(ex.group, &mine, &at(0, local), ex.stream)?;
-    for (j, &(rank, _)) in plan.inside.iter().enumerate() {
-        if rank != ex.rank() {
-            let dst = piece(rank);
-            ex.copy(&dst, &Array::contiguous(at(j, 1).addr, dtype, &dst.shape))?;
-        }
+    let s = Staged::like(&mine, staging);
+    inside.all_gather(ex.group, &mine, &s.at(0, local), ex.stream)?;
+    for (j, &(rank, _)) in plan.inside.iter().enumerate().filter(|&(_, &(r, _))| r != ex.rank()) {
+        s.place(ex, &piece(rank), j)?;
     }
     Ok(())
 }
@@ -134,9 +149,9 @@ pub(super) fn gather_remote(
     let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
     let (across, _) = transports(ex.group, &plan.across, &local)?;
     let mine = flat(&piece(ex.rank()));
-    let (n, dtype, hosts) = (mine.numel(), mine.dtype, plan.across.len());
+    let (s, hosts) = (Staged::like(&mine, staging), plan.across.len());
+    let at = |i: usize, count: usize| s.at(i, count);
     let here = plan.across.iter().position(|&r| r == ex.rank()).unwrap_or(0);
-    let at = |i: usize, pieces: usize| Array::contiguous(staging + (i * n * dtype.size()) as u64, dtype, &[pieces * n]);
     let (first, others) = (local.len(), local.len() + hosts);
     across.all_gather(ex.group, &mine, &at(first, hosts), ex.stream)?;
     // Each local rank's pieces of the other hosts, in host order.
@@ -156,8 +171,7 @@ pub(super) fn gather_remote(
     };
     for (j, (_, pieces)) in plan.inside.iter().enumerate() {
         for (h, &rank) in pieces.iter().enumerate().filter(|&(h, _)| h != here) {
-            let dst = piece(rank);
-            ex.copy(&dst, &Array::contiguous(at(held(j, h), 1).addr, dtype, &dst.shape))?;
+            s.place(ex, &piece(rank), held(j, h))?;
         }
     }
     Ok(())
