@@ -203,15 +203,16 @@ def records_path(out, world, hosts, transport):
 
 
 def spans_hosts(g):
-    """Whether symm's group `g` spans hosts: a symmetric buffer's
-    rendezvous is refused there (alike on every rank, the group unharmed)."""
+    """Whether symm's group `g` spans hosts: a symmetric buffer maps the
+    ranks of this rank's host only, and a pointer to another is refused."""
     import symm
 
-    with g.create(4096) as buf:
-        try:
-            buf.rendezvous()
-        except symm.SymmUnsupported:
-            return True
+    with g.create(4096) as buf, buf.rendezvous() as h:
+        for r in range(g.world_size):
+            try:
+                h.peer_ptr(r)
+            except symm.SymmUnsupported:
+                return True
     return False
 
 

@@ -269,8 +269,8 @@ def across_hosts_matmuls(group):
                 ref = total.chunk(world, dim=sd)[rank] / (world if op == "avg" else 1)
                 close(out, ref, f"mm_rs {dtype} scatter_dim {sd} {op}")
 
-    # Compute-bound shards and chunks (512 rows of bf16): each matmul splits
-    # to overlap its communication across hosts.
+    # Compute-bound shards and chunks (512 rows of bf16): fused_ag_mm splits
+    # its matmul to overlap the gather across hosts.
     shards = inputs(20, (512, 64), torch.bfloat16)
     (b,) = inputs(21, (64, 40), torch.bfloat16)[:1]
     out = symm.fused_ag_mm(group, shards[rank].to(dev), b.to(dev), 0)
@@ -280,7 +280,7 @@ def across_hosts_matmuls(group):
     out = symm.mm_rs(group, a[rank].to(dev), b[rank].to(dev), 0)
     torch.cuda.synchronize()
     total = sum(f64(x) @ f64(y) for x, y in zip(a, b))
-    close(out, total.chunk(world)[rank], "mm_rs overlapped")
+    close(out, total.chunk(world)[rank], "mm_rs compute-bound")
 
     # fp8, row-wise scales.
     m, k, n = 16, 32, 48

@@ -37,36 +37,6 @@ pub trait AcrossHosts: Send + Sync {
     /// `send` holds one block of `recv`'s elements per member, in the
     /// members' order; `recv` receives the sum over members of this rank's block.
     fn reduce_scatter(&self, group: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()>;
-
-    /// `send` to member `to` while `recv` (as large) receives member
-    /// `from`'s: every member calls it at once, with pairs that match
-    /// (member m sends to t exactly when t receives from m).
-    fn send_recv(
-        &self,
-        group: &Group,
-        send: &Array,
-        to: usize,
-        recv: &Array,
-        from: usize,
-        stream: Stream,
-    ) -> Result<()>;
-}
-
-/// `Internal` unless `send` and `recv` are contiguous, alike in size and
-/// dtype, and `to` and `from` are members.
-fn check_pair(send: &Array, to: usize, recv: &Array, from: usize, members: usize) -> Result<()> {
-    let alike = send.numel() == recv.numel() && send.dtype == recv.dtype;
-    if !send.is_contiguous() || !recv.is_contiguous() || !alike || to >= members || from >= members {
-        return Err(err!(
-            Internal,
-            "a send of {} {} to member {to} and a receive of {} {} from member {from} among {members}",
-            send.numel(),
-            send.dtype,
-            recv.numel(),
-            recv.dtype
-        ));
-    }
-    Ok(())
 }
 
 /// Which collective, for checks and messages.
@@ -188,25 +158,6 @@ impl AcrossHosts for Bootstrapped {
         let srcs: Vec<Array> = all.iter().map(|w| view(w, send.dtype, self.index * n, n)).collect();
         sum_into(&Array::contiguous(recv.addr, recv.dtype, &[n]), &srcs)
     }
-
-    /// Every member offers its send with whom it is for; this rank takes
-    /// `from`'s, which must be for it.
-    fn send_recv(&self, group: &Group, send: &Array, to: usize, recv: &Array, from: usize, _: Stream) -> Result<()> {
-        check_pair(send, to, recv, from, self.members.len())?;
-        let bytes = send.numel() * send.dtype.size();
-        let mut mine = (to as u64).to_le_bytes().to_vec();
-        // SAFETY: `send` is contiguous (checked) and readable for its extent.
-        mine.extend_from_slice(unsafe { std::slice::from_raw_parts(send.addr as *const u8, bytes) });
-        let all = group.exchange_across_hosts(Purpose::Data, Ok(mine))?;
-        let got = &all[self.members[from]];
-        let (head, data) = got.split_at(8.min(got.len()));
-        if head != (self.index as u64).to_le_bytes() || data.len() != bytes {
-            return Err(err!(Internal, "member {from} did not send this rank {bytes} bytes across hosts"));
-        }
-        // SAFETY: `recv` is contiguous and writable for `bytes` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), recv.addr as *mut u8, bytes) };
-        Ok(())
-    }
 }
 
 /// NCCL's transport (the CUDA backend): a communicator over the members,
@@ -250,11 +201,6 @@ impl AcrossHosts for NcclTransport {
     fn reduce_scatter(&self, _: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()> {
         check(Collective::ReduceScatter, send, recv, self.members.len())?;
         self.comm.reduce_scatter(send.addr, recv.addr, recv.numel(), nccl_type(send.dtype)?, stream.0)
-    }
-
-    fn send_recv(&self, _: &Group, send: &Array, to: usize, recv: &Array, from: usize, stream: Stream) -> Result<()> {
-        check_pair(send, to, recv, from, self.members.len())?;
-        self.comm.send_recv(send.addr, to, recv.addr, from, send.numel() * send.dtype.size(), stream.0)
     }
 }
 
@@ -325,13 +271,6 @@ mod gpu_tests {
                         let h = m.iter().position(|&p| p == r).unwrap();
                         let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, h * n + i)).sum()).collect();
                         assert_eq!(rbuf.read::<f32>(n), want, "reduce-scatter on rank {r}");
-                        // A ring: to the next member, from the one before.
-                        let (to, from) = ((h + 1) % m.len(), (h + m.len() - 1) % m.len());
-                        rbuf.write(&vec![f32::NAN; n * m.len()]);
-                        t.send_recv(g, &dev(&sbuf, n), to, &dev(&rbuf, n), from, gpu.stream()).unwrap();
-                        gpu.sync();
-                        let want: Vec<f32> = (0..n).map(|i| value(m[from], i)).collect();
-                        assert_eq!(rbuf.read::<f32>(n), want, "send and receive on rank {r}");
                     }
                 });
             }

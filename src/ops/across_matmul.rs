@@ -6,9 +6,11 @@
 //! `super::inside_host` (symmetric memory for small steps). A is gathered
 //! before the matmuls, except that where the shards' matmuls are
 //! compute-bound the shards of this host's ranks are gathered first and
-//! multiplied while the other hosts' travel (`AgMmPrepared::overlaps_gather`); every chunk of the product is made
-//! before the reduce-scatter, whose levels sum in the partials' type (the
-//! output's, f32 for an fp8 one).
+//! multiplied while the other hosts' travel (`AgMmPrepared::overlaps_gather`).
+//! Every chunk of the product is made before the reduce-scatter, whose
+//! levels sum in the partials' type (the output's, f32 for an fp8 one): a
+//! pipeline of NCCL sends and receives beside the matmuls measured slower
+//! than NCCL's reduce-scatter after them on its network transport.
 //!
 //! The workspace is this rank's memory alone (`LocalScratch`), laid out
 //! as the one-host call's, then the transports' staging; it is made ready
@@ -24,13 +26,12 @@ use super::agree::{agree_across_hosts, Signature};
 use super::hierarchy::{GatherPlan, Hierarchy, ScatterPlan};
 use super::inside_host::{Inside, Step};
 use super::local_scratch::{local_exec, LocalScratch};
-use super::mm_rs::MmRsPrepared;
 use super::workspace::Layout;
 use super::{ag_mm, AgMm, Exec, MmRs, Prepared};
 use crate::array::Array;
 use crate::backend::Stream;
 use crate::error::Result;
-use crate::group::{AcrossHosts, Group};
+use crate::group::Group;
 use std::sync::Arc;
 
 pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Result<()> {
@@ -129,13 +130,12 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
         let h = Hierarchy::new(group.topology(), group.rank(), "symm_mm_rs")?;
         // Staging: every chunk, by local index then host (inside the host);
         // this host's sums of one local index's chunks (across hosts); the
-        // total of this rank's chunk, or (overlapped) the other hosts' sums
-        // of it.
+        // total of this rank's chunk.
         let (mut layout, chunk) = (Layout::default(), p.chunk_bytes());
         layout.region(p.workspace_bytes());
         let send = layout.region(h.world() * chunk);
         let host_sums = layout.region(h.hosts() * chunk);
-        let total = layout.region(h.hosts() * chunk);
+        let total = layout.region(chunk);
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
         Ok((p, ScatterPlan::new(&h), base, [send, host_sums, total]))
     });
@@ -143,17 +143,12 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
     let (p, plan, base, [send, host_sums, total]) = ready?;
     let ex = local_exec(group, base, stream);
     let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
-    let (hosts, local) = (plan.across.len(), plan.local_ranks.len());
+    let hosts = plan.across.len();
     let (n, dtype) = (p.product_chunk(&ex, 0).numel(), p.product_chunk(&ex, 0).dtype);
-    let overlap = p.overlaps_scatter(group.world());
-    // Overlapped, the level inside the host reduces one host's chunks at a time.
-    let step = Step::ReduceScatter { bytes: if overlap { n } else { hosts * n } * dtype.size(), dtype };
-    let inside = Inside::prepare(group, inside, &[step], stream)?;
-    let alone = local == 1 && plan.across.iter().copied().eq(0..group.world());
+    let inside =
+        Inside::prepare(group, inside, &[Step::ReduceScatter { bytes: hosts * n * dtype.size(), dtype }], stream)?;
+    let alone = plan.local_ranks.len() == 1 && plan.across.iter().copied().eq(0..group.world());
     let run = || {
-        if overlap {
-            return scatter_overlapped(&ex, &p, &plan, across, &inside, [send, host_sums, total]);
-        }
         p.products(&ex)?;
         let total_chunk = p.chunk(ex.local(total));
         if alone {
@@ -180,64 +175,6 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
         p.reduce_into_out(&ex, &[p.chunk(ex.local(total))])
     };
     group.watched(stream, "symm_mm_rs", run).inspect_err(|e| group.fail(e))
-}
-
-/// `mm_rs` across hosts with its communication beside its matmuls. Host
-/// by host, the hosts after this one first and its own last (the same
-/// step on every rank, so the pairs match): the main stream makes the
-/// chunks for that host's ranks; the side stream reduces them inside this
-/// host (this rank keeps the sum for the rank of its local index there)
-/// and sends that sum to its rank while receiving the sum for this rank
-/// from the host as far before. Then the hosts' sums of this rank's chunk,
-/// in host order, into `out`.
-fn scatter_overlapped(
-    ex: &Exec<'_>,
-    p: &MmRsPrepared,
-    plan: &ScatterPlan,
-    across: &dyn AcrossHosts,
-    inside: &Inside<'_>,
-    [send, host_sums, received]: [usize; 3],
-) -> Result<()> {
-    let (group, side, chunk) = (ex.group, ex.side()?, p.chunk_bytes());
-    let (hosts, local) = (plan.across.len(), plan.local_ranks.len());
-    let here = plan.across.iter().position(|&r| r == group.rank()).unwrap_or(0);
-    let slot = |offset: usize, i: usize| flat(&p.chunk(ex.local(offset + i * chunk)));
-    // Host h's ranks by local index; their chunks made host after host.
-    let on_host = |h: usize| -> Vec<usize> { plan.pieces.iter().map(|pieces| pieces[h]).collect() };
-    let steps: Vec<usize> = (1..=hosts).map(|s| (here + s) % hosts).collect();
-    let order: Vec<usize> = steps.iter().flat_map(|&h| on_host(h)).collect();
-    let mut made = 0;
-    p.products_in(ex, &order, &mut |_| {
-        made += 1;
-        if made % local != 0 {
-            return Ok(());
-        }
-        let to = steps[made / local - 1];
-        // This host's sum of the chunk for the rank of this local index on `to`.
-        let sum = if local == 1 {
-            ex.fork(side)?;
-            flat(&p.product_chunk(ex, on_host(to)[0]))
-        } else {
-            for (j, &rank) in on_host(to).iter().enumerate() {
-                ex.copy(&slot(send, to * local + j), &flat(&p.product_chunk(ex, rank)))?;
-            }
-            let first = slot(send, to * local);
-            let all = Array::contiguous(first.addr, first.dtype, &[local * first.numel()]);
-            ex.fork(side)?;
-            inside.reduce_scatter(group, &all, &slot(host_sums, to), side)?;
-            slot(host_sums, to)
-        };
-        if to == here {
-            return Ok(());
-        }
-        let from = (2 * here + hosts - to) % hosts;
-        across.send_recv(group, &sum, to, &slot(received, from), from, side)
-    })?;
-    ex.join(side)?;
-    let own = if local == 1 { flat(&p.product_chunk(ex, group.rank())) } else { slot(host_sums, here) };
-    let srcs: Vec<Array> =
-        (0..hosts).map(|h| if h == here { own.clone() } else { slot(received, h) }).map(|a| p.chunk(a.addr)).collect();
-    p.reduce_into_out(ex, &srcs)
 }
 
 /// Against a reference in f64 (exact: small integers) and the same call
@@ -445,8 +382,7 @@ mod tests {
         RsCase { shape: &[4, 3, 6], dim: 0, n: 2, op: ReduceOp::Avg, padded: false },
         RsCase { shape: &[3, 5], dim: 1, n: 8, op: ReduceOp::Sum, padded: true },
         RsCase { shape: &[2, 3, 5], dim: 2, n: 4, op: ReduceOp::Avg, padded: false },
-        // Compute-bound chunks: one rank per host sends each chunk while
-        // it makes the next.
+        // Compute-bound chunks.
         RsCase { shape: &[3200, 6], dim: 0, n: 5, op: ReduceOp::Sum, padded: false },
         RsCase { shape: &[800, 6], dim: 1, n: 8, op: ReduceOp::Avg, padded: true },
         RsCase { shape: &[2, 1600, 4], dim: 1, n: 3, op: ReduceOp::Sum, padded: false },

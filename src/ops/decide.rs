@@ -347,15 +347,13 @@ fn all_distinct(placed: impl Iterator<Item = (Option<usize>, i32)>) -> bool {
     devices.len() == n
 }
 
-/// Whether a matmul across hosts is split into one piece per rank so that
-/// its communication overlaps the pieces (`fused_ag_mm`: this rank's own
-/// shard multiplied while the others are gathered; `mm_rs`: each chunk
-/// sent while the next is made): where each piece's matmul, `piece_rows`
-/// rows of operands of `dtype`, is compute-bound (its flops take at least
-/// twice as long as reading its B once: the ratio does not depend on K or
-/// N), so that the split costs little and the overlap hides up to all but
-/// one piece's matmul of the communication. At decode sizes a piece reads
-/// all of B for a few rows, and one matmul stays cheaper.
+/// Whether `fused_ag_mm` across hosts is split into one matmul per shard
+/// so that the gather overlaps them (this host's shards multiplied while
+/// the other hosts' travel): where each shard's matmul, `piece_rows` rows
+/// of operands of `dtype`, is compute-bound (its flops take at least twice
+/// as long as reading its B once: the ratio does not depend on K or N), so
+/// that the split costs little. At decode sizes a shard reads all of B for
+/// a few rows, and one matmul stays cheaper.
 pub fn across_hosts_overlap(piece_rows: usize, dtype: DType) -> bool {
     let d = DeviceModel::HOPPER;
     let tflops = if dtype.size() == 1 { d.fp8_matmul_tflops } else { d.matmul_tflops };

@@ -596,31 +596,6 @@ impl MmRsPrepared {
         (0..ex.world()).try_for_each(|r| self.product(ex, r, whole_a.as_ref()))
     }
 
-    /// Across hosts (`super::across_matmul`): whether each chunk of the
-    /// product is sent while the next is made (`decide::across_hosts_overlap`
-    /// on a chunk's rows).
-    pub(super) fn overlaps_scatter(&self, world: usize) -> bool {
-        let out = &self.call.out;
-        let rows = out.numel() / out.shape[out.ndim() - 1].max(1);
-        world > 1 && decide::across_hosts_overlap(rows, self.call.a.dtype)
-    }
-
-    /// The chunks of this rank's product in `order`, each in its place,
-    /// calling `made(r)` once chunk r's matmul is enqueued.
-    pub(super) fn products_in(
-        &self,
-        ex: &Exec<'_>,
-        order: &[usize],
-        made: &mut dyn FnMut(usize) -> Result<()>,
-    ) -> Result<()> {
-        let whole_a = self.whole_a(ex)?;
-        for &r in order {
-            self.product(ex, r, whole_a.as_ref())?;
-            made(r)?;
-        }
-        Ok(())
-    }
-
     /// Bytes of one chunk of the product.
     pub(super) fn chunk_bytes(&self) -> usize {
         self.call.out.numel() * partial_dtype(&self.call.out).size()

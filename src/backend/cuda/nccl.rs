@@ -71,8 +71,6 @@ type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, 
 /// send, recv, count, datatype, op, comm, stream.
 type Reduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, *mut c_void) -> NcclResult;
 type GroupCall = unsafe extern "C" fn() -> NcclResult;
-/// buffer, count, datatype, peer, comm, stream (`ncclSend`'s buffer is const).
-type PointToPoint = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, *mut c_void) -> NcclResult;
 
 /// The entry points symm uses.
 #[allow(non_snake_case)]
@@ -90,10 +88,9 @@ struct Api {
     ncclAllGather: AllGather,
     ncclReduceScatter: Reduce,
     ncclAllReduce: Reduce,
-    // A send and a receive that run together (pipelines across hosts).
-    ncclSend: PointToPoint,
-    ncclRecv: PointToPoint,
+    #[allow(dead_code)]
     ncclGroupStart: GroupCall,
+    #[allow(dead_code)]
     ncclGroupEnd: GroupCall,
 }
 
@@ -211,8 +208,6 @@ impl Api {
             ncclAllGather: sym!(ncclAllGather: AllGather),
             ncclReduceScatter: sym!(ncclReduceScatter: Reduce),
             ncclAllReduce: sym!(ncclAllReduce: Reduce),
-            ncclSend: sym!(ncclSend: PointToPoint),
-            ncclRecv: sym!(ncclRecv: PointToPoint),
             ncclGroupStart: sym!(ncclGroupStart: GroupCall),
             ncclGroupEnd: sym!(ncclGroupEnd: GroupCall),
         })
@@ -348,37 +343,6 @@ impl Communicator {
     /// over members of their block of `send` (`size` x `count`) for this member.
     pub fn reduce_scatter(&self, send: u64, recv: u64, count: usize, dtype: c_int, stream: usize) -> Result<()> {
         self.sum(self.nccl.api.ncclReduceScatter, "ncclReduceScatter", send, recv, count, dtype, stream)
-    }
-
-    /// Enqueues on `stream`, as one NCCL group (so neither waits for the
-    /// other): `bytes` bytes at `send` to member `to`, and as many from
-    /// member `from` into `recv`. Device pointers.
-    pub fn send_recv(&self, send: u64, to: usize, recv: u64, from: usize, bytes: usize, stream: usize) -> Result<()> {
-        let api = &self.nccl.api;
-        self.with("ncclSend/ncclRecv", |comm| {
-            let s = stream as *mut c_void;
-            // SAFETY: the caller passes device buffers of `bytes` bytes, a
-            // stream of this communicator's device and members in range;
-            // a started group is always ended.
-            unsafe {
-                let started = (api.ncclGroupStart)();
-                if started != 0 {
-                    return started;
-                }
-                let sent = (api.ncclSend)(send as *mut c_void, bytes, BYTES_TYPE, to as c_int, comm, s);
-                let received = if sent == 0 {
-                    (api.ncclRecv)(recv as *mut c_void, bytes, BYTES_TYPE, from as c_int, comm, s)
-                } else {
-                    sent
-                };
-                let ended = (api.ncclGroupEnd)();
-                if received != 0 {
-                    received
-                } else {
-                    ended
-                }
-            }
-        })
     }
 
     /// One of NCCL's summing collectives (they share a signature).
