@@ -85,7 +85,7 @@ impl Staged {
 /// `piece(r)`: where rank r's piece goes (any strides; all of one shape and
 /// dtype), except `piece(this rank)`: its piece, contiguous (already where
 /// it goes, or copied there by the caller). `inside`: the level inside the
-/// host, prepared for [`gather_step`] of these pieces.
+/// host, prepared by [`gather_inside`] for these pieces.
 pub(super) fn gather(
     ex: &Exec<'_>,
     plan: &GatherPlan,
@@ -93,7 +93,7 @@ pub(super) fn gather(
     staging: u64,
     piece: &dyn Fn(usize) -> Array,
 ) -> Result<()> {
-    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let local = plan.local_ranks();
     let (across, _) = transports(ex.group, &plan.across, &local)?;
     let mine = flat(&piece(ex.rank()));
     let (s, hosts) = (Staged::like(&mine, staging), plan.across.len());
@@ -146,28 +146,30 @@ pub(super) fn gather_remote(
     staging: u64,
     piece: &dyn Fn(usize) -> Array,
 ) -> Result<()> {
-    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let local = plan.local_ranks();
     let (across, _) = transports(ex.group, &plan.across, &local)?;
     let mine = flat(&piece(ex.rank()));
     let (s, hosts) = (Staged::like(&mine, staging), plan.across.len());
-    let at = |i: usize, count: usize| s.at(i, count);
     let here = plan.across.iter().position(|&r| r == ex.rank()).unwrap_or(0);
-    let (first, others) = (local.len(), local.len() + hosts);
-    across.all_gather(ex.group, &mine, &at(first, hosts), ex.stream)?;
-    // Each local rank's pieces of the other hosts, in host order.
-    let (before, after) = (here, hosts - 1 - here);
-    let held: Box<dyn Fn(usize, usize) -> usize> = if local.len() == 1 {
-        Box::new(|_, h| first + h)
-    } else {
+    // One piece per host, then (not alone) the other hosts' packed, then
+    // every local rank's of those, by local index.
+    let (first, others, gathered) = (local.len(), local.len() + hosts, local.len() + 2 * hosts - 1);
+    across.all_gather(ex.group, &mine, &s.at(first, hosts), ex.stream)?;
+    let alone = local.len() == 1;
+    if !alone {
+        let (before, after) = (here, hosts - 1 - here);
         if before > 0 {
-            ex.copy(&at(others, before), &at(first, before))?;
+            ex.copy(&s.at(others, before), &s.at(first, before))?;
         }
         if after > 0 {
-            ex.copy(&at(others + before, after), &at(first + here + 1, after))?;
+            ex.copy(&s.at(others + before, after), &s.at(first + here + 1, after))?;
         }
-        let gathered = others + hosts - 1;
-        inside.all_gather(ex.group, &at(others, hosts - 1), &at(gathered, local.len() * (hosts - 1)), ex.stream)?;
-        Box::new(move |j, h| gathered + j * (hosts - 1) + if h < here { h } else { h - 1 })
+        inside.all_gather(ex.group, &s.at(others, hosts - 1), &s.at(gathered, local.len() * (hosts - 1)), ex.stream)?;
+    }
+    // Where local rank j's piece of host h lies.
+    let held = |j: usize, h: usize| match alone {
+        true => first + h,
+        false => gathered + j * (hosts - 1) + h - usize::from(h > here),
     };
     for (j, (_, pieces)) in plan.inside.iter().enumerate() {
         for (h, &rank) in pieces.iter().enumerate().filter(|&(h, _)| h != here) {
@@ -195,7 +197,7 @@ pub(super) fn gather_inside<'a>(
     halves: bool,
     stream: Stream,
 ) -> Result<Inside<'a>> {
-    let local: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let local = plan.local_ranks();
     let (_, inside) = transports(group, &plan.across, &local)?;
     let hosts = plan.across.len();
     let steps: Vec<Step> = piece_bytes

@@ -66,7 +66,7 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
         Remote,
     }
     let (world, me) = (group.world(), group.rank());
-    let local_ranks: Vec<usize> = plan.inside.iter().map(|x| x.0).collect();
+    let local_ranks = plan.local_ranks();
     let gather_into = |ex: &Exec<'_>, half: Half| -> Result<()> {
         // Alone on its host with the members in rank order, the staged
         // pieces (this rank's among them, back to back in rank order) are
@@ -297,7 +297,7 @@ mod tests {
         AgCase { shard: &[2, 3, 4], dim: 0, ns: &[2], padded: true },
         AgCase { shard: &[2, 3, 4], dim: 2, ns: &[3, 2], padded: true },
         AgCase { shard: &[3, 4], dim: 1, ns: &[4], padded: false },
-        // Compute-bound shards: the own shard's matmul overlaps the gather.
+        // Compute-bound shards: this host's shards' matmuls overlap the gather.
         AgCase { shard: &[800, 8], dim: 0, ns: &[4, 6], padded: false },
         AgCase { shard: &[2, 400, 8], dim: 1, ns: &[3], padded: true },
     ];

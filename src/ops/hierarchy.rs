@@ -147,6 +147,11 @@ impl GatherPlan {
         GatherPlan { across: h.across(), inside }
     }
 
+    /// The ranks of this rank's host, by local index.
+    pub fn local_ranks(&self) -> Vec<usize> {
+        self.inside.iter().map(|x| x.0).collect()
+    }
+
     /// Pieces this rank receives at each level: (inside, across).
     pub fn received(&self) -> (usize, usize) {
         let others = self.inside.len() - 1;
@@ -333,7 +338,7 @@ mod tests {
             let mut held: Vec<Vec<bool>> = (0..world).map(|r| (0..world).map(|p| p == r).collect()).collect();
             let start = held.clone();
             for (r, p) in plans.iter().enumerate() {
-                let inside: Vec<usize> = p.inside.iter().map(|x| x.0).collect();
+                let inside = p.local_ranks();
                 check_members(names, &v, r, &inside, &p.across);
                 for &m in &p.across {
                     assert!(start[m][m]);

@@ -33,11 +33,11 @@ pub(super) enum Step {
 /// any of the call's steps takes them.
 pub(super) struct Inside<'a> {
     transport: &'a dyn AcrossHosts,
-    facts: Facts,
     lines: Option<Lines>,
 }
 
 struct Lines {
+    facts: Facts,
     buffer: Arc<Handle>,
     /// Where each rank of this host maps the buffer, by local index.
     scratch: Vec<u64>,
@@ -68,8 +68,12 @@ impl<'a> Inside<'a> {
         steps: &[Step],
         stream: Stream,
     ) -> Result<Inside<'a>> {
-        let facts = Facts::of(group);
         let local = transport.members();
+        if local.len() < 2 {
+            // Alone on its host (the common case): no step inside it.
+            return Ok(Inside { transport, lines: None });
+        }
+        let facts = Facts::of(group);
         let largest = steps.iter().map(|&s| on_lines(&facts, local.len(), s)).filter(|l| l.0).map(|l| l.1).max();
         let lines = match largest {
             None => None,
@@ -78,17 +82,17 @@ impl<'a> Inside<'a> {
                 let buffer = workspace::ensure(group, Scratch::AllReduce, need, Some(stream))?;
                 let scratch = local.iter().map(|&r| buffer.peer_addr(r)).collect::<Result<_>>()?;
                 let index = local.iter().position(|&r| r == group.rank()).unwrap_or(0);
-                Some(Lines { buffer, scratch, index })
+                Some(Lines { facts, buffer, scratch, index })
             }
         };
-        Ok(Inside { transport, facts, lines })
+        Ok(Inside { transport, lines })
     }
 
     /// The lines, where `s` takes them (and the buffer holds it).
     fn lines_for(&self, s: Step) -> Option<&Lines> {
         let world = self.transport.members().len();
         let l = self.lines.as_ref()?;
-        let (lines, bytes) = on_lines(&self.facts, world, s);
+        let (lines, bytes) = on_lines(&l.facts, world, s);
         (lines && AllReduceLayout::of(l.buffer.buffer().size(), world).holds(bytes)).then_some(l)
     }
 
