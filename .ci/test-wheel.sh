@@ -60,6 +60,7 @@ mkdir "$work/unpacked"
 "$work/venv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$work/unpacked"
 lib="$work/unpacked/symm/libsymm.so"
 [[ -f "$lib" ]] || die "the wheel has no symm/libsymm.so"
+[[ -f "$work/unpacked/symm/_fastcall_ext.abi3.so" ]] || die "the wheel has no symm/_fastcall_ext.abi3.so"
 grep -qx "Tag: py3-none-linux_$(uname -m)" "$work/unpacked/symm-$version.dist-info/WHEEL" || die "the wheel's WHEEL file has another tag"
 grep -qx "Root-Is-Purelib: false" "$work/unpacked/symm-$version.dist-info/WHEEL" || die "the wheel claims to be pure Python"
 readelf -d "$lib" | grep -q "Library soname: \[libsymm.so.${version%%.*}\]" || die "the wheel's libsymm.so has no SONAME"
@@ -74,7 +75,7 @@ import_check "$work/venv/bin/python"
 stage "2b. python/tests against the installed wheel"
 # From the repository root, whose python/ is not on sys.path: the tests
 # import the installed symm (SYMM_REQUIRE_WHEEL: and check that they do).
-SYMM_REQUIRE_WHEEL=1 SYMM_REQUIRE_JAX=1 "$work/venv/bin/python" -m pytest "$repo/python/tests" -q -p no:cacheprovider
+SYMM_REQUIRE_WHEEL=1 SYMM_REQUIRE_JAX=1 SYMM_REQUIRE_FASTCALL_EXT=1 "$work/venv/bin/python" -m pytest "$repo/python/tests" -q -p no:cacheprovider
 
 stage "3. $install_src_line"
 python3 -m venv "$work/venv-src"

@@ -16,10 +16,15 @@ Adjustments to setuptools-rust's defaults:
   (``libsymm.cpython-311-x86_64-linux-gnu.so``): ctypes loads it, Python
   never imports it;
 - the wheel is tagged ``py3-none-<platform>``: it holds native code for one
-  platform but calls no Python C API, so any Python 3 can use it;
+  platform, and any Python 3 can use it. Its one Python extension,
+  ``symm._fastcall_ext`` (the plain calls' hit path in C), is built against
+  the stable ABI of CPython 3.10 and is optional: where it does not load (an
+  older or another interpreter) or could not be built, ``symm._fastcall``
+  runs the same path in Python;
 - an editable install (``pip install -e python``) builds no library: the
   loader then takes the repository's ``target/release/libsymm.so``, so a
-  ``cargo build`` is seen without reinstalling;
+  ``cargo build`` is seen without reinstalling (the extension is built, in
+  place);
 - cargo builds exactly what ``cargo build --release`` builds and sees the
   same ``PATH``, so that after a ``cargo build --release`` the wheel reuses
   the compiled crate instead of compiling it again (minutes): both crate
@@ -30,7 +35,7 @@ Adjustments to setuptools-rust's defaults:
 
 import os
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools_rust import Binding, RustExtension, Strip, build_rust
 
@@ -50,6 +55,19 @@ def _in_pip_build_env(directory):
 
 
 CARGO_TOML = os.path.join("..", "Cargo.toml")
+
+# The stable ABI of CPython 3.10 (METH_FASTCALL and PyObject_CallNoArgs
+# entered it then): one binary for every newer CPython.
+FASTCALL_EXT = Extension(
+    "symm._fastcall_ext",
+    sources=["symm/_fastcall_ext.c"],
+    include_dirs=[os.path.join("..", "include")],  # symm.h: the operations' prototypes
+    define_macros=[("Py_LIMITED_API", "0x030A0000")],
+    py_limited_api=True,
+    libraries=["m"],
+    extra_compile_args=["-O2"],
+    optional=True,
+)
 
 
 class BuildRust(build_rust):
@@ -87,6 +105,7 @@ setup(
             debug=False,
         )
     ],
+    ext_modules=[FASTCALL_EXT],
     cmdclass={"build_rust": BuildRust, "bdist_wheel": BdistWheel},
     zip_safe=False,
 )

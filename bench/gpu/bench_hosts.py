@@ -37,6 +37,9 @@ bf16. Ops (records' `op`, `shape` as DESIGN.md's format names them):
   reduce-scatter alone, `mm_only` the matmul alone.
 - hosts_ag_mm [M gathered rows, K, N per rank]: symm.fused_ag_mm; `nccl`
   dist.all_gather_into_tensor then torch.matmul; `comm_only`, `mm_only`.
+- host_time_allgather, host_time_allreduce [bytes per rank]: the host's
+  time to enqueue one small call (`host_us`; symm's split into
+  `library_us` and `python_us`), not timed on the GPU (`host_time`).
 Every record carries `transport` and `hosts` (the pretend hosts of the
 run). Before timing and after it, every symm output (poisoned with NaN
 first) is checked: gathers bit for bit against NCCL's, sums and products
@@ -50,6 +53,7 @@ functions, importable without torch (python/tests/test_bench_hosts.py).
 """
 import argparse
 import faulthandler
+import functools
 import json
 import os
 import sys
@@ -66,7 +70,9 @@ AG_MM = [families.Case("ag_mm", 16384, 8192, 16384), families.Case("ag_mm", 8192
          families.Case("ag_mm", 2048, 8192, 28672)]
 MM_RS = [families.Case("mm_rs", 16384, 8192, 8192), families.Case("mm_rs", 8192, 28672, 8192),
          families.Case("mm_rs", 2048, 28672, 8192)]
-OPS = ("allgather", "allreduce", "mm_rs", "ag_mm")
+OPS = ("allgather", "allreduce", "mm_rs", "ag_mm", "host_time")
+# Bytes per rank of the small calls whose host time `host_time` measures.
+HOST_TIME_BYTES = 64 << 10
 TRANSPORTS = ("network", "default")
 # NCCL kept to its network transport.
 NETWORK_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
@@ -368,6 +374,86 @@ def bench_ag_mm(b, groups, shapes, extra):
         time_case(b, "hosts_ag_mm", (m, k, n), fns, checks, extra)
 
 
+def kernel_times(fn, sync):
+    """[(kernel name, GPU us)] of one call of `fn` (torch.profiler's CUDA
+    records) after a first, unprofiled one: the device's part of a call,
+    without the host's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    return [(e.name, e.device_time_total) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0]
+
+
+def bench_host_time(b, groups, extra):
+    """The CPU's time per call (us) to enqueue the small all-gather and
+    all-reduce (HOST_TIME_BYTES per rank), symm's split into its Python
+    wrapper and the library, next to NCCL's through torch.distributed, with
+    the CUDA driver and runtime calls one call makes and its kernels' GPU
+    time at this size and at 16 MB (rank 0 prints them), and a profile of
+    symm's Python wrapper across hosts. At this size the
+    host's time is most of what `hosts_allgather` times."""
+    import symm
+    import symm.ops
+    import torch
+    import torch.distributed as dist
+    from host_overhead import Timed, driver_calls, host_times, python_profile
+
+    timed = Timed(symm.ops.lib)
+    symm.ops.lib = timed
+
+    def sync():
+        torch.cuda.synchronize()
+        dist.barrier()
+
+    # The small size, and a large one for the GPU's part alone.
+    inputs = {n: torch.randn(n, device="cuda", dtype=torch.bfloat16) for n in (HOST_TIME_BYTES // 2, 8 << 20)}
+    outputs = {n: (torch.empty(b.world * n, device="cuda", dtype=torch.bfloat16),
+                   torch.empty(n, device="cuda", dtype=torch.bfloat16)) for n in inputs}
+    x, large = inputs.values()
+
+    def calls(op, impl, n):
+        """The call of `impl` (a symm group's name, or nccl) on n elements."""
+        x, (gathered, summed) = inputs[n], outputs[n]
+        g = groups.get(impl)
+        if op == "allgather":
+            return (lambda: symm.lc_allgather(g, x, out=gathered)) if g else \
+                (lambda: dist.all_gather_into_tensor(gathered, x))
+        return (lambda: symm.all_reduce(g, x, out=summed)) if g else (lambda: dist.all_reduce(summed))
+
+    try:
+        for op in ("allgather", "allreduce"):
+            for impl in (*groups, "nccl"):
+                fn = calls(op, impl, x.numel())
+                fn_of = functools.partial(calls, op, impl)
+                for _ in range(3):
+                    fn()
+                host_us, lib_us = host_times(fn, 20, 30, sync, timed if impl != "nccl" else None)
+                api = driver_calls(fn, sync)
+                lib = {"library_us": round(lib_us, 1), "python_us": round(host_us - lib_us, 1)} if impl != "nccl" else {}
+                rec = {"op": f"host_time_{op}", "shape": [HOST_TIME_BYTES], "dtype": "bf16", "impl": impl,
+                       "host_us": round(host_us, 1), **lib, "world": b.world, **extra}
+                b.records.append(rec)
+                kernels = {n: kernel_times(fn_of(n), sync) for n in (x.numel(), large.numel())}
+                if b.rank == 0:
+                    print(json.dumps(rec), flush=True)
+                    for name, (count, us) in sorted(api.items(), key=lambda kv: -kv[1][1])[:10]:
+                        print(f"    {name:40s} x{count:3d} {us:8.1f} us", flush=True)
+                    for n, ks in kernels.items():
+                        shown = ", ".join(f"{k[:48]} {us:.1f} us" for k, us in ks)
+                        print(f"    GPU at {2 * n >> 10} KB per rank: {shown}", flush=True)
+            report = python_profile(calls(op, "symm", x.numel()), sync)
+            if b.rank == 0:
+                print(f"profile of symm's {op} across hosts (Python):\n{report}", flush=True)
+    finally:
+        symm.ops.lib = timed.lib
+
+
 def main(argv=None):
     args = parse_args(argv)
     rank, world, local = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
@@ -416,6 +502,8 @@ def main(argv=None):
         bench_mm_rs(b, groups, shapes["mm_rs"], extra)
     if "ag_mm" in only:
         bench_ag_mm(b, groups, shapes["ag_mm"], extra)
+    if "host_time" in only:
+        bench_host_time(b, groups, extra)
     for g in groups.values():
         g.check_async_error()
     if rank == 0:

@@ -19,6 +19,12 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "rlib" in m["target"]["kind"]:
         print(m["executable"])' | tail -1)
 cp "$tests" bundle/symm-lib-tests
+# The plain calls' C path (python/setup.py's stable-ABI extension, built in
+# place by the editable install, as .ci/test builds it); unpack.sh puts it
+# back into python/symm/ on the device.
+[ -x .venv/bin/pip ] || python3 -m venv .venv
+.venv/bin/pip install -q --no-deps -e python
+cp python/symm/_fastcall_ext.abi3.so bundle/
 # Debug info would push the bundle past what the device tool carries (64 MiB).
 strip --strip-debug bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
 # Each of them embeds the kernels: compressed (bench/gpu/unpack.sh restores

@@ -1,6 +1,7 @@
 """Host time of one symm call: how long the CPU takes to enqueue an
 operation, split into the Python wrapper and the library call, next to a
-torch.matmul of the same shape, and the driver calls the library makes
+torch.matmul of the same shape (plain calls on the compiled C path where
+`symm._fastcall_ext` is built, and on the Python path: `_python`), and the driver calls the library makes
 (torch.profiler's CUPTI driver/runtime records) with their host durations;
 each symm call plain and bound once (`symm.bind`, impl `..._bound`).
 
@@ -65,6 +66,18 @@ def host_times(fn, calls, batches, sync, timed=None):
     return statistics.median(per_call), statistics.median(in_lib)
 
 
+def cold_host_us(fn, samples, sync):
+    """Median host us of one call made right after the ranks met (`sync`),
+    as the benchmark's samples make theirs: caches cold after the wait."""
+    times = []
+    for _ in range(samples):
+        sync()
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(times)
+
+
 def driver_calls(fn, sync):
     """(name -> [count, total host us]) of CUDA API records during one call."""
     import torch
@@ -111,8 +124,9 @@ def rank_main(rank, world, uid, device, args, queue):
     torch.cuda.set_device(device)
     g = symm.Group.from_unique_id(uid, world, rank, device=device, backend="cuda", timeout_ms=120000,
                                   allow_shared_device=True)
-    timed = Timed(symm.ops.lib)
-    symm.ops.lib = timed
+    from symm import _fastcall
+
+    real, timed, ext = symm.ops.lib, Timed(symm.ops.lib), _fastcall._ext
     stream = torch.cuda.current_stream()
 
     def sync():
@@ -150,17 +164,35 @@ def rank_main(rank, world, uid, device, args, queue):
                     symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=c, stream=stream.cuda_stream, algorithm=algo
                 )
         mm_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        matmul_us, _ = host_times(lambda: torch.matmul(full, w, out=mm_out), args.calls, args.batches, sync)
+        matmul = lambda: torch.matmul(full, w, out=mm_out)  # noqa: E731
+        matmul_us, _ = host_times(matmul, args.calls, args.batches, sync)
+        matmul_cold_us = cold_host_us(matmul, args.batches, sync)
         for algo in FUSED_ALGOS if args.gpus >= world else ALGOS:
-            # The plain call, then the same call bound once (symm.bind).
+            # The plain call (on the C path where _fastcall_ext is built, and
+            # on Python's: `_python`), then the same call bound once (symm.bind).
             plain = functools.partial(call, algo)
-            for impl, fn in ((f"symm_{algo}", plain), (f"symm_{algo}_bound", bind(algo))):
-                c.fill_(float("nan"))
-                fn()  # eager: the reference for the replays below
-                eager = c.clone()
-                for _ in range(3):
-                    fn()
-                host_us, lib_us = host_times(fn, args.calls, args.batches, sync, timed)
+            paths = [(f"symm_{algo}", lambda: plain, ext), (f"symm_{algo}_bound", functools.partial(bind, algo), ext)]
+            if ext is not None:
+                paths.insert(1, (f"symm_{algo}_python", lambda: plain, None))
+            for impl, make, path in paths:
+                # Host time with the library as it is, then the library's
+                # share of it under the timing wrapper (no ctypes function:
+                # wrapped calls never take the C path's `native`).
+                for lib in (timed, real):
+                    symm.ops.lib, _fastcall._ext = lib, path
+                    g._calls.clear()
+                    fn = make()
+                    c.fill_(float("nan"))
+                    fn()  # eager: the reference for the replays below
+                    eager = c.clone()
+                    for _ in range(3):
+                        fn()
+                    if lib is timed:
+                        _, lib_us = host_times(fn, args.calls, args.batches, sync, timed)
+                        continue
+                    host_us, _ = host_times(fn, args.calls, args.batches, sync)
+                    cold_us = cold_host_us(fn, args.batches, sync)
+                    break
                 api = driver_calls(fn, sync)
                 c.fill_(float("nan"))
                 fn()
@@ -173,6 +205,7 @@ def rank_main(rank, world, uid, device, args, queue):
                 out.append({"op": op, "shape": [m, k, n], "impl": impl, "rank": rank, "world": world,
                             "host_us": round(host_us, 1), "library_us": round(lib_us, 1),
                             "python_us": round(host_us - lib_us, 1), "torch_matmul_host_us": round(matmul_us, 1),
+                            "cold_host_us": round(cold_us, 1), "torch_matmul_cold_us": round(matmul_cold_us, 1),
                             "api": {k: [v[0], round(v[1], 1)] for k, v in sorted(api.items(), key=lambda x: -x[1][1])}})
     g.close()
     queue.put(out)

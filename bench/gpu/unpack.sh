@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: restores the executables build-bundle.sh compressed
-# (run.sh and sanitize.sh call it; idempotent).
+# and puts the Python extension it built into the package (run.sh,
+# checks.sh and sanitize.sh call it; idempotent).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 for f in bundle/*.gz; do
@@ -8,3 +9,6 @@ for f in bundle/*.gz; do
     [ -x "${f%.gz}" ] && [ "${f%.gz}" -nt "$f" ] && continue
     gunzip -kf "$f" && chmod +x "${f%.gz}"
 done
+if [ -e bundle/_fastcall_ext.abi3.so ]; then
+    cp bundle/_fastcall_ext.abi3.so python/symm/
+fi

@@ -12,15 +12,27 @@ writes the arrays' addresses into the kept C descriptors and allocates
 the outputs the call allocates; the library checks, and agrees on, every
 call as always. Anything else (tensors needing DLPack's exchange: those
 requiring grad, conjugate or negative views, other layouts; other array
-types, stream objects) takes the full preparation every time."""
+types, stream objects) takes the full preparation every time.
 
+Where the compiled ``_fastcall_ext`` loads (CPython 3.10 or newer), the
+hit path runs in C: the same key, and the kept call of one of the four
+operations it knows (``Native``) made by its C function directly; a miss
+comes back here (``slow_call``). Without it, all of this runs in Python."""
+
+import ctypes
 import math
 import sys
 import threading
 
 import numpy as np
 
+from . import _lib
 from ._stream import current_torch_stream
+
+try:
+    from . import _fastcall_ext as _ext
+except ImportError:  # not built (a source tree), or an interpreter older than its ABI
+    _ext = None
 
 MAX_CALLS = 64  # kinds of call kept per operation and group (the oldest go)
 
@@ -147,11 +159,13 @@ class Template:
     writes its descriptors: another thread's call of the same kind then
     prepares its own."""
 
-    __slots__ = ("fn", "args", "writes", "makers", "result", "busy")
+    __slots__ = ("fn", "args", "writes", "makers", "result", "busy", "native")
 
     def __init__(self, fn, args, writes, makers, result):
         self.fn, self.args, self.writes, self.makers, self.result = fn, args, writes, makers, result
         self.busy = threading.Lock()
+        # The same call for the C path (which has its own busy flag), or None.
+        self.native = _native(fn, args, writes, makers, result) if _ext is not None else None
 
     @classmethod
     def of(cls, call, objs):
@@ -213,18 +227,62 @@ def _built(spec, objs):
     return kind([_built(s, objs) for s in items])
 
 
+# The operations the C path makes itself, by their C functions (in
+# _fastcall_ext.c's enum Op order).
+_NATIVE_OPS = {"symm_fused_ag_mm": 0, "symm_mm_rs": 1, "symm_lc_allgather": 2, "symm_all_reduce": 3}
+_WORD = (1 << 64) - 1
+
+
+def _word(x):
+    """A C argument as ctypes passes it, as a machine word (an int), or None."""
+    if x is None:
+        return 0
+    if type(x) is int or type(x) is bool:
+        return int(x) & _WORD  # two's complement: the callee reads the int it declares
+    if isinstance(x, (ctypes.Structure, ctypes.Array)):
+        return ctypes.addressof(x)  # given where a pointer is declared: passed by reference
+    if isinstance(x, ctypes._Pointer):
+        return ctypes.cast(x, ctypes.c_void_p).value or 0
+    return None
+
+
+def _native(fn, args, writes, makers, result):
+    """The kept call as a ``_fastcall_ext.Native``, or None where it is not
+    one of ``_NATIVE_OPS`` made by its ctypes function (wrapped, say)."""
+    op = _NATIVE_OPS.get(getattr(fn, "__name__", None))
+    if op is None or not isinstance(fn, ctypes._CFuncPtr):
+        return None
+    words = [_word(a) for a in args]
+    if None in words:
+        return None
+    data = _lib.Tensor.data.offset
+    at = tuple((i, ctypes.addressof(desc) + data) for i, desc in writes)
+    address = ctypes.cast(fn, ctypes.c_void_p).value
+    return _ext.Native(op, address, tuple(words), at, tuple(makers), result, (args, writes))
+
+
 def call(group, prepare_call, args, kwargs):
     """``prepare_call(group, *args, **kwargs)()``, through the group's cache."""
+    if _ext is not None:
+        return _ext.call(group, prepare_call, args, kwargs)
     caches = getattr(group, "_calls", None)
-    found = None if caches is None else key_of(args, kwargs)
+    return slow_call(group, prepare_call, args, kwargs, None if caches is None else key_of(args, kwargs))
+
+
+def slow_call(group, prepare_call, args, kwargs, found):
+    """``call`` given ``found``, ``key_of``'s result (None: no key): a
+    kept call made in Python, or a call prepared in full (and kept where
+    new). The C path comes here for all but its own hits, so a template
+    with a ``native`` found here is in use by another thread."""
     if found is None:
         return prepare_call(group, *args, **kwargs)()
+    caches = group._calls
     key, objs, ptrs = found
     cache = caches.get(prepare_call)
     if cache is None:
         cache = caches.setdefault(prepare_call, {})
     template = cache.get(key)
-    if template is not None and template.busy.acquire(False):
+    if template is not None and template.native is None and template.busy.acquire(False):
         try:
             return template(group, objs, ptrs)
         finally:
@@ -238,3 +296,15 @@ def call(group, prepare_call, args, kwargs):
                 del cache[next(iter(cache))]  # the oldest kept
             cache[key] = template
     return result
+
+
+def _ext_torch_probe():
+    """Gives the C path torch's types (it asks on every call until then)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _ext.set_torch(torch.Tensor, torch.strided, get or (lambda dev: current_torch_stream(torch, dev)))
+
+
+if _ext is not None:
+    _ext.configure(np.ndarray, slow_call, _ext_torch_probe)

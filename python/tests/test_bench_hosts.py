@@ -36,7 +36,7 @@ def test_imports_and_helps_without_torch():
 def test_arguments():
     args = bench_hosts.parse_args(["--out", "d"])
     assert (args.transport, args.hosts, args.quick, args.iters, args.only) == (
-        "network", None, False, 20, "allgather,allreduce,mm_rs,ag_mm")
+        "network", None, False, 20, "allgather,allreduce,mm_rs,ag_mm,host_time")
     args = bench_hosts.parse_args(["--out", "d", "--quick", "--transport", "default", "--hosts", "2", "--only", "ag_mm"])
     assert (args.transport, args.hosts, args.iters, args.only) == ("default", 2, 10, "ag_mm")
     for bad in (["--out", "d", "--only", "allgather,gemm"], ["--out", "d", "--transport", "ib"], []):

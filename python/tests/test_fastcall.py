@@ -2,15 +2,53 @@
 arrays: a repeated call reuses its prepared call and gives the fresh
 call's result; any change to what the preparation read (shape, strides,
 dtype, aliasing, keywords, stream) prepares anew; an array at a kept
-call's address is read anew. Outputs poisoned, references in float64."""
+call's address is read anew. Outputs poisoned, references in float64.
+Every test runs on both paths of a call: the compiled one
+(``symm._fastcall_ext``, whose keys must equal Python's) and Python's."""
+
+import contextlib
+import os
 
 import numpy as np
 import pytest
 from ranks import on_threads
 
 import symm
+from symm import _fastcall
 
 WORLD = 2
+EXT = _fastcall._ext  # None where it is not built
+
+
+def call_path(request, monkeypatch):
+    """The `path` fixture's body (test_fastcall_torch.py shares it)."""
+    if request.param == "python":
+        monkeypatch.setattr(_fastcall, "_ext", None)
+    elif EXT is None:
+        if os.environ.get("SYMM_REQUIRE_FASTCALL_EXT") == "1":  # CI: it must have been built
+            pytest.fail("symm._fastcall_ext is not built")
+        pytest.skip("symm._fastcall_ext is not built")
+    return request.param
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def path(request, monkeypatch):
+    return call_path(request, monkeypatch)
+
+
+@contextlib.contextmanager
+def in_use(template):
+    """The kept call held as another thread's call holds it: the C path's
+    flag where it runs the call, else the Python path's lock."""
+    if template.native is not None:
+        template.native.busy = True
+        try:
+            yield
+        finally:
+            template.native.busy = False
+    else:
+        with template.busy:
+            yield
 
 
 def groups():
@@ -184,9 +222,9 @@ def test_read_only_output_still_refused():
 
 
 def test_kept_call_in_use_is_not_shared():
-    """While a kept call writes its descriptors (its ``busy`` lock held, as
-    by another thread), a call of the same kind prepares its own, and is
-    right; the kept one is used again once free."""
+    """While a kept call writes its descriptors (held as by another
+    thread), a call of the same kind prepares its own, and is right; the
+    kept one is used again once free."""
     xs = inputs((4, 8))
 
     def rank_main(g):
@@ -194,7 +232,7 @@ def test_kept_call_in_use_is_not_shared():
         symm.all_reduce(g, xs[g.rank], out=out)
         (cache,) = g._calls.values()
         (template,) = cache.values()
-        with template.busy:
+        with in_use(template):
             other = np.full((4, 8), np.nan, np.float32)
             symm.all_reduce(g, xs[g.rank], out=other)
         again = np.full((4, 8), np.nan, np.float32)
@@ -205,3 +243,78 @@ def test_kept_call_in_use_is_not_shared():
         np.testing.assert_allclose(other, summed(xs), rtol=1e-6)
         np.testing.assert_allclose(again, summed(xs), rtol=1e-6)
         assert same_kept
+
+
+class Sub(np.ndarray):
+    pass
+
+
+def test_keys_agree_between_the_paths(path):
+    """The C path's key, arrays and addresses are Python's, for every kind
+    of argument the key describes; what it does not describe is None on both."""
+    if path != "c":
+        pytest.skip("compares the C path with Python's")
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    ro = np.ones(3, np.int64)
+    ro.flags.writeable = False
+    cases = [
+        ((a,), {}),
+        ((a, a.T, a[::2]), {"out": a[:, 1:], "op": "sum"}),
+        ((a, a), {"scale": 0.5}),  # aliasing
+        ((a,), {"x": -0.0, "y": 0.0, "z": float("nan"), "n": None, "b": True, "i": -3, "s": "avg"}),
+        (([a, (ro, [a.astype(np.float16)])], 7), {"k": (1, 2.5)}),
+        ((), {}),
+        ((a, {"not": "described"}), {}),
+        ((a.view(Sub),), {}),  # a subclass: not described
+        ((a,), {"f": object()}),
+    ]
+    for args, kwargs in cases:
+        mine, theirs = EXT.key_of(args, kwargs), _fastcall.key_of(args, kwargs)
+        if theirs is None:
+            assert mine is None, (args, kwargs)
+            continue
+        assert mine[0] == theirs[0] and hash(mine[0]) == hash(theirs[0]), (args, kwargs)
+        assert [id(x) for x in mine[1]] == [id(x) for x in theirs[1]]
+        assert mine[2] == theirs[2]
+
+
+def test_the_four_operations_run_in_c(path):
+    """On the C path a kept fused_ag_mm, mm_rs, lc_allgather and all_reduce
+    each run from C (a ``native`` call), with the fresh call's results."""
+    a, b = inputs((4, 8)), inputs((8, 6), seed=6)
+
+    def rank_main(g):
+        me, got = g.rank, []
+        for _ in range(3):
+            out = [np.full((8, 6), np.nan, np.float32)]
+            symm.fused_ag_mm(g, a[me], [b[0]], 0, out=out)
+            rs = symm.mm_rs(g, a[me], b[me], 0, out=np.full((2, 6), np.nan, np.float32))
+            ag = symm.lc_allgather(g, a[me], out=np.full((8, 8), np.nan, np.float32))
+            ar = symm.all_reduce(g, a[me], op="avg")
+            got.append((out[0], rs, ag, ar))
+        natives = [t.native is not None for c in g._calls.values() for t in c.values()]
+        return natives, got
+
+    products = summed([x @ y for x, y in zip(a, b)])
+    for rank, (natives, got) in enumerate(on_threads(rank_main, groups())):
+        assert len(natives) == 4 and all(natives) == (path == "c"), natives
+        for mm, rs, ag, ar in got:
+            np.testing.assert_allclose(mm, np.concatenate(a).astype(np.float64) @ b[0], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(rs, products[2 * rank : 2 * rank + 2], rtol=1e-4, atol=1e-4)
+            np.testing.assert_array_equal(ag, np.concatenate(a))
+            np.testing.assert_allclose(ar, summed(a) / WORLD, rtol=1e-6)
+
+
+def test_a_kept_call_that_fails_raises():
+    """A kept call the library refuses (the group aborted) raises its error."""
+
+    def rank_main(g):
+        x = np.ones(4, np.float32)
+        symm.all_reduce(g, x)
+        symm.all_reduce(g, x)
+        g.abort()
+        with pytest.raises((symm.SymmAbortedError, symm.SymmRemoteError)):
+            symm.all_reduce(g, x)
+        return kept(g)
+
+    assert on_threads(rank_main, groups()) == [1] * WORLD

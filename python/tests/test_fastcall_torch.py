@@ -1,16 +1,51 @@
 """The kept calls of the plain operations on CPU torch tensors (the host
 backend): repeats reuse the prepared call; new tensors, transposed views,
 dtypes, outputs and streams give the fresh result; tensors the direct
-reader does not describe (requiring grad) are never kept."""
+reader does not describe (requiring grad) are never kept. On both paths of
+a call, as test_fastcall.py."""
 
 import numpy as np
 import pytest
 from ranks import on_threads
+from test_fastcall import EXT, call_path
 
 import symm
+from symm import _fastcall
 
 torch = pytest.importorskip("torch")
 WORLD = 2
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def path(request, monkeypatch):
+    return call_path(request, monkeypatch)
+
+
+def test_keys_agree_between_the_paths(path):
+    """The C path's keys of torch tensors are Python's; tensors it does not
+    describe (requiring grad, conjugate or negative views) are None on both."""
+    if path != "c":
+        pytest.skip("compares the C path with Python's")
+    a = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    z = torch.ones(3, dtype=torch.complex64)
+    cases = [
+        ((a,), {}),
+        ((a, a.t(), a[::2].to(torch.bfloat16)), {"out": [a[:, 1:]], "op": "sum"}),
+        ((a, a), {}),
+        ((a, np.ones(2, np.float32)), {"w": [a.int()]}),
+        ((a.requires_grad_(False), torch.ones(2, requires_grad=True)), {}),
+        ((z.conj(),), {}),
+        ((torch.ones(2)._neg_view(),), {}),
+        ((torch.ones(2, device="meta"),), {}),
+    ]
+    for args, kwargs in cases:
+        mine, theirs = EXT.key_of(args, kwargs), _fastcall.key_of(args, kwargs)
+        if theirs is None:
+            assert mine is None, (args, kwargs)
+            continue
+        assert mine[0] == theirs[0] and hash(mine[0]) == hash(theirs[0]), (args, kwargs)
+        assert [id(x) for x in mine[1]] == [id(x) for x in theirs[1]]
+        assert mine[2] == theirs[2]
 
 
 def groups():
