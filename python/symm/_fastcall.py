@@ -15,7 +15,7 @@ requiring grad, conjugate or negative views, other layouts; other array
 types, stream objects) takes the full preparation every time.
 
 Where the compiled ``_fastcall_ext`` loads (CPython 3.10 or newer), the
-hit path runs in C: the same key, and the kept call of one of the four
+hit path runs in C: the same key, and the kept call of one of the five
 operations it knows (``Native``) made by its C function directly; a miss
 comes back here (``slow_call``). Without it, all of this runs in Python."""
 
@@ -229,7 +229,13 @@ def _built(spec, objs):
 
 # The operations the C path makes itself, by their C functions (in
 # _fastcall_ext.c's enum Op order).
-_NATIVE_OPS = {"symm_fused_ag_mm": 0, "symm_mm_rs": 1, "symm_lc_allgather": 2, "symm_all_reduce": 3}
+_NATIVE_OPS = {
+    "symm_fused_ag_mm": 0,
+    "symm_mm_rs": 1,
+    "symm_lc_allgather": 2,
+    "symm_all_reduce": 3,
+    "symm_all_reduce_rmsnorm": 4,
+}
 _WORD = (1 << 64) - 1
 
 
@@ -239,6 +245,8 @@ def _word(x):
         return 0
     if type(x) is int or type(x) is bool:
         return int(x) & _WORD  # two's complement: the callee reads the int it declares
+    if type(x) is float:  # a C float (the one float any of _NATIVE_OPS takes): its bits
+        return int.from_bytes(bytes(ctypes.c_float(x)), sys.byteorder)
     if isinstance(x, (ctypes.Structure, ctypes.Array)):
         return ctypes.addressof(x)  # given where a pointer is declared: passed by reference
     if isinstance(x, ctypes._Pointer):

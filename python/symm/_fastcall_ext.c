@@ -10,7 +10,7 @@
  * everything else (a miss, a call the key does not describe, a kept call in
  * use by another thread) goes back to _fastcall.slow_call. A kept call runs
  * here when _fastcall made a `Native` for it: the operation's C function
- * (one of the four whose prototypes are below, checked against symm.h at
+ * (one of the five whose prototypes are below, checked against symm.h at
  * compile time) and its arguments as machine words.
  *
  * Built against the stable ABI (CPython 3.10 and newer, one binary); the
@@ -325,10 +325,18 @@ static PyObject *py_key_of(PyObject *self, PyObject *const *argv, Py_ssize_t arg
 
 /* --- a kept call, run from C ------------------------------------------- */
 
-enum Op { AG_MM, MM_RS, LC_ALLGATHER, ALL_REDUCE, OPS };
+enum Op { AG_MM, MM_RS, LC_ALLGATHER, ALL_REDUCE, ALL_REDUCE_RMSNORM, OPS };
 
 /* Words after the group each operation takes. */
-static const int OP_WORDS[OPS] = {8, 7, 3, 5};
+static const int OP_WORDS[OPS] = {8, 7, 3, 5, 8};
+
+/* A float argument's word: its bits in the low 32. */
+static float float_of(uint64_t w) {
+    uint32_t bits = (uint32_t)w;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 typedef struct {
     PyObject_HEAD
@@ -363,10 +371,15 @@ static symm_status_t invoke(const Native *n, uint64_t group) {
         return ((__typeof__(symm_lc_allgather) *)n->fn)((symm_group_t)(uintptr_t)group,
                                                         P(0, const symm_tensor_t *), P(1, const symm_tensor_t *),
                                                         P(2, void *));
-    default: /* ALL_REDUCE */
+    case ALL_REDUCE:
         return ((__typeof__(symm_all_reduce) *)n->fn)((symm_group_t)(uintptr_t)group, P(0, const symm_tensor_t *),
                                                       P(1, const symm_tensor_t *), I(2, symm_reduce_op_t),
                                                       P(3, const symm_all_reduce_options_t *), P(4, void *));
+    default: /* ALL_REDUCE_RMSNORM */
+        return ((__typeof__(symm_all_reduce_rmsnorm) *)n->fn)(
+            (symm_group_t)(uintptr_t)group, P(0, const symm_tensor_t *), P(1, const symm_tensor_t *),
+            P(2, const symm_tensor_t *), float_of(w[3]), P(4, const symm_tensor_t *), P(5, const symm_tensor_t *),
+            P(6, const symm_all_reduce_options_t *), P(7, void *));
     }
 #undef P
 #undef I
@@ -380,7 +393,8 @@ static uint64_t word_of(PyObject *o, int *ok) {
 
 /* Native(op, fn, words, writes, makers, result, keep): `op` an index of
  * enum Op, `fn` the C function's address, `words` its arguments after the
- * group (ints: addresses, or integer arguments as two's complement),
+ * group (ints: addresses, integer arguments as two's complement, a float's
+ * bits),
  * `writes` ((array index, address of a descriptor's data), ...). */
 static PyObject *native_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     int op;

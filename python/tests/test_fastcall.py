@@ -278,10 +278,12 @@ def test_keys_agree_between_the_paths(path):
         assert mine[2] == theirs[2]
 
 
-def test_the_four_operations_run_in_c(path):
-    """On the C path a kept fused_ag_mm, mm_rs, lc_allgather and all_reduce
-    each run from C (a ``native`` call), with the fresh call's results."""
+def test_the_five_operations_run_in_c(path):
+    """On the C path a kept fused_ag_mm, mm_rs, lc_allgather, all_reduce and
+    all_reduce_rmsnorm each run from C (a ``native`` call), with the fresh
+    call's results."""
     a, b = inputs((4, 8)), inputs((8, 6), seed=6)
+    res, w = inputs((4, 8), seed=7), np.linspace(0.5, 1.5, 8).astype(np.float32)
 
     def rank_main(g):
         me, got = g.rank, []
@@ -291,18 +293,23 @@ def test_the_four_operations_run_in_c(path):
             rs = symm.mm_rs(g, a[me], b[me], 0, out=np.full((2, 6), np.nan, np.float32))
             ag = symm.lc_allgather(g, a[me], out=np.full((8, 8), np.nan, np.float32))
             ar = symm.all_reduce(g, a[me], op="avg")
-            got.append((out[0], rs, ag, ar))
+            norm = symm.all_reduce_rmsnorm(g, a[me], res[me], w, eps=0.25)
+            got.append((out[0], rs, ag, ar, norm))
         natives = [t.native is not None for c in g._calls.values() for t in c.values()]
         return natives, got
 
     products = summed([x @ y for x, y in zip(a, b)])
     for rank, (natives, got) in enumerate(on_threads(rank_main, groups())):
-        assert len(natives) == 4 and all(natives) == (path == "c"), natives
-        for mm, rs, ag, ar in got:
+        assert len(natives) == 5 and all(natives) == (path == "c"), natives
+        r = summed(a) + res[rank]
+        for mm, rs, ag, ar, (o, ro) in got:
             np.testing.assert_allclose(mm, np.concatenate(a).astype(np.float64) @ b[0], rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(rs, products[2 * rank : 2 * rank + 2], rtol=1e-4, atol=1e-4)
             np.testing.assert_array_equal(ag, np.concatenate(a))
             np.testing.assert_allclose(ar, summed(a) / WORLD, rtol=1e-6)
+            np.testing.assert_allclose(ro, r, rtol=1e-5, atol=1e-5)
+            # eps reaches the library (its default is 1e-6): a float argument in C.
+            np.testing.assert_allclose(o, r / np.sqrt((r**2).mean(-1, keepdims=True) + 0.25) * w, rtol=1e-4, atol=1e-5)
 
 
 def test_a_kept_call_that_fails_raises():
