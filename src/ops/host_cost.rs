@@ -32,11 +32,14 @@ fn ones(g: &Gpu, bytes: usize) -> DevBuf {
     b
 }
 
+/// (graph launches, host time per call, of it in cuGraphLaunch).
+type Kept = (u64, Duration, Duration);
+
 /// Graph launches made by `BATCHES` batches of `CALLS` calls of `call` on
 /// this rank, after a warm-up, and the host time of a call and of its
 /// cuGraphLaunch (averages); every rank drains its stream and meets the
 /// others before each batch.
-fn launches_after_warmup(call: &dyn Fn(), g: &Gpu, meet: &Barrier) -> (u64, Duration, Duration) {
+fn launches_after_warmup(call: &dyn Fn(), g: &Gpu, meet: &Barrier) -> Kept {
     for _ in 0..5 {
         call(); // eager, captured, then replayed
     }
@@ -93,7 +96,7 @@ fn gpu_repeated_calls_are_one_graph_launch_each() {
         })
         .collect();
     let meet = Barrier::new(2);
-    let results: Vec<Vec<(&str, (u64, Duration, Duration))>> = std::thread::scope(|sc| {
+    let results: Vec<Vec<(&str, Kept)>> = std::thread::scope(|sc| {
         let hs: Vec<_> = groups
             .iter()
             .zip(&bufs)
