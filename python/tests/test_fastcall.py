@@ -268,6 +268,13 @@ def test_keys_agree_between_the_paths(path):
         ((a.view(Sub),), {}),  # a subclass: not described
         ((a,), {"f": object()}),
     ]
+    assert_keys_agree(cases)
+
+
+def assert_keys_agree(cases):
+    """For every (args, kwargs) of `cases`: the C path's key, arrays and
+    addresses are Python's (None on both where the key does not describe
+    the call)."""
     for args, kwargs in cases:
         mine, theirs = EXT.key_of(args, kwargs), _fastcall.key_of(args, kwargs)
         if theirs is None:

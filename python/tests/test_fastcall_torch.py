@@ -7,10 +7,9 @@ a call, as test_fastcall.py."""
 import numpy as np
 import pytest
 from ranks import on_threads
-from test_fastcall import EXT, call_path
+from test_fastcall import assert_keys_agree, call_path
 
 import symm
-from symm import _fastcall
 
 torch = pytest.importorskip("torch")
 WORLD = 2
@@ -38,14 +37,7 @@ def test_keys_agree_between_the_paths(path):
         ((torch.ones(2)._neg_view(),), {}),
         ((torch.ones(2, device="meta"),), {}),
     ]
-    for args, kwargs in cases:
-        mine, theirs = EXT.key_of(args, kwargs), _fastcall.key_of(args, kwargs)
-        if theirs is None:
-            assert mine is None, (args, kwargs)
-            continue
-        assert mine[0] == theirs[0] and hash(mine[0]) == hash(theirs[0]), (args, kwargs)
-        assert [id(x) for x in mine[1]] == [id(x) for x in theirs[1]]
-        assert mine[2] == theirs[2]
+    assert_keys_agree(cases)
 
 
 def groups():
