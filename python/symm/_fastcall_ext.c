@@ -513,6 +513,17 @@ static PyObject *built(PyObject *spec, PyObject *objs) {
     return r;
 }
 
+/* group._check(status) for a failed call: raises, with the library's
+ * message (-1), as the Python path does. */
+static int checked(PyObject *group, symm_status_t status) {
+    PyObject *code = PyLong_FromLong(status);
+    PyObject *r = code ? PyObject_CallMethodObjArgs(group, s_check, code, NULL) : NULL;
+    Py_XDECREF(code);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 /* Runs the kept call `n` on the arrays of `f` (plus its allocated outputs). */
 static PyObject *run(Native *n, PyObject *group, Found *f) {
     Py_ssize_t makers = PyTuple_Size(n->makers);
@@ -548,14 +559,36 @@ static PyObject *run(Native *n, PyObject *group, Found *f) {
     status = invoke(n, g);
     Py_END_ALLOW_THREADS
     n->busy = 0;
-    if (status != SYMM_SUCCESS) { /* raises, with the library's message */
-        PyObject *code = PyLong_FromLong(status);
-        PyObject *r = code ? PyObject_CallMethodObjArgs(group, s_check, code, NULL) : NULL;
-        Py_XDECREF(code);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-    }
+    if (status != SYMM_SUCCESS && checked(group, status) < 0) return NULL;
     return built(n->result, f->objs);
+}
+
+/* call_bound(native, group): a bound call (symm.bind), its descriptors
+ * written once when it was bound. Calls may overlap: nothing is written. */
+static PyObject *py_call_bound(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    (void)self;
+    if (argc != 2 || Py_TYPE(argv[0]) != (PyTypeObject *)native_type) {
+        PyErr_SetString(PyExc_TypeError, "call_bound(native: Native, group)");
+        return NULL;
+    }
+    Native *n = (Native *)argv[0];
+    PyObject *group = argv[1];
+    if (n->nwrites != 0 || PyTuple_Size(n->makers) != 0) {
+        PyErr_SetString(PyExc_ValueError, "call_bound: a bound call writes no descriptor and makes no output");
+        return NULL;
+    }
+    PyObject *raw = PyObject_GetAttr(group, s_raw); /* raises once the group is closed */
+    if (raw == NULL) return NULL;
+    int ok;
+    uint64_t g = word_of(raw, &ok);
+    Py_DECREF(raw);
+    if (!ok) return NULL;
+    symm_status_t status;
+    Py_BEGIN_ALLOW_THREADS
+    status = invoke(n, g);
+    Py_END_ALLOW_THREADS
+    if (status != SYMM_SUCCESS && checked(group, status) < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 /* call(group, prepare_call, args, kwargs): _fastcall.call. */
@@ -633,6 +666,7 @@ static PyObject *py_set_torch(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"call", (PyCFunction)(void (*)(void))py_call, METH_FASTCALL, "_fastcall.call, its hit path in C."},
     {"key_of", (PyCFunction)(void (*)(void))py_key_of, METH_FASTCALL, "_fastcall.key_of, in C."},
+    {"call_bound", (PyCFunction)(void (*)(void))py_call_bound, METH_FASTCALL, "A bound call (symm.bind), from C."},
     {"configure", py_configure, METH_VARARGS, "configure(ndarray, slow_call, torch_probe)"},
     {"set_torch", py_set_torch, METH_VARARGS, "set_torch(Tensor, strided, stream_of)"},
     {NULL, NULL, 0, NULL},

@@ -89,22 +89,33 @@ def bind(operation, group, /, *args, **kwargs):
             "bind takes symm.fused_ag_mm, symm.mm_rs, symm.lc_allgather, symm.all_reduce or "
             f"symm.all_reduce_rmsnorm, not {operation!r}"
         )
-    return prepare_call(group, *args, **kwargs)
+    call = prepare_call(group, *args, **kwargs)
+    ext = _fastcall._ext
+    if ext is not None:  # made from C (_fastcall_ext), without ctypes' conversions
+        native = _fastcall._native(call.fn, call.args, (), (), None)
+        if native is not None:
+            call.native = functools.partial(ext.call_bound, native)
+    return call
 
 
 class _Call:
     """One collective call with its arguments read: the C function, its
     arguments, the arrays behind them (kept alive) and what the call
-    returns. Calling it makes the call; ``bind`` keeps it to call again."""
+    returns. Calling it makes the call; ``bind`` keeps it to call again
+    (`native`: through _fastcall_ext where it can)."""
 
-    __slots__ = ("group", "fn", "args", "keep", "result")
+    __slots__ = ("group", "fn", "args", "keep", "result", "native")
 
     def __init__(self, group, fn, args, keep, result):
         self.group, self.fn, self.args, self.keep, self.result = group, fn, args, keep, result
+        self.native = None
 
     def __call__(self):
         group = self.group
-        group._check(self.fn(group.raw, *self.args))
+        if self.native is not None:
+            self.native(group)
+        else:
+            group._check(self.fn(group.raw, *self.args))
         return self.result
 
     def __repr__(self):

@@ -332,3 +332,53 @@ def test_a_kept_call_that_fails_raises():
         return kept(g)
 
     assert on_threads(rank_main, groups()) == [1] * WORLD
+
+
+def test_bound_calls_on_both_paths(path):
+    """symm.bind's calls of the five operations: made from C on the C path
+    (``native``), through ctypes on Python's; each call reads the arrays'
+    values of now (changed in place between calls); a refused call raises,
+    and a closed group's."""
+    a, b = inputs((4, 8)), inputs((8, 6), seed=8)
+    res, w = inputs((4, 8), seed=9), np.linspace(0.5, 1.5, 8).astype(np.float32)
+
+    def rank_main(g):
+        me, x = g.rank, a[g.rank].copy()
+        mm, rs, ag = np.empty((8, 6), np.float32), np.empty((2, 6), np.float32), np.empty((8, 8), np.float32)
+        ar, o, ro = np.empty((4, 8), np.float32), np.empty((4, 8), np.float32), np.empty((4, 8), np.float32)
+        calls = [
+            symm.bind(symm.fused_ag_mm, g, x, [b[0]], 0, out=[mm]),
+            symm.bind(symm.mm_rs, g, x, b[me], 0, out=rs),
+            symm.bind(symm.lc_allgather, g, x, out=ag),
+            symm.bind(symm.all_reduce, g, x, out=ar),
+            symm.bind(symm.all_reduce_rmsnorm, g, x, res[me], w, eps=0.25, out=o, residual_out=ro),
+        ]
+        got = []
+        for step in range(3):
+            x[...] = a[me] * (step + 1)
+            for out in (mm, rs, ag, ar, o, ro):
+                out.fill(np.nan)
+            for call in calls:
+                call()
+            got.append([t.copy() for t in (mm, rs, ag, ar, o, ro)])
+        natives = [c.native is not None for c in calls]
+        g.abort()
+        with pytest.raises((symm.SymmAbortedError, symm.SymmRemoteError)):
+            calls[3]()
+        g.close()
+        with pytest.raises(symm.SymmInvalidHandle):
+            calls[3]()
+        return natives, got
+
+    for rank, (natives, got) in enumerate(on_threads(rank_main, groups())):
+        assert natives == [path == "c"] * 5
+        for step, (mm, rs, ag, ar, o, ro) in enumerate(got):
+            xs = [x.astype(np.float64) * (step + 1) for x in a]
+            np.testing.assert_allclose(mm, np.concatenate(xs) @ b[0], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(rs, summed([x @ y for x, y in zip(xs, b)])[2 * rank : 2 * rank + 2],
+                                       rtol=1e-4, atol=1e-4)
+            np.testing.assert_array_equal(ag, np.concatenate(xs).astype(np.float32))
+            np.testing.assert_allclose(ar, np.sum(xs, axis=0), rtol=1e-6)
+            r = np.sum(xs, axis=0) + res[rank]
+            np.testing.assert_allclose(ro, r, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(o, r / np.sqrt((r**2).mean(-1, keepdims=True) + 0.25) * w, rtol=1e-4, atol=1e-5)
