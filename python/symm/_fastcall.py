@@ -35,6 +35,7 @@ except ImportError:  # not built (a source tree), or an interpreter older than i
     _ext = None
 
 MAX_CALLS = 64  # kinds of call kept per operation and group (the oldest go)
+MAX_DEPTH = 8  # lists in lists the key describes (_fastcall_ext.c's too)
 
 
 class _Slow(Exception):
@@ -44,7 +45,7 @@ class _Slow(Exception):
 _SCALARS = {type(None), bool, int, str}
 
 
-def _part(x, objs, ptrs, torch, streams):
+def _part(x, objs, ptrs, torch, streams, depth=0):
     """The key of one argument, adding its arrays to ``objs`` and their
     addresses to ``ptrs``; None where the cache does not describe it.
     ``streams`` caches the current stream per CUDA device for this call."""
@@ -75,9 +76,11 @@ def _part(x, objs, ptrs, torch, streams):
     if t is float:  # -0.0 == 0.0 as keys, not as arguments
         return (t, x, math.copysign(1.0, x))
     if t is list or t is tuple:
+        if depth == MAX_DEPTH:
+            return None
         parts = [t]
         for y in x:
-            p = _part(y, objs, ptrs, torch, streams)
+            p = _part(y, objs, ptrs, torch, streams, depth + 1)
             if p is None:
                 return None
             parts.append(p)

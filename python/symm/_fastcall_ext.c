@@ -24,8 +24,10 @@
 
 #include "symm.h"
 
-/* Arrays per call the key describes; a call with more takes Python's path. */
-#define MAX_ARRAYS 64
+/* How deeply lists nest in what the key describes (_fastcall.MAX_DEPTH). */
+#define MAX_DEPTH 8
+/* Arrays of a call held without allocating (more: on the heap). */
+#define INLINE_ARRAYS 16
 /* Devices per call whose current stream is looked up once. */
 #define MAX_DEVICES 16
 
@@ -43,9 +45,10 @@ static PyObject *s_requires_grad, *s_layout, *s_is_conj, *s_is_neg, *s_get_devic
     *s_calls, *s_native, *s_raw, *s_check;
 
 typedef struct {
-    PyObject *objs;           /* list: the arrays, in order */
-    uint64_t ptrs[MAX_ARRAYS];
-    Py_ssize_t n;
+    PyObject *objs;  /* list: the arrays, in order */
+    uint64_t *ptrs;  /* their addresses: `inline_ptrs`, or a heap block of `cap` */
+    uint64_t inline_ptrs[INLINE_ARRAYS];
+    Py_ssize_t n, cap;
     long devices[MAX_DEVICES];
     PyObject *streams[MAX_DEVICES];
     int ndevices;
@@ -53,6 +56,8 @@ typedef struct {
 
 static void found_clear(Found *f) {
     Py_CLEAR(f->objs);
+    if (f->ptrs != f->inline_ptrs) PyMem_Free(f->ptrs);
+    f->ptrs = f->inline_ptrs;
     for (int i = 0; i < f->ndevices; i++) Py_CLEAR(f->streams[i]);
     f->ndevices = 0;
 }
@@ -80,13 +85,24 @@ static PyObject *call_method(PyObject *x, PyObject *name) {
     return r;
 }
 
+/* Appends array `x` at address `ptr`: 0, or -1 on error. */
 static int add_array(Found *f, PyObject *x, PyObject *ptr) {
-    if (f->n == MAX_ARRAYS) return 0;
     uint64_t p = PyLong_AsUnsignedLongLongMask(ptr);
     if (p == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    if (f->n == f->cap) {
+        uint64_t *grown = PyMem_Malloc(2 * f->cap * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(grown, f->ptrs, f->n * sizeof *grown);
+        if (f->ptrs != f->inline_ptrs) PyMem_Free(f->ptrs);
+        f->ptrs = grown;
+        f->cap *= 2;
+    }
     if (PyList_Append(f->objs, x) < 0) return -1;
     f->ptrs[f->n++] = p;
-    return 1;
+    return 0;
 }
 
 /* The current stream of CUDA device `dev`, looked up once per call. */
@@ -106,7 +122,7 @@ static PyObject *stream_for(Found *f, long dev) {
 #define NOT_DESCRIBED ((PyObject *)1) /* part(): the key does not describe it */
 
 /* _fastcall._part: a new reference, NOT_DESCRIBED, or NULL on error. */
-static PyObject *part(PyObject *x, Found *f);
+static PyObject *part(PyObject *x, Found *f, int depth);
 
 static PyObject *tensor_part(PyObject *x, Found *f) {
     int t;
@@ -148,8 +164,7 @@ static PyObject *tensor_part(PyObject *x, Found *f) {
         if (device == NULL) return NULL;
     }
     PyObject *ptr = NULL, *shape = NULL, *stride = NULL, *dtype = NULL, *key = NULL;
-    int added = 0;
-    if ((ptr = call_method(x, s_data_ptr)) == NULL || (added = add_array(f, x, ptr)) <= 0) goto done;
+    if ((ptr = call_method(x, s_data_ptr)) == NULL || add_array(f, x, ptr) < 0) goto done;
     if ((shape = PyObject_GetAttr(x, s_shape)) == NULL || (stride = call_method(x, s_stride)) == NULL ||
         (dtype = PyObject_GetAttr(x, s_dtype)) == NULL)
         goto done;
@@ -160,7 +175,6 @@ done:
     Py_XDECREF(stride);
     Py_XDECREF(dtype);
     Py_DECREF(device);
-    if (added == 0 && !PyErr_Occurred()) return NOT_DESCRIBED; /* too many arrays */
     return key;
 }
 
@@ -177,7 +191,6 @@ static PyObject *ndarray_part(PyObject *x, Found *f) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an array's __array_interface__ has no data address");
         return NULL;
     }
-    if (added == 0) return NOT_DESCRIBED;
     PyObject *shape = NULL, *strides = NULL, *dtype = NULL, *flags = NULL, *writeable = NULL, *key = NULL;
     if ((shape = PyObject_GetAttr(x, s_shape)) && (strides = PyObject_GetAttr(x, s_strides)) &&
         (dtype = PyObject_GetAttr(x, s_dtype)) && (flags = PyObject_GetAttr(x, s_flags)) &&
@@ -191,25 +204,32 @@ static PyObject *ndarray_part(PyObject *x, Found *f) {
     return key;
 }
 
-static PyObject *sequence_part(PyObject *x, Found *f) {
-    int is_list = PyList_Check(x);
-    Py_ssize_t n = is_list ? PyList_Size(x) : PyTuple_Size(x);
+static PyObject *sequence_part(PyObject *x, Found *f, int depth) {
+    if (depth == MAX_DEPTH) return NOT_DESCRIBED;
+    /* A snapshot: the key reads each item once, even if a list changes. */
+    PyObject *items = PyList_Check(x) ? PyList_AsTuple(x) : Py_NewRef(x);
+    if (items == NULL) return NULL;
+    Py_ssize_t n = PyTuple_Size(items);
     PyObject *key = PyTuple_New(n + 1);
-    if (key == NULL) return NULL;
-    PyObject *t = (PyObject *)Py_TYPE(x);
-    PyTuple_SetItem(key, 0, Py_NewRef(t));
+    if (key == NULL) {
+        Py_DECREF(items);
+        return NULL;
+    }
+    PyTuple_SetItem(key, 0, Py_NewRef((PyObject *)Py_TYPE(x)));
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *p = part(is_list ? PyList_GetItem(x, i) : PyTuple_GetItem(x, i), f);
+        PyObject *p = part(PyTuple_GetItem(items, i), f, depth + 1);
         if (p == NULL || p == NOT_DESCRIBED) {
             Py_DECREF(key);
+            Py_DECREF(items);
             return p;
         }
         PyTuple_SetItem(key, i + 1, p);
     }
+    Py_DECREF(items);
     return key;
 }
 
-static PyObject *part(PyObject *x, Found *f) {
+static PyObject *part(PyObject *x, Found *f, int depth) {
     PyTypeObject *t = Py_TYPE(x);
     if (tensor_type != NULL && (PyObject *)t == tensor_type) return tensor_part(x, f);
     if (x == Py_None || t == &PyBool_Type || t == &PyLong_Type || t == &PyUnicode_Type)
@@ -222,14 +242,20 @@ static PyObject *part(PyObject *x, Found *f) {
         Py_DECREF(sign);
         return key;
     }
-    if (t == &PyList_Type || t == &PyTuple_Type) return sequence_part(x, f);
+    if (t == &PyList_Type || t == &PyTuple_Type) return sequence_part(x, f, depth);
     return NOT_DESCRIBED;
 }
 
 /* _fastcall.key_of: the key (a new reference), NOT_DESCRIBED, or NULL on
  * error; `f` receives the arrays and their addresses. */
-static PyObject *key_of(PyObject *args, PyObject *kwargs, Found *f) {
+static void found_init(Found *f) {
     memset(f, 0, sizeof *f);
+    f->ptrs = f->inline_ptrs;
+    f->cap = INLINE_ARRAYS;
+}
+
+static PyObject *key_of(PyObject *args, PyObject *kwargs, Found *f) {
+    found_init(f);
     if (tensor_type == NULL && torch_probe != NULL) { /* torch imported since the last call? */
         PyObject *r = PyObject_CallNoArgs(torch_probe);
         if (r == NULL) return NULL;
@@ -240,7 +266,7 @@ static PyObject *key_of(PyObject *args, PyObject *kwargs, Found *f) {
     if (key == NULL) return NULL;
     Py_ssize_t n = PyTuple_Size(args);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *p = part(PyTuple_GetItem(args, i), f);
+        PyObject *p = part(PyTuple_GetItem(args, i), f, 0);
         if (p == NULL || p == NOT_DESCRIBED) goto fail_with;
         int r = PyList_Append(key, p);
         Py_DECREF(p);
@@ -250,7 +276,7 @@ static PyObject *key_of(PyObject *args, PyObject *kwargs, Found *f) {
         Py_ssize_t pos = 0;
         PyObject *name, *value;
         while (PyDict_Next(kwargs, &pos, &name, &value)) { /* a name is a str, a positional part never */
-            PyObject *p = part(value, f);
+            PyObject *p = part(value, f, 0);
             if (p == NULL || p == NOT_DESCRIBED) {
                 Py_DECREF(key);
                 return p;
@@ -534,7 +560,7 @@ static PyObject *run(Native *n, PyObject *group, Found *f) {
                     ? add_array(f, PyTuple_GetItem(made, 0), PyTuple_GetItem(made, 1))
                     : -1;
         Py_DECREF(made);
-        if (r <= 0) {
+        if (r < 0) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "a kept call's output could not be made");
             return NULL;
         }
@@ -600,7 +626,7 @@ static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     }
     PyObject *group = argv[0], *prepare_call = argv[1], *args = argv[2], *kwargs = argv[3];
     Found f;
-    memset(&f, 0, sizeof f);
+    found_init(&f);
     PyObject *key = NULL, *found = NULL, *result = NULL;
     PyObject *caches = PyObject_GetAttr(group, s_calls);
     if (caches == NULL) {

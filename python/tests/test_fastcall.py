@@ -267,6 +267,9 @@ def test_keys_agree_between_the_paths(path):
         ((a, {"not": "described"}), {}),
         ((a.view(Sub),), {}),  # a subclass: not described
         ((a,), {"f": object()}),
+        (([a[i % 4 :] for i in range(70)],), {}),  # more arrays than the C path holds without allocating
+        (([[[[[[[[a]]]]]]]],), {}),  # lists 8 deep: described
+        (([[[[[[[[[a]]]]]]]]],), {}),  # 9 deep: not
     ]
     assert_keys_agree(cases)
 
@@ -382,3 +385,26 @@ def test_bound_calls_on_both_paths(path):
             r = np.sum(xs, axis=0) + res[rank]
             np.testing.assert_allclose(ro, r, rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(o, r / np.sqrt((r**2).mean(-1, keepdims=True) + 0.25) * w, rtol=1e-4, atol=1e-5)
+
+
+def test_many_arrays_in_one_call(path):
+    """fused_ag_mm with 24 B matrices: a kept call of more arrays than the C
+    path holds without allocating, with the fresh call's results."""
+    a = inputs((4, 8))
+    bs = [np.random.default_rng(i).standard_normal((8, 3)).astype(np.float32) for i in range(24)]
+
+    def rank_main(g):
+        got = []
+        for step in range(3):
+            x = a[g.rank] * (step + 1)
+            outs = [np.full((8, 3), np.nan, np.float32) for _ in bs]
+            symm.fused_ag_mm(g, x, bs, 0, out=outs)
+            got.append(outs)
+        return kept(g), got
+
+    for n, got in on_threads(rank_main, groups()):
+        assert n == 1
+        for step, outs in enumerate(got):
+            full = np.concatenate(a).astype(np.float64) * (step + 1)
+            for out, b in zip(outs, bs):
+                np.testing.assert_allclose(out, full @ b, rtol=1e-4, atol=1e-4)
