@@ -277,7 +277,7 @@ def call(group, prepare_call, args, kwargs):
     if _ext is not None:
         return _ext.call(group, prepare_call, args, kwargs)
     caches = getattr(group, "_calls", None)
-    return slow_call(group, prepare_call, args, kwargs, None if caches is None else key_of(args, kwargs))
+    return slow_call(group, prepare_call, args, kwargs, key_of(args, kwargs) if type(caches) is dict else None)
 
 
 def slow_call(group, prepare_call, args, kwargs, found):

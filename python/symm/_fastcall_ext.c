@@ -632,7 +632,7 @@ static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     if (caches == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
         PyErr_Clear();
-    } else if (caches != Py_None) {
+    } else if (PyDict_CheckExact(caches)) { /* else no call is kept */
         key = key_of(args, kwargs, &f);
         if (key == NULL) goto done;
         if (key != NOT_DESCRIBED) {
