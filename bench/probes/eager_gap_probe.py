@@ -4,12 +4,16 @@ only ~20 us more host time per call in a loop. Times, per sample, as
 bench_ops.py does (GPU idle, ranks aligned, then one call between two
 events): the host time from the start event to the call's return
 (perf_counter) and the GPU time between the events, for the eager call,
-the bound call (symm's choice, and each algorithm of --algos forced) and
-torch.matmul of the whole local problem (the benchmark's floor); then the
-host time of the same calls back to back (warm). Medians over samples,
-max over ranks.
+the bound call (symm's choice, and each algorithm of --algos forced), the
+eager call on the Python path (`eager_python`, where the compiled one is
+built) and torch.matmul of the whole local problem (the benchmark's
+floor); then the host time of the same calls back to back (warm). Medians
+over samples, max over ranks.
 
     torchrun --nproc-per-node 2 bench/probes/eager_gap_probe.py [--op mm_rs --shape 512:14336:8192 --algos fused]
+
+(`--nproc-per-node 1` on one GPU: world 1, no communication, the host's
+part alone.)
 """
 import argparse
 import json
@@ -24,18 +28,24 @@ import torch.distributed as dist
 # profile_ops.py (the ranks' start) is a runner in bench/gpu/.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
 import symm  # noqa: E402
+from symm import _fastcall  # noqa: E402
 from profile_ops import start_ranks  # noqa: E402
 
 SAMPLES = 40
+# The compiled hit path of plain calls (None where it is not built).
+EXT = _fastcall._ext
 
 
 def set_algorithm(name):
     """SYMM_ALGO (read by symm on every call) for the function `name`:
-    `bound_<algo>` forces <algo>; set outside the timed region."""
+    `bound_<algo>` forces <algo>; and the plain calls' path: `eager_python`
+    takes Python's, every other the compiled one where it is built. Set
+    outside the timed region."""
     if name.startswith("bound_"):
         os.environ["SYMM_ALGO"] = name.removeprefix("bound_")
     else:
         os.environ.pop("SYMM_ALGO", None)
+    _fastcall._ext = None if name == "eager_python" else EXT
 
 
 def main():
@@ -62,6 +72,10 @@ def main():
         args_ = (g, whole, w)
     bound = symm.bind(op, *args_, **kwargs)
     fns = {"eager": lambda: op(*args_, **kwargs), "bound": bound}
+    if EXT is not None:
+        # Its own kind of call (no stream given: the same current stream),
+        # so that it keeps a call of its own, made in Python.
+        fns["eager_python"] = lambda: op(*args_, **{**kwargs, "stream": None})
     for algo in filter(None, args.algos.split(",")):
         fns[f"bound_{algo}"] = bound
     fns["torch_matmul"] = lambda: torch.matmul(whole, w, out=ref)
