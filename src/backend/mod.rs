@@ -13,9 +13,43 @@ pub mod host;
 use crate::array::{Array, DType};
 use crate::error::{err, Result};
 use crate::health::Health;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// What [`Backend::run_repeatable`] knows a call by: its exact description
+/// (about a kilobyte) and that text's hash, made once, so that a kept call,
+/// which reuses its key, is looked up without hashing or copying the text.
+#[derive(Clone, Debug)]
+pub struct ReplayKey(Arc<(u64, String)>);
+
+impl ReplayKey {
+    pub fn new(text: String) -> ReplayKey {
+        let mut h = DefaultHasher::new();
+        text.hash(&mut h);
+        ReplayKey(Arc::new((h.finish(), text)))
+    }
+
+    pub fn text(&self) -> &str {
+        &self.0 .1
+    }
+}
+
+impl PartialEq for ReplayKey {
+    fn eq(&self, other: &ReplayKey) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+    }
+}
+
+impl Eq for ReplayKey {}
+
+impl Hash for ReplayKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0 .0);
+    }
+}
 
 /// Which backend a group runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -306,7 +340,7 @@ pub trait Backend: Send + Sync {
     /// as one captured graph. The host backend just issues.
     fn run_repeatable(
         &self,
-        key: &dyn Fn() -> String,
+        key: &dyn Fn() -> ReplayKey,
         stream: Stream,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
     ) -> Result<()> {

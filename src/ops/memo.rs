@@ -16,6 +16,7 @@
 
 use super::state;
 use super::{Prepared, ScratchIds};
+use crate::backend::ReplayKey;
 use crate::group::Group;
 use std::any::{Any, TypeId};
 use std::collections::hash_map::DefaultHasher;
@@ -27,17 +28,17 @@ use std::sync::{Arc, Mutex};
 pub struct Entry<C, P> {
     call: C,
     pub prepared: Arc<P>,
-    key: Mutex<Option<(ScratchIds, String)>>,
+    key: Mutex<Option<(ScratchIds, ReplayKey)>>,
 }
 
 impl<C, P: Prepared> Entry<C, P> {
     /// The replay key for scratch buffers: made once per set of them.
-    pub fn key(&self, ids: ScratchIds, make: impl FnOnce() -> String) -> String {
+    pub fn key(&self, ids: ScratchIds, make: impl FnOnce() -> String) -> ReplayKey {
         let mut key = crate::sync::lock(&self.key);
         match &*key {
             Some((last, k)) if *last == ids => k.clone(),
             _ => {
-                let k = make();
+                let k = ReplayKey::new(make());
                 *key = Some((ids, k.clone()));
                 k
             }

@@ -904,7 +904,7 @@ mod tests {
             let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
             plan.decision.algorithm = Algorithm::Pipelined;
             assert_eq!(plan.onto_pull_pieces(2), Some(2));
-            super::super::launch(g, Stream(0), &plan, &|_, make| make()).unwrap();
+            super::super::launch(g, Stream(0), &plan, &|_, make| crate::backend::ReplayKey::new(make())).unwrap();
             out
         });
         for (r, out) in outs.iter().enumerate() {

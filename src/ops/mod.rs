@@ -65,7 +65,7 @@ pub use symmetric::{symmetric_args, PeerAccess, SYMMETRIC_ARGS};
 pub use workspace::reserve as reserve_workspace;
 
 use crate::array::Array;
-use crate::backend::{AllGatherCall, GemmScales, ReduceScatterCall, Stream};
+use crate::backend::{AllGatherCall, GemmScales, ReduceScatterCall, ReplayKey, Stream};
 use crate::buffer::Handle;
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
@@ -121,7 +121,7 @@ fn run<P: Prepared>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signat
     let _lock = group.lock_collective();
     group.check_healthy()?;
     let (p, _) = agreed(group, prepared)?;
-    launch(group, stream, &p, &|_, make| make())
+    launch(group, stream, &p, &|_, make| ReplayKey::new(make()))
 }
 
 /// As `run`, for an operation whose preparation (`prepare`: signature and
@@ -158,7 +158,7 @@ where
             let e = memo::keep(group, c, Arc::new(p));
             launch(group, stream, &*e.prepared, &|ids, make| e.key(ids, make))
         }
-        None => launch(group, stream, &p, &|_, make| make()),
+        None => launch(group, stream, &p, &|_, make| ReplayKey::new(make())),
     }
 }
 
@@ -184,7 +184,7 @@ fn launch<P: Prepared>(
     group: &Arc<Group>,
     stream: Stream,
     plan: &P,
-    key: &dyn Fn(ScratchIds, &dyn Fn() -> String) -> String,
+    key: &dyn Fn(ScratchIds, &dyn Fn() -> String) -> ReplayKey,
 ) -> Result<()> {
     let ws = workspace::ensure(group, Scratch::Workspace, plan.workspace_bytes(), Some(stream))?;
     let optional = |kind, bytes| match bytes {

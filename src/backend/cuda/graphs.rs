@@ -23,7 +23,7 @@
 //! (`bench/probes/launch_probe.cu`).
 
 use super::driver::check;
-use crate::backend::Stream;
+use crate::backend::{ReplayKey, Stream};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::collections::{HashMap, HashSet};
@@ -45,10 +45,10 @@ pub struct GraphCache {
 #[derive(Default)]
 struct Inner {
     /// Captured calls by key: their instantiated graphs (CUgraphExec).
-    execs: HashMap<String, usize>,
-    seen: HashMap<String, u32>,
+    execs: HashMap<ReplayKey, usize>,
+    seen: HashMap<ReplayKey, u32>,
     /// Keys whose capture failed: they run eagerly.
-    refused: HashSet<String>,
+    refused: HashSet<ReplayKey>,
     /// Our stream to capture on (made at the first capture).
     capture: Option<usize>,
 }
@@ -106,7 +106,7 @@ impl GraphCache {
     /// failure already recorded is reported instead of queueing more work.
     pub fn run(
         &self,
-        key: &dyn Fn() -> String,
+        key: &dyn Fn() -> ReplayKey,
         stream: Stream,
         check_errors: impl Fn() -> Result<()>,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
@@ -127,15 +127,15 @@ impl GraphCache {
         }
         match capture(&mut inner, issue) {
             Ok(exec) => {
-                inner.execs.insert(key.to_owned(), exec);
+                inner.execs.insert(key.clone(), exec);
                 drop(inner);
                 launch(exec, stream)
             }
             // Nothing ran: the capture only recorded. Run it eagerly, and
             // from now on always (a capture that failed once fails again).
             Err(e) => {
-                log::info!("graph capture refused ({}); this call runs eagerly from now on: {key}", e.msg);
-                inner.refused.insert(key.to_owned());
+                log::info!("graph capture refused ({}); this call runs eagerly from now on: {}", e.msg, key.text());
+                inner.refused.insert(key.clone());
                 drop(inner);
                 issue(stream)
             }
@@ -145,14 +145,14 @@ impl GraphCache {
 
 impl Inner {
     /// Counts a call that has no graph; true when it is to be captured now.
-    fn due_for_capture(&mut self, key: &str) -> bool {
+    fn due_for_capture(&mut self, key: &ReplayKey) -> bool {
         if self.refused.contains(key) || self.execs.len() >= MAX_GRAPHS {
             return false;
         }
         if self.seen.len() >= MAX_SEEN {
             self.seen.clear();
         }
-        let count = self.seen.entry(key.to_owned()).or_insert(0);
+        let count = self.seen.entry(key.clone()).or_insert(0);
         *count += 1;
         if *count < CAPTURE_AT {
             return false;
@@ -225,20 +225,20 @@ mod tests {
     #[test]
     fn keys_are_due_for_capture_at_their_second_occurrence() {
         let mut inner = Inner::default();
-        assert!(!inner.due_for_capture("a"));
-        assert!(!inner.due_for_capture("b"));
-        assert!(inner.due_for_capture("a"));
-        assert!(!inner.seen.contains_key("a"), "a captured key is no longer counted");
-        inner.refused.insert("b".into());
-        assert!(!inner.due_for_capture("b"));
-        assert!(!inner.due_for_capture("b"));
+        let key = |text: &str| ReplayKey::new(text.to_owned());
+        assert!(!inner.due_for_capture(&key("a")));
+        assert!(!inner.due_for_capture(&key("b")));
+        assert!(inner.due_for_capture(&key("a")));
+        assert!(!inner.seen.contains_key(&key("a")), "a captured key is no longer counted");
+        inner.refused.insert(key("b"));
+        assert!(!inner.due_for_capture(&key("b")));
+        assert!(!inner.due_for_capture(&key("b")));
         for i in 0..MAX_SEEN + 10 {
-            inner.due_for_capture(&format!("once {i}"));
+            inner.due_for_capture(&key(&format!("once {i}")));
         }
         assert!(inner.seen.len() <= MAX_SEEN);
-        inner.execs = (0..MAX_GRAPHS).map(|i| (format!("g{i}"), 0)).collect();
-        assert!(!inner.due_for_capture("c"));
-        assert!(!inner.due_for_capture("c"), "no capture beyond MAX_GRAPHS");
+        inner.execs = (0..MAX_GRAPHS).map(|i| (key(&format!("g{i}")), 0)).collect();
+        assert!(!inner.due_for_capture(&key("c")), "no capture beyond MAX_GRAPHS");
         inner.execs.clear(); // nothing real to destroy
     }
 
@@ -275,7 +275,7 @@ mod tests {
         let cache = GraphCache::default();
         let run = |key: &str, value: u32| {
             check(unsafe { sys::cuMemsetD32Async(buf.ptr, 0xdead, n, g.stream().0 as _) }, "poison").unwrap();
-            cache.run(&|| key.to_owned(), g.stream(), || Ok(()), &mut fill(value)).unwrap();
+            cache.run(&|| ReplayKey::new(key.to_owned()), g.stream(), || Ok(()), &mut fill(value)).unwrap();
             g.sync();
             assert!(buf.read::<u32>(n).iter().all(|&v| v == value), "call {key} did not write {value}");
         };
@@ -295,7 +295,7 @@ mod tests {
         let s = g.stream().0 as sys::CUstream;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         check(unsafe { sys::cuStreamBeginCapture_v2(s, mode) }, "begin").unwrap();
-        cache.run(&|| "a".to_owned(), g.stream(), || Ok(()), &mut fill(7)).unwrap();
+        cache.run(&|| ReplayKey::new("a".to_owned()), g.stream(), || Ok(()), &mut fill(7)).unwrap();
         let mut graph = std::ptr::null_mut();
         check(unsafe { sys::cuStreamEndCapture(s, &mut graph) }, "end").unwrap();
         assert_eq!(issued.get(), 4, "a call under the caller's capture was not issued into it");

@@ -26,7 +26,7 @@ mod vmm;
 
 use super::{
     AddRmsNorm, AllGatherCall, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales,
-    Mapping, PadSet, Quantize, ReduceScatterCall, Signals, Stream,
+    Mapping, PadSet, Quantize, ReduceScatterCall, ReplayKey, Signals, Stream,
 };
 use crate::array::Array;
 use crate::error::{err, Result};
@@ -175,7 +175,7 @@ impl Backend for CudaBackend {
     }
     fn run_repeatable(
         &self,
-        key: &dyn Fn() -> String,
+        key: &dyn Fn() -> ReplayKey,
         stream: Stream,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
     ) -> Result<()> {
