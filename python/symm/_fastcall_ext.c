@@ -625,6 +625,10 @@ static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
         return NULL;
     }
     PyObject *group = argv[0], *prepare_call = argv[1], *args = argv[2], *kwargs = argv[3];
+    if (slow_call == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "symm._fastcall_ext: used before symm._fastcall configured it");
+        return NULL;
+    }
     Found f;
     found_init(&f);
     PyObject *key = NULL, *found = NULL, *result = NULL;
