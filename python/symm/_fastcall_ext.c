@@ -550,7 +550,26 @@ static int checked(PyObject *group, symm_status_t status) {
     return 0;
 }
 
-/* Runs the kept call `n` on the arrays of `f` (plus its allocated outputs). */
+/* Makes the call of `n` (its descriptors written) on `group`, the GIL
+ * released meanwhile as ctypes releases it (the call may wait for peers
+ * that need it); -1 with the error raised. */
+static int make_call(Native *n, PyObject *group) {
+    PyObject *raw = PyObject_GetAttr(group, s_raw); /* raises once the group is closed */
+    if (raw == NULL) return -1;
+    int ok;
+    uint64_t g = word_of(raw, &ok);
+    Py_DECREF(raw);
+    if (!ok) return -1;
+    symm_status_t status;
+    Py_BEGIN_ALLOW_THREADS
+    status = invoke(n, g);
+    Py_END_ALLOW_THREADS
+    return status == SYMM_SUCCESS ? 0 : checked(group, status);
+}
+
+/* Runs the kept call `n` on the arrays of `f` (plus its allocated outputs);
+ * the caller holds `n` busy: its makers may run Python code, during which
+ * another thread may take the GIL and must not write the same descriptors. */
 static PyObject *run(Native *n, PyObject *group, Found *f) {
     Py_ssize_t makers = PyTuple_Size(n->makers);
     for (Py_ssize_t i = 0; i < makers; i++) {
@@ -565,12 +584,6 @@ static PyObject *run(Native *n, PyObject *group, Found *f) {
             return NULL;
         }
     }
-    PyObject *raw = PyObject_GetAttr(group, s_raw); /* raises once the group is closed */
-    if (raw == NULL) return NULL;
-    int ok;
-    uint64_t g = word_of(raw, &ok);
-    Py_DECREF(raw);
-    if (!ok) return NULL;
     for (Py_ssize_t i = 0; i < n->nwrites; i++) {
         if (n->write_index[i] >= f->n) {
             PyErr_SetString(PyExc_RuntimeError, "a kept call writes an array it was not given");
@@ -578,14 +591,7 @@ static PyObject *run(Native *n, PyObject *group, Found *f) {
         }
         *n->write_at[i] = f->ptrs[n->write_index[i]];
     }
-    symm_status_t status;
-    n->busy = 1;
-    /* As ctypes does: the call may wait for peers that need the GIL. */
-    Py_BEGIN_ALLOW_THREADS
-    status = invoke(n, g);
-    Py_END_ALLOW_THREADS
-    n->busy = 0;
-    if (status != SYMM_SUCCESS && checked(group, status) < 0) return NULL;
+    if (make_call(n, group) < 0) return NULL;
     return built(n->result, f->objs);
 }
 
@@ -603,17 +609,7 @@ static PyObject *py_call_bound(PyObject *self, PyObject *const *argv, Py_ssize_t
         PyErr_SetString(PyExc_ValueError, "call_bound: a bound call writes no descriptor and makes no output");
         return NULL;
     }
-    PyObject *raw = PyObject_GetAttr(group, s_raw); /* raises once the group is closed */
-    if (raw == NULL) return NULL;
-    int ok;
-    uint64_t g = word_of(raw, &ok);
-    Py_DECREF(raw);
-    if (!ok) return NULL;
-    symm_status_t status;
-    Py_BEGIN_ALLOW_THREADS
-    status = invoke(n, g);
-    Py_END_ALLOW_THREADS
-    if (status != SYMM_SUCCESS && checked(group, status) < 0) return NULL;
+    if (make_call(n, group) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -647,7 +643,9 @@ static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
                 PyObject *native = PyObject_GetAttr(template, s_native);
                 if (native == NULL) goto done;
                 if (Py_TYPE(native) == (PyTypeObject *)native_type && !((Native *)native)->busy) {
+                    ((Native *)native)->busy = 1;
                     result = run((Native *)native, group, &f);
+                    ((Native *)native)->busy = 0;
                     Py_DECREF(native);
                     goto done;
                 }
