@@ -31,13 +31,15 @@
 /* Devices per call whose current stream is looked up once. */
 #define MAX_DEVICES 16
 
-/* Set by configure(): the types and functions the key reads. */
-static PyObject *tensor_type;   /* torch.Tensor, once torch is imported */
+/* The types and functions the key reads: set by set_torch() once torch is
+ * imported (until then the key describes no tensor)... */
+static PyObject *tensor_type;   /* torch.Tensor */
 static PyObject *strided;       /* torch.strided */
 static PyObject *stream_of;     /* device -> its current stream (int) */
+/* ...and by configure(), at _fastcall's import. */
 static PyObject *ndarray_type;  /* numpy.ndarray */
 static PyObject *slow_call;     /* _fastcall.slow_call */
-static PyObject *torch_probe;   /* _fastcall.torch_probe: configures torch once imported */
+static PyObject *torch_probe;   /* _fastcall._ext_torch_probe: calls set_torch once torch is imported */
 
 /* Interned attribute names. */
 static PyObject *s_requires_grad, *s_layout, *s_is_conj, *s_is_neg, *s_get_device, *s_is_cpu, *s_is_cuda,
