@@ -126,7 +126,9 @@ impl GraphCache {
             return issue(stream);
         }
         match capture(&mut inner, issue) {
-            Ok(exec) => {
+            Ok((exec, nodes)) => {
+                // A replay's host time grows with its nodes.
+                log::debug!("captured as a graph of {nodes} nodes: {}", key.text());
                 inner.execs.insert(key.clone(), exec);
                 drop(inner);
                 launch(exec, stream)
@@ -162,8 +164,9 @@ impl Inner {
     }
 }
 
-/// Captures `issue` on our capture stream into an instantiated graph.
-fn capture(inner: &mut Inner, issue: &mut dyn FnMut(Stream) -> Result<()>) -> Result<usize> {
+/// Captures `issue` on our capture stream into an instantiated graph:
+/// (the graph, its nodes).
+fn capture(inner: &mut Inner, issue: &mut dyn FnMut(Stream) -> Result<()>) -> Result<(usize, usize)> {
     let cap = match inner.capture {
         Some(s) => s,
         None => {
@@ -186,10 +189,13 @@ fn capture(inner: &mut Inner, issue: &mut dyn FnMut(Stream) -> Result<()>) -> Re
     // SAFETY: ends the capture begun above (also after a failed issue).
     let ended = check(unsafe { sys::cuStreamEndCapture(s, &mut graph) }, "cuStreamEndCapture");
     let result = issued.and(ended).and_then(|()| {
+        let mut nodes = 0;
+        // SAFETY: a complete graph; no array: the count alone.
+        check(unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }, "cuGraphGetNodes")?;
         let mut exec = std::ptr::null_mut();
         // SAFETY: a complete graph from the capture.
         check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }, "cuGraphInstantiate")?;
-        Ok(exec as usize)
+        Ok((exec as usize, nodes))
     });
     if !graph.is_null() {
         // SAFETY: the instantiated graph does not need its source graph.
