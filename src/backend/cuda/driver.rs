@@ -58,6 +58,7 @@ const SYMBOLS: &[&str] = &[
     "cuStreamIsCapturing",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
+    "cuGraphGetNodes",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",
     "cuGraphDestroy",
