@@ -78,6 +78,24 @@ impl Staged {
     }
 }
 
+/// The level across hosts of [`gather`] and [`gather_remote`]: this rank's
+/// piece gathered with the other hosts' into `staging` from piece `at`
+/// (one per host, in host order); the staging's pieces.
+fn across_first(
+    ex: &Exec<'_>,
+    plan: &GatherPlan,
+    local: &[usize],
+    staging: u64,
+    piece: &dyn Fn(usize) -> Array,
+    at: usize,
+) -> Result<Staged> {
+    let (across, _) = transports(ex.group, &plan.across, local)?;
+    let mine = flat(&piece(ex.rank()));
+    let s = Staged::like(&mine, staging);
+    across.all_gather(ex.group, &mine, &s.at(at, plan.across.len()), ex.stream)?;
+    Ok(s)
+}
+
 /// Every rank's piece into its place on this rank through `plan`: across
 /// hosts into `staging` (one piece per host), then inside the host after
 /// them (every piece, by local index then host; skipped where the rank is
@@ -94,10 +112,7 @@ pub(super) fn gather(
     piece: &dyn Fn(usize) -> Array,
 ) -> Result<()> {
     let local = plan.local_ranks();
-    let (across, _) = transports(ex.group, &plan.across, &local)?;
-    let mine = flat(&piece(ex.rank()));
-    let (s, hosts) = (Staged::like(&mine, staging), plan.across.len());
-    across.all_gather(ex.group, &mine, &s.at(0, hosts), ex.stream)?;
+    let (s, hosts) = (across_first(ex, plan, &local, staging, piece, 0)?, plan.across.len());
     // Alone on its host, a rank holds every piece after the first level.
     let alone = local.len() == 1;
     if !alone {
@@ -147,14 +162,12 @@ pub(super) fn gather_remote(
     piece: &dyn Fn(usize) -> Array,
 ) -> Result<()> {
     let local = plan.local_ranks();
-    let (across, _) = transports(ex.group, &plan.across, &local)?;
-    let mine = flat(&piece(ex.rank()));
-    let (s, hosts) = (Staged::like(&mine, staging), plan.across.len());
+    let hosts = plan.across.len();
     let here = plan.across.iter().position(|&r| r == ex.rank()).unwrap_or(0);
     // One piece per host, then (not alone) the other hosts' packed, then
     // every local rank's of those, by local index.
     let (first, others, gathered) = (local.len(), local.len() + hosts, local.len() + 2 * hosts - 1);
-    across.all_gather(ex.group, &mine, &s.at(first, hosts), ex.stream)?;
+    let s = across_first(ex, plan, &local, staging, piece, first)?;
     let alone = local.len() == 1;
     if !alone {
         let (before, after) = (here, hosts - 1 - here);
