@@ -7,7 +7,8 @@
 # SYMM_CUDA_ROUNDS fresh processes, default 1), hosts (test_cuda_hosts), torch
 # (test_torch_cuda), jax (test_jax_cuda), allreduce (bench_allreduce.py), ar_profile
 # (probes/allreduce_profile.py), host_overhead, families (bench_families.py),
-# ops_check (every operation against the host backend), bench (bench_ops.py);
+# ops_check (every operation against the host backend), fuzz (randomly drawn
+# calls, python/tests/ops_fuzz.py; SYMM_FUZZ_CASES), bench (bench_ops.py);
 # every check but hosts, ar_profile and host_overhead at SYMM_WORLD ranks
 # (default 2);
 # hosts_bench (bench_hosts.py, world 2: NCCL's network transport, then its
@@ -55,6 +56,12 @@ for c in $checks; do
     jax) step jax env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 timeout 300 python3 -m pytest -q python/tests/test_jax_cuda.py ;;
     allreduce) step allreduce timeout 600 torchrun --nproc-per-node "$world" bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-} ;;
     ar_profile) step ar_profile timeout 300 torchrun --nproc-per-node 2 bench/probes/allreduce_profile.py ${SYMM_AR_PROFILE_ARGS:-} ;;
+    fuzz)
+        # Randomly drawn calls of every operation (python/tests/ops_fuzz.py), a
+        # fresh seed each run (printed); ranks share GPU 0 where there are too few.
+        gpus=$([ "$ngpu" -ge "$world" ] && echo "$world" || echo 1)
+        step fuzz env CUDA_MODULE_LOADING=EAGER timeout "${SYMM_FUZZ_TIMEOUT:-540}" python3 python/tests/ops_fuzz.py \
+            --backend cuda --world "$world" --gpus "$gpus" --cases "${SYMM_FUZZ_CASES:-200}" ${SYMM_FUZZ_ARGS:-} ;;
     ops_check) step ops_check timeout 300 python3 bench/gpu/ops_check.py --world "$world" --gpus "$world" ;;
     bench) step bench timeout "${SYMM_BENCH_TIMEOUT:-300}" torchrun --nproc-per-node "$world" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-} ;;
     host_overhead) step host_overhead timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)" ;;
