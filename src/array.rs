@@ -164,20 +164,40 @@ impl Array {
         a
     }
 
-    /// The same elements as a `[rows, last dim]` matrix, when the leading
-    /// dimensions collapse into rows of one stride (`None` when they do not,
-    /// e.g. a slice in the middle of a row-major array).
+    /// The same elements as a `[rows, last dim]` matrix that a BLAS reads:
+    /// row-major (unit column stride, rows at least a row apart) or
+    /// column-major. `None` when the leading dimensions do not collapse into
+    /// rows of one stride (e.g. a slice in the middle of a row-major array),
+    /// or when neither layout holds (both strides over one, or rows that
+    /// overlap, as a broadcast's stride 0): such arrays are packed first.
+    /// A dimension of one element gets the stride that makes the matrix
+    /// row-major where it can.
     pub fn as_matrix(&self) -> Option<Array> {
         let (&cols, lead) = self.shape.split_last()?;
-        let col_stride = *self.strides.last()?;
         let (rows, row_stride) = collapse(lead, &self.strides[..lead.len()])?;
-        let row_stride = row_stride.unwrap_or(cols * col_stride.max(1));
-        Some(Array {
+        let mut col_stride = *self.strides.last()?;
+        if cols == 1 {
+            col_stride = 1;
+        }
+        let row_stride = match row_stride {
+            Some(s) => s,
+            None if col_stride == 1 => cols,
+            None => 1, // one row: column-major with its column stride as the leading dimension
+        };
+        let row_major = col_stride == 1 && row_stride >= cols;
+        let column_major = row_stride == 1 && col_stride >= rows && col_stride > 0;
+        (row_major || column_major).then(|| Array {
             addr: self.addr,
             dtype: self.dtype,
             shape: vec![rows, cols],
             strides: vec![row_stride, col_stride],
         })
+    }
+
+    /// [`Self::as_matrix`] where it is row-major: what a matmul writes
+    /// (cuBLASLt's C, the fused kernel's tiles).
+    pub fn as_row_major_matrix(&self) -> Option<Array> {
+        self.as_matrix().filter(|m| m.strides[1] == 1)
     }
 
     /// The same elements as a batch of equally strided matrices, `[batch,
@@ -306,6 +326,31 @@ mod tests {
         // Rows of one element take the natural row stride.
         let m = arr(&[1, 1, 7], &[7, 7, 1]).as_matrix().unwrap();
         assert_eq!((m.shape, m.strides), (vec![1, 7], vec![7, 1]));
+    }
+
+    /// Only layouts a BLAS reads are matrices; the rest are packed by the
+    /// operations (the CUDA backend's matmul would reject them).
+    #[test]
+    fn matrices_are_row_or_column_major() {
+        // Every other column: neither stride is one.
+        assert!(arr(&[4, 3], &[6, 2]).as_matrix().is_none());
+        // A broadcast row (stride 0) or rows closer than a row apart overlap.
+        assert!(arr(&[4, 3], &[0, 1]).as_matrix().is_none());
+        assert!(arr(&[4, 3], &[2, 1]).as_matrix().is_none());
+        assert!(arr(&[4, 3], &[1, 2]).as_matrix().is_none());
+        // Padded rows and padded columns are fine.
+        assert_eq!(arr(&[4, 3], &[5, 1]).as_matrix().unwrap().strides, vec![5, 1]);
+        assert_eq!(arr(&[4, 3], &[1, 6]).as_matrix().unwrap().strides, vec![1, 6]);
+        // One column: any stride between its rows, read row-major.
+        let m = arr(&[4, 1], &[3, 2]).as_matrix().unwrap();
+        assert_eq!(m.strides, vec![3, 1]);
+        assert!(arr(&[4, 1], &[0, 1]).as_matrix().is_none(), "a broadcast column");
+        // One row: any column stride but 0, read column-major.
+        assert_eq!(arr(&[1, 5], &[9, 3]).as_matrix().unwrap().strides, vec![1, 3]);
+        assert!(arr(&[1, 5], &[9, 0]).as_matrix().is_none());
+        // What a matmul writes: row-major only.
+        assert!(arr(&[4, 3], &[1, 4]).as_row_major_matrix().is_none());
+        assert!(arr(&[4, 3], &[3, 1]).as_row_major_matrix().is_some());
     }
 
     #[test]

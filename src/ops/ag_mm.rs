@@ -150,7 +150,7 @@ impl AgMm {
             let rows = lhs.shape[0];
             (0..self.bs.len())
                 .map(|i| {
-                    let (b, c) = (self.bs[i].clone(), self.outs[i].as_matrix()?);
+                    let (b, c) = (self.bs[i].clone(), self.outs[i].as_row_major_matrix()?);
                     Some(fused::prototype(lhs.clone(), b, c, self.caller_scales(i), rows, group.world()))
                 })
                 .collect()
@@ -206,6 +206,7 @@ impl AgMm {
                 None => {
                     check::same_dtype(b, &name, a.dtype, "a_shard")?;
                     check::ndim_is(b, &name, 2)?;
+                    check::matmul_operand(b, &name)?;
                 }
             }
             if b.shape[0] != k_total {
@@ -526,7 +527,7 @@ impl AgMmPrepared {
         if whole {
             let lhs = self.gathered_matrix(ex).expect("checked by the caller");
             for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
-                let m = out.as_matrix().expect("checked by gathered_matrix");
+                let m = out.as_row_major_matrix().expect("checked by gathered_matrix");
                 ex.matmul(&m, &lhs, b, self.scales(ex, i, Rows::All)?.as_ref())?;
             }
         }
@@ -657,7 +658,7 @@ impl AgMmPrepared {
                 scale_slot: row_scale_slot(rows) / 4,
             };
             let scales = self.scales(ex, i, Rows::All)?;
-            let c = out.as_matrix().expect("checked");
+            let c = out.as_row_major_matrix().expect("checked");
             let call = FusedMatmul {
                 gather: Some(gather),
                 order: (0..world).map(|i| (me + i) % world).collect(),
@@ -774,7 +775,8 @@ impl AgMmPrepared {
         let a = &self.call.a_shard;
         let padded_scales = self.row_scales.is_some() && row_scale_slot(self.shard_rows()) != self.shard_rows() * 4;
         let fp8_out = self.wide.is_some();
-        if self.dim != 0 || padded_scales || fp8_out || self.call.outs.iter().any(|o| o.as_matrix().is_none()) {
+        if self.dim != 0 || padded_scales || fp8_out || self.call.outs.iter().any(|o| o.as_row_major_matrix().is_none())
+        {
             return None;
         }
         let mut shape = a.shape.clone();
@@ -806,7 +808,7 @@ impl AgMmPrepared {
             return self.quantized(ex, i, dst, &matrix, scales.as_ref());
         }
         let scales = scales.as_ref();
-        if let Some(m) = dst.as_matrix().filter(|m| scales.is_none() || writable_by_fp8(m)) {
+        if let Some(m) = dst.as_row_major_matrix().filter(|m| scales.is_none() || writable_by_fp8(m)) {
             return ex.matmul(&m, &matrix, b, scales);
         }
         if let Some([d, l, r]) = scales.is_none().then(|| batched_operands(dst, lhs, b)).flatten() {

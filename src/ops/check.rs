@@ -56,6 +56,23 @@ pub fn matmul_input(dtype: DType, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// A matmul's B (2-D): row-major or column-major, as a BLAS reads it (a
+/// Linear weight or its transpose, padded or not). Checked on every
+/// backend, so that a call that runs on the host backend runs on CUDA.
+pub fn matmul_operand(b: &Array, name: &str) -> Result<()> {
+    if b.as_matrix().is_none() {
+        return Err(err!(
+            Unsupported,
+            "{name} has shape {:?} and strides {:?}; a matmul's B must be row-major or column-major (unit \
+             stride along one dimension, its rows or columns not overlapping, e.g. a weight or its \
+             transpose); pass a contiguous copy",
+            b.shape,
+            b.strides
+        ));
+    }
+    Ok(())
+}
+
 /// A gather/scatter dimension of a `ndim`-dimensional tensor named `of`.
 pub fn dim(value: i64, name: &str, ndim: usize, of: &str) -> Result<usize> {
     match usize::try_from(value) {
@@ -124,6 +141,21 @@ mod tests {
     fn other_output_dtypes_are_unsupported() {
         let f32_out = Array::contiguous(0x1000, DType::F32, &[2, 2]);
         assert_eq!(output_dtype(&f32_out, "out", DType::BF16, "host").unwrap_err().kind, ErrorKind::Unsupported);
+    }
+
+    /// A B no BLAS reads is refused on every backend, by name; a weight,
+    /// its transpose and padded rows are not.
+    #[test]
+    fn b_is_row_or_column_major() {
+        let b = |strides: &[usize]| Array { strides: strides.to_vec(), ..t(0x1000, &[4, 3]) };
+        for ok in [&[3, 1][..], &[1, 4], &[8, 1], &[1, 6]] {
+            assert!(matmul_operand(&b(ok), "b").is_ok(), "{ok:?}");
+        }
+        for bad in [&[6, 2][..], &[0, 1], &[1, 0], &[2, 1]] {
+            let e = matmul_operand(&b(bad), "bs[1]").unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Unsupported);
+            assert!(e.msg.starts_with("bs[1] has shape [4, 3] and strides"), "{}", e.msg);
+        }
     }
 
     #[test]

@@ -169,7 +169,7 @@ impl MmRs {
             if self.scatter_dim != 0 {
                 return None;
             }
-            let (lhs, out) = (self.a.as_matrix()?, self.out.as_matrix()?);
+            let (lhs, out) = (self.a.as_matrix()?, self.out.as_row_major_matrix()?);
             if lhs.shape[0] % group.world() != 0 {
                 return None;
             }
@@ -199,6 +199,7 @@ impl MmRs {
             None => {
                 check::same_dtype(b, "b", a.dtype, "a")?;
                 check::ndim_is(b, "b", 2)?;
+                check::matmul_operand(b, "b")?;
             }
         }
         let dim = check::dim(self.scatter_dim, "scatter_dim", a.ndim(), "a")?;
@@ -436,7 +437,7 @@ impl MmRsPrepared {
             }),
             alpha: scale,
             timeout: ex.group.timeout(),
-            ..fused::prototype(lhs, b.clone(), out.as_matrix().expect("checked"), scales, rows, world)
+            ..fused::prototype(lhs, b.clone(), out.as_row_major_matrix().expect("checked"), scales, rows, world)
         };
         backend.fused_matmul(&call, ex.stream)
     }
@@ -548,7 +549,11 @@ impl MmRsPrepared {
         let srcs: Vec<Array> =
             (0..world).map(|q| self.chunk(ex.local(if q == me { self.chunks[me] } else { self.staged[q] }))).collect();
         self.reduce_into_out(ex, &srcs)?;
-        ex.join(signals)?;
+        if world > 1 {
+            // Forked only for a chunk sent to a peer; joining a stream not
+            // forked in a graph capture would end the capture.
+            ex.join(signals)?;
+        }
         ex.join(side)
     }
 

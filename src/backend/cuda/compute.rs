@@ -147,9 +147,11 @@ pub fn reduce_integers(
 
 /// One row-major matrix, its leading dimension and whether it is stored transposed.
 fn operand(m: &Array) -> Result<(u64, usize, bool)> {
-    match (m.strides[0], m.strides[1]) {
-        (ld, 1) => Ok((m.addr, ld.max(m.shape[1]), false)),
-        (1, ld) => Ok((m.addr, ld.max(m.shape[0]), true)),
+    // The leading dimension of a single row (or column) is never used; cuBLASLt still wants it at least the width.
+    let ([rows, cols], [row_stride, col_stride]) = ([m.shape[0], m.shape[1]], [m.strides[0], m.strides[1]]);
+    match (row_stride, col_stride) {
+        (ld, 1) if ld >= cols || rows == 1 => Ok((m.addr, ld.max(cols), false)),
+        (1, ld) if ld >= rows || cols == 1 => Ok((m.addr, ld.max(rows), true)),
         _ => Err(err!(Internal, "matmul operand with strides {:?} is neither row- nor column-major", m.strides)),
     }
 }
