@@ -7,7 +7,9 @@ except the arrays' addresses: each plain torch tensor's shape, strides,
 dtype and device (CPU or CUDA), with the current stream of a CUDA one's device (the
 stream the call runs on, and whether the tensor is read directly, follow
 from it); each numpy array's shape, strides, dtype and writability; the
-other arguments' values; and which arguments are the same object. A hit
+other arguments' values (None, bools, ints, floats, strings, and dtypes:
+torch's, numpy's and numpy's scalar types); and which arguments are the
+same object. A hit
 writes the arrays' addresses into the kept C descriptors and allocates
 the outputs the call allocates; the library checks, and agrees on, every
 call as always. Anything else (tensors needing DLPack's exchange: those
@@ -75,6 +77,8 @@ def _part(x, objs, ptrs, torch, streams, depth=0):
         return (x.shape, x.strides, x.dtype, x.flags.writeable)
     if t is float:  # -0.0 == 0.0 as keys, not as arguments
         return (t, x, math.copysign(1.0, x))
+    if t is _TENSOR[2] or isinstance(x, (np.dtype, type)):  # out_dtype: torch.bfloat16, np.float16, ...
+        return (t, x)
     if t is list or t is tuple:
         if depth == MAX_DEPTH:
             return None
@@ -88,8 +92,8 @@ def _part(x, objs, ptrs, torch, streams, depth=0):
     return None
 
 
-# (torch.Tensor, torch.strided) once torch is imported; (None, None) before.
-_TENSOR = (None, None)
+# (torch.Tensor, torch.strided, torch.dtype) once torch is imported; Nones before.
+_TENSOR = (None, None, None)
 
 
 def key_of(args, kwargs):
@@ -98,7 +102,7 @@ def key_of(args, kwargs):
     global _TENSOR
     torch = sys.modules.get("torch")
     if torch is not None and _TENSOR[0] is None:
-        _TENSOR = (torch.Tensor, torch.strided)
+        _TENSOR = (torch.Tensor, torch.strided, torch.dtype)
     objs, ptrs, key, streams = [], [], [], {}
     for x in args:
         p = _part(x, objs, ptrs, torch, streams)
@@ -314,8 +318,8 @@ def _ext_torch_probe():
     torch = sys.modules.get("torch")
     if torch is not None:
         get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        _ext.set_torch(torch.Tensor, torch.strided, get or (lambda dev: current_torch_stream(torch, dev)))
+        _ext.set_torch(torch.Tensor, torch.strided, torch.dtype, get or (lambda dev: current_torch_stream(torch, dev)))
 
 
 if _ext is not None:
-    _ext.configure(np.ndarray, slow_call, _ext_torch_probe)
+    _ext.configure(np.ndarray, np.dtype, slow_call, _ext_torch_probe)

@@ -35,9 +35,11 @@
  * imported (until then the key describes no tensor)... */
 static PyObject *tensor_type;   /* torch.Tensor */
 static PyObject *strided;       /* torch.strided */
+static PyObject *torch_dtype;   /* torch.dtype */
 static PyObject *stream_of;     /* device -> its current stream (int) */
 /* ...and by configure(), at _fastcall's import. */
 static PyObject *ndarray_type;  /* numpy.ndarray */
+static PyObject *np_dtype;      /* numpy.dtype */
 static PyObject *slow_call;     /* _fastcall.slow_call */
 static PyObject *torch_probe;   /* _fastcall._ext_torch_probe: calls set_torch once torch is imported */
 
@@ -244,6 +246,13 @@ static PyObject *part(PyObject *x, Found *f, int depth) {
         Py_DECREF(sign);
         return key;
     }
+    /* out_dtype: torch.bfloat16, np.float16, np.dtype("f2"), ... */
+    int dtype = (torch_dtype != NULL && (PyObject *)t == torch_dtype) || PyType_Check(x);
+    if (!dtype && np_dtype != NULL) {
+        dtype = PyObject_IsInstance(x, np_dtype);
+        if (dtype < 0) return NULL;
+    }
+    if (dtype) return PyTuple_Pack(2, (PyObject *)t, x);
     if (t == &PyList_Type || t == &PyTuple_Type) return sequence_part(x, f, depth);
     return NOT_DESCRIBED;
 }
@@ -671,24 +680,26 @@ static void replace(PyObject **at, PyObject *value) {
     Py_XDECREF(old);
 }
 
-/* configure(ndarray, slow_call, torch_probe): once, at import. */
+/* configure(ndarray, dtype, slow_call, torch_probe): once, at import. */
 static PyObject *py_configure(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *nd, *slow, *probe;
-    if (!PyArg_ParseTuple(args, "OOO", &nd, &slow, &probe)) return NULL;
+    PyObject *nd, *dt, *slow, *probe;
+    if (!PyArg_ParseTuple(args, "OOOO", &nd, &dt, &slow, &probe)) return NULL;
     replace(&ndarray_type, nd);
+    replace(&np_dtype, dt);
     replace(&slow_call, slow);
     replace(&torch_probe, probe);
     Py_RETURN_NONE;
 }
 
-/* set_torch(torch.Tensor, torch.strided, stream_of): once torch is imported. */
+/* set_torch(torch.Tensor, torch.strided, torch.dtype, stream_of): once torch is imported. */
 static PyObject *py_set_torch(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *t, *s, *st;
-    if (!PyArg_ParseTuple(args, "OOO", &t, &s, &st)) return NULL;
+    PyObject *t, *s, *d, *st;
+    if (!PyArg_ParseTuple(args, "OOOO", &t, &s, &d, &st)) return NULL;
     replace(&tensor_type, t);
     replace(&strided, s);
+    replace(&torch_dtype, d);
     replace(&stream_of, st);
     Py_RETURN_NONE;
 }
@@ -697,8 +708,8 @@ static PyMethodDef methods[] = {
     {"call", (PyCFunction)(void (*)(void))py_call, METH_FASTCALL, "_fastcall.call, its hit path in C."},
     {"key_of", (PyCFunction)(void (*)(void))py_key_of, METH_FASTCALL, "_fastcall.key_of, in C."},
     {"call_bound", (PyCFunction)(void (*)(void))py_call_bound, METH_FASTCALL, "A bound call (symm.bind), from C."},
-    {"configure", py_configure, METH_VARARGS, "configure(ndarray, slow_call, torch_probe)"},
-    {"set_torch", py_set_torch, METH_VARARGS, "set_torch(Tensor, strided, stream_of)"},
+    {"configure", py_configure, METH_VARARGS, "configure(ndarray, dtype, slow_call, torch_probe)"},
+    {"set_torch", py_set_torch, METH_VARARGS, "set_torch(Tensor, strided, dtype, stream_of)"},
     {NULL, NULL, 0, NULL},
 };
 

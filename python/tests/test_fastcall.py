@@ -9,6 +9,7 @@ Every test runs on both paths of a call: the compiled one
 import contextlib
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 from ranks import on_threads
@@ -270,6 +271,7 @@ def test_keys_agree_between_the_paths(path):
         (([a[i % 4 :] for i in range(70)],), {}),  # more arrays than the C path holds without allocating
         (([[[[[[[[a]]]]]]]],), {}),  # lists 8 deep: described
         (([[[[[[[[[a]]]]]]]]],), {}),  # 9 deep: not
+        ((a,), {"out_dtype": np.float16, "d": np.dtype("f4"), "l": [ml_dtypes.bfloat16, np.dtype(ml_dtypes.float8_e5m2)]}),
     ]
     assert_keys_agree(cases)
 

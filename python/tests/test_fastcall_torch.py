@@ -36,6 +36,7 @@ def test_keys_agree_between_the_paths(path):
         ((z.conj(),), {}),
         ((torch.ones(2)._neg_view(),), {}),
         ((torch.ones(2, device="meta"),), {}),
+        ((a,), {"out_dtype": torch.bfloat16, "l": [torch.float8_e4m3fn, None, np.float16]}),
     ]
     assert_keys_agree(cases)
 
@@ -76,6 +77,30 @@ def test_ag_mm_changes():
             if ref is not None:
                 torch.testing.assert_close(got.double(), ref, rtol=1e-2, atol=1e-2)
         torch.testing.assert_close(o.double(), ag.double() @ b.double(), rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_calls_with_out_dtype_are_kept():
+    """An fp8 call names its output dtype (``out_dtype=torch.bfloat16``):
+    the key describes dtypes, so the call is kept, and a changed dtype
+    is another kind of call."""
+    e4m3 = torch.float8_e4m3fn
+    gen = torch.Generator().manual_seed(3)
+    a = [(torch.randn(4, 16, generator=gen) * 2).to(e4m3) for _ in range(WORLD)]
+    w = (torch.randn(32, 16, generator=gen) * 2).to(e4m3)  # B = w.t(): column-major [16, 32]
+    one = torch.ones(1)
+    full = torch.cat(a).double() @ w.double().t()
+
+    def rank_main(g):
+        got = []
+        for dtype in (torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16):
+            got.append(symm.fused_ag_mm(g, a[g.rank], w.t(), 0, a_scale=one, b_scales=one, out_dtype=dtype))
+        return kept(g), got
+
+    for n, got in on_threads(rank_main, groups()):
+        assert n == 2
+        assert [t.dtype for t in got] == [torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16]
+        for t in got:
+            torch.testing.assert_close(t.double(), full, rtol=1e-2, atol=1e-2)
 
 
 def test_all_reduce_repeat_and_outputs():
