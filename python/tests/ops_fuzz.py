@@ -13,7 +13,8 @@ scales. Every call is then checked:
   strided output's gaps written;
 - inputs unchanged;
 - the same call again with new values in the same arrays (the library
-  replays its first preparation), and through ``symm.bind``.
+  replays its first preparation), through ``symm.bind``, and (CUDA)
+  captured into a ``torch.cuda.CUDAGraph`` and replayed on new values.
 
 A library error on a valid call is a failure, but for a forced "fused"
 where the fused kernel cannot run (``SymmUnsupported``, counted apart).
@@ -75,6 +76,8 @@ def f64(x):
 class NumpyArrays:
     """numpy arrays (the host backend's)."""
 
+    graphs = False  # no CUDA graphs to capture into
+
     def put(self, x):
         return np.array(x, copy=True)
 
@@ -102,6 +105,7 @@ class TorchArrays:
 
     def __init__(self, torch, device):
         self.torch, self.device = torch, device
+        self.graphs = device != "cpu"  # calls captured into torch.cuda graphs too
         t = torch
         self.dtypes = {
             "f32": t.float32, "bf16": t.bfloat16, "f16": t.float16, "e4m3": t.float8_e4m3fn,
@@ -224,6 +228,7 @@ def draw_matmul(rng, op, world, backend):
     case["out"] = str(rng.choice(["allocated", "given", "strided"], p=[0.4, 0.35, 0.25]))
     case["algorithm"] = rng.choice([None, "sequential", "pipelined", "fused"], p=[0.5, 0.15, 0.15, 0.2])
     case["bind"] = bool(rng.random() < 0.3)
+    case["graph"] = bool(rng.random() < 0.3)
     return case
 
 
@@ -238,7 +243,7 @@ def draw(rng, world, backend):
         shape = [numel] if ndim == 1 else [max(1, numel // 64), size(rng, 1, 64)] + [3] * (ndim - 2)
         dtype = str(rng.choice(list(NP)))
         return {"op": op, "shape": shape, "dtype": dtype, "out": str(rng.choice(["allocated", "given"])),
-                "bind": bool(rng.random() < 0.3)}
+                "bind": bool(rng.random() < 0.3), "graph": bool(rng.random() < 0.3)}
     if op == "all_reduce":
         numel = size(rng, 1, cap)
         cols = size(rng, 1, 512)
@@ -249,6 +254,7 @@ def draw(rng, world, backend):
             "layout": str(rng.choice(["contiguous", "padded", "every_other"], p=[0.6, 0.2, 0.2])),
             "out": str(rng.choice(["allocated", "given", "inplace"])),
             "algorithm": rng.choice([None, "one_shot", "two_shot"]), "bind": bool(rng.random() < 0.3),
+            "graph": bool(rng.random() < 0.3),
         }
     hidden = size(rng, 1, 16384 if backend == "cuda" else 2048)
     tokens = size(rng, 1, 256 if backend == "cuda" else 16)
@@ -256,6 +262,7 @@ def draw(rng, world, backend):
         "op": "rmsnorm", "shape": [tokens, hidden], "dtype": str(rng.choice(FLOATS)),
         "eps": float(rng.choice([1e-6, 1e-5, 1e-2])), "inplace": bool(rng.random() < 0.3),
         "algorithm": rng.choice([None, "one_shot", "two_shot"]), "bind": bool(rng.random() < 0.3),
+        "graph": bool(rng.random() < 0.3),
     }
 
 
@@ -365,12 +372,30 @@ class Runner:
     def run(self, index, case):
         """Runs the case: a first call, the same with new inputs, bound."""
         rounds = ["plain", "again"] + (["bound"] if case["bind"] else [])
+        rounds += ["graph", "graph_again"] if case.get("graph") and self.dev.graphs else []
         op = getattr(self, case["op"])
         state = {}
         for i, how in enumerate(rounds):
             rng = np.random.default_rng([self.seed, index, i])
             op(case, rng, how, state)
         self.dev.sync()
+
+    def invoke(self, how, st, fn):
+        """Calls `fn` (the operation, its arrays in `st`) as round `how` has
+        it: eagerly, or captured into a CUDA graph ("graph": captured once
+        the eager rounds grew the workspace, then replayed) and replayed
+        again on new inputs ("graph_again"). A graph's outputs are those of
+        its capture."""
+        if how == "graph":
+            torch = self.dev.torch
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                st["graph_result"] = fn()
+            st["graph"] = graph
+        if how in ("graph", "graph_again"):
+            st["graph"].replay()
+            return st["graph_result"]
+        return fn()
 
     def inputs_unchanged(self, what, arrays):
         for name, (dev_array, host) in arrays.items():
@@ -428,8 +453,8 @@ class Runner:
                                         return_ag=c["return_ag"], **kw)
             result = self.call_bound(st["bound"])
         else:
-            result = self.call(c, symm.fused_ag_mm, st["a"], st["bs"], dim, out=given, ag_out=ag,
-                               return_ag=c["return_ag"], **kw)
+            result = self.invoke(how, st, lambda: self.call(c, symm.fused_ag_mm, st["a"], st["bs"], dim, out=given,
+                                                            ag_out=ag, return_ag=c["return_ag"], **kw))
         got_ag, got = result if c["return_ag"] else (None, result)
         what = f"ag_mm ({how})"
         # References.
@@ -494,7 +519,7 @@ class Runner:
                 st["bound"] = symm.bind(symm.mm_rs, self.g, st["a"], st["b"], dim, out=out, **kw)
             got = self.call_bound(st["bound"])
         else:
-            got = self.call(c, symm.mm_rs, st["a"], st["b"], dim, out=out, **kw)
+            got = self.invoke(how, st, lambda: self.call(c, symm.mm_rs, st["a"], st["b"], dim, out=out, **kw))
         what = f"mm_rs ({how})"
         total, mag = 0.0, 0.0
         for x_, y_, i in zip(a, b, range(world)):
@@ -528,7 +553,7 @@ class Runner:
             st.setdefault("bound", symm.bind(symm.lc_allgather, self.g, st["x"], out=out))
             got = st["bound"]()
         else:
-            got = symm.lc_allgather(self.g, st["x"], out=out)
+            got = self.invoke(how, st, lambda: symm.lc_allgather(self.g, st["x"], out=out))
         check_bits(f"lc_allgather ({how})", dev.get(got), np.concatenate(xs))
         self.inputs_unchanged("lc_allgather", {"x": (st["x"], xs[r])})
 
@@ -552,7 +577,7 @@ class Runner:
             st.setdefault("bound", symm.bind(symm.all_reduce, self.g, st["x"], **kw))
             got = st["bound"]()
         else:
-            got = self.call(c, symm.all_reduce, st["x"], **kw)
+            got = self.invoke(how, st, lambda: self.call(c, symm.all_reduce, st["x"], **kw))
         what = f"all_reduce ({how})"
         if dt in INTS:
             total = xs[0].copy()
@@ -590,7 +615,7 @@ class Runner:
             st.setdefault("bound", symm.bind(symm.all_reduce_rmsnorm, self.g, st["x"], st["res"], st["w"], **kw))
             out, res_out = st["bound"]()
         else:
-            out, res_out = symm.all_reduce_rmsnorm(self.g, st["x"], st["res"], st["w"], **kw)
+            out, res_out = self.invoke(how, st, lambda: symm.all_reduce_rmsnorm(self.g, st["x"], st["res"], st["w"], **kw))
         what = f"all_reduce_rmsnorm ({how})"
         total = sum(f64(x) for x in xs)
         mag = sum(np.abs(f64(x)) for x in xs)
