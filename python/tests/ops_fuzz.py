@@ -16,6 +16,9 @@ scales. Every call is then checked:
   replays its first preparation), through ``symm.bind``, and (CUDA)
   captured into a ``torch.cuda.CUDAGraph`` and replayed on new values.
 
+Each case runs on one of two groups of the same ranks, and (CUDA) on
+torch's default stream or all of it on a side stream.
+
 A library error on a valid call is a failure, but for a forced "fused"
 where the fused kernel cannot run (``SymmUnsupported``, counted apart).
 
@@ -29,6 +32,7 @@ On GPUs (torch tensors, one process per rank; rank r on device r % gpus):
 """
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -78,6 +82,9 @@ class NumpyArrays:
 
     graphs = False  # no CUDA graphs to capture into
 
+    def on_stream(self, name):
+        return contextlib.nullcontext()
+
     def put(self, x):
         return np.array(x, copy=True)
 
@@ -106,6 +113,7 @@ class TorchArrays:
     def __init__(self, torch, device):
         self.torch, self.device = torch, device
         self.graphs = device != "cpu"  # calls captured into torch.cuda graphs too
+        self.side = torch.cuda.Stream() if self.graphs else None
         t = torch
         self.dtypes = {
             "f32": t.float32, "bf16": t.bfloat16, "f16": t.float16, "e4m3": t.float8_e4m3fn,
@@ -113,6 +121,13 @@ class TorchArrays:
         }
         self.names = {v: k for k, v in self.dtypes.items()}
         self.bits = {1: t.uint8, 2: t.int16, 4: t.int32, 8: t.int64}
+
+    def on_stream(self, name):
+        """The case's work on the current stream, or all of it on a side
+        stream (symm runs on torch's current stream)."""
+        if name == "side" and self.side is not None:
+            return self.torch.cuda.stream(self.side)
+        return contextlib.nullcontext()
 
     def put(self, x):
         x = np.ascontiguousarray(x)
@@ -375,9 +390,10 @@ class Runner:
         rounds += ["graph", "graph_again"] if case.get("graph") and self.dev.graphs else []
         op = getattr(self, case["op"])
         state = {}
-        for i, how in enumerate(rounds):
-            rng = np.random.default_rng([self.seed, index, i])
-            op(case, rng, how, state)
+        with self.dev.on_stream(case["stream"]):
+            for i, how in enumerate(rounds):
+                rng = np.random.default_rng([self.seed, index, i])
+                op(case, rng, how, state)
         self.dev.sync()
 
     def invoke(self, how, st, fn):
@@ -635,19 +651,22 @@ def describe(case):
     return " ".join(f"{k}={v}" for k, v in case.items())
 
 
-def run_rank(g, dev, backend, seed, cases, log=print, stop_after=1, shared=False):
-    """Draws and runs `cases` cases on this rank's group, arrays made by
-    `dev`; returns (failures, declined, cases run). Stops
-    after `stop_after` failures: a failed collective may leave the group
-    unusable."""
+def run_rank(groups, dev, backend, seed, cases, log=print, stop_after=1, shared=False):
+    """Draws and runs `cases` cases on this rank's groups (two groups of the
+    same ranks, each case on one of them), arrays made by `dev`; returns
+    (failures, declined, cases run). Stops after `stop_after` failures: a
+    failed collective may leave the group unusable."""
     rng = np.random.default_rng(seed)
     failures, unsupported = [], 0
     done = 0
+    g = groups[0]
     for index in range(cases):
         case = draw(rng, g.world_size, backend)
+        case["group"] = int(rng.integers(0, len(groups)))
+        case["stream"] = str(rng.choice(["current", "side"]))
         t0 = time.perf_counter()
         try:
-            Runner(g, dev, seed, shared).run(index, case)
+            Runner(groups[case["group"]], dev, seed, shared).run(index, case)
         except Unsupported:
             unsupported += 1
         except Exception as e:  # noqa: BLE001 -- every failure is reported with its case
@@ -673,17 +692,18 @@ def run_threads(world, seed, cases, log=print, arrays="numpy"):
     else:
         dev = NumpyArrays()
     groups = symm.local_groups(world, backend="host", timeout_ms=60000)
+    others = symm.local_groups(world, backend="host", timeout_ms=60000)
     results = [None] * world
 
     def main(i):
-        results[i] = run_rank(groups[i], dev, "host", seed, cases, log)
+        results[i] = run_rank([groups[i], others[i]], dev, "host", seed, cases, log)
 
     threads = [threading.Thread(target=main, args=(i,), daemon=True) for i in range(world)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    for g in groups:
+    for g in groups + others:
         g.close()
     return [f for res in results for f in res[0]], results
 
@@ -695,13 +715,17 @@ def rank_process(args):
     rank = int(os.environ["SYMM_TEST_RANK"])
     device = rank % args.gpus
     torch.cuda.set_device(device)
-    g = symm.Group.from_unique_id(bytes.fromhex(os.environ["SYMM_TEST_UID"]), args.world, rank, device=device,
-                                  backend="cuda", timeout_ms=120000, allow_shared_device=args.gpus < args.world)
-    failures, unsupported, done = run_rank(g, TorchArrays(torch, "cuda"), "cuda", args.seed, args.cases,
+    groups = [
+        symm.Group.from_unique_id(bytes.fromhex(os.environ[var]), args.world, rank, device=device, backend="cuda",
+                                  timeout_ms=120000, allow_shared_device=args.gpus < args.world)
+        for var in ("SYMM_TEST_UID", "SYMM_TEST_UID2")
+    ]
+    failures, unsupported, done = run_rank(groups, TorchArrays(torch, "cuda"), "cuda", args.seed, args.cases,
                                            log=lambda s: print(s, flush=True), shared=args.gpus < args.world)
     torch.cuda.synchronize()
-    g.check_async_error()
-    g.close()
+    for g in groups:
+        g.check_async_error()
+        g.close()
     print(f"rank {rank}: {done} cases, {len(failures)} failed, {unsupported} declined", flush=True)
     return 1 if failures else 0
 
@@ -722,7 +746,7 @@ def main():
         failures, results = run_threads(args.world, args.seed, args.cases, arrays=args.arrays)
         ok, declined = not failures, results[0][1]
     else:
-        env = dict(os.environ, SYMM_TEST_UID=symm.get_unique_id().hex())
+        env = dict(os.environ, SYMM_TEST_UID=symm.get_unique_id().hex(), SYMM_TEST_UID2=symm.get_unique_id().hex())
         argv = [sys.executable, __file__, *sys.argv[1:], "--seed", str(args.seed)]
         procs = [subprocess.Popen(argv, env=dict(env, SYMM_TEST_RANK=str(r))) for r in range(args.world)]
         ok, declined = all(p.wait() == 0 for p in procs), "in the ranks' lines"
