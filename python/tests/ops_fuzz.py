@@ -237,10 +237,12 @@ def draw_matmul(rng, op, world, backend):
     # row-major; A contiguous, with padded rows, every other element of
     # a wider array, or (2-D) transposed.
     case["b_kmajor"] = bool(fp8 or rng.random() < 0.6)
-    layouts = ["contiguous", "every_other"] if fp8 else ["contiguous", "padded", "every_other"]
+    # fp8's B 16-byte aligned, as cuBLASLt needs (refused otherwise).
+    case["b_layout"] = "offset" if not fp8 and rng.random() < 0.2 else "contiguous"
+    layouts = ["contiguous", "every_other", "offset"] if fp8 else ["contiguous", "padded", "every_other", "offset"]
     layouts += ["transposed"] if ndim == 2 and not fp8 else []
     case["a_layout"] = str(rng.choice(layouts))
-    case["out"] = str(rng.choice(["allocated", "given", "strided"], p=[0.4, 0.35, 0.25]))
+    case["out"] = str(rng.choice(["allocated", "given", "strided", "offset"], p=[0.35, 0.3, 0.2, 0.15]))
     case["algorithm"] = rng.choice([None, "sequential", "pipelined", "fused"], p=[0.5, 0.15, 0.15, 0.2])
     case["bind"] = bool(rng.random() < 0.3)
     case["graph"] = bool(rng.random() < 0.3)
@@ -257,8 +259,9 @@ def draw(rng, world, backend):
         ndim = int(rng.integers(1, 4))
         shape = [numel] if ndim == 1 else [max(1, numel // 64), size(rng, 1, 64)] + [3] * (ndim - 2)
         dtype = str(rng.choice(list(NP)))
-        return {"op": op, "shape": shape, "dtype": dtype, "out": str(rng.choice(["allocated", "given"])),
-                "bind": bool(rng.random() < 0.3), "graph": bool(rng.random() < 0.3)}
+        return {"op": op, "shape": shape, "dtype": dtype, "layout": str(rng.choice(["contiguous", "offset"])),
+                "out": str(rng.choice(["allocated", "given", "offset"])), "bind": bool(rng.random() < 0.3),
+                "graph": bool(rng.random() < 0.3)}
     if op == "all_reduce":
         numel = size(rng, 1, cap)
         cols = size(rng, 1, 512)
@@ -266,8 +269,8 @@ def draw(rng, world, backend):
         dtype = str(rng.choice(FLOATS + INTS, p=[0.2, 0.3, 0.2, 0.075, 0.075, 0.075, 0.075]))
         return {
             "op": op, "shape": shape, "dtype": dtype, "reduce": str(rng.choice(["sum", "avg"])),
-            "layout": str(rng.choice(["contiguous", "padded", "every_other"], p=[0.6, 0.2, 0.2])),
-            "out": str(rng.choice(["allocated", "given", "inplace"])),
+            "layout": str(rng.choice(["contiguous", "padded", "every_other", "offset"], p=[0.5, 0.15, 0.2, 0.15])),
+            "out": str(rng.choice(["allocated", "given", "offset", "inplace"])),
             "algorithm": rng.choice([None, "one_shot", "two_shot"]), "bind": bool(rng.random() < 0.3),
             "graph": bool(rng.random() < 0.3),
         }
@@ -277,7 +280,7 @@ def draw(rng, world, backend):
         "op": "rmsnorm", "shape": [tokens, hidden], "dtype": str(rng.choice(FLOATS)),
         "eps": float(rng.choice([1e-6, 1e-5, 1e-2])), "inplace": bool(rng.random() < 0.3),
         "algorithm": rng.choice([None, "one_shot", "two_shot"]), "bind": bool(rng.random() < 0.3),
-        "graph": bool(rng.random() < 0.3),
+        "graph": bool(rng.random() < 0.3), "layout": str(rng.choice(["contiguous", "offset"])),
     }
 
 
@@ -300,6 +303,11 @@ def laid_out(dev, x, layout):
         wide[..., ::2] = x
         whole = dev.put(wide)
         return whole[..., ::2], whole
+    if layout == "offset":  # one element past an aligned start: off every vector width
+        flat = np.zeros(x.size + 1, x.dtype)
+        flat[1:] = x.reshape(-1)
+        whole = dev.put(flat)
+        return whole[1:].reshape(x.shape), whole
     if layout == "padded":
         pad = np.zeros((*x.shape[:-1], x.shape[-1] + 8), x.dtype)
         pad[..., : x.shape[-1]] = x
@@ -318,15 +326,17 @@ def poison(dtype, shape):
 
 def output(dev, st, key, kind, dtype, shape):
     """An output to pass (None when the call allocates it) and the whole
-    buffer it lies in (for "strided", every other column of it), poisoned.
-    Made on the case's first round and kept in `st` under `key`, so later
-    rounds pass the same arrays (the library's kept calls)."""
+    buffer it lies in (for "strided", every other column of it; for
+    "offset", all but its first element), poisoned. Made on the case's
+    first round and kept in `st` under `key`, so later rounds pass the same
+    arrays (the library's kept calls)."""
     if kind == "allocated":
         return None, None
-    full = (*shape[:-1], 2 * shape[-1]) if kind == "strided" else tuple(shape)
+    full = {"strided": (*shape[:-1], 2 * shape[-1]), "offset": (int(np.prod(shape)) + 1,)}.get(kind, tuple(shape))
     if key not in st:
         whole = dev.put(poison(dtype, full))
-        st[key] = (whole[..., ::2] if kind == "strided" else whole, whole)
+        view = {"strided": lambda: whole[..., ::2], "offset": lambda: whole[1:].reshape(tuple(shape))}
+        st[key] = (view.get(kind, lambda: whole)(), whole)
     else:
         dev.copy_into(st[key][1], poison(dtype, full))
     return st[key]
@@ -435,7 +445,8 @@ class Runner:
             bias = [values(rng, (nn,), c["out_dtype"]) if c["bias"] else None for nn in c["ns"]]
         if how == "plain" or how == "bound" and "a" not in st:
             a_view, a_whole = laid_out(dev, shards[r], c["a_layout"])
-            b_views = [dev.swap(dev.put(np.ascontiguousarray(b.T))) if c["b_kmajor"] else dev.put(b) for b in bs]
+            b_views = [dev.swap(laid_out(dev, b.T, c["b_layout"])[0]) if c["b_kmajor"] else laid_out(dev, b, c["b_layout"])[0]
+                       for b in bs]
             st.update(a=a_view, a_whole=a_whole, bs=b_views)
             if fp8:
                 st.update(sa=dev.put(sa[r]), sb=[dev.put(x) for x in sb],
@@ -510,7 +521,7 @@ class Runner:
             bias = [values(rng, (c["n"],), c["out_dtype"]) if c["bias"] else None for _ in range(world)]
         if how == "plain" or how == "bound" and "a" not in st:
             a_view, _ = laid_out(dev, a[r], c["a_layout"])
-            b_view = dev.swap(dev.put(np.ascontiguousarray(b[r].T))) if c["b_kmajor"] else dev.put(b[r])
+            b_view = dev.swap(laid_out(dev, b[r].T, c["b_layout"])[0]) if c["b_kmajor"] else laid_out(dev, b[r], c["b_layout"])[0]
             st.update(a=a_view, b=b_view)
             if fp8:
                 st.update(sa=dev.put(sa[r]), sb=dev.put(sb[r]), bias=None if bias[r] is None else dev.put(bias[r]))
@@ -561,7 +572,7 @@ class Runner:
         dev, world, r = self.dev, self.world, self.rank
         xs = [values(rng, c["shape"], c["dtype"]) for _ in range(world)]
         if "x" not in st:
-            st["x"] = dev.put(xs[r])
+            st["x"], _ = laid_out(dev, xs[r], c["layout"])
         else:
             dev.copy_into(st["x"], xs[r])
         out, _ = output(dev, st, "out", c["out"], c["dtype"], [c["shape"][0] * world, *c["shape"][1:]])
@@ -621,7 +632,8 @@ class Runner:
         res = values(rng, c["shape"], dt)
         w = values(rng, c["shape"][-1:], dt)
         if "x" not in st:
-            st.update(x=dev.put(xs[r]), res=dev.put(res), w=dev.put(w))
+            # The residual too: written in place by inplace=True.
+            st.update(x=laid_out(dev, xs[r], c["layout"])[0], res=laid_out(dev, res, c["layout"])[0], w=dev.put(w))
         else:
             dev.copy_into(st["x"], xs[r])
             dev.copy_into(st["res"], res)
