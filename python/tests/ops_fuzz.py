@@ -242,7 +242,8 @@ def draw_matmul(rng, op, world, backend):
     layouts = ["contiguous", "every_other", "offset"] if fp8 else ["contiguous", "padded", "every_other", "offset"]
     layouts += ["transposed"] if ndim == 2 and not fp8 else []
     case["a_layout"] = str(rng.choice(layouts))
-    case["out"] = str(rng.choice(["allocated", "given", "strided", "offset"], p=[0.35, 0.3, 0.2, 0.15]))
+    outs = ["allocated", "given", "strided", "offset"] + (["symmetric"] if op == "mm_rs" else [])
+    case["out"] = str(rng.choice(outs))
     case["algorithm"] = rng.choice([None, "sequential", "pipelined", "fused"], p=[0.5, 0.15, 0.15, 0.2])
     case["bind"] = bool(rng.random() < 0.3)
     case["graph"] = bool(rng.random() < 0.3)
@@ -259,7 +260,7 @@ def draw(rng, world, backend):
         ndim = int(rng.integers(1, 4))
         shape = [numel] if ndim == 1 else [max(1, numel // 64), size(rng, 1, 64)] + [3] * (ndim - 2)
         dtype = str(rng.choice(list(NP)))
-        return {"op": op, "shape": shape, "dtype": dtype, "layout": str(rng.choice(["contiguous", "offset"])),
+        return {"op": op, "shape": shape, "dtype": dtype, "layout": str(rng.choice(["contiguous", "offset", "symmetric"])),
                 "out": str(rng.choice(["allocated", "given", "offset"])), "bind": bool(rng.random() < 0.3),
                 "graph": bool(rng.random() < 0.3)}
     if op == "all_reduce":
@@ -269,7 +270,8 @@ def draw(rng, world, backend):
         dtype = str(rng.choice(FLOATS + INTS, p=[0.2, 0.3, 0.2, 0.075, 0.075, 0.075, 0.075]))
         return {
             "op": op, "shape": shape, "dtype": dtype, "reduce": str(rng.choice(["sum", "avg"])),
-            "layout": str(rng.choice(["contiguous", "padded", "every_other", "offset"], p=[0.5, 0.15, 0.2, 0.15])),
+            "layout": str(rng.choice(["contiguous", "padded", "every_other", "offset", "symmetric"],
+                                     p=[0.4, 0.15, 0.15, 0.15, 0.15])),
             "out": str(rng.choice(["allocated", "given", "offset", "inplace"])),
             "algorithm": rng.choice([None, "one_shot", "two_shot"]), "bind": bool(rng.random() < 0.3),
             "graph": bool(rng.random() < 0.3),
@@ -280,7 +282,7 @@ def draw(rng, world, backend):
         "op": "rmsnorm", "shape": [tokens, hidden], "dtype": str(rng.choice(FLOATS)),
         "eps": float(rng.choice([1e-6, 1e-5, 1e-2])), "inplace": bool(rng.random() < 0.3),
         "algorithm": rng.choice([None, "one_shot", "two_shot"]), "bind": bool(rng.random() < 0.3),
-        "graph": bool(rng.random() < 0.3), "layout": str(rng.choice(["contiguous", "offset"])),
+        "graph": bool(rng.random() < 0.3), "layout": str(rng.choice(["contiguous", "offset", "symmetric"])),
     }
 
 
@@ -399,12 +401,36 @@ class Runner:
         rounds = ["plain", "again"] + (["bound"] if case["bind"] else [])
         rounds += ["graph", "graph_again"] if case.get("graph") and self.dev.graphs else []
         op = getattr(self, case["op"])
-        state = {}
-        with self.dev.on_stream(case["stream"]):
-            for i, how in enumerate(rounds):
-                rng = np.random.default_rng([self.seed, index, i])
-                op(case, rng, how, state)
-        self.dev.sync()
+        state = {"symmetric": []}
+        try:
+            with self.dev.on_stream(case["stream"]):
+                for i, how in enumerate(rounds):
+                    rng = np.random.default_rng([self.seed, index, i])
+                    op(case, rng, how, state)
+            self.dev.sync()
+        finally:
+            for owner in reversed(state["symmetric"]):  # handles, then buffers
+                owner.close()
+
+    def placed(self, st, x, layout):
+        """`x` (numpy) on the device in `layout`, or in a rendezvoused
+        symmetric buffer ("symmetric": read, or written, by the peers in
+        place), made for this case and closed after it."""
+        if layout != "symmetric":
+            return laid_out(self.dev, x, layout)[0]
+        buf = self.g.create(max(x.nbytes, 1))
+        st["symmetric"] += [buf, buf.rendezvous()]
+        if isinstance(self.dev, NumpyArrays):
+            view = buf.array(x.dtype, x.shape)
+        else:
+            torch = self.dev.torch
+            if self.dev.device == "cpu":
+                raw = torch.from_numpy(buf.array(np.uint8, (x.nbytes,)))
+            else:
+                raw = torch.as_tensor(buf.cuda_bytes(), device="cuda")[: x.nbytes]
+            view = raw.view(self.dev.dtype(next(k for k, v in NP.items() if v == x.dtype))).view(x.shape)
+        self.dev.copy_into(view, x)
+        return view
 
     def invoke(self, how, st, fn):
         """Calls `fn` (the operation, its arrays in `st`) as round `how` has
@@ -537,7 +563,12 @@ class Runner:
         shape = [*c["a"][:-1], c["n"]]
         shape[dim] //= world
         out_dt = c["out_dtype"] if fp8 else dt
-        out, whole = output(dev, st, "out", c["out"], out_dt, shape)
+        if c["out"] == "symmetric":  # the peers write their partials into it in place
+            if "out" not in st:
+                st["out"] = (self.placed(st, poison(out_dt, shape), "symmetric"), None)
+            else:
+                dev.copy_into(st["out"][0], poison(out_dt, shape))
+        out, whole = st["out"] if c["out"] == "symmetric" else output(dev, st, "out", c["out"], out_dt, shape)
         if fp8:
             kw.update(a_scale=st["sa"], b_scale=st["sb"], bias=st["bias"],
                       out_dtype=dev.dtype(out_dt))
@@ -572,7 +603,7 @@ class Runner:
         dev, world, r = self.dev, self.world, self.rank
         xs = [values(rng, c["shape"], c["dtype"]) for _ in range(world)]
         if "x" not in st:
-            st["x"], _ = laid_out(dev, xs[r], c["layout"])
+            st["x"] = self.placed(st, xs[r], c["layout"])
         else:
             dev.copy_into(st["x"], xs[r])
         out, _ = output(dev, st, "out", c["out"], c["dtype"], [c["shape"][0] * world, *c["shape"][1:]])
@@ -590,7 +621,7 @@ class Runner:
         dt = c["dtype"]
         xs = [values(rng, c["shape"], dt) for _ in range(world)]
         if "x" not in st:
-            st["x"], _ = laid_out(dev, xs[r], c["layout"])
+            st["x"] = self.placed(st, xs[r], c["layout"])
         else:
             dev.copy_into(st["x"], xs[r])
         inplace = c["out"] == "inplace"
@@ -633,7 +664,7 @@ class Runner:
         w = values(rng, c["shape"][-1:], dt)
         if "x" not in st:
             # The residual too: written in place by inplace=True.
-            st.update(x=laid_out(dev, xs[r], c["layout"])[0], res=laid_out(dev, res, c["layout"])[0], w=dev.put(w))
+            st.update(x=self.placed(st, xs[r], c["layout"]), res=laid_out(dev, res, c["layout"])[0], w=dev.put(w))
         else:
             dev.copy_into(st["x"], xs[r])
             dev.copy_into(st["res"], res)
