@@ -527,7 +527,7 @@ impl AgMmPrepared {
         if whole {
             let lhs = self.gathered_matrix(ex).expect("checked by the caller");
             for (i, (b, out)) in bs.iter().zip(outs).enumerate() {
-                let m = out.as_row_major_matrix().expect("checked by gathered_matrix");
+                let m = self.direct_output(out).expect("checked by gathered_matrix");
                 ex.matmul(&m, &lhs, b, self.scales(ex, i, Rows::All)?.as_ref())?;
             }
         }
@@ -775,8 +775,7 @@ impl AgMmPrepared {
         let a = &self.call.a_shard;
         let padded_scales = self.row_scales.is_some() && row_scale_slot(self.shard_rows()) != self.shard_rows() * 4;
         let fp8_out = self.wide.is_some();
-        if self.dim != 0 || padded_scales || fp8_out || self.call.outs.iter().any(|o| o.as_row_major_matrix().is_none())
-        {
+        if self.dim != 0 || padded_scales || fp8_out || self.call.outs.iter().any(|o| self.direct_output(o).is_none()) {
             return None;
         }
         let mut shape = a.shape.clone();
@@ -808,7 +807,7 @@ impl AgMmPrepared {
             return self.quantized(ex, i, dst, &matrix, scales.as_ref());
         }
         let scales = scales.as_ref();
-        if let Some(m) = dst.as_row_major_matrix().filter(|m| scales.is_none() || writable_by_fp8(m)) {
+        if let Some(m) = self.direct_output(dst) {
             return ex.matmul(&m, &matrix, b, scales);
         }
         if let Some([d, l, r]) = scales.is_none().then(|| batched_operands(dst, lhs, b)).flatten() {
@@ -817,6 +816,13 @@ impl AgMmPrepared {
         let product = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);
         ex.matmul(&product.as_matrix().expect("contiguous"), &matrix, b, scales)?;
         ex.copy(dst, &product)
+    }
+
+    /// `dst` as the matrix a matmul writes in place: row-major, and for
+    /// fp8 operands one that cuBLASLt's fp8 kernels can write (16-byte
+    /// aligned rows); `None` sends the product through scratch.
+    fn direct_output(&self, dst: &Array) -> Option<Array> {
+        dst.as_row_major_matrix().filter(|m| self.mode.is_none() || writable_by_fp8(m))
     }
 
     /// An fp8 output: `lhs @ bs[i]` scaled, in f32 in the workspace, then
@@ -1008,6 +1014,15 @@ mod tests {
         let e = fp8_call(8, 1, 2, &[16], true).prepare(&host_facts(2), "host", false).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unsupported);
         assert!(e.msg.starts_with("row-wise scales with gather_dim 1"), "{}", e.msg);
+        // fp8 products go straight into outputs cuBLASLt's fp8 kernels can
+        // write, others (one element off 16-byte alignment) through scratch.
+        let p = fp8_call(8, 0, 2, &[16], false).prepare(&host_facts(2), "host", false).unwrap();
+        let out = &p.call.outs[0];
+        assert!(p.direct_output(out).is_some());
+        let off = Array { addr: out.addr + 2, ..out.clone() };
+        assert!(p.direct_output(&off).is_none());
+        let bf16 = call(&[8, 32], 0, 32, &[16], &[16]).prepare(&host_facts(2), "host", false).unwrap();
+        assert!(bf16.direct_output(&off).is_some(), "any row-major output without scales");
         // Scales are required, N must be a multiple of 16, outputs are not fp8.
         let mut c = fp8_call(8, 0, 2, &[16], false);
         c.scales.b_scales = None;
