@@ -201,6 +201,8 @@ def draw_matmul(rng, op, world, backend):
         case["out_dtype"] = str(rng.choice(["bf16", "f32", "f16"], p=[0.6, 0.2, 0.2]))
         # A bias needs a bf16 or f16 output (torch._scaled_mm's rule).
         case["bias"] = case["out_dtype"] != "f32" and bool(rng.random() < 0.5)
+        # Scales and bias where the caller has them: aligned, or one element off.
+        case["vectors"] = str(rng.choice(["contiguous", "offset"]))
     ndim = 3 if rng.random() < 0.3 else 2
     dim = int(rng.integers(0, ndim))
     # fp8 K and N in multiples of 16 (cuBLASLt's rule); mostly whole
@@ -475,8 +477,8 @@ class Runner:
                        for b in bs]
             st.update(a=a_view, a_whole=a_whole, bs=b_views)
             if fp8:
-                st.update(sa=dev.put(sa[r]), sb=[dev.put(x) for x in sb],
-                          bias=[None if x is None else dev.put(x) for x in bias])
+                vec = lambda x: laid_out(dev, x, c["vectors"])[0]  # noqa: E731
+                st.update(sa=vec(sa[r]), sb=[vec(x) for x in sb], bias=[None if x is None else vec(x) for x in bias])
         else:  # new values into the same arrays
             dev.copy_into(st["a"], shards[r])
             for view, b in zip(st["bs"], bs):
@@ -550,7 +552,8 @@ class Runner:
             b_view = dev.swap(laid_out(dev, b[r].T, c["b_layout"])[0]) if c["b_kmajor"] else laid_out(dev, b[r], c["b_layout"])[0]
             st.update(a=a_view, b=b_view)
             if fp8:
-                st.update(sa=dev.put(sa[r]), sb=dev.put(sb[r]), bias=None if bias[r] is None else dev.put(bias[r]))
+                vec = lambda x: laid_out(dev, x, c["vectors"])[0]  # noqa: E731
+                st.update(sa=vec(sa[r]), sb=vec(sb[r]), bias=None if bias[r] is None else vec(bias[r]))
         else:
             dev.copy_into(st["a"], a[r])
             dev.copy_into(st["b"], b[r])

@@ -319,6 +319,21 @@ impl AgMm {
         // reads an input apart from its output.
         let lines_input = decision.lines.then(|| layout.region(shard_bytes));
         let lines_scales_input = (decision.lines && row_scales.is_some()).then(|| layout.region(4 * rows));
+        // Room to copy each B's row scales and bias to 16-byte aligned
+        // addresses (cuBLASLt reads them as vectors), used where the
+        // caller's are not; planned wherever they are given, from agreed
+        // shapes only.
+        let b_vectors = self
+            .bs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let n = b.shape[1];
+                let scale = (mode == Some(Mode::Row)).then(|| layout.region(4 * n));
+                let bias = biases[i].as_ref().filter(|_| self.outs[i].dtype.fp8().is_none());
+                [scale, bias.map(|t| layout.region(t.dtype.size() * n))]
+            })
+            .collect();
         Ok(AgMmPrepared {
             call: self,
             dim,
@@ -334,6 +349,7 @@ impl AgMm {
             lines_bytes: if decision.lines { AllReduceLayout::bytes_for(shard_bytes, world) } else { 0 },
             lines_input,
             lines_scales_input,
+            b_vectors,
             decision,
             shape,
             workspace: layout.bytes(),
@@ -388,6 +404,9 @@ pub(super) struct AgMmPrepared {
     lines_input: Option<usize>,
     /// On the lines, row-wise: where strided row scales are packed.
     lines_scales_input: Option<usize>,
+    /// Per B: where its row scales and its bias are copied when they are
+    /// not 16-byte aligned.
+    b_vectors: Vec<[Option<usize>; 2]>,
     decision: Decision,
     shape: decide::Shape,
     workspace: usize,
@@ -759,12 +778,16 @@ impl AgMmPrepared {
         };
         // An fp8 output's bias is added when it is rounded (`quantized`).
         let fp8_out = self.call.outs[i].dtype.fp8().is_some();
-        Ok(Some(GemmScales {
-            row_wise: mode == Mode::Row,
-            a,
-            b: Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
-            bias: s.biases.as_ref().and_then(|v| v[i].clone()).filter(|_| !fp8_out),
-        }))
+        let [scale_at, bias_at] = self.b_vectors[i];
+        let b = match scale_at {
+            Some(at) => ex.vector(b_scale, at)?,
+            None => Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
+        };
+        let bias = match (s.biases.as_ref().and_then(|v| v[i].as_ref()).filter(|_| !fp8_out), bias_at) {
+            (Some(v), Some(at)) => Some(ex.vector(v, at)?),
+            (v, _) => v.cloned(),
+        };
+        Ok(Some(GemmScales { row_wise: mode == Mode::Row, a, b, bias }))
     }
 
     /// The gathered A as one matrix in this rank's workspace, when it is one
@@ -1001,8 +1024,10 @@ mod tests {
         // Each rank's slot of row scales is 16-byte aligned (3 rows: 16 bytes).
         assert_eq!((row_scale_slot(3), row_scale_slot(8)), (16, 32));
         // Products in the (bf16) output type, not the 1-byte input type;
-        // then the (unused) fused arrival flags.
-        assert_eq!((p.ready, p.workspace), (768 + 8 * 32 * 2, 768 + 8 * 32 * 2 + 2 * 4));
+        // then the (unused) fused arrival flags; then room for each B's row
+        // scales copied aligned (no bias). Regions start 256 bytes apart.
+        assert_eq!((p.ready, p.b_vectors.clone()), (1280, vec![[Some(1536), None], [Some(1792), None]]));
+        assert_eq!(p.workspace, 1792 + 32 * 4);
         // A large shard comes in slices, each with a flag: 8 of 1024 columns.
         let p = call(&[256, 8192], 0, 8192, &[64], &[512]).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!(p.slice_k, 1024);

@@ -297,6 +297,13 @@ impl MmRs {
             _ => None,
         };
         let rounded = self.out.dtype.fp8().map(|_| region(self.out.numel()));
+        // Room to copy B's row scales and bias to 16-byte aligned addresses
+        // (cuBLASLt reads them as vectors), used where the caller's are not.
+        let n = b.shape[1];
+        let b_vectors = [
+            (mode == Some(Mode::Row)).then(|| region(4 * n)),
+            self.scales.bias.as_ref().filter(|_| self.out.dtype.fp8().is_none()).map(|t| region(t.dtype.size() * n)),
+        ];
         Ok(MmRsPrepared {
             call: self,
             symmetric_out: None,
@@ -310,6 +317,7 @@ impl MmRs {
             inbox,
             packed_scale,
             rounded,
+            b_vectors,
             lines_bytes: if decision.lines { AllReduceLayout::bytes_for(chunk_bytes, world) } else { 0 },
             decision,
             shape,
@@ -343,6 +351,9 @@ pub(super) struct MmRsPrepared {
     /// With an fp8 `out`: where the rounded chunk goes when `out` is no
     /// matrix (then copied).
     rounded: Option<usize>,
+    /// Where B's row scales and bias are copied when they are not 16-byte
+    /// aligned.
+    b_vectors: [Option<usize>; 2],
     /// Bytes of the all-reduce buffer the LL lines need (`decision.lines`).
     lines_bytes: usize,
     decision: Decision,
@@ -461,13 +472,16 @@ impl MmRsPrepared {
             Some(scratch) => ex.vector(a_scale, scratch)?,
             None => Array::contiguous(a_scale.addr, DType::F32, &[1]),
         };
-        Ok(Some(GemmScales {
-            row_wise: mode == Mode::Row,
-            a,
-            b: Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
-            // An fp8 `out`'s bias is added once, after the sum.
-            bias: s.bias.clone().filter(|_| self.call.out.dtype.fp8().is_none()),
-        }))
+        let b = match self.b_vectors[0] {
+            Some(at) => ex.vector(b_scale, at)?,
+            None => Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
+        };
+        // An fp8 `out`'s bias is added once, after the sum.
+        let bias = match (s.bias.as_ref().filter(|_| self.call.out.dtype.fp8().is_none()), self.b_vectors[1]) {
+            (Some(v), Some(at)) => Some(ex.vector(v, at)?),
+            (v, _) => v.cloned(),
+        };
+        Ok(Some(GemmScales { row_wise: mode == Mode::Row, a, b, bias }))
     }
 
     /// A chunk of the product (or of the reduction) at `addr`.
@@ -812,9 +826,12 @@ mod tests {
     fn fp8_plans() {
         let p = fp8_call(0, 16, 2, true).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!(p.mode, Some(Mode::Row));
-        // Chunks of 4 x 16 f32; a packed as 8 x 32 bytes; 8 row scales.
+        // Chunks of 4 x 16 f32; a packed as 8 x 32 bytes; 8 row scales;
+        // room for B's 16 row scales copied aligned (no bias); regions
+        // start 256 bytes apart.
         assert_eq!(p.chunks, vec![0, 256]);
-        assert_eq!((p.packed_a, p.packed_scale, p.workspace), (1280, Some(1536), 1536 + 32));
+        assert_eq!((p.packed_a, p.packed_scale, p.b_vectors), (1280, Some(1536), [Some(1792), None]));
+        assert_eq!(p.workspace, 1792 + 16 * 4);
         assert_eq!(fp8_call(0, 16, 2, false).prepare(&host_facts(2), "host", false).unwrap().packed_scale, None);
         // Scattering N: each rank's N (here 32 / 2) must be a multiple of 16.
         assert!(fp8_call(1, 32, 2, true).prepare(&host_facts(2), "host", false).is_ok());
