@@ -54,8 +54,14 @@ impl Error {
         Self::os(what, std::io::Error::last_os_error())
     }
 
+    /// An operating-system error; ENOMEM (an mmap or memfd too large for
+    /// the machine) is `OutOfMemory`, as callers test for it.
     pub fn os(what: impl fmt::Display, e: std::io::Error) -> Self {
-        Error::new(ErrorKind::System, format!("{what}: {e}"))
+        let kind = match e.raw_os_error() {
+            Some(libc::ENOMEM) => ErrorKind::OutOfMemory,
+            _ => ErrorKind::System,
+        };
+        Error::new(kind, format!("{what}: {e}"))
     }
 
     /// Prefix the message with context, keeping the kind.
@@ -90,3 +96,16 @@ macro_rules! ensure {
     };
 }
 pub(crate) use ensure;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enomem_is_out_of_memory() {
+        let e = Error::os("mmap of 4 EiB", std::io::Error::from_raw_os_error(libc::ENOMEM));
+        assert_eq!(e.kind, ErrorKind::OutOfMemory);
+        assert!(e.msg.starts_with("mmap of 4 EiB: "), "{}", e.msg);
+        assert_eq!(Error::os("open", std::io::Error::from_raw_os_error(libc::EACCES)).kind, ErrorKind::System);
+    }
+}
