@@ -43,7 +43,7 @@ step() { # step NAME COMMAND...: output to $OUT/NAME.txt, last lines echoed
     [ "$rc" = 0 ] || fail=1
 }
 
-checks=${*:-lib cuda hosts torch allreduce ar_profile host_overhead}
+checks=${*:-lib cuda hosts torch fuzz allreduce ar_profile host_overhead}
 for c in $checks; do
     case $c in
     lib) step lib timeout 600 bundle/symm-lib-tests "${SYMM_LIB_FILTER:-gpu_}" --test-threads 1 ;;

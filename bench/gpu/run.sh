@@ -74,6 +74,11 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     else
         run python3 bench/gpu/ops_check.py --world 4 --gpus 1
     fi
+    # Randomly drawn calls of every operation (a fresh seed, printed), each
+    # rank on a GPU of its own where there are two.
+    g=$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)
+    run env CUDA_MODULE_LOADING=EAGER timeout 400 python3 python/tests/ops_fuzz.py --backend cuda --world 2 --gpus "$g" \
+        --cases "${SYMM_FUZZ_CASES:-200}"
     if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ]; then
         # Its own pytest process: the CPU-platform tests pin JAX to the CPU.
         run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
