@@ -627,7 +627,9 @@ symm_status_t symm_group_reserve_workspace(symm_group_t group, size_t bytes);
 // The gathered A is the ranks' `a_shard`s (rank >= 2, `[..., K]`, any
 // strides) concatenated along `gather_dim` (0 to ndim-1) in rank order.
 // Each `bs[i]` is `[K_total, N_i]` with K_total = K, or K * world when
-// `gather_dim` is the last dimension. `outs[i]` receives gathered A @
+// `gather_dim` is the last dimension, row-major or column-major (a weight
+// or its transpose, padded or not; other layouts fail with
+// `SYMM_ERROR_UNSUPPORTED`). `outs[i]` receives gathered A @
 // `bs[i]`: the gathered shape with the last dimension N_i. `ag_out`, if
 // not NULL, receives the gathered A (of `a_shard`'s dtype). Types: f32,
 // bf16 or f16, all the same; or fp8 inputs with scales, into bf16, f16,
@@ -644,7 +646,8 @@ symm_status_t symm_fused_ag_mm(symm_group_t group, const symm_tensor_t *a_shard,
 // Collective: `reduce_scatter(a @ b, op, scatter_dim)`, as PyTorch's
 // `fused_matmul_reduce_scatter`.
 //
-// `a` is `[..., K]` (rank >= 2, any strides), `b` is `[K, N]`; their
+// `a` is `[..., K]` (rank >= 2, any strides), `b` is `[K, N]` (row- or
+// column-major, as `bs[i]` of `symm_fused_ag_mm`); their
 // product has `a`'s shape with the last dimension N, and its dimension
 // `scatter_dim` (0 to ndim-1) must divide by the world size. Rank r's
 // `out` receives chunk r of that dimension, summed over the ranks

@@ -225,8 +225,9 @@ def fused_ag_mm(
 ):
     """``all_gather(a_shard, gather_dim) @ b`` for each ``b`` of ``bs``.
 
-    ``a_shard`` is ``[..., K]``; ``bs`` one ``[K, N]`` matrix or a list of
-    them (``K * world`` rows when ``gather_dim`` is the last dimension).
+    ``a_shard`` is ``[..., K]`` (any strides); ``bs`` one ``[K, N]`` matrix
+    or a list of them (``K * world`` rows when ``gather_dim`` is the last
+    dimension), each row- or column-major (a weight or its transpose).
     Returns the output, or a list of them when ``bs`` is a list, each the
     gathered shape with last dimension N; with ``return_ag``, returns
     ``(gathered_a, outputs)``. ``out`` and ``ag_out`` are written when given.
