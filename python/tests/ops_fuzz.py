@@ -178,8 +178,9 @@ def fit(dims, budget, pair_cap):
 
 
 def values(rng, shape, dtype):
-    """Random values exact in `dtype`: small integers scaled to spread
-    magnitudes (floats), the whole range (integers), decoded fp8 codes."""
+    """Random values of `dtype` (the references take them exactly as
+    stored): normal floats rounded to the dtype, integers over their whole
+    range, fp8 codes of [-4, 4]."""
     dt = NP[dtype]
     if dtype in INTS:
         info = np.iinfo(dt)
@@ -237,7 +238,7 @@ def draw_matmul(rng, op, world, backend):
         case.update(dim=dim, a=[*shape[:-1], k], n=n, reduce=str(rng.choice(["sum", "avg"])))
     # Layouts: B K-major (a Linear weight's transpose, fp8's only one) or
     # row-major; A contiguous, with padded rows, every other element of
-    # a wider array, or (2-D) transposed.
+    # a wider array, one element past an aligned start, or (2-D) transposed.
     case["b_kmajor"] = bool(fp8 or rng.random() < 0.6)
     # fp8's B 16-byte aligned, as cuBLASLt needs (refused otherwise).
     case["b_layout"] = "offset" if not fp8 and rng.random() < 0.2 else "contiguous"
@@ -253,6 +254,8 @@ def draw_matmul(rng, op, world, backend):
 
 
 def draw(rng, world, backend):
+    """One call of any operation, sized for `backend` (the host's matmuls
+    and messages smaller)."""
     op = str(rng.choice(["ag_mm", "mm_rs", "lc_allgather", "all_reduce", "rmsnorm"], p=[0.3, 0.3, 0.1, 0.2, 0.1]))
     if op in ("ag_mm", "mm_rs"):
         return draw_matmul(rng, op, world, backend)

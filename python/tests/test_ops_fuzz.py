@@ -9,9 +9,9 @@ from ops_fuzz import run_threads
 @pytest.mark.parametrize(("world", "seed"), [(2, 1), (2, 2), (3, 3), (4, 4)])
 def test_random_calls_match_float64_references(world, seed):
     lines = []
-    failures, results = run_threads(world, seed, cases=40, log=lines.append)
+    failures, results = run_threads(world, seed, cases=80, log=lines.append)
     assert not failures, "\n".join(failures + lines[-20:])
-    assert all(done == 40 for _, _, done in results)
+    assert all(done == 80 for _, _, done in results)
 
 
 def test_a_wrong_element_or_a_written_gap_fails(monkeypatch):
