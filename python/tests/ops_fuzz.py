@@ -29,6 +29,8 @@ On the host backend (numpy arrays, ranks as threads), as the CI test does:
 On GPUs (torch tensors, one process per rank; rank r on device r % gpus):
 
     python3 python/tests/ops_fuzz.py --backend cuda --world 2 --gpus 2 --cases 300
+
+A failure names its case: ``--seed S --cases N+1 --case N`` runs it alone.
 """
 
 import argparse
@@ -700,11 +702,12 @@ def describe(case):
     return " ".join(f"{k}={v}" for k, v in case.items())
 
 
-def run_rank(groups, dev, backend, seed, cases, log=print, stop_after=1, shared=False):
+def run_rank(groups, dev, backend, seed, cases, log=print, stop_after=1, shared=False, only=None):
     """Draws and runs `cases` cases on this rank's groups (two groups of the
     same ranks, each case on one of them), arrays made by `dev`; returns
     (failures, declined, cases run). Stops after `stop_after` failures: a
-    failed collective may leave the group unusable."""
+    failed collective may leave the group unusable. `only`: run that case
+    alone (the others are drawn, not run), to repeat a failure."""
     rng = np.random.default_rng(seed)
     failures, unsupported = [], 0
     done = 0
@@ -713,6 +716,8 @@ def run_rank(groups, dev, backend, seed, cases, log=print, stop_after=1, shared=
         case = draw(rng, g.world_size, backend)
         case["group"] = int(rng.integers(0, len(groups)))
         case["stream"] = str(rng.choice(["current", "side"]))
+        if only is not None and index != only:
+            continue
         t0 = time.perf_counter()
         try:
             Runner(groups[case["group"]], dev, seed, shared).run(index, case)
@@ -730,7 +735,7 @@ def run_rank(groups, dev, backend, seed, cases, log=print, stop_after=1, shared=
     return failures, unsupported, done
 
 
-def run_threads(world, seed, cases, log=print, arrays="numpy"):
+def run_threads(world, seed, cases, log=print, arrays="numpy", only=None):
     """Every rank on a thread of this process, on the host backend, with
     numpy arrays or torch CPU tensors; returns the failures (each rank's)
     and each rank's (failures, declined, cases run)."""
@@ -745,7 +750,7 @@ def run_threads(world, seed, cases, log=print, arrays="numpy"):
     results = [None] * world
 
     def main(i):
-        results[i] = run_rank([groups[i], others[i]], dev, "host", seed, cases, log)
+        results[i] = run_rank([groups[i], others[i]], dev, "host", seed, cases, log, only=only)
 
     threads = [threading.Thread(target=main, args=(i,), daemon=True) for i in range(world)]
     for t in threads:
@@ -770,7 +775,8 @@ def rank_process(args):
         for var in ("SYMM_TEST_UID", "SYMM_TEST_UID2")
     ]
     failures, unsupported, done = run_rank(groups, TorchArrays(torch, "cuda"), "cuda", args.seed, args.cases,
-                                           log=lambda s: print(s, flush=True), shared=args.gpus < args.world)
+                                           log=lambda s: print(s, flush=True), shared=args.gpus < args.world,
+                                           only=args.case)
     torch.cuda.synchronize()
     for g in groups:
         g.check_async_error()
@@ -787,12 +793,13 @@ def main():
     p.add_argument("--gpus", type=int, default=1, help="cuda: rank r runs on device r %% gpus")
     p.add_argument("--cases", type=int, default=100)
     p.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    p.add_argument("--case", type=int, help="run only case N of the seed's draws (to repeat a failure)")
     args = p.parse_args()
     if "SYMM_TEST_RANK" in os.environ:
         sys.exit(rank_process(args))
     print(f"ops_fuzz backend={args.backend} world={args.world} seed={args.seed} cases={args.cases}", flush=True)
     if args.backend == "host":
-        failures, results = run_threads(args.world, args.seed, args.cases, arrays=args.arrays)
+        failures, results = run_threads(args.world, args.seed, args.cases, arrays=args.arrays, only=args.case)
         ok, declined = not failures, results[0][1]
     else:
         env = dict(os.environ, SYMM_TEST_UID=symm.get_unique_id().hex(), SYMM_TEST_UID2=symm.get_unique_id().hex())
