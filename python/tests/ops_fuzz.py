@@ -476,11 +476,10 @@ class Runner:
                 sa = [sa[0]] * world
             sb = [rng.uniform(0.25, 2, (1, nn) if c["row_wise"] else (1,)).astype(np.float32) for nn in c["ns"]]
             bias = [values(rng, (nn,), c["out_dtype"]) if c["bias"] else None for nn in c["ns"]]
-        if how == "plain" or how == "bound" and "a" not in st:
-            a_view, a_whole = laid_out(dev, shards[r], c["a_layout"])
+        if "a" not in st:  # the first round makes the arrays
             b_views = [dev.swap(laid_out(dev, b.T, c["b_layout"])[0]) if c["b_kmajor"] else laid_out(dev, b, c["b_layout"])[0]
                        for b in bs]
-            st.update(a=a_view, a_whole=a_whole, bs=b_views)
+            st.update(a=laid_out(dev, shards[r], c["a_layout"])[0], bs=b_views)
             if fp8:
                 vec = lambda x: laid_out(dev, x, c["vectors"])[0]  # noqa: E731
                 st.update(sa=vec(sa[r]), sb=[vec(x) for x in sb], bias=[None if x is None else vec(x) for x in bias])
@@ -511,7 +510,7 @@ class Runner:
             if "bound" not in st:
                 st["bound"] = symm.bind(symm.fused_ag_mm, self.g, st["a"], st["bs"], dim, out=given, ag_out=ag,
                                         return_ag=c["return_ag"], **kw)
-            result = self.call_bound(st["bound"])
+            result = st["bound"]()
         else:
             result = self.invoke(how, st, lambda: self.call(c, symm.fused_ag_mm, st["a"], st["bs"], dim, out=given,
                                                             ag_out=ag, return_ag=c["return_ag"], **kw))
@@ -535,9 +534,6 @@ class Runner:
         self.inputs_unchanged(what, {"a_shard": (st["a"], shards[r]), **{f"bs[{i}]": (v, b) for i, (v, b) in
                                                                          enumerate(zip(st["bs"], bs))}})
 
-    def call_bound(self, bound):
-        return bound()
-
     # -- mm_rs
     def mm_rs(self, c, rng, how, st):
         dev, world, r = self.dev, self.world, self.rank
@@ -552,7 +548,7 @@ class Runner:
             sa = [rng.uniform(0.25, 2, (*rows, 1) if c["row_wise"] else (1,)).astype(np.float32) for _ in range(world)]
             sb = [rng.uniform(0.25, 2, (1, c["n"]) if c["row_wise"] else (1,)).astype(np.float32) for _ in range(world)]
             bias = [values(rng, (c["n"],), c["out_dtype"]) if c["bias"] else None for _ in range(world)]
-        if how == "plain" or how == "bound" and "a" not in st:
+        if "a" not in st:  # the first round makes the arrays
             a_view, _ = laid_out(dev, a[r], c["a_layout"])
             b_view = dev.swap(laid_out(dev, b[r].T, c["b_layout"])[0]) if c["b_kmajor"] else laid_out(dev, b[r], c["b_layout"])[0]
             st.update(a=a_view, b=b_view)
@@ -583,7 +579,7 @@ class Runner:
         if how == "bound":
             if "bound" not in st:
                 st["bound"] = symm.bind(symm.mm_rs, self.g, st["a"], st["b"], dim, out=out, **kw)
-            got = self.call_bound(st["bound"])
+            got = st["bound"]()
         else:
             got = self.invoke(how, st, lambda: self.call(c, symm.mm_rs, st["a"], st["b"], dim, out=out, **kw))
         what = f"mm_rs ({how})"
