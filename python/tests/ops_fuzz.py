@@ -99,6 +99,9 @@ class NumpyArrays:
     def swap(self, x):
         return x.swapaxes(-1, -2)
 
+    def expand(self, x, shape):
+        return np.broadcast_to(x, shape)
+
     def copy_into(self, dst, src):
         dst[...] = src
 
@@ -146,6 +149,9 @@ class TorchArrays:
 
     def swap(self, x):
         return x.transpose(-1, -2)
+
+    def expand(self, x, shape):
+        return x.expand(*shape)
 
     def copy_into(self, dst, src):
         dst.copy_(self.put(src))
@@ -240,11 +246,13 @@ def draw_matmul(rng, op, world, backend):
         case.update(dim=dim, a=[*shape[:-1], k], n=n, reduce=str(rng.choice(["sum", "avg"])))
     # Layouts: B K-major (a Linear weight's transpose, fp8's only one) or
     # row-major; A contiguous, with padded rows, every other element of
-    # a wider array, one element past an aligned start, or (2-D) transposed.
+    # a wider array, one element past an aligned start, one row broadcast
+    # (stride 0), or (2-D) transposed.
     case["b_kmajor"] = bool(fp8 or rng.random() < 0.6)
     # fp8's B 16-byte aligned, as cuBLASLt needs (refused otherwise).
     case["b_layout"] = "offset" if not fp8 and rng.random() < 0.2 else "contiguous"
-    layouts = ["contiguous", "every_other", "offset"] if fp8 else ["contiguous", "padded", "every_other", "offset"]
+    layouts = ["contiguous", "every_other", "offset", "broadcast"]
+    layouts += [] if fp8 else ["padded"]
     layouts += ["transposed"] if ndim == 2 and not fp8 else []
     case["a_layout"] = str(rng.choice(layouts))
     outs = ["allocated", "given", "strided", "offset"] + (["symmetric"] if op == "mm_rs" else [])
@@ -312,6 +320,9 @@ def laid_out(dev, x, layout):
         wide[..., ::2] = x
         whole = dev.put(wide)
         return whole[..., ::2], whole
+    if layout == "broadcast":  # its first row for every row (stride 0): `x` has equal rows
+        whole = dev.put(np.ascontiguousarray(x[..., :1, :]))
+        return dev.expand(whole, x.shape), whole
     if layout == "offset":  # one element past an aligned start: off every vector width
         flat = np.zeros(x.size + 1, x.dtype)
         flat[1:] = x.reshape(-1)
@@ -324,6 +335,20 @@ def laid_out(dev, x, layout):
         return whole[..., : x.shape[-1]], whole
     whole = dev.put(x)
     return whole, whole
+
+
+def equal_rows(x, layout):
+    """`x`, with every row its first where `layout` broadcasts one."""
+    return np.array(np.broadcast_to(x[..., :1, :], x.shape)) if layout == "broadcast" else x
+
+
+def write_input(dev, st, x, layout):
+    """New values `x` into the case's input (`st["a"]`): a broadcast's one
+    row, else every element."""
+    if layout == "broadcast":
+        dev.copy_into(st["a_whole"], np.ascontiguousarray(x[..., :1, :]))
+    else:
+        dev.copy_into(st["a"], x)
 
 
 def poison(dtype, shape):
@@ -464,7 +489,7 @@ class Runner:
     def ag_mm(self, c, rng, how, st):
         dev, world, r = self.dev, self.world, self.rank
         dt = c["dtype"]
-        shards = [values(rng, c["shard"], dt) for _ in range(world)]
+        shards = [equal_rows(values(rng, c["shard"], dt), c["a_layout"]) for _ in range(world)]
         bs = [values(rng, (nn, c["b_rows"]), dt).T if c["b_kmajor"] else values(rng, (c["b_rows"], nn), dt)
               for nn in c["ns"]]
         kw = {"algorithm": c["algorithm"]}
@@ -479,12 +504,13 @@ class Runner:
         if "a" not in st:  # the first round makes the arrays
             b_views = [dev.swap(laid_out(dev, b.T, c["b_layout"])[0]) if c["b_kmajor"] else laid_out(dev, b, c["b_layout"])[0]
                        for b in bs]
-            st.update(a=laid_out(dev, shards[r], c["a_layout"])[0], bs=b_views)
+            st["a"], st["a_whole"] = laid_out(dev, shards[r], c["a_layout"])
+            st["bs"] = b_views
             if fp8:
                 vec = lambda x: laid_out(dev, x, c["vectors"])[0]  # noqa: E731
                 st.update(sa=vec(sa[r]), sb=[vec(x) for x in sb], bias=[None if x is None else vec(x) for x in bias])
         else:  # new values into the same arrays
-            dev.copy_into(st["a"], shards[r])
+            write_input(dev, st, shards[r], c["a_layout"])
             for view, b in zip(st["bs"], bs):
                 dev.copy_into(view, b)
             if fp8:
@@ -538,7 +564,7 @@ class Runner:
     def mm_rs(self, c, rng, how, st):
         dev, world, r = self.dev, self.world, self.rank
         dt = c["dtype"]
-        a = [values(rng, c["a"], dt) for _ in range(world)]
+        a = [equal_rows(values(rng, c["a"], dt), c["a_layout"]) for _ in range(world)]
         b = [values(rng, (c["n"], c["k"]), dt).T if c["b_kmajor"] else values(rng, (c["k"], c["n"]), dt)
              for _ in range(world)]
         fp8 = c["fp8"]
@@ -549,14 +575,14 @@ class Runner:
             sb = [rng.uniform(0.25, 2, (1, c["n"]) if c["row_wise"] else (1,)).astype(np.float32) for _ in range(world)]
             bias = [values(rng, (c["n"],), c["out_dtype"]) if c["bias"] else None for _ in range(world)]
         if "a" not in st:  # the first round makes the arrays
-            a_view, _ = laid_out(dev, a[r], c["a_layout"])
+            a_view, st["a_whole"] = laid_out(dev, a[r], c["a_layout"])
             b_view = dev.swap(laid_out(dev, b[r].T, c["b_layout"])[0]) if c["b_kmajor"] else laid_out(dev, b[r], c["b_layout"])[0]
             st.update(a=a_view, b=b_view)
             if fp8:
                 vec = lambda x: laid_out(dev, x, c["vectors"])[0]  # noqa: E731
                 st.update(sa=vec(sa[r]), sb=vec(sb[r]), bias=None if bias[r] is None else vec(bias[r]))
         else:
-            dev.copy_into(st["a"], a[r])
+            write_input(dev, st, a[r], c["a_layout"])
             dev.copy_into(st["b"], b[r])
             if fp8:
                 dev.copy_into(st["sa"], sa[r])
