@@ -77,8 +77,6 @@ def _part(x, objs, ptrs, torch, streams, depth=0):
         return (x.shape, x.strides, x.dtype, x.flags.writeable)
     if t is float:  # -0.0 == 0.0 as keys, not as arguments
         return (t, x, math.copysign(1.0, x))
-    if t is _TENSOR[2] or isinstance(x, (np.dtype, type)):  # out_dtype: torch.bfloat16, np.float16, ...
-        return (t, x)
     if t is list or t is tuple:
         if depth == MAX_DEPTH:
             return None
@@ -89,6 +87,8 @@ def _part(x, objs, ptrs, torch, streams, depth=0):
                 return None
             parts.append(p)
         return tuple(parts)
+    if t is _TENSOR[2] or isinstance(x, (np.dtype, type)):  # out_dtype: torch.bfloat16, np.float16, ...
+        return (t, x)
     return None
 
 

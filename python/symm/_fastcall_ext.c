@@ -246,15 +246,14 @@ static PyObject *part(PyObject *x, Found *f, int depth) {
         Py_DECREF(sign);
         return key;
     }
+    if (t == &PyList_Type || t == &PyTuple_Type) return sequence_part(x, f, depth);
     /* out_dtype: torch.bfloat16, np.float16, np.dtype("f2"), ... */
     int dtype = (torch_dtype != NULL && (PyObject *)t == torch_dtype) || PyType_Check(x);
     if (!dtype && np_dtype != NULL) {
         dtype = PyObject_IsInstance(x, np_dtype);
         if (dtype < 0) return NULL;
     }
-    if (dtype) return PyTuple_Pack(2, (PyObject *)t, x);
-    if (t == &PyList_Type || t == &PyTuple_Type) return sequence_part(x, f, depth);
-    return NOT_DESCRIBED;
+    return dtype ? PyTuple_Pack(2, (PyObject *)t, x) : NOT_DESCRIBED;
 }
 
 /* _fastcall.key_of: the key (a new reference), NOT_DESCRIBED, or NULL on
