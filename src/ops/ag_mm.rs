@@ -39,7 +39,7 @@ use super::decide::{self, Decision, Facts, Op};
 use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
 use super::workspace::Layout;
-use super::{batched_operands, check, shape_text, Exec, Prepared};
+use super::{b_vector_regions, batched_operands, check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
 use crate::backend::{AllReduceLayout, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
@@ -319,19 +319,12 @@ impl AgMm {
         // reads an input apart from its output.
         let lines_input = decision.lines.then(|| layout.region(shard_bytes));
         let lines_scales_input = (decision.lines && row_scales.is_some()).then(|| layout.region(4 * rows));
-        // Room to copy each B's row scales and bias to 16-byte aligned
-        // addresses (cuBLASLt reads them as vectors), used where the
-        // caller's are not; planned wherever they are given, from agreed
-        // shapes only.
-        let b_vectors = self
-            .bs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                let n = b.shape[1];
-                let scale = (mode == Some(Mode::Row)).then(|| layout.region(4 * n));
-                let bias = biases[i].as_ref().filter(|_| self.outs[i].dtype.fp8().is_none());
-                [scale, bias.map(|t| layout.region(t.dtype.size() * n))]
+        // Each B's row scales and bias, aligned where the caller's are not
+        // (an fp8 output's bias is added apart, in `quantized`).
+        let b_vectors = (self.bs.iter().zip(&self.outs).zip(&biases))
+            .map(|((b, o), bias)| {
+                let bias = bias.as_ref().filter(|_| o.dtype.fp8().is_none());
+                b_vector_regions(|bytes| layout.region(bytes), b.shape[1], mode == Some(Mode::Row), bias)
             })
             .collect();
         Ok(AgMmPrepared {
@@ -778,15 +771,8 @@ impl AgMmPrepared {
         };
         // An fp8 output's bias is added when it is rounded (`quantized`).
         let fp8_out = self.call.outs[i].dtype.fp8().is_some();
-        let [scale_at, bias_at] = self.b_vectors[i];
-        let b = match scale_at {
-            Some(at) => ex.vector(b_scale, at)?,
-            None => Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
-        };
-        let bias = match (s.biases.as_ref().and_then(|v| v[i].as_ref()).filter(|_| !fp8_out), bias_at) {
-            (Some(v), Some(at)) => Some(ex.vector(v, at)?),
-            (v, _) => v.cloned(),
-        };
+        let bias = s.biases.as_ref().and_then(|v| v[i].as_ref()).filter(|_| !fp8_out);
+        let (b, bias) = ex.b_vectors(b_scale, bias, self.b_vectors[i])?;
         Ok(Some(GemmScales { row_wise: mode == Mode::Row, a, b, bias }))
     }
 

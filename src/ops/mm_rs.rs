@@ -33,7 +33,7 @@ use super::scaled::{self, Mode};
 use super::state::Scratch;
 use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
-use super::{batched_operands, check, shape_text, Exec, Prepared};
+use super::{b_vector_regions, batched_operands, check, shape_text, Exec, Prepared};
 use crate::array::{Array, DType};
 use crate::backend::{AllReduceLayout, FusedMatmul, FusedScatter, GemmScales, Quantize, Stream};
 use crate::cost::Algorithm;
@@ -297,13 +297,10 @@ impl MmRs {
             _ => None,
         };
         let rounded = self.out.dtype.fp8().map(|_| region(self.out.numel()));
-        // Room to copy B's row scales and bias to 16-byte aligned addresses
-        // (cuBLASLt reads them as vectors), used where the caller's are not.
-        let n = b.shape[1];
-        let b_vectors = [
-            (mode == Some(Mode::Row)).then(|| region(4 * n)),
-            self.scales.bias.as_ref().filter(|_| self.out.dtype.fp8().is_none()).map(|t| region(t.dtype.size() * n)),
-        ];
+        // B's row scales and bias, aligned where the caller's are not (an
+        // fp8 `out`'s bias is added once, after the sum).
+        let bias = self.scales.bias.as_ref().filter(|_| self.out.dtype.fp8().is_none());
+        let b_vectors = b_vector_regions(&mut region, b.shape[1], mode == Some(Mode::Row), bias);
         Ok(MmRsPrepared {
             call: self,
             symmetric_out: None,
@@ -472,15 +469,9 @@ impl MmRsPrepared {
             Some(scratch) => ex.vector(a_scale, scratch)?,
             None => Array::contiguous(a_scale.addr, DType::F32, &[1]),
         };
-        let b = match self.b_vectors[0] {
-            Some(at) => ex.vector(b_scale, at)?,
-            None => Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
-        };
         // An fp8 `out`'s bias is added once, after the sum.
-        let bias = match (s.bias.as_ref().filter(|_| self.call.out.dtype.fp8().is_none()), self.b_vectors[1]) {
-            (Some(v), Some(at)) => Some(ex.vector(v, at)?),
-            (v, _) => v.cloned(),
-        };
+        let bias = s.bias.as_ref().filter(|_| self.call.out.dtype.fp8().is_none());
+        let (b, bias) = ex.b_vectors(b_scale, bias, self.b_vectors)?;
         Ok(Some(GemmScales { row_wise: mode == Mode::Row, a, b, bias }))
     }
 

@@ -64,7 +64,7 @@ pub use mm_rs::{mm_rs, MmRs, MmRsScales, ReduceOp};
 pub use symmetric::{symmetric_args, PeerAccess, SYMMETRIC_ARGS};
 pub use workspace::reserve as reserve_workspace;
 
-use crate::array::Array;
+use crate::array::{Array, DType};
 use crate::backend::{AllGatherCall, GemmScales, ReduceScatterCall, ReplayKey, Stream};
 use crate::buffer::Handle;
 use crate::cost::Algorithm;
@@ -425,6 +425,40 @@ impl Exec<'_> {
         };
         Ok(Array::contiguous(addr, t.dtype, &[t.numel()]))
     }
+
+    /// An fp8 B's scale and bias as cuBLASLt reads them: row scales and a
+    /// bias as 16-byte aligned vectors, copied to their regions of `at`
+    /// (see [`b_vector_regions`]) where the caller's are not; a tensor-wise
+    /// scale in place.
+    fn b_vectors(
+        &self,
+        b_scale: &Array,
+        bias: Option<&Array>,
+        at: [Option<usize>; 2],
+    ) -> Result<(Array, Option<Array>)> {
+        let scale = match at[0] {
+            Some(region) => self.vector(b_scale, region)?,
+            None => Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
+        };
+        let bias = match (bias, at[1]) {
+            (Some(v), Some(region)) => Some(self.vector(v, region)?),
+            (v, _) => v.cloned(),
+        };
+        Ok((scale, bias))
+    }
+}
+
+/// Regions for [`Exec::b_vectors`], `[scale, bias]`: room for an fp8 B's
+/// `n` row scales (row-wise) and for the bias cuBLASLt adds, planned
+/// wherever they are given (from agreed shapes only) and used where the
+/// caller's are not 16-byte aligned.
+fn b_vector_regions(
+    mut region: impl FnMut(usize) -> usize,
+    n: usize,
+    row_wise: bool,
+    bias: Option<&Array>,
+) -> [Option<usize>; 2] {
+    [row_wise.then(|| region(4 * n)), bias.map(|t| region(t.dtype.size() * n))]
 }
 
 /// `dst = a @ b` as one strided-batched matmul (see `Backend::gemm`): the
