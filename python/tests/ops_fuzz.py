@@ -58,6 +58,7 @@ NP = {
     "i32": np.dtype(np.int32),
     "i64": np.dtype(np.int64),
 }
+NAMES = {v: k for k, v in NP.items()}  # numpy dtype -> our name
 FLOATS = ("f32", "bf16", "f16")
 INTS = ("i8", "u8", "i32", "i64")
 # Unit roundoff of each output dtype (f32: a few roundings of f32 sums).
@@ -136,7 +137,7 @@ class TorchArrays:
 
     def put(self, x):
         x = np.ascontiguousarray(x)
-        name = next(k for k, v in NP.items() if v == x.dtype)
+        name = NAMES[x.dtype]
         bits = self.torch.from_numpy(x.view(self.BITS[x.dtype.itemsize]))
         return bits.to(self.device, copy=True).view(self.dtypes[name])
 
@@ -460,7 +461,7 @@ class Runner:
                 raw = torch.from_numpy(buf.array(np.uint8, (x.nbytes,)))
             else:
                 raw = torch.as_tensor(buf.cuda_bytes(), device="cuda")[: x.nbytes]
-            view = raw.view(self.dev.dtype(next(k for k, v in NP.items() if v == x.dtype))).view(x.shape)
+            view = raw.view(self.dev.dtype(NAMES[x.dtype])).view(x.shape)
         self.dev.copy_into(view, x)
         return view
 
