@@ -175,8 +175,9 @@ pub fn slot_offset(world: usize, channel: usize, src: usize) -> usize {
 }
 
 /// How [`Backend::scaled_gemm`] scales its product. Every array is a
-/// contiguous vector of f32 in the backend's memory, read when the matmul
-/// runs (so earlier stream work may fill it).
+/// contiguous, 16-byte aligned vector in the backend's memory (cuBLASLt
+/// declines others), read when the matmul runs (so earlier stream work may
+/// fill it).
 #[derive(Clone, Debug)]
 pub struct GemmScales {
     /// Row-wise: `a` has one scale per row of A (m) and `b` one per column
@@ -189,6 +190,21 @@ pub struct GemmScales {
 }
 
 impl GemmScales {
+    /// That these scales fit an `m x n` product into `dst` (see
+    /// [`GemmScales`]); every backend holds its callers to it.
+    pub fn check(&self, m: usize, n: usize, dst: DType) -> Result<()> {
+        let (want_a, want_b) = if self.row_wise { (m, n) } else { (1, 1) };
+        let f32_of = |v: &Array, len| v.dtype == DType::F32 && v.numel() == len;
+        let bias_ok = self.bias.as_ref().is_none_or(|v| v.numel() == n && v.dtype == dst);
+        let vectors = [&self.a, &self.b].into_iter().chain(&self.bias);
+        let aligned = vectors.into_iter().all(|v| v.is_contiguous() && v.addr % 16 == 0);
+        if f32_of(&self.a, want_a) && f32_of(&self.b, want_b) && bias_ok && aligned {
+            Ok(())
+        } else {
+            Err(err!(Internal, "scaled matmul into {m}x{n} {dst} with scales {self:?}"))
+        }
+    }
+
     /// The scales and bias of columns `start..start + len` of the product.
     pub fn columns(&self, start: usize, len: usize) -> GemmScales {
         GemmScales {

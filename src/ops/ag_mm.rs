@@ -39,7 +39,7 @@ use super::decide::{self, Decision, Facts, Op};
 use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
 use super::workspace::Layout;
-use super::{b_vector_regions, batched_operands, check, shape_text, Exec, Prepared};
+use super::{batched_operands, check, shape_text, BVectors, Exec, Prepared};
 use crate::array::{Array, DType};
 use crate::backend::{AllReduceLayout, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
@@ -319,14 +319,19 @@ impl AgMm {
         // reads an input apart from its output.
         let lines_input = decision.lines.then(|| layout.region(shard_bytes));
         let lines_scales_input = (decision.lines && row_scales.is_some()).then(|| layout.region(4 * rows));
-        // Each B's row scales and bias, aligned where the caller's are not
-        // (an fp8 output's bias is added apart, in `quantized`).
-        let b_vectors = (self.bs.iter().zip(&self.outs).zip(&biases))
-            .map(|((b, o), bias)| {
-                let bias = bias.as_ref().filter(|_| o.dtype.fp8().is_none());
-                b_vector_regions(|bytes| layout.region(bytes), b.shape[1], mode == Some(Mode::Row), bias)
-            })
-            .collect();
+        // fp8: a tensor-wise A scale, each B's scales and bias, aligned
+        // where the caller's are not (an fp8 output's bias is added apart,
+        // in `quantized`).
+        let tensor_scale = (mode == Some(Mode::Tensor)).then(|| layout.region(4));
+        let b_vectors = match mode {
+            Some(mode) => (self.bs.iter().zip(&self.outs).zip(&biases))
+                .map(|((b, o), bias)| {
+                    let bias = bias.as_ref().filter(|_| o.dtype.fp8().is_none());
+                    BVectors::plan(|bytes| layout.region(bytes), b.shape[1], mode == Mode::Row, bias)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(AgMmPrepared {
             call: self,
             dim,
@@ -342,6 +347,7 @@ impl AgMm {
             lines_bytes: if decision.lines { AllReduceLayout::bytes_for(shard_bytes, world) } else { 0 },
             lines_input,
             lines_scales_input,
+            tensor_scale,
             b_vectors,
             decision,
             shape,
@@ -397,9 +403,12 @@ pub(super) struct AgMmPrepared {
     lines_input: Option<usize>,
     /// On the lines, row-wise: where strided row scales are packed.
     lines_scales_input: Option<usize>,
-    /// Per B: where its row scales and its bias are copied when they are
+    /// fp8, tensor-wise: where `a_scale` is copied when it is not 16-byte
+    /// aligned.
+    tensor_scale: Option<usize>,
+    /// fp8, per B: where its scales and its bias are copied when they are
     /// not 16-byte aligned.
-    b_vectors: Vec<[Option<usize>; 2]>,
+    b_vectors: Vec<BVectors>,
     decision: Decision,
     shape: decide::Shape,
     workspace: usize,
@@ -762,7 +771,7 @@ impl AgMmPrepared {
         let a = match (mode, rows) {
             (Mode::Tensor, _) => {
                 let a_scale = s.a_scale.as_ref().expect("an fp8 call has an A scale");
-                Array::contiguous(a_scale.addr, DType::F32, &[1])
+                ex.vector(a_scale, self.tensor_scale.expect("planned for tensor-wise calls"))?
             }
             (Mode::Row, Rows::Shard(r)) => self.row_scale_vector(ex.local(0), r),
             (Mode::Row, Rows::All) => {
@@ -1012,7 +1021,11 @@ mod tests {
         // Products in the (bf16) output type, not the 1-byte input type;
         // then the (unused) fused arrival flags; then room for each B's row
         // scales copied aligned (no bias). Regions start 256 bytes apart.
-        assert_eq!((p.ready, p.b_vectors.clone()), (1280, vec![[Some(1536), None], [Some(1792), None]]));
+        let row_scales = |scale| BVectors { scale, bias: None };
+        assert_eq!(
+            (p.ready, p.tensor_scale, p.b_vectors.clone()),
+            (1280, None, vec![row_scales(1536), row_scales(1792)])
+        );
         assert_eq!(p.workspace, 1792 + 32 * 4);
         // A large shard comes in slices, each with a flag: 8 of 1024 columns.
         let p = call(&[256, 8192], 0, 8192, &[64], &[512]).prepare(&host_facts(2), "host", false).unwrap();

@@ -33,7 +33,7 @@ use super::scaled::{self, Mode};
 use super::state::Scratch;
 use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
-use super::{b_vector_regions, batched_operands, check, shape_text, Exec, Prepared};
+use super::{batched_operands, check, shape_text, BVectors, Exec, Prepared};
 use crate::array::{Array, DType};
 use crate::backend::{AllReduceLayout, FusedMatmul, FusedScatter, GemmScales, Quantize, Stream};
 use crate::cost::Algorithm;
@@ -294,13 +294,14 @@ impl MmRs {
         };
         let packed_scale = match mode {
             Some(Mode::Row) => Some(region(check::mul(rows, 4, "a_scale")?)),
-            _ => None,
+            Some(Mode::Tensor) => Some(region(4)),
+            None => None,
         };
         let rounded = self.out.dtype.fp8().map(|_| region(self.out.numel()));
-        // B's row scales and bias, aligned where the caller's are not (an
-        // fp8 `out`'s bias is added once, after the sum).
+        // B's scales and bias, aligned where the caller's are not (an fp8
+        // `out`'s bias is added once, after the sum).
         let bias = self.scales.bias.as_ref().filter(|_| self.out.dtype.fp8().is_none());
-        let b_vectors = b_vector_regions(&mut region, b.shape[1], mode == Some(Mode::Row), bias);
+        let b_vectors = mode.map(|mode| BVectors::plan(&mut region, b.shape[1], mode == Mode::Row, bias));
         Ok(MmRsPrepared {
             call: self,
             symmetric_out: None,
@@ -343,14 +344,15 @@ pub(super) struct MmRsPrepared {
     /// the flags buffer, and of the inbox (`world` chunks) in the mailbox.
     state: usize,
     inbox: usize,
-    /// Row-wise: where a slice of `a_scale` is made contiguous.
+    /// fp8: where `a_scale` (row-wise: a slice of it) is copied when it is
+    /// not a 16-byte aligned vector.
     packed_scale: Option<usize>,
     /// With an fp8 `out`: where the rounded chunk goes when `out` is no
     /// matrix (then copied).
     rounded: Option<usize>,
-    /// Where B's row scales and bias are copied when they are not 16-byte
+    /// fp8: where B's scales and bias are copied when they are not 16-byte
     /// aligned.
-    b_vectors: [Option<usize>; 2],
+    b_vectors: Option<BVectors>,
     /// Bytes of the all-reduce buffer the LL lines need (`decision.lines`).
     lines_bytes: usize,
     decision: Decision,
@@ -465,13 +467,10 @@ impl MmRsPrepared {
         let (Some(mode), Some(a_scale)) = (self.mode, a_scale) else { return Ok(None) };
         let s = &self.call.scales;
         let b_scale = s.b_scale.as_ref().expect("an fp8 call has a B scale");
-        let a = match self.packed_scale {
-            Some(scratch) => ex.vector(a_scale, scratch)?,
-            None => Array::contiguous(a_scale.addr, DType::F32, &[1]),
-        };
+        let a = ex.vector(a_scale, self.packed_scale.expect("planned for fp8 calls"))?;
         // An fp8 `out`'s bias is added once, after the sum.
         let bias = s.bias.as_ref().filter(|_| self.call.out.dtype.fp8().is_none());
-        let (b, bias) = ex.b_vectors(b_scale, bias, self.b_vectors)?;
+        let (b, bias) = ex.b_vectors(b_scale, bias, self.b_vectors.expect("planned for fp8 calls"))?;
         Ok(Some(GemmScales { row_wise: mode == Mode::Row, a, b, bias }))
     }
 
@@ -821,9 +820,14 @@ mod tests {
         // room for B's 16 row scales copied aligned (no bias); regions
         // start 256 bytes apart.
         assert_eq!(p.chunks, vec![0, 256]);
-        assert_eq!((p.packed_a, p.packed_scale, p.b_vectors), (1280, Some(1536), [Some(1792), None]));
+        assert_eq!(
+            (p.packed_a, p.packed_scale, p.b_vectors),
+            (1280, Some(1536), Some(BVectors { scale: 1792, bias: None }))
+        );
         assert_eq!(p.workspace, 1792 + 16 * 4);
-        assert_eq!(fp8_call(0, 16, 2, false).prepare(&host_facts(2), "host", false).unwrap().packed_scale, None);
+        // Tensor-wise: room for one scale each, copied aligned.
+        let p = fp8_call(0, 16, 2, false).prepare(&host_facts(2), "host", false).unwrap();
+        assert_eq!((p.packed_scale, p.b_vectors), (Some(1536), Some(BVectors { scale: 1792, bias: None })));
         // Scattering N: each rank's N (here 32 / 2) must be a multiple of 16.
         assert!(fp8_call(1, 32, 2, true).prepare(&host_facts(2), "host", false).is_ok());
         assert!(fp8_call(1, 16, 2, true).prepare(&host_facts(2), "host", false).unwrap_err().msg.contains("N = 8"));

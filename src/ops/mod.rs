@@ -64,7 +64,7 @@ pub use mm_rs::{mm_rs, MmRs, MmRsScales, ReduceOp};
 pub use symmetric::{symmetric_args, PeerAccess, SYMMETRIC_ARGS};
 pub use workspace::reserve as reserve_workspace;
 
-use crate::array::{Array, DType};
+use crate::array::Array;
 use crate::backend::{AllGatherCall, GemmScales, ReduceScatterCall, ReplayKey, Stream};
 use crate::buffer::Handle;
 use crate::cost::Algorithm;
@@ -426,21 +426,11 @@ impl Exec<'_> {
         Ok(Array::contiguous(addr, t.dtype, &[t.numel()]))
     }
 
-    /// An fp8 B's scale and bias as cuBLASLt reads them: row scales and a
-    /// bias as 16-byte aligned vectors, copied to their regions of `at`
-    /// (see [`b_vector_regions`]) where the caller's are not; a tensor-wise
-    /// scale in place.
-    fn b_vectors(
-        &self,
-        b_scale: &Array,
-        bias: Option<&Array>,
-        at: [Option<usize>; 2],
-    ) -> Result<(Array, Option<Array>)> {
-        let scale = match at[0] {
-            Some(region) => self.vector(b_scale, region)?,
-            None => Array::contiguous(b_scale.addr, DType::F32, &[b_scale.numel()]),
-        };
-        let bias = match (bias, at[1]) {
+    /// An fp8 B's scale and bias as cuBLASLt reads them: 16-byte aligned
+    /// vectors, copied to their regions of `at` where the caller's are not.
+    fn b_vectors(&self, b_scale: &Array, bias: Option<&Array>, at: BVectors) -> Result<(Array, Option<Array>)> {
+        let scale = self.vector(b_scale, at.scale)?;
+        let bias = match (bias, at.bias) {
             (Some(v), Some(region)) => Some(self.vector(v, region)?),
             (v, _) => v.cloned(),
         };
@@ -448,17 +438,19 @@ impl Exec<'_> {
     }
 }
 
-/// Regions for [`Exec::b_vectors`], `[scale, bias]`: room for an fp8 B's
-/// `n` row scales (row-wise) and for the bias cuBLASLt adds, planned
-/// wherever they are given (from agreed shapes only) and used where the
-/// caller's are not 16-byte aligned.
-fn b_vector_regions(
-    mut region: impl FnMut(usize) -> usize,
-    n: usize,
-    row_wise: bool,
-    bias: Option<&Array>,
-) -> [Option<usize>; 2] {
-    [row_wise.then(|| region(4 * n)), bias.map(|t| region(t.dtype.size() * n))]
+/// Where [`Exec::b_vectors`] copies an fp8 B's scale (one, or `n` row
+/// scales) and the bias cuBLASLt adds when the caller's are not 16-byte
+/// aligned: planned wherever they are (from agreed shapes only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BVectors {
+    scale: usize,
+    bias: Option<usize>,
+}
+
+impl BVectors {
+    fn plan(mut region: impl FnMut(usize) -> usize, n: usize, row_wise: bool, bias: Option<&Array>) -> BVectors {
+        BVectors { scale: region(4 * if row_wise { n } else { 1 }), bias: bias.map(|t| region(t.dtype.size() * n)) }
+    }
 }
 
 /// `dst = a @ b` as one strided-batched matmul (see `Backend::gemm`): the

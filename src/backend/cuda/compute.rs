@@ -199,11 +199,7 @@ pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmSca
         return Err(err!(Internal, "scaled matmul of {} @ {}", a.dtype, b.dtype));
     };
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    let (want_a, want_b) = if scales.row_wise { (m, n) } else { (1, 1) };
-    let vectors = [&scales.a, &scales.b].into_iter().chain(&scales.bias);
-    if scales.a.numel() != want_a || scales.b.numel() != want_b || vectors.into_iter().any(|v| !v.is_contiguous()) {
-        return Err(err!(Internal, "scaled matmul of {m}x{k} @ {k}x{n} with scales {scales:?}"));
-    }
+    scales.check(m, n, dst.dtype)?;
     let (a_addr, lda, a_trans) = operand(a)?;
     let (b_addr, ldb, b_trans) = operand(b)?;
     if dst.strides[1] != 1 {

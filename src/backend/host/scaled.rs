@@ -11,11 +11,7 @@ use crate::error::{err, Result};
 
 pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales) -> Result<()> {
     let (m, n) = (dst.shape[0], dst.shape[1]);
-    let (want_a, want_b) = if scales.row_wise { (m, n) } else { (1, 1) };
-    let bias_ok = scales.bias.as_ref().is_none_or(|v| v.numel() == n && v.dtype == dst.dtype);
-    if scales.a.numel() != want_a || scales.b.numel() != want_b || !bias_ok {
-        return Err(err!(Internal, "scaled gemm into {:?} with scales {scales:?}", dst.shape));
-    }
+    scales.check(m, n, dst.dtype)?;
     let mut acc = vec![0f32; m * n];
     let product = Array::contiguous(acc.as_mut_ptr() as u64, DType::F32, &[m, n]);
     matmul::gemm(&product, a, b, false)?;
@@ -76,6 +72,10 @@ mod tests {
         Array::contiguous(v.as_mut_ptr() as u64, DType::F32, shape)
     }
 
+    /// Scales and bias as backends take them: 16-byte aligned.
+    #[repr(align(16))]
+    struct Aligned<T>(T);
+
     #[test]
     fn tensor_and_row_wise_scales_and_bias() {
         // A = [[1, 2], [-1, 0.5]] in e4m3 (0x38 = 1, 0x40 = 2, 0xb8 = -1, 0x30 = 0.5).
@@ -85,35 +85,40 @@ mod tests {
         let av = Array { addr: a.as_mut_ptr() as u64, dtype: DType::F8E4M3, shape: vec![2, 2], strides: vec![2, 1] };
         let bv = Array { addr: b.as_mut_ptr() as u64, dtype: DType::F8E5M2, shape: vec![2, 3], strides: vec![1, 2] };
         // A @ B = [[5, 4, 1], [0, -1.5, -1]].
-        let (mut sa, mut sb) = ([2f32], [0.5f32]);
+        let (mut sa, mut sb) = (Aligned([2f32]), Aligned([0.5f32]));
         let mut out = [f32::NAN; 6];
-        let tensor = GemmScales { row_wise: false, a: f32s(&mut sa, &[1]), b: f32s(&mut sb, &[1]), bias: None };
+        let tensor = GemmScales { row_wise: false, a: f32s(&mut sa.0, &[1]), b: f32s(&mut sb.0, &[1]), bias: None };
         scaled_gemm(&f32s(&mut out, &[2, 3]), &av, &bv, &tensor).unwrap();
         assert_eq!(out, [5., 4., 1., 0., -1.5, -1.]);
 
-        let (mut ra, mut rb) = ([1f32, 10.], [1f32, 2., 4.]);
-        let mut bias: Vec<u16> = [0.25f32, 0., -1.].iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
-        let bias = Array::contiguous(bias.as_mut_ptr() as u64, DType::BF16, &[3]);
+        let (mut ra, mut rb) = (Aligned([1f32, 10.]), Aligned([1f32, 2., 4.]));
+        let mut bias = Aligned([0.25f32, 0., -1.].map(|v| bf16::from_f32(v).to_bits()));
+        let bias = Array::contiguous(bias.0.as_mut_ptr() as u64, DType::BF16, &[3]);
         let mut out = [0u16; 6];
         let outv = Array::contiguous(out.as_mut_ptr() as u64, DType::BF16, &[2, 3]);
-        let rows = GemmScales { row_wise: true, a: f32s(&mut ra, &[2]), b: f32s(&mut rb, &[3]), bias: Some(bias) };
+        let rows = GemmScales { row_wise: true, a: f32s(&mut ra.0, &[2]), b: f32s(&mut rb.0, &[3]), bias: Some(bias) };
         scaled_gemm(&outv, &av, &bv, &rows).unwrap();
         let got: Vec<f32> = out.iter().map(|&h| bf16::from_bits(h).to_f32()).collect();
         assert_eq!(got, [5.25, 8., 3., 0.25, -30., -41.]);
 
         // Scales of the wrong length are a bug in the caller.
-        let short = GemmScales { row_wise: true, a: f32s(&mut ra, &[1]), ..rows.clone() };
+        let short = GemmScales { row_wise: true, a: f32s(&mut ra.0, &[1]), ..rows.clone() };
         assert_eq!(scaled_gemm(&outv, &av, &bv, &short).unwrap_err().kind, crate::error::ErrorKind::Internal);
-        // Only the requested columns of the bias and scales are used.
-        let mut two = [f32::NAN; 4];
+        // Columns 1..3 narrow B's scales and the bias; so misaligned, a
+        // backend refuses them (the operations copy such vectors aligned).
         let cols = rows.columns(1, 2);
-        // (the bias is bf16, so the output must be too)
-        scaled_gemm(&f32s(&mut two, &[2, 2]), &av, &bv.narrow(1, 1, 2), &cols).unwrap_err();
+        let (b, bias) = (&cols.b, cols.bias.as_ref().unwrap());
+        assert_eq!(
+            (b.addr, &b.shape, bias.addr, &bias.shape),
+            (rows.b.addr + 4, &vec![2], rows.bias.as_ref().unwrap().addr + 2, &vec![2])
+        );
         let mut two_bf16 = [0u16; 4];
         let twov = Array::contiguous(two_bf16.as_mut_ptr() as u64, DType::BF16, &[2, 2]);
-        scaled_gemm(&twov, &av, &bv.narrow(1, 1, 2), &cols).unwrap();
-        let got: Vec<f32> = two_bf16.iter().map(|&h| bf16::from_bits(h).to_f32()).collect();
-        assert_eq!(got, [8., 3., -30., -41.]);
+        assert_eq!(
+            scaled_gemm(&twov, &av, &bv.narrow(1, 1, 2), &cols).unwrap_err().kind,
+            crate::error::ErrorKind::Internal
+        );
+        assert_eq!(two_bf16, [0; 4]);
     }
 
     #[test]
