@@ -8,7 +8,9 @@
 # (test_torch_cuda), jax (test_jax_cuda), allreduce (bench_allreduce.py), ar_profile
 # (probes/allreduce_profile.py), host_overhead, families (bench_families.py),
 # ops_check (every operation against the host backend), fuzz (randomly drawn
-# calls, python/tests/ops_fuzz.py; SYMM_FUZZ_CASES), bench (bench_ops.py);
+# calls, python/tests/ops_fuzz.py; SYMM_FUZZ_CASES), diverge (one rank's call
+# differing from its peers', python/tests/diverge_fuzz.py; SYMM_DIVERGE_CASES),
+# bench (bench_ops.py);
 # every check but hosts, ar_profile and host_overhead at SYMM_WORLD ranks
 # (default 2);
 # hosts_bench (bench_hosts.py, world 2: NCCL's network transport, then its
@@ -43,7 +45,7 @@ step() { # step NAME COMMAND...: output to $OUT/NAME.txt, last lines echoed
     [ "$rc" = 0 ] || fail=1
 }
 
-checks=${*:-lib cuda hosts torch fuzz allreduce ar_profile host_overhead}
+checks=${*:-lib cuda hosts torch fuzz diverge allreduce ar_profile host_overhead}
 for c in $checks; do
     case $c in
     lib) step lib timeout 600 bundle/symm-lib-tests "${SYMM_LIB_FILTER:-gpu_}" --test-threads 1 ;;
@@ -62,6 +64,12 @@ for c in $checks; do
         gpus=$([ "$ngpu" -ge "$world" ] && echo "$world" || echo 1)
         step fuzz env CUDA_MODULE_LOADING=EAGER timeout "${SYMM_FUZZ_TIMEOUT:-540}" python3 python/tests/ops_fuzz.py \
             --backend cuda --world "$world" --gpus "$gpus" --cases "${SYMM_FUZZ_CASES:-200}" ${SYMM_FUZZ_ARGS:-} ;;
+    diverge)
+        # One rank's call differing from its peers' (a fresh seed, printed):
+        # every rank fails cleanly, in bounded time.
+        gpus=$([ "$ngpu" -ge "$world" ] && echo "$world" || echo 1)
+        step diverge env CUDA_MODULE_LOADING=EAGER timeout "${SYMM_DIVERGE_TIMEOUT:-540}" python3 python/tests/diverge_fuzz.py \
+            --backend cuda --world "$world" --gpus "$gpus" --cases "${SYMM_DIVERGE_CASES:-40}" ;;
     ops_check) step ops_check timeout 300 python3 bench/gpu/ops_check.py --world "$world" --gpus "$world" ;;
     bench) step bench timeout "${SYMM_BENCH_TIMEOUT:-300}" torchrun --nproc-per-node "$world" bench/bench_ops.py --out "$OUT" ${SYMM_BENCH_ARGS:-} ;;
     host_overhead) step host_overhead timeout 300 python3 bench/gpu/host_overhead.py --gpus "$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)" ;;

@@ -79,6 +79,9 @@ if [ "${SYMM_GPU_OPS:-1}" = 1 ]; then
     g=$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)
     run env CUDA_MODULE_LOADING=EAGER timeout 400 python3 python/tests/ops_fuzz.py --backend cuda --world 2 --gpus "$g" \
         --cases "${SYMM_FUZZ_CASES:-200}"
+    # One rank's call differing from its peers': every rank fails cleanly.
+    run env CUDA_MODULE_LOADING=EAGER timeout 400 python3 python/tests/diverge_fuzz.py --backend cuda --world 2 --gpus "$g" \
+        --cases "${SYMM_DIVERGE_CASES:-40}"
     if [ "${SYMM_JAX:-0}" = 1 ] && [ "$ngpu" -ge 2 ]; then
         # Its own pytest process: the CPU-platform tests pin JAX to the CPU.
         run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
