@@ -9,6 +9,8 @@ is collective and stream-ordered: it returns once enqueued on ``stream``,
 by default the current stream of the first array's framework (torch's or
 cupy's; the NULL stream for other arrays), so that it runs after the work
 that produced its inputs and before the work that reads its outputs.
+Unlike torch's, no array may be empty: every dimension is at least 1 (an
+empty one fails with ``SymmInvalidArgument``, before anything moves).
 
 fp8 matmuls (``float8_e4m3fn`` / ``float8_e5m2`` inputs: ml_dtypes arrays on
 the host, torch tensors on CUDA) take f32 scales and compute
