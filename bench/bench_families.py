@@ -1,8 +1,8 @@
-"""The fused operations on every family of shapes of issue 41
-(bench/families.py), every implementation of a case in one run.
+"""The fused operations on every family of shapes (bench/families.py),
+every implementation of a case in one run.
 
-Launch on the GPU machine with one process per GPU (bench/gpu/families.sh
-does, then collects and draws the results):
+Launch on the GPU machine with one process per GPU (`bench/gpu/checks.sh
+families` does):
     torchrun --nproc-per-node 2 bench/bench_families.py --out DIR [--quick] [--only FAMILIES]
 
 Timed as bench_ops.py times (its Bench: CUDA events, the median of --iters

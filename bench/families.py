@@ -1,4 +1,4 @@
-"""The families of shapes of issue 41 (shapes a user runs beyond
+"""The families of shapes (shapes a user runs beyond
 bench_ops.py's eight), their targets, and the table of a run's records.
 Standard library only: bench_families.py times these cases on GPUs, and
 python/tests/test_bench_families.py and plot_families.py read them anywhere.

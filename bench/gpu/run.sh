@@ -8,9 +8,10 @@
 #   (one process, two GPUs): its tests (before the benchmark, which may run
 #   out of time), and with the benchmark, bench_jax.py (last).
 #   SYMM_PROFILE=1: profile_ops.py's per-rank timelines, before the benchmark.
-#   SYMM_FAMILIES=1: also bench_families.py (issue 41's families of shapes,
-#   world SYMM_FAMILIES_WORLD=2, cut at SYMM_FAMILIES_TIMEOUT=480 s, with
-#   SYMM_FAMILIES_ARGS), after the benchmarks; bench/gpu/families.sh runs it alone.
+#   SYMM_FAMILIES=1: also bench_families.py (the families of shapes of
+#   bench/families.py, world SYMM_FAMILIES_WORLD=2, cut at
+#   SYMM_FAMILIES_TIMEOUT=480 s, with SYMM_FAMILIES_ARGS), after the
+#   benchmarks; `checks.sh families` runs it alone.
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
