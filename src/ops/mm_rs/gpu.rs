@@ -40,8 +40,12 @@ fn gpu_mm_rs_decode_sizes_reduce_scatter_on_the_lines() {
     let world = gpu_test_world();
     let Some(groups) = cuda_groups(world) else { return };
     let tolerance = |d: DType| if d == DType::F32 { 1e-5 } else { 1.5e-2 };
-    // (rows of a per rank, k, n, padded output)
-    let cases = [(16, 256, 512, false), (8 * world, 512, 1024, true), (64, 1024, 512, false)];
+    // (rows of a per rank, a multiple of the world; k, n, padded output)
+    let cases = [
+        (world * 16_usize.div_ceil(world), 256, 512, false),
+        (8 * world, 512, 1024, true),
+        (world * 64_usize.div_ceil(world), 1024, 512, false),
+    ];
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         for &(m, k, n, padded) in &cases {
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
