@@ -8,7 +8,8 @@
 # (test_torch_cuda), jax (test_jax_cuda), allreduce (bench_allreduce.py), ar_profile
 # (probes/allreduce_profile.py), host_overhead, families (bench_families.py),
 # ops_check (every operation against the host backend), fuzz (randomly drawn
-# calls, python/tests/ops_fuzz.py; SYMM_FUZZ_CASES), diverge (one rank's call
+# calls, python/tests/ops_fuzz.py; SYMM_FUZZ_CASES), fuzz_memcheck (the same
+# under compute-sanitizer's memcheck), diverge (one rank's call
 # differing from its peers', python/tests/diverge_fuzz.py; SYMM_DIVERGE_CASES),
 # bench (bench_ops.py);
 # every check but hosts, ar_profile and host_overhead at SYMM_WORLD ranks
@@ -64,6 +65,13 @@ for c in $checks; do
         gpus=$([ "$ngpu" -ge "$world" ] && echo "$world" || echo 1)
         step fuzz env CUDA_MODULE_LOADING=EAGER timeout "${SYMM_FUZZ_TIMEOUT:-540}" python3 python/tests/ops_fuzz.py \
             --backend cuda --world "$world" --gpus "$gpus" --cases "${SYMM_FUZZ_CASES:-200}" ${SYMM_FUZZ_ARGS:-} ;;
+    fuzz_memcheck)
+        # The drawn calls under memcheck, every process: no out-of-bounds or
+        # misaligned access by any kernel or copy they make.
+        gpus=$([ "$ngpu" -ge "$world" ] && echo "$world" || echo 1)
+        step fuzz_memcheck env CUDA_MODULE_LOADING=EAGER timeout "${SYMM_FUZZ_TIMEOUT:-540}" compute-sanitizer --tool memcheck \
+            --target-processes all --error-exitcode 9 --print-limit 20 python3 python/tests/ops_fuzz.py \
+            --backend cuda --world "$world" --gpus "$gpus" --cases "${SYMM_FUZZ_CASES:-200}" ;;
     diverge)
         # One rank's call differing from its peers' (a fresh seed, printed):
         # every rank fails cleanly, in bounded time.
