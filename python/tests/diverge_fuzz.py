@@ -6,8 +6,10 @@ the ranks must share: the operation, a shape (rows, K, N, the number of
 Bs), a dtype, the gathered or scattered dimension, the reduce op, the
 forced algorithm, the fp8 scale mode or bias. It differs either on the
 group's first call, or after every rank made the same call once (so the
-peers' call is kept: they skip the agreement). Each case has a group of its
-own, with a short timeout, sometimes with check-args ``always``.
+peers' call is kept: they skip the agreement), the peers then repeating it
+plainly, through ``symm.bind``, or (CUDA) by replaying the CUDA graph it
+was captured into. Each case has a group of its own, with a short timeout,
+sometimes with check-args ``always``.
 
 What the library promises (README, "A group fails for good"), checked on
 every rank:
@@ -16,14 +18,15 @@ every rank:
   may return, and its group then reports the failure) within a bound of
   the group's timeout;
 - a first call that differs, or any differing call with check-args
-  ``always``, fails on every rank before anything moves (``Mismatch``, or
-  the odd rank's own refusal and ``Remote`` on its peers): no output
-  element is written, every group still works, and the same ranks then
-  run a valid call correctly;
-- a kept call that one rank alone changes fails the group on every rank
-  (its peers wait for data that never comes, until the timeout): every
-  rank's ``health()`` reports it, and the next call is refused with
-  ``SymmAbortedError``.
+  ``always`` (but for a graph's replay, which never reaches the library),
+  fails on every rank before anything moves (``Mismatch``, or the odd
+  rank's own refusal and ``Remote`` on its peers): no output element is
+  written, every group still works, and the same ranks then run a valid
+  call correctly;
+- a kept call that one rank alone changes (or a graph replayed while that
+  rank makes another call) fails the group on every rank: its peers wait
+  for data that never comes, until the timeout; every rank's ``health()``
+  reports it, and the next call is refused with ``SymmAbortedError``.
 
 On the host backend (ranks as threads), as the CI test does:
 
@@ -164,8 +167,8 @@ def plain(case):
 
 def draw_divergence(rng, world, backend, shared):
     """The case's two calls (peers', odd rank's), the odd rank, when it
-    changes ("first" or "kept"), and whether the group checks arguments
-    always."""
+    changes ("first" or "kept"), how the peers repeat a kept call ("again",
+    "bound" or "graph"), and whether the group checks arguments always."""
     while True:
         base = plain(draw(rng, world, backend))
         if shared and base["op"] == "all_reduce" and base["dtype"] in INTS:
@@ -179,6 +182,7 @@ def draw_divergence(rng, world, backend, shared):
         return {
             "calls": pair, "change": change.__name__, "odd": int(rng.integers(0, world)),
             "when": str(rng.choice(["first", "kept"])), "check_always": bool(rng.random() < 0.25),
+            "peers": str(rng.choice(["again", "bound"] + (["graph"] if backend == "cuda" else []))),
         }
 
 
@@ -232,11 +236,15 @@ def run_case(g, dev, backend, seed, index, d, exchange, shared):
     runner = Runner(g, dev, seed, shared)
     problems = []
     st = {"symmetric": []}
-    if d["when"] == "kept":  # every rank makes the same call once first
-        getattr(runner, base["op"])(base, np.random.default_rng([seed, index, 0]), "plain", st)
+    if d["when"] == "kept":
+        # Every rank makes the same call first (and binds it, or captures
+        # it into a graph, where the peers repeat it so).
+        first = {"again": ["plain"], "bound": ["plain", "bound"], "graph": ["plain", "graph"]}[d["peers"]]
+        for i, round_ in enumerate(first):
+            getattr(runner, base["op"])(base, np.random.default_rng([seed, index, 0, i]), round_, st)
         dev.sync()
         if r != d["odd"]:
-            how = "again"
+            how = {"again": "again", "bound": "bound", "graph": "graph_again"}[d["peers"]]
         else:
             st, how = {"symmetric": []}, "plain"
     else:
@@ -248,7 +256,9 @@ def run_case(g, dev, backend, seed, index, d, exchange, shared):
         dev.sync()
 
     (ended, error), seconds = outcome_of(divergent)
-    expect_failed = d["when"] == "kept" and not d["check_always"]
+    # A graph's replay never reaches the library, so check-args `always`
+    # cannot catch the change there either.
+    expect_failed = d["when"] == "kept" and (not d["check_always"] or d["peers"] == "graph")
     health = settled_health(g, expect_failed, backend)
     untouched = not written(dev, st) if ended == "raised" else None
     everyone = exchange(index, {"rank": r, "ended": ended, "error": error, "seconds": seconds, "health": health,
@@ -299,7 +309,8 @@ def run_rank(world, make_group, dev, backend, seed, cases, exchange, log=print, 
             continue
         g = make_group(index, d["check_always"])
         t0 = time.perf_counter()
-        label = (f"case {index} change={d['change']} when={d['when']} odd={d['odd']} "
+        when = f"kept peers={d['peers']}" if d["when"] == "kept" else "first"
+        label = (f"case {index} change={d['change']} when={when} odd={d['odd']} "
                  f"check_always={d['check_always']} [{describe(d['calls'][0])}]")
         try:
             problems = run_case(g, dev, backend, seed, index, d, exchange, shared)
