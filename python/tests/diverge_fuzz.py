@@ -50,7 +50,7 @@ import traceback
 import numpy as np
 
 import symm
-from ops_fuzz import FLOATS, INTS, NP, NumpyArrays, Runner, TorchArrays, describe, draw
+from ops_fuzz import INTS, NP, NumpyArrays, Runner, TorchArrays, describe, draw
 
 # The group's timeout per backend (ms), and how long past it a rank may
 # take to see its call end and its group's state settle.
@@ -230,7 +230,7 @@ def settled_health(g, want_failed, backend):
 
 def run_case(g, dev, backend, seed, index, d, exchange, shared):
     """One case on this rank; returns a list of problems (empty: passed)."""
-    r, world = g.rank, g.world_size
+    r = g.rank
     base, odd_call = d["calls"]
     mine = odd_call if r == d["odd"] else base
     runner = Runner(g, dev, seed, shared)
