@@ -4,7 +4,8 @@ Each case draws a valid call of any operation (ops_fuzz.draw), then one
 rank, the odd one, makes a call that differs from its peers' in something
 the ranks must share: the operation, a shape (rows, K, N, the number of
 Bs), a dtype, the gathered or scattered dimension, the reduce op, the
-forced algorithm, the fp8 scale mode or bias. It differs either on the
+forced algorithm, the fp8 scale mode or bias; or it makes no call at all
+(a rank that never comes). It differs either on the
 group's first call, or after every rank made the same call once (so the
 peers' call is kept: they skip the agreement), the peers then repeating it
 plainly, through ``symm.bind``, or (CUDA) by replaying the CUDA graph it
@@ -24,9 +25,10 @@ every rank:
   written, every group still works, and the same ranks then run a valid
   call correctly;
 - a kept call that one rank alone changes (or a graph replayed while that
-  rank makes another call) fails the group on every rank: its peers wait
-  for data that never comes, until the timeout; every rank's ``health()``
-  reports it, and the next call is refused with ``SymmAbortedError``.
+  rank makes another call), and any call a rank never makes, fail the
+  group on every rank: its peers wait for data that never comes, until the
+  timeout; every rank's ``health()`` reports it (the absent rank's too),
+  and the next call is refused with ``SymmAbortedError``.
 
 On the host backend (ranks as threads), as the CI test does:
 
@@ -147,7 +149,12 @@ def bias(rng, c, world, backend):
     return c, dict(c, bias=not c["bias"])
 
 
-CHANGES = [other_op, rows, dtype, k, n, num_b, dim, reduce_op, algorithm, scales, bias]
+def absent(rng, c, world, backend):
+    """The odd rank makes no call."""
+    return c, None
+
+
+CHANGES = [other_op, rows, dtype, k, n, num_b, dim, reduce_op, algorithm, scales, bias, absent]
 
 
 def plain(case):
@@ -177,7 +184,7 @@ def draw_divergence(rng, world, backend, shared):
         pair = change(rng, base, world, backend)
         if pair is None:
             continue
-        if shared and pair[1]["op"] == "all_reduce" and pair[1]["dtype"] in INTS:
+        if shared and pair[1] is not None and pair[1]["op"] == "all_reduce" and pair[1]["dtype"] in INTS:
             continue
         return {
             "calls": pair, "change": change.__name__, "odd": int(rng.integers(0, world)),
@@ -255,10 +262,15 @@ def run_case(g, dev, backend, seed, index, d, exchange, shared):
         getattr(runner, mine["op"])(mine, rng, how, st)
         dev.sync()
 
-    (ended, error), seconds = outcome_of(divergent)
+    if mine is None:
+        (ended, error), seconds = ("absent", None), 0.0
+    else:
+        (ended, error), seconds = outcome_of(divergent)
     # A graph's replay never reaches the library, so check-args `always`
-    # cannot catch the change there either.
-    expect_failed = d["when"] == "kept" and (not d["check_always"] or d["peers"] == "graph")
+    # cannot catch the change there either; nor anything a call that never
+    # comes.
+    kept_unchecked = d["when"] == "kept" and (not d["check_always"] or d["peers"] == "graph")
+    expect_failed = kept_unchecked or odd_call is None
     health = settled_health(g, expect_failed, backend)
     untouched = not written(dev, st) if ended == "raised" else None
     everyone = exchange(index, {"rank": r, "ended": ended, "error": error, "seconds": seconds, "health": health,
@@ -270,8 +282,8 @@ def run_case(g, dev, backend, seed, index, d, exchange, shared):
             problems.append(f"{who}: its call took {o['seconds']:.1f} s (bound {bound:.0f})")
         if expect_failed:
             if o["health"] is None:
-                problems.append(f"{who}: the group still works after a lone change of a kept call "
-                                f"({o['ended']} {o['error'] or ''})")
+                problems.append(f"{who}: the group still works after a lone change of a kept call, or a rank's "
+                                f"absence ({o['ended']} {o['error'] or ''})")
             if o["ended"] == "returned" and backend == "host":
                 problems.append(f"{who}: its call returned (the host backend waits for its peers)")
         else:
@@ -321,7 +333,8 @@ def run_rank(world, make_group, dev, backend, seed, cases, exchange, log=print, 
         done += 1
         if problems:
             failures.append(f"{label}: " + "; ".join(problems))
-            log(f"rank {g.rank}: FAIL {label}\n  odd call: [{describe(d['calls'][1])}]\n  " + "\n  ".join(problems))
+            odd = "none" if d["calls"][1] is None else f"[{describe(d['calls'][1])}]"
+            log(f"rank {g.rank}: FAIL {label}\n  odd call: {odd}\n  " + "\n  ".join(problems))
             break  # the ranks' exchanges are out of step after a failure
         if g.rank == 0:
             log(f"{label} {time.perf_counter() - t0:.2f}s")
