@@ -6,8 +6,9 @@
 # fused pushed, fused from registers and the matmuls without the scatter)
 # and the all-gather timing (the fused kernel beside a copy engine's
 # delivery, against the plain matmul and the copy) SYMM_REPEAT times; the
-# Python operations at world 4 on the one GPU;
-# then compute-sanitizer (sanitize.sh). Log and reports into $OUT.
+# Python operations at world 4 on the one GPU; randomly drawn calls
+# (ops_fuzz.py) and ranks that disagree (diverge_fuzz.py), two ranks on the
+# GPU; then compute-sanitizer (sanitize.sh). Log and reports into $OUT.
 #   [SYMM_REPEAT=3] [SYMM_SANITIZE=1] bash bench/gpu/one_gpu.sh
 set -uo pipefail
 # Never NVLink multicast on these machines.
@@ -35,6 +36,8 @@ for _ in $(seq "${SYMM_REPEAT:-3}"); do
 done
 export PYTHONPATH=$root/python SYMM_LIBRARY=$root/bundle/libsymm.so
 run timeout 300 python3 bench/gpu/ops_check.py --world 4 --gpus 1
+run timeout 300 python3 python/tests/ops_fuzz.py --backend cuda --world 2 --gpus 1 --cases "${SYMM_FUZZ_CASES:-150}"
+run timeout 200 python3 python/tests/diverge_fuzz.py --backend cuda --world 2 --gpus 1 --cases "${SYMM_DIVERGE_CASES:-30}"
 if [ "${SYMM_SANITIZE:-1}" = 1 ]; then
     run bash bench/gpu/sanitize.sh
 fi
