@@ -52,7 +52,7 @@ import traceback
 import numpy as np
 
 import symm
-from ops_fuzz import INTS, NP, NumpyArrays, Runner, TorchArrays, describe, draw
+from ops_fuzz import INTS, NAMES, NumpyArrays, Runner, TorchArrays, describe, draw, poison
 
 # The group's timeout per backend (ms), and how long past it a rank may
 # take to see its call end and its group's state settle.
@@ -203,11 +203,7 @@ def written(dev, st):
             continue
         view, whole = value
         x = np.ascontiguousarray(dev.get(whole if whole is not None else view))
-        if x.dtype in (NP[d] for d in INTS):
-            clean = (x.view(np.uint8) == 0x5A).all()
-        else:
-            clean = np.isnan(x.astype(np.float64)).all()
-        if not clean:
+        if x.tobytes() != poison(NAMES[x.dtype], x.shape).tobytes():
             bad.append(key)
     return bad
 
@@ -224,7 +220,7 @@ def outcome_of(fn):
     return result, time.perf_counter() - t0
 
 
-def settled_health(g, want_failed, backend):
+def settled_health(g, want_failed):
     """The group's health; where a failure is expected, polled until it shows
     (a peer learns it through the group's board) or the margin passes."""
     deadline = time.monotonic() + MARGIN_S
@@ -271,7 +267,7 @@ def run_case(g, dev, backend, seed, index, d, exchange, shared):
     # comes.
     kept_unchecked = d["when"] == "kept" and (not d["check_always"] or d["peers"] == "graph")
     expect_failed = kept_unchecked or odd_call is None
-    health = settled_health(g, expect_failed, backend)
+    health = settled_health(g, expect_failed)
     untouched = not written(dev, st) if ended == "raised" else None
     everyone = exchange(index, {"rank": r, "ended": ended, "error": error, "seconds": seconds, "health": health,
                                 "untouched": untouched})
