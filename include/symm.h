@@ -616,9 +616,13 @@ symm_status_t symm_get_build_info(symm_build_info_t *info);
 // `SYMM_GROUP_CHECK_ARGS_ALWAYS` or env `SYMM_CHECK_ARGS=always`; a rank
 // that then alone errs fails the group (its peers stop waiting with
 // `SYMM_ERROR_REMOTE`), and one that alone differs makes its peers time
-// out. After `SYMM_ERROR_TIMEOUT` (or any failure once data moved),
-// outputs may be partly written and the group has failed: every later
-// call returns `SYMM_ERROR_ABORTED` (see `symm_group_health`); destroy it.
+// out, or, where its call too was agreed before, fails the group with
+// `SYMM_ERROR_MISMATCH` at the first signal or data the ranks exchange
+// (each carries its call's tag; not yet the fused reduce-scatter kernel's
+// nor NCCL's across hosts). After `SYMM_ERROR_TIMEOUT` (or any failure
+// once data moved), outputs may be partly written and the group has
+// failed: every later call returns `SYMM_ERROR_ABORTED` (see
+// `symm_group_health`); destroy it.
 symm_status_t symm_group_reserve_workspace(symm_group_t group, size_t bytes);
 
 // Collective: `all_gather(a_shard, gather_dim) @ bs[i]` for i < `num_b`,

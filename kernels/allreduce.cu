@@ -19,6 +19,8 @@
 //   [0, 4)       the count of calls this rank made (u32);
 //   [4, 8)       the blocks of the running call that finished (u32);
 //   partials_off the fused norm's sums of squares, u64 {sum, seq} per block;
+//   tags_off     the call tags: u64 {seq, tag} per (parity, src) at
+//                tags_off + (parity * SYMM_AR_MAX_WORLD + src) * 8;
 //   flags_off    u32 flags, flag(parity, k, c) at
 //                ((parity * (world + 1) + k) * SYMM_AR_MAX_CHUNKS + c) * 4;
 //   one_off      one-shot LL lines: slot (parity, src) at
@@ -35,6 +37,14 @@
 // and the calls need no barrier before or after. The last block to finish
 // stores the count; the next call on the stream reads it, so graph replays
 // count like eager calls.
+//
+// Call tags: p.tag hashes the arguments every rank agreed on. Before its
+// data, a rank stores {seq, tag} into its tag word (parity, rank) in every
+// rank it sends to; each block of the receiver waits for every peer's word
+// of call seq and goes on only if it carries p.tag. Another tag means that
+// peer is making a different call (ranks whose calls, each agreed before,
+// went out of step): the block records SYMM_ASYNC_MISMATCH and stops
+// before it reads anything of that call's data or writes any output.
 //
 // One-shot (LL): each 8 bytes of the message travel as one 16-byte line
 // {data0, seq, data1, seq} stored to every peer's slot (parity, rank); each
@@ -108,6 +118,7 @@ struct symm_ar_params {
     uint64_t two_slot;
     uint64_t chunk_bytes;
     uint64_t partials_off;
+    uint64_t tags_off;
     int32_t rank;
     int32_t world;
     uint32_t hidden;  // 0: no norm
@@ -115,6 +126,7 @@ struct symm_ar_params {
     float eps;
     uint32_t divisor;  // integers: the sum is divided by this (>= 1)
     uint32_t segments; // norm: blocks per row (> 1: grid = rows * segments)
+    uint32_t tag;      // the call's (never 0), see "Call tags" above
 };
 
 // out = residual_out / sqrt(mean(residual_out^2) + eps) * weight per row,
@@ -469,6 +481,53 @@ static __device__ __forceinline__ void symm_ar_end(const symm_ar_params& p, uint
     }
 }
 
+// ---------------------------------------------------------------------------
+// Call tags (see the file's header).
+// ---------------------------------------------------------------------------
+static __device__ __forceinline__ uint64_t symm_ar_tag_word(const symm_ar_params& p, int owner, int parity,
+                                                            int src) {
+    return p.scratch[owner] + p.tags_off + ((uint64_t)parity * SYMM_AR_MAX_WORLD + src) * 8;
+}
+
+// Block 0 tells every peer which call this rank's data of call `seq` is.
+static __device__ __forceinline__ void symm_ar_announce(const symm_ar_params& p, uint32_t seq) {
+    const int k = (int)threadIdx.x + 1;
+    if (blockIdx.x == 0 && k < p.world) {
+        const int q = (p.rank + k) % p.world;
+        *(volatile uint64_t*)symm_ar_tag_word(p, q, seq & 1u, p.rank) = (uint64_t)p.tag << 32 | seq;
+    }
+}
+
+// Whether every peer announced call `seq` with this call's tag, for the
+// whole block (false where a peer's tag differs, recorded, or a wait gave
+// up).
+static __device__ bool symm_ar_peers_agree(const symm_ar_params& p, uint32_t seq) {
+    __shared__ int s_ok;
+    if (threadIdx.x == 0) {
+        s_ok = 1;
+    }
+    __syncthreads();
+    const int src = (int)threadIdx.x;
+    if (src < p.world && src != p.rank) {
+        const volatile uint64_t* word = (const volatile uint64_t*)symm_ar_tag_word(p, p.rank, seq & 1u, src);
+        uint64_t v = *word;
+        symm_ar_wait w;
+        symm_ar_wait_begin(w);
+        while ((uint32_t)v != seq && symm_ar_keep_waiting(w, p, src)) {
+            v = *word;
+        }
+        if ((uint32_t)v != seq) {
+            s_ok = 0;
+        } else if ((uint32_t)(v >> 32) != p.tag) {
+            symm_record_error((symm_async_error*)p.err, SYMM_ASYNC_MISMATCH, p.rank, src, SYMM_AR_CHANNEL,
+                              SYMM_SIGNAL_KIND_VALUE, 0);
+            s_ok = 0;
+        }
+    }
+    __syncthreads();
+    return s_ok != 0;
+}
+
 // Sum over the block's threads (every thread gets it).
 static __device__ float symm_ar_block_sum(float v) {
     __shared__ float s_part[32];
@@ -735,6 +794,7 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
     }
     const uint32_t seq = symm_ar_begin(p);
     const int parity = seq & 1u;
+    symm_ar_announce(p, seq);
     // Push this rank's lines to every peer.
     if (p.world > 1) {
         for (uint64_t i = gtid; i < lines; i += gstride) {
@@ -747,6 +807,9 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
                 symm_ar_st_line(symm_ar_one_slot(p, q, parity, p.rank) + 16 * i, d0, d1, seq);
             }
         }
+    }
+    if (!symm_ar_peers_agree(p, seq)) {
+        return;
     }
     if (!T::kFloat || p.hidden == 0) {
         symm_ar_sum_lines<T>(p, lines, bytes, seq, parity);
@@ -913,6 +976,7 @@ static __device__ void symm_ag_one_shot_impl(const symm_ar_params& p) {
     }
     const uint32_t seq = symm_ar_begin(p);
     const int parity = seq & 1u;
+    symm_ar_announce(p, seq);
     // This rank's lines to every peer, and to its own part of the output.
     const uint64_t own = p.output + (uint64_t)me * bytes;
     for (uint64_t i = gtid; i < lines; i += gstride) {
@@ -925,6 +989,9 @@ static __device__ void symm_ag_one_shot_impl(const symm_ar_params& p) {
             symm_ar_st_line(symm_ar_one_slot(p, q, parity, me) + 16 * i, d0, d1, seq);
         }
         symm_ar_st8<S>(own, i, bytes, d0, d1);
+    }
+    if (!symm_ar_peers_agree(p, seq)) {
+        return;
     }
     // Every peer's lines, from this rank's slots to their part: L lines
     // requested before any is waited for.
@@ -1078,6 +1145,7 @@ template <typename T>
 static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
     const uint32_t seq = symm_ar_begin(p);
     const int parity = seq & 1u;
+    symm_ar_announce(p, seq);
     const int W = p.world, me = p.rank;
     const uint64_t bytes = p.n * T::kSize;
     const uint64_t C = p.chunk_bytes;
@@ -1108,6 +1176,9 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
                 }
             }
         }
+    }
+    if (!symm_ar_peers_agree(p, seq)) {
+        return;
     }
     // B: the chunks this rank owns, reduced and sent to every peer.
     bool sent = false;
@@ -1161,6 +1232,7 @@ static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
     const uint64_t gstride = (uint64_t)gridDim.x * blockDim.x;
     const uint32_t seq = symm_ar_begin(p);
     const int parity = seq & 1u;
+    symm_ar_announce(p, seq);
     for (int k = 1; k < p.world; ++k) {
         const int q = (p.rank + k) % p.world;
         const uint64_t src = p.input + q * p.chunk_bytes;
@@ -1169,6 +1241,9 @@ static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
             const uint2 v = *(const uint2*)(src + 8 * i);
             symm_ar_st_line(slot + 16 * i, v.x, v.y, seq);
         }
+    }
+    if (!symm_ar_peers_agree(p, seq)) {
+        return;
     }
     // symm_ar_lines reads this rank's own lines at p.input.
     symm_ar_params own = p;

@@ -65,6 +65,8 @@ struct symm_async_error {
 #define SYMM_ASYNC_OK 0u
 #define SYMM_ASYNC_TIMEOUT 1u      // a put or wait ran past its timeout
 #define SYMM_ASYNC_INVALID_ARG 2u  // rank/peer/world out of range
+// 3 is the host's (the group failed and stopped its kernels).
+#define SYMM_ASYNC_MISMATCH 4u     // a peer signalled from another call (its tag)
 
 // Values of symm_async_error::kind.
 #define SYMM_SIGNAL_KIND_NONE 0u
@@ -175,7 +177,9 @@ static __device__ __forceinline__ bool symm_args_valid(int rank, int world, int 
 // Spins until the CAS of *slot from `from` to `to` succeeds (true), the
 // timeout expires (records SYMM_ASYNC_TIMEOUT, false), or another failure is
 // already recorded (false). `release` selects release (put) or acquire
-// (wait) ordering. The fast path is a single CAS.
+// (wait) ordering. A wait that finds a value other than 0 and `from` (a
+// peer's signal from another call) records SYMM_ASYNC_MISMATCH (false).
+// The fast path is a single CAS.
 static __device__ bool symm_spin_cas(uint32_t* slot, uint32_t from, uint32_t to, bool release,
                                      uint64_t timeout_ns, symm_async_error* err, int rank, int peer,
                                      int channel, uint32_t kind) {
@@ -190,6 +194,10 @@ static __device__ bool symm_spin_cas(uint32_t* slot, uint32_t from, uint32_t to,
                                : symm_cas_acquire_sys(slot, from, to);
         if (old == from) {
             return true;
+        }
+        if (!release && old != 0u) {
+            symm_record_error(err, SYMM_ASYNC_MISMATCH, rank, peer, channel, kind, 0);
+            return false;
         }
         const uint64_t now = symm_globaltimer_ns();
         if (now - start >= timeout_ns) {
@@ -210,22 +218,27 @@ static __device__ bool symm_spin_cas(uint32_t* slot, uint32_t from, uint32_t to,
 }
 
 // Signals `peer` on `channel`: waits until our slot in the peer's pad,
-// pads[peer][channel][rank], is free (0), then sets it to 1 with release
-// semantics at system scope, so this thread's earlier writes (and, with the
-// caller's fence, the block's) are visible to the peer once it sees the flag.
+// pads[peer][channel][rank], is free (0), then sets it to `tag` (the call's,
+// never 0) with release semantics at system scope, so this thread's earlier
+// writes (and, with the caller's fence, the block's) are visible to the peer
+// once it sees the flag.
 static __device__ bool symm_signal_put(const uint64_t* pads, int rank, int world, int peer,
-                                       int channel, uint64_t timeout_ns, symm_async_error* err) {
+                                       int channel, uint32_t tag, uint64_t timeout_ns,
+                                       symm_async_error* err) {
     uint32_t* slot = symm_signal_slot(pads, peer, world, channel, rank);
-    return symm_spin_cas(slot, 0u, 1u, true, timeout_ns, err, rank, peer, channel,
+    return symm_spin_cas(slot, 0u, tag, true, timeout_ns, err, rank, peer, channel,
                          SYMM_SIGNAL_KIND_PUT);
 }
 
 // Waits for `peer`'s signal on `channel`: CAS of our own slot
-// pads[rank][channel][peer] from 1 back to 0 with acquire semantics at system
-// scope (resetting it makes the pad reusable, e.g. under graph replay).
+// pads[rank][channel][peer] from `tag` back to 0 with acquire semantics at
+// system scope (resetting it makes the pad reusable, e.g. under graph
+// replay). Another tag there means the peer is in another call: recorded as
+// SYMM_ASYNC_MISMATCH (false), the slot left as it is.
 static __device__ bool symm_signal_wait(const uint64_t* pads, int rank, int world, int peer,
-                                        int channel, uint64_t timeout_ns, symm_async_error* err) {
+                                        int channel, uint32_t tag, uint64_t timeout_ns,
+                                        symm_async_error* err) {
     uint32_t* slot = symm_signal_slot(pads, rank, world, channel, peer);
-    return symm_spin_cas(slot, 1u, 0u, false, timeout_ns, err, rank, peer, channel,
+    return symm_spin_cas(slot, tag, 0u, false, timeout_ns, err, rank, peer, channel,
                          SYMM_SIGNAL_KIND_WAIT);
 }

@@ -6,6 +6,8 @@
 //               0 where rank r is on another host (not mapped here).
 //   rank, world this rank and the group size.
 //   channel     which row of slots to use (the host checks it is in range).
+//   tag         the call's tag (never 0): what a put stores, and what a wait
+//               expects; another call's there fails the wait (mismatch).
 //   timeout_ns  how long to wait before giving up; 0 = SYMM_DEFAULT_TIMEOUT_NS.
 //   err         this rank's symm_async_error in host-visible memory.
 // On timeout a kernel records the failure in *err and returns; it never
@@ -14,7 +16,7 @@
 
 // Launch with one block of one thread.
 extern "C" __global__ void symm_put_signal(const uint64_t* pads, int rank, int world, int peer,
-                                           int channel, uint64_t timeout_ns,
+                                           int channel, uint32_t tag, uint64_t timeout_ns,
                                            symm_async_error* err) {
     if (threadIdx.x != 0) {
         return;
@@ -26,12 +28,12 @@ extern "C" __global__ void symm_put_signal(const uint64_t* pads, int rank, int w
     // Make everything this stream wrote before (earlier kernels and copies)
     // visible system-wide before the release of the flag.
     __threadfence_system();
-    symm_signal_put(pads, rank, world, peer, channel, timeout_ns, err);
+    symm_signal_put(pads, rank, world, peer, channel, tag, timeout_ns, err);
 }
 
 // Launch with one block of one thread.
 extern "C" __global__ void symm_wait_signal(const uint64_t* pads, int rank, int world, int peer,
-                                            int channel, uint64_t timeout_ns,
+                                            int channel, uint32_t tag, uint64_t timeout_ns,
                                             symm_async_error* err) {
     if (threadIdx.x != 0) {
         return;
@@ -41,7 +43,7 @@ extern "C" __global__ void symm_wait_signal(const uint64_t* pads, int rank, int 
                           0);
         return;
     }
-    symm_signal_wait(pads, rank, world, peer, channel, timeout_ns, err);
+    symm_signal_wait(pads, rank, world, peer, channel, tag, timeout_ns, err);
     __threadfence_system();
 }
 
@@ -53,7 +55,7 @@ extern "C" __global__ void symm_wait_signal(const uint64_t* pads, int rank, int 
 // unless peer t is on another host (its pad is 0): the barrier is over the
 // ranks of this host.
 extern "C" __global__ void symm_barrier(const uint64_t* pads, int rank, int world, int channel,
-                                        uint64_t timeout_ns, symm_async_error* err) {
+                                        uint32_t tag, uint64_t timeout_ns, symm_async_error* err) {
     const int peer = (int)threadIdx.x;
     if (!symm_args_valid(rank, world, 0) || (unsigned)world > blockDim.x) {
         if (peer == 0) {
@@ -65,11 +67,11 @@ extern "C" __global__ void symm_barrier(const uint64_t* pads, int rank, int worl
     const bool active = peer < world && peer != rank && pads[peer] != 0;
     if (active) {
         __threadfence_system();
-        symm_signal_put(pads, rank, world, peer, channel, timeout_ns, err);
+        symm_signal_put(pads, rank, world, peer, channel, tag, timeout_ns, err);
     }
     __syncthreads();
     if (active) {
-        symm_signal_wait(pads, rank, world, peer, channel, timeout_ns, err);
+        symm_signal_wait(pads, rank, world, peer, channel, tag, timeout_ns, err);
     }
     __syncthreads();
     __threadfence_system();

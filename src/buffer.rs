@@ -7,7 +7,7 @@
 //! group's transports across hosts),
 //! plus signalling over their pads.
 
-use crate::backend::{pad_bytes, round_up, Allocation, Mapping, PadSet, Signals, Stream};
+use crate::backend::{pad_bytes, round_up, Allocation, CallTag, Mapping, PadSet, Signals, Stream};
 use crate::error::{err, ErrorKind, Result};
 use crate::group::{Attachment, Group};
 use crate::ipc;
@@ -108,17 +108,18 @@ impl Handle {
     fn bad_rank(&self, rank: usize) -> crate::error::Error {
         err!(InvalidArgument, "rank {rank} is out of range for a group of {}", self.data.len())
     }
-    pub fn put_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
+    /// `tag`: the call's ([`CallTag::USER`] for the public API's signals).
+    pub fn put_signal(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream) -> Result<()> {
         self.reachable(peer)?;
-        self.signalling(|s, t| s.put(peer, channel, stream, t))
+        self.signalling(|s, t| s.put(peer, channel, tag, stream, t))
     }
-    pub fn wait_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
+    pub fn wait_signal(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream) -> Result<()> {
         self.reachable(peer)?;
-        self.signalling(|s, t| s.wait(peer, channel, stream, t))
+        self.signalling(|s, t| s.wait(peer, channel, tag, stream, t))
     }
     /// Over the ranks of this rank's host (every rank, in a group on one host).
-    pub fn barrier(&self, channel: usize, stream: Stream) -> Result<()> {
-        self.signalling(|s, t| s.barrier(channel, stream, t))
+    pub fn barrier(&self, channel: usize, tag: CallTag, stream: Stream) -> Result<()> {
+        self.signalling(|s, t| s.barrier(channel, tag, stream, t))
     }
     /// A signal call on a healthy group; one that times out or is cut
     /// short fails the group (its pads are out of step now).
@@ -329,8 +330,8 @@ mod tests {
                 for e in [
                     h.peer_addr(p).unwrap_err(),
                     h.pad_addr(p).unwrap_err(),
-                    h.put_signal(p, 1, Stream(0)).unwrap_err(),
-                    h.wait_signal(p, 1, Stream(0)).unwrap_err(),
+                    h.put_signal(p, 1, CallTag::USER, Stream(0)).unwrap_err(),
+                    h.wait_signal(p, 1, CallTag::USER, Stream(0)).unwrap_err(),
                 ] {
                     assert_eq!(e.kind, ErrorKind::Unsupported, "{}", e.msg);
                     assert!(e.msg.contains("another host"), "{}", e.msg);
@@ -338,10 +339,10 @@ mod tests {
             }
             let partner = (0..hosts.len()).find(|&p| p != r && hosts[p] == hosts[r]).unwrap();
             if hosts[r] == "a" {
-                h.barrier(2, Stream(0)).unwrap();
+                h.barrier(2, CallTag::USER, Stream(0)).unwrap();
             } else {
-                h.put_signal(partner, 1, Stream(0)).unwrap();
-                h.wait_signal(partner, 1, Stream(0)).unwrap();
+                h.put_signal(partner, 1, CallTag::USER, Stream(0)).unwrap();
+                h.wait_signal(partner, 1, CallTag::USER, Stream(0)).unwrap();
             }
         });
         assert!(groups.iter().all(|g| g.check_healthy().is_ok()));

@@ -7,9 +7,10 @@ Bs), a dtype, the gathered or scattered dimension, the reduce op, the
 forced algorithm, the fp8 scale mode or bias; or it makes no call at all
 (a rank that never comes). It differs either on the
 group's first call, or after every rank made the same call once (so the
-peers' call is kept: they skip the agreement), the peers then repeating it
-plainly, through ``symm.bind``, or (CUDA) by replaying the CUDA graph it
-was captured into. Each case has a group of its own, with a short timeout,
+peers' call is kept: they skip the agreement), or after every rank made
+both calls once (both kept: neither rank exchanges its arguments), the
+peers then repeating theirs plainly, through ``symm.bind``, or (CUDA) by
+replaying the CUDA graph it was captured into. Each case has a group of its own, with a short timeout,
 sometimes with check-args ``always``.
 
 What the library promises (README, "A group fails for good"), checked on
@@ -27,8 +28,10 @@ every rank:
 - a kept call that one rank alone changes (or a graph replayed while that
   rank makes another call), and any call a rank never makes, fail the
   group on every rank: its peers wait for data that never comes, until the
-  timeout; every rank's ``health()`` reports it (the absent rank's too),
-  and the next call is refused with ``SymmAbortedError``.
+  timeout, or (both calls kept) find the other call's tag at their first
+  meeting; every rank's ``health()`` reports it (the absent rank's too),
+  no host rank's call returns (nor, so, any data of the other call), and
+  the next call is refused with ``SymmAbortedError``.
 
 On the host backend (ranks as threads), as the CI test does:
 
@@ -58,7 +61,8 @@ from ops_fuzz import INTS, NAMES, NumpyArrays, Runner, TorchArrays, describe, dr
 # take to see its call end and its group's state settle.
 TIMEOUT_MS = {"host": 1500, "cuda": 3000}
 MARGIN_S = 20.0
-OTHER_DTYPE = {"f32": "bf16", "bf16": "f16", "f16": "bf16", "i8": "u8", "u8": "i8", "i32": "i64", "i64": "i32"}
+OTHER_DTYPE = {"f32": "bf16", "bf16": "f16", "f16": "bf16", "e4m3": "e5m2", "e5m2": "e4m3", "i8": "u8", "u8": "i8",
+               "i32": "i64", "i64": "i32"}
 
 
 # --- what the odd rank changes ------------------------------------------------------
@@ -174,8 +178,9 @@ def plain(case):
 
 def draw_divergence(rng, world, backend, shared):
     """The case's two calls (peers', odd rank's), the odd rank, when it
-    changes ("first" or "kept"), how the peers repeat a kept call ("again",
-    "bound" or "graph"), and whether the group checks arguments always."""
+    changes ("first", "kept", or "both": after every rank made both calls),
+    how the peers repeat a kept call ("again", "bound" or "graph"), and
+    whether the group checks arguments always."""
     while True:
         base = plain(draw(rng, world, backend))
         if shared and base["op"] == "all_reduce" and base["dtype"] in INTS:
@@ -186,9 +191,12 @@ def draw_divergence(rng, world, backend, shared):
             continue
         if shared and pair[1] is not None and pair[1]["op"] == "all_reduce" and pair[1]["dtype"] in INTS:
             continue
+        when = str(rng.choice(["first", "kept", "both"]))
+        if when == "both" and pair[1] is None:
+            when = "kept"  # an absent call cannot be made first
         return {
             "calls": pair, "change": change.__name__, "odd": int(rng.integers(0, world)),
-            "when": str(rng.choice(["first", "kept"])), "check_always": bool(rng.random() < 0.25),
+            "when": when, "check_always": bool(rng.random() < 0.25),
             "peers": str(rng.choice(["again", "bound"] + (["graph"] if backend == "cuda" else []))),
         }
 
@@ -239,12 +247,16 @@ def run_case(g, dev, backend, seed, index, d, exchange, shared):
     runner = Runner(g, dev, seed, shared)
     problems = []
     st = {"symmetric": []}
-    if d["when"] == "kept":
+    if d["when"] in ("kept", "both"):
         # Every rank makes the same call first (and binds it, or captures
         # it into a graph, where the peers repeat it so).
         first = {"again": ["plain"], "bound": ["plain", "bound"], "graph": ["plain", "graph"]}[d["peers"]]
         for i, round_ in enumerate(first):
             getattr(runner, base["op"])(base, np.random.default_rng([seed, index, 0, i]), round_, st)
+        if d["when"] == "both":
+            # And the odd rank's call, so that it is kept too.
+            getattr(runner, odd_call["op"])(odd_call, np.random.default_rng([seed, index, 2]), "plain",
+                                            {"symmetric": []})
         dev.sync()
         if r != d["odd"]:
             how = {"again": "again", "bound": "bound", "graph": "graph_again"}[d["peers"]]
@@ -265,7 +277,7 @@ def run_case(g, dev, backend, seed, index, d, exchange, shared):
     # A graph's replay never reaches the library, so check-args `always`
     # cannot catch the change there either; nor anything a call that never
     # comes.
-    kept_unchecked = d["when"] == "kept" and (not d["check_always"] or d["peers"] == "graph")
+    kept_unchecked = d["when"] in ("kept", "both") and (not d["check_always"] or d["peers"] == "graph")
     expect_failed = kept_unchecked or odd_call is None
     health = settled_health(g, expect_failed)
     untouched = not written(dev, st) if ended == "raised" else None
@@ -317,7 +329,7 @@ def run_rank(world, make_group, dev, backend, seed, cases, exchange, log=print, 
             continue
         g = make_group(index, d["check_always"])
         t0 = time.perf_counter()
-        when = f"kept peers={d['peers']}" if d["when"] == "kept" else "first"
+        when = f"{d['when']} peers={d['peers']}" if d["when"] != "first" else "first"
         label = (f"case {index} change={d['change']} when={when} odd={d['odd']} "
                  f"check_always={d['check_always']} [{describe(d['calls'][0])}]")
         try:

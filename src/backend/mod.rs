@@ -51,6 +51,33 @@ impl Hash for ReplayKey {
     }
 }
 
+/// What a call's signals and lines carry besides the call's number: a
+/// hash of the arguments every rank agreed on, so that ranks that go on to
+/// make different calls (each kept before, so neither exchanges
+/// arguments) find out at their first meeting, before any peer's data is
+/// read, instead of running on each other's data. Never 0 (a free signal
+/// slot); [`CallTag::USER`] for the public API's signals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallTag(u32);
+
+impl CallTag {
+    /// Signals a user's program sends (`symm_signal_put`, `symm_barrier`),
+    /// which no operation's tag equals.
+    pub const USER: CallTag = CallTag(1);
+
+    /// The tag of an operation whose agreed signature encodes to `bytes`
+    /// (FNV-1a, kept away from 0 and `USER`).
+    pub fn of(bytes: &[u8]) -> CallTag {
+        let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let folded = (h ^ (h >> 32)) as u32;
+        CallTag(if folded < 2 { folded + 2 } else { folded })
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
 /// Which backend a group runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackendKind {
@@ -123,15 +150,17 @@ pub trait Allocation: Mapping {
 /// Signalling over the pads of one rendezvoused handle.
 ///
 /// Slots are `u32` at `pad[channel][src_rank]`. A put waits for the slot in
-/// the peer's pad to be 0 and sets it to 1 (release, system scope); a wait
-/// waits for its own slot to be 1 and sets it back to 0 (acquire), so pads
-/// are reusable and replayable. Waits give up after `timeout` and report the
-/// peer they waited for.
+/// the peer's pad to be 0 and sets it to the call's tag (release, system
+/// scope); a wait waits for its own slot to hold its tag and sets it back
+/// to 0 (acquire), so pads are reusable and replayable. A wait that finds
+/// another tag there fails with `Mismatch` (the peer is in another call)
+/// and leaves it; waits give up after `timeout` and report the peer they
+/// waited for.
 pub trait Signals: Send + Sync {
-    fn put(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()>;
-    fn wait(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()>;
+    fn put(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()>;
+    fn wait(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()>;
     /// Put to and wait for every other rank on `channel`.
-    fn barrier(&self, channel: usize, stream: Stream, timeout: Duration) -> Result<()>;
+    fn barrier(&self, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()>;
     /// Stream-ordered store of `value` to the `u32` at `addr` (any rank's
     /// buffer as mapped here), after the stream's earlier work.
     fn write_value(&self, addr: u64, value: u32, stream: Stream) -> Result<()>;
@@ -531,6 +560,9 @@ pub struct AllReduceCall {
     pub scratch_bytes: usize,
     pub norm: Option<AllReduceNorm>,
     pub timeout: Duration,
+    /// The call's tag: each rank announces it to the peers it sends
+    /// lines, and checks theirs before it uses their data.
+    pub tag: CallTag,
 }
 
 /// One device-side all-gather: `output[r * bytes..(r + 1) * bytes]` =
@@ -553,6 +585,8 @@ pub struct AllGatherCall {
     pub scratch: Vec<u64>,
     pub scratch_bytes: usize,
     pub timeout: Duration,
+    /// As [`AllReduceCall::tag`].
+    pub tag: CallTag,
 }
 
 /// One device-side reduce-scatter: `output` (`n` contiguous elements of
@@ -577,6 +611,8 @@ pub struct ReduceScatterCall {
     pub scratch: Vec<u64>,
     pub scratch_bytes: usize,
     pub timeout: Duration,
+    /// As [`AllReduceCall::tag`].
+    pub tag: CallTag,
 }
 
 impl ReduceScatterCall {
@@ -617,6 +653,9 @@ impl ReduceScatterCall {
 /// - `[HEADER, HEADER + 8 * MAX_NORM_BLOCKS)`: the fused RMSNorm's sums of
 ///   squares, one call-numbered word per block, where a row is split over
 ///   several blocks (read only by this rank's blocks).
+/// - [`AllReduceLayout::tag_at`]: per (parity, source), a `u64` the source
+///   stores before its lines, `{call number, call tag}`, which a rank
+///   checks against its own before it uses that source's data.
 /// - flags: `u32` per (parity, source, chunk) for the two-shot, `source`
 ///   0..world the reduce-scatter's senders and `world` the all-gather's;
 ///   [`AllReduceLayout::MAX_CHUNKS`] chunks per source.
@@ -654,9 +693,20 @@ impl AllReduceLayout {
     pub const MIN_CHUNK: usize = 8 << 10;
     const ALIGN: usize = 4096;
 
-    /// Where the flags begin: after the header and the norm's partial sums.
+    /// Where the sources' call tags begin: after the norm's partial sums.
+    pub const TAGS: usize = Self::HEADER + 8 * Self::MAX_NORM_BLOCKS;
+
+    /// Where the flags begin: after the header, the norm's partial sums
+    /// and the call tags.
     fn flags_start() -> usize {
-        (Self::HEADER + 8 * Self::MAX_NORM_BLOCKS).next_multiple_of(Self::ALIGN)
+        (Self::TAGS + 16 * Self::MAX_WORLD).next_multiple_of(Self::ALIGN)
+    }
+
+    /// Offset of the `{call number, call tag}` word that rank `src` stores
+    /// for calls of `parity` (0 or 1) (`tags_off + (parity * SYMM_AR_MAX_WORLD
+    /// + src) * 8` of kernels/allreduce.cu).
+    pub fn tag_at(parity: usize, src: usize) -> usize {
+        Self::TAGS + (parity * Self::MAX_WORLD + src) * 8
     }
 
     fn flags_bytes(world: usize) -> usize {

@@ -4,7 +4,7 @@ use super::args::{non_negative, out_ptr, write};
 use super::boundary::call;
 use super::handles::Registry;
 use super::types::*;
-use crate::backend::Stream;
+use crate::backend::{CallTag, Stream};
 use crate::buffer::{self, Buffer, Handle};
 use crate::error::Result;
 use std::ffi::{c_int, c_void};
@@ -111,7 +111,9 @@ pub extern "C" fn symm_handle_destroy(handle: symm_handle_t) -> symm_status_t {
 /// them).
 #[no_mangle]
 pub extern "C" fn symm_barrier(handle: symm_handle_t, channel: c_int, stream: *mut c_void) -> symm_status_t {
-    call("symm_barrier", || self::handle(handle)?.barrier(non_negative(channel, "channel")?, Stream(stream as usize)))
+    call("symm_barrier", || {
+        self::handle(handle)?.barrier(non_negative(channel, "channel")?, CallTag::USER, Stream(stream as usize))
+    })
 }
 
 /// Stream-ordered: signals `peer` on `channel`, releasing this rank's
@@ -127,6 +129,7 @@ pub extern "C" fn symm_put_signal(
         self::handle(handle)?.put_signal(
             non_negative(peer, "peer")?,
             non_negative(channel, "channel")?,
+            CallTag::USER,
             Stream(stream as usize),
         )
     })
@@ -144,6 +147,7 @@ pub extern "C" fn symm_wait_signal(
         self::handle(handle)?.wait_signal(
             non_negative(peer, "peer")?,
             non_negative(channel, "channel")?,
+            CallTag::USER,
             Stream(stream as usize),
         )
     })

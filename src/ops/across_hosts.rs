@@ -31,7 +31,7 @@ use super::local_scratch::{local_exec, LocalScratch};
 use super::workspace::Layout;
 use super::{AllReduce, Exec, LcAllgather, ReduceOp};
 use crate::array::Array;
-use crate::backend::Stream;
+use crate::backend::{CallTag, Stream};
 use crate::error::{err, Result};
 use crate::group::{AcrossHosts, Group};
 use std::sync::Arc;
@@ -208,6 +208,7 @@ pub(super) fn gather_inside<'a>(
     plan: &GatherPlan,
     piece_bytes: &[usize],
     halves: bool,
+    tag: CallTag,
     stream: Stream,
 ) -> Result<Inside<'a>> {
     let local = plan.local_ranks();
@@ -220,7 +221,7 @@ pub(super) fn gather_inside<'a>(
             true => vec![Step::AllGather { bytes: b }, Step::AllGather { bytes: (hosts - 1) * b }],
         })
         .collect();
-    Inside::prepare(group, inside, &steps, stream)
+    Inside::prepare(group, inside, &steps, tag, stream)
 }
 
 /// Slices start 16 bytes apart at least, as NCCL's and the copies' vector
@@ -269,16 +270,16 @@ pub fn all_reduce(group: &Arc<Group>, call: Result<AllReduce>, stream: Stream) -
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
         Ok((c, plan, base, staging, norm))
     });
-    agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let tag = agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (c, plan, base, staging, norm) = ready?;
     if c.input.numel() == 0 {
         return Ok(());
     }
-    let ex = local_exec(group, base, stream);
+    let ex = local_exec(group, base, tag, stream);
     let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
     let (block, dtype) = (plan.block * c.input.dtype.size(), c.input.dtype);
     let steps = [Step::ReduceScatter { bytes: block, dtype }, Step::AllGather { bytes: block }];
-    let inside = Inside::prepare(group, inside, &steps, stream)?;
+    let inside = Inside::prepare(group, inside, &steps, tag, stream)?;
     let run = || {
         let (padded, host_sum, total) = match staging {
             Staging::Alone { sum, total } => return reduce_alone(&c, &ex, across, sum, total, norm),
@@ -361,14 +362,14 @@ pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Strea
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
         Ok((c, plan, base, staged, staging))
     });
-    agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let tag = agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (c, plan, base, staged, staging) = ready?;
     if c.input.numel() == 0 {
         return Ok(());
     }
-    let ex = local_exec(group, base, stream);
+    let ex = local_exec(group, base, tag, stream);
     let (me, len) = (group.rank(), c.input.shape[0]);
-    let inside = gather_inside(group, &plan, &[c.input.numel() * c.input.dtype.size()], false, stream)?;
+    let inside = gather_inside(group, &plan, &[c.input.numel() * c.input.dtype.size()], false, tag, stream)?;
     let run = || {
         let mine = match staged {
             None => c.input.clone(),

@@ -51,12 +51,12 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
         Ok((p, plan, overlap, base, staging))
     });
-    agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let tag = agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (p, plan, overlap, base, staging) = ready?;
-    let ex = local_exec(group, base, stream);
+    let ex = local_exec(group, base, tag, stream);
     let size = |a: Array| a.numel() * a.dtype.size();
     let pieces = [Some(size(p.staged_shard(&ex, 0))), p.staged_row_scales(&ex, 0).map(size)];
-    let inside = gather_inside(group, &plan, &pieces.into_iter().flatten().collect::<Vec<_>>(), overlap, stream)?;
+    let inside = gather_inside(group, &plan, &pieces.into_iter().flatten().collect::<Vec<_>>(), overlap, tag, stream)?;
     // Every rank's shard (and row scales) into its place on `ex`'s stream:
     // all of them, or (`Half`) those of this host's ranks or of the others.
     #[derive(Clone, Copy, PartialEq)]
@@ -108,7 +108,7 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
         gather_into(&ex, Half::Local)?;
         let side = ex.side()?;
         ex.fork(side)?;
-        gather_into(&local_exec(group, base, side), Half::Remote)?;
+        gather_into(&local_exec(group, base, tag, side), Half::Remote)?;
         p.multiply_staged(&ex, &local_ranks)?;
         ex.join(side)?;
         let others: Vec<usize> = (0..world).filter(|r| !local_ranks.contains(r)).collect();
@@ -139,14 +139,14 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
         let base = LocalScratch::ensure(group, layout.bytes(), stream)?;
         Ok((p, ScatterPlan::new(&h), base, [send, host_sums, total]))
     });
-    agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let tag = agree_across_hosts(group, &sig, ready.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (p, plan, base, [send, host_sums, total]) = ready?;
-    let ex = local_exec(group, base, stream);
+    let ex = local_exec(group, base, tag, stream);
     let (across, inside) = transports(group, &plan.across, &plan.local_ranks)?;
     let hosts = plan.across.len();
     let (n, dtype) = (p.product_chunk(&ex, 0).numel(), p.product_chunk(&ex, 0).dtype);
     let inside =
-        Inside::prepare(group, inside, &[Step::ReduceScatter { bytes: hosts * n * dtype.size(), dtype }], stream)?;
+        Inside::prepare(group, inside, &[Step::ReduceScatter { bytes: hosts * n * dtype.size(), dtype }], tag, stream)?;
     let alone = plan.local_ranks.len() == 1 && plan.across.iter().copied().eq(0..group.world());
     let run = || {
         p.products(&ex)?;

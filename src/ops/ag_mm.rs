@@ -473,7 +473,7 @@ impl Prepared for AgMmPrepared {
         if pipelined && !own_in_place {
             ex.join(side)?;
         }
-        ex.ws()?.barrier(super::CHANNEL, side)?;
+        ex.barrier_on(side)?;
         if pipelined {
             let staged = local_shard(me);
             self.multiply_shard(ex, if own_in_place { a } else { &staged }, me, len)?;
@@ -495,7 +495,7 @@ impl Prepared for AgMmPrepared {
         // the closing barrier (every rank has pulled this rank's shard, so
         // the next call may overwrite it) then overlaps the matmuls below.
         ex.join(side)?;
-        ex.ws()?.barrier(super::CHANNEL, side)?;
+        ex.barrier_on(side)?;
         self.finish(ex, whole)?;
         ex.join(side)
     }
@@ -689,7 +689,7 @@ impl AgMmPrepared {
             };
             backend.fused_matmul(&call, ex.stream)?;
         }
-        ex.ws()?.barrier(super::CHANNEL, side)?;
+        ex.barrier_on(side)?;
         for step in 1..world {
             let r = (me + step) % world;
             if self.row_scales.is_some() {
@@ -703,7 +703,7 @@ impl AgMmPrepared {
                 ex.ws()?.write_value(me, self.ready + 4 * (r * slices + s), 1, side)?;
             }
         }
-        ex.ws()?.barrier(super::CHANNEL, side)?;
+        ex.barrier_on(side)?;
         ex.join(side)?;
         if let Some(ag) = ag_out {
             let len = a.shape[0];

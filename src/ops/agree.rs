@@ -17,14 +17,20 @@
 //! agreed, a rank that alone changes its call, or fails locally while its
 //! peers' identical calls skip the exchange, is no longer reported here;
 //! the peers then wait at the operation's first signal and fail with
-//! `Timeout` naming it (or, if both calls were agreed before, compute with
-//! mismatched arguments). A rank that fails locally on such a call fails
-//! the group, so its peers stop waiting at once with `Remote`; a timeout
+//! `Timeout` naming it. If both calls were agreed before, each carries its
+//! tag (a hash of its signature, `CallTag`) in its signals and LL lines,
+//! so ranks that meet on the same signals or lines fail with `Mismatch`
+//! there instead of reading each other's data (ranks whose calls meet on
+//! different ones time out; the fused reduce-scatter kernel's flags and
+//! NCCL's steps across hosts carry no tag yet). A rank that fails locally
+//! on such a call fails the group, so its peers stop waiting at once with
+//! `Remote`; a timeout
 //! fails it too, so later calls are refused instead of running on signals
 //! out of step. `SYMM_CHECK_ARGS=always` (or the group flag
 //! `SYMM_GROUP_CHECK_ARGS_ALWAYS`) exchanges on every call instead.
 
 use super::state;
+use crate::backend::CallTag;
 use crate::error::{err, Error, Result};
 use crate::group::{Group, Purpose};
 use crate::wire::{Reader, Writer};
@@ -74,10 +80,11 @@ impl Signature {
 }
 
 /// The outcome of an agreement: whether the signature was agreed for the
-/// first time.
+/// first time, and the call's tag (the same on every rank).
 #[derive(Debug)]
 pub struct Agreed {
     pub first: bool,
+    pub tag: CallTag,
 }
 
 /// Collective: agrees on a call. `sig` is this rank's signature (`None`
@@ -93,8 +100,9 @@ pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Resul
 /// group's watchdog ends (`Timeout`, see `crate::backend::cuda::nccl_watch`);
 /// on the bootstrap's transport its agreement meets their data and every
 /// rank fails with `Mismatch`.
-pub fn agree_across_hosts(group: &Group, sig: &Signature, local: Result<()>) -> Result<()> {
-    agree_through(group, Some(sig), local, |payload| group.exchange_across_hosts(Purpose::Agreement, payload)).map(drop)
+pub fn agree_across_hosts(group: &Group, sig: &Signature, local: Result<()>) -> Result<CallTag> {
+    agree_through(group, Some(sig), local, |payload| group.exchange_across_hosts(Purpose::Agreement, payload))
+        .map(|a| a.tag)
 }
 
 /// [`agree`], the signatures exchanged by `exchange`.
@@ -114,15 +122,16 @@ fn agree_through(
             if let (Err(e), true) = (&local, group.world() > 1) {
                 group.fail(&e.clone().context("a call whose arguments the ranks had agreed on failed here"));
             }
-            return local.map(|()| Agreed { first: false });
+            return local.map(|()| Agreed { first: false, tag: CallTag::of(bytes) });
         }
     }
     let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));
     let all = exchange(payload)?;
     let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
     check_same(&sigs)?;
+    let tag = CallTag::of(&all[group.rank()]);
     let first = state.mark_agreed(all[group.rank()].clone());
-    Ok(Agreed { first })
+    Ok(Agreed { first, tag })
 }
 
 /// Every rank's arguments against rank 0's, so that all ranks report the

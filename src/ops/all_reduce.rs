@@ -462,6 +462,7 @@ impl ArPrepared {
             scratch_bytes: reduce.buffer().size(),
             norm,
             timeout: ex.group.timeout(),
+            tag: ex.tag,
         };
         ex.group.backend().all_reduce(&call, ex.stream)?;
         for (from, to) in unpack {

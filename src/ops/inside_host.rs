@@ -15,7 +15,7 @@ use super::decide::{inside_on_lines, Facts, InsideStep};
 use super::state::Scratch;
 use super::workspace;
 use crate::array::{Array, DType};
-use crate::backend::{AllGatherCall, AllReduceLayout, ReduceScatterCall, Stream};
+use crate::backend::{AllGatherCall, AllReduceLayout, CallTag, ReduceScatterCall, Stream};
 use crate::buffer::Handle;
 use crate::error::Result;
 use crate::group::{check_transport as check, AcrossHosts, Group, TransportCollective as Collective};
@@ -34,6 +34,8 @@ pub(super) enum Step {
 pub(super) struct Inside<'a> {
     transport: &'a dyn AcrossHosts,
     lines: Option<Lines>,
+    /// The call's tag, which its lines carry.
+    tag: CallTag,
 }
 
 struct Lines {
@@ -61,17 +63,18 @@ impl<'a> Inside<'a> {
     /// Collective, after the call's agreement (every rank passes the same
     /// `steps`): the level over `transport`, whose members are this host's
     /// ranks, with the all-reduce buffer grown to hold the largest step
-    /// that takes the lines.
+    /// that takes the lines; `tag`: the agreed call's.
     pub(super) fn prepare(
         group: &Arc<Group>,
         transport: &'a dyn AcrossHosts,
         steps: &[Step],
+        tag: CallTag,
         stream: Stream,
     ) -> Result<Inside<'a>> {
         let local = transport.members();
         if local.len() < 2 {
             // Alone on its host (the common case): no step inside it.
-            return Ok(Inside { transport, lines: None });
+            return Ok(Inside { transport, lines: None, tag });
         }
         let facts = Facts::of(group);
         let largest = steps.iter().map(|&s| on_lines(&facts, local.len(), s)).filter(|l| l.0).map(|l| l.1).max();
@@ -85,7 +88,7 @@ impl<'a> Inside<'a> {
                 Some(Lines { facts, buffer, scratch, index })
             }
         };
-        Ok(Inside { transport, lines })
+        Ok(Inside { transport, lines, tag })
     }
 
     /// The lines, where `s` takes them (and the buffer holds it).
@@ -112,6 +115,7 @@ impl<'a> Inside<'a> {
             scratch: l.scratch.clone(),
             scratch_bytes: l.buffer.buffer().size(),
             timeout: group.timeout(),
+            tag: self.tag,
         };
         group.backend().all_gather(&call, stream)
     }
@@ -138,6 +142,7 @@ impl<'a> Inside<'a> {
             scratch: l.scratch.clone(),
             scratch_bytes: l.buffer.buffer().size(),
             timeout: group.timeout(),
+            tag: self.tag,
         };
         group.backend().reduce_scatter(&call, stream)
     }

@@ -4,7 +4,7 @@
 //! needs no rendezvous.
 
 use super::Exec;
-use crate::backend::{Allocation, Stream};
+use crate::backend::{Allocation, CallTag, Stream};
 use crate::error::{err, Result};
 use crate::group::{Attachment, Group};
 use crate::sync::lock;
@@ -63,8 +63,8 @@ impl Attachment for LocalScratch {
     }
 }
 
-/// An execution over this rank's workspace at `base` (from
-/// [`LocalScratch::ensure`]), no peer's mapped.
-pub(super) fn local_exec(group: &Group, base: u64, stream: Stream) -> Exec<'_> {
-    Exec { group, base, ws: None, mailbox: None, flags: None, reduce: None, stream }
+/// An execution of the agreed call tagged `tag` over this rank's workspace
+/// at `base` (from [`LocalScratch::ensure`]), no peer's mapped.
+pub(super) fn local_exec(group: &Group, base: u64, tag: CallTag, stream: Stream) -> Exec<'_> {
+    Exec { group, base, ws: None, mailbox: None, flags: None, reduce: None, stream, tag }
 }

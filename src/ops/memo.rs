@@ -16,7 +16,7 @@
 
 use super::state;
 use super::{Prepared, ScratchIds};
-use crate::backend::ReplayKey;
+use crate::backend::{CallTag, ReplayKey};
 use crate::group::Group;
 use std::any::{Any, TypeId};
 use std::collections::hash_map::DefaultHasher;
@@ -28,6 +28,8 @@ use std::sync::{Arc, Mutex};
 pub struct Entry<C, P> {
     call: C,
     pub prepared: Arc<P>,
+    /// The tag of the agreed call (see `agree`).
+    pub tag: CallTag,
     key: Mutex<Option<(ScratchIds, ReplayKey)>>,
 }
 
@@ -69,13 +71,13 @@ where
 
 /// Keeps a call that every rank just agreed on. Call with the collective
 /// lock held, after the agreement.
-pub fn keep<C, P>(group: &Group, call: C, prepared: Arc<P>) -> Arc<Entry<C, P>>
+pub fn keep<C, P>(group: &Group, call: C, prepared: Arc<P>, tag: CallTag) -> Arc<Entry<C, P>>
 where
     C: Hash + Eq + Send + Sync + 'static,
     P: Send + Sync + 'static,
 {
     let h = hash(&call);
-    let entry = Arc::new(Entry { call, prepared, key: Mutex::new(None) });
+    let entry = Arc::new(Entry { call, prepared, tag, key: Mutex::new(None) });
     state::of(group).keep_prepared(h, entry.clone());
     entry
 }

@@ -538,18 +538,18 @@ impl MmRsPrepared {
                 // main stream held the next matmul back (7 us between the
                 // two at 512x14336x8192 on two H100s).
                 ex.fork(signals)?;
-                ex.ws()?.put_signal(r, READY, signals)?;
+                ex.put_signal(r, READY, signals)?;
             }
         }
         for step in 1..world {
             let q = (me + world - step) % world;
-            ex.ws()?.wait_signal(q, READY, side)?;
+            ex.wait_signal(q, READY, side)?;
             ex.copy_on(side, &self.chunk(ex.local(self.staged[q])), &self.chunk(ex.at(q, self.chunks[me])?))?;
         }
         ex.join(side)?;
         // Once every rank has pulled its chunks (side barrier), the next
         // call may overwrite them; that barrier overlaps the reduction.
-        ex.ws()?.barrier(super::CHANNEL, side)?;
+        ex.barrier_on(side)?;
         let srcs: Vec<Array> =
             (0..world).map(|q| self.chunk(ex.local(if q == me { self.chunks[me] } else { self.staged[q] }))).collect();
         self.reduce_into_out(ex, &srcs)?;
@@ -650,8 +650,8 @@ impl MmRsPrepared {
         let theirs = self.chunk(ex.local(self.chunks[peer]));
         ex.matmul(&theirs, &lhs.narrow(0, peer * rows, rows), b, None)?;
         ex.fork(signals)?; // as in `pipelined`
-        ex.ws()?.put_signal(peer, READY, signals)?;
-        ex.ws()?.wait_signal(peer, READY, side)?;
+        ex.put_signal(peer, READY, signals)?;
+        ex.wait_signal(peer, READY, side)?;
         let bound = |j: usize| j * rows / pieces;
         let piece = |t: &Array, j: usize| t.narrow(0, bound(j), bound(j + 1) - bound(j));
         let (mine, pulled) = (lhs.narrow(0, me * rows, rows), self.chunk(ex.at(peer, self.chunks[me])?));
@@ -667,7 +667,7 @@ impl MmRsPrepared {
         ex.join(side)?;
         // Once both ranks have pulled (side barrier), the next call may
         // overwrite the chunks; it overlaps the last reduction.
-        ex.ws()?.barrier(super::CHANNEL, side)?;
+        ex.barrier_on(side)?;
         let mut srcs = [piece(&own, 0), piece(&staged, 0)];
         if me == 1 {
             srcs.swap(0, 1); // rank order, as reduce_into_out sums
@@ -921,7 +921,8 @@ mod tests {
             let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
             plan.decision.algorithm = Algorithm::Pipelined;
             assert_eq!(plan.onto_pull_pieces(2), Some(2));
-            super::super::launch(g, Stream(0), &plan, &|_, make| crate::backend::ReplayKey::new(make())).unwrap();
+            let tag = crate::backend::CallTag::of(b"mm_rs");
+            super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make())).unwrap();
             out
         });
         for (r, out) in outs.iter().enumerate() {

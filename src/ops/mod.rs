@@ -65,7 +65,7 @@ pub use symmetric::{symmetric_args, PeerAccess, SYMMETRIC_ARGS};
 pub use workspace::reserve as reserve_workspace;
 
 use crate::array::Array;
-use crate::backend::{AllGatherCall, GemmScales, ReduceScatterCall, ReplayKey, Stream};
+use crate::backend::{AllGatherCall, CallTag, GemmScales, ReduceScatterCall, ReplayKey, Stream};
 use crate::buffer::Handle;
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
@@ -120,8 +120,8 @@ fn with_algorithm<E>(sig: Signature, algorithm: std::result::Result<Algorithm, E
 fn run<P: Prepared>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
-    let (p, _) = agreed(group, prepared)?;
-    launch(group, stream, &p, &|_, make| ReplayKey::new(make()))
+    let (p, agreement) = agreed(group, prepared)?;
+    launch(group, stream, &p, agreement.tag, &|_, make| ReplayKey::new(make()))
 }
 
 /// As `run`, for an operation whose preparation (`prepare`: signature and
@@ -143,7 +143,7 @@ where
     let reuse = !group.check_args_always();
     if let (true, Ok(c)) = (reuse, &call) {
         if let Some(e) = memo::find::<C, P>(group, c) {
-            return launch(group, stream, &*e.prepared, &|ids, make| e.key(ids, make));
+            return launch(group, stream, &*e.prepared, e.tag, &|ids, make| e.key(ids, make));
         }
     }
     let kept = call.as_ref().ok().filter(|_| reuse).cloned();
@@ -155,10 +155,10 @@ where
     }
     match kept {
         Some(c) => {
-            let e = memo::keep(group, c, Arc::new(p));
-            launch(group, stream, &*e.prepared, &|ids, make| e.key(ids, make))
+            let e = memo::keep(group, c, Arc::new(p), agreement.tag);
+            launch(group, stream, &*e.prepared, e.tag, &|ids, make| e.key(ids, make))
         }
-        None => launch(group, stream, &p, &|_, make| ReplayKey::new(make())),
+        None => launch(group, stream, &p, agreement.tag, &|_, make| ReplayKey::new(make())),
     }
 }
 
@@ -178,12 +178,13 @@ fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<
 type ScratchIds = (u64, Option<u64>, Option<u64>, Option<u64>);
 
 /// Executes an agreed call (with the collective lock held), replayed where
-/// the backend can. `key(scratch ids, make)` is the replay key, `make()`
-/// making it afresh.
+/// the backend can; its signals and lines carry `tag`. `key(scratch ids,
+/// make)` is the replay key, `make()` making it afresh.
 fn launch<P: Prepared>(
     group: &Arc<Group>,
     stream: Stream,
     plan: &P,
+    tag: CallTag,
     key: &dyn Fn(ScratchIds, &dyn Fn() -> String) -> ReplayKey,
 ) -> Result<()> {
     let ws = workspace::ensure(group, Scratch::Workspace, plan.workspace_bytes(), Some(stream))?;
@@ -220,6 +221,7 @@ fn launch<P: Prepared>(
             flags: flags.clone(),
             reduce: reduce.clone(),
             stream: s,
+            tag,
         })
         .inspect_err(|e| group.fail(e))
     })
@@ -243,6 +245,8 @@ struct Exec<'a> {
     /// The all-reduce buffer, when the call asked for one.
     reduce: Option<Arc<Handle>>,
     stream: Stream,
+    /// What this call's signals and lines carry (see `agree`).
+    tag: CallTag,
 }
 
 impl Exec<'_> {
@@ -298,6 +302,7 @@ impl Exec<'_> {
             scratch: self.on_every_rank(Scratch::AllReduce, 0)?,
             scratch_bytes: reduce.buffer().size(),
             timeout: self.group.timeout(),
+            tag: self.tag,
         };
         self.group.backend().all_gather(&call, self.stream)
     }
@@ -323,6 +328,7 @@ impl Exec<'_> {
             scratch: self.on_every_rank(Scratch::AllReduce, 0)?,
             scratch_bytes: reduce.buffer().size(),
             timeout: self.group.timeout(),
+            tag: self.tag,
         };
         self.group.backend().reduce_scatter(&call, self.stream)
     }
@@ -335,7 +341,22 @@ impl Exec<'_> {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.ws()?.barrier(CHANNEL, self.stream)
+        self.barrier_on(self.stream)
+    }
+
+    /// A barrier of the ranks on the workspace, on `stream`.
+    fn barrier_on(&self, stream: Stream) -> Result<()> {
+        self.ws()?.barrier(CHANNEL, self.tag, stream)
+    }
+
+    /// Signals `peer` on the workspace's `channel`, on `stream`.
+    fn put_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
+        self.ws()?.put_signal(peer, channel, self.tag, stream)
+    }
+
+    /// Waits for `peer`'s signal on the workspace's `channel`, on `stream`.
+    fn wait_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
+        self.ws()?.wait_signal(peer, channel, self.tag, stream)
     }
 
     /// The side stream for communication that overlaps the main stream.

@@ -48,8 +48,7 @@ pub struct OpsState {
     /// Signatures of calls all ranks agreed on, so that repeats skip the
     /// exchange. Every rank inserts and clears in the same order (inserts
     /// follow an exchange all ranks took part in), so the sets stay equal.
-    /// Keyed by this rank's encoded signature; each keeps every rank's
-    /// signature, whose per-rank fields (`Signature::local`) may differ.
+    /// Keyed by the encoded signature, the same on every rank.
     agreed: Mutex<HashSet<Vec<u8>>>,
     /// Prepared calls by a hash of their arguments. Each stands for a
     /// signature in `agreed`, so both are emptied together.

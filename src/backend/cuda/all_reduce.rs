@@ -14,7 +14,7 @@ use super::module::{arg, Kernels};
 use super::sm90::gemm_dtype;
 use crate::array::{Array, DType};
 use crate::backend::{
-    AddRmsNorm, AllGatherCall, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, ReduceScatterCall, Stream,
+    AddRmsNorm, AllGatherCall, AllReduceAlgorithm, AllReduceCall, AllReduceLayout, CallTag, ReduceScatterCall, Stream,
 };
 use crate::error::{err, Result};
 use cudarc::driver::CudaFunction;
@@ -45,6 +45,7 @@ struct ArParams {
     two_slot: u64,
     chunk_bytes: u64,
     partials_off: u64,
+    tags_off: u64,
     rank: i32,
     world: i32,
     hidden: u32,
@@ -52,6 +53,7 @@ struct ArParams {
     eps: f32,
     divisor: u32,
     segments: u32,
+    tag: u32,
 }
 
 /// Mirror of `struct symm_rmsnorm_params`.
@@ -125,11 +127,12 @@ struct Shared<'a> {
     scratch_bytes: usize,
     bytes: usize,
     timeout: std::time::Duration,
+    tag: CallTag,
 }
 
 impl Shared<'_> {
     fn params(&self, err_ptr: u64) -> Result<ArParams> {
-        let Shared { rank, world, scratch, scratch_bytes, bytes, timeout } = *self;
+        let Shared { rank, world, scratch, scratch_bytes, bytes, timeout, tag } = *self;
         if world == 0 || world > AR_MAX_WORLD || rank >= world || scratch.len() != world {
             return Err(err!(Internal, "all-reduce kernel for rank {rank} of {world} with {} buffers", scratch.len()));
         }
@@ -146,6 +149,8 @@ impl Shared<'_> {
             two_off: layout.two_shot as u64,
             two_slot: layout.two_shot_slot as u64,
             partials_off: AllReduceLayout::HEADER as u64,
+            tags_off: AllReduceLayout::TAGS as u64,
+            tag: tag.get(),
             rank: rank as i32,
             world: world as i32,
             scale: 1.0,
@@ -171,6 +176,7 @@ fn params(call: &AllReduceCall, err_ptr: u64) -> Result<ArParams> {
         scratch_bytes: call.scratch_bytes,
         bytes,
         timeout: call.timeout,
+        tag: call.tag,
     };
     let mut p = shared.params(err_ptr)?;
     for (name, p) in [("input", call.input), ("output", call.output)] {
@@ -192,6 +198,7 @@ fn gather_params(call: &AllGatherCall, err_ptr: u64) -> Result<ArParams> {
         scratch_bytes: call.scratch_bytes,
         bytes: call.bytes,
         timeout: call.timeout,
+        tag: call.tag,
     };
     let mut p = shared.params(err_ptr)?;
     if call.input == 0 || call.output == 0 {
@@ -237,6 +244,7 @@ fn scatter_params(call: &ReduceScatterCall, err_ptr: u64) -> Result<ArParams> {
         scratch_bytes: call.scratch_bytes,
         bytes: call.n * call.dtype.size(),
         timeout: call.timeout,
+        tag: call.tag,
     };
     let mut p = shared.params(err_ptr)?;
     (p.input, p.output, p.n, p.scale) = (call.input, call.output, call.n as u64, call.scale);
@@ -378,7 +386,7 @@ mod tests {
 
     #[test]
     fn params_mirror_the_kernel_s_struct() {
-        assert_eq!(std::mem::size_of::<ArParams>(), 16 * 8 + 15 * 8 + 7 * 4 + 4);
+        assert_eq!(std::mem::size_of::<ArParams>(), 16 * 8 + 16 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<NormParams>(), 10 * 8 + 2 * 4);
     }
 
@@ -398,6 +406,7 @@ mod tests {
             scratch_bytes: bytes,
             norm: None,
             timeout: Duration::from_secs(1),
+            tag: CallTag::of(b"test"),
         }
     }
 
@@ -458,6 +467,7 @@ mod tests {
             scratch: vec![0x10_0000, 0x20_0000],
             scratch_bytes: AllReduceLayout::bytes_for(1001, 2),
             timeout: Duration::from_secs(1),
+            tag: CallTag::of(b"test"),
         };
         let p = gather_params(&gather, 0).unwrap();
         assert_eq!((p.n, p.input, p.output, p.rank, p.world), (1001, 0x1001, 0x2003, 1, 2));
@@ -482,6 +492,7 @@ mod tests {
             scratch: vec![0x10_0000, 0x20_0000],
             scratch_bytes: AllReduceLayout::bytes_for(2000, 2),
             timeout: Duration::from_secs(1),
+            tag: CallTag::of(b"test"),
         };
         let p = scatter_params(&scatter, 0).unwrap();
         assert_eq!((p.n, p.input, p.output, p.chunk_bytes, p.scale), (1000, 0x1000, 0x3002, 2048, 0.5));
@@ -552,6 +563,7 @@ mod tests {
                             scratch_bytes,
                             norm: None,
                             timeout,
+                            tag: CallTag::of(b"test"),
                         };
                         all_reduce(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
                     });
@@ -571,6 +583,7 @@ mod tests {
                         scratch: scratch.clone(),
                         scratch_bytes,
                         timeout,
+                        tag: CallTag::of(b"test"),
                     };
                     all_gather(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
                 });
@@ -592,6 +605,7 @@ mod tests {
                         scratch: scratch.clone(),
                         scratch_bytes,
                         timeout,
+                        tag: CallTag::of(b"test"),
                     };
                     reduce_scatter(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
                 });

@@ -1,5 +1,5 @@
 //! The asynchronous error record: where a kernel whose signal wait timed out
-//! says so (layout: `struct symm_async_error` in kernels/common.cuh). It is
+//! (or found a peer in another call) says so (layout: `struct symm_async_error` in kernels/common.cuh). It is
 //! pinned host memory mapped into the device, so the host reads it without
 //! synchronizing any stream.
 
@@ -32,6 +32,8 @@ const TIMEOUT: u32 = 1;
 const INVALID_ARG: u32 = 2;
 /// Written by the host (`stop`), never by a kernel: the group failed.
 const STOPPED: u32 = 3;
+/// A wait found a peer's signal or lines from another call (its tag).
+const MISMATCH: u32 = 4;
 /// `SYMM_GEMM_CHANNEL`: the waits of the sm90 matmul (kernels/sm90_wait.cuh).
 const GEMM_CHANNEL: i32 = -2;
 /// `SYMM_AR_CHANNEL`: the waits of kernels/allreduce.cu.
@@ -128,6 +130,14 @@ impl AsyncError {
                 "rank {}: {what} timed out on the device after {} ms; the group's signal pads are now undefined, destroy the group",
                 r.rank,
                 r.waited_ns / 1_000_000
+            ),
+            MISMATCH => err!(
+                Mismatch,
+                "rank {}: {what}: rank {} is making a different call from this rank's (another call tag): the \
+                 ranks' arguments differ although each call was agreed before; SYMM_CHECK_ARGS=always compares \
+                 every call's arguments and names them",
+                r.rank,
+                r.peer
             ),
             INVALID_ARG => err!(Internal, "rank {}: a signal kernel got invalid arguments ({what})", r.rank),
             other => err!(Internal, "rank {}: unknown device error {other} ({what})", r.rank),

@@ -1,12 +1,13 @@
 //! Stream-ordered signals on CUDA: tiny kernels (kernels/signal.cu) that
 //! spin on the pads with system-scope atomics and a `%globaltimer` timeout.
-//! A timeout is recorded in the group's async error record, not returned
-//! here: the launch has long returned by then.
+//! A timeout, or another call's tag where a wait expected its own, is
+//! recorded in the group's async error record, not returned here: the
+//! launch has long returned by then.
 
 use super::async_error::AsyncError;
 use super::driver::check;
 use super::module::{arg, Kernels};
-use crate::backend::{PadSet, Signals, Stream, SIGNAL_CHANNELS};
+use crate::backend::{CallTag, PadSet, Signals, Stream, SIGNAL_CHANNELS};
 use crate::error::{err, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use std::ffi::c_void;
@@ -75,19 +76,21 @@ impl CudaSignals {
         f: &CudaFunction,
         peer: usize,
         channel: usize,
+        tag: CallTag,
         stream: Stream,
         timeout: Duration,
     ) -> Result<()> {
         self.check_peer(peer, channel)?;
         let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
-        let (mut peer, mut channel, mut t, mut e) =
-            (peer as i32, channel as i32, nanos(timeout), self.errors.device_ptr());
+        let (mut peer, mut channel, mut tag, mut t, mut e) =
+            (peer as i32, channel as i32, tag.get(), nanos(timeout), self.errors.device_ptr());
         let mut params = [
             arg(&mut pads),
             arg(&mut rank),
             arg(&mut world),
             arg(&mut peer),
             arg(&mut channel),
+            arg(&mut tag),
             arg(&mut t),
             arg(&mut e),
         ];
@@ -107,23 +110,32 @@ fn nanos(t: Duration) -> u64 {
 }
 
 impl Signals for CudaSignals {
-    fn put(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
-        self.point_to_point(&self.kernels.put_signal, peer, channel, stream, timeout)
+    fn put(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()> {
+        self.point_to_point(&self.kernels.put_signal, peer, channel, tag, stream, timeout)
     }
 
-    fn wait(&self, peer: usize, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
-        self.point_to_point(&self.kernels.wait_signal, peer, channel, stream, timeout)
+    fn wait(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()> {
+        self.point_to_point(&self.kernels.wait_signal, peer, channel, tag, stream, timeout)
     }
 
-    fn barrier(&self, channel: usize, stream: Stream, timeout: Duration) -> Result<()> {
+    fn barrier(&self, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()> {
         check_channel(channel)?;
         if self.world == 1 {
             return Ok(());
         }
         let block = (self.world as u32).div_ceil(32) * 32;
         let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
-        let (mut channel, mut t, mut e) = (channel as i32, nanos(timeout), self.errors.device_ptr());
-        let mut params = [arg(&mut pads), arg(&mut rank), arg(&mut world), arg(&mut channel), arg(&mut t), arg(&mut e)];
+        let (mut channel, mut tag, mut t, mut e) =
+            (channel as i32, tag.get(), nanos(timeout), self.errors.device_ptr());
+        let mut params = [
+            arg(&mut pads),
+            arg(&mut rank),
+            arg(&mut world),
+            arg(&mut channel),
+            arg(&mut tag),
+            arg(&mut t),
+            arg(&mut e),
+        ];
         self.launch(&self.kernels.barrier, block, stream, &mut params)
     }
 

@@ -7,16 +7,19 @@
 //! (parity, rank) as a line `{data0, seq, data1, seq}` of atomic words, the
 //! flags stored with release after the data; the peers' lines are then
 //! placed into the output once both flags of a line read `seq` (acquire).
-//! No barrier: a rank can be at most one call ahead of a peer (each call
-//! waits for data every peer sends in it), so the two parities are never
-//! overwritten while read.
+//! Before its lines a rank stores `{seq, tag}` into each receiver's tag
+//! word for it, and a receiver uses a peer's lines only once that word
+//! holds this call's number and tag (another tag: `Mismatch`, the peer is
+//! making a different call). No barrier: a rank can be at most one call
+//! ahead of a peer (each call waits for data every peer sends in it), so
+//! the two parities are never overwritten while read.
 
 use super::signals::{spin_until, Ended};
 use crate::array::Array;
-use crate::backend::{AllGatherCall, AllReduceLayout, ReduceScatterCall};
+use crate::backend::{AllGatherCall, AllReduceLayout, CallTag, ReduceScatterCall};
 use crate::error::{err, Result};
 use crate::health::Health;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The `u32` at `addr` of a mapped all-reduce buffer.
@@ -25,6 +28,12 @@ fn word(addr: u64) -> &'static AtomicU32 {
     // (checked against the layout), 4-byte aligned, mapped while the call
     // runs; every access to them, ours and peers', is atomic.
     unsafe { &*(addr as *const AtomicU32) }
+}
+
+/// The `u64` at `addr` of a mapped all-reduce buffer.
+fn word64(addr: u64) -> &'static AtomicU64 {
+    // SAFETY: as `word`, 8-byte aligned (`AllReduceLayout::tag_at`).
+    unsafe { &*(addr as *const AtomicU64) }
 }
 
 /// Line `i` (8 bytes, zero past the end) of `bytes` bytes at `base`.
@@ -48,6 +57,7 @@ struct Lines<'a> {
     layout: AllReduceLayout,
     rank: usize,
     seq: u32,
+    tag: CallTag,
     what: &'static str,
 }
 
@@ -61,6 +71,7 @@ impl<'a> Lines<'a> {
         scratch: &'a [u64],
         scratch_bytes: usize,
         bytes: usize,
+        tag: CallTag,
     ) -> Result<Self> {
         if world == 0 || rank >= world || scratch.len() != world {
             return Err(err!(Internal, "{what} for rank {rank} of {world} with {} buffers", scratch.len()));
@@ -70,7 +81,47 @@ impl<'a> Lines<'a> {
             return Err(err!(Internal, "an all-reduce buffer of {scratch_bytes} bytes cannot hold {bytes} bytes"));
         }
         let seq = word(scratch[rank]).load(Ordering::Acquire).wrapping_add(1);
-        Ok(Lines { scratch, layout, rank, seq, what })
+        Ok(Lines { scratch, layout, rank, seq, tag, what })
+    }
+
+    /// This call's `{seq, tag}` word.
+    fn tag_word(&self) -> u64 {
+        self.seq as u64 | (self.tag.get() as u64) << 32
+    }
+
+    /// Tells `owner` which call this rank's lines to it belong to (before
+    /// any of them).
+    fn announce(&self, owner: usize) {
+        let at = self.scratch[owner] + AllReduceLayout::tag_at((self.seq & 1) as usize, self.rank) as u64;
+        word64(at).store(self.tag_word(), Ordering::Release);
+    }
+
+    /// Waits for `src`'s word of this call, then `Mismatch` unless it
+    /// carries this call's tag.
+    fn check(&self, src: usize, health: &Health, deadline: Instant, timeout: Duration) -> Result<()> {
+        let at = self.scratch[self.rank] + AllReduceLayout::tag_at((self.seq & 1) as usize, src) as u64;
+        let word = word64(at);
+        let seq = self.seq;
+        let arrived = || word.load(Ordering::Acquire) as u32 == seq;
+        spin_until(arrived, || health.interrupted(), deadline).map_err(|why| match why {
+            Ended::Failed(e) => e,
+            Ended::TimedOut => {
+                err!(Timeout, "{}: rank {src} did not start call {seq} within {} ms", self.what, timeout.as_millis())
+            }
+        })?;
+        let found = word.load(Ordering::Acquire);
+        if found == self.tag_word() {
+            return Ok(());
+        }
+        Err(err!(
+            Mismatch,
+            "{}: rank {src} is making a different call from this rank's (call tag {:#010x}, this rank's {:#010x}): \
+             the ranks' arguments differ although each call was agreed before; SYMM_CHECK_ARGS=always compares \
+             every call's arguments and names them",
+            self.what,
+            found >> 32,
+            self.tag.get()
+        ))
     }
 
     /// Line `i` of slot `src` in rank `owner`'s buffer.
@@ -116,13 +167,14 @@ impl<'a> Lines<'a> {
 }
 
 pub fn all_gather(call: &AllGatherCall, health: &Health) -> Result<()> {
-    let &AllGatherCall { rank, world, bytes, input, output, ref scratch, scratch_bytes, timeout } = call;
-    let ll = Lines::begin("all_gather", rank, world, scratch, scratch_bytes, bytes)?;
+    let &AllGatherCall { rank, world, bytes, input, output, ref scratch, scratch_bytes, timeout, tag } = call;
+    let ll = Lines::begin("all_gather", rank, world, scratch, scratch_bytes, bytes, tag)?;
     if bytes == 0 {
         return Ok(());
     }
     let lines = bytes.div_ceil(8);
     let peers = || (1..world).map(|k| (rank + k) % world);
+    peers().for_each(|q| ll.announce(q));
     for i in 0..lines {
         let line = load_line(input, i, bytes);
         peers().for_each(|q| ll.push(q, i, line));
@@ -130,6 +182,7 @@ pub fn all_gather(call: &AllGatherCall, health: &Health) -> Result<()> {
     }
     let deadline = Instant::now() + timeout;
     for src in peers() {
+        ll.check(src, health, deadline, timeout)?;
         for i in 0..lines {
             store_line(output + (src * bytes) as u64, i, bytes, ll.wait(src, i, health, deadline, timeout)?);
         }
@@ -156,15 +209,17 @@ pub fn reduce_scatter(call: &ReduceScatterCall, health: &Health) -> Result<()> {
         ref scratch,
         scratch_bytes,
         timeout,
+        tag,
     } = call;
     let bytes = n * dtype.size();
-    let ll = Lines::begin("reduce_scatter", rank, world, scratch, scratch_bytes, bytes)?;
+    let ll = Lines::begin("reduce_scatter", rank, world, scratch, scratch_bytes, bytes, tag)?;
     if bytes == 0 {
         return Ok(());
     }
     let lines = bytes / 8;
     let chunk = |q: usize| input + (q * chunk_stride) as u64;
     for q in (1..world).map(|k| (rank + k) % world) {
+        ll.announce(q);
         (0..lines).for_each(|i| ll.push(q, i, load_line(chunk(q), i, bytes)));
     }
     // Every rank's part of this chunk, in rank order, as contiguous arrays.
@@ -174,6 +229,9 @@ pub fn reduce_scatter(call: &ReduceScatterCall, health: &Health) -> Result<()> {
         let words = (0..lines)
             .map(|i| match src == rank {
                 true => Ok(load_line(chunk(rank), i, bytes)),
+                false if i == 0 => {
+                    ll.check(src, health, deadline, timeout).and_then(|()| ll.wait(src, i, health, deadline, timeout))
+                }
                 false => ll.wait(src, i, health, deadline, timeout),
             })
             .map(|line| line.map(u64::from_le_bytes))

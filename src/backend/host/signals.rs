@@ -1,11 +1,12 @@
 //! Signals on the host: `u32` slots in the shared pads, driven by atomics.
-//! Put = CAS 0 -> 1 (release) on the peer's slot for us; wait = CAS 1 -> 0
-//! (acquire) on our slot for the peer. Waiting spins briefly, then yields,
+//! Put = CAS 0 -> tag (release) on the peer's slot for us; wait = CAS
+//! tag -> 0 (acquire) on our slot for the peer, failing with `Mismatch`
+//! where the slot holds another call's tag. Waiting spins briefly, then yields,
 //! then sleeps, so many ranks on few cores still make progress. A wait
 //! also ends as soon as the group fails (an abort, a peer's failure on the
 //! group's board), with that failure.
 
-use crate::backend::{slot_offset, PadSet, Signals, Stream};
+use crate::backend::{slot_offset, CallTag, PadSet, Signals, Stream};
 use crate::error::{err, Error, Result};
 use crate::health::Health;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -56,9 +57,16 @@ impl HostSignals {
         check_channel(channel)
     }
 
-    fn put_unchecked(&self, peer: usize, channel: usize, deadline: Instant, timeout: Duration) -> Result<()> {
+    fn put_unchecked(
+        &self,
+        peer: usize,
+        channel: usize,
+        tag: CallTag,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
         let slot = self.slot(peer, channel, self.pads.rank);
-        let done = || slot.compare_exchange(0, 1, Ordering::Release, Ordering::Relaxed).is_ok();
+        let done = || slot.compare_exchange(0, tag.get(), Ordering::Release, Ordering::Relaxed).is_ok();
         self.spin(done, deadline).map_err(|why| match why {
             Ended::Failed(e) => e,
             Ended::TimedOut => err!(
@@ -69,9 +77,24 @@ impl HostSignals {
         })
     }
 
-    fn wait_unchecked(&self, peer: usize, channel: usize, deadline: Instant, timeout: Duration) -> Result<()> {
+    fn wait_unchecked(
+        &self,
+        peer: usize,
+        channel: usize,
+        tag: CallTag,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
         let slot = self.slot(self.pads.rank, channel, peer);
-        let done = || slot.compare_exchange(1, 0, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        let mut other = 0;
+        let done = || match slot.compare_exchange(tag.get(), 0, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => true,
+            Err(0) => false,
+            Err(found) => {
+                other = found;
+                true
+            }
+        };
         self.spin(done, deadline).map_err(|why| match why {
             Ended::Failed(e) => e,
             Ended::TimedOut => err!(
@@ -79,7 +102,11 @@ impl HostSignals {
                 "wait_signal: rank {peer} did not signal channel {channel} within {} ms",
                 timeout.as_millis()
             ),
-        })
+        })?;
+        match other {
+            0 => Ok(()),
+            found => Err(mismatch(peer, channel, CallTag(found), tag)),
+        }
     }
 }
 
@@ -104,29 +131,31 @@ impl Signals for HostSignals {
             .inspect_err(|e| log::warn!("{}", e.msg))
     }
 
-    fn put(&self, peer: usize, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
+    fn put(&self, peer: usize, channel: usize, tag: CallTag, _stream: Stream, timeout: Duration) -> Result<()> {
         self.check(peer, channel)?;
-        self.put_unchecked(peer, channel, Instant::now() + timeout, timeout).inspect_err(|e| log::warn!("{}", e.msg))
+        self.put_unchecked(peer, channel, tag, Instant::now() + timeout, timeout)
+            .inspect_err(|e| log::warn!("{}", e.msg))
     }
 
-    fn wait(&self, peer: usize, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
+    fn wait(&self, peer: usize, channel: usize, tag: CallTag, _stream: Stream, timeout: Duration) -> Result<()> {
         self.check(peer, channel)?;
-        self.wait_unchecked(peer, channel, Instant::now() + timeout, timeout).inspect_err(|e| log::warn!("{}", e.msg))
+        self.wait_unchecked(peer, channel, tag, Instant::now() + timeout, timeout)
+            .inspect_err(|e| log::warn!("{}", e.msg))
     }
 
-    fn barrier(&self, channel: usize, _stream: Stream, timeout: Duration) -> Result<()> {
+    fn barrier(&self, channel: usize, tag: CallTag, _stream: Stream, timeout: Duration) -> Result<()> {
         check_channel(channel)?;
         let PadSet { rank, world, .. } = self.pads;
         let deadline = Instant::now() + timeout;
         let peers = || (1..world).map(move |i| (rank + i) % world).filter(|&p| self.pads.reaches(p));
         for p in peers() {
-            self.put_unchecked(p, channel, deadline, timeout).inspect_err(|e| log::warn!("barrier: {}", e.msg))?;
+            self.put_unchecked(p, channel, tag, deadline, timeout).inspect_err(|e| log::warn!("barrier: {}", e.msg))?;
         }
         // Wait for everyone before failing, so the error names every late
         // rank; a failed group ends the wait at once.
         let mut late = Vec::new();
         for p in peers() {
-            match self.wait_unchecked(p, channel, deadline, timeout) {
+            match self.wait_unchecked(p, channel, tag, deadline, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind == crate::error::ErrorKind::Timeout => late.push(p),
                 Err(e) => return Err(e),
@@ -145,6 +174,19 @@ impl Signals for HostSignals {
             Err(e)
         }
     }
+}
+
+/// A wait that found `found` where it waited for `tag`: the peer signals
+/// from another call than this rank's.
+pub(super) fn mismatch(peer: usize, channel: usize, found: CallTag, tag: CallTag) -> Error {
+    err!(
+        Mismatch,
+        "rank {peer} is making a different call from this rank's (call tag {:#010x} on channel {channel}, this \
+         rank's {:#010x}): the ranks' arguments differ although each call was agreed before; \
+         SYMM_CHECK_ARGS=always compares every call's arguments and names them",
+        found.get(),
+        tag.get()
+    )
 }
 
 /// The `u32` at `addr`, shared with other processes.
@@ -213,16 +255,16 @@ mod tests {
     fn put_then_wait_resets_slot() {
         let (mem, s) = pads(2);
         let t = Duration::from_millis(200);
-        s[0].put(1, 3, Stream(0), t).unwrap();
-        assert_eq!(mem[1][slot_offset(2, 3, 0) / 4], 1);
-        s[1].wait(0, 3, Stream(0), t).unwrap();
+        s[0].put(1, 3, CallTag::USER, Stream(0), t).unwrap();
+        assert_eq!(mem[1][slot_offset(2, 3, 0) / 4], CallTag::USER.get());
+        s[1].wait(0, 3, CallTag::USER, Stream(0), t).unwrap();
         assert_eq!(mem[1][slot_offset(2, 3, 0) / 4], 0);
     }
 
     #[test]
     fn wait_times_out_naming_peer() {
         let (_mem, s) = pads(3);
-        let e = s[0].wait(2, 0, Stream(0), Duration::from_millis(30)).unwrap_err();
+        let e = s[0].wait(2, 0, CallTag::USER, Stream(0), Duration::from_millis(30)).unwrap_err();
         assert_eq!(e.kind, crate::error::ErrorKind::Timeout);
         assert!(e.msg.contains("rank 2"), "{}", e.msg);
     }
@@ -233,7 +275,7 @@ mod tests {
         let t = Duration::from_secs(5);
         std::thread::scope(|sc| {
             for sig in &s {
-                sc.spawn(move || sig.barrier(1, Stream(0), t).unwrap());
+                sc.spawn(move || sig.barrier(1, CallTag::USER, Stream(0), t).unwrap());
             }
         });
         // Rank 2 never arrives: ranks 0 and 1 name it.
@@ -241,20 +283,65 @@ mod tests {
         std::thread::scope(|sc| {
             for sig in &s[..2] {
                 sc.spawn(move || {
-                    let e = sig.barrier(2, Stream(0), short).unwrap_err();
+                    let e = sig.barrier(2, CallTag::USER, Stream(0), short).unwrap_err();
                     assert!(e.msg.contains("rank 2 did not arrive"), "{}", e.msg);
                 });
             }
         });
     }
 
+    /// A wait that finds another call's tag fails with `Mismatch` at once
+    /// and leaves the signal; the matching wait consumes it.
+    #[test]
+    fn a_signal_of_another_call_is_a_mismatch() {
+        let (mem, s) = pads(2);
+        let (t, ours, theirs) = (Duration::from_secs(30), CallTag::of(b"ours"), CallTag::of(b"theirs"));
+        assert_ne!(ours, theirs);
+        s[0].put(1, 2, theirs, Stream(0), t).unwrap();
+        let start = Instant::now();
+        let e = s[1].wait(0, 2, ours, Stream(0), t).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Mismatch, "{}", e.msg);
+        assert!(e.msg.contains("rank 0 is making a different call"), "{}", e.msg);
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert_eq!(mem[1][slot_offset(2, 2, 0) / 4], theirs.get());
+        s[1].wait(0, 2, theirs, Stream(0), t).unwrap();
+        assert_eq!(mem[1][slot_offset(2, 2, 0) / 4], 0);
+        // A barrier of two calls: each rank finds the other's tag.
+        std::thread::scope(|sc| {
+            for (sig, tag) in s.iter().zip([ours, theirs]) {
+                sc.spawn(move || {
+                    let e = sig.barrier(3, tag, Stream(0), t).unwrap_err();
+                    assert_eq!(e.kind, crate::error::ErrorKind::Mismatch, "{}", e.msg);
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn call_tags_are_never_free_slots_or_user_signals() {
+        for bytes in [&b""[..], b"a", b"operation=ag_mm", &[0u8; 64]] {
+            assert!(CallTag::of(bytes).get() >= 2, "{bytes:?}");
+        }
+        assert_eq!(CallTag::of(b"x"), CallTag::of(b"x"));
+        assert_ne!(CallTag::of(b"x"), CallTag::of(b"y"));
+    }
+
     #[test]
     fn bad_peer_and_channel() {
         let (_mem, s) = pads(2);
         let t = Duration::from_millis(10);
-        assert_eq!(s[0].put(0, 0, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
-        assert_eq!(s[0].put(5, 0, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
-        assert_eq!(s[0].wait(1, 99, Stream(0), t).unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
+        assert_eq!(
+            s[0].put(0, 0, CallTag::USER, Stream(0), t).unwrap_err().kind,
+            crate::error::ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            s[0].put(5, 0, CallTag::USER, Stream(0), t).unwrap_err().kind,
+            crate::error::ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            s[0].wait(1, 99, CallTag::USER, Stream(0), t).unwrap_err().kind,
+            crate::error::ErrorKind::InvalidArgument
+        );
     }
 
     #[test]
@@ -264,7 +351,7 @@ mod tests {
         std::thread::scope(|sc| {
             let waiting = sc.spawn(|| {
                 let start = Instant::now();
-                (s[0].wait(1, 0, Stream(0), t).unwrap_err(), start.elapsed())
+                (s[0].wait(1, 0, CallTag::USER, Stream(0), t).unwrap_err(), start.elapsed())
             });
             std::thread::sleep(Duration::from_millis(50));
             s[0].health.abort();
@@ -272,7 +359,7 @@ mod tests {
             assert_eq!(e.kind, crate::error::ErrorKind::Aborted);
             assert!(waited < Duration::from_secs(5), "{waited:?}");
         });
-        let e = s[0].barrier(0, Stream(0), t).unwrap_err();
+        let e = s[0].barrier(0, CallTag::USER, Stream(0), t).unwrap_err();
         assert_eq!(e.kind, crate::error::ErrorKind::Aborted);
     }
 }
