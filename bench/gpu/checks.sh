@@ -20,7 +20,9 @@
 # hosts_bench4 (the same on four GPUs as two pretend hosts of two);
 # baseline (bench_ops.py of the baseline in bundle/base/, built by
 # build-baseline.sh, and of this tree in turn, SYMM_BASELINE_ROUNDS times
-# (default 3), at SYMM_WORLD with SYMM_BENCH_ARGS; not in the default list).
+# (default 3), at SYMM_WORLD with SYMM_BENCH_ARGS; not in the default list);
+# tag_cost (bench/probes/tag_cost_probe.py: the LL kernels graph-replayed,
+# baseline and this tree in turn; not in the default list).
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -107,6 +109,12 @@ for c in $checks; do
                     ${SYMM_BENCH_ARGS:-}
             done
         done ;;
+    tag_cost)
+        # The LL kernels' graph-replayed time, baseline and this tree in turn.
+        gunzip -kf bundle/base/libsymm.so.gz
+        step tag_cost timeout 300 python3 bench/probes/tag_cost_probe.py --world "$world" \
+            --gpus "$([ "$ngpu" -ge "$world" ] && echo "$world" || echo 1)" \
+            --lib "base=$root/bundle/base/libsymm.so:$root/bundle/base/python" --lib "head=$root/bundle/libsymm.so:$root/python" ;;
     families) step families timeout "${SYMM_FAMILIES_TIMEOUT:-480}" torchrun --nproc-per-node "$world" bench/bench_families.py --out "$OUT" ${SYMM_FAMILIES_ARGS:-} ;;
     *) echo "unknown check $c" | tee -a "$OUT/steps.txt"; fail=1 ;;
     esac
