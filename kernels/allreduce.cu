@@ -502,11 +502,7 @@ static __device__ __forceinline__ void symm_ar_announce(const symm_ar_params& p,
 // whole block (false where a peer's tag differs, recorded, or a wait gave
 // up).
 static __device__ bool symm_ar_peers_agree(const symm_ar_params& p, uint32_t seq) {
-    __shared__ int s_ok;
-    if (threadIdx.x == 0) {
-        s_ok = 1;
-    }
-    __syncthreads();
+    bool ok = true;
     const int src = (int)threadIdx.x;
     if (src < p.world && src != p.rank) {
         const volatile uint64_t* word = (const volatile uint64_t*)symm_ar_tag_word(p, p.rank, seq & 1u, src);
@@ -516,16 +512,13 @@ static __device__ bool symm_ar_peers_agree(const symm_ar_params& p, uint32_t seq
         while ((uint32_t)v != seq && symm_ar_keep_waiting(w, p, src)) {
             v = *word;
         }
-        if ((uint32_t)v != seq) {
-            s_ok = 0;
-        } else if ((uint32_t)(v >> 32) != p.tag) {
+        ok = (uint32_t)v == seq && (uint32_t)(v >> 32) == p.tag;
+        if ((uint32_t)v == seq && !ok) {
             symm_record_error((symm_async_error*)p.err, SYMM_ASYNC_MISMATCH, p.rank, src, SYMM_AR_CHANNEL,
                               SYMM_SIGNAL_KIND_VALUE, 0);
-            s_ok = 0;
         }
     }
-    __syncthreads();
-    return s_ok != 0;
+    return __syncthreads_and(ok) != 0;
 }
 
 // Sum over the block's threads (every thread gets it).
