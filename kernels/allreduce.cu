@@ -43,8 +43,10 @@
 // rank it sends to; each block of the receiver waits for every peer's word
 // of call seq and goes on only if it carries p.tag. Another tag means that
 // peer is making a different call (ranks whose calls, each agreed before,
-// went out of step): the block records SYMM_ASYNC_MISMATCH and stops
-// before it reads anything of that call's data or writes any output.
+// went out of step): the block records SYMM_ASYNC_MISMATCH and skips its
+// data phase (reading that call's data and writing the output from it; the
+// all-gather has written this rank's own part by then), but still counts
+// the call.
 //
 // One-shot (LL): each 8 bytes of the message travel as one 16-byte line
 // {data0, seq, data1, seq} stored to every peer's slot (parity, rank); each
@@ -801,26 +803,27 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    if (!symm_ar_peers_agree(p, seq)) {
-        return;
-    }
-    if (!T::kFloat || p.hidden == 0) {
-        symm_ar_sum_lines<T>(p, lines, bytes, seq, parity);
-    } else if constexpr (T::kFloat) {
-        // Segment blockIdx.x % S of rows blockIdx.x / S + k * (grid / S) (row
-        // bytes are a multiple of 8: the host checks; S > 1 only with one row
-        // per block, so each block posts one partial per call).
-        const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
-        const uint64_t rows = p.n / p.hidden;
-        const uint32_t S = p.segments;
-        const uint64_t seg_lines = (row_lines + S - 1) / S;
-        const uint64_t j0 = min(row_lines, (blockIdx.x % S) * seg_lines), j1 = min(row_lines, j0 + seg_lines);
-        const bool short_rows = seg_lines <= (uint64_t)SYMM_AR_ROW_LINES * blockDim.x;
-        for (uint64_t row = blockIdx.x / S; row < rows; row += gridDim.x / S) {
-            if (short_rows) {
-                symm_ar_norm_row_short<T>(p, row, j0, j1, bytes, seq, parity);
-            } else {
-                symm_ar_norm_row_long<T>(p, row, j0, j1, bytes, seq, parity);
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
+        if (!T::kFloat || p.hidden == 0) {
+            symm_ar_sum_lines<T>(p, lines, bytes, seq, parity);
+        } else if constexpr (T::kFloat) {
+            // Segment blockIdx.x % S of rows blockIdx.x / S + k * (grid / S) (row
+            // bytes are a multiple of 8: the host checks; S > 1 only with one row
+            // per block, so each block posts one partial per call).
+            const uint64_t row_lines = (uint64_t)p.hidden * T::kSize / 8;
+            const uint64_t rows = p.n / p.hidden;
+            const uint32_t S = p.segments;
+            const uint64_t seg_lines = (row_lines + S - 1) / S;
+            const uint64_t j0 = min(row_lines, (blockIdx.x % S) * seg_lines), j1 = min(row_lines, j0 + seg_lines);
+            const bool short_rows = seg_lines <= (uint64_t)SYMM_AR_ROW_LINES * blockDim.x;
+            for (uint64_t row = blockIdx.x / S; row < rows; row += gridDim.x / S) {
+                if (short_rows) {
+                    symm_ar_norm_row_short<T>(p, row, j0, j1, bytes, seq, parity);
+                } else {
+                    symm_ar_norm_row_long<T>(p, row, j0, j1, bytes, seq, parity);
+                }
             }
         }
     }
@@ -983,34 +986,35 @@ static __device__ void symm_ag_one_shot_impl(const symm_ar_params& p) {
         }
         symm_ar_st8<S>(own, i, bytes, d0, d1);
     }
-    if (!symm_ar_peers_agree(p, seq)) {
-        return;
-    }
-    // Every peer's lines, from this rank's slots to their part: L lines
-    // requested before any is waited for.
-    for (int k = 1; k < W; ++k) {
-        const int src = (me + W - k) % W;
-        const uint64_t slot = symm_ar_one_slot(p, me, parity, src);
-        const uint64_t dst = p.output + (uint64_t)src * bytes;
-        for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
-            symm_ar_u4 v[L];
-#pragma unroll
-            for (int l = 0; l < L; ++l) {
-                const uint64_t i = i0 + l * gstride;
-                if (i < lines) {
-                    v[l] = symm_ar_ld_line(slot + 16 * i);
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
+        // Every peer's lines, from this rank's slots to their part: L lines
+        // requested before any is waited for.
+        for (int k = 1; k < W; ++k) {
+            const int src = (me + W - k) % W;
+            const uint64_t slot = symm_ar_one_slot(p, me, parity, src);
+            const uint64_t dst = p.output + (uint64_t)src * bytes;
+            for (uint64_t i0 = gtid; i0 < lines; i0 += L * gstride) {
+                symm_ar_u4 v[L];
+    #pragma unroll
+                for (int l = 0; l < L; ++l) {
+                    const uint64_t i = i0 + l * gstride;
+                    if (i < lines) {
+                        v[l] = symm_ar_ld_line(slot + 16 * i);
+                    }
                 }
-            }
-#pragma unroll
-            for (int l = 0; l < L; ++l) {
-                const uint64_t i = i0 + l * gstride;
-                if (i >= lines) {
-                    continue;
+    #pragma unroll
+                for (int l = 0; l < L; ++l) {
+                    const uint64_t i = i0 + l * gstride;
+                    if (i >= lines) {
+                        continue;
+                    }
+                    if (!(v[l].y == seq && v[l].w == seq)) {
+                        v[l] = symm_ar_poll_line(slot + 16 * i, seq, p, src);
+                    }
+                    symm_ar_st8<S>(dst, i, bytes, v[l].x, v[l].z);
                 }
-                if (!(v[l].y == seq && v[l].w == seq)) {
-                    v[l] = symm_ar_poll_line(slot + 16 * i, seq, p, src);
-                }
-                symm_ar_st8<S>(dst, i, bytes, v[l].x, v[l].z);
             }
         }
     }
@@ -1170,47 +1174,48 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    if (!symm_ar_peers_agree(p, seq)) {
-        return;
-    }
-    // B: the chunks this rank owns, reduced and sent to every peer.
-    bool sent = false;
-    for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-        const uint64_t c = g * W + me;
-        if (c >= chunks) {
-            continue;
-        }
-        if ((int)threadIdx.x < W && (int)threadIdx.x != me) {
-            symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, c), seq, p, threadIdx.x);
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
+        // B: the chunks this rank owns, reduced and sent to every peer.
+        bool sent = false;
+        for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+            const uint64_t c = g * W + me;
+            if (c >= chunks) {
+                continue;
+            }
+            if ((int)threadIdx.x < W && (int)threadIdx.x != me) {
+                symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, c), seq, p, threadIdx.x);
+            }
+            __syncthreads();
+            symm_ar_reduce_chunk<T>(p, parity, c * C, len_of(c), g * C);
+            sent = true;
         }
         __syncthreads();
-        symm_ar_reduce_chunk<T>(p, parity, c * C, len_of(c), g * C);
-        sent = true;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0 && sent) {
-        __threadfence_system();
-        for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-            if (g * W + me < chunks) {
-                for (int k = 1; k < W; ++k) {
-                    const int q = (me + k) % W;
-                    symm_st_release_sys((uint32_t*)symm_ar_flag(p, q, parity, W, g * W + me), seq);
+        if (threadIdx.x == 0 && sent) {
+            __threadfence_system();
+            for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+                if (g * W + me < chunks) {
+                    for (int k = 1; k < W; ++k) {
+                        const int q = (me + k) % W;
+                        symm_st_release_sys((uint32_t*)symm_ar_flag(p, q, parity, W, g * W + me), seq);
+                    }
                 }
             }
         }
-    }
-    // C: the peers' reduced chunks, from this rank's scratch to the output.
-    for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-        if ((int)threadIdx.x < W && (int)threadIdx.x != me && g * W + threadIdx.x < chunks) {
-            symm_ar_wait_flag(symm_ar_flag(p, me, parity, W, g * W + threadIdx.x), seq, p, threadIdx.x);
-        }
-        __syncthreads();
-        for (int k = 1; k < W; ++k) {
-            const int owner = (me + k) % W;
-            const uint64_t c = g * W + owner;
-            if (c < chunks) {
-                symm_ar_block_copy(p.output + c * C, symm_ar_two_slot(p, me, parity, owner) + half + g * C, len_of(c),
-                                   true);
+        // C: the peers' reduced chunks, from this rank's scratch to the output.
+        for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+            if ((int)threadIdx.x < W && (int)threadIdx.x != me && g * W + threadIdx.x < chunks) {
+                symm_ar_wait_flag(symm_ar_flag(p, me, parity, W, g * W + threadIdx.x), seq, p, threadIdx.x);
+            }
+            __syncthreads();
+            for (int k = 1; k < W; ++k) {
+                const int owner = (me + k) % W;
+                const uint64_t c = g * W + owner;
+                if (c < chunks) {
+                    symm_ar_block_copy(p.output + c * C, symm_ar_two_slot(p, me, parity, owner) + half + g * C,
+                                       len_of(c), true);
+                }
             }
         }
     }
@@ -1235,13 +1240,14 @@ static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
             symm_ar_st_line(slot + 16 * i, v.x, v.y, seq);
         }
     }
-    if (!symm_ar_peers_agree(p, seq)) {
-        return;
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
+        // symm_ar_lines reads this rank's own lines at p.input.
+        symm_ar_params own = p;
+        own.input = p.input + p.rank * p.chunk_bytes;
+        symm_ar_sum_lines<T>(own, lines, bytes, seq, parity);
     }
-    // symm_ar_lines reads this rank's own lines at p.input.
-    symm_ar_params own = p;
-    own.input = p.input + p.rank * p.chunk_bytes;
-    symm_ar_sum_lines<T>(own, lines, bytes, seq, parity);
     symm_ar_end(p, seq);
 }
 

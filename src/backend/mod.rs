@@ -54,14 +54,17 @@ impl Hash for ReplayKey {
 /// What a call's signals and lines carry besides the call's number: a
 /// hash of the arguments every rank agreed on, so that ranks that go on to
 /// make different calls (each kept before, so neither exchanges
-/// arguments) find out at their first meeting, before any peer's data is
-/// read, instead of running on each other's data. Never 0 (a free signal
-/// slot); [`CallTag::USER`] for the public API's signals.
+/// arguments) fail with `Mismatch` at their first meeting instead of
+/// succeeding on each other's data. The LL kernels and the host backend
+/// stop before they read that data; on CUDA the copies queued behind a
+/// signal wait still run, so that call's outputs are undefined and the
+/// failure arrives with the group's next call or `health`. Never 0 (a free
+/// signal slot); [`CallTag::USER`] for the public API's signals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CallTag(u32);
 
 impl CallTag {
-    /// Signals a user's program sends (`symm_signal_put`, `symm_barrier`),
+    /// Signals a user's program sends (`symm_put_signal`, `symm_barrier`),
     /// which no operation's tag equals.
     pub const USER: CallTag = CallTag(1);
 

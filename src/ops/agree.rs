@@ -19,10 +19,12 @@
 //! the peers then wait at the operation's first signal and fail with
 //! `Timeout` naming it. If both calls were agreed before, each carries its
 //! tag (a hash of its signature, `CallTag`) in its signals and LL lines,
-//! so ranks that meet on the same signals or lines fail with `Mismatch`
-//! there instead of reading each other's data (ranks whose calls meet on
+//! so ranks that meet on the same signals or lines fail the group with
+//! `Mismatch` there instead of succeeding on each other's data (see
+//! `CallTag` for what is still read on CUDA; ranks whose calls meet on
 //! different ones time out; the fused reduce-scatter kernel's flags and
-//! NCCL's steps across hosts carry no tag yet). A rank that fails locally
+//! the transport's steps (NCCL) across and inside hosts carry no tag
+//! yet). A rank that fails locally
 //! on such a call fails the group, so its peers stop waiting at once with
 //! `Remote`; a timeout
 //! fails it too, so later calls are refused instead of running on signals

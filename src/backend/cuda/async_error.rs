@@ -94,9 +94,10 @@ impl AsyncError {
         }
     }
 
-    /// `Err(Timeout)` naming the peer once a kernel recorded a failure. The
-    /// record stays set: the pads are in an unknown state after a timeout,
-    /// so the group must be rebuilt.
+    /// The failure a kernel recorded, naming the peer (`Timeout`, or
+    /// `Mismatch` where a peer was in another call). The record stays set:
+    /// the pads are in an unknown state after either, so the group must be
+    /// rebuilt.
     pub fn check(&self) -> Result<()> {
         // SAFETY: the record is valid for our lifetime; the device writes the
         // status word atomically, so read it atomically.
@@ -110,7 +111,12 @@ impl AsyncError {
         let published =
             unsafe { &*(std::ptr::addr_of!((*self.host).published) as *const AtomicU32) }.load(Ordering::Acquire);
         if published == 0 {
-            return Err(err!(Timeout, "a signal wait on the device failed (details still being written)"));
+            return Err(match status {
+                MISMATCH => {
+                    err!(Mismatch, "a wait on the device found a peer in another call (details still being written)")
+                }
+                _ => err!(Timeout, "a signal wait on the device failed (details still being written)"),
+            });
         }
         // SAFETY: published == 1 (acquire) orders the reads of the fields.
         let r = unsafe { std::ptr::read_volatile(self.host) };
