@@ -601,9 +601,11 @@ symm_status_t symm_get_build_info(symm_build_info_t *info);
 // that would grow it fails). Every rank passes the same `bytes`. The
 // workspace never shrinks. Growing frees the old workspace once the work
 // that may use it is done: here, everything issued to the device so far;
-// inside an operation, the work of its stream and symm's side streams. (The
-// fused reduce-scatter keeps its inboxes in a buffer of its own, made or
-// grown by the first call that needs it.)
+// inside an operation, the work of its stream and symm's side streams;
+// but a buffer that a call captured into the caller's CUDA graph used is
+// kept until the group is destroyed, so the graph's replays stay correct
+// after later calls grew it. (The fused reduce-scatter keeps its inboxes
+// in a buffer of its own, made or grown by the first call that needs it.)
 //
 // The operations below are collective over the group: every rank calls
 // them in the same order. Before moving data the ranks agree on the call:

@@ -189,7 +189,8 @@ class Group:
     def reserve_workspace(self, nbytes):
         """Collective: grows the operations' workspace to ``nbytes`` now (same
         on every rank), so later operations up to that size need no growth
-        (on CUDA, growth is not allowed during graph capture)."""
+        (on CUDA, growth is not allowed during graph capture; buffers a
+        captured graph uses are kept when a later call grows them)."""
         self._check(lib.symm_group_reserve_workspace(self.raw, nbytes))
 
     def plan(self, op, m, k=None, n=None, dtype="bf16"):

@@ -849,6 +849,53 @@ def test_all_reduce_rmsnorm_torch(algorithm, tokens, hidden):
         assert_close(out, want, {dtype: 2e-2})
 
 
+def test_a_graph_captured_before_the_buffers_grow_replays_correctly():
+    """Larger calls after a capture grow the all-reduce buffer and the
+    workspace; the buffers the graph captured stay mapped (until the group
+    is destroyed), so its replays still compute right."""
+    small = 4096
+    xs = inputs(31, (3 << 20,), torch.float32)  # the large all-reduce grows its buffer
+    shards, big_shards = inputs(32, (64, 256), torch.float32), inputs(33, (4096, 256), torch.float32)
+    b = inputs(34, (256, 128), torch.float32)[0]
+
+    def rank_main(g):
+        s = torch.cuda.current_stream()
+        x, shard, bd = xs[g.rank][:small].cuda(), shards[g.rank].cuda(), b.cuda()
+        out, mm = torch.empty_like(x), torch.empty(64 * WORLD, 128, device="cuda")
+
+        def calls():
+            symm.all_reduce(g, x, out=out, stream=s)
+            symm.fused_ag_mm(g, shard, bd, 0, out=mm, algorithm="pipelined", stream=s)
+
+        calls()  # sizes the buffers for these calls outside the capture
+        s.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s, capture_error_mode="thread_local"):
+            calls()
+        big_out = symm.all_reduce(g, xs[g.rank].cuda(), stream=s)
+        big_mm = symm.fused_ag_mm(g, big_shards[g.rank].cuda(), bd, 0, algorithm="pipelined", stream=s)
+        got = []
+        for k in range(2):
+            x.copy_(xs[g.rank][:small].cuda() * (k + 1))
+            shard.copy_(shards[g.rank].cuda() * (k + 1))
+            out.fill_(float("nan"))
+            mm.fill_(float("nan"))
+            graph.replay()
+            s.synchronize()
+            got.append((out.cpu(), mm.cpu()))
+        g.check_async_error()
+        return got, big_out.cpu(), big_mm.cpu()
+
+    ref = sum(x.double() for x in xs)
+    gathered = torch.cat(shards).double()
+    for got, big_out, big_mm in on_ranks(rank_main):
+        assert_close(big_out, ref)
+        assert_close(big_mm, torch.cat(big_shards).double() @ b.double())
+        for k, (out, mm) in enumerate(got):
+            assert_close(out, ref[:small] * (k + 1))
+            assert_close(mm, gathered * (k + 1) @ b.double())
+
+
 def test_all_reduce_captured_in_a_cuda_graph():
     n = 8192
     xs = inputs(24, (n,), torch.bfloat16)

@@ -385,15 +385,23 @@ pub trait Backend: Send + Sync {
     /// Issues one operation's work on `stream` through `issue`, or replays
     /// an earlier issue of the same call: `key` describes the call exactly
     /// (addresses included), and the CUDA backend launches a repeated call
-    /// as one captured graph. The host backend just issues.
+    /// as one captured graph. The host backend just issues. `Ok(true)`:
+    /// the work went into a graph the caller is capturing, which goes on
+    /// using the memory the call used for as long as it is replayed.
     fn run_repeatable(
         &self,
         key: &dyn Fn() -> ReplayKey,
         stream: Stream,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let _ = key;
-        issue(stream)
+        issue(stream).map(|()| false)
+    }
+
+    /// Whether `stream` is being captured into a graph (never on the host).
+    fn is_capturing(&self, stream: Stream) -> Result<bool> {
+        let _ = stream;
+        Ok(false)
     }
 
     /// Waits until the work issued so far that may use memory about to be

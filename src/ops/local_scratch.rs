@@ -12,7 +12,17 @@ use std::sync::Mutex;
 
 /// A group [`Attachment`]: grown on demand, never shrunk.
 #[derive(Default)]
-pub(super) struct LocalScratch(Mutex<Option<Box<dyn Allocation>>>);
+pub(super) struct LocalScratch(Mutex<Held>);
+
+#[derive(Default)]
+struct Held {
+    now: Option<Box<dyn Allocation>>,
+    /// Whether a caller's graph captured a call on `now`.
+    captured: bool,
+    /// Allocations replaced after a graph captured calls on them: kept
+    /// until the group is released, for the graph's replays.
+    retired: Vec<Box<dyn Allocation>>,
+}
 
 /// Sizes grow in steps of this, so a run of slightly larger calls does not
 /// reallocate on every one.
@@ -24,8 +34,11 @@ impl LocalScratch {
     pub(super) fn ensure(group: &Group, bytes: usize, stream: Stream) -> Result<u64> {
         let this = group.attachment::<LocalScratch>();
         let mut held = lock(&this.0);
-        if let Some(a) = held.as_ref().filter(|a| a.len() >= bytes) {
-            return Ok(a.addr());
+        let capturing = group.backend().is_capturing(stream)?;
+        if let Some(a) = held.now.as_ref().filter(|a| a.len() >= bytes) {
+            let addr = a.addr();
+            held.captured |= capturing;
+            return Ok(addr);
         }
         // Whole allocation units of the backend (VMM: 2 MiB on Hopper).
         let step = GROWTH_STEP.next_multiple_of(group.backend().granularity());
@@ -33,13 +46,15 @@ impl LocalScratch {
             .max(1)
             .checked_next_multiple_of(step)
             .ok_or_else(|| err!(InvalidArgument, "a workspace of {bytes} bytes is too large"))?;
-        if held.is_some() {
+        if held.now.is_some() {
             group.backend().quiesce(Some(stream)).map_err(|e| e.context("growing the workspace"))?;
         }
-        *held = None;
+        if let (Some(old), true) = (held.now.take(), held.captured) {
+            held.retired.push(old);
+        }
         let a = group.backend().allocate(size)?;
         let addr = a.addr();
-        *held = Some(a);
+        (held.now, held.captured) = (Some(a), capturing);
         Ok(addr)
     }
 }
@@ -48,7 +63,7 @@ impl LocalScratch {
 impl LocalScratch {
     /// Bytes held now (0 before the first call): what the calls staged.
     pub(super) fn held_bytes(group: &Group) -> usize {
-        lock(&group.attachment::<LocalScratch>().0).as_ref().map_or(0, |a| a.len())
+        lock(&group.attachment::<LocalScratch>().0).now.as_ref().map_or(0, |a| a.len())
     }
 }
 
@@ -56,10 +71,10 @@ impl Attachment for LocalScratch {
     /// Frees it once the work issued so far has finished (as `OpsState`).
     fn release(&self, group: &Group) {
         let mut held = lock(&self.0);
-        if held.is_some() {
+        if held.now.is_some() || !held.retired.is_empty() {
             let _ = group.backend().quiesce(None);
         }
-        *held = None;
+        *held = Held::default();
     }
 }
 

@@ -210,7 +210,7 @@ fn launch<P: Prepared>(
         )
     };
     let key = || key(ids, &make);
-    group.backend().run_repeatable(&key, stream, &mut |s| {
+    let captured = group.backend().run_repeatable(&key, stream, &mut |s| {
         // Work issued before the failure may be waited on by the peers:
         // the group is out of step, and fails.
         plan.execute(&Exec {
@@ -224,7 +224,13 @@ fn launch<P: Prepared>(
             tag,
         })
         .inspect_err(|e| group.fail(e))
-    })
+    })?;
+    if captured {
+        // The caller's graph replays this call on these buffers: keep them
+        // when a later call grows them.
+        state::of(group).pin([Some(&ws), mailbox.as_ref(), flags.as_ref(), reduce.as_ref()].into_iter().flatten());
+    }
+    Ok(())
 }
 
 /// The signal channel of the workspace that operations synchronize on

@@ -57,6 +57,10 @@ pub struct OpsState {
     /// They refer back to the group, so `release` breaks the cycle when the
     /// caller gives the group up.
     scratch: [Mutex<Option<Arc<Handle>>>; Scratch::COUNT],
+    /// Scratch buffers a caller's graph captured a call with, by id: held
+    /// until the group is released, so that a scratch buffer grown later
+    /// does not free memory the graph's replays still use.
+    pinned: Mutex<HashMap<u64, Arc<Handle>>>,
 }
 
 impl Attachment for OpsState {
@@ -64,10 +68,11 @@ impl Attachment for OpsState {
     /// (it may still use them). They are freed even if waiting fails: the
     /// device is then broken, and its next call says so.
     fn release(&self, group: &Group) {
-        if self.scratch.iter().any(|s| lock(s).is_some()) {
+        if self.scratch.iter().any(|s| lock(s).is_some()) || !lock(&self.pinned).is_empty() {
             let _ = group.backend().quiesce(None);
         }
         self.scratch.iter().for_each(|s| drop(lock(s).take()));
+        lock(&self.pinned).clear();
     }
 }
 
@@ -121,9 +126,24 @@ impl OpsState {
         *lock(&self.scratch[kind as usize]) = Some(h);
     }
 
-    /// Forgets a scratch buffer (freed once no call uses it).
+    /// Forgets a scratch buffer (freed once no call uses it, unless pinned).
     pub fn clear_scratch(&self, kind: Scratch) {
         *lock(&self.scratch[kind as usize]) = None;
+    }
+
+    /// Holds `handles` until the group is released: a caller's graph
+    /// captured a call that uses them.
+    pub fn pin<'a>(&self, handles: impl IntoIterator<Item = &'a Arc<Handle>>) {
+        let mut pinned = lock(&self.pinned);
+        for h in handles {
+            pinned.entry(h.id()).or_insert_with(|| h.clone());
+        }
+    }
+
+    /// Whether the buffer `id` is pinned (see [`OpsState::pin`]).
+    #[cfg(test)]
+    pub fn is_pinned(&self, id: u64) -> bool {
+        lock(&self.pinned).contains_key(&id)
     }
 }
 

@@ -186,4 +186,27 @@ mod tests {
         assert!(gs.iter().all(|g| state::of(g).scratch(Scratch::Workspace).unwrap().buffer().size() == 3 << 20));
         gs.iter().for_each(|g| g.release_scratch());
     }
+
+    /// A buffer a caller's graph captured a call on (pinned) stays mapped
+    /// when a later call grows it, since the graph replays on it, until the
+    /// group is released.
+    #[test]
+    fn a_pinned_buffer_outlives_its_growth() {
+        let gs = host_groups(2);
+        let olds = on_each(&gs, |_, g| {
+            let _l = g.lock_collective();
+            let small = ensure(g, Scratch::Workspace, 100, None).unwrap();
+            state::of(g).pin([&small]);
+            let (old, addr) = (Arc::downgrade(&small), small.buffer().addr());
+            drop(small);
+            let big = ensure(g, Scratch::Workspace, GROWTH_STEP + 1, None).unwrap();
+            let kept = old.upgrade().expect("the pinned buffer was freed when the workspace grew");
+            assert!(state::of(g).is_pinned(kept.id()) && kept.id() != big.id());
+            // SAFETY: the buffer is still mapped (the pin holds it).
+            unsafe { std::ptr::write_volatile(addr as *mut u8, 7) };
+            old
+        });
+        gs.iter().for_each(|g| g.release_scratch());
+        assert!(olds.iter().all(|w| w.upgrade().is_none()), "released with the group");
+    }
 }

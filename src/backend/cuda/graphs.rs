@@ -104,28 +104,33 @@ impl GraphCache {
     /// call that `key()` describes (made only when replays apply).
     /// `check_errors` runs before a replay, as before any eager launch: a
     /// failure already recorded is reported instead of queueing more work.
+    /// `Ok(true)`: `stream` was being captured (by the caller), so the work
+    /// went into the caller's graph.
     pub fn run(
         &self,
         key: &dyn Fn() -> ReplayKey,
         stream: Stream,
         check_errors: impl Fn() -> Result<()>,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
-    ) -> Result<()> {
-        if !enabled() || is_capturing(stream)? {
-            return issue(stream);
+    ) -> Result<bool> {
+        if is_capturing(stream)? {
+            return issue(stream).map(|()| true);
+        }
+        if !enabled() {
+            return issue(stream).map(|()| false);
         }
         let key = &key();
         let mut inner = crate::sync::lock(&self.inner);
         if let Some(&exec) = inner.execs.get(key) {
             drop(inner);
             check_errors()?;
-            return launch(exec, stream);
+            return launch(exec, stream).map(|()| false);
         }
         if !inner.due_for_capture(key) {
             drop(inner);
-            return issue(stream);
+            return issue(stream).map(|()| false);
         }
-        match capture(&mut inner, issue) {
+        let ran = match capture(&mut inner, issue) {
             Ok((exec, nodes)) => {
                 // A replay's host time grows with its nodes.
                 log::debug!("captured as a graph of {nodes} nodes: {}", key.text());
@@ -141,7 +146,8 @@ impl GraphCache {
                 drop(inner);
                 issue(stream)
             }
-        }
+        };
+        ran.map(|()| false)
     }
 }
 

@@ -178,9 +178,13 @@ impl Backend for CudaBackend {
         key: &dyn Fn() -> ReplayKey,
         stream: Stream,
         issue: &mut dyn FnMut(Stream) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         self.bind()?;
         self.graphs.run(key, stream, || self.errors.check(), issue)
+    }
+    fn is_capturing(&self, stream: Stream) -> Result<bool> {
+        self.bind()?;
+        graphs::is_capturing(stream)
     }
     fn quiesce(&self, stream: Option<Stream>) -> Result<()> {
         self.bind()?;
