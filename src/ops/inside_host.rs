@@ -83,6 +83,10 @@ impl<'a> Inside<'a> {
             Some(bytes) => {
                 let need = AllReduceLayout::bytes_for(bytes, local.len());
                 let buffer = workspace::ensure(group, Scratch::AllReduce, need, Some(stream))?;
+                if group.backend().is_capturing(stream)? {
+                    // The caller's graph replays on it: keep it when it grows.
+                    super::state::of(group).pin([&buffer]);
+                }
                 let scratch = local.iter().map(|&r| buffer.peer_addr(r)).collect::<Result<_>>()?;
                 let index = local.iter().position(|&r| r == group.rank()).unwrap_or(0);
                 Some(Lines { facts, buffer, scratch, index })
