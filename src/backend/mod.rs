@@ -79,6 +79,21 @@ impl CallTag {
     pub fn get(self) -> u32 {
         self.0
     }
+
+    /// The error of a rank that met `peer` in another call: `at` says where
+    /// (ending in ": "), `tags` are the peer's and this rank's where known.
+    pub fn mismatch(at: &str, peer: usize, tags: Option<(CallTag, CallTag)>) -> crate::error::Error {
+        let which = match tags {
+            Some((found, own)) => format!("call tag {:#010x}, this rank's {:#010x}", found.0, own.0),
+            None => "another call tag".to_string(),
+        };
+        err!(
+            Mismatch,
+            "{at}rank {peer} is making a different call from this rank's ({which}): the ranks' arguments differ \
+             although each call was agreed before; SYMM_CHECK_ARGS=always compares every call's arguments and \
+             names them"
+        )
+    }
 }
 
 /// Which backend a group runs on.

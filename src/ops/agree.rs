@@ -117,14 +117,14 @@ fn agree_through(
     let encoded = sig.map(Signature::encode);
     let state = state::of(group);
     if let Some(bytes) = &encoded {
-        if !group.check_args_always() && state.is_agreed(bytes) {
+        if let Some(tag) = state.agreed_tag(bytes).filter(|_| !group.check_args_always()) {
             // Peers making this call skip the exchange as well and go on
             // to wait for this rank, which will not come: the group fails,
             // so that they stop waiting (see the module's trade-off).
             if let (Err(e), true) = (&local, group.world() > 1) {
                 group.fail(&e.clone().context("a call whose arguments the ranks had agreed on failed here"));
             }
-            return local.map(|()| Agreed { first: false, tag: CallTag::of(bytes) });
+            return local.map(|()| Agreed { first: false, tag });
         }
     }
     let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));

@@ -3,11 +3,12 @@
 //! the call signatures every rank agreed on, and the calls prepared under
 //! them (see `agree` and `memo`).
 
+use crate::backend::CallTag;
 use crate::buffer::Handle;
 use crate::group::{Attachment, Group};
 use crate::sync::lock;
 use std::any::Any;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The symmetric buffers the operations keep per group.
@@ -48,8 +49,9 @@ pub struct OpsState {
     /// Signatures of calls all ranks agreed on, so that repeats skip the
     /// exchange. Every rank inserts and clears in the same order (inserts
     /// follow an exchange all ranks took part in), so the sets stay equal.
-    /// Keyed by the encoded signature, the same on every rank.
-    agreed: Mutex<HashSet<Vec<u8>>>,
+    /// Keyed by the encoded signature, the same on every rank; each with
+    /// its call's tag, made once.
+    agreed: Mutex<HashMap<Vec<u8>, CallTag>>,
     /// Prepared calls by a hash of their arguments. Each stands for a
     /// signature in `agreed`, so both are emptied together.
     prepared: Mutex<HashMap<u64, Vec<Prepared>>>,
@@ -82,9 +84,14 @@ pub fn of(group: &Group) -> Arc<OpsState> {
 }
 
 impl OpsState {
-    /// Whether every rank agreed on this signature before.
-    pub fn is_agreed(&self, signature: &[u8]) -> bool {
-        lock(&self.agreed).contains(signature)
+    /// The tag of this signature if every rank agreed on it before.
+    pub fn agreed_tag(&self, signature: &[u8]) -> Option<CallTag> {
+        lock(&self.agreed).get(signature).copied()
+    }
+
+    #[cfg(test)]
+    fn is_agreed(&self, signature: &[u8]) -> bool {
+        self.agreed_tag(signature).is_some()
     }
 
     /// Records a signature every rank just agreed on (call on every rank,
@@ -97,7 +104,8 @@ impl OpsState {
             // A prepared call skips the agreement as its signature is agreed.
             lock(&self.prepared).clear();
         }
-        agreed.insert(signature)
+        let tag = CallTag::of(&signature);
+        agreed.insert(signature, tag).is_none()
     }
 
     /// The calls prepared under `hash` (see [`OpsState::keep_prepared`]).

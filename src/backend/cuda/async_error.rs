@@ -4,6 +4,7 @@
 //! synchronizing any stream.
 
 use super::driver::check;
+use crate::backend::CallTag;
 use crate::error::{err, Result};
 use cudarc::driver::sys;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -137,14 +138,7 @@ impl AsyncError {
                 r.rank,
                 r.waited_ns / 1_000_000
             ),
-            MISMATCH => err!(
-                Mismatch,
-                "rank {}: {what}: rank {} is making a different call from this rank's (another call tag): the \
-                 ranks' arguments differ although each call was agreed before; SYMM_CHECK_ARGS=always compares \
-                 every call's arguments and names them",
-                r.rank,
-                r.peer
-            ),
+            MISMATCH => CallTag::mismatch(&format!("rank {}: {what}: ", r.rank), r.peer.max(0) as usize, None),
             INVALID_ARG => err!(Internal, "rank {}: a signal kernel got invalid arguments ({what})", r.rank),
             other => err!(Internal, "rank {}: unknown device error {other} ({what})", r.rank),
         };

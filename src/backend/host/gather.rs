@@ -113,15 +113,7 @@ impl<'a> Lines<'a> {
         if found == self.tag_word() {
             return Ok(());
         }
-        Err(err!(
-            Mismatch,
-            "{}: rank {src} is making a different call from this rank's (call tag {:#010x}, this rank's {:#010x}): \
-             the ranks' arguments differ although each call was agreed before; SYMM_CHECK_ARGS=always compares \
-             every call's arguments and names them",
-            self.what,
-            found >> 32,
-            self.tag.get()
-        ))
+        Err(CallTag::mismatch(&format!("{}: ", self.what), src, Some((CallTag((found >> 32) as u32), self.tag))))
     }
 
     /// Line `i` of slot `src` in rank `owner`'s buffer.

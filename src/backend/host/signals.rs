@@ -105,7 +105,11 @@ impl HostSignals {
         })?;
         match other {
             0 => Ok(()),
-            found => Err(mismatch(peer, channel, CallTag(found), tag)),
+            found => Err(CallTag::mismatch(
+                &format!("wait_signal on channel {channel}: "),
+                peer,
+                Some((CallTag(found), tag)),
+            )),
         }
     }
 }
@@ -174,19 +178,6 @@ impl Signals for HostSignals {
             Err(e)
         }
     }
-}
-
-/// A wait that found `found` where it waited for `tag`: the peer signals
-/// from another call than this rank's.
-pub(super) fn mismatch(peer: usize, channel: usize, found: CallTag, tag: CallTag) -> Error {
-    err!(
-        Mismatch,
-        "rank {peer} is making a different call from this rank's (call tag {:#010x} on channel {channel}, this \
-         rank's {:#010x}): the ranks' arguments differ although each call was agreed before; \
-         SYMM_CHECK_ARGS=always compares every call's arguments and names them",
-        found.get(),
-        tag.get()
-    )
 }
 
 /// The `u32` at `addr`, shared with other processes.
