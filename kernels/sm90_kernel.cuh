@@ -266,8 +266,9 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                         SYMM_EPI_TMA_S(BN, acc, tile.col0, row, p.n, area, Cfg::STAGE_BYTES, tm_c, p.alpha,
                                        SYMM_EPI_STAGE);
                     }
+                    uint32_t heard = 0;
                     if (t128 == 0) {
-                        symm_rs_wait_peer_stores(p, tiling, tile, BN, symm_rs_epoch(call_epoch));
+                        heard = symm_rs_wait_peer_stores(p, tiling, tile, BN, symm_rs_epoch(call_epoch));
                         // Their (async proxy) stores, then our adds.
                         asm volatile("fence.proxy.async.global;" ::: "memory");
                     }
@@ -280,6 +281,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                             symm_epilogue_add_staged<SYMM_DT_F16, BN>(area, Cfg::STAGE_BYTES, tile.col0, row, p.n, tm_c);
                         }
                     }
+                    if (t128 == 0) symm_rs_check_tags(p, heard);
                 } else {
                     // Our own rows: the peers' partials (scaled by alpha
                     // already) from the ring, added to ours, then out to C.
@@ -314,6 +316,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_consumers_sync();
                 if (threadIdx.x == 128) {
                     __threadfence_system();
+                    symm_rs_store_tag(p, tile.chunk);
                     symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), symm_rs_epoch(call_epoch));
                 }
             } else {

@@ -47,6 +47,7 @@ static __device__ __forceinline__ void symm_produce(const symm_gemm_params& p, c
     constexpr bool RS = MODE == SYMM_GEMM_REDUCE_SCATTER;  // no gathered rows, partials to load
     int stage = 0;
     uint32_t phase = 0;
+    uint32_t heard = 0;  // rs: peers whose flags the partials' loads acquired
     symm_gather gather;
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, BN, t);
@@ -76,7 +77,7 @@ static __device__ __forceinline__ void symm_produce(const symm_gemm_params& p, c
         }
         if (RS && symm_rs_pushes(p) && tile.chunk == p.rank && !rs_add) {
             symm_rs_load_partials<STAGES, Cfg::STAGE_BYTES>(p, tiling, tile, BN, tm_rs, ring, full, empty, stage,
-                                                            phase, symm_rs_epoch(call_epoch));
+                                                            phase, symm_rs_epoch(call_epoch), heard);
         }
     }
     if (RS && symm_rs_pushes(p)) {
@@ -91,6 +92,7 @@ static __device__ __forceinline__ void symm_produce(const symm_gemm_params& p, c
                 phase ^= 1;
             }
         }
+        symm_rs_check_tags(p, heard);
         symm_rs_finish(p, symm_rs_epoch(call_epoch));
     }
 }

@@ -40,7 +40,8 @@ struct symm_rs_state {
     uint32_t epoch;     // calls completed (every CTA done reading the inbox)
     uint32_t finished;  // CTAs of the running call done reading it
     uint32_t started;   // SYMM_RS_C_ADD: calls whose kernel has started (C free for the peer)
-    uint32_t pad[61];   // the flags start 256 bytes in
+    uint32_t tag[SYMM_GEMM_MAX_CHUNKS];  // tag[src]: the call tag rank src stored before its flags
+    uint32_t pad[61 - SYMM_GEMM_MAX_CHUNKS];  // the flags start 256 bytes in
 };
 #define SYMM_RS_STATE_BYTES 256
 static_assert(sizeof(symm_rs_state) == SYMM_RS_STATE_BYTES, "the flags follow the state");
@@ -79,8 +80,9 @@ struct symm_gemm_params {
     int32_t rs_c_store;    // rs_push: how this rank's own rows reach C (SYMM_RS_C_*)
     int32_t cut_n;         // not rs: tiles per row tile of a column cut (0: BN wide)
     int32_t cut_w;         // their width (a multiple of 8; the first few are 8 wider, to cover n)
+    uint32_t rs_tag;       // rs: the call's tag (never 0), stored beside the pushed tiles' flags
 };
-static_assert(sizeof(symm_gemm_params) == 480, "mirrored by launch.rs");
+static_assert(sizeof(symm_gemm_params) == 488, "mirrored by launch.rs");
 static_assert(__builtin_offsetof(symm_gemm_params, order) == 40, "mirrored by launch.rs");
 static_assert(__builtin_offsetof(symm_gemm_params, ready) == 112, "mirrored by launch.rs");
 static_assert(__builtin_offsetof(symm_gemm_params, inbox) == 128, "mirrored by launch.rs");
@@ -89,6 +91,7 @@ static_assert(__builtin_offsetof(symm_gemm_params, a_scale) == 408, "mirrored by
 static_assert(__builtin_offsetof(symm_gemm_params, scale_mode) == 440, "mirrored by launch.rs");
 static_assert(__builtin_offsetof(symm_gemm_params, rs_narrow_n) == 456, "mirrored by launch.rs");
 static_assert(__builtin_offsetof(symm_gemm_params, cut_w) == 476, "mirrored by launch.rs");
+static_assert(__builtin_offsetof(symm_gemm_params, rs_tag) == 480, "mirrored by launch.rs");
 
 // rs_c_store, with rs_push: how this rank's own rows reach C.
 // From registers: C that TMA cannot address (misaligned).

@@ -32,6 +32,16 @@
 // the previous call's shape, and both live in device memory, so graph
 // replays keep them too. The state, its flags and the inbox must be memory
 // no other work writes. sm_90a only.
+//
+// Call tags: ranks whose calls were both kept are not compared on the
+// host, so ranks out of step (one in call X, a peer in call Y, with the
+// same epoch) would sum each other's partials. Before the first flag a
+// CTA sets in a peer's state, it stores its call's tag there (tag[rank]);
+// a rank checks the tag of each peer whose flag it acquired, after its
+// waits and before its epoch (or, adding into C, its next call's start)
+// lets that peer's next call store there again. Another call's tag is
+// recorded as a mismatch: the call's output is undefined and the failure
+// comes with the next call, as after a timeout.
 #pragma once
 #include "sm90_epilogue.cuh"
 #include "sm90_wait.cuh"
@@ -77,6 +87,23 @@ static __device__ void symm_rs_finish(const symm_gemm_params& p, uint32_t epoch)
     }
 }
 
+// Stores this call's tag into rank `dst`'s state before a flag there (a
+// release store of the flag then publishes it).
+static __device__ __forceinline__ void symm_rs_store_tag(const symm_gemm_params& p, int dst) {
+    symm_st_relaxed_sys(&symm_rs_state_of(p, dst)->tag[p.rank], p.rs_tag);
+}
+
+// After acquiring a flag of each peer in `heard` (a bit per rank): records
+// a mismatch where such a peer's tag is another call's.
+static __device__ void symm_rs_check_tags(const symm_gemm_params& p, uint32_t heard) {
+    const symm_rs_state* st = symm_rs_state_of(p, p.rank);
+    for (int src = 0; src < p.world; src++) {
+        if ((heard >> src & 1u) && symm_ld_relaxed_sys(&st->tag[src]) != p.rs_tag) {
+            symm_record_error(p.err, SYMM_ASYNC_MISMATCH, p.rank, src, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_WAIT, 0);
+        }
+    }
+}
+
 // rs_push: the pushed tiles' flags, off the consumers' path. A producer
 // warp that would otherwise idle walks the tile schedule beside the
 // consumers and sets each pushed tile's flag once the consumers' TMA
@@ -98,11 +125,15 @@ static __device__ __forceinline__ bool symm_rs_pushes(const symm_gemm_params& p)
 // stores of the tile completed (their threads 0 arrive).
 static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm_tiling& tiling, int bn,
                                            symm_handoff* pushed, uint32_t epoch) {
-    uint32_t phase = 0;
+    uint32_t phase = 0, told = 0;  // told: ranks this CTA stored its tag at
     for (int t = blockIdx.x; t < tiling.total; t += gridDim.x) {
         const symm_tile tile = tiling.at(p, bn, t);
         if (tile.chunk == p.rank) continue;
         symm_mbar_wait(&pushed->full, phase);
+        if (!(told >> tile.chunk & 1u)) {
+            told |= 1u << tile.chunk;
+            symm_rs_store_tag(p, tile.chunk);
+        }
         // The stores completed (and were fenced against the generic proxy)
         // before the arrivals this wait acquired, so the release, which is
         // cumulative, publishes them. No __threadfence_system: a
@@ -236,12 +267,14 @@ static __device__ void symm_rs_producer_helpers(const symm_gemm_params& p, const
 // peer's flags of the tiles that hold it reached this call's epoch (with
 // narrow peer tiles, two or more per own tile, the first ones' boxes load
 // while the last ones still cross). After a timeout the loads still go, so
-// nobody hangs. Boxes past n are not loaded (nor added).
+// nobody hangs. Boxes past n are not loaded (nor added). `heard` gains
+// the peers whose flags were acquired (their tags are checked later).
 template <int STAGES, int STAGE_BYTES>
 static __device__ __forceinline__ void symm_rs_load_partials(const symm_gemm_params& p, const symm_tiling& tiling,
                                                              const symm_tile& tile, int bn, const symm_rs_maps* tm_rs,
                                                              unsigned char* ring, uint64_t* full, uint64_t* empty,
-                                                             int& stage, uint32_t& phase, uint32_t epoch) {
+                                                             int& stage, uint32_t& phase, uint32_t epoch,
+                                                             uint32_t& heard) {
     const symm_partials partials(p, bn, STAGE_BYTES);
     const int box_cols = 128 / (p.out_dtype == SYMM_DT_F32 ? 4 : 2);
     const int first = tiling.source_of(tile, tile.col0);  // each peer's first flag of the tile
@@ -260,7 +293,7 @@ static __device__ __forceinline__ void symm_rs_load_partials(const symm_gemm_par
             if (col >= p.n) continue;
             const int need = tiling.source_of(tile, min(col + box_cols, p.n) - 1);
             for (; next <= need; next++) {
-                symm_wait_reach(tiling.flag(p, p.rank, peer, next), epoch, p, peer);
+                if (symm_wait_reach(tiling.flag(p, p.rank, peer, next), epoch, p, peer)) heard |= 1u << peer;
                 // The peer's TMA stores were flagged after they completed:
                 // order our (async proxy) loads after.
                 asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -280,23 +313,33 @@ static __device__ __forceinline__ void symm_rs_load_partials(const symm_gemm_par
 static __device__ __forceinline__ void symm_rs_take_peer_tiles(const symm_gemm_params& p, const symm_tiling& tiling,
                                                                const symm_tile& tile, uint32_t epoch) {
     if (threadIdx.x == 128) {
+        uint32_t heard = 0;
         for (int src = 0; src < p.world; src++) {
-            if (src != p.rank) symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), epoch, p, src);
+            if (src != p.rank && symm_wait_reach(tiling.flag(p, p.rank, src, tile.index), epoch, p, src)) {
+                heard |= 1u << src;
+            }
         }
+        symm_rs_check_tags(p, heard);
     }
     symm_consumers_sync();
 }
 
 // SYMM_RS_C_ADD: waits until every peer's tiles over own tile `tile` (bn
-// wide) are in C.
-static __device__ __forceinline__ void symm_rs_wait_peer_stores(const symm_gemm_params& p, const symm_tiling& tiling,
-                                                                const symm_tile& tile, int bn, uint32_t epoch) {
+// wide) are in C; returns the peers whose flags were acquired (their tags
+// are checked after the adds are issued).
+static __device__ __forceinline__ uint32_t symm_rs_wait_peer_stores(const symm_gemm_params& p,
+                                                                    const symm_tiling& tiling, const symm_tile& tile,
+                                                                    int bn, uint32_t epoch) {
     const int first = tiling.source_of(tile, tile.col0);
     const int last = tiling.source_of(tile, min(tile.col0 + bn, p.n) - 1);
+    uint32_t heard = 0;
     for (int src = 0; src < p.world; src++) {
         if (src == p.rank) continue;
-        for (int i = first; i <= last; i++) symm_wait_reach(tiling.flag(p, p.rank, src, i), epoch, p, src);
+        for (int i = first; i <= last; i++) {
+            if (symm_wait_reach(tiling.flag(p, p.rank, src, i), epoch, p, src)) heard |= 1u << src;
+        }
     }
+    return heard;
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

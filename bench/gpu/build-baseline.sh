@@ -2,8 +2,9 @@
 # Builds a baseline for the `baseline` check of checks.sh: the library,
 # Python package and benchmark of COMMIT, into bundle/base/ (carried with
 # bundle/). The kernels come from the shared kernel cache where their
-# sources are unchanged.
-#   bash bench/gpu/build-baseline.sh COMMIT
+# sources are unchanged. With --tests, also its library's unit tests (for
+# the `lib_ab` check).
+#   bash bench/gpu/build-baseline.sh COMMIT [--tests]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 commit=$(git rev-parse --short "${1:?a commit}")
@@ -15,6 +16,18 @@ git worktree add -q --detach "$tree" "$commit"
     SYMM_REQUIRE_NVCC=1 CARGO_TARGET_DIR=$root/target/baseline cargo build --release --lib)
 rm -rf bundle/base
 mkdir -p bundle/base
+if [ "${2:-}" = --tests ]; then
+    tests=$(cd "$tree" && SYMM_NVCC_DIR=${SYMM_NVCC_DIR:-$root/.venv/nvcc} SYMM_KERNEL_CACHE=$root/target/symm-kernels \
+        SYMM_REQUIRE_NVCC=1 CARGO_TARGET_DIR=$root/target/baseline cargo test --release --lib --no-run \
+        --message-format=json 2>/dev/null | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "rlib" in m["target"]["kind"]:
+        print(m["executable"])' | tail -1)
+    cp "$tests" bundle/base/symm-lib-tests
+    strip --strip-debug bundle/base/symm-lib-tests
+    gzip -f bundle/base/symm-lib-tests
+fi
 cp -r "$tree/python" "$tree/bench" bundle/base/
 rm -rf bundle/base/bench/results  # not needed there, and the carry is limited
 find bundle/base -name __pycache__ -prune -exec rm -rf {} +

@@ -22,7 +22,11 @@
 # build-baseline.sh, and of this tree in turn, SYMM_BASELINE_ROUNDS times
 # (default 3), at SYMM_WORLD with SYMM_BENCH_ARGS; not in the default list);
 # tag_cost (bench/probes/tag_cost_probe.py: the LL kernels graph-replayed,
-# baseline and this tree in turn; not in the default list).
+# baseline and this tree in turn; not in the default list);
+# lib_ab (the library's GPU tests SYMM_LIB_FILTER names, of the baseline
+# built by `build-baseline.sh COMMIT --tests` and of this tree in turn,
+# SYMM_BASELINE_ROUNDS times, with their printed timings; not in the
+# default list).
 set -uo pipefail
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -107,6 +111,14 @@ for c in $checks; do
                 step "baseline-$side-$i" env PYTHONPATH="$dir/python" SYMM_LIBRARY="$lib" timeout 300 \
                     torchrun --nproc-per-node "$world" "$dir/bench/bench_ops.py" --out "$OUT/$side-$i" \
                     ${SYMM_BENCH_ARGS:-}
+            done
+        done ;;
+    lib_ab)
+        gunzip -kf bundle/base/symm-lib-tests.gz && chmod +x bundle/base/symm-lib-tests
+        for i in $(seq "${SYMM_BASELINE_ROUNDS:-3}"); do
+            for side in base head; do
+                bin=bundle/symm-lib-tests; [ $side = base ] && bin=bundle/base/symm-lib-tests
+                step "lib_ab-$side-$i" timeout 300 "$bin" "${SYMM_LIB_FILTER:-gpu_}" --test-threads 1 --nocapture
             done
         done ;;
     tag_cost)

@@ -51,14 +51,15 @@ impl Hash for ReplayKey {
     }
 }
 
-/// What a call's signals and lines carry besides the call's number: a
-/// hash of the arguments every rank agreed on, so that ranks that go on to
-/// make different calls (each kept before, so neither exchanges
-/// arguments) fail with `Mismatch` at their first meeting instead of
-/// succeeding on each other's data. The LL kernels and the host backend
-/// stop before they read that data; on CUDA the copies queued behind a
-/// signal wait still run, so that call's outputs are undefined and the
-/// failure arrives with the group's next call or `health`. Never 0 (a free
+/// What a call's signals, lines and fused reduce-scatter flags carry
+/// besides the call's number: a hash of the arguments every rank agreed
+/// on, so that ranks that go on to make different calls (each kept
+/// before, so neither exchanges arguments) fail with `Mismatch` at their
+/// first meeting instead of succeeding on each other's data. The LL
+/// kernels and the host backend stop before they read that data; on CUDA
+/// the copies queued behind a signal wait and the fused kernel's sums
+/// still run, so that call's outputs are undefined and the failure
+/// arrives with the group's next call or `health`. Never 0 (a free
 /// signal slot); [`CallTag::USER`] for the public API's signals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CallTag(u32);
@@ -856,12 +857,16 @@ pub struct FusedGather {
 /// partials straight into it instead of the inbox, and the own tiles add
 /// theirs (world 2; each rank's product is then rounded to C's type before
 /// the sum, its own included).
+///
+/// `tag` goes with the pushed partials: a rank whose peer pushes another
+/// call's records a `Mismatch` (that call's output undefined).
 #[derive(Clone, Debug)]
 pub struct FusedScatter {
     pub rank: usize,
     pub inbox: Vec<u64>,
     pub state: Vec<u64>,
     pub out: Option<Vec<u64>>,
+    pub tag: CallTag,
 }
 
 impl FusedGather {

@@ -45,9 +45,9 @@ use std::ffi::{c_int, c_void};
 /// `SYMM_ERROR_REMOTE`), and one that alone differs makes its peers time
 /// out, or, where its call too was agreed before, fails the group with
 /// `SYMM_ERROR_MISMATCH` at the first signal or data the ranks exchange
-/// (each carries its call's tag; not yet the fused reduce-scatter kernel's
-/// nor NCCL's; on CUDA that call's outputs are then undefined and the
-/// error comes with the next call). After `SYMM_ERROR_TIMEOUT` (or any
+/// (each carries its call's tag; not yet NCCL's steps; on CUDA that call's
+/// outputs are then undefined and the error comes with the next call).
+/// After `SYMM_ERROR_TIMEOUT` (or any
 /// failure once data moved), outputs may be partly written and the group
 /// has failed: every later call returns `SYMM_ERROR_ABORTED` (see
 /// `symm_group_health`); destroy it.

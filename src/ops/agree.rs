@@ -22,9 +22,8 @@
 //! so ranks that meet on the same signals or lines fail the group with
 //! `Mismatch` there instead of succeeding on each other's data (see
 //! `CallTag` for what is still read on CUDA; ranks whose calls meet on
-//! different ones time out; the fused reduce-scatter kernel's flags and
-//! the transport's steps (NCCL) across and inside hosts carry no tag
-//! yet). A rank that fails locally
+//! different ones time out; the transport's steps (NCCL) across and
+//! inside hosts carry no tag yet). A rank that fails locally
 //! on such a call fails the group, so its peers stop waiting at once with
 //! `Remote`; a timeout
 //! fails it too, so later calls are refused instead of running on signals

@@ -444,6 +444,7 @@ impl MmRsPrepared {
                     Some(place) => Some((0..world).map(|r| place.on(r)).collect::<Result<_>>()?),
                     None => None,
                 },
+                tag: ex.tag,
             }),
             alpha: scale,
             timeout: ex.group.timeout(),

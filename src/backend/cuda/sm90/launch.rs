@@ -52,9 +52,10 @@ pub(super) struct Params {
     rs_c_store: i32,
     cut_n: i32,
     cut_w: i32,
+    rs_tag: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<Params>() == 480);
+const _: () = assert!(std::mem::size_of::<Params>() == 488);
 const _: () = assert!(std::mem::offset_of!(Params, order) == 40);
 const _: () = assert!(std::mem::offset_of!(Params, ready) == 112);
 const _: () = assert!(std::mem::offset_of!(Params, inbox) == 128);
@@ -63,6 +64,7 @@ const _: () = assert!(std::mem::offset_of!(Params, a_scale) == 408);
 const _: () = assert!(std::mem::offset_of!(Params, scale_mode) == 440);
 const _: () = assert!(std::mem::offset_of!(Params, rs_narrow_n) == 456);
 const _: () = assert!(std::mem::offset_of!(Params, cut_w) == 476);
+const _: () = assert!(std::mem::offset_of!(Params, rs_tag) == 480);
 
 /// `SYMM_RS_C_*`: how a fused reduce-scatter's own rows reach C.
 pub(super) const RS_C_REGISTERS: i32 = 0;
@@ -369,6 +371,7 @@ impl Sm90Matmul {
             rs_c_store: RS_C_REGISTERS,
             cut_n: 0,
             cut_w: 0,
+            rs_tag: self.scatter.as_ref().map_or(0, |s| s.tag.get()),
         }
     }
 }

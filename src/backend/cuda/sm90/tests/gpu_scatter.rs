@@ -9,7 +9,7 @@ use crate::backend::cuda::async_error::AsyncError;
 use crate::backend::cuda::gemm::{Fp8, GemmDtype};
 use crate::backend::cuda::gpu_testing::{decode, encode as enc, gpu, rel_err, round_robin_ms, values, DevBuf, Gpu};
 use crate::backend::cuda::streams::SideStreams;
-use crate::backend::{FusedMatmul, FusedScatter};
+use crate::backend::{CallTag, FusedMatmul, FusedScatter};
 
 /// Reduce-scatter mode: `world` ranks simulated on one GPU, each kernel
 /// on half the SMs / its own stream so they run concurrently; bf16, and
@@ -59,6 +59,11 @@ fn gpu_sm90_matmul_reduce_scatter_epilogue() {
     for push in [true, false] {
         reduce_scatter_case(&g, kern, RsCase { peer_missing: true, ..case(2, false, bf16, push, Share) });
     }
+    // A peer in another call of the same shape (its tag): a mismatch, with
+    // either way of sending, at worlds 2 and 3.
+    for (world, push) in [(2, true), (2, false), (3, true)] {
+        reduce_scatter_case(&g, kern, RsCase { out_of_step: true, ..case(world, false, bf16, push, Share) });
+    }
 }
 
 /// Narrow peer tiles (`NarrowPeers`): the peers' chunks in tiles of 248
@@ -101,6 +106,9 @@ fn gpu_sm90_reduce_scatter_narrow_peer_tiles() {
     }
     reduce_scatter_case(&g, kern, RsCase { peer_missing: true, ..case(2, bf16, Share) });
     reduce_scatter_case(&g, kern, RsCase { peer_missing: true, adds: true, ..case(2, bf16, Share) });
+    // Another call's tag with narrow peer tiles, into the inbox and into C.
+    reduce_scatter_case(&g, kern, RsCase { out_of_step: true, ..case(2, bf16, Share) });
+    reduce_scatter_case(&g, kern, RsCase { out_of_step: true, adds: true, ..case(2, bf16, Share) });
 }
 
 /// One reduce-scatter case of [`reduce_scatter_case`].
@@ -120,6 +128,9 @@ struct RsCase {
     misaligned_c: bool,
     /// Only rank 0 runs (see reduce_scatter_case).
     peer_missing: bool,
+    /// The last rank's second call is another call (its tag; see
+    /// reduce_scatter_case).
+    out_of_step: bool,
     /// Every rank's C given as symmetric (`FusedScatter::out`): the partials go
     /// through it where `Sm90Matmul::rs_adds` allows.
     adds: bool,
@@ -137,6 +148,7 @@ impl Default for RsCase {
             staggered: false,
             misaligned_c: false,
             peer_missing: false,
+            out_of_step: false,
             adds: false,
         }
     }
@@ -155,11 +167,15 @@ enum Ctas {
 /// Each rank runs `CALLS` calls back to back on its own stream, each into
 /// its own poisoned output, with nothing between them: the kernels' count
 /// of calls (the state's epoch) alone keeps a call's pushes out of an inbox
-/// the previous call still reads. With `peer_missing`, only rank 0 runs,
-/// once (200 ms timeout): a timeout error naming rank 1 is expected
-/// instead of the sums.
+/// the previous call still reads. Each call has a tag of its own (the same
+/// on every rank), so a tag another call left in the state is never taken
+/// for a mismatch. With `peer_missing`, only rank 0 runs, once (200 ms
+/// timeout): a timeout error naming rank 1 is expected instead of the
+/// sums. With `out_of_step`, the last rank's second call carries another
+/// call's tag (ranks out of step between two kept calls of one shape): a
+/// mismatch is expected, well before the 5 s timeout.
 fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
-    let RsCase { world, fp8, out, push, ctas, narrow, staggered, misaligned_c, peer_missing, adds } = case;
+    let RsCase { world, fp8, out, push, ctas, narrow, staggered, misaligned_c, peer_missing, out_of_step, adds } = case;
     let dt = GemmDtype::BF16;
     let n = match (narrow, staggered) {
         (false, _) => 320,
@@ -215,7 +231,13 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
     // With a (placeholder) scatter, so that it counts the narrow tiles' flags.
     let (skew, out_elem) = (usize::from(misaligned_c), out.size());
     let probe = Sm90Matmul {
-        scatter: Some(FusedScatter { rank: 0, inbox: vec![0; world], state: vec![0; world], out: None }),
+        scatter: Some(FusedScatter {
+            rank: 0,
+            inbox: vec![0; world],
+            state: vec![0; world],
+            out: None,
+            tag: CallTag::of(b"probe"),
+        }),
         ..template(0, 0)
     };
     assert_eq!(probe.narrow().is_some(), narrow && push, "{case:?}");
@@ -233,7 +255,12 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         (0..calls).map(|_| (0..world).map(|_| poisoned(g, rows * n + skew, out)).collect()).collect();
     let sides = SideStreams::default();
     let launched = if peer_missing { 1 } else { world };
-    for call_outs in &outs {
+    let tag = |call: usize, r: usize| match out_of_step && call == 1 && r == world - 1 {
+        true => CallTag::of(b"another call"),
+        false => CallTag::of(format!("call {call}").as_bytes()),
+    };
+    let start = std::time::Instant::now();
+    for (call, call_outs) in outs.iter().enumerate() {
         for (r, out) in call_outs.iter().enumerate().take(launched) {
             let mut mm = template(r, out.ptr + c_at);
             mm.scatter = Some(FusedScatter {
@@ -241,6 +268,7 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
                 inbox: inboxes.iter().map(|b| b.ptr).collect(),
                 state: states.iter().map(|b| b.ptr).collect(),
                 out: adds.then(|| call_outs.iter().map(|o| o.ptr + c_at).collect()),
+                tag: tag(call, r),
             });
             assert_eq!(mm.rs_adds(), adding);
             mm.launch(kern, g.kernels.sm_count, sides.stream(r).unwrap()).unwrap();
@@ -253,6 +281,16 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
     if peer_missing {
         let e = errors.check().unwrap_err();
         assert!(e.msg.contains("fused matmul waiting for rank 1"), "{case:?}: {}", e.msg);
+        return;
+    }
+    if out_of_step {
+        // Either side may record first: the last rank found a peer's tag,
+        // or a peer found the last rank's.
+        let e = errors.check().unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Mismatch, "{case:?}: {}", e.msg);
+        assert!(e.msg.contains("fused matmul waiting for rank"), "{case:?}: {}", e.msg);
+        let took = start.elapsed();
+        assert!(took < std::time::Duration::from_secs(2), "{case:?}: {took:?} (timeout 5 s)");
         return;
     }
     errors.check().unwrap();
@@ -275,15 +313,20 @@ fn reduce_scatter_case(g: &Gpu, kern: &Sm90Kernels, case: RsCase) {
         let e = rel_err(&got[skew..skew + rows * n], &want);
         assert!(e < 1e-2, "{case:?}, rank {r}, call {call}: relative error {e}");
     }
-    // Each rank counted every call (and, through C, started every one), and
-    // each peer's flag of each of its tiles holds the epoch of the last one
-    // (a rank never flags itself).
+    // Each rank counted every call (and, through C, started every one),
+    // each peer stored the last call's tag there, and each peer's flag of
+    // each of its tiles holds the epoch of the last one (a rank never flags
+    // itself).
     for (r, state) in states.iter().enumerate() {
         let words = state.read::<u32>(probe.state_bytes() / 4);
         let header = FusedMatmul::STATE_HEADER_BYTES / 4;
         assert_eq!(words[0], CALLS as u32, "rank {r}'s epoch");
         assert_eq!(words[2], if adding { CALLS as u32 } else { 0 }, "rank {r}'s calls started");
         assert_eq!(words[1], 0, "rank {r}'s count of finished CTAs is reset");
+        for src in 0..world {
+            let want = if src == r { 0 } else { tag(CALLS - 1, src).get() };
+            assert_eq!(words[3 + src], want, "rank {r}'s tag from rank {src}");
+        }
         for (i, &f) in words[header..].iter().enumerate() {
             let src = i / probe.tiles_per_chunk();
             assert_eq!(f, if src == r { 0 } else { CALLS as u32 }, "rank {r}, flag {i} (from rank {src})");
@@ -345,6 +388,7 @@ fn rs_push_against_registers(g: &Gpu, kern: &Sm90Kernels, rows: usize, n: usize,
             inbox: inboxes.iter().map(|b| b.ptr).collect(),
             state: states.iter().map(|b| b.ptr).collect(),
             out: None,
+            tag: CallTag::of(b"rs"),
         });
     }
     let sides = SideStreams::default();

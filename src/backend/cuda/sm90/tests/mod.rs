@@ -8,7 +8,7 @@ mod gpu_scatter;
 use super::matmul::*;
 use super::tiling::*;
 use crate::backend::cuda::gemm::{Fp8, Fp8Params, GemmDtype};
-use crate::backend::{FusedMatmul, FusedScatter};
+use crate::backend::{CallTag, FusedMatmul, FusedScatter};
 
 #[test]
 fn smem_fits_hopper() {
@@ -111,7 +111,7 @@ fn column_cut_fills_the_last_wave() {
         assert_eq!(off.column_cut(132), None);
         assert_eq!(off.total_tiles(132), 128 * 8192 / off.tile.cols());
     }
-    let scatter = FusedScatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None };
+    let scatter = FusedScatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None, tag: CallTag::of(b"test") };
     assert_eq!(Sm90Matmul { scatter: Some(scatter), ..plain }.column_cut(132), None);
 }
 
@@ -142,7 +142,7 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     let op = |ptr, rows, ld| Operand { ptr, rows, ld };
     let mut mm = Sm90Matmul::plain(op(0, 512, 64), op(0, 8192, 64), op(0, 256, 8192), 64, GemmDtype::BF16, 0);
     (mm.chunk_rows, mm.order) = (256, vec![1, 0]);
-    mm.scatter = Some(FusedScatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None });
+    mm.scatter = Some(FusedScatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None, tag: CallTag::of(b"test") });
     for (tiles, width, narrower, ok) in [
         (34, 240, 0, true),
         (34, 240, 8, true),
@@ -187,7 +187,7 @@ fn c_goes_through_tma_only_where_tma_cannot_spill() {
     (mm.chunk_rows, mm.order) = (100, vec![0, 1, 2]); // tiles straddle chunks
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
-    mm.scatter = Some(FusedScatter { rank: 0, inbox: vec![0], state: vec![0], out: None });
+    mm.scatter = Some(FusedScatter { rank: 0, inbox: vec![0], state: vec![0], out: None, tag: CallTag::of(b"test") });
     assert!(!mm.c_through_tma());
     let mut mm = plain.clone();
     mm.tma_epilogue = false;
