@@ -142,7 +142,8 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     let op = |ptr, rows, ld| Operand { ptr, rows, ld };
     let mut mm = Sm90Matmul::plain(op(0, 512, 64), op(0, 8192, 64), op(0, 256, 8192), 64, GemmDtype::BF16, 0);
     (mm.chunk_rows, mm.order) = (256, vec![1, 0]);
-    mm.scatter = Some(FusedScatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None, tag: CallTag::of(b"test") });
+    mm.scatter =
+        Some(FusedScatter { rank: 0, inbox: vec![0; 2], state: vec![0; 2], out: None, tag: CallTag::of(b"test") });
     for (tiles, width, narrower, ok) in [
         (34, 240, 0, true),
         (34, 240, 8, true),
