@@ -225,15 +225,18 @@ pub struct Problem {
     /// Sum of the N of every B.
     pub n: usize,
     pub world: usize,
-    /// Bytes per element of A and of the output.
+    /// Bytes per element of A and B.
     pub elem_bytes: usize,
+    /// Bytes per element of the product (for an mm_rs, what the ranks
+    /// exchange: an fp8 matmul's bf16 or f32 partials).
+    pub out_bytes: usize,
     /// Whether the fused kernel can run this problem on every rank.
     pub fused: bool,
 }
 
 fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
     let flops = 2.0 * rows as f64 * p.k as f64 * p.n as f64;
-    let bytes = ((rows * p.k + p.k * p.n + rows * p.n) * p.elem_bytes) as f64;
+    let bytes = ((rows * p.k + p.k * p.n) * p.elem_bytes + rows * p.n * p.out_bytes) as f64;
     let tflops = if p.elem_bytes == 1 { d.fp8_matmul_tflops } else { d.matmul_tflops };
     (flops / (tflops * 1e9)).max(bytes / (d.hbm_gbps * 1e6)) + d.launch_us / 1e3
 }
@@ -311,7 +314,7 @@ pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
 /// the reduction happens in the epilogue of this rank's own tiles, which
 /// read the peers' partials from local memory.
 pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
-    let chunk_bytes = (p.m / p.world * p.n * p.elem_bytes) as f64;
+    let chunk_bytes = (p.m / p.world * p.n * p.out_bytes) as f64;
     let local_reduce = (p.world as f64 + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
     let whole = matmul_ms(p, p.m, d);
     let mut out = estimates(p, whole, chunk_bytes, local_reduce, d);
@@ -401,7 +404,7 @@ mod tests {
     }
 
     fn prob(m: usize, k: usize, n: usize) -> Problem {
-        Problem { m, k, n, world: 2, elem_bytes: 2, fused: false }
+        Problem { m, k, n, world: 2, elem_bytes: 2, out_bytes: 2, fused: false }
     }
 
     #[test]

@@ -44,7 +44,10 @@ fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut sy
     let g = group(g)?;
     let (dtype, m, k, n) = (dtype(dt, "dtype")?, dim(m, "m")?, dim(k, "k")?, dim(n, "n")?);
     crate::ops::check::matmul_input(dtype, "dtype")?;
-    let d = decide::decide(&Facts::of(&g), &decide::Shape { op, m, k, n, dtype, lines: true }, true, None)?;
+    // fp8 operands: a bf16 product, as the scaled operations usually write.
+    let out_bytes = if dtype.fp8().is_some() { 2 } else { dtype.size() };
+    let shape = decide::Shape { op, m, k, n, dtype, out_bytes, lines: true };
+    let d = decide::decide(&Facts::of(&g), &shape, true, None)?;
     let e = d.estimate;
     write(
         out,
@@ -74,7 +77,8 @@ pub extern "C" fn symm_plan_ag_mm(
     call("symm_plan_ag_mm", || query(group, m_total, k, n, dtype, plan, Op::AgMm))
 }
 
-/// Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this group.
+/// Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this
+/// group (fp8 operands: into a bf16 `out`).
 #[no_mangle]
 pub extern "C" fn symm_plan_mm_rs(
     group: symm_group_t,

@@ -307,6 +307,7 @@ impl AgMm {
             k,
             n: self.bs.iter().map(|b| b.shape[1]).sum(),
             dtype: a.dtype,
+            out_bytes: out_size,
             // Row scales travel on the lines too where their slots are
             // unpadded (the gather writes them back to back).
             lines: dim != last && (mode != Some(Mode::Row) || row_scale_slot(rows) == 4 * rows),

@@ -46,6 +46,9 @@ pub struct Shape {
     /// Sum of the N of every B.
     pub n: usize,
     pub dtype: DType,
+    /// Bytes per element of the product: for `MmRs`, of the partials the
+    /// ranks exchange (an fp8 matmul's are bf16, f16 or f32).
+    pub out_bytes: usize,
     /// Whether the sequential path may move its data on the LL lines:
     /// `AgMm`, a gather along a dimension before the last (with row-wise
     /// scales, rows a multiple of 4: their slots unpadded); `MmRs`, chunks
@@ -157,17 +160,25 @@ impl Decision {
 pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algorithm>) -> Result<Decision> {
     let world = facts.world;
     let fused = fits && facts.fused_possible(shape.dtype, shape.k);
-    let problem = Problem { m: shape.m, k: shape.k, n: shape.n, world, elem_bytes: shape.dtype.size(), fused };
+    let problem = Problem {
+        m: shape.m,
+        k: shape.k,
+        n: shape.n,
+        world,
+        elem_bytes: shape.dtype.size(),
+        out_bytes: shape.out_bytes,
+        fused,
+    };
     let mut estimates = match shape.op {
         Op::AgMm => cost::ag_mm(&problem, &DeviceModel::HOPPER),
         Op::MmRs => cost::mm_rs(&problem, &DeviceModel::HOPPER),
     };
     // The lines' time, where the sequential path moves its data on them.
-    let per_peer = match shape.op {
-        Op::AgMm => shape.k,
-        Op::MmRs => shape.n,
+    let (per_peer, elem) = match shape.op {
+        Op::AgMm => (shape.k, shape.dtype.size()),
+        Op::MmRs => (shape.n, shape.out_bytes),
     };
-    let sent = (shape.m / world.max(1)).saturating_mul(per_peer).saturating_mul(shape.dtype.size());
+    let sent = (shape.m / world.max(1)).saturating_mul(per_peer).saturating_mul(elem);
     let lines = shape
         .lines
         .then(|| decide_lc_allgather(facts, sent, None).ok())
@@ -422,7 +433,7 @@ mod tests {
     }
 
     fn shape(op: Op, m: usize, k: usize, n: usize) -> Shape {
-        Shape { op, m, k, n, dtype: DType::BF16, lines: true }
+        Shape { op, m, k, n, dtype: DType::BF16, out_bytes: 2, lines: true }
     }
 
     #[test]
@@ -538,6 +549,23 @@ mod tests {
             assert_ne!(decide(&f, &fp8, true, None).unwrap().algorithm, Algorithm::Fused, "fp8 {m}x{k}x{n}");
             let forced = decide(&f, &fp8, true, Some(Algorithm::Fused)).unwrap();
             assert_eq!((forced.algorithm, forced.why), (Algorithm::Fused, Why::Option));
+        }
+    }
+
+    /// An mm_rs moves its partials, in the product's type: fp8 operands
+    /// into a bf16 product move as much as bf16 ones (their matmul is
+    /// faster), and decide the lines alike; an f32 product moves twice that.
+    #[test]
+    fn mm_rs_moves_its_partials_in_the_product_s_type() {
+        let f = hopper(2, None);
+        for m in [16, 64, 128, 256, 4096] {
+            let bf16 = decide(&f, &shape(Op::MmRs, m, 14336, 8192), true, None).unwrap();
+            let fp8 = Shape { dtype: DType::F8E4M3, ..shape(Op::MmRs, m, 14336, 8192) };
+            let d = decide(&f, &fp8, true, None).unwrap();
+            assert_eq!((d.lines, d.estimate.comm_ms), (bf16.lines, bf16.estimate.comm_ms), "m {m}");
+            assert!(d.estimate.compute_ms < bf16.estimate.compute_ms, "m {m}");
+            let wide = decide(&f, &Shape { out_bytes: 4, ..fp8 }, true, None).unwrap();
+            assert!(wide.estimate.comm_ms > 1.9 * (d.estimate.comm_ms - 2.0 * DeviceModel::HOPPER.barrier_us / 1e3));
         }
     }
 

@@ -258,6 +258,7 @@ impl MmRs {
             k: a.shape[a.ndim() - 1],
             n: b.shape[1],
             dtype: a.dtype,
+            out_bytes: partial_dtype(&self.out).size(),
             // Chunks of whole LL lines (the partials are floats).
             lines: self.out.numel() * partial_dtype(&self.out).size() % 8 == 0,
         };
