@@ -620,9 +620,9 @@ symm_status_t symm_get_build_info(symm_build_info_t *info);
 // `SYMM_ERROR_REMOTE`), and one that alone differs makes its peers time
 // out, or, where its call too was agreed before, fails the group with
 // `SYMM_ERROR_MISMATCH` at the first signal or data the ranks exchange
-// (each carries its call's tag; not yet the fused reduce-scatter kernel's
-// nor NCCL's; on CUDA that call's outputs are then undefined and the
-// error comes with the next call). After `SYMM_ERROR_TIMEOUT` (or any
+// (each carries its call's tag; not yet NCCL's steps; on CUDA that call's
+// outputs are then undefined and the error comes with the next call).
+// After `SYMM_ERROR_TIMEOUT` (or any
 // failure once data moved), outputs may be partly written and the group
 // has failed: every later call returns `SYMM_ERROR_ABORTED` (see
 // `symm_group_health`); destroy it.
@@ -750,7 +750,8 @@ symm_status_t symm_all_reduce_rmsnorm(symm_group_t group, const symm_tensor_t *i
 // rows) times B of `n` columns (the sum over every B) on this group.
 symm_status_t symm_plan_ag_mm(symm_group_t group, int64_t m_total, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
 
-// Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this group.
+// Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this
+// group (fp8 operands: into a bf16 `out`).
 symm_status_t symm_plan_mm_rs(symm_group_t group, int64_t m, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
 
 // Predicts `symm_all_reduce` of `numel` elements of `dtype` per rank on

@@ -281,7 +281,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                             symm_epilogue_add_staged<SYMM_DT_F16, BN>(area, Cfg::STAGE_BYTES, tile.col0, row, p.n, tm_c);
                         }
                     }
-                    if (t128 == 0) symm_rs_check_tags(p, heard);
+                    if (t128 == 0) symm_rs_check_tags(p, heard, symm_rs_epoch(call_epoch));
                 } else {
                     // Our own rows: the peers' partials (scaled by alpha
                     // already) from the ring, added to ours, then out to C.
@@ -316,7 +316,7 @@ static __device__ __forceinline__ void symm_gemm_sm90(const symm_tmap* tm_a, con
                 symm_consumers_sync();
                 if (threadIdx.x == 128) {
                     __threadfence_system();
-                    symm_rs_store_tag(p, tile.chunk);
+                    symm_rs_store_tag(p, tile.chunk, symm_rs_epoch(call_epoch));
                     symm_st_release_sys(tiling.flag(p, tile.chunk, p.rank, tile.index), symm_rs_epoch(call_epoch));
                 }
             } else {

@@ -92,7 +92,7 @@ static __device__ __forceinline__ void symm_produce(const symm_gemm_params& p, c
                 phase ^= 1;
             }
         }
-        symm_rs_check_tags(p, heard);
+        symm_rs_check_tags(p, heard, symm_rs_epoch(call_epoch));
         symm_rs_finish(p, symm_rs_epoch(call_epoch));
     }
 }

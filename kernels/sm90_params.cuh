@@ -40,8 +40,8 @@ struct symm_rs_state {
     uint32_t epoch;     // calls completed (every CTA done reading the inbox)
     uint32_t finished;  // CTAs of the running call done reading it
     uint32_t started;   // SYMM_RS_C_ADD: calls whose kernel has started (C free for the peer)
-    uint32_t tag[SYMM_GEMM_MAX_CHUNKS];  // tag[src]: the call tag rank src stored before its flags
-    uint32_t pad[61 - SYMM_GEMM_MAX_CHUNKS];  // the flags start 256 bytes in
+    uint32_t tag[2][SYMM_GEMM_MAX_CHUNKS];  // tag[e & 1][src]: the tag rank src's call e stored before its flags
+    uint32_t pad[61 - 2 * SYMM_GEMM_MAX_CHUNKS];  // the flags start 256 bytes in
 };
 #define SYMM_RS_STATE_BYTES 256
 static_assert(sizeof(symm_rs_state) == SYMM_RS_STATE_BYTES, "the flags follow the state");

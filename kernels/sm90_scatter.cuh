@@ -36,10 +36,12 @@
 // Call tags: ranks whose calls were both kept are not compared on the
 // host, so ranks out of step (one in call X, a peer in call Y, with the
 // same epoch) would sum each other's partials. Before the first flag a
-// CTA sets in a peer's state, it stores its call's tag there (tag[rank]);
-// a rank checks the tag of each peer whose flag it acquired, after its
-// waits and before its epoch (or, adding into C, its next call's start)
-// lets that peer's next call store there again. Another call's tag is
+// CTA sets in a peer's state in call e, it stores its call's tag there
+// (tag[e & 1][rank]); a rank checks the tag of each peer whose flag it
+// acquired, after its waits. Slots alternate with the epoch's parity:
+// adding into C, a rank raises its epoch before its last checks, so the
+// peer's next call may already store its tag; the call after that waits
+// for this rank's next epoch, after this kernel. Another call's tag is
 // recorded as a mismatch: the call's output is undefined and the failure
 // comes with the next call, as after a timeout.
 #pragma once
@@ -87,18 +89,18 @@ static __device__ void symm_rs_finish(const symm_gemm_params& p, uint32_t epoch)
     }
 }
 
-// Stores this call's tag into rank `dst`'s state before a flag there (a
-// release store of the flag then publishes it).
-static __device__ __forceinline__ void symm_rs_store_tag(const symm_gemm_params& p, int dst) {
-    symm_st_relaxed_sys(&symm_rs_state_of(p, dst)->tag[p.rank], p.rs_tag);
+// Stores the tag of call `epoch` into rank `dst`'s state before a flag
+// there (a release store of the flag then publishes it).
+static __device__ __forceinline__ void symm_rs_store_tag(const symm_gemm_params& p, int dst, uint32_t epoch) {
+    symm_st_relaxed_sys(&symm_rs_state_of(p, dst)->tag[epoch & 1u][p.rank], p.rs_tag);
 }
 
-// After acquiring a flag of each peer in `heard` (a bit per rank): records
-// a mismatch where such a peer's tag is another call's.
-static __device__ void symm_rs_check_tags(const symm_gemm_params& p, uint32_t heard) {
+// After acquiring a flag of call `epoch` from each peer in `heard` (a bit
+// per rank): records a mismatch where such a peer's tag is another call's.
+static __device__ void symm_rs_check_tags(const symm_gemm_params& p, uint32_t heard, uint32_t epoch) {
     const symm_rs_state* st = symm_rs_state_of(p, p.rank);
     for (int src = 0; src < p.world; src++) {
-        if ((heard >> src & 1u) && symm_ld_relaxed_sys(&st->tag[src]) != p.rs_tag) {
+        if ((heard >> src & 1u) && symm_ld_relaxed_sys(&st->tag[epoch & 1u][src]) != p.rs_tag) {
             symm_record_error(p.err, SYMM_ASYNC_MISMATCH, p.rank, src, SYMM_GEMM_CHANNEL, SYMM_SIGNAL_KIND_WAIT, 0);
         }
     }
@@ -132,7 +134,7 @@ static __device__ void symm_rs_flag_pushed(const symm_gemm_params& p, const symm
         symm_mbar_wait(&pushed->full, phase);
         if (!(told >> tile.chunk & 1u)) {
             told |= 1u << tile.chunk;
-            symm_rs_store_tag(p, tile.chunk);
+            symm_rs_store_tag(p, tile.chunk, epoch);
         }
         // The stores completed (and were fenced against the generic proxy)
         // before the arrivals this wait acquired, so the release, which is
@@ -319,7 +321,7 @@ static __device__ __forceinline__ void symm_rs_take_peer_tiles(const symm_gemm_p
                 heard |= 1u << src;
             }
         }
-        symm_rs_check_tags(p, heard);
+        symm_rs_check_tags(p, heard, epoch);
     }
     symm_consumers_sync();
 }

@@ -59,7 +59,9 @@ impl Hash for ReplayKey {
 /// kernels and the host backend stop before they read that data; on CUDA
 /// the copies queued behind a signal wait and the fused kernel's sums
 /// still run, so that call's outputs are undefined and the failure
-/// arrives with the group's next call or `health`. Never 0 (a free
+/// arrives with the group's next call or `health`. Calls of one signature
+/// (the same shapes, dtypes and options on other tensors) share a tag: as
+/// in NCCL, such calls are matched by their order alone. Never 0 (a free
 /// signal slot); [`CallTag::USER`] for the public API's signals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CallTag(u32);
