@@ -61,6 +61,10 @@ def stream():
 def scaled_case(b, g, op, m, k, n, scales, algos, **extra):
     """fp8 (e4m3) ag_mm or mm_rs at the per-rank M x K x N with bf16
     outputs and `scales` ("tensor" or "row") scales."""
+    # Registers torch.ops.symm_mem's fused ops (the other cases import it too).
+    import torch.distributed._symmetric_memory as symm_mem
+
+    symm_mem.enable_symm_mem_for_group(b.group_name)
     fp8, bf16, name, row = torch.float8_e4m3fn, torch.bfloat16, b.group_name, scales == "row"
     rows = m // b.world if op == "ag_mm" else m
     a = (torch.rand(rows, k, device="cuda") * 2 - 1).to(fp8)
