@@ -40,13 +40,14 @@
 //
 // Call tags: p.tag hashes the arguments every rank agreed on. Before its
 // data, a rank stores {seq, tag} into its tag word (parity, rank) in every
-// rank it sends to; each block of the receiver waits for every peer's word
-// of call seq and goes on only if it carries p.tag. Another tag means that
+// rank it sends to. Another tag in a peer's word of call seq means that
 // peer is making a different call (ranks whose calls, each agreed before,
-// went out of step): the block records SYMM_ASYNC_MISMATCH and skips its
-// data phase (reading that call's data and writing the output from it; the
-// all-gather has written this rank's own part by then), but still counts
-// the call.
+// went out of step): SYMM_ASYNC_MISMATCH is recorded and the call's
+// outputs are undefined. Block 0 checks every peer's word after its data
+// phase (read before it, so that no block waits for the words before its
+// data: that wait cost the one-shot 0.8 us on NVLink), and every wait
+// that spins checks the word of the peer it waits for, so that a call
+// whose data never comes fails at once instead of at the timeout.
 //
 // One-shot (LL): each 8 bytes of the message travel as one 16-byte line
 // {data0, seq, data1, seq} stored to every peer's slot (parity, rank); each
@@ -379,6 +380,46 @@ static __device__ __forceinline__ void symm_ar_st8(uint64_t base, uint64_t i, ui
 }
 
 // ---------------------------------------------------------------------------
+// Call tags (see the file's header).
+// ---------------------------------------------------------------------------
+static __device__ __forceinline__ uint64_t symm_ar_tag_word(const symm_ar_params& p, int owner, int parity,
+                                                            int src) {
+    return p.scratch[owner] + p.tags_off + ((uint64_t)parity * SYMM_AR_MAX_WORLD + src) * 8;
+}
+
+// Block 0 tells every peer which call this rank's data of call `seq` is.
+static __device__ __forceinline__ void symm_ar_announce(const symm_ar_params& p, uint32_t seq) {
+    const int k = (int)threadIdx.x + 1;
+    if (blockIdx.x == 0 && k < p.world) {
+        const int q = (p.rank + k) % p.world;
+        *(volatile uint64_t*)symm_ar_tag_word(p, q, seq & 1u, p.rank) = (uint64_t)p.tag << 32 | seq;
+    }
+}
+
+// Whether `word`, peer src's tag word as read, announces call `seq` with
+// another tag (recorded).
+static __device__ __forceinline__ bool symm_ar_other_call(const symm_ar_params& p, uint32_t seq, int src,
+                                                          uint64_t word) {
+    if ((uint32_t)word != seq || (uint32_t)(word >> 32) == p.tag) {
+        return false;
+    }
+    symm_record_error((symm_async_error*)p.err, SYMM_ASYNC_MISMATCH, p.rank, src, SYMM_AR_CHANNEL,
+                      SYMM_SIGNAL_KIND_VALUE, 0);
+    return true;
+}
+
+static __device__ __forceinline__ uint64_t symm_ar_read_tag(const symm_ar_params& p, uint32_t seq, int src) {
+    return *(const volatile uint64_t*)symm_ar_tag_word(p, p.rank, seq & 1u, src);
+}
+
+// Whether peer src's tag word announces call `seq` with another tag
+// (recorded). Out of line: only waits that spin call it, and inlined into
+// every wait it cost the one-shot kernels registers.
+static __device__ __noinline__ bool symm_ar_peer_in_other_call(const symm_ar_params& p, uint32_t seq, int src) {
+    return symm_ar_other_call(p, seq, src, symm_ar_read_tag(p, seq, src));
+}
+
+// ---------------------------------------------------------------------------
 // Waiting.
 // ---------------------------------------------------------------------------
 struct symm_ar_wait {
@@ -421,9 +462,12 @@ static __device__ bool symm_ar_timed_out(symm_ar_wait& w, uint64_t err_addr, uin
 // The time and error checks every 64 polls (the clock and the error record
 // are slow to read).
 static __device__ __forceinline__ bool symm_ar_keep_waiting(symm_ar_wait& w, const symm_ar_params& p,
-                                                            int peer) {
+                                                            int peer, uint32_t seq) {
     if ((++w.spins & 63u) != 1u) {
         return true;
+    }
+    if (peer != p.rank && symm_ar_peer_in_other_call(p, seq, peer)) {
+        return false;
     }
     return !symm_ar_timed_out(w, p.err, p.timeout_ns, p.rank, peer);
 }
@@ -433,7 +477,7 @@ static __device__ void symm_ar_wait_flag(uint64_t addr, uint32_t seq, const symm
     symm_ar_wait w;
     symm_ar_wait_begin(w);
     while ((int32_t)(symm_ld_acquire_sys((const uint32_t*)addr) - seq) < 0) {
-        if (!symm_ar_keep_waiting(w, p, peer)) {
+        if (!symm_ar_keep_waiting(w, p, peer, seq)) {
             return;
         }
     }
@@ -450,7 +494,7 @@ static __device__ __forceinline__ symm_ar_u4 symm_ar_poll_line(uint64_t addr, ui
     symm_ar_wait_begin(w);
     for (;;) {
         v = symm_ar_ld_line(addr);
-        if ((v.y == seq && v.w == seq) || !symm_ar_keep_waiting(w, p, peer)) {
+        if ((v.y == seq && v.w == seq) || !symm_ar_keep_waiting(w, p, peer, seq)) {
             return v;
         }
     }
@@ -483,44 +527,30 @@ static __device__ __forceinline__ void symm_ar_end(const symm_ar_params& p, uint
     }
 }
 
-// ---------------------------------------------------------------------------
-// Call tags (see the file's header).
-// ---------------------------------------------------------------------------
-static __device__ __forceinline__ uint64_t symm_ar_tag_word(const symm_ar_params& p, int owner, int parity,
-                                                            int src) {
-    return p.scratch[owner] + p.tags_off + ((uint64_t)parity * SYMM_AR_MAX_WORLD + src) * 8;
-}
-
-// Block 0 tells every peer which call this rank's data of call `seq` is.
-static __device__ __forceinline__ void symm_ar_announce(const symm_ar_params& p, uint32_t seq) {
-    const int k = (int)threadIdx.x + 1;
-    if (blockIdx.x == 0 && k < p.world) {
-        const int q = (p.rank + k) % p.world;
-        *(volatile uint64_t*)symm_ar_tag_word(p, q, seq & 1u, p.rank) = (uint64_t)p.tag << 32 | seq;
-    }
-}
-
-// Whether every peer announced call `seq` with this call's tag, for the
-// whole block (false where a peer's tag differs, recorded, or a wait gave
-// up).
-static __device__ bool symm_ar_peers_agree(const symm_ar_params& p, uint32_t seq) {
-    bool ok = true;
+// After its data phase, block 0 checks that every peer's data of call
+// `seq` was this call's: `early` is the peer's tag word as read before the
+// data phase (thread src reads peer src's), so that its latency hid behind
+// it; a word not yet there is read again until it is. Another tag is
+// recorded (the outputs are then undefined).
+static __device__ __forceinline__ uint64_t symm_ar_tag_early(const symm_ar_params& p, uint32_t seq) {
     const int src = (int)threadIdx.x;
-    if (src < p.world && src != p.rank) {
-        const volatile uint64_t* word = (const volatile uint64_t*)symm_ar_tag_word(p, p.rank, seq & 1u, src);
-        uint64_t v = *word;
+    return blockIdx.x == 0 && src < p.world && src != p.rank ? symm_ar_read_tag(p, seq, src) : 0;
+}
+
+static __device__ void symm_ar_check_tags(const symm_ar_params& p, uint32_t seq, uint64_t early) {
+    const int src = (int)threadIdx.x;
+    if (blockIdx.x != 0 || src >= p.world || src == p.rank) {
+        return;
+    }
+    uint64_t v = early;
+    if ((uint32_t)v != seq) {
         symm_ar_wait w;
         symm_ar_wait_begin(w);
-        while ((uint32_t)v != seq && symm_ar_keep_waiting(w, p, src)) {
-            v = *word;
-        }
-        ok = (uint32_t)v == seq && (uint32_t)(v >> 32) == p.tag;
-        if ((uint32_t)v == seq && !ok) {
-            symm_record_error((symm_async_error*)p.err, SYMM_ASYNC_MISMATCH, p.rank, src, SYMM_AR_CHANNEL,
-                              SYMM_SIGNAL_KIND_VALUE, 0);
-        }
+        do {
+            v = symm_ar_read_tag(p, seq, src);
+        } while ((uint32_t)v != seq && symm_ar_keep_waiting(w, p, src, seq));
     }
-    return __syncthreads_and(ok) != 0;
+    symm_ar_other_call(p, seq, src, v);
 }
 
 // Sum over the block's threads (every thread gets it).
@@ -569,7 +599,7 @@ static __device__ float symm_ar_row_inv(const symm_ar_params& p, float ss, uint3
                 symm_ar_wait_begin(w);
                 do {
                     v = parts[threadIdx.x];
-                } while ((uint32_t)(v >> 32) != seq && symm_ar_keep_waiting(w, p, p.rank));
+                } while ((uint32_t)(v >> 32) != seq && symm_ar_keep_waiting(w, p, p.rank, seq));
             }
             s_part[threadIdx.x] = __uint_as_float((uint32_t)v);
         }
@@ -803,9 +833,10 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    // A block whose peers are in another call skips its data phase (the
-    // count still moves on, so the header stays consistent).
-    if (symm_ar_peers_agree(p, seq)) {
+    // Block 0 reads the peers' tag words now and checks them after the
+    // data phase (a wait that finds another call's tag stops at once).
+    const uint64_t tags = symm_ar_tag_early(p, seq);
+    {  // the data phase
         if (!T::kFloat || p.hidden == 0) {
             symm_ar_sum_lines<T>(p, lines, bytes, seq, parity);
         } else if constexpr (T::kFloat) {
@@ -827,6 +858,7 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
             }
         }
     }
+    symm_ar_check_tags(p, seq, tags);
     symm_ar_end(p, seq);
 }
 
@@ -986,9 +1018,10 @@ static __device__ void symm_ag_one_shot_impl(const symm_ar_params& p) {
         }
         symm_ar_st8<S>(own, i, bytes, d0, d1);
     }
-    // A block whose peers are in another call skips its data phase (the
-    // count still moves on, so the header stays consistent).
-    if (symm_ar_peers_agree(p, seq)) {
+    // Block 0 reads the peers' tag words now and checks them after the
+    // data phase (a wait that finds another call's tag stops at once).
+    const uint64_t tags = symm_ar_tag_early(p, seq);
+    {  // the data phase
         // Every peer's lines, from this rank's slots to their part: L lines
         // requested before any is waited for.
         for (int k = 1; k < W; ++k) {
@@ -1018,6 +1051,7 @@ static __device__ void symm_ag_one_shot_impl(const symm_ar_params& p) {
             }
         }
     }
+    symm_ar_check_tags(p, seq, tags);
     symm_ar_end(p, seq);
 }
 
@@ -1174,9 +1208,10 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    // A block whose peers are in another call skips its data phase (the
-    // count still moves on, so the header stays consistent).
-    if (symm_ar_peers_agree(p, seq)) {
+    // Block 0 reads the peers' tag words now and checks them after the
+    // data phase (a wait that finds another call's tag stops at once).
+    const uint64_t tags = symm_ar_tag_early(p, seq);
+    {  // the data phase
         // B: the chunks this rank owns, reduced and sent to every peer.
         bool sent = false;
         for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
@@ -1219,6 +1254,7 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             }
         }
     }
+    symm_ar_check_tags(p, seq, tags);
     symm_ar_end(p, seq);
 }
 
@@ -1240,14 +1276,16 @@ static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
             symm_ar_st_line(slot + 16 * i, v.x, v.y, seq);
         }
     }
-    // A block whose peers are in another call skips its data phase (the
-    // count still moves on, so the header stays consistent).
-    if (symm_ar_peers_agree(p, seq)) {
+    // Block 0 reads the peers' tag words now and checks them after the
+    // data phase (a wait that finds another call's tag stops at once).
+    const uint64_t tags = symm_ar_tag_early(p, seq);
+    {  // the data phase
         // symm_ar_lines reads this rank's own lines at p.input.
         symm_ar_params own = p;
         own.input = p.input + p.rank * p.chunk_bytes;
         symm_ar_sum_lines<T>(own, lines, bytes, seq, parity);
     }
+    symm_ar_check_tags(p, seq, tags);
     symm_ar_end(p, seq);
 }
 

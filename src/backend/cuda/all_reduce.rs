@@ -563,7 +563,7 @@ mod tests {
                             scratch_bytes,
                             norm: None,
                             timeout,
-                            tag: CallTag::of(b"test"),
+                            tag: CallTag::of(format!("{dtype} {n} {algorithm:?}").as_bytes()),
                         };
                         all_reduce(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
                     });
@@ -583,7 +583,7 @@ mod tests {
                         scratch: scratch.clone(),
                         scratch_bytes,
                         timeout,
-                        tag: CallTag::of(b"test"),
+                        tag: CallTag::of(format!("{dtype} {n} all-gather").as_bytes()),
                     };
                     all_gather(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
                 });
@@ -605,7 +605,7 @@ mod tests {
                         scratch: scratch.clone(),
                         scratch_bytes,
                         timeout,
-                        tag: CallTag::of(b"test"),
+                        tag: CallTag::of(format!("{dtype} {n} reduce-scatter").as_bytes()),
                     };
                     reduce_scatter(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
                 });
@@ -614,6 +614,60 @@ mod tests {
                     assert_eq!(read(r, n), want, "{dtype} {n} reduce-scatter rank {r}");
                 }
             }
+        }
+        // Ranks out of step, each on fresh buffers and error record: rank 1
+        // makes another call of the same kernel and size (its lines come,
+        // from the other call), or another kernel whose lines never come
+        // (rank 0's waits find rank 1's tag). Both end in a Mismatch.
+        let n = 4096;
+        let ins: Vec<DevBuf> =
+            (0..world).map(|r| gpus[0].upload(&encode(GemmDtype::F32, &vec![r as f32; n]))).collect();
+        let outs: Vec<DevBuf> = (0..world).map(|_| gpus[0].upload(&vec![0xffu8; n * world * 4])).collect();
+        for other_kernel in [false, true] {
+            let errors = AsyncError::new().unwrap();
+            let buffers: Vec<DevBuf> = (0..world).map(|_| gpus[0].upload(&vec![0u8; scratch_bytes])).collect();
+            let scratch: Vec<u64> = buffers.iter().map(|b| b.ptr).collect();
+            for r in 0..world {
+                let c = AllReduceCall {
+                    // The one-shot's lines come from the other call; the
+                    // two-shot's flags never come from the all-gather.
+                    algorithm: if other_kernel { AllReduceAlgorithm::TwoShot } else { AllReduceAlgorithm::OneShot },
+                    rank: r,
+                    world,
+                    dtype: DType::F32,
+                    n,
+                    input: ins[r].ptr,
+                    output: outs[r].ptr,
+                    scale: 1.0,
+                    divisor: 1,
+                    scratch: scratch.clone(),
+                    scratch_bytes,
+                    norm: None,
+                    timeout,
+                    tag: CallTag::of(if r == 0 { b"call x".as_slice() } else { b"call y".as_slice() }),
+                };
+                if r == 1 && other_kernel {
+                    let g = AllGatherCall {
+                        rank: r,
+                        world,
+                        bytes: n * 4,
+                        input: ins[r].ptr,
+                        output: outs[r].ptr,
+                        scratch: scratch.clone(),
+                        scratch_bytes,
+                        timeout,
+                        tag: c.tag,
+                    };
+                    all_gather(&gpus[r].kernels, &g, errors.device_ptr(), gpus[r].stream()).unwrap();
+                } else {
+                    all_reduce(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream()).unwrap();
+                }
+            }
+            gpus.iter().for_each(|g| g.sync());
+            let e = errors.check().unwrap_err();
+            // (Only the first failure is recorded: a timeout would have
+            // been the first.)
+            assert_eq!(e.kind, crate::error::ErrorKind::Mismatch, "other kernel {other_kernel}: {}", e.msg);
         }
     }
 }
