@@ -45,9 +45,10 @@
 // went out of step): SYMM_ASYNC_MISMATCH is recorded and the call's
 // outputs are undefined. Block 0 checks every peer's word after its data
 // phase (read before it, so that no block waits for the words before its
-// data: that wait cost the one-shot 0.8 us on NVLink), and every wait
-// that spins checks the word of the peer it waits for, so that a call
-// whose data never comes fails at once instead of at the timeout.
+// data: that wait cost the one-shot 0.8 us on NVLink), and a wait that
+// lasts checks the word of the peer it waits for at each error poll, so
+// that a call whose data never comes fails within SYMM_ERR_POLL_NS instead
+// of at the timeout.
 //
 // One-shot (LL): each 8 bytes of the message travel as one 16-byte line
 // {data0, seq, data1, seq} stored to every peer's slot (parity, rank); each
@@ -412,13 +413,6 @@ static __device__ __forceinline__ uint64_t symm_ar_read_tag(const symm_ar_params
     return *(const volatile uint64_t*)symm_ar_tag_word(p, p.rank, seq & 1u, src);
 }
 
-// Whether peer src's tag word announces call `seq` with another tag
-// (recorded). Out of line: only waits that spin call it, and inlined into
-// every wait it cost the one-shot kernels registers.
-static __device__ __noinline__ bool symm_ar_peer_in_other_call(const symm_ar_params& p, uint32_t seq, int src) {
-    return symm_ar_other_call(p, seq, src, symm_ar_read_tag(p, seq, src));
-}
-
 // ---------------------------------------------------------------------------
 // Waiting.
 // ---------------------------------------------------------------------------
@@ -460,16 +454,23 @@ static __device__ bool symm_ar_timed_out(symm_ar_wait& w, uint64_t err_addr, uin
 }
 
 // The time and error checks every 64 polls (the clock and the error record
-// are slow to read).
-static __device__ __forceinline__ bool symm_ar_keep_waiting(symm_ar_wait& w, const symm_ar_params& p,
-                                                            int peer, uint32_t seq) {
-    if ((++w.spins & 63u) != 1u) {
-        return true;
-    }
-    if (peer != p.rank && symm_ar_peer_in_other_call(p, seq, peer)) {
+// are slow to read), out of line (inlined into every wait, they spilled the
+// one-shot kernels' registers). With each error poll (a wait past
+// SYMM_ERR_POLL_NS; never sooner: reading the word at a wait's first spin
+// delayed every wait by its latency, 2-3 us a call), the peer's tag word
+// too: a peer in another call ends the wait.
+static __device__ __noinline__ bool symm_ar_wait_checks(symm_ar_wait& w, const symm_ar_params& p, int peer,
+                                                        uint32_t seq) {
+    const bool polls = w.start != 0 && symm_globaltimer_ns() >= w.next_err_poll;
+    if (symm_ar_timed_out(w, p.err, p.timeout_ns, p.rank, peer)) {
         return false;
     }
-    return !symm_ar_timed_out(w, p.err, p.timeout_ns, p.rank, peer);
+    return !(polls && peer != p.rank && symm_ar_other_call(p, seq, peer, symm_ar_read_tag(p, seq, peer)));
+}
+
+static __device__ __forceinline__ bool symm_ar_keep_waiting(symm_ar_wait& w, const symm_ar_params& p,
+                                                            int peer, uint32_t seq) {
+    return (++w.spins & 63u) != 1u || symm_ar_wait_checks(w, p, peer, seq);
 }
 
 // Waits until the flag at `addr` (this rank's memory) reaches `seq`.
