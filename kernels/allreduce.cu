@@ -40,15 +40,13 @@
 //
 // Call tags: p.tag hashes the arguments every rank agreed on. Before its
 // data, a rank stores {seq, tag} into its tag word (parity, rank) in every
-// rank it sends to. Another tag in a peer's word of call seq means that
+// rank it sends to; each block of the receiver waits for every peer's word
+// of call seq and goes on only if it carries p.tag. Another tag means that
 // peer is making a different call (ranks whose calls, each agreed before,
-// went out of step): SYMM_ASYNC_MISMATCH is recorded and the call's
-// outputs are undefined. Block 0 checks every peer's word after its data
-// phase (read before it, so that no block waits for the words before its
-// data: that wait cost the one-shot 0.8 us on NVLink), and a wait that
-// lasts checks the word of the peer it waits for at each error poll, so
-// that a call whose data never comes fails within SYMM_ERR_POLL_NS instead
-// of at the timeout.
+// went out of step): the block records SYMM_ASYNC_MISMATCH and skips its
+// data phase (reading that call's data and writing the output from it; the
+// all-gather has written this rank's own part by then), but still counts
+// the call.
 //
 // One-shot (LL): each 8 bytes of the message travel as one 16-byte line
 // {data0, seq, data1, seq} stored to every peer's slot (parity, rank); each
@@ -381,39 +379,6 @@ static __device__ __forceinline__ void symm_ar_st8(uint64_t base, uint64_t i, ui
 }
 
 // ---------------------------------------------------------------------------
-// Call tags (see the file's header).
-// ---------------------------------------------------------------------------
-static __device__ __forceinline__ uint64_t symm_ar_tag_word(const symm_ar_params& p, int owner, int parity,
-                                                            int src) {
-    return p.scratch[owner] + p.tags_off + ((uint64_t)parity * SYMM_AR_MAX_WORLD + src) * 8;
-}
-
-// Block 0 tells every peer which call this rank's data of call `seq` is.
-static __device__ __forceinline__ void symm_ar_announce(const symm_ar_params& p, uint32_t seq) {
-    const int k = (int)threadIdx.x + 1;
-    if (blockIdx.x == 0 && k < p.world) {
-        const int q = (p.rank + k) % p.world;
-        *(volatile uint64_t*)symm_ar_tag_word(p, q, seq & 1u, p.rank) = (uint64_t)p.tag << 32 | seq;
-    }
-}
-
-// Whether `word`, peer src's tag word as read, announces call `seq` with
-// another tag (recorded).
-static __device__ __forceinline__ bool symm_ar_other_call(const symm_ar_params& p, uint32_t seq, int src,
-                                                          uint64_t word) {
-    if ((uint32_t)word != seq || (uint32_t)(word >> 32) == p.tag) {
-        return false;
-    }
-    symm_record_error((symm_async_error*)p.err, SYMM_ASYNC_MISMATCH, p.rank, src, SYMM_AR_CHANNEL,
-                      SYMM_SIGNAL_KIND_VALUE, 0);
-    return true;
-}
-
-static __device__ __forceinline__ uint64_t symm_ar_read_tag(const symm_ar_params& p, uint32_t seq, int src) {
-    return *(const volatile uint64_t*)symm_ar_tag_word(p, p.rank, seq & 1u, src);
-}
-
-// ---------------------------------------------------------------------------
 // Waiting.
 // ---------------------------------------------------------------------------
 struct symm_ar_wait {
@@ -454,23 +419,13 @@ static __device__ bool symm_ar_timed_out(symm_ar_wait& w, uint64_t err_addr, uin
 }
 
 // The time and error checks every 64 polls (the clock and the error record
-// are slow to read), out of line (inlined into every wait, they spilled the
-// one-shot kernels' registers). With each error poll (a wait past
-// SYMM_ERR_POLL_NS; never sooner: reading the word at a wait's first spin
-// delayed every wait by its latency, 2-3 us a call), the peer's tag word
-// too: a peer in another call ends the wait.
-static __device__ __noinline__ bool symm_ar_wait_checks(symm_ar_wait& w, const symm_ar_params& p, int peer,
-                                                        uint32_t seq) {
-    const bool polls = w.start != 0 && symm_globaltimer_ns() >= w.next_err_poll;
-    if (symm_ar_timed_out(w, p.err, p.timeout_ns, p.rank, peer)) {
-        return false;
-    }
-    return !(polls && peer != p.rank && symm_ar_other_call(p, seq, peer, symm_ar_read_tag(p, seq, peer)));
-}
-
+// are slow to read).
 static __device__ __forceinline__ bool symm_ar_keep_waiting(symm_ar_wait& w, const symm_ar_params& p,
-                                                            int peer, uint32_t seq) {
-    return (++w.spins & 63u) != 1u || symm_ar_wait_checks(w, p, peer, seq);
+                                                            int peer) {
+    if ((++w.spins & 63u) != 1u) {
+        return true;
+    }
+    return !symm_ar_timed_out(w, p.err, p.timeout_ns, p.rank, peer);
 }
 
 // Waits until the flag at `addr` (this rank's memory) reaches `seq`.
@@ -478,7 +433,7 @@ static __device__ void symm_ar_wait_flag(uint64_t addr, uint32_t seq, const symm
     symm_ar_wait w;
     symm_ar_wait_begin(w);
     while ((int32_t)(symm_ld_acquire_sys((const uint32_t*)addr) - seq) < 0) {
-        if (!symm_ar_keep_waiting(w, p, peer, seq)) {
+        if (!symm_ar_keep_waiting(w, p, peer)) {
             return;
         }
     }
@@ -495,7 +450,7 @@ static __device__ __forceinline__ symm_ar_u4 symm_ar_poll_line(uint64_t addr, ui
     symm_ar_wait_begin(w);
     for (;;) {
         v = symm_ar_ld_line(addr);
-        if ((v.y == seq && v.w == seq) || !symm_ar_keep_waiting(w, p, peer, seq)) {
+        if ((v.y == seq && v.w == seq) || !symm_ar_keep_waiting(w, p, peer)) {
             return v;
         }
     }
@@ -528,30 +483,44 @@ static __device__ __forceinline__ void symm_ar_end(const symm_ar_params& p, uint
     }
 }
 
-// After its data phase, block 0 checks that every peer's data of call
-// `seq` was this call's: `early` is the peer's tag word as read before the
-// data phase (thread src reads peer src's), so that its latency hid behind
-// it; a word not yet there is read again until it is. Another tag is
-// recorded (the outputs are then undefined).
-static __device__ __forceinline__ uint64_t symm_ar_tag_early(const symm_ar_params& p, uint32_t seq) {
-    const int src = (int)threadIdx.x;
-    return blockIdx.x == 0 && src < p.world && src != p.rank ? symm_ar_read_tag(p, seq, src) : 0;
+// ---------------------------------------------------------------------------
+// Call tags (see the file's header).
+// ---------------------------------------------------------------------------
+static __device__ __forceinline__ uint64_t symm_ar_tag_word(const symm_ar_params& p, int owner, int parity,
+                                                            int src) {
+    return p.scratch[owner] + p.tags_off + ((uint64_t)parity * SYMM_AR_MAX_WORLD + src) * 8;
 }
 
-static __device__ void symm_ar_check_tags(const symm_ar_params& p, uint32_t seq, uint64_t early) {
-    const int src = (int)threadIdx.x;
-    if (blockIdx.x != 0 || src >= p.world || src == p.rank) {
-        return;
+// Block 0 tells every peer which call this rank's data of call `seq` is.
+static __device__ __forceinline__ void symm_ar_announce(const symm_ar_params& p, uint32_t seq) {
+    const int k = (int)threadIdx.x + 1;
+    if (blockIdx.x == 0 && k < p.world) {
+        const int q = (p.rank + k) % p.world;
+        *(volatile uint64_t*)symm_ar_tag_word(p, q, seq & 1u, p.rank) = (uint64_t)p.tag << 32 | seq;
     }
-    uint64_t v = early;
-    if ((uint32_t)v != seq) {
+}
+
+// Whether every peer announced call `seq` with this call's tag, for the
+// whole block (false where a peer's tag differs, recorded, or a wait gave
+// up).
+static __device__ bool symm_ar_peers_agree(const symm_ar_params& p, uint32_t seq) {
+    bool ok = true;
+    const int src = (int)threadIdx.x;
+    if (src < p.world && src != p.rank) {
+        const volatile uint64_t* word = (const volatile uint64_t*)symm_ar_tag_word(p, p.rank, seq & 1u, src);
+        uint64_t v = *word;
         symm_ar_wait w;
         symm_ar_wait_begin(w);
-        do {
-            v = symm_ar_read_tag(p, seq, src);
-        } while ((uint32_t)v != seq && symm_ar_keep_waiting(w, p, src, seq));
+        while ((uint32_t)v != seq && symm_ar_keep_waiting(w, p, src)) {
+            v = *word;
+        }
+        ok = (uint32_t)v == seq && (uint32_t)(v >> 32) == p.tag;
+        if ((uint32_t)v == seq && !ok) {
+            symm_record_error((symm_async_error*)p.err, SYMM_ASYNC_MISMATCH, p.rank, src, SYMM_AR_CHANNEL,
+                              SYMM_SIGNAL_KIND_VALUE, 0);
+        }
     }
-    symm_ar_other_call(p, seq, src, v);
+    return __syncthreads_and(ok) != 0;
 }
 
 // Sum over the block's threads (every thread gets it).
@@ -600,7 +569,7 @@ static __device__ float symm_ar_row_inv(const symm_ar_params& p, float ss, uint3
                 symm_ar_wait_begin(w);
                 do {
                     v = parts[threadIdx.x];
-                } while ((uint32_t)(v >> 32) != seq && symm_ar_keep_waiting(w, p, p.rank, seq));
+                } while ((uint32_t)(v >> 32) != seq && symm_ar_keep_waiting(w, p, p.rank));
             }
             s_part[threadIdx.x] = __uint_as_float((uint32_t)v);
         }
@@ -834,10 +803,9 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    // Block 0 reads the peers' tag words now and checks them after the
-    // data phase (a wait that finds another call's tag stops at once).
-    const uint64_t tags = symm_ar_tag_early(p, seq);
-    {  // the data phase
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
         if (!T::kFloat || p.hidden == 0) {
             symm_ar_sum_lines<T>(p, lines, bytes, seq, parity);
         } else if constexpr (T::kFloat) {
@@ -859,7 +827,6 @@ static __device__ void symm_ar_one_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    symm_ar_check_tags(p, seq, tags);
     symm_ar_end(p, seq);
 }
 
@@ -1019,10 +986,9 @@ static __device__ void symm_ag_one_shot_impl(const symm_ar_params& p) {
         }
         symm_ar_st8<S>(own, i, bytes, d0, d1);
     }
-    // Block 0 reads the peers' tag words now and checks them after the
-    // data phase (a wait that finds another call's tag stops at once).
-    const uint64_t tags = symm_ar_tag_early(p, seq);
-    {  // the data phase
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
         // Every peer's lines, from this rank's slots to their part: L lines
         // requested before any is waited for.
         for (int k = 1; k < W; ++k) {
@@ -1052,7 +1018,6 @@ static __device__ void symm_ag_one_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    symm_ar_check_tags(p, seq, tags);
     symm_ar_end(p, seq);
 }
 
@@ -1209,10 +1174,9 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    // Block 0 reads the peers' tag words now and checks them after the
-    // data phase (a wait that finds another call's tag stops at once).
-    const uint64_t tags = symm_ar_tag_early(p, seq);
-    {  // the data phase
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
         // B: the chunks this rank owns, reduced and sent to every peer.
         bool sent = false;
         for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
@@ -1255,7 +1219,6 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             }
         }
     }
-    symm_ar_check_tags(p, seq, tags);
     symm_ar_end(p, seq);
 }
 
@@ -1277,16 +1240,14 @@ static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
             symm_ar_st_line(slot + 16 * i, v.x, v.y, seq);
         }
     }
-    // Block 0 reads the peers' tag words now and checks them after the
-    // data phase (a wait that finds another call's tag stops at once).
-    const uint64_t tags = symm_ar_tag_early(p, seq);
-    {  // the data phase
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
         // symm_ar_lines reads this rank's own lines at p.input.
         symm_ar_params own = p;
         own.input = p.input + p.rank * p.chunk_bytes;
         symm_ar_sum_lines<T>(own, lines, bytes, seq, parity);
     }
-    symm_ar_check_tags(p, seq, tags);
     symm_ar_end(p, seq);
 }
 

@@ -55,11 +55,11 @@ impl Hash for ReplayKey {
 /// besides the call's number: a hash of the arguments every rank agreed
 /// on, so that ranks that go on to make different calls (each kept
 /// before, so neither exchanges arguments) fail with `Mismatch` at their
-/// first meeting instead of succeeding on each other's data. The host
-/// backend stops before it reads that data; on CUDA the copies queued
-/// behind a signal wait, the LL kernels' data phases and the fused
-/// kernel's sums still run, so that call's outputs are undefined and the
-/// failure arrives with the group's next call or `health`. Calls of one signature
+/// first meeting instead of succeeding on each other's data. The LL
+/// kernels and the host backend stop before they read that data; on CUDA
+/// the copies queued behind a signal wait and the fused kernel's sums
+/// still run, so that call's outputs are undefined and the failure
+/// arrives with the group's next call or `health`. Calls of one signature
 /// (the same shapes, dtypes and options on other tensors) share a tag: as
 /// in NCCL, such calls are matched by their order alone. Never 0 (a free
 /// signal slot); [`CallTag::USER`] for the public API's signals.

@@ -616,9 +616,9 @@ mod tests {
             }
         }
         // Ranks out of step, each on fresh buffers and error record: rank 1
-        // makes another call of the same kernel and size (its lines come,
-        // from the other call), or another kernel whose lines never come
-        // (rank 0's waits find rank 1's tag). Both end in a Mismatch.
+        // makes another call of the same kernel and size, or another kernel
+        // (whose lines and flags are not the two-shot's). Both end in a
+        // Mismatch, found in the peers' tag words.
         let n = 4096;
         let ins: Vec<DevBuf> =
             (0..world).map(|r| gpus[0].upload(&encode(GemmDtype::F32, &vec![r as f32; n]))).collect();
@@ -629,8 +629,8 @@ mod tests {
             let scratch: Vec<u64> = buffers.iter().map(|b| b.ptr).collect();
             for r in 0..world {
                 let c = AllReduceCall {
-                    // The one-shot's lines come from the other call; the
-                    // two-shot's flags never come from the all-gather.
+                    // The same kernel's lines, from the other call; the
+                    // two-shot's flags, which the all-gather never sets.
                     algorithm: if other_kernel { AllReduceAlgorithm::TwoShot } else { AllReduceAlgorithm::OneShot },
                     rank: r,
                     world,
