@@ -12,18 +12,17 @@ root=$PWD
 tree=$(mktemp -d)
 trap 'git worktree remove --force "$tree"' EXIT
 git worktree add -q --detach "$tree" "$commit"
-(cd "$tree" && SYMM_NVCC_DIR=${SYMM_NVCC_DIR:-$root/.venv/nvcc} SYMM_KERNEL_CACHE=$root/target/symm-kernels \
-    SYMM_REQUIRE_NVCC=1 CARGO_TARGET_DIR=$root/target/baseline cargo build --release --lib)
+# cargo in COMMIT's tree, with the shared kernel cache and its own target.
+in_tree() {
+    (cd "$tree" && SYMM_NVCC_DIR=${SYMM_NVCC_DIR:-$root/.venv/nvcc} SYMM_KERNEL_CACHE=$root/target/symm-kernels \
+        SYMM_REQUIRE_NVCC=1 CARGO_TARGET_DIR=$root/target/baseline "$@")
+}
+in_tree cargo build --release --lib
 rm -rf bundle/base
 mkdir -p bundle/base
 if [ "${2:-}" = --tests ]; then
-    tests=$(cd "$tree" && SYMM_NVCC_DIR=${SYMM_NVCC_DIR:-$root/.venv/nvcc} SYMM_KERNEL_CACHE=$root/target/symm-kernels \
-        SYMM_REQUIRE_NVCC=1 CARGO_TARGET_DIR=$root/target/baseline cargo test --release --lib --no-run \
-        --message-format=json 2>/dev/null | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "rlib" in m["target"]["kind"]:
-        print(m["executable"])' | tail -1)
+    tests=$(in_tree cargo test --release --lib --no-run --message-format=json 2>/dev/null |
+        python3 bench/gpu/lib-tests-path.py)
     cp "$tests" bundle/base/symm-lib-tests
     strip --strip-debug bundle/base/symm-lib-tests
     gzip -f bundle/base/symm-lib-tests

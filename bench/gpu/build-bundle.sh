@@ -13,11 +13,7 @@ cp target/release/libsymm.so bundle/
 cp target/release/examples/sm90_matmul bundle/
 # The library's unit tests, whose GPU parts (gpu_* tests) run on the device.
 tests=$(SYMM_REQUIRE_NVCC=1 cargo test --release --lib --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "rlib" in m["target"]["kind"]:
-        print(m["executable"])' | tail -1)
+    python3 bench/gpu/lib-tests-path.py)
 cp "$tests" bundle/symm-lib-tests
 # The plain calls' C path (python/setup.py's stable-ABI extension, built in
 # place by the editable install, as .ci/test builds it); unpack.sh puts it

@@ -532,6 +532,24 @@ mod tests {
         let scratch: Vec<u64> = buffers.iter().map(|b| b.ptr).collect();
         let value = |r: usize, i: usize, k: usize| ((r * 7 + i * 3 + k) % 17) as f32 - 8.0;
         let timeout = Duration::from_secs(10);
+        // Rank r's all-reduce of n elements of `ins` into `outs`, through `scratch`.
+        let all_reduce_call =
+            |algorithm, r: usize, dtype, n, ins: &[DevBuf], outs: &[DevBuf], scratch: &[u64], tag| AllReduceCall {
+                algorithm,
+                rank: r,
+                world,
+                dtype,
+                n,
+                input: ins[r].ptr,
+                output: outs[r].ptr,
+                scale: 1.0,
+                divisor: 1,
+                scratch: scratch.to_vec(),
+                scratch_bytes,
+                norm: None,
+                timeout,
+                tag,
+            };
         let run_both = |launch: &dyn Fn(usize) -> Result<()>| {
             (0..world).for_each(|r| launch(r).unwrap());
             gpus.iter().for_each(|g| g.sync());
@@ -549,22 +567,8 @@ mod tests {
                 for algorithm in [AllReduceAlgorithm::OneShot, AllReduceAlgorithm::TwoShot] {
                     poison();
                     run_both(&|r| {
-                        let c = AllReduceCall {
-                            algorithm,
-                            rank: r,
-                            world,
-                            dtype,
-                            n,
-                            input: ins[r].ptr,
-                            output: outs[r].ptr,
-                            scale: 1.0,
-                            divisor: 1,
-                            scratch: scratch.clone(),
-                            scratch_bytes,
-                            norm: None,
-                            timeout,
-                            tag: CallTag::of(format!("{dtype} {n} {algorithm:?}").as_bytes()),
-                        };
+                        let tag = CallTag::of(format!("{dtype} {n} {algorithm:?}").as_bytes());
+                        let c = all_reduce_call(algorithm, r, dtype, n, &ins, &outs, &scratch, tag);
                         all_reduce(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
                     });
                     let want: Vec<f32> = (0..n).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
@@ -628,24 +632,11 @@ mod tests {
             let buffers: Vec<DevBuf> = (0..world).map(|_| gpus[0].upload(&vec![0u8; scratch_bytes])).collect();
             let scratch: Vec<u64> = buffers.iter().map(|b| b.ptr).collect();
             for r in 0..world {
-                let c = AllReduceCall {
-                    // The same kernel's lines, from the other call; the
-                    // two-shot's flags, which the all-gather never sets.
-                    algorithm: if other_kernel { AllReduceAlgorithm::TwoShot } else { AllReduceAlgorithm::OneShot },
-                    rank: r,
-                    world,
-                    dtype: DType::F32,
-                    n,
-                    input: ins[r].ptr,
-                    output: outs[r].ptr,
-                    scale: 1.0,
-                    divisor: 1,
-                    scratch: scratch.clone(),
-                    scratch_bytes,
-                    norm: None,
-                    timeout,
-                    tag: CallTag::of(if r == 0 { b"call x".as_slice() } else { b"call y".as_slice() }),
-                };
+                // The same kernel's lines, from the other call; the
+                // two-shot's flags, which the all-gather never sets.
+                let algorithm = if other_kernel { AllReduceAlgorithm::TwoShot } else { AllReduceAlgorithm::OneShot };
+                let tag = CallTag::of(if r == 0 { b"call x".as_slice() } else { b"call y".as_slice() });
+                let c = all_reduce_call(algorithm, r, DType::F32, n, &ins, &outs, &scratch, tag);
                 if r == 1 && other_kernel {
                     let g = AllGatherCall {
                         rank: r,
