@@ -1,0 +1,139 @@
+"""Times decode_gemm_probe.cu's matmul against torch.matmul (cuBLAS) and a
+pure read of the weights, at decode sizes, on one GPU; checks every result
+against float64 first (outputs poisoned with NaN, so unwritten elements
+show).
+
+Each call reads a different copy of the weights (copies enough to exceed
+L2), as a model's layers do. Implementations are interleaved round-robin
+(sustained matmuls run at the power cap), and each time is the median
+over rounds of the mean of a burst of calls between two events.
+
+    python3 bench/probes/decode_gemm_probe.py [--out DIR]
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAPES = [  # (N, K): a Linear weight of N outputs over K inputs
+    (14336, 8192), (8192, 14336), (7168, 4096), (4096, 7168), (28672, 8192), (5000, 3000),
+]
+MS = [1, 8, 16, 33, 64]
+COLD_BYTES = 512 << 20
+
+
+def build():
+    so = os.path.join(tempfile.mkdtemp(), "decode_gemm_probe.so")
+    subprocess.run(["nvcc", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
+                    os.path.join(HERE, "decode_gemm_probe.cu"), "-o", so], check=True)
+    lib = ctypes.CDLL(so)
+    ll, i, p = ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p
+    lib.probe_decode_gemm.argtypes = [i, p, ll, p, ll, p, ll, i, i, i, p, p, i, p]
+    lib.probe_read.argtypes = [p, ll, p, i, i, p]
+    lib.probe_partials_bytes.restype = ll
+    lib.probe_partials_bytes.argtypes = [i]
+    return lib
+
+
+def timed(fn, calls):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for c in range(calls):
+        fn(c)
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / calls
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--grids", default="1,2", help="CTAs per SM to try")
+    ap.add_argument("--ncu", action="store_true", help="one call each of M 1 and 64 at 14336 x 8192, for a profiler")
+    args = ap.parse_args()
+    lib = build()
+    dev = torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    grids = [sms * int(x) for x in args.grids.split(",")]
+    stream = torch.cuda.current_stream().cuda_stream
+    partials = torch.empty(lib.probe_partials_bytes(max(grids)) // 4, device="cuda", dtype=torch.float32)
+    sink = torch.zeros(1, device="cuda", dtype=torch.int32)
+    if args.ncu:
+        w = torch.randn(14336, 8192, device="cuda", dtype=torch.bfloat16)
+        counters = torch.zeros(112, device="cuda", dtype=torch.int32)
+        for m in (1, 64):
+            a = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, 14336, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2):
+                lib.probe_decode_gemm(0, a.data_ptr(), 8192, w.data_ptr(), 8192, out.data_ptr(), 14336, m, 14336,
+                                      8192, partials.data_ptr(), counters.data_ptr(), grids[0], stream)
+            torch.matmul(a, w.t())
+        torch.cuda.synchronize()
+        return
+    print(f"# {torch.cuda.get_device_name(dev)}, {sms} SMs, torch {torch.__version__}")
+    print("dtype  M      N      K  copies  read_us  cublas_us  ours_us(grid)  best_grid  ours/cublas  "
+          "ours/read  TB/s(ours)  TB/s(cublas)  TB/s(read)  max_err")
+    worst = 0.0
+    for dtype, tdt in ((0, torch.bfloat16), (1, torch.float16)):
+        for n, k in SHAPES:
+            wbytes = n * k * 2
+            copies = max(2, -(-COLD_BYTES // wbytes))
+            ws = [torch.randn(n, k, device="cuda", dtype=tdt) / k ** 0.5 for _ in range(copies)]
+            counters = torch.zeros(-(-n // 128), device="cuda", dtype=torch.int32)
+            for m in MS:
+                if dtype == 1 and m not in (16, 64):
+                    continue
+                a = torch.randn(m, k, device="cuda", dtype=tdt)
+                out = torch.empty(m, n, device="cuda", dtype=tdt)
+
+                def ours(c, grid):
+                    w = ws[c % copies]
+                    rc = lib.probe_decode_gemm(dtype, a.data_ptr(), k, w.data_ptr(), k, out.data_ptr(), n, m, n, k,
+                                               partials.data_ptr(), counters.data_ptr(), grid, stream)
+                    assert rc == 0, rc
+
+                # Correctness at every grid, twice (the counters must reset).
+                for grid in grids:
+                    for c in range(2):
+                        out.fill_(float("nan"))
+                        ours(c, grid)
+                        ref = a.double() @ ws[c % copies].double().t()
+                        bound = a.double().abs() @ ws[c % copies].double().abs().t()
+                        err = ((out.double() - ref).abs() / bound.clamp_min(1e-30)).max().item()
+                        if not err < 1e-2:
+                            print(f"FAIL dtype {dtype} m {m} n {n} k {k} grid {grid}: rel err {err}")
+                            sys.exit(1)
+                        worst = max(worst, err)
+                fns = {"read": lambda c: lib.probe_read(ws[c % copies].data_ptr(), wbytes, sink.data_ptr(),
+                                                        sms * 4, 512, stream),
+                       "cublas": lambda c: torch.matmul(a, ws[c % copies].t(), out=out)}
+                for grid in grids:
+                    fns[grid] = lambda c, grid=grid: ours(c, grid)
+                times = {name: [] for name in fns}
+                for fn in fns.values():
+                    timed(fn, 3)
+                for _ in range(args.rounds):
+                    for name, fn in fns.items():
+                        times[name].append(timed(fn, args.calls))
+                med = {name: statistics.median(v) * 1e3 for name, v in times.items()}
+                best = min(grids, key=lambda g: med[g])
+                moved = (n * k + m * k + m * n) * 2
+                tb = lambda us: moved / us / 1e6
+                print(f"{'bf16' if dtype == 0 else 'f16':5} {m:2} {n:6} {k:6} {copies:6} {med['read']:8.1f} "
+                      f"{med['cublas']:10.1f}  " + "/".join(f"{med[g]:.1f}" for g in grids) +
+                      f"  {best // sms:9}  {med[best] / med['cublas']:11.3f}  {med[best] / med['read']:9.3f}  "
+                      f"{tb(med[best]):10.2f}  {tb(med['cublas']):12.2f}  {wbytes / med['read'] / 1e6:10.2f}  {err:.2e}",
+                      flush=True)
+            del ws
+    print(f"PASS: every result within {worst:.2e} of float64 (relative to the sum of |a||w|)")
+
+
+if __name__ == "__main__":
+    main()
