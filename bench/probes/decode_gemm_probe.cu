@@ -3,27 +3,33 @@
 // the H200's ~4.2 (decode layer, bench/results/2026-11-29-h200-x2-285f8f0-families)?
 //
 // C[M, N] = A[M, K] . W[N, K]^T (W a Linear weight, K-major), bf16 or f16,
-// f32 accumulation, by mma.sync. Each of a CTA's 8 warps owns 32 columns
-// and streams their rows of W into shared memory by cp.async (16 lanes
-// copy 256 contiguous bytes of a row), three stages deep; the k of an
-// mma.m16n8k16 is permuted so that lane (g, t) reads its B fragment of two
-// mmas as one 16-byte load (row g, k 8t .. 8t + 7) and A's rows g and g + 8
-// at the same k, A (small, L2-resident) straight from global memory.
-// Work is split stream-K: the (slice of 256 columns, 128 k) units in
-// slice-major order are cut evenly among the CTAs; a CTA that covers a
-// whole slice writes C, others leave f32 partials in two slots each, and
-// the last of a slice's CTAs to arrive sums them in CTA order (so the
-// result does not depend on timing) and resets the slice's counter.
+// f32 accumulation. One producer warp feeds a ring of stages by the bulk
+// tensor copy engine: per stage one or two boxes of 256 rows of W and of
+// A's rows (padded to NT = 8, 16, 32 or 64), 64 k wide (128 bytes,
+// swizzled), completing on the stage's mbarrier. Two consumer warpgroups
+// run wgmma with the operands swapped (W's 64 rows as wgmma's M, the
+// tokens as its N), so that M = 1..64 wastes no tensor-core rows.
+// decode_gemm splits the work stream-K: the (slice of 256 columns, unit of
+// k) pairs in slice-major order are cut evenly among the CTAs (one per
+// SM); a CTA that covers a whole slice writes C, others leave f32 partials
+// in two slots each, and the last of a slice's CTAs to arrive sums them in
+// CTA order (so the result does not depend on timing) and resets its
+// counter. decode_gemm_dyn hands out chunks of units instead (a global
+// counter), each with a slot of its own.
 //
-// Answer (H200, bench/results/2026-11-29-h200-x1-*-decode-gemm-probe/):
-// not this way. At M = 1 the stream reaches 2.0-3.0 TB/s against cuBLAS's
-// 3.5-4.2 and a plain read's 4.1-4.3, and it slows with M (A's fragments
-// from L2 at every k-step). cuBLAS takes 1.03-1.11 x the read's time at
-// M <= 16 on weights of 8192 x 14336 and larger, 1.10-1.17 x at M = 64. A kernel that would beat it
-// needs W by the bulk tensor copy engine and A staged in shared memory.
+// Answer (one H200, bench/results/2026-11-29-h200-x1-decode-gemm-probe/):
+// not faster than cuBLAS yet. On weights of 8192 x 14336 and larger the
+// static kernel takes 1.01-1.10 x cuBLAS's time at M <= 16 and 1.03-1.16
+// at M = 64, 1.10-1.16 x a plain read of the weights. Its per-CTA
+// timeline: CTAs with equal shares end their units between 41 and 58 us
+// (SMs stream at rates ~30% apart), then 2.5-3.5 us of tail (7-9 at M =
+// 64, the partial sums). Dynamic chunks were slower (1.07-3.5 x cuBLAS):
+// each chunk's flush stalls the consumers. Earlier versions (mma.sync fed
+// from registers or by cp.async, A from L2) streamed at 2.0-3.0 TB/s.
 //
 // Built as a shared library by decode_gemm_probe.py:
-//   nvcc -O3 -arch=sm_90a -shared -Xcompiler -fPIC decode_gemm_probe.cu -o decode_gemm_probe.so
+//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -shared -Xcompiler -fPIC decode_gemm_probe.cu -lcuda -o decode_gemm_probe.so
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,39 +38,121 @@
 
 namespace {
 
-constexpr int WARPS = 8;
-constexpr int SLICE = 32 * WARPS;  // columns per CTA slice
-constexpr int UNIT_K = 128;        // k per unit: 256 bytes of a row
-constexpr int PITCH = UNIT_K * 2 + 16;
-constexpr int STAGE_BYTES = 32 * PITCH;
-constexpr int STAGES = 3;
-constexpr int SMEM_BYTES = WARPS * STAGES * STAGE_BYTES;
+constexpr int CONSUMERS = 8;               // warps: two warpgroups
+constexpr int THREADS = 32 * (CONSUMERS + 1);
+constexpr int SLICE = 32 * CONSUMERS;      // columns per CTA slice
+constexpr int BOX_K = 64;                  // one swizzled box: 128 bytes of a row
+constexpr int ROW_BYTES = BOX_K * 2;
+constexpr int BOX_BYTES = SLICE * ROW_BYTES;
 
-template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                    uint32_t b1) {
-    if constexpr (sizeof(T) == 2 && __is_same(T, __nv_bfloat16)) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
+// A stage: BOXES boxes of W (each SLICE rows) and as many of A (NT rows);
+// as many stages as KB kilobytes hold (200: one CTA per SM, 100: two).
+template <int NT, int BOXES, int KB>
+struct Ring {
+    static constexpr int UNIT_K = BOX_K * BOXES;
+    static constexpr int W_BYTES = BOXES * BOX_BYTES;
+    static constexpr int A_BOX = NT * ROW_BYTES;
+    static constexpr int A_BYTES = BOXES * A_BOX;
+    static constexpr int STAGES = (KB * 1024) / (W_BYTES + A_BYTES);
+    static constexpr int SMEM = 1024 + STAGES * (W_BYTES + A_BYTES) + 2 * STAGES * 8;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
+        : "memory");
+}
+// wgmma m64nNk16 (W's 64 rows x N tokens), both operands K-major in shared memory.
+__device__ __forceinline__ void wgmma_bf16_n8(float (&d)[4], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_bf16_n16(float (&d)[8], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_bf16_n32(float (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_bf16_n64(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_f16_n8(float (&d)[4], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_f16_n16(float (&d)[8], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_f16_n32(float (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_f16_n64(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db));
+}
+template <typename T, int N>
+__device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t da, uint64_t db) {
+    constexpr bool bf = __is_same(T, __nv_bfloat16);
+    if constexpr (bf && N == 8) wgmma_bf16_n8(d, da, db);
+    if constexpr (bf && N == 16) wgmma_bf16_n16(d, da, db);
+    if constexpr (bf && N == 32) wgmma_bf16_n32(d, da, db);
+    if constexpr (bf && N == 64) wgmma_bf16_n64(d, da, db);
+    if constexpr (!bf && N == 8) wgmma_f16_n8(d, da, db);
+    if constexpr (!bf && N == 16) wgmma_f16_n16(d, da, db);
+    if constexpr (!bf && N == 32) wgmma_f16_n32(d, da, db);
+    if constexpr (!bf && N == 64) wgmma_f16_n64(d, da, db);
 }
 
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
+// Shared-memory descriptor of a K-major tile of 128-byte rows in the
+// 128-byte swizzle TMA wrote: 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+    const uint64_t addr = smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
+
+template <int N>
+__device__ __forceinline__ void fence_operand(float (&acc)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// The consumer warps alone (the producer warp never joins).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(32 * CONSUMERS)); }
 
 template <typename T>
 __device__ __forceinline__ void store_pair(T* p, float x, float y) {
@@ -85,25 +173,31 @@ __device__ __forceinline__ void store_one(T* p, float x) {
 }
 
 struct Args {
-    const void* a;
-    const void* w;
     void* c;
-    long long lda, ldw, ldc;  // elements
+    long long ldc;  // elements
     int m, n, k;
-    float* partials;     // [2 * gridDim.x][MT * 16][SLICE]
+    float* partials;     // [2 * gridDim.x][NT][SLICE]
     unsigned* counters;  // [slices], zero between calls
+    unsigned long long* trace;  // null, or per CTA: start, end of its units, exit (ns)
 };
+
+__device__ __forceinline__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
 
 // The CTA holding unit u: the largest c with floor(c * total / G) <= u.
 __device__ __forceinline__ int cta_of(long long u, long long total, int grid) {
     return int(((u + 1) * grid - 1) / total);
 }
 
-template <typename T, int MT>
-__global__ void __launch_bounds__(32 * WARPS) decode_gemm(Args p) {
+template <typename T, int NT, int BOXES, int KB>
+__global__ void __launch_bounds__(THREADS)
+    decode_gemm(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_a, Args p) {
+    using R = Ring<NT, BOXES, KB>;
+    constexpr int UNIT_K = R::UNIT_K, W_BYTES = R::W_BYTES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const T* A = static_cast<const T*>(p.a);
-    const T* W = static_cast<const T*>(p.w);
     T* C = static_cast<T*>(p.c);
     const int per_slice = (p.k + UNIT_K - 1) / UNIT_K;
     const int slices = (p.n + SLICE - 1) / SLICE;
@@ -111,111 +205,131 @@ __global__ void __launch_bounds__(32 * WARPS) decode_gemm(Args p) {
     const int grid = gridDim.x, me = blockIdx.x;
     const long long u0 = me * total / grid, u1 = (me + 1) * total / grid;
     const int first_slice = int(u0 / per_slice);
-    __shared__ int arrived;
 
-    float acc[MT][4][4];
+    extern __shared__ unsigned char raw[];
+    // Swizzled boxes want 1024-byte aligned stages.
+    unsigned char* smem = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    unsigned char* w_stage = smem;
+    unsigned char* a_stage = smem + R::STAGES * W_BYTES;
+    uint64_t* full = reinterpret_cast<uint64_t*>(a_stage + R::STAGES * R::A_BYTES);
+    uint64_t* empty = full + R::STAGES;
+    __shared__ int arrived;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < R::STAGES; ++i) {
+            mbar_init(full + i, 1);
+            mbar_init(empty + i, CONSUMERS / 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (p.trace) p.trace[3 * me] = now_ns();
+    }
+    __syncthreads();
+
+    if (warp == CONSUMERS) {
+        // Producer: one lane walks the same units as the consumers.
+        if (lane == 0) {
+            int s = first_slice, uk = int(u0 - (long long)first_slice * per_slice), stage = 0;
+            uint32_t phase = 0;
+            for (long long u = u0; u < u1; ++u) {
+                mbar_wait(empty + stage, phase ^ 1);
+                mbar_expect_tx(full + stage, W_BYTES + R::A_BYTES);
+#pragma unroll
+                for (int b = 0; b < BOXES; ++b) {
+                    const int x = uk * UNIT_K + b * BOX_K;
+                    tma_load(w_stage + stage * W_BYTES + b * BOX_BYTES, &map_w, x, s * SLICE, full + stage);
+                    tma_load(a_stage + stage * R::A_BYTES + b * R::A_BOX, &map_a, x, 0, full + stage);
+                }
+                if (++uk == per_slice) uk = 0, ++s;
+                if (++stage == R::STAGES) stage = 0, phase ^= 1;
+            }
+        }
+        return;
+    }
+
+    // Consumer warpgroup wg owns rows [128 wg, +128) of the slice, as two
+    // wgmma tiles of 64; acc[h][4j + e]: row 64h + 16 (warp % 4) + g (+8 for
+    // e >= 2), token 8j + 2t (+1 for odd e).
+    const int wg = warp / 4, row_base = wg * 128 + 16 * (warp % 4) + g;
+    float acc[2][NT / 2];
     auto zero = [&] {
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+            for (int i = 0; i < NT / 2; ++i) acc[h][i] = 0.f;
     };
     zero();
+    // Calls f(row in the slice, token, value) for each accumulator.
+    auto each = [&](auto&& f) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < NT / 2; ++i) f(row_base + 64 * h + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * t + (i & 1), acc[h][i]);
+    };
 
     // Writes this CTA's sums over [from, to) units of slice s.
     auto flush = [&](int s, long long from, long long to) {
-        const int col0 = s * SLICE + warp * 32;
         const bool whole = from == (long long)s * per_slice && to == (long long)(s + 1) * per_slice;
         if (whole) {
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int col = col0 + j * 8 + 2 * t;
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int row = i * 16 + g + 8 * h;
-                        if (row >= p.m) continue;
-                        T* dst = C + row * p.ldc + col;
-                        if (col + 1 < p.n && (p.ldc % 2) == 0) {
-                            store_pair(dst, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                        } else {
-                            if (col < p.n) store_one(dst, acc[i][j][2 * h]);
-                            if (col + 1 < p.n) store_one(dst + 1, acc[i][j][2 * h + 1]);
-                        }
-                    }
-                }
+            each([&](int row, int tok, float v) {
+                const int n = s * SLICE + row;
+                if (tok < p.m && n < p.n) store_one(C + tok * p.ldc + n, v);
+            });
             return;
         }
         const int slot = 2 * me + (s == first_slice ? 0 : 1);
-        float* mine = p.partials + (long long)slot * MT * 16 * SLICE;
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = i * 16 + g + 8 * h, col = warp * 32 + j * 8 + 2 * t;
-                    __stcg(reinterpret_cast<float2*>(mine + row * SLICE + col),
-                           make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]));
-                }
+        float* mine = p.partials + (long long)slot * NT * SLICE;
+        each([&](int row, int tok, float v) { __stcg(mine + tok * SLICE + row, v); });
         __threadfence();
-        __syncthreads();
+        consumers_sync();
         const int c_first = cta_of((long long)s * per_slice, total, grid);
         const int c_last = cta_of((long long)(s + 1) * per_slice - 1, total, grid);
         if (threadIdx.x == 0) arrived = atomicAdd(p.counters + s, 1u);
-        __syncthreads();
+        consumers_sync();
         if (arrived != c_last - c_first) return;
-        // The last to arrive: every contributor's partial, in CTA order.
+        // The last to arrive: every contributor's partial, in CTA order. All
+        // but the first started inside this slice (their first slot); the
+        // first's is its second slot when it started in an earlier slice.
         __threadfence();
-        const int rows = p.m, cols = min(SLICE, p.n - s * SLICE);
-        for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
-            const int row = e / cols, col = e % cols;
-            float sum = 0.f;
-            for (int c = c_first; c <= c_last; ++c) {
-                const int c_first_slice = int((c * total / grid) / per_slice);
-                const int sl = 2 * c + (s == c_first_slice ? 0 : 1);
-                sum += __ldcg(p.partials + ((long long)sl * MT * 16 + row) * SLICE + col);
+        const int cols = min(SLICE, p.n - s * SLICE);
+        const float* first =
+            p.partials + (long long)(2 * c_first + (s == int((c_first * total / grid) / per_slice) ? 0 : 1)) * NT * SLICE;
+        const long long step = 2LL * NT * SLICE;  // from one CTA's first slot to the next's
+        // float4s of (token, column), four per thread at a time so that
+        // their loads are in flight together.
+        const float* rest = p.partials + (long long)(2 * (c_first + 1)) * NT * SLICE;
+        const int quads = p.m * (SLICE / 4);
+        for (int e0 = threadIdx.x; e0 < quads; e0 += 4 * 32 * CONSUMERS) {
+            float4 sum[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = e0 + i * 32 * CONSUMERS;
+                sum[i] = e < quads ? __ldcg(reinterpret_cast<const float4*>(first) + e) : make_float4(0, 0, 0, 0);
             }
-            store_one(C + row * p.ldc + s * SLICE + col, sum);
+            const float* next = rest;
+            for (int c = c_first + 1; c <= c_last; ++c, next += step)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int e = e0 + i * 32 * CONSUMERS;
+                    if (e >= quads) continue;
+                    const float4 v = __ldcg(reinterpret_cast<const float4*>(next) + e);
+                    sum[i].x += v.x, sum[i].y += v.y, sum[i].z += v.z, sum[i].w += v.w;
+                }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = e0 + i * 32 * CONSUMERS;
+                if (e >= quads) continue;
+                const int tok = e / (SLICE / 4), col = 4 * (e % (SLICE / 4));
+                T* dst = C + tok * p.ldc + s * SLICE + col;
+                const float v[4] = {sum[i].x, sum[i].y, sum[i].z, sum[i].w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (col + j < cols) store_one(dst + j, v[j]);
+            }
         }
         if (threadIdx.x == 0) p.counters[s] = 0;
     };
 
-    // This warp's rows of W (32), one stage per unit: a copy instruction
-    // moves 32 x 16 contiguous bytes of one row; rows padded by 16 bytes so
-    // that the fragment reads of 8 rows hit distinct banks.
-    extern __shared__ __align__(16) unsigned char smem[];
-    unsigned char* mine = smem + warp * STAGES * STAGE_BYTES;
-    const unsigned dst_lane = __cvta_generic_to_shared(mine) + 16 * lane;
-    // The next unit to load: slice, k-unit, stage (no divisions in the loop).
-    int ls = first_slice, lk = int(u0 - (long long)first_slice * per_slice), lstage = 0;
-    long long left = u1 - u0;
-    auto issue = [&] {
-        if (left > 0) {
-            const int row0 = ls * SLICE + warp * 32, k = lk * UNIT_K + (lane % (UNIT_K / 8)) * 8;
-            const int part = lane / (UNIT_K / 8);  // lanes per row: UNIT_K / 8
-            const T* src = W + (long long)(row0 + part) * p.ldw + k;
-            const unsigned dst = dst_lane + lstage * STAGE_BYTES - 16 * lane + part * PITCH + (lane % (UNIT_K / 8)) * 16;
-            const bool k_ok = k < p.k;
-#pragma unroll
-            for (int r = 0; r < 32; r += 32 / (UNIT_K / 8)) {
-                const bool ok = k_ok && row0 + part + r < p.n;
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + r * PITCH),
-                             "l"(ok ? src + (long long)r * p.ldw : W), "r"(ok ? 16 : 0));
-            }
-            --left;
-            if (++lk == per_slice) lk = 0, ++ls;
-            if (++lstage == STAGES) lstage = 0;
-        }
-        asm volatile("cp.async.commit_group;");
-    };
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) issue();
-
     int s = first_slice, uk = int(u0 - (long long)first_slice * per_slice), stage = 0;
+    uint32_t phase = 0;
     long long from = u0;
     for (long long u = u0; u < u1; ++u) {
         if (uk == per_slice) {
@@ -225,82 +339,316 @@ __global__ void __launch_bounds__(32 * WARPS) decode_gemm(Args p) {
             uk = 0;
             from = u;
         }
-        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
-        __syncwarp();
-        const unsigned char* st = mine + stage * STAGE_BYTES + g * PITCH + 16 * t;
-        const int k0 = uk * UNIT_K + 8 * t;
-        const T* a_lo = A + (long long)g * p.lda + k0;
+        mbar_wait(full + stage, phase);
+        const unsigned char* ws = w_stage + stage * W_BYTES + wg * 128 * ROW_BYTES;
+        const unsigned char* as = a_stage + stage * R::A_BYTES;
+        fence_operand(acc[0]);
+        fence_operand(acc[1]);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int q = 0; q < UNIT_K / 32; ++q) {
-            const int k = k0 + q * 32;
-            uint4 b[4];
+        for (int b = 0; b < BOXES; ++b)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(st + j * 8 * PITCH + q * 64);
+            for (int kk = 0; kk < BOX_K / 16; ++kk) {
+                const uint64_t db = smem_desc(as + b * R::A_BOX + 32 * kk);
+                wgmma<T, NT>(acc[0], smem_desc(ws + b * BOX_BYTES + 32 * kk), db);
+                wgmma<T, NT>(acc[1], smem_desc(ws + b * BOX_BYTES + 64 * ROW_BYTES + 32 * kk), db);
+            }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        fence_operand(acc[0]);
+        fence_operand(acc[1]);
+        // The stage's reads are done (the wgmmas completed): release it.
+        if ((threadIdx.x & 127) == 0) mbar_arrive(empty + stage);
+        ++uk;
+        if (++stage == R::STAGES) stage = 0, phase ^= 1;
+    }
+    if (p.trace && threadIdx.x == 0) p.trace[3 * me + 1] = now_ns();
+    flush(s, from, u1);
+    consumers_sync();
+    if (p.trace && threadIdx.x == 0) p.trace[3 * me + 2] = now_ns();
+}
+
+// The same work handed out dynamically: each CTA's producer takes the next
+// chunk (CHUNK units of one slice, k-consecutive) off a global counter, so
+// that SMs which stream faster take more; every chunk leaves its sums in a
+// slot of its own, and the last of a slice's chunks to finish sums the
+// slice's slots in chunk order (the result does not depend on who computed
+// what). The last CTA to exit resets the counters for the next call.
+template <typename T, int NT>
+__global__ void __launch_bounds__(THREADS)
+    decode_gemm_dyn(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_a, Args p,
+                    int chunk, unsigned* work) {
+    using R = Ring<NT, 2, 200>;
+    constexpr int BOXES = 2, UNIT_K = R::UNIT_K, W_BYTES = R::W_BYTES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+    T* C = static_cast<T*>(p.c);
+    const int per_slice = (p.k + UNIT_K - 1) / UNIT_K, cps = (per_slice + chunk - 1) / chunk;
+    const int slices = (p.n + SLICE - 1) / SLICE, chunks = slices * cps;
+    const int me = blockIdx.x;
+
+    extern __shared__ unsigned char raw[];
+    unsigned char* smem = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    unsigned char* w_stage = smem;
+    unsigned char* a_stage = smem + R::STAGES * W_BYTES;
+    uint64_t* full = reinterpret_cast<uint64_t*>(a_stage + R::STAGES * R::A_BYTES);
+    uint64_t* empty = full + R::STAGES;
+    // Per stage: 2 x chunk + (last unit of its chunk), or -1: no more work.
+    __shared__ int stage_tag[R::STAGES];
+    __shared__ int arrived;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < R::STAGES; ++i) {
+            mbar_init(full + i, 1);
+            mbar_init(empty + i, CONSUMERS / 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (p.trace) p.trace[3 * me] = now_ns();
+    }
+    __syncthreads();
+
+    if (warp == CONSUMERS) {
+        if (lane == 0) {
+            int stage = 0;
+            uint32_t phase = 0;
+            for (;;) {
+                const int c = int(atomicAdd(work, 1u));
+                if (c >= chunks) {
+                    mbar_wait(empty + stage, phase ^ 1);
+                    stage_tag[stage] = -1;
+                    mbar_arrive(full + stage);
+                    break;
+                }
+                const int s = c / cps, first = (c % cps) * chunk, end = min(per_slice, first + chunk);
+                for (int uk = first; uk < end; ++uk) {
+                    mbar_wait(empty + stage, phase ^ 1);
+                    stage_tag[stage] = 2 * c + (uk == end - 1);
+                    mbar_expect_tx(full + stage, W_BYTES + R::A_BYTES);
 #pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                const int r0 = i * 16 + g;
-                const uint4 zero4 = make_uint4(0, 0, 0, 0);
-                const T* ap = a_lo + (long long)i * 16 * p.lda + q * 32;
-                const uint4 lo = (r0 < p.m && k < p.k) ? __ldg(reinterpret_cast<const uint4*>(ap)) : zero4;
-                const uint4 hi =
-                    (r0 + 8 < p.m && k < p.k) ? __ldg(reinterpret_cast<const uint4*>(ap + 8 * p.lda)) : zero4;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    mma<T>(acc[i][j], lo.x, hi.x, lo.y, hi.y, b[j].x, b[j].y);
-                    mma<T>(acc[i][j], lo.z, hi.z, lo.w, hi.w, b[j].z, b[j].w);
+                    for (int b = 0; b < BOXES; ++b) {
+                        const int x = uk * UNIT_K + b * BOX_K;
+                        tma_load(w_stage + stage * W_BYTES + b * BOX_BYTES, &map_w, x, s * SLICE, full + stage);
+                        tma_load(a_stage + stage * R::A_BYTES + b * R::A_BOX, &map_a, x, 0, full + stage);
+                    }
+                    if (++stage == R::STAGES) stage = 0, phase ^= 1;
                 }
             }
         }
-        __syncwarp();
-        issue();
-        ++uk;
-        if (++stage == STAGES) stage = 0;
+        return;
     }
-    asm volatile("cp.async.wait_group 0;");
-    flush(s, from, u1);
+
+    const int wg = warp / 4, row_base = wg * 128 + 16 * (warp % 4) + (lane >> 2);
+    float acc[2][NT / 2];
+    auto zero = [&] {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < NT / 2; ++i) acc[h][i] = 0.f;
+    };
+    auto each = [&](auto&& f) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < NT / 2; ++i) f(row_base + 64 * h + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * t + (i & 1), acc[h][i]);
+    };
+    auto flush = [&](int c) {
+        const int s = c / cps;
+        if (cps == 1) {
+            each([&](int row, int tok, float v) {
+                const int n = s * SLICE + row;
+                if (tok < p.m && n < p.n) store_one(C + tok * p.ldc + n, v);
+            });
+            return;
+        }
+        float* mine = p.partials + (long long)c * NT * SLICE;
+        each([&](int row, int tok, float v) { __stcg(mine + tok * SLICE + row, v); });
+        __threadfence();
+        consumers_sync();
+        if (threadIdx.x == 0) arrived = atomicAdd(p.counters + s, 1u);
+        consumers_sync();
+        if (arrived != cps - 1) return;
+        __threadfence();
+        const int cols = min(SLICE, p.n - s * SLICE);
+        const float* first = p.partials + (long long)s * cps * NT * SLICE;
+        const long long step = (long long)NT * SLICE;
+        const int quads = p.m * (SLICE / 4);
+        for (int e0 = threadIdx.x; e0 < quads; e0 += 4 * 32 * CONSUMERS) {
+            float4 sum[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = e0 + i * 32 * CONSUMERS;
+                sum[i] = e < quads ? __ldcg(reinterpret_cast<const float4*>(first) + e) : make_float4(0, 0, 0, 0);
+            }
+            const float* next = first + step;
+            for (int j = 1; j < cps; ++j, next += step)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int e = e0 + i * 32 * CONSUMERS;
+                    if (e >= quads) continue;
+                    const float4 v = __ldcg(reinterpret_cast<const float4*>(next) + e);
+                    sum[i].x += v.x, sum[i].y += v.y, sum[i].z += v.z, sum[i].w += v.w;
+                }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = e0 + i * 32 * CONSUMERS;
+                if (e >= quads) continue;
+                const int tok = e / (SLICE / 4), col = 4 * (e % (SLICE / 4));
+                T* dst = C + tok * p.ldc + s * SLICE + col;
+                const float v[4] = {sum[i].x, sum[i].y, sum[i].z, sum[i].w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (col + j < cols) store_one(dst + j, v[j]);
+            }
+        }
+        if (threadIdx.x == 0) p.counters[s] = 0;
+    };
+
+    zero();
+    int stage = 0;
+    uint32_t phase = 0;
+    for (;;) {
+        mbar_wait(full + stage, phase);
+        const int tag = *static_cast<volatile int*>(stage_tag + stage);
+        if (tag < 0) break;
+        const unsigned char* ws = w_stage + stage * W_BYTES + wg * 128 * ROW_BYTES;
+        const unsigned char* as = a_stage + stage * R::A_BYTES;
+        fence_operand(acc[0]);
+        fence_operand(acc[1]);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int b = 0; b < BOXES; ++b)
+#pragma unroll
+            for (int kk = 0; kk < BOX_K / 16; ++kk) {
+                const uint64_t db = smem_desc(as + b * R::A_BOX + 32 * kk);
+                wgmma<T, NT>(acc[0], smem_desc(ws + b * BOX_BYTES + 32 * kk), db);
+                wgmma<T, NT>(acc[1], smem_desc(ws + b * BOX_BYTES + 64 * ROW_BYTES + 32 * kk), db);
+            }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        fence_operand(acc[0]);
+        fence_operand(acc[1]);
+        if ((threadIdx.x & 127) == 0) mbar_arrive(empty + stage);
+        if (++stage == R::STAGES) stage = 0, phase ^= 1;
+        if (tag & 1) {
+            flush(tag >> 1);
+            zero();
+        }
+    }
+    if (threadIdx.x == 0) {
+        if (p.trace) p.trace[3 * me + 1] = p.trace[3 * me + 2] = now_ns();
+        __threadfence();
+        if (atomicAdd(work + 1, 1u) == gridDim.x - 1) work[0] = 0, work[1] = 0;
+    }
 }
 
 // Reads `bytes` (a multiple of 16) once: the bandwidth a pure weight stream can reach.
 __global__ void read_all(const uint4* p, long long n, unsigned* sink) {
     unsigned x = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const uint4 v = load_stream(p + i);
+        uint4 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p + i));
         x ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     if (x == 0x12345678u) *sink = x;
 }
 
-int go(void (*kernel)(Args), const Args& a, int grid, cudaStream_t st) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    kernel<<<grid, 32 * WARPS, SMEM_BYTES, st>>>(a);
+// A 2-D map of a row-major [rows, k] matrix (ld elements apart), boxes of
+// BOX_K x box_rows, 128-byte swizzle; out-of-bounds reads are zeros.
+int encode(CUtensorMap* map, CUtensorMapDataType ty, const void* base, int k, int rows, long long ld, int box_rows) {
+    cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
+    cuuint32_t box[2] = {(cuuint32_t)BOX_K, (cuuint32_t)box_rows};
+    cuuint32_t one[2] = {1, 1};
+    return int(cuTensorMapEncodeTiled(map, ty, 2, const_cast<void*>(base), dims, strides, box, one,
+                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+template <typename T, int NT, int BOXES, int KB>
+int go(CUtensorMapDataType ty, const void* a, long long lda, const void* w, long long ldw, const Args& args, int grid,
+       cudaStream_t st) {
+    CUtensorMap mw, ma;
+    if (int rc = encode(&mw, ty, w, args.k, args.n, ldw, SLICE)) return 1000 + rc;
+    if (int rc = encode(&ma, ty, a, args.k, args.m, lda, NT)) return 2000 + rc;
+    using R = Ring<NT, BOXES, KB>;
+    auto kernel = decode_gemm<T, NT, BOXES, KB>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, R::SMEM);
+    kernel<<<grid, THREADS, R::SMEM, st>>>(mw, ma, args);
     return int(cudaGetLastError());
 }
 
-template <typename T>
-int launch(const Args& a, int grid, cudaStream_t st) {
-    const int mt = (a.m + 15) / 16;
-    switch (mt) {
-        case 1: return go(decode_gemm<T, 1>, a, grid, st);
-        case 2: return go(decode_gemm<T, 2>, a, grid, st);
-        case 3:
-        case 4: return go(decode_gemm<T, 4>, a, grid, st);
-        default: return -1;
-    }
+template <typename T, int NT>
+int go_dyn(CUtensorMapDataType ty, const void* a, long long lda, const void* w, long long ldw, const Args& args,
+           int grid, cudaStream_t st, int chunk, unsigned* work, long long partial_floats) {
+    using R = Ring<NT, 2, 200>;
+    const int per_slice = (args.k + R::UNIT_K - 1) / R::UNIT_K, cps = (per_slice + chunk - 1) / chunk;
+    if ((long long)((args.n + SLICE - 1) / SLICE) * cps * NT * SLICE > partial_floats) return -4;
+    CUtensorMap mw, ma;
+    if (int rc = encode(&mw, ty, w, args.k, args.n, ldw, SLICE)) return 1000 + rc;
+    if (int rc = encode(&ma, ty, a, args.k, args.m, lda, NT)) return 2000 + rc;
+    auto kernel = decode_gemm_dyn<T, NT>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, R::SMEM);
+    kernel<<<grid, THREADS, R::SMEM, st>>>(mw, ma, args, chunk, work);
+    return int(cudaGetLastError());
+}
+
+template <typename T, int BOXES, int KB>
+int launch(CUtensorMapDataType ty, const void* a, long long lda, const void* w, long long ldw, const Args& args,
+           int grid, cudaStream_t st) {
+    if (args.m <= 8) return go<T, 8, BOXES, KB>(ty, a, lda, w, ldw, args, grid, st);
+    if (args.m <= 16) return go<T, 16, BOXES, KB>(ty, a, lda, w, ldw, args, grid, st);
+    if (args.m <= 32) return go<T, 32, BOXES, KB>(ty, a, lda, w, ldw, args, grid, st);
+    return go<T, 64, BOXES, KB>(ty, a, lda, w, ldw, args, grid, st);
 }
 
 }  // namespace
 
 extern "C" {
 
-// dtype: 0 bf16, 1 f16. grid: CTAs (at most the number of units).
+// dtype: 0 bf16, 1 f16. grid: CTAs (at most the number of units). boxes:
+// 1 or 2 boxes of 64 k per stage; 10 + boxes: the same in half the shared
+// memory (two CTAs per SM).
 int probe_decode_gemm(int dtype, const void* a, long long lda, const void* w, long long ldw, void* c, long long ldc,
-                      int m, int n, int k, float* partials, unsigned* counters, int grid, void* stream) {
+                      int m, int n, int k, float* partials, unsigned* counters, int grid, void* stream, int boxes,
+                      unsigned long long* trace) {
     if (m < 1 || m > 64 || k % 8 || lda % 8 || ldw % 8) return -2;
-    Args args{a, w, c, lda, ldw, ldc, m, n, k, partials, counters};
-    const long long units = (long long)((n + SLICE - 1) / SLICE) * ((k + UNIT_K - 1) / UNIT_K);
+    Args args{c, ldc, m, n, k, partials, counters, trace};
+    const int b = boxes % 10;
+    if (b != 1 && b != 2) return -3;
+    const long long units = (long long)((n + SLICE - 1) / SLICE) * ((k + BOX_K * b - 1) / (BOX_K * b));
     if (grid > units) grid = int(units);
     auto st = static_cast<cudaStream_t>(stream);
-    return dtype == 0 ? launch<__nv_bfloat16>(args, grid, st) : launch<__half>(args, grid, st);
+    const auto ty = dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+#define LAUNCH(B, KB)                                                                 \
+    return dtype == 0 ? launch<__nv_bfloat16, B, KB>(ty, a, lda, w, ldw, args, grid, st) \
+                      : launch<__half, B, KB>(ty, a, lda, w, ldw, args, grid, st)
+    switch (boxes) {
+        case 1: LAUNCH(1, 200);
+        case 2: LAUNCH(2, 200);
+        case 11: LAUNCH(1, 100);
+        default: LAUNCH(2, 100);
+    }
+#undef LAUNCH
+}
+
+// Dynamic chunks of `chunk` units (two boxes each); work: two counters,
+// zero before the first call; partial_floats: the partials' capacity.
+int probe_decode_gemm_dyn(int dtype, const void* a, long long lda, const void* w, long long ldw, void* c,
+                          long long ldc, int m, int n, int k, float* partials, long long partial_floats,
+                          unsigned* counters, unsigned* work, int grid, int chunk, void* stream,
+                          unsigned long long* trace) {
+    if (m < 1 || m > 64 || k % 8 || lda % 8 || ldw % 8 || chunk < 1) return -2;
+    Args args{c, ldc, m, n, k, partials, counters, trace};
+    auto st = static_cast<cudaStream_t>(stream);
+    const auto ty = dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+#define DYN(NT)                                                                                                 \
+    return dtype == 0 ? go_dyn<__nv_bfloat16, NT>(ty, a, lda, w, ldw, args, grid, st, chunk, work, partial_floats) \
+                      : go_dyn<__half, NT>(ty, a, lda, w, ldw, args, grid, st, chunk, work, partial_floats)
+    if (m <= 8) DYN(8);
+    if (m <= 16) DYN(16);
+    if (m <= 32) DYN(32);
+    DYN(64);
+#undef DYN
 }
 
 int probe_read(const void* p, long long bytes, unsigned* sink, int grid, int block, void* stream) {
