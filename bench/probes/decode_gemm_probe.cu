@@ -14,8 +14,7 @@
 // SM); a CTA that covers a whole slice writes C, others leave f32 partials
 // in two slots each, and the last of a slice's CTAs to arrive sums them in
 // CTA order (so the result does not depend on timing) and resets its
-// counter. decode_gemm_dyn hands out chunks of units instead (a global
-// counter), each with a slot of its own.
+// counter.
 //
 // Answer (one H200, bench/results/2026-11-29-h200-x1-decode-gemm-probe/):
 // not faster than cuBLAS yet. On weights of 8192 x 14336 and larger the
@@ -23,8 +22,9 @@
 // at M = 64, 1.10-1.16 x a plain read of the weights. Its per-CTA
 // timeline: CTAs with equal shares end their units between 41 and 58 us
 // (SMs stream at rates ~30% apart), then 2.5-3.5 us of tail (7-9 at M =
-// 64, the partial sums). Dynamic chunks were slower (1.07-3.5 x cuBLAS):
-// each chunk's flush stalls the consumers. Earlier versions (mma.sync fed
+// 64, the partial sums). Chunks handed out by a global counter, each
+// summed into a slot of its own (in git at 12f5ffc), were slower (1.07-3.5
+// x cuBLAS): each chunk's flush stalls the consumers. Earlier versions (mma.sync fed
 // from registers or by cp.async, A from L2) streamed at 2.0-3.0 TB/s.
 //
 // Built as a shared library by decode_gemm_probe.py:
@@ -153,15 +153,6 @@ __device__ __forceinline__ void fence_operand(float (&acc)[N]) {
 
 // The consumer warps alone (the producer warp never joins).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(32 * CONSUMERS)); }
-
-template <typename T>
-__device__ __forceinline__ void store_pair(T* p, float x, float y) {
-    if constexpr (__is_same(T, __nv_bfloat16)) {
-        *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-    } else {
-        *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
-    }
-}
 
 template <typename T>
 __device__ __forceinline__ void store_one(T* p, float x) {
@@ -368,177 +359,6 @@ __global__ void __launch_bounds__(THREADS)
     if (p.trace && threadIdx.x == 0) p.trace[3 * me + 2] = now_ns();
 }
 
-// The same work handed out dynamically: each CTA's producer takes the next
-// chunk (CHUNK units of one slice, k-consecutive) off a global counter, so
-// that SMs which stream faster take more; every chunk leaves its sums in a
-// slot of its own, and the last of a slice's chunks to finish sums the
-// slice's slots in chunk order (the result does not depend on who computed
-// what). The last CTA to exit resets the counters for the next call.
-template <typename T, int NT>
-__global__ void __launch_bounds__(THREADS)
-    decode_gemm_dyn(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_a, Args p,
-                    int chunk, unsigned* work) {
-    using R = Ring<NT, 2, 200>;
-    constexpr int BOXES = 2, UNIT_K = R::UNIT_K, W_BYTES = R::W_BYTES;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
-    T* C = static_cast<T*>(p.c);
-    const int per_slice = (p.k + UNIT_K - 1) / UNIT_K, cps = (per_slice + chunk - 1) / chunk;
-    const int slices = (p.n + SLICE - 1) / SLICE, chunks = slices * cps;
-    const int me = blockIdx.x;
-
-    extern __shared__ unsigned char raw[];
-    unsigned char* smem = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
-    unsigned char* w_stage = smem;
-    unsigned char* a_stage = smem + R::STAGES * W_BYTES;
-    uint64_t* full = reinterpret_cast<uint64_t*>(a_stage + R::STAGES * R::A_BYTES);
-    uint64_t* empty = full + R::STAGES;
-    // Per stage: 2 x chunk + (last unit of its chunk), or -1: no more work.
-    __shared__ int stage_tag[R::STAGES];
-    __shared__ int arrived;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < R::STAGES; ++i) {
-            mbar_init(full + i, 1);
-            mbar_init(empty + i, CONSUMERS / 4);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        if (p.trace) p.trace[3 * me] = now_ns();
-    }
-    __syncthreads();
-
-    if (warp == CONSUMERS) {
-        if (lane == 0) {
-            int stage = 0;
-            uint32_t phase = 0;
-            for (;;) {
-                const int c = int(atomicAdd(work, 1u));
-                if (c >= chunks) {
-                    mbar_wait(empty + stage, phase ^ 1);
-                    stage_tag[stage] = -1;
-                    mbar_arrive(full + stage);
-                    break;
-                }
-                const int s = c / cps, first = (c % cps) * chunk, end = min(per_slice, first + chunk);
-                for (int uk = first; uk < end; ++uk) {
-                    mbar_wait(empty + stage, phase ^ 1);
-                    stage_tag[stage] = 2 * c + (uk == end - 1);
-                    mbar_expect_tx(full + stage, W_BYTES + R::A_BYTES);
-#pragma unroll
-                    for (int b = 0; b < BOXES; ++b) {
-                        const int x = uk * UNIT_K + b * BOX_K;
-                        tma_load(w_stage + stage * W_BYTES + b * BOX_BYTES, &map_w, x, s * SLICE, full + stage);
-                        tma_load(a_stage + stage * R::A_BYTES + b * R::A_BOX, &map_a, x, 0, full + stage);
-                    }
-                    if (++stage == R::STAGES) stage = 0, phase ^= 1;
-                }
-            }
-        }
-        return;
-    }
-
-    const int wg = warp / 4, row_base = wg * 128 + 16 * (warp % 4) + (lane >> 2);
-    float acc[2][NT / 2];
-    auto zero = [&] {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < NT / 2; ++i) acc[h][i] = 0.f;
-    };
-    auto each = [&](auto&& f) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < NT / 2; ++i) f(row_base + 64 * h + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * t + (i & 1), acc[h][i]);
-    };
-    auto flush = [&](int c) {
-        const int s = c / cps;
-        if (cps == 1) {
-            each([&](int row, int tok, float v) {
-                const int n = s * SLICE + row;
-                if (tok < p.m && n < p.n) store_one(C + tok * p.ldc + n, v);
-            });
-            return;
-        }
-        float* mine = p.partials + (long long)c * NT * SLICE;
-        each([&](int row, int tok, float v) { __stcg(mine + tok * SLICE + row, v); });
-        __threadfence();
-        consumers_sync();
-        if (threadIdx.x == 0) arrived = atomicAdd(p.counters + s, 1u);
-        consumers_sync();
-        if (arrived != cps - 1) return;
-        __threadfence();
-        const int cols = min(SLICE, p.n - s * SLICE);
-        const float* first = p.partials + (long long)s * cps * NT * SLICE;
-        const long long step = (long long)NT * SLICE;
-        const int quads = p.m * (SLICE / 4);
-        for (int e0 = threadIdx.x; e0 < quads; e0 += 4 * 32 * CONSUMERS) {
-            float4 sum[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int e = e0 + i * 32 * CONSUMERS;
-                sum[i] = e < quads ? __ldcg(reinterpret_cast<const float4*>(first) + e) : make_float4(0, 0, 0, 0);
-            }
-            const float* next = first + step;
-            for (int j = 1; j < cps; ++j, next += step)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int e = e0 + i * 32 * CONSUMERS;
-                    if (e >= quads) continue;
-                    const float4 v = __ldcg(reinterpret_cast<const float4*>(next) + e);
-                    sum[i].x += v.x, sum[i].y += v.y, sum[i].z += v.z, sum[i].w += v.w;
-                }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int e = e0 + i * 32 * CONSUMERS;
-                if (e >= quads) continue;
-                const int tok = e / (SLICE / 4), col = 4 * (e % (SLICE / 4));
-                T* dst = C + tok * p.ldc + s * SLICE + col;
-                const float v[4] = {sum[i].x, sum[i].y, sum[i].z, sum[i].w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (col + j < cols) store_one(dst + j, v[j]);
-            }
-        }
-        if (threadIdx.x == 0) p.counters[s] = 0;
-    };
-
-    zero();
-    int stage = 0;
-    uint32_t phase = 0;
-    for (;;) {
-        mbar_wait(full + stage, phase);
-        const int tag = *static_cast<volatile int*>(stage_tag + stage);
-        if (tag < 0) break;
-        const unsigned char* ws = w_stage + stage * W_BYTES + wg * 128 * ROW_BYTES;
-        const unsigned char* as = a_stage + stage * R::A_BYTES;
-        fence_operand(acc[0]);
-        fence_operand(acc[1]);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int b = 0; b < BOXES; ++b)
-#pragma unroll
-            for (int kk = 0; kk < BOX_K / 16; ++kk) {
-                const uint64_t db = smem_desc(as + b * R::A_BOX + 32 * kk);
-                wgmma<T, NT>(acc[0], smem_desc(ws + b * BOX_BYTES + 32 * kk), db);
-                wgmma<T, NT>(acc[1], smem_desc(ws + b * BOX_BYTES + 64 * ROW_BYTES + 32 * kk), db);
-            }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        fence_operand(acc[0]);
-        fence_operand(acc[1]);
-        if ((threadIdx.x & 127) == 0) mbar_arrive(empty + stage);
-        if (++stage == R::STAGES) stage = 0, phase ^= 1;
-        if (tag & 1) {
-            flush(tag >> 1);
-            zero();
-        }
-    }
-    if (threadIdx.x == 0) {
-        if (p.trace) p.trace[3 * me + 1] = p.trace[3 * me + 2] = now_ns();
-        __threadfence();
-        if (atomicAdd(work + 1, 1u) == gridDim.x - 1) work[0] = 0, work[1] = 0;
-    }
-}
-
 // Reads `bytes` (a multiple of 16) once: the bandwidth a pure weight stream can reach.
 __global__ void read_all(const uint4* p, long long n, unsigned* sink) {
     unsigned x = 0;
@@ -574,21 +394,6 @@ int go(CUtensorMapDataType ty, const void* a, long long lda, const void* w, long
     auto kernel = decode_gemm<T, NT, BOXES, KB>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, R::SMEM);
     kernel<<<grid, THREADS, R::SMEM, st>>>(mw, ma, args);
-    return int(cudaGetLastError());
-}
-
-template <typename T, int NT>
-int go_dyn(CUtensorMapDataType ty, const void* a, long long lda, const void* w, long long ldw, const Args& args,
-           int grid, cudaStream_t st, int chunk, unsigned* work, long long partial_floats) {
-    using R = Ring<NT, 2, 200>;
-    const int per_slice = (args.k + R::UNIT_K - 1) / R::UNIT_K, cps = (per_slice + chunk - 1) / chunk;
-    if ((long long)((args.n + SLICE - 1) / SLICE) * cps * NT * SLICE > partial_floats) return -4;
-    CUtensorMap mw, ma;
-    if (int rc = encode(&mw, ty, w, args.k, args.n, ldw, SLICE)) return 1000 + rc;
-    if (int rc = encode(&ma, ty, a, args.k, args.m, lda, NT)) return 2000 + rc;
-    auto kernel = decode_gemm_dyn<T, NT>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, R::SMEM);
-    kernel<<<grid, THREADS, R::SMEM, st>>>(mw, ma, args, chunk, work);
     return int(cudaGetLastError());
 }
 
@@ -631,31 +436,10 @@ int probe_decode_gemm(int dtype, const void* a, long long lda, const void* w, lo
 #undef LAUNCH
 }
 
-// Dynamic chunks of `chunk` units (two boxes each); work: two counters,
-// zero before the first call; partial_floats: the partials' capacity.
-int probe_decode_gemm_dyn(int dtype, const void* a, long long lda, const void* w, long long ldw, void* c,
-                          long long ldc, int m, int n, int k, float* partials, long long partial_floats,
-                          unsigned* counters, unsigned* work, int grid, int chunk, void* stream,
-                          unsigned long long* trace) {
-    if (m < 1 || m > 64 || k % 8 || lda % 8 || ldw % 8 || chunk < 1) return -2;
-    Args args{c, ldc, m, n, k, partials, counters, trace};
-    auto st = static_cast<cudaStream_t>(stream);
-    const auto ty = dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-#define DYN(NT)                                                                                                 \
-    return dtype == 0 ? go_dyn<__nv_bfloat16, NT>(ty, a, lda, w, ldw, args, grid, st, chunk, work, partial_floats) \
-                      : go_dyn<__half, NT>(ty, a, lda, w, ldw, args, grid, st, chunk, work, partial_floats)
-    if (m <= 8) DYN(8);
-    if (m <= 16) DYN(16);
-    if (m <= 32) DYN(32);
-    DYN(64);
-#undef DYN
-}
-
 int probe_read(const void* p, long long bytes, unsigned* sink, int grid, int block, void* stream) {
     read_all<<<grid, block, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<const uint4*>(p), bytes / 16, sink);
     return int(cudaGetLastError());
 }
 
 long long probe_partials_bytes(int grid) { return 2LL * grid * 64 * SLICE * 4; }
-int probe_slice() { return SLICE; }
 }

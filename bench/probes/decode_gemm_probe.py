@@ -8,7 +8,7 @@ L2), as a model's layers do. Implementations are interleaved round-robin
 (sustained matmuls run at the power cap), and each time is the median
 over rounds of the mean of a burst of calls between two events.
 
-    python3 bench/probes/decode_gemm_probe.py [--boxes 2] [--chunks 4,8]
+    python3 bench/probes/decode_gemm_probe.py [--boxes 2]
     python3 bench/probes/decode_gemm_probe.py --trace   # per-CTA timeline
     python3 bench/probes/decode_gemm_probe.py --debug   # where wrong elements lie
 """
@@ -37,7 +37,6 @@ def build():
     lib = ctypes.CDLL(so)
     ll, i, p = ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p
     lib.probe_decode_gemm.argtypes = [i, p, ll, p, ll, p, ll, i, i, i, p, p, i, p, i, p]
-    lib.probe_decode_gemm_dyn.argtypes = [i, p, ll, p, ll, p, ll, i, i, i, p, ll, p, p, i, i, p, p]
     lib.probe_read.argtypes = [p, ll, p, i, i, p]
     lib.probe_partials_bytes.restype = ll
     lib.probe_partials_bytes.argtypes = [i]
@@ -69,7 +68,6 @@ def main():
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--grids", default="1,2", help="CTAs per SM to try")
     ap.add_argument("--ncu", action="store_true", help="one call each of M 1 and 64 at 14336 x 8192, for a profiler")
-    ap.add_argument("--chunks", default="", help="also the dynamic kernel with chunks of these many units, e.g. 2,4")
     ap.add_argument("--boxes", type=int, default=1, help="boxes of 64 k per pipeline stage (1 or 2)")
     ap.add_argument("--trace", action="store_true", help="per-CTA timeline of a few calls (globaltimer)")
     ap.add_argument("--debug", action="store_true", help="where the wrong elements of a few calls lie")
@@ -79,16 +77,7 @@ def main():
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     grids = [sms * int(x) for x in args.grids.split(",")]
     stream = torch.cuda.current_stream().cuda_stream
-    partials = torch.empty(64 << 20, device="cuda", dtype=torch.float32)
-    work = torch.zeros(2, device="cuda", dtype=torch.int32)
-    dyn_counters = torch.zeros(4096, device="cuda", dtype=torch.int32)
-    chunks = [int(x) for x in args.chunks.split(",") if x]
-
-    def dyn(dtype, a, w, out, m, n, k, chunk, trace=None):
-        rc = lib.probe_decode_gemm_dyn(dtype, a.data_ptr(), k, w.data_ptr(), k, out.data_ptr(), n, m, n, k,
-                                       partials.data_ptr(), partials.numel(), dyn_counters.data_ptr(),
-                                       work.data_ptr(), sms, chunk, stream, trace)
-        assert rc == 0, rc
+    partials = torch.empty(lib.probe_partials_bytes(max(grids)) // 4, device="cuda", dtype=torch.float32)
     sink = torch.zeros(1, device="cuda", dtype=torch.int32)
     if args.debug:
         n, k = 8192, 14336
@@ -121,19 +110,15 @@ def main():
         for m in (1, 16, 64):
             a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            for rep in range(6 * (1 + len(chunks))):
-                variant = rep // 6
-                if variant == 0:
-                    lib.probe_decode_gemm(0, a.data_ptr(), k, ws[rep % 3].data_ptr(), k, out.data_ptr(), n, m, n,
-                                          k, partials.data_ptr(), counters.data_ptr(), grids[0], stream, args.boxes,
-                                          trace.data_ptr())
-                else:
-                    dyn(0, a, ws[rep % 3], out, m, n, k, chunks[variant - 1], trace.data_ptr())
+            for rep in range(6):
+                lib.probe_decode_gemm(0, a.data_ptr(), k, ws[rep % 3].data_ptr(), k, out.data_ptr(), n, m, n, k,
+                                      partials.data_ptr(), counters.data_ptr(), grids[0], stream, args.boxes,
+                                      trace.data_ptr())
                 torch.cuda.synchronize()
                 t = (trace.view(-1, 3) - trace.view(-1, 3)[:, 0].min()).double() / 1e3
                 start, loop, end = t[:, 0], t[:, 1] - t[:, 0], t[:, 2]
                 q = lambda x: f"{x.min().item():6.1f} {x.median().item():6.1f} {x.max().item():6.1f}"
-                print(f"m {m:2} {'static' if variant == 0 else f'chunk {chunks[variant - 1]}'} rep {rep % 6}: span {end.max().item():6.1f} us; start skew {start.max().item():5.1f}; "
+                print(f"m {m:2} rep {rep}: span {end.max().item():6.1f} us; start skew {start.max().item():5.1f}; "
                       f"units min/med/max {q(loop)}; tail after last loop end "
                       f"{(end.max() - (t[:, 1]).max()).item():5.1f}; GB/s over span "
                       f"{n * k * 2 / end.max().item() / 1e3:6.0f}")
@@ -185,25 +170,12 @@ def main():
                             print(f"FAIL dtype {dtype} m {m} n {n} k {k} grid {grid}: rel err {err}")
                             sys.exit(1)
                         case_err = max(case_err, err)
-                for chunk in chunks:
-                    for c in range(2):
-                        out.fill_(float("nan"))
-                        dyn(dtype, a, ws[c % copies], out, m, n, k, chunk)
-                        ref = a.double() @ ws[c % copies].double().t()
-                        bound = a.double().abs() @ ws[c % copies].double().abs().t()
-                        err = ((out.double() - ref).abs() / bound.clamp_min(1e-30)).max().item()
-                        if not within(out, ref, bound, tdt):
-                            print(f"FAIL dyn chunk {chunk} dtype {dtype} m {m} n {n} k {k}: rel err {err}")
-                            sys.exit(1)
-                        case_err = max(case_err, err)
                 worst = max(worst, case_err)
                 fns = {"read": lambda c: lib.probe_read(ws[c % copies].data_ptr(), wbytes, sink.data_ptr(),
                                                         sms * 4, 512, stream),
                        "cublas": lambda c: torch.matmul(a, ws[c % copies].t(), out=out)}
                 for grid in grids:
                     fns[grid] = lambda c, grid=grid: ours(c, grid)
-                for chunk in chunks:
-                    fns[f"chunk{chunk}"] = lambda c, chunk=chunk: dyn(dtype, a, ws[c % copies], out, m, n, k, chunk)
                 times = {name: [] for name in fns}
                 for fn in fns.values():
                     timed(fn, 3)
@@ -212,14 +184,12 @@ def main():
                         times[name].append(timed(fn, args.calls))
                 med = {name: statistics.median(v) * 1e3 for name, v in times.items()}
                 best = min(grids, key=lambda g: med[g])
-                dyn_us = "  ".join(f"chunk{ch} {med[f'chunk{ch}']:.1f} ({med[f'chunk{ch}'] / med['cublas']:.3f})"
-                                   for ch in chunks)
                 moved = (n * k + m * k + m * n) * 2
                 tb = lambda us: moved / us / 1e6
                 print(f"{'bf16' if dtype == 0 else 'f16':5} {m:2} {n:6} {k:6} {copies:6} {med['read']:8.1f} "
                       f"{med['cublas']:10.1f}  " + "/".join(f"{med[g]:.1f}" for g in grids) +
                       f"  {best // sms:9}  {med[best] / med['cublas']:11.3f}  {med[best] / med['read']:9.3f}  "
-                      f"{tb(med[best]):10.2f}  {tb(med['cublas']):12.2f}  {wbytes / med['read'] / 1e6:10.2f}  {case_err:.2e}  {dyn_us}",
+                      f"{tb(med[best]):10.2f}  {tb(med['cublas']):12.2f}  {wbytes / med['read'] / 1e6:10.2f}  {case_err:.2e}",
                       flush=True)
             ws.clear()
     print(f"PASS: every element within its rounding plus 1e-4 of the sum of |a||w| of float64; "
