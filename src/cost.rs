@@ -213,6 +213,9 @@ pub struct Estimate {
     pub exposed_ms: f64,
     /// Predicted time of the whole operation (ms).
     pub total_ms: f64,
+    /// Pipelined all-gather: the pieces each peer's shard is pulled and
+    /// multiplied in ([`ag_mm`]); 1 elsewhere.
+    pub pieces: usize,
 }
 
 /// Shape of a fused operation as the model sees it.
@@ -232,6 +235,9 @@ pub struct Problem {
     pub out_bytes: usize,
     /// Whether the fused kernel can run this problem on every rank.
     pub fused: bool,
+    /// The most pieces the pipelined all-gather may pull a shard in (1:
+    /// whole shards only).
+    pub max_pieces: usize,
 }
 
 fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
@@ -269,6 +275,7 @@ fn estimates(p: &Problem, whole: f64, bytes: f64, local_ms: f64, d: &DeviceModel
         comm_ms: comm,
         exposed_ms: comm,
         total_ms: whole + comm,
+        pieces: 1,
     }];
     if world > 1 {
         // Each pull hides behind a matmul piece; only the barriers (and the
@@ -281,6 +288,7 @@ fn estimates(p: &Problem, whole: f64, bytes: f64, local_ms: f64, d: &DeviceModel
             comm_ms: comm,
             exposed_ms: exposed,
             total_ms: split + exposed,
+            pieces: 1,
         });
     }
     if fused && world > 1 {
@@ -296,16 +304,86 @@ fn estimates(p: &Problem, whole: f64, bytes: f64, local_ms: f64, d: &DeviceModel
             comm_ms: comm,
             exposed_ms: exposed,
             total_ms: compute + exposed,
+            pieces: 1,
         });
     }
     out
 }
 
 /// All-gather of A (`m` rows in all) then matmul: each rank pulls every
-/// peer's shard; pipelined, its own shard's piece runs first.
+/// peer's shard; pipelined, its own shard's piece runs first, and each
+/// peer's shard may be pulled in pieces ([`gather_pieces`]).
 pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
-    estimates(p, matmul_ms(p, p.m, d), shard_bytes, 0.0, d)
+    let mut out = estimates(p, matmul_ms(p, p.m, d), shard_bytes, 0.0, d);
+    if let Some(e) = out.iter_mut().find(|e| e.algorithm == Algorithm::Pipelined) {
+        let (pieces, gain) = gather_pieces(p, shard_bytes, d);
+        (e.pieces, e.compute_ms, e.exposed_ms, e.total_ms) =
+            (pieces, e.compute_ms + gain.compute, (e.exposed_ms - gain.exposed).max(0.0), e.total_ms - gain.total);
+    }
+    out
+}
+
+/// Rows of A a piece of the pipelined all-gather holds at least: smaller
+/// matmuls lose more than the pull they hide.
+const MIN_PIECE_ROWS: usize = 128;
+
+/// The pieces each peer's shard is pulled in, at most 8.
+const MAX_PIECES: usize = 8;
+
+/// Pieces must predict at least this share less time than whole shards: a
+/// smaller gain lies within the model's error.
+const PIECES_MIN_GAIN: f64 = 0.05;
+
+/// What pulling each peer's shard in more pieces changes (ms).
+#[derive(Clone, Copy, Default)]
+struct Gain {
+    compute: f64,
+    exposed: f64,
+    total: f64,
+}
+
+/// The pieces (1, 2, 4 or 8, within `p.max_pieces` and [`MIN_PIECE_ROWS`])
+/// the pipelined all-gather pulls each peer's shard in, and what they gain
+/// over whole shards. A timeline of the two streams: the main one
+/// multiplies this rank's shard, then each piece once it has landed; the
+/// side one pulls the pieces back to back after a barrier and ends with
+/// another. Where a shard's pull outlasts the matmul of a shard, only the
+/// last piece's matmul waits after the pulls instead of a whole shard's;
+/// elsewhere pieces only add launches and split costs, and 1 is chosen.
+/// The one-piece estimate stays the calibrated one of [`estimates`]; the
+/// timeline gives the difference.
+fn gather_pieces(p: &Problem, shard_bytes: f64, d: &DeviceModel) -> (usize, Gain) {
+    let shard_rows = p.m / p.world.max(1);
+    let timeline = |c: usize| {
+        let pieces = 1 + (p.world - 1) * c;
+        let factor = 1.0 + d.split_penalty * (pieces as f64 - 1.0);
+        let own = matmul_ms(p, shard_rows, d) * factor;
+        let piece = matmul_ms(p, shard_rows.div_ceil(c), d) * factor;
+        let (pull, barrier) = (transfer_ms(shard_bytes / c as f64, d), d.barrier_us / 1e3);
+        let (mut main, mut side) = (own, barrier);
+        for _ in 0..(p.world - 1) * c {
+            side += pull;
+            main = main.max(side) + piece;
+        }
+        let compute = own + piece * ((p.world - 1) * c) as f64;
+        let total = main.max(side + barrier);
+        (compute, total)
+    };
+    if p.world < 2 {
+        return (1, Gain::default());
+    }
+    let (one_compute, one_total) = timeline(1);
+    [2, 4, 8]
+        .into_iter()
+        .filter(|&c| c <= p.max_pieces.min(MAX_PIECES) && shard_rows / c >= MIN_PIECE_ROWS)
+        .map(|c| (c, timeline(c)))
+        .filter(|&(_, (_, total))| total < (1.0 - PIECES_MIN_GAIN) * one_total)
+        .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
+        .map_or((1, Gain::default()), |(c, (compute, total))| {
+            let gain = Gain { compute: compute - one_compute, total: one_total - total, exposed: 0.0 };
+            (c, Gain { exposed: gain.total + gain.compute, ..gain })
+        })
 }
 
 /// Matmul of this rank's `m` rows, then reduce-scatter of the result: each
@@ -404,7 +482,7 @@ mod tests {
     }
 
     fn prob(m: usize, k: usize, n: usize) -> Problem {
-        Problem { m, k, n, world: 2, elem_bytes: 2, out_bytes: 2, fused: false }
+        Problem { m, k, n, world: 2, elem_bytes: 2, out_bytes: 2, fused: false, max_pieces: 1 }
     }
 
     #[test]
@@ -476,6 +554,35 @@ mod tests {
         let p = Problem { fused: true, world: 1, ..prob(1024, 1024, 1024) };
         assert!(ag_mm(&p, &DeviceModel::HOPPER).iter().all(|e| e.algorithm != Algorithm::Fused));
         assert!(mm_rs(&prob(1024, 1024, 1024), &DeviceModel::HOPPER).iter().all(|e| e.algorithm != Algorithm::Fused));
+    }
+
+    /// Pieces where a shard's pull outlasts a shard's matmul (the comm-heavy
+    /// all-gathers), whole shards elsewhere, and never past the caller's
+    /// limit or below [`MIN_PIECE_ROWS`].
+    #[test]
+    fn the_pipelined_gather_pulls_in_pieces_only_where_the_pull_is_exposed() {
+        let d = &DeviceModel::HOPPER;
+        let pipelined = |p: &Problem| *ag_mm(p, d).iter().find(|e| e.algorithm == Algorithm::Pipelined).unwrap();
+        for (m, k, n) in [(16384, 4096, 1024), (12000, 4096, 1536)] {
+            let whole = pipelined(&prob(m, k, n));
+            let split = pipelined(&Problem { max_pieces: usize::MAX, ..prob(m, k, n) });
+            assert_eq!(whole.pieces, 1);
+            assert!(split.pieces > 1, "{m}x{k}x{n}");
+            assert!(split.total_ms < (1.0 - PIECES_MIN_GAIN) * whole.total_ms, "{m}x{k}x{n}");
+            // Pieces cost matmul time and hide pull time.
+            assert!(split.compute_ms > whole.compute_ms && split.exposed_ms < whole.exposed_ms);
+            assert!(split.exposed_ms >= 0.0);
+            assert_eq!(pipelined(&Problem { max_pieces: 2, ..prob(m, k, n) }).pieces, 2);
+        }
+        // The benchmark's shapes hide their pulls behind a shard's matmul.
+        for (m, k, n) in [(16384, 8192, 8192), (8192, 8192, 14336), (2048, 8192, 14336), (512, 8192, 14336)] {
+            let p = Problem { max_pieces: usize::MAX, ..prob(m, k, n) };
+            assert_eq!(pipelined(&p), pipelined(&prob(m, k, n)), "{m}x{k}x{n}");
+        }
+        // Shards of 200 rows: no piece of at least 128.
+        assert_eq!(pipelined(&Problem { max_pieces: usize::MAX, ..prob(400, 65536, 64) }).pieces, 1);
+        // mm_rs keeps whole chunks.
+        assert!(mm_rs(&Problem { max_pieces: usize::MAX, ..prob(4096, 2048, 8192) }, d).iter().all(|e| e.pieces == 1));
     }
 
     #[test]

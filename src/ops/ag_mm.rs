@@ -311,6 +311,9 @@ impl AgMm {
             // Row scales travel on the lines too where their slots are
             // unpadded (the gather writes them back to back).
             lines: dim != last && (mode != Some(Mode::Row) || row_scale_slot(rows) == 4 * rows),
+            // Pieces of a shard along dimension 0 are again contiguous
+            // shards; fp8's scales travel with whole shards.
+            split: dim == 0 && mode.is_none(),
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
@@ -479,15 +482,25 @@ impl Prepared for AgMmPrepared {
             let staged = local_shard(me);
             self.multiply_shard(ex, if own_in_place { a } else { &staged }, me, len)?;
         }
+        // Pipelined, each peer's shard comes in the decision's pieces along
+        // dimension 0, each multiplied once it has landed.
+        let pieces = if pipelined { self.decision.pieces.clamp(1, len.max(1)) } else { 1 };
         for step in 1..world {
             let r = (me + world - step) % world;
             let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
-            ex.copy_on(side, &local_shard(r), &remote)?;
+            for (from, rows) in piece_ranges(len, pieces) {
+                let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, from, rows) };
+                ex.copy_on(side, &piece(&local_shard(r)), &piece(&remote))?;
+                if pipelined && pieces > 1 {
+                    ex.join(side)?;
+                    self.multiply_rows(ex, &piece(&local_shard(r)), r, len, from, rows)?;
+                }
+            }
             if self.row_scales.is_some() {
                 let remote = self.row_scale_vector(ex.at(r, 0)?, r);
                 ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
             }
-            if pipelined {
+            if pipelined && pieces == 1 {
                 ex.join(side)?;
                 self.multiply_shard(ex, &local_shard(r), r, len)?;
             }
@@ -805,8 +818,15 @@ impl AgMmPrepared {
     /// Shard r (staged, or this rank's input, a matrix either way) times
     /// every B, into slice r of each output.
     fn multiply_shard(&self, ex: &Exec<'_>, shard: &Array, r: usize, len: usize) -> Result<()> {
+        self.multiply_rows(ex, shard, r, len, 0, len)
+    }
+
+    /// `rows` indices of shard r along the gathered dimension from `from`
+    /// (`lhs`, those of the shard, a matrix) times every B, into their
+    /// place in each output.
+    fn multiply_rows(&self, ex: &Exec<'_>, lhs: &Array, r: usize, len: usize, from: usize, rows: usize) -> Result<()> {
         for (i, out) in self.call.outs.iter().enumerate() {
-            self.gemm_into(ex, i, &out.narrow(self.dim, r * len, len), shard, Rows::Shard(r))?;
+            self.gemm_into(ex, i, &out.narrow(self.dim, r * len + from, rows), lhs, Rows::Shard(r))?;
         }
         Ok(())
     }
@@ -870,6 +890,12 @@ impl AgMmPrepared {
     }
 }
 
+/// `pieces` near-equal runs (from, length) covering `0..len`, none empty.
+fn piece_ranges(len: usize, pieces: usize) -> impl Iterator<Item = (usize, usize)> {
+    let pieces = pieces.clamp(1, len.max(1));
+    (0..pieces).map(move |j| (j * len / pieces, (j + 1) * len / pieces - j * len / pieces))
+}
+
 /// Why a call with fp8 outputs does not run the fused kernel.
 pub(super) const FP8_OUT_UNFUSED: &str = "fp8 outputs are computed in f32 and then rounded, outside the fused kernel";
 
@@ -903,6 +929,88 @@ mod tests {
             outs: ns.iter().enumerate().map(|(i, &n)| at(10 + i as u64, &out_shape(n))).collect(),
             scales: AgMmScales::default(),
             algorithm: None,
+        }
+    }
+
+    /// The pipelined path pulling each peer's shard in pieces, forced (the
+    /// cost model picks them only at sizes too large for a host test): 2-D
+    /// and 3-D shards gathered along dim 0, lengths the pieces do not
+    /// divide, more pieces than the shard's length, worlds 2 and 3, with
+    /// `ag_out`; small integers in f32, so every element is exact, and NaN
+    /// in the outputs first, so an unwritten one shows.
+    #[test]
+    fn pipelined_pieces_gather_every_row() {
+        use crate::ops::testing::{host_groups, on_each};
+        let a_val = |r: usize, i: usize| ((r * 31 + i * 7) % 11) as f32 - 5.0;
+        let b_val = |i: usize| ((i * 5) % 7) as f32 - 3.0;
+        for world in [2, 3] {
+            for (shard, pieces) in [(vec![7usize, 5], 3usize), (vec![3, 2, 4], 2), (vec![2, 6], 5)] {
+                let (k, n) = (shard[shard.len() - 1], 3);
+                let rows = shard.iter().product::<usize>() / k;
+                let mut gathered = shard.clone();
+                gathered[0] *= world;
+                let mut out_shape = gathered.clone();
+                *out_shape.last_mut().unwrap() = n;
+                let got = on_each(&host_groups(world), |r, g| {
+                    let a: Vec<f32> = (0..rows * k).map(|i| a_val(r, i)).collect();
+                    let b: Vec<f32> = (0..k * n).map(b_val).collect();
+                    let (out, ag) = (vec![f32::NAN; world * rows * n], vec![f32::NAN; world * rows * k]);
+                    let at = |v: &Vec<f32>, shape: &[usize]| Array::contiguous(v.as_ptr() as u64, DType::F32, shape);
+                    let call = AgMm {
+                        a_shard: at(&a, &shard),
+                        bs: vec![at(&b, &[k, n])],
+                        gather_dim: 0,
+                        ag_out: Some(at(&ag, &gathered)),
+                        outs: vec![at(&out, &out_shape)],
+                        scales: AgMmScales::default(),
+                        algorithm: Some(Algorithm::Pipelined),
+                    };
+                    crate::ops::run_prepared(g, crate::backend::Stream(0), Ok(call), |c| {
+                        let signature = c.signature(None);
+                        let prepared = c.prepare(&Facts::of(g), "host", false).map(|mut p| {
+                            p.decision.pieces = pieces;
+                            p
+                        });
+                        (
+                            crate::ops::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)),
+                            prepared,
+                        )
+                    })
+                    .unwrap();
+                    (out, ag)
+                });
+                for (r, (out, ag)) in got.iter().enumerate() {
+                    for (owner, q) in (0..world).flat_map(|o| (0..rows).map(move |q| (o, q))) {
+                        let row = owner * rows + q;
+                        for j in 0..n {
+                            let want: f32 = (0..k).map(|h| a_val(owner, q * k + h) * b_val(h * n + j)).sum();
+                            assert_eq!(
+                                out[row * n + j],
+                                want,
+                                "world {world} {shard:?} in {pieces}: rank {r} row {row}"
+                            );
+                        }
+                        for h in 0..k {
+                            assert_eq!(ag[row * k + h], a_val(owner, q * k + h), "ag_out, rank {r} row {row}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_cover_the_length() {
+        for (len, pieces) in [(7, 3), (2, 5), (9, 1), (0, 4), (16, 4)] {
+            let runs: Vec<_> = piece_ranges(len, pieces).collect();
+            assert_eq!(runs.len(), pieces.clamp(1, len.max(1)), "{len} in {pieces}");
+            assert!(runs.iter().all(|&(_, n)| n > 0 || len == 0));
+            let mut at = 0;
+            for (from, n) in runs {
+                assert_eq!(from, at);
+                at += n;
+            }
+            assert_eq!(at, len);
         }
     }
 

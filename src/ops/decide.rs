@@ -54,6 +54,9 @@ pub struct Shape {
     /// scales, rows a multiple of 4: their slots unpadded); `MmRs`, chunks
     /// of whole 8-byte lines.
     pub lines: bool,
+    /// Whether the pipelined path may pull each peer's shard in pieces
+    /// (`AgMm` gathering dimension 0, without fp8 scales).
+    pub split: bool,
 }
 
 /// What the decision knows of a group (equal on every rank of a formed
@@ -129,13 +132,16 @@ pub struct Decision {
     /// the copy engines (`AgMm`) or reads of the peers' chunks between two
     /// barriers (`MmRs`).
     pub lines: bool,
+    /// Pipelined `AgMm`: the pieces each peer's shard is pulled and
+    /// multiplied in (1 otherwise).
+    pub pieces: usize,
 }
 
 impl Decision {
     /// One line for the log: the operation, its shape, the choice and why.
     pub fn describe(&self, shape: &Shape) -> String {
         format!(
-            "{} m={} k={} n={} {}: {}{} ({}; predicted {:.3} ms)",
+            "{} m={} k={} n={} {}: {}{}{} ({}; predicted {:.3} ms)",
             shape.op.name(),
             shape.m,
             shape.k,
@@ -143,6 +149,7 @@ impl Decision {
             shape.dtype,
             self.algorithm.name(),
             if self.lines { " on the LL lines" } else { "" },
+            if self.pieces > 1 { format!(", each shard in {} pieces", self.pieces) } else { String::new() },
             self.why,
             self.estimate.total_ms
         )
@@ -168,6 +175,7 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         elem_bytes: shape.dtype.size(),
         out_bytes: shape.out_bytes,
         fused,
+        max_pieces: if shape.split { usize::MAX } else { 1 },
     };
     let mut estimates = match shape.op {
         Op::AgMm => cost::ag_mm(&problem, &DeviceModel::HOPPER),
@@ -203,6 +211,7 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         why,
         estimate,
         lines: lines.is_some() && algorithm == Algorithm::Sequential,
+        pieces: if algorithm == Algorithm::Pipelined { estimate.pieces } else { 1 },
     };
     let forced = match (requested, facts.setting) {
         (Some(a), _) => Some((a, Why::Option)),
@@ -427,7 +436,21 @@ mod tests {
     }
 
     fn shape(op: Op, m: usize, k: usize, n: usize) -> Shape {
-        Shape { op, m, k, n, dtype: DType::BF16, out_bytes: 2, lines: true }
+        Shape { op, m, k, n, dtype: DType::BF16, out_bytes: 2, lines: true, split: op == Op::AgMm }
+    }
+
+    /// A comm-heavy all-gather runs pipelined in pieces and says so; an
+    /// mm_rs, a sequential call and a call that may not split never do.
+    #[test]
+    fn comm_heavy_gathers_are_pulled_in_pieces() {
+        let f = hopper(2, None);
+        let s = shape(Op::AgMm, 16384, 4096, 1024);
+        let d = decide(&f, &s, true, None).unwrap();
+        assert_eq!((d.algorithm, d.pieces), (Algorithm::Pipelined, 4));
+        assert!(d.describe(&s).contains("pipelined, each shard in 4 pieces"), "{}", d.describe(&s));
+        assert_eq!(decide(&f, &Shape { split: false, ..s }, true, None).unwrap().pieces, 1);
+        assert_eq!(decide(&f, &s, true, Some(Algorithm::Sequential)).unwrap().pieces, 1);
+        assert_eq!(decide(&f, &shape(Op::MmRs, 4096, 2048, 8192), true, None).unwrap().pieces, 1);
     }
 
     #[test]
