@@ -935,7 +935,7 @@ mod tests {
     /// The pipelined path pulling each peer's shard in pieces, forced (the
     /// cost model picks them only at sizes too large for a host test): 2-D
     /// and 3-D shards gathered along dim 0, lengths the pieces do not
-    /// divide, more pieces than the shard's length, worlds 2 and 3, with
+    /// divide, more pieces than the shard's length, worlds 2, 3 and 8, with
     /// `ag_out`; small integers in f32, so every element is exact, and NaN
     /// in the outputs first, so an unwritten one shows.
     #[test]
@@ -943,7 +943,7 @@ mod tests {
         use crate::ops::testing::{host_groups, on_each};
         let a_val = |r: usize, i: usize| ((r * 31 + i * 7) % 11) as f32 - 5.0;
         let b_val = |i: usize| ((i * 5) % 7) as f32 - 3.0;
-        for world in [2, 3] {
+        for world in [2, 3, 8] {
             for (shard, pieces) in [(vec![7usize, 5], 3usize), (vec![3, 2, 4], 2), (vec![2, 6], 5)] {
                 let (k, n) = (shard[shard.len() - 1], 3);
                 let rows = shard.iter().product::<usize>() / k;
