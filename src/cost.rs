@@ -235,9 +235,9 @@ pub struct Problem {
     pub out_bytes: usize,
     /// Whether the fused kernel can run this problem on every rank.
     pub fused: bool,
-    /// The most pieces the pipelined all-gather may pull a shard in (1:
-    /// whole shards only).
-    pub max_pieces: usize,
+    /// Where the pipelined all-gather may pull each shard in pieces along
+    /// its first dimension: that dimension's length; 1 elsewhere.
+    pub split_len: usize,
 }
 
 fn matmul_ms(p: &Problem, rows: usize, d: &DeviceModel) -> f64 {
@@ -317,9 +317,13 @@ pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
     let mut out = estimates(p, matmul_ms(p, p.m, d), shard_bytes, 0.0, d);
     if let Some(e) = out.iter_mut().find(|e| e.algorithm == Algorithm::Pipelined) {
-        let (pieces, gain) = gather_pieces(p, shard_bytes, d);
-        (e.pieces, e.compute_ms, e.exposed_ms, e.total_ms) =
-            (pieces, e.compute_ms + gain.compute, (e.exposed_ms - gain.exposed).max(0.0), e.total_ms - gain.total);
+        let (pieces, gain) = gather_pieces(p, d);
+        e.pieces = pieces;
+        e.compute_ms += gain.extra_compute;
+        // The calibrated estimate may expose less than the timeline hides
+        // (it charges no launch to a pull): never below nothing.
+        e.exposed_ms = (e.exposed_ms - gain.saved_exposed).max(0.0);
+        e.total_ms = e.compute_ms + e.exposed_ms;
     }
     out
 }
@@ -335,54 +339,60 @@ const MAX_PIECES: usize = 8;
 /// smaller gain lies within the model's error.
 const PIECES_MIN_GAIN: f64 = 0.05;
 
-/// What pulling each peer's shard in more pieces changes (ms).
-#[derive(Clone, Copy, Default)]
+/// What pulling each peer's shard in pieces changes against whole shards
+/// (ms): the matmul time it adds and the communication it hides.
+#[derive(Clone, Copy, Debug, Default)]
 struct Gain {
-    compute: f64,
-    exposed: f64,
-    total: f64,
+    extra_compute: f64,
+    saved_exposed: f64,
 }
 
-/// The pieces (1, 2, 4 or 8, within `p.max_pieces` and [`MIN_PIECE_ROWS`])
-/// the pipelined all-gather pulls each peer's shard in, and what they gain
-/// over whole shards. A timeline of the two streams: the main one
-/// multiplies this rank's shard, then each piece once it has landed; the
-/// side one pulls the pieces back to back after a barrier and ends with
-/// another. Where a shard's pull outlasts the matmul of a shard, only the
-/// last piece's matmul waits after the pulls instead of a whole shard's;
-/// elsewhere pieces only add launches and split costs, and 1 is chosen.
-/// The one-piece estimate stays the calibrated one of [`estimates`]; the
-/// timeline gives the difference.
-fn gather_pieces(p: &Problem, shard_bytes: f64, d: &DeviceModel) -> (usize, Gain) {
-    let shard_rows = p.m / p.world.max(1);
+/// The pieces (1, 2, 4 or 8, none of fewer than [`MIN_PIECE_ROWS`] rows,
+/// at most `p.split_len`, each a run of whole indices of the first
+/// dimension) the pipelined all-gather pulls each peer's shard in, and
+/// what they gain over whole shards. A timeline of the two streams: the
+/// main one multiplies this rank's shard, then each piece once it has
+/// landed; the side one pulls the pieces back to back after a barrier,
+/// each a launch and its transfer, and ends with another barrier. Where a
+/// shard's pull outlasts the matmul of a shard, only the last piece's
+/// matmul waits after the pulls instead of a whole shard's; elsewhere
+/// pieces only add launches and split costs, and 1 is chosen. Pieces are
+/// taken only where the timeline predicts [`PIECES_MIN_GAIN`] less time
+/// than its own whole shards; the one-piece estimate stays the calibrated
+/// one of [`estimates`], and the timeline gives the difference. Each B's
+/// matmul is one launch per piece; the model counts one for all.
+fn gather_pieces(p: &Problem, d: &DeviceModel) -> (usize, Gain) {
+    if p.world < 2 || p.split_len < 2 {
+        return (1, Gain::default());
+    }
+    let shard_rows = p.m / p.world;
+    let per_index = (shard_rows / p.split_len).max(1);
+    let piece_rows = |c: usize| p.split_len.div_ceil(c) * per_index;
+    // As `split_ms` for one piece per rank; each further piece of a peer's
+    // shard adds the split penalty to that shard's pieces.
+    let base = 1.0 + d.split_penalty * (p.world as f64 - 1.0);
     let timeline = |c: usize| {
-        let pieces = 1 + (p.world - 1) * c;
-        let factor = 1.0 + d.split_penalty * (pieces as f64 - 1.0);
-        let own = matmul_ms(p, shard_rows, d) * factor;
-        let piece = matmul_ms(p, shard_rows.div_ceil(c), d) * factor;
-        let (pull, barrier) = (transfer_ms(shard_bytes / c as f64, d), d.barrier_us / 1e3);
+        let own = matmul_ms(p, shard_rows, d) * base;
+        let piece = matmul_ms(p, piece_rows(c), d) * base * (1.0 + d.split_penalty * (c as f64 - 1.0));
+        let pull = d.launch_us / 1e3 + transfer_ms((piece_rows(c) * p.k * p.elem_bytes) as f64, d);
+        let barrier = d.barrier_us / 1e3;
         let (mut main, mut side) = (own, barrier);
         for _ in 0..(p.world - 1) * c {
             side += pull;
             main = main.max(side) + piece;
         }
-        let compute = own + piece * ((p.world - 1) * c) as f64;
-        let total = main.max(side + barrier);
-        (compute, total)
+        (own + piece * ((p.world - 1) * c) as f64, main.max(side + barrier))
     };
-    if p.world < 2 {
-        return (1, Gain::default());
-    }
-    let (one_compute, one_total) = timeline(1);
+    let (whole_compute, whole_total) = timeline(1);
     [2, 4, 8]
         .into_iter()
-        .filter(|&c| c <= p.max_pieces.min(MAX_PIECES) && shard_rows / c >= MIN_PIECE_ROWS)
+        .filter(|&c| c <= p.split_len.min(MAX_PIECES) && piece_rows(c) >= MIN_PIECE_ROWS)
         .map(|c| (c, timeline(c)))
-        .filter(|&(_, (_, total))| total < (1.0 - PIECES_MIN_GAIN) * one_total)
+        .filter(|&(_, (_, total))| total <= (1.0 - PIECES_MIN_GAIN) * whole_total)
         .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
         .map_or((1, Gain::default()), |(c, (compute, total))| {
-            let gain = Gain { compute: compute - one_compute, total: one_total - total, exposed: 0.0 };
-            (c, Gain { exposed: gain.total + gain.compute, ..gain })
+            let saved_exposed = (whole_total - whole_compute) - (total - compute);
+            (c, Gain { extra_compute: compute - whole_compute, saved_exposed })
         })
 }
 
@@ -482,7 +492,7 @@ mod tests {
     }
 
     fn prob(m: usize, k: usize, n: usize) -> Problem {
-        Problem { m, k, n, world: 2, elem_bytes: 2, out_bytes: 2, fused: false, max_pieces: 1 }
+        Problem { m, k, n, world: 2, elem_bytes: 2, out_bytes: 2, fused: false, split_len: 1 }
     }
 
     #[test]
@@ -557,32 +567,53 @@ mod tests {
     }
 
     /// Pieces where a shard's pull outlasts a shard's matmul (the comm-heavy
-    /// all-gathers), whole shards elsewhere, and never past the caller's
-    /// limit or below [`MIN_PIECE_ROWS`].
+    /// all-gathers), whole shards elsewhere; never more than the shard's
+    /// first dimension allows nor of fewer than [`MIN_PIECE_ROWS`] rows.
     #[test]
     fn the_pipelined_gather_pulls_in_pieces_only_where_the_pull_is_exposed() {
         let d = &DeviceModel::HOPPER;
         let pipelined = |p: &Problem| *ag_mm(p, d).iter().find(|e| e.algorithm == Algorithm::Pipelined).unwrap();
+        // Matrices gathered along dimension 0: shards of m / 2 rows.
+        let rows = |m: usize, k: usize, n: usize| Problem { split_len: m / 2, ..prob(m, k, n) };
         for (m, k, n) in [(16384, 4096, 1024), (12000, 4096, 1536)] {
             let whole = pipelined(&prob(m, k, n));
-            let split = pipelined(&Problem { max_pieces: usize::MAX, ..prob(m, k, n) });
+            let split = pipelined(&rows(m, k, n));
             assert_eq!(whole.pieces, 1);
             assert!(split.pieces > 1, "{m}x{k}x{n}");
-            assert!(split.total_ms < (1.0 - PIECES_MIN_GAIN) * whole.total_ms, "{m}x{k}x{n}");
+            assert!(split.total_ms < whole.total_ms, "{m}x{k}x{n}");
             // Pieces cost matmul time and hide pull time.
             assert!(split.compute_ms > whole.compute_ms && split.exposed_ms < whole.exposed_ms);
-            assert!(split.exposed_ms >= 0.0);
-            assert_eq!(pipelined(&Problem { max_pieces: 2, ..prob(m, k, n) }).pieces, 2);
+            assert!((split.total_ms - split.compute_ms - split.exposed_ms).abs() < 1e-12);
+            // A shard [2, m / 4, k]: two pieces at most.
+            assert_eq!(pipelined(&Problem { split_len: 2, ..prob(m, k, n) }).pieces, 2);
         }
         // The benchmark's shapes hide their pulls behind a shard's matmul.
         for (m, k, n) in [(16384, 8192, 8192), (8192, 8192, 14336), (2048, 8192, 14336), (512, 8192, 14336)] {
-            let p = Problem { max_pieces: usize::MAX, ..prob(m, k, n) };
-            assert_eq!(pipelined(&p), pipelined(&prob(m, k, n)), "{m}x{k}x{n}");
+            assert_eq!(pipelined(&rows(m, k, n)), pipelined(&prob(m, k, n)), "{m}x{k}x{n}");
         }
-        // Shards of 200 rows: no piece of at least 128.
-        assert_eq!(pipelined(&Problem { max_pieces: usize::MAX, ..prob(400, 65536, 64) }).pieces, 1);
+        // Over a sweep of worlds and shapes: pieces only where allowed, of
+        // at least MIN_PIECE_ROWS rows, and only where they save time.
+        for world in [2, 3, 4, 8] {
+            for m in [256, 512, 1024, 4096, 16384, 65536] {
+                for (k, n) in [(1024, 64), (4096, 1024), (8192, 512), (65536, 64), (8192, 8192)] {
+                    for split_len in [1, 2, 3, m / world] {
+                        let p = Problem { world, split_len, m: m * world, ..prob(m, k, n) };
+                        let (e, whole) = (pipelined(&p), pipelined(&Problem { split_len: 1, ..p }));
+                        let what = format!("world {world} {m}x{k}x{n} in {split_len}");
+                        assert!(e.pieces <= split_len.max(1), "{what}");
+                        if e.pieces > 1 {
+                            let piece_rows = split_len.div_ceil(e.pieces) * (m / split_len);
+                            assert!(piece_rows >= MIN_PIECE_ROWS, "{what}: {} pieces", e.pieces);
+                            assert!(e.total_ms < whole.total_ms, "{what}");
+                        } else {
+                            assert_eq!(e, whole, "{what}");
+                        }
+                    }
+                }
+            }
+        }
         // mm_rs keeps whole chunks.
-        assert!(mm_rs(&Problem { max_pieces: usize::MAX, ..prob(4096, 2048, 8192) }, d).iter().all(|e| e.pieces == 1));
+        assert!(mm_rs(&rows(4096, 2048, 8192), d).iter().all(|e| e.pieces == 1));
     }
 
     #[test]

@@ -46,9 +46,11 @@ fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut sy
     crate::ops::check::matmul_input(dtype, "dtype")?;
     // fp8 operands: a bf16 product, as the scaled operations usually write.
     let out_bytes = if dtype.fp8().is_some() { 2 } else { dtype.size() };
-    // A matrix gathered along dimension 0; fp8 shards are pulled whole.
-    let split = op == Op::AgMm && dtype.fp8().is_none();
-    let shape = decide::Shape { op, m, k, n, dtype, out_bytes, lines: true, split };
+    // Matrices, gathered along dimension 0 (shards of m / world rows, which
+    // fp8's row scales keep whole).
+    let world = g.world().max(1);
+    let split_len = if op == Op::AgMm && dtype.fp8().is_none() { m / world } else { 1 };
+    let shape = decide::Shape { op, m, k, n, dtype, out_bytes, lines: true, split_len };
     let d = decide::decide(&Facts::of(&g), &shape, true, None)?;
     let e = d.estimate;
     write(

@@ -313,7 +313,7 @@ impl AgMm {
             lines: dim != last && (mode != Some(Mode::Row) || row_scale_slot(rows) == 4 * rows),
             // Pieces of a shard along dimension 0 are again contiguous
             // shards; fp8's scales travel with whole shards.
-            split: dim == 0 && mode.is_none(),
+            split_len: if dim == 0 && mode.is_none() { a.shape[0] } else { 1 },
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
@@ -446,7 +446,8 @@ impl Prepared for AgMmPrepared {
     /// every rank to be there, then pulls the peers' shards into this rank's
     /// workspace, rank-1 first. Pipelined: the main stream multiplies this
     /// rank's shard at once (from the caller's memory when it is a matrix)
-    /// and each pulled shard as it lands. Sequential: one matmul over the gathered A once
+    /// and each pulled shard as it lands, or each piece of it
+    /// (`Self::pieces`). Sequential: one matmul over the gathered A once
     /// everything has landed (cuBLAS runs one large matmul faster than
     /// pieces, which pays when the pulls are short). Row scales travel with
     /// their shards. On the LL lines, see [`Self::gather_on_lines`].
@@ -484,7 +485,7 @@ impl Prepared for AgMmPrepared {
         }
         // Pipelined, each peer's shard comes in the decision's pieces along
         // dimension 0, each multiplied once it has landed.
-        let pieces = if pipelined { self.decision.pieces.clamp(1, len.max(1)) } else { 1 };
+        let pieces = if pipelined { self.pieces() } else { 1 };
         for step in 1..world {
             let r = (me + world - step) % world;
             let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
@@ -516,6 +517,18 @@ impl Prepared for AgMmPrepared {
 }
 
 impl AgMmPrepared {
+    /// The pieces the pipelined path pulls each peer's shard in: the
+    /// decision's, where the call gathers dimension 0 without fp8 scales
+    /// (pieces of a shard are then again shards, and their rows carry no
+    /// scales), at most the shard's length there.
+    fn pieces(&self) -> usize {
+        let len = self.call.a_shard.shape[0];
+        match self.dim == 0 && self.mode.is_none() {
+            true => self.decision.pieces.clamp(1, len.max(1)),
+            false => 1,
+        }
+    }
+
     /// Sequential at small shards (`Decision::lines`): every rank's shard
     /// into its place in this rank's workspace by one launch of the
     /// device-side all-gather over the group's all-reduce buffer, whose LL
@@ -911,6 +924,9 @@ fn writable_by_fp8(m: &Array) -> bool {
 }
 
 #[cfg(test)]
+mod gpu;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::array::DType;
@@ -969,6 +985,7 @@ mod tests {
                         let signature = c.signature(None);
                         let prepared = c.prepare(&Facts::of(g), "host", false).map(|mut p| {
                             p.decision.pieces = pieces;
+                            assert_eq!(p.pieces(), pieces.min(shard[0]), "the pieces execute takes");
                             p
                         });
                         (
@@ -997,6 +1014,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Pieces only where a piece of a shard is again a shard: gathering
+    /// dimension 0, at most its length; the decision's count otherwise.
+    #[test]
+    fn pieces_only_along_dimension_0() {
+        let forced = |c: AgMm, pieces: usize| {
+            let mut p = c.prepare(&host_facts(2), "host", false).unwrap();
+            p.decision.pieces = pieces;
+            p.pieces()
+        };
+        assert_eq!(forced(call(&[6, 8], 0, 8, &[3], &[12]), 4), 4);
+        assert_eq!(forced(call(&[3, 5, 8], 0, 8, &[3], &[6, 5]), 4), 3);
+        assert_eq!(forced(call(&[2, 3, 8], 1, 8, &[3], &[2, 6]), 4), 1);
+        assert_eq!(forced(call(&[6, 8], 0, 8, &[3], &[12]), 1), 1);
+        // The decision's own count follows the same rule (split_len).
+        let p = call(&[2, 3, 8], 1, 8, &[3], &[2, 6]).prepare(&host_facts(2), "host", false).unwrap();
+        assert_eq!(p.shape.split_len, 1);
+        let p = call(&[5, 3, 8], 0, 8, &[3], &[10, 3]).prepare(&host_facts(2), "host", false).unwrap();
+        assert_eq!(p.shape.split_len, 5);
     }
 
     #[test]

@@ -54,9 +54,10 @@ pub struct Shape {
     /// scales, rows a multiple of 4: their slots unpadded); `MmRs`, chunks
     /// of whole 8-byte lines.
     pub lines: bool,
-    /// Whether the pipelined path may pull each peer's shard in pieces
-    /// (`AgMm` gathering dimension 0, without fp8 scales).
-    pub split: bool,
+    /// Where the pipelined path may pull each peer's shard in pieces along
+    /// its first dimension (`AgMm` gathering dimension 0, without fp8
+    /// scales): the shard's length there; 1 elsewhere.
+    pub split_len: usize,
 }
 
 /// What the decision knows of a group (equal on every rank of a formed
@@ -175,7 +176,7 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         elem_bytes: shape.dtype.size(),
         out_bytes: shape.out_bytes,
         fused,
-        max_pieces: if shape.split { usize::MAX } else { 1 },
+        split_len: shape.split_len,
     };
     let mut estimates = match shape.op {
         Op::AgMm => cost::ag_mm(&problem, &DeviceModel::HOPPER),
@@ -436,7 +437,9 @@ mod tests {
     }
 
     fn shape(op: Op, m: usize, k: usize, n: usize) -> Shape {
-        Shape { op, m, k, n, dtype: DType::BF16, out_bytes: 2, lines: true, split: op == Op::AgMm }
+        // An AgMm of matrices gathered along dimension 0.
+        let split_len = if op == Op::AgMm { m / 2 } else { 1 };
+        Shape { op, m, k, n, dtype: DType::BF16, out_bytes: 2, lines: true, split_len }
     }
 
     /// A comm-heavy all-gather runs pipelined in pieces and says so; an
@@ -448,7 +451,9 @@ mod tests {
         let d = decide(&f, &s, true, None).unwrap();
         assert_eq!((d.algorithm, d.pieces), (Algorithm::Pipelined, 4));
         assert!(d.describe(&s).contains("pipelined, each shard in 4 pieces"), "{}", d.describe(&s));
-        assert_eq!(decide(&f, &Shape { split: false, ..s }, true, None).unwrap().pieces, 1);
+        assert_eq!(decide(&f, &Shape { split_len: 1, ..s }, true, None).unwrap().pieces, 1);
+        // A [2, 4096, 4096] shard: its first dimension allows two pieces.
+        assert_eq!(decide(&f, &Shape { split_len: 2, ..s }, true, None).unwrap().pieces, 2);
         assert_eq!(decide(&f, &s, true, Some(Algorithm::Sequential)).unwrap().pieces, 1);
         assert_eq!(decide(&f, &shape(Op::MmRs, 4096, 2048, 8192), true, None).unwrap().pieces, 1);
     }

@@ -261,7 +261,7 @@ impl MmRs {
             out_bytes: partial_dtype(&self.out).size(),
             // Chunks of whole LL lines (the partials are floats).
             lines: self.out.numel() * partial_dtype(&self.out).size() % 8 == 0,
-            split: false,
+            split_len: 1,
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         let algorithm = decision.algorithm;
