@@ -747,7 +747,9 @@ symm_status_t symm_all_reduce(symm_group_t group, const symm_tensor_t *input, co
 symm_status_t symm_all_reduce_rmsnorm(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *residual, const symm_tensor_t *weight, float eps, const symm_tensor_t *out, const symm_tensor_t *residual_out, const symm_all_reduce_options_t *opts, void *stream);
 
 // Predicts `symm_fused_ag_mm` of an `m_total x k` gathered A (all ranks'
-// rows) times B of `n` columns (the sum over every B) on this group.
+// rows) times B of `n` columns (the sum over every B) on this group: shards
+// that are matrices, gathered along dimension 0 (fp8 operands: into a bf16
+// output).
 symm_status_t symm_plan_ag_mm(symm_group_t group, int64_t m_total, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
 
 // Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this

@@ -68,7 +68,9 @@ fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut sy
 }
 
 /// Predicts `symm_fused_ag_mm` of an `m_total x k` gathered A (all ranks'
-/// rows) times B of `n` columns (the sum over every B) on this group.
+/// rows) times B of `n` columns (the sum over every B) on this group: shards
+/// that are matrices, gathered along dimension 0 (fp8 operands: into a bf16
+/// output).
 #[no_mangle]
 pub extern "C" fn symm_plan_ag_mm(
     group: symm_group_t,
