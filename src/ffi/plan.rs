@@ -46,8 +46,8 @@ fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut sy
     crate::ops::check::matmul_input(dtype, "dtype")?;
     // fp8 operands: a bf16 product, as the scaled operations usually write.
     let out_bytes = if dtype.fp8().is_some() { 2 } else { dtype.size() };
-    // Matrices, gathered along dimension 0 (shards of m / world rows, which
-    // fp8's row scales keep whole).
+    // Matrices, gathered along dimension 0: shards of m / world rows (fp8
+    // calls keep them whole).
     let world = g.world().max(1);
     let split_len = if op == Op::AgMm && dtype.fp8().is_none() { m / world } else { 1 };
     let shape = decide::Shape { op, m, k, n, dtype, out_bytes, lines: true, split_len };

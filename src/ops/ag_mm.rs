@@ -312,7 +312,8 @@ impl AgMm {
             // unpadded (the gather writes them back to back).
             lines: dim != last && (mode != Some(Mode::Row) || row_scale_slot(rows) == 4 * rows),
             // Pieces of a shard along dimension 0 are again contiguous
-            // shards; fp8's scales travel with whole shards.
+            // shards. fp8 calls keep whole shards: their scales (row-wise,
+            // or a pass through f32 for fp8 outputs) are planned per shard.
             split_len: if dim == 0 && mode.is_none() { a.shape[0] } else { 1 },
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
@@ -518,9 +519,9 @@ impl Prepared for AgMmPrepared {
 
 impl AgMmPrepared {
     /// The pieces the pipelined path pulls each peer's shard in: the
-    /// decision's, where the call gathers dimension 0 without fp8 scales
-    /// (pieces of a shard are then again shards, and their rows carry no
-    /// scales), at most the shard's length there.
+    /// decision's, where the call gathers dimension 0 (pieces of a shard are
+    /// then again shards) and is not fp8 (whose scales are planned per
+    /// shard), at most the shard's length there.
     fn pieces(&self) -> usize {
         let len = self.call.a_shard.shape[0];
         match self.dim == 0 && self.mode.is_none() {
