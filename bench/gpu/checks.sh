@@ -18,9 +18,11 @@
 # default; SYMM_HOSTS_BENCH_ARGS, e.g. --quick; then the results JSON
 # <date>-<kind>-w2-<commit>-hosts.json; not in the default list);
 # hosts_bench4 (the same on four GPUs as two pretend hosts of two);
-# baseline (bench_ops.py of the baseline in bundle/base/, built by
-# build-baseline.sh, and of this tree in turn, SYMM_BASELINE_ROUNDS times
-# (default 3), at SYMM_WORLD with SYMM_BENCH_ARGS; not in the default list);
+# baseline (bench_ops.py, or bench/SYMM_BASELINE_BENCH, e.g.
+# bench_families.py with SYMM_BENCH_ARGS="--only comm_heavy", of the
+# baseline in bundle/base/, built by build-baseline.sh, and of this tree in
+# turn, SYMM_BASELINE_ROUNDS times (default 3), at SYMM_WORLD with
+# SYMM_BENCH_ARGS; not in the default list);
 # tag_cost (bench/probes/tag_cost_probe.py: the LL kernels graph-replayed,
 # baseline and this tree in turn; not in the default list);
 # lib_ab (the library's GPU tests SYMM_LIB_FILTER names, of the baseline
@@ -109,8 +111,8 @@ for c in $checks; do
                 if [ $side = base ]; then dir=$root/bundle/base lib=$root/bundle/base/libsymm.so
                 else dir=$root lib=$root/bundle/libsymm.so; fi
                 step "baseline-$side-$i" env PYTHONPATH="$dir/python" SYMM_LIBRARY="$lib" timeout 300 \
-                    torchrun --nproc-per-node "$world" "$dir/bench/bench_ops.py" --out "$OUT/$side-$i" \
-                    ${SYMM_BENCH_ARGS:-}
+                    torchrun --nproc-per-node "$world" "$dir/bench/${SYMM_BASELINE_BENCH:-bench_ops.py}" \
+                    --out "$OUT/$side-$i" ${SYMM_BENCH_ARGS:-}
             done
         done ;;
     lib_ab)
