@@ -489,22 +489,20 @@ impl Prepared for AgMmPrepared {
         let pieces = if pipelined { self.pieces() } else { 1 };
         for step in 1..world {
             let r = (me + world - step) % world;
-            let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
-            for (from, rows) in piece_ranges(len, pieces) {
-                let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, from, rows) };
-                ex.copy_on(side, &piece(&local_shard(r)), &piece(&remote))?;
-                if pipelined && pieces > 1 {
-                    ex.join(side)?;
-                    self.multiply_rows(ex, &piece(&local_shard(r)), r, len, from, rows)?;
-                }
-            }
+            // Row scales (fp8: one piece) first, so that they have landed
+            // with the shard.
             if self.row_scales.is_some() {
                 let remote = self.row_scale_vector(ex.at(r, 0)?, r);
                 ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
             }
-            if pipelined && pieces == 1 {
-                ex.join(side)?;
-                self.multiply_shard(ex, &local_shard(r), r, len)?;
+            let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
+            for (from, rows) in piece_ranges(len, pieces) {
+                let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, from, rows) };
+                ex.copy_on(side, &piece(&local_shard(r)), &piece(&remote))?;
+                if pipelined {
+                    ex.join(side)?;
+                    self.multiply_rows(ex, &piece(&local_shard(r)), r, len, from, rows)?;
+                }
             }
         }
         // The pulls have landed once the main stream joins the side here;
