@@ -1,5 +1,5 @@
 """The `baseline` check's comparison: symm's timings (every `symm*` record
-of bench_ops.py) of the baseline and of this tree, each the median over
+of bench_ops.py or bench_families.py) of the baseline and of this tree, each the median over
 the rounds, and their ratio (head / base), with each side's range.
 
     python3 bench/gpu/baseline_table.py DIR    (DIR holds base-<i>/ and head-<i>/)
@@ -14,7 +14,7 @@ import sys
 
 def load(dir, side):
     times = collections.defaultdict(list)
-    for path in sorted(glob.glob(os.path.join(dir, f"{side}-*", "records.jsonl"))):
+    for path in sorted(glob.glob(os.path.join(dir, f"{side}-*", "*records.jsonl"))):
         for line in open(path):
             r = json.loads(line)
             if r.get("impl", "").startswith("symm") and "ms" in r:
