@@ -753,7 +753,8 @@ symm_status_t symm_all_reduce_rmsnorm(symm_group_t group, const symm_tensor_t *i
 symm_status_t symm_plan_ag_mm(symm_group_t group, int64_t m_total, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
 
 // Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this
-// group (fp8 operands: into a bf16 `out`).
+// group, a sum scattered along dimension 0 (fp8 operands: into a bf16
+// `out`).
 symm_status_t symm_plan_mm_rs(symm_group_t group, int64_t m, int64_t k, int64_t n, symm_dtype_t dtype, symm_plan_t *plan);
 
 // Predicts `symm_all_reduce` of `numel` elements of `dtype` per rank on

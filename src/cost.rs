@@ -19,6 +19,9 @@ pub struct DeviceModel {
     pub fp8_matmul_tflops: f64,
     /// Copy-engine pull bandwidth from one peer, GB/s.
     pub link_gbps: f64,
+    /// The same while the SMs run a matmul beside it: what the pipelined
+    /// paths' timelines ([`gather_pieces`], [`scatter_pieces`]) pull at.
+    pub loaded_link_gbps: f64,
     /// Device memory bandwidth, GB/s (reads + writes).
     pub hbm_gbps: f64,
     /// Fixed cost of one kernel or copy launch in a pipeline, microseconds.
@@ -40,6 +43,10 @@ impl DeviceModel {
         // cuBLASLt, e4m3, 16384 x 8192 x 8192 in 1.653 ms on one H200.
         fp8_matmul_tflops: 1330.0,
         link_gbps: 358.0,
+        // mm_rs 4096x2048x8192 pipelined with the peer's chunk whole,
+        // graph-replayed on 2 x H200 (0.273 ms): its 33.5 MB pulled in about
+        // 0.147 ms beside this rank's pieces of matmul.
+        loaded_link_gbps: 230.0,
         hbm_gbps: 4300.0,
         launch_us: 6.0,
         barrier_us: 4.0,
@@ -214,7 +221,8 @@ pub struct Estimate {
     /// Predicted time of the whole operation (ms).
     pub total_ms: f64,
     /// Pipelined all-gather: the pieces each peer's shard is pulled and
-    /// multiplied in ([`ag_mm`]); 1 elsewhere.
+    /// multiplied in ([`ag_mm`]); pipelined reduce-scatter: the pieces the
+    /// peer's chunk is computed and announced in ([`mm_rs`]); 1 elsewhere.
     pub pieces: usize,
 }
 
@@ -235,8 +243,10 @@ pub struct Problem {
     pub out_bytes: usize,
     /// Whether the fused kernel can run this problem on every rank.
     pub fused: bool,
-    /// Where the pipelined all-gather may pull each shard in pieces along
-    /// its first dimension: that dimension's length; 1 elsewhere.
+    /// All-gather: where the pipelined path may pull each shard in pieces
+    /// along its first dimension, that dimension's length. Reduce-scatter:
+    /// where the two-rank pipelined path multiplies its own chunk in pieces
+    /// onto the pulled partials, their number. 1 elsewhere.
     pub split_len: usize,
 }
 
@@ -258,6 +268,11 @@ fn split_ms(p: &Problem, d: &DeviceModel) -> (f64, f64) {
 
 fn transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
     bytes / (d.link_gbps * 1e6)
+}
+
+/// A pull beside a running matmul.
+fn loaded_transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
+    bytes / (d.loaded_link_gbps * 1e6)
 }
 
 /// Both algorithms of an operation whose communication is `pulls`
@@ -316,8 +331,13 @@ fn estimates(p: &Problem, whole: f64, bytes: f64, local_ms: f64, d: &DeviceModel
 pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
     let mut out = estimates(p, matmul_ms(p, p.m, d), shard_bytes, 0.0, d);
-    if let Some(e) = out.iter_mut().find(|e| e.algorithm == Algorithm::Pipelined) {
-        let (pieces, gain) = gather_pieces(p, d);
+    with_pieces(&mut out, gather_pieces(p, d));
+    out
+}
+
+/// The pipelined estimate in `estimates` with `pieces` and what they gain.
+fn with_pieces(estimates: &mut [Estimate], (pieces, gain): (usize, Gain)) {
+    if let Some(e) = estimates.iter_mut().find(|e| e.algorithm == Algorithm::Pipelined) {
         e.pieces = pieces;
         e.compute_ms += gain.extra_compute;
         // The calibrated estimate may expose less than the timeline hides
@@ -325,7 +345,6 @@ pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
         e.exposed_ms = (e.exposed_ms - gain.saved_exposed).max(0.0);
         e.total_ms = e.compute_ms + e.exposed_ms;
     }
-    out
 }
 
 /// Rows of A a piece of the pipelined all-gather holds at least: smaller
@@ -374,7 +393,7 @@ fn gather_pieces(p: &Problem, d: &DeviceModel) -> (usize, Gain) {
     let timeline = |c: usize| {
         let own = matmul_ms(p, shard_rows, d) * base;
         let piece = matmul_ms(p, piece_rows(c), d) * base * (1.0 + d.split_penalty * (c as f64 - 1.0));
-        let pull = d.launch_us / 1e3 + transfer_ms((piece_rows(c) * p.k * p.elem_bytes) as f64, d);
+        let pull = d.launch_us / 1e3 + loaded_transfer_ms((piece_rows(c) * p.k * p.elem_bytes) as f64, d);
         let barrier = d.barrier_us / 1e3;
         let (mut main, mut side) = (own, barrier);
         for _ in 0..(p.world - 1) * c {
@@ -411,7 +430,64 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
         f.exposed_ms += reads - local_reduce;
         f.total_ms = f.compute_ms + f.exposed_ms;
     }
+    with_pieces(&mut out, scatter_pieces(p, d));
     out
+}
+
+/// Whether the two-rank pipelined reduce-scatter, which multiplies its own
+/// chunk in `c = p.split_len` pieces onto the partials it pulls, computes
+/// the peer's chunk in the same pieces too (`c`) or whole (1), and what
+/// that gains. A timeline of the two streams: the main one computes the
+/// peer's chunk, announcing it whole or piece by piece in the order the
+/// peer consumes them (1, .., c - 1, then 0), then its own first piece,
+/// then each other piece once its partial has landed; the side one pulls
+/// the pieces back to back as they are announced, each a launch and its
+/// transfer; a local sum of the first piece ends the call. Whole, the
+/// peer's first pull waits for its whole chunk; in pieces, for its first
+/// piece, at the cost of launches and split penalties. As for
+/// [`gather_pieces`], taken only where the timeline predicts
+/// [`PIECES_MIN_GAIN`] less time.
+fn scatter_pieces(p: &Problem, d: &DeviceModel) -> (usize, Gain) {
+    let c = p.split_len;
+    if p.world != 2 || c < 2 {
+        return (1, Gain::default());
+    }
+    let rows = p.m / 2;
+    let piece_rows = rows.div_ceil(c);
+    let base = 1.0 + d.split_penalty;
+    let piece = matmul_ms(p, piece_rows, d) * base * (1.0 + d.split_penalty * (c as f64 - 1.0));
+    let piece_bytes = (piece_rows * p.n * p.out_bytes) as f64;
+    let pull = d.launch_us / 1e3 + loaded_transfer_ms(piece_bytes, d);
+    let (signal, sum_first) = (d.barrier_us / 1e3, 3.0 * piece_bytes / (d.hbm_gbps * 1e6));
+    let timeline = |split: bool| {
+        let theirs = if split { vec![piece; c] } else { vec![matmul_ms(p, rows, d) * base] };
+        let mut main = 0.0;
+        let announced: Vec<f64> = theirs
+            .iter()
+            .map(|t| {
+                main += t;
+                main + signal
+            })
+            .collect();
+        let mut side = 0.0f64;
+        let landed: Vec<f64> = (0..c)
+            .map(|i| {
+                side = side.max(announced[i.min(announced.len() - 1)]) + pull;
+                side
+            })
+            .collect();
+        main += piece;
+        for at in &landed[..c - 1] {
+            main = main.max(*at) + piece;
+        }
+        (theirs.iter().sum::<f64>() + c as f64 * piece, main.max(landed[c - 1]) + sum_first)
+    };
+    let ((whole_compute, whole_total), (compute, total)) = (timeline(false), timeline(true));
+    if total > (1.0 - PIECES_MIN_GAIN) * whole_total {
+        return (1, Gain::default());
+    }
+    let saved_exposed = (whole_total - whole_compute) - (total - compute);
+    (c, Gain { extra_compute: compute - whole_compute, saved_exposed })
 }
 
 /// The fused all-gather pulls each shard in slices of k (columns), each
@@ -612,8 +688,36 @@ mod tests {
                 }
             }
         }
-        // mm_rs keeps whole chunks.
-        assert!(mm_rs(&rows(4096, 2048, 8192), d).iter().all(|e| e.pieces == 1));
+    }
+
+    /// The two-rank pipelined reduce-scatter computes the peer's chunk in
+    /// pieces where the chunk's pull outlasts the peer's matmul (the
+    /// comm-heavy ones), whole elsewhere, and only at two ranks.
+    #[test]
+    fn the_pipelined_scatter_announces_pieces_only_where_the_pull_is_exposed() {
+        let d = &DeviceModel::HOPPER;
+        let pipelined = |p: &Problem| *mm_rs(p, d).iter().find(|e| e.algorithm == Algorithm::Pipelined).unwrap();
+        // As mm_rs cuts two-rank chunks: at most 4 pieces of 512 rows.
+        let onto = |m: usize, k: usize, n: usize| Problem { split_len: (m / 2 / 512).min(4), ..prob(m, k, n) };
+        for (m, k, n) in [(4096, 2048, 8192), (2048, 1536, 8192), (3000, 1024, 8192)] {
+            let (whole, split) = (pipelined(&prob(m, k, n)), pipelined(&onto(m, k, n)));
+            assert_eq!(whole.pieces, 1);
+            assert_eq!(split.pieces, onto(m, k, n).split_len, "{m}x{k}x{n}");
+            assert!(split.total_ms < whole.total_ms, "{m}x{k}x{n}: {split:?} against {whole:?}");
+            assert!(split.compute_ms > whole.compute_ms && split.exposed_ms < whole.exposed_ms);
+            assert!((split.total_ms - split.compute_ms - split.exposed_ms).abs() < 1e-12);
+        }
+        // The benchmark's shapes hide the pull behind their own pieces.
+        for (m, k, n) in [(16384, 4096, 8192), (8192, 14336, 8192), (2048, 14336, 8192), (512, 14336, 8192)] {
+            assert_eq!(pipelined(&onto(m, k, n)), pipelined(&prob(m, k, n)), "{m}x{k}x{n}");
+        }
+        // More ranks: no such path.
+        for world in [3, 4, 8] {
+            let p = Problem { world, split_len: 4, ..prob(4096 * world / 2, 2048, 8192) };
+            assert_eq!(pipelined(&p).pieces, 1);
+        }
+        // ag_mm's pieces are its own.
+        assert_eq!(ag_mm(&onto(4096, 2048, 8192), d).iter().map(|e| e.pieces).max(), Some(1));
     }
 
     #[test]

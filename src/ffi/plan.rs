@@ -46,10 +46,16 @@ fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut sy
     crate::ops::check::matmul_input(dtype, "dtype")?;
     // fp8 operands: a bf16 product, as the scaled operations usually write.
     let out_bytes = if dtype.fp8().is_some() { 2 } else { dtype.size() };
-    // Matrices, gathered along dimension 0: shards of m / world rows (fp8
-    // calls keep them whole).
+    // Matrices, gathered or scattered along dimension 0: shards of
+    // m / world rows (fp8 calls keep them whole); a sum's two-rank chunks in
+    // the pieces mm_rs cuts them into.
     let world = g.world().max(1);
-    let split_len = if op == Op::AgMm && dtype.fp8().is_none() { m / world } else { 1 };
+    let split_len = match op {
+        _ if dtype.fp8().is_some() => 1,
+        Op::AgMm => m / world,
+        Op::MmRs if world == 2 => crate::ops::mm_rs::onto_pull_pieces_of(m / world).unwrap_or(1),
+        Op::MmRs => 1,
+    };
     let shape = decide::Shape { op, m, k, n, dtype, out_bytes, lines: true, split_len };
     let d = decide::decide(&Facts::of(&g), &shape, true, None)?;
     let e = d.estimate;
@@ -84,7 +90,8 @@ pub extern "C" fn symm_plan_ag_mm(
 }
 
 /// Predicts `symm_mm_rs` of this rank's `m x k` A times a `k x n` B on this
-/// group (fp8 operands: into a bf16 `out`).
+/// group, a sum scattered along dimension 0 (fp8 operands: into a bf16
+/// `out`).
 #[no_mangle]
 pub extern "C" fn symm_plan_mm_rs(
     group: symm_group_t,

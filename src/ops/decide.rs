@@ -134,7 +134,8 @@ pub struct Decision {
     /// barriers (`MmRs`).
     pub lines: bool,
     /// Pipelined `AgMm`: the pieces each peer's shard is pulled and
-    /// multiplied in (1 otherwise).
+    /// multiplied in; pipelined `MmRs`: the pieces the peer's chunk is
+    /// computed and announced in (1 otherwise).
     pub pieces: usize,
 }
 
@@ -150,7 +151,11 @@ impl Decision {
             shape.dtype,
             self.algorithm.name(),
             if self.lines { " on the LL lines" } else { "" },
-            if self.pieces > 1 { format!(", each shard in {} pieces", self.pieces) } else { String::new() },
+            match (self.pieces, shape.op) {
+                (1, _) => String::new(),
+                (p, Op::AgMm) => format!(", each shard in {p} pieces"),
+                (p, Op::MmRs) => format!(", the peer's chunk in {p} pieces"),
+            },
             self.why,
             self.estimate.total_ms
         )
@@ -455,7 +460,13 @@ mod tests {
         // A [2, 4096, 4096] shard: its first dimension allows two pieces.
         assert_eq!(decide(&f, &Shape { split_len: 2, ..s }, true, None).unwrap().pieces, 2);
         assert_eq!(decide(&f, &s, true, Some(Algorithm::Sequential)).unwrap().pieces, 1);
+        // mm_rs 4096x2048x8192 goes fused (comm-heavy); pipelined, the
+        // peer's chunk in the four pieces its own is cut into.
         assert_eq!(decide(&f, &shape(Op::MmRs, 4096, 2048, 8192), true, None).unwrap().pieces, 1);
+        let s = Shape { split_len: 4, ..shape(Op::MmRs, 4096, 2048, 8192) };
+        let d = decide(&f, &s, true, Some(Algorithm::Pipelined)).unwrap();
+        assert_eq!(d.pieces, 4);
+        assert!(d.describe(&s).contains("pipelined, the peer's chunk in 4 pieces"), "{}", d.describe(&s));
     }
 
     #[test]

@@ -224,6 +224,7 @@ impl MmRs {
             ));
         }
         chunk[dim] /= world;
+        let onto_pieces = onto_pull_pieces(&self, dim, mode, world, chunk[0]);
         if let Some(mode) = mode {
             scaled::sizes(b.shape[0], chunk[last], "b")?;
             let s = &self.scales;
@@ -261,7 +262,7 @@ impl MmRs {
             out_bytes: partial_dtype(&self.out).size(),
             // Chunks of whole LL lines (the partials are floats).
             lines: self.out.numel() * partial_dtype(&self.out).size() % 8 == 0,
-            split_len: 1,
+            split_len: onto_pieces.unwrap_or(1),
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         let algorithm = decision.algorithm;
@@ -309,6 +310,7 @@ impl MmRs {
             symmetric_out: None,
             dim,
             mode,
+            onto_pieces,
             chunks,
             staged,
             reduced,
@@ -336,6 +338,9 @@ pub(super) struct MmRsPrepared {
     dim: usize,
     /// The scale mode of an fp8 call.
     mode: Option<Mode>,
+    /// The pieces [`Self::pipelined_onto_pulls`] cuts each chunk into,
+    /// where it applies ([`onto_pull_pieces`]).
+    onto_pieces: Option<usize>,
     /// Workspace offsets: `chunks[r]` holds the product chunk for rank r;
     /// `staged[q]` the copy of rank q's chunk for this rank.
     chunks: Vec<usize>,
@@ -525,7 +530,7 @@ impl MmRsPrepared {
     /// rank (copy engines on CUDA) while the main stream computes the rest;
     /// the final reduction reads local memory only.
     fn pipelined(&self, ex: &Exec<'_>) -> Result<()> {
-        if let Some(pieces) = self.onto_pull_pieces(ex.world()) {
+        if let Some(pieces) = self.onto_pieces {
             return self.pipelined_onto_pulls(ex, pieces);
         }
         let (world, me) = (ex.world(), ex.rank());
@@ -618,56 +623,61 @@ impl MmRsPrepared {
         self.chunk(ex.local(self.chunks[r]))
     }
 
-    /// How many pieces [`Self::pipelined_onto_pulls`] cuts this rank's
-    /// chunk into, where it applies: two ranks, a sum, matrices scattered
-    /// by rows into a contiguous output, not fp8 (whose matmuls do not
-    /// accumulate), and at least two pieces of [`MIN_PIECE_ROWS`].
-    fn onto_pull_pieces(&self, world: usize) -> Option<usize> {
-        let MmRs { a, out, op, .. } = &self.call;
-        let applies = world == 2
-            && *op == ReduceOp::Sum
-            && self.dim == 0
-            && self.mode.is_none()
-            && a.ndim() == 2
-            && out.ndim() == 2
-            && out.is_contiguous();
-        let pieces = (out.shape[0] / MIN_PIECE_ROWS).min(MAX_PIECES);
-        (applies && pieces >= 2).then_some(pieces)
-    }
-
     /// Pipelined for two ranks without the final pass over the chunk: the
-    /// peer's chunk first, announced; then this rank's own chunk in pieces,
-    /// each but the first multiplied onto the peer's partial for it, which
-    /// the side stream has pulled into `out` meanwhile (C += A @ B, one
-    /// rounding). Only the first piece, computed before any partial has
-    /// arrived, is summed by a reduction at the end. This saves a final
-    /// pass that read two chunks and wrote one after the last matmul
-    /// (about 7% of the call at 16384x4096x8192 on two H100s, bench/results/).
+    /// peer's chunk first, announced whole, or in the pieces below where
+    /// the cost model found its pull exposed (`decision.pieces`): then the
+    /// peer starts pulling after the first piece. Then this rank's own
+    /// chunk in pieces, each but the first multiplied onto the peer's
+    /// partial for it, which the side stream has pulled into `out` (or,
+    /// where `out` is not contiguous, the workspace's reduced chunk)
+    /// meanwhile (C += A @ B, one rounding). Only the first piece, computed
+    /// before any partial has arrived, is summed by a reduction at the end.
+    /// This saves a final pass that read two chunks and wrote one after the
+    /// last matmul (about 7% of the call at 16384x4096x8192 on two H100s,
+    /// bench/results/).
     fn pipelined_onto_pulls(&self, ex: &Exec<'_>, pieces: usize) -> Result<()> {
         let MmRs { a, b, out, .. } = &self.call;
         let (me, rows) = (ex.rank(), out.shape[0]);
         let peer = 1 - me;
         let lhs = self.lhs(ex, a)?;
-        let (side, signals) = (ex.side()?, ex.signal_side()?);
-        ex.fork(side)?;
-        let theirs = self.chunk(ex.local(self.chunks[peer]));
-        ex.matmul(&theirs, &lhs.narrow(0, peer * rows, rows), b, None)?;
-        ex.fork(signals)?; // as in `pipelined`
-        ex.put_signal(peer, READY, signals)?;
-        ex.wait_signal(peer, READY, side)?;
         let bound = |j: usize| j * rows / pieces;
         let piece = |t: &Array, j: usize| t.narrow(0, bound(j), bound(j + 1) - bound(j));
-        let (mine, pulled) = (lhs.narrow(0, me * rows, rows), self.chunk(ex.at(peer, self.chunks[me])?));
-        let own = self.chunk(ex.local(self.chunks[me]));
-        ex.matmul(&piece(&own, 0), &piece(&mine, 0), b, None)?;
-        for j in 1..pieces {
-            ex.copy_on(side, &piece(out, j), &piece(&pulled, j))?;
-            ex.join(side)?;
-            ex.gemm(&piece(out, j), &piece(&mine, j), b, true)?;
+        // The pieces in the order they are pulled: the first is summed last.
+        let order = || (1..pieces).chain([0]);
+        let in_pieces = self.decision.pieces > 1;
+        let (side, signals) = (ex.side()?, ex.signal_side()?);
+        ex.fork(side)?;
+        let (theirs, their_a) = (self.chunk(ex.local(self.chunks[peer])), lhs.narrow(0, peer * rows, rows));
+        let announced: Vec<(usize, usize)> = match in_pieces {
+            true => order().map(|j| (bound(j), bound(j + 1) - bound(j))).collect(),
+            false => vec![(0, rows)],
+        };
+        // A channel per piece: a second signal on one channel would wait
+        // for the peer to take the first, which a backend running its
+        // streams one after another never does.
+        for (i, &(start, len)) in announced.iter().enumerate() {
+            ex.matmul(&theirs.narrow(0, start, len), &their_a.narrow(0, start, len), b, None)?;
+            ex.fork(signals)?; // as in `pipelined`
+            ex.put_signal(peer, READY + i, signals)?;
         }
-        let staged = self.chunk(ex.local(self.staged[peer]));
-        ex.copy_on(side, &piece(&staged, 0), &piece(&pulled, 0))?;
-        ex.join(side)?;
+        let target = match out.is_contiguous() {
+            true => out.clone(),
+            false => self.chunk(ex.local(self.reduced)),
+        };
+        let (mine, pulled) = (lhs.narrow(0, me * rows, rows), self.chunk(ex.at(peer, self.chunks[me])?));
+        let (own, staged) = (self.chunk(ex.local(self.chunks[me])), self.chunk(ex.local(self.staged[peer])));
+        ex.matmul(&piece(&own, 0), &piece(&mine, 0), b, None)?;
+        for (i, j) in order().enumerate() {
+            if in_pieces || i == 0 {
+                ex.wait_signal(peer, READY + i, side)?;
+            }
+            let into = if j == 0 { &staged } else { &target };
+            ex.copy_on(side, &piece(into, j), &piece(&pulled, j))?;
+            ex.join(side)?;
+            if j != 0 {
+                ex.gemm(&piece(&target, j), &piece(&mine, j), b, true)?;
+            }
+        }
         // Once both ranks have pulled (side barrier), the next call may
         // overwrite the chunks; it overlaps the last reduction.
         ex.barrier_on(side)?;
@@ -675,7 +685,10 @@ impl MmRsPrepared {
         if me == 1 {
             srcs.swap(0, 1); // rank order, as reduce_into_out sums
         }
-        ex.reduce(&piece(out, 0), &srcs, 1.0)?;
+        ex.reduce(&piece(&target, 0), &srcs, 1.0)?;
+        if !out.is_contiguous() {
+            ex.copy(out, &target)?;
+        }
         ex.join(signals)?;
         ex.join(side)
     }
@@ -751,6 +764,22 @@ fn partial_dtype(out: &Array) -> DType {
 /// Why a call with an fp8 `out` does not run the fused kernel.
 const FP8_OUT_UNFUSED: &str = "an fp8 out is summed in f32 and then rounded, outside the fused kernel";
 
+/// The pieces [`MmRsPrepared::pipelined_onto_pulls`] cuts each chunk (of
+/// `chunk_rows` rows) into, where it applies: two ranks, a sum, matrices
+/// scattered by rows, not fp8 (whose matmuls do not accumulate), and at
+/// least two pieces of [`MIN_PIECE_ROWS`]. From agreed arguments only: the
+/// pieces decide the signals the ranks exchange.
+fn onto_pull_pieces(call: &MmRs, dim: usize, mode: Option<Mode>, world: usize, chunk_rows: usize) -> Option<usize> {
+    let applies = world == 2 && call.op == ReduceOp::Sum && dim == 0 && mode.is_none() && call.a.ndim() == 2;
+    applies.then(|| onto_pull_pieces_of(chunk_rows)).flatten()
+}
+
+/// [`onto_pull_pieces`] of a chunk of `chunk_rows` where the path applies.
+pub(crate) fn onto_pull_pieces_of(chunk_rows: usize) -> Option<usize> {
+    let pieces = (chunk_rows / MIN_PIECE_ROWS).min(MAX_PIECES);
+    (pieces >= 2).then_some(pieces)
+}
+
 /// Rows of this rank's chunk per piece at least, and most pieces, of
 /// [`MmRsPrepared::pipelined_onto_pulls`]: pieces large enough that cuBLASLt
 /// runs them about as fast as the whole chunk, and few enough that their
@@ -758,8 +787,10 @@ const FP8_OUT_UNFUSED: &str = "an fp8 out is summed in f32 and then rounded, out
 const MIN_PIECE_ROWS: usize = 512;
 const MAX_PIECES: usize = 4;
 
-/// Signal channel announcing "the chunk for you is in my workspace".
+/// Signal channel announcing "the chunk for you is in my workspace", and
+/// the channels after it, one per piece of [`MmRsPrepared::pipelined_onto_pulls`].
 const READY: usize = super::CHANNEL + 1;
+const _: () = assert!(READY + MAX_PIECES <= crate::backend::SIGNAL_CHANNELS);
 
 #[cfg(test)]
 mod gpu;
@@ -875,18 +906,23 @@ mod tests {
             let mut c = call(&[2048, 8], &[8, 16], 0, &[2048 / world, 16]);
             c.op = ReduceOp::Sum;
             f(&mut c);
-            c.prepare(&host_facts(world), "host", false).unwrap().onto_pull_pieces(world)
+            let plan = c.prepare(&host_facts(world), "host", false).unwrap();
+            // The cost model is told the same pieces.
+            assert_eq!(plan.shape.split_len, plan.onto_pieces.unwrap_or(1));
+            plan.onto_pieces
         };
         assert_eq!(pieces(2, &|_| {}), Some(2));
         assert_eq!(pieces(2, &|c| c.op = ReduceOp::Avg), None);
         assert_eq!(pieces(4, &|_| {}), None);
-        assert_eq!(pieces(2, &|c| c.out.strides = vec![32, 1]), None); // not contiguous
+        // Whether `out` is contiguous is not agreed between ranks: it
+        // changes where the partials land, not the pieces.
+        assert_eq!(pieces(2, &|c| c.out.strides = vec![32, 1]), Some(2));
         let mut small = call(&[1024, 8], &[8, 16], 0, &[512, 16]);
         small.op = ReduceOp::Sum;
-        assert_eq!(small.prepare(&host_facts(2), "host", false).unwrap().onto_pull_pieces(2), None); // one piece
+        assert_eq!(small.prepare(&host_facts(2), "host", false).unwrap().onto_pieces, None); // one piece
         let mut big = call(&[32768, 8], &[8, 16], 0, &[16384, 16]);
         big.op = ReduceOp::Sum;
-        assert_eq!(big.prepare(&host_facts(2), "host", false).unwrap().onto_pull_pieces(2), Some(MAX_PIECES));
+        assert_eq!(big.prepare(&host_facts(2), "host", false).unwrap().onto_pieces, Some(MAX_PIECES));
     }
 
     /// Two ranks, 1024 rows each (two pieces), bf16 small integers, so
@@ -907,32 +943,45 @@ mod tests {
         // Neither operand is constant or zero (a check that could not fail).
         assert!(b.iter().any(|x| x.to_f32() != b[0].to_f32()) && (product(0, 5, 3) + product(1, 5, 3)) != 0.0);
         let groups = host_groups(2);
-        let outs = on_each(&groups, |r, g| {
-            let mut a = a[r].clone();
-            let mut b = b.clone();
-            let mut out = vec![bf16::NAN; rows * n];
-            let arr = |v: &mut [bf16], shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, DType::BF16, shape);
-            let call = MmRs {
-                a: arr(&mut a, &[2 * rows, k]),
-                b: arr(&mut b, &[k, n]),
-                scatter_dim: 0,
-                op: ReduceOp::Sum,
-                out: arr(&mut out, &[rows, n]),
-                scales: MmRsScales::default(),
-                algorithm: None,
-            };
-            let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
-            plan.decision.algorithm = Algorithm::Pipelined;
-            assert_eq!(plan.onto_pull_pieces(2), Some(2));
-            let tag = crate::backend::CallTag::of(b"mm_rs");
-            super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make())).unwrap();
-            out
-        });
-        for (r, out) in outs.iter().enumerate() {
-            for (i, got) in out.iter().enumerate() {
-                let (row, col) = (r * rows + i / n, i % n);
-                let want = product(0, row, col) + product(1, row, col);
-                assert_eq!(got.to_f32(), want, "rank {r}, row {row}, column {col}");
+        // The peer's chunk whole or in pieces; `out` contiguous, or every
+        // other row of a buffer (whose rows between must stay untouched).
+        for (theirs_in_pieces, gap) in [(false, 1usize), (true, 1), (true, 2), (false, 2)] {
+            let what = format!("peer's chunk in pieces: {theirs_in_pieces}, row stride {gap} x n");
+            let outs = on_each(&groups, |r, g| {
+                let mut a = a[r].clone();
+                let mut b = b.clone();
+                let mut out = vec![bf16::NAN; rows * n * gap];
+                let arr =
+                    |v: &mut [bf16], shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, DType::BF16, shape);
+                let call = MmRs {
+                    a: arr(&mut a, &[2 * rows, k]),
+                    b: arr(&mut b, &[k, n]),
+                    scatter_dim: 0,
+                    op: ReduceOp::Sum,
+                    out: Array { strides: vec![gap * n, 1], ..arr(&mut out, &[rows, n]) },
+                    scales: MmRsScales::default(),
+                    algorithm: None,
+                };
+                let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
+                plan.decision.algorithm = Algorithm::Pipelined;
+                plan.decision.pieces = if theirs_in_pieces { 2 } else { 1 };
+                assert_eq!(plan.onto_pieces, Some(2));
+                let tag = crate::backend::CallTag::of(b"mm_rs");
+                super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make()))
+                    .unwrap();
+                out
+            });
+            for (r, out) in outs.iter().enumerate() {
+                for (i, got) in out.iter().enumerate() {
+                    let (line, col) = (i / n, i % n);
+                    if line % gap != 0 {
+                        assert!(got.is_nan(), "{what}: rank {r} wrote between the rows of out");
+                        continue;
+                    }
+                    let row = r * rows + line / gap;
+                    let want = product(0, row, col) + product(1, row, col);
+                    assert_eq!(got.to_f32(), want, "{what}: rank {r}, row {row}, column {col}");
+                }
             }
         }
         groups.iter().for_each(|g| g.release_scratch());

@@ -1,11 +1,21 @@
-//! `mm_rs` at decode sizes on `SYMM_TEST_WORLD` GPUs (default 2; one
-//! process, a thread per rank), sequential: the reduce-scatter on the LL
+//! `mm_rs` on GPUs (one process, a thread per rank).
+//!
+//! At decode sizes on `SYMM_TEST_WORLD` GPUs (default 2), sequential: the reduce-scatter on the LL
 //! lines (`Decision::lines`) against a float64 reference by relative error, every
 //! float dtype, sum and average, into a contiguous and a padded output
 //! (poisoned first: an element left unwritten fails), three calls back to
 //! back with new values (the repeats replay as one graph), each call one
 //! launch counted in the all-reduce buffer, with an all-reduce between
-//! them on the same buffer. Named `gpu_*`; skipped with fewer GPUs.
+//! them on the same buffer.
+//!
+//! On two GPUs, the two-rank pipelined path with the peer's chunk computed
+//! and announced in pieces (`Decision::pieces`) or whole, forced on small
+//! shapes (contiguous and padded outputs, pieces the rows do not divide
+//! evenly) and chosen by the cost model on a comm-heavy shape
+//! (4096 x 2048 x 8192, the rows at every piece's edges checked); bf16
+//! against float64 by relative error, outputs poisoned first.
+//!
+//! Named `gpu_*`; skipped with fewer GPUs.
 
 use super::*;
 use crate::backend::cuda::gpu_testing::{gpu_on, rel_err};
@@ -126,5 +136,79 @@ fn gpu_mm_rs_decode_sizes_reduce_scatter_on_the_lines() {
             }
         }
     }
+    groups.iter().for_each(|g| g.release_scratch());
+}
+
+/// Both ranks' `[2 * rows, k]` A times B `[k, n]` (bf16), pipelined, the
+/// peer's chunk in pieces where `theirs_in_pieces` says (else as the cost
+/// model decides), into an output of row stride `ld`; `check`: the rows of
+/// each rank's chunk compared. Returns the `Decision::pieces` each rank ran.
+fn pipelined_case(
+    groups: &[Arc<crate::group::Group>],
+    (rows, k, n, ld): (usize, usize, usize, usize),
+    theirs_in_pieces: Option<bool>,
+    check: &[usize],
+) -> Vec<usize> {
+    let what = format!("{rows}x{k}x{n} ld {ld}, peer's chunk in pieces: {theirs_in_pieces:?}");
+    on_each(groups, |r, g| {
+        let gpu = gpu_on(r as i32);
+        let a = gpu.upload(&encode(DType::BF16, &(0..2 * rows * k).map(|i| value(r, i)).collect::<Vec<_>>()));
+        let b = gpu.upload(&encode(DType::BF16, &(0..k * n).map(|i| value(50 + r, i)).collect::<Vec<_>>()));
+        let out = gpu.upload(&encode(DType::BF16, &vec![f64::NAN; rows * ld]));
+        let call = MmRs {
+            a: Array::contiguous(a.ptr, DType::BF16, &[2 * rows, k]),
+            b: Array::contiguous(b.ptr, DType::BF16, &[k, n]),
+            scatter_dim: 0,
+            op: ReduceOp::Sum,
+            out: Array { addr: out.ptr, dtype: DType::BF16, shape: vec![rows, n], strides: vec![ld, 1] },
+            scales: MmRsScales::default(),
+            algorithm: Some(Algorithm::Pipelined),
+        };
+        let mut ran = 0;
+        crate::ops::run_prepared(g, gpu.stream(), Ok(call), |c| {
+            let signature = c.signature(None, None);
+            let prepared = c.prepare(&Facts::of(g), "cuda", false).map(|mut p| {
+                if let Some(split) = theirs_in_pieces {
+                    p.decision.pieces = if split { p.onto_pieces.unwrap_or(1) } else { 1 };
+                }
+                ran = p.decision.pieces;
+                p
+            });
+            (crate::ops::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
+        })
+        .unwrap_or_else(|e| panic!("{what}: {}", e.msg));
+        gpu.sync();
+        let got = decode(DType::BF16, &gpu.read_at(out.ptr, rows * ld * 2));
+        let (mut mine, mut want) = (Vec::new(), Vec::new());
+        for &i in check {
+            for j in 0..n {
+                mine.push(got[i * ld + j]);
+                let row = r * rows + i;
+                want.push(
+                    (0..2).map(|q| (0..k).map(|h| value(q, row * k + h) * value(50 + q, h * n + j)).sum::<f64>()).sum(),
+                );
+            }
+            assert!(got[i * ld + n..(i + 1) * ld].iter().all(|v| v.is_nan()), "{what}: rank {r} wrote padding");
+        }
+        assert!(mine.iter().all(|v| v.is_finite()), "{what}: rank {r} left an element unwritten");
+        let err = rel_err(&mine, &want);
+        assert!(err < 1.5e-2, "{what}: rank {r} relative error {err}");
+        ran
+    })
+}
+
+#[test]
+fn gpu_mm_rs_pipelined_in_pieces() {
+    let Some(groups) = cuda_groups(2) else { return };
+    // Forced, every row checked: 1100 rows make two pieces of 550.
+    for (shape, split) in [((1100, 384, 256, 256), true), ((1100, 384, 256, 264), true), ((2048, 256, 512, 512), false)]
+    {
+        let ran = pipelined_case(&groups, shape, Some(split), &(0..shape.0).collect::<Vec<_>>());
+        assert!(ran.iter().all(|&p| (p > 1) == split), "{shape:?}: ran {ran:?}");
+    }
+    // Chosen: comm-heavy, four pieces of 512 rows; their edges checked.
+    let edges: Vec<usize> = (0..4).flat_map(|j| [j * 512, j * 512 + 511]).collect();
+    let ran = pipelined_case(&groups, (2048, 2048, 8192, 8192), None, &edges);
+    assert_eq!(ran, [4, 4], "4096 x 2048 x 8192 at two ranks: the cost model's pieces");
     groups.iter().for_each(|g| g.release_scratch());
 }
