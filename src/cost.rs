@@ -19,8 +19,10 @@ pub struct DeviceModel {
     pub fp8_matmul_tflops: f64,
     /// Copy-engine pull bandwidth from one peer, GB/s.
     pub link_gbps: f64,
-    /// The same while the SMs run a matmul beside it: what the pipelined
-    /// paths' timelines ([`gather_pieces`], [`scatter_pieces`]) pull at.
+    /// The same while the SMs run a matmul beside it: what the timeline of
+    /// [`scatter_pieces`] pulls at. ([`gather_pieces`] pulls at
+    /// `link_gbps`: at this rate it chose 4 pieces for ag_mm
+    /// 12000x4096x1536, measured 4% slower than the 2 it takes at that one.)
     pub loaded_link_gbps: f64,
     /// Device memory bandwidth, GB/s (reads + writes).
     pub hbm_gbps: f64,
@@ -393,7 +395,7 @@ fn gather_pieces(p: &Problem, d: &DeviceModel) -> (usize, Gain) {
     let timeline = |c: usize| {
         let own = matmul_ms(p, shard_rows, d) * base;
         let piece = matmul_ms(p, piece_rows(c), d) * base * (1.0 + d.split_penalty * (c as f64 - 1.0));
-        let pull = d.launch_us / 1e3 + loaded_transfer_ms((piece_rows(c) * p.k * p.elem_bytes) as f64, d);
+        let pull = d.launch_us / 1e3 + transfer_ms((piece_rows(c) * p.k * p.elem_bytes) as f64, d);
         let barrier = d.barrier_us / 1e3;
         let (mut main, mut side) = (own, barrier);
         for _ in 0..(p.world - 1) * c {
@@ -519,13 +521,21 @@ pub fn gather_slice_k(shard_bytes: usize, k: usize, align: usize) -> usize {
 /// against 736 and 263 against 242.
 pub const FUSED_SCATTER_COMM_SHARE: f64 = 0.5;
 
+/// The same where the two-rank pipelined path computes the peer's chunk in
+/// pieces ([`scatter_pieces`]): its pulls start after the first piece, and
+/// the fused kernel leads only on heavier communication (graph-replayed,
+/// 2 x H200): mm_rs 4096x2048x8192 (share 0.54) pipelined in pieces 237
+/// against fused 253 us (bound 243 against 260), 2048x1536x8192 (0.72) 120
+/// against 114, 3000x1024x8192 (1.07) 152 against 127.
+pub const FUSED_SCATTER_COMM_SHARE_IN_PIECES: f64 = 0.6;
+
 /// Whether `estimates` (an mm_rs's) are comm-heavy: the sequential path's
-/// communication at least [`FUSED_SCATTER_COMM_SHARE`] of its matmul.
+/// communication at least [`FUSED_SCATTER_COMM_SHARE`] of its matmul, or
+/// [`FUSED_SCATTER_COMM_SHARE_IN_PIECES`] where the pipelined one is in pieces.
 pub fn comm_heavy(estimates: &[Estimate]) -> bool {
-    estimates
-        .iter()
-        .find(|e| e.algorithm == Algorithm::Sequential)
-        .is_some_and(|e| e.comm_ms >= FUSED_SCATTER_COMM_SHARE * e.compute_ms)
+    let in_pieces = estimates.iter().any(|e| e.algorithm == Algorithm::Pipelined && e.pieces > 1);
+    let share = if in_pieces { FUSED_SCATTER_COMM_SHARE_IN_PIECES } else { FUSED_SCATTER_COMM_SHARE };
+    estimates.iter().find(|e| e.algorithm == Algorithm::Sequential).is_some_and(|e| e.comm_ms >= share * e.compute_ms)
 }
 
 /// The automatic choice: the estimate with the smallest predicted total

@@ -460,8 +460,8 @@ mod tests {
         // A [2, 4096, 4096] shard: its first dimension allows two pieces.
         assert_eq!(decide(&f, &Shape { split_len: 2, ..s }, true, None).unwrap().pieces, 2);
         assert_eq!(decide(&f, &s, true, Some(Algorithm::Sequential)).unwrap().pieces, 1);
-        // mm_rs 4096x2048x8192 goes fused (comm-heavy); pipelined, the
-        // peer's chunk in the four pieces its own is cut into.
+        // mm_rs 4096x2048x8192 pipelined: the peer's chunk in the four
+        // pieces its own is cut into.
         assert_eq!(decide(&f, &shape(Op::MmRs, 4096, 2048, 8192), true, None).unwrap().pieces, 1);
         let s = Shape { split_len: 4, ..shape(Op::MmRs, 4096, 2048, 8192) };
         let d = decide(&f, &s, true, Some(Algorithm::Pipelined)).unwrap();
@@ -555,12 +555,13 @@ mod tests {
     }
 
     /// A comm-heavy mm_rs takes the fused kernel where it fits, as measured
-    /// (`cost::FUSED_SCATTER_COMM_SHARE`); not below that share, not where
-    /// the kernel cannot run, never an ag_mm.
+    /// (`cost::FUSED_SCATTER_COMM_SHARE`, `_IN_PIECES` where the two-rank
+    /// pipelined path computes the peer's chunk in pieces); not below that
+    /// share, not where the kernel cannot run, never an ag_mm.
     #[test]
     fn comm_heavy_reduce_scatters_take_the_fused_kernel() {
         let cases = [
-            (2, (4096, 2048, 8192), true),
+            (2, (4096, 2048, 8192), false), // pipelined, the peer's chunk in pieces
             (2, (2048, 1536, 8192), true),
             (2, (3000, 1024, 8192), true),
             (2, (3001, 1024, 8192), false), // rows that do not divide into the world's chunks
@@ -571,19 +572,27 @@ mod tests {
         ];
         for (world, (m, k, n), fused) in cases {
             let f = hopper(world, None);
-            let d = decide(&f, &shape(Op::MmRs, m, k, n), true, None).unwrap();
+            // As mm_rs prepares a sum of matrices scattered by rows.
+            let onto = if world == 2 { crate::ops::mm_rs::onto_pull_pieces_of(m / 2).unwrap_or(1) } else { 1 };
+            let s = Shape { split_len: onto, ..shape(Op::MmRs, m, k, n) };
+            let d = decide(&f, &s, true, None).unwrap();
             assert_eq!(d.algorithm == Algorithm::Fused, fused, "mm_rs {m}x{k}x{n} at world {world}: {d:?}");
-            let unfit = decide(&f, &shape(Op::MmRs, m, k, n), false, None).unwrap();
+            let unfit = decide(&f, &s, false, None).unwrap();
             assert_ne!(unfit.algorithm, Algorithm::Fused);
             assert_ne!(decide(&f, &shape(Op::AgMm, m, k, n), true, None).unwrap().algorithm, Algorithm::Fused);
-            // fp8 into bf16 moves as much in a faster matmul: comm-heavy
-            // wherever bf16 is (measured ahead there too, despite its exact
-            // accumulation: bench/results/2026-11-29-h200-x2-285f8f0-*).
+            // fp8 into bf16 moves as much in a faster matmul, and its chunks
+            // stay whole: comm-heavy wherever bf16 is at the plain share
+            // (measured ahead there too, despite its exact accumulation:
+            // bench/results/2026-11-29-h200-x2-285f8f0-*).
             let fp8 = Shape { dtype: DType::F8E4M3, ..shape(Op::MmRs, m, k, n) };
-            if fused {
+            let whole = decide(&f, &shape(Op::MmRs, m, k, n), true, None).unwrap();
+            if whole.algorithm == Algorithm::Fused {
                 assert_eq!(decide(&f, &fp8, true, None).unwrap().algorithm, Algorithm::Fused, "fp8 {m}x{k}x{n}");
             }
         }
+        // Without the pieces, 4096x2048x8192 is comm-heavy at the plain share.
+        let whole = decide(&hopper(2, None), &shape(Op::MmRs, 4096, 2048, 8192), true, None).unwrap();
+        assert_eq!(whole.algorithm, Algorithm::Fused);
     }
 
     /// An mm_rs moves its partials, in the product's type: fp8 operands
