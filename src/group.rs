@@ -678,7 +678,8 @@ fn join_nccl(
     let id = nccl::UniqueId::from_bytes(&ids[members[0]])?;
     let comm = Communicator::join(nccl, index, members.len(), device, id)
         .map_err(|e| e.context(format!("joining the ranks {members:?} {what}")))?;
-    Ok(NcclTransport::new(comm, members))
+    let context = format!("the call tags of the ranks {members:?} {what}");
+    NcclTransport::new(comm, members).map_err(|e| e.context(context))
 }
 
 /// What an exchange across hosts is for (its tag).
@@ -783,6 +784,7 @@ fn host_identity() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::CallTag;
     use crate::bootstrap::local::local_bootstraps;
     use crate::error::ErrorKind;
 
@@ -960,23 +962,23 @@ mod tests {
                             let t = g.across_hosts().unwrap();
                             let m = t.members().to_vec();
                             let n = 5;
-                            let (r, f) = (g.rank(), DType::F32);
+                            let (r, f, tag) = (g.rank(), DType::F32, CallTag::of(b"collectives"));
                             let arr = |v: &Vec<f32>| Array::contiguous(v.as_ptr() as u64, f, &[v.len()]);
                             // All-gather.
                             let send: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
                             let recv = vec![f32::NAN; n * m.len()];
-                            t.all_gather(g, &arr(&send), &arr(&recv), Stream(0)).unwrap();
+                            t.all_gather(g, &arr(&send), &arr(&recv), Stream(0), tag).unwrap();
                             let want: Vec<f32> = m.iter().flat_map(|&p| (0..n).map(move |i| value(p, i))).collect();
                             assert_eq!(recv, want, "all-gather on rank {r}");
                             // All-reduce.
                             let recv = vec![f32::NAN; n];
-                            t.all_reduce(g, &arr(&send), &arr(&recv), Stream(0)).unwrap();
+                            t.all_reduce(g, &arr(&send), &arr(&recv), Stream(0), tag).unwrap();
                             let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, i)).sum()).collect();
                             assert_eq!(recv, want, "all-reduce on rank {r}");
                             // Reduce-scatter: block h of `send` is meant for member h.
                             let send: Vec<f32> = (0..n * m.len()).map(|i| value(r, i)).collect();
                             let recv = vec![f32::NAN; n];
-                            t.reduce_scatter(g, &arr(&send), &arr(&recv), Stream(0)).unwrap();
+                            t.reduce_scatter(g, &arr(&send), &arr(&recv), Stream(0), tag).unwrap();
                             let h = m.iter().position(|&p| p == r).unwrap();
                             let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, h * n + i)).sum()).collect();
                             assert_eq!(recv, want, "reduce-scatter on rank {r}");
@@ -984,11 +986,11 @@ mod tests {
                             let send = vec![100i8 + r as i8; 3];
                             let recv = vec![-1i8; 3];
                             let a8 = |v: &Vec<i8>| Array::contiguous(v.as_ptr() as u64, DType::I8, &[3]);
-                            t.all_reduce(g, &a8(&send), &a8(&recv), Stream(0)).unwrap();
+                            t.all_reduce(g, &a8(&send), &a8(&recv), Stream(0), tag).unwrap();
                             let sum = m.iter().fold(0i8, |s, &p| s.wrapping_add(100 + p as i8));
                             assert_eq!(recv, vec![sum; 3], "int8 all-reduce on rank {r}");
                             // Missized buffers are refused before anything moves.
-                            let e = t.all_reduce(g, &a8(&send), &arr(&vec![0f32; 3]), Stream(0)).unwrap_err();
+                            let e = t.all_reduce(g, &a8(&send), &arr(&vec![0f32; 3]), Stream(0), tag).unwrap_err();
                             assert_eq!(e.kind, ErrorKind::Internal);
                         })
                     })
@@ -996,6 +998,39 @@ mod tests {
                 hs.into_iter().for_each(|h| h.join().unwrap());
             });
         }
+    }
+
+    /// A member in another call (another tag) fails the step on every rank
+    /// with `Mismatch` naming a rank across hosts, writes nothing, and
+    /// fails the group.
+    #[test]
+    fn bootstrap_transport_refuses_another_call_s_tag() {
+        use crate::array::{Array, DType};
+        use crate::backend::Stream;
+        let groups: Vec<Arc<Group>> = form_on_hosts(&["a", "b"]).into_iter().map(Result::unwrap).collect();
+        std::thread::scope(|s| {
+            for g in &groups {
+                s.spawn(move || {
+                    let _lock = g.lock_collective();
+                    let t = g.across_hosts().unwrap();
+                    let send = [1.5f32, 2.5];
+                    let recv = [f32::NAN; 4];
+                    let arr = |p: *const f32, n: usize| Array::contiguous(p as u64, DType::F32, &[n]);
+                    let tag = CallTag::of(if g.rank() == 0 { b"one call" } else { b"another" });
+                    let e =
+                        t.all_gather(g, &arr(send.as_ptr(), 2), &arr(recv.as_ptr(), 4), Stream(0), tag).unwrap_err();
+                    assert_eq!(e.kind, ErrorKind::Mismatch, "{}", e.msg);
+                    let peer = 1 - g.rank();
+                    assert!(
+                        e.msg.contains(&format!("exchange across hosts: rank {peer} is making a different call")),
+                        "{}",
+                        e.msg
+                    );
+                    assert!(recv.iter().all(|v| v.is_nan()), "rank {}: written", g.rank());
+                    assert_eq!(g.failure().map(|e| e.kind), Some(ErrorKind::Mismatch));
+                });
+            }
+        });
     }
 
     /// One pretend host: the group forms as any other, its topology one host.

@@ -83,6 +83,11 @@ impl CallTag {
         self.0
     }
 
+    /// A tag as `get` returned it (received from a peer).
+    pub fn from_raw(tag: u32) -> CallTag {
+        CallTag(tag)
+    }
+
     /// The error of a rank that met `peer` in another call: `at` says where
     /// (ending in ": "), `tags` are the peer's and this rank's where known.
     pub fn mismatch(at: &str, peer: usize, tags: Option<(CallTag, CallTag)>) -> crate::error::Error {
@@ -97,6 +102,18 @@ impl CallTag {
              names them"
         )
     }
+}
+
+/// [`Backend::check_tags`]'s arguments: `count` `u32` tags at `tags` (device
+/// memory), the members' group ranks at `ranks` (`count` `i32`s), and this
+/// rank's `tag` and group `rank`.
+#[derive(Clone, Copy, Debug)]
+pub struct TagCheck {
+    pub tags: u64,
+    pub ranks: u64,
+    pub count: usize,
+    pub tag: CallTag,
+    pub rank: usize,
 }
 
 /// Which backend a group runs on.
@@ -420,6 +437,22 @@ pub trait Backend: Send + Sync {
     fn is_capturing(&self, stream: Stream) -> Result<bool> {
         let _ = stream;
         Ok(false)
+    }
+
+    /// The call tags of an NCCL step across hosts (`group::NcclTransport`):
+    /// stores `tag` into the `u32` at `addr` (device memory) on `stream`,
+    /// after the stream's earlier work.
+    fn write_tag(&self, addr: u64, tag: CallTag, stream: Stream) -> Result<()> {
+        let _ = (addr, tag, stream);
+        Err(err!(Unsupported, "call tags in device memory need the CUDA backend"))
+    }
+
+    /// On `stream`: unless every member's tag is this rank's, records a
+    /// mismatch naming that member's rank in the group's asynchronous
+    /// error (see [`TagCheck`]).
+    fn check_tags(&self, check: &TagCheck, stream: Stream) -> Result<()> {
+        let _ = (check, stream);
+        Err(err!(Unsupported, "call tags in device memory need the CUDA backend"))
     }
 
     /// Waits until the work issued so far that may use memory about to be

@@ -15,28 +15,38 @@
 
 use super::{Group, Purpose};
 use crate::array::{Array, DType};
+use crate::backend::cuda::device_bytes::DeviceBytes;
 use crate::backend::cuda::nccl::{self, Communicator};
 use crate::backend::host::elementwise;
-use crate::backend::Stream;
+use crate::backend::{CallTag, Stream, TagCheck};
 use crate::error::{err, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Collectives over the members (see the module documentation). Sums only:
 /// integers wrap, floats are summed in f32 (bootstrap) or as NCCL does.
+///
+/// Each collective carries the call's tag (`CallTag`), exchanged beside
+/// its data: a member in another call (ranks out of step between calls
+/// kept after their agreement) fails the group with `Mismatch` naming
+/// that rank, instead of leaving the wrong call's data unnoticed. The
+/// bootstrap checks before it uses the data; NCCL's check runs on the
+/// stream after the collective, into the group's asynchronous error
+/// (reported by the next call or synchronization).
 pub trait AcrossHosts: Send + Sync {
     /// The members, in order (this rank among them).
     fn members(&self) -> &[usize];
 
     /// `recv` (members x `send`'s elements) receives every member's `send`,
     /// in the members' order.
-    fn all_gather(&self, group: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()>;
+    fn all_gather(&self, group: &Group, send: &Array, recv: &Array, stream: Stream, tag: CallTag) -> Result<()>;
 
     /// `recv` (`send`'s shape) receives the sum of every member's `send`.
-    fn all_reduce(&self, group: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()>;
+    fn all_reduce(&self, group: &Group, send: &Array, recv: &Array, stream: Stream, tag: CallTag) -> Result<()>;
 
     /// `send` holds one block of `recv`'s elements per member, in the
     /// members' order; `recv` receives the sum over members of this rank's block.
-    fn reduce_scatter(&self, group: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()>;
+    fn reduce_scatter(&self, group: &Group, send: &Array, recv: &Array, stream: Stream, tag: CallTag) -> Result<()>;
 }
 
 /// Which collective, for checks and messages.
@@ -91,16 +101,26 @@ impl Bootstrapped {
     }
 
     /// Every member's `send`, each in 8-byte aligned memory (reductions
-    /// load elements in place).
-    fn gather(&self, group: &Group, send: &Array) -> Result<Vec<Vec<u64>>> {
+    /// load elements in place), after the call tag that precedes it
+    /// matched this rank's on every member (else the group fails).
+    fn gather(&self, group: &Group, send: &Array, tag: CallTag) -> Result<Vec<Vec<u64>>> {
         let bytes = send.numel() * send.dtype.size();
+        let mut mine = tag.get().to_le_bytes().to_vec();
         // SAFETY: `send` is contiguous (checked) and readable for its extent.
-        let mine = unsafe { std::slice::from_raw_parts(send.addr as *const u8, bytes) }.to_vec();
+        mine.extend_from_slice(unsafe { std::slice::from_raw_parts(send.addr as *const u8, bytes) });
         let all = group.exchange_across_hosts(Purpose::Data, Ok(mine))?;
+        for &m in &self.members {
+            let theirs = all[m].get(..4).map(|t| u32::from_le_bytes(t.try_into().expect("4 bytes")));
+            if theirs != Some(tag.get()) {
+                let e = CallTag::mismatch("an exchange across hosts: ", m, theirs.map(|t| (CallTag::from_raw(t), tag)));
+                group.fail(&e);
+                return Err(e);
+            }
+        }
         self.members
             .iter()
             .map(|&m| {
-                let got = &all[m];
+                let got = &all[m][4..];
                 if got.len() != bytes {
                     return Err(err!(Internal, "rank {m} sent {} bytes across hosts, not {bytes}", got.len()));
                 }
@@ -132,10 +152,10 @@ impl AcrossHosts for Bootstrapped {
         &self.members
     }
 
-    fn all_gather(&self, group: &Group, send: &Array, recv: &Array, _: Stream) -> Result<()> {
+    fn all_gather(&self, group: &Group, send: &Array, recv: &Array, _: Stream, tag: CallTag) -> Result<()> {
         check(Collective::AllGather, send, recv, self.members.len())?;
         let n = send.numel();
-        let all = self.gather(group, send)?;
+        let all = self.gather(group, send, tag)?;
         for (h, words) in all.iter().enumerate() {
             let dst = Array::contiguous(recv.addr + (h * n * recv.dtype.size()) as u64, recv.dtype, &[n]);
             elementwise::copy(&dst, &view(words, send.dtype, 0, n))?;
@@ -143,38 +163,71 @@ impl AcrossHosts for Bootstrapped {
         Ok(())
     }
 
-    fn all_reduce(&self, group: &Group, send: &Array, recv: &Array, _: Stream) -> Result<()> {
+    fn all_reduce(&self, group: &Group, send: &Array, recv: &Array, _: Stream, tag: CallTag) -> Result<()> {
         check(Collective::AllReduce, send, recv, self.members.len())?;
         let n = send.numel();
-        let all = self.gather(group, send)?;
+        let all = self.gather(group, send, tag)?;
         let srcs: Vec<Array> = all.iter().map(|w| view(w, send.dtype, 0, n)).collect();
         sum_into(&Array::contiguous(recv.addr, recv.dtype, &[n]), &srcs)
     }
 
-    fn reduce_scatter(&self, group: &Group, send: &Array, recv: &Array, _: Stream) -> Result<()> {
+    fn reduce_scatter(&self, group: &Group, send: &Array, recv: &Array, _: Stream, tag: CallTag) -> Result<()> {
         check(Collective::ReduceScatter, send, recv, self.members.len())?;
         let n = recv.numel();
-        let all = self.gather(group, send)?;
+        let all = self.gather(group, send, tag)?;
         let srcs: Vec<Array> = all.iter().map(|w| view(w, send.dtype, self.index * n, n)).collect();
         sum_into(&Array::contiguous(recv.addr, recv.dtype, &[n]), &srcs)
     }
 }
 
 /// NCCL's transport (the CUDA backend): a communicator over the members,
-/// whose collectives are enqueued on the caller's stream.
+/// whose collectives are enqueued on the caller's stream. Each step's
+/// call tag is stored into a slot of device memory by a stream write,
+/// all-gathered in the same NCCL group as the step's data, and checked by
+/// a one-thread kernel after it (`Backend::check_tags`).
 pub struct NcclTransport {
     comm: Arc<Communicator>,
     members: Vec<usize>,
+    /// Device memory: the members' group ranks (`i32`s), then
+    /// [`TAG_SLOTS`] slots of `1 + members` `u32` tags (this rank's, then
+    /// every member's).
+    tags: DeviceBytes,
+    /// The next step's slot (mod [`TAG_SLOTS`]).
+    next: AtomicUsize,
 }
 
+/// Slots of call tags, used in turn: steps queued on different streams
+/// would race on one; `TAG_SLOTS` steps apart they take the same slot.
+const TAG_SLOTS: usize = 64;
+
 impl NcclTransport {
-    pub fn new(comm: Communicator, members: Vec<usize>) -> NcclTransport {
-        NcclTransport { comm: Arc::new(comm), members }
+    /// `comm`'s device must be current (as `Communicator::join` leaves it).
+    pub fn new(comm: Communicator, members: Vec<usize>) -> Result<NcclTransport> {
+        let ranks: Vec<u8> = members.iter().flat_map(|&m| (m as i32).to_le_bytes()).collect();
+        let tags = DeviceBytes::new(ranks.len() + TAG_SLOTS * (1 + members.len()) * 4)?;
+        tags.write(0, &ranks)?;
+        Ok(NcclTransport { comm: Arc::new(comm), members, tags, next: AtomicUsize::new(0) })
     }
 
     /// The communicator, for the group's watchdog to abort.
     pub fn communicator(&self) -> Arc<Communicator> {
         self.comm.clone()
+    }
+
+    /// `data` (the step's collectives) in one NCCL group with the gather of
+    /// every member's `tag`, then their check.
+    fn tagged(&self, group: &Group, stream: Stream, tag: CallTag, data: impl FnOnce() -> Result<()>) -> Result<()> {
+        let m = self.members.len();
+        let slot = self.next.fetch_add(1, Ordering::Relaxed) % TAG_SLOTS;
+        let mine = self.tags.addr + (4 * (m + slot * (1 + m))) as u64;
+        let backend = group.backend();
+        backend.write_tag(mine, tag, stream)?;
+        self.comm.grouped(|| {
+            data()?;
+            self.comm.all_gather(mine, mine + 4, 4, stream.0)
+        })?;
+        let check = TagCheck { tags: mine + 4, ranks: self.tags.addr, count: m, tag, rank: group.rank() };
+        backend.check_tags(&check, stream)
     }
 }
 
@@ -188,19 +241,22 @@ impl AcrossHosts for NcclTransport {
         &self.members
     }
 
-    fn all_gather(&self, _: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()> {
+    fn all_gather(&self, group: &Group, send: &Array, recv: &Array, stream: Stream, tag: CallTag) -> Result<()> {
         check(Collective::AllGather, send, recv, self.members.len())?;
-        self.comm.all_gather(send.addr, recv.addr, send.numel() * send.dtype.size(), stream.0)
+        let bytes = send.numel() * send.dtype.size();
+        self.tagged(group, stream, tag, || self.comm.all_gather(send.addr, recv.addr, bytes, stream.0))
     }
 
-    fn all_reduce(&self, _: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()> {
+    fn all_reduce(&self, group: &Group, send: &Array, recv: &Array, stream: Stream, tag: CallTag) -> Result<()> {
         check(Collective::AllReduce, send, recv, self.members.len())?;
-        self.comm.all_reduce(send.addr, recv.addr, send.numel(), nccl_type(send.dtype)?, stream.0)
+        let t = nccl_type(send.dtype)?;
+        self.tagged(group, stream, tag, || self.comm.all_reduce(send.addr, recv.addr, send.numel(), t, stream.0))
     }
 
-    fn reduce_scatter(&self, _: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()> {
+    fn reduce_scatter(&self, group: &Group, send: &Array, recv: &Array, stream: Stream, tag: CallTag) -> Result<()> {
         check(Collective::ReduceScatter, send, recv, self.members.len())?;
-        self.comm.reduce_scatter(send.addr, recv.addr, recv.numel(), nccl_type(send.dtype)?, stream.0)
+        let t = nccl_type(send.dtype)?;
+        self.tagged(group, stream, tag, || self.comm.reduce_scatter(send.addr, recv.addr, recv.numel(), t, stream.0))
     }
 }
 
@@ -249,29 +305,51 @@ mod gpu_tests {
                     for t in [g.across_hosts(), g.inside_host()] {
                         let t = t.expect("spans hosts");
                         let m = t.members().to_vec();
-                        let (r, n, f) = (g.rank(), 1000, DType::F32);
+                        let (r, n, f, tag) = (g.rank(), 1000, DType::F32, CallTag::of(b"collectives"));
                         let dev = |b: &crate::backend::cuda::gpu_testing::DevBuf, len: usize| {
                             Array::contiguous(b.ptr, f, &[len])
                         };
                         let send: Vec<f32> = (0..n * m.len()).map(|i| value(r, i)).collect();
                         let sbuf = gpu.upload(&send);
                         let rbuf = gpu.upload(&vec![f32::NAN; n * m.len()]);
-                        t.all_gather(g, &dev(&sbuf, n), &dev(&rbuf, n * m.len()), gpu.stream()).unwrap();
+                        t.all_gather(g, &dev(&sbuf, n), &dev(&rbuf, n * m.len()), gpu.stream(), tag).unwrap();
                         gpu.sync();
                         let want: Vec<f32> = m.iter().flat_map(|&p| (0..n).map(move |i| value(p, i))).collect();
                         assert_eq!(rbuf.read::<f32>(n * m.len()), want, "all-gather on rank {r}");
                         rbuf.write(&vec![f32::NAN; n * m.len()]);
-                        t.all_reduce(g, &dev(&sbuf, n), &dev(&rbuf, n), gpu.stream()).unwrap();
+                        t.all_reduce(g, &dev(&sbuf, n), &dev(&rbuf, n), gpu.stream(), tag).unwrap();
                         gpu.sync();
                         let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, i)).sum()).collect();
                         assert_eq!(rbuf.read::<f32>(n), want, "all-reduce on rank {r}");
                         rbuf.write(&vec![f32::NAN; n * m.len()]);
-                        t.reduce_scatter(g, &dev(&sbuf, n * m.len()), &dev(&rbuf, n), gpu.stream()).unwrap();
+                        t.reduce_scatter(g, &dev(&sbuf, n * m.len()), &dev(&rbuf, n), gpu.stream(), tag).unwrap();
                         gpu.sync();
                         let h = m.iter().position(|&p| p == r).unwrap();
                         let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, h * n + i)).sum()).collect();
                         assert_eq!(rbuf.read::<f32>(n), want, "reduce-scatter on rank {r}");
                     }
+                    assert!(g.failure().is_none(), "rank {}: {:?}", g.rank(), g.failure());
+                });
+            }
+        });
+        // Then one rank in another call: every rank's group fails with
+        // `Mismatch`, naming a rank across hosts.
+        std::thread::scope(|s| {
+            for g in &groups {
+                s.spawn(move || {
+                    let gpu = gpu_on(g.device());
+                    let t = g.across_hosts().expect("spans hosts");
+                    let n = t.members().len();
+                    let (sbuf, rbuf) = (gpu.upload(&[1f32; 4]), gpu.upload(&vec![0f32; 4 * n]));
+                    let dev = |b: &crate::backend::cuda::gpu_testing::DevBuf, len: usize| {
+                        Array::contiguous(b.ptr, DType::F32, &[len])
+                    };
+                    let tag = CallTag::of(if g.rank() == 0 { b"one call" } else { b"another" });
+                    t.all_gather(g, &dev(&sbuf, 4), &dev(&rbuf, 4 * n), gpu.stream(), tag).unwrap();
+                    gpu.sync();
+                    let e = g.failure().expect("a step with another call's tag fails the group");
+                    assert_eq!(e.kind, crate::error::ErrorKind::Mismatch, "{}", e.msg);
+                    assert!(e.msg.contains("an exchange across hosts: rank "), "{}", e.msg);
                 });
             }
         });

@@ -92,7 +92,7 @@ fn across_first(
     let (across, _) = transports(ex.group, &plan.across, local)?;
     let mine = flat(&piece(ex.rank()));
     let s = Staged::like(&mine, staging);
-    across.all_gather(ex.group, &mine, &s.at(at, plan.across.len()), ex.stream)?;
+    across.all_gather(ex.group, &mine, &s.at(at, plan.across.len()), ex.stream, ex.tag)?;
     Ok(s)
 }
 
@@ -291,7 +291,7 @@ pub fn all_reduce(group: &Arc<Group>, call: Result<AllReduce>, stream: Stream) -
         ex.copy(&sum, &c.input)?;
         let all = run_of(padded, plan.slices.len());
         inside.reduce_scatter(group, &all, &run_of(host_sum, 1), stream)?;
-        across.all_reduce(group, &run_of(host_sum, 1), &run_of(total, 1), stream)?;
+        across.all_reduce(group, &run_of(host_sum, 1), &run_of(total, 1), stream, tag)?;
         // The average divides each block's total once, before it spreads.
         let reduced = match c.op {
             ReduceOp::Sum => total,
@@ -330,7 +330,7 @@ fn reduce_alone(
             lands.clone()
         }
     };
-    across.all_reduce(ex.group, &flat(&send), &flat(&lands), ex.stream)?;
+    across.all_reduce(ex.group, &flat(&send), &flat(&lands), ex.stream, ex.tag)?;
     if total.is_some() {
         c.reduce(ex, &result, &[lands], ex.group.world())?;
     }
@@ -381,7 +381,7 @@ pub fn lc_allgather(group: &Arc<Group>, call: Result<LcAllgather>, stream: Strea
         };
         let Some(staging) = staging else {
             let (across, _) = transports(group, &plan.across, &[me])?;
-            return across.all_gather(group, &flat(&mine), &flat(&c.output), stream);
+            return across.all_gather(group, &flat(&mine), &flat(&c.output), stream, tag);
         };
         ex.copy(&c.output.narrow(0, piece_rows(me, len).start, len), &c.input)?;
         let place = |r: usize| if r == me { mine.clone() } else { c.output.narrow(0, piece_rows(r, len).start, len) };

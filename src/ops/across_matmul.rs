@@ -88,7 +88,7 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
             }
             let (across, _) = transports(group, &plan.across, &[me])?;
             let all = Array::contiguous(first.addr, mine.dtype, &[world * mine.numel()]);
-            across.all_gather(group, &mine, &all, ex.stream)
+            across.all_gather(group, &mine, &all, ex.stream, ex.tag)
         };
         pieces(&|r| p.staged_shard(ex, r))?;
         if p.staged_row_scales(ex, 0).is_some() {
@@ -155,7 +155,7 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
             // Alone on its host with the members in rank order: the chunks,
             // back to back in rank order, are reduce-scattered as they lie.
             let all = Array::contiguous(p.product_chunk(&ex, 0).addr, dtype, &[hosts * n]);
-            across.reduce_scatter(group, &all, &flat(&total_chunk), stream)?;
+            across.reduce_scatter(group, &all, &flat(&total_chunk), stream, tag)?;
             return p.reduce_into_out(&ex, &[total_chunk]);
         }
         let block = |offset: usize, i: usize| flat(&p.chunk(ex.local(offset + i * p.chunk_bytes())));
@@ -171,7 +171,7 @@ pub fn mm_rs(group: &Arc<Group>, call: Result<MmRs>, stream: Stream) -> Result<(
             &run_of(host_sums, hosts),
             stream,
         )?;
-        across.reduce_scatter(group, &run_of(host_sums, hosts), &run_of(total, 1), stream)?;
+        across.reduce_scatter(group, &run_of(host_sums, hosts), &run_of(total, 1), stream, tag)?;
         p.reduce_into_out(&ex, &[p.chunk(ex.local(total))])
     };
     group.watched(stream, "symm_mm_rs", run).inspect_err(|e| group.fail(e))

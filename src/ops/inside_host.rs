@@ -107,7 +107,7 @@ impl<'a> Inside<'a> {
     pub(super) fn all_gather(&self, group: &Group, send: &Array, recv: &Array, stream: Stream) -> Result<()> {
         let bytes = send.numel() * send.dtype.size();
         let Some(l) = self.lines_for(Step::AllGather { bytes }) else {
-            return self.transport.all_gather(group, send, recv, stream);
+            return self.transport.all_gather(group, send, recv, stream, self.tag);
         };
         check(Collective::AllGather, send, recv, l.scratch.len())?;
         let call = AllGatherCall {
@@ -131,7 +131,7 @@ impl<'a> Inside<'a> {
         // The staging this sends from is 256-byte aligned on every rank, as
         // the lines want (`ReduceScatterCall::check` refuses otherwise).
         let Some(l) = self.lines_for(step) else {
-            return self.transport.reduce_scatter(group, send, recv, stream);
+            return self.transport.reduce_scatter(group, send, recv, stream, self.tag);
         };
         check(Collective::ReduceScatter, send, recv, l.scratch.len())?;
         let call = ReduceScatterCall {

@@ -39,6 +39,8 @@ const MISMATCH: u32 = 4;
 const GEMM_CHANNEL: i32 = -2;
 /// `SYMM_AR_CHANNEL`: the waits of kernels/allreduce.cu.
 const ALL_REDUCE_CHANNEL: i32 = -3;
+/// `symm_check_tags` (kernels/signal.cu): an NCCL step across hosts.
+const ACROSS_CHANNEL: i32 = -4;
 
 pub struct AsyncError {
     host: *mut Record,
@@ -124,6 +126,7 @@ impl AsyncError {
         let what = match r.kind {
             _ if r.channel == GEMM_CHANNEL => format!("the fused matmul waiting for rank {}", r.peer),
             _ if r.channel == ALL_REDUCE_CHANNEL => format!("the all-reduce waiting for rank {}", r.peer),
+            _ if r.channel == ACROSS_CHANNEL => "an exchange across hosts".to_string(),
             1 => {
                 format!("put_signal to rank {} on channel {}: the previous signal was not consumed", r.peer, r.channel)
             }

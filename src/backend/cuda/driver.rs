@@ -41,6 +41,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemHostGetDevicePointer_v2",
     "cuMemFreeHost",
     "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyHtoD_v2",
     "cuMemsetD8Async",
     "cuMemsetD2D8Async",
     "cuMemcpyAsync",

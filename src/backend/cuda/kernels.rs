@@ -75,6 +75,7 @@ pub mod names {
     pub const WAIT_SIGNAL: &str = "symm_wait_signal";
     pub const BARRIER: &str = "symm_barrier";
     pub const WAIT_VALUE: &str = "symm_wait_value";
+    pub const CHECK_TAGS: &str = "symm_check_tags";
     /// kernels/reduce.cu, indexed by `GemmDtype as usize` (F32, BF16, F16).
     pub const REDUCE: [&str; 3] = ["symm_reduce_f32", "symm_reduce_bf16", "symm_reduce_f16"];
     /// kernels/reduce.cu, integers: int8, uint8, int32, int64

@@ -6,6 +6,7 @@
 pub mod all_reduce;
 mod async_error;
 mod compute;
+pub mod device_bytes;
 pub mod driver;
 pub mod gemm;
 // Test helpers, also used by the timing runs of `crate::bench_support`.
@@ -26,9 +27,10 @@ mod vmm;
 
 use super::{
     AddRmsNorm, AllGatherCall, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales,
-    Mapping, PadSet, Quantize, ReduceScatterCall, ReplayKey, Signals, Stream,
+    Mapping, PadSet, Quantize, ReduceScatterCall, ReplayKey, Signals, Stream, TagCheck,
 };
 use crate::array::Array;
+use crate::backend::CallTag;
 use crate::error::{err, Result};
 use crate::health::Health;
 use async_error::AsyncError;
@@ -185,6 +187,33 @@ impl Backend for CudaBackend {
     fn is_capturing(&self, stream: Stream) -> Result<bool> {
         self.bind()?;
         graphs::is_capturing(stream)
+    }
+    fn write_tag(&self, addr: u64, tag: CallTag, stream: Stream) -> Result<()> {
+        self.bind()?;
+        // Default flags: after the stream's earlier work. `addr` is
+        // cuMemAlloc memory, which stream memory operations take.
+        // SAFETY: the transport passes a slot of its tag buffer.
+        driver::check(
+            unsafe { sys::cuStreamWriteValue32_v2(stream.0 as sys::CUstream, addr, tag.get(), 0) },
+            "cuStreamWriteValue32",
+        )
+    }
+    fn check_tags(&self, c: &TagCheck, stream: Stream) -> Result<()> {
+        self.bind()?;
+        let k = module::kernels(&self.ctx)?;
+        let (mut tags, mut ranks, mut count, mut tag) = (c.tags, c.ranks, c.count as i32, c.tag.get());
+        let (mut rank, mut e) = (c.rank as i32, self.errors.device_ptr());
+        let mut params = [
+            module::arg(&mut tags),
+            module::arg(&mut ranks),
+            module::arg(&mut count),
+            module::arg(&mut tag),
+            module::arg(&mut rank),
+            module::arg(&mut e),
+        ];
+        // SAFETY: the parameters match symm_check_tags (kernels/signal.cu)
+        // and live until the launch returns.
+        unsafe { k.launch(&k.check_tags, 1, (1, 1, 1), stream, &mut params, "the check of call tags") }
     }
     fn quiesce(&self, stream: Option<Stream>) -> Result<()> {
         self.bind()?;

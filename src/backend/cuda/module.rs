@@ -20,6 +20,7 @@ pub struct Kernels {
     pub wait_signal: CudaFunction,
     pub barrier: CudaFunction,
     pub wait_value: CudaFunction,
+    pub check_tags: CudaFunction,
     /// `symm_reduce_*`, indexed by `GemmDtype as usize` (reduce.rs).
     pub reduce: [CudaFunction; 3],
     /// `symm_reduce_int_*`, by `all_reduce::int_index` (reduce.rs).
@@ -107,6 +108,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         wait_signal: signal(names::WAIT_SIGNAL)?,
         barrier: signal(names::BARRIER)?,
         wait_value: signal(names::WAIT_VALUE)?,
+        check_tags: signal(names::CHECK_TAGS)?,
         reduce: {
             let n = names::REDUCE;
             [reduce(n[0])?, reduce(n[1])?, reduce(n[2])?]

@@ -316,6 +316,17 @@ impl Communicator {
         }
     }
 
+    /// Runs `f`, whose collectives NCCL then launches together
+    /// (`ncclGroupStart` / `ncclGroupEnd`), the group ended even where `f` fails.
+    pub fn grouped(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        // SAFETY: no arguments; NCCL keeps the group per thread.
+        self.nccl.check(unsafe { (self.nccl.api.ncclGroupStart)() }, "ncclGroupStart")?;
+        let inside = f();
+        // SAFETY: as above, closing the group opened here.
+        let end = self.nccl.check(unsafe { (self.nccl.api.ncclGroupEnd)() }, "ncclGroupEnd");
+        inside.and(end)
+    }
+
     /// Enqueues on `stream`: `recv` (`size` x `bytes`) receives every
     /// member's `bytes` bytes at `send`, in member order. Device pointers.
     pub fn all_gather(&self, send: u64, recv: u64, bytes: usize, stream: usize) -> Result<()> {
