@@ -53,7 +53,7 @@ fn query(g: symm_group_t, m: i64, k: i64, n: i64, dt: symm_dtype_t, out: *mut sy
     let split_len = match op {
         _ if dtype.fp8().is_some() => 1,
         Op::AgMm => m / world,
-        Op::MmRs if world == 2 => crate::ops::mm_rs::onto_pull_pieces_of(m / world).unwrap_or(1),
+        Op::MmRs if world == 2 => crate::ops::mm_rs::onto_pull_pieces_of(m / world, m / world).unwrap_or(1),
         Op::MmRs => 1,
     };
     let shape = decide::Shape { op, m, k, n, dtype, out_bytes, lines: true, split_len };

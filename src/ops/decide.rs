@@ -573,7 +573,7 @@ mod tests {
         for (world, (m, k, n), fused) in cases {
             let f = hopper(world, None);
             // As mm_rs prepares a sum of matrices scattered by rows.
-            let onto = if world == 2 { crate::ops::mm_rs::onto_pull_pieces_of(m / 2).unwrap_or(1) } else { 1 };
+            let onto = if world == 2 { crate::ops::mm_rs::onto_pull_pieces_of(m / 2, m / 2).unwrap_or(1) } else { 1 };
             let s = Shape { split_len: onto, ..shape(Op::MmRs, m, k, n) };
             let d = decide(&f, &s, true, None).unwrap();
             assert_eq!(d.algorithm == Algorithm::Fused, fused, "mm_rs {m}x{k}x{n} at world {world}: {d:?}");

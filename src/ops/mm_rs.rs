@@ -224,7 +224,7 @@ impl MmRs {
             ));
         }
         chunk[dim] /= world;
-        let onto_pieces = onto_pull_pieces(&self, dim, mode, world, chunk[0]);
+        let onto_pieces = onto_pull_pieces(&self, dim, mode, world, &chunk);
         if let Some(mode) = mode {
             scaled::sizes(b.shape[0], chunk[last], "b")?;
             let s = &self.scales;
@@ -634,29 +634,37 @@ impl MmRsPrepared {
     /// before any partial has arrived, is summed by a reduction at the end.
     /// This saves a final pass that read two chunks and wrote one after the
     /// last matmul (about 7% of the call at 16384x4096x8192 on two H100s,
-    /// bench/results/).
+    /// bench/results/). Pieces are runs of the chunk's first dimension:
+    /// rows of a matrix, or the batch of a `[batch, seq, hidden]` scattered
+    /// along its sequence.
     fn pipelined_onto_pulls(&self, ex: &Exec<'_>, pieces: usize) -> Result<()> {
-        let MmRs { a, b, out, .. } = &self.call;
-        let (me, rows) = (ex.rank(), out.shape[0]);
+        let MmRs { a, out, .. } = &self.call;
+        let (me, units) = (ex.rank(), out.shape[0]);
         let peer = 1 - me;
-        let lhs = self.lhs(ex, a)?;
-        let bound = |j: usize| j * rows / pieces;
+        // Rows of a matrix: `a` as one (packed where it is not).
+        let lhs = if self.dim == 0 { Some(self.lhs(ex, a)?) } else { None };
+        let a_part = |r: usize, start: usize, len: usize| match &lhs {
+            Some(m) => m.narrow(0, r * units + start, len),
+            None => a.narrow(0, start, len).narrow(self.dim, r * out.shape[self.dim], out.shape[self.dim]),
+        };
+        let bound = |j: usize| j * units / pieces;
+        let span = |j: usize| (bound(j), bound(j + 1) - bound(j));
         let piece = |t: &Array, j: usize| t.narrow(0, bound(j), bound(j + 1) - bound(j));
         // The pieces in the order they are pulled: the first is summed last.
         let order = || (1..pieces).chain([0]);
         let in_pieces = self.decision.pieces > 1;
         let (side, signals) = (ex.side()?, ex.signal_side()?);
         ex.fork(side)?;
-        let (theirs, their_a) = (self.chunk(ex.local(self.chunks[peer])), lhs.narrow(0, peer * rows, rows));
+        let theirs = self.chunk(ex.local(self.chunks[peer]));
         let announced: Vec<(usize, usize)> = match in_pieces {
-            true => order().map(|j| (bound(j), bound(j + 1) - bound(j))).collect(),
-            false => vec![(0, rows)],
+            true => order().map(span).collect(),
+            false => vec![(0, units)],
         };
         // A channel per piece: a second signal on one channel would wait
         // for the peer to take the first, which a backend running its
         // streams one after another never does.
         for (i, &(start, len)) in announced.iter().enumerate() {
-            ex.matmul(&theirs.narrow(0, start, len), &their_a.narrow(0, start, len), b, None)?;
+            self.multiply_into(ex, &theirs.narrow(0, start, len), &a_part(peer, start, len), false)?;
             ex.fork(signals)?; // as in `pipelined`
             ex.put_signal(peer, READY + i, signals)?;
         }
@@ -664,9 +672,10 @@ impl MmRsPrepared {
             true => out.clone(),
             false => self.chunk(ex.local(self.reduced)),
         };
-        let (mine, pulled) = (lhs.narrow(0, me * rows, rows), self.chunk(ex.at(peer, self.chunks[me])?));
+        let pulled = self.chunk(ex.at(peer, self.chunks[me])?);
         let (own, staged) = (self.chunk(ex.local(self.chunks[me])), self.chunk(ex.local(self.staged[peer])));
-        ex.matmul(&piece(&own, 0), &piece(&mine, 0), b, None)?;
+        let (start, len) = span(0);
+        self.multiply_into(ex, &piece(&own, 0), &a_part(me, start, len), false)?;
         for (i, j) in order().enumerate() {
             if in_pieces || i == 0 {
                 ex.wait_signal(peer, READY + i, side)?;
@@ -675,7 +684,8 @@ impl MmRsPrepared {
             ex.copy_on(side, &piece(into, j), &piece(&pulled, j))?;
             ex.join(side)?;
             if j != 0 {
-                ex.gemm(&piece(&target, j), &piece(&mine, j), b, true)?;
+                let (start, len) = span(j);
+                self.multiply_into(ex, &piece(&target, j), &a_part(me, start, len), true)?;
             }
         }
         // Once both ranks have pulled (side barrier), the next call may
@@ -691,6 +701,21 @@ impl MmRsPrepared {
         }
         ex.join(signals)?;
         ex.join(side)
+    }
+
+    /// `dst` (a contiguous piece of a chunk) = (or, `accumulate`, +=)
+    /// `part` (the slice of `a` it comes from, any strides) @ b: as one
+    /// matrix, else as a batch of strided matrices, else packed first.
+    fn multiply_into(&self, ex: &Exec<'_>, dst: &Array, part: &Array, accumulate: bool) -> Result<()> {
+        let b = &self.call.b;
+        let matrix = dst.as_matrix().expect("a contiguous piece");
+        if let Some(l) = part.as_matrix() {
+            return ex.gemm(&matrix, &l, b, accumulate);
+        }
+        if let Some([d, l, rhs]) = batched_operands(dst, part, b) {
+            return ex.gemm(&d, &l, &rhs, accumulate);
+        }
+        ex.gemm(&matrix, &self.lhs(ex, part)?, b, accumulate)
     }
 
     /// Sums `srcs` in rank order (so every rank's result is reproducible),
@@ -764,19 +789,23 @@ fn partial_dtype(out: &Array) -> DType {
 /// Why a call with an fp8 `out` does not run the fused kernel.
 const FP8_OUT_UNFUSED: &str = "an fp8 out is summed in f32 and then rounded, outside the fused kernel";
 
-/// The pieces [`MmRsPrepared::pipelined_onto_pulls`] cuts each chunk (of
-/// `chunk_rows` rows) into, where it applies: two ranks, a sum, matrices
-/// scattered by rows, not fp8 (whose matmuls do not accumulate), and at
-/// least two pieces of [`MIN_PIECE_ROWS`]. From agreed arguments only: the
+/// The pieces [`MmRsPrepared::pipelined_onto_pulls`] cuts each chunk
+/// (`chunk`: its shape) into, where it applies: two ranks, a sum, matrices
+/// scattered by rows or `[batch, seq, hidden]` along the sequence (pieces
+/// of the batch), not fp8 (whose matmuls do not accumulate), and at least
+/// two pieces of about [`MIN_PIECE_ROWS`]. From agreed arguments only: the
 /// pieces decide the signals the ranks exchange.
-fn onto_pull_pieces(call: &MmRs, dim: usize, mode: Option<Mode>, world: usize, chunk_rows: usize) -> Option<usize> {
-    let applies = world == 2 && call.op == ReduceOp::Sum && dim == 0 && mode.is_none() && call.a.ndim() == 2;
-    applies.then(|| onto_pull_pieces_of(chunk_rows)).flatten()
+fn onto_pull_pieces(call: &MmRs, dim: usize, mode: Option<Mode>, world: usize, chunk: &[usize]) -> Option<usize> {
+    let layout = matches!((call.a.ndim(), dim), (2, 0) | (3, 1));
+    let applies = world == 2 && call.op == ReduceOp::Sum && mode.is_none() && layout;
+    let rows = chunk[..chunk.len() - 1].iter().product();
+    applies.then(|| onto_pull_pieces_of(chunk[0], rows)).flatten()
 }
 
-/// [`onto_pull_pieces`] of a chunk of `chunk_rows` where the path applies.
-pub(crate) fn onto_pull_pieces_of(chunk_rows: usize) -> Option<usize> {
-    let pieces = (chunk_rows / MIN_PIECE_ROWS).min(MAX_PIECES);
+/// [`onto_pull_pieces`] of a chunk of `rows` rows in `units` runs of its
+/// first dimension, where the path applies.
+pub(crate) fn onto_pull_pieces_of(units: usize, rows: usize) -> Option<usize> {
+    let pieces = (rows / MIN_PIECE_ROWS).min(MAX_PIECES).min(units);
     (pieces >= 2).then_some(pieces)
 }
 
@@ -923,6 +952,18 @@ mod tests {
         let mut big = call(&[32768, 8], &[8, 16], 0, &[16384, 16]);
         big.op = ReduceOp::Sum;
         assert_eq!(big.prepare(&host_facts(2), "host", false).unwrap().onto_pieces, Some(MAX_PIECES));
+        // [batch, seq, hidden] scattered along the sequence: pieces of the
+        // batch, no more than it has.
+        let seq = |a: &[usize], dim: i64, out: &[usize]| {
+            let mut c = call(a, &[8, 16], dim, out);
+            c.op = ReduceOp::Sum;
+            c.prepare(&host_facts(2), "host", false).unwrap().onto_pieces
+        };
+        assert_eq!(seq(&[8, 1024, 8], 1, &[8, 512, 16]), Some(MAX_PIECES));
+        assert_eq!(seq(&[3, 1024, 8], 1, &[3, 512, 16]), Some(3));
+        assert_eq!(seq(&[3, 800, 8], 1, &[3, 400, 16]), Some(2)); // 1200 rows
+        assert_eq!(seq(&[1, 8192, 8], 1, &[1, 4096, 16]), None); // one batch
+        assert_eq!(seq(&[8, 1024, 8], 0, &[4, 1024, 16]), None); // dim 0 of a 3-D a
     }
 
     /// Two ranks, 1024 rows each (two pieces), bf16 small integers, so
@@ -981,6 +1022,67 @@ mod tests {
                     let row = r * rows + line / gap;
                     let want = product(0, row, col) + product(1, row, col);
                     assert_eq!(got.to_f32(), want, "{what}: rank {r}, row {row}, column {col}");
+                }
+            }
+        }
+        groups.iter().for_each(|g| g.release_scratch());
+    }
+
+    /// As above for `[batch, seq, hidden]` scattered along the sequence:
+    /// pieces of the batch (3 batches in 2 pieces: 1 and 2), the peer's
+    /// chunk whole or in pieces, into a contiguous `out` or one whose rows
+    /// are 2 x n apart.
+    #[test]
+    fn two_ranks_sum_a_sequence_scatter_exactly_onto_pulled_partials() {
+        use crate::ops::testing::{host_groups, on_each};
+        use half::bf16;
+        let (batch, seq, k, n) = (3usize, 400usize, 8usize, 16usize);
+        let value = |r: usize, i: usize| ((i * 5 + r * 3 + i / 13) % 7) as f32 - 3.0;
+        let a: Vec<Vec<bf16>> =
+            (0..2).map(|r| (0..batch * 2 * seq * k).map(|i| bf16::from_f32(value(r, i))).collect()).collect();
+        let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(value(2, i))).collect();
+        // Rank r's product at (batch t, sequence position q, column c).
+        let product = |r: usize, t: usize, q: usize, c: usize| -> f32 {
+            (0..k).map(|p| a[r][(t * 2 * seq + q) * k + p].to_f32() * b[p * n + c].to_f32()).sum()
+        };
+        assert!(product(0, 1, 5, 3) + product(1, 1, 5, 3) != 0.0);
+        let groups = host_groups(2);
+        for (theirs_in_pieces, gap) in [(false, 1usize), (true, 1), (true, 2)] {
+            let what = format!("peer's chunk in pieces: {theirs_in_pieces}, row stride {gap} x n");
+            let outs = on_each(&groups, |r, g| {
+                let mut a = a[r].clone();
+                let mut b = b.clone();
+                let mut out = vec![bf16::NAN; batch * seq * n * gap];
+                let arr =
+                    |v: &mut [bf16], shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, DType::BF16, shape);
+                let call = MmRs {
+                    a: arr(&mut a, &[batch, 2 * seq, k]),
+                    b: arr(&mut b, &[k, n]),
+                    scatter_dim: 1,
+                    op: ReduceOp::Sum,
+                    out: Array { strides: vec![seq * gap * n, gap * n, 1], ..arr(&mut out, &[batch, seq, n]) },
+                    scales: MmRsScales::default(),
+                    algorithm: None,
+                };
+                let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
+                plan.decision.algorithm = Algorithm::Pipelined;
+                plan.decision.pieces = if theirs_in_pieces { 2 } else { 1 };
+                assert_eq!(plan.onto_pieces, Some(2));
+                let tag = crate::backend::CallTag::of(b"mm_rs");
+                super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make()))
+                    .unwrap();
+                out
+            });
+            for (r, out) in outs.iter().enumerate() {
+                for (i, got) in out.iter().enumerate() {
+                    let (line, c) = (i / n, i % n);
+                    if line % gap != 0 {
+                        assert!(got.is_nan(), "{what}: rank {r} wrote between the rows of out");
+                        continue;
+                    }
+                    let (t, q) = (line / gap / seq, r * seq + line / gap % seq);
+                    let want = product(0, t, q, c) + product(1, t, q, c);
+                    assert_eq!(got.to_f32(), want, "{what}: rank {r}, batch {t}, position {q}, column {c}");
                 }
             }
         }

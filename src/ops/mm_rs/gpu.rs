@@ -10,7 +10,8 @@
 //!
 //! On two GPUs, the two-rank pipelined path with the peer's chunk computed
 //! and announced in pieces (`Decision::pieces`) or whole, forced on small
-//! shapes (contiguous and padded outputs, pieces the rows do not divide
+//! shapes (matrices and `[batch, seq, hidden]` scattered along the
+//! sequence, contiguous and padded outputs, pieces the rows do not divide
 //! evenly) and chosen by the cost model on a comm-heavy shape
 //! (4096 x 2048 x 8192, the rows at every piece's edges checked); bf16
 //! against float64 by relative error, outputs poisoned first.
@@ -139,28 +140,37 @@ fn gpu_mm_rs_decode_sizes_reduce_scatter_on_the_lines() {
     groups.iter().for_each(|g| g.release_scratch());
 }
 
-/// Both ranks' `[2 * rows, k]` A times B `[k, n]` (bf16), pipelined, the
-/// peer's chunk in pieces where `theirs_in_pieces` says (else as the cost
-/// model decides), into an output of row stride `ld`; `check`: the rows of
-/// each rank's chunk compared. Returns the `Decision::pieces` each rank ran.
+/// Both ranks' A times B `[k, n]` (bf16), pipelined, the peer's chunk in
+/// pieces where `theirs_in_pieces` says (else as the cost model decides),
+/// into an output whose rows are `ld` apart. A is `[2 * seq, k]`
+/// scattered by rows (`batch` 0), or `[batch, 2 * seq, k]` along the
+/// sequence. `check`: the rows of each rank's chunk compared (of
+/// `max(batch, 1) * seq`). Returns the `Decision::pieces` each rank ran.
 fn pipelined_case(
     groups: &[Arc<crate::group::Group>],
-    (rows, k, n, ld): (usize, usize, usize, usize),
+    (batch, seq, k, n, ld): (usize, usize, usize, usize, usize),
     theirs_in_pieces: Option<bool>,
     check: &[usize],
 ) -> Vec<usize> {
-    let what = format!("{rows}x{k}x{n} ld {ld}, peer's chunk in pieces: {theirs_in_pieces:?}");
+    let what = format!("batch {batch} seq {seq} x{k}x{n} ld {ld}, peer's chunk in pieces: {theirs_in_pieces:?}");
+    let (rows, b0) = (batch.max(1) * seq, batch.max(1));
+    let (a_shape, out_shape, out_strides, dim) = match batch {
+        0 => (vec![2 * seq, k], vec![seq, n], vec![ld, 1], 0),
+        _ => (vec![batch, 2 * seq, k], vec![batch, seq, n], vec![seq * ld, ld, 1], 1),
+    };
+    // Row i of rank r's chunk comes from row `a_row(r, i)` of A (as [rows, k]).
+    let a_row = |r: usize, i: usize| (i / seq) * 2 * seq + r * seq + i % seq;
     on_each(groups, |r, g| {
         let gpu = gpu_on(r as i32);
         let a = gpu.upload(&encode(DType::BF16, &(0..2 * rows * k).map(|i| value(r, i)).collect::<Vec<_>>()));
         let b = gpu.upload(&encode(DType::BF16, &(0..k * n).map(|i| value(50 + r, i)).collect::<Vec<_>>()));
         let out = gpu.upload(&encode(DType::BF16, &vec![f64::NAN; rows * ld]));
         let call = MmRs {
-            a: Array::contiguous(a.ptr, DType::BF16, &[2 * rows, k]),
+            a: Array::contiguous(a.ptr, DType::BF16, &a_shape),
             b: Array::contiguous(b.ptr, DType::BF16, &[k, n]),
-            scatter_dim: 0,
+            scatter_dim: dim,
             op: ReduceOp::Sum,
-            out: Array { addr: out.ptr, dtype: DType::BF16, shape: vec![rows, n], strides: vec![ld, 1] },
+            out: Array { addr: out.ptr, dtype: DType::BF16, shape: out_shape.clone(), strides: out_strides.clone() },
             scales: MmRsScales::default(),
             algorithm: Some(Algorithm::Pipelined),
         };
@@ -168,6 +178,7 @@ fn pipelined_case(
         crate::ops::run_prepared(g, gpu.stream(), Ok(call), |c| {
             let signature = c.signature(None, None);
             let prepared = c.prepare(&Facts::of(g), "cuda", false).map(|mut p| {
+                assert!(p.onto_pieces.is_some(), "{what}: not the path onto the pulled partials");
                 if let Some(split) = theirs_in_pieces {
                     p.decision.pieces = if split { p.onto_pieces.unwrap_or(1) } else { 1 };
                 }
@@ -183,7 +194,7 @@ fn pipelined_case(
         for &i in check {
             for j in 0..n {
                 mine.push(got[i * ld + j]);
-                let row = r * rows + i;
+                let row = a_row(r, i);
                 want.push(
                     (0..2).map(|q| (0..k).map(|h| value(q, row * k + h) * value(50 + q, h * n + j)).sum::<f64>()).sum(),
                 );
@@ -192,7 +203,7 @@ fn pipelined_case(
         }
         assert!(mine.iter().all(|v| v.is_finite()), "{what}: rank {r} left an element unwritten");
         let err = rel_err(&mine, &want);
-        assert!(err < 1.5e-2, "{what}: rank {r} relative error {err}");
+        assert!(err < 1.5e-2, "{what}: rank {r} relative error {err} ({b0} batches)");
         ran
     })
 }
@@ -200,15 +211,23 @@ fn pipelined_case(
 #[test]
 fn gpu_mm_rs_pipelined_in_pieces() {
     let Some(groups) = cuda_groups(2) else { return };
-    // Forced, every row checked: 1100 rows make two pieces of 550.
-    for (shape, split) in [((1100, 384, 256, 256), true), ((1100, 384, 256, 264), true), ((2048, 256, 512, 512), false)]
-    {
-        let ran = pipelined_case(&groups, shape, Some(split), &(0..shape.0).collect::<Vec<_>>());
+    // Forced, every row checked: 1100 rows make two pieces of 550; a
+    // sequence scatter of 3 batches of 400 two pieces of 1 and 2 batches.
+    let cases = [
+        ((0, 1100, 384, 256, 256), true),
+        ((0, 1100, 384, 256, 264), true),
+        ((0, 2048, 256, 512, 512), false),
+        ((3, 400, 256, 384, 384), true),
+        ((3, 400, 256, 384, 392), false),
+    ];
+    for (shape, split) in cases {
+        let rows = shape.0.max(1) * shape.1;
+        let ran = pipelined_case(&groups, shape, Some(split), &(0..rows).collect::<Vec<_>>());
         assert!(ran.iter().all(|&p| (p > 1) == split), "{shape:?}: ran {ran:?}");
     }
     // Chosen: comm-heavy, four pieces of 512 rows; their edges checked.
     let edges: Vec<usize> = (0..4).flat_map(|j| [j * 512, j * 512 + 511]).collect();
-    let ran = pipelined_case(&groups, (2048, 2048, 8192, 8192), None, &edges);
+    let ran = pipelined_case(&groups, (0, 2048, 2048, 8192, 8192), None, &edges);
     assert_eq!(ran, [4, 4], "4096 x 2048 x 8192 at two ranks: the cost model's pieces");
     groups.iter().for_each(|g| g.release_scratch());
 }
