@@ -966,28 +966,49 @@ mod tests {
         assert_eq!(seq(&[8, 1024, 8], 0, &[4, 1024, 16]), None); // dim 0 of a 3-D a
     }
 
-    /// Two ranks, 1024 rows each (two pieces), bf16 small integers, so
-    /// that every sum is exact: each piece of the output holds exactly the
-    /// sum of both ranks' products, whichever way it was summed.
+    /// `call` on `g` (of two ranks) by the path onto the pulled partials in
+    /// two pieces, the peer's chunk in them too or whole.
+    fn run_onto(g: &Arc<Group>, call: MmRs, theirs_in_pieces: bool) {
+        let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
+        plan.decision.algorithm = Algorithm::Pipelined;
+        plan.decision.pieces = if theirs_in_pieces { 2 } else { 1 };
+        assert_eq!(plan.onto_pieces, Some(2));
+        let tag = crate::backend::CallTag::of(b"mm_rs");
+        super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make())).unwrap();
+    }
+
+    /// Two ranks by the path onto the pulled partials, bf16 small integers
+    /// so that every sum is exact: matrices of 1024 rows a chunk scattered
+    /// by rows, and `[3, 800, k]` along the sequence (two pieces of 1 and 2
+    /// batches); the peer's chunk whole or in pieces; `out` contiguous, or
+    /// every other row of a buffer (whose rows between must stay untouched).
     #[test]
     fn two_ranks_sum_exactly_when_own_pieces_go_onto_pulled_partials() {
         use crate::ops::testing::{host_groups, on_each};
         use half::bf16;
-        let (rows, k, n) = (1024usize, 8usize, 16usize);
-        let value = |r: usize, i: usize| ((i * 5 + r * 3 + i / 11) % 7) as f32 - 3.0;
-        let a: Vec<Vec<bf16>> =
-            (0..2).map(|r| (0..2 * rows * k).map(|i| bf16::from_f32(value(r, i))).collect()).collect();
-        let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(value(2, i))).collect();
-        let product = |r: usize, row: usize, col: usize| -> f32 {
-            (0..k).map(|p| a[r][row * k + p].to_f32() * b[p * n + col].to_f32()).sum()
-        };
-        // Neither operand is constant or zero (a check that could not fail).
-        assert!(b.iter().any(|x| x.to_f32() != b[0].to_f32()) && (product(0, 5, 3) + product(1, 5, 3)) != 0.0);
+        let (k, n) = (8usize, 16usize);
         let groups = host_groups(2);
-        // The peer's chunk whole or in pieces; `out` contiguous, or every
-        // other row of a buffer (whose rows between must stay untouched).
-        for (theirs_in_pieces, gap) in [(false, 1usize), (true, 1), (true, 2), (false, 2)] {
-            let what = format!("peer's chunk in pieces: {theirs_in_pieces}, row stride {gap} x n");
+        // (batch, seq): a is [2 * seq, k] by rows (batch 0) or [batch, 2 * seq, k].
+        let layouts = [(0usize, 1024usize), (3, 400)];
+        let modes = [(false, 1usize), (true, 1), (true, 2), (false, 2)];
+        for ((batch, seq), (theirs_in_pieces, gap)) in layouts.iter().flat_map(|l| modes.map(|m| (*l, m))) {
+            let what = format!("batch {batch}, peer's chunk in pieces: {theirs_in_pieces}, row stride {gap} x n");
+            let rows = batch.max(1) * seq; // of a chunk
+            let value = |r: usize, i: usize| ((i * 5 + r * 3 + i / 11) % 7) as f32 - 3.0;
+            let a: Vec<Vec<bf16>> =
+                (0..2).map(|r| (0..2 * rows * k).map(|i| bf16::from_f32(value(r, i))).collect()).collect();
+            let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(value(2, i))).collect();
+            // Row i of rank r's chunk of rank q's product.
+            let product = |q: usize, r: usize, i: usize, c: usize| -> f32 {
+                let row = (i / seq) * 2 * seq + r * seq + i % seq;
+                (0..k).map(|p| a[q][row * k + p].to_f32() * b[p * n + c].to_f32()).sum()
+            };
+            // Neither operand is constant or zero (a check that could not fail).
+            assert!(b.iter().any(|x| x.to_f32() != b[0].to_f32()) && product(0, 1, 5, 3) + product(1, 1, 5, 3) != 0.0);
+            let (a_shape, out_shape, strides, dim) = match batch {
+                0 => (vec![2 * seq, k], vec![seq, n], vec![gap * n, 1], 0),
+                _ => (vec![batch, 2 * seq, k], vec![batch, seq, n], vec![seq * gap * n, gap * n, 1], 1),
+            };
             let outs = on_each(&groups, |r, g| {
                 let mut a = a[r].clone();
                 let mut b = b.clone();
@@ -995,82 +1016,15 @@ mod tests {
                 let arr =
                     |v: &mut [bf16], shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, DType::BF16, shape);
                 let call = MmRs {
-                    a: arr(&mut a, &[2 * rows, k]),
+                    a: arr(&mut a, &a_shape),
                     b: arr(&mut b, &[k, n]),
-                    scatter_dim: 0,
+                    scatter_dim: dim,
                     op: ReduceOp::Sum,
-                    out: Array { strides: vec![gap * n, 1], ..arr(&mut out, &[rows, n]) },
+                    out: Array { strides: strides.clone(), ..arr(&mut out, &out_shape) },
                     scales: MmRsScales::default(),
                     algorithm: None,
                 };
-                let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
-                plan.decision.algorithm = Algorithm::Pipelined;
-                plan.decision.pieces = if theirs_in_pieces { 2 } else { 1 };
-                assert_eq!(plan.onto_pieces, Some(2));
-                let tag = crate::backend::CallTag::of(b"mm_rs");
-                super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make()))
-                    .unwrap();
-                out
-            });
-            for (r, out) in outs.iter().enumerate() {
-                for (i, got) in out.iter().enumerate() {
-                    let (line, col) = (i / n, i % n);
-                    if line % gap != 0 {
-                        assert!(got.is_nan(), "{what}: rank {r} wrote between the rows of out");
-                        continue;
-                    }
-                    let row = r * rows + line / gap;
-                    let want = product(0, row, col) + product(1, row, col);
-                    assert_eq!(got.to_f32(), want, "{what}: rank {r}, row {row}, column {col}");
-                }
-            }
-        }
-        groups.iter().for_each(|g| g.release_scratch());
-    }
-
-    /// As above for `[batch, seq, hidden]` scattered along the sequence:
-    /// pieces of the batch (3 batches in 2 pieces: 1 and 2), the peer's
-    /// chunk whole or in pieces, into a contiguous `out` or one whose rows
-    /// are 2 x n apart.
-    #[test]
-    fn two_ranks_sum_a_sequence_scatter_exactly_onto_pulled_partials() {
-        use crate::ops::testing::{host_groups, on_each};
-        use half::bf16;
-        let (batch, seq, k, n) = (3usize, 400usize, 8usize, 16usize);
-        let value = |r: usize, i: usize| ((i * 5 + r * 3 + i / 13) % 7) as f32 - 3.0;
-        let a: Vec<Vec<bf16>> =
-            (0..2).map(|r| (0..batch * 2 * seq * k).map(|i| bf16::from_f32(value(r, i))).collect()).collect();
-        let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(value(2, i))).collect();
-        // Rank r's product at (batch t, sequence position q, column c).
-        let product = |r: usize, t: usize, q: usize, c: usize| -> f32 {
-            (0..k).map(|p| a[r][(t * 2 * seq + q) * k + p].to_f32() * b[p * n + c].to_f32()).sum()
-        };
-        assert!(product(0, 1, 5, 3) + product(1, 1, 5, 3) != 0.0);
-        let groups = host_groups(2);
-        for (theirs_in_pieces, gap) in [(false, 1usize), (true, 1), (true, 2)] {
-            let what = format!("peer's chunk in pieces: {theirs_in_pieces}, row stride {gap} x n");
-            let outs = on_each(&groups, |r, g| {
-                let mut a = a[r].clone();
-                let mut b = b.clone();
-                let mut out = vec![bf16::NAN; batch * seq * n * gap];
-                let arr =
-                    |v: &mut [bf16], shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, DType::BF16, shape);
-                let call = MmRs {
-                    a: arr(&mut a, &[batch, 2 * seq, k]),
-                    b: arr(&mut b, &[k, n]),
-                    scatter_dim: 1,
-                    op: ReduceOp::Sum,
-                    out: Array { strides: vec![seq * gap * n, gap * n, 1], ..arr(&mut out, &[batch, seq, n]) },
-                    scales: MmRsScales::default(),
-                    algorithm: None,
-                };
-                let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
-                plan.decision.algorithm = Algorithm::Pipelined;
-                plan.decision.pieces = if theirs_in_pieces { 2 } else { 1 };
-                assert_eq!(plan.onto_pieces, Some(2));
-                let tag = crate::backend::CallTag::of(b"mm_rs");
-                super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make()))
-                    .unwrap();
+                run_onto(g, call, theirs_in_pieces);
                 out
             });
             for (r, out) in outs.iter().enumerate() {
@@ -1080,9 +1034,8 @@ mod tests {
                         assert!(got.is_nan(), "{what}: rank {r} wrote between the rows of out");
                         continue;
                     }
-                    let (t, q) = (line / gap / seq, r * seq + line / gap % seq);
-                    let want = product(0, t, q, c) + product(1, t, q, c);
-                    assert_eq!(got.to_f32(), want, "{what}: rank {r}, batch {t}, position {q}, column {c}");
+                    let want = product(0, r, line / gap, c) + product(1, r, line / gap, c);
+                    assert_eq!(got.to_f32(), want, "{what}: rank {r}, row {} of its chunk, column {c}", line / gap);
                 }
             }
         }
