@@ -988,15 +988,24 @@ mod tests {
         use half::bf16;
         let (k, n) = (8usize, 16usize);
         let groups = host_groups(2);
-        // (batch, seq): a is [2 * seq, k] by rows (batch 0) or [batch, 2 * seq, k].
-        let layouts = [(0usize, 1024usize), (3, 400)];
+        // (batch, seq, spread): a is [2 * seq, k] by rows (batch 0) or
+        // [batch, 2 * seq, k], its elements `spread` apart (2: no matrix nor
+        // batch of matrices, packed; NaN between them).
+        let layouts = [(0usize, 1024usize, 1usize), (3, 400, 1)];
         let modes = [(false, 1usize), (true, 1), (true, 2), (false, 2)];
-        for ((batch, seq), (theirs_in_pieces, gap)) in layouts.iter().flat_map(|l| modes.map(|m| (*l, m))) {
-            let what = format!("batch {batch}, peer's chunk in pieces: {theirs_in_pieces}, row stride {gap} x n");
+        let spread = [((0, 1024, 2), (false, 1)), ((3, 400, 2), (true, 2))];
+        let cases = layouts.iter().flat_map(|l| modes.map(|m| (*l, m))).chain(spread);
+        for ((batch, seq, spread), (theirs_in_pieces, gap)) in cases {
+            let what = format!(
+                "batch {batch}, a's elements {spread} apart, peer's chunk in pieces: {theirs_in_pieces}, row stride {gap} x n"
+            );
             let rows = batch.max(1) * seq; // of a chunk
             let value = |r: usize, i: usize| ((i * 5 + r * 3 + i / 11) % 7) as f32 - 3.0;
             let a: Vec<Vec<bf16>> =
                 (0..2).map(|r| (0..2 * rows * k).map(|i| bf16::from_f32(value(r, i))).collect()).collect();
+            let spread_a = |v: &[bf16]| -> Vec<bf16> {
+                v.iter().flat_map(|&x| std::iter::once(x).chain(std::iter::repeat_n(bf16::NAN, spread - 1))).collect()
+            };
             let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(value(2, i))).collect();
             // Row i of rank r's chunk of rank q's product.
             let product = |q: usize, r: usize, i: usize, c: usize| -> f32 {
@@ -1010,13 +1019,14 @@ mod tests {
                 _ => (vec![batch, 2 * seq, k], vec![batch, seq, n], vec![seq * gap * n, gap * n, 1], 1),
             };
             let outs = on_each(&groups, |r, g| {
-                let mut a = a[r].clone();
+                let mut a = spread_a(&a[r]);
                 let mut b = b.clone();
                 let mut out = vec![bf16::NAN; rows * n * gap];
                 let arr =
                     |v: &mut [bf16], shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, DType::BF16, shape);
+                let a = arr(&mut a, &a_shape);
                 let call = MmRs {
-                    a: arr(&mut a, &a_shape),
+                    a: Array { strides: a.strides.iter().map(|s| s * spread).collect(), ..a },
                     b: arr(&mut b, &[k, n]),
                     scatter_dim: dim,
                     op: ReduceOp::Sum,
