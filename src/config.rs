@@ -9,6 +9,8 @@
 //! different environments fail at once with `Mismatch` naming the variable
 //! instead of waiting for each other. Process settings (`SYMM_GRAPHS`) are
 //! read once per process: they change only how this rank issues its work.
+//! The library's own tests read theirs here too ([`tests_env`]); they
+//! choose what a test process runs, the same in every rank of it.
 
 use crate::backend::BackendChoice;
 use crate::cost::Algorithm;
@@ -126,4 +128,30 @@ pub struct LogSettings {
 /// looks them up.
 pub fn launcher_var(name: &str) -> Option<String> {
     std::env::var(name).ok()
+}
+
+/// The variables of the library's own tests.
+#[cfg(test)]
+pub mod tests_env {
+    pub const TEST_WORLD: &str = "SYMM_TEST_WORLD";
+    pub const SM90_SHAPE: &str = "SYMM_SM90_SHAPE";
+    pub const FD_LEAK_CHILD: &str = "SYMM_FD_LEAK_CHILD";
+
+    /// `SYMM_TEST_WORLD`: the GPU tests' ranks, one per GPU (at least 2;
+    /// default 2).
+    pub fn test_world() -> usize {
+        super::var(TEST_WORLD).and_then(|v| v.trim().parse().ok()).filter(|&w| w >= 2).unwrap_or(2)
+    }
+
+    /// `SYMM_SM90_SHAPE=MxKxN`: the one shape the sm90 timings run (for
+    /// profilers); unset, every shape.
+    pub fn sm90_shape() -> Option<String> {
+        super::var(SM90_SHAPE)
+    }
+
+    /// `SYMM_FD_LEAK_CHILD`: set in the child process the fd-leak test
+    /// runs itself in.
+    pub fn fd_leak_child() -> bool {
+        super::var(FD_LEAK_CHILD).is_some()
+    }
 }

@@ -576,11 +576,12 @@ mod tests {
         // Other tests open and close fds in this process meanwhile (a CI
         // run once saw 300 more at the end): count them in a child process
         // that runs this test alone.
-        if std::env::var_os("SYMM_FD_LEAK_CHILD").is_none() {
+        use crate::config::tests_env;
+        if !tests_env::fd_leak_child() {
             let exe = std::env::current_exe().unwrap();
             let out = std::process::Command::new(exe)
                 .args(["--exact", "ipc::tests::no_fd_leaks", "--test-threads", "1"])
-                .env("SYMM_FD_LEAK_CHILD", "1")
+                .env(tests_env::FD_LEAK_CHILD, "1")
                 .output()
                 .unwrap();
             let log = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);

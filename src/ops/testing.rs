@@ -33,9 +33,7 @@ pub fn host_groups(world: usize) -> Vec<Arc<Group>> {
 /// (default 2), so a four-GPU machine runs them at world 4.
 pub fn gpu_test_world() -> usize {
     static WORLD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *WORLD.get_or_init(|| {
-        std::env::var("SYMM_TEST_WORLD").ok().and_then(|v| v.parse().ok()).filter(|&w| w >= 2).unwrap_or(2)
-    })
+    *WORLD.get_or_init(crate::config::tests_env::test_world)
 }
 
 /// The calls' count in this rank's all-reduce buffer (the LL lines' and

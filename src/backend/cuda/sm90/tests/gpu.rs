@@ -177,7 +177,7 @@ pub(super) fn gpu_sm90_matmul_padded_output() {
 
 /// `SYMM_SM90_SHAPE=MxKxN` times that shape only (for profilers).
 pub(super) fn shape_selected(m: usize, n: usize, k: usize) -> bool {
-    std::env::var("SYMM_SM90_SHAPE").map_or(true, |s| s == format!("{m}x{k}x{n}"))
+    crate::config::tests_env::sm90_shape().is_none_or(|s| s == format!("{m}x{k}x{n}"))
 }
 
 /// One timing in bench/results' format (collect.py).
