@@ -368,6 +368,20 @@ struct Gain {
     saved_exposed: f64,
 }
 
+/// Of `split`'s (pieces, (compute, total)) timelines, the fastest that
+/// predicts at least [`PIECES_MIN_GAIN`] less time than `whole`'s, and
+/// what it gains over `whole`; else 1 piece and no gain.
+fn fastest_split(whole: (f64, f64), split: impl Iterator<Item = (usize, (f64, f64))>) -> (usize, Gain) {
+    let (whole_compute, whole_total) = whole;
+    split
+        .filter(|&(_, (_, total))| total <= (1.0 - PIECES_MIN_GAIN) * whole_total)
+        .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
+        .map_or((1, Gain::default()), |(c, (compute, total))| {
+            let saved_exposed = (whole_total - whole_compute) - (total - compute);
+            (c, Gain { extra_compute: compute - whole_compute, saved_exposed })
+        })
+}
+
 /// The pieces (1, 2, 4 or 8, none of fewer than [`MIN_PIECE_ROWS`] rows,
 /// at most `p.split_len`, each a run of whole indices of the first
 /// dimension) the pipelined all-gather pulls each peer's shard in, and
@@ -404,17 +418,8 @@ fn gather_pieces(p: &Problem, d: &DeviceModel) -> (usize, Gain) {
         }
         (own + piece * ((p.world - 1) * c) as f64, main.max(side + barrier))
     };
-    let (whole_compute, whole_total) = timeline(1);
-    [2, 4, 8]
-        .into_iter()
-        .filter(|&c| c <= p.split_len.min(MAX_PIECES) && piece_rows(c) >= MIN_PIECE_ROWS)
-        .map(|c| (c, timeline(c)))
-        .filter(|&(_, (_, total))| total <= (1.0 - PIECES_MIN_GAIN) * whole_total)
-        .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
-        .map_or((1, Gain::default()), |(c, (compute, total))| {
-            let saved_exposed = (whole_total - whole_compute) - (total - compute);
-            (c, Gain { extra_compute: compute - whole_compute, saved_exposed })
-        })
+    let allowed = |&c: &usize| c <= p.split_len.min(MAX_PIECES) && piece_rows(c) >= MIN_PIECE_ROWS;
+    fastest_split(timeline(1), [2, 4, 8].into_iter().filter(allowed).map(|c| (c, timeline(c))))
 }
 
 /// Matmul of this rank's `m` rows, then reduce-scatter of the result: each
@@ -484,12 +489,7 @@ fn scatter_pieces(p: &Problem, d: &DeviceModel) -> (usize, Gain) {
         }
         (theirs.iter().sum::<f64>() + c as f64 * piece, main.max(landed[c - 1]) + sum_first)
     };
-    let ((whole_compute, whole_total), (compute, total)) = (timeline(false), timeline(true));
-    if total > (1.0 - PIECES_MIN_GAIN) * whole_total {
-        return (1, Gain::default());
-    }
-    let saved_exposed = (whole_total - whole_compute) - (total - compute);
-    (c, Gain { extra_compute: compute - whole_compute, saved_exposed })
+    fastest_split(timeline(false), std::iter::once((c, timeline(true))))
 }
 
 /// The fused all-gather pulls each shard in slices of k (columns), each
