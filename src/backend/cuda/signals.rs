@@ -5,6 +5,7 @@
 //! launch has long returned by then.
 
 use super::async_error::AsyncError;
+use super::device_bytes::DeviceBytes;
 use super::driver::check;
 use super::module::{arg, Kernels};
 use crate::backend::{CallTag, PadSet, Signals, Stream, SIGNAL_CHANNELS};
@@ -18,9 +19,9 @@ pub struct CudaSignals {
     ctx: Arc<CudaContext>,
     kernels: Arc<Kernels>,
     errors: Arc<AsyncError>,
-    /// Device array of the pads' addresses, `world` u64s (cuMemAlloc),
-    /// filled by the backend before the signals are handed out.
-    pads: u64,
+    /// Device array of the pads' addresses, `world` u64s, filled by the
+    /// backend before the signals are handed out.
+    pads: DeviceBytes,
     rank: usize,
     world: usize,
     /// `reaches[r]`: rank r's pad is mapped here (see `PadSet::pads`).
@@ -33,16 +34,14 @@ unsafe impl Sync for CudaSignals {}
 
 impl CudaSignals {
     pub fn new(ctx: Arc<CudaContext>, kernels: Arc<Kernels>, errors: Arc<AsyncError>, pads: PadSet) -> Result<Self> {
-        let mut dev = 0;
-        // SAFETY: the device's context is current (the backend binds it).
-        check(unsafe { sys::cuMemAlloc_v2(&mut dev, pads.pads.len() * 8) }, "cuMemAlloc")?;
+        let dev = DeviceBytes::new(pads.pads.len() * 8)?;
         let reaches = (0..pads.world).map(|r| pads.reaches(r)).collect();
         Ok(CudaSignals { ctx, kernels, errors, pads: dev, rank: pads.rank, world: pads.world, reaches })
     }
 
     /// The device array of pad addresses, for the backend to fill.
     pub fn pads_table(&self) -> u64 {
-        self.pads
+        self.pads.addr
     }
 
     fn check_peer(&self, peer: usize, channel: usize) -> Result<()> {
@@ -81,7 +80,7 @@ impl CudaSignals {
         timeout: Duration,
     ) -> Result<()> {
         self.check_peer(peer, channel)?;
-        let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
+        let (mut pads, mut rank, mut world) = (self.pads.addr, self.rank as i32, self.world as i32);
         let (mut peer, mut channel, mut tag, mut t, mut e) =
             (peer as i32, channel as i32, tag.get(), nanos(timeout), self.errors.device_ptr());
         let mut params = [
@@ -124,7 +123,7 @@ impl Signals for CudaSignals {
             return Ok(());
         }
         let block = (self.world as u32).div_ceil(32) * 32;
-        let (mut pads, mut rank, mut world) = (self.pads, self.rank as i32, self.world as i32);
+        let (mut pads, mut rank, mut world) = (self.pads.addr, self.rank as i32, self.world as i32);
         let (mut channel, mut tag, mut t, mut e) =
             (channel as i32, tag.get(), nanos(timeout), self.errors.device_ptr());
         let mut params = [
@@ -156,12 +155,5 @@ impl Signals for CudaSignals {
         let (mut t, mut e) = (nanos(timeout), self.errors.device_ptr());
         let mut params = [arg(&mut flag), arg(&mut value), arg(&mut rank), arg(&mut owner), arg(&mut t), arg(&mut e)];
         self.launch(&self.kernels.wait_value, 1, stream, &mut params)
-    }
-}
-
-impl Drop for CudaSignals {
-    fn drop(&mut self) {
-        // SAFETY: allocated in new().
-        unsafe { sys::cuMemFree_v2(self.pads) };
     }
 }
