@@ -649,7 +649,10 @@ impl MmRsPrepared {
         };
         let bound = |j: usize| j * units / pieces;
         let span = |j: usize| (bound(j), bound(j + 1) - bound(j));
-        let piece = |t: &Array, j: usize| t.narrow(0, bound(j), bound(j + 1) - bound(j));
+        let piece = |t: &Array, j: usize| {
+            let (start, len) = span(j);
+            t.narrow(0, start, len)
+        };
         // The pieces in the order they are pulled: the first is summed last.
         let order = || (1..pieces).chain([0]);
         let in_pieces = self.decision.pieces > 1;
