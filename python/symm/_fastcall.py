@@ -17,7 +17,8 @@ requiring grad, conjugate or negative views, other layouts; other array
 types, stream objects) takes the full preparation every time.
 
 Where the compiled ``_fastcall_ext`` loads (CPython 3.10 or newer), the
-hit path runs in C: the same key, and the kept call of one of the five
+hit path runs in C: a key of its own (bytes, equal where this module's
+keys are equal), and the kept call of one of the five
 operations it knows (``Native``) made by its C function directly; a miss
 comes back here (``slow_call``). Without it, all of this runs in Python."""
 
@@ -53,7 +54,8 @@ def _part(x, objs, ptrs, torch, streams, depth=0):
     ``streams`` caches the current stream per CUDA device for this call."""
     t = type(x)
     if t is _TENSOR[0]:
-        if x.requires_grad or x.layout is not _TENSOR[1] or x.is_conj() or x.is_neg():
+        # Complex tensors (which may be conjugate views) are refused by the call anyway.
+        if x.requires_grad or x.layout is not _TENSOR[1] or x.dtype.is_complex or x.is_neg():
             return None
         dev = x.get_device()  # -1: CPU (or no device at all: not described)
         if dev < 0:

@@ -5,10 +5,15 @@
  * small sizes the host's time is the call's time, and Python's share of it
  * (its interpreter loop, cold after a wait) was most of that.
  *
- * It computes exactly the key that _fastcall.key_of computes (that module's
- * docstring says what a key holds), so the two agree on every kept call;
- * everything else (a miss, a call the key does not describe, a kept call in
- * use by another thread) goes back to _fastcall.slow_call. A kept call runs
+ * Its key describes what _fastcall.key_of's describes (that module's
+ * docstring says what), and two calls' keys are equal exactly where
+ * Python's are; but it is one bytes object of words, not nested tuples:
+ * built, hashed and compared without a Python object per part. A torch
+ * tensor is read through DLPack's exchange API where torch offers it
+ * (pointer, shape and strides in one C call), else through its
+ * attributes. Everything else (a miss, a call the key does not describe, a
+ * kept call in use by another thread) goes back to _fastcall.slow_call,
+ * with this key, under which the call is then kept. A kept call runs
  * here when _fastcall made a `Native` for it: the operation's C function
  * (one of the five whose prototypes are below, checked against symm.h at
  * compile time) and its arguments as machine words.
@@ -26,10 +31,46 @@
 
 /* How deeply lists nest in what the key describes (_fastcall.MAX_DEPTH). */
 #define MAX_DEPTH 8
-/* Arrays of a call held without allocating (more: on the heap). */
+/* Arrays of a call, and words of its key, held without allocating (more:
+ * on the heap). */
 #define INLINE_ARRAYS 16
+#define INLINE_WORDS 192
 /* Devices per call whose current stream is looked up once. */
 #define MAX_DEVICES 16
+
+/* DLPack's exchange API (dlpack.h, 1.2 and newer): C functions a framework
+ * publishes on its tensor type as `__dlpack_c_exchange_api__` (a capsule),
+ * so that a library reads a tensor's pointer, shape and strides, and the
+ * current stream, without a Python call. Laid out as the standard does;
+ * only the two functions read here are typed. */
+typedef struct {
+    int32_t device_type, device_id;
+} DLDevice;
+typedef struct {
+    uint8_t code, bits;
+    uint16_t lanes;
+} DLDataType;
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape, *strides;
+    uint64_t byte_offset;
+} DLTensor;
+typedef struct ExchangeHeader {
+    struct {
+        uint32_t major, minor;
+    } version;
+    struct ExchangeHeader *prev_api;
+} ExchangeHeader;
+typedef struct {
+    ExchangeHeader header;
+    void *managed_tensor_allocator, *managed_tensor_from_py_object_no_sync, *managed_tensor_to_py_object_no_sync;
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    int (*current_work_stream)(int device_type, int32_t device_id, void **out_stream);
+} ExchangeAPI;
+enum { KDL_CPU = 1, KDL_CUDA = 2 };
 
 /* The types and functions the key reads: set by set_torch() once torch is
  * imported (until then the key describes no tensor)... */
@@ -37,312 +78,461 @@ static PyObject *tensor_type;   /* torch.Tensor */
 static PyObject *strided;       /* torch.strided */
 static PyObject *torch_dtype;   /* torch.dtype */
 static PyObject *stream_of;     /* device -> its current stream (int) */
+static PyObject *dtype_ids;     /* torch.dtype -> its number in keys, times 2, plus 1 where complex */
+static const ExchangeAPI *exchange; /* torch's, or NULL (older torch; or turned off) */
+static const ExchangeAPI *exchange_found;
 /* ...and by configure(), at _fastcall's import. */
 static PyObject *ndarray_type;  /* numpy.ndarray */
 static PyObject *np_dtype;      /* numpy.dtype */
 static PyObject *slow_call;     /* _fastcall.slow_call */
 static PyObject *torch_probe;   /* _fastcall._ext_torch_probe: calls set_torch once torch is imported */
 
+/* What the key reads of a torch tensor, each through torch.Tensor's own
+ * descriptor (the attribute lookup and the bound method skipped). */
+enum Attr { A_REQUIRES_GRAD, A_LAYOUT, A_DTYPE, A_IS_NEG, A_GET_DEVICE, A_IS_CPU, A_IS_CUDA, A_DATA_PTR, A_SHAPE,
+            A_STRIDE, ATTRS };
+static const struct {
+    const char *name;
+    int method;
+} ATTR[ATTRS] = {{"requires_grad", 0}, {"layout", 0},     {"dtype", 0},    {"is_neg", 1},   {"get_device", 1},
+                 {"is_cpu", 0},        {"is_cuda", 0},    {"data_ptr", 1}, {"shape", 0},    {"stride", 1}};
+static PyObject *attr_descr[ATTRS];
+static descrgetfunc attr_get[ATTRS]; /* an attribute's __get__; NULL for a method */
+
 /* Interned attribute names. */
-static PyObject *s_requires_grad, *s_layout, *s_is_conj, *s_is_neg, *s_get_device, *s_is_cpu, *s_is_cuda,
-    *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_strides, *s_flags, *s_writeable, *s_array_interface, *s_data,
-    *s_calls, *s_native, *s_raw, *s_check;
+static PyObject *s_strides, *s_dtype, *s_shape, *s_flags, *s_writeable, *s_array_interface, *s_data, *s_calls,
+    *s_native, *s_raw, *s_check, *s_is_complex, *s_exchange_api;
 
+/* Tags of the key's words: what the words after each describe. */
+enum Tag { T_NONE = 1, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STR, T_LIST, T_TUPLE, T_TENSOR, T_NDARRAY, T_TORCH_DTYPE,
+           T_OBJECT, T_NAME, T_ALIAS };
+
+/* A call's key as it is built: words, and the objects words cannot hold
+ * (compared with ==; each after a T_OBJECT word). */
 typedef struct {
-    PyObject *objs;  /* list: the arrays, in order */
-    uint64_t *ptrs;  /* their addresses: `inline_ptrs`, or a heap block of `cap` */
-    uint64_t inline_ptrs[INLINE_ARRAYS];
+    uint64_t *w;
     Py_ssize_t n, cap;
-    long devices[MAX_DEVICES];
-    PyObject *streams[MAX_DEVICES];
-    int ndevices;
-} Found;
+    uint64_t inline_w[INLINE_WORDS];
+    PyObject *side; /* list, or NULL while empty */
+} Key;
 
-static void found_clear(Found *f) {
-    Py_CLEAR(f->objs);
-    if (f->ptrs != f->inline_ptrs) PyMem_Free(f->ptrs);
+/* A call's arrays, in order (strong references), and their addresses. */
+typedef struct {
+    PyObject **objs;
+    uint64_t *ptrs;
+    Py_ssize_t n, cap;
+    PyObject *inline_objs[INLINE_ARRAYS];
+    uint64_t inline_ptrs[INLINE_ARRAYS];
+    long devices[MAX_DEVICES];
+    uint64_t streams[MAX_DEVICES];
+    int ndevices;
+} Arrays;
+
+static void key_init(Key *k) {
+    k->w = k->inline_w;
+    k->n = 0;
+    k->cap = INLINE_WORDS;
+    k->side = NULL;
+}
+
+static void key_clear(Key *k) {
+    if (k->w != k->inline_w) PyMem_Free(k->w);
+    k->w = k->inline_w;
+    Py_CLEAR(k->side);
+}
+
+static int put(Key *k, uint64_t v) {
+    if (k->n == k->cap) {
+        uint64_t *grown = PyMem_Malloc(2 * k->cap * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(grown, k->w, k->n * sizeof *grown);
+        if (k->w != k->inline_w) PyMem_Free(k->w);
+        k->w = grown;
+        k->cap *= 2;
+    }
+    k->w[k->n++] = v;
+    return 0;
+}
+
+/* `x` compared by ==, with its type (as _fastcall's (type(x), x)). */
+static int put_object(Key *k, PyObject *x) {
+    if (k->side == NULL && (k->side = PyList_New(0)) == NULL) return -1;
+    if (put(k, T_OBJECT) < 0 || PyList_Append(k->side, (PyObject *)Py_TYPE(x)) < 0) return -1;
+    return PyList_Append(k->side, x);
+}
+
+/* A str's UTF-8 bytes, in words; one that has none (lone surrogates) as an object. */
+static int put_str(Key *k, PyObject *s, uint64_t tag) {
+    Py_ssize_t len;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(s, &len);
+    if (utf8 == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeError)) return -1;
+        PyErr_Clear();
+        return put(k, tag) < 0 ? -1 : put_object(k, s);
+    }
+    if (put(k, tag) < 0 || put(k, (uint64_t)len) < 0) return -1;
+    for (Py_ssize_t i = 0; i < len; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, utf8 + i, len - i < 8 ? (size_t)(len - i) : 8);
+        if (put(k, w) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The key: bytes of its words, or (bytes, *objects). */
+static PyObject *key_done(Key *k) {
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)k->w, k->n * (Py_ssize_t)sizeof *k->w);
+    if (bytes == NULL || k->side == NULL) return bytes;
+    Py_ssize_t n = PyList_Size(k->side);
+    PyObject *key = PyTuple_New(n + 1);
+    if (key == NULL) {
+        Py_DECREF(bytes);
+        return NULL;
+    }
+    PyTuple_SetItem(key, 0, bytes);
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SetItem(key, i + 1, Py_NewRef(PyList_GetItem(k->side, i)));
+    return key;
+}
+
+static void arrays_init(Arrays *f) {
+    f->objs = f->inline_objs;
     f->ptrs = f->inline_ptrs;
-    for (int i = 0; i < f->ndevices; i++) Py_CLEAR(f->streams[i]);
+    f->n = 0;
+    f->cap = INLINE_ARRAYS;
     f->ndevices = 0;
 }
 
-/* A bool attribute (or method result when `call`); -1 on error. */
-static int truth(PyObject *x, PyObject *name, int call) {
-    PyObject *v = PyObject_GetAttr(x, name);
-    if (v == NULL) return -1;
-    if (call) {
-        PyObject *r = PyObject_CallNoArgs(v);
-        Py_DECREF(v);
-        if (r == NULL) return -1;
-        v = r;
+static void arrays_clear(Arrays *f) {
+    for (Py_ssize_t i = 0; i < f->n; i++) Py_DECREF(f->objs[i]);
+    if (f->objs != f->inline_objs) PyMem_Free(f->objs);
+    if (f->ptrs != f->inline_ptrs) PyMem_Free(f->ptrs);
+    arrays_init(f);
+}
+
+/* Appends array `x` at address `ptr`: 0, or -1 on error. */
+static int add_array(Arrays *f, PyObject *x, uint64_t ptr) {
+    if (f->n == f->cap) {
+        PyObject **objs = PyMem_Malloc(2 * f->cap * sizeof *objs);
+        uint64_t *ptrs = PyMem_Malloc(2 * f->cap * sizeof *ptrs);
+        if (objs == NULL || ptrs == NULL) {
+            PyMem_Free(objs);
+            PyMem_Free(ptrs);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(objs, f->objs, f->n * sizeof *objs);
+        memcpy(ptrs, f->ptrs, f->n * sizeof *ptrs);
+        if (f->objs != f->inline_objs) PyMem_Free(f->objs);
+        if (f->ptrs != f->inline_ptrs) PyMem_Free(f->ptrs);
+        f->objs = objs;
+        f->ptrs = ptrs;
+        f->cap *= 2;
     }
+    f->objs[f->n] = Py_NewRef(x);
+    f->ptrs[f->n++] = ptr;
+    return 0;
+}
+
+static int add_array_at(Arrays *f, PyObject *x, PyObject *ptr) {
+    uint64_t p = PyLong_AsUnsignedLongLongMask(ptr);
+    if (p == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    return add_array(f, x, p);
+}
+
+/* The current stream of CUDA device `dev`, looked up once per call: 0, or -1 on error. */
+static int stream_for(Arrays *f, long dev, uint64_t *stream) {
+    for (int i = 0; i < f->ndevices; i++)
+        if (f->devices[i] == dev) {
+            *stream = f->streams[i];
+            return 0;
+        }
+    if (exchange != NULL) {
+        void *s = NULL;
+        if (exchange->current_work_stream(KDL_CUDA, (int32_t)dev, &s) != 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torch gave no current stream");
+            return -1;
+        }
+        *stream = (uint64_t)(uintptr_t)s;
+    } else {
+        PyObject *d = PyLong_FromLong(dev);
+        PyObject *s = d ? PyObject_CallFunctionObjArgs(stream_of, d, NULL) : NULL;
+        Py_XDECREF(d);
+        if (s == NULL) return -1;
+        *stream = PyLong_AsUnsignedLongLongMask(s);
+        Py_DECREF(s);
+        if (*stream == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    }
+    if (f->ndevices < MAX_DEVICES) {
+        f->devices[f->ndevices] = dev;
+        f->streams[f->ndevices++] = *stream;
+    }
+    return 0;
+}
+
+/* Tensor `x`'s attribute `a` (a method: its result): a new reference, or NULL on error. */
+static PyObject *torch_attr(PyObject *x, enum Attr a) {
+    if (attr_get[a] != NULL) return attr_get[a](attr_descr[a], x, (PyObject *)Py_TYPE(x));
+    return PyObject_CallFunctionObjArgs(attr_descr[a], x, NULL);
+}
+
+static int torch_truth(PyObject *x, enum Attr a) {
+    PyObject *v = torch_attr(x, a);
+    if (v == NULL) return -1;
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
     return t;
 }
 
-static PyObject *call_method(PyObject *x, PyObject *name) {
-    PyObject *m = PyObject_GetAttr(x, name);
-    if (m == NULL) return NULL;
-    PyObject *r = PyObject_CallNoArgs(m);
-    Py_DECREF(m);
-    return r;
+/* A torch.dtype's number in keys (times 2, plus 1 where complex), or -1 on error. */
+static long dtype_id(PyObject *dtype) {
+    PyObject *id = PyDict_GetItemWithError(dtype_ids, dtype); /* borrowed */
+    if (id != NULL) return PyLong_AsLong(id);
+    if (PyErr_Occurred()) return -1;
+    PyObject *complex = PyObject_GetAttr(dtype, s_is_complex);
+    int c = complex ? PyObject_IsTrue(complex) : -1;
+    Py_XDECREF(complex);
+    if (c < 0) return -1;
+    /* torch.dtype cannot be made from Python: the dict stays as small as torch's list. */
+    long v = 2 * (long)PyDict_Size(dtype_ids) + c;
+    PyObject *value = PyLong_FromLong(v);
+    int r = value ? PyDict_SetItem(dtype_ids, dtype, value) : -1;
+    Py_XDECREF(value);
+    return r < 0 ? -1 : v;
 }
 
-/* Appends array `x` at address `ptr`: 0, or -1 on error. */
-static int add_array(Found *f, PyObject *x, PyObject *ptr) {
-    uint64_t p = PyLong_AsUnsignedLongLongMask(ptr);
-    if (p == (uint64_t)-1 && PyErr_Occurred()) return -1;
-    if (f->n == f->cap) {
-        uint64_t *grown = PyMem_Malloc(2 * f->cap * sizeof *grown);
-        if (grown == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        memcpy(grown, f->ptrs, f->n * sizeof *grown);
-        if (f->ptrs != f->inline_ptrs) PyMem_Free(f->ptrs);
-        f->ptrs = grown;
-        f->cap *= 2;
+/* The part's result: described (words written), not described, or an error raised. */
+enum { ERROR = -1, NOT_DESCRIBED = 0, DESCRIBED = 1 };
+
+static int put_device(Key *k, Arrays *f, long dev) {
+    uint64_t stream = 0;
+    if (dev >= 0 && stream_for(f, dev, &stream) < 0) return ERROR;
+    return put(k, (uint64_t)(dev + 1)) < 0 || put(k, stream) < 0 ? ERROR : DESCRIBED;
+}
+
+/* A tensor's geometry through the exchange API; NOT_DESCRIBED (nothing
+ * written) where it cannot: the attribute reader decides then. */
+static int tensor_exchanged(PyObject *x, Key *k, Arrays *f) {
+    DLTensor t;
+    if (exchange->dltensor_from_py_object_no_sync(x, &t) != 0) {
+        if (!PyErr_Occurred() || !PyErr_ExceptionMatches(PyExc_Exception)) return PyErr_Occurred() ? ERROR : NOT_DESCRIBED;
+        PyErr_Clear();
+        return NOT_DESCRIBED;
     }
-    if (PyList_Append(f->objs, x) < 0) return -1;
-    f->ptrs[f->n++] = p;
+    long dev = t.device.device_type == KDL_CPU ? -1 : t.device.device_type == KDL_CUDA ? t.device.device_id : -2;
+    if (dev == -2 || t.ndim < 0 || (t.ndim > 0 && (t.shape == NULL || t.strides == NULL))) return NOT_DESCRIBED;
+    if (put(k, (uint64_t)t.ndim) < 0) return ERROR;
+    for (int i = 0; i < t.ndim; i++)
+        if (put(k, (uint64_t)t.shape[i]) < 0) return ERROR;
+    for (int i = 0; i < t.ndim; i++)
+        if (put(k, (uint64_t)t.strides[i]) < 0) return ERROR;
+    if (put_device(k, f, dev) < 0) return ERROR;
+    return add_array(f, x, (uint64_t)(uintptr_t)t.data + t.byte_offset) < 0 ? ERROR : DESCRIBED;
+}
+
+static int put_ints(Key *k, PyObject *tuple) {
+    Py_ssize_t n = PyTuple_Size(tuple);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PyTuple_GetItem(tuple, i));
+        if ((v == -1 && PyErr_Occurred()) || put(k, (uint64_t)v) < 0) return -1;
+    }
     return 0;
 }
 
-/* The current stream of CUDA device `dev`, looked up once per call. */
-static PyObject *stream_for(Found *f, long dev) {
-    for (int i = 0; i < f->ndevices; i++)
-        if (f->devices[i] == dev) return Py_NewRef(f->streams[i]);
-    PyObject *d = PyLong_FromLong(dev);
-    if (d == NULL) return NULL;
-    PyObject *s = PyObject_CallFunctionObjArgs(stream_of, d, NULL);
-    Py_DECREF(d);
-    if (s == NULL || f->ndevices == MAX_DEVICES) return s;
-    f->devices[f->ndevices] = dev;
-    f->streams[f->ndevices++] = Py_NewRef(s);
-    return s;
-}
-
-#define NOT_DESCRIBED ((PyObject *)1) /* part(): the key does not describe it */
-
-/* _fastcall._part: a new reference, NOT_DESCRIBED, or NULL on error. */
-static PyObject *part(PyObject *x, Found *f, int depth);
-
-static PyObject *tensor_part(PyObject *x, Found *f) {
-    int t;
-    if ((t = truth(x, s_requires_grad, 0)) != 0) return t < 0 ? NULL : NOT_DESCRIBED;
-    PyObject *layout = PyObject_GetAttr(x, s_layout);
-    if (layout == NULL) return NULL;
-    int is_strided = layout == strided;
-    Py_DECREF(layout);
-    if (!is_strided) return NOT_DESCRIBED;
-    if ((t = truth(x, s_is_conj, 1)) != 0) return t < 0 ? NULL : NOT_DESCRIBED;
-    if ((t = truth(x, s_is_neg, 1)) != 0) return t < 0 ? NULL : NOT_DESCRIBED;
-    PyObject *dev_obj = call_method(x, s_get_device); /* -1: CPU (or no device at all) */
-    if (dev_obj == NULL) return NULL;
+/* The same words from the tensor's attributes (torch without the exchange API). */
+static int tensor_attributes(PyObject *x, Key *k, Arrays *f) {
+    PyObject *dev_obj = torch_attr(x, A_GET_DEVICE); /* -1: CPU (or no device at all) */
+    if (dev_obj == NULL) return ERROR;
     long dev = PyLong_AsLong(dev_obj);
-    if (dev == -1 && PyErr_Occurred()) {
-        Py_DECREF(dev_obj);
-        return NULL;
-    }
-    PyObject *device;
-    if (dev < 0) {
-        if ((t = truth(x, s_is_cpu, 0)) != 1) {
-            Py_DECREF(dev_obj);
-            return t < 0 ? NULL : NOT_DESCRIBED;
-        }
-        device = dev_obj;
-    } else {
-        if ((t = truth(x, s_is_cuda, 0)) != 1) {
-            Py_DECREF(dev_obj);
-            return t < 0 ? NULL : NOT_DESCRIBED;
-        }
-        PyObject *stream = stream_for(f, dev);
-        if (stream == NULL) {
-            Py_DECREF(dev_obj);
-            return NULL;
-        }
-        device = PyTuple_Pack(2, dev_obj, stream);
-        Py_DECREF(dev_obj);
-        Py_DECREF(stream);
-        if (device == NULL) return NULL;
-    }
-    PyObject *ptr = NULL, *shape = NULL, *stride = NULL, *dtype = NULL, *key = NULL;
-    if ((ptr = call_method(x, s_data_ptr)) == NULL || add_array(f, x, ptr) < 0) goto done;
-    if ((shape = PyObject_GetAttr(x, s_shape)) == NULL || (stride = call_method(x, s_stride)) == NULL ||
-        (dtype = PyObject_GetAttr(x, s_dtype)) == NULL)
+    Py_DECREF(dev_obj);
+    if (dev == -1 && PyErr_Occurred()) return ERROR;
+    int t = torch_truth(x, dev < 0 ? A_IS_CPU : A_IS_CUDA);
+    if (t != 1) return t < 0 ? ERROR : NOT_DESCRIBED;
+    int r = ERROR;
+    PyObject *ptr = NULL, *shape = NULL, *stride = NULL;
+    if ((ptr = torch_attr(x, A_DATA_PTR)) == NULL || (shape = torch_attr(x, A_SHAPE)) == NULL ||
+        (stride = torch_attr(x, A_STRIDE)) == NULL)
         goto done;
-    key = PyTuple_Pack(4, shape, stride, dtype, device);
+    if (!PyTuple_Check(shape) || !PyTuple_Check(stride) || PyTuple_Size(shape) != PyTuple_Size(stride)) {
+        r = NOT_DESCRIBED;
+        goto done;
+    }
+    if (put(k, (uint64_t)PyTuple_Size(shape)) < 0 || put_ints(k, shape) < 0 || put_ints(k, stride) < 0 ||
+        put_device(k, f, dev) < 0 || add_array_at(f, x, ptr) < 0)
+        goto done;
+    r = DESCRIBED;
 done:
     Py_XDECREF(ptr);
     Py_XDECREF(shape);
     Py_XDECREF(stride);
-    Py_XDECREF(dtype);
-    Py_DECREF(device);
-    return key;
+    return r;
 }
 
-static PyObject *ndarray_part(PyObject *x, Found *f) {
+/* A plain torch tensor: its dtype, geometry, device and stream. Tensors
+ * needing DLPack's rules (requiring grad, other layouts, negative views,
+ * complex ones, which may be conjugate views) are not described. */
+static int tensor_part(PyObject *x, Key *k, Arrays *f) {
+    int t;
+    if ((t = torch_truth(x, A_REQUIRES_GRAD)) != 0) return t < 0 ? ERROR : NOT_DESCRIBED;
+    PyObject *layout = torch_attr(x, A_LAYOUT);
+    if (layout == NULL) return ERROR;
+    int is_strided = layout == strided;
+    Py_DECREF(layout);
+    if (!is_strided) return NOT_DESCRIBED;
+    PyObject *dtype = torch_attr(x, A_DTYPE);
+    if (dtype == NULL) return ERROR;
+    long id = dtype_id(dtype);
+    Py_DECREF(dtype);
+    if (id < 0) return ERROR;
+    if (id & 1) return NOT_DESCRIBED;
+    if ((t = torch_truth(x, A_IS_NEG)) != 0) return t < 0 ? ERROR : NOT_DESCRIBED;
+    if (put(k, T_TENSOR) < 0 || put(k, (uint64_t)id) < 0) return ERROR;
+    int r = exchange != NULL ? tensor_exchanged(x, k, f) : NOT_DESCRIBED;
+    return r == NOT_DESCRIBED ? tensor_attributes(x, k, f) : r;
+}
+
+static int ndarray_part(PyObject *x, Key *k, Arrays *f) {
     PyObject *iface = PyObject_GetAttr(x, s_array_interface);
-    if (iface == NULL) return NULL;
+    if (iface == NULL) return ERROR;
     PyObject *data = PyObject_GetItem(iface, s_data);
     Py_DECREF(iface);
-    if (data == NULL) return NULL;
+    if (data == NULL) return ERROR;
     PyObject *ptr = PyTuple_Check(data) && PyTuple_Size(data) > 0 ? PyTuple_GetItem(data, 0) : NULL;
-    int added = ptr ? add_array(f, x, ptr) : -1;
+    int added = ptr ? add_array_at(f, x, ptr) : -1;
     Py_DECREF(data);
     if (added < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an array's __array_interface__ has no data address");
-        return NULL;
+        return ERROR;
     }
-    PyObject *shape = NULL, *strides = NULL, *dtype = NULL, *flags = NULL, *writeable = NULL, *key = NULL;
+    int r = ERROR;
+    PyObject *shape = NULL, *strides = NULL, *dtype = NULL, *flags = NULL, *writeable = NULL;
     if ((shape = PyObject_GetAttr(x, s_shape)) && (strides = PyObject_GetAttr(x, s_strides)) &&
         (dtype = PyObject_GetAttr(x, s_dtype)) && (flags = PyObject_GetAttr(x, s_flags)) &&
-        (writeable = PyObject_GetAttr(flags, s_writeable)))
-        key = PyTuple_Pack(4, shape, strides, dtype, writeable);
+        (writeable = PyObject_GetAttr(flags, s_writeable))) {
+        int w = PyObject_IsTrue(writeable);
+        if (w >= 0 && PyTuple_Check(shape) && PyTuple_Check(strides) && put(k, T_NDARRAY) == 0 &&
+            put(k, (uint64_t)PyTuple_Size(shape)) == 0 && put_ints(k, shape) == 0 &&
+            put(k, (uint64_t)PyTuple_Size(strides)) == 0 && put_ints(k, strides) == 0 && put(k, (uint64_t)w) == 0 &&
+            put_object(k, dtype) == 0)
+            r = DESCRIBED;
+        else if (!PyErr_Occurred())
+            r = NOT_DESCRIBED;
+    }
     Py_XDECREF(shape);
     Py_XDECREF(strides);
     Py_XDECREF(dtype);
     Py_XDECREF(flags);
     Py_XDECREF(writeable);
-    return key;
+    return r;
 }
 
-static PyObject *sequence_part(PyObject *x, Found *f, int depth) {
+static int part(PyObject *x, Key *k, Arrays *f, int depth);
+
+static int sequence_part(PyObject *x, Key *k, Arrays *f, int depth) {
     if (depth == MAX_DEPTH) return NOT_DESCRIBED;
-    /* A snapshot: the key reads each item once, even if a list changes. */
-    PyObject *items = PyList_Check(x) ? PyList_AsTuple(x) : Py_NewRef(x);
-    if (items == NULL) return NULL;
+    int list = PyList_Check(x);
+    /* A snapshot: the key reads each item once, even if the list changes meanwhile. */
+    PyObject *items = list ? PyList_AsTuple(x) : Py_NewRef(x);
+    if (items == NULL) return ERROR;
     Py_ssize_t n = PyTuple_Size(items);
-    PyObject *key = PyTuple_New(n + 1);
-    if (key == NULL) {
-        Py_DECREF(items);
-        return NULL;
-    }
-    PyTuple_SetItem(key, 0, Py_NewRef((PyObject *)Py_TYPE(x)));
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *p = part(PyTuple_GetItem(items, i), f, depth + 1);
-        if (p == NULL || p == NOT_DESCRIBED) {
-            Py_DECREF(key);
-            Py_DECREF(items);
-            return p;
-        }
-        PyTuple_SetItem(key, i + 1, p);
-    }
+    int r = put(k, list ? T_LIST : T_TUPLE) < 0 || put(k, (uint64_t)n) < 0 ? ERROR : DESCRIBED;
+    for (Py_ssize_t i = 0; i < n && r == DESCRIBED; i++) r = part(PyTuple_GetItem(items, i), k, f, depth + 1);
     Py_DECREF(items);
-    return key;
+    return r;
 }
 
-static PyObject *part(PyObject *x, Found *f, int depth) {
+static int part(PyObject *x, Key *k, Arrays *f, int depth) {
     PyTypeObject *t = Py_TYPE(x);
-    if (tensor_type != NULL && (PyObject *)t == tensor_type) return tensor_part(x, f);
-    if (x == Py_None || t == &PyBool_Type || t == &PyLong_Type || t == &PyUnicode_Type)
-        return PyTuple_Pack(2, (PyObject *)t, x);
-    if ((PyObject *)t == ndarray_type) return ndarray_part(x, f);
-    if (t == &PyFloat_Type) { /* -0.0 == 0.0 as keys, not as arguments */
-        PyObject *sign = PyFloat_FromDouble(copysign(1.0, PyFloat_AsDouble(x)));
-        if (sign == NULL) return NULL;
-        PyObject *key = PyTuple_Pack(3, (PyObject *)t, x, sign);
-        Py_DECREF(sign);
-        return key;
+    if (tensor_type != NULL && (PyObject *)t == tensor_type) return tensor_part(x, k, f);
+    if (x == Py_None) return put(k, T_NONE) < 0 ? ERROR : DESCRIBED;
+    if (t == &PyBool_Type) return put(k, x == Py_True ? T_TRUE : T_FALSE) < 0 ? ERROR : DESCRIBED;
+    if (t == &PyLong_Type) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (v == -1 && PyErr_Occurred()) return ERROR;
+        if (overflow) return put_object(k, x) < 0 ? ERROR : DESCRIBED;
+        return put(k, T_INT) < 0 || put(k, (uint64_t)v) < 0 ? ERROR : DESCRIBED;
     }
-    if (t == &PyList_Type || t == &PyTuple_Type) return sequence_part(x, f, depth);
+    if (t == &PyUnicode_Type) return put_str(k, x, T_STR) < 0 ? ERROR : DESCRIBED;
+    if ((PyObject *)t == ndarray_type) return ndarray_part(x, k, f);
+    if (t == &PyFloat_Type) { /* its bits: -0.0 and 0.0 differ as arguments */
+        double d = PyFloat_AsDouble(x);
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof bits);
+        return put(k, T_FLOAT) < 0 || put(k, bits) < 0 ? ERROR : DESCRIBED;
+    }
+    if (t == &PyList_Type || t == &PyTuple_Type) return sequence_part(x, k, f, depth);
     /* out_dtype: torch.bfloat16, np.float16, np.dtype("f2"), ... */
-    int dtype = (torch_dtype != NULL && (PyObject *)t == torch_dtype) || PyType_Check(x);
+    if (torch_dtype != NULL && (PyObject *)t == torch_dtype) {
+        long id = dtype_id(x);
+        return id < 0 || put(k, T_TORCH_DTYPE) < 0 || put(k, (uint64_t)id) < 0 ? ERROR : DESCRIBED;
+    }
+    int dtype = PyType_Check(x);
     if (!dtype && np_dtype != NULL) {
         dtype = PyObject_IsInstance(x, np_dtype);
-        if (dtype < 0) return NULL;
+        if (dtype < 0) return ERROR;
     }
-    return dtype ? PyTuple_Pack(2, (PyObject *)t, x) : NOT_DESCRIBED;
+    if (!dtype) return NOT_DESCRIBED;
+    return put_object(k, x) < 0 ? ERROR : DESCRIBED;
 }
 
-/* _fastcall.key_of: the key (a new reference), NOT_DESCRIBED, or NULL on
+/* _fastcall.key_of for args[start:] and kwargs (NULL: none): the key (a
+ * new reference), Py_None where it describes not the call, or NULL on
  * error; `f` receives the arrays and their addresses. */
-static void found_init(Found *f) {
-    memset(f, 0, sizeof *f);
-    f->ptrs = f->inline_ptrs;
-    f->cap = INLINE_ARRAYS;
-}
-
-static PyObject *key_of(PyObject *args, PyObject *kwargs, Found *f) {
-    found_init(f);
+static PyObject *key_of(PyObject *args, Py_ssize_t start, PyObject *kwargs, Arrays *f) {
     if (tensor_type == NULL && torch_probe != NULL) { /* torch imported since the last call? */
         PyObject *r = PyObject_CallNoArgs(torch_probe);
         if (r == NULL) return NULL;
         Py_DECREF(r);
     }
-    if ((f->objs = PyList_New(0)) == NULL) return NULL;
-    PyObject *key = PyList_New(0);
-    if (key == NULL) return NULL;
+    Key k;
+    key_init(&k);
+    int r = DESCRIBED;
     Py_ssize_t n = PyTuple_Size(args);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *p = part(PyTuple_GetItem(args, i), f, 0);
-        if (p == NULL || p == NOT_DESCRIBED) goto fail_with;
-        int r = PyList_Append(key, p);
-        Py_DECREF(p);
-        if (r < 0) goto fail;
-    }
+    for (Py_ssize_t i = start; i < n && r == DESCRIBED; i++) r = part(PyTuple_GetItem(args, i), &k, f, 0);
     if (kwargs != NULL) {
         Py_ssize_t pos = 0;
         PyObject *name, *value;
-        while (PyDict_Next(kwargs, &pos, &name, &value)) { /* a name is a str, a positional part never */
-            PyObject *p = part(value, f, 0);
-            if (p == NULL || p == NOT_DESCRIBED) {
-                Py_DECREF(key);
-                return p;
-            }
-            int r = PyList_Append(key, name) < 0 ? -1 : PyList_Append(key, p);
-            Py_DECREF(p);
-            if (r < 0) goto fail;
+        while (r == DESCRIBED && PyDict_Next(kwargs, &pos, &name, &value)) { /* a name is a str */
+            r = put_str(&k, name, T_NAME) < 0 ? ERROR : part(value, &k, f, 0);
         }
     }
-    if (f->n > 1) { /* an array given twice: which positions alias */
-        Py_ssize_t n_objs = f->n;
+    if (r == DESCRIBED && f->n > 1) { /* an array given twice: which positions alias */
         int aliased = 0;
-        for (Py_ssize_t i = 1; i < n_objs && !aliased; i++)
-            for (Py_ssize_t j = 0; j < i && !aliased; j++)
-                aliased = PyList_GetItem(f->objs, i) == PyList_GetItem(f->objs, j);
-        if (aliased) {
-            PyObject *first = PyTuple_New(n_objs);
-            if (first == NULL) goto fail;
-            for (Py_ssize_t i = 0; i < n_objs; i++) {
-                Py_ssize_t j = 0;
-                while (PyList_GetItem(f->objs, j) != PyList_GetItem(f->objs, i)) j++;
-                PyTuple_SetItem(first, i, PyLong_FromSsize_t(j));
-            }
-            int r = PyList_Append(key, first);
-            Py_DECREF(first);
-            if (r < 0) goto fail;
+        for (Py_ssize_t i = 1; i < f->n && !aliased; i++)
+            for (Py_ssize_t j = 0; j < i && !aliased; j++) aliased = f->objs[i] == f->objs[j];
+        if (aliased && (put(&k, T_ALIAS) < 0 || put(&k, (uint64_t)f->n) < 0)) r = ERROR;
+        for (Py_ssize_t i = 0; aliased && i < f->n && r == DESCRIBED; i++) {
+            Py_ssize_t j = 0;
+            while (f->objs[j] != f->objs[i]) j++;
+            if (put(&k, (uint64_t)j) < 0) r = ERROR;
         }
     }
-    PyObject *tuple = PyList_AsTuple(key);
-    Py_DECREF(key);
-    return tuple;
-fail_with : {
-    PyObject *p = PyErr_Occurred() ? NULL : NOT_DESCRIBED;
-    Py_DECREF(key);
-    return p;
-}
-fail:
-    Py_DECREF(key);
-    return NULL;
+    PyObject *key = r == DESCRIBED ? key_done(&k) : r == NOT_DESCRIBED ? Py_NewRef(Py_None) : NULL;
+    key_clear(&k);
+    return key;
 }
 
 /* (key, objs, ptrs) as _fastcall.key_of returns it. */
-static PyObject *found_tuple(PyObject *key, Found *f) {
-    PyObject *ptrs = PyList_New(f->n);
-    if (ptrs == NULL) return NULL;
+static PyObject *found_tuple(PyObject *key, Arrays *f) {
+    PyObject *objs = PyList_New(f->n), *ptrs = PyList_New(f->n);
+    if (objs == NULL || ptrs == NULL) goto fail;
     for (Py_ssize_t i = 0; i < f->n; i++) {
         PyObject *p = PyLong_FromUnsignedLongLong(f->ptrs[i]);
-        if (p == NULL) {
-            Py_DECREF(ptrs);
-            return NULL;
-        }
+        if (p == NULL) goto fail;
         PyList_SetItem(ptrs, i, p);
+        PyList_SetItem(objs, i, Py_NewRef(f->objs[i]));
     }
-    PyObject *t = PyTuple_Pack(3, key, f->objs, ptrs);
+    PyObject *t = PyTuple_Pack(3, key, objs, ptrs);
+    Py_DECREF(objs);
     Py_DECREF(ptrs);
     return t;
+fail:
+    Py_XDECREF(objs);
+    Py_XDECREF(ptrs);
+    return NULL;
 }
 
 static PyObject *py_key_of(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -351,11 +541,12 @@ static PyObject *py_key_of(PyObject *self, PyObject *const *argv, Py_ssize_t arg
         PyErr_SetString(PyExc_TypeError, "key_of(args: tuple, kwargs: dict)");
         return NULL;
     }
-    Found f;
-    PyObject *key = key_of(argv[0], argv[1], &f);
-    PyObject *r = key == NOT_DESCRIBED ? Py_NewRef(Py_None) : key ? found_tuple(key, &f) : NULL;
-    if (key != NOT_DESCRIBED) Py_XDECREF(key);
-    found_clear(&f);
+    Arrays f;
+    arrays_init(&f);
+    PyObject *key = key_of(argv[0], 0, argv[1], &f);
+    PyObject *r = key == Py_None ? Py_NewRef(Py_None) : key ? found_tuple(key, &f) : NULL;
+    Py_XDECREF(key);
+    arrays_clear(&f);
     return r;
 }
 
@@ -525,10 +716,14 @@ static PyType_Spec native_spec = {"symm._fastcall_ext.Native", sizeof(Native), 0
 static PyObject *native_type;
 
 /* The result from its spec: objs[spec], or spec[0](results of spec[1]). */
-static PyObject *built(PyObject *spec, PyObject *objs) {
+static PyObject *built(PyObject *spec, const Arrays *f) {
     if (PyLong_Check(spec)) {
-        PyObject *o = PyList_GetItem(objs, PyLong_AsSsize_t(spec));
-        return o ? Py_NewRef(o) : NULL;
+        Py_ssize_t i = PyLong_AsSsize_t(spec);
+        if (i < 0 || i >= f->n) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "a kept call returns an array it was not given");
+            return NULL;
+        }
+        return Py_NewRef(f->objs[i]);
     }
     PyObject *kind = PyTuple_GetItem(spec, 0), *items = PyTuple_GetItem(spec, 1);
     if (kind == NULL || items == NULL) return NULL;
@@ -536,7 +731,7 @@ static PyObject *built(PyObject *spec, PyObject *objs) {
     PyObject *list = PyList_New(n);
     if (list == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *b = built(PyList_GetItem(items, i), objs);
+        PyObject *b = built(PyList_GetItem(items, i), f);
         if (b == NULL) {
             Py_DECREF(list);
             return NULL;
@@ -580,13 +775,13 @@ static int make_call(Native *n, PyObject *group) {
 /* Runs the kept call `n` on the arrays of `f` (plus its allocated outputs);
  * the caller holds `n` busy: its makers may run Python code, during which
  * another thread may take the GIL and must not write the same descriptors. */
-static PyObject *run(Native *n, PyObject *group, Found *f) {
+static PyObject *run(Native *n, PyObject *group, Arrays *f) {
     Py_ssize_t makers = PyTuple_Size(n->makers);
     for (Py_ssize_t i = 0; i < makers; i++) {
         PyObject *made = PyObject_CallNoArgs(PyTuple_GetItem(n->makers, i));
         if (made == NULL) return NULL;
         int r = PyTuple_Check(made) && PyTuple_Size(made) == 2
-                    ? add_array(f, PyTuple_GetItem(made, 0), PyTuple_GetItem(made, 1))
+                    ? add_array_at(f, PyTuple_GetItem(made, 0), PyTuple_GetItem(made, 1))
                     : -1;
         Py_DECREF(made);
         if (r < 0) {
@@ -602,7 +797,7 @@ static PyObject *run(Native *n, PyObject *group, Found *f) {
         *n->write_at[i] = f->ptrs[n->write_index[i]];
     }
     if (make_call(n, group) < 0) return NULL;
-    return built(n->result, f->objs);
+    return built(n->result, f);
 }
 
 /* call_bound(native, group): a bound call (symm.bind), its descriptors
@@ -623,29 +818,24 @@ static PyObject *py_call_bound(PyObject *self, PyObject *const *argv, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-/* call(group, prepare_call, args, kwargs): _fastcall.call. */
-static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    (void)self;
-    if (argc != 4 || !PyTuple_Check(argv[2]) || !PyDict_Check(argv[3])) {
-        PyErr_SetString(PyExc_TypeError, "call(group, prepare_call, args: tuple, kwargs: dict)");
-        return NULL;
-    }
-    PyObject *group = argv[0], *prepare_call = argv[1], *args = argv[2], *kwargs = argv[3];
+/* _fastcall.call of `prepare_call` on `group` with args[start:] and
+ * `kwargs` (NULL: none). */
+static PyObject *call(PyObject *group, PyObject *prepare_call, PyObject *args, Py_ssize_t start, PyObject *kwargs) {
     if (slow_call == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "symm._fastcall_ext: used before symm._fastcall configured it");
         return NULL;
     }
-    Found f;
-    found_init(&f);
-    PyObject *key = NULL, *found = NULL, *result = NULL;
+    Arrays f;
+    arrays_init(&f);
+    PyObject *key = NULL, *found = NULL, *result = NULL, *rest = NULL, *kw = NULL;
     PyObject *caches = PyObject_GetAttr(group, s_calls);
     if (caches == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
         PyErr_Clear();
     } else if (PyDict_CheckExact(caches)) { /* else no call is kept */
-        key = key_of(args, kwargs, &f);
+        key = key_of(args, start, kwargs, &f);
         if (key == NULL) goto done;
-        if (key != NOT_DESCRIBED) {
+        if (key != Py_None) {
             PyObject *cache = PyDict_GetItemWithError(caches, prepare_call); /* borrowed */
             PyObject *template = cache && PyDict_Check(cache) ? PyDict_GetItemWithError(cache, key) : NULL;
             if (PyErr_Occurred()) goto done;
@@ -664,18 +854,44 @@ static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
             if ((found = found_tuple(key, &f)) == NULL) goto done;
         }
     }
-    result = PyObject_CallFunctionObjArgs(slow_call, group, prepare_call, args, kwargs, found ? found : Py_None, NULL);
+    rest = start == 0 ? Py_NewRef(args) : PyTuple_GetSlice(args, start, PyTuple_Size(args));
+    kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
+    if (rest != NULL && kw != NULL)
+        result = PyObject_CallFunctionObjArgs(slow_call, group, prepare_call, rest, kw, found ? found : Py_None, NULL);
 done:
     Py_XDECREF(caches);
-    if (key != NOT_DESCRIBED) Py_XDECREF(key);
+    Py_XDECREF(key);
     Py_XDECREF(found);
-    found_clear(&f);
+    Py_XDECREF(rest);
+    Py_XDECREF(kw);
+    arrays_clear(&f);
     return result;
+}
+
+/* call(group, prepare_call, args, kwargs): _fastcall.call. */
+static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    (void)self;
+    if (argc != 4 || !PyTuple_Check(argv[2]) || !PyDict_Check(argv[3])) {
+        PyErr_SetString(PyExc_TypeError, "call(group, prepare_call, args: tuple, kwargs: dict)");
+        return NULL;
+    }
+    return call(argv[0], argv[1], argv[2], 0, argv[3]);
+}
+
+/* call_op(prepare_call, args, kwargs): an operation's call as the user made
+ * it, the group first in `args` (the operation's wrapper, one frame less). */
+static PyObject *py_call_op(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    (void)self;
+    if (argc != 3 || !PyTuple_Check(argv[1]) || PyTuple_Size(argv[1]) < 1 || !PyDict_Check(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "call_op(prepare_call, args: tuple (group, ...), kwargs: dict)");
+        return NULL;
+    }
+    return call(PyTuple_GetItem(argv[1], 0), argv[0], argv[1], 1, PyDict_Size(argv[2]) ? argv[2] : NULL);
 }
 
 static void replace(PyObject **at, PyObject *value) {
     PyObject *old = *at;
-    *at = Py_NewRef(value);
+    *at = Py_XNewRef(value);
     Py_XDECREF(old);
 }
 
@@ -691,24 +907,88 @@ static PyObject *py_configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* torch's exchange API, where it publishes one this file can read. */
+static const ExchangeAPI *exchange_of(PyObject *tensor) {
+    PyObject *capsule = PyObject_GetAttr(tensor, s_exchange_api);
+    if (capsule == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    const ExchangeHeader *h = PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
+    Py_DECREF(capsule);
+    if (h == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    while (h != NULL && h->version.major > 1) h = h->prev_api; /* newer majors chain to older ones */
+    if (h == NULL || h->version.major != 1 || h->version.minor < 2) return NULL;
+    const ExchangeAPI *api = (const ExchangeAPI *)h;
+    return api->dltensor_from_py_object_no_sync != NULL && api->current_work_stream != NULL ? api : NULL;
+}
+
 /* set_torch(torch.Tensor, torch.strided, torch.dtype, stream_of): once torch is imported. */
 static PyObject *py_set_torch(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *t, *s, *d, *st;
     if (!PyArg_ParseTuple(args, "OOOO", &t, &s, &d, &st)) return NULL;
+    if (!PyType_Check(t)) {
+        PyErr_SetString(PyExc_TypeError, "set_torch: torch.Tensor is a type");
+        return NULL;
+    }
+    PyObject *descr[ATTRS];
+    descrgetfunc get[ATTRS];
+    for (int i = 0; i < ATTRS; i++) {
+        /* On the class, an attribute's descriptor (a getset, or a property)
+         * and a method's function, as instance lookups find them. */
+        if ((descr[i] = PyObject_GetAttrString(t, ATTR[i].name)) == NULL) {
+            while (i--) Py_DECREF(descr[i]);
+            return NULL;
+        }
+        get[i] = ATTR[i].method ? NULL : (descrgetfunc)PyType_GetSlot(Py_TYPE(descr[i]), Py_tp_descr_get);
+        if (!ATTR[i].method && get[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "set_torch: torch.Tensor.%s is no descriptor", ATTR[i].name);
+            for (int j = 0; j <= i; j++) Py_DECREF(descr[j]);
+            return NULL;
+        }
+    }
+    PyObject *ids = PyDict_New();
+    if (ids == NULL) {
+        for (int i = 0; i < ATTRS; i++) Py_DECREF(descr[i]);
+        return NULL;
+    }
+    for (int i = 0; i < ATTRS; i++) {
+        replace(&attr_descr[i], descr[i]);
+        Py_DECREF(descr[i]);
+        attr_get[i] = get[i];
+    }
+    replace(&dtype_ids, ids);
+    Py_DECREF(ids);
     replace(&tensor_type, t);
     replace(&strided, s);
     replace(&torch_dtype, d);
     replace(&stream_of, st);
+    exchange = exchange_found = exchange_of(t);
     Py_RETURN_NONE;
+}
+
+/* use_exchange(on) -> whether torch's exchange API reads tensors now
+ * (tests compare it with the attribute reader). */
+static PyObject *py_use_exchange(PyObject *self, PyObject *on) {
+    (void)self;
+    int t = PyObject_IsTrue(on);
+    if (t < 0) return NULL;
+    exchange = t ? exchange_found : NULL;
+    return PyBool_FromLong(exchange != NULL);
 }
 
 static PyMethodDef methods[] = {
     {"call", (PyCFunction)(void (*)(void))py_call, METH_FASTCALL, "_fastcall.call, its hit path in C."},
+    {"call_op", (PyCFunction)(void (*)(void))py_call_op, METH_FASTCALL, "call_op(prepare_call, (group, *args), kwargs)"},
     {"key_of", (PyCFunction)(void (*)(void))py_key_of, METH_FASTCALL, "_fastcall.key_of, in C."},
     {"call_bound", (PyCFunction)(void (*)(void))py_call_bound, METH_FASTCALL, "A bound call (symm.bind), from C."},
     {"configure", py_configure, METH_VARARGS, "configure(ndarray, dtype, slow_call, torch_probe)"},
     {"set_torch", py_set_torch, METH_VARARGS, "set_torch(Tensor, strided, dtype, stream_of)"},
+    {"use_exchange", py_use_exchange, METH_O, "use_exchange(on) -> whether DLPack's exchange API reads tensors"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -719,13 +999,11 @@ PyMODINIT_FUNC PyInit__fastcall_ext(void) {
         PyObject **at;
         const char *name;
     } names[] = {
-        {&s_requires_grad, "requires_grad"}, {&s_layout, "layout"},     {&s_is_conj, "is_conj"},
-        {&s_is_neg, "is_neg"},               {&s_get_device, "get_device"}, {&s_is_cpu, "is_cpu"},
-        {&s_is_cuda, "is_cuda"},             {&s_data_ptr, "data_ptr"}, {&s_shape, "shape"},
-        {&s_stride, "stride"},               {&s_dtype, "dtype"},       {&s_strides, "strides"},
-        {&s_flags, "flags"},                 {&s_writeable, "writeable"}, {&s_array_interface, "__array_interface__"},
-        {&s_data, "data"},                   {&s_calls, "_calls"},      {&s_native, "native"},
-        {&s_raw, "raw"},                     {&s_check, "_check"},
+        {&s_strides, "strides"},   {&s_dtype, "dtype"},           {&s_shape, "shape"},
+        {&s_flags, "flags"},       {&s_writeable, "writeable"},   {&s_array_interface, "__array_interface__"},
+        {&s_data, "data"},         {&s_calls, "_calls"},          {&s_native, "native"},
+        {&s_raw, "raw"},           {&s_check, "_check"},          {&s_is_complex, "is_complex"},
+        {&s_exchange_api, "__dlpack_c_exchange_api__"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL) return NULL;

@@ -61,6 +61,9 @@ def _bindable(prepare_call):
     def op(*args, **kwargs):
         if not args:
             return prepare_call(*args, **kwargs)()
+        ext = _fastcall._ext
+        if ext is not None:  # the group stays in args: no slice, no frame of _fastcall.call
+            return ext.call_op(prepare_call, args, kwargs)
         return _fastcall.call(args[0], prepare_call, args[1:], kwargs)
 
     _BINDABLE[op] = prepare_call

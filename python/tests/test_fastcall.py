@@ -251,8 +251,9 @@ class Sub(np.ndarray):
 
 
 def test_keys_agree_between_the_paths(path):
-    """The C path's key, arrays and addresses are Python's, for every kind
-    of argument the key describes; what it does not describe is None on both."""
+    """The C path's keys tell calls apart exactly as Python's do, for every
+    kind of argument the key describes; what it does not describe is None
+    on both."""
     if path != "c":
         pytest.skip("compares the C path with Python's")
     a = np.arange(24, dtype=np.float32).reshape(4, 6)
@@ -260,10 +261,27 @@ def test_keys_agree_between_the_paths(path):
     ro.flags.writeable = False
     cases = [
         ((a,), {}),
+        ((a.copy(),), {}),  # equal to the one before
+        ((a.T,), {}),
+        ((a.astype(np.float16),), {}),
         ((a, a.T, a[::2]), {"out": a[:, 1:], "op": "sum"}),
+        ((a, a.T, a[::2]), {"out": a[:, 1:], "op": "avg"}),
+        ((a, a.T, a[::2]), {"op": "sum", "out": a[:, 1:]}),  # keywords in another order
         ((a, a), {"scale": 0.5}),  # aliasing
-        ((a,), {"x": -0.0, "y": 0.0, "z": float("nan"), "n": None, "b": True, "i": -3, "s": "avg"}),
+        ((a, a.copy()), {"scale": 0.5}),
+        ((a,), {"x": -0.0, "y": 0.0, "z": NAN, "n": None, "b": True, "i": -3, "s": "avg"}),
+        ((a,), {"x": 0.0, "y": 0.0, "z": NAN, "n": None, "b": True, "i": -3, "s": "avg"}),
+        ((a,), {"x": -0.0, "y": 0.0, "z": NAN, "n": None, "b": 1, "i": -3, "s": "avg"}),
+        ((a,), {"x": -0.0, "y": 0.0, "z": NAN, "n": None, "b": 1.0, "i": -3, "s": "avg"}),
+        ((1,), {}),
+        ((True,), {}),
+        ((2**70,), {}),
+        ((2**70 + 1,), {}),
+        (("a" * 9,), {}),
+        (("a" * 9 + "\0",), {}),
+        (("\ud800",), {}),  # no UTF-8 bytes
         (([a, (ro, [a.astype(np.float16)])], 7), {"k": (1, 2.5)}),
+        (([a, [ro, [a.astype(np.float16)]]], 7), {"k": (1, 2.5)}),  # a list for a tuple
         ((), {}),
         ((a, {"not": "described"}), {}),
         ((a.view(Sub),), {}),  # a subclass: not described
@@ -272,22 +290,31 @@ def test_keys_agree_between_the_paths(path):
         (([[[[[[[[a]]]]]]]],), {}),  # lists 8 deep: described
         (([[[[[[[[[a]]]]]]]]],), {}),  # 9 deep: not
         ((a,), {"out_dtype": np.float16, "d": np.dtype("f4"), "l": [ml_dtypes.bfloat16, np.dtype(ml_dtypes.float8_e5m2)]}),
+        ((a,), {"out_dtype": np.dtype("f2"), "d": np.dtype("f4"), "l": [ml_dtypes.bfloat16, np.dtype(ml_dtypes.float8_e5m2)]}),
     ]
     assert_keys_agree(cases)
 
 
+NAN = float("nan")  # one object: Python's keys compare it equal to itself
+
+
 def assert_keys_agree(cases):
-    """For every (args, kwargs) of `cases`: the C path's key, arrays and
-    addresses are Python's (None on both where the key does not describe
-    the call)."""
+    """For `cases`, (args, kwargs) each: the C path describes the calls
+    Python's describes, with Python's arrays and addresses, and its keys
+    of two calls are equal (and hash alike) exactly where Python's are."""
+    found = []
     for args, kwargs in cases:
         mine, theirs = EXT.key_of(args, kwargs), _fastcall.key_of(args, kwargs)
-        if theirs is None:
-            assert mine is None, (args, kwargs)
-            continue
-        assert mine[0] == theirs[0] and hash(mine[0]) == hash(theirs[0]), (args, kwargs)
-        assert [id(x) for x in mine[1]] == [id(x) for x in theirs[1]]
-        assert mine[2] == theirs[2]
+        assert (mine is None) == (theirs is None), (args, kwargs)
+        if theirs is not None:
+            assert [id(x) for x in mine[1]] == [id(x) for x in theirs[1]], (args, kwargs)
+            assert mine[2] == theirs[2], (args, kwargs)
+            found.append((mine[0], theirs[0], (args, kwargs)))
+    for i, (mine, theirs, case) in enumerate(found):
+        for other_mine, other_theirs, other in found[i:]:
+            assert (mine == other_mine) == (theirs == other_theirs), (case, other)
+            if mine == other_mine:
+                assert hash(mine) == hash(other_mine)
 
 
 def test_the_five_operations_run_in_c(path):

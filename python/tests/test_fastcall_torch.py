@@ -10,6 +10,7 @@ from ranks import on_threads
 from test_fastcall import assert_keys_agree, call_path
 
 import symm
+from symm import _fastcall
 
 torch = pytest.importorskip("torch")
 WORLD = 2
@@ -20,25 +21,60 @@ def path(request, monkeypatch):
     return call_path(request, monkeypatch)
 
 
-def test_keys_agree_between_the_paths(path):
-    """The C path's keys of torch tensors are Python's; tensors it does not
-    describe (requiring grad, conjugate or negative views) are None on both."""
-    if path != "c":
-        pytest.skip("compares the C path with Python's")
+def torch_cases():
     a = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     z = torch.ones(3, dtype=torch.complex64)
-    cases = [
+    return [
         ((a,), {}),
+        ((a.clone(),), {}),  # equal to the one before
+        ((a.t(),), {}),
+        ((a[1:],), {}),
+        ((a.t().contiguous().t(),), {}),  # a's shape, other strides
+        ((a.to(torch.float16),), {}),
         ((a, a.t(), a[::2].to(torch.bfloat16)), {"out": [a[:, 1:]], "op": "sum"}),
         ((a, a), {}),
+        ((a, a.clone()), {}),
         ((a, np.ones(2, np.float32)), {"w": [a.int()]}),
         ((a.requires_grad_(False), torch.ones(2, requires_grad=True)), {}),
+        ((z,), {}),  # complex (the call refuses it): not described
         ((z.conj(),), {}),
         ((torch.ones(2)._neg_view(),), {}),
         ((torch.ones(2, device="meta"),), {}),
+        ((torch.ones(4).to_sparse(),), {}),
         ((a,), {"out_dtype": torch.bfloat16, "l": [torch.float8_e4m3fn, None, np.float16]}),
+        ((a,), {"out_dtype": torch.float16, "l": [torch.float8_e4m3fn, None, np.float16]}),
+        ((a.to(torch.float8_e4m3fn), a.to(torch.float8_e5m2)), {}),
     ]
-    assert_keys_agree(cases)
+
+
+def test_keys_agree_between_the_paths(path):
+    """The C path's keys of torch tensors tell calls apart as Python's do;
+    tensors it does not describe (requiring grad, complex, negative views,
+    other layouts and devices) are None on both."""
+    if path != "c":
+        pytest.skip("compares the C path with Python's")
+    assert_keys_agree(torch_cases())
+
+
+def test_exchange_and_attributes_read_alike(path):
+    """Where torch publishes DLPack's exchange API the C path reads tensors
+    through it; its keys are those read through the attributes."""
+    if path != "c":
+        pytest.skip("the C path's readers")
+    ext = _fastcall._ext
+    cases = torch_cases()
+    ext.key_of((), {})  # torch is imported: the C path has read its types
+    try:
+        assert ext.use_exchange(True) == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+        exchanged = [ext.key_of(*c) for c in cases]
+        assert not ext.use_exchange(False)
+        read = [ext.key_of(*c) for c in cases]
+    finally:
+        ext.use_exchange(True)
+    for case, x, y in zip(cases, exchanged, read):
+        assert (x is None) == (y is None), case
+        if x is not None:
+            assert x[0] == y[0] and x[2] == y[2], case
 
 
 def groups():

@@ -7,6 +7,7 @@ use crate::backend::BackendChoice;
 use crate::error::{err, Result};
 use crate::group::GroupConfig;
 use crate::ops::ReduceOp;
+use std::fmt::Display;
 use std::time::Duration;
 
 /// Checks an out-pointer is non-NULL before any work is done.
@@ -90,6 +91,12 @@ pub fn group_config(p: *const symm_group_config_t) -> Result<GroupConfig> {
 }
 
 pub fn dtype(d: symm_dtype_t, name: &str) -> Result<DType> {
+    dtype_named(d, &name)
+}
+
+/// As [`dtype`], the name formatted only for the error: every call reads
+/// its descriptors here, and at small sizes the host's time is the call's.
+fn dtype_named(d: symm_dtype_t, name: &dyn Display) -> Result<DType> {
     match d {
         SYMM_DTYPE_F32 => Ok(DType::F32),
         SYMM_DTYPE_BF16 => Ok(DType::BF16),
@@ -116,12 +123,12 @@ pub fn reduce_op(op: symm_reduce_op_t) -> Result<ReduceOp> {
 /// dimensions, sizes, strides, type, and a non-NULL, aligned data pointer
 /// whose extent fits in the address space. The memory itself is the
 /// caller's promise.
-pub fn tensor(t: &symm_tensor_t, name: &str) -> Result<Array> {
+pub fn tensor(t: &symm_tensor_t, name: &dyn Display) -> Result<Array> {
     let ndim = usize::try_from(t.ndim)
         .ok()
         .filter(|n| (1..=SYMM_MAX_DIMS).contains(n))
         .ok_or_else(|| err!(InvalidArgument, "{name}.ndim is {}; expected 1 to {SYMM_MAX_DIMS}", t.ndim))?;
-    let dtype = dtype(t.dtype, &format!("{name}.dtype"))?;
+    let dtype = dtype_named(t.dtype, &format_args!("{name}.dtype"))?;
     let mut shape = Vec::with_capacity(ndim);
     let mut strides = Vec::with_capacity(ndim);
     for i in 0..ndim {
@@ -162,7 +169,7 @@ pub fn tensor(t: &symm_tensor_t, name: &str) -> Result<Array> {
 
 /// Reads the tensor descriptor `p` points to.
 pub fn tensor_arg(p: *const symm_tensor_t, name: &str) -> Result<Array> {
-    tensor(in_ref(p, name)?, name)
+    tensor(in_ref(p, name)?, &name)
 }
 
 /// As [`tensor_arg`], with NULL meaning "not wanted".
@@ -179,7 +186,7 @@ pub fn tensors(p: *const symm_tensor_t, n: usize, name: &str) -> Result<Vec<Arra
     in_ref(p, name)?;
     // SAFETY: non-NULL, and the caller promises `n` descriptors.
     let ts = unsafe { std::slice::from_raw_parts(p, n) };
-    ts.iter().enumerate().map(|(i, t)| tensor(t, &format!("{name}[{i}]"))).collect()
+    ts.iter().enumerate().map(|(i, t)| tensor(t, &format_args!("{name}[{i}]"))).collect()
 }
 
 /// As [`tensors`], with NULL meaning "not given".
@@ -201,7 +208,7 @@ pub fn optional_entries(p: *const symm_tensor_t, n: usize, name: &str) -> Result
     let ts = unsafe { std::slice::from_raw_parts(p, n) };
     let read = |(i, t): (usize, &symm_tensor_t)| match t.data.is_null() {
         true => Ok(None),
-        false => tensor(t, &format!("{name}[{i}]")).map(Some),
+        false => tensor(t, &format_args!("{name}[{i}]")).map(Some),
     };
     ts.iter().enumerate().map(read).collect::<Result<_>>().map(Some)
 }
@@ -264,10 +271,10 @@ mod tests {
     #[test]
     fn oversized_extents_are_invalid() {
         for stride in [1i64 << 62, i64::MAX / 2, i64::MAX] {
-            let e = tensor(&desc(&[2, 8], &[stride, 1]), "a").unwrap_err();
+            let e = tensor(&desc(&[2, 8], &[stride, 1]), &"a").unwrap_err();
             assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
             assert!(e.msg.contains("larger than the address space"), "{}", e.msg);
         }
-        assert!(tensor(&desc(&[2, 8], &[1 << 40, 1]), "a").is_ok());
+        assert!(tensor(&desc(&[2, 8], &[1 << 40, 1]), &"a").is_ok());
     }
 }

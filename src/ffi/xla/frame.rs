@@ -305,7 +305,7 @@ impl XlaBuffer<'_> {
             t.strides[i] = stride;
             stride = stride.saturating_mul(dims[i].max(1));
         }
-        crate::ffi::args::tensor(&t, name)
+        crate::ffi::args::tensor(&t, &name)
     }
 }
 
