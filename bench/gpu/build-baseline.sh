@@ -28,6 +28,13 @@ if [ "${2:-}" = --tests ]; then
     gzip -f bundle/base/symm-lib-tests
 fi
 cp -r "$tree/python" "$tree/bench" bundle/base/
+# Its plain calls' C path too, as python/setup.py builds it (stable ABI),
+# so that plain calls compare C path with C path.
+if [ -f "$tree/python/symm/_fastcall_ext.c" ]; then
+    include="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    gcc -shared -fPIC -O2 -DPy_LIMITED_API=0x030A0000 -I"$include" -I"$tree/include" \
+        "$tree/python/symm/_fastcall_ext.c" -lm -o bundle/base/python/symm/_fastcall_ext.abi3.so
+fi
 rm -rf bundle/base/bench/results  # not needed there, and the carry is limited
 find bundle/base -name __pycache__ -prune -exec rm -rf {} +
 cp target/baseline/release/libsymm.so bundle/base/
