@@ -14,6 +14,9 @@ printed: how long each takes in lock step with the other rank. With
 --graph N each profiled call is a replay of a CUDA graph of N calls, as
 bench_ops.py's `_graph` rows time them. Op `mm` is the floor: the local
 matmul of all m rows (algorithm ignored), e.g. `mm:512:14336:8192:-`.
+A sixth field, a batch (`mm_rs:8192:7168:4096:-:4`), makes A
+[batch, m / batch, k] gathered or scattered along dim 1, as the families'
+seq3d cases.
 mm_rs's output lies in symmetric memory, as bench_ops.py passes it
 (SYMM_BENCH_MM_RS_OUT=ordinary: a plain tensor).
 """
@@ -40,31 +43,35 @@ def current_stream():
 _KEEP = []
 
 
-def case_fn(g, op, m, k, n, world, bound=False, algorithm=None):
-    """The call of one case; `algorithm` forces symm's algorithm (None: its choice)."""
+def case_fn(g, op, m, k, n, world, bound=False, algorithm=None, batch=1):
+    """The call of one case; `algorithm` forces symm's algorithm (None: its
+    choice); `batch` > 1: A is [batch, m / batch, k] along dim 1."""
     w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
+    lead, dim = ((m,), 0) if batch == 1 else ((batch, m // batch), 1)
+    shard = lambda rows: (*lead[:dim], rows // world if batch == 1 else lead[1] // world)
     if op == "mm":
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         return lambda: torch.matmul(a, w, out=c)
     if op == "ag_mm":
-        a = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        a = torch.randn(*shard(m), k, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(*lead, n, device="cuda", dtype=torch.bfloat16)
         if bound:
-            return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=0, out=[out], stream=current_stream(), algorithm=algorithm)
-        return lambda: symm.fused_ag_mm(g, a, [w], gather_dim=0, out=[out], stream=current_stream(), algorithm=algorithm)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    if os.environ.get("SYMM_BENCH_MM_RS_OUT", "symmetric") == "symmetric":
+            return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=dim, out=[out], stream=current_stream(), algorithm=algorithm)
+        return lambda: symm.fused_ag_mm(g, a, [w], gather_dim=dim, out=[out], stream=current_stream(), algorithm=algorithm)
+    a = torch.randn(*lead, k, device="cuda", dtype=torch.bfloat16)
+    part = shard(m)
+    if batch == 1 and os.environ.get("SYMM_BENCH_MM_RS_OUT", "symmetric") == "symmetric":
         # As bench_ops.py passes it by default: in a rendezvoused symmetric
         # buffer, where the fused kernel's peer writes into it.
         buf = g.create(m // world * n * 2)
         _KEEP.append((buf, buf.rendezvous()))
         out = torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16).view(m // world, n)
     else:
-        out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(*part, n, device="cuda", dtype=torch.bfloat16)
     if bound:
-        return symm.bind(symm.mm_rs, g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream(), algorithm=algorithm)
-    return lambda: symm.mm_rs(g, a, w, scatter_dim=0, op="sum", out=out, stream=current_stream(), algorithm=algorithm)
+        return symm.bind(symm.mm_rs, g, a, w, scatter_dim=dim, op="sum", out=out, stream=current_stream(), algorithm=algorithm)
+    return lambda: symm.mm_rs(g, a, w, scatter_dim=dim, op="sum", out=out, stream=current_stream(), algorithm=algorithm)
 
 
 def start_ranks():
@@ -86,8 +93,9 @@ def main():
     args = p.parse_args()
     rank, world, g = start_ranks()
     for case in args.cases.split(","):
-        op, m, k, n, algo = case.split(":")
-        fn = case_fn(g, op, int(m), int(k), int(n), world, args.bound, algo or None)
+        op, m, k, n, algo, *batch = case.split(":")
+        algo = None if algo in ("", "-") else algo
+        fn = case_fn(g, op, int(m), int(k), int(n), world, args.bound, algo, int(batch[0]) if batch else 1)
         for _ in range(5):
             fn()
         if args.graph:
