@@ -320,7 +320,10 @@ def _ext_torch_probe():
     torch = sys.modules.get("torch")
     if torch is not None:
         get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        _ext.set_torch(torch.Tensor, torch.strided, torch.dtype, get or (lambda dev: current_torch_stream(torch, dev)))
+        try:
+            _ext.set_torch(torch.Tensor, torch.strided, torch.dtype, get or (lambda dev: current_torch_stream(torch, dev)))
+        except (AttributeError, TypeError):  # a torch whose tensors it cannot read: they take the full path
+            _ext.configure(np.ndarray, np.dtype, slow_call, None)
 
 
 if _ext is not None:

@@ -903,7 +903,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args) {
     replace(&ndarray_type, nd);
     replace(&np_dtype, dt);
     replace(&slow_call, slow);
-    replace(&torch_probe, probe);
+    replace(&torch_probe, probe == Py_None ? NULL : probe); /* None: torch is not to be asked for */
     Py_RETURN_NONE;
 }
 

@@ -8,6 +8,8 @@ Every test runs on both paths of a call: the compiled one
 
 import contextlib
 import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -437,3 +439,31 @@ def test_many_arrays_in_one_call(path):
             full = np.concatenate(a).astype(np.float64) * (step + 1)
             for out, b in zip(outs, bs):
                 np.testing.assert_allclose(out, full @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_torch_it_cannot_read_leaves_tensors_to_the_full_path(path, tmp_path):
+    """A torch module whose Tensor lacks what the C path reads (a future
+    torch, say): its tensors are not described, and calls still work."""
+    if path != "c":
+        pytest.skip("the C path's reader of torch")
+    script = tmp_path / "fake_torch.py"
+    script.write_text(
+        "import sys, types\n"
+        "import numpy as np\n"
+        "torch = types.ModuleType('torch')\n"
+        "class Tensor: pass\n"
+        "torch.Tensor, torch.strided, torch.dtype = Tensor, object(), type\n"
+        "torch._C = types.SimpleNamespace()\n"
+        "sys.modules['torch'] = torch\n"
+        "import symm\n"
+        "from symm import _fastcall\n"
+        "assert _fastcall._ext.key_of((Tensor(),), {}) is None\n"
+        "assert _fastcall._ext.key_of((np.ones(2),), {}) is not None\n"
+        "(g,) = symm.local_groups(1, backend='host')\n"
+        "for _ in range(3):\n"
+        "    assert (symm.all_reduce(g, np.ones(4, np.float32)) == 1).all()\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(symm.__file__)), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
