@@ -321,9 +321,18 @@ def _ext_torch_probe():
     if torch is not None:
         get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         try:
-            _ext.set_torch(torch.Tensor, torch.strided, torch.dtype, get or (lambda dev: current_torch_stream(torch, dev)))
+            # One empty tensor per dtype the C path reads from the DLPack exchange alone.
+            dtypes = [getattr(torch, name, None) for name in _EXCHANGED_DTYPES]
+            samples = tuple(torch.empty(0, dtype=d) for d in dtypes if isinstance(d, torch.dtype))
+            stream_of = get or (lambda dev: current_torch_stream(torch, dev))
+            _ext.set_torch(torch.Tensor, torch.strided, torch.dtype, stream_of, samples)
         except (AttributeError, TypeError):  # a torch whose tensors it cannot read: they take the full path
             _ext.configure(np.ndarray, np.dtype, slow_call, None)
+
+
+# symm's dtypes, and complex ones (never described: the table says which).
+_EXCHANGED_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8", "int32",
+                     "int64", "complex64", "complex128")
 
 
 if _ext is not None:

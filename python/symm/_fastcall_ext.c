@@ -81,6 +81,14 @@ static PyObject *stream_of;     /* device -> its current stream (int) */
 static PyObject *dtype_ids;     /* torch.dtype -> its number in keys, times 2, plus 1 where complex */
 static const ExchangeAPI *exchange; /* torch's, or NULL (older torch; or turned off) */
 static const ExchangeAPI *exchange_found;
+/* DLPack's dtypes of torch's, as the exchange reports them, with their
+ * numbers in keys (dtype_ids'): learned from torch at set_torch. */
+#define MAX_DL_DTYPES 32
+static struct {
+    uint32_t dl; /* code | bits << 8 | lanes << 16 */
+    long id;
+} dl_dtypes[MAX_DL_DTYPES];
+static int n_dl_dtypes;
 /* ...and by configure(), at _fastcall's import. */
 static PyObject *ndarray_type;  /* numpy.ndarray */
 static PyObject *np_dtype;      /* numpy.dtype */
@@ -312,8 +320,12 @@ static int put_device(Key *k, Arrays *f, long dev) {
     return put(k, (uint64_t)(dev + 1)) < 0 || put(k, stream) < 0 ? ERROR : DESCRIBED;
 }
 
-/* A tensor's geometry through the exchange API; NOT_DESCRIBED (nothing
- * written) where it cannot: the attribute reader decides then. */
+static uint32_t dl_word(DLDataType d) { return d.code | (uint32_t)d.bits << 8 | (uint32_t)d.lanes << 16; }
+
+/* A tensor's words through the exchange API, in one C call; NOT_DESCRIBED
+ * (nothing written) where it cannot: the attribute reader decides then.
+ * Only a strided tensor has the storage whose pointer the exchange gives
+ * (torch's other layouts refuse it), so the layout needs no reading. */
 static int tensor_exchanged(PyObject *x, Key *k, Arrays *f) {
     DLTensor t;
     if (exchange->dltensor_from_py_object_no_sync(x, &t) != 0) {
@@ -323,7 +335,11 @@ static int tensor_exchanged(PyObject *x, Key *k, Arrays *f) {
     }
     long dev = t.device.device_type == KDL_CPU ? -1 : t.device.device_type == KDL_CUDA ? t.device.device_id : -2;
     if (dev == -2 || t.ndim < 0 || (t.ndim > 0 && (t.shape == NULL || t.strides == NULL))) return NOT_DESCRIBED;
-    if (put(k, (uint64_t)t.ndim) < 0) return ERROR;
+    long id = -1;
+    for (int i = 0; i < n_dl_dtypes && id < 0; i++)
+        if (dl_dtypes[i].dl == dl_word(t.dtype)) id = dl_dtypes[i].id;
+    if (id < 0 || (id & 1)) return NOT_DESCRIBED; /* a dtype not learned, or complex */
+    if (put(k, T_TENSOR) < 0 || put(k, (uint64_t)id) < 0 || put(k, (uint64_t)t.ndim) < 0) return ERROR;
     for (int i = 0; i < t.ndim; i++)
         if (put(k, (uint64_t)t.shape[i]) < 0) return ERROR;
     for (int i = 0; i < t.ndim; i++)
@@ -343,6 +359,18 @@ static int put_ints(Key *k, PyObject *tuple) {
 
 /* The same words from the tensor's attributes (torch without the exchange API). */
 static int tensor_attributes(PyObject *x, Key *k, Arrays *f) {
+    PyObject *layout = torch_attr(x, A_LAYOUT);
+    if (layout == NULL) return ERROR;
+    int is_strided = layout == strided;
+    Py_DECREF(layout);
+    if (!is_strided) return NOT_DESCRIBED;
+    PyObject *dtype = torch_attr(x, A_DTYPE);
+    if (dtype == NULL) return ERROR;
+    long id = dtype_id(dtype);
+    Py_DECREF(dtype);
+    if (id < 0) return ERROR;
+    if (id & 1) return NOT_DESCRIBED;
+    if (put(k, T_TENSOR) < 0 || put(k, (uint64_t)id) < 0) return ERROR;
     PyObject *dev_obj = torch_attr(x, A_GET_DEVICE); /* -1: CPU (or no device at all) */
     if (dev_obj == NULL) return ERROR;
     long dev = PyLong_AsLong(dev_obj);
@@ -372,23 +400,13 @@ done:
 
 /* A plain torch tensor: its dtype, geometry, device and stream. Tensors
  * needing DLPack's rules (requiring grad, other layouts, negative views,
- * complex ones, which may be conjugate views) are not described. */
+ * complex ones, which may be conjugate views) are not described. After a
+ * wait every distinct call into torch costs microseconds (its code is
+ * cold), so the exchange's one call reads all it can. */
 static int tensor_part(PyObject *x, Key *k, Arrays *f) {
     int t;
     if ((t = torch_truth(x, A_REQUIRES_GRAD)) != 0) return t < 0 ? ERROR : NOT_DESCRIBED;
-    PyObject *layout = torch_attr(x, A_LAYOUT);
-    if (layout == NULL) return ERROR;
-    int is_strided = layout == strided;
-    Py_DECREF(layout);
-    if (!is_strided) return NOT_DESCRIBED;
-    PyObject *dtype = torch_attr(x, A_DTYPE);
-    if (dtype == NULL) return ERROR;
-    long id = dtype_id(dtype);
-    Py_DECREF(dtype);
-    if (id < 0) return ERROR;
-    if (id & 1) return NOT_DESCRIBED;
     if ((t = torch_truth(x, A_IS_NEG)) != 0) return t < 0 ? ERROR : NOT_DESCRIBED;
-    if (put(k, T_TENSOR) < 0 || put(k, (uint64_t)id) < 0) return ERROR;
     int r = exchange != NULL ? tensor_exchanged(x, k, f) : NOT_DESCRIBED;
     return r == NOT_DESCRIBED ? tensor_attributes(x, k, f) : r;
 }
@@ -926,11 +944,35 @@ static const ExchangeAPI *exchange_of(PyObject *tensor) {
     return api->dltensor_from_py_object_no_sync != NULL && api->current_work_stream != NULL ? api : NULL;
 }
 
-/* set_torch(torch.Tensor, torch.strided, torch.dtype, stream_of): once torch is imported. */
+/* The exchange's dtypes of `samples` (tensors, one per dtype) with their
+ * numbers in keys; those it cannot export are left to the attributes. */
+static int learn_dtypes(PyObject *samples) {
+    n_dl_dtypes = 0;
+    Py_ssize_t n = PyTuple_Size(samples);
+    for (Py_ssize_t i = 0; exchange_found != NULL && i < n && n_dl_dtypes < MAX_DL_DTYPES; i++) {
+        PyObject *x = PyTuple_GetItem(samples, i);
+        DLTensor dl;
+        if (Py_TYPE(x) != (PyTypeObject *)tensor_type || exchange_found->dltensor_from_py_object_no_sync(x, &dl) != 0) {
+            PyErr_Clear();
+            continue;
+        }
+        PyObject *dtype = torch_attr(x, A_DTYPE);
+        long id = dtype ? dtype_id(dtype) : -1;
+        Py_XDECREF(dtype);
+        if (id < 0) return -1;
+        dl_dtypes[n_dl_dtypes].dl = dl_word(dl.dtype);
+        dl_dtypes[n_dl_dtypes++].id = id;
+    }
+    return 0;
+}
+
+/* set_torch(torch.Tensor, torch.strided, torch.dtype, stream_of, samples):
+ * once torch is imported; `samples`, a tuple of empty tensors, one per
+ * dtype the exchange reads without the dtype attribute. */
 static PyObject *py_set_torch(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *t, *s, *d, *st;
-    if (!PyArg_ParseTuple(args, "OOOO", &t, &s, &d, &st)) return NULL;
+    PyObject *t, *s, *d, *st, *samples;
+    if (!PyArg_ParseTuple(args, "OOOOO!", &t, &s, &d, &st, &PyTuple_Type, &samples)) return NULL;
     if (!PyType_Check(t)) {
         PyErr_SetString(PyExc_TypeError, "set_torch: torch.Tensor is a type");
         return NULL;
@@ -968,6 +1010,7 @@ static PyObject *py_set_torch(PyObject *self, PyObject *args) {
     replace(&torch_dtype, d);
     replace(&stream_of, st);
     exchange = exchange_found = exchange_of(t);
+    if (learn_dtypes(samples) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -987,7 +1030,7 @@ static PyMethodDef methods[] = {
     {"key_of", (PyCFunction)(void (*)(void))py_key_of, METH_FASTCALL, "_fastcall.key_of, in C."},
     {"call_bound", (PyCFunction)(void (*)(void))py_call_bound, METH_FASTCALL, "A bound call (symm.bind), from C."},
     {"configure", py_configure, METH_VARARGS, "configure(ndarray, dtype, slow_call, torch_probe)"},
-    {"set_torch", py_set_torch, METH_VARARGS, "set_torch(Tensor, strided, dtype, stream_of)"},
+    {"set_torch", py_set_torch, METH_VARARGS, "set_torch(Tensor, strided, dtype, stream_of, samples)"},
     {"use_exchange", py_use_exchange, METH_O, "use_exchange(on) -> whether DLPack's exchange API reads tensors"},
     {NULL, NULL, 0, NULL},
 };
