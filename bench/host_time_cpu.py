@@ -4,8 +4,12 @@ with its outputs allocated, next to a ``torch.matmul`` of the same shape.
 No GPU needed; the numbers are the Python wrapper's and the library's host
 CPU time, what bounds a small operation's rate.
 
+With --evict MB each call is timed alone after reading MB megabytes
+(the caches then hold none of the call's code or data, as after a wait
+for the GPU or the peers): the median wall time of a call.
+
     SYMM_LIBRARY=target/release/libsymm.so PYTHONPATH=python \\
-        python bench/host_time_cpu.py [--calls 200] [--batches 25]
+        python bench/host_time_cpu.py [--calls 200] [--batches 25] [--evict 64]
 """
 import argparse
 import time
@@ -28,6 +32,23 @@ def host_us(fn, calls, batches):
             fn()
         times.append((time.process_time() - t) / calls * 1e6)
     return min(times)
+
+
+def cold_us(fn, calls, evict_mb):
+    """The median wall microseconds of one call made after reading
+    `evict_mb` megabytes."""
+    import numpy as np
+
+    junk = np.ones((evict_mb << 20) // 8)
+    fn()
+    times = []
+    for _ in range(calls):
+        junk.sum()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2] * 1e6
 
 
 def cases(g):
@@ -55,15 +76,20 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--batches", type=int, default=25)
+    p.add_argument("--evict", type=int, default=0, help="MB read before each call: cold calls, timed one by one")
     args = p.parse_args()
+    if args.evict:
+        timed = lambda fn: cold_us(fn, args.calls, args.evict)  # noqa: E731
+    else:
+        timed = lambda fn: host_us(fn, args.calls, args.batches)  # noqa: E731
     torch.set_num_threads(1)
     (g,) = symm.local_groups(1, backend="host")
     for case in cases(g):
         name, fn, bound = case[0], case[1], case[2]
-        line = f"{name:42s} plain {host_us(fn, args.calls, args.batches):6.1f} us"
+        line = f"{name:42s} plain {timed(fn):6.1f} us"
         if bound is not None:
             call = symm.bind(*bound, **case[3])
-            line += f"   bound {host_us(call, args.calls, args.batches):6.1f} us"
+            line += f"   bound {timed(call):6.1f} us"
         print(line, flush=True)
     g.close()
 
