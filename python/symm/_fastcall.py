@@ -13,8 +13,9 @@ same object. A hit
 writes the arrays' addresses into the kept C descriptors and allocates
 the outputs the call allocates; the library checks, and agrees on, every
 call as always. Anything else (tensors needing DLPack's exchange: those
-requiring grad, conjugate or negative views, other layouts; other array
-types, stream objects) takes the full preparation every time.
+requiring grad, negative views, complex ones (which may be conjugate
+views, and which the call refuses), other layouts; other array types,
+stream objects) takes the full preparation every time.
 
 Where the compiled ``_fastcall_ext`` loads (CPython 3.10 or newer), the
 hit path runs in C: a key of its own (bytes, equal where this module's
