@@ -109,7 +109,7 @@ static descrgetfunc attr_get[ATTRS]; /* an attribute's __get__; NULL for a metho
 
 /* Interned attribute names. */
 static PyObject *s_strides, *s_dtype, *s_shape, *s_flags, *s_writeable, *s_array_interface, *s_data, *s_calls,
-    *s_native, *s_raw, *s_check, *s_is_complex, *s_exchange_api;
+    *s_native, *s_raw, *s_owned, *s_check, *s_is_complex, *s_exchange_api;
 
 /* Tags of the key's words: what the words after each describe. */
 enum Tag { T_NONE = 1, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STR, T_LIST, T_TUPLE, T_TENSOR, T_NDARRAY, T_TORCH_DTYPE,
@@ -777,7 +777,16 @@ static int checked(PyObject *group, symm_status_t status) {
  * released meanwhile as ctypes releases it (the call may wait for peers
  * that need it); -1 with the error raised. */
 static int make_call(Native *n, PyObject *group) {
-    PyObject *raw = PyObject_GetAttr(group, s_raw); /* raises once the group is closed */
+    /* group._owned.raw: the handle without the `raw` property's Python
+     * frame (after a wait, a cold frame costs microseconds); a closed group
+     * (`_owned` None) goes through the property, which raises. */
+    PyObject *owned = PyObject_GetAttr(group, s_owned), *raw = NULL;
+    if (owned != NULL && owned != Py_None) raw = PyObject_GetAttr(owned, s_raw);
+    Py_XDECREF(owned);
+    if (raw == NULL) {
+        PyErr_Clear();
+        raw = PyObject_GetAttr(group, s_raw);
+    }
     if (raw == NULL) return -1;
     int ok;
     uint64_t g = word_of(raw, &ok);
@@ -1045,7 +1054,7 @@ PyMODINIT_FUNC PyInit__fastcall_ext(void) {
         {&s_strides, "strides"},   {&s_dtype, "dtype"},           {&s_shape, "shape"},
         {&s_flags, "flags"},       {&s_writeable, "writeable"},   {&s_array_interface, "__array_interface__"},
         {&s_data, "data"},         {&s_calls, "_calls"},          {&s_native, "native"},
-        {&s_raw, "raw"},           {&s_check, "_check"},          {&s_is_complex, "is_complex"},
+        {&s_raw, "raw"},           {&s_owned, "_owned"},          {&s_check, "_check"},          {&s_is_complex, "is_complex"},
         {&s_exchange_api, "__dlpack_c_exchange_api__"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
