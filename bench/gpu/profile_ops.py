@@ -48,19 +48,18 @@ def case_fn(g, op, m, k, n, world, bound=False, algorithm=None, batch=1):
     choice); `batch` > 1: A is [batch, m / batch, k] along dim 1."""
     w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
     lead, dim = ((m,), 0) if batch == 1 else ((batch, m // batch), 1)
-    shard = lambda rows: (*lead[:dim], rows // world if batch == 1 else lead[1] // world)
+    part = tuple(n // world if i == dim else n for i, n in enumerate(lead))  # a rank's shard of the rows
     if op == "mm":
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         return lambda: torch.matmul(a, w, out=c)
     if op == "ag_mm":
-        a = torch.randn(*shard(m), k, device="cuda", dtype=torch.bfloat16)
+        a = torch.randn(*part, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(*lead, n, device="cuda", dtype=torch.bfloat16)
         if bound:
             return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=dim, out=[out], stream=current_stream(), algorithm=algorithm)
         return lambda: symm.fused_ag_mm(g, a, [w], gather_dim=dim, out=[out], stream=current_stream(), algorithm=algorithm)
     a = torch.randn(*lead, k, device="cuda", dtype=torch.bfloat16)
-    part = shard(m)
     if batch == 1 and os.environ.get("SYMM_BENCH_MM_RS_OUT", "symmetric") == "symmetric":
         # As bench_ops.py passes it by default: in a rendezvoused symmetric
         # buffer, where the fused kernel's peer writes into it.

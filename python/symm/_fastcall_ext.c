@@ -336,8 +336,9 @@ static int tensor_exchanged(PyObject *x, Key *k, Arrays *f) {
     long dev = t.device.device_type == KDL_CPU ? -1 : t.device.device_type == KDL_CUDA ? t.device.device_id : -2;
     if (dev == -2 || t.ndim < 0 || (t.ndim > 0 && (t.shape == NULL || t.strides == NULL))) return NOT_DESCRIBED;
     long id = -1;
+    uint32_t dl = dl_word(t.dtype);
     for (int i = 0; i < n_dl_dtypes && id < 0; i++)
-        if (dl_dtypes[i].dl == dl_word(t.dtype)) id = dl_dtypes[i].id;
+        if (dl_dtypes[i].dl == dl) id = dl_dtypes[i].id;
     if (id < 0 || (id & 1)) return NOT_DESCRIBED; /* a dtype not learned, or complex */
     if (put(k, T_TENSOR) < 0 || put(k, (uint64_t)id) < 0 || put(k, (uint64_t)t.ndim) < 0) return ERROR;
     for (int i = 0; i < t.ndim; i++)

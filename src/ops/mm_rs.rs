@@ -588,14 +588,8 @@ impl MmRsPrepared {
             Some((m, s)) => (m.clone(), b.narrow(1, r * len, len), s.as_ref().map(|s| s.columns(r * len, len))),
             None => {
                 let part = a.narrow(dim, r * len, len);
-                // Unscaled, a slice along a middle dimension (sequence
-                // parallelism's [batch, seq, hidden]) is read in place, as
-                // a batch of matrices, rather than packed.
-                if self.mode.is_none() && part.as_matrix().is_none() {
-                    let dst = self.chunk(ex.local(self.chunks[r]));
-                    if let Some([d, l, rhs]) = batched_operands(&dst, &part, b) {
-                        return ex.gemm(&d, &l, &rhs, false);
-                    }
+                if self.mode.is_none() {
+                    return self.multiply_into(ex, &self.chunk(ex.local(self.chunks[r])), &part, false);
                 }
                 let rows = a_scale.filter(|_| self.mode == Some(Mode::Row)).map(|s| s.narrow(dim, r * len, len));
                 let scales = self.scales(ex, rows.as_ref().or(a_scale))?;
@@ -707,8 +701,10 @@ impl MmRsPrepared {
     }
 
     /// `dst` (a contiguous piece of a chunk) = (or, `accumulate`, +=)
-    /// `part` (the slice of `a` it comes from, any strides) @ b: as one
-    /// matrix, else as a batch of strided matrices, else packed first.
+    /// `part` (the slice of `a` it comes from, any strides) @ b, unscaled:
+    /// as one matrix, else as a batch of strided matrices (a slice along
+    /// the sequence of a `[batch, seq, hidden]`, read in place), else
+    /// packed first.
     fn multiply_into(&self, ex: &Exec<'_>, dst: &Array, part: &Array, accumulate: bool) -> Result<()> {
         let b = &self.call.b;
         let matrix = dst.as_matrix().expect("a contiguous piece");
