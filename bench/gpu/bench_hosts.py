@@ -32,6 +32,9 @@ bf16. Ops (records' `op`, `shape` as DESIGN.md's format names them):
 - hosts_allgather [bytes per rank]: symm.lc_allgather; `nccl`
   dist.all_gather_into_tensor.
 - hosts_allreduce [bytes per rank]: symm.all_reduce; `nccl` dist.all_reduce.
+  Both also as `nccl_again`: the same call on a second torch communicator
+  over the same ranks (`dist.new_group`), the control for how much two
+  communicators of one NCCL differ on this transport (symm's is a third).
 - hosts_mm_rs [M rows of A per rank, K per rank, N]: symm.mm_rs; `nccl`
   torch.matmul then dist.reduce_scatter_tensor; `comm_only` that
   reduce-scatter alone, `mm_only` the matmul alone.
@@ -144,12 +147,15 @@ def rows(records):
 
 
 def ratios(t):
-    """One row's ratios: `symm` and `symm_one_host` over `nccl`; for the
-    matmuls `comm` too, symm's time beyond the matmul alone over NCCL's
-    collective alone (None where a time is missing)."""
+    """One row's ratios: `symm` and `symm_one_host` over `nccl` (and
+    `nccl_again` where timed); for the matmuls `comm` too, symm's time
+    beyond the matmul alone over NCCL's collective alone (None where a
+    time is missing)."""
     nccl = t.get("nccl")
     out = {"symm": t["symm"] / nccl if nccl and "symm" in t else None,
            "symm_one_host": t["symm_one_host"] / nccl if nccl and "symm_one_host" in t else None}
+    if "nccl_again" in t:
+        out["nccl_again"] = t["nccl_again"] / nccl if nccl else None
     if "comm_only" in t:
         ok = t.get("comm_only") and "symm" in t and "mm_only" in t
         out["comm"] = (t["symm"] - t["mm_only"]) / t["comm_only"] if ok else None
@@ -185,13 +191,15 @@ def table(records):
         if (transport, hosts, world) != setting:
             setting = (transport, hosts, world)
             out.append(f"\nacross {hosts} pretend hosts, world {world}, NCCL transport {transport} "
-                       "(ms per call; ratios to nccl; comm: (symm - mm_only) / comm_only)")
+                       "(ms per call; ratios to nccl; again: a second torch communicator; "
+                       "comm: (symm - mm_only) / comm_only)")
             out.append(f"{'op':<16}{'shape':<20}{'symm':>9}{'nccl':>9}{'one_host':>9}{'comm_only':>10}{'mm_only':>9}"
-                       f"{'symm/nccl':>10}{'1host/nccl':>11}{'comm':>7}")
+                       f"{'symm/nccl':>10}{'1host/nccl':>11}{'again/nccl':>11}{'comm':>7}")
         r = ratios(t)
         out.append(f"{op:<16}{describe(op, shape):<20}{fmt(t.get('symm'), 9)}{fmt(t.get('nccl'), 9)}"
                    f"{fmt(t.get('symm_one_host'), 9)}{fmt(t.get('comm_only'), 10)}{fmt(t.get('mm_only'), 9)}"
-                   f"{fmt(r['symm'], 10)}{fmt(r['symm_one_host'], 11)}{fmt(r.get('comm'), 7, 2)}")
+                   f"{fmt(r['symm'], 10)}{fmt(r['symm_one_host'], 11)}{fmt(r.get('nccl_again'), 11)}"
+                   f"{fmt(r.get('comm'), 7, 2)}")
     v = verdicts(records)
     missed = [x for x in v if not x[3]]
     out.append(f"\ntargets: {len(v) - len(missed)} of {len(v)} met")
@@ -270,7 +278,8 @@ def time_case(b, op, shape, fns, checks, extra):
         checked(f"{op} {shape} {impl} after timing", *c)
 
 
-def bench_allgather(b, groups, sizes, extra):
+def bench_allgather(b, groups, again, sizes, extra):
+    """`again`: the second torch communicator (`nccl_again`)."""
     import symm
     import torch
     import torch.distributed as dist
@@ -285,10 +294,14 @@ def bench_allgather(b, groups, sizes, extra):
             out = torch.empty_like(ref)
             fns[impl] = lambda g=g, out=out: symm.lc_allgather(g, x, out=out)
             checks[impl] = (fns[impl], out, ref, None)
+        out = torch.empty_like(ref)
+        fns["nccl_again"] = lambda out=out: dist.all_gather_into_tensor(out, x, group=again)
+        checks["nccl_again"] = (fns["nccl_again"], out, ref, None)
         time_case(b, "hosts_allgather", (nbytes,), {**fns, "nccl": nccl}, checks, extra)
 
 
-def bench_allreduce(b, groups, sizes, extra):
+def bench_allreduce(b, groups, again, sizes, extra):
+    """`again`: the second torch communicator (`nccl_again`)."""
     import symm
     import torch
     import torch.distributed as dist
@@ -311,6 +324,8 @@ def bench_allreduce(b, groups, sizes, extra):
         # In place on its own buffer: the values grow from call to call,
         # which does not change the time.
         fns["nccl"] = lambda: dist.all_reduce(nccl_buf)
+        again_buf = x.clone()
+        fns["nccl_again"] = lambda: dist.all_reduce(again_buf, group=again)
         time_case(b, "hosts_allreduce", (nbytes,), fns, checks, extra)
 
 
@@ -505,10 +520,11 @@ def main(argv=None):
     only = args.only.split(",")
     sizes = QUICK_SIZES if args.quick else SIZES
     shapes = cases(world, args.quick)
+    again = dist.new_group(list(range(world)), backend="nccl")
     if "allgather" in only:
-        bench_allgather(b, groups, sizes, extra)
+        bench_allgather(b, groups, again, sizes, extra)
     if "allreduce" in only:
-        bench_allreduce(b, groups, sizes, extra)
+        bench_allreduce(b, groups, again, sizes, extra)
     if "mm_rs" in only:
         bench_mm_rs(b, groups, shapes["mm_rs"], extra)
     if "ag_mm" in only:

@@ -13,7 +13,10 @@ between them (as in a decode loop or a graph replay), and every call is
 printed: how long each takes in lock step with the other rank. With
 --graph N each profiled call is a replay of a CUDA graph of N calls, as
 bench_ops.py's `_graph` rows time them. Op `mm` is the floor: the local
-matmul of all m rows (algorithm ignored), e.g. `mm:512:14336:8192:-`.
+matmul of all m rows (algorithm ignored), e.g. `mm:512:14336:8192:-`;
+ops `nccl_ag_mm` and `nccl_mm_rs` are NCCL-then-cuBLAS as bench_ops.py
+times it (torch's all-gather then torch.matmul; torch.matmul then its
+reduce-scatter), with ag_mm's and mm_rs's shapes.
 A sixth field, a batch (`mm_rs:8192:7168:4096:-:4`), makes A
 [batch, m / batch, k] gathered or scattered along dim 1, as the families'
 seq3d cases.
@@ -53,6 +56,16 @@ def case_fn(g, op, m, k, n, world, bound=False, algorithm=None, batch=1):
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         return lambda: torch.matmul(a, w, out=c)
+    if op == "nccl_ag_mm":
+        a = torch.randn(*part, k, device="cuda", dtype=torch.bfloat16)
+        gathered = torch.empty(world * a.shape[0], *a.shape[1:], device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(*gathered.shape[:-1], n, device="cuda", dtype=torch.bfloat16)
+        return lambda: (dist.all_gather_into_tensor(gathered, a), torch.matmul(gathered, w, out=c))
+    if op == "nccl_mm_rs":
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
+        return lambda: (torch.matmul(a, w, out=c), dist.reduce_scatter_tensor(out, c))
     if op == "ag_mm":
         a = torch.randn(*part, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(*lead, n, device="cuda", dtype=torch.bfloat16)

@@ -117,7 +117,7 @@ def synthetic_records(world=2, slow=1.0, slow_comm=1.0):
         for nbytes in bench_hosts.SIZES:
             for op in ("hosts_allgather", "hosts_allreduce"):
                 nccl = nbytes / 2**30 * 100
-                times = {"symm": slow * nccl, "nccl": nccl, "symm_one_host": 0.1 * nccl}
+                times = {"symm": slow * nccl, "nccl": nccl, "symm_one_host": 0.1 * nccl, "nccl_again": 0.95 * nccl}
                 out += [{"op": op, "shape": [nbytes], "impl": i, "ms": ms, **extra} for i, ms in times.items()]
         for op, shapes in bench_hosts.cases(world, False).items():
             for shape in shapes:
@@ -135,7 +135,8 @@ def test_ratios_and_targets():
     rows = bench_hosts.rows(synthetic_records(slow=1.05, slow_comm=1.12))
     assert len(rows) == 2 * (2 * len(bench_hosts.SIZES) + 6)
     key = ("hosts_allgather", (16 << 20,), "network", 2, 2)
-    assert bench_hosts.ratios(rows[key]) == {"symm": pytest.approx(1.05), "symm_one_host": pytest.approx(0.1)}
+    assert bench_hosts.ratios(rows[key]) == {"symm": pytest.approx(1.05), "symm_one_host": pytest.approx(0.1),
+                                             "nccl_again": pytest.approx(0.95)}
     key = ("hosts_mm_rs", tuple(bench_hosts.cases(2, False)["mm_rs"][0]), "default", 2, 2)
     r = bench_hosts.ratios(rows[key])
     assert r["symm"] == pytest.approx((2 + 1.12 * 8) / 10) and r["comm"] == pytest.approx(1.12)
@@ -166,7 +167,9 @@ def test_table():
     assert f"targets: {total - 2 * 2 * len(bench_hosts.SIZES)} of {total} met" in text
     assert "MISSED hosts_allreduce 16 MB/rank (default, 2 hosts): symm <= 1.10 x nccl: 1.200" in text
     line = next(ln for ln in lines if ln.startswith("hosts_allgather 1 MB/rank"))
-    assert line.split()[-3:] == ["1.200", "0.100", "-"]
+    assert line.split()[-4:] == ["1.200", "0.100", "0.950", "-"]
+    line = next(ln for ln in lines if ln.startswith("hosts_ag_mm"))
+    assert line.split()[-2:] == ["-", "1.00"]
 
 
 def test_records_keep_transport_and_hosts_through_collect(tmp_path):
