@@ -6,7 +6,8 @@
 # Checks: lib (the library's GPU unit tests, or those SYMM_LIB_FILTER names), cuda (test_cuda + test_cuda_fused,
 # SYMM_CUDA_ROUNDS fresh processes, default 1), hosts (test_cuda_hosts), torch
 # (test_torch_cuda), jax (test_jax_cuda), allreduce (bench_allreduce.py), ar_profile
-# (probes/allreduce_profile.py), host_overhead, families (bench_families.py),
+# (probes/allreduce_profile.py), profile (profile_ops.py with
+# SYMM_PROFILE_ARGS; not in the default list), host_overhead, families (bench_families.py),
 # ops_check (every operation against the host backend), fuzz (randomly drawn
 # calls, python/tests/ops_fuzz.py; SYMM_FUZZ_CASES), fuzz_memcheck (the same
 # under compute-sanitizer's memcheck), diverge (one rank's call
@@ -66,6 +67,7 @@ for c in $checks; do
     torch) step torch timeout 600 python3 -m pytest -q python/tests/test_torch_cuda.py ;;
     jax) step jax env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 timeout 300 python3 -m pytest -q python/tests/test_jax_cuda.py ;;
     allreduce) step allreduce timeout 600 torchrun --nproc-per-node "$world" bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-} ;;
+    profile) step profile timeout 300 torchrun --nproc-per-node 2 bench/gpu/profile_ops.py ${SYMM_PROFILE_ARGS:-} ;;
     ar_profile) step ar_profile timeout 300 torchrun --nproc-per-node 2 bench/probes/allreduce_profile.py ${SYMM_AR_PROFILE_ARGS:-} ;;
     fuzz)
         # Randomly drawn calls of every operation (python/tests/ops_fuzz.py), a
