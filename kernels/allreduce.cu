@@ -12,6 +12,7 @@
 //   symm_add_rmsnorm_<DT>(symm_rmsnorm_params p)
 //   symm_ag_one_shot(symm_ar_params p)    the all-gather, see below
 //   symm_rs_one_shot_<DT>(symm_ar_params p)  the reduce-scatter, see below
+//   symm_rs_two_shot_<DT>(symm_ar_params p)  the same by pieces, see below
 //
 // The all-reduce moves data through one symmetric scratch buffer per group
 // (p.scratch[r]: rank r's, as mapped here), laid out by the host
@@ -74,6 +75,9 @@
 // rank) only, then sums its own chunk's lines over the ranks in rank order,
 // as the all-reduce does, into the output (p.n elements). (world - 1) / world
 // of the input leaves each rank instead of world - 1 times all of it.
+// symm_rs_two_shot_<DT> moves the same chunks as the two-shot's phases A
+// and B do (plain stores, a flag per piece; no lines), each chunk cut into
+// pieces by its size alone; the host picks one of the two by size.
 //
 // Two-shot: chunks of chunk_bytes, chunk c owned by rank c % world, in
 // groups of world chunks (c / world), a block taking whole groups. Phase A:
@@ -1073,14 +1077,15 @@ static __device__ void symm_ar_block_copy(uint64_t dst, uint64_t src, uint64_t l
     }
 }
 
-// Chunk c (owned by this rank): the sum of every rank's part, written to the
-// output and to every peer's slot (parity, rank), second half.
-template <typename T>
-static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity, uint64_t lo, uint64_t len,
-                                            uint64_t slot_off) {
+// A chunk this rank owns: the sum of every rank's part (this rank's at
+// `in`, each peer's in this rank's slot (parity, peer) at `slot_off`),
+// written to `out` and, with kSend, to every peer's slot (parity, rank),
+// second half.
+template <typename T, bool kSend>
+static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity, uint64_t in, uint64_t out,
+                                            uint64_t len, uint64_t slot_off) {
     typedef typename T::Acc Acc;
     const int W = p.world;
-    const uint64_t in = p.input + lo, out = p.output + lo;
     const uint64_t half = p.two_slot / 2;
     if (((in | out) & 15u) == 0) {
         constexpr int L = T::kPerLine, E = 2 * L;
@@ -1111,13 +1116,14 @@ static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity,
             T::pack_line(acc, o.x, o.y);
             T::pack_line(acc + L, o.z, o.w);
             symm_ar_st16(out + 16 * v, o);
-            for (int k = 1; k < W; ++k) {
+            for (int k = 1; kSend && k < W; ++k) {
                 const int q = (p.rank + k) % W;
                 symm_ar_st16(symm_ar_two_slot(p, q, parity, p.rank) + half + slot_off + 16 * v, o);
             }
         }
         // A tail of fewer than 16 bytes: element by element below.
-        lo += vecs * 16;
+        in += vecs * 16;
+        out += vecs * 16;
         len -= vecs * 16;
         slot_off += vecs * 16;
     }
@@ -1126,12 +1132,12 @@ static __device__ void symm_ar_reduce_chunk(const symm_ar_params& p, int parity,
         const uint64_t o = e * T::kSize;
         Acc acc = 0;
         for (int r = 0; r < W; ++r) {
-            acc += r == p.rank ? T::load((const unsigned char*)(p.input + lo + o))
+            acc += r == p.rank ? T::load((const unsigned char*)(in + o))
                                : T::load((const unsigned char*)(symm_ar_two_slot(p, p.rank, parity, r) + slot_off + o));
         }
         acc = T::finish(acc, p);
-        T::store((unsigned char*)(p.output + lo + o), acc);
-        for (int k = 1; k < W; ++k) {
+        T::store((unsigned char*)(out + o), acc);
+        for (int k = 1; kSend && k < W; ++k) {
             const int q = (p.rank + k) % W;
             T::store((unsigned char*)(symm_ar_two_slot(p, q, parity, p.rank) + half + slot_off + o), acc);
         }
@@ -1188,7 +1194,7 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
                 symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, c), seq, p, threadIdx.x);
             }
             __syncthreads();
-            symm_ar_reduce_chunk<T>(p, parity, c * C, len_of(c), g * C);
+            symm_ar_reduce_chunk<T, true>(p, parity, p.input + c * C, p.output + c * C, len_of(c), g * C);
             sent = true;
         }
         __syncthreads();
@@ -1251,6 +1257,65 @@ static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
     symm_ar_end(p, seq);
 }
 
+// The reduce-scatter's pieces: at most this many per chunk, each at least
+// SYMM_RS_MIN_PIECE bytes, a multiple of 16 (a function of the chunk's
+// bytes alone: every rank cuts alike, whatever its grid).
+#define SYMM_RS_PIECES 128
+#define SYMM_RS_MIN_PIECE 4096
+
+static __device__ __forceinline__ uint64_t symm_rs_piece_bytes(uint64_t bytes) {
+    const uint64_t each = (bytes + SYMM_RS_PIECES - 1) / SYMM_RS_PIECES;
+    return ((each > SYMM_RS_MIN_PIECE ? each : SYMM_RS_MIN_PIECE) + 15) / 16 * 16;
+}
+
+// Reduce-scatter by pieces (symm_rs_two_shot_<DT>): the two-shot's phases
+// A and B for one chunk per rank, laid out as the one-shot's (p.n elements
+// per chunk, p.chunk_bytes apart in the input). A: each rank copies its
+// piece i of chunk q into rank q's two-shot slot (parity, rank) and sets
+// flag(parity, rank, i) there; B: it waits for every peer's flag of each
+// of its pieces and sums them with its own chunk into the output. Plain
+// stores: half the LL lines' traffic, for a fence and a flag per block.
+template <typename T>
+static __device__ void symm_rs_two_shot_impl(const symm_ar_params& p) {
+    const uint32_t seq = symm_ar_begin(p);
+    const int parity = seq & 1u;
+    symm_ar_announce(p, seq);
+    const int W = p.world, me = p.rank;
+    const uint64_t bytes = p.n * T::kSize;
+    const uint64_t P = symm_rs_piece_bytes(bytes);
+    const uint64_t pieces = (bytes + P - 1) / P;
+    auto len_of = [&](uint64_t i) { return bytes - i * P < P ? bytes - i * P : P; };
+    for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
+        for (int k = 1; k < W; ++k) {
+            const int q = (me + k) % W;
+            symm_ar_block_copy(symm_ar_two_slot(p, q, parity, me) + i * P, p.input + q * p.chunk_bytes + i * P,
+                               len_of(i), false);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
+            for (int k = 1; k < W; ++k) {
+                symm_st_release_sys((uint32_t*)symm_ar_flag(p, (me + k) % W, parity, me, i), seq);
+            }
+        }
+    }
+    // A block whose peers are in another call skips its data phase (the
+    // count still moves on, so the header stays consistent).
+    if (symm_ar_peers_agree(p, seq)) {
+        for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
+            if ((int)threadIdx.x < W && (int)threadIdx.x != me) {
+                symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, i), seq, p, threadIdx.x);
+            }
+            __syncthreads();
+            symm_ar_reduce_chunk<T, false>(p, parity, p.input + me * p.chunk_bytes + i * P, p.output + i * P,
+                                           len_of(i), i * P);
+        }
+    }
+    symm_ar_end(p, seq);
+}
+
 #define SYMM_AR_ENTRY(SUFFIX, T)                                                                       \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_one_shot_##SUFFIX(          \
         const symm_ar_params p) {                                                                      \
@@ -1268,6 +1333,10 @@ static __device__ void symm_rs_one_shot_impl(const symm_ar_params& p) {
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_rs_one_shot_##SUFFIX(          \
         const symm_ar_params p) {                                                                      \
         symm_rs_one_shot_impl<T>(p);                                                                   \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_rs_two_shot_##SUFFIX(          \
+        const symm_ar_params p) {                                                                      \
+        symm_rs_two_shot_impl<T>(p);                                                                   \
     }
 
 extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ag_one_shot(const symm_ar_params p) {

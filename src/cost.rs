@@ -75,6 +75,11 @@ pub struct AllReduceModel {
     pub two_shot_per_peer_us: f64,
     /// Peer store bandwidth of the SM copies, GB/s per rank.
     pub push_gbps: f64,
+    /// The reduce-scatter by pieces at a tiny chunk over one peer,
+    /// microseconds (one trip, as the one-shot, and a fence).
+    pub scatter_pieces_us: f64,
+    /// Its stores' rate after a matmul, GB/s per rank.
+    pub scatter_pieces_gbps: f64,
 }
 
 impl AllReduceModel {
@@ -84,6 +89,8 @@ impl AllReduceModel {
         one_shot_per_peer_us: 1.2,
         two_shot_per_peer_us: 2.1,
         push_gbps: 360.0,
+        scatter_pieces_us: 6.0,
+        scatter_pieces_gbps: 300.0,
     };
 }
 
@@ -154,6 +161,17 @@ pub fn lc_allgather(bytes: usize, world: usize, m: &GatherModel, d: &DeviceModel
 /// gather pushes its message).
 pub fn reduce_scatter_lines(bytes: usize, world: usize, d: &DeviceModel) -> f64 {
     lc_allgather(bytes, world, &GatherModel::HOPPER_SCATTER, d).1
+}
+
+/// The predicted time (ms) of the device-side reduce-scatter by pieces
+/// (the two-shot all-reduce's first trip: plain stores of each chunk to
+/// its rank, a fence and a flag per piece; half the lines' bytes): the
+/// fixed cost, growing with the peers as the one-shot's, then the stores'
+/// rate.
+pub fn reduce_scatter_pieces(bytes: usize, world: usize, m: &AllReduceModel) -> f64 {
+    let (b, peers) = (bytes as f64, world.saturating_sub(1) as f64);
+    let fixed = m.scatter_pieces_us + (peers - 1.0).max(0.0) * m.one_shot_per_peer_us;
+    fixed / 1e3 + b * peers / (m.scatter_pieces_gbps * 1e6)
 }
 
 /// NCCL's collectives between the GPUs of one host (NVLink), which the

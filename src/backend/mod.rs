@@ -659,9 +659,11 @@ pub struct AllGatherCall {
 /// aligned: every chunk whole LL lines). Moved as [`AllGatherCall`]s are
 /// (the same buffers, layout and count of calls, so it follows them and
 /// all-reduces in any order with no barrier), except that each rank
-/// stores chunk q as LL lines into rank q's one-shot slot only.
+/// stores chunk q into rank q's slot only: as LL lines (`OneShot`), or
+/// (`TwoShot`) as the two-shot's first trip, in pieces with a flag each.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReduceScatterCall {
+    pub algorithm: AllReduceAlgorithm,
     pub rank: usize,
     pub world: usize,
     pub dtype: DType,

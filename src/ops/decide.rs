@@ -129,9 +129,10 @@ pub struct Decision {
     pub why: Why,
     pub estimate: Estimate,
     /// Sequential: the data moves on the LL lines (one launch of the
-    /// device-side all-gather or reduce-scatter, no barrier) instead of
-    /// the copy engines (`AgMm`) or reads of the peers' chunks between two
-    /// barriers (`MmRs`).
+    /// device-side all-gather or reduce-scatter, no barrier; the
+    /// reduce-scatter by pieces where [`reduce_scatter_kernel`] says)
+    /// instead of the copy engines (`AgMm`) or reads of the peers' chunks
+    /// between two barriers (`MmRs`).
     pub lines: bool,
     /// Pipelined `AgMm`: the pieces each peer's shard is pulled and
     /// multiplied in; pipelined `MmRs`: the pieces the peer's chunk is
@@ -200,7 +201,7 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         .filter(|g| g.path == GatherPath::Lines)
         .map(|g| match shape.op {
             Op::AgMm => g.total_ms,
-            Op::MmRs => cost::reduce_scatter_lines(sent, world, &DeviceModel::HOPPER),
+            Op::MmRs => reduce_scatter_kernel(sent, world).1,
         })
         // AgMm: where lc_allgather takes them (measured ahead of the copy
         // engines there); MmRs: where they beat its barriers and reads.
@@ -300,6 +301,21 @@ pub fn decide_all_reduce(
                 if one <= two || facts.world < 2 { AllReduceAlgorithm::OneShot } else { AllReduceAlgorithm::TwoShot };
             AllReduceDecision { algorithm: a, why: Why::CostModel { fused_preferred: false }, total_ms: ms(a) }
         }
+    }
+}
+
+/// The kernel of a device-side reduce-scatter of `bytes` per chunk over
+/// `world` ranks (mm_rs's sequential path off the barriers): the LL lines
+/// (`OneShot`) or pieces with flags (`TwoShot`), whichever the cost model
+/// has cheaper, with its predicted time. A pure function of agreed
+/// arguments, so every rank launches the same kernel.
+pub fn reduce_scatter_kernel(bytes: usize, world: usize) -> (AllReduceAlgorithm, f64) {
+    let lines = cost::reduce_scatter_lines(bytes, world, &DeviceModel::HOPPER);
+    let pieces = cost::reduce_scatter_pieces(bytes, world, &AllReduceModel::HOPPER);
+    if lines <= pieces {
+        (AllReduceAlgorithm::OneShot, lines)
+    } else {
+        (AllReduceAlgorithm::TwoShot, pieces)
     }
 }
 
@@ -527,31 +543,44 @@ mod tests {
         }
     }
 
-    /// The smallest decode sizes of mm_rs reduce-scatter on the LL lines,
-    /// sequentially, estimated at the lines' cost (`cost::reduce_scatter_lines`),
-    /// where the cost model has them ahead of the barriers and reads of the
-    /// peers' chunks; larger chunks keep those; never on shared devices.
+    /// Decode sizes of mm_rs reduce-scatter sequentially on the device-side
+    /// kernel, estimated at its cost (`reduce_scatter_kernel`), where the
+    /// cost model has it ahead of the barriers and reads of the peers'
+    /// chunks; never on shared devices.
     #[test]
-    fn small_reduce_scatters_take_the_lines_where_they_beat_the_barriers() {
+    fn small_reduce_scatters_take_the_kernel_where_it_beats_the_barriers() {
         // At world 2 (at 4 the lines carry three chunks: not at these sizes).
         let world = 2;
         let f = hopper(world, None);
-        // Chunks of 64 and 128 KiB.
-        for m in [4 * world, 8 * world] {
+        // Chunks of 64, 128 and 512 KiB.
+        for m in [4 * world, 8 * world, 32 * world] {
             let s = shape(Op::MmRs, m, 28672 / world, 8192);
             let d = decide(&f, &s, true, None).unwrap();
             assert_eq!((d.algorithm, d.lines), (Algorithm::Sequential, true), "mm_rs {m} at world {world}");
             let chunk = m / world * 8192 * 2;
-            let lines = cost::reduce_scatter_lines(chunk, world, &DeviceModel::HOPPER);
-            assert_eq!(d.estimate.comm_ms, lines);
+            let kernel = reduce_scatter_kernel(chunk, world).1;
+            assert_eq!(d.estimate.comm_ms, kernel);
             let without = decide(&f, &Shape { lines: false, ..s }, true, None).unwrap();
-            assert!(lines < without.estimate.comm_ms && d.estimate.total_ms < without.estimate.total_ms);
+            assert!(kernel < without.estimate.comm_ms && d.estimate.total_ms < without.estimate.total_ms);
             let shared = Facts { own_devices: false, ..f };
             assert!(!decide(&shared, &s, true, Some(Algorithm::Sequential)).unwrap().lines);
         }
-        // 512 KiB chunks (measured slower there than the barriers) and up: not on the lines.
-        let d = decide(&f, &shape(Op::MmRs, 32 * world, 14336, 8192), true, None).unwrap();
-        assert!(!d.lines, "world {world}: {d:?}");
+    }
+
+    /// The device-side reduce-scatter: the LL lines for the smallest
+    /// chunks (one trip, no fence), pieces once the lines' doubled bytes
+    /// cost more than the fence; the cheaper estimate either way.
+    #[test]
+    fn reduce_scatter_kernels_part_by_size() {
+        for world in [2, 4] {
+            assert_eq!(reduce_scatter_kernel(8 << 10, world).0, AllReduceAlgorithm::OneShot, "world {world}");
+            assert_eq!(reduce_scatter_kernel(1 << 20, world).0, AllReduceAlgorithm::TwoShot, "world {world}");
+            for bytes in [1, 64 << 10, 128 << 10, 512 << 10, 8 << 20] {
+                let lines = cost::reduce_scatter_lines(bytes, world, &DeviceModel::HOPPER);
+                let pieces = cost::reduce_scatter_pieces(bytes, world, &AllReduceModel::HOPPER);
+                assert_eq!(reduce_scatter_kernel(bytes, world).1, lines.min(pieces), "{bytes} bytes at {world}");
+            }
+        }
     }
 
     /// A comm-heavy mm_rs takes the fused kernel where it fits, as measured

@@ -15,7 +15,7 @@ use super::decide::{inside_on_lines, Facts, InsideStep};
 use super::state::Scratch;
 use super::workspace;
 use crate::array::{Array, DType};
-use crate::backend::{AllGatherCall, AllReduceLayout, CallTag, ReduceScatterCall, Stream};
+use crate::backend::{AllGatherCall, AllReduceAlgorithm, AllReduceLayout, CallTag, ReduceScatterCall, Stream};
 use crate::buffer::Handle;
 use crate::error::Result;
 use crate::group::{check_transport as check, AcrossHosts, Group, TransportCollective as Collective};
@@ -134,7 +134,9 @@ impl<'a> Inside<'a> {
             return self.transport.reduce_scatter(group, send, recv, stream, self.tag);
         };
         check(Collective::ReduceScatter, send, recv, l.scratch.len())?;
+        // The lines, as `on_lines` estimated them.
         let call = ReduceScatterCall {
+            algorithm: AllReduceAlgorithm::OneShot,
             rank: l.index,
             world: l.scratch.len(),
             dtype: recv.dtype,

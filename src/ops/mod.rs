@@ -313,22 +313,25 @@ impl Exec<'_> {
         self.group.backend().all_gather(&call, self.stream)
     }
 
-    /// One device-side reduce-scatter on the all-reduce buffer's LL lines
-    /// (no barrier): `output` (contiguous, a float type) = `scale` x the
-    /// sum over ranks of their chunk for this rank, every rank's `input`
-    /// holding `world` chunks of `output`'s size back to back.
+    /// One device-side reduce-scatter through the all-reduce buffer (no
+    /// barrier; LL lines or pieces, `decide::reduce_scatter_kernel`):
+    /// `output` (contiguous, a float type) = `scale` x the sum over ranks
+    /// of their chunk for this rank, every rank's `input` holding `world`
+    /// chunks of `output`'s size back to back.
     fn reduce_scatter_lines(&self, input: u64, output: &Array, scale: f32) -> Result<()> {
         let reduce = self.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
         if !output.is_contiguous() {
             return Err(err!(Internal, "a reduce-scatter on the lines into a strided output"));
         }
+        let chunk = output.numel() * output.dtype.size();
         let call = ReduceScatterCall {
+            algorithm: decide::reduce_scatter_kernel(chunk, self.world()).0,
             rank: self.rank(),
             world: self.world(),
             dtype: output.dtype,
             n: output.numel(),
             input,
-            chunk_stride: output.numel() * output.dtype.size(),
+            chunk_stride: chunk,
             output: output.addr,
             scale,
             scratch: self.on_every_rank(Scratch::AllReduce, 0)?,

@@ -252,6 +252,17 @@ fn scatter_params(call: &ReduceScatterCall, err_ptr: u64) -> Result<ArParams> {
     Ok(p)
 }
 
+/// Blocks of a reduce-scatter by pieces: one per piece of a chunk (as
+/// `symm_rs_piece_bytes` cuts it), at most one per SM, at least 1.
+fn pieces_grid(bytes: usize, sm_count: u32) -> u32 {
+    let piece = bytes.div_ceil(RS_PIECES).max(RS_MIN_PIECE).next_multiple_of(16);
+    bytes.div_ceil(piece).clamp(1, sm_count.max(1) as usize) as u32
+}
+
+/// `SYMM_RS_PIECES`, `SYMM_RS_MIN_PIECE` (kernels/allreduce.cu).
+const RS_PIECES: usize = 128;
+const RS_MIN_PIECE: usize = 4096;
+
 /// Enqueues the reduce-scatter `call` on `stream` (nothing for empty
 /// chunks, on every rank alike).
 pub fn reduce_scatter(kernels: &Kernels, call: &ReduceScatterCall, err_ptr: u64, stream: Stream) -> Result<()> {
@@ -260,14 +271,18 @@ pub fn reduce_scatter(kernels: &Kernels, call: &ReduceScatterCall, err_ptr: u64,
     }
     let mut p = scatter_params(call, err_ptr)?;
     let dtype = gemm_dtype(call.dtype)?;
-    let blocks = gather_grid(call.n * call.dtype.size(), kernels.sm_count);
+    let bytes = call.n * call.dtype.size();
+    let blocks = match call.algorithm {
+        AllReduceAlgorithm::OneShot => gather_grid(bytes, kernels.sm_count),
+        AllReduceAlgorithm::TwoShot => pieces_grid(bytes, kernels.sm_count),
+    };
     let mut params: [*mut c_void; 1] = [arg(&mut p)];
     // SAFETY: as in `all_gather`: `struct symm_ar_params` by value; the
     // caller's chunks and output, and the group's buffers, live until the
     // work completes.
     unsafe {
         kernels.launch(
-            &kernels.reduce_scatter[dtype as usize],
+            &kernels.reduce_scatter[call.algorithm as usize][dtype as usize],
             blocks,
             (AR_THREADS, 1, 1),
             stream,
@@ -478,9 +493,13 @@ mod tests {
         assert!(gather_params(&AllGatherCall { rank: 2, ..gather.clone() }, 0).is_err());
         // 128 KiB per rank: 16384 lines, 32 blocks of 512 threads.
         assert_eq!(gather_grid(128 << 10, 132), 32);
+        // By pieces: 128 KiB in 32 of 4 KiB, 2 MiB and 64 MiB in 128.
+        assert_eq!(pieces_grid(128 << 10, 132), 32);
+        assert_eq!((pieces_grid(2 << 20, 132), pieces_grid(64 << 20, 132), pieces_grid(8, 132)), (128, 128, 1));
         assert_eq!((gather_grid(1, 132), gather_grid(64 << 20, 132)), (1, 132));
         // The reduce-scatter: chunks of whole lines, p.chunk_bytes their stride.
         let scatter = ReduceScatterCall {
+            algorithm: AllReduceAlgorithm::OneShot,
             rank: 1,
             world: 2,
             dtype: DType::BF16,
@@ -595,27 +614,30 @@ mod tests {
                 for r in 0..world {
                     assert_eq!(read(r, n * world), want, "{dtype} {n} all-gather rank {r}");
                 }
-                poison();
-                run_both(&|r| {
-                    let c = ReduceScatterCall {
-                        rank: r,
-                        world,
-                        dtype,
-                        n,
-                        input: ins[r].ptr,
-                        chunk_stride: n * size,
-                        output: outs[r].ptr,
-                        scale: 1.0,
-                        scratch: scratch.clone(),
-                        scratch_bytes,
-                        timeout,
-                        tag: CallTag::of(format!("{dtype} {n} reduce-scatter").as_bytes()),
-                    };
-                    reduce_scatter(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
-                });
-                for r in 0..world {
-                    let want: Vec<f32> = (0..n).map(|i| inputs.iter().map(|v| v[r * n + i]).sum()).collect();
-                    assert_eq!(read(r, n), want, "{dtype} {n} reduce-scatter rank {r}");
+                for algorithm in [AllReduceAlgorithm::OneShot, AllReduceAlgorithm::TwoShot] {
+                    poison();
+                    run_both(&|r| {
+                        let c = ReduceScatterCall {
+                            algorithm,
+                            rank: r,
+                            world,
+                            dtype,
+                            n,
+                            input: ins[r].ptr,
+                            chunk_stride: n * size,
+                            output: outs[r].ptr,
+                            scale: 1.0,
+                            scratch: scratch.clone(),
+                            scratch_bytes,
+                            timeout,
+                            tag: CallTag::of(format!("{dtype} {n} reduce-scatter {algorithm:?}").as_bytes()),
+                        };
+                        reduce_scatter(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
+                    });
+                    for r in 0..world {
+                        let want: Vec<f32> = (0..n).map(|i| inputs.iter().map(|v| v[r * n + i]).sum()).collect();
+                        assert_eq!(read(r, n), want, "{dtype} {n} reduce-scatter {algorithm:?} rank {r}");
+                    }
                 }
             }
         }

@@ -98,8 +98,12 @@ pub mod names {
     /// buffer (any element type).
     pub const ALL_GATHER: &str = "symm_ag_one_shot";
     /// kernels/allreduce.cu, the reduce-scatter through the all-reduce's
-    /// buffer, by `GemmDtype as usize`.
-    pub const REDUCE_SCATTER: [&str; 3] = ["symm_rs_one_shot_f32", "symm_rs_one_shot_bf16", "symm_rs_one_shot_f16"];
+    /// buffer: by `AllReduceAlgorithm as usize` (LL lines, or pieces), then
+    /// `GemmDtype as usize`.
+    pub const REDUCE_SCATTER: [[&str; 3]; 2] = [
+        ["symm_rs_one_shot_f32", "symm_rs_one_shot_bf16", "symm_rs_one_shot_f16"],
+        ["symm_rs_two_shot_f32", "symm_rs_two_shot_bf16", "symm_rs_two_shot_f16"],
+    ];
     /// kernels/allreduce.cu, by `GemmDtype as usize`.
     pub const ADD_RMSNORM: [&str; 3] = ["symm_add_rmsnorm_f32", "symm_add_rmsnorm_bf16", "symm_add_rmsnorm_f16"];
     /// kernels/pack.cu, contiguous rows copied with 2^i-byte accesses.

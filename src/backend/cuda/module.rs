@@ -33,8 +33,9 @@ pub struct Kernels {
     pub all_reduce_int: [[CudaFunction; 4]; 2],
     /// `symm_ag_one_shot` (all_reduce.rs).
     pub all_gather: CudaFunction,
-    /// `symm_rs_one_shot_*`, by `GemmDtype as usize` (all_reduce.rs).
-    pub reduce_scatter: [CudaFunction; 3],
+    /// `symm_rs_{one,two}_shot_*`, by `AllReduceAlgorithm as usize`, then
+    /// `GemmDtype as usize` (all_reduce.rs).
+    pub reduce_scatter: [[CudaFunction; 3]; 2],
     /// `symm_add_rmsnorm_*`, by `GemmDtype as usize` (all_reduce.rs).
     pub add_rmsnorm: [CudaFunction; 3],
     /// `symm_pack_rows_v{1,2,4,8,16}`, indexed by log2 of the access width (pack.rs).
@@ -120,7 +121,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         all_reduce: [ar3(names::ALL_REDUCE[0])?, ar3(names::ALL_REDUCE[1])?],
         all_reduce_int: [ar4(names::ALL_REDUCE_INT[0])?, ar4(names::ALL_REDUCE_INT[1])?],
         all_gather: ar(names::ALL_GATHER)?,
-        reduce_scatter: ar3(names::REDUCE_SCATTER)?,
+        reduce_scatter: [ar3(names::REDUCE_SCATTER[0])?, ar3(names::REDUCE_SCATTER[1])?],
         add_rmsnorm: ar3(names::ADD_RMSNORM)?,
         pack_rows: {
             let n = names::PACK_ROWS;

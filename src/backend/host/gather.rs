@@ -186,10 +186,12 @@ pub fn all_gather(call: &AllGatherCall, health: &Health) -> Result<()> {
 /// As the kernel: chunk q of this rank's input to rank q's slot (parity,
 /// rank) as lines; then this rank's chunk and its peers' lines summed in
 /// f32 in rank order, scaled, into the output (`elementwise::reduce`'s
-/// arithmetic: the same bits as the kernel's).
+/// arithmetic: the same bits as either kernel's, so the pieces' algorithm
+/// moves its data as lines here too).
 pub fn reduce_scatter(call: &ReduceScatterCall, health: &Health) -> Result<()> {
     call.check()?;
     let &ReduceScatterCall {
+        algorithm: _,
         rank,
         world,
         dtype,
