@@ -75,10 +75,13 @@ pub struct AllReduceModel {
     pub two_shot_per_peer_us: f64,
     /// Peer store bandwidth of the SM copies, GB/s per rank.
     pub push_gbps: f64,
-    /// The reduce-scatter by pieces at a tiny chunk over one peer,
-    /// microseconds (one trip, as the one-shot, and a fence).
+    /// The reduce-scatter by pieces after a matmul at a tiny chunk over one
+    /// peer, microseconds (one trip, a fence, and the ranks' matmuls ending
+    /// apart), and its rate, GB/s per rank: its kernel took 7.0-7.5 us at
+    /// 128 KiB chunks, 10 at 512 KiB, 11-11.5 at 1 MiB and 15-18.5 at 2 MiB
+    /// after mm_rs's matmul, graph-replayed on 2 x H200
+    /// (bench/results/2026-11-30-h200-x2-2178cf1-scatter-pieces).
     pub scatter_pieces_us: f64,
-    /// Its stores' rate after a matmul, GB/s per rank.
     pub scatter_pieces_gbps: f64,
 }
 
@@ -89,8 +92,8 @@ impl AllReduceModel {
         one_shot_per_peer_us: 1.2,
         two_shot_per_peer_us: 2.1,
         push_gbps: 360.0,
-        scatter_pieces_us: 6.0,
-        scatter_pieces_gbps: 300.0,
+        scatter_pieces_us: 7.0,
+        scatter_pieces_gbps: 250.0,
     };
 }
 

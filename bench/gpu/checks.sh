@@ -67,7 +67,7 @@ for c in $checks; do
     torch) step torch timeout 600 python3 -m pytest -q python/tests/test_torch_cuda.py ;;
     jax) step jax env XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 timeout 300 python3 -m pytest -q python/tests/test_jax_cuda.py ;;
     allreduce) step allreduce timeout 600 torchrun --nproc-per-node "$world" bench/gpu/bench_allreduce.py --out "$OUT" ${SYMM_AR_BENCH_ARGS:-} ;;
-    profile) step profile timeout 300 torchrun --nproc-per-node 2 bench/gpu/profile_ops.py ${SYMM_PROFILE_ARGS:-} ;;
+    profile) step profile timeout 180 torchrun --nproc-per-node 2 bench/gpu/profile_ops.py ${SYMM_PROFILE_ARGS:-} ;;
     ar_profile) step ar_profile timeout 300 torchrun --nproc-per-node 2 bench/probes/allreduce_profile.py ${SYMM_AR_PROFILE_ARGS:-} ;;
     fuzz)
         # Randomly drawn calls of every operation (python/tests/ops_fuzz.py), a

@@ -158,6 +158,10 @@ def main():
             if r == rank:
                 print("\n".join(lines), flush=True)
             dist.barrier()
+        # A graph holding NCCL's kernels kept to the end hung the teardown
+        # below (torch 2.11): each case's graph goes with its case.
+        fn = graph = None
+        torch.cuda.synchronize()
     g.close()
     dist.destroy_process_group()
 
