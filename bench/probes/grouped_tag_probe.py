@@ -1,0 +1,84 @@
+"""What a 4-byte all-gather in the same NCCL group costs a data collective
+on NCCL's network transport: symm's steps across hosts gather every
+rank's call tag that way (`NcclTransport::tagged`). Torch alone, no symm:
+all_gather_into_tensor and all_reduce of 64 KB and 1 MB per rank (bf16),
+each alone and coalesced with an all-gather of one int32 per rank
+(`dist._coalescing_manager`: one ncclGroupStart / ncclGroupEnd), timed in
+turn (CUDA events, a sync and barrier before each call, the median of
+--iters, the maximum over ranks).
+
+    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \\
+        torchrun --nproc-per-node 2 bench/probes/grouped_tag_probe.py [--iters 100]
+
+Prints one JSON line per case.
+"""
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+
+def median_ms(fns, iters):
+    """{name: median ms} of `fns`, one call of each in turn per round."""
+    times = {n: [] for n in fns}
+    for _ in range(iters):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    t = torch.tensor([statistics.median(times[n]) for n in fns], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(fns, t.tolist()))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--iters", type=int, default=100)
+    args = p.parse_args()
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tag = torch.full((1,), rank + 7, dtype=torch.int32, device="cuda")
+    tags = torch.empty(world, dtype=torch.int32, device="cuda")
+    for nbytes in (64 << 10, 1 << 20):
+        x = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(world * x.numel(), dtype=x.dtype, device="cuda")
+        summed = x.clone()
+
+        def gather_tagged():
+            with dist._coalescing_manager(async_ops=False):
+                dist.all_gather_into_tensor(out, x)
+                dist.all_gather_into_tensor(tags, tag)
+
+        def reduce_tagged():
+            with dist._coalescing_manager(async_ops=False):
+                dist.all_reduce(summed)
+                dist.all_gather_into_tensor(tags, tag)
+
+        fns = {"all_gather": lambda: dist.all_gather_into_tensor(out, x), "all_gather_tagged": gather_tagged,
+               "all_reduce": lambda: dist.all_reduce(summed), "all_reduce_tagged": reduce_tagged}
+        for fn in fns.values():
+            for _ in range(3):
+                fn()
+        gather_tagged()
+        torch.cuda.synchronize()
+        assert tags.tolist() == [r + 7 for r in range(world)], tags.tolist()
+        for name, ms in median_ms(fns, args.iters).items():
+            if rank == 0:
+                print(json.dumps({"probe": "grouped_tag", "case": name, "bytes_per_rank": nbytes, "ms": ms,
+                                  "iters": args.iters, "world": world,
+                                  "p2p_disabled": os.environ.get("NCCL_P2P_DISABLE")}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
