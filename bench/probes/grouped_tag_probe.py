@@ -1,9 +1,10 @@
 """What a 4-byte all-gather in the same NCCL group costs a data collective
 on NCCL's network transport: symm's steps across hosts gather every
 rank's call tag that way (`NcclTransport::tagged`). Torch alone, no symm:
-all_gather_into_tensor and all_reduce of 64 KB and 1 MB per rank (bf16),
-each alone and coalesced with an all-gather of one int32 per rank
-(`dist._coalescing_manager`: one ncclGroupStart / ncclGroupEnd), timed in
+all_gather_into_tensor of 64 KB and 1 MB per rank (bf16), alone and
+coalesced with an all-gather of 4 bytes per rank (two bf16: torch
+coalesces only collectives of one kind and dtype;
+`dist._coalescing_manager`: one ncclGroupStart / ncclGroupEnd), timed in
 turn (CUDA events, a sync and barrier before each call, the median of
 --iters, the maximum over ranks).
 
@@ -47,31 +48,24 @@ def main():
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     world, rank = dist.get_world_size(), dist.get_rank()
-    tag = torch.full((1,), rank + 7, dtype=torch.int32, device="cuda")
-    tags = torch.empty(world, dtype=torch.int32, device="cuda")
+    tag = torch.full((2,), rank + 7, dtype=torch.bfloat16, device="cuda")
+    tags = torch.empty(2 * world, dtype=torch.bfloat16, device="cuda")
     for nbytes in (64 << 10, 1 << 20):
         x = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")
         out = torch.empty(world * x.numel(), dtype=x.dtype, device="cuda")
-        summed = x.clone()
 
         def gather_tagged():
             with dist._coalescing_manager(async_ops=False):
                 dist.all_gather_into_tensor(out, x)
                 dist.all_gather_into_tensor(tags, tag)
 
-        def reduce_tagged():
-            with dist._coalescing_manager(async_ops=False):
-                dist.all_reduce(summed)
-                dist.all_gather_into_tensor(tags, tag)
-
-        fns = {"all_gather": lambda: dist.all_gather_into_tensor(out, x), "all_gather_tagged": gather_tagged,
-               "all_reduce": lambda: dist.all_reduce(summed), "all_reduce_tagged": reduce_tagged}
+        fns = {"all_gather": lambda: dist.all_gather_into_tensor(out, x), "all_gather_tagged": gather_tagged}
         for fn in fns.values():
             for _ in range(3):
                 fn()
         gather_tagged()
         torch.cuda.synchronize()
-        assert tags.tolist() == [r + 7 for r in range(world)], tags.tolist()
+        assert tags.tolist() == [float(r + 7) for r in range(world) for _ in range(2)], tags.tolist()
         for name, ms in median_ms(fns, args.iters).items():
             if rank == 0:
                 print(json.dumps({"probe": "grouped_tag", "case": name, "bytes_per_rank": nbytes, "ms": ms,
