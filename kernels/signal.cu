@@ -113,21 +113,19 @@ extern "C" __global__ void symm_wait_value(const uint32_t* flag, uint32_t value,
     __threadfence_system();
 }
 
-// Across hosts: the call tags of the members of one NCCL step (`count`
-// words `stride` bytes apart), gathered by NCCL beside the step's data or
-// within it, against this rank's `tag`. A member in
+// Across hosts: the call tags of the members of one NCCL step, gathered
+// by NCCL beside the step's data, against this rank's `tag`. A member in
 // another call (ranks out of step between calls kept after their
 // agreement) records SYMM_ASYNC_MISMATCH naming its group rank (`ranks`)
 // on channel -4, which the host reports as an exchange across hosts.
 // Launch with one block of one thread.
-extern "C" __global__ void symm_check_tags(const unsigned char* tags, unsigned long long stride,
-                                           const int32_t* ranks, int count, uint32_t tag, int rank,
-                                           symm_async_error* err) {
+extern "C" __global__ void symm_check_tags(const uint32_t* tags, const int32_t* ranks, int count,
+                                           uint32_t tag, int rank, symm_async_error* err) {
     if (threadIdx.x != 0) {
         return;
     }
     for (int i = 0; i < count; ++i) {
-        if (*(const uint32_t*)(tags + i * stride) != tag) {
+        if (tags[i] != tag) {
             symm_record_error(err, SYMM_ASYNC_MISMATCH, rank, ranks[i], -4, SYMM_SIGNAL_KIND_NONE, 0);
             return;
         }

@@ -679,7 +679,7 @@ fn join_nccl(
     let comm = Communicator::join(nccl, index, members.len(), device, id)
         .map_err(|e| e.context(format!("joining the ranks {members:?} {what}")))?;
     let context = format!("the call tags of the ranks {members:?} {what}");
-    NcclTransport::new(comm, members, index).map_err(|e| e.context(context))
+    NcclTransport::new(comm, members).map_err(|e| e.context(context))
 }
 
 /// What an exchange across hosts is for (its tag).

@@ -105,12 +105,11 @@ impl CallTag {
 }
 
 /// [`Backend::check_tags`]'s arguments: `count` `u32` tags at `tags` (device
-/// memory), `stride` bytes apart (a multiple of 4), the members' group
-/// ranks at `ranks` (`count` `i32`s), and this rank's `tag` and group `rank`.
+/// memory), the members' group ranks at `ranks` (`count` `i32`s), and this
+/// rank's `tag` and group `rank`.
 #[derive(Clone, Copy, Debug)]
 pub struct TagCheck {
     pub tags: u64,
-    pub stride: usize,
     pub ranks: u64,
     pub count: usize,
     pub tag: CallTag,

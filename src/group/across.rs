@@ -182,71 +182,31 @@ impl AcrossHosts for Bootstrapped {
 
 /// NCCL's transport (the CUDA backend): a communicator over the members,
 /// whose collectives are enqueued on the caller's stream. Each step's
-/// call tag is stored into device memory by a stream write and checked by
-/// a one-thread kernel after the step (`Backend::check_tags`); it travels
-/// all-gathered in the same NCCL group as the step's data, or, in a small
-/// all-gather, after each member's data in one collective (staged).
+/// call tag is stored into a slot of device memory by a stream write,
+/// all-gathered in the same NCCL group as the step's data, and checked by
+/// a one-thread kernel after it (`Backend::check_tags`).
 pub struct NcclTransport {
     comm: Arc<Communicator>,
     members: Vec<usize>,
-    /// This rank's place among the members (its rank in the communicator).
-    index: usize,
     /// Device memory: the members' group ranks (`i32`s), then
     /// [`TAG_SLOTS`] slots of `1 + members` `u32` tags (this rank's, then
     /// every member's).
     tags: DeviceBytes,
     /// The next step's slot (mod [`TAG_SLOTS`]).
     next: AtomicUsize,
-    /// Device memory of the staged all-gathers: [`STAGED_SLOTS`] slots of
-    /// `members` strides of `staged_stride` bytes (a member's data, then
-    /// its tag).
-    staged: DeviceBytes,
-    staged_stride: usize,
-    /// The next staged all-gather's slot (mod [`STAGED_SLOTS`]).
-    next_staged: AtomicUsize,
 }
 
 /// Slots of call tags, used in turn: steps queued on different streams
 /// would race on one; `TAG_SLOTS` steps apart they take the same slot.
 const TAG_SLOTS: usize = 64;
 
-/// An all-gather of at most this many bytes per member is staged: its tag
-/// rides after its data in one collective, where a second collective in
-/// the step's NCCL group cost ~30 us on NCCL's network transport (64 KB
-/// and 1 MB per rank over sockets, 2 x H200,
-/// `bench/probes/grouped_tag_probe.py`) against two local copies.
-const STAGED_MAX: usize = 1 << 20;
-/// The staged all-gathers' device memory, every slot together.
-const STAGED_BYTES: usize = 16 << 20;
-/// Slots of staged all-gathers, used in turn (as [`TAG_SLOTS`]).
-const STAGED_SLOTS: usize = 4;
-
-/// A member's bytes in a staged all-gather of `bytes` per member: its
-/// data, its tag 4-byte aligned after it, to a multiple of 16.
-fn staged_stride(bytes: usize) -> usize {
-    (bytes.next_multiple_of(4) + 4).next_multiple_of(16)
-}
-
 impl NcclTransport {
     /// `comm`'s device must be current (as `Communicator::join` leaves it).
-    /// `index`: this rank's place among `members`, its rank in `comm`.
-    pub fn new(comm: Communicator, members: Vec<usize>, index: usize) -> Result<NcclTransport> {
-        let m = members.len();
+    pub fn new(comm: Communicator, members: Vec<usize>) -> Result<NcclTransport> {
         let ranks: Vec<u8> = members.iter().flat_map(|&m| (m as i32).to_le_bytes()).collect();
-        let tags = DeviceBytes::new(ranks.len() + TAG_SLOTS * (1 + m) * 4)?;
+        let tags = DeviceBytes::new(ranks.len() + TAG_SLOTS * (1 + members.len()) * 4)?;
         tags.write(0, &ranks)?;
-        let staged_stride = staged_stride(STAGED_MAX).min(STAGED_BYTES / (STAGED_SLOTS * m.max(1)) / 16 * 16);
-        let staged = DeviceBytes::new(STAGED_SLOTS * m * staged_stride)?;
-        Ok(NcclTransport {
-            comm: Arc::new(comm),
-            members,
-            index,
-            tags,
-            next: AtomicUsize::new(0),
-            staged,
-            staged_stride,
-            next_staged: AtomicUsize::new(0),
-        })
+        Ok(NcclTransport { comm: Arc::new(comm), members, tags, next: AtomicUsize::new(0) })
     }
 
     /// The communicator, for the group's watchdog to abort.
@@ -266,39 +226,9 @@ impl NcclTransport {
             data()?;
             self.comm.all_gather(mine, mine + 4, 4, stream.0)
         })?;
-        let check = TagCheck { tags: mine + 4, stride: 4, ranks: self.tags.addr, count: m, tag, rank: group.rank() };
+        let check = TagCheck { tags: mine + 4, ranks: self.tags.addr, count: m, tag, rank: group.rank() };
         backend.check_tags(&check, stream)
     }
-
-    /// An all-gather of `bytes` per member (at most what a staging slot
-    /// holds) with its tags in one collective: this rank's data and tag
-    /// into its stride of a slot, the slot all-gathered in place, the data
-    /// copied out to `recv` (one strided copy) and the tags checked there.
-    fn all_gather_staged(&self, group: &Group, send: &Array, recv: &Array, stream: Stream, tag: CallTag) -> Result<()> {
-        let (m, bytes) = (self.members.len(), send.numel() * send.dtype.size());
-        let stride = staged_stride(bytes);
-        let slot = self.next_staged.fetch_add(1, Ordering::Relaxed) % STAGED_SLOTS;
-        let base = self.staged.addr + (slot * m * self.staged_stride) as u64;
-        let mine = base + (self.index * stride) as u64;
-        let tag_at = bytes.next_multiple_of(4) as u64;
-        let backend = group.backend();
-        if bytes > 0 {
-            backend.copy(&Array::contiguous(mine, DType::U8, &[bytes]), &bytes_of(send), stream)?;
-        }
-        backend.write_tag(mine + tag_at, tag, stream)?;
-        self.comm.all_gather(mine, base, stride, stream.0)?;
-        if bytes > 0 {
-            let gathered = Array { addr: base, dtype: DType::U8, shape: vec![m, bytes], strides: vec![stride, 1] };
-            backend.copy(&Array::contiguous(recv.addr, DType::U8, &[m, bytes]), &gathered, stream)?;
-        }
-        let check = TagCheck { tags: base + tag_at, stride, ranks: self.tags.addr, count: m, tag, rank: group.rank() };
-        backend.check_tags(&check, stream)
-    }
-}
-
-/// A contiguous array's bytes.
-fn bytes_of(a: &Array) -> Array {
-    Array::contiguous(a.addr, DType::U8, &[a.numel() * a.dtype.size()])
 }
 
 /// NCCL's type for summing `dtype`, or `Unsupported`.
@@ -314,9 +244,6 @@ impl AcrossHosts for NcclTransport {
     fn all_gather(&self, group: &Group, send: &Array, recv: &Array, stream: Stream, tag: CallTag) -> Result<()> {
         check(Collective::AllGather, send, recv, self.members.len())?;
         let bytes = send.numel() * send.dtype.size();
-        if staged_stride(bytes) <= self.staged_stride {
-            return self.all_gather_staged(group, send, recv, stream, tag);
-        }
         self.tagged(group, stream, tag, || self.comm.all_gather(send.addr, recv.addr, bytes, stream.0))
     }
 
@@ -335,10 +262,8 @@ impl AcrossHosts for NcclTransport {
 
 /// NCCL's transports (across hosts and inside each) on GPUs of one
 /// machine, the ranks declared on pretend hosts (`["a", "b"]` on two GPUs,
-/// `["a", "b", "a", "b"]` on four): every collective against a reference
-/// from every rank's input, outputs poisoned; all-gathers staged (tags in
-/// the data) and not (tags beside it). Named `gpu_*`; skipped without the
-/// GPUs or NCCL.
+/// `["a", "b", "a", "b"]` on four): every collective against a reference from every rank's input, outputs
+/// poisoned. Named `gpu_*`; skipped without the GPUs or NCCL.
 #[cfg(test)]
 mod gpu_tests {
     use super::*;
@@ -354,9 +279,7 @@ mod gpu_tests {
         (r * 10 + i) as f32 - 7.5
     }
 
-    /// `mismatched`: the elements of the all-gather one rank makes with
-    /// another call's tag at the end (staged or not).
-    fn run(hosts: &[&str], mismatched: usize) {
+    fn run(hosts: &[&str]) {
         let groups: Vec<Arc<Group>> = std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(hosts.len())
                 .into_iter()
@@ -386,30 +309,14 @@ mod gpu_tests {
                         let dev = |b: &crate::backend::cuda::gpu_testing::DevBuf, len: usize| {
                             Array::contiguous(b.ptr, f, &[len])
                         };
-                        // Staged, then (2 MiB per member) with the tags beside the data.
-                        for len in [n, STAGED_MAX / 2] {
-                            let send: Vec<f32> = (0..len).map(|i| value(r, i)).collect();
-                            let sbuf = gpu.upload(&send);
-                            let rbuf = gpu.upload(&vec![f32::NAN; len * m.len()]);
-                            t.all_gather(g, &dev(&sbuf, len), &dev(&rbuf, len * m.len()), gpu.stream(), tag).unwrap();
-                            gpu.sync();
-                            let want: Vec<f32> = m.iter().flat_map(|&p| (0..len).map(move |i| value(p, i))).collect();
-                            assert_eq!(rbuf.read::<f32>(len * m.len()), want, "all-gather of {len} on rank {r}");
-                        }
-                        // Odd bytes, staged: the tag 4-byte aligned after them.
-                        let odd: Vec<u8> = (0..1001).map(|i| (r * 31 + i) as u8).collect();
-                        let (sbuf, rbuf) = (gpu.upload(&odd), gpu.upload(&vec![0xeeu8; 1001 * m.len()]));
-                        let bytes = |b: &crate::backend::cuda::gpu_testing::DevBuf, len: usize| {
-                            Array::contiguous(b.ptr, DType::U8, &[len])
-                        };
-                        t.all_gather(g, &bytes(&sbuf, 1001), &bytes(&rbuf, 1001 * m.len()), gpu.stream(), tag).unwrap();
-                        gpu.sync();
-                        let want: Vec<u8> =
-                            m.iter().flat_map(|&p| (0..1001).map(move |i| (p * 31 + i) as u8)).collect();
-                        assert_eq!(rbuf.read::<u8>(1001 * m.len()), want, "all-gather of odd bytes on rank {r}");
                         let send: Vec<f32> = (0..n * m.len()).map(|i| value(r, i)).collect();
                         let sbuf = gpu.upload(&send);
                         let rbuf = gpu.upload(&vec![f32::NAN; n * m.len()]);
+                        t.all_gather(g, &dev(&sbuf, n), &dev(&rbuf, n * m.len()), gpu.stream(), tag).unwrap();
+                        gpu.sync();
+                        let want: Vec<f32> = m.iter().flat_map(|&p| (0..n).map(move |i| value(p, i))).collect();
+                        assert_eq!(rbuf.read::<f32>(n * m.len()), want, "all-gather on rank {r}");
+                        rbuf.write(&vec![f32::NAN; n * m.len()]);
                         t.all_reduce(g, &dev(&sbuf, n), &dev(&rbuf, n), gpu.stream(), tag).unwrap();
                         gpu.sync();
                         let want: Vec<f32> = (0..n).map(|i| m.iter().map(|&p| value(p, i)).sum()).collect();
@@ -432,13 +339,13 @@ mod gpu_tests {
                 s.spawn(move || {
                     let gpu = gpu_on(g.device());
                     let t = g.across_hosts().expect("spans hosts");
-                    let (n, k) = (t.members().len(), mismatched);
-                    let (sbuf, rbuf) = (gpu.upload(&vec![1f32; k]), gpu.upload(&vec![0f32; k * n]));
+                    let n = t.members().len();
+                    let (sbuf, rbuf) = (gpu.upload(&[1f32; 4]), gpu.upload(&vec![0f32; 4 * n]));
                     let dev = |b: &crate::backend::cuda::gpu_testing::DevBuf, len: usize| {
                         Array::contiguous(b.ptr, DType::F32, &[len])
                     };
                     let tag = CallTag::of(if g.rank() == 0 { b"one call" } else { b"another" });
-                    t.all_gather(g, &dev(&sbuf, k), &dev(&rbuf, k * n), gpu.stream(), tag).unwrap();
+                    t.all_gather(g, &dev(&sbuf, 4), &dev(&rbuf, 4 * n), gpu.stream(), tag).unwrap();
                     gpu.sync();
                     let e = g.failure().expect("a step with another call's tag fails the group");
                     assert_eq!(e.kind, crate::error::ErrorKind::Mismatch, "{}", e.msg);
@@ -454,11 +361,9 @@ mod gpu_tests {
             report_skipped();
             return;
         }
-        for mismatched in [4, STAGED_MAX / 2] {
-            run(&["a", "b"], mismatched);
-        }
+        run(&["a", "b"]);
         if driver::device_count() >= 4 {
-            run(&["a", "b", "a", "b"], 4);
+            run(&["a", "b", "a", "b"]);
         }
     }
 }

@@ -201,15 +201,10 @@ impl Backend for CudaBackend {
     fn check_tags(&self, c: &TagCheck, stream: Stream) -> Result<()> {
         self.bind()?;
         let k = module::kernels(&self.ctx)?;
-        if c.stride % 4 != 0 || c.tags % 4 != 0 {
-            return Err(err!(Internal, "call tags at {:#x}, {} bytes apart", c.tags, c.stride));
-        }
-        let (mut tags, mut stride, mut ranks, mut count, mut tag) =
-            (c.tags, c.stride as u64, c.ranks, c.count as i32, c.tag.get());
+        let (mut tags, mut ranks, mut count, mut tag) = (c.tags, c.ranks, c.count as i32, c.tag.get());
         let (mut rank, mut e) = (c.rank as i32, self.errors.device_ptr());
         let mut params = [
             module::arg(&mut tags),
-            module::arg(&mut stride),
             module::arg(&mut ranks),
             module::arg(&mut count),
             module::arg(&mut tag),
