@@ -95,6 +95,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="two sizes and one shape per op, for a smoke test")
     p.add_argument("--iters", type=int, default=None, help="timed runs per implementation (default 20, quick 10)")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--symm-first", action="store_true",
+                   help="make symm's groups (their NCCL communicators) before torch's process group")
     p.add_argument("--only", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(OPS)
@@ -498,15 +500,23 @@ def main(argv=None):
     import symm
 
     torch.cuda.set_device(local)
+
+    def symm_groups():
+        os.environ["SYMM_HOST_ID"] = mine
+        across = symm.Group.from_env(backend="cuda", timeout_ms=60000)
+        # The reference group: this machine's own host identity.
+        del os.environ["SYMM_HOST_ID"]
+        return across, symm.Group.from_env(backend="cuda", timeout_ms=60000)
+
+    # (Communicators made in another order: which one NCCL makes first.)
+    if args.symm_first:
+        across, one_host = symm_groups()
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    if not args.symm_first:
+        across, one_host = symm_groups()
     args.graph_max_m = 0
     b = Bench(args)
     torch.manual_seed(2468 + rank)
-    os.environ["SYMM_HOST_ID"] = mine
-    across = symm.Group.from_env(backend="cuda", timeout_ms=60000)
-    # The reference group: this machine's own host identity.
-    del os.environ["SYMM_HOST_ID"]
-    one_host = symm.Group.from_env(backend="cuda", timeout_ms=60000)
     assert spans_hosts(across), f"rank {rank}: the group with SYMM_HOST_ID={mine} is on one host"
     assert not spans_hosts(one_host), f"rank {rank}: the group without SYMM_HOST_ID spans hosts"
     if rank == 0:
@@ -514,9 +524,10 @@ def main(argv=None):
         print(f"bench_hosts: world {world}, {hosts} pretend hosts, NCCL transport {args.transport} "
               f"(NCCL_P2P_DISABLE={os.environ.get('NCCL_P2P_DISABLE')}, NCCL_SHM_DISABLE="
               f"{os.environ.get('NCCL_SHM_DISABLE')}, NCCL_SOCKET_IFNAME={os.environ.get('NCCL_SOCKET_IFNAME')}); "
-              f"torch's NCCL {torch_nccl}, symm's {version} from {path}", flush=True)
+              f"torch's NCCL {torch_nccl}, symm's {version} from {path}; "
+              f"{'symm' if args.symm_first else 'torch'}'s communicators made first", flush=True)
     groups = {"symm": across, "symm_one_host": one_host}
-    extra = {"transport": args.transport, "hosts": hosts}
+    extra = {"transport": args.transport, "hosts": hosts, **({"symm_first": True} if args.symm_first else {})}
     only = args.only.split(",")
     sizes = QUICK_SIZES if args.quick else SIZES
     shapes = cases(world, args.quick)
