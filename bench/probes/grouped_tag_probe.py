@@ -1,12 +1,14 @@
 """What a 4-byte all-gather in the same NCCL group costs a data collective
 on NCCL's network transport: symm's steps across hosts gather every
-rank's call tag that way (`NcclTransport::tagged`). Torch alone, no symm:
+rank's call tag that way (`NcclTransport::tagged`). Torch's calls alone:
 all_gather_into_tensor of 64 KB and 1 MB per rank (bf16), alone and
 coalesced with an all-gather of 4 bytes per rank (two bf16: torch
 coalesces only collectives of one kind and dtype;
-`dist._coalescing_manager`: one ncclGroupStart / ncclGroupEnd), timed in
-turn (CUDA events, a sync and barrier before each call, the median of
---iters, the maximum over ranks).
+`dist._coalescing_manager`: one ncclGroupStart / ncclGroupEnd), timed as
+bench_ops.py times (its Bench: CUDA events, a sync and barrier before each
+call, the median of --iters in round-robin rounds, the maximum over ranks).
+(Answered: +27-33 us, torch's coalescing path's: symm's tags carried in
+the data gained nothing, bench/results/.)
 
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \\
         torchrun --nproc-per-node 2 bench/probes/grouped_tag_probe.py [--iters 100]
@@ -16,28 +18,13 @@ Prints one JSON line per case.
 import argparse
 import json
 import os
-import statistics
+import sys
 
 import torch
 import torch.distributed as dist
 
-
-def median_ms(fns, iters):
-    """{name: median ms} of `fns`, one call of each in turn per round."""
-    times = {n: [] for n in fns}
-    for _ in range(iters):
-        for name, fn in fns.items():
-            torch.cuda.synchronize()
-            dist.barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
-    t = torch.tensor([statistics.median(times[n]) for n in fns], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return dict(zip(fns, t.tolist()))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_ops import Bench  # noqa: E402  (checks the multicast environment)
 
 
 def main():
@@ -60,13 +47,11 @@ def main():
                 dist.all_gather_into_tensor(tags, tag)
 
         fns = {"all_gather": lambda: dist.all_gather_into_tensor(out, x), "all_gather_tagged": gather_tagged}
-        for fn in fns.values():
-            for _ in range(3):
-                fn()
         gather_tagged()
         torch.cuda.synchronize()
         assert tags.tolist() == [float(r + 7) for r in range(world) for _ in range(2)], tags.tolist()
-        for name, ms in median_ms(fns, args.iters).items():
+        bench = Bench(argparse.Namespace(iters=args.iters, warmup=3, graph_max_m=0))
+        for name, ms in bench.contest(fns).items():
             if rank == 0:
                 print(json.dumps({"probe": "grouped_tag", "case": name, "bytes_per_rank": nbytes, "ms": ms,
                                   "iters": args.iters, "world": world,
