@@ -151,7 +151,11 @@ impl Decision {
             shape.n,
             shape.dtype,
             self.algorithm.name(),
-            if self.lines { " on the LL lines" } else { "" },
+            match (self.lines, shape.op) {
+                (false, _) => "",
+                (true, Op::AgMm) => " on the LL lines",
+                (true, Op::MmRs) => " on the device-side reduce-scatter",
+            },
             match (self.pieces, shape.op) {
                 (1, _) => String::new(),
                 (p, Op::AgMm) => format!(", each shard in {p} pieces"),
@@ -560,6 +564,7 @@ mod tests {
             let chunk = m / world * 8192 * 2;
             let kernel = reduce_scatter_kernel(chunk, world).1;
             assert_eq!(d.estimate.comm_ms, kernel);
+            assert!(d.describe(&s).contains("sequential on the device-side reduce-scatter"), "{}", d.describe(&s));
             let without = decide(&f, &Shape { lines: false, ..s }, true, None).unwrap();
             assert!(kernel < without.estimate.comm_ms && d.estimate.total_ms < without.estimate.total_ms);
             let shared = Facts { own_devices: false, ..f };
