@@ -414,7 +414,7 @@ impl Prepared for MmRsPrepared {
             return self.pipelined(ex);
         }
         match self.decision.lines {
-            true => self.reduce_on_lines(ex),
+            true => self.reduce_on_device(ex),
             false => self.sequential(ex),
         }
     }
@@ -501,12 +501,12 @@ impl MmRsPrepared {
     }
 
     /// Sequential at small chunks (`Decision::lines`), after the products:
-    /// one launch pushes each chunk to its rank as LL lines (their flags in
-    /// the data: no barrier before or after) and sums this rank's, scaled
-    /// for avg, into `out` where it is contiguous in the partials' type,
-    /// else into the workspace, finished there as [`Self::reduce_into_out`]
-    /// finishes.
-    fn reduce_on_lines(&self, ex: &Exec<'_>) -> Result<()> {
+    /// one launch of the device-side reduce-scatter pushes each chunk to
+    /// its rank (as LL lines or in flagged pieces: no barrier before or
+    /// after) and sums this rank's, scaled for avg, into `out` where it is
+    /// contiguous in the partials' type, else into the workspace, finished
+    /// there as [`Self::reduce_into_out`] finishes.
+    fn reduce_on_device(&self, ex: &Exec<'_>) -> Result<()> {
         let out = &self.call.out;
         let scale = match self.call.op {
             ReduceOp::Sum => 1.0,
@@ -514,10 +514,10 @@ impl MmRsPrepared {
         };
         let input = ex.local(self.chunks[0]);
         if self.rounded.is_none() && out.is_contiguous() {
-            return ex.reduce_scatter_lines(input, out, scale);
+            return ex.device_reduce_scatter(input, out, scale);
         }
         let reduced = self.chunk(ex.local(self.reduced));
-        ex.reduce_scatter_lines(input, &reduced, scale)?;
+        ex.device_reduce_scatter(input, &reduced, scale)?;
         match self.rounded {
             Some(rounded) => self.quantize_into_out(ex, &reduced, rounded),
             None => ex.copy(out, &reduced),

@@ -318,7 +318,7 @@ impl Exec<'_> {
     /// `output` (contiguous, a float type) = `scale` x the sum over ranks
     /// of their chunk for this rank, every rank's `input` holding `world`
     /// chunks of `output`'s size back to back.
-    fn reduce_scatter_lines(&self, input: u64, output: &Array, scale: f32) -> Result<()> {
+    fn device_reduce_scatter(&self, input: u64, output: &Array, scale: f32) -> Result<()> {
         let reduce = self.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
         if !output.is_contiguous() {
             return Err(err!(Internal, "a reduce-scatter on the lines into a strided output"));
