@@ -61,6 +61,9 @@ class Bench:
         self.stream = torch.cuda.current_stream()
         self.records = []
         self.group_name = dist.group.WORLD.group_name
+        # The group whose barrier aligns the ranks before each timed run
+        # (None: the default one, NCCL's).
+        self.barrier_group = None
 
     def samples(self, fn, iters, calls_per_fn=1):
         """ms per call of `iters` runs of `fn`, each started with all ranks
@@ -68,7 +71,7 @@ class Bench:
         times = []
         for _ in range(iters):
             torch.cuda.synchronize()
-            dist.barrier()
+            dist.barrier(group=self.barrier_group)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()

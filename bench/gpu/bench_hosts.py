@@ -27,7 +27,10 @@ Timed as bench_ops.py times (its Bench: CUDA events, the median of --iters
 after --warmup in round-robin rounds, the maximum over ranks), eagerly
 (a repeated call is kept after its first agreement, as on one host, and
 runs under the group's NCCL watchdog; calls across hosts are not replayed
-as graphs).
+as graphs). The barrier before each timed run goes through torch's default
+NCCL communicator, the one `nccl` times, so only that communicator has
+just been used when its call starts; --barrier gloo aligns the ranks
+through a gloo group instead, which leaves every communicator equally idle.
 bf16. Ops (records' `op`, `shape` as DESIGN.md's format names them):
 - hosts_allgather [bytes per rank]: symm.lc_allgather; `nccl`
   dist.all_gather_into_tensor.
@@ -97,6 +100,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--symm-first", action="store_true",
                    help="make symm's groups (their NCCL communicators) before torch's process group")
+    p.add_argument("--barrier", choices=("nccl", "gloo"), default="nccl",
+                   help="what aligns the ranks before each timed run: torch's default NCCL communicator "
+                        "(used just before each of its own timed calls) or a gloo group (no NCCL communicator)")
     p.add_argument("--only", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(OPS)
@@ -516,6 +522,8 @@ def main(argv=None):
         across, one_host = symm_groups()
     args.graph_max_m = 0
     b = Bench(args)
+    if args.barrier == "gloo":
+        b.barrier_group = dist.new_group(list(range(world)), backend="gloo")
     torch.manual_seed(2468 + rank)
     assert spans_hosts(across), f"rank {rank}: the group with SYMM_HOST_ID={mine} is on one host"
     assert not spans_hosts(one_host), f"rank {rank}: the group without SYMM_HOST_ID spans hosts"
@@ -527,7 +535,8 @@ def main(argv=None):
               f"torch's NCCL {torch_nccl}, symm's {version} from {path}; "
               f"{'symm' if args.symm_first else 'torch'}'s communicators made first", flush=True)
     groups = {"symm": across, "symm_one_host": one_host}
-    extra = {"transport": args.transport, "hosts": hosts, **({"symm_first": True} if args.symm_first else {})}
+    extra = {"transport": args.transport, "hosts": hosts, "barrier": args.barrier,
+             **({"symm_first": True} if args.symm_first else {})}
     only = args.only.split(",")
     sizes = QUICK_SIZES if args.quick else SIZES
     shapes = cases(world, args.quick)

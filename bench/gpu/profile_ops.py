@@ -16,7 +16,10 @@ bench_ops.py's `_graph` rows time them. Op `mm` is the floor: the local
 matmul of all m rows (algorithm ignored), e.g. `mm:512:14336:8192:-`;
 ops `nccl_ag_mm` and `nccl_mm_rs` are NCCL-then-cuBLAS as bench_ops.py
 times it (torch's all-gather then torch.matmul; torch.matmul then its
-reduce-scatter), with ag_mm's and mm_rs's shapes.
+reduce-scatter), with ag_mm's and mm_rs's shapes. Op `layer` is the
+families' decode layer (`layer:64:8192:14336:-`: M, hidden, FFN per rank):
+ag_mm into H then mm_rs of H into an ordinary output; `nccl_layer` the same
+through NCCL and cuBLAS.
 A sixth field, a batch (`mm_rs:8192:7168:4096:-:4`), makes A
 [batch, m / batch, k] gathered or scattered along dim 1, as the families'
 seq3d cases.
@@ -66,6 +69,23 @@ def case_fn(g, op, m, k, n, world, bound=False, algorithm=None, batch=1):
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
         return lambda: (torch.matmul(a, w, out=c), dist.reduce_scatter_tensor(out, c))
+    if op in ("layer", "nccl_layer"):
+        # The families' decode layer: k the hidden size, n the FFN's per rank.
+        x = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
+        w2 = (torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / n**0.5).t()
+        h = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m // world, k, device="cuda", dtype=torch.bfloat16)
+        if op == "nccl_layer":
+            gathered = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+            c = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+            return lambda: (dist.all_gather_into_tensor(gathered, x), torch.matmul(gathered, w, out=h),
+                            torch.matmul(h, w2, out=c), dist.reduce_scatter_tensor(out, c))
+        if bound:
+            up = symm.bind(symm.fused_ag_mm, g, x, [w], 0, out=[h], stream=current_stream(), algorithm=algorithm)
+            down = symm.bind(symm.mm_rs, g, h, w2, 0, out=out, stream=current_stream(), algorithm=algorithm)
+            return lambda: (up(), down())
+        return lambda: (symm.fused_ag_mm(g, x, [w], 0, out=[h], stream=current_stream(), algorithm=algorithm),
+                        symm.mm_rs(g, h, w2, 0, out=out, stream=current_stream(), algorithm=algorithm))
     if op == "ag_mm":
         a = torch.randn(*part, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(*lead, n, device="cuda", dtype=torch.bfloat16)
