@@ -4,10 +4,10 @@
 
 pub use crate::backend::cuda::sm90::bench::{print_record, sm90_fp8, sm90_matmul, SHAPES};
 
-/// Every algorithm cuBLASLt's heuristic offers for the pipelined paths'
-/// matmuls at M = 512, timed round-robin against its first choice.
-pub fn heuristic_candidates() {
-    crate::backend::cuda::gemm::bench_heuristic_candidates()
+/// Every algorithm cuBLASLt's heuristic offers for each `(m, n, k)`,
+/// timed round-robin against its first choice.
+pub fn heuristic_candidates(shapes: &[(usize, usize, usize)]) {
+    crate::backend::cuda::gemm::bench_heuristic_candidates(shapes)
 }
 
 /// Bandwidth of the strided pack (copy) kernels on GPU 0.

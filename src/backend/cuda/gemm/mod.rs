@@ -327,19 +327,18 @@ impl Drop for Gemm {
     }
 }
 
-/// Every algorithm cuBLASLt's heuristic offers (up to 16) for the
-/// pipelined paths' matmuls at M = 512 (each rank's half of the rows,
-/// and all of them), timed round-robin against its first choice, which
-/// is what the library runs. Each output is checked against the first
-/// choice's. A timing run of bench/sm90_matmul.rs (through
-/// `crate::bench_support`), printing op "matmul_candidate" records.
+/// Every algorithm cuBLASLt's heuristic offers (up to 16) for each
+/// `(m, n, k)` of `shapes` (bf16, B K-major as a Linear weight), timed
+/// round-robin against its first choice, which is what the library runs.
+/// Each output is checked against the first choice's. A timing run of
+/// bench/sm90_matmul.rs (through `crate::bench_support`), printing op
+/// "matmul_candidate" records.
 #[doc(hidden)]
-pub(crate) fn bench_heuristic_candidates() {
+pub(crate) fn bench_heuristic_candidates(shapes: &[(usize, usize, usize)]) {
     use super::gpu_testing::{decode, encode, gpu, rel_err, round_robin_ms, values};
     let Some(g) = gpu() else { return };
     let gemm = Gemm::new(&g.ctx).unwrap();
-    // (m, n, k): mm_rs 512x14336x8192's chunks and whole; ag_mm 512x8192x14336's.
-    for (m, n, k) in [(256usize, 8192usize, 14336usize), (512, 8192, 14336), (256, 14336, 8192), (512, 14336, 8192)] {
+    for &(m, n, k) in shapes {
         let a = g.upload(&encode(GemmDtype::BF16, &values(m * k, 1)));
         let b = g.upload(&encode(GemmDtype::BF16, &values(n * k, 2)));
         let (c, reference) = (g.alloc(m * n * 2), g.alloc(m * n * 2));
