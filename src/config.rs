@@ -7,8 +7,9 @@
 //! what the ranks do together (the algorithm, the check-args mode) are then
 //! agreed with the other ranks (`group::Settings`), so ranks started with
 //! different environments fail at once with `Mismatch` naming the variable
-//! instead of waiting for each other. Process settings (`SYMM_GRAPHS`) are
-//! read once per process: they change only how this rank issues its work.
+//! instead of waiting for each other. Process settings (`SYMM_GRAPHS`,
+//! `SYMM_GEMM_TUNE`) are read once per process: they change only how this
+//! rank issues its work.
 //! The library's own tests read theirs here too ([`tests_env`]); they
 //! choose what a test process runs, the same in every rank of it.
 
@@ -22,6 +23,7 @@ pub const TIMEOUT_MS: &str = "SYMM_TIMEOUT_MS";
 pub const CHECK_ARGS: &str = "SYMM_CHECK_ARGS";
 pub const BACKEND: &str = "SYMM_BACKEND";
 pub const GRAPHS: &str = "SYMM_GRAPHS";
+pub const GEMM_TUNE: &str = "SYMM_GEMM_TUNE";
 pub const BOOTSTRAP_ADDR: &str = "SYMM_BOOTSTRAP_ADDR";
 pub const BOOTSTRAP_PORT: &str = "SYMM_BOOTSTRAP_PORT";
 pub const BOOTSTRAP_SECRET: &str = "SYMM_BOOTSTRAP_SECRET";
@@ -84,6 +86,20 @@ pub fn graphs() -> bool {
         let on = var(GRAPHS).is_none_or(|v| v != "0");
         if !on {
             log::info!("SYMM_GRAPHS=0: repeated calls are not captured into CUDA graphs");
+        }
+        on
+    });
+    *ON
+}
+
+/// `SYMM_GEMM_TUNE=0` keeps cuBLASLt's first choice for every matmul
+/// instead of timing its candidates for those with few rows (read once
+/// per process).
+pub fn gemm_tune() -> bool {
+    static ON: once_cell::sync::Lazy<bool> = once_cell::sync::Lazy::new(|| {
+        let on = var(GEMM_TUNE).is_none_or(|v| v != "0");
+        if !on {
+            log::info!("SYMM_GEMM_TUNE=0: matmuls keep cuBLASLt's first choice");
         }
         on
     });

@@ -27,10 +27,13 @@ Timed as bench_ops.py times (its Bench: CUDA events, the median of --iters
 after --warmup in round-robin rounds, the maximum over ranks), eagerly
 (a repeated call is kept after its first agreement, as on one host, and
 runs under the group's NCCL watchdog; calls across hosts are not replayed
-as graphs). The barrier before each timed run goes through torch's default
-NCCL communicator, the one `nccl` times, so only that communicator has
-just been used when its call starts; --barrier gloo aligns the ranks
-through a gloo group instead, which leaves every communicator equally idle.
+as graphs). The barrier before each timed run goes through a torch NCCL
+communicator of its own, which no timed call uses, so every timed
+communicator starts its call equally idle. (Through torch's default
+communicator, --barrier default, the one `nccl` times would have just
+been used and is favoured: on the network transport its small calls ran
+1.1-1.3 x faster than on any other communicator. --barrier gloo: a gloo
+group, whose looser alignment adds its skew to every time.)
 bf16. Ops (records' `op`, `shape` as DESIGN.md's format names them):
 - hosts_allgather [bytes per rank]: symm.lc_allgather; `nccl`
   dist.all_gather_into_tensor.
@@ -80,6 +83,8 @@ OPS = ("allgather", "allreduce", "mm_rs", "ag_mm", "host_time")
 # Bytes per rank of the small calls whose host time `host_time` measures.
 HOST_TIME_BYTES = 64 << 10
 TRANSPORTS = ("network", "default")
+# What aligns the ranks before each timed run (--barrier).
+BARRIERS = ("separate", "default", "gloo")
 # NCCL kept to its network transport.
 NETWORK_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 # The issue's bar: symm across hosts at most this x NCCL alone.
@@ -100,9 +105,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--symm-first", action="store_true",
                    help="make symm's groups (their NCCL communicators) before torch's process group")
-    p.add_argument("--barrier", choices=("nccl", "gloo"), default="nccl",
-                   help="what aligns the ranks before each timed run: torch's default NCCL communicator "
-                        "(used just before each of its own timed calls) or a gloo group (no NCCL communicator)")
+    p.add_argument("--barrier", choices=BARRIERS, default="separate",
+                   help="what aligns the ranks before each timed run: a torch NCCL communicator that no timed "
+                        "call uses (separate), torch's default one, which `nccl` times (default), or gloo")
     p.add_argument("--only", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(OPS)
@@ -522,8 +527,8 @@ def main(argv=None):
         across, one_host = symm_groups()
     args.graph_max_m = 0
     b = Bench(args)
-    if args.barrier == "gloo":
-        b.barrier_group = dist.new_group(list(range(world)), backend="gloo")
+    if args.barrier != "default":
+        b.barrier_group = dist.new_group(list(range(world)), backend="nccl" if args.barrier == "separate" else "gloo")
     torch.manual_seed(2468 + rank)
     assert spans_hosts(across), f"rank {rank}: the group with SYMM_HOST_ID={mine} is on one host"
     assert not spans_hosts(one_host), f"rank {rank}: the group without SYMM_HOST_ID spans hosts"

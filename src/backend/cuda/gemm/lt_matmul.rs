@@ -2,6 +2,8 @@
 //! heuristic's algorithm for one shape key.
 
 use super::params::*;
+use super::tune::Tuning;
+use crate::backend::Stream;
 use crate::error::{err, Error, ErrorKind, Result};
 use cudarc::cublaslt::sys as lt;
 use std::ffi::{c_void, CStr};
@@ -33,6 +35,18 @@ pub(super) struct LtMatmul {
     pub(super) desc: lt::cublasLtMatmulDesc_t,
     pub(super) layouts: [lt::cublasLtMatrixLayout_t; 3],
     pub(super) algo: lt::cublasLtMatmulAlgo_t,
+    pub(super) tuning: Tuning,
+}
+
+/// One launch's operands: A', B' (the caller's B and A, see `ColMajor`),
+/// C, and the workspace.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Operands {
+    pub(super) a: u64,
+    pub(super) b: u64,
+    pub(super) c: u64,
+    pub(super) workspace: u64,
+    pub(super) workspace_bytes: usize,
 }
 
 // SAFETY: cuBLASLt descriptors are plain host objects; we only touch them
@@ -159,6 +173,7 @@ impl LtMatmul {
             layouts: [std::ptr::null_mut(); 3],
             // SAFETY: plain old data; overwritten by the heuristic's result.
             algo: unsafe { std::mem::zeroed() },
+            tuning: Tuning::Pending(0),
         };
         // SAFETY: out-pointer valid.
         lt_check(
@@ -214,6 +229,46 @@ impl LtMatmul {
         log::info!("cuBLASLt's pick for m={m} n={n} k={k} {dtype:?}: algorithm id {id}, workspace {ws} bytes");
         matmul.algo = first.algo;
         Ok(matmul)
+    }
+
+    /// Enqueues this matmul with `algo` on `stream`: `C = alpha A' B' (+ C
+    /// when `accumulate`)`.
+    pub(super) fn run(
+        &self,
+        handle: lt::cublasLtHandle_t,
+        algo: &lt::cublasLtMatmulAlgo_t,
+        o: Operands,
+        alpha: f32,
+        accumulate: bool,
+        stream: Stream,
+    ) -> Result<()> {
+        let beta: f32 = if accumulate { 1.0 } else { 0.0 };
+        let [la, lb, lc] = self.layouts;
+        let c = o.c as *mut c_void;
+        // SAFETY: descriptors belong to this handle; pointers were validated
+        // by the caller's contract (device memory of the described shapes);
+        // alpha/beta are host f32 (default pointer mode) read during the call.
+        let s = unsafe {
+            lt::cublasLtMatmul(
+                handle,
+                self.desc,
+                (&alpha as *const f32).cast(),
+                o.a as *const c_void,
+                la,
+                o.b as *const c_void,
+                lb,
+                (&beta as *const f32).cast(),
+                c,
+                lc,
+                c,
+                lc,
+                algo,
+                o.workspace as *mut c_void,
+                o.workspace_bytes,
+                stream.0 as lt::cudaStream_t,
+            )
+        };
+        lt_check(s, "cublasLtMatmul")
     }
 
     /// The heuristic's first `count` algorithms for this matmul's

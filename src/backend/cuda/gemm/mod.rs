@@ -30,20 +30,22 @@ mod lt_matmul;
 mod params;
 #[cfg(test)]
 mod tests;
+mod tune;
 
 pub use params::*;
 
 use super::driver::{self, check};
+use super::graphs;
 use crate::backend::Stream;
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{sys, CudaContext};
 use once_cell::sync::OnceCell;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use lt_matmul::{lt_check, set_fp8_pointers, Fp8Key, LtMatmul, MatmulKey, Pref};
+use lt_matmul::{algo_id, lt_check, set_fp8_pointers, Fp8Key, LtMatmul, MatmulKey, Operands, Pref};
+use tune::{Trial, Tuning};
 
 /// Every cuBLASLt entry point this module calls, checked once up front.
 const LT_SYMBOLS: &[&str] = &[
@@ -206,13 +208,23 @@ impl Gemm {
         self.lock().matmuls.len()
     }
 
+    /// Where `p`'s cached matmul stands with timing its candidates (None:
+    /// not cached).
+    #[cfg(test)]
+    fn tuning(&self, p: &MatmulParams) -> Option<Tuning> {
+        let (key, _) = self.key(p);
+        self.lock().matmuls.get(&key).map(|m| m.tuning)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         crate::sync::lock(&self.inner)
     }
 
     /// Enqueues `p` on `stream` (a stream of this device). Legal during
     /// graph capture; the first call for a shape queries the heuristic
-    /// (host only), later calls reuse the cached matmul.
+    /// (host only), later calls reuse the cached matmul. A matmul with few
+    /// rows times the heuristic's candidates on its first call outside
+    /// capture (see `tune`; `SYMM_GEMM_TUNE=0` keeps the first choice).
     pub fn matmul(&self, p: &MatmulParams, stream: Stream) -> Result<()> {
         p.validate()?;
         if p.m == 0 || p.n == 0 {
@@ -222,54 +234,123 @@ impl Gemm {
         if p.k == 0 {
             return self.zero_output(p, stream);
         }
-        let (key, a_ptr, b_ptr, ws) = self.key(p);
-        let ws_bytes = key.workspace;
+        let (key, operands) = self.key(p);
         let mut inner = self.lock();
-        if !inner.matmuls.contains_key(&key) {
-            let matmul = LtMatmul::new(inner.handle, &key, p.fp8.as_ref())
-                .map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))?;
-            if inner.matmuls.len() >= MAX_MATMULS {
-                inner.matmuls.clear();
-            }
-            inner.matmuls.insert(key, matmul);
+        Self::cached(&mut inner, &key, p)?;
+        if tune::worth_it(p) && crate::config::gemm_tune() {
+            inner = self.tune(inner, &key, p, operands, stream)?;
         }
-        let matmul = &inner.matmuls[&key];
+        let Inner { handle, matmuls } = &mut *inner;
+        let matmul = Self::cached_in(*handle, matmuls, &key, p)?;
         if let Some(f) = &p.fp8 {
             set_fp8_pointers(matmul.desc, f)?;
         }
-        let alpha = p.alpha;
-        let beta: f32 = if p.accumulate { 1.0 } else { 0.0 };
-        let [la, lb, lc] = matmul.layouts;
-        let c = p.c as *mut c_void;
-        // SAFETY: descriptors belong to this handle; pointers were validated
-        // by the caller's contract (device memory of the described shapes);
-        // alpha/beta are host f32 (default pointer mode) read during the call.
-        let s = unsafe {
-            lt::cublasLtMatmul(
-                inner.handle,
-                matmul.desc,
-                (&alpha as *const f32).cast(),
-                a_ptr as *const c_void,
-                la,
-                b_ptr as *const c_void,
-                lb,
-                (&beta as *const f32).cast(),
-                c,
-                lc,
-                c,
-                lc,
-                &matmul.algo,
-                ws as *mut c_void,
-                ws_bytes,
-                stream.0 as lt::cudaStream_t,
-            )
-        };
-        lt_check(s, "cublasLtMatmul").map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))
+        matmul
+            .run(*handle, &matmul.algo, operands, p.alpha, p.accumulate, stream)
+            .map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))
     }
 
-    /// The matmul key of `p`, with the column-major A' and B' pointers and
-    /// the workspace's address.
-    fn key(&self, p: &MatmulParams) -> (MatmulKey, u64, u64, u64) {
+    /// The cached matmul of `key`, made (heuristic query) if missing.
+    fn cached<'a>(inner: &'a mut Inner, key: &MatmulKey, p: &MatmulParams) -> Result<&'a mut LtMatmul> {
+        let Inner { handle, matmuls } = inner;
+        Self::cached_in(*handle, matmuls, key, p)
+    }
+
+    fn cached_in<'a>(
+        handle: lt::cublasLtHandle_t,
+        matmuls: &'a mut HashMap<MatmulKey, LtMatmul>,
+        key: &MatmulKey,
+        p: &MatmulParams,
+    ) -> Result<&'a mut LtMatmul> {
+        if !matmuls.contains_key(key) {
+            let matmul = LtMatmul::new(handle, key, p.fp8.as_ref())
+                .map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))?;
+            if matmuls.len() >= MAX_MATMULS {
+                matmuls.clear();
+            }
+            matmuls.insert(*key, matmul);
+        }
+        Ok(matmuls.get_mut(key).expect("inserted above"))
+    }
+
+    /// Times the heuristic's candidates for `key` (`p`'s matmul) on
+    /// `stream` where that is still to do and the stream is not capturing,
+    /// and keeps the fastest. The lock is released while the GPU runs
+    /// them; a failure leaves the first choice (logged), never fails the
+    /// call.
+    fn tune<'a>(
+        &'a self,
+        mut inner: std::sync::MutexGuard<'a, Inner>,
+        key: &MatmulKey,
+        p: &MatmulParams,
+        operands: Operands,
+        stream: Stream,
+    ) -> Result<std::sync::MutexGuard<'a, Inner>> {
+        let tries = match inner.matmuls.get(key).map(|m| m.tuning) {
+            Some(Tuning::Pending(n)) => n,
+            _ => return Ok(inner),
+        };
+        if graphs::is_capturing(stream)? {
+            return Ok(inner);
+        }
+        let trial = {
+            let Inner { handle, matmuls } = &mut *inner;
+            let matmul = Self::cached_in(*handle, matmuls, key, p)?;
+            matmul.tuning = Tuning::Running;
+            let launched = (|| {
+                let candidates = matmul.heuristic(*handle, &Pref::new(key)?, tune::CANDIDATES)?;
+                if candidates.len() < 2 {
+                    return Ok(None);
+                }
+                if let Some(f) = &p.fp8 {
+                    set_fp8_pointers(matmul.desc, f)?;
+                }
+                let run = |algo: &lt::cublasLtMatmulAlgo_t| matmul.run(*handle, algo, operands, p.alpha, false, stream);
+                Trial::launch(candidates, stream, run).map(Some)
+            })();
+            match launched {
+                Ok(Some(trial)) => trial,
+                outcome => {
+                    if let Err(e) = outcome {
+                        log::warn!("timing cuBLASLt's candidates for m={} n={} k={}: {e}", p.m, p.n, p.k);
+                    }
+                    matmul.tuning = Tuning::Done;
+                    return Ok(inner);
+                }
+            }
+        };
+        drop(inner);
+        let fastest = trial.fastest();
+        let mut inner = self.lock();
+        // Another thread may have emptied the cache meanwhile: then the
+        // next call starts over.
+        let Some(matmul) = inner.matmuls.get_mut(key) else { return Ok(inner) };
+        matmul.tuning = match fastest {
+            Ok(Some((algo, ms, first_ms))) => {
+                log::info!(
+                    "cuBLASLt's candidates for m={} n={} k={} {:?}: algorithm id {} in {:.1}% of its first choice's time",
+                    p.m,
+                    p.n,
+                    p.k,
+                    p.dtype,
+                    algo_id(&algo),
+                    100.0 * ms / first_ms
+                );
+                matmul.algo = algo;
+                Tuning::Done
+            }
+            Ok(None) => Tuning::retry(tries),
+            Err(e) => {
+                log::warn!("timing cuBLASLt's candidates for m={} n={} k={}: {e}", p.m, p.n, p.k);
+                Tuning::Done
+            }
+        };
+        Ok(inner)
+    }
+
+    /// The matmul key of `p`, and its operands (the column-major A' and B'
+    /// pointers, C, the workspace).
+    fn key(&self, p: &MatmulParams) -> (MatmulKey, Operands) {
         let (shape, a_ptr, b_ptr) = ColMajor::from_row_major(p);
         let (ws, ws_bytes) = p.workspace.unwrap_or((self.workspace.ptr, self.workspace.bytes));
         let key = MatmulKey {
@@ -291,7 +372,7 @@ impl Gemm {
             ],
             workspace: ws_bytes,
         };
-        (key, a_ptr, b_ptr, ws)
+        (key, Operands { a: a_ptr, b: b_ptr, c: p.c, workspace: ws, workspace_bytes: ws_bytes })
     }
 
     /// k == 0: the product is empty, so C = beta * C: nothing to do when

@@ -483,6 +483,47 @@ fn gpu_matmul_in_graph_capture() {
     verify(&fresh, "captured, matmul made during capture");
 }
 
+/// A matmul with few rows and a large B times cuBLASLt's candidates on
+/// its first call outside capture, once, and writes the product (and not
+/// C's padding) whichever it keeps; one first seen during capture, or
+/// accumulated into, keeps the first choice untimed.
+#[test]
+fn gpu_decode_matmul_times_its_candidates_once() {
+    let Some(g) = gpu() else { return };
+    let gemm = Gemm::new(&g.ctx).unwrap();
+    // 16 rows against B of 4096 x n bf16, K-major (a Linear weight), C padded.
+    let decode = |n: usize| {
+        let mut p = MatmulParams::new(16, n, 4096, 0, 0, 0, GemmDtype::BF16);
+        (p.b_trans, p.ldb, p.ldc) = (true, 4096, n + 8);
+        p
+    };
+    let first = setup(&g, decode(2048), 0);
+    assert!(tune::worth_it(&first.p), "B of 16 MiB is timed");
+    gemm.matmul(&first.p, g.stream()).unwrap();
+    g.sync();
+    let timed = if crate::config::gemm_tune() { Tuning::Done } else { Tuning::Pending(0) };
+    assert_eq!(gemm.tuning(&first.p), Some(timed), "after the first call");
+    verify(&first, "first call (candidates timed into C, then the call)");
+    let second = setup(&g, decode(2048), 0);
+    gemm.matmul(&second.p, g.stream()).unwrap();
+    g.sync();
+    assert_eq!(gemm.tuning(&second.p), Some(timed));
+    verify(&second, "second call (the kept candidate)");
+
+    let captured = setup(&g, decode(2304), 0);
+    capture_and_replay(&g, 1, || gemm.matmul(&captured.p, g.stream()).unwrap());
+    assert_eq!(gemm.tuning(&captured.p), Some(Tuning::Pending(0)), "nothing timed during capture");
+    verify(&captured, "first seen during capture");
+
+    let mut p = decode(2560);
+    p.accumulate = true;
+    let accumulated = setup(&g, p, 0);
+    gemm.matmul(&accumulated.p, g.stream()).unwrap();
+    g.sync();
+    assert_eq!(gemm.tuning(&accumulated.p), Some(Tuning::Pending(0)), "an accumulated output is not timed");
+    verify(&accumulated, "accumulated into");
+}
+
 /// TFLOP/s of large bf16 matmuls, with and without an SM target (run
 /// with --ignored on a GPU machine).
 #[test]
@@ -522,7 +563,8 @@ fn missing_cublaslt_is_an_error_not_a_panic() {
 /// gives an error, never cudarc's panic.
 #[test]
 fn every_cublaslt_call_is_checked_up_front() {
-    let sources = [include_str!("mod.rs"), include_str!("lt_matmul.rs"), include_str!("params.rs")];
+    let sources =
+        [include_str!("mod.rs"), include_str!("lt_matmul.rs"), include_str!("params.rs"), include_str!("tune.rs")];
     let mut unchecked = Vec::new();
     for source in sources {
         for call in source.split("lt::cublasLt").skip(1) {

@@ -1,0 +1,197 @@
+//! Choosing among cuBLASLt's algorithms by timing them, for matmuls with
+//! few rows (a decode step's). Such a matmul is bound by reading B, and
+//! cuBLASLt's first choice may leave SMs without tiles: on an H200, for
+//! 16 or 64 rows against B of 8192 x 14336 (either way round), another of
+//! its candidates ran 5-8% faster.
+//!
+//! The candidates run once per shape, on the first call outside graph
+//! capture: on the call's own stream, with its own operands, workspace
+//! and output (which the call itself then overwrites, so nothing else is
+//! written). The host waits for them, at most [`WAIT`]; where they have
+//! not finished by then (the stream is behind other work), the first
+//! choice stays and a later call tries again, [`ATTEMPTS`] times in all.
+
+use super::params::MatmulParams;
+use crate::backend::cuda::driver::check;
+use crate::backend::Stream;
+use crate::error::Result;
+use cudarc::cublaslt::sys as lt;
+use cudarc::driver::sys;
+use std::time::{Duration, Instant};
+
+/// At most this many rows of A (the caller's m) ...
+pub(super) const MAX_ROWS: usize = 256;
+/// ... and at least this many bytes of B: a smaller matmul takes a few
+/// microseconds whatever its algorithm.
+pub(super) const MIN_B_BYTES: usize = 16 << 20;
+/// The heuristic's first candidates timed.
+pub(super) const CANDIDATES: usize = 8;
+/// Timed rounds over the candidates (each candidate once a round, in
+/// turn), after an untimed one.
+const ROUNDS: usize = 3;
+/// How long the host waits for the candidates' launches.
+const WAIT: Duration = Duration::from_millis(500);
+/// Tries before the first choice stays for good.
+const ATTEMPTS: u8 = 3;
+/// How often the host looks while it waits.
+const POLL: Duration = Duration::from_micros(50);
+
+/// Where a cached matmul stands with the timing of its candidates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tuning {
+    /// To try (the number of tries that found no answer in time).
+    Pending(u8),
+    /// A call is timing the candidates now.
+    Running,
+    /// Settled: the fastest candidate, or the first choice for good.
+    Done,
+}
+
+impl Tuning {
+    /// The state after a try that found no answer in time.
+    pub(super) fn retry(tries: u8) -> Tuning {
+        if tries + 1 >= ATTEMPTS {
+            Tuning::Done
+        } else {
+            Tuning::Pending(tries + 1)
+        }
+    }
+}
+
+/// Whether `p` is a matmul whose candidates are worth timing: few rows, a
+/// large B, one matrix, and an output the candidates may overwrite (not
+/// accumulated into).
+pub(super) fn worth_it(p: &MatmulParams) -> bool {
+    let b_bytes = p.k.saturating_mul(p.n).saturating_mul(p.operand_size() as usize);
+    p.m <= MAX_ROWS && p.batch == 1 && !p.accumulate && b_bytes >= MIN_B_BYTES
+}
+
+/// A CUDA event that records time, destroyed when dropped (at once, or,
+/// while its stream has not reached it yet, by the driver once it has).
+struct TimingEvent(sys::CUevent);
+
+impl TimingEvent {
+    fn new() -> Result<TimingEvent> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: a valid out pointer; the caller's context is current.
+        check(unsafe { sys::cuEventCreate(&mut e, 0) }, "cuEventCreate")?;
+        Ok(TimingEvent(e))
+    }
+
+    fn record(&self, stream: Stream) -> Result<()> {
+        // SAFETY: a live event and a stream of the same context.
+        check(unsafe { sys::cuEventRecord(self.0, stream.0 as sys::CUstream) }, "cuEventRecord")
+    }
+
+    fn done(&self) -> Result<bool> {
+        // SAFETY: a live event.
+        match unsafe { sys::cuEventQuery(self.0) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            rc => check(rc, "cuEventQuery").map(|()| true),
+        }
+    }
+
+    /// Milliseconds from `self` to `later`, both done.
+    fn ms_to(&self, later: &TimingEvent) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: two completed events of one context; a valid out pointer.
+        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, self.0, later.0) }, "cuEventElapsedTime")?;
+        Ok(ms)
+    }
+}
+
+impl Drop for TimingEvent {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate, destroyed once.
+        unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// The candidates' launches on one stream, an event before each and one
+/// after the last.
+pub(super) struct Trial {
+    candidates: Vec<lt::cublasLtMatmulAlgo_t>,
+    /// The candidate of each launch, in launch order.
+    order: Vec<usize>,
+    events: Vec<TimingEvent>,
+}
+
+impl Trial {
+    /// Enqueues `ROUNDS + 1` rounds of every candidate on `stream`, each
+    /// round starting one candidate later (the GPU's clock drifts as it
+    /// heats, which would favour whichever ran first); `run` launches one.
+    pub(super) fn launch(
+        candidates: Vec<lt::cublasLtMatmulAlgo_t>,
+        stream: Stream,
+        mut run: impl FnMut(&lt::cublasLtMatmulAlgo_t) -> Result<()>,
+    ) -> Result<Trial> {
+        let n = candidates.len();
+        let order: Vec<usize> = (0..=ROUNDS).flat_map(|r| (0..n).map(move |i| (i + r) % n)).collect();
+        let events = (0..=order.len()).map(|_| TimingEvent::new()).collect::<Result<Vec<_>>>()?;
+        for (&c, event) in order.iter().zip(&events) {
+            event.record(stream)?;
+            run(&candidates[c])?;
+        }
+        events[order.len()].record(stream)?;
+        Ok(Trial { candidates, order, events })
+    }
+
+    /// Waits for the launches, at most [`WAIT`]: the fastest candidate (its
+    /// algorithm, its and the first choice's ms over the timed rounds), or
+    /// None where they had not finished.
+    pub(super) fn fastest(&self) -> Result<Option<(lt::cublasLtMatmulAlgo_t, f32, f32)>> {
+        let deadline = Instant::now() + WAIT;
+        let last = &self.events[self.order.len()];
+        while !last.done()? {
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(POLL);
+        }
+        let mut total = vec![0f32; self.candidates.len()];
+        let untimed = self.candidates.len();
+        for (i, &c) in self.order.iter().enumerate().skip(untimed) {
+            total[c] += self.events[i].ms_to(&self.events[i + 1])?;
+        }
+        let best = (0..total.len()).min_by(|&a, &b| total[a].total_cmp(&total[b])).unwrap_or(0);
+        Ok(Some((self.candidates[best], total[best], total[0])))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::gemm::GemmDtype;
+
+    #[test]
+    fn only_decode_sized_matmuls_are_timed() {
+        // B of 8192 x 14336 bf16 (224 MiB) against 16, 64 and 256 rows.
+        let p = |m| MatmulParams::new(m, 14336, 8192, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        for m in [1, 16, 64, 256] {
+            assert!(worth_it(&p(m)), "{m} rows");
+        }
+        assert!(!worth_it(&p(257)), "more rows than MAX_ROWS: compute-bound, the heuristic's choice");
+        let mut q = p(64);
+        q.accumulate = true;
+        assert!(!worth_it(&q), "an accumulated output cannot take the candidates' writes");
+        q = p(64);
+        (q.batch, q.stride_a, q.stride_c) = (2, 64 * 8192, 64 * 14336);
+        assert!(!worth_it(&q), "batched");
+        // B just under and at the bound.
+        let small = MatmulParams::new(64, 1024, MIN_B_BYTES / 2048 - 1, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        assert!(!worth_it(&small));
+        let at = MatmulParams::new(64, 1024, MIN_B_BYTES / 2048, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        assert!(worth_it(&at));
+    }
+
+    #[test]
+    fn tries_end_after_the_attempts() {
+        let mut state = Tuning::Pending(0);
+        let mut tries = 0;
+        while let Tuning::Pending(n) = state {
+            state = Tuning::retry(n);
+            tries += 1;
+        }
+        assert_eq!((state, tries), (Tuning::Done, ATTEMPTS as usize));
+    }
+}
