@@ -26,9 +26,20 @@ pub(super) const MAX_ROWS: usize = 256;
 pub(super) const MIN_B_BYTES: usize = 16 << 20;
 /// The heuristic's first candidates timed.
 pub(super) const CANDIDATES: usize = 8;
-/// Timed rounds over the candidates (each candidate once a round, in
-/// turn), after an untimed one.
+/// Rounds over the candidates, each round starting one candidate later
+/// (the GPU's clock drifts as it heats, which would favour a place in
+/// the order).
 const ROUNDS: usize = 3;
+/// Launches of a candidate timed in a round, after one that is not: B
+/// is far larger than L2, but its last part stays there for the next
+/// launch, which would favour a candidate that reads B in another order
+/// than the one before it. Behind its own launch a candidate finds L2
+/// as in use: holding what it does not read first.
+const TIMED_LAUNCHES: usize = 2;
+/// Another candidate replaces the first choice only when this much faster
+/// (the median of its rounds): the heuristic's pick stands where the
+/// timing cannot tell them apart.
+const MIN_GAIN: f32 = 0.02;
 /// How long the host waits for the candidates' launches.
 const WAIT: Duration = Duration::from_millis(500);
 /// Tries before the first choice stays for good.
@@ -107,54 +118,73 @@ impl Drop for TimingEvent {
     }
 }
 
-/// The candidates' launches on one stream, an event before each and one
-/// after the last.
+/// The candidates' launches on one stream: per round and candidate, an
+/// untimed launch, then [`TIMED_LAUNCHES`] between two events.
 pub(super) struct Trial {
     candidates: Vec<lt::cublasLtMatmulAlgo_t>,
-    /// The candidate of each launch, in launch order.
-    order: Vec<usize>,
-    events: Vec<TimingEvent>,
+    /// The candidate of each timed group, with its start and end events.
+    groups: Vec<(usize, TimingEvent, TimingEvent)>,
 }
 
 impl Trial {
-    /// Enqueues `ROUNDS + 1` rounds of every candidate on `stream`, each
-    /// round starting one candidate later (the GPU's clock drifts as it
-    /// heats, which would favour whichever ran first); `run` launches one.
+    /// Enqueues every round's launches on `stream`; `run` launches one
+    /// candidate.
     pub(super) fn launch(
         candidates: Vec<lt::cublasLtMatmulAlgo_t>,
         stream: Stream,
         mut run: impl FnMut(&lt::cublasLtMatmulAlgo_t) -> Result<()>,
     ) -> Result<Trial> {
         let n = candidates.len();
-        let order: Vec<usize> = (0..=ROUNDS).flat_map(|r| (0..n).map(move |i| (i + r) % n)).collect();
-        let events = (0..=order.len()).map(|_| TimingEvent::new()).collect::<Result<Vec<_>>>()?;
-        for (&c, event) in order.iter().zip(&events) {
-            event.record(stream)?;
+        let mut groups = Vec::with_capacity(ROUNDS * n);
+        for c in (0..ROUNDS).flat_map(|r| (0..n).map(move |i| (i + r) % n)) {
+            let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
             run(&candidates[c])?;
+            start.record(stream)?;
+            for _ in 0..TIMED_LAUNCHES {
+                run(&candidates[c])?;
+            }
+            end.record(stream)?;
+            groups.push((c, start, end));
         }
-        events[order.len()].record(stream)?;
-        Ok(Trial { candidates, order, events })
+        Ok(Trial { candidates, groups })
     }
 
-    /// Waits for the launches, at most [`WAIT`]: the fastest candidate (its
-    /// algorithm, its and the first choice's ms over the timed rounds), or
-    /// None where they had not finished.
+    /// Waits for the launches, at most [`WAIT`]: the candidate to keep (its
+    /// algorithm, its and the first choice's median ms), or None where
+    /// they had not finished.
     pub(super) fn fastest(&self) -> Result<Option<(lt::cublasLtMatmulAlgo_t, f32, f32)>> {
         let deadline = Instant::now() + WAIT;
-        let last = &self.events[self.order.len()];
+        let Some((_, _, last)) = self.groups.last() else { return Ok(None) };
         while !last.done()? {
             if Instant::now() >= deadline {
                 return Ok(None);
             }
             std::thread::sleep(POLL);
         }
-        let mut total = vec![0f32; self.candidates.len()];
-        let untimed = self.candidates.len();
-        for (i, &c) in self.order.iter().enumerate().skip(untimed) {
-            total[c] += self.events[i].ms_to(&self.events[i + 1])?;
+        let mut samples = vec![Vec::new(); self.candidates.len()];
+        for (c, start, end) in &self.groups {
+            samples[*c].push(start.ms_to(end)? / TIMED_LAUNCHES as f32);
         }
-        let best = (0..total.len()).min_by(|&a, &b| total[a].total_cmp(&total[b])).unwrap_or(0);
-        Ok(Some((self.candidates[best], total[best], total[0])))
+        let medians: Vec<f32> = samples.iter_mut().map(|v| median(v)).collect();
+        let keep = choose(&medians);
+        Ok(Some((self.candidates[keep], medians[keep], medians[0])))
+    }
+}
+
+fn median(v: &mut [f32]) -> f32 {
+    v.sort_by(f32::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f32::INFINITY)
+}
+
+/// The index to keep of candidates whose times are `medians`, the first
+/// being the heuristic's choice: the fastest, where it gains at least
+/// [`MIN_GAIN`] on the first.
+fn choose(medians: &[f32]) -> usize {
+    let best = (0..medians.len()).min_by(|&a, &b| medians[a].total_cmp(&medians[b])).unwrap_or(0);
+    if medians[best] <= medians[0] * (1.0 - MIN_GAIN) {
+        best
+    } else {
+        0
     }
 }
 
@@ -182,6 +212,15 @@ mod tests {
         assert!(!worth_it(&small));
         let at = MatmulParams::new(64, 1024, MIN_B_BYTES / 2048, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
         assert!(worth_it(&at));
+    }
+
+    #[test]
+    fn another_candidate_must_gain_enough() {
+        assert_eq!(choose(&[1.0, 0.99, 1.2]), 0, "1% is within the timing's noise");
+        assert_eq!(choose(&[1.0, 1.1, 0.95]), 2);
+        assert_eq!(choose(&[0.9, 1.0, 0.95]), 0, "the first is the fastest");
+        assert_eq!(choose(&[1.0]), 0);
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
     }
 
     #[test]
