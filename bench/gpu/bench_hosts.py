@@ -31,8 +31,8 @@ as graphs). The barrier before each timed run goes through a torch NCCL
 communicator of its own, which no timed call uses, so every timed
 communicator starts its call equally idle. (Through torch's default
 communicator, --barrier default, the one `nccl` times would have just
-been used and is favoured: on the network transport its small calls ran
-1.1-1.3 x faster than on any other communicator. --barrier gloo: a gloo
+been used and is favoured: on the network transport its 64 KB calls ran
+1.1-1.4 x faster than the same calls on another torch communicator. --barrier gloo: a gloo
 group, whose looser alignment adds its skew to every time.)
 bf16. Ops (records' `op`, `shape` as DESIGN.md's format names them):
 - hosts_allgather [bytes per rank]: symm.lc_allgather; `nccl`

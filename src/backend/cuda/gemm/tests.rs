@@ -524,6 +524,61 @@ fn gpu_decode_matmul_times_its_candidates_once() {
     verify(&accumulated, "accumulated into");
 }
 
+/// An fp8 matmul of decode size (row-wise scales: the scale pointers are
+/// set for the candidates too) times its candidates and writes the
+/// scaled product, and not C's padding.
+#[test]
+fn gpu_decode_fp8_matmul_times_its_candidates() {
+    let Some(g) = gpu() else { return };
+    let gemm = Gemm::new(&g.ctx).unwrap();
+    let (m, n, k, ldc) = (16usize, 4096usize, 4096usize, 4096 + 8);
+    let a = fp8_bytes(m * k, 1, Fp8::E4M3);
+    let b = fp8_bytes(n * k, 2, Fp8::E4M3); // B^T row-major [n, k]
+    let sa: Vec<f32> = (0..m).map(|i| 0.25 + (i % 7) as f32 / 4.0).collect();
+    let sb: Vec<f32> = (0..n).map(|j| 1.5 - (j % 5) as f32 / 8.0).collect();
+    let poison = encode(GemmDtype::BF16, &vec![f32::NAN; m * ldc]);
+    let bufs = [g.upload(&a), g.upload(&b), g.upload(&poison)];
+    let (dsa, dsb) = (g.upload(&sa), g.upload(&sb));
+    let mut p = MatmulParams::new(m, n, k, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, GemmDtype::BF16);
+    (p.ldb, p.ldc, p.b_trans) = (k, ldc, true);
+    p.fp8 = Some(Fp8Params {
+        a_type: Fp8::E4M3,
+        b_type: Fp8::E4M3,
+        row_wise: true,
+        a_scale: dsa.ptr,
+        b_scale: dsb.ptr,
+        bias: 0,
+        fast_accum: false,
+    });
+    assert!(tune::worth_it(&p), "B of 16 MiB in fp8 is timed");
+    match gemm.matmul(&p, g.stream()) {
+        // cuBLASLt before 12.9 has no row-wise scales.
+        Err(e) if e.kind == ErrorKind::Unsupported => return,
+        r => r.unwrap(),
+    }
+    g.sync();
+    let timed = if crate::config::gemm_tune() { Tuning::Done } else { Tuning::Pending(0) };
+    assert_eq!(gemm.tuning(&p), Some(timed));
+    let got = decode(GemmDtype::BF16, &bufs[2].read_bytes());
+    for i in 0..m {
+        for j in 0..ldc {
+            let v = got[i * ldc + j];
+            if j >= n {
+                assert!(v.is_nan(), "padding C[{i},{j}] was written");
+                continue;
+            }
+            let terms = (0..k).map(|t| Fp8::E4M3.decode(a[i * k + t]) as f64 * Fp8::E4M3.decode(b[j * k + t]) as f64);
+            let (dot, magnitude) = terms.fold((0.0, 0.0), |(s, m), x| (s + x, m + x.abs()));
+            let scale = sa[i] as f64 * sb[j] as f64;
+            let want = dot * scale;
+            // As gpu_fp8_matmul_matches_host: bf16's rounding and the
+            // tensor cores' accumulation between promotions.
+            let bound = (want.abs() + 1.0) / 128.0 + magnitude * scale / 4096.0;
+            assert!((v as f64 - want).abs() <= bound, "C[{i},{j}] = {v} want {want}");
+        }
+    }
+}
+
 /// TFLOP/s of large bf16 matmuls, with and without an SM target (run
 /// with --ignored on a GPU machine).
 #[test]

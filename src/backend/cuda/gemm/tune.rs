@@ -41,7 +41,7 @@ const TIMED_LAUNCHES: usize = 2;
 /// timing cannot tell them apart.
 const MIN_GAIN: f32 = 0.02;
 /// How long the host waits for the candidates' launches.
-const WAIT: Duration = Duration::from_millis(500);
+const WAIT: Duration = Duration::from_millis(100);
 /// Tries before the first choice stays for good.
 const ATTEMPTS: u8 = 3;
 /// How often the host looks while it waits.
