@@ -44,8 +44,8 @@ use once_cell::sync::OnceCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use lt_matmul::{algo_id, lt_check, set_fp8_pointers, Fp8Key, LtMatmul, MatmulKey, Operands, Pref};
-use tune::{Trial, Tuning};
+use lt_matmul::{lt_check, set_fp8_pointers, Fp8Key, LtMatmul, MatmulKey, Operands, Pref};
+use tune::Tuning;
 
 /// Every cuBLASLt entry point this module calls, checked once up front.
 const LT_SYMBOLS: &[&str] = &[
@@ -236,7 +236,6 @@ impl Gemm {
         }
         let (key, operands) = self.key(p);
         let mut inner = self.lock();
-        Self::cached(&mut inner, &key, p)?;
         if tune::worth_it(p) && crate::config::gemm_tune() {
             inner = self.tune(inner, &key, p, operands, stream)?;
         }
@@ -251,11 +250,6 @@ impl Gemm {
     }
 
     /// The cached matmul of `key`, made (heuristic query) if missing.
-    fn cached<'a>(inner: &'a mut Inner, key: &MatmulKey, p: &MatmulParams) -> Result<&'a mut LtMatmul> {
-        let Inner { handle, matmuls } = inner;
-        Self::cached_in(*handle, matmuls, key, p)
-    }
-
     fn cached_in<'a>(
         handle: lt::cublasLtHandle_t,
         matmuls: &'a mut HashMap<MatmulKey, LtMatmul>,
@@ -286,39 +280,24 @@ impl Gemm {
         operands: Operands,
         stream: Stream,
     ) -> Result<std::sync::MutexGuard<'a, Inner>> {
-        let tries = match inner.matmuls.get(key).map(|m| m.tuning) {
-            Some(Tuning::Pending(n)) => n,
-            _ => return Ok(inner),
-        };
+        let Inner { handle, matmuls } = &mut *inner;
+        let matmul = Self::cached_in(*handle, matmuls, key, p)?;
+        let Tuning::Pending(tries) = matmul.tuning else { return Ok(inner) };
         if graphs::is_capturing(stream)? {
             return Ok(inner);
         }
-        let trial = {
-            let Inner { handle, matmuls } = &mut *inner;
-            let matmul = Self::cached_in(*handle, matmuls, key, p)?;
-            matmul.tuning = Tuning::Running;
-            let launched = (|| {
-                let candidates = matmul.heuristic(*handle, &Pref::new(key)?, tune::CANDIDATES)?;
-                if candidates.len() < 2 {
-                    return Ok(None);
+        let what = format!("cuBLASLt's candidates for m={} n={} k={} {:?}", p.m, p.n, p.k, p.dtype);
+        let trial = match tune::start(*handle, matmul, key, p, operands, stream) {
+            Ok(Some(trial)) => trial,
+            outcome => {
+                if let Err(e) = outcome {
+                    log::warn!("timing {what}: {e}");
                 }
-                if let Some(f) = &p.fp8 {
-                    set_fp8_pointers(matmul.desc, f)?;
-                }
-                let run = |algo: &lt::cublasLtMatmulAlgo_t| matmul.run(*handle, algo, operands, p.alpha, false, stream);
-                Trial::launch(candidates, stream, run).map(Some)
-            })();
-            match launched {
-                Ok(Some(trial)) => trial,
-                outcome => {
-                    if let Err(e) = outcome {
-                        log::warn!("timing cuBLASLt's candidates for m={} n={} k={}: {e}", p.m, p.n, p.k);
-                    }
-                    matmul.tuning = Tuning::Done;
-                    return Ok(inner);
-                }
+                matmul.tuning = Tuning::Done;
+                return Ok(inner);
             }
         };
+        matmul.tuning = Tuning::Running;
         drop(inner);
         let fastest = trial.fastest();
         let mut inner = self.lock();
@@ -326,22 +305,19 @@ impl Gemm {
         // next call starts over.
         let Some(matmul) = inner.matmuls.get_mut(key) else { return Ok(inner) };
         matmul.tuning = match fastest {
-            Ok(Some((algo, ms, first_ms))) => {
+            Ok(Some(kept)) => {
                 log::info!(
-                    "cuBLASLt's candidates for m={} n={} k={} {:?}: algorithm id {} in {:.1}% of its first choice's time",
-                    p.m,
-                    p.n,
-                    p.k,
-                    p.dtype,
-                    algo_id(&algo),
-                    100.0 * ms / first_ms
+                    "{what}: keeps candidate {} of {} ({:.1}% of the first choice's time)",
+                    kept.index + 1,
+                    kept.of,
+                    100.0 * kept.ms / kept.first_ms
                 );
-                matmul.algo = algo;
+                matmul.algo = kept.algo;
                 Tuning::Done
             }
             Ok(None) => Tuning::retry(tries),
             Err(e) => {
-                log::warn!("timing cuBLASLt's candidates for m={} n={} k={}: {e}", p.m, p.n, p.k);
+                log::warn!("timing {what}: {e}");
                 Tuning::Done
             }
         };

@@ -11,6 +11,7 @@
 //! not finished by then (the stream is behind other work), the first
 //! choice stays and a later call tries again, [`ATTEMPTS`] times in all.
 
+use super::lt_matmul::{set_fp8_pointers, LtMatmul, MatmulKey, Operands, Pref};
 use super::params::MatmulParams;
 use crate::backend::cuda::driver::check;
 use crate::backend::Stream;
@@ -75,6 +76,40 @@ impl Tuning {
 pub(super) fn worth_it(p: &MatmulParams) -> bool {
     let b_bytes = p.k.saturating_mul(p.n).saturating_mul(p.operand_size() as usize);
     p.m <= MAX_ROWS && p.batch == 1 && !p.accumulate && b_bytes >= MIN_B_BYTES
+}
+
+/// Launches the timing of `matmul`'s candidates (the heuristic's first
+/// [`CANDIDATES`] for `key`) with `p`'s operands on `stream`; None where
+/// the heuristic offers one alone.
+pub(super) fn start(
+    handle: lt::cublasLtHandle_t,
+    matmul: &LtMatmul,
+    key: &MatmulKey,
+    p: &MatmulParams,
+    operands: Operands,
+    stream: Stream,
+) -> Result<Option<Trial>> {
+    let candidates = matmul.heuristic(handle, &Pref::new(key)?, CANDIDATES)?;
+    if candidates.len() < 2 {
+        return Ok(None);
+    }
+    if let Some(f) = &p.fp8 {
+        set_fp8_pointers(matmul.desc, f)?;
+    }
+    // Into the call's own C, which the call itself overwrites next.
+    let run = |algo: &lt::cublasLtMatmulAlgo_t| matmul.run(handle, algo, operands, p.alpha, false, stream);
+    Trial::launch(candidates, stream, run).map(Some)
+}
+
+/// The candidate a trial keeps.
+pub(super) struct Kept {
+    pub(super) algo: lt::cublasLtMatmulAlgo_t,
+    /// Its place in the heuristic's order (0: the first choice), of `of`.
+    pub(super) index: usize,
+    pub(super) of: usize,
+    /// Its and the first choice's median ms.
+    pub(super) ms: f32,
+    pub(super) first_ms: f32,
 }
 
 /// A CUDA event that records time, destroyed when dropped (at once, or,
@@ -149,10 +184,9 @@ impl Trial {
         Ok(Trial { candidates, groups })
     }
 
-    /// Waits for the launches, at most [`WAIT`]: the candidate to keep (its
-    /// algorithm, its and the first choice's median ms), or None where
-    /// they had not finished.
-    pub(super) fn fastest(&self) -> Result<Option<(lt::cublasLtMatmulAlgo_t, f32, f32)>> {
+    /// Waits for the launches, at most [`WAIT`]: the candidate to keep, or
+    /// None where they had not finished.
+    pub(super) fn fastest(&self) -> Result<Option<Kept>> {
         let deadline = Instant::now() + WAIT;
         let Some((_, _, last)) = self.groups.last() else { return Ok(None) };
         while !last.done()? {
@@ -166,8 +200,14 @@ impl Trial {
             samples[*c].push(start.ms_to(end)? / TIMED_LAUNCHES as f32);
         }
         let medians: Vec<f32> = samples.iter_mut().map(|v| median(v)).collect();
-        let keep = choose(&medians);
-        Ok(Some((self.candidates[keep], medians[keep], medians[0])))
+        let index = choose(&medians);
+        Ok(Some(Kept {
+            algo: self.candidates[index],
+            index,
+            of: medians.len(),
+            ms: medians[index],
+            first_ms: medians[0],
+        }))
     }
 }
 
