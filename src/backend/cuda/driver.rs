@@ -228,6 +228,7 @@ mod tests {
             include_str!("compute.rs"),
             include_str!("device_bytes.rs"),
             include_str!("driver.rs"),
+            include_str!("event.rs"),
             include_str!("gemm/mod.rs"),
             include_str!("gemm/lt_matmul.rs"),
             include_str!("gemm/params.rs"),

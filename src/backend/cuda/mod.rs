@@ -8,6 +8,7 @@ mod async_error;
 mod compute;
 pub mod device_bytes;
 pub mod driver;
+mod event;
 pub mod gemm;
 // Test helpers, also used by the timing runs of `crate::bench_support`.
 #[allow(dead_code)]

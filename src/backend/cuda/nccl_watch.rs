@@ -17,13 +17,13 @@
 //! every later call. Work enqueued while the caller captures a CUDA graph
 //! is not watched: the graph's replays are the caller's to launch.
 
-use super::driver::{self, check};
+use super::driver;
+use super::event::Event;
 use super::graphs::is_capturing;
 use super::nccl::Communicator;
 use crate::backend::Stream;
 use crate::error::{err, Error, Result};
 use crate::sync::lock;
-use cudarc::driver::sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -34,43 +34,6 @@ use std::time::{Duration, Instant};
 const POLL: Duration = Duration::from_millis(5);
 /// Events kept for reuse (a call takes two).
 const SPARE_EVENTS: usize = 64;
-
-/// A CUDA event without timing, destroyed when dropped.
-struct Event(sys::CUevent);
-
-// SAFETY: a CUDA event may be recorded and queried from any thread.
-unsafe impl Send for Event {}
-
-impl Event {
-    fn new() -> Result<Event> {
-        let mut e = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: a valid out pointer; the caller's context is current.
-        check(unsafe { sys::cuEventCreate(&mut e, flags) }, "cuEventCreate")?;
-        Ok(Event(e))
-    }
-
-    fn record(&self, stream: Stream) -> Result<()> {
-        // SAFETY: a live event and a stream of the same context.
-        check(unsafe { sys::cuEventRecord(self.0, stream.0 as sys::CUstream) }, "cuEventRecord")
-    }
-
-    /// Whether the stream has passed the event.
-    fn done(&self) -> Result<bool> {
-        // SAFETY: a live event.
-        match unsafe { sys::cuEventQuery(self.0) } {
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            rc => check(rc, "cuEventQuery").map(|()| true),
-        }
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: created by cuEventCreate, destroyed once.
-        unsafe { sys::cuEventDestroy_v2(self.0) };
-    }
-}
 
 /// One call's work across hosts, from `start` to `end` on its stream.
 struct Watched {

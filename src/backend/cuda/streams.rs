@@ -3,11 +3,12 @@
 //! a captured graph refers to them.
 
 use super::driver::check;
+use super::event::Event;
 use crate::backend::Stream;
 use crate::error::{err, Result};
 use crate::sync::{self, lock};
 use cudarc::driver::sys;
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::sync::Mutex;
 
 /// Up to this many side streams (one per concurrent copy engine is plenty).
@@ -19,7 +20,7 @@ pub struct SideStreams {
     /// One event per stream that others wait on: a wait refers to the
     /// event's latest record at the time of the wait, so record-then-wait
     /// back to back needs no more.
-    events: Mutex<HashMap<usize, usize>>,
+    events: Mutex<HashMap<usize, Event>>,
 }
 
 impl SideStreams {
@@ -53,29 +54,18 @@ impl SideStreams {
             return Ok(());
         }
         let mut events = lock(&self.events);
-        let ev = match events.get(&on.0) {
-            Some(&e) => e,
-            None => {
-                let mut e = std::ptr::null_mut();
-                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-                // SAFETY: out-pointer valid; context current.
-                check(unsafe { sys::cuEventCreate(&mut e, flags) }, "cuEventCreate")?;
-                events.insert(on.0, e as usize);
-                e as usize
-            }
+        let ev = match events.entry(on.0) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => v.insert(Event::new()?),
         };
-        // SAFETY: both streams belong to the current context; the event too.
-        check(unsafe { sys::cuEventRecord(ev as sys::CUevent, on.0 as sys::CUstream) }, "cuEventRecord")?;
-        check(unsafe { sys::cuStreamWaitEvent(waiter.0 as sys::CUstream, ev as sys::CUevent, 0) }, "cuStreamWaitEvent")
+        ev.record(on)?;
+        ev.make_wait(waiter)
     }
 }
 
 impl Drop for SideStreams {
     fn drop(&mut self) {
-        for &e in sync::get_mut(&mut self.events).values() {
-            // SAFETY: created in wait().
-            unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) };
-        }
+        sync::get_mut(&mut self.events).clear();
         for &s in sync::get_mut(&mut self.streams).iter() {
             // SAFETY: created in stream().
             unsafe { sys::cuStreamDestroy_v2(s as sys::CUstream) };

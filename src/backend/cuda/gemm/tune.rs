@@ -13,11 +13,10 @@
 
 use super::lt_matmul::{set_fp8_pointers, LtMatmul, MatmulKey, Operands, Pref};
 use super::params::MatmulParams;
-use crate::backend::cuda::driver::check;
+use crate::backend::cuda::event::Event;
 use crate::backend::Stream;
 use crate::error::Result;
 use cudarc::cublaslt::sys as lt;
-use cudarc::driver::sys;
 use std::time::{Duration, Instant};
 
 /// At most this many rows of A (the caller's m) ...
@@ -112,53 +111,12 @@ pub(super) struct Kept {
     pub(super) first_ms: f32,
 }
 
-/// A CUDA event that records time, destroyed when dropped (at once, or,
-/// while its stream has not reached it yet, by the driver once it has).
-struct TimingEvent(sys::CUevent);
-
-impl TimingEvent {
-    fn new() -> Result<TimingEvent> {
-        let mut e = std::ptr::null_mut();
-        // SAFETY: a valid out pointer; the caller's context is current.
-        check(unsafe { sys::cuEventCreate(&mut e, 0) }, "cuEventCreate")?;
-        Ok(TimingEvent(e))
-    }
-
-    fn record(&self, stream: Stream) -> Result<()> {
-        // SAFETY: a live event and a stream of the same context.
-        check(unsafe { sys::cuEventRecord(self.0, stream.0 as sys::CUstream) }, "cuEventRecord")
-    }
-
-    fn done(&self) -> Result<bool> {
-        // SAFETY: a live event.
-        match unsafe { sys::cuEventQuery(self.0) } {
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            rc => check(rc, "cuEventQuery").map(|()| true),
-        }
-    }
-
-    /// Milliseconds from `self` to `later`, both done.
-    fn ms_to(&self, later: &TimingEvent) -> Result<f32> {
-        let mut ms = 0f32;
-        // SAFETY: two completed events of one context; a valid out pointer.
-        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, self.0, later.0) }, "cuEventElapsedTime")?;
-        Ok(ms)
-    }
-}
-
-impl Drop for TimingEvent {
-    fn drop(&mut self) {
-        // SAFETY: created by cuEventCreate, destroyed once.
-        unsafe { sys::cuEventDestroy_v2(self.0) };
-    }
-}
-
 /// The candidates' launches on one stream: per round and candidate, an
 /// untimed launch, then [`TIMED_LAUNCHES`] between two events.
 pub(super) struct Trial {
     candidates: Vec<lt::cublasLtMatmulAlgo_t>,
     /// The candidate of each timed group, with its start and end events.
-    groups: Vec<(usize, TimingEvent, TimingEvent)>,
+    groups: Vec<(usize, Event, Event)>,
 }
 
 impl Trial {
@@ -172,7 +130,7 @@ impl Trial {
         let n = candidates.len();
         let mut groups = Vec::with_capacity(ROUNDS * n);
         for c in (0..ROUNDS).flat_map(|r| (0..n).map(move |i| (i + r) % n)) {
-            let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
+            let (start, end) = (Event::timing()?, Event::timing()?);
             run(&candidates[c])?;
             start.record(stream)?;
             for _ in 0..TIMED_LAUNCHES {
