@@ -61,8 +61,10 @@ static int rank_main(symm_group_t g, int rank, int world) {
     /* Each round maps 2 x 16 KiB; a leak of either over 10,000 rounds is
      * thousands of mappings and hundreds of MiB, far beyond noise. The
      * slack of 16 mappings is for what appears lazily under load (a thread's
-     * stack and guard, a malloc arena: seen as +4 on a busy CI machine). */
-    if (fds_after != fds || maps_after > maps + 16 || rss_after > rss + 4096) {
+     * stack and guard, a malloc arena: seen as +4 on a busy CI machine); that
+     * of 4 fds for those open only for a moment when a count is taken (CI
+     * saw 12 -> 10: two that the first count caught open). */
+    if (fds_after > fds + 4 || maps_after > maps + 16 || rss_after > rss + 4096) {
         fprintf(stderr, "rank %d: fds %d -> %d, maps %d -> %d, rss %ld -> %ld KiB after %d rounds\n", rank, fds,
                 fds_after, maps, maps_after, rss, rss_after, rounds);
         return 1;
