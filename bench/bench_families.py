@@ -40,8 +40,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import families  # noqa: E402  (standard library only)
 from bench_ops import (  # noqa: E402  (checks the multicast environment first)
-    ALGOS, Bench, ag_mm_case, bench_lc_allgather, graphed, linear_weight, mm_rs_case, rel_err, symm_algorithms,
-    time_matmul_op, torch_fused_checked,
+    ALGOS, BARRIERS, Bench, ag_mm_case, bench_lc_allgather, graphed, linear_weight, mm_rs_case, rel_err,
+    symm_algorithms, time_matmul_op, torch_fused_checked,
 )
 
 import symm  # noqa: E402
@@ -215,6 +215,7 @@ def main():
     p.add_argument("--mm-rs-out", choices=("symmetric", "ordinary"), default="ordinary",
                    help="where symm's mm_rs output lies (ordinary: as a user's tensor)")
     p.add_argument("--forced", action="store_true", help="also time each of symm's algorithms forced")
+    p.add_argument("--barrier", choices=BARRIERS, default="default", help="what aligns the ranks before each timed run")
     args = p.parse_args()
     only = args.only.split(",")
     unknown = set(only) - set(families.FAMILIES)

@@ -22,7 +22,9 @@ replayed, which leaves the host's issue time out, as in an inference
 engine that captures its decode step.
 
 Writes DIR/records.jsonl (one JSON record per line, DESIGN.md's fields) and
-prints a table of ratios to the floor.
+prints a table of ratios to the floor. Each timed run starts after a
+synchronize and a barrier on torch's default communicator (--barrier
+separate: on one that no timed call uses; see BARRIERS).
 """
 import argparse
 import faulthandler
@@ -50,6 +52,11 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float8_e4m3fn
 ROUND_ITERS = 5
 # Calls captured per CUDA graph in the graph-replayed rows.
 GRAPH_REPS = 10
+# What aligns the ranks before each timed run (--barrier): torch's default
+# NCCL communicator, which NCCL's own rows then use just after it; a torch
+# NCCL communicator that no timed call uses; or gloo (looser: its skew adds
+# to every time).
+BARRIERS = ("default", "separate", "gloo")
 
 
 class Bench:
@@ -61,9 +68,10 @@ class Bench:
         self.stream = torch.cuda.current_stream()
         self.records = []
         self.group_name = dist.group.WORLD.group_name
-        # The group whose barrier aligns the ranks before each timed run
-        # (None: the default one, NCCL's).
-        self.barrier_group = None
+        # What aligns the ranks before each timed run (BARRIERS).
+        barrier = getattr(args, "barrier", "default")
+        self.barrier_group = None if barrier == "default" else dist.new_group(
+            list(range(self.world)), backend="gloo" if barrier == "gloo" else "nccl")
 
     def samples(self, fn, iters, calls_per_fn=1):
         """ms per call of `iters` runs of `fn`, each started with all ranks
@@ -513,6 +521,7 @@ def main():
     p.add_argument("--graph-max-m", type=int, default=2048,
                    help="also time shapes up to this M replayed from CUDA graphs (0: none)")
     p.add_argument("--only", default="ag_mm,mm_rs,lc_allgather,contention")
+    p.add_argument("--barrier", choices=BARRIERS, default="default", help="what aligns the ranks before each timed run")
     p.add_argument("--mm-rs-out", choices=("symmetric", "ordinary"), default="symmetric",
                    help="where symm's mm_rs output lies (symmetric: the fused kernel's peer writes into it)")
     args = p.parse_args()

@@ -83,8 +83,6 @@ OPS = ("allgather", "allreduce", "mm_rs", "ag_mm", "host_time")
 # Bytes per rank of the small calls whose host time `host_time` measures.
 HOST_TIME_BYTES = 64 << 10
 TRANSPORTS = ("network", "default")
-# What aligns the ranks before each timed run (--barrier).
-BARRIERS = ("separate", "default", "gloo")
 # NCCL kept to its network transport.
 NETWORK_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 # The bar: symm across hosts at most this x NCCL alone.
@@ -105,7 +103,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--symm-first", action="store_true",
                    help="make symm's groups (their NCCL communicators) before torch's process group")
-    p.add_argument("--barrier", choices=BARRIERS, default="separate",
+    p.add_argument("--barrier", choices=("separate", "default", "gloo"), default="separate",
                    help="what aligns the ranks before each timed run: a torch NCCL communicator that no timed "
                         "call uses (separate), torch's default one, which `nccl` times (default), or gloo")
     p.add_argument("--only", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
@@ -527,8 +525,6 @@ def main(argv=None):
         across, one_host = symm_groups()
     args.graph_max_m = 0
     b = Bench(args)
-    if args.barrier != "default":
-        b.barrier_group = dist.new_group(list(range(world)), backend="nccl" if args.barrier == "separate" else "gloo")
     torch.manual_seed(2468 + rank)
     assert spans_hosts(across), f"rank {rank}: the group with SYMM_HOST_ID={mine} is on one host"
     assert not spans_hosts(one_host), f"rank {rank}: the group without SYMM_HOST_ID spans hosts"
