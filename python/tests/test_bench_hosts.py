@@ -37,9 +37,14 @@ def test_arguments():
     args = bench_hosts.parse_args(["--out", "d"])
     assert (args.transport, args.hosts, args.quick, args.iters, args.only) == (
         "network", None, False, 20, "allgather,allreduce,mm_rs,ag_mm,host_time")
+    # The ranks align on a communicator that no timed call uses, so torch's
+    # default one (the `nccl` rows') is not the only one just used.
+    assert args.barrier == "separate"
+    assert bench_hosts.parse_args(["--out", "d", "--barrier", "default"]).barrier == "default"
     args = bench_hosts.parse_args(["--out", "d", "--quick", "--transport", "default", "--hosts", "2", "--only", "ag_mm"])
     assert (args.transport, args.hosts, args.iters, args.only) == ("default", 2, 10, "ag_mm")
-    for bad in (["--out", "d", "--only", "allgather,gemm"], ["--out", "d", "--transport", "ib"], []):
+    for bad in (["--out", "d", "--only", "allgather,gemm"], ["--out", "d", "--transport", "ib"],
+                ["--out", "d", "--barrier", "mpi"], []):
         with pytest.raises(SystemExit):
             bench_hosts.parse_args(bad)
 
