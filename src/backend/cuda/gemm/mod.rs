@@ -236,16 +236,32 @@ impl Gemm {
         }
         let (key, operands) = self.key(p);
         let mut inner = self.lock();
-        if tune::worth_it(p) && crate::config::gemm_tune() {
-            inner = self.tune(inner, &key, p, operands, stream)?;
-        }
         let Inner { handle, matmuls } = &mut *inner;
         let matmul = Self::cached_in(*handle, matmuls, &key, p)?;
+        if let Tuning::Pending(tries) = matmul.tuning {
+            if tune::worth_it(p) && crate::config::gemm_tune() {
+                // The cache may change while the lock is released: look again.
+                let mut inner = self.tune(inner, tries, &key, p, operands, stream)?;
+                let Inner { handle, matmuls } = &mut *inner;
+                return Self::launch(*handle, Self::cached_in(*handle, matmuls, &key, p)?, p, operands, stream);
+            }
+        }
+        Self::launch(*handle, matmul, p, operands, stream)
+    }
+
+    /// Enqueues the cached `matmul` of `p` with its algorithm.
+    fn launch(
+        handle: lt::cublasLtHandle_t,
+        matmul: &LtMatmul,
+        p: &MatmulParams,
+        operands: Operands,
+        stream: Stream,
+    ) -> Result<()> {
         if let Some(f) = &p.fp8 {
             set_fp8_pointers(matmul.desc, f)?;
         }
         matmul
-            .run(*handle, &matmul.algo, operands, p.alpha, p.accumulate, stream)
+            .run(handle, &matmul.algo, operands, p.alpha, p.accumulate, stream)
             .map_err(|e| e.context(format!("matmul m={} n={} k={}", p.m, p.n, p.k)))
     }
 
@@ -267,14 +283,15 @@ impl Gemm {
         Ok(matmuls.get_mut(key).expect("inserted above"))
     }
 
-    /// Times the heuristic's candidates for `key` (`p`'s matmul) on
-    /// `stream` where that is still to do and the stream is not capturing,
-    /// and keeps the fastest. The lock is released while the GPU runs
-    /// them; a failure leaves the first choice (logged), never fails the
-    /// call.
+    /// Times the heuristic's candidates for `key` (`p`'s cached matmul,
+    /// `tries` times tried before) on `stream` unless the stream is
+    /// capturing, and keeps the fastest. The lock is released while the
+    /// GPU runs them; a failure leaves the first choice (logged), never
+    /// fails the call.
     fn tune<'a>(
         &'a self,
         mut inner: std::sync::MutexGuard<'a, Inner>,
+        tries: u8,
         key: &MatmulKey,
         p: &MatmulParams,
         operands: Operands,
@@ -282,7 +299,6 @@ impl Gemm {
     ) -> Result<std::sync::MutexGuard<'a, Inner>> {
         let Inner { handle, matmuls } = &mut *inner;
         let matmul = Self::cached_in(*handle, matmuls, key, p)?;
-        let Tuning::Pending(tries) = matmul.tuning else { return Ok(inner) };
         // (A stream that cannot say is taken as capturing: the call itself
         // reports what is wrong with it.)
         if graphs::is_capturing(stream).unwrap_or(true) {
