@@ -358,30 +358,6 @@ pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     out
 }
 
-/// The pipelined all-gather on the LL lines (`ag_mm` at small shards, not
-/// fp8): the gather, `lines_ms` alone, runs beside the matmul of this
-/// rank's shard on [`BESIDE_MATMUL_SHARE`] of the SMs, which that matmul
-/// loses meanwhile; each peer's shard is multiplied once it has landed.
-/// No barrier, no copy engine: where a shard's matmul outlasts the gather
-/// (M = 512 of compute-bound shapes), only the split costs.
-pub fn ag_mm_beside_lines(p: &Problem, lines_ms: f64, d: &DeviceModel) -> Estimate {
-    let (split, piece) = split_ms(p, d);
-    let compute = split + piece.min(lines_ms) * BESIDE_MATMUL_SHARE;
-    let exposed = (lines_ms - piece).max(0.0);
-    Estimate {
-        algorithm: Algorithm::Pipelined,
-        compute_ms: compute,
-        comm_ms: lines_ms,
-        exposed_ms: exposed,
-        total_ms: compute + exposed,
-        pieces: 1,
-    }
-}
-
-/// The share of the SMs a gather on the lines takes beside a matmul (the
-/// CUDA backend's grid for `AllGatherCall::beside_matmul`).
-pub const BESIDE_MATMUL_SHARE: f64 = 1.0 / 8.0;
-
 /// The pipelined estimate in `estimates` with `pieces` and what they gain.
 fn with_pieces(estimates: &mut [Estimate], (pieces, gain): (usize, Gain)) {
     if let Some(e) = estimates.iter_mut().find(|e| e.algorithm == Algorithm::Pipelined) {

@@ -649,11 +649,6 @@ pub struct AllGatherCall {
     pub timeout: Duration,
     /// As [`AllReduceCall::tag`].
     pub tag: CallTag,
-    /// The gather runs beside a matmul on another stream: the backend
-    /// keeps it to a few multiprocessors and leaves the rest to the
-    /// matmul (the same result, moved more slowly). Every rank passes the
-    /// same value.
-    pub beside_matmul: bool,
 }
 
 /// One device-side reduce-scatter: `output` (`n` contiguous elements of

@@ -30,10 +30,9 @@
 //! batch of equally strided ones, as gathering the sequence dimension of
 //! `[batch, seq, hidden]` makes it (one strided-batched matmul), else
 //! through scratch. For the last dimension the shards are laid side by side into
-//! one matrix and multiplied once over the whole K. At small shards
-//! (`Decision::lines`) the gather runs instead on the all-reduce's LL lines
-//! (one launch, no barrier): before the one matmul (sequential, at decode
-//! sizes), or beside this rank's shard's matmul (pipelined, not fp8).
+//! one matrix and multiplied once over the whole K. At decode sizes the
+//! sequential path gathers instead on the all-reduce's LL lines (one
+//! launch, no barrier; `Decision::lines`).
 
 use super::agree::Signature;
 use super::decide::{self, Decision, Facts, Op};
@@ -457,13 +456,9 @@ impl Prepared for AgMmPrepared {
         if self.decision.algorithm == Algorithm::Fused {
             return self.fused(ex);
         }
-        match (self.decision.lines, self.decision.algorithm) {
-            (true, Algorithm::Pipelined) => return self.beside_lines(ex),
-            (true, _) => {
-                self.gather_on_lines(ex)?;
-                return self.multiply_gathered(ex);
-            }
-            (false, _) => {}
+        if self.decision.lines {
+            self.gather_on_lines(ex)?;
+            return self.multiply_gathered(ex);
         }
         let a = &self.call.a_shard;
         let (dim, len, me, world) = (self.dim, a.shape[self.dim], ex.rank(), ex.world());
@@ -553,73 +548,31 @@ impl AgMmPrepared {
     /// into its place in this rank's workspace by one launch of the
     /// device-side all-gather over the group's all-reduce buffer, whose LL
     /// lines carry their own flags (no barrier, no copy engine: a few us
-    /// where the copies cost ~25), and row scales by a second.
+    /// where the copies cost ~25), and row scales by a second. A strided
+    /// shard (or scale vector) is first packed apart.
     fn gather_on_lines(&self, ex: &Exec<'_>) -> Result<()> {
-        let inputs = self.lines_inputs(ex)?;
-        self.gather_lines_from(ex, inputs, ex.stream, false)
-    }
-
-    /// Pipelined at small shards (`Decision::lines`, not fp8): the gather
-    /// on the lines runs on the side stream, kept to a few multiprocessors
-    /// (`AllGatherCall::beside_matmul`), while the main stream multiplies
-    /// this rank's shard, read where the caller has it (or packed); then
-    /// each peer's shard, once everything has landed.
-    fn beside_lines(&self, ex: &Exec<'_>) -> Result<()> {
         let a = &self.call.a_shard;
-        if self.mode.is_some() {
-            return Err(err!(
-                Internal,
-                "an fp8 gather beside the matmul (its own shard is read where the gather writes)"
-            ));
-        }
-        let inputs = self.lines_inputs(ex)?;
-        let own = match a.as_matrix() {
-            Some(_) => a.clone(),
-            None => Array::contiguous(inputs.0, a.dtype, &a.shape),
-        };
-        let side = ex.side()?;
-        ex.fork(side)?;
-        self.gather_lines_from(ex, inputs, side, true)?;
-        let (me, len) = (ex.rank(), a.shape[self.dim]);
-        self.multiply_shard(ex, &own, me, len)?;
-        ex.join(side)?;
-        let peers: Vec<usize> = (0..ex.world()).filter(|&r| r != me).collect();
-        self.multiply_staged(ex, &peers)?;
-        self.finish_staged(ex)
-    }
-
-    /// The shard's address as the lines read it, and its row scales' where
-    /// they travel: in place where contiguous, else packed apart first, on
-    /// the main stream.
-    fn lines_inputs(&self, ex: &Exec<'_>) -> Result<(u64, Option<u64>)> {
-        let packed = |t: &Array, at: Option<usize>, what: &str| match (t.is_contiguous(), at) {
-            (true, _) => Ok(t.addr),
+        let input = match (a.is_contiguous(), self.lines_input) {
+            (true, _) => a.addr,
             (false, Some(at)) => {
-                ex.copy(&Array::contiguous(ex.local(at), t.dtype, &t.shape), t)?;
-                Ok(ex.local(at))
+                ex.copy(&Array::contiguous(ex.local(at), a.dtype, &a.shape), a)?;
+                ex.local(at)
             }
-            (false, None) => Err(err!(Internal, "strided {what} on the lines have no packing region")),
+            (false, None) => return Err(err!(Internal, "a strided shard on the lines has no packing region")),
         };
-        let shard = packed(&self.call.a_shard, self.lines_input, "shard rows")?;
-        let scales = match (self.row_scales, &self.call.scales.a_scale) {
-            (Some(_), Some(s)) => Some(packed(s, self.lines_scales_input, "row scales")?),
-            _ => None,
-        };
-        Ok((shard, scales))
-    }
-
-    /// Every rank's shard, then (a second launch, back to back: `Shape::lines`
-    /// holds them unpadded) its row scales, from `inputs` into their
-    /// places in this rank's workspace, on `stream`.
-    fn gather_lines_from(&self, ex: &Exec<'_>, inputs: (u64, Option<u64>), stream: Stream, beside: bool) -> Result<()> {
-        let (shard, scales) = inputs;
-        ex.all_gather_lines_on(stream, beside, shard, ex.local(self.shards), self.shard_bytes)?;
-        match (self.row_scales, scales) {
-            (Some(slots), Some(input)) => {
-                ex.all_gather_lines_on(stream, beside, input, ex.local(slots), 4 * self.shard_rows())
+        ex.all_gather_lines(input, ex.local(self.shards), self.shard_bytes)?;
+        // Row scales: a second gather into their slots, back to back
+        // (`Shape::lines` holds them unpadded).
+        let (Some(slots), Some(a_scale)) = (self.row_scales, &self.call.scales.a_scale) else { return Ok(()) };
+        let input = match (a_scale.is_contiguous(), self.lines_scales_input) {
+            (true, _) => a_scale.addr,
+            (false, Some(at)) => {
+                ex.copy(&Array::contiguous(ex.local(at), DType::F32, &a_scale.shape), a_scale)?;
+                ex.local(at)
             }
-            _ => Ok(()),
-        }
+            (false, None) => return Err(err!(Internal, "strided row scales on the lines have no packing region")),
+        };
+        ex.all_gather_lines(input, ex.local(slots), 4 * self.shard_rows())
     }
 
     /// Once every rank's shard (and row scales) lies in this rank's

@@ -49,8 +49,7 @@ pub struct Shape {
     /// Bytes per element of the product: for `MmRs`, of the partials the
     /// ranks exchange (an fp8 matmul's are bf16, f16 or f32).
     pub out_bytes: usize,
-    /// Whether the sequential path (and `AgMm`'s pipelined one, not in
-    /// fp8) may move its data on the LL lines:
+    /// Whether the sequential path may move its data on the LL lines:
     /// `AgMm`, a gather along a dimension before the last (with row-wise
     /// scales, rows a multiple of 4: their slots unpadded); `MmRs`, chunks
     /// of whole 8-byte lines.
@@ -133,9 +132,7 @@ pub struct Decision {
     /// device-side all-gather or reduce-scatter, no barrier; the
     /// reduce-scatter by pieces where [`reduce_scatter_kernel`] says)
     /// instead of the copy engines (`AgMm`) or reads of the peers' chunks
-    /// between two barriers (`MmRs`). Pipelined `AgMm` (not fp8): the
-    /// gather on the lines runs beside this rank's shard's matmul
-    /// ([`cost::ag_mm_beside_lines`]).
+    /// between two barriers (`MmRs`).
     pub lines: bool,
     /// Pipelined `AgMm`: the pieces each peer's shard is pulled and
     /// multiplied in; pipelined `MmRs`: the pieces the peer's chunk is
@@ -215,32 +212,16 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         .filter(|&l| {
             shape.op == Op::AgMm || estimates.iter().any(|e| e.algorithm == Algorithm::Sequential && l < e.comm_ms)
         });
-    // The pipelined all-gather takes the lines too (beside this rank's
-    // shard's matmul), except in fp8, whose own shard is read staged, with
-    // its row scales, where the gather writes.
-    let pipelined_lines = lines.is_some() && shape.op == Op::AgMm && shape.dtype.fp8().is_none();
     if let Some(gather) = lines {
-        for e in estimates.iter_mut() {
-            match e.algorithm {
-                Algorithm::Sequential => {
-                    (e.comm_ms, e.exposed_ms, e.total_ms) = (gather, gather, e.compute_ms + gather)
-                }
-                Algorithm::Pipelined if pipelined_lines => {
-                    *e = cost::ag_mm_beside_lines(&problem, gather, &DeviceModel::HOPPER)
-                }
-                _ => {}
-            }
+        for e in estimates.iter_mut().filter(|e| e.algorithm == Algorithm::Sequential) {
+            (e.comm_ms, e.exposed_ms, e.total_ms) = (gather, gather, e.compute_ms + gather);
         }
     }
     let decided = |algorithm: Algorithm, why: Why, estimate: Estimate| Decision {
         algorithm,
         why,
         estimate,
-        lines: match algorithm {
-            Algorithm::Sequential => lines.is_some(),
-            Algorithm::Pipelined => pipelined_lines,
-            Algorithm::Fused => false,
-        },
+        lines: lines.is_some() && algorithm == Algorithm::Sequential,
         pieces: if algorithm == Algorithm::Pipelined { estimate.pieces } else { 1 },
     };
     let forced = match (requested, facts.setting) {
@@ -551,14 +532,10 @@ mod tests {
                 assert_eq!(d.estimate.total_ms, d.estimate.compute_ms + lines);
                 assert!(d.describe(&shape(Op::AgMm, m, 8192, 14336)).contains("sequential on the LL lines"));
             }
-            // Forced sequential takes the lines too, and so does forced
-            // pipelined (beside the own shard's matmul), except in fp8.
+            // Forced sequential takes the lines too; pipelined never does.
             let s = shape(Op::AgMm, 64, 8192, 14336);
             assert!(decide(&f, &s, true, Some(Algorithm::Sequential)).unwrap().lines);
-            assert!(decide(&f, &s, true, Some(Algorithm::Pipelined)).unwrap().lines);
-            let fp8 = Shape { dtype: DType::F8E4M3, ..s };
-            assert!(decide(&f, &fp8, true, Some(Algorithm::Sequential)).unwrap().lines);
-            assert!(!decide(&f, &fp8, true, Some(Algorithm::Pipelined)).unwrap().lines);
+            assert!(!decide(&f, &s, true, Some(Algorithm::Pipelined)).unwrap().lines);
             let shared = Facts { own_devices: false, ..f };
             let no_lines = Shape { lines: false, ..s };
             for (facts, s) in [(shared, s), (f, no_lines)] {
@@ -567,31 +544,6 @@ mod tests {
             // A large shard (64 MiB): the copy engines, pipelined.
             let d = decide(&f, &shape(Op::AgMm, 4096 * world, 8192, 8192), true, None).unwrap();
             assert_eq!((d.algorithm, d.lines), (Algorithm::Pipelined, false), "world {world}");
-        }
-    }
-
-    /// At M = 512 of compute-bound shapes a shard's matmul outlasts the
-    /// gather on the lines: pipelined, the gather beside the own shard's
-    /// matmul, estimated so; at decode sizes the split would read B twice.
-    #[test]
-    fn m512_gathers_on_the_lines_beside_the_own_matmul() {
-        let f = hopper(2, None);
-        for (k, n) in [(4096, 7168), (8192, 4096), (4096, 14336)] {
-            let s = shape(Op::AgMm, 512, k, n);
-            let d = decide(&f, &s, true, None).unwrap();
-            assert_eq!((d.algorithm, d.lines, d.pieces), (Algorithm::Pipelined, true, 1), "512x{k}x{n}");
-            let (_, lines) = cost::lc_allgather(256 * k * 2, 2, &GatherModel::HOPPER, &DeviceModel::HOPPER);
-            let p = Problem { m: 512, k, n, world: 2, elem_bytes: 2, out_bytes: 2, fused: true, split_len: 512 / 2 };
-            assert_eq!(d.estimate, cost::ag_mm_beside_lines(&p, lines, &DeviceModel::HOPPER));
-            assert!(d.describe(&s).contains("pipelined on the LL lines"), "{}", d.describe(&s));
-            let sequential = decide(&f, &s, true, Some(Algorithm::Sequential)).unwrap();
-            assert!(d.estimate.total_ms < sequential.estimate.total_ms);
-        }
-        for m in [16, 64, 256] {
-            assert_eq!(
-                decide(&f, &shape(Op::AgMm, m, 4096, 7168), true, None).unwrap().algorithm,
-                Algorithm::Sequential
-            );
         }
     }
 

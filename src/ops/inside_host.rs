@@ -120,7 +120,6 @@ impl<'a> Inside<'a> {
             scratch_bytes: l.buffer.buffer().size(),
             timeout: group.timeout(),
             tag: self.tag,
-            beside_matmul: false,
         };
         group.backend().all_gather(&call, stream)
     }

@@ -298,19 +298,6 @@ impl Exec<'_> {
     /// all-gather (`Backend::all_gather`) through the all-reduce buffer the
     /// call asked for (`Prepared::all_reduce_bytes`).
     fn all_gather_lines(&self, input: u64, output: u64, bytes: usize) -> Result<()> {
-        self.all_gather_lines_on(self.stream, false, input, output, bytes)
-    }
-
-    /// As [`Self::all_gather_lines`], on `stream`; `beside_matmul` as
-    /// [`AllGatherCall::beside_matmul`] (equal on every rank).
-    fn all_gather_lines_on(
-        &self,
-        stream: Stream,
-        beside_matmul: bool,
-        input: u64,
-        output: u64,
-        bytes: usize,
-    ) -> Result<()> {
         let reduce = self.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
         let call = AllGatherCall {
             rank: self.rank(),
@@ -322,9 +309,8 @@ impl Exec<'_> {
             scratch_bytes: reduce.buffer().size(),
             timeout: self.group.timeout(),
             tag: self.tag,
-            beside_matmul,
         };
-        self.group.backend().all_gather(&call, stream)
+        self.group.backend().all_gather(&call, self.stream)
     }
 
     /// One device-side reduce-scatter through the all-reduce buffer (no

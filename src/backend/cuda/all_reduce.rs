@@ -215,21 +215,6 @@ fn gather_grid(bytes: usize, sm_count: u32) -> u32 {
     bytes.div_ceil(8).div_ceil(AR_THREADS as usize).clamp(1, sm_count.max(1) as usize) as u32
 }
 
-/// Blocks of the all-gather `call`: [`gather_grid`]'s, beside a matmul at
-/// most an eighth of the SMs (at least 1). The kernel strides over the
-/// lines, so any grid moves them all; the matmul keeps the rest.
-fn gather_blocks(call: &AllGatherCall, sm_count: u32) -> u32 {
-    let all = gather_grid(call.bytes, sm_count);
-    if call.beside_matmul {
-        all.min((sm_count / BESIDE_MATMUL_SHARE).max(1))
-    } else {
-        all
-    }
-}
-
-/// The share of the SMs a gather beside a matmul may take: 1 in this many.
-const BESIDE_MATMUL_SHARE: u32 = 8;
-
 /// Enqueues the all-gather `call` on `stream`; `err_ptr` is the device's
 /// error record. Nothing to move (0 bytes): no launch, on every rank alike.
 pub fn all_gather(kernels: &Kernels, call: &AllGatherCall, err_ptr: u64, stream: Stream) -> Result<()> {
@@ -237,7 +222,7 @@ pub fn all_gather(kernels: &Kernels, call: &AllGatherCall, err_ptr: u64, stream:
         return Ok(());
     }
     let mut p = gather_params(call, err_ptr)?;
-    let blocks = gather_blocks(call, kernels.sm_count);
+    let blocks = gather_grid(call.bytes, kernels.sm_count);
     let mut params: [*mut c_void; 1] = [arg(&mut p)];
     // SAFETY: one parameter, `struct symm_ar_params` by value (ArParams
     // mirrors it); the addresses are the caller's contiguous arrays and the
@@ -498,7 +483,6 @@ mod tests {
             scratch_bytes: AllReduceLayout::bytes_for(1001, 2),
             timeout: Duration::from_secs(1),
             tag: CallTag::of(b"test"),
-            beside_matmul: false,
         };
         let p = gather_params(&gather, 0).unwrap();
         assert_eq!((p.n, p.input, p.output, p.rank, p.world), (1001, 0x1001, 0x2003, 1, 2));
@@ -513,13 +497,6 @@ mod tests {
         assert_eq!(pieces_grid(128 << 10, 132), 32);
         assert_eq!((pieces_grid(2 << 20, 132), pieces_grid(64 << 20, 132), pieces_grid(8, 132)), (128, 128, 1));
         assert_eq!((gather_grid(1, 132), gather_grid(64 << 20, 132)), (1, 132));
-        // Beside a matmul: at most an eighth of the SMs.
-        assert_eq!(
-            (gather_blocks(&gather, 132), gather_blocks(&AllGatherCall { bytes: 4 << 20, ..gather.clone() }, 132)),
-            (1, 132)
-        );
-        let beside = AllGatherCall { bytes: 4 << 20, beside_matmul: true, ..gather.clone() };
-        assert_eq!((gather_blocks(&beside, 132), gather_blocks(&beside, 8)), (16, 1));
         // The reduce-scatter: chunks of whole lines, p.chunk_bytes their stride.
         let scatter = ReduceScatterCall {
             algorithm: AllReduceAlgorithm::OneShot,
@@ -618,28 +595,24 @@ mod tests {
                         assert_eq!(read(r, n), want, "{dtype} {n} {algorithm:?} rank {r}");
                     }
                 }
-                // Alone, and kept to a few blocks as beside a matmul.
-                for beside_matmul in [false, true] {
-                    poison();
-                    run_both(&|r| {
-                        let c = AllGatherCall {
-                            rank: r,
-                            world,
-                            bytes: n * size,
-                            input: ins[r].ptr,
-                            output: outs[r].ptr,
-                            scratch: scratch.clone(),
-                            scratch_bytes,
-                            timeout,
-                            tag: CallTag::of(format!("{dtype} {n} {beside_matmul} all-gather").as_bytes()),
-                            beside_matmul,
-                        };
-                        all_gather(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
-                    });
-                    let want: Vec<f32> = (0..world).flat_map(|q| inputs[q][..n].to_vec()).collect();
-                    for r in 0..world {
-                        assert_eq!(read(r, n * world), want, "{dtype} {n} all-gather rank {r} ({beside_matmul})");
-                    }
+                poison();
+                run_both(&|r| {
+                    let c = AllGatherCall {
+                        rank: r,
+                        world,
+                        bytes: n * size,
+                        input: ins[r].ptr,
+                        output: outs[r].ptr,
+                        scratch: scratch.clone(),
+                        scratch_bytes,
+                        timeout,
+                        tag: CallTag::of(format!("{dtype} {n} all-gather").as_bytes()),
+                    };
+                    all_gather(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
+                });
+                let want: Vec<f32> = (0..world).flat_map(|q| inputs[q][..n].to_vec()).collect();
+                for r in 0..world {
+                    assert_eq!(read(r, n * world), want, "{dtype} {n} all-gather rank {r}");
                 }
                 for algorithm in [AllReduceAlgorithm::OneShot, AllReduceAlgorithm::TwoShot] {
                     poison();
@@ -697,7 +670,6 @@ mod tests {
                         scratch_bytes,
                         timeout,
                         tag: c.tag,
-                        beside_matmul: false,
                     };
                     all_gather(&gpus[r].kernels, &g, errors.device_ptr(), gpus[r].stream()).unwrap();
                 } else {
