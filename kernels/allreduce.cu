@@ -11,6 +11,7 @@
 //   symm_ar_two_shot_<DT|IT>(symm_ar_params p)
 //   symm_add_rmsnorm_<DT>(symm_rmsnorm_params p)
 //   symm_ag_one_shot(symm_ar_params p)    the all-gather, see below
+//   symm_ag_two_shot(symm_ar_params p)    the same by pieces, see below
 //   symm_rs_one_shot_<DT>(symm_ar_params p)  the reduce-scatter, see below
 //   symm_rs_two_shot_<DT>(symm_ar_params p)  the same by pieces, see below
 //
@@ -67,6 +68,10 @@
 // they arrive. Tails and unaligned ends take 2-byte accesses where n and
 // both addresses are even, else 1-byte ones. The call count and parity are
 // the all-reduce's, so gathers and all-reduces interleave freely.
+// symm_ag_two_shot moves the same bytes as the reduce-scatter by pieces
+// does (see below), placed instead of summed: plain stores, half the lines'
+// traffic, for a fence and a flag per piece; the host picks one of the two
+// by size.
 //
 // Reduce-scatter (symm_rs_one_shot_<DT>): the one-shot for one chunk per
 // rank. The input holds world chunks of p.n elements, p.chunk_bytes apart
@@ -1316,6 +1321,55 @@ static __device__ void symm_rs_two_shot_impl(const symm_ar_params& p) {
     symm_ar_end(p, seq);
 }
 
+// All-gather by pieces (symm_ag_two_shot): the reduce-scatter by pieces
+// with "place" for "sum". Each rank copies piece i of its input (p.n bytes)
+// into every peer's two-shot slot (parity, rank) and its own part of the
+// output, and sets flag(parity, rank, i) in the peers' buffers; then it waits
+// for every peer's flag of each piece and copies the piece from slot
+// (parity, peer) to output + peer * n.
+static __device__ void symm_ag_two_shot_impl(const symm_ar_params& p) {
+    const uint32_t seq = symm_ar_begin(p);
+    const int parity = seq & 1u;
+    symm_ar_announce(p, seq);
+    const int W = p.world, me = p.rank;
+    const uint64_t bytes = p.n;
+    const uint64_t P = symm_rs_piece_bytes(bytes);
+    const uint64_t pieces = (bytes + P - 1) / P;
+    auto len_of = [&](uint64_t i) { return bytes - i * P < P ? bytes - i * P : P; };
+    for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
+        for (int k = 1; k < W; ++k) {
+            symm_ar_block_copy(symm_ar_two_slot(p, (me + k) % W, parity, me) + i * P, p.input + i * P, len_of(i),
+                               false);
+        }
+        symm_ar_block_copy(p.output + me * bytes + i * P, p.input + i * P, len_of(i), false);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
+            for (int k = 1; k < W; ++k) {
+                symm_st_release_sys((uint32_t*)symm_ar_flag(p, (me + k) % W, parity, me, i), seq);
+            }
+        }
+    }
+    // As in symm_rs_two_shot_impl: a block whose peers are in another call
+    // skips its data phase.
+    if (symm_ar_peers_agree(p, seq)) {
+        for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
+            if ((int)threadIdx.x < W && (int)threadIdx.x != me) {
+                symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, i), seq, p, threadIdx.x);
+            }
+            __syncthreads();
+            for (int k = 1; k < W; ++k) {
+                const int src = (me + W - k) % W;
+                symm_ar_block_copy(p.output + src * bytes + i * P, symm_ar_two_slot(p, me, parity, src) + i * P,
+                                   len_of(i), true);
+            }
+        }
+    }
+    symm_ar_end(p, seq);
+}
+
 #define SYMM_AR_ENTRY(SUFFIX, T)                                                                       \
     extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ar_one_shot_##SUFFIX(          \
         const symm_ar_params p) {                                                                      \
@@ -1338,6 +1392,10 @@ static __device__ void symm_rs_two_shot_impl(const symm_ar_params& p) {
         const symm_ar_params p) {                                                                      \
         symm_rs_two_shot_impl<T>(p);                                                                   \
     }
+
+extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ag_two_shot(const symm_ar_params p) {
+    symm_ag_two_shot_impl(p);
+}
 
 extern "C" __global__ void __launch_bounds__(SYMM_AR_THREADS, 1) symm_ag_one_shot(const symm_ar_params p) {
     if (((p.input | p.output | p.n) & 1u) == 0) {

@@ -177,6 +177,13 @@ pub fn reduce_scatter_pieces(bytes: usize, world: usize, m: &AllReduceModel) -> 
     fixed / 1e3 + b * peers / (m.scatter_pieces_gbps * 1e6)
 }
 
+/// The predicted time (ms) of the device-side all-gather by pieces of
+/// `bytes` per rank over `world` ranks: the reduce-scatter by pieces'
+/// stores, fence and flags, placed instead of summed.
+pub fn all_gather_pieces(bytes: usize, world: usize, m: &AllReduceModel) -> f64 {
+    reduce_scatter_pieces(bytes, world, m)
+}
+
 /// NCCL's collectives between the GPUs of one host (NVLink), which the
 /// level inside a host of the operations across hosts takes where the LL
 /// lines do not pay: a fixed cost, growing with the peers, then the

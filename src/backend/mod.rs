@@ -636,9 +636,12 @@ pub struct AllReduceCall {
 /// all-reduces follow one another in any order with no barrier): each
 /// rank stores its input as LL lines into every peer's one-shot slot
 /// (its parity, this rank), then places the lines of its own slots into
-/// the output as they arrive.
+/// the output as they arrive (`OneShot`); or (`TwoShot`) as the
+/// reduce-scatter by pieces moves its chunks, placed instead of summed:
+/// plain stores into every peer's two-shot slot, a flag per piece.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AllGatherCall {
+    pub algorithm: AllReduceAlgorithm,
     pub rank: usize,
     pub world: usize,
     pub bytes: usize,

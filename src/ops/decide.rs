@@ -323,6 +323,20 @@ pub fn reduce_scatter_kernel(bytes: usize, world: usize) -> (AllReduceAlgorithm,
     }
 }
 
+/// The kernel of a device-side all-gather of `bytes` per rank over `world`
+/// ranks: the LL lines (`OneShot`) or pieces with flags (`TwoShot`),
+/// whichever the cost model has cheaper, with its predicted time. A pure
+/// function of agreed arguments, so every rank launches the same kernel.
+pub fn all_gather_kernel(bytes: usize, world: usize) -> (AllReduceAlgorithm, f64) {
+    let lines = cost::lc_allgather(bytes, world, &GatherModel::HOPPER, &DeviceModel::HOPPER).1;
+    let pieces = cost::all_gather_pieces(bytes, world, &AllReduceModel::HOPPER);
+    if lines <= pieces {
+        (AllReduceAlgorithm::OneShot, lines)
+    } else {
+        (AllReduceAlgorithm::TwoShot, pieces)
+    }
+}
+
 /// How `lc_allgather` moves its data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GatherPath {
@@ -357,13 +371,16 @@ pub struct GatherDecision {
 /// backend has the kernel, every rank has a device of its own (the
 /// kernel's blocks spin for their peers'), there are peers and at most
 /// [`AllReduceLayout::MAX_WORLD`] ranks, and the cost model
-/// ([`cost::lc_allgather`]) predicts them faster; else the copy engines.
-/// A pure function of agreed arguments, so every rank chooses alike. A
-/// requested path the backend cannot run is an error (Unsupported).
+/// ([`cost::lc_allgather`]) predicts the LL lines faster; else the copy
+/// engines, which leave the SMs to the caller's work. On the lines path
+/// larger messages may move by pieces ([`all_gather_kernel`]), and its
+/// estimate is that kernel's. A pure function of agreed arguments, so
+/// every rank chooses alike. A requested path the backend cannot run is
+/// an error (Unsupported).
 pub fn decide_lc_allgather(facts: &Facts, bytes: usize, requested: Option<GatherPath>) -> Result<GatherDecision> {
     let world = facts.world;
     let (copies, lines) = cost::lc_allgather(bytes, world, &GatherModel::HOPPER, &DeviceModel::HOPPER);
-    let ms = |p| if p == GatherPath::Lines { lines } else { copies };
+    let ms = |p| if p == GatherPath::Lines { all_gather_kernel(bytes, world).1 } else { copies };
     let kernel = facts.caps.all_gather && world <= AllReduceLayout::MAX_WORLD;
     match requested {
         Some(GatherPath::Lines) if !kernel => Err(err!(
@@ -527,7 +544,7 @@ mod tests {
                 let d = decide(&f, &shape(Op::AgMm, m, 8192, 14336), true, None).unwrap();
                 assert_eq!((d.algorithm, d.lines), (Algorithm::Sequential, true), "ag_mm {m} at world {world}");
                 let shard = m / world * 8192 * 2;
-                let (_, lines) = cost::lc_allgather(shard, world, &GatherModel::HOPPER, &DeviceModel::HOPPER);
+                let (_, lines) = all_gather_kernel(shard, world);
                 assert_eq!(d.estimate.comm_ms, lines);
                 assert_eq!(d.estimate.total_ms, d.estimate.compute_ms + lines);
                 assert!(d.describe(&shape(Op::AgMm, m, 8192, 14336)).contains("sequential on the LL lines"));
@@ -584,6 +601,25 @@ mod tests {
                 let lines = cost::reduce_scatter_lines(bytes, world, &DeviceModel::HOPPER);
                 let pieces = cost::reduce_scatter_pieces(bytes, world, &AllReduceModel::HOPPER);
                 assert_eq!(reduce_scatter_kernel(bytes, world).1, lines.min(pieces), "{bytes} bytes at {world}");
+            }
+        }
+    }
+
+    /// The device-side all-gather: the LL lines for small messages, pieces
+    /// once the lines' doubled bytes cost more than the fence and flags;
+    /// the cheaper estimate either way, and `lc_allgather`'s on its lines.
+    #[test]
+    fn all_gather_kernels_part_by_size() {
+        for world in [2, 4] {
+            assert_eq!(all_gather_kernel(64 << 10, world).0, AllReduceAlgorithm::OneShot, "world {world}");
+            assert_eq!(all_gather_kernel(4 << 20, world).0, AllReduceAlgorithm::TwoShot, "world {world}");
+            for bytes in [1, 64 << 10, 512 << 10, 2 << 20, 8 << 20] {
+                let lines = cost::lc_allgather(bytes, world, &GatherModel::HOPPER, &DeviceModel::HOPPER).1;
+                let pieces = cost::all_gather_pieces(bytes, world, &AllReduceModel::HOPPER);
+                assert_eq!(all_gather_kernel(bytes, world).1, lines.min(pieces), "{bytes} bytes at {world}");
+                let f = hopper(world, None);
+                let d = decide_lc_allgather(&f, bytes, Some(GatherPath::Lines)).unwrap();
+                assert_eq!(d.total_ms, lines.min(pieces));
             }
         }
     }

@@ -11,7 +11,7 @@
 //! alone (the one-host operations never run there), laid out for the
 //! host's ranks (`AllReduceLayout::of(bytes, local world)`).
 
-use super::decide::{inside_on_lines, Facts, InsideStep};
+use super::decide::{all_gather_kernel, inside_on_lines, Facts, InsideStep};
 use super::state::Scratch;
 use super::workspace;
 use crate::array::{Array, DType};
@@ -111,6 +111,7 @@ impl<'a> Inside<'a> {
         };
         check(Collective::AllGather, send, recv, l.scratch.len())?;
         let call = AllGatherCall {
+            algorithm: all_gather_kernel(bytes, l.scratch.len()).0,
             rank: l.index,
             world: l.scratch.len(),
             bytes,

@@ -295,11 +295,13 @@ impl Exec<'_> {
 
     /// Every rank's `bytes` contiguous bytes at `input` into `output` (rank
     /// r's at `output + r * bytes`) by one launch of the device-side
-    /// all-gather (`Backend::all_gather`) through the all-reduce buffer the
-    /// call asked for (`Prepared::all_reduce_bytes`).
+    /// all-gather (`Backend::all_gather`, its kernel by size:
+    /// `decide::all_gather_kernel`) through the all-reduce buffer the call
+    /// asked for (`Prepared::all_reduce_bytes`).
     fn all_gather_lines(&self, input: u64, output: u64, bytes: usize) -> Result<()> {
         let reduce = self.reduce.as_ref().ok_or_else(|| err!(Internal, "the call was given no all-reduce buffer"))?;
         let call = AllGatherCall {
+            algorithm: decide::all_gather_kernel(bytes, self.world()).0,
             rank: self.rank(),
             world: self.world(),
             bytes,

@@ -222,13 +222,23 @@ pub fn all_gather(kernels: &Kernels, call: &AllGatherCall, err_ptr: u64, stream:
         return Ok(());
     }
     let mut p = gather_params(call, err_ptr)?;
-    let blocks = gather_grid(call.bytes, kernels.sm_count);
+    let blocks = match call.algorithm {
+        AllReduceAlgorithm::OneShot => gather_grid(call.bytes, kernels.sm_count),
+        AllReduceAlgorithm::TwoShot => pieces_grid(call.bytes, kernels.sm_count),
+    };
     let mut params: [*mut c_void; 1] = [arg(&mut p)];
     // SAFETY: one parameter, `struct symm_ar_params` by value (ArParams
     // mirrors it); the addresses are the caller's contiguous arrays and the
     // group's all-reduce buffers, live until the work completes.
     unsafe {
-        kernels.launch(&kernels.all_gather, blocks, (AR_THREADS, 1, 1), stream, &mut params, "the all-gather kernel")
+        kernels.launch(
+            &kernels.all_gather[call.algorithm as usize],
+            blocks,
+            (AR_THREADS, 1, 1),
+            stream,
+            &mut params,
+            "the all-gather kernel",
+        )
     }
 }
 
@@ -474,6 +484,7 @@ mod tests {
         c.divisor = 4;
         assert_eq!(params(&c, 0).unwrap().divisor, 4);
         let gather = AllGatherCall {
+            algorithm: AllReduceAlgorithm::OneShot,
             rank: 1,
             world: 2,
             bytes: 1001,
@@ -595,24 +606,28 @@ mod tests {
                         assert_eq!(read(r, n), want, "{dtype} {n} {algorithm:?} rank {r}");
                     }
                 }
-                poison();
-                run_both(&|r| {
-                    let c = AllGatherCall {
-                        rank: r,
-                        world,
-                        bytes: n * size,
-                        input: ins[r].ptr,
-                        output: outs[r].ptr,
-                        scratch: scratch.clone(),
-                        scratch_bytes,
-                        timeout,
-                        tag: CallTag::of(format!("{dtype} {n} all-gather").as_bytes()),
-                    };
-                    all_gather(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
-                });
-                let want: Vec<f32> = (0..world).flat_map(|q| inputs[q][..n].to_vec()).collect();
-                for r in 0..world {
-                    assert_eq!(read(r, n * world), want, "{dtype} {n} all-gather rank {r}");
+                // The all-gather by each kernel: LL lines, and pieces.
+                for algorithm in [AllReduceAlgorithm::OneShot, AllReduceAlgorithm::TwoShot] {
+                    poison();
+                    run_both(&|r| {
+                        let c = AllGatherCall {
+                            algorithm,
+                            rank: r,
+                            world,
+                            bytes: n * size,
+                            input: ins[r].ptr,
+                            output: outs[r].ptr,
+                            scratch: scratch.clone(),
+                            scratch_bytes,
+                            timeout,
+                            tag: CallTag::of(format!("{dtype} {n} {algorithm:?} all-gather").as_bytes()),
+                        };
+                        all_gather(&gpus[r].kernels, &c, errors.device_ptr(), gpus[r].stream())
+                    });
+                    let want: Vec<f32> = (0..world).flat_map(|q| inputs[q][..n].to_vec()).collect();
+                    for r in 0..world {
+                        assert_eq!(read(r, n * world), want, "{dtype} {n} {algorithm:?} all-gather rank {r}");
+                    }
                 }
                 for algorithm in [AllReduceAlgorithm::OneShot, AllReduceAlgorithm::TwoShot] {
                     poison();
@@ -661,6 +676,7 @@ mod tests {
                 let c = all_reduce_call(algorithm, r, DType::F32, n, &ins, &outs, &scratch, tag);
                 if r == 1 && other_kernel {
                     let g = AllGatherCall {
+                        algorithm: AllReduceAlgorithm::OneShot,
                         rank: r,
                         world,
                         bytes: n * 4,

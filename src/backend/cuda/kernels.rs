@@ -95,8 +95,9 @@ pub mod names {
         ["symm_ar_two_shot_i8", "symm_ar_two_shot_u8", "symm_ar_two_shot_i32", "symm_ar_two_shot_i64"],
     ];
     /// kernels/allreduce.cu, the all-gather through the all-reduce's
-    /// buffer (any element type).
-    pub const ALL_GATHER: &str = "symm_ag_one_shot";
+    /// buffer (any element type): by `AllReduceAlgorithm as usize` (LL
+    /// lines, or pieces).
+    pub const ALL_GATHER: [&str; 2] = ["symm_ag_one_shot", "symm_ag_two_shot"];
     /// kernels/allreduce.cu, the reduce-scatter through the all-reduce's
     /// buffer: by `AllReduceAlgorithm as usize` (LL lines, or pieces), then
     /// `GemmDtype as usize`.

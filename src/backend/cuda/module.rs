@@ -31,8 +31,9 @@ pub struct Kernels {
     /// `symm_ar_{one,two}_shot_{i8,u8,i32,i64}`, by `AllReduceAlgorithm as
     /// usize`, then `all_reduce::int_index` (all_reduce.rs).
     pub all_reduce_int: [[CudaFunction; 4]; 2],
-    /// `symm_ag_one_shot` (all_reduce.rs).
-    pub all_gather: CudaFunction,
+    /// `symm_ag_{one,two}_shot`, by `AllReduceAlgorithm as usize`
+    /// (all_reduce.rs).
+    pub all_gather: [CudaFunction; 2],
     /// `symm_rs_{one,two}_shot_*`, by `AllReduceAlgorithm as usize`, then
     /// `GemmDtype as usize` (all_reduce.rs).
     pub reduce_scatter: [[CudaFunction; 3]; 2],
@@ -120,7 +121,7 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         },
         all_reduce: [ar3(names::ALL_REDUCE[0])?, ar3(names::ALL_REDUCE[1])?],
         all_reduce_int: [ar4(names::ALL_REDUCE_INT[0])?, ar4(names::ALL_REDUCE_INT[1])?],
-        all_gather: ar(names::ALL_GATHER)?,
+        all_gather: [ar(names::ALL_GATHER[0])?, ar(names::ALL_GATHER[1])?],
         reduce_scatter: [ar3(names::REDUCE_SCATTER[0])?, ar3(names::REDUCE_SCATTER[1])?],
         add_rmsnorm: ar3(names::ADD_RMSNORM)?,
         pack_rows: {

@@ -159,7 +159,7 @@ impl<'a> Lines<'a> {
 }
 
 pub fn all_gather(call: &AllGatherCall, health: &Health) -> Result<()> {
-    let &AllGatherCall { rank, world, bytes, input, output, ref scratch, scratch_bytes, timeout, tag } = call;
+    let &AllGatherCall { rank, world, bytes, input, output, ref scratch, scratch_bytes, timeout, tag, .. } = call;
     let ll = Lines::begin("all_gather", rank, world, scratch, scratch_bytes, bytes, tag)?;
     if bytes == 0 {
         return Ok(());
