@@ -1273,6 +1273,30 @@ static __device__ __forceinline__ uint64_t symm_rs_piece_bytes(uint64_t bytes) {
     return ((each > SYMM_RS_MIN_PIECE ? each : SYMM_RS_MIN_PIECE) + 15) / 16 * 16;
 }
 
+// After a block's stores of its pieces (blockIdx.x, + gridDim.x, ...) to
+// every peer: one system fence, then flag(parity, rank, i) = seq in each
+// peer's buffer for each of them.
+static __device__ void symm_pieces_flag(const symm_ar_params& p, int parity, uint32_t seq, uint64_t pieces) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
+            for (int k = 1; k < p.world; ++k) {
+                symm_st_release_sys((uint32_t*)symm_ar_flag(p, (p.rank + k) % p.world, parity, p.rank, i), seq);
+            }
+        }
+    }
+}
+
+// Until every peer has flagged piece i in this rank's buffer (thread t
+// waits for rank t's flag), then the block reads it.
+static __device__ void symm_pieces_wait(const symm_ar_params& p, int parity, uint32_t seq, uint64_t i) {
+    if ((int)threadIdx.x < p.world && (int)threadIdx.x != p.rank) {
+        symm_ar_wait_flag(symm_ar_flag(p, p.rank, parity, threadIdx.x, i), seq, p, threadIdx.x);
+    }
+    __syncthreads();
+}
+
 // Reduce-scatter by pieces (symm_rs_two_shot_<DT>): the two-shot's phases
 // A and B for one chunk per rank, laid out as the one-shot's (p.n elements
 // per chunk, p.chunk_bytes apart in the input). A: each rank copies its
@@ -1297,23 +1321,12 @@ static __device__ void symm_rs_two_shot_impl(const symm_ar_params& p) {
                                len_of(i), false);
         }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
-            for (int k = 1; k < W; ++k) {
-                symm_st_release_sys((uint32_t*)symm_ar_flag(p, (me + k) % W, parity, me, i), seq);
-            }
-        }
-    }
+    symm_pieces_flag(p, parity, seq, pieces);
     // A block whose peers are in another call skips its data phase (the
     // count still moves on, so the header stays consistent).
     if (symm_ar_peers_agree(p, seq)) {
         for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
-            if ((int)threadIdx.x < W && (int)threadIdx.x != me) {
-                symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, i), seq, p, threadIdx.x);
-            }
-            __syncthreads();
+            symm_pieces_wait(p, parity, seq, i);
             symm_ar_reduce_chunk<T, false>(p, parity, p.input + me * p.chunk_bytes + i * P, p.output + i * P,
                                            len_of(i), i * P);
         }
@@ -1343,23 +1356,12 @@ static __device__ void symm_ag_two_shot_impl(const symm_ar_params& p) {
         }
         symm_ar_block_copy(p.output + me * bytes + i * P, p.input + i * P, len_of(i), false);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
-            for (int k = 1; k < W; ++k) {
-                symm_st_release_sys((uint32_t*)symm_ar_flag(p, (me + k) % W, parity, me, i), seq);
-            }
-        }
-    }
+    symm_pieces_flag(p, parity, seq, pieces);
     // As in symm_rs_two_shot_impl: a block whose peers are in another call
     // skips its data phase.
     if (symm_ar_peers_agree(p, seq)) {
         for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
-            if ((int)threadIdx.x < W && (int)threadIdx.x != me) {
-                symm_ar_wait_flag(symm_ar_flag(p, me, parity, threadIdx.x, i), seq, p, threadIdx.x);
-            }
-            __syncthreads();
+            symm_pieces_wait(p, parity, seq, i);
             for (int k = 1; k < W; ++k) {
                 const int src = (me + W - k) % W;
                 symm_ar_block_copy(p.output + src * bytes + i * P, symm_ar_two_slot(p, me, parity, src) + i * P,
