@@ -1,8 +1,10 @@
 """The `baseline` check's comparison: symm's timings (every `symm*` record
 of bench_ops.py or bench_families.py) of the baseline and of this tree, each the median over
-the rounds, and their ratio (head / base), with each side's range.
+the rounds, and their ratio (head / base), with each side's range. With
+--all, every implementation's (for an A/B of the benchmark itself, e.g.
+its --barrier, where the references' times are the question).
 
-    python3 bench/gpu/baseline_table.py DIR    (DIR holds base-<i>/ and head-<i>/)
+    python3 bench/gpu/baseline_table.py DIR [--all]   (DIR holds base-<i>/ and head-<i>/)
 """
 import collections
 import glob
@@ -12,18 +14,18 @@ import statistics
 import sys
 
 
-def load(dir, side):
+def load(dir, side, every=False):
     times = collections.defaultdict(list)
     for path in sorted(glob.glob(os.path.join(dir, f"{side}-*", "*records.jsonl"))):
         for line in open(path):
             r = json.loads(line)
-            if r.get("impl", "").startswith("symm") and "ms" in r:
+            if (every or r.get("impl", "").startswith("symm")) and "ms" in r:
                 times[(r["op"], tuple(r.get("shape", [])), r.get("dtype"), r["impl"])].append(r["ms"])
     return times
 
 
-def main(dir):
-    base, head = load(dir, "base"), load(dir, "head")
+def main(dir, every=False):
+    base, head = load(dir, "base", every), load(dir, "head", every)
     print(f"{'op':13s} {'shape':22s} {'impl':22s} {'base ms':>8s} {'range':>15s} {'head ms':>8s} {'range':>15s} head/base")
     ratios = []
     for k in sorted(set(base) & set(head)):
@@ -36,4 +38,4 @@ def main(dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--all" in sys.argv[2:])
