@@ -484,12 +484,13 @@ def test_lc_allgather_large_from_ordinary_and_symmetric_memory():
 @pytest.mark.parametrize("dtype,shape", [
     (torch.bfloat16, (3,)), (torch.uint8, (5,)), (torch.int8, (1001,)), (torch.float8_e4m3fn, (9, 7)),
     (torch.int32, (1000, 8)), (torch.int64, (3, 5)), (torch.float16, (33, 3)), (torch.float32, (4, 5)),
-    (torch.bfloat16, (64, 1024)), (torch.bfloat16, (1024, 1024)),
+    (torch.bfloat16, (64, 1024)), (torch.bfloat16, (1024, 1024)), (torch.uint8, (1500001,)),
 ])
 def test_lc_allgather_small_sizes_bit_exact(dtype, shape):
-    """Up to a few MiB per rank the gather takes the SM path (LL lines)
-    on GPUs: bit for bit for every dtype (random bytes, NaN patterns
-    included), odd tails (3 bf16, 5 and 1001 bytes), from contiguous and
+    """Up to a few MiB per rank the gather takes the SM path on GPUs (LL
+    lines; pieces above about 1 MiB): bit for bit for every dtype (random
+    bytes, NaN patterns included), odd tails (3 bf16, 5, 1001 and
+    1500001 bytes), from contiguous and
     strided inputs into contiguous and strided outputs whose gaps stay
     poisoned, three calls in a row (the later ones replayed)."""
     size = torch.empty((), dtype=dtype).element_size()
