@@ -311,10 +311,12 @@ impl AgMm {
             // Row scales travel on the lines too where their slots are
             // unpadded (the gather writes them back to back).
             lines: dim != last && (mode != Some(Mode::Row) || row_scale_slot(rows) == 4 * rows),
-            // Pieces of a shard along dimension 0 are again contiguous
-            // shards. fp8 calls keep whole shards: their scales (row-wise,
-            // or a pass through f32 for fp8 outputs) are planned per shard.
-            split_len: if dim == 0 && mode.is_none() { a.shape[0] } else { 1 },
+            // Pieces of a shard along its first dimension (the gathered
+            // one, or the batch of `[batch, seq, hidden]` gathered along
+            // the sequence) are contiguous in it. fp8 calls keep whole
+            // shards: their scales (row-wise, or a pass through f32 for fp8
+            // outputs) are planned per shard.
+            split_len: if dim != last && mode.is_none() { a.shape[0] } else { 1 },
         };
         let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         // The fused kernel's arrival flags, one u32 per slice of each rank's shard.
@@ -497,7 +499,7 @@ impl Prepared for AgMmPrepared {
             self.multiply_shard(ex, if own_in_place { a } else { &staged }, me, len)?;
         }
         // Pipelined, each peer's shard comes in the decision's pieces along
-        // dimension 0, each multiplied once it has landed.
+        // its first dimension, each multiplied once it has landed.
         let pieces = if pipelined { self.pieces() } else { 1 };
         for step in 1..world {
             let r = (me + world - step) % world;
@@ -508,7 +510,7 @@ impl Prepared for AgMmPrepared {
                 ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
             }
             let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
-            for (from, rows) in piece_ranges(len, pieces) {
+            for (from, rows) in piece_ranges(a.shape[0], pieces) {
                 let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, from, rows) };
                 ex.copy_on(side, &piece(&local_shard(r)), &piece(&remote))?;
                 if pipelined {
@@ -532,13 +534,16 @@ impl Prepared for AgMmPrepared {
 const STAGE_FIRST_BYTES: usize = 4 << 20;
 
 impl AgMmPrepared {
-    /// The pieces the pipelined path pulls each peer's shard in: the
-    /// decision's, where the call gathers dimension 0 (pieces of a shard are
-    /// then again shards) and is not fp8 (whose scales are planned per
-    /// shard), at most the shard's length there.
+    /// The pieces the pipelined path pulls each peer's shard in, along its
+    /// first dimension (contiguous runs of the staged shard): the
+    /// decision's, where the call gathers a dimension before the last (the
+    /// first, whose pieces are again shards, or the sequence of a batch)
+    /// and is not fp8 (whose scales are planned per shard), at most the
+    /// shard's length there.
     fn pieces(&self) -> usize {
-        let len = self.call.a_shard.shape[0];
-        match self.dim == 0 && self.mode.is_none() {
+        let a = &self.call.a_shard;
+        let len = a.shape[0];
+        match self.dim != a.ndim() - 1 && self.mode.is_none() {
             true => self.decision.pieces.clamp(1, len.max(1)),
             false => 1,
         }
@@ -846,15 +851,20 @@ impl AgMmPrepared {
     /// Shard r (staged, or this rank's input, a matrix either way) times
     /// every B, into slice r of each output.
     fn multiply_shard(&self, ex: &Exec<'_>, shard: &Array, r: usize, len: usize) -> Result<()> {
-        self.multiply_rows(ex, shard, r, len, 0, len)
+        self.multiply_rows(ex, shard, r, len, 0, shard.shape[0])
     }
 
-    /// `rows` indices of shard r along the gathered dimension from `from`
-    /// (`lhs`, those of the shard, a matrix) times every B, into their
-    /// place in each output.
+    /// `rows` indices of shard r's first dimension from `from` (`lhs`,
+    /// those of the shard, a matrix) times every B, into their place in
+    /// each output: along the gathered dimension where that is the first,
+    /// else those indices (of the batch) of the output's slice r.
     fn multiply_rows(&self, ex: &Exec<'_>, lhs: &Array, r: usize, len: usize, from: usize, rows: usize) -> Result<()> {
         for (i, out) in self.call.outs.iter().enumerate() {
-            self.gemm_into(ex, i, &out.narrow(self.dim, r * len + from, rows), lhs, Rows::Shard(r))?;
+            let dst = match self.dim {
+                0 => out.narrow(0, r * len + from, rows),
+                d => out.narrow(d, r * len, len).narrow(0, from, rows),
+            };
+            self.gemm_into(ex, i, &dst, lhs, Rows::Shard(r))?;
         }
         Ok(())
     }
@@ -965,8 +975,9 @@ mod tests {
 
     /// The pipelined path pulling each peer's shard in pieces, forced (the
     /// cost model picks them only at sizes too large for a host test): 2-D
-    /// and 3-D shards gathered along dim 0, lengths the pieces do not
-    /// divide, more pieces than the shard's length, worlds 2, 3 and 8, with
+    /// and 3-D shards gathered along dim 0, 3-D and 4-D ones along a middle
+    /// dimension (pieces of the batch), lengths the pieces do not divide,
+    /// more pieces than the shard's length, worlds 2, 3 and 8, with
     /// `ag_out`; small integers in f32, so every element is exact, and NaN
     /// in the outputs first, so an unwritten one shows.
     #[test]
@@ -974,14 +985,32 @@ mod tests {
         use crate::ops::testing::{host_groups, on_each};
         let a_val = |r: usize, i: usize| ((r * 31 + i * 7) % 11) as f32 - 5.0;
         let b_val = |i: usize| ((i * 5) % 7) as f32 - 3.0;
+        let cases = [
+            (vec![7usize, 5], 0usize, 3usize),
+            (vec![3, 2, 4], 0, 2),
+            (vec![2, 6], 0, 5),
+            (vec![3, 2, 4], 1, 2),
+            (vec![5, 3, 4], 1, 3),
+            (vec![3, 2, 2, 4], 2, 2),
+        ];
         for world in [2, 3, 8] {
-            for (shard, pieces) in [(vec![7usize, 5], 3usize), (vec![3, 2, 4], 2), (vec![2, 6], 5)] {
+            for (shard, dim, pieces) in cases.clone() {
                 let (k, n) = (shard[shard.len() - 1], 3);
                 let rows = shard.iter().product::<usize>() / k;
                 let mut gathered = shard.clone();
-                gathered[0] *= world;
+                gathered[dim] *= world;
                 let mut out_shape = gathered.clone();
                 *out_shape.last_mut().unwrap() = n;
+                // Element g of the gathered A: (owner, index in its shard).
+                let source = |g: usize| {
+                    let (mut idx, mut rest) = (vec![0; gathered.len()], g);
+                    for d in (0..gathered.len()).rev() {
+                        (idx[d], rest) = (rest % gathered[d], rest / gathered[d]);
+                    }
+                    let owner = idx[dim] / shard[dim];
+                    idx[dim] %= shard[dim];
+                    (owner, idx.iter().zip(&shard).fold(0, |flat, (&i, &len)| flat * len + i))
+                };
                 let got = on_each(&host_groups(world), |r, g| {
                     let a: Vec<f32> = (0..rows * k).map(|i| a_val(r, i)).collect();
                     let b: Vec<f32> = (0..k * n).map(b_val).collect();
@@ -990,7 +1019,7 @@ mod tests {
                     let call = AgMm {
                         a_shard: at(&a, &shard),
                         bs: vec![at(&b, &[k, n])],
-                        gather_dim: 0,
+                        gather_dim: dim as i64,
                         ag_out: Some(at(&ag, &gathered)),
                         outs: vec![at(&out, &out_shape)],
                         scales: AgMmScales::default(),
@@ -1011,19 +1040,21 @@ mod tests {
                     .unwrap();
                     (out, ag)
                 });
+                let what = |r: usize| format!("world {world} {shard:?} along {dim} in {pieces}: rank {r}");
                 for (r, (out, ag)) in got.iter().enumerate() {
-                    for (owner, q) in (0..world).flat_map(|o| (0..rows).map(move |q| (o, q))) {
-                        let row = owner * rows + q;
+                    for row in 0..world * rows {
                         for j in 0..n {
-                            let want: f32 = (0..k).map(|h| a_val(owner, q * k + h) * b_val(h * n + j)).sum();
-                            assert_eq!(
-                                out[row * n + j],
-                                want,
-                                "world {world} {shard:?} in {pieces}: rank {r} row {row}"
-                            );
+                            let want: f32 = (0..k)
+                                .map(|h| {
+                                    let (owner, at) = source(row * k + h);
+                                    a_val(owner, at) * b_val(h * n + j)
+                                })
+                                .sum();
+                            assert_eq!(out[row * n + j], want, "{} row {row}", what(r));
                         }
                         for h in 0..k {
-                            assert_eq!(ag[row * k + h], a_val(owner, q * k + h), "ag_out, rank {r} row {row}");
+                            let (owner, at) = source(row * k + h);
+                            assert_eq!(ag[row * k + h], a_val(owner, at), "{}: ag_out row {row}", what(r));
                         }
                     }
                 }
@@ -1031,10 +1062,11 @@ mod tests {
         }
     }
 
-    /// Pieces only where a piece of a shard is again a shard: gathering
-    /// dimension 0, at most its length; the decision's count otherwise.
+    /// Pieces along the shard's first dimension, where the call gathers a
+    /// dimension before the last (dimension 0, or the sequence of a batch),
+    /// at most that length; never when gathering the last (K), nor in fp8.
     #[test]
-    fn pieces_only_along_dimension_0() {
+    fn pieces_along_the_first_dimension() {
         let forced = |c: AgMm, pieces: usize| {
             let mut p = c.prepare(&host_facts(2), "host", false).unwrap();
             p.decision.pieces = pieces;
@@ -1042,10 +1074,13 @@ mod tests {
         };
         assert_eq!(forced(call(&[6, 8], 0, 8, &[3], &[12]), 4), 4);
         assert_eq!(forced(call(&[3, 5, 8], 0, 8, &[3], &[6, 5]), 4), 3);
-        assert_eq!(forced(call(&[2, 3, 8], 1, 8, &[3], &[2, 6]), 4), 1);
+        assert_eq!(forced(call(&[2, 3, 8], 1, 8, &[3], &[2, 6]), 4), 2);
+        assert_eq!(forced(call(&[6, 8], 1, 16, &[3], &[6]), 4), 1);
         assert_eq!(forced(call(&[6, 8], 0, 8, &[3], &[12]), 1), 1);
         // The decision's own count follows the same rule (split_len).
         let p = call(&[2, 3, 8], 1, 8, &[3], &[2, 6]).prepare(&host_facts(2), "host", false).unwrap();
+        assert_eq!(p.shape.split_len, 2);
+        let p = call(&[6, 8], 1, 16, &[3], &[6]).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!(p.shape.split_len, 1);
         let p = call(&[5, 3, 8], 0, 8, &[3], &[10, 3]).prepare(&host_facts(2), "host", false).unwrap();
         assert_eq!(p.shape.split_len, 5);

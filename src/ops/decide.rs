@@ -55,8 +55,9 @@ pub struct Shape {
     /// of whole 8-byte lines.
     pub lines: bool,
     /// Where the pipelined path may pull each peer's shard in pieces along
-    /// its first dimension (`AgMm` gathering dimension 0, not fp8): the
-    /// shard's length there; 1 elsewhere.
+    /// its first dimension (`AgMm` gathering a dimension before the last:
+    /// the first, or the sequence of a batch; not fp8): the shard's length
+    /// there; 1 elsewhere.
     pub split_len: usize,
 }
 

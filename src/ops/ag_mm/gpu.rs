@@ -1,7 +1,8 @@
 //! `fused_ag_mm`'s pipelined path pulling each peer's shard in pieces, on
 //! `SYMM_TEST_WORLD` GPUs (default 2; one process, a thread per rank): the
 //! pieces forced on small shapes (2-D and 3-D shards gathered along dim 0,
-//! lengths the pieces do not divide, more pieces than rows), and chosen by
+//! a 3-D one along dim 1 in pieces of its batch, lengths the pieces do not
+//! divide, more pieces than rows), and chosen by
 //! the cost model on a comm-heavy shape (16384 x 4096 x 1024, rows at every
 //! piece's edges checked); bf16 against a float64 reference by relative
 //! error, outputs poisoned with NaN first. Named `gpu_*`; skipped with
@@ -40,12 +41,13 @@ fn run(g: &Arc<Group>, call: AgMm, pieces: Option<usize>, stream: Stream) -> usi
     ran
 }
 
-/// Each rank's shard `shard` (rows of k) times B [k, n] into its place;
-/// `check(owner)`: the rows of each owner's shard to compare. Returns the
-/// pieces each rank ran in.
+/// Each rank's shard `shard` (rows of k) gathered along `dim` times B
+/// [k, n] into its place; `check(owner)`: the rows of each owner's shard
+/// to compare. Returns the pieces each rank ran in.
 fn case(
     groups: &[Arc<Group>],
     shard: &[usize],
+    dim: usize,
     n: usize,
     pieces: Option<usize>,
     check: &(dyn Fn(usize) -> Vec<usize> + Sync),
@@ -54,9 +56,19 @@ fn case(
     let k = shard[shard.len() - 1];
     let rows = shard.iter().product::<usize>() / k;
     let mut out_shape = shard.to_vec();
-    out_shape[0] *= world;
+    out_shape[dim] *= world;
     *out_shape.last_mut().unwrap() = n;
-    let what = format!("{shard:?} x {n} in {pieces:?}");
+    // Row q of `owner`'s shard: its row in the output (all but the last
+    // dimension flattened).
+    let out_row = |owner: usize, q: usize| {
+        let (mut idx, mut rest) = (vec![0; shard.len() - 1], q);
+        for d in (0..shard.len() - 1).rev() {
+            (idx[d], rest) = (rest % shard[d], rest / shard[d]);
+        }
+        idx[dim] += owner * shard[dim];
+        idx.iter().zip(&out_shape).fold(0, |flat, (&i, &len)| flat * len + i)
+    };
+    let what = format!("{shard:?} along {dim} x {n} in {pieces:?}");
     on_each(groups, |r, g| {
         let gpu = gpu_on(r as i32);
         let a = gpu.upload(&bf16s((0..rows * k).map(|i| value(r, i))));
@@ -65,7 +77,7 @@ fn case(
         let call = AgMm {
             a_shard: Array::contiguous(a.ptr, DType::BF16, shard),
             bs: vec![Array::contiguous(b.ptr, DType::BF16, &[k, n])],
-            gather_dim: 0,
+            gather_dim: dim as i64,
             ag_out: None,
             outs: vec![Array::contiguous(out.ptr, DType::BF16, &out_shape)],
             scales: AgMmScales::default(),
@@ -80,7 +92,7 @@ fn case(
         for owner in 0..world {
             for q in check(owner) {
                 for j in 0..n {
-                    mine.push(got[(owner * rows + q) * n + j]);
+                    mine.push(got[out_row(owner, q) * n + j]);
                     want.push((0..k).map(|h| value(owner, q * k + h) * value(50, h * n + j)).sum::<f64>());
                 }
             }
@@ -96,16 +108,18 @@ fn gpu_ag_mm_pipelined_in_pieces() {
     let world = gpu_test_world();
     let Some(groups) = cuda_groups(world) else { return };
     // Forced: every row checked.
-    for (shard, pieces) in [(vec![1000usize, 512], 3usize), (vec![5, 40, 256], 2), (vec![6, 256], 8)] {
+    let forced =
+        [(vec![1000usize, 512], 0, 3usize), (vec![5, 40, 256], 0, 2), (vec![6, 256], 0, 8), (vec![5, 40, 256], 1, 3)];
+    for (shard, dim, pieces) in forced {
         let rows = shard.iter().product::<usize>() / shard[shard.len() - 1];
-        let ran = case(&groups, &shard, 384, Some(pieces), &|_| (0..rows).collect());
+        let ran = case(&groups, &shard, dim, 384, Some(pieces), &|_| (0..rows).collect());
         assert!(ran.iter().all(|&c| c == pieces.min(shard[0])), "{shard:?}: ran in {ran:?}");
     }
     // Chosen: a comm-heavy gather (pieces at world 2), the first and last
     // row of every piece checked.
     let shard = [16384 / world, 4096];
     let len = shard[0];
-    let ran = case(&groups, &shard, 1024, None, &|_| {
+    let ran = case(&groups, &shard, 0, 1024, None, &|_| {
         let c = 8;
         (0..c).flat_map(|j| [j * len / c, ((j + 1) * len / c).max(1) - 1]).collect()
     });
