@@ -155,7 +155,7 @@ static void symmetric_args(void) {
     CHECK(symm_op_symmetric_args("mm_rs", &a));
     EXPECT(a.count == 1 && !strcmp(a.names[0], "out") && a.access[0] == SYMM_PEERS_WRITE);
     CHECK(symm_op_symmetric_args("fused_ag_mm", &a));
-    EXPECT(a.count == 0 && a.names[0] == NULL);
+    EXPECT(a.count == 1 && !strcmp(a.names[0], "a_shard") && a.access[0] == SYMM_PEERS_READ && a.names[1] == NULL);
     a.count = 7;
     EXPECT_STATUS(symm_op_symmetric_args("symm_mm_rs", &a), SYMM_ERROR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("all_reduce_rmsnorm");

@@ -644,6 +644,13 @@ symm_status_t symm_group_reserve_workspace(symm_group_t group, size_t bytes);
 // f32.
 // `opts` may be NULL.
 //
+// `a_shard` may lie in a rendezvoused symmetric buffer, contiguous: where
+// it lies is part of the agreed arguments (the same offset of the same
+// buffer on every rank, or ordinary memory on every rank). There the
+// copy engines pull the peers' shards from where the callers have them,
+// instead of from a copy each rank first makes in the group's workspace
+// (not in fp8).
+//
 // Every rank passes the same dtypes, shapes (of scales too), `gather_dim`
 // and `num_b` (else `SYMM_ERROR_MISMATCH` on every rank). Outputs may be
 // strided but must not overlap themselves, each other or the inputs. On

@@ -11,7 +11,7 @@ from symm import _info
 
 
 def test_answers_per_operation():
-    assert symm.symmetric_args("fused_ag_mm") == {}
+    assert symm.symmetric_args("fused_ag_mm") == {"a_shard": "read"}
     assert symm.symmetric_args("mm_rs") == {"out": "write"}
     assert symm.symmetric_args("lc_allgather") == {"x": "read"}
     assert symm.symmetric_args("all_reduce") == {"x": "read"}

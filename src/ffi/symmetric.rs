@@ -129,7 +129,7 @@ mod tests {
     fn answers_per_operation() {
         let size = std::mem::size_of::<symm_symmetric_args_t>();
         let want: [(&CStr, &[(&str, u32)]); 5] = [
-            (c"fused_ag_mm", &[]),
+            (c"fused_ag_mm", &[("a_shard", SYMM_PEERS_READ)]),
             (c"mm_rs", &[("out", SYMM_PEERS_WRITE)]),
             (c"lc_allgather", &[("input", SYMM_PEERS_READ)]),
             (c"all_reduce", &[("input", SYMM_PEERS_READ)]),

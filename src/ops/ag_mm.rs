@@ -38,6 +38,7 @@ use super::agree::Signature;
 use super::decide::{self, Decision, Facts, Op};
 use super::fused::{self, Fit};
 use super::scaled::{self, Mode};
+use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{batched_operands, check, shape_text, BVectors, Exec, Prepared};
 use crate::array::{Array, DType};
@@ -81,13 +82,15 @@ pub fn fused_ag_mm(group: &Arc<Group>, call: Result<AgMm>, stream: Stream) -> Re
         return super::across_matmul::fused_ag_mm(group, call, stream);
     }
     let backend = group.backend();
-    super::run_prepared(group, stream, call, |c| {
+    let (placed, symmetric) = Placed::of(group, call, |c| &c.a_shard);
+    super::run_prepared(group, stream, placed, |Placed { call: c, .. }| {
         let facts = Facts::of(group);
         let fit = c.fused_field(group, &facts);
-        let signature = c.signature(fit.as_ref());
+        let signature = c.signature(fit.as_ref()).arg("a_shard memory", SymmetricPlace::describe(symmetric.as_ref()));
         let prepared = c
             .prepare(&facts, backend.kind().name(), fit.as_ref().is_some_and(Fit::fits))
-            .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p));
+            .and_then(|p| scaled::check_backend(&**backend, p.mode).map(|()| p))
+            .map(|p| AgMmPrepared { symmetric_a: symmetric, ..p });
         (super::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
     })
 }
@@ -341,6 +344,7 @@ impl AgMm {
         };
         Ok(AgMmPrepared {
             call: self,
+            symmetric_a: None,
             dim,
             mode,
             shards,
@@ -384,6 +388,8 @@ impl AgMm {
 #[derive(Debug)]
 pub(super) struct AgMmPrepared {
     call: AgMm,
+    /// Where every rank's `a_shard` lies, if in symmetric memory (agreed).
+    symmetric_a: Option<SymmetricPlace>,
     dim: usize,
     /// The scale mode of an fp8 call.
     mode: Option<Mode>,
@@ -475,14 +481,20 @@ impl Prepared for AgMmPrepared {
         // the shard where the caller has it, at once. (fp8 reads the staged
         // copy and its row scales, which want aligned, K-major rows.)
         let own_in_place = pipelined && self.mode.is_none() && a.as_matrix().is_some();
+        // A shard in symmetric memory (not fp8) is pulled by the peers from
+        // where the caller has it (agreed: its place is in the signature),
+        // and staged only where this rank itself reads it from the
+        // workspace (one matmul over the gathered A, `ag_out`).
+        let peers_read_caller = self.symmetric_a.is_some() && self.mode.is_none();
+        let stage_own = !peers_read_caller || !own_in_place || self.call.ag_out.is_some();
         // A small shard is staged on the main stream, first: the driver
         // copies within a GPU on its multiprocessors, so on the side stream
         // the copy (and the barrier and pulls behind it) would wait for a
         // matmul holding every one of them, as a one-wave matmul at small M
         // does for all its time (27 us of 45 at ag_mm 512x4096x7168 on an
-        // H200, bench/results/).
-        let stage_first = self.shard_bytes <= STAGE_FIRST_BYTES;
-        if stage_first {
+        // H200, bench/results/). So is one that no peer reads.
+        let stage_first = self.shard_bytes <= STAGE_FIRST_BYTES || peers_read_caller;
+        if stage_first && stage_own {
             self.stage(ex, ex.stream)?;
         }
         let side = ex.side()?;
@@ -509,7 +521,10 @@ impl Prepared for AgMmPrepared {
                 let remote = self.row_scale_vector(ex.at(r, 0)?, r);
                 ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
             }
-            let remote = Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape);
+            let remote = match (&self.symmetric_a, peers_read_caller) {
+                (Some(place), true) => Array::contiguous(place.on(r)?, a.dtype, &a.shape),
+                _ => Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape),
+            };
             for (from, rows) in piece_ranges(a.shape[0], pieces) {
                 let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, from, rows) };
                 ex.copy_on(side, &piece(&local_shard(r)), &piece(&remote))?;
@@ -1001,16 +1016,7 @@ mod tests {
                 gathered[dim] *= world;
                 let mut out_shape = gathered.clone();
                 *out_shape.last_mut().unwrap() = n;
-                // Element g of the gathered A: (owner, index in its shard).
-                let source = |g: usize| {
-                    let (mut idx, mut rest) = (vec![0; gathered.len()], g);
-                    for d in (0..gathered.len()).rev() {
-                        (idx[d], rest) = (rest % gathered[d], rest / gathered[d]);
-                    }
-                    let owner = idx[dim] / shard[dim];
-                    idx[dim] %= shard[dim];
-                    (owner, idx.iter().zip(&shard).fold(0, |flat, (&i, &len)| flat * len + i))
-                };
+                let source = |g: usize| source_of(&shard, dim, world, g);
                 let got = on_each(&host_groups(world), |r, g| {
                     let a: Vec<f32> = (0..rows * k).map(|i| a_val(r, i)).collect();
                     let b: Vec<f32> = (0..k * n).map(b_val).collect();
@@ -1058,6 +1064,114 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Element `g` (row-major) of the A gathered from `world` shards of
+    /// shape `shard` along `dim`: its owner and its index in that shard.
+    fn source_of(shard: &[usize], dim: usize, world: usize, g: usize) -> (usize, usize) {
+        let mut gathered = shard.to_vec();
+        gathered[dim] *= world;
+        let (mut idx, mut rest) = (vec![0; gathered.len()], g);
+        for d in (0..gathered.len()).rev() {
+            (idx[d], rest) = (rest % gathered[d], rest / gathered[d]);
+        }
+        let owner = idx[dim] / shard[dim];
+        idx[dim] %= shard[dim];
+        (owner, idx.iter().zip(shard).fold(0, |flat, (&i, &len)| flat * len + i))
+    }
+
+    /// A shard in a rendezvoused symmetric buffer is pulled by the peers
+    /// from where its caller has it: the same products as from ordinary
+    /// memory, pipelined (with and without `ag_out`) and sequential, along
+    /// dims 0 and 1, at worlds 2 and 3; a rank whose shard lies elsewhere
+    /// fails every rank with `Mismatch`, nothing written. Small integers in
+    /// f32: every element exact; outputs NaN first.
+    #[test]
+    fn symmetric_shards_are_pulled_in_place() {
+        use crate::buffer::{rendezvous, Buffer};
+        use crate::ops::testing::{host_groups, on_each};
+        let a_val = |r: usize, i: usize| ((r * 13 + i * 5) % 9) as f32 - 4.0;
+        let b_val = |i: usize| ((i * 3) % 5) as f32 - 2.0;
+        let (k, n) = (8, 3);
+        // (a_shard symmetric on every rank, or on rank 0 only; algorithm;
+        // ag_out). The mismatch first: a rank that kept an agreed call
+        // would not ask again.
+        let runs = [
+            (false, Algorithm::Pipelined, false),
+            (true, Algorithm::Pipelined, false),
+            (true, Algorithm::Pipelined, true),
+            (true, Algorithm::Sequential, true),
+        ];
+        for world in [2, 3] {
+            let groups = host_groups(world);
+            for (shard, dim) in [(vec![6usize, k], 0usize), (vec![2, 3, k], 1)] {
+                let rows = shard.iter().product::<usize>() / k;
+                let mut gathered = shard.clone();
+                gathered[dim] *= world;
+                let mut out_shape = gathered.clone();
+                *out_shape.last_mut().unwrap() = n;
+                let got = on_each(&groups, |r, g| {
+                    let buf = Buffer::create(g, 4 * rows * k).unwrap();
+                    let h = rendezvous(&buf).unwrap();
+                    // SAFETY: the buffer holds rows * k f32.
+                    let mem = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut f32, rows * k) };
+                    mem.iter_mut().enumerate().for_each(|(i, v)| *v = a_val(r, i));
+                    let ordinary: Vec<f32> = (0..rows * k).map(|i| a_val(r, i)).collect();
+                    let b: Vec<f32> = (0..k * n).map(b_val).collect();
+                    let at = |addr: u64, shape: &[usize]| Array::contiguous(addr, DType::F32, shape);
+                    let mut results = Vec::new();
+                    for (everywhere, algorithm, with_ag) in runs {
+                        let (mut out, mut ag) = (vec![f32::NAN; world * rows * n], vec![f32::NAN; world * rows * k]);
+                        let a = match everywhere || r == 0 {
+                            true => at(buf.addr(), &shard),
+                            false => at(ordinary.as_ptr() as u64, &shard),
+                        };
+                        let call = AgMm {
+                            a_shard: a,
+                            bs: vec![at(b.as_ptr() as u64, &[k, n])],
+                            gather_dim: dim as i64,
+                            ag_out: with_ag.then(|| at(ag.as_mut_ptr() as u64, &gathered)),
+                            outs: vec![at(out.as_mut_ptr() as u64, &out_shape)],
+                            scales: AgMmScales::default(),
+                            algorithm: Some(algorithm),
+                        };
+                        let res = fused_ag_mm(g, Ok(call), Stream(0)).map_err(|e| e.kind);
+                        results.push((res, out, ag));
+                    }
+                    drop(h);
+                    results
+                });
+                let source = |g: usize| source_of(&shard, dim, world, g);
+                let want: Vec<f32> = (0..world * rows * n)
+                    .map(|o| {
+                        let (row, j) = (o / n, o % n);
+                        (0..k)
+                            .map(|h| {
+                                let (owner, at) = source(row * k + h);
+                                a_val(owner, at) * b_val(h * n + j)
+                            })
+                            .sum()
+                    })
+                    .collect();
+                let want_ag: Vec<f32> = (0..world * rows * k).map(|e| a_val(source(e).0, source(e).1)).collect();
+                for (r, results) in got.iter().enumerate() {
+                    for ((everywhere, algorithm, with_ag), (res, out, ag)) in runs.iter().zip(results) {
+                        let what = format!("world {world} {shard:?} along {dim}, {algorithm:?}, rank {r}");
+                        if !everywhere {
+                            assert_eq!(*res, Err(ErrorKind::Mismatch), "{what}");
+                            assert!(out.iter().all(|v| v.is_nan()), "{what}: written");
+                            continue;
+                        }
+                        assert_eq!(*res, Ok(()), "{what}");
+                        assert_eq!(out, &want, "{what}");
+                        if *with_ag {
+                            assert_eq!(ag, &want_ag, "{what}: ag_out");
+                        }
+                    }
+                }
+                groups.iter().for_each(|g| g.release_scratch());
             }
         }
     }

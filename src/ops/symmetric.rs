@@ -116,7 +116,7 @@ const fn arg(name: &'static str, access: PeerAccess) -> SymmetricArg {
 /// each operation's module do, in one table for frameworks that choose
 /// where to allocate (a compiler placing buffers in symmetric memory).
 pub const SYMMETRIC_ARGS: &[(&str, &[SymmetricArg])] = &[
-    ("fused_ag_mm", &[]),
+    ("fused_ag_mm", &[arg("a_shard", PeerAccess::Read)]),
     ("mm_rs", &[arg("out", PeerAccess::Write)]),
     ("lc_allgather", &[arg("input", PeerAccess::Read)]),
     ("all_reduce", &[arg("input", PeerAccess::Read)]),
