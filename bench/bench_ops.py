@@ -300,6 +300,21 @@ def ag_mm_case(b, g, m, k, n, dtype=torch.bfloat16, batch=1, algos=ALGOS, **extr
     torch_err = torch_fused_checked("ag_mm", shape, lambda: torch_fused()[1][0], ref, 1e-2)
     fns, errs = symm_algorithms("ag_mm", shape, ours, bind, out, ref, 1e-2, algos)
     errs["torch_fused"] = torch_err
+    # The shard already in symmetric memory, as a tensor-parallel program
+    # may keep its activations: the peers pull it in place, unstaged.
+    a_sym, keep = symmetric_tensor(g, a_shard.numel(), dtype)
+    a_sym = a_sym.view(shard)
+    a_sym.copy_(a_shard)
+
+    def ours_symmetric():
+        symm.fused_ag_mm(g, a_sym, [w], gather_dim=dim, out=[out])
+
+    for attempt in ("eager", "replayed"):
+        out.fill_(float("nan"))
+        ours_symmetric()
+        errs["symm_symmetric_in"] = max(errs.get("symm_symmetric_in", 0.0), rel_err(out, ref))
+        assert errs["symm_symmetric_in"] < 1e-2, f"ag_mm {shape} (symm_symmetric_in, {attempt}): {errs}"
+    fns["symm_symmetric_in"] = ours_symmetric
     others = {
         "torch_fused": torch_fused,
         "nccl_cublas": nccl_cublas,
@@ -307,7 +322,9 @@ def ag_mm_case(b, g, m, k, n, dtype=torch.bfloat16, batch=1, algos=ALGOS, **extr
         "comm_only": lambda: dist.all_gather_into_tensor(chunks, a_shard),
     }
     fns.update(others)
-    time_matmul_op(b, "ag_mm", shape, fns, errs, out, ref, 1e-2, {**graphed(fns, ours), **others}, **extra)
+    graphs = {**graphed(fns, ours), "symm_symmetric_in": ours_symmetric, **others}
+    time_matmul_op(b, "ag_mm", shape, fns, errs, out, ref, 1e-2, graphs, **extra)
+    del keep
 
 
 def bench_mm_rs(b, g, shapes, symmetric_out):

@@ -69,13 +69,14 @@ FLOOR_BAR, LAYER_BAR = 1.05, 1.15
 # implementations by the same replayed, where timed).
 REFERENCE = {"ag_mm": "floor", "mm_rs": "floor", "decode_layer": "weights_read", "lc_allgather": "nccl"}
 IMPLS = {
-    "ag_mm": ("symm", "symm_bound", "symm_graph", "torch_fused", "torch_fused_graph", "nccl_cublas",
+    "mm_rs": ("symm", "symm_bound", "symm_graph", "torch_fused", "torch_fused_graph", "nccl_cublas",
               "nccl_cublas_graph"),
     "decode_layer": ("symm", "symm_bound", "symm_graph", "torch_fused", "torch_fused_graph", "nccl_cublas",
                      "nccl_cublas_graph", "mm_only", "mm_only_graph"),
     "lc_allgather": ("symm", "symm_bound", "symm_inplace", "symm_graph", "symm_inplace_graph", "torch_lc"),
 }
-IMPLS["mm_rs"] = IMPLS["ag_mm"]
+# ag_mm also with the shard already in symmetric memory (pulled in place).
+IMPLS["ag_mm"] = IMPLS["mm_rs"] + ("symm_symmetric_in", "symm_symmetric_in_graph")
 
 
 def per_rank(case, world):
