@@ -236,6 +236,9 @@ def fused_ag_mm(
     Returns the output, or a list of them when ``bs`` is a list, each the
     gathered shape with last dimension N; with ``return_ag``, returns
     ``(gathered_a, outputs)``. ``out`` and ``ag_out`` are written when given.
+    An ``a_shard`` contiguous in a rendezvoused symmetric buffer (at the same
+    offset on every rank) is pulled by the peers where it is, not first
+    copied into the group's workspace (not in fp8).
 
     fp8 (as torch's ``fused_all_gather_scaled_matmul``): ``a_scale``, and
     ``b_scales``, ``biases`` and ``result_scales`` given like ``bs`` (a bias
