@@ -485,7 +485,8 @@ impl Prepared for AgMmPrepared {
         // where the caller has it (agreed: its place is in the signature),
         // and staged only where this rank itself reads it from the
         // workspace (one matmul over the gathered A, `ag_out`).
-        let peers_read_caller = self.symmetric_a.is_some() && self.mode.is_none();
+        let caller_place = self.symmetric_a.as_ref().filter(|_| self.mode.is_none());
+        let peers_read_caller = caller_place.is_some();
         let stage_own = !peers_read_caller || !own_in_place || self.call.ag_out.is_some();
         // A small shard is staged on the main stream, first: the driver
         // copies within a GPU on its multiprocessors, so on the side stream
@@ -521,10 +522,11 @@ impl Prepared for AgMmPrepared {
                 let remote = self.row_scale_vector(ex.at(r, 0)?, r);
                 ex.copy_on(side, &self.row_scale_vector(ex.local(0), r), &remote)?;
             }
-            let remote = match (&self.symmetric_a, peers_read_caller) {
-                (Some(place), true) => Array::contiguous(place.on(r)?, a.dtype, &a.shape),
-                _ => Array::contiguous(ex.at(r, offset(r))?, a.dtype, &a.shape),
+            let at = match caller_place {
+                Some(place) => place.on(r)?,
+                None => ex.at(r, offset(r))?,
             };
+            let remote = Array::contiguous(at, a.dtype, &a.shape);
             for (from, rows) in piece_ranges(a.shape[0], pieces) {
                 let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, from, rows) };
                 ex.copy_on(side, &piece(&local_shard(r)), &piece(&remote))?;
@@ -551,17 +553,11 @@ const STAGE_FIRST_BYTES: usize = 4 << 20;
 impl AgMmPrepared {
     /// The pieces the pipelined path pulls each peer's shard in, along its
     /// first dimension (contiguous runs of the staged shard): the
-    /// decision's, where the call gathers a dimension before the last (the
-    /// first, whose pieces are again shards, or the sequence of a batch)
-    /// and is not fp8 (whose scales are planned per shard), at most the
-    /// shard's length there.
+    /// decision's, at most `Shape::split_len` (the shard's length there
+    /// where the call gathers a dimension before the last and is not fp8,
+    /// else 1).
     fn pieces(&self) -> usize {
-        let a = &self.call.a_shard;
-        let len = a.shape[0];
-        match self.dim != a.ndim() - 1 && self.mode.is_none() {
-            true => self.decision.pieces.clamp(1, len.max(1)),
-            false => 1,
-        }
+        self.decision.pieces.clamp(1, self.shape.split_len.max(1))
     }
 
     /// Sequential at small shards (`Decision::lines`): every rank's shard

@@ -316,12 +316,7 @@ pub fn decide_all_reduce(
 /// arguments, so every rank launches the same kernel.
 pub fn reduce_scatter_kernel(bytes: usize, world: usize) -> (AllReduceAlgorithm, f64) {
     let lines = cost::reduce_scatter_lines(bytes, world, &DeviceModel::HOPPER);
-    let pieces = cost::reduce_scatter_pieces(bytes, world, &AllReduceModel::HOPPER);
-    if lines <= pieces {
-        (AllReduceAlgorithm::OneShot, lines)
-    } else {
-        (AllReduceAlgorithm::TwoShot, pieces)
-    }
+    cheaper_kernel(lines, cost::reduce_scatter_pieces(bytes, world, &AllReduceModel::HOPPER))
 }
 
 /// The kernel of a device-side all-gather of `bytes` per rank over `world`
@@ -330,7 +325,12 @@ pub fn reduce_scatter_kernel(bytes: usize, world: usize) -> (AllReduceAlgorithm,
 /// function of agreed arguments, so every rank launches the same kernel.
 pub fn all_gather_kernel(bytes: usize, world: usize) -> (AllReduceAlgorithm, f64) {
     let lines = cost::lc_allgather(bytes, world, &GatherModel::HOPPER, &DeviceModel::HOPPER).1;
-    let pieces = cost::all_gather_pieces(bytes, world, &AllReduceModel::HOPPER);
+    cheaper_kernel(lines, cost::all_gather_pieces(bytes, world, &AllReduceModel::HOPPER))
+}
+
+/// The LL lines (`OneShot`, on a tie) or the pieces (`TwoShot`) by their
+/// predicted times (ms), with the chosen one's.
+fn cheaper_kernel(lines: f64, pieces: f64) -> (AllReduceAlgorithm, f64) {
     if lines <= pieces {
         (AllReduceAlgorithm::OneShot, lines)
     } else {
