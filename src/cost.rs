@@ -384,8 +384,8 @@ fn with_pieces(estimates: &mut [Estimate], (pieces, gain): (usize, Gain)) {
 /// matmuls lose more than the pull they hide.
 const MIN_PIECE_ROWS: usize = 128;
 
-/// The pieces each peer's shard is pulled in, at most 8.
-const MAX_PIECES: usize = 8;
+/// The pieces each peer's shard is gathered in, at most.
+pub const MAX_GATHER_PIECES: usize = 8;
 
 /// Pieces must predict at least this share less time than whole shards: a
 /// smaller gain lies within the model's error.
@@ -449,7 +449,7 @@ fn gather_pieces(p: &Problem, d: &DeviceModel) -> (usize, Gain) {
         }
         (own + piece * ((p.world - 1) * c) as f64, main.max(side + barrier))
     };
-    let allowed = |&c: &usize| c <= p.split_len.min(MAX_PIECES) && piece_rows(c) >= MIN_PIECE_ROWS;
+    let allowed = |&c: &usize| c <= p.split_len.min(MAX_GATHER_PIECES) && piece_rows(c) >= MIN_PIECE_ROWS;
     fastest_split(timeline(1), [2, 4, 8].into_iter().filter(allowed).map(|c| (c, timeline(c))))
 }
 

@@ -22,10 +22,11 @@
 //! shard by shard like Pipelined (the f32 product of the whole gathered A
 //! would need workspace of four times the output).
 //!
-//! Execution (see `AgMmPrepared::execute`): every rank copies its shard (and
-//! row scales), contiguous, into its workspace; after a barrier it pulls
-//! every peer's shard into its own workspace and copies each to its slice
-//! of `ag_out`. For gather_dim < last, shard r times B is slice r of each
+//! Execution (see `AgMmPrepared::execute`): every rank gets every peer's
+//! shard into its own workspace, pushed there by the peer straight from
+//! its caller's memory (pipelined), or pulled after the peer staged it
+//! (with its row scales) in its own, and copies each to its slice of
+//! `ag_out`. For gather_dim < last, shard r times B is slice r of each
 //! output, written directly when that slice is a matrix or (unscaled) a
 //! batch of equally strided ones, as gathering the sequence dimension of
 //! `[batch, seq, hidden]` makes it (one strided-batched matmul), else
@@ -451,7 +452,9 @@ impl Prepared for AgMmPrepared {
         format!("{self:?}")
     }
 
-    /// A side stream stages this rank's shard in its workspace, waits for
+    /// Pipelined, gathering a dimension before the last and not fp8, the
+    /// ranks push their shards ([`Self::pipelined_pushed`]). Otherwise a
+    /// side stream stages this rank's shard in its workspace, waits for
     /// every rank to be there, then pulls the peers' shards into this rank's
     /// workspace, rank-1 first. Pipelined: the main stream multiplies this
     /// rank's shard at once (from the caller's memory when it is a matrix)
@@ -467,6 +470,9 @@ impl Prepared for AgMmPrepared {
         if self.decision.lines {
             self.gather_on_lines(ex)?;
             return self.multiply_gathered(ex);
+        }
+        if self.pushes() {
+            return self.pipelined_pushed(ex);
         }
         let a = &self.call.a_shard;
         let (dim, len, me, world) = (self.dim, a.shape[self.dim], ex.rank(), ex.world());
@@ -484,10 +490,10 @@ impl Prepared for AgMmPrepared {
         // A shard in symmetric memory (not fp8) is pulled by the peers from
         // where the caller has it (agreed: its place is in the signature),
         // and staged only where this rank itself reads it from the
-        // workspace (one matmul over the gathered A, `ag_out`).
+        // workspace (one matmul over the gathered A).
         let caller_place = self.symmetric_a.as_ref().filter(|_| self.mode.is_none());
         let peers_read_caller = caller_place.is_some();
-        let stage_own = !peers_read_caller || !own_in_place || self.call.ag_out.is_some();
+        let stage_own = !peers_read_caller || !own_in_place;
         // A small shard is staged on the main stream, first: the driver
         // copies within a GPU on its multiprocessors, so on the side stream
         // the copy (and the barrier and pulls behind it) would wait for a
@@ -546,6 +552,69 @@ impl Prepared for AgMmPrepared {
     }
 }
 
+impl AgMmPrepared {
+    /// Whether the ranks push their shards into each other's workspaces
+    /// ([`Self::pipelined_pushed`]) instead of staging them to be pulled.
+    /// From agreed inputs only, as the two exchange different signals:
+    /// pipelined, gathering a dimension before the last, not fp8 (whose
+    /// own matmul reads the staged shard and row scales), and a shard not
+    /// in symmetric memory (there the peers pull it in place).
+    fn pushes(&self) -> bool {
+        self.decision.algorithm == Algorithm::Pipelined
+            && self.dim + 1 < self.call.a_shard.ndim()
+            && self.mode.is_none()
+            && self.symmetric_a.is_none()
+    }
+
+    /// Pipelined with pushes: a side stream waits for every rank (barrier:
+    /// a peer's workspace is free once its main stream has reached this
+    /// call), then copies this rank's shard from the caller's memory
+    /// straight into its slot in each peer's workspace (`rank+1` first, so
+    /// that each step uses different links), a piece at a time, signalling
+    /// each piece, and waits for the same piece from `rank-1`, which the
+    /// main stream then multiplies. Against staging for pulls, this saves
+    /// a copy on the SMs ahead of the matmuls (31 us for a 64 MiB shard on
+    /// an H200, bench/results/) and the closing barrier: no peer reads this
+    /// rank's memory, and every piece sent here has landed once it is
+    /// multiplied. A shard that is no row-major matrix is staged first and
+    /// pushed from there (copy engines want rows).
+    fn pipelined_pushed(&self, ex: &Exec<'_>) -> Result<()> {
+        let a = &self.call.a_shard;
+        let (len, me, world) = (a.shape[self.dim], ex.rank(), ex.world());
+        let own = match a.as_row_major_matrix() {
+            Some(_) => a.clone(),
+            None => {
+                self.stage(ex, ex.stream)?;
+                self.staged_shard(ex, me)
+            }
+        };
+        let side = ex.side()?;
+        ex.fork(side)?;
+        ex.barrier_on(side)?;
+        self.multiply_shard(ex, &own, me, len)?;
+        let pieces = self.pieces();
+        for step in 1..world {
+            let (to, from) = ((me + step) % world, (me + world - step) % world);
+            let theirs = Array::contiguous(ex.at(to, self.shards + me * self.shard_bytes)?, a.dtype, &a.shape);
+            let landed = self.staged_shard(ex, from);
+            for (j, (start, rows)) in piece_ranges(a.shape[0], pieces).enumerate() {
+                let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, start, rows) };
+                ex.copy_on(side, &piece(&theirs), &piece(&own))?;
+                ex.put_signal(to, PUSHED + j, side)?;
+                ex.wait_signal(from, PUSHED + j, side)?;
+                ex.join(side)?;
+                self.multiply_rows(ex, &piece(&landed), from, len, start, rows)?;
+            }
+        }
+        self.finish(ex, false)?;
+        ex.join(side)
+    }
+}
+
+/// Signal channels announcing the pushed pieces of a shard, one per piece.
+const PUSHED: usize = super::CHANNEL + 1;
+const _: () = assert!(PUSHED + cost::MAX_GATHER_PIECES <= crate::backend::SIGNAL_CHANNELS);
+
 /// Shards of at most this many bytes are staged on the main stream before
 /// the matmuls (a copy of a few microseconds).
 const STAGE_FIRST_BYTES: usize = 4 << 20;
@@ -555,9 +624,10 @@ impl AgMmPrepared {
     /// first dimension (contiguous runs of the staged shard): the
     /// decision's, at most `Shape::split_len` (the shard's length there
     /// where the call gathers a dimension before the last and is not fp8,
-    /// else 1).
+    /// else 1) and [`cost::MAX_GATHER_PIECES`] (a signal channel each when
+    /// pushed).
     fn pieces(&self) -> usize {
-        self.decision.pieces.clamp(1, self.shape.split_len.max(1))
+        self.decision.pieces.clamp(1, self.shape.split_len.clamp(1, cost::MAX_GATHER_PIECES))
     }
 
     /// Sequential at small shards (`Decision::lines`): every rank's shard
@@ -599,8 +669,10 @@ impl AgMmPrepared {
         let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
         let (dim, len, world) = (self.dim, a.shape[self.dim], ex.world());
         if let Some(ag) = ag_out {
+            // This rank's own from the caller: it may not be staged.
             for r in 0..world {
-                ex.copy(&ag.narrow(dim, r * len, len), &self.staged_shard(ex, r))?;
+                let shard = if r == ex.rank() { a.clone() } else { self.staged_shard(ex, r) };
+                ex.copy(&ag.narrow(dim, r * len, len), &shard)?;
             }
         }
         if whole {
@@ -1057,6 +1129,80 @@ mod tests {
                         for h in 0..k {
                             let (owner, at) = source(row * k + h);
                             assert_eq!(ag[row * k + h], a_val(owner, at), "{}: ag_out row {row}", what(r));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pushed shards in each rank's own layout (the protocol is agreed;
+    /// the layouts are not): rank 0's contiguous, rank 1's rows apart
+    /// (pushed by pitched copies), rank 2's column-major (staged, then
+    /// pushed); worlds 2 and 3, whole and in pieces, with `ag_out`. Small
+    /// integers in f32, so every element is exact; NaN in the outputs first.
+    #[test]
+    fn pushed_shards_in_every_layout() {
+        use crate::ops::testing::{host_groups, on_each};
+        let a_val = |r: usize, q: usize, h: usize| ((r * 31 + q * 7 + h * 3) % 11) as f32 - 5.0;
+        let b_val = |i: usize| ((i * 5) % 7) as f32 - 3.0;
+        let (rows, k, n) = (7usize, 5usize, 3usize);
+        for world in [2, 3] {
+            for pieces in [1, 3] {
+                let got = on_each(&host_groups(world), |r, g| {
+                    // Element (q, h) of rank r's shard at `q * rs + h * cs`.
+                    let (rs, cs, len) = match r {
+                        0 => (k, 1, rows * k),
+                        1 => (k + 2, 1, rows * (k + 2)),
+                        _ => (1, rows, rows * k),
+                    };
+                    let mut a = vec![f32::NAN; len];
+                    for q in 0..rows {
+                        for h in 0..k {
+                            a[q * rs + h * cs] = a_val(r, q, h);
+                        }
+                    }
+                    let b: Vec<f32> = (0..k * n).map(b_val).collect();
+                    let (out, ag) = (vec![f32::NAN; world * rows * n], vec![f32::NAN; world * rows * k]);
+                    let at = |v: &Vec<f32>, shape: &[usize]| Array::contiguous(v.as_ptr() as u64, DType::F32, shape);
+                    let call = AgMm {
+                        a_shard: Array {
+                            addr: a.as_ptr() as u64,
+                            dtype: DType::F32,
+                            shape: vec![rows, k],
+                            strides: vec![rs, cs],
+                        },
+                        bs: vec![at(&b, &[k, n])],
+                        gather_dim: 0,
+                        ag_out: Some(at(&ag, &[world * rows, k])),
+                        outs: vec![at(&out, &[world * rows, n])],
+                        scales: AgMmScales::default(),
+                        algorithm: Some(Algorithm::Pipelined),
+                    };
+                    crate::ops::run_prepared(g, crate::backend::Stream(0), Ok(call), |c| {
+                        let signature = c.signature(None);
+                        let prepared = c.prepare(&Facts::of(g), "host", false).map(|mut p| {
+                            p.decision.pieces = pieces;
+                            assert!(p.pushes(), "pipelined along dim 0 pushes");
+                            p
+                        });
+                        (
+                            crate::ops::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)),
+                            prepared,
+                        )
+                    })
+                    .unwrap();
+                    (out, ag)
+                });
+                for (r, (out, ag)) in got.iter().enumerate() {
+                    for row in 0..world * rows {
+                        let (owner, q) = (row / rows, row % rows);
+                        for j in 0..n {
+                            let want: f32 = (0..k).map(|h| a_val(owner, q, h) * b_val(h * n + j)).sum();
+                            assert_eq!(out[row * n + j], want, "world {world} in {pieces}: rank {r} row {row}");
+                        }
+                        for h in 0..k {
+                            assert_eq!(ag[row * k + h], a_val(owner, q, h), "world {world}: rank {r} ag_out row {row}");
                         }
                     }
                 }
