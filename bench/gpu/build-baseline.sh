@@ -25,7 +25,7 @@ if [ "${2:-}" = --tests ]; then
         python3 bench/gpu/lib-tests-path.py)
     cp "$tests" bundle/base/symm-lib-tests
     strip --strip-debug bundle/base/symm-lib-tests
-    gzip -f bundle/base/symm-lib-tests
+    xz -6 -T0 -f bundle/base/symm-lib-tests
 fi
 cp -r "$tree/python" "$tree/bench" bundle/base/
 # Its plain calls' C path too, as python/setup.py builds it (stable ABI),
@@ -39,6 +39,6 @@ rm -rf bundle/base/bench/results  # not needed there, and the carry is limited
 find bundle/base -name __pycache__ -prune -exec rm -rf {} +
 cp target/baseline/release/libsymm.so bundle/base/
 strip --strip-debug bundle/base/libsymm.so
-gzip -f bundle/base/libsymm.so
+xz -6 -T0 -f bundle/base/libsymm.so
 echo "$commit" > bundle/base/commit
 echo "bundle/base/: $(du -sh bundle/base | cut -f1), commit $commit"

@@ -24,9 +24,10 @@ cp python/symm/_fastcall_ext.abi3.so bundle/
 # Debug info would push the bundle past what the device tool carries (64 MiB).
 strip --strip-debug bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
 # Each of them embeds the kernels: compressed (bench/gpu/unpack.sh restores
-# them on the device), the bundle and the working tree stay under that limit.
-rm -f bundle/*.gz
-gzip -f bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
+# them on the device), the bundle and the working tree stay under that limit
+# (xz: a third smaller than gzip, so a baseline fits beside them).
+rm -f bundle/*.gz bundle/*.xz
+xz -6 -T0 -f bundle/libsymm.so bundle/symm-lib-tests bundle/sm90_matmul
 # One line: results files are named after it.
 dirty=$([ -n "$(git status --porcelain -- src kernels build.rs Cargo.toml)" ] && echo -dirty || true)
 echo "$(git rev-parse --short HEAD)$dirty" > bundle/commit

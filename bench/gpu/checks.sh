@@ -106,7 +106,6 @@ for c in $checks; do
         done
         step hosts4_collect python3 bench/gpu/collect.py "$OUT/hosts_bench4.txt" "$OUT" "$(cat bundle/commit)" ;;
     baseline)
-        gunzip -kf bundle/base/libsymm.so.gz
         for i in $(seq "${SYMM_BASELINE_ROUNDS:-3}"); do
             # Each side with its own package and benchmark script.
             for side in base head; do
@@ -118,7 +117,6 @@ for c in $checks; do
             done
         done ;;
     lib_ab)
-        gunzip -kf bundle/base/symm-lib-tests.gz && chmod +x bundle/base/symm-lib-tests
         for i in $(seq "${SYMM_BASELINE_ROUNDS:-3}"); do
             for side in base head; do
                 bin=bundle/symm-lib-tests; [ $side = base ] && bin=bundle/base/symm-lib-tests
@@ -127,7 +125,6 @@ for c in $checks; do
         done ;;
     tag_cost)
         # The LL kernels' graph-replayed time, baseline and this tree in turn.
-        gunzip -kf bundle/base/libsymm.so.gz
         step tag_cost timeout 300 python3 bench/probes/tag_cost_probe.py --world "$world" \
             --gpus "$([ "$ngpu" -ge "$world" ] && echo "$world" || echo 1)" \
             --lib "base=$root/bundle/base/libsymm.so:$root/bundle/base/python" --lib "head=$root/bundle/libsymm.so:$root/python" ;;
