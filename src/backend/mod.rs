@@ -350,8 +350,9 @@ pub trait Backend: Send + Sync {
     // over. Arguments are checked by the operations; a backend may still
     // refuse a combination it does not implement (Unsupported).
 
-    /// Copies `src` into `dst` (same shape, any strides), converting the
-    /// element type through f32 when the two differ.
+    /// Copies `src` into `dst` (same shape, in layouts [`check_copy`]
+    /// accepts), converting the element type through f32 when the two
+    /// differ (where the backend converts).
     fn copy(&self, dst: &Array, src: &Array, stream: Stream) -> Result<()> {
         let _ = (dst, src, stream);
         Err(err!(Unsupported, "the {} backend does not implement copy", self.kind().name()))
@@ -929,6 +930,24 @@ impl FusedMatmul {
 }
 
 /// Rounds `n` up to a multiple of `to` (a power of two or not).
+/// The layouts every backend copies between: one side contiguous, or
+/// both matrices of rows apart (pitched, unit column stride). The CUDA
+/// backend can do no other (copy engines, pack and unpack kernels), so the
+/// host backend refuses the rest too: what runs there runs on CUDA.
+pub fn check_copy(dst: &Array, src: &Array) -> Result<()> {
+    let pitched = |a: &Array| a.as_matrix().is_some_and(|m| m.strides[1] == 1);
+    if dst.is_contiguous() || src.is_contiguous() || (pitched(dst) && pitched(src)) {
+        return Ok(());
+    }
+    Err(err!(
+        Internal,
+        "a copy between strides {:?} and {:?} of shape {:?}: one side must be contiguous, or both pitched matrices",
+        src.strides,
+        dst.strides,
+        src.shape
+    ))
+}
+
 pub fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }

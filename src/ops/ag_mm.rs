@@ -361,6 +361,11 @@ impl AgMm {
             lines_scales_input,
             tensor_scale,
             b_vectors,
+            // See `pushes`.
+            push: decision.algorithm == Algorithm::Pipelined
+                && dim != last
+                && mode.is_none()
+                && shard_bytes > STAGE_FIRST_BYTES,
             decision,
             shape,
             workspace: layout.bytes(),
@@ -423,6 +428,10 @@ pub(super) struct AgMmPrepared {
     /// fp8, per B: where its scales and its bias are copied when they are
     /// not 16-byte aligned.
     b_vectors: Vec<BVectors>,
+    /// Pipelined: whether the ranks push their shards instead of staging
+    /// them to be pulled, unless the shards lie in symmetric memory
+    /// (see [`Self::pushes`]).
+    push: bool,
     decision: Decision,
     shape: decide::Shape,
     workspace: usize,
@@ -445,7 +454,8 @@ impl Prepared for AgMmPrepared {
     }
 
     fn decided(&self) -> Option<String> {
-        Some(self.decision.describe(&self.shape))
+        let pushed = if self.pushes() { ", the shards pushed" } else { "" };
+        Some(format!("{}{pushed}", self.decision.describe(&self.shape)))
     }
 
     fn replay_key(&self) -> String {
@@ -547,66 +557,7 @@ impl Prepared for AgMmPrepared {
         // the next call may overwrite it) then overlaps the matmuls below.
         ex.join(side)?;
         ex.barrier_on(side)?;
-        self.finish(ex, whole)?;
-        ex.join(side)
-    }
-}
-
-impl AgMmPrepared {
-    /// Whether the ranks push their shards into each other's workspaces
-    /// ([`Self::pipelined_pushed`]) instead of staging them to be pulled.
-    /// From agreed inputs only, as the two exchange different signals:
-    /// pipelined, gathering a dimension before the last, not fp8 (whose
-    /// own matmul reads the staged shard and row scales), and a shard not
-    /// in symmetric memory (there the peers pull it in place).
-    fn pushes(&self) -> bool {
-        self.decision.algorithm == Algorithm::Pipelined
-            && self.dim + 1 < self.call.a_shard.ndim()
-            && self.mode.is_none()
-            && self.symmetric_a.is_none()
-    }
-
-    /// Pipelined with pushes: a side stream waits for every rank (barrier:
-    /// a peer's workspace is free once its main stream has reached this
-    /// call), then copies this rank's shard from the caller's memory
-    /// straight into its slot in each peer's workspace (`rank+1` first, so
-    /// that each step uses different links), a piece at a time, signalling
-    /// each piece, and waits for the same piece from `rank-1`, which the
-    /// main stream then multiplies. Against staging for pulls, this saves
-    /// a copy on the SMs ahead of the matmuls (31 us for a 64 MiB shard on
-    /// an H200, bench/results/) and the closing barrier: no peer reads this
-    /// rank's memory, and every piece sent here has landed once it is
-    /// multiplied. A shard that is no row-major matrix is staged first and
-    /// pushed from there (copy engines want rows).
-    fn pipelined_pushed(&self, ex: &Exec<'_>) -> Result<()> {
-        let a = &self.call.a_shard;
-        let (len, me, world) = (a.shape[self.dim], ex.rank(), ex.world());
-        let own = match a.as_row_major_matrix() {
-            Some(_) => a.clone(),
-            None => {
-                self.stage(ex, ex.stream)?;
-                self.staged_shard(ex, me)
-            }
-        };
-        let side = ex.side()?;
-        ex.fork(side)?;
-        ex.barrier_on(side)?;
-        self.multiply_shard(ex, &own, me, len)?;
-        let pieces = self.pieces();
-        for step in 1..world {
-            let (to, from) = ((me + step) % world, (me + world - step) % world);
-            let theirs = Array::contiguous(ex.at(to, self.shards + me * self.shard_bytes)?, a.dtype, &a.shape);
-            let landed = self.staged_shard(ex, from);
-            for (j, (start, rows)) in piece_ranges(a.shape[0], pieces).enumerate() {
-                let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, start, rows) };
-                ex.copy_on(side, &piece(&theirs), &piece(&own))?;
-                ex.put_signal(to, PUSHED + j, side)?;
-                ex.wait_signal(from, PUSHED + j, side)?;
-                ex.join(side)?;
-                self.multiply_rows(ex, &piece(&landed), from, len, start, rows)?;
-            }
-        }
-        self.finish(ex, false)?;
+        self.finish(ex, whole, (!stage_own).then_some(a))?;
         ex.join(side)
     }
 }
@@ -620,6 +571,69 @@ const _: () = assert!(PUSHED + cost::MAX_GATHER_PIECES <= crate::backend::SIGNAL
 const STAGE_FIRST_BYTES: usize = 4 << 20;
 
 impl AgMmPrepared {
+    /// Whether the ranks push their shards into each other's workspaces
+    /// ([`Self::pipelined_pushed`]) instead of staging them to be pulled.
+    /// From agreed inputs only, as the two exchange different signals:
+    /// pipelined, gathering a dimension before the last, not fp8 (whose
+    /// own matmul reads the staged shard and row scales), a shard not in
+    /// symmetric memory (there the peers pull it in place), and larger than
+    /// [`STAGE_FIRST_BYTES`]: a smaller one stages in a few us, and its
+    /// pull lands within this rank's own matmul with no kernel between the
+    /// two matmuls, where a pushed one's signals (kernels) wait for a
+    /// matmul holding every multiprocessor to end.
+    fn pushes(&self) -> bool {
+        self.push && self.symmetric_a.is_none()
+    }
+
+    /// Pipelined with pushes: a side stream waits for every rank (barrier:
+    /// a peer's workspace is free once its main stream has reached this
+    /// call), then copies this rank's shard from the caller's memory
+    /// straight into its slot in each peer's workspace (`rank+1` first, so
+    /// that each step uses different links), a piece at a time, back to
+    /// back. A third stream signals each piece once it has landed and waits
+    /// for the same piece from `rank-1`, which the main stream then
+    /// multiplies (kept off the copies' stream: a signal kernel may wait for
+    /// a matmul to free a multiprocessor, and the next copy would wait with
+    /// it). Against staging for pulls, this saves a copy on the SMs ahead
+    /// of the matmuls (31 us for a 64 MiB shard on an H200, bench/results/)
+    /// and the closing barrier: no peer reads this rank's memory, and every
+    /// piece sent here has landed once it is multiplied. A shard the copy
+    /// engines cannot read as it lies (no row-major matrix, or with
+    /// `ag_out` not contiguous) is staged first and pushed from there.
+    fn pipelined_pushed(&self, ex: &Exec<'_>) -> Result<()> {
+        let a = &self.call.a_shard;
+        let (len, me, world) = (a.shape[self.dim], ex.rank(), ex.world());
+        let in_place = a.is_contiguous() || (a.as_row_major_matrix().is_some() && self.call.ag_out.is_none());
+        let own = match in_place {
+            true => a.clone(),
+            false => {
+                self.stage(ex, ex.stream)?;
+                self.staged_shard(ex, me)
+            }
+        };
+        let (side, signals) = (ex.side()?, ex.signal_side()?);
+        ex.fork(side)?;
+        ex.barrier_on(side)?;
+        self.multiply_shard(ex, &own, me, len)?;
+        let pieces = self.pieces();
+        for step in 1..world {
+            let (to, from) = ((me + step) % world, (me + world - step) % world);
+            let theirs = Array::contiguous(ex.at(to, self.shards + me * self.shard_bytes)?, a.dtype, &a.shape);
+            let landed = self.staged_shard(ex, from);
+            for (j, (start, rows)) in piece_ranges(a.shape[0], pieces).enumerate() {
+                let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, start, rows) };
+                ex.copy_on(side, &piece(&theirs), &piece(&own))?;
+                ex.stream_after(signals, side)?;
+                ex.put_signal(to, PUSHED + j, signals)?;
+                ex.wait_signal(from, PUSHED + j, signals)?;
+                ex.join(signals)?;
+                self.multiply_rows(ex, &piece(&landed), from, len, start, rows)?;
+            }
+        }
+        self.finish(ex, false, in_place.then_some(a))?;
+        ex.join(side)
+    }
+
     /// The pieces the pipelined path pulls each peer's shard in, along its
     /// first dimension (contiguous runs of the staged shard): the
     /// decision's, at most `Shape::split_len` (the shard's length there
@@ -665,13 +679,17 @@ impl AgMmPrepared {
     /// workspace: `ag_out`, and the products not made shard by shard (one
     /// matmul over the gathered A when `whole`; over the whole K when
     /// gathering K).
-    fn finish(&self, ex: &Exec<'_>, whole: bool) -> Result<()> {
+    /// `own`: where this rank's shard is read for `ag_out` where it is not
+    /// staged.
+    fn finish(&self, ex: &Exec<'_>, whole: bool, own: Option<&Array>) -> Result<()> {
         let AgMm { a_shard: a, bs, ag_out, outs, .. } = &self.call;
         let (dim, len, world) = (self.dim, a.shape[self.dim], ex.world());
         if let Some(ag) = ag_out {
-            // This rank's own from the caller: it may not be staged.
             for r in 0..world {
-                let shard = if r == ex.rank() { a.clone() } else { self.staged_shard(ex, r) };
+                let shard = match own {
+                    Some(own) if r == ex.rank() => own.clone(),
+                    _ => self.staged_shard(ex, r),
+                };
                 ex.copy(&ag.narrow(dim, r * len, len), &shard)?;
             }
         }
@@ -740,7 +758,7 @@ impl AgMmPrepared {
                 self.multiply_shard(ex, &self.staged_shard(ex, r), r, a.shape[self.dim])?;
             }
         }
-        self.finish(ex, whole)
+        self.finish(ex, whole, None)
     }
 
     /// Across hosts (`super::across_matmul`): whether this rank's own
@@ -762,7 +780,7 @@ impl AgMmPrepared {
 
     /// Once every shard has landed and been multiplied: `ag_out`.
     pub(super) fn finish_staged(&self, ex: &Exec<'_>) -> Result<()> {
-        self.finish(ex, false)
+        self.finish(ex, false, None)
     }
 
     /// Fused (gathering dim 0 into matrices, see `fused_field`): the main
@@ -1056,8 +1074,9 @@ mod tests {
         }
     }
 
-    /// The pipelined path pulling each peer's shard in pieces, forced (the
-    /// cost model picks them only at sizes too large for a host test): 2-D
+    /// The pipelined path pulling (or pushed) each peer's shard in pieces,
+    /// both forced (the cost model picks them only at sizes too large for
+    /// a host test): 2-D
     /// and 3-D shards gathered along dim 0, 3-D and 4-D ones along a middle
     /// dimension (pieces of the batch), lengths the pieces do not divide,
     /// more pieces than the shard's length, worlds 2, 3 and 8, with
@@ -1076,7 +1095,7 @@ mod tests {
             (vec![5, 3, 4], 1, 3),
             (vec![3, 2, 2, 4], 2, 2),
         ];
-        for world in [2, 3, 8] {
+        for (world, push) in [(2, false), (2, true), (3, false), (3, true), (8, false), (8, true)] {
             for (shard, dim, pieces) in cases.clone() {
                 let (k, n) = (shard[shard.len() - 1], 3);
                 let rows = shard.iter().product::<usize>() / k;
@@ -1102,7 +1121,7 @@ mod tests {
                     crate::ops::run_prepared(g, crate::backend::Stream(0), Ok(call), |c| {
                         let signature = c.signature(None);
                         let prepared = c.prepare(&Facts::of(g), "host", false).map(|mut p| {
-                            p.decision.pieces = pieces;
+                            (p.decision.pieces, p.push) = (pieces, push);
                             assert_eq!(p.pieces(), pieces.min(shard[0]), "the pieces execute takes");
                             p
                         });
@@ -1114,7 +1133,8 @@ mod tests {
                     .unwrap();
                     (out, ag)
                 });
-                let what = |r: usize| format!("world {world} {shard:?} along {dim} in {pieces}: rank {r}");
+                let what =
+                    |r: usize| format!("world {world} {shard:?} along {dim} in {pieces} (push {push}): rank {r}");
                 for (r, (out, ag)) in got.iter().enumerate() {
                     for row in 0..world * rows {
                         for j in 0..n {
@@ -1138,8 +1158,9 @@ mod tests {
 
     /// Pushed shards in each rank's own layout (the protocol is agreed;
     /// the layouts are not): rank 0's contiguous, rank 1's rows apart
-    /// (pushed by pitched copies), rank 2's column-major (staged, then
-    /// pushed); worlds 2 and 3, whole and in pieces, with `ag_out`. Small
+    /// (pushed by pitched copies; staged with `ag_out`), rank 2's
+    /// column-major (staged, then pushed); worlds 2 and 3, whole and in
+    /// pieces, with and without `ag_out`. Small
     /// integers in f32, so every element is exact; NaN in the outputs first.
     #[test]
     fn pushed_shards_in_every_layout() {
@@ -1148,7 +1169,7 @@ mod tests {
         let b_val = |i: usize| ((i * 5) % 7) as f32 - 3.0;
         let (rows, k, n) = (7usize, 5usize, 3usize);
         for world in [2, 3] {
-            for pieces in [1, 3] {
+            for (pieces, with_ag) in [(1, true), (3, true), (3, false)] {
                 let got = on_each(&host_groups(world), |r, g| {
                     // Element (q, h) of rank r's shard at `q * rs + h * cs`.
                     let (rs, cs, len) = match r {
@@ -1174,7 +1195,7 @@ mod tests {
                         },
                         bs: vec![at(&b, &[k, n])],
                         gather_dim: 0,
-                        ag_out: Some(at(&ag, &[world * rows, k])),
+                        ag_out: with_ag.then(|| at(&ag, &[world * rows, k])),
                         outs: vec![at(&out, &[world * rows, n])],
                         scales: AgMmScales::default(),
                         algorithm: Some(Algorithm::Pipelined),
@@ -1182,8 +1203,9 @@ mod tests {
                     crate::ops::run_prepared(g, crate::backend::Stream(0), Ok(call), |c| {
                         let signature = c.signature(None);
                         let prepared = c.prepare(&Facts::of(g), "host", false).map(|mut p| {
-                            p.decision.pieces = pieces;
-                            assert!(p.pushes(), "pipelined along dim 0 pushes");
+                            // Pushed at any size (the cost model pushes only
+                            // shards too large for a host test).
+                            (p.decision.pieces, p.push) = (pieces, true);
                             p
                         });
                         (
@@ -1201,7 +1223,7 @@ mod tests {
                             let want: f32 = (0..k).map(|h| a_val(owner, q, h) * b_val(h * n + j)).sum();
                             assert_eq!(out[row * n + j], want, "world {world} in {pieces}: rank {r} row {row}");
                         }
-                        for h in 0..k {
+                        for h in (0..k).filter(|_| with_ag) {
                             assert_eq!(ag[row * k + h], a_val(owner, q, h), "world {world}: rank {r} ag_out row {row}");
                         }
                     }

@@ -386,6 +386,11 @@ impl Exec<'_> {
         self.group.backend().stream_wait(side, self.stream)
     }
 
+    /// `later` continues after `earlier`'s work so far.
+    fn stream_after(&self, later: Stream, earlier: Stream) -> Result<()> {
+        self.group.backend().stream_wait(later, earlier)
+    }
+
     /// The main stream continues after the side stream's work so far.
     fn join(&self, side: Stream) -> Result<()> {
         self.group.backend().stream_wait(self.stream, side)

@@ -61,6 +61,7 @@ impl Backend for HostBackend {
         Ok(Box::new(signals::HostSignals::new(pads, self.health.clone())))
     }
     fn copy(&self, dst: &Array, src: &Array, _stream: Stream) -> Result<()> {
+        super::check_copy(dst, src)?;
         elementwise::copy(dst, src)
     }
     fn reduce(&self, dst: &Array, srcs: &[Array], scale: f32, _stream: Stream) -> Result<()> {

@@ -1,13 +1,12 @@
-//! `fused_ag_mm`'s pipelined path pulling each peer's shard in pieces, on
+//! `fused_ag_mm`'s pipelined path with each peer's shard in pieces, on
 //! `SYMM_TEST_WORLD` GPUs (default 2; one process, a thread per rank): the
-//! pieces forced on small shapes (2-D and 3-D shards gathered along dim 0,
-//! a 3-D one along dim 1 in pieces of its batch, lengths the pieces do not
-//! divide, more pieces than rows), and chosen by
-//! the cost model on a comm-heavy shape (16384 x 4096 x 1024, rows at every
-//! piece's edges checked); bf16 against a float64 reference by relative
-//! error, outputs poisoned with NaN first. Named `gpu_*`; skipped with
-//! fewer GPUs.
-
+//! pieces forced on small shapes, pulled and pushed (2-D and 3-D shards
+//! gathered along dim 0, a 3-D one along dim 1 in pieces of its batch,
+//! lengths the pieces do not divide, more pieces than rows), and chosen by
+//! the cost model on a comm-heavy shape (16384 x 4096 x 1024, pushed; rows
+//! at every piece's edges checked); bf16 against a float64 reference by
+//! relative error, outputs poisoned with NaN first. Named `gpu_*`; skipped
+//! with fewer GPUs.
 use super::*;
 use crate::backend::cuda::gpu_testing::{gpu_on, rel_err};
 use crate::group::Group;
@@ -25,13 +24,15 @@ fn bf16s(v: impl Iterator<Item = f64>) -> Vec<u8> {
 }
 
 /// `call` on `g`, pipelined, with the decision's pieces replaced by
-/// `pieces` where given; the pieces it ran in.
-fn run(g: &Arc<Group>, call: AgMm, pieces: Option<usize>, stream: Stream) -> usize {
+/// `pieces` and its choice to push by `push` where given; the pieces it
+/// ran in.
+fn run(g: &Arc<Group>, call: AgMm, pieces: Option<usize>, push: Option<bool>, stream: Stream) -> usize {
     let mut ran = 0;
     crate::ops::run_prepared(g, stream, Ok(call), |c| {
         let signature = c.signature(None);
         let prepared = c.prepare(&Facts::of(g), "cuda", false).map(|mut p| {
             p.decision.pieces = pieces.unwrap_or(p.decision.pieces);
+            p.push = push.unwrap_or(p.push);
             ran = p.pieces();
             p
         });
@@ -50,6 +51,7 @@ fn case(
     dim: usize,
     n: usize,
     pieces: Option<usize>,
+    push: Option<bool>,
     check: &(dyn Fn(usize) -> Vec<usize> + Sync),
 ) -> Vec<usize> {
     let world = groups.len();
@@ -68,7 +70,7 @@ fn case(
         idx[dim] += owner * shard[dim];
         idx.iter().zip(&out_shape).fold(0, |flat, (&i, &len)| flat * len + i)
     };
-    let what = format!("{shard:?} along {dim} x {n} in {pieces:?}");
+    let what = format!("{shard:?} along {dim} x {n} in {pieces:?} (push {push:?})");
     on_each(groups, |r, g| {
         let gpu = gpu_on(r as i32);
         let a = gpu.upload(&bf16s((0..rows * k).map(|i| value(r, i))));
@@ -83,7 +85,7 @@ fn case(
             scales: AgMmScales::default(),
             algorithm: Some(Algorithm::Pipelined),
         };
-        let ran = run(g, call, pieces, gpu.stream());
+        let ran = run(g, call, pieces, push, gpu.stream());
         gpu.sync();
         let bytes = gpu.read_at(out.ptr, world * rows * n * 2);
         let got: Vec<f32> = bytes.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
@@ -112,14 +114,16 @@ fn gpu_ag_mm_pipelined_in_pieces() {
         [(vec![1000usize, 512], 0, 3usize), (vec![5, 40, 256], 0, 2), (vec![6, 256], 0, 8), (vec![5, 40, 256], 1, 3)];
     for (shard, dim, pieces) in forced {
         let rows = shard.iter().product::<usize>() / shard[shard.len() - 1];
-        let ran = case(&groups, &shard, dim, 384, Some(pieces), &|_| (0..rows).collect());
-        assert!(ran.iter().all(|&c| c == pieces.min(shard[0])), "{shard:?}: ran in {ran:?}");
+        for push in [false, true] {
+            let ran = case(&groups, &shard, dim, 384, Some(pieces), Some(push), &|_| (0..rows).collect());
+            assert!(ran.iter().all(|&c| c == pieces.min(shard[0])), "{shard:?}: ran in {ran:?}");
+        }
     }
     // Chosen: a comm-heavy gather (pieces at world 2), the first and last
     // row of every piece checked.
     let shard = [16384 / world, 4096];
     let len = shard[0];
-    let ran = case(&groups, &shard, 0, 1024, None, &|_| {
+    let ran = case(&groups, &shard, 0, 1024, None, None, &|_| {
         let c = 8;
         (0..c).flat_map(|j| [j * len / c, ((j + 1) * len / c).max(1) - 1]).collect()
     });
