@@ -738,8 +738,8 @@ mod tests {
     fn the_pipelined_scatter_announces_pieces_only_where_the_pull_is_exposed() {
         let d = &DeviceModel::HOPPER;
         let pipelined = |p: &Problem| *mm_rs(p, d).iter().find(|e| e.algorithm == Algorithm::Pipelined).unwrap();
-        // As mm_rs cuts two-rank chunks: at most 4 pieces of 512 rows.
-        let onto = |m: usize, k: usize, n: usize| Problem { split_len: (m / 2 / 512).min(4), ..prob(m, k, n) };
+        // As mm_rs cuts two-rank chunks: at most 2 pieces of 512 rows.
+        let onto = |m: usize, k: usize, n: usize| Problem { split_len: (m / 2 / 512).min(2), ..prob(m, k, n) };
         for (m, k, n) in [(4096, 2048, 8192), (2048, 1536, 8192), (3000, 1024, 8192)] {
             let (whole, split) = (pipelined(&prob(m, k, n)), pipelined(&onto(m, k, n)));
             assert_eq!(whole.pieces, 1);

@@ -820,9 +820,12 @@ pub(crate) fn onto_pull_pieces_of(units: usize, rows: usize) -> Option<usize> {
 /// Rows of this rank's chunk per piece at least, and most pieces, of
 /// [`MmRsPrepared::pipelined_onto_pulls`]: pieces large enough that cuBLASLt
 /// runs them about as fast as the whole chunk, and few enough that their
-/// pulls and joins cost little.
+/// pulls and joins cost little. Measured on 2 x H200 (bench/results/):
+/// 512-row pieces of 4096x2048x8192 ran 13% slower than the whole matmul,
+/// and at most 2 pieces took 0.90-0.95 x the time of at most 4 there and
+/// at 8192x2048x4096 (batch 4), the same elsewhere.
 const MIN_PIECE_ROWS: usize = 512;
-const MAX_PIECES: usize = 4;
+const MAX_PIECES: usize = 2;
 
 /// Signal channel announcing "the chunk for you is in my workspace", and
 /// the channels after it, one per piece of [`MmRsPrepared::pipelined_onto_pulls`].
@@ -968,7 +971,7 @@ mod tests {
             c.prepare(&host_facts(2), "host", false).unwrap().onto_pieces
         };
         assert_eq!(seq(&[8, 1024, 8], 1, &[8, 512, 16]), Some(MAX_PIECES));
-        assert_eq!(seq(&[3, 1024, 8], 1, &[3, 512, 16]), Some(3));
+        assert_eq!(seq(&[3, 1024, 8], 1, &[3, 512, 16]), Some(MAX_PIECES));
         assert_eq!(seq(&[3, 800, 8], 1, &[3, 400, 16]), Some(2)); // 1200 rows
         assert_eq!(seq(&[1, 8192, 8], 1, &[1, 4096, 16]), None); // one batch
         assert_eq!(seq(&[8, 1024, 8], 0, &[4, 1024, 16]), None); // dim 0 of a 3-D a
