@@ -562,7 +562,7 @@ impl Prepared for AgMmPrepared {
     }
 }
 
-/// Barrier channels of the pushed pieces of a shard, one per piece.
+/// Signal channels announcing the pushed pieces of a shard, one per piece.
 const PUSHED: usize = super::CHANNEL + 1;
 const _: () = assert!(PUSHED + cost::MAX_GATHER_PIECES <= crate::backend::SIGNAL_CHANNELS);
 
@@ -590,13 +590,11 @@ impl AgMmPrepared {
     /// call), then copies this rank's shard from the caller's memory
     /// straight into its slot in each peer's workspace (`rank+1` first, so
     /// that each step uses different links), a piece at a time, back to
-    /// back. Once a piece has landed, a third stream meets every rank on a
-    /// barrier of that piece's own channel (one kernel: a signal and a wait
-    /// took two, ~4 us more between the matmuls on an H200), after which the
-    /// same piece from `rank-1` has landed too and the main stream
-    /// multiplies it. The barriers are kept off the copies' stream: a
-    /// kernel may wait for a matmul to free a multiprocessor, and the next
-    /// copy would wait with it. Against staging for pulls, this saves a copy on the SMs ahead
+    /// back. A third stream signals each piece once it has landed and waits
+    /// for the same piece from `rank-1`, which the main stream then
+    /// multiplies (kept off the copies' stream: a signal kernel may wait for
+    /// a matmul to free a multiprocessor, and the next copy would wait with
+    /// it). Against staging for pulls, this saves a copy on the SMs ahead
     /// of the matmuls (31 us for a 64 MiB shard on an H200, bench/results/)
     /// and the closing barrier: no peer reads this rank's memory, and every
     /// piece sent here has landed once it is multiplied. A shard the copy
@@ -626,7 +624,8 @@ impl AgMmPrepared {
                 let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, start, rows) };
                 ex.copy_on(side, &piece(&theirs), &piece(&own))?;
                 ex.stream_after(signals, side)?;
-                ex.barrier_on_channel(PUSHED + j, signals)?;
+                ex.put_signal(to, PUSHED + j, signals)?;
+                ex.wait_signal(from, PUSHED + j, signals)?;
                 ex.join(signals)?;
                 self.multiply_rows(ex, &piece(&landed), from, len, start, rows)?;
             }

@@ -360,11 +360,6 @@ impl Exec<'_> {
         self.ws()?.barrier(CHANNEL, self.tag, stream)
     }
 
-    /// A barrier of the ranks on the workspace's `channel`, on `stream`.
-    fn barrier_on_channel(&self, channel: usize, stream: Stream) -> Result<()> {
-        self.ws()?.barrier(channel, self.tag, stream)
-    }
-
     /// Signals `peer` on the workspace's `channel`, on `stream`.
     fn put_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
         self.ws()?.put_signal(peer, channel, self.tag, stream)
