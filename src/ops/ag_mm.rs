@@ -567,7 +567,8 @@ const PUSHED: usize = super::CHANNEL + 1;
 const _: () = assert!(PUSHED + cost::MAX_GATHER_PIECES <= crate::backend::SIGNAL_CHANNELS);
 
 /// Shards of at most this many bytes are staged on the main stream before
-/// the matmuls (a copy of a few microseconds).
+/// the matmuls (a copy of a few microseconds) and pulled, never pushed
+/// (see [`AgMmPrepared::pushes`]).
 const STAGE_FIRST_BYTES: usize = 4 << 20;
 
 impl AgMmPrepared {
