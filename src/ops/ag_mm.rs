@@ -1119,19 +1119,7 @@ mod tests {
                         scales: AgMmScales::default(),
                         algorithm: Some(Algorithm::Pipelined),
                     };
-                    crate::ops::run_prepared(g, crate::backend::Stream(0), Ok(call), |c| {
-                        let signature = c.signature(None);
-                        let prepared = c.prepare(&Facts::of(g), "host", false).map(|mut p| {
-                            (p.decision.pieces, p.push) = (pieces, push);
-                            assert_eq!(p.pieces(), pieces.min(shard[0]), "the pieces execute takes");
-                            p
-                        });
-                        (
-                            crate::ops::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)),
-                            prepared,
-                        )
-                    })
-                    .unwrap();
+                    assert_eq!(run_forced(g, call, pieces, push), pieces.min(shard[0]), "the pieces execute takes");
                     (out, ag)
                 });
                 let what =
@@ -1201,20 +1189,7 @@ mod tests {
                         scales: AgMmScales::default(),
                         algorithm: Some(Algorithm::Pipelined),
                     };
-                    crate::ops::run_prepared(g, crate::backend::Stream(0), Ok(call), |c| {
-                        let signature = c.signature(None);
-                        let prepared = c.prepare(&Facts::of(g), "host", false).map(|mut p| {
-                            // Pushed at any size (the cost model pushes only
-                            // shards too large for a host test).
-                            (p.decision.pieces, p.push) = (pieces, true);
-                            p
-                        });
-                        (
-                            crate::ops::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)),
-                            prepared,
-                        )
-                    })
-                    .unwrap();
+                    run_forced(g, call, pieces, true);
                     (out, ag)
                 });
                 for (r, (out, ag)) in got.iter().enumerate() {
@@ -1231,6 +1206,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `call` on `g` (a fresh group: no earlier call's prepared form) with
+    /// the decision's pieces and the choice to push forced (the cost model
+    /// takes pieces, and pushes, only at sizes too large for a host test);
+    /// the pieces it ran in.
+    fn run_forced(g: &Arc<Group>, call: AgMm, pieces: usize, push: bool) -> usize {
+        let mut ran = 0;
+        crate::ops::run_prepared(g, crate::backend::Stream(0), Ok(call), |c| {
+            let signature = c.signature(None);
+            let prepared = c.prepare(&Facts::of(g), "host", false).map(|mut p| {
+                (p.decision.pieces, p.push) = (pieces, push);
+                ran = p.pieces();
+                p
+            });
+            (crate::ops::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
+        })
+        .unwrap();
+        ran
     }
 
     /// Element `g` (row-major) of the A gathered from `world` shards of
