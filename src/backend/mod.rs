@@ -929,7 +929,6 @@ impl FusedMatmul {
     }
 }
 
-/// Rounds `n` up to a multiple of `to` (a power of two or not).
 /// The layouts every backend copies between: one side contiguous, or
 /// both matrices of rows apart (pitched, unit column stride). The CUDA
 /// backend can do no other (copy engines, pack and unpack kernels), so the
@@ -948,6 +947,7 @@ pub fn check_copy(dst: &Array, src: &Array) -> Result<()> {
     ))
 }
 
+/// Rounds `n` up to a multiple of `to` (a power of two or not).
 pub fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }

@@ -48,7 +48,7 @@ pub fn copy(kernels: &Kernels, dst: &Array, src: &Array, stream: Stream) -> Resu
     if src.is_contiguous() {
         return pack::unpack(kernels, src.addr, dst.addr, &i64s(&dst.shape), &i64s(&dst.strides), size, None, stream);
     }
-    Err(err!(Internal, "a copy check_copy let through"))
+    Err(err!(Internal, "a copy of a layout check_copy refuses"))
 }
 
 /// A pitched copy of rows by a copy engine.
