@@ -75,9 +75,10 @@ pub extern "C" fn symm_group_reserve_workspace(group: symm_group_t, bytes: usize
 /// `a_shard` may lie in a rendezvoused symmetric buffer, contiguous: where
 /// it lies is part of the agreed arguments (the same offset of the same
 /// buffer on every rank, or ordinary memory on every rank). There the
-/// copy engines pull the peers' shards from where the callers have them,
-/// instead of from a copy each rank first makes in the group's workspace
-/// (not in fp8).
+/// copy engines pull the peers' shards from where the callers have them
+/// (not in fp8). In ordinary memory, a pipelined call's shards over 4 MiB
+/// are pushed by each rank from where its caller has them into the peers'
+/// workspaces; other shards are first copied into the group's workspace.
 ///
 /// Every rank passes the same dtypes, shapes (of scales too), `gather_dim`
 /// and `num_b` (else `SYMM_ERROR_MISMATCH` on every rank). Outputs may be
