@@ -462,8 +462,9 @@ impl Prepared for AgMmPrepared {
         format!("{self:?}")
     }
 
-    /// Pipelined, gathering a dimension before the last and not fp8, the
-    /// ranks push their shards ([`Self::pipelined_pushed`]). Otherwise a
+    /// Where [`Self::pushes`] (pipelined shards over 4 MiB in ordinary
+    /// memory, not fp8), the ranks push their shards
+    /// ([`Self::pipelined_pushed`]). Otherwise a
     /// side stream stages this rank's shard in its workspace, waits for
     /// every rank to be there, then pulls the peers' shards into this rank's
     /// workspace, rank-1 first. Pipelined: the main stream multiplies this
@@ -1077,8 +1078,8 @@ mod tests {
 
     /// The pipelined path pulling (or pushed) each peer's shard in pieces,
     /// both forced (the cost model picks them only at sizes too large for
-    /// a host test): 2-D
-    /// and 3-D shards gathered along dim 0, 3-D and 4-D ones along a middle
+    /// a host test): 2-D and 3-D shards gathered along dim 0, 3-D and 4-D
+    /// ones along a middle
     /// dimension (pieces of the batch), lengths the pieces do not divide,
     /// more pieces than the shard's length, worlds 2, 3 and 8, with
     /// `ag_out`; small integers in f32, so every element is exact, and NaN
@@ -1149,8 +1150,8 @@ mod tests {
     /// the layouts are not): rank 0's contiguous, rank 1's rows apart
     /// (pushed by pitched copies; staged with `ag_out`), rank 2's
     /// column-major (staged, then pushed); worlds 2 and 3, whole and in
-    /// pieces, with and without `ag_out`. Small
-    /// integers in f32, so every element is exact; NaN in the outputs first.
+    /// pieces, with and without `ag_out`. Small integers in f32, so every
+    /// element is exact; NaN in the outputs first.
     #[test]
     fn pushed_shards_in_every_layout() {
         use crate::ops::testing::{host_groups, on_each};

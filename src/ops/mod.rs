@@ -383,7 +383,7 @@ impl Exec<'_> {
 
     /// The side stream starts after the main stream's work so far.
     fn fork(&self, side: Stream) -> Result<()> {
-        self.group.backend().stream_wait(side, self.stream)
+        self.stream_after(side, self.stream)
     }
 
     /// `later` continues after `earlier`'s work so far.
@@ -393,7 +393,7 @@ impl Exec<'_> {
 
     /// The main stream continues after the side stream's work so far.
     fn join(&self, side: Stream) -> Result<()> {
-        self.group.backend().stream_wait(self.stream, side)
+        self.stream_after(self.stream, side)
     }
 
     fn copy_on(&self, stream: Stream, dst: &Array, src: &Array) -> Result<()> {
