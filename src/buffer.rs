@@ -113,12 +113,6 @@ impl Handle {
         self.reachable(peer)?;
         self.signalling(|s, t| s.put(peer, channel, tag, stream, t))
     }
-    /// As `put_signal`, for a caller that knows `peer` has taken its
-    /// previous signal on `channel` (see `Signals::post`).
-    pub fn post_signal(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream) -> Result<()> {
-        self.reachable(peer)?;
-        self.signalling(|s, _| s.post(peer, channel, tag, stream))
-    }
     pub fn wait_signal(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream) -> Result<()> {
         self.reachable(peer)?;
         self.signalling(|s, t| s.wait(peer, channel, tag, stream, t))

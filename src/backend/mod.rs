@@ -197,12 +197,6 @@ pub trait Allocation: Mapping {
 pub trait Signals: Send + Sync {
     fn put(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()>;
     fn wait(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()>;
-    /// Signals `peer` on `channel` as `put` does, by a store that does not
-    /// wait for the slot to be free: for a caller that knows the peer has
-    /// taken its previous signal there (the slot is then 0). No kernel on
-    /// CUDA (a stream memory operation), so it is not held up behind a
-    /// matmul that holds every multiprocessor.
-    fn post(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream) -> Result<()>;
     /// Put to and wait for every other rank on `channel`.
     fn barrier(&self, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()>;
     /// Stream-ordered store of `value` to the `u32` at `addr` (any rank's

@@ -581,7 +581,8 @@ impl AgMmPrepared {
     /// symmetric memory (there the peers pull it in place), and larger than
     /// [`STAGE_FIRST_BYTES`]: a smaller one stages in a few us, and its
     /// pull lands within this rank's own matmul with no kernel between the
-    /// two matmuls, where a pushed one puts a wait for the peer's signal.
+    /// two matmuls, where a pushed one's signals (kernels) wait for a
+    /// matmul holding every multiprocessor to end.
     fn pushes(&self) -> bool {
         self.push && self.symmetric_a.is_none()
     }
@@ -591,11 +592,11 @@ impl AgMmPrepared {
     /// call), then copies this rank's shard from the caller's memory
     /// straight into its slot in each peer's workspace (`rank+1` first, so
     /// that each step uses different links), a piece at a time, back to
-    /// back, each signalled once it has landed by a store behind it on the
-    /// copies' stream (no kernel: one would wait for a matmul to free a
-    /// multiprocessor, and the next copy with it; the barrier freed the
-    /// slots). The main stream waits for the same piece from `rank-1` and
-    /// multiplies it. Against staging for pulls, this saves a copy on the SMs ahead
+    /// back. A third stream signals each piece once it has landed and waits
+    /// for the same piece from `rank-1`, which the main stream then
+    /// multiplies (kept off the copies' stream: a signal kernel may wait for
+    /// a matmul to free a multiprocessor, and the next copy would wait with
+    /// it). Against staging for pulls, this saves a copy on the SMs ahead
     /// of the matmuls (31 us for a 64 MiB shard on an H200, bench/results/)
     /// and the closing barrier: no peer reads this rank's memory, and every
     /// piece sent here has landed once it is multiplied. A shard the copy
@@ -612,7 +613,7 @@ impl AgMmPrepared {
                 self.staged_shard(ex, me)
             }
         };
-        let side = ex.side()?;
+        let (side, signals) = (ex.side()?, ex.signal_side()?);
         ex.fork(side)?;
         ex.barrier_on(side)?;
         self.multiply_shard(ex, &own, me, len)?;
@@ -624,8 +625,10 @@ impl AgMmPrepared {
             for (j, (start, rows)) in piece_ranges(a.shape[0], pieces).enumerate() {
                 let piece = |t: &Array| if pieces == 1 { t.clone() } else { t.narrow(0, start, rows) };
                 ex.copy_on(side, &piece(&theirs), &piece(&own))?;
-                ex.post_signal(to, PUSHED + j, side)?;
-                ex.wait_signal(from, PUSHED + j, ex.stream)?;
+                ex.stream_after(signals, side)?;
+                ex.put_signal(to, PUSHED + j, signals)?;
+                ex.wait_signal(from, PUSHED + j, signals)?;
+                ex.join(signals)?;
                 self.multiply_rows(ex, &piece(&landed), from, len, start, rows)?;
             }
         }

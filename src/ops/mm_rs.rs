@@ -724,16 +724,16 @@ impl MmRsPrepared {
     /// Pipelined for two ranks with the partials pushed ([`Self::push`]):
     /// the peer's chunk in pieces, each copied by this rank's copy engines
     /// into the peer's workspace (its `staged[me]`) as soon as its matmul
-    /// has made it, then announced by a signal; then this rank's own chunk
-    /// in the same pieces, each summed with the peer's pushed partial for
-    /// it as it is multiplied (`out = theirs + a @ b`, one rounding) once
-    /// that partial's signal has come. Nothing runs after the last matmul
-    /// but the copy into an `out` that is not contiguous: no reduction, no
-    /// closing barrier. A barrier at the start, beside the first matmul, is
-    /// what lets the pushes begin: the peer has then finished its previous
-    /// call, the last to read its `staged` and to take this rank's signals
-    /// (this rank's own reads of `chunks[peer]` in its previous call ended
-    /// with it too: its main stream joined the copies).
+    /// has made it, then announced by a signal from a stream of its own;
+    /// then this rank's own chunk in the same pieces, each summed with the
+    /// peer's pushed partial for it as it is multiplied (`out = theirs + a
+    /// @ b`, one rounding) once that partial's signal has come. Nothing
+    /// runs after the last matmul but the copy into an `out` that is not
+    /// contiguous: no reduction, no closing barrier. A barrier at the
+    /// start, beside the first matmul, is what lets the pushes begin: the
+    /// peer has then finished its previous call, the last to read its
+    /// `staged` (this rank's own previous reads of `chunks[peer]` ended
+    /// with its previous call too: the main stream joined the copies).
     fn pipelined_pushed(&self, ex: &Exec<'_>, pieces: usize) -> Result<()> {
         let MmRs { a, out, .. } = &self.call;
         let (me, units) = (ex.rank(), out.shape[0]);
@@ -746,7 +746,7 @@ impl MmRsPrepared {
         };
         let span = |j: usize| (j * units / pieces, (j + 1) * units / pieces - j * units / pieces);
         let piece = |t: &Array, j: usize| t.narrow(0, span(j).0, span(j).1);
-        let side = ex.side()?;
+        let (side, signals) = (ex.side()?, ex.signal_side()?);
         ex.fork(side)?;
         ex.barrier_on(side)?;
         let theirs = self.chunk(ex.local(self.chunks[peer]));
@@ -755,10 +755,10 @@ impl MmRsPrepared {
             self.multiply_into(ex, &piece(&theirs, j), &a_part(peer, span(j)), Addend::Zero)?;
             ex.fork(side)?;
             ex.copy_on(side, &piece(&into_peer, j), &piece(&theirs, j))?;
-            // A store, not a kernel, which would wait for the next matmul
-            // to free a multiprocessor (29 us late at 4096x2048x8192 on two
-            // H200s, bench/results/); the barrier freed the slot.
-            ex.post_signal(peer, READY + j, side)?;
+            // Not on the copies' stream, where a signal kernel waiting for
+            // the peer to take the previous one would hold up the next copy.
+            ex.stream_after(signals, side)?;
+            ex.put_signal(peer, READY + j, signals)?;
         }
         let target = match out.is_contiguous() {
             true => out.clone(),
@@ -773,6 +773,7 @@ impl MmRsPrepared {
         if !out.is_contiguous() {
             ex.copy(out, &target)?;
         }
+        ex.join(signals)?;
         ex.join(side)
     }
 

@@ -365,13 +365,6 @@ impl Exec<'_> {
         self.ws()?.put_signal(peer, channel, self.tag, stream)
     }
 
-    /// Signals `peer` on the workspace's `channel`, on `stream`, by a store
-    /// (no kernel), where `peer` has taken the previous signal there: after
-    /// a barrier since the last call that used the channel.
-    fn post_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
-        self.ws()?.post_signal(peer, channel, self.tag, stream)
-    }
-
     /// Waits for `peer`'s signal on the workspace's `channel`, on `stream`.
     fn wait_signal(&self, peer: usize, channel: usize, stream: Stream) -> Result<()> {
         self.ws()?.wait_signal(peer, channel, self.tag, stream)

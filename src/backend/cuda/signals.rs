@@ -8,7 +8,7 @@ use super::async_error::AsyncError;
 use super::device_bytes::DeviceBytes;
 use super::driver::check;
 use super::module::{arg, Kernels};
-use crate::backend::{slot_offset, CallTag, PadSet, Signals, Stream, SIGNAL_CHANNELS};
+use crate::backend::{CallTag, PadSet, Signals, Stream, SIGNAL_CHANNELS};
 use crate::error::{err, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use std::ffi::c_void;
@@ -26,8 +26,6 @@ pub struct CudaSignals {
     world: usize,
     /// `reaches[r]`: rank r's pad is mapped here (see `PadSet::pads`).
     reaches: Vec<bool>,
-    /// The pads' addresses here (`PadSet::pads`), for `post`.
-    pad_addrs: Vec<u64>,
 }
 
 // SAFETY: device pointers and function handles are process-wide.
@@ -38,8 +36,7 @@ impl CudaSignals {
     pub fn new(ctx: Arc<CudaContext>, kernels: Arc<Kernels>, errors: Arc<AsyncError>, pads: PadSet) -> Result<Self> {
         let dev = DeviceBytes::new(pads.pads.len() * 8)?;
         let reaches = (0..pads.world).map(|r| pads.reaches(r)).collect();
-        let (rank, world) = (pads.rank, pads.world);
-        Ok(CudaSignals { ctx, kernels, errors, pads: dev, rank, world, reaches, pad_addrs: pads.pads })
+        Ok(CudaSignals { ctx, kernels, errors, pads: dev, rank: pads.rank, world: pads.world, reaches })
     }
 
     /// The device array of pad addresses, for the backend to fill.
@@ -118,12 +115,6 @@ impl Signals for CudaSignals {
 
     fn wait(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()> {
         self.point_to_point(&self.kernels.wait_signal, peer, channel, tag, stream, timeout)
-    }
-
-    fn post(&self, peer: usize, channel: usize, tag: CallTag, stream: Stream) -> Result<()> {
-        self.check_peer(peer, channel)?;
-        let slot = self.pad_addrs[peer] + slot_offset(self.world, channel, self.rank) as u64;
-        self.write_value(slot, tag.get(), stream)
     }
 
     fn barrier(&self, channel: usize, tag: CallTag, stream: Stream, timeout: Duration) -> Result<()> {

@@ -147,20 +147,6 @@ impl Signals for HostSignals {
             .inspect_err(|e| log::warn!("{}", e.msg))
     }
 
-    /// Refuses a slot that still holds a signal, which CUDA's plain store
-    /// would overwrite: a caller's broken promise fails here, not there.
-    fn post(&self, peer: usize, channel: usize, tag: CallTag, _stream: Stream) -> Result<()> {
-        self.check(peer, channel)?;
-        let slot = self.slot(peer, channel, self.pads.rank);
-        match slot.compare_exchange(0, tag.get(), Ordering::Release, Ordering::Relaxed) {
-            Ok(_) => Ok(()),
-            Err(found) => Err(err!(
-                Internal,
-                "post_signal: rank {peer} has not taken the previous signal on channel {channel} (its slot holds {found:#x})"
-            )),
-        }
-    }
-
     fn barrier(&self, channel: usize, tag: CallTag, _stream: Stream, timeout: Duration) -> Result<()> {
         check_channel(channel)?;
         let PadSet { rank, world, .. } = self.pads;
@@ -264,25 +250,6 @@ mod tests {
         assert_eq!(mem[1][slot_offset(2, 3, 0) / 4], CallTag::USER.get());
         s[1].wait(0, 3, CallTag::USER, Stream(0), t).unwrap();
         assert_eq!(mem[1][slot_offset(2, 3, 0) / 4], 0);
-    }
-
-    /// A post stores the tag as a put does; on a slot still holding a
-    /// signal it fails and leaves the slot as it was.
-    #[test]
-    fn post_signals_a_free_slot_and_refuses_a_taken_one() {
-        let (mem, s) = pads(2);
-        let t = Duration::from_millis(200);
-        s[0].post(1, 4, CallTag::USER, Stream(0)).unwrap();
-        assert_eq!(mem[1][slot_offset(2, 4, 0) / 4], CallTag::USER.get());
-        let e = s[0].post(1, 4, CallTag::of(b"next"), Stream(0)).unwrap_err();
-        assert_eq!(e.kind, crate::error::ErrorKind::Internal, "{}", e.msg);
-        assert!(e.msg.contains("rank 1 has not taken the previous signal on channel 4"), "{}", e.msg);
-        s[1].wait(0, 4, CallTag::USER, Stream(0), t).unwrap();
-        assert_eq!(mem[1][slot_offset(2, 4, 0) / 4], 0);
-        assert_eq!(
-            s[0].post(0, 4, CallTag::USER, Stream(0)).unwrap_err().kind,
-            crate::error::ErrorKind::InvalidArgument
-        );
     }
 
     #[test]
