@@ -374,16 +374,15 @@ pub trait Backend: Send + Sync {
         Err(err!(Unsupported, "the {} backend does not reduce {} values", self.kind().name(), dst.dtype))
     }
 
-    /// Matrices: `dst = addend + a @ b` (see [`Addend`]); products are
-    /// summed in f32 whatever the types, and the addend added before the
-    /// one rounding into `dst`. Or a batch of them (a strided-batched
-    /// matmul): `[batch, m, k] @ [batch, k, n]` into `[batch, m, n]`, one
-    /// batch size, matrix i of each at i times its batch stride; a batch
-    /// stride of 0 on `a` or `b` shares one matrix (one B for every batch).
-    /// The batches of `dst` do not overlap; what lies between them is not
-    /// touched.
-    fn gemm(&self, dst: &Array, a: &Array, b: &Array, addend: Addend<'_>, stream: Stream) -> Result<()> {
-        let _ = (dst, a, b, addend, stream);
+    /// Matrices: `dst = a @ b`, or `dst += a @ b` with `accumulate` (which
+    /// needs an f32 `dst`); products are summed in f32 whatever the types.
+    /// Or a batch of them (a strided-batched matmul): `[batch, m, k] @
+    /// [batch, k, n]` into `[batch, m, n]`, one batch size, matrix i of
+    /// each at i times its batch stride; a batch stride of 0 on `a` or `b`
+    /// shares one matrix (one B for every batch). The batches of `dst` do
+    /// not overlap; what lies between them is not touched.
+    fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
+        let _ = (dst, a, b, accumulate, stream);
         Err(err!(Unsupported, "the {} backend does not implement gemm", self.kind().name()))
     }
 
@@ -927,38 +926,6 @@ impl FusedMatmul {
     pub fn state_bytes(chunk_rows: usize, n: usize, world: usize) -> usize {
         // 128 x 128 is the smallest tile the kernels use.
         Self::STATE_HEADER_BYTES + chunk_rows.div_ceil(128) * n.div_ceil(128) * world * 4
-    }
-}
-
-/// What [`Backend::gemm`] adds to its product.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Addend<'a> {
-    /// Nothing: `dst = a @ b`.
-    Zero,
-    /// `dst`'s old values: `dst += a @ b`.
-    Dst,
-    /// `dst = c + a @ b` for a `c` laid out as `dst` (dtype, shape,
-    /// strides) elsewhere, e.g. a partial a peer pushed; `c` is only read.
-    Array(&'a Array),
-}
-
-impl Addend<'_> {
-    /// That this addend may be added into `dst` (see [`Addend::Array`]);
-    /// every backend holds its callers to it.
-    pub fn check(&self, dst: &Array) -> Result<()> {
-        match self {
-            Addend::Array(c) if (c.dtype, &c.shape, &c.strides) != (dst.dtype, &dst.shape, &dst.strides) => Err(err!(
-                Internal,
-                "a matmul's addend ({} {:?}, strides {:?}) is not laid out as its output ({} {:?}, strides {:?})",
-                c.dtype,
-                c.shape,
-                c.strides,
-                dst.dtype,
-                dst.shape,
-                dst.strides
-            )),
-            _ => Ok(()),
-        }
     }
 }
 

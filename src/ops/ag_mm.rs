@@ -43,7 +43,7 @@ use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{batched_operands, check, shape_text, BVectors, Exec, Prepared};
 use crate::array::{Array, DType};
-use crate::backend::{Addend, AllReduceLayout, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
+use crate::backend::{AllReduceLayout, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -991,7 +991,7 @@ impl AgMmPrepared {
             return ex.matmul(&m, &matrix, b, scales);
         }
         if let Some([d, l, r]) = scales.is_none().then(|| batched_operands(dst, lhs, b)).flatten() {
-            return ex.gemm(&d, &l, &r, Addend::Zero);
+            return ex.gemm(&d, &l, &r, false);
         }
         let product = Array::contiguous(ex.local(self.scratch), dst.dtype, &dst.shape);
         ex.matmul(&product.as_matrix().expect("contiguous"), &matrix, b, scales)?;

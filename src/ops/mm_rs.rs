@@ -35,7 +35,7 @@ use super::symmetric::{Placed, SymmetricPlace};
 use super::workspace::Layout;
 use super::{batched_operands, check, shape_text, BVectors, Exec, Prepared};
 use crate::array::{Array, DType};
-use crate::backend::{Addend, AllReduceLayout, FusedMatmul, FusedScatter, GemmScales, Quantize, Stream};
+use crate::backend::{AllReduceLayout, FusedMatmul, FusedScatter, GemmScales, Quantize, Stream};
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
 use crate::group::Group;
@@ -253,7 +253,6 @@ impl MmRs {
             .collect();
         check::outputs_disjoint(&[("out".into(), &self.out)], &inputs)?;
 
-        let chunk_bytes = check::mul(self.out.numel(), partial_dtype(&self.out).size(), "the product")?;
         let shape = decide::Shape {
             op: Op::MmRs,
             m: a.numel() / a.shape[a.ndim() - 1],
@@ -265,13 +264,8 @@ impl MmRs {
             lines: self.out.numel() * partial_dtype(&self.out).size() % 8 == 0,
             split_len: onto_pieces.unwrap_or(1),
         };
-        let mut decision = decide::decide(facts, &shape, fits, self.algorithm)?;
+        let decision = decide::decide(facts, &shape, fits, self.algorithm)?;
         let algorithm = decision.algorithm;
-        // Two ranks onto the peer's partials: pushed, in pieces.
-        let push = algorithm == Algorithm::Pipelined && onto_pieces.is_some();
-        if let (true, Some(pieces)) = (push, onto_pieces) {
-            decision.pieces = pieces;
-        }
 
         // Workspace: one product chunk per destination rank (peers pull
         // them), local copies of the peers' chunks for this rank, the
@@ -284,6 +278,7 @@ impl MmRs {
         // and the reduced chunk are f32, and the rounded chunk gets a place
         // of its own (for an `out` that is no matrix). Agreed shapes and
         // dtypes only.
+        let chunk_bytes = check::mul(self.out.numel(), partial_dtype(&self.out).size(), "the product")?;
         let rows = a.numel() / a.shape[last];
         let mut layout = Layout::default();
         let (mut mailbox, mut flags) = (Layout::default(), Layout::default());
@@ -316,7 +311,6 @@ impl MmRs {
             dim,
             mode,
             onto_pieces,
-            push,
             chunks,
             staged,
             reduced,
@@ -344,13 +338,9 @@ pub(super) struct MmRsPrepared {
     dim: usize,
     /// The scale mode of an fp8 call.
     mode: Option<Mode>,
-    /// The pieces [`Self::pipelined_onto_pulls`] (or, with `push`,
-    /// [`Self::pipelined_pushed`]) cuts each chunk into, where it applies
-    /// ([`onto_pull_pieces`]).
+    /// The pieces [`Self::pipelined_onto_pulls`] cuts each chunk into,
+    /// where it applies ([`onto_pull_pieces`]).
     onto_pieces: Option<usize>,
-    /// Whether each rank pushes its partials into its peer's workspace
-    /// instead of the peer pulling them (agreed).
-    push: bool,
     /// Workspace offsets: `chunks[r]` holds the product chunk for rank r;
     /// `staged[q]` the copy of rank q's chunk for this rank.
     chunks: Vec<usize>,
@@ -545,10 +535,8 @@ impl MmRsPrepared {
     /// wait (its first matmul 0.296 -> 0.36 ms at 8192x7168x4096 on two
     /// H200s); the peer's signal comes after its own first product anyway.
     fn pipelined(&self, ex: &Exec<'_>) -> Result<()> {
-        match (self.onto_pieces, self.push) {
-            (Some(pieces), true) => return self.pipelined_pushed(ex, pieces),
-            (Some(pieces), false) => return self.pipelined_onto_pulls(ex, pieces),
-            (None, _) => {}
+        if let Some(pieces) = self.onto_pieces {
+            return self.pipelined_onto_pulls(ex, pieces);
         }
         let (world, me) = (ex.world(), ex.rank());
         let whole_a = self.whole_a(ex)?;
@@ -608,7 +596,7 @@ impl MmRsPrepared {
             None => {
                 let part = a.narrow(dim, r * len, len);
                 if self.mode.is_none() {
-                    return self.multiply_into(ex, &self.chunk(ex.local(self.chunks[r])), &part, Addend::Zero);
+                    return self.multiply_into(ex, &self.chunk(ex.local(self.chunks[r])), &part, false);
                 }
                 let rows = a_scale.filter(|_| self.mode == Some(Mode::Row)).map(|s| s.narrow(dim, r * len, len));
                 let scales = self.scales(ex, rows.as_ref().or(a_scale))?;
@@ -679,7 +667,7 @@ impl MmRsPrepared {
         // for the peer to take the first, which a backend running its
         // streams one after another never does.
         for (i, &(start, len)) in announced.iter().enumerate() {
-            self.multiply_into(ex, &theirs.narrow(0, start, len), &a_part(peer, start, len), Addend::Zero)?;
+            self.multiply_into(ex, &theirs.narrow(0, start, len), &a_part(peer, start, len), false)?;
             if i == 0 {
                 ex.fork(side)?; // after the first product, as in `pipelined`
             }
@@ -693,7 +681,7 @@ impl MmRsPrepared {
         let pulled = self.chunk(ex.at(peer, self.chunks[me])?);
         let (own, staged) = (self.chunk(ex.local(self.chunks[me])), self.chunk(ex.local(self.staged[peer])));
         let (start, len) = span(0);
-        self.multiply_into(ex, &piece(&own, 0), &a_part(me, start, len), Addend::Zero)?;
+        self.multiply_into(ex, &piece(&own, 0), &a_part(me, start, len), false)?;
         for (i, j) in order().enumerate() {
             if in_pieces || i == 0 {
                 ex.wait_signal(peer, READY + i, side)?;
@@ -703,7 +691,7 @@ impl MmRsPrepared {
             ex.join(side)?;
             if j != 0 {
                 let (start, len) = span(j);
-                self.multiply_into(ex, &piece(&target, j), &a_part(me, start, len), Addend::Dst)?;
+                self.multiply_into(ex, &piece(&target, j), &a_part(me, start, len), true)?;
             }
         }
         // Once both ranks have pulled (side barrier), the next call may
@@ -721,83 +709,21 @@ impl MmRsPrepared {
         ex.join(side)
     }
 
-    /// Pipelined for two ranks with the partials pushed ([`Self::push`]):
-    /// the peer's chunk in pieces, each copied by this rank's copy engines
-    /// into the peer's workspace (its `staged[me]`) as soon as its matmul
-    /// has made it, then announced by a signal from a stream of its own;
-    /// then this rank's own chunk in the same pieces, each summed with the
-    /// peer's pushed partial for it as it is multiplied (`out = theirs + a
-    /// @ b`, one rounding) once that partial's signal has come. Nothing
-    /// runs after the last matmul but the copy into an `out` that is not
-    /// contiguous: no reduction, no closing barrier. A barrier at the
-    /// start, beside the first matmul, is what lets the pushes begin: the
-    /// peer has then finished its previous call, the last to read its
-    /// `staged` (this rank's own previous reads of `chunks[peer]` ended
-    /// with its previous call too: the main stream joined the copies).
-    fn pipelined_pushed(&self, ex: &Exec<'_>, pieces: usize) -> Result<()> {
-        let MmRs { a, out, .. } = &self.call;
-        let (me, units) = (ex.rank(), out.shape[0]);
-        let peer = 1 - me;
-        // Rows of a matrix: `a` as one (packed where it is not).
-        let lhs = if self.dim == 0 { Some(self.lhs(ex, a)?) } else { None };
-        let a_part = |r: usize, (start, len): (usize, usize)| match &lhs {
-            Some(m) => m.narrow(0, r * units + start, len),
-            None => a.narrow(0, start, len).narrow(self.dim, r * out.shape[self.dim], out.shape[self.dim]),
-        };
-        let span = |j: usize| (j * units / pieces, (j + 1) * units / pieces - j * units / pieces);
-        let piece = |t: &Array, j: usize| t.narrow(0, span(j).0, span(j).1);
-        let (side, signals) = (ex.side()?, ex.signal_side()?);
-        ex.fork(side)?;
-        ex.barrier_on(side)?;
-        let theirs = self.chunk(ex.local(self.chunks[peer]));
-        let into_peer = self.chunk(ex.at(peer, self.staged[me])?);
-        for j in 0..pieces {
-            self.multiply_into(ex, &piece(&theirs, j), &a_part(peer, span(j)), Addend::Zero)?;
-            ex.fork(side)?;
-            ex.copy_on(side, &piece(&into_peer, j), &piece(&theirs, j))?;
-            // Not on the copies' stream, where a signal kernel waiting for
-            // the peer to take the previous one would hold up the next copy.
-            ex.stream_after(signals, side)?;
-            ex.put_signal(peer, READY + j, signals)?;
-        }
-        let target = match out.is_contiguous() {
-            true => out.clone(),
-            false => self.chunk(ex.local(self.reduced)),
-        };
-        let pushed = self.chunk(ex.local(self.staged[peer]));
-        for j in 0..pieces {
-            ex.wait_signal(peer, READY + j, ex.stream)?;
-            let addend = piece(&pushed, j);
-            self.multiply_into(ex, &piece(&target, j), &a_part(me, span(j)), Addend::Array(&addend))?;
-        }
-        if !out.is_contiguous() {
-            ex.copy(out, &target)?;
-        }
-        ex.join(signals)?;
-        ex.join(side)
-    }
-
-    /// `dst` (a contiguous piece of a chunk) = `addend` + `part` (the slice
-    /// of `a` it comes from, any strides) @ b, unscaled:
+    /// `dst` (a contiguous piece of a chunk) = (or, `accumulate`, +=)
+    /// `part` (the slice of `a` it comes from, any strides) @ b, unscaled:
     /// as one matrix, else as a batch of strided matrices (a slice along
     /// the sequence of a `[batch, seq, hidden]`, read in place), else
     /// packed first.
-    fn multiply_into(&self, ex: &Exec<'_>, dst: &Array, part: &Array, addend: Addend<'_>) -> Result<()> {
-        addend.check(dst)?;
+    fn multiply_into(&self, ex: &Exec<'_>, dst: &Array, part: &Array, accumulate: bool) -> Result<()> {
         let b = &self.call.b;
-        // An addend laid out as `dst` is seen as `dst` is, at its own address.
-        let gemm = |d: &Array, l: &Array, rhs: &Array| match addend {
-            Addend::Array(c) => ex.gemm(d, l, rhs, Addend::Array(&Array { addr: c.addr, ..d.clone() })),
-            other => ex.gemm(d, l, rhs, other),
-        };
         let matrix = dst.as_matrix().expect("a contiguous piece");
         if let Some(l) = part.as_matrix() {
-            return gemm(&matrix, &l, b);
+            return ex.gemm(&matrix, &l, b, accumulate);
         }
         if let Some([d, l, rhs]) = batched_operands(dst, part, b) {
-            return gemm(&d, &l, &rhs);
+            return ex.gemm(&d, &l, &rhs, accumulate);
         }
-        gemm(&matrix, &self.lhs(ex, part)?, b)
+        ex.gemm(&matrix, &self.lhs(ex, part)?, b, accumulate)
     }
 
     /// Sums `srcs` in rank order (so every rank's result is reproducible),
@@ -1051,27 +977,24 @@ mod tests {
         assert_eq!(seq(&[8, 1024, 8], 0, &[4, 1024, 16]), None); // dim 0 of a 3-D a
     }
 
-    /// `call` on `g` (of two ranks) by the path onto the peer's partials in
-    /// two pieces: pushed, or pulled with the peer's chunk in them too or
-    /// whole.
-    fn run_onto(g: &Arc<Group>, call: MmRs, push: bool, theirs_in_pieces: bool) {
+    /// `call` on `g` (of two ranks) by the path onto the pulled partials in
+    /// two pieces, the peer's chunk in them too or whole.
+    fn run_onto(g: &Arc<Group>, call: MmRs, theirs_in_pieces: bool) {
         let mut plan = call.prepare(&host_facts(2), "host", false).unwrap();
         plan.decision.algorithm = Algorithm::Pipelined;
         plan.decision.pieces = if theirs_in_pieces { 2 } else { 1 };
-        plan.push = push;
         assert_eq!(plan.onto_pieces, Some(2));
         let tag = crate::backend::CallTag::of(b"mm_rs");
         super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make())).unwrap();
     }
 
-    /// Two ranks by the path onto the peer's partials, pushed or pulled,
-    /// bf16 small integers so that every sum is exact: matrices of 1024
-    /// rows a chunk scattered by rows, and `[3, 800, k]` along the sequence
-    /// (two pieces of 1 and 2 batches); pulled, the peer's chunk whole or
-    /// in pieces; `out` contiguous, or every other row of a buffer (whose
-    /// rows between must stay untouched).
+    /// Two ranks by the path onto the pulled partials, bf16 small integers
+    /// so that every sum is exact: matrices of 1024 rows a chunk scattered
+    /// by rows, and `[3, 800, k]` along the sequence (two pieces of 1 and 2
+    /// batches); the peer's chunk whole or in pieces; `out` contiguous, or
+    /// every other row of a buffer (whose rows between must stay untouched).
     #[test]
-    fn two_ranks_sum_exactly_when_own_pieces_go_onto_the_peers_partials() {
+    fn two_ranks_sum_exactly_when_own_pieces_go_onto_pulled_partials() {
         use crate::ops::testing::{host_groups, on_each};
         use half::bf16;
         let (k, n) = (8usize, 16usize);
@@ -1083,11 +1006,9 @@ mod tests {
         let modes = [(false, 1usize), (true, 1), (true, 2), (false, 2)];
         let spread = [((0, 1024, 2), (false, 1)), ((3, 400, 2), (true, 2))];
         let cases = layouts.iter().flat_map(|l| modes.map(|m| (*l, m))).chain(spread);
-        let cases = cases.flat_map(|c| [(c, false), (c, true)]);
-        for (((batch, seq, spread), (theirs_in_pieces, gap)), push) in cases {
+        for ((batch, seq, spread), (theirs_in_pieces, gap)) in cases {
             let what = format!(
-                "batch {batch}, a's elements {spread} apart, pushed {push}, peer's chunk in pieces: {theirs_in_pieces}, \
-                 row stride {gap} x n"
+                "batch {batch}, a's elements {spread} apart, peer's chunk in pieces: {theirs_in_pieces}, row stride {gap} x n"
             );
             let rows = batch.max(1) * seq; // of a chunk
             let value = |r: usize, i: usize| ((i * 5 + r * 3 + i / 11) % 7) as f32 - 3.0;
@@ -1124,7 +1045,7 @@ mod tests {
                     scales: MmRsScales::default(),
                     algorithm: None,
                 };
-                run_onto(g, call, push, theirs_in_pieces);
+                run_onto(g, call, theirs_in_pieces);
                 out
             });
             for (r, out) in outs.iter().enumerate() {

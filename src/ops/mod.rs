@@ -65,7 +65,7 @@ pub use symmetric::{symmetric_args, PeerAccess, SYMMETRIC_ARGS};
 pub use workspace::reserve as reserve_workspace;
 
 use crate::array::Array;
-use crate::backend::{Addend, AllGatherCall, CallTag, GemmScales, ReduceScatterCall, ReplayKey, Stream};
+use crate::backend::{AllGatherCall, CallTag, GemmScales, ReduceScatterCall, ReplayKey, Stream};
 use crate::buffer::Handle;
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
@@ -408,8 +408,8 @@ impl Exec<'_> {
         self.group.backend().reduce(dst, srcs, scale, self.stream)
     }
 
-    fn gemm(&self, dst: &Array, a: &Array, b: &Array, addend: Addend<'_>) -> Result<()> {
-        self.group.backend().gemm(dst, a, b, addend, self.stream)
+    fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool) -> Result<()> {
+        self.group.backend().gemm(dst, a, b, accumulate, self.stream)
     }
 
     /// An fp8 output from an f32 product (see `Quantize`).
@@ -421,7 +421,7 @@ impl Exec<'_> {
     fn matmul(&self, dst: &Array, a: &Array, b: &Array, scales: Option<&GemmScales>) -> Result<()> {
         match scales {
             Some(s) => self.group.backend().scaled_gemm(dst, a, b, s, self.stream),
-            None => self.gemm(dst, a, b, Addend::Zero),
+            None => self.gemm(dst, a, b, false),
         }
     }
 

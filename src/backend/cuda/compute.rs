@@ -3,13 +3,13 @@
 //! pitched copies (no SMs spent on payload), the pack kernels for other
 //! strides, the reduction kernel, and cuBLASLt (fp8 too).
 
-use super::driver::{self, check};
+use super::driver::check;
 use super::gemm::{Fp8Params, Gemm, MatmulParams};
 use super::module::Kernels;
 use super::sm90::gemm_dtype;
 use super::{pack, reduce};
 use crate::array::Array;
-use crate::backend::{Addend, GemmScales, Stream};
+use crate::backend::{GemmScales, Stream};
 use crate::error::{err, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
@@ -51,8 +51,28 @@ pub fn copy(kernels: &Kernels, dst: &Array, src: &Array, stream: Stream) -> Resu
 
 /// A pitched copy of rows by a copy engine.
 fn copy_2d(dst: &Array, src: &Array, size: usize, s: sys::CUstream) -> Result<()> {
-    let rows = (src.shape[1] * size, src.shape[0]);
-    driver::memcpy_2d((dst.addr, dst.strides[0] * size), (src.addr, src.strides[0] * size), rows, s)
+    // Every field spelled out: the memory-type enums have no zero value, so
+    // `mem::zeroed` here is undefined behaviour (Rust aborts on it).
+    let d = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src.addr,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src.strides[0] * size,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst.addr,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst.strides[0] * size,
+        WidthInBytes: src.shape[1] * size,
+        Height: src.shape[0],
+    };
+    // SAFETY: the descriptor describes ranges the operation checked.
+    check(unsafe { sys::cuMemcpy2DAsync_v2(&d, s) }, "cuMemcpy2DAsync")
 }
 
 /// Device tables of source addresses for the reduction kernel, made once per
@@ -144,10 +164,9 @@ fn batch_part(t: &Array) -> (Array, usize) {
     }
 }
 
-/// `dst = addend + a @ b` through cuBLASLt: matrices, or batches of them
+/// `dst (+)= a @ b` through cuBLASLt: matrices, or batches of them
 /// (3-D arrays, see `Backend::gemm`) as one strided-batched matmul.
-pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, addend: Addend<'_>, stream: Stream) -> Result<()> {
-    addend.check(dst)?;
+pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
     let batch = match (dst.ndim(), a.ndim(), b.ndim()) {
         (2, 2, 2) => 1,
         (3, 3, 3) if a.shape[0] == dst.shape[0] && b.shape[0] == dst.shape[0] => dst.shape[0],
@@ -167,12 +186,7 @@ pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, addend: Addend<'_>, str
     p.b_trans = b_trans;
     p.ldc = dst.strides[0].max(n);
     p.out_dtype = gemm_dtype(dst.dtype)?;
-    p.accumulate = addend != Addend::Zero;
-    // Laid out as `dst` (checked above): the same strides.
-    p.c_in = match addend {
-        Addend::Array(c) => Some(c.addr),
-        _ => None,
-    };
+    p.accumulate = accumulate;
     (p.batch, p.stride_a, p.stride_b, p.stride_c) = (batch, stride_a, stride_b, stride_c);
     g.matmul(&p, stream)
 }
@@ -255,7 +269,7 @@ mod tests {
                     )
                 };
                 let (d, l, rhs) = operands(a.ptr, b.ptr, out.ptr);
-                gemm(&lt, &d, &l, &rhs, Addend::Zero, g.stream()).unwrap();
+                gemm(&lt, &d, &l, &rhs, false, g.stream()).unwrap();
                 g.sync();
                 let (d, l, rhs) = operands(a_h.as_mut_ptr() as u64, b_h.as_mut_ptr() as u64, out_h.as_mut_ptr() as u64);
                 matmul::gemm(&d, &l, &rhs, false).unwrap();
@@ -270,7 +284,7 @@ mod tests {
                     (arr(c, &[batch, seq, n], &[seq * n, n, 1]), part.as_batched(1).unwrap())
                 };
                 let (d, l) = operands(a.ptr, c.ptr);
-                gemm(&lt, &d, &l, &operands_b(&rhs, b.ptr), Addend::Zero, g.stream()).unwrap();
+                gemm(&lt, &d, &l, &operands_b(&rhs, b.ptr), false, g.stream()).unwrap();
                 g.sync();
                 let (d, l) = operands(a_h.as_mut_ptr() as u64, c_h.as_mut_ptr() as u64);
                 matmul::gemm(&d, &l, &operands_b(&rhs, b_h.as_mut_ptr() as u64), false).unwrap();

@@ -141,38 +141,6 @@ pub fn check(r: sys::CUresult, what: &str) -> Result<()> {
     Err(Error::new(kind, format!("{what} failed: {}", describe(r))))
 }
 
-/// Copies `height` rows of `width` bytes between device addresses, each
-/// given with its pitch in bytes: (address, pitch).
-pub fn memcpy_2d(
-    dst: (u64, usize),
-    src: (u64, usize),
-    (width, height): (usize, usize),
-    s: sys::CUstream,
-) -> Result<()> {
-    // Every field spelled out: the memory-type enums have no zero value, so
-    // `mem::zeroed` here is undefined behaviour (Rust aborts on it).
-    let d = sys::CUDA_MEMCPY2D {
-        srcXInBytes: 0,
-        srcY: 0,
-        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        srcHost: std::ptr::null(),
-        srcDevice: src.0,
-        srcArray: std::ptr::null_mut(),
-        srcPitch: src.1,
-        dstXInBytes: 0,
-        dstY: 0,
-        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: dst.0,
-        dstArray: std::ptr::null_mut(),
-        dstPitch: dst.1,
-        WidthInBytes: width,
-        Height: height,
-    };
-    // SAFETY: the caller's ranges (checked by the operation).
-    check(unsafe { sys::cuMemcpy2DAsync_v2(&d, s) }, "cuMemcpy2DAsync")
-}
-
 /// "CUDA_ERROR_X (text)" for a driver result.
 pub fn describe(r: sys::CUresult) -> String {
     let mut name = std::ptr::null();

@@ -27,8 +27,8 @@ mod streams;
 mod vmm;
 
 use super::{
-    AddRmsNorm, Addend, AllGatherCall, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul,
-    GemmScales, Mapping, PadSet, Quantize, ReduceScatterCall, ReplayKey, Signals, Stream, TagCheck,
+    AddRmsNorm, AllGatherCall, AllReduceCall, Allocation, Backend, BackendKind, Capabilities, FusedMatmul, GemmScales,
+    Mapping, PadSet, Quantize, ReduceScatterCall, ReplayKey, Signals, Stream, TagCheck,
 };
 use crate::array::Array;
 use crate::backend::CallTag;
@@ -171,10 +171,10 @@ impl Backend for CudaBackend {
         self.bind()?;
         self.side.wait(waiter, on)
     }
-    fn gemm(&self, dst: &Array, a: &Array, b: &Array, addend: Addend<'_>, stream: Stream) -> Result<()> {
+    fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, stream: Stream) -> Result<()> {
         self.bind()?;
         let g = self.gemm.get_or_try_init(|| gemm::Gemm::new(&self.ctx))?;
-        compute::gemm(g, dst, a, b, addend, stream)
+        compute::gemm(g, dst, a, b, accumulate, stream)
     }
     fn run_repeatable(
         &self,

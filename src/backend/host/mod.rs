@@ -12,8 +12,8 @@ mod scaled;
 mod signals;
 
 use super::{
-    AddRmsNorm, Addend, AllGatherCall, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet,
-    Quantize, ReduceScatterCall, Signals, Stream,
+    AddRmsNorm, AllGatherCall, Allocation, Backend, BackendKind, Capabilities, GemmScales, Mapping, PadSet, Quantize,
+    ReduceScatterCall, Signals, Stream,
 };
 use crate::array::Array;
 use crate::error::Result;
@@ -70,14 +70,8 @@ impl Backend for HostBackend {
     fn reduce_integers(&self, dst: &Array, srcs: &[Array], divisor: usize, _stream: Stream) -> Result<()> {
         elementwise::reduce_integers(dst, srcs, divisor)
     }
-    fn gemm(&self, dst: &Array, a: &Array, b: &Array, addend: Addend<'_>, _stream: Stream) -> Result<()> {
-        addend.check(dst)?;
-        if let Addend::Array(c) = addend {
-            // Of dst's type, so copied exactly; then summed in f32 with
-            // the product and rounded once, as on CUDA.
-            elementwise::copy(dst, c)?;
-        }
-        matmul::gemm(dst, a, b, addend != Addend::Zero)
+    fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, _stream: Stream) -> Result<()> {
+        matmul::gemm(dst, a, b, accumulate)
     }
     fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, _stream: Stream) -> Result<()> {
         scaled::scaled_gemm(dst, a, b, scales)

@@ -140,20 +140,19 @@ fn gpu_mm_rs_decode_sizes_reduce_scatter_on_the_lines() {
     groups.iter().for_each(|g| g.release_scratch());
 }
 
-/// Both ranks' A times B `[k, n]` (bf16), pipelined, the partials pushed
-/// or pulled and, pulled, the peer's chunk in pieces or not, as `forced`
-/// says (`(push, theirs_in_pieces)`; else as prepared), into an output
-/// whose rows are `ld` apart. A is `[2 * seq, k]` scattered by rows
-/// (`batch` 0), or `[batch, 2 * seq, k]` along the sequence. `check`: the
-/// rows of each rank's chunk compared (of `max(batch, 1) * seq`). Returns
-/// the `Decision::pieces` each rank ran and whether it pushed.
+/// Both ranks' A times B `[k, n]` (bf16), pipelined, the peer's chunk in
+/// pieces where `theirs_in_pieces` says (else as the cost model decides),
+/// into an output whose rows are `ld` apart. A is `[2 * seq, k]`
+/// scattered by rows (`batch` 0), or `[batch, 2 * seq, k]` along the
+/// sequence. `check`: the rows of each rank's chunk compared (of
+/// `max(batch, 1) * seq`). Returns the `Decision::pieces` each rank ran.
 fn pipelined_case(
     groups: &[Arc<crate::group::Group>],
     (batch, seq, k, n, ld): (usize, usize, usize, usize, usize),
-    forced: Option<(bool, bool)>,
+    theirs_in_pieces: Option<bool>,
     check: &[usize],
-) -> Vec<(usize, bool)> {
-    let what = format!("batch {batch} seq {seq} x{k}x{n} ld {ld}, (pushed, peer's chunk in pieces): {forced:?}");
+) -> Vec<usize> {
+    let what = format!("batch {batch} seq {seq} x{k}x{n} ld {ld}, peer's chunk in pieces: {theirs_in_pieces:?}");
     let (rows, b0) = (batch.max(1) * seq, batch.max(1));
     let (a_shape, out_shape, out_strides, dim) = match batch {
         0 => (vec![2 * seq, k], vec![seq, n], vec![ld, 1], 0),
@@ -175,16 +174,15 @@ fn pipelined_case(
             scales: MmRsScales::default(),
             algorithm: Some(Algorithm::Pipelined),
         };
-        let mut ran = (0, false);
+        let mut ran = 0;
         crate::ops::run_prepared(g, gpu.stream(), Ok(call), |c| {
             let signature = c.signature(None, None);
             let prepared = c.prepare(&Facts::of(g), "cuda", false).map(|mut p| {
-                assert!(p.onto_pieces.is_some(), "{what}: not the path onto the peer's partials");
-                if let Some((push, split)) = forced {
-                    p.push = push;
-                    p.decision.pieces = if split || push { p.onto_pieces.unwrap_or(1) } else { 1 };
+                assert!(p.onto_pieces.is_some(), "{what}: not the path onto the pulled partials");
+                if let Some(split) = theirs_in_pieces {
+                    p.decision.pieces = if split { p.onto_pieces.unwrap_or(1) } else { 1 };
                 }
-                ran = (p.decision.pieces, p.push);
+                ran = p.decision.pieces;
                 p
             });
             (crate::ops::with_algorithm(signature, prepared.as_ref().map(|p| p.decision.algorithm)), prepared)
@@ -222,21 +220,14 @@ fn gpu_mm_rs_pipelined_in_pieces() {
         ((3, 400, 256, 384, 384), true),
         ((3, 400, 256, 384, 392), false),
     ];
-    for ((batch, seq, k, n, ld), split) in cases {
-        for push in [false, true] {
-            // Another N for each: an equal call would reuse the first's plan.
-            let shape = if push { (batch, seq, k, n + 16, ld + 16) } else { (batch, seq, k, n, ld) };
-            let rows = batch.max(1) * seq;
-            let ran = pipelined_case(&groups, shape, Some((push, split)), &(0..rows).collect::<Vec<_>>());
-            assert!(
-                ran.iter().all(|&(p, pushed)| pushed == push && (p > 1) == (split || push)),
-                "{shape:?}: ran {ran:?}"
-            );
-        }
+    for (shape, split) in cases {
+        let rows = shape.0.max(1) * shape.1;
+        let ran = pipelined_case(&groups, shape, Some(split), &(0..rows).collect::<Vec<_>>());
+        assert!(ran.iter().all(|&p| (p > 1) == split), "{shape:?}: ran {ran:?}");
     }
-    // Chosen: comm-heavy, two pieces of 1024 rows, pushed; their edges checked.
+    // Chosen: comm-heavy, two pieces of 1024 rows; their edges checked.
     let edges: Vec<usize> = (0..2).flat_map(|j| [j * 1024, j * 1024 + 1023]).collect();
     let ran = pipelined_case(&groups, (0, 2048, 2048, 8192, 8192), None, &edges);
-    assert_eq!(ran, [(2, true), (2, true)], "4096 x 2048 x 8192 at two ranks: the pieces, pushed");
+    assert_eq!(ran, [2, 2], "4096 x 2048 x 8192 at two ranks: the cost model's pieces");
     groups.iter().for_each(|g| g.release_scratch());
 }

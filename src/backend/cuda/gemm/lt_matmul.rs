@@ -39,13 +39,11 @@ pub(super) struct LtMatmul {
 }
 
 /// One launch's operands: A', B' (the caller's B and A, see `ColMajor`),
-/// the C read (`c_in`) and the one written (`c`, cuBLASLt's D, laid out
-/// alike), and the workspace.
+/// C, and the workspace.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Operands {
     pub(super) a: u64,
     pub(super) b: u64,
-    pub(super) c_in: u64,
     pub(super) c: u64,
     pub(super) workspace: u64,
     pub(super) workspace_bytes: usize,
@@ -246,7 +244,7 @@ impl LtMatmul {
     ) -> Result<()> {
         let beta: f32 = if accumulate { 1.0 } else { 0.0 };
         let [la, lb, lc] = self.layouts;
-        let (c_in, c) = (o.c_in as *const c_void, o.c as *mut c_void);
+        let c = o.c as *mut c_void;
         // SAFETY: descriptors belong to this handle; pointers were validated
         // by the caller's contract (device memory of the described shapes);
         // alpha/beta are host f32 (default pointer mode) read during the call.
@@ -260,7 +258,7 @@ impl LtMatmul {
                 o.b as *const c_void,
                 lb,
                 (&beta as *const f32).cast(),
-                c_in,
+                c,
                 lc,
                 c,
                 lc,

@@ -347,7 +347,6 @@ impl Gemm {
     fn key(&self, p: &MatmulParams) -> (MatmulKey, Operands) {
         let (shape, a_ptr, b_ptr) = ColMajor::from_row_major(p);
         let (ws, ws_bytes) = p.workspace.unwrap_or((self.workspace.ptr, self.workspace.bytes));
-        let c_in = p.c_in.filter(|_| p.accumulate).unwrap_or(p.c);
         let key = MatmulKey {
             shape,
             dtype: p.dtype,
@@ -363,34 +362,23 @@ impl Gemm {
             align: [
                 batch_alignment(a_ptr, shape.a.stride, p.operand_size()),
                 batch_alignment(b_ptr, shape.b.stride, p.operand_size()),
-                // The heuristic is told one alignment for C and D.
-                [p.c, c_in]
-                    .map(|c| batch_alignment(c, shape.c.stride, p.out_dtype.size() as u64))
-                    .into_iter()
-                    .min()
-                    .expect("two"),
+                batch_alignment(p.c, shape.c.stride, p.out_dtype.size() as u64),
             ],
             workspace: ws_bytes,
         };
-        (key, Operands { a: a_ptr, b: b_ptr, c_in, c: p.c, workspace: ws, workspace_bytes: ws_bytes })
+        (key, Operands { a: a_ptr, b: b_ptr, c: p.c, workspace: ws, workspace_bytes: ws_bytes })
     }
 
     /// k == 0: the product is empty, so C = beta * C: nothing to do when
-    /// accumulating in place, a copy of `c_in`, else zeros.
+    /// accumulating, zeros otherwise.
     fn zero_output(&self, p: &MatmulParams, stream: Stream) -> Result<()> {
-        let size = p.out_dtype.size();
-        let s = stream.0 as sys::CUstream;
-        let at = |base: u64, i: usize| base + (i * p.stride_c * size) as u64;
         if p.accumulate {
-            let Some(c_in) = p.c_in.filter(|&c| c != p.c) else { return Ok(()) };
-            for i in 0..p.batch {
-                let pitch = p.ldc * size;
-                driver::memcpy_2d((at(p.c, i), pitch), (at(c_in, i), pitch), (p.n * size, p.m), s)?;
-            }
             return Ok(());
         }
+        let size = p.out_dtype.size();
+        let s = stream.0 as sys::CUstream;
         for i in 0..p.batch {
-            let c = at(p.c, i);
+            let c = p.c + (i * p.stride_c * size) as u64;
             if p.ldc == p.n {
                 // SAFETY: each C holds m * n elements (validated contract).
                 check(unsafe { sys::cuMemsetD8Async(c, 0, p.m * p.n * size, s) }, "cuMemsetD8Async")?;

@@ -68,8 +68,7 @@ pub struct Fp8Params {
 pub const MIN_ROW_WISE_VERSION: usize = 12_09_00;
 
 /// One row-major matmul: `C[m, n] = alpha * op(A) @ op(B)`, plus the old C
-/// (or the one at `c_in`) when `accumulate` (beta = 1; else beta = 0 and C
-/// is not read).
+/// when `accumulate` (beta = 1; else beta = 0 and C is not read).
 ///
 /// All leading dimensions are in elements and describe the matrix as
 /// stored, row-major:
@@ -108,10 +107,6 @@ pub struct MatmulParams {
     pub alpha: f32,
     /// beta = 1 (C += A @ B) when true, else beta = 0.
     pub accumulate: bool,
-    /// With `accumulate`: the C added is read here, laid out as `c` (the
-    /// same `ldc` and `stride_c`), and `c` is only written (cuBLASLt's
-    /// separate C and D). `None`: C is read at `c`.
-    pub c_in: Option<u64>,
     /// `CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`: run on (about) this many SMs,
     /// leaving the rest to concurrent communication kernels.
     pub sm_count_target: Option<u32>,
@@ -153,7 +148,6 @@ impl MatmulParams {
             out_dtype: dtype,
             alpha: 1.0,
             accumulate: false,
-            c_in: None,
             sm_count_target: None,
             workspace: None,
             fp8: None,
