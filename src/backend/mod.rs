@@ -389,9 +389,18 @@ pub trait Backend: Send + Sync {
     /// Matrices of 8-bit floats (A row-major, B column-major, i.e. both
     /// K-major): `dst[i, j] = sa * sb * sum_k a[i, k] * b[k, j] (+ bias[j])`
     /// with the scales of `scales`, products summed in f32, as
-    /// `torch._scaled_mm`. `dst` is f32, bf16 or f16.
-    fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, stream: Stream) -> Result<()> {
-        let _ = (dst, a, b, scales, stream);
+    /// `torch._scaled_mm`. `dst` is f32, bf16 or f16; with `accumulate`
+    /// its old values are added too (before the one rounding into it).
+    fn scaled_gemm(
+        &self,
+        dst: &Array,
+        a: &Array,
+        b: &Array,
+        scales: &GemmScales,
+        accumulate: bool,
+        stream: Stream,
+    ) -> Result<()> {
+        let _ = (dst, a, b, scales, accumulate, stream);
         Err(err!(Unsupported, "the {} backend does not implement fp8 matmuls", self.kind().name()))
     }
 

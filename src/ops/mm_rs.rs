@@ -596,7 +596,7 @@ impl MmRsPrepared {
             None => {
                 let part = a.narrow(dim, r * len, len);
                 if self.mode.is_none() {
-                    return self.multiply_into(ex, &self.chunk(ex.local(self.chunks[r])), &part, false);
+                    return self.multiply_into(ex, &self.chunk(ex.local(self.chunks[r])), &part, None, false);
                 }
                 let rows = a_scale.filter(|_| self.mode == Some(Mode::Row)).map(|s| s.narrow(dim, r * len, len));
                 let scales = self.scales(ex, rows.as_ref().or(a_scale))?;
@@ -648,6 +648,12 @@ impl MmRsPrepared {
             Some(m) => m.narrow(0, r * units + start, len),
             None => a.narrow(0, start, len).narrow(self.dim, r * out.shape[self.dim], out.shape[self.dim]),
         };
+        // fp8 (rows of a matrix only): the scales of those rows.
+        let a_scale = self.call.scales.a_scale.as_ref();
+        let scale_part = |r: usize, start: usize, len: usize| match (self.mode, a_scale) {
+            (Some(Mode::Row), Some(s)) => Some(s.narrow(0, r * units + start, len)),
+            (_, s) => s.cloned(),
+        };
         let bound = |j: usize| j * units / pieces;
         let span = |j: usize| (bound(j), bound(j + 1) - bound(j));
         let piece = |t: &Array, j: usize| {
@@ -667,7 +673,13 @@ impl MmRsPrepared {
         // for the peer to take the first, which a backend running its
         // streams one after another never does.
         for (i, &(start, len)) in announced.iter().enumerate() {
-            self.multiply_into(ex, &theirs.narrow(0, start, len), &a_part(peer, start, len), false)?;
+            self.multiply_into(
+                ex,
+                &theirs.narrow(0, start, len),
+                &a_part(peer, start, len),
+                scale_part(peer, start, len).as_ref(),
+                false,
+            )?;
             if i == 0 {
                 ex.fork(side)?; // after the first product, as in `pipelined`
             }
@@ -681,7 +693,7 @@ impl MmRsPrepared {
         let pulled = self.chunk(ex.at(peer, self.chunks[me])?);
         let (own, staged) = (self.chunk(ex.local(self.chunks[me])), self.chunk(ex.local(self.staged[peer])));
         let (start, len) = span(0);
-        self.multiply_into(ex, &piece(&own, 0), &a_part(me, start, len), false)?;
+        self.multiply_into(ex, &piece(&own, 0), &a_part(me, start, len), scale_part(me, start, len).as_ref(), false)?;
         for (i, j) in order().enumerate() {
             if in_pieces || i == 0 {
                 ex.wait_signal(peer, READY + i, side)?;
@@ -691,7 +703,13 @@ impl MmRsPrepared {
             ex.join(side)?;
             if j != 0 {
                 let (start, len) = span(j);
-                self.multiply_into(ex, &piece(&target, j), &a_part(me, start, len), true)?;
+                self.multiply_into(
+                    ex,
+                    &piece(&target, j),
+                    &a_part(me, start, len),
+                    scale_part(me, start, len).as_ref(),
+                    true,
+                )?;
             }
         }
         // Once both ranks have pulled (side barrier), the next call may
@@ -710,13 +728,24 @@ impl MmRsPrepared {
     }
 
     /// `dst` (a contiguous piece of a chunk) = (or, `accumulate`, +=)
-    /// `part` (the slice of `a` it comes from, any strides) @ b, unscaled:
-    /// as one matrix, else as a batch of strided matrices (a slice along
-    /// the sequence of a `[batch, seq, hidden]`, read in place), else
-    /// packed first.
-    fn multiply_into(&self, ex: &Exec<'_>, dst: &Array, part: &Array, accumulate: bool) -> Result<()> {
+    /// `part` (the slice of `a` it comes from, any strides) @ b: fp8 with
+    /// `a_scale` (those rows' scales, or the tensor's) as one K-major
+    /// matrix; else unscaled, as one matrix, else as a batch of strided
+    /// matrices (a slice along the sequence of a `[batch, seq, hidden]`,
+    /// read in place), else packed first.
+    fn multiply_into(
+        &self,
+        ex: &Exec<'_>,
+        dst: &Array,
+        part: &Array,
+        a_scale: Option<&Array>,
+        accumulate: bool,
+    ) -> Result<()> {
         let b = &self.call.b;
         let matrix = dst.as_matrix().expect("a contiguous piece");
+        if let Some(scales) = self.scales(ex, a_scale)? {
+            return ex.scaled_gemm(&matrix, &self.lhs(ex, part)?, b, &scales, accumulate);
+        }
         if let Some(l) = part.as_matrix() {
             return ex.gemm(&matrix, &l, b, accumulate);
         }
@@ -800,12 +829,17 @@ const FP8_OUT_UNFUSED: &str = "an fp8 out is summed in f32 and then rounded, out
 /// The pieces [`MmRsPrepared::pipelined_onto_pulls`] cuts each chunk
 /// (`chunk`: its shape) into, where it applies: two ranks, a sum, matrices
 /// scattered by rows or `[batch, seq, hidden]` along the sequence (pieces
-/// of the batch), not fp8 (whose matmuls do not accumulate), and at least
-/// two pieces of about [`MIN_PIECE_ROWS`]. From agreed arguments only: the
-/// pieces decide the signals the ranks exchange.
+/// of the batch; fp8 operands: matrices only, into a 16-bit or f32 `out`),
+/// and at least two pieces of about [`MIN_PIECE_ROWS`]. From agreed
+/// arguments only: the pieces decide the signals the ranks exchange.
 fn onto_pull_pieces(call: &MmRs, dim: usize, mode: Option<Mode>, world: usize, chunk: &[usize]) -> Option<usize> {
-    let layout = matches!((call.a.ndim(), dim), (2, 0) | (3, 1));
-    let applies = world == 2 && call.op == ReduceOp::Sum && mode.is_none() && layout;
+    let rows = (call.a.ndim(), dim) == (2, 0);
+    let layout = match mode {
+        None => rows || (call.a.ndim(), dim) == (3, 1),
+        // An fp8 `out` is summed in f32 and rounded after the sum.
+        Some(_) => rows && call.out.dtype.fp8().is_none(),
+    };
+    let applies = world == 2 && call.op == ReduceOp::Sum && layout;
     let rows = chunk[..chunk.len() - 1].iter().product();
     applies.then(|| onto_pull_pieces_of(chunk[0], rows)).flatten()
 }
@@ -986,6 +1020,102 @@ mod tests {
         assert_eq!(plan.onto_pieces, Some(2));
         let tag = crate::backend::CallTag::of(b"mm_rs");
         super::super::launch(g, Stream(0), &plan, tag, &|_, make| crate::backend::ReplayKey::new(make())).unwrap();
+    }
+
+    /// fp8 operands by the path onto the pulled partials (the own pieces
+    /// accumulated by scaled matmuls): e4m3 `a` [2048, 32] of -1, 0 and 1
+    /// and a column-major e4m3 `b`, so that every sum is exact; row-wise
+    /// power-of-two scales into f32, and tensor-wise ones with a bf16 bias
+    /// (in each rank's product, so twice in the sum) into bf16. Every
+    /// element checked against the exact sum; rows are 1024 a chunk, two
+    /// pieces.
+    #[test]
+    fn two_ranks_sum_fp8_products_exactly_onto_pulled_partials() {
+        use crate::fp8::Fp8;
+        use crate::ops::testing::{host_groups, on_each};
+        let (m, k, n) = (2048usize, 32usize, 16usize);
+        let rows = m / 2;
+        let groups = host_groups(2);
+        let value = |r: usize, i: usize| ((i * 7 + r * 5 + i / 13) % 3) as f32 - 1.0;
+        // Per rank: a row-major [m, k]; b column-major (b^T row-major [n, k]).
+        let a: Vec<Vec<u8>> = (0..2).map(|r| (0..m * k).map(|i| Fp8::E4M3.encode(value(r, i))).collect()).collect();
+        let b: Vec<u8> = (0..n * k).map(|i| Fp8::E4M3.encode(value(2, i))).collect();
+        let a_scale = |r: usize, i: usize| [0.5f32, 1.0, 2.0][(i + r) % 3];
+        let b_scale = |j: usize| [1.0f32, 0.25, 4.0][j % 3];
+        let bias = |j: usize| [0.0f32, 1.0, -2.0][j % 3];
+        for (row_wise, out_dtype) in [(true, DType::F32), (false, DType::BF16)] {
+            let want = |r: usize, i: usize, j: usize| -> f64 {
+                (0..2)
+                    .map(|q| {
+                        let row = r * rows + i;
+                        let dot: f64 = (0..k)
+                            .map(|t| (Fp8::E4M3.decode(a[q][row * k + t]) * Fp8::E4M3.decode(b[j * k + t])) as f64)
+                            .sum();
+                        match row_wise {
+                            true => dot * (a_scale(q, row) * b_scale(j)) as f64,
+                            false => dot + bias(j) as f64,
+                        }
+                    })
+                    .sum()
+            };
+            assert!((0..n).any(|j| want(1, 5, j) != 0.0) && (0..n).any(|j| want(0, 3, j) != want(0, 3, 0)));
+            let outs = on_each(&groups, |r, g| {
+                // 16-byte aligned storage for every vector.
+                let aligned = |bytes: &[u8]| -> Vec<u128> {
+                    let mut v = vec![0u128; bytes.len().div_ceil(16)];
+                    // SAFETY: the vector holds at least `bytes.len()` bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, bytes.len()) };
+                    v
+                };
+                let f32s = |v: Vec<f32>| aligned(&v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>());
+                let mut av = aligned(&a[r]);
+                let mut bv = aligned(&b);
+                let (sa, sb) = match row_wise {
+                    true => ((0..m).map(|i| a_scale(r, i)).collect(), (0..n).map(b_scale).collect()),
+                    false => (vec![1.0f32], vec![1.0f32]),
+                };
+                let (mut sa, mut sb) = (f32s(sa), f32s(sb));
+                let bias_bytes: Vec<u8> =
+                    (0..n).flat_map(|j| half::bf16::from_f32(bias(j)).to_bits().to_ne_bytes()).collect();
+                let mut biasv = aligned(&bias_bytes);
+                let mut out = vec![u128::MAX; (rows * n * out_dtype.size()).div_ceil(16)]; // NaN-poisoned
+                let at =
+                    |v: &mut Vec<u128>, dtype, shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, dtype, shape);
+                let call = MmRs {
+                    a: at(&mut av, DType::F8E4M3, &[m, k]),
+                    b: Array { strides: vec![1, k], ..at(&mut bv, DType::F8E4M3, &[k, n]) },
+                    scatter_dim: 0,
+                    op: ReduceOp::Sum,
+                    out: at(&mut out, out_dtype, &[rows, n]),
+                    scales: MmRsScales {
+                        a_scale: Some(at(&mut sa, DType::F32, &if row_wise { vec![m, 1] } else { vec![1, 1] })),
+                        b_scale: Some(at(&mut sb, DType::F32, &if row_wise { vec![1, n] } else { vec![1] })),
+                        bias: (!row_wise).then(|| at(&mut biasv, DType::BF16, &[n])),
+                        result_scale: None,
+                    },
+                    algorithm: None,
+                };
+                run_onto(g, call, true);
+                out
+            });
+            for (r, out) in outs.iter().enumerate() {
+                // SAFETY: `rows * n` elements of `out_dtype` were allocated.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(out.as_ptr() as *const u8, rows * n * out_dtype.size()) };
+                for i in 0..rows {
+                    for j in 0..n {
+                        let at = (i * n + j) * out_dtype.size();
+                        let got = match out_dtype {
+                            DType::F32 => f32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()),
+                            _ => half::bf16::from_bits(u16::from_ne_bytes([bytes[at], bytes[at + 1]])).to_f32(),
+                        };
+                        let what = format!("row-wise {row_wise}, rank {r}, element ({i}, {j})");
+                        assert_eq!(got as f64, want(r, i, j), "{what}");
+                    }
+                }
+            }
+        }
+        groups.iter().for_each(|g| g.release_scratch());
     }
 
     /// Two ranks by the path onto the pulled partials, bf16 small integers

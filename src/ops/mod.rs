@@ -417,10 +417,15 @@ impl Exec<'_> {
         self.group.backend().quantize(q, self.stream)
     }
 
+    /// `dst = scaled a @ b` for fp8 operands, or `+=` with `accumulate`.
+    fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, accumulate: bool) -> Result<()> {
+        self.group.backend().scaled_gemm(dst, a, b, scales, accumulate, self.stream)
+    }
+
     /// `dst = a @ b`, scaled when `scales` is given (fp8 operands).
     fn matmul(&self, dst: &Array, a: &Array, b: &Array, scales: Option<&GemmScales>) -> Result<()> {
         match scales {
-            Some(s) => self.group.backend().scaled_gemm(dst, a, b, s, self.stream),
+            Some(s) => self.scaled_gemm(dst, a, b, s, false),
             None => self.gemm(dst, a, b, false),
         }
     }

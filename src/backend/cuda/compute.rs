@@ -191,9 +191,18 @@ pub fn gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, accumulate: bool, strea
     g.matmul(&p, stream)
 }
 
-/// `dst = scaled a @ b` for fp8 operands through cuBLASLt (the operations
-/// hand over a row-major `a`, a column-major `b` and contiguous scales).
-pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, stream: Stream) -> Result<()> {
+/// `dst (+)= scaled a @ b` for fp8 operands through cuBLASLt (the
+/// operations hand over a row-major `a`, a column-major `b` and contiguous
+/// scales).
+pub fn scaled_gemm(
+    g: &Gemm,
+    dst: &Array,
+    a: &Array,
+    b: &Array,
+    scales: &GemmScales,
+    accumulate: bool,
+    stream: Stream,
+) -> Result<()> {
     let (Some(a_type), Some(b_type)) = (a.dtype.fp8(), b.dtype.fp8()) else {
         return Err(err!(Internal, "scaled matmul of {} @ {}", a.dtype, b.dtype));
     };
@@ -208,6 +217,7 @@ pub fn scaled_gemm(g: &Gemm, dst: &Array, a: &Array, b: &Array, scales: &GemmSca
     let mut p = MatmulParams::new(m, n, k, a_addr, b_addr, dst.addr, out_dtype);
     (p.lda, p.a_trans, p.ldb, p.b_trans) = (lda, a_trans, ldb, b_trans);
     p.ldc = dst.strides[0].max(n);
+    p.accumulate = accumulate;
     p.fp8 = Some(Fp8Params {
         a_type,
         b_type,

@@ -293,10 +293,18 @@ impl Backend for CudaBackend {
         mm.max_ctas = Some(k.sm_count.saturating_sub(call.spare_sms).max(1));
         mm.launch(sm90, k.sm_count, stream)
     }
-    fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, stream: Stream) -> Result<()> {
+    fn scaled_gemm(
+        &self,
+        dst: &Array,
+        a: &Array,
+        b: &Array,
+        scales: &GemmScales,
+        accumulate: bool,
+        stream: Stream,
+    ) -> Result<()> {
         self.bind()?;
         let g = self.gemm.get_or_try_init(|| gemm::Gemm::new(&self.ctx))?;
-        compute::scaled_gemm(g, dst, a, b, scales, stream)
+        compute::scaled_gemm(g, dst, a, b, scales, accumulate, stream)
     }
     /// fp8 tensor cores arrived with compute capability 8.9; cuBLASLt's
     /// outer-vector (row-wise) scales with 12.9 on 9.0 and newer.

@@ -73,8 +73,16 @@ impl Backend for HostBackend {
     fn gemm(&self, dst: &Array, a: &Array, b: &Array, accumulate: bool, _stream: Stream) -> Result<()> {
         matmul::gemm(dst, a, b, accumulate)
     }
-    fn scaled_gemm(&self, dst: &Array, a: &Array, b: &Array, scales: &GemmScales, _stream: Stream) -> Result<()> {
-        scaled::scaled_gemm(dst, a, b, scales)
+    fn scaled_gemm(
+        &self,
+        dst: &Array,
+        a: &Array,
+        b: &Array,
+        scales: &GemmScales,
+        accumulate: bool,
+        _stream: Stream,
+    ) -> Result<()> {
+        scaled::scaled_gemm(dst, a, b, scales, accumulate)
     }
     fn all_gather(&self, call: &AllGatherCall, _stream: Stream) -> Result<()> {
         gather::all_gather(call, &self.health)

@@ -9,12 +9,16 @@ use crate::array::{Array, DType};
 use crate::backend::{GemmScales, Quantize};
 use crate::error::{err, Result};
 
-pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales) -> Result<()> {
+pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales, accumulate: bool) -> Result<()> {
     let (m, n) = (dst.shape[0], dst.shape[1]);
     scales.check(m, n, dst.dtype)?;
     let mut acc = vec![0f32; m * n];
     let product = Array::contiguous(acc.as_mut_ptr() as u64, DType::F32, &[m, n]);
     matmul::gemm(&product, a, b, false)?;
+    let mut old = vec![0f32; if accumulate { m * n } else { 0 }];
+    if accumulate {
+        elementwise::copy(&Array::contiguous(old.as_mut_ptr() as u64, DType::F32, &[m, n]), dst)?;
+    }
     let (sa, sb) = (values(&scales.a)?, values(&scales.b)?);
     let bias = scales.bias.as_ref().map(values).transpose()?;
     for (i, row) in acc.chunks_exact_mut(n).enumerate() {
@@ -23,6 +27,9 @@ pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales) -> Re
             *v *= s * sb[if scales.row_wise { j } else { 0 }];
             if let Some(bias) = &bias {
                 *v += bias[j];
+            }
+            if accumulate {
+                *v += old[i * n + j];
             }
         }
     }
@@ -88,7 +95,7 @@ mod tests {
         let (mut sa, mut sb) = (Aligned([2f32]), Aligned([0.5f32]));
         let mut out = [f32::NAN; 6];
         let tensor = GemmScales { row_wise: false, a: f32s(&mut sa.0, &[1]), b: f32s(&mut sb.0, &[1]), bias: None };
-        scaled_gemm(&f32s(&mut out, &[2, 3]), &av, &bv, &tensor).unwrap();
+        scaled_gemm(&f32s(&mut out, &[2, 3]), &av, &bv, &tensor, false).unwrap();
         assert_eq!(out, [5., 4., 1., 0., -1.5, -1.]);
 
         let (mut ra, mut rb) = (Aligned([1f32, 10.]), Aligned([1f32, 2., 4.]));
@@ -97,13 +104,17 @@ mod tests {
         let mut out = [0u16; 6];
         let outv = Array::contiguous(out.as_mut_ptr() as u64, DType::BF16, &[2, 3]);
         let rows = GemmScales { row_wise: true, a: f32s(&mut ra.0, &[2]), b: f32s(&mut rb.0, &[3]), bias: Some(bias) };
-        scaled_gemm(&outv, &av, &bv, &rows).unwrap();
+        scaled_gemm(&outv, &av, &bv, &rows, false).unwrap();
         let got: Vec<f32> = out.iter().map(|&h| bf16::from_bits(h).to_f32()).collect();
         assert_eq!(got, [5.25, 8., 3., 0.25, -30., -41.]);
+        // Accumulated: the same again on top.
+        scaled_gemm(&outv, &av, &bv, &rows, true).unwrap();
+        let got: Vec<f32> = out.iter().map(|&h| bf16::from_bits(h).to_f32()).collect();
+        assert_eq!(got, [10.5, 16., 6., 0.5, -60., -82.]);
 
         // Scales of the wrong length are a bug in the caller.
         let short = GemmScales { row_wise: true, a: f32s(&mut ra.0, &[1]), ..rows.clone() };
-        assert_eq!(scaled_gemm(&outv, &av, &bv, &short).unwrap_err().kind, crate::error::ErrorKind::Internal);
+        assert_eq!(scaled_gemm(&outv, &av, &bv, &short, false).unwrap_err().kind, crate::error::ErrorKind::Internal);
         // Columns 1..3 narrow B's scales and the bias; so misaligned, a
         // backend refuses them (the operations copy such vectors aligned).
         let cols = rows.columns(1, 2);
@@ -115,7 +126,7 @@ mod tests {
         let mut two_bf16 = [0u16; 4];
         let twov = Array::contiguous(two_bf16.as_mut_ptr() as u64, DType::BF16, &[2, 2]);
         assert_eq!(
-            scaled_gemm(&twov, &av, &bv.narrow(1, 1, 2), &cols).unwrap_err().kind,
+            scaled_gemm(&twov, &av, &bv.narrow(1, 1, 2), &cols, false).unwrap_err().kind,
             crate::error::ErrorKind::Internal
         );
         assert_eq!(two_bf16, [0; 4]);

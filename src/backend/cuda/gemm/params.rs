@@ -118,8 +118,8 @@ pub struct MatmulParams {
     /// captured with it).
     pub workspace: Option<(u64, usize)>,
     /// Set for fp8 A and B (of the types given there, `dtype` then being
-    /// unused): needs `a_trans == false`, `b_trans == true`, no
-    /// `accumulate`, `batch` 1, and `out_dtype` of any type.
+    /// unused): needs `a_trans == false`, `b_trans == true`, `batch` 1, and
+    /// `out_dtype` of any type (C, when accumulated, of the same).
     pub fp8: Option<Fp8Params>,
     /// Products in the batch (1: one matmul), and the elements between
     /// consecutive matrices of A, B and C (unused for one).
@@ -267,9 +267,6 @@ impl MatmulParams {
                 self.a_trans,
                 self.b_trans
             ));
-        }
-        if self.accumulate {
-            return Err(err!(Unsupported, "fp8 matmuls do not accumulate into C"));
         }
         if f.bias != 0 && self.out_dtype == GemmDtype::F32 {
             return Err(err!(Unsupported, "fp8 matmuls add a bias to bf16 or f16 outputs only"));

@@ -398,7 +398,8 @@ fn gpu_batched_matmul_matches_host() {
 
 /// cuBLASLt fp8 against a float64 reference of `torch._scaled_mm`:
 /// both operand-type mixes, tensor-wise and row-wise scales (the scale
-/// pointers swap with the operands), bias, padded leading dimensions.
+/// pointers swap with the operands), bias, padded leading dimensions, and
+/// accumulated onto C's old values (which are not scaled).
 #[test]
 fn gpu_fp8_matmul_matches_host() {
     let Some(g) = gpu() else { return };
@@ -406,17 +407,19 @@ fn gpu_fp8_matmul_matches_host() {
     let (m, n, k) = (96usize, 80usize, 64usize);
     for (at, bt) in [(Fp8::E4M3, Fp8::E4M3), (Fp8::E4M3, Fp8::E5M2), (Fp8::E5M2, Fp8::E4M3)] {
         for row_wise in [false, true] {
-            for (out, bias) in [(GemmDtype::BF16, true), (GemmDtype::F16, false), (GemmDtype::F32, false)] {
+            let outs = [(GemmDtype::BF16, true), (GemmDtype::F16, false), (GemmDtype::F32, false)];
+            for ((out, bias), accumulate) in outs.into_iter().flat_map(|o| [(o, false), (o, true)]) {
                 let (lda, ldb, ldc) = (k + 16, k, n + 8);
                 let a = fp8_bytes(m * lda, 1, at); // row-major [m, k], padded rows
                 let b = fp8_bytes(n * ldb, 2, bt); // column-major [k, n]: B^T row-major [n, k]
                 let sa: Vec<f32> = (0..if row_wise { m } else { 1 }).map(|i| 0.25 + (i % 7) as f32 / 4.0).collect();
                 let sb: Vec<f32> = (0..if row_wise { n } else { 1 }).map(|j| 1.5 - (j % 5) as f32 / 8.0).collect();
                 let bias_v: Vec<f32> = (0..n).map(|j| decode(out, &encode(out, &[j as f32 / 16.0 - 2.0]))[0]).collect();
-                let bufs = [g.upload(&a), g.upload(&b), g.alloc(m * ldc * out.size())];
+                let old = decode(out, &encode(out, &values(m * ldc, 3)));
+                let bufs = [g.upload(&a), g.upload(&b), g.upload(&encode(out, &old))];
                 let (dsa, dsb, dbias) = (g.upload(&sa), g.upload(&sb), g.upload(&encode(out, &bias_v)));
                 let mut p = MatmulParams::new(m, n, k, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, out);
-                (p.lda, p.ldb, p.ldc, p.b_trans) = (lda, ldb, ldc, true);
+                (p.lda, p.ldb, p.ldc, p.b_trans, p.accumulate) = (lda, ldb, ldc, true, accumulate);
                 let bias_ptr = if bias { dbias.ptr } else { 0 };
                 p.fp8 = Some(Fp8Params {
                     a_type: at,
@@ -427,7 +430,8 @@ fn gpu_fp8_matmul_matches_host() {
                     bias: bias_ptr,
                     fast_accum: false,
                 });
-                let what = format!("{at:?} x {bt:?} row_wise {row_wise} into {out:?} bias {bias}");
+                let what =
+                    format!("{at:?} x {bt:?} row_wise {row_wise} into {out:?} bias {bias} accumulate {accumulate}");
                 gemm.matmul(&p, g.stream()).unwrap_or_else(|e| panic!("{what}: {e}"));
                 g.sync();
                 let got = decode(out, &bufs[2].read_bytes());
@@ -441,7 +445,8 @@ fn gpu_fp8_matmul_matches_host() {
                         let terms = (0..k).map(|t| at.decode(a[i * lda + t]) as f64 * bt.decode(b[j * ldb + t]) as f64);
                         let (dot, magnitude) = terms.fold((0.0, 0.0), |(s, m), x| (s + x, m + x.abs()));
                         let scale = sa[if row_wise { i } else { 0 }] as f64 * sb[if row_wise { j } else { 0 }] as f64;
-                        let want = dot * scale + if bias { bias_v[j] as f64 } else { 0.0 };
+                        let added = if accumulate { old[i * ldc + j] as f64 } else { 0.0 };
+                        let want = dot * scale + if bias { bias_v[j] as f64 } else { 0.0 } + added;
                         let err = (got[i * ldc + j] as f64 - want).abs();
                         // Hopper's fp8 tensor cores accumulate with about
                         // 14 mantissa bits between cuBLASLt's promotions to
