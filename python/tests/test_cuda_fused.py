@@ -337,11 +337,13 @@ def test_fused_ag_mm_fp8(row_wise, out_dtype, rows, k, n):
 
 
 @pytest.mark.parametrize("row_wise", [False, True])
-@pytest.mark.parametrize("op", ["sum", "avg"])
-def test_fused_mm_rs_fp8_with_bias(row_wise, op):
+@pytest.mark.parametrize("op,m,algorithm", [("sum", 400, None), ("avg", 400, None), ("sum", 2400, "pipelined")])
+def test_fused_mm_rs_fp8_with_bias(row_wise, op, m, algorithm):
     """Each rank's product includes its bias (torch's
-    fused_scaled_matmul_reduce_scatter)."""
-    m, k, n = 400, 256, 272
+    fused_scaled_matmul_reduce_scatter). Summed at 1200 rows a chunk and
+    pipelined, two ranks multiply their own chunk in pieces onto the
+    pulled partials (fp8 matmuls accumulating)."""
+    k, n = 256, 272
     a = [fp8_tensor(80 + r, (m, k), E5M2) for r in range(WORLD)]
     w = [fp8_tensor(82 + r, (n, k), E4M3) for r in range(WORLD)]
     sa = [scales(84 + r, (m, 1) if row_wise else (1,)) for r in range(WORLD)]
@@ -355,7 +357,7 @@ def test_fused_mm_rs_fp8_with_bias(row_wise, op):
         out = torch.full((m // WORLD, n), float("nan"), dtype=torch.bfloat16, device=dev)
         symm.mm_rs(
             g, a[r].to(dev), w[r].to(dev).t(), 0, op=op, out=out,
-            a_scale=sa[r].to(dev), b_scale=sb[r].to(dev), bias=bias[r].to(dev),
+            a_scale=sa[r].to(dev), b_scale=sb[r].to(dev), bias=bias[r].to(dev), algorithm=algorithm,
         )
         torch.cuda.synchronize()
         g.check_async_error()
