@@ -1,8 +1,9 @@
 //! Scaled (fp8) matrix products on the host, the reference the CUDA path is
 //! held to: the fp8 values decoded exactly, their products summed in f32,
-//! then, in cuBLASLt's order, the product times the scales plus the bias,
-//! rounded once to the output type; and fp8 outputs written from such a
-//! product (`Backend::quantize`).
+//! then, in cuBLASLt's order, the product times the scales plus the bias
+//! (plus the output's old values when accumulating), rounded once to the
+//! output type; and fp8 outputs written from such a product
+//! (`Backend::quantize`).
 
 use super::{elementwise, matmul};
 use crate::array::{Array, DType};
@@ -15,10 +16,15 @@ pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales, accum
     let mut acc = vec![0f32; m * n];
     let product = Array::contiguous(acc.as_mut_ptr() as u64, DType::F32, &[m, n]);
     matmul::gemm(&product, a, b, false)?;
-    let mut old = vec![0f32; if accumulate { m * n } else { 0 }];
-    if accumulate {
-        elementwise::copy(&Array::contiguous(old.as_mut_ptr() as u64, DType::F32, &[m, n]), dst)?;
-    }
+    // The old values, in f32, to add before the one rounding into `dst`.
+    let old = match accumulate {
+        true => {
+            let mut v = vec![0f32; m * n];
+            elementwise::copy(&Array::contiguous(v.as_mut_ptr() as u64, DType::F32, &[m, n]), dst)?;
+            Some(v)
+        }
+        false => None,
+    };
     let (sa, sb) = (values(&scales.a)?, values(&scales.b)?);
     let bias = scales.bias.as_ref().map(values).transpose()?;
     for (i, row) in acc.chunks_exact_mut(n).enumerate() {
@@ -28,7 +34,7 @@ pub fn scaled_gemm(dst: &Array, a: &Array, b: &Array, scales: &GemmScales, accum
             if let Some(bias) = &bias {
                 *v += bias[j];
             }
-            if accumulate {
+            if let Some(old) = &old {
                 *v += old[i * n + j];
             }
         }
