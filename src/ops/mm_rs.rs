@@ -1026,9 +1026,10 @@ mod tests {
     /// accumulated by scaled matmuls): e4m3 `a` [2048, 32] of -1, 0 and 1
     /// and a column-major e4m3 `b`, so that every sum is exact; row-wise
     /// power-of-two scales into f32, and tensor-wise ones with a bf16 bias
-    /// (in each rank's product, so twice in the sum) into bf16. Every
-    /// element checked against the exact sum; rows are 1024 a chunk, two
-    /// pieces.
+    /// (in each rank's product, so twice in the sum) into bf16, contiguous
+    /// or every other row of a buffer (whose rows between must stay
+    /// untouched). Every element checked against the exact sum; rows are
+    /// 1024 a chunk, two pieces.
     #[test]
     fn two_ranks_sum_fp8_products_exactly_onto_pulled_partials() {
         use crate::fp8::Fp8;
@@ -1043,7 +1044,7 @@ mod tests {
         let a_scale = |r: usize, i: usize| [0.5f32, 1.0, 2.0][(i + r) % 3];
         let b_scale = |j: usize| [1.0f32, 0.25, 4.0][j % 3];
         let bias = |j: usize| [0.0f32, 1.0, -2.0][j % 3];
-        for (row_wise, out_dtype) in [(true, DType::F32), (false, DType::BF16)] {
+        for (row_wise, out_dtype, gap) in [(true, DType::F32, 1), (false, DType::BF16, 1), (false, DType::BF16, 2)] {
             let want = |r: usize, i: usize, j: usize| -> f64 {
                 (0..2)
                     .map(|q| {
@@ -1078,7 +1079,7 @@ mod tests {
                 let bias_bytes: Vec<u8> =
                     (0..n).flat_map(|j| half::bf16::from_f32(bias(j)).to_bits().to_ne_bytes()).collect();
                 let mut biasv = aligned(&bias_bytes);
-                let mut out = vec![u128::MAX; (rows * n * out_dtype.size()).div_ceil(16)]; // NaN-poisoned
+                let mut out = vec![u128::MAX; (rows * gap * n * out_dtype.size()).div_ceil(16)]; // NaN-poisoned
                 let at =
                     |v: &mut Vec<u128>, dtype, shape: &[usize]| Array::contiguous(v.as_mut_ptr() as u64, dtype, shape);
                 let call = MmRs {
@@ -1086,7 +1087,7 @@ mod tests {
                     b: Array { strides: vec![1, k], ..at(&mut bv, DType::F8E4M3, &[k, n]) },
                     scatter_dim: 0,
                     op: ReduceOp::Sum,
-                    out: at(&mut out, out_dtype, &[rows, n]),
+                    out: Array { strides: vec![gap * n, 1], ..at(&mut out, out_dtype, &[rows, n]) },
                     scales: MmRsScales {
                         a_scale: Some(at(&mut sa, DType::F32, &if row_wise { vec![m, 1] } else { vec![1, 1] })),
                         b_scale: Some(at(&mut sb, DType::F32, &if row_wise { vec![1, n] } else { vec![1] })),
@@ -1099,17 +1100,19 @@ mod tests {
                 out
             });
             for (r, out) in outs.iter().enumerate() {
-                // SAFETY: `rows * n` elements of `out_dtype` were allocated.
-                let bytes =
-                    unsafe { std::slice::from_raw_parts(out.as_ptr() as *const u8, rows * n * out_dtype.size()) };
+                let size = out_dtype.size();
+                // SAFETY: `rows * gap * n` elements of `out_dtype` were allocated.
+                let bytes = unsafe { std::slice::from_raw_parts(out.as_ptr() as *const u8, rows * gap * n * size) };
                 for i in 0..rows {
+                    let between = &bytes[((i * gap + 1) * n * size)..((i + 1) * gap * n * size)];
+                    assert!(between.iter().all(|&b| b == 0xff), "rank {r} wrote between the rows of out");
                     for j in 0..n {
-                        let at = (i * n + j) * out_dtype.size();
+                        let at = (i * gap * n + j) * size;
                         let got = match out_dtype {
                             DType::F32 => f32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()),
                             _ => half::bf16::from_bits(u16::from_ne_bytes([bytes[at], bytes[at + 1]])).to_f32(),
                         };
-                        let what = format!("row-wise {row_wise}, rank {r}, element ({i}, {j})");
+                        let what = format!("row-wise {row_wise}, row stride {gap} x n, rank {r}, element ({i}, {j})");
                         assert_eq!(got as f64, want(r, i, j), "{what}");
                     }
                 }
