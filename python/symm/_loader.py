@@ -2,8 +2,10 @@
 
 Search order: env ``SYMM_LIBRARY``, the copy inside this package (a wheel's,
 which ``pip install ./python`` builds with cargo: setup.py), the
-repository's ``target/release`` then ``target/debug`` (for working from a
-checkout, e.g. after ``pip install -e python``), then the system loader. An
+``release`` then ``debug`` builds of a checkout (for working from one, e.g.
+after ``pip install -e python``): in ``CARGO_TARGET_DIR`` where it is set,
+as cargo builds there, then in the repository's ``target``; then the
+system loader. An
 explicit ``SYMM_LIBRARY`` is never second-guessed: if it cannot be loaded
 that is the error, because silently picking another build would hide a
 misconfiguration.
@@ -25,6 +27,11 @@ def _candidates():
     package_dir = Path(__file__).resolve().parent
     repo = package_dir.parent.parent  # python/symm/ -> repository root
     yield package_dir / LIBRARY_NAME
+    # As cargo reads it: relative to the working directory.
+    cargo_target = os.environ.get("CARGO_TARGET_DIR")
+    if cargo_target:
+        yield Path(cargo_target) / "release" / LIBRARY_NAME
+        yield Path(cargo_target) / "debug" / LIBRARY_NAME
     yield repo / "target" / "release" / LIBRARY_NAME
     yield repo / "target" / "debug" / LIBRARY_NAME
 

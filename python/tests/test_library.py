@@ -77,7 +77,7 @@ def test_struct_layouts_match_c(tmp_path):
 
 
 def _import_in_subprocess(package_parent, env_extra):
-    env = {k: v for k, v in os.environ.items() if k != "SYMM_LIBRARY"}
+    env = {k: v for k, v in os.environ.items() if k not in ("SYMM_LIBRARY", "CARGO_TARGET_DIR")}
     env.update(env_extra, PYTHONPATH=str(package_parent), LD_LIBRARY_PATH="")
     code = "import symm; print(symm.library_path())"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=package_parent)
@@ -107,6 +107,23 @@ def test_search_order_outside_the_repository(tmp_path):
     r = _import_in_subprocess(pkg.parent, {})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(pkg / "libsymm.so")
+
+
+def test_a_cargo_target_dir_is_searched(tmp_path):
+    """With CARGO_TARGET_DIR set, `cargo build` puts the library there, not
+    in the repository's target/: a package without its own copy looks
+    there (listing it when missing) and loads the build found."""
+    pkg = tmp_path / "site" / "symm"
+    shutil.copytree(SYMM_PARENT / "symm", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    target = tmp_path / "cargo-target"
+    r = _import_in_subprocess(pkg.parent, {"CARGO_TARGET_DIR": str(target)})
+    assert r.returncode != 0
+    assert str(target / "release" / "libsymm.so") in r.stderr, r.stderr
+    (target / "debug").mkdir(parents=True)
+    shutil.copy(symm.library_path(), target / "debug" / "libsymm.so")
+    r = _import_in_subprocess(pkg.parent, {"CARGO_TARGET_DIR": str(target)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(target / "debug" / "libsymm.so")
 
 
 def test_an_installed_wheel_loads_the_library_inside_it():
