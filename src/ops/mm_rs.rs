@@ -833,11 +833,11 @@ const FP8_OUT_UNFUSED: &str = "an fp8 out is summed in f32 and then rounded, out
 /// and at least two pieces of about [`MIN_PIECE_ROWS`]. From agreed
 /// arguments only: the pieces decide the signals the ranks exchange.
 fn onto_pull_pieces(call: &MmRs, dim: usize, mode: Option<Mode>, world: usize, chunk: &[usize]) -> Option<usize> {
-    let rows = (call.a.ndim(), dim) == (2, 0);
+    let by_rows = (call.a.ndim(), dim) == (2, 0);
     let layout = match mode {
-        None => rows || (call.a.ndim(), dim) == (3, 1),
+        None => by_rows || (call.a.ndim(), dim) == (3, 1),
         // An fp8 `out` is summed in f32 and rounded after the sum.
-        Some(_) => rows && call.out.dtype.fp8().is_none(),
+        Some(_) => by_rows && call.out.dtype.fp8().is_none(),
     };
     let applies = world == 2 && call.op == ReduceOp::Sum && layout;
     let rows = chunk[..chunk.len() - 1].iter().product();
