@@ -7,8 +7,9 @@
 //!
 //! - **copy engines** (large messages): pure copies, each rank pulling
 //!   from one peer at a time (its own input first, then the others in
-//!   turn), so that on GPUs the copy engines move the data, no SM is
-//!   taken from concurrent compute, and no two ranks read one peer at
+//!   turn), so that on GPUs the copy engines move the peers' data, no SM
+//!   is taken from concurrent compute for it (the own part, a copy within
+//!   the GPU, the driver runs on SMs), and no two ranks read one peer at
 //!   once. The low-contention design; it costs two barriers and a copy
 //!   launch per peer, ~25 us before any byte moves.
 //! - **lines** (small messages, below a few MiB per rank where the cost

@@ -1,7 +1,8 @@
 //! The data-moving primitives the operations are written over
-//! (`Backend::{copy, reduce, gemm}`), on CUDA: copy engines for dense and
-//! pitched copies (no SMs spent on payload), the pack kernels for other
-//! strides, the reduction kernel, and cuBLASLt (fp8 too).
+//! (`Backend::{copy, reduce, gemm}`), on CUDA: the driver's copies for
+//! dense and pitched layouts (copy engines between GPUs; within one GPU
+//! the driver runs them on the SMs), the pack kernels for other strides,
+//! the reduction kernel, and cuBLASLt (fp8 too).
 
 use super::driver::check;
 use super::gemm::{Fp8Params, Gemm, MatmulParams};
@@ -49,7 +50,7 @@ pub fn copy(kernels: &Kernels, dst: &Array, src: &Array, stream: Stream) -> Resu
     pack::unpack(kernels, src.addr, dst.addr, &i64s(&dst.shape), &i64s(&dst.strides), size, None, stream)
 }
 
-/// A pitched copy of rows by a copy engine.
+/// A pitched copy of rows (by a copy engine between GPUs).
 fn copy_2d(dst: &Array, src: &Array, size: usize, s: sys::CUstream) -> Result<()> {
     // Every field spelled out: the memory-type enums have no zero value, so
     // `mem::zeroed` here is undefined behaviour (Rust aborts on it).
