@@ -47,6 +47,8 @@ const SYMBOLS: &[&str] = &[
     "cuMemcpyAsync",
     "cuMemcpy2DAsync_v2",
     "cuStreamCreate",
+    "cuStreamCreateWithPriority",
+    "cuCtxGetStreamPriorityRange",
     "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventRecord",
