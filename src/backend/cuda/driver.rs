@@ -47,8 +47,6 @@ const SYMBOLS: &[&str] = &[
     "cuMemcpyAsync",
     "cuMemcpy2DAsync_v2",
     "cuStreamCreate",
-    "cuStreamCreateWithPriority",
-    "cuCtxGetStreamPriorityRange",
     "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventRecord",

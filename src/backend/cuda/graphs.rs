@@ -199,12 +199,8 @@ fn capture(inner: &mut Inner, issue: &mut dyn FnMut(Stream) -> Result<()>) -> Re
         // SAFETY: a complete graph; no array: the count alone.
         check(unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }, "cuGraphGetNodes")?;
         let mut exec = std::ptr::null_mut();
-        // Each kernel keeps the priority of the stream it was captured from
-        // (the side streams' is the greatest, see `streams`), not the
-        // launching stream's.
-        let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY.0 as u64;
         // SAFETY: a complete graph from the capture.
-        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags) }, "cuGraphInstantiate")?;
+        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }, "cuGraphInstantiate")?;
         Ok((exec as usize, nodes))
     });
     if !graph.is_null() {

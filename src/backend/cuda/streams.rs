@@ -1,14 +1,6 @@
 //! Side streams and the events that fork them from, and join them back to,
 //! the caller's stream. Made on first use (outside graph capture) and kept:
 //! a captured graph refers to them.
-//!
-//! Side streams run at the context's greatest priority. They carry the
-//! operations' small kernels (barriers, signals, waits, staging copies)
-//! beside the caller's matmuls; a matmul's pending blocks otherwise take
-//! every multiprocessor that frees up first, and a signal kernel queued
-//! behind them waited for the whole matmul (29 us on two H200s,
-//! bench/results/), and the peer with it. The block scheduler dispatches a
-//! higher-priority stream's blocks first.
 
 use super::driver::check;
 use super::event::Event;
@@ -38,16 +30,10 @@ impl SideStreams {
         }
         let mut v = lock(&self.streams);
         while v.len() <= i {
-            let (mut least, mut greatest) = (0, 0);
-            // SAFETY: out-pointers valid; the backend made its context current.
-            check(
-                unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) },
-                "cuCtxGetStreamPriorityRange",
-            )?;
             let mut s = std::ptr::null_mut();
             let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-            // SAFETY: as above.
-            check(unsafe { sys::cuStreamCreateWithPriority(&mut s, flags, greatest) }, "cuStreamCreateWithPriority")?;
+            // SAFETY: out-pointer valid; the backend made its context current.
+            check(unsafe { sys::cuStreamCreate(&mut s, flags) }, "cuStreamCreate")?;
             v.push(s as usize);
         }
         Ok(Stream(v[i]))
