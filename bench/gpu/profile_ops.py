@@ -16,7 +16,8 @@ bench_ops.py's `_graph` rows time them. Op `mm` is the floor: the local
 matmul of all m rows (algorithm ignored), e.g. `mm:512:14336:8192:-`;
 ops `nccl_ag_mm` and `nccl_mm_rs` are NCCL-then-cuBLAS as bench_ops.py
 times it (torch's all-gather then torch.matmul; torch.matmul then its
-reduce-scatter), with ag_mm's and mm_rs's shapes. Op `layer` is the
+reduce-scatter), with ag_mm's and mm_rs's shapes. Op `ag_mm_sym` is ag_mm
+with the shard in symmetric memory (the families' `symm_symmetric_in`). Op `layer` is the
 families' decode layer (`layer:64:8192:14336:-`: M, hidden, FFN per rank):
 ag_mm into H then mm_rs of H into an ordinary output; `nccl_layer` the same
 through NCCL and cuBLAS.
@@ -45,7 +46,7 @@ def current_stream():
     return torch.cuda.current_stream().cuda_stream
 
 
-# Symmetric buffers of mm_rs outputs, alive until the process ends.
+# Symmetric buffers (mm_rs outputs, ag_mm_sym shards), alive until the process ends.
 _KEEP = []
 
 
@@ -86,8 +87,14 @@ def case_fn(g, op, m, k, n, world, bound=False, algorithm=None, batch=1):
             return lambda: (up(), down())
         return lambda: (symm.fused_ag_mm(g, x, [w], 0, out=[h], stream=current_stream(), algorithm=algorithm),
                         symm.mm_rs(g, h, w2, 0, out=out, stream=current_stream(), algorithm=algorithm))
-    if op == "ag_mm":
+    if op in ("ag_mm", "ag_mm_sym"):
         a = torch.randn(*part, k, device="cuda", dtype=torch.bfloat16)
+        if op == "ag_mm_sym":
+            # The shard in a rendezvoused symmetric buffer, as the families'
+            # symm_symmetric_in rows pass it.
+            buf = g.create(a.numel() * a.element_size())
+            _KEEP.append((buf, buf.rendezvous()))
+            a = torch.as_tensor(buf.cuda_bytes(), device="cuda").view(torch.bfloat16).view(a.shape).copy_(a)
         out = torch.empty(*lead, n, device="cuda", dtype=torch.bfloat16)
         if bound:
             return symm.bind(symm.fused_ag_mm, g, a, [w], gather_dim=dim, out=[out], stream=current_stream(), algorithm=algorithm)
