@@ -8,6 +8,7 @@
 //! relative error, outputs poisoned with NaN first. Named `gpu_*`; skipped
 //! with fewer GPUs.
 use super::*;
+use crate::array::DType;
 use crate::backend::cuda::gpu_testing::{gpu_on, rel_err};
 use crate::group::Group;
 use crate::ops::testing::{cuda_groups, gpu_test_world, on_each};

@@ -1,3 +1,4 @@
+use super::paths::piece_ranges;
 use super::*;
 use crate::array::DType;
 use crate::error::ErrorKind;
