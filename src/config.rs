@@ -10,7 +10,7 @@
 //! instead of waiting for each other. Process settings (`SYMM_GRAPHS`,
 //! `SYMM_GEMM_TUNE`) are read once per process: they change only how this
 //! rank issues its work.
-//! The library's own tests read theirs here too ([`tests_env`]); they
+//! The library's own tests read theirs here too (`tests_env`); they
 //! choose what a test process runs, the same in every rank of it.
 
 use crate::backend::BackendChoice;

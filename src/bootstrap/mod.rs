@@ -9,7 +9,7 @@
 //!   through a 128-byte [`unique_id::UniqueId`] that carries its address and
 //!   a secret;
 //! - [`callback`]: the caller's own allgather function;
-//! - [`env`]: torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
+//! - [`env`](mod@env): torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
 //!   rank 0 hosting the store (a uid-checked Unix socket when every rank is
 //!   on one host; TCP with `SYMM_BOOTSTRAP_SECRET` across hosts);
 //! - [`local`]: several ranks in one process, exchanging through memory.

@@ -303,8 +303,9 @@ pub unsafe extern "C" fn symm_all_reduce(
 /// Collective: the all-reduce fused with the residual add and RMSNorm of
 /// inference engines (after attention and after the MLP):
 /// `residual_out = all_reduce_sum(input) + residual`, then per row (the
-/// last dimension, `hidden`) `out = residual_out / sqrt(mean(residual_out^2)
-/// + eps) * weight`. `input`, `residual`, `out` and `residual_out` share
+/// last dimension, `hidden`)
+/// `out = residual_out / sqrt(mean(residual_out^2) + eps) * weight`.
+/// `input`, `residual`, `out` and `residual_out` share
 /// one shape (`[tokens, hidden]`, or any leading dimensions) and dtype
 /// (f32, bf16 or f16; integers: `SYMM_ERROR_INVALID_ARGUMENT`), any
 /// strides; `weight` is `[hidden]`. Computed in

@@ -111,7 +111,7 @@ pub struct MatmulParams {
     /// leaving the rest to concurrent communication kernels.
     pub sm_count_target: Option<u32>,
     /// (device address, bytes) of a workspace to use instead of the
-    /// [`Gemm`]'s own: needed when matmuls of one `Gemm` may run
+    /// [`Gemm`](super::Gemm)'s own: needed when matmuls of one `Gemm` may run
     /// concurrently on several streams (tests make one with
     /// `Gemm::alloc_workspace`).
     /// Must be `cuMemAlloc`/VMM memory that outlives the work (and any graph

@@ -90,7 +90,7 @@ pub struct Sm90Matmul {
     /// Device pointer of the group's `symm_async_error` record.
     pub err: u64,
     /// Reduce-scatter: the peers' chunks in narrower tiles on the SMs a
-    /// wave of 256-wide tiles leaves idle (see [`narrow_peers`]); used
+    /// wave of 256-wide tiles leaves idle (see [`narrow_peers`](super::tiling::narrow_peers)); used
     /// with rs_push only.
     pub rs_narrow: Option<NarrowPeers>,
     /// A plain or gathered matmul: its columns cut into tiles that fill
