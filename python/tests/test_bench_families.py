@@ -17,6 +17,7 @@ sys.path.insert(0, str(BENCH / "gpu"))
 
 import collect  # noqa: E402
 import families  # noqa: E402
+import families_rounds  # noqa: E402
 
 MATMULS = ("ag_mm", "mm_rs")
 
@@ -159,6 +160,22 @@ def test_table_and_targets(tmp_path):
     ratios = families.ratios(synthetic_records())
     case = next(c for c in ratios if c[0] == "m512")
     assert ratios[case]["symm"] == pytest.approx(1.0) and ratios[case]["symm_graph"] == pytest.approx(0.97 / 0.95)
+
+
+def test_rounds_list_the_targets_missed_in_some_run():
+    runs = [synthetic_records(slow=1.0), synthetic_records(slow=1.2), synthetic_records(slow=1.0)]
+    rows = families_rounds.judged(runs)
+    case = next(c for c, t in rows if c[0] == "m512" and t == "symm <= 1.05 x floor")
+    bar, results = rows[(case, "symm <= 1.05 x floor")]
+    assert bar == families.FLOOR_BAR and [met for _, met in results] == [True, False, True]
+    assert results[1][0] == pytest.approx(1.2)
+    text = families_rounds.lines(runs)
+    assert any(line.startswith("m512: mm_rs") and line.endswith("2/3") for line in text)
+    # The staged all-gather misses in every synthetic run; what never misses is only counted.
+    missed_somewhere = {k for k, (_, r) in rows.items() if not all(m for _, m in r)}
+    assert len(text) == len(missed_somewhere) + 2
+    assert text[-1] == f"{len(rows) - len(missed_somewhere)} of {len(rows)} targets met in all 3 runs"
+    assert len(families_rounds.lines(runs, every=True)) == len(rows) + 2
 
 
 def test_plot_draws_a_png_per_family(tmp_path):
