@@ -12,7 +12,8 @@ With --back-to-back the profiled calls follow one another with nothing
 between them (as in a decode loop or a graph replay), and every call is
 printed: how long each takes in lock step with the other rank. With
 --graph N each profiled call is a replay of a CUDA graph of N calls, as
-bench_ops.py's `_graph` rows time them. Op `mm` is the floor: the local
+bench_ops.py's `_graph` rows time them (`graph_periods.py` turns that
+output into each case's time per call in lock step). Op `mm` is the floor: the local
 matmul of all m rows (algorithm ignored), e.g. `mm:512:14336:8192:-`;
 ops `nccl_ag_mm` and `nccl_mm_rs` are NCCL-then-cuBLAS as bench_ops.py
 times it (torch's all-gather then torch.matmul; torch.matmul then its
