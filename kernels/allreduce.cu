@@ -70,7 +70,7 @@
 // the all-reduce's, so gathers and all-reduces interleave freely.
 // symm_ag_two_shot moves the same bytes as the reduce-scatter by pieces
 // does (see below), placed instead of summed: plain stores, half the lines'
-// traffic, for a fence and a flag per piece; the host picks one of the two
+// traffic, for a flag per piece; the host picks one of the two
 // by size.
 //
 // Reduce-scatter (symm_rs_one_shot_<DT>): the one-shot for one chunk per
@@ -87,8 +87,8 @@
 // Two-shot: chunks of chunk_bytes, chunk c owned by rank c % world, in
 // groups of world chunks (c / world), a block taking whole groups. Phase A:
 // each rank pushes its part of every chunk it does not own into the owner's
-// slot (parity, rank), then sets flag(parity, rank, c) = seq there (release,
-// after the block's stores and one system fence). Phase B: the owner waits for
+// slot (parity, rank), then sets flag(parity, rank, c) = seq there (a
+// release, after a barrier behind the block's stores). Phase B: the owner waits for
 // every peer's flag of its chunk, reduces it, writes its output and pushes
 // the result into every peer's slot (parity, owner), second half, then sets
 // flag(parity, world, c) = seq there. Phase C: each rank waits for that flag
@@ -1159,7 +1159,7 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
     const uint64_t C = p.chunk_bytes;
     const uint64_t chunks = (bytes + C - 1) / C;
     // Chunk c = g * W + owner: a block takes whole groups g, so that it pays
-    // one fence per phase, not one per chunk.
+    // one barrier per phase, not one per chunk.
     const uint64_t groups = (chunks + W - 1) / W;
     const uint64_t half = p.two_slot / 2;
     auto len_of = [&](uint64_t c) { return bytes - c * C < C ? bytes - c * C : C; };
@@ -1173,9 +1173,9 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
             }
         }
     }
+    // The block's stores, then released flags (see symm_pieces_flag).
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence_system();
         for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
             for (int k = 1; k < W; ++k) {
                 const int owner = (me + k) % W;
@@ -1204,7 +1204,6 @@ static __device__ void symm_ar_two_shot_impl(const symm_ar_params& p) {
         }
         __syncthreads();
         if (threadIdx.x == 0 && sent) {
-            __threadfence_system();
             for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
                 if (g * W + me < chunks) {
                     for (int k = 1; k < W; ++k) {
@@ -1274,12 +1273,14 @@ static __device__ __forceinline__ uint64_t symm_rs_piece_bytes(uint64_t bytes) {
 }
 
 // After a block's stores of its pieces (blockIdx.x, + gridDim.x, ...) to
-// every peer: one system fence, then flag(parity, rank, i) = seq in each
-// peer's buffer for each of them.
+// every peer: flag(parity, rank, i) = seq in each peer's buffer for each
+// of them. The barrier orders every thread's stores before thread 0's
+// flags, and a release is cumulative: a peer that acquires a flag sees the
+// stores without a system fence first, which cost 1-1.6 us a call at
+// 128 KiB-2 MiB (bench/probes/rs_latency_probe.cu).
 static __device__ void symm_pieces_flag(const symm_ar_params& p, int parity, uint32_t seq, uint64_t pieces) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence_system();
         for (uint64_t i = blockIdx.x; i < pieces; i += gridDim.x) {
             for (int k = 1; k < p.world; ++k) {
                 symm_st_release_sys((uint32_t*)symm_ar_flag(p, (p.rank + k) % p.world, parity, p.rank, i), seq);
@@ -1303,7 +1304,7 @@ static __device__ void symm_pieces_wait(const symm_ar_params& p, int parity, uin
 // piece i of chunk q into rank q's two-shot slot (parity, rank) and sets
 // flag(parity, rank, i) there; B: it waits for every peer's flag of each
 // of its pieces and sums them with its own chunk into the output. Plain
-// stores: half the LL lines' traffic, for a fence and a flag per block.
+// stores: half the LL lines' traffic, for a flag per piece.
 template <typename T>
 static __device__ void symm_rs_two_shot_impl(const symm_ar_params& p) {
     const uint32_t seq = symm_ar_begin(p);

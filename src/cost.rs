@@ -168,7 +168,7 @@ pub fn reduce_scatter_lines(bytes: usize, world: usize, d: &DeviceModel) -> f64 
 
 /// The predicted time (ms) of the device-side reduce-scatter by pieces
 /// (the two-shot all-reduce's first trip: plain stores of each chunk to
-/// its rank, a fence and a flag per piece; half the lines' bytes): the
+/// its rank, a flag per piece; half the lines' bytes): the
 /// fixed cost, growing with the peers as the one-shot's, then the stores'
 /// rate.
 pub fn reduce_scatter_pieces(bytes: usize, world: usize, m: &AllReduceModel) -> f64 {
@@ -179,7 +179,7 @@ pub fn reduce_scatter_pieces(bytes: usize, world: usize, m: &AllReduceModel) -> 
 
 /// The predicted time (ms) of the device-side all-gather by pieces of
 /// `bytes` per rank over `world` ranks: the reduce-scatter by pieces'
-/// stores, fence and flags, placed instead of summed. Its calibration fits:
+/// stores and flags, placed instead of summed. Its calibration fits:
 /// graph-replayed on 2 x H200 the gather took 22 us at 4 MiB per rank
 /// (predicted 23.8; the LL lines 30.5) and 15 us at 2 MiB after a matmul
 /// (bench/results/2026-11-30-h200-x2-a8b7144-gather-pieces).

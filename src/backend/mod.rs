@@ -764,7 +764,7 @@ impl AllReduceLayout {
     pub const MAX_CHUNKS: usize = 4096;
     /// Chunk groups (one chunk per owner) a two-shot call is cut into when
     /// large: one per block of its launch, about one per SM, so that each
-    /// block pays one fence and one flag per phase.
+    /// block pays one barrier and one flag per phase.
     pub const GROUPS: usize = 128;
     /// Smallest two-shot chunk, bytes (one 16-byte access per thread of a block).
     pub const MIN_CHUNK: usize = 8 << 10;
