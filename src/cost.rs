@@ -76,11 +76,14 @@ pub struct AllReduceModel {
     /// Peer store bandwidth of the SM copies, GB/s per rank.
     pub push_gbps: f64,
     /// The reduce-scatter by pieces after a matmul at a tiny chunk over one
-    /// peer, microseconds (one trip, a fence, and the ranks' matmuls ending
-    /// apart), and its rate, GB/s per rank: its kernel took 7.0-7.5 us at
-    /// 128 KiB chunks, 10 at 512 KiB, 11-11.5 at 1 MiB and 15-18.5 at 2 MiB
-    /// after mm_rs's matmul, graph-replayed on 2 x H200
-    /// (bench/results/2026-11-30-h200-x2-2178cf1-scatter-pieces).
+    /// peer, microseconds (one trip, and the ranks' matmuls ending apart),
+    /// and its rate, GB/s per rank: its kernel took 7.0-7.5 us at 128 KiB
+    /// chunks, 10 at 512 KiB, 11-11.5 at 1 MiB and 15-18.5 at 2 MiB after
+    /// mm_rs's matmul, graph-replayed on 2 x H200
+    /// (bench/results/2026-11-30-h200-x2-2178cf1-scatter-pieces). That
+    /// kernel still fenced before its flags; without the fence it is
+    /// 1-1.6 us faster (...-ef80067-pieces-no-fence), which this estimate
+    /// does not yet count.
     pub scatter_pieces_us: f64,
     pub scatter_pieces_gbps: f64,
 }
