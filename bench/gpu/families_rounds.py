@@ -28,7 +28,8 @@ def lines(runs, every=False):
     """The table's lines: a row per target missed in some run (every: per
     target), then the count of those met in all runs."""
     rows = judged(runs)
-    out = [f"{'target':<86}{'bar':>6}  per run{'':<14}median  met"]
+    width = 6 * len(runs) + 1  # the per-run column: "1.234 " each
+    out = [f"{'target':<86}{'bar':>6}  {'per run':<{width}}median  met"]
     always = 0
     for (case, target), (bar, results) in rows.items():
         values, met = [v for v, _ in results], sum(m for _, m in results)
@@ -38,7 +39,7 @@ def lines(runs, every=False):
                 continue
         what = f"{case[0]}: {families.describe(case)}: {target}"
         per_run = " ".join(f"{v:.3f}" for v in values)
-        out.append(f"{what:<86}{bar:>6}  {per_run:<21}{statistics.median(values):.3f}  {met}/{len(results)}")
+        out.append(f"{what:<86}{bar:>6}  {per_run:<{width}}{statistics.median(values):.3f}  {met}/{len(results)}")
     out.append(f"{always} of {len(rows)} targets met in all {len(runs)} runs")
     return out
 
