@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "probe_sync.h"
 
 constexpr int COLS = 8192;          // a row-major buffer's columns (bf16): 16 KiB rows
 constexpr int TILE_BYTES = 65536;   // per CTA: 128 rows x 256 columns of bf16
@@ -40,12 +41,6 @@ constexpr int SMEM = TILE_BYTES + 1024 + 64;  // the tile, alignment slack, an m
 constexpr int RUNS = 9;
 
 enum Layout { ROW_MAJOR, CONTIGUOUS };
-
-__device__ __forceinline__ uint64_t now_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 

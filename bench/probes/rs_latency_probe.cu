@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "probe_sync.h"
 
 constexpr int THREADS = 512;
 constexpr int CALLS = 20;  // kernels per graph
@@ -54,20 +55,6 @@ struct Args {
     uint32_t* counter;           // [0] calls done, [1] blocks done
     uint32_t* timeouts;
 };
-
-__device__ __forceinline__ uint64_t now_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 
 // 8 bf16 of a and 8 of b, summed in f32, as 8 bf16 (round to nearest even).
 __device__ __forceinline__ uint4 add_bf16x8(uint4 a, uint4 b) {

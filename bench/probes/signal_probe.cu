@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "probe_sync.h"
 
 constexpr int THREADS = 128;                     // a sending CTA (a warpgroup, as a narrow tile's)
 constexpr int RECV_THREADS = 256;                // a receiving CTA (an own tile's two consumer warpgroups)
@@ -40,12 +41,6 @@ constexpr int RUNS = 9;
 constexpr uint64_t TIMEOUT_NS = 1000000000ull;
 enum Mode { FLAG_ONLY, TMA_RELEASE, THREADS_RELEASE, LL, LL128, MODES };
 const char* const MODE_NAMES[MODES] = {"flag only", "tma+release", "threads+release", "LL", "LL128"};
-
-__device__ __forceinline__ uint64_t now_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 // Data word i of CTA c in run `epoch`: bit 63 set, so that no data word or
 // LL data half ever equals a flag (an epoch, < 2^31).
@@ -62,16 +57,6 @@ __device__ __forceinline__ uint32_t ll_data(uint32_t epoch, int c, uint32_t i) {
 // line holds 15 data words, chunk 7's second word being the flag.
 __device__ __forceinline__ uint64_t ll128_data(uint32_t epoch, int c, int line, int chunk, int half) {
     return pattern(epoch, c, line * 15 + 2 * chunk + half);
-}
-
-__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // Sender (GPU 0): waits until every receiver CTA runs, then pushes its tile
