@@ -88,9 +88,10 @@
 // groups of world chunks (c / world), a block taking whole groups. Phase A:
 // each rank pushes its part of every chunk it does not own into the owner's
 // slot (parity, rank), then sets flag(parity, rank, c) = seq there (a
-// release, after a barrier behind the block's stores). Phase B: the owner waits for
-// every peer's flag of its chunk, reduces it, writes its output and pushes
-// the result into every peer's slot (parity, owner), second half, then sets
+// release, after a barrier behind the block's stores). Phase B: the owner
+// waits for every peer's flag of its chunk, reduces it, writes its output
+// and pushes the result into every peer's slot (parity, owner), second
+// half, then sets
 // flag(parity, world, c) = seq there. Phase C: each rank waits for that flag
 // and copies the chunk from its scratch into its output. Every block does all
 // its phase A before any wait, and the grid is at most one block per SM, so

@@ -209,6 +209,7 @@ int main() {
     const uint64_t sizes[] = {32 << 10, 128 << 10, 512 << 10, 2 << 20};
     const uint64_t max_bytes = 2 << 20;
     unsigned char *input[2], *output[2], *scratch[2];
+    std::vector<uint16_t> host_input[2];  // what each rank's input holds
     uint32_t *flags[2], *counter[2], *timeouts[2];
     cudaStream_t stream[2];
     for (int r = 0; r < 2; r++) {
@@ -222,7 +223,8 @@ int main() {
         CK(cudaMalloc(&counter[r], 2 * sizeof(uint32_t)));
         CK(cudaMalloc(&timeouts[r], sizeof(uint32_t)));
         // Small integers, exact in bf16 and in their sums: (r + 1) * (e % 64) + half.
-        std::vector<uint16_t> h(2 * max_bytes / 2);
+        std::vector<uint16_t>& h = host_input[r];
+        h.resize(2 * max_bytes / 2);
         for (size_t i = 0; i < h.size(); i++) {
             const size_t c = i / (max_bytes / 2), e = i % (max_bytes / 2);
             h[i] = bf16((float)((r + 1) * (e % 64) + c));
@@ -246,11 +248,10 @@ int main() {
             }
             for (int r = 0; r < 2; r++) {
                 CK(cudaSetDevice(r));
-                Args a{r, bytes, nullptr, output[r], scratch[1 - r], scratch[r], flags[1 - r], flags[r], counter[r],
-                       timeouts[r]};
+                const Args a{r, bytes, input[r], output[r], scratch[1 - r], scratch[r], flags[1 - r], flags[r],
+                             counter[r], timeouts[r]};
                 cudaGraph_t g;
                 CK(cudaStreamBeginCapture(stream[r], cudaStreamCaptureModeThreadLocal));
-                a.input = input[r];
                 for (int i = 0; i < CALLS; i++) launch(mode, grid, a, stream[r]);
                 CK(cudaStreamEndCapture(stream[r], &g));
                 CK(cudaGraphInstantiate(&exec[r], g, 0));
@@ -284,15 +285,13 @@ int main() {
             // Rank r's output: rank 0's chunk r plus rank 1's (chunk c at input + c * bytes).
             uint32_t bad = 0, late = 0;
             if (mode != PING) {
-                std::vector<uint16_t> out(bytes / 2), in0(2 * max_bytes / 2), in1(2 * max_bytes / 2);
+                std::vector<uint16_t> out(bytes / 2);
                 for (int r = 0; r < 2; r++) {
                     CK(cudaSetDevice(r));
                     CK(cudaMemcpy(out.data(), output[r], bytes, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(in0.data(), input[0], 2 * max_bytes, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(in1.data(), input[1], 2 * max_bytes, cudaMemcpyDeviceToHost));
                     for (uint64_t e = 0; e < bytes / 2; e++) {
                         const uint64_t at = (uint64_t)r * bytes / 2 + e;  // what the kernels read
-                        bad += as_float(out[e]) != as_float(in0[at]) + as_float(in1[at]);
+                        bad += as_float(out[e]) != as_float(host_input[0][at]) + as_float(host_input[1][at]);
                     }
                 }
             }
