@@ -4,6 +4,7 @@ every implementation of a case in one run.
 Launch on the GPU machine with one process per GPU (`bench/gpu/checks.sh
 families` does):
     torchrun --nproc-per-node 2 bench/bench_families.py --out DIR [--quick] [--only FAMILIES]
+        [--drawn N [--seed S]]
 
 Timed as bench_ops.py times (its Bench: CUDA events, the median of --iters
 after --warmup in round-robin rounds, the maximum over ranks), every symm
@@ -23,7 +24,10 @@ graphs too (`_graph`). The families:
   HBM at the bandwidth of a large device copy measured in the same run (op
   `hbm_copy`, `GBps` counting the bytes read and written);
 - small_allgather: lc_allgather staged and in place against NCCL's
-  all-gather and torch's low-contention one (bench_ops.bench_lc_allgather).
+  all-gather and torch's low-contention one (bench_ops.bench_lc_allgather);
+- drawn (`--drawn N`): N ag_mm and mm_rs cases drawn at random from the
+  layer sizes users run (families.drawn; the seed is printed, `--seed`
+  draws the same again), judged by the same targets: shapes nobody chose.
 
 Records (DESIGN.md's fields, `family` added; `batch` for 3-D activations,
 `scales` for fp8) go to DIR/families-records.jsonl (beside bench_ops.py's
@@ -36,6 +40,7 @@ import faulthandler
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import families  # noqa: E402  (standard library only)
@@ -209,7 +214,10 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="one case per op of each family, for a smoke test")
-    p.add_argument("--only", default=",".join(families.FAMILIES), help="families, comma-separated")
+    p.add_argument("--only", help="families, comma-separated (default: all, or none with --drawn)")
+    p.add_argument("--drawn", type=int, default=0,
+                   help="also time this many cases drawn at random (families.drawn), as family `drawn`")
+    p.add_argument("--seed", type=int, help="the drawn cases' seed (default: from the clock, printed)")
     p.add_argument("--graph-max-m", type=int, default=1 << 30,
                    help="replay from CUDA graphs the matmul cases up to this M (0: none)")
     p.add_argument("--mm-rs-out", choices=("symmetric", "ordinary"), default="ordinary",
@@ -217,9 +225,10 @@ def main():
     p.add_argument("--forced", action="store_true", help="also time each of symm's algorithms forced")
     p.add_argument("--barrier", choices=BARRIERS, default="default", help="what aligns the ranks before each timed run")
     args = p.parse_args()
-    only = args.only.split(",")
+    only = args.only.split(",") if args.only else [] if args.drawn else list(families.FAMILIES)
     unknown = set(only) - set(families.FAMILIES)
     assert not unknown, f"unknown families {sorted(unknown)}; expected some of {list(families.FAMILIES)}"
+    runs = [(family, families.FAMILIES[family]) for family in only]
     if os.environ.get("SYMM_BENCH_WATCHDOG_S"):
         faulthandler.dump_traceback_later(float(os.environ["SYMM_BENCH_WATCHDOG_S"]), exit=False)
     local = int(os.environ["LOCAL_RANK"])
@@ -228,9 +237,16 @@ def main():
     b = Bench(args)
     torch.manual_seed(2468 + b.rank)
     g = symm.Group.from_env(backend="cuda", timeout_ms=60000)
+    if args.drawn:
+        # Every rank draws the same cases: from rank 0's seed.
+        seed = torch.tensor([args.seed if args.seed is not None else time.time_ns() % (1 << 31)], device="cuda")
+        dist.broadcast(seed, 0)
+        runs.append(("drawn", families.drawn(int(seed[0]), args.drawn)))
+        if b.rank == 0:
+            print(f"families: {args.drawn} cases drawn with --seed {int(seed[0])}:", flush=True)
+            print("\n".join(f"  {c}" for c in runs[-1][1]), flush=True)
     state, failed = {}, []
-    for family in only:
-        cases = families.FAMILIES[family]
+    for family, cases in runs:
         for case in families.quick(cases) if args.quick else cases:
             try:
                 run_case(b, g, family, case, args, state)

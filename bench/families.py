@@ -55,6 +55,49 @@ FAMILIES = {
     ],
 }
 
+# Dimensions of transformer layers a user runs (Llama, Mistral, Qwen,
+# DeepSeek-like): hidden sizes; FFN sizes, of one projection or of gate
+# and up together; and the Q, K, V projection's width at each hidden size.
+HIDDEN = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
+FFN = (5632, 8192, 11008, 13824, 14336, 18944, 22016, 28672, 29568)
+QKV = {h: h + 2 * max(h // 8, 256) for h in HIDDEN}
+# A drawn matmul's work per rank at most (2 * M * K * N flop): ~2.5 ms on
+# an H200, so that a case's every implementation times in seconds.
+DRAWN_MAX_FLOP = 2e12
+
+
+def drawn(seed, count, world=2):
+    """`count` cases drawn from `seed` as a user's layers would run them,
+    beside the fixed families: ag_mm onto the FFN or the Q, K, V
+    projection, mm_rs out of the FFN or the attention's output projection;
+    tokens M log-uniform from 16 to 16384 (about a third at decode sizes,
+    M <= 256; any multiple of the ranks, rarely of 128); bf16 or f16; a
+    fifth of those above 1024 tokens as [batch, seq, hidden] along the
+    sequence. The same seed draws the same cases (standard library only)."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    while len(cases) < count:
+        op, hidden = rng.choice(("ag_mm", "mm_rs")), rng.choice(HIDDEN)
+        if op == "ag_mm":
+            k, n = hidden, rng.choice(FFN) if rng.random() < 0.7 else QKV[hidden]
+        else:
+            k, n = rng.choice(FFN) if rng.random() < 0.7 else hidden, hidden
+        tokens = math.exp(rng.uniform(math.log(16), math.log(16384)))
+        batch = rng.choice((2, 4, 8)) if tokens > 1024 and rng.random() < 0.2 else 1
+        unit = batch * world
+        m = max(unit, round(tokens / unit) * unit)
+        dtype = "f16" if rng.random() < 0.2 else "bf16"
+        case = Case(op, m, k, n, dtype, batch)
+        mm, kk, nn = per_rank(case, world)
+        if nn % 8 or kk % 8 or 2 * mm * kk * nn > DRAWN_MAX_FLOP:
+            continue
+        cases.append(case)
+    return cases
+
+
 # The issue's targets (world 2): the plain eager call at most 1.05 x the
 # floor from M = 512 up; at M <= 256 no slower than NCCL-then-cuBLAS or
 # PyTorch's fused op, eager and graph-replayed; fp8 faster than PyTorch's

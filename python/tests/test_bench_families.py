@@ -187,3 +187,19 @@ def test_plot_draws_a_png_per_family(tmp_path):
     assert len(written) == len(families.FAMILIES)
     for png in written:
         assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_drawn_cases_are_reproducible_and_divide_as_tensor_parallelism_does():
+    cases = families.drawn(7, 200)
+    assert cases == families.drawn(7, 200) and cases != families.drawn(8, 200)
+    for c in cases:
+        m, k, n = families.per_rank(c, 2)
+        assert c.op in MATMULS and c.dtype in ("bf16", "f16") and c.scales is None, c
+        assert k % 8 == 0 and n % 8 == 0 and 2 * m * k * n <= families.DRAWN_MAX_FLOP, c
+        assert c.m % (2 * c.batch) == 0, c  # every rank's rows, of every sequence
+    # What a user runs beyond the fixed families: both ops, both 16-bit
+    # types, decode sizes and larger, sequences, M off the tile grid.
+    assert {c.op for c in cases} == set(MATMULS) and {c.dtype for c in cases} == {"bf16", "f16"}
+    assert 0.15 < sum(c.m <= 256 for c in cases) / len(cases) < 0.6
+    assert any(c.batch > 1 for c in cases) and any(c.m >= 8192 for c in cases)
+    assert sum(c.m % 128 != 0 for c in cases) > 0.8 * len(cases)
