@@ -4,7 +4,7 @@ every implementation of a case in one run.
 Launch on the GPU machine with one process per GPU (`bench/gpu/checks.sh
 families` does):
     torchrun --nproc-per-node 2 bench/bench_families.py --out DIR [--quick] [--only FAMILIES]
-        [--drawn N [--seed S]]
+        [--drawn N [--seed S]] [--case op:MxKxN[:dtype][:bBATCH] ...]
 
 Timed as bench_ops.py times (its Bench: CUDA events, the median of --iters
 after --warmup in round-robin rounds, the maximum over ranks), every symm
@@ -25,6 +25,8 @@ graphs too (`_graph`). The families:
   `hbm_copy`, `GBps` counting the bytes read and written);
 - small_allgather: lc_allgather staged and in place against NCCL's
   all-gather and torch's low-contention one (bench_ops.bench_lc_allgather);
+- given (`--case op:MxKxN[:dtype][:bBATCH]`, repeated): cases named on the
+  command line;
 - drawn (`--drawn N`): N ag_mm and mm_rs cases drawn at random from the
   layer sizes users run (families.drawn; the seed is printed, `--seed`
   draws the same again), judged by the same targets: shapes nobody chose.
@@ -218,6 +220,8 @@ def main():
     p.add_argument("--drawn", type=int, default=0,
                    help="also time this many cases drawn at random (families.drawn), as family `drawn`")
     p.add_argument("--seed", type=int, help="the drawn cases' seed (default: from the clock, printed)")
+    p.add_argument("--case", action="append", type=families.parse_case, default=[],
+                   help="also time this case (op:MxKxN[:dtype][:bBATCH], model dimensions), as family `given`")
     p.add_argument("--graph-max-m", type=int, default=1 << 30,
                    help="replay from CUDA graphs the matmul cases up to this M (0: none)")
     p.add_argument("--mm-rs-out", choices=("symmetric", "ordinary"), default="ordinary",
@@ -225,10 +229,10 @@ def main():
     p.add_argument("--forced", action="store_true", help="also time each of symm's algorithms forced")
     p.add_argument("--barrier", choices=BARRIERS, default="default", help="what aligns the ranks before each timed run")
     args = p.parse_args()
-    only = args.only.split(",") if args.only else [] if args.drawn else list(families.FAMILIES)
+    only = args.only.split(",") if args.only else [] if args.drawn or args.case else list(families.FAMILIES)
     unknown = set(only) - set(families.FAMILIES)
     assert not unknown, f"unknown families {sorted(unknown)}; expected some of {list(families.FAMILIES)}"
-    runs = [(family, families.FAMILIES[family]) for family in only]
+    runs = [(family, families.FAMILIES[family]) for family in only] + ([("given", args.case)] if args.case else [])
     if os.environ.get("SYMM_BENCH_WATCHDOG_S"):
         faulthandler.dump_traceback_later(float(os.environ["SYMM_BENCH_WATCHDOG_S"]), exit=False)
     local = int(os.environ["LOCAL_RANK"])

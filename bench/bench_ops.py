@@ -240,7 +240,8 @@ def graphed(fns, ours):
     """symm's calls to replay from CUDA graphs: its own choice, and each
     algorithm forced that runs here (a call with `algorithm=`, which the
     capture records like any other)."""
-    return {"symm": ours, **{impl: fns[impl] for impl in ("symm_pipelined", "symm_fused") if impl in fns}}
+    forced = ("symm_sequential", "symm_pipelined", "symm_fused")
+    return {"symm": ours, **{impl: fns[impl] for impl in forced if impl in fns}}
 
 
 def linear_weight(k, n, dtype=torch.bfloat16):

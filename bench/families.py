@@ -98,6 +98,19 @@ def drawn(seed, count, world=2):
     return cases
 
 
+def parse_case(text):
+    """A case named on the command line: `op:MxKxN[:dtype][:bBATCH]` in
+    the model's unsharded dimensions (as `Case`), e.g. `mm_rs:62x4096x4096`
+    or `ag_mm:8192x4096x14336:f16:b4`."""
+    op, dims, *rest = text.split(":")
+    m, k, n = (int(x) for x in dims.split("x"))
+    dtype = next((r for r in rest if not r.startswith("b")), "bf16")
+    batch = next((int(r[1:]) for r in rest if r.startswith("b")), 1)
+    if op not in ("ag_mm", "mm_rs") or dtype not in ("bf16", "f16"):
+        raise ValueError(f"{text!r}: expected op:MxKxN[:dtype][:bBATCH], op ag_mm or mm_rs, dtype bf16 or f16")
+    return Case(op, m, k, n, dtype, batch)
+
+
 # The issue's targets (world 2): the plain eager call at most 1.05 x the
 # floor from M = 512 up; at M <= 256 no slower than NCCL-then-cuBLAS or
 # PyTorch's fused op, eager and graph-replayed; fp8 faster than PyTorch's

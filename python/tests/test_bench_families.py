@@ -203,3 +203,11 @@ def test_drawn_cases_are_reproducible_and_divide_as_tensor_parallelism_does():
     assert 0.15 < sum(c.m <= 256 for c in cases) / len(cases) < 0.6
     assert any(c.batch > 1 for c in cases) and any(c.m >= 8192 for c in cases)
     assert sum(c.m % 128 != 0 for c in cases) > 0.8 * len(cases)
+
+
+def test_a_case_named_on_the_command_line():
+    assert families.parse_case("mm_rs:62x4096x4096") == families.Case("mm_rs", 62, 4096, 4096)
+    assert families.parse_case("ag_mm:8192x4096x14336:f16:b4") == families.Case("ag_mm", 8192, 4096, 14336, "f16", 4)
+    for bad in ("mm:1x2x3", "mm_rs:1x2", "ag_mm:8x8x8:fp8", "ag_mm:8x8x8:bx"):
+        with pytest.raises(ValueError):
+            families.parse_case(bad)

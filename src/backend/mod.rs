@@ -295,10 +295,11 @@ pub struct Capabilities {
     /// What the fused all-gather's slice width must be a multiple of.
     pub gather_slice_align: usize,
     /// Whether the fused matmul + reduce-scatter is measured faster than
-    /// the pipelined path on chunks of `chunk_rows x n` over `world` ranks
-    /// with `in_elem`-byte inputs. From the shape alone, so that every
-    /// rank of an agreed call chooses alike.
-    pub fused_scatter_preferred: fn(chunk_rows: usize, n: usize, world: usize, in_elem: usize) -> bool,
+    /// the other paths on chunks of `chunk_rows x n` over `world` ranks
+    /// with `in_elem`-byte inputs, where the cost model finds the call
+    /// `comm_heavy` or not. From the shape alone, so that every rank of an
+    /// agreed call chooses alike.
+    pub fused_scatter_preferred: fn(chunk_rows: usize, n: usize, world: usize, in_elem: usize, comm_heavy: bool) -> bool,
     /// Whether [`Backend::all_reduce`] runs here (the device-side one- and
     /// two-shot kernels); without, the operations all-reduce over `copy`,
     /// `reduce` and barriers.
@@ -319,7 +320,7 @@ impl Default for Capabilities {
             fused_matmul: false,
             max_fused_world: 0,
             gather_slice_align: FusedGather::SLICE_ALIGN,
-            fused_scatter_preferred: |_, _, _, _| false,
+            fused_scatter_preferred: |_, _, _, _, _| false,
             all_reduce: false,
             reduce_integers: true,
             all_gather: false,

@@ -253,12 +253,17 @@ pub fn decide(facts: &Facts, shape: &Shape, fits: bool, requested: Option<Algori
         }
         None => {
             // The fused reduce-scatter where the backend measured its kernel
-            // ahead on the shape, or where communication is heavy.
+            // ahead on the shape, given how heavy the communication is.
             let fused_preferred = shape.op == Op::MmRs
                 && fused
                 && shape.m % world == 0
-                && ((facts.caps.fused_scatter_preferred)(shape.m / world, shape.n, world, shape.dtype.size())
-                    || cost::comm_heavy(&estimates));
+                && (facts.caps.fused_scatter_preferred)(
+                    shape.m / world,
+                    shape.n,
+                    world,
+                    shape.dtype.size(),
+                    cost::comm_heavy(&estimates),
+                );
             let estimate = cost::best(&estimates, fused_preferred);
             Ok(decided(estimate.algorithm, Why::CostModel { fused_preferred }, estimate))
         }
@@ -460,15 +465,14 @@ pub fn inside_on_lines(facts: &Facts, local_world: usize, step: InsideStep, byte
 mod tests {
     use super::*;
 
-    /// The CUDA backend's capabilities on a Hopper device, with its
-    /// preference reduced to the measured case (mm_rs chunks of 256 rows).
+    /// The CUDA backend's capabilities on a Hopper device.
     fn hopper(world: usize, setting: Option<Algorithm>) -> Facts {
         Facts {
             caps: Capabilities {
                 fused_matmul: true,
                 max_fused_world: 16,
                 gather_slice_align: 128,
-                fused_scatter_preferred: |rows, _, _, in_elem| rows == 256 && in_elem == 2,
+                fused_scatter_preferred: crate::backend::cuda::sm90::fused_scatter_preferred,
                 all_reduce: true,
                 reduce_integers: false,
                 all_gather: true,
@@ -628,7 +632,9 @@ mod tests {
     /// A comm-heavy mm_rs takes the fused kernel where it fits, as measured
     /// (`cost::FUSED_SCATTER_COMM_SHARE`, `_IN_PIECES` where the two-rank
     /// pipelined path computes the peer's chunk in pieces); not below that
-    /// share, not where the kernel cannot run, never an ag_mm.
+    /// share, not where its tiles make less than two waves (small chunks,
+    /// where the communication is latency more than bytes), not where the
+    /// kernel cannot run, never an ag_mm.
     #[test]
     fn comm_heavy_reduce_scatters_take_the_fused_kernel() {
         let cases = [
@@ -640,6 +646,10 @@ mod tests {
             (4, (8192, 3584, 8192), false),
             (4, (2048, 3584, 8192), false),
             (2, (16384, 4096, 8192), false),
+            // Comm-heavy by the share, in less than two waves of tiles.
+            (2, (62, 2048, 4096), false),
+            (2, (340, 4096, 8192), false),
+            (2, (414, 2816, 6144), false),
         ];
         for (world, (m, k, n), fused) in cases {
             let f = hopper(world, None);

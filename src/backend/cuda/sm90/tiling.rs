@@ -216,17 +216,35 @@ pub(super) fn narrow_plan(m_chunk: usize, n: usize, chunks: usize) -> Option<Nar
     wide.then(|| narrow_peers(m_chunk, n, chunks, SHAPE_SMS, None)).flatten()
 }
 
-/// Whether the fused reduce-scatter should be chosen over the pipelined
-/// path (pure: the shape alone, for the backend's decision layer): 16-bit inputs where its peers' tiles are narrow ([`narrow_peers`])
-/// and the wave of 256-wide tiles is nearly full (at least 90% of the SMs:
-/// where half of them would idle, as at M = 256 or n = 4096, cuBLAS's
-/// smaller tiles fill the GPU in the pipelined path, and the fused kernel
-/// was 1.09-1.26 x slower there, measured before the narrow peer tiles).
-/// Measured at mm_rs 512x14336x8192 on 2 x H200: bound 0.1879-0.1893 ms
-/// against 0.1975-0.1977 for the pipelined path, 0.1986-0.1999 against
-/// 0.2005-0.2016 replayed from graphs, and 189 against 195 us one call at a
-/// time. Elsewhere (more waves) the pipelined path stays ahead or level.
-pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_elem: usize) -> bool {
-    let wide_tiles = chunks * chunk_rows.div_ceil(BM) * n.div_ceil(TileN::N256.cols());
-    in_elem == 2 && 10 * wide_tiles >= 9 * SHAPE_SMS && narrow_plan(chunk_rows, n, chunks).is_some()
+/// Whether the fused reduce-scatter should be chosen over the other paths
+/// (pure: the shape alone, and the cost model's verdict that the call is
+/// `comm_heavy`, for the backend's decision layer).
+///
+/// Measured ahead on one nearly full wave: 16-bit inputs where its peers'
+/// tiles are narrow ([`narrow_peers`]) and the rows of the wave of
+/// 256-wide tiles fill at least 90% of the SMs (where half of them would
+/// idle, as at M = 256 or n = 4096, cuBLAS's smaller tiles fill the GPU in
+/// the pipelined path, and the fused kernel was 1.09-1.26 x slower there,
+/// measured before the narrow peer tiles; at chunks of 170 rows, a third
+/// of its second row of tiles, 1.09 x the sequential path). At mm_rs 512x14336x8192 on 2 x
+/// H200: bound 0.1879-0.1893 ms against 0.1975-0.1977 for the pipelined
+/// path, 0.1986-0.1999 against 0.2005-0.2016 replayed from graphs, and 189
+/// against 195 us one call at a time. Elsewhere (more waves) the pipelined
+/// path stays ahead or level.
+///
+/// Comm-heavy, where its tiles run at least two waves: its pushes of one
+/// wave's tiles then hide behind the next (`cost::FUSED_SCATTER_COMM_SHARE`
+/// has the shapes). With fewer, the last wave's pushes and the peers'
+/// flags come after all of the matmul, while the sequential path's
+/// matmul fills the GPU: mm_rs 62x2048x4096 at world 2 took 26.3 us fused
+/// against 15.8 sequential, 340x4096x8192 64.2 against 57.1,
+/// 414x2816x6144 50.6 against 43.9 (graph-replayed, 2 x H200,
+/// bench/results/2026-11-30-h200-x2-ef80067-drawn/).
+pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_elem: usize, comm_heavy: bool) -> bool {
+    let wide_rows = chunks * chunk_rows * n.div_ceil(TileN::N256.cols());
+    let one_full_wave =
+        in_elem == 2 && 10 * wide_rows >= 9 * SHAPE_SMS * BM && narrow_plan(chunk_rows, n, chunks).is_some();
+    let tiles = chunks * chunk_rows.div_ceil(BM) * n.div_ceil(fused_tile(chunk_rows, n, chunks).cols());
+    let waves_hide = tiles >= 2 * SHAPE_SMS;
+    one_full_wave || (comm_heavy && waves_hide)
 }

@@ -165,11 +165,20 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     assert_eq!((mm.tiles_per_chunk(), mm.grid(132)), (2 * 34, 64 + 68));
     // Chosen over the pipelined path only where measured: 16-bit inputs,
     // a nearly full wave (mm_rs 512 x 8192 at world 2), not half of one.
-    assert!(fused_scatter_preferred(256, 8192, 2, 2));
-    assert!(!fused_scatter_preferred(256, 8192, 2, 1));
-    assert!(!fused_scatter_preferred(128, 8192, 2, 2));
-    assert!(!fused_scatter_preferred(256, 4096, 2, 2));
-    assert!(!fused_scatter_preferred(1024, 8192, 2, 2));
+    for comm_heavy in [false, true] {
+        assert!(fused_scatter_preferred(256, 8192, 2, 2, comm_heavy));
+    }
+    assert!(!fused_scatter_preferred(256, 8192, 2, 1, false));
+    assert!(!fused_scatter_preferred(128, 8192, 2, 2, false));
+    assert!(!fused_scatter_preferred(256, 4096, 2, 2, false));
+    assert!(!fused_scatter_preferred(1024, 8192, 2, 2, false));
+    // Comm-heavy: where its tiles run two waves or more (mm_rs 2048x1536x8192
+    // and 3000x1024x8192, fp8 too), not under one (62x2048x4096, 340x4096x8192).
+    assert!(fused_scatter_preferred(1024, 8192, 2, 2, true));
+    assert!(fused_scatter_preferred(1500, 8192, 2, 2, true));
+    assert!(fused_scatter_preferred(2048, 8192, 2, 1, true));
+    assert!(!fused_scatter_preferred(31, 4096, 2, 2, true));
+    assert!(!fused_scatter_preferred(170, 8192, 2, 2, true));
 }
 
 #[test]
