@@ -572,7 +572,8 @@ symm_status_t symm_group_abort(symm_group_t group);
 // When the group failed, `symm_last_error()` then describes the failure.
 // A group fails at a timeout, at an exchange with the peers that was
 // lost, when an operation fails after it started moving data, when a
-// rank fails alone on a call the ranks had agreed on, at an asynchronous
+// rank fails a call the ranks had agreed on while a peer went ahead with
+// it (see `symm_group_reserve_workspace`), at an asynchronous
 // device error, and at `symm_group_abort`; never for an argument every
 // rank was told about (those fail the one call). Returns an error only
 // for a bad handle or a NULL `health`.
@@ -616,8 +617,11 @@ symm_status_t symm_get_build_info(symm_build_info_t *info);
 // are then untouched. A call identical to one all ranks agreed on before
 // skips that check (one bootstrap round trip) unless the group has
 // `SYMM_GROUP_CHECK_ARGS_ALWAYS` or env `SYMM_CHECK_ARGS=always`; a rank
-// that then alone errs fails the group (its peers stop waiting with
-// `SYMM_ERROR_REMOTE`), and one that alone differs makes its peers time
+// whose call then fails before moving data looks at what its peers did
+// with that call (ranks on one host; across hosts it fails the group):
+// where every rank failed it, each gets its own error and the group stays
+// usable; where a peer went ahead, the group fails (that peer stops
+// waiting with `SYMM_ERROR_REMOTE`). A rank that alone differs makes its peers time
 // out, or, where its call too was agreed before, fails the group with
 // `SYMM_ERROR_MISMATCH` at the first signal or data the ranks exchange
 // (each carries its call's tag; not yet NCCL's steps; on CUDA that call's

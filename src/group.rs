@@ -31,7 +31,7 @@ use crate::bootstrap::{allgather_var, Bootstrap};
 use crate::config;
 use crate::cost::Algorithm;
 use crate::error::{err, Error, Result};
-use crate::health::{Board, Health, SLOT_BYTES};
+use crate::health::{Board, CallState, Health, SLOT_BYTES};
 use crate::ipc;
 use crate::logging::GroupScope;
 use crate::sync::lock;
@@ -348,6 +348,19 @@ impl Group {
     /// calls are refused. Takes no lock a blocked call may hold.
     pub fn abort(&self) {
         self.health.abort()
+    }
+
+    /// Posts where this rank stands with its collective call number `call`
+    /// for the peers to see (`crate::health::CallState`); `false` where
+    /// they cannot (a group spanning hosts).
+    pub fn post_call(&self, call: u64, state: CallState) -> bool {
+        self.topology.single_host() && self.health.post_call(call, state)
+    }
+
+    /// Where every rank stands with call number `call` (`None` for one not
+    /// there yet); `None` where the ranks cannot see it (spanning hosts).
+    pub fn calls(&self, call: u64) -> Option<Vec<Option<CallState>>> {
+        self.topology.single_host().then(|| self.health.calls(call)).flatten()
     }
 
     /// The group's first failure, or `None` while it is healthy.

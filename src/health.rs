@@ -14,15 +14,46 @@
 //! register a waker ([`Health::on_failure`]) that tells it to stop: CUDA
 //! writes its asynchronous error record, which the signal waits of its
 //! kernels poll.
+//!
+//! Each slot also says where its rank stands in its sequence of calls
+//! ([`CallState`]): a rank whose call fails here learns from the board
+//! whether its peers went ahead with that call (then the group must fail,
+//! or they wait for it) or failed it too (see `crate::ops::agree`).
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::lock;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// Bytes per rank on the board: state, message length, message.
+/// Bytes per rank on the board: state, message length, call, message.
 pub const SLOT_BYTES: usize = 256;
-const MESSAGE_BYTES: usize = SLOT_BYTES - 8;
+const CALL_OFFSET: usize = 8;
+const MESSAGE_OFFSET: usize = 16;
+const MESSAGE_BYTES: usize = SLOT_BYTES - MESSAGE_OFFSET;
+
+/// Where a rank stands with one of its calls, on the board beside the
+/// call's number (the ranks number their collective calls alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallState {
+    /// Under an agreement kept from before: this rank runs the call and
+    /// waits for its peers' data.
+    Going = 1,
+    /// The call failed here before any data moved.
+    Failed = 2,
+    /// This rank exchanges the call's arguments with its peers.
+    Agreeing = 3,
+}
+
+impl CallState {
+    fn of(bits: u64) -> Option<CallState> {
+        match bits {
+            1 => Some(CallState::Going),
+            2 => Some(CallState::Failed),
+            3 => Some(CallState::Agreeing),
+            _ => None,
+        }
+    }
+}
 
 /// States of a board slot.
 const FAILED: u32 = 1;
@@ -37,6 +68,8 @@ pub struct Health {
     cause: Mutex<Option<Error>>,
     board: OnceLock<Board>,
     wakers: Mutex<Vec<Waker>>,
+    /// What this rank last posted of its calls.
+    posted: Mutex<CallWord>,
 }
 
 impl Health {
@@ -47,6 +80,7 @@ impl Health {
             cause: Mutex::new(None),
             board: OnceLock::new(),
             wakers: Mutex::new(Vec::new()),
+            posted: Mutex::new(CallWord(0)),
         }
     }
 
@@ -131,6 +165,26 @@ impl Health {
         None
     }
 
+    /// Posts where this rank stands with its call number `call`; `false`
+    /// without a board (ranks on other hosts see no board of this one).
+    pub fn post_call(&self, call: u64, state: CallState) -> bool {
+        let Some(board) = self.board.get() else { return false };
+        let mut last = lock(&self.posted);
+        let word = last.next(call, state);
+        board.call(self.rank).store(word.0, Ordering::Release);
+        *last = word;
+        true
+    }
+
+    /// Where each rank stands with call number `call`: `None` for a rank
+    /// that has not reached it yet; for one past it, `Failed` where it
+    /// failed that call and `Going` where it ran it (or passed it too long
+    /// ago to tell). `None` without a board.
+    pub fn calls(&self, call: u64) -> Option<Vec<Option<CallState>>> {
+        let board = self.board.get()?;
+        Some((0..board.world).map(|r| CallWord(board.call(r).load(Ordering::Acquire)).at(call)).collect())
+    }
+
     /// Takes a peer's published failure as this rank's.
     fn poll_peers(&self) {
         if self.failed.load(Ordering::Acquire) != 0 {
@@ -142,9 +196,57 @@ impl Health {
     }
 }
 
+/// A rank's word on the board about its calls: the latest call's number,
+/// its [`CallState`], and which of the calls before it failed here (bit k:
+/// the call `k + 1` before), so that a rank still looking at an earlier
+/// call can tell a peer that failed it from one that ran it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CallWord(u64);
+
+impl CallWord {
+    const STATE_BITS: u32 = 2;
+    const HISTORY_BITS: u32 = 22;
+    const NUMBER_SHIFT: u32 = Self::STATE_BITS + Self::HISTORY_BITS;
+
+    fn number(self) -> u64 {
+        self.0 >> Self::NUMBER_SHIFT
+    }
+    fn history(self) -> u64 {
+        (self.0 >> Self::STATE_BITS) & ((1 << Self::HISTORY_BITS) - 1)
+    }
+
+    /// The word for call `call` (later than this one) in `state`.
+    fn next(self, call: u64, state: CallState) -> CallWord {
+        let gap = call.saturating_sub(self.number()).max(1);
+        let failed = (CallState::of(self.0 & 3) == Some(CallState::Failed)) as u64;
+        let history = match gap < Self::HISTORY_BITS as u64 {
+            true => ((self.history() << gap) | (failed << (gap - 1))) & ((1 << Self::HISTORY_BITS) - 1),
+            false => 0,
+        };
+        CallWord(call << Self::NUMBER_SHIFT | history << Self::STATE_BITS | state as u64)
+    }
+
+    /// Where this rank stands with call `call` (see [`Health::calls`]).
+    fn at(self, call: u64) -> Option<CallState> {
+        let latest = self.number();
+        if latest < call {
+            return None;
+        }
+        if latest == call {
+            return CallState::of(self.0 & 3);
+        }
+        let back = latest - call - 1;
+        match back < Self::HISTORY_BITS as u64 && self.history() >> back & 1 == 1 {
+            true => Some(CallState::Failed),
+            false => Some(CallState::Going),
+        }
+    }
+}
+
 /// The shared table of failures: `SLOT_BYTES` per rank, in memory every
 /// rank maps. Slot layout: `u32` state (0 or `FAILED`, written last with
-/// release), `u32` message length, the message (UTF-8, cut to fit).
+/// release), `u32` message length, `u64` the rank's [`CallWord`], the
+/// message (UTF-8, cut to fit).
 pub struct Board {
     addr: usize,
     world: usize,
@@ -165,6 +267,12 @@ impl Board {
         unsafe { &*((self.addr + r * SLOT_BYTES) as *const AtomicU32) }
     }
 
+    fn call(&self, r: usize) -> &AtomicU64 {
+        // SAFETY: as for `state`; the slot's offset is 8-byte aligned (the
+        // mapping is page-aligned) and the word is only touched atomically.
+        unsafe { &*((self.addr + r * SLOT_BYTES + CALL_OFFSET) as *const AtomicU64) }
+    }
+
     fn publish(&self, rank: usize, msg: &str) {
         let mut n = msg.len().min(MESSAGE_BYTES);
         while !msg.is_char_boundary(n) {
@@ -175,7 +283,7 @@ impl Board {
         // read it only after seeing the state (release below).
         unsafe {
             std::ptr::write_volatile((slot + 4) as *mut u32, n as u32);
-            std::ptr::copy_nonoverlapping(msg.as_ptr(), (slot + 8) as *mut u8, n);
+            std::ptr::copy_nonoverlapping(msg.as_ptr(), (slot + MESSAGE_OFFSET) as *mut u8, n);
         }
         self.state(rank).store(FAILED, Ordering::Release);
     }
@@ -188,7 +296,7 @@ impl Board {
         let n = (unsafe { std::ptr::read_volatile((slot + 4) as *const u32) } as usize).min(MESSAGE_BYTES);
         let mut bytes = vec![0u8; n];
         // SAFETY: as above; n is within the slot.
-        unsafe { std::ptr::copy_nonoverlapping((slot + 8) as *const u8, bytes.as_mut_ptr(), n) };
+        unsafe { std::ptr::copy_nonoverlapping((slot + MESSAGE_OFFSET) as *const u8, bytes.as_mut_ptr(), n) };
         Some((r, String::from_utf8_lossy(&bytes).into_owned()))
     }
 }
@@ -244,6 +352,44 @@ mod tests {
             w.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(woken.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn ranks_see_where_their_peers_stand_with_a_call() {
+        let (a, b, _mem) = pair();
+        assert_eq!(a.calls(1), Some(vec![None, None]));
+        assert!(a.post_call(1, CallState::Failed) && b.post_call(1, CallState::Agreeing));
+        assert_eq!(b.calls(1), Some(vec![Some(CallState::Failed), Some(CallState::Agreeing)]));
+        assert_eq!(b.calls(2), Some(vec![None, None]), "not reached yet");
+        b.post_call(2, CallState::Going);
+        assert_eq!(a.calls(1).unwrap()[1], Some(CallState::Going), "past it: it ran the call");
+        a.post_call(3, CallState::Agreeing);
+        assert_eq!(b.calls(1).unwrap()[0], Some(CallState::Failed), "past it: it failed it");
+        assert_eq!(b.calls(2).unwrap()[0], Some(CallState::Going), "skipped: not failed here");
+        // Beside a published failure, which does not overwrite it.
+        b.fail(&err!(Timeout, "{}", "x".repeat(400)));
+        assert_eq!(a.calls(2).unwrap()[1], Some(CallState::Going));
+        assert_eq!(a.interrupted().unwrap().msg.len(), "rank 1 failed: ".len() + MESSAGE_BYTES);
+        assert_eq!(Health::new(0).calls(1), None, "no board");
+        assert!(!Health::new(0).post_call(1, CallState::Going));
+    }
+
+    #[test]
+    fn a_call_word_remembers_recent_failures() {
+        let mut w = CallWord(0);
+        for call in 1..=30 {
+            w = w.next(call, if call % 3 == 0 { CallState::Failed } else { CallState::Going });
+        }
+        assert_eq!((w.number(), w.at(30)), (30, Some(CallState::Failed)));
+        assert_eq!(w.at(31), None);
+        for call in 9..30 {
+            let want = if call % 3 == 0 { CallState::Failed } else { CallState::Going };
+            assert_eq!(w.at(call), Some(want), "call {call}");
+        }
+        // Too long ago to tell: taken as run.
+        assert_eq!(w.at(6), Some(CallState::Going));
+        let far = w.next(1000, CallState::Agreeing);
+        assert_eq!((far.at(30), far.at(1000)), (Some(CallState::Going), Some(CallState::Agreeing)));
     }
 
     #[test]

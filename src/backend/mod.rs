@@ -299,7 +299,8 @@ pub struct Capabilities {
     /// with `in_elem`-byte inputs, where the cost model finds the call
     /// `comm_heavy` or not. From the shape alone, so that every rank of an
     /// agreed call chooses alike.
-    pub fused_scatter_preferred: fn(chunk_rows: usize, n: usize, world: usize, in_elem: usize, comm_heavy: bool) -> bool,
+    pub fused_scatter_preferred:
+        fn(chunk_rows: usize, n: usize, world: usize, in_elem: usize, comm_heavy: bool) -> bool,
     /// Whether [`Backend::all_reduce`] runs here (the device-side one- and
     /// two-shot kernels); without, the operations all-reduce over `copy`,
     /// `reduce` and barriers.

@@ -269,7 +269,8 @@ pub extern "C" fn symm_group_abort(group: symm_group_t) -> symm_status_t {
 /// When the group failed, `symm_last_error()` then describes the failure.
 /// A group fails at a timeout, at an exchange with the peers that was
 /// lost, when an operation fails after it started moving data, when a
-/// rank fails alone on a call the ranks had agreed on, at an asynchronous
+/// rank fails a call the ranks had agreed on while a peer went ahead with
+/// it (see `symm_group_reserve_workspace`), at an asynchronous
 /// device error, and at `symm_group_abort`; never for an argument every
 /// rank was told about (those fail the one call). Returns an error only
 /// for a bad handle or a NULL `health`.

@@ -41,8 +41,11 @@ use std::ffi::{c_int, c_void};
 /// are then untouched. A call identical to one all ranks agreed on before
 /// skips that check (one bootstrap round trip) unless the group has
 /// `SYMM_GROUP_CHECK_ARGS_ALWAYS` or env `SYMM_CHECK_ARGS=always`; a rank
-/// that then alone errs fails the group (its peers stop waiting with
-/// `SYMM_ERROR_REMOTE`), and one that alone differs makes its peers time
+/// whose call then fails before moving data looks at what its peers did
+/// with that call (ranks on one host; across hosts it fails the group):
+/// where every rank failed it, each gets its own error and the group stays
+/// usable; where a peer went ahead, the group fails (that peer stops
+/// waiting with `SYMM_ERROR_REMOTE`). A rank that alone differs makes its peers time
 /// out, or, where its call too was agreed before, fails the group with
 /// `SYMM_ERROR_MISMATCH` at the first signal or data the ranks exchange
 /// (each carries its call's tag; not yet NCCL's steps; on CUDA that call's

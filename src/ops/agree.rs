@@ -14,8 +14,7 @@
 //! every rank passes alike: a fact that may differ between ranks could
 //! change on a peer while this rank repeats its cached call.) The
 //! trade-off: after a signature has been
-//! agreed, a rank that alone changes its call, or fails locally while its
-//! peers' identical calls skip the exchange, is no longer reported here;
+//! agreed, a rank that alone changes its call is no longer reported here;
 //! the peers then wait at the operation's first signal and fail with
 //! `Timeout` naming it. If both calls were agreed before, each carries its
 //! tag (a hash of its signature, `CallTag`) in its signals and LL lines,
@@ -23,19 +22,30 @@
 //! `Mismatch` there instead of succeeding on each other's data (see
 //! `CallTag` for what is still read on CUDA; ranks whose calls meet on
 //! different ones time out; the transport's steps (NCCL) across and
-//! inside hosts carry no tag yet). A rank that fails locally
-//! on such a call fails the group, so its peers stop waiting at once with
-//! `Remote`; a timeout
-//! fails it too, so later calls are refused instead of running on signals
-//! out of step. `SYMM_CHECK_ARGS=always` (or the group flag
+//! inside hosts carry no tag yet). A timeout fails the group, so later
+//! calls are refused instead of running on signals out of step.
+//! `SYMM_CHECK_ARGS=always` (or the group flag
 //! `SYMM_GROUP_CHECK_ARGS_ALWAYS`) exchanges on every call instead.
+//!
+//! A call that fails on a rank before any data moves (its arguments
+//! invalid there, or unreadable) must not leave peers waiting for it. On
+//! one host every rank posts where it stands with each call on the group's
+//! board (`crate::health::CallState`), and a rank whose call failed looks
+//! there: a peer that went ahead under a kept agreement waits for this
+//! rank's data, so the group fails and that peer stops at once with
+//! `Remote`; peers that exchange arguments get this rank's error through
+//! the exchange; where every rank failed the call, nobody waits and the
+//! group stays usable. Across hosts, a rank that fails a kept call alone
+//! fails the group.
 
 use super::state;
 use crate::backend::CallTag;
 use crate::error::{err, Error, Result};
 use crate::group::{Group, Purpose};
+use crate::health::CallState;
 use crate::wire::{Reader, Writer};
 use std::fmt::Display;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Field {
@@ -88,11 +98,12 @@ pub struct Agreed {
     pub tag: CallTag,
 }
 
-/// Collective: agrees on a call. `sig` is this rank's signature (`None`
-/// when the call could not even be read, in which case `local` is the
-/// error); `local` is whether this rank's call is valid.
-pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<Agreed> {
-    agree_through(group, sig, local, |payload| group.exchange(payload))
+/// Collective: agrees on this rank's call number `call` (`OpsState::next_call`).
+/// `sig` is this rank's signature (`None` when the call could not even be
+/// read, in which case `local` is the error); `local` is whether this
+/// rank's call is valid.
+pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>, call: u64) -> Result<Agreed> {
+    agree_through(group, sig, local, Some(call), |payload| group.exchange(payload))
 }
 
 /// As [`agree`] for a group spanning hosts, through its transport across
@@ -102,37 +113,101 @@ pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>) -> Resul
 /// on the bootstrap's transport its agreement meets their data and every
 /// rank fails with `Mismatch`.
 pub fn agree_across_hosts(group: &Group, sig: &Signature, local: Result<()>) -> Result<CallTag> {
-    agree_through(group, Some(sig), local, |payload| group.exchange_across_hosts(Purpose::Agreement, payload))
+    agree_through(group, Some(sig), local, None, |payload| group.exchange_across_hosts(Purpose::Agreement, payload))
         .map(|a| a.tag)
 }
 
-/// [`agree`], the signatures exchanged by `exchange`.
+/// [`agree`], the signatures exchanged by `exchange`; `call`: the call's
+/// number, where the ranks post where they stand with it (one host).
 fn agree_through(
     group: &Group,
     sig: Option<&Signature>,
     local: Result<()>,
+    call: Option<u64>,
     exchange: impl FnOnce(Result<Vec<u8>>) -> Result<Vec<Vec<u8>>>,
 ) -> Result<Agreed> {
     let encoded = sig.map(Signature::encode);
-    let state = state::of(group);
-    if let Some(bytes) = &encoded {
-        if let Some(tag) = state.agreed_tag(bytes).filter(|_| !group.check_args_always()) {
-            // Peers making this call skip the exchange as well and go on
-            // to wait for this rank, which will not come: the group fails,
-            // so that they stop waiting (see the module's trade-off).
-            if let (Err(e), true) = (&local, group.world() > 1) {
+    let kept = encoded.as_ref().and_then(|b| state::of(group).agreed_tag(b)).filter(|_| !group.check_args_always());
+    let posted = |s: CallState| call.is_some_and(|c| group.post_call(c, s));
+    match (&local, kept) {
+        (Ok(()), Some(tag)) => {
+            posted(CallState::Going);
+            return Ok(Agreed { first: false, tag });
+        }
+        (Ok(()), None) => {
+            posted(CallState::Agreeing);
+        }
+        (Err(e), _) if group.world() > 1 && posted(CallState::Failed) => {
+            let call = call.expect("posted");
+            match peers_of_failed(group, call) {
+                Peers::Agreeing => {} // they learn this rank's error in the exchange
+                Peers::Failed => return Err(e.clone()),
+                Peers::Waiting(why) => {
+                    group.fail(&e.clone().context(why));
+                    return Err(e.clone());
+                }
+            }
+        }
+        (Err(e), Some(_)) => {
+            // Across hosts: peers making this call skip the exchange as
+            // well and go on to wait for this rank, which will not come.
+            if group.world() > 1 {
                 group.fail(&e.clone().context("a call whose arguments the ranks had agreed on failed here"));
             }
-            return local.map(|()| Agreed { first: false, tag });
+            return Err(e.clone());
         }
+        (Err(_), None) => {}
     }
     let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));
     let all = exchange(payload)?;
     let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
     check_same(&sigs)?;
     let tag = CallTag::of(&all[group.rank()]);
-    let first = state.mark_agreed(all[group.rank()].clone());
+    let first = state::of(group).mark_agreed(all[group.rank()].clone());
     Ok(Agreed { first, tag })
+}
+
+/// What the peers of a rank whose call failed before moving data do with
+/// that call.
+enum Peers {
+    /// Every peer failed it too: nobody waits for anybody.
+    Failed,
+    /// None went ahead, and some exchange arguments: they take this rank's
+    /// error from the exchange.
+    Agreeing,
+    /// A peer waits (or may) for this rank's part of the call: why.
+    Waiting(String),
+}
+
+/// How often a rank whose call failed looks at the board.
+const BOARD_POLL: Duration = Duration::from_micros(20);
+
+/// Waits, at most the group's timeout, until every peer has posted call
+/// number `call` (which failed on this rank), and says what they do.
+fn peers_of_failed(group: &Group, call: u64) -> Peers {
+    let deadline = Instant::now() + group.timeout();
+    loop {
+        let Some(states) = group.calls(call) else { return Peers::Waiting("the board is gone".into()) };
+        if let Some(r) = states.iter().position(|s| *s == Some(CallState::Going)) {
+            return Peers::Waiting(format!(
+                "rank {r} went ahead with this call, whose arguments the ranks had agreed on"
+            ));
+        }
+        if states.iter().all(Option::is_some) {
+            return match states.contains(&Some(CallState::Agreeing)) {
+                true => Peers::Agreeing,
+                false => Peers::Failed,
+            };
+        }
+        if group.failure().is_some() {
+            return Peers::Failed; // failed already: nothing more to tell
+        }
+        if Instant::now() > deadline {
+            let r = states.iter().position(Option::is_none).expect("a rank not there");
+            return Peers::Waiting(format!("rank {r} did not reach this call within {:?}", group.timeout()));
+        }
+        std::thread::sleep(BOARD_POLL);
+    }
 }
 
 /// Every rank's arguments against rank 0's, so that all ranks report the
@@ -240,11 +315,11 @@ mod tests {
     fn agreed_signatures_skip_the_exchange_unless_always() {
         for always in [false, true] {
             let skipped = on_group(3, always, |_, g, calls| {
-                assert!(agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap().first, "agreed for the first time");
+                assert!(agree_next(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap().first, "agreed for the first time");
                 let before = calls();
-                assert!(!agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap().first, "agreed before");
+                assert!(!agree_next(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap().first, "agreed before");
                 let repeat = calls() - before;
-                assert!(agree(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap().first);
+                assert!(agree_next(g, Some(&sig(1, &[4, 8])), Ok(())).unwrap().first);
                 (repeat, calls() - before)
             });
             for (repeat, total) in skipped {
@@ -279,7 +354,7 @@ mod tests {
     fn a_local_failure_reaches_every_rank() {
         let res = on_group(3, false, |r, g, _| {
             let local = if r == 1 { Err(err!(InvalidArgument, "out.shape is wrong")) } else { Ok(()) };
-            agree(g, Some(&sig(0, &[4, 8])), local)
+            agree_next(g, Some(&sig(0, &[4, 8])), local)
         });
         assert_eq!(res[1].as_ref().unwrap_err().kind, ErrorKind::InvalidArgument);
         for r in [0, 2] {
@@ -292,9 +367,9 @@ mod tests {
     #[test]
     fn differing_calls_fail_everywhere_and_are_not_cached() {
         let res = on_group(2, false, |r, g, calls| {
-            let first = agree(g, Some(&sig(r, &[4, 8])), Ok(()));
+            let first = agree_next(g, Some(&sig(r, &[4, 8])), Ok(()));
             let before = calls();
-            let again = agree(g, Some(&sig(r, &[4, 8])), Ok(()));
+            let again = agree_next(g, Some(&sig(r, &[4, 8])), Ok(()));
             (first, again, calls() - before)
         });
         for (first, again, exchanged) in res {
@@ -309,12 +384,85 @@ mod tests {
     #[test]
     fn a_local_failure_on_an_agreed_call_returns_at_once() {
         let res = on_group(2, false, |_, g, calls| {
-            agree(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+            agree_next(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
             let before = calls();
-            let e = agree(g, Some(&sig(0, &[4, 8])), Err(err!(InvalidArgument, "bad"))).unwrap_err();
+            let e = agree_next(g, Some(&sig(0, &[4, 8])), Err(err!(InvalidArgument, "bad"))).unwrap_err();
             (e.kind, calls() - before)
         });
         assert!(res.iter().all(|&(kind, exchanged)| kind == ErrorKind::InvalidArgument && exchanged == 0));
+    }
+
+    /// Where every rank failed a kept call, nobody waits: each reports its
+    /// own error and the group stays usable; the next call runs.
+    #[test]
+    fn a_call_every_rank_fails_leaves_the_group_usable() {
+        for unreadable in [false, true] {
+            let res = on_group(3, false, |r, g, _| {
+                agree_next(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+                let bad = err!(InvalidArgument, "out overlaps a_shard on rank {r}");
+                let e = agree_next(g, (!unreadable || r == 1).then(|| sig(0, &[4, 8])).as_ref(), Err(bad)).unwrap_err();
+                (e, g.failure(), agree_next(g, Some(&sig(0, &[4, 8])), Ok(())).map(|a| a.first))
+            });
+            for (r, (e, failure, next)) in res.into_iter().enumerate() {
+                assert_eq!(e.kind, ErrorKind::InvalidArgument);
+                assert!(e.msg.contains(&format!("on rank {r}")), "{}", e.msg);
+                assert!(failure.is_none(), "{failure:?}");
+                assert_eq!(next.unwrap(), false);
+            }
+        }
+    }
+
+    /// A rank that fails a kept call alone (readable or not) fails the
+    /// group at once: its peer, gone ahead to wait for its data, stops.
+    #[test]
+    fn a_rank_failing_a_kept_call_alone_fails_the_group_at_once() {
+        for unreadable in [false, true] {
+            let res = on_group(2, false, |r, g, _| {
+                agree_next(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+                let start = Instant::now();
+                let got = match r {
+                    1 => agree_next(
+                        g,
+                        (!unreadable).then(|| sig(0, &[4, 8])).as_ref(),
+                        Err(err!(InvalidArgument, "bad")),
+                    ),
+                    _ => agree_next(g, Some(&sig(0, &[4, 8])), Ok(())),
+                };
+                // As an operation's first wait for the peer would.
+                while g.failure().is_none() && start.elapsed() < Duration::from_secs(2) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                (got.map(|a| a.first), g.failure(), start.elapsed())
+            });
+            assert_eq!(res[0].0, Ok(false));
+            assert_eq!(res[1].0.as_ref().unwrap_err().kind, ErrorKind::InvalidArgument);
+            for (_, failure, took) in &res {
+                assert!(failure.as_ref().unwrap().msg.contains("rank 0 went ahead with this call"), "{failure:?}");
+                assert!(*took < Duration::from_secs(1), "{took:?}");
+            }
+        }
+    }
+
+    /// A rank that fails a kept call while its peer exchanges a new one
+    /// joins the exchange: the peer learns the error, the group stays.
+    #[test]
+    fn a_failed_kept_call_meets_an_exchanging_peer_in_the_exchange() {
+        let res = on_group(2, false, |r, g, _| {
+            agree_next(g, Some(&sig(0, &[4, 8])), Ok(())).unwrap();
+            let got = match r {
+                0 => agree_next(g, Some(&sig(0, &[4, 8])), Err(err!(InvalidArgument, "bad here"))),
+                _ => agree_next(g, Some(&sig(0, &[2, 8])), Ok(())),
+            };
+            (got.map(|a| a.first), g.failure())
+        });
+        assert_eq!(res[0].0.as_ref().unwrap_err().kind, ErrorKind::InvalidArgument);
+        let e = res[1].0.as_ref().unwrap_err();
+        assert!(e.kind == ErrorKind::Remote && e.msg.contains("bad here"), "{e:?}");
+        assert!(res.iter().all(|(_, failure)| failure.is_none()));
+    }
+
+    fn agree_next(g: &Group, sig: Option<&Signature>, local: Result<()>) -> Result<Agreed> {
+        agree(g, sig, local, state::of(g).next_call())
     }
 
     fn sig(dim: usize, shape: &[usize]) -> Signature {

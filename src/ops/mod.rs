@@ -70,6 +70,7 @@ use crate::buffer::Handle;
 use crate::cost::Algorithm;
 use crate::error::{err, Result};
 use crate::group::Group;
+use crate::health::CallState;
 use agree::Signature;
 use state::Scratch;
 use std::hash::Hash;
@@ -120,7 +121,8 @@ fn with_algorithm<E>(sig: Signature, algorithm: std::result::Result<Algorithm, E
 fn run<P: Prepared>(group: &Arc<Group>, stream: Stream, prepared: Result<(Signature, Result<P>)>) -> Result<()> {
     let _lock = group.lock_collective();
     group.check_healthy()?;
-    let (p, agreement) = agreed(group, prepared)?;
+    let call = state::of(group).next_call();
+    let (p, agreement) = agreed(group, prepared, call)?;
     launch(group, stream, &p, agreement.tag, &|_, make| ReplayKey::new(make()))
 }
 
@@ -140,14 +142,16 @@ where
 {
     let _lock = group.lock_collective();
     group.check_healthy()?;
+    let number = state::of(group).next_call();
     let reuse = !group.check_args_always();
     if let (true, Ok(c)) = (reuse, &call) {
         if let Some(e) = memo::find::<C, P>(group, c) {
+            group.post_call(number, CallState::Going);
             return launch(group, stream, &*e.prepared, e.tag, &|ids, make| e.key(ids, make));
         }
     }
     let kept = call.as_ref().ok().filter(|_| reuse).cloned();
-    let (p, agreement) = agreed(group, call.map(prepare))?;
+    let (p, agreement) = agreed(group, call.map(prepare), number)?;
     if agreement.first {
         if let Some(line) = p.decided() {
             log::info!("{line}");
@@ -162,14 +166,15 @@ where
     }
 }
 
-/// The agreement (with the collective lock held): this rank's prepared
-/// call once every rank agreed on it, and the agreement.
-fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>) -> Result<(P, agree::Agreed)> {
+/// The agreement (with the collective lock held) on this rank's call
+/// number `call`: its prepared call once every rank agreed on it, and the
+/// agreement.
+fn agreed<P>(group: &Group, prepared: Result<(Signature, Result<P>)>, call: u64) -> Result<(P, agree::Agreed)> {
     let (sig, p) = match prepared {
         Ok((s, p)) => (Some(s), p),
         Err(e) => (None, Err(e)),
     };
-    let agreement = agree::agree(group, sig.as_ref(), p.as_ref().map(drop).map_err(Clone::clone))?;
+    let agreement = agree::agree(group, sig.as_ref(), p.as_ref().map(drop).map_err(Clone::clone), call)?;
     Ok((p?, agreement))
 }
 

@@ -9,6 +9,7 @@ use crate::group::{Attachment, Group};
 use crate::sync::lock;
 use std::any::Any;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The symmetric buffers the operations keep per group.
@@ -46,6 +47,9 @@ pub type Prepared = Arc<dyn Any + Send + Sync>;
 
 #[derive(Default)]
 pub struct OpsState {
+    /// This rank's collective calls so far: the ranks make them in the
+    /// same order, so a number names the same call on every rank.
+    calls: AtomicU64,
     /// Signatures of calls all ranks agreed on, so that repeats skip the
     /// exchange. Every rank inserts and clears in the same order (inserts
     /// follow an exchange all ranks took part in), so the sets stay equal.
@@ -84,6 +88,11 @@ pub fn of(group: &Group) -> Arc<OpsState> {
 }
 
 impl OpsState {
+    /// The number of the call starting now (from 1).
+    pub fn next_call(&self) -> u64 {
+        self.calls.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     /// The tag of this signature if every rank agreed on it before.
     pub fn agreed_tag(&self, signature: &[u8]) -> Option<CallTag> {
         lock(&self.agreed).get(signature).copied()
