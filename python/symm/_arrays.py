@@ -36,6 +36,7 @@ class ArrayView(NamedTuple):
     memory: str  # "host", "cuda", or "managed" (usable from both)
     writable: bool
     keepalive: tuple  # what must stay alive while the library uses ptr
+    copied: str = None  # why ptr is a copy made here, not the object's memory (None: it is the object's)
 
     def accessible_from(self, backend):
         return accessible(self.memory, backend)
@@ -167,16 +168,36 @@ def _torch_fp8(obj):
     return _TORCH_FP8.get(str(getattr(obj, "dtype", "")))
 
 
-def view(obj, stream=None):
+def _resolved(t, stream, output, name):
+    """The view of a torch negative or conjugate view: its values are not
+    in its memory (torch negates or conjugates as it reads), and DLPack
+    exports the memory as it is. An input is read from a copy holding the
+    values, as torch's ops compute with them; an output is refused, as no
+    write through the memory gives the values written."""
+    kind, shown = ("a negative view", "negated") if t.is_neg() else ("a conjugate view", "conjugated")
+    if output:
+        raise ValueError(
+            f"{name} is {kind} (torch shows its memory {shown}), which symm cannot write through; pass a "
+            "tensor without the bit (x.resolve_neg(), x.resolve_conj())"
+        )
+    v = view(t.resolve_neg().resolve_conj(), stream)
+    return v._replace(keepalive=(t, *v.keepalive), copied=kind)
+
+
+def view(obj, stream=None, output=False, name="the array"):
     """The ``ArrayView`` of ``obj``. ``stream`` (a CUstream int or None) is
-    the stream the library will use, for the DLPack exchange."""
+    the stream the library will use, for the DLPack exchange; ``output``
+    whether the library writes it (``name`` says which argument it is)."""
     if type(obj) is np.ndarray:
         return _checked(_from_numpy(obj, obj))
     torch = sys.modules.get("torch")
-    if torch is not None and type(obj) is torch.Tensor:
-        v = _from_torch(obj, stream)
-        if v is not None:
-            return _checked(v)
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if type(obj) is torch.Tensor:
+            v = _from_torch(obj, stream)
+            if v is not None:
+                return _checked(v)
+        if obj.is_neg() or obj.is_conj():
+            return _resolved(obj, stream, output, name)
     fp8 = _torch_fp8(obj)
     if isinstance(obj, np.ndarray):
         v = _from_numpy(obj, obj)

@@ -24,20 +24,22 @@ DTYPES = {
 class Arg:
     """One array argument of an operation: its shape and dtype name, its C
     descriptor (the one the call reads: ``array_of`` moves it into its
-    array), the object given and what keeps its memory alive for the call."""
+    array), the object given and what keeps its memory alive for the call;
+    ``copied`` says why the call reads a copy of the object's values (None:
+    it reads the object's memory)."""
 
-    __slots__ = ("shape", "dtype", "c", "obj", "_keep")
+    __slots__ = ("shape", "dtype", "c", "obj", "_keep", "name", "copied")
 
     def __init__(self, group, obj, name, stream, output=False):
         # Plain torch tensors (most calls) skip the general reader's
         # ArrayView: at small sizes the host's time is the call's time.
         torch = sys.modules.get("torch")
-        fields = None
+        fields, copied = None, None
         if torch is not None and type(obj) is torch.Tensor:
             fields = torch_fields(torch, obj, stream)
         if fields is None:
-            v = view(obj, stream)
-            ptr, shape, strides, dtype, memory, writable, keep = v
+            v = view(obj, stream, output, name)
+            ptr, shape, strides, dtype, memory, writable, keep, copied = v
         else:
             ptr, shape, strides, dtype, memory = fields
             writable, keep = True, obj
@@ -52,6 +54,7 @@ class Arg:
             raise ValueError(f"{name} is read-only")
         n = len(shape)
         self.shape, self.dtype, self.obj, self._keep = shape, dtype, obj, keep
+        self.name, self.copied = name, copied
         self.c = c = _lib.Tensor(ptr, code, n)
         c.shape[:n] = shape
         c.strides[:n] = strides

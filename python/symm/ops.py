@@ -95,6 +95,13 @@ def bind(operation, group, /, *args, **kwargs):
             f"symm.all_reduce_rmsnorm, not {operation!r}"
         )
     call = prepare_call(group, *args, **kwargs)
+    for arg in _fastcall._args_in(call.keep, []):
+        if arg.copied:
+            # The copy holds the values of now; a bound call promises those of each call.
+            call.refuse(
+                f"{arg.name} is {arg.copied}, whose values are not in its memory, so a bound call cannot read "
+                "them there at each call; bind a tensor without the bit (x.resolve_neg(), x.resolve_conj())"
+            )
     ext = _fastcall._ext
     if ext is not None:  # made from C (_fastcall_ext), without ctypes' conversions
         native = _fastcall._native(call.fn, call.args, (), (), None)
@@ -109,11 +116,11 @@ class _Call:
     returns. Calling it makes the call; ``bind`` keeps it to call again
     (`native`: through _fastcall_ext where it can)."""
 
-    __slots__ = ("group", "fn", "args", "keep", "result", "native")
+    __slots__ = ("group", "fn", "args", "keep", "result", "native", "failed_args")
 
-    def __init__(self, group, fn, args, keep, result):
+    def __init__(self, group, fn, args, keep, result, failed_args):
         self.group, self.fn, self.args, self.keep, self.result = group, fn, args, keep, result
-        self.native = None
+        self.native, self.failed_args = None, failed_args
 
     def __call__(self):
         group = self.group
@@ -123,27 +130,38 @@ class _Call:
             group._check(self.fn(group.raw, *self.args))
         return self.result
 
+    def refuse(self, message):
+        """Raises ``SymmInvalidArgument`` with ``message`` instead of making
+        the call, its peers told (``_refused``)."""
+        _refused(self.group, self.fn, self.failed_args)
+        raise SymmInvalidArgument(_lib.ERROR_INVALID_ARGUMENT, f"{self.fn.__name__}: {message}")
+
     def __repr__(self):
         return f"<symm bound {self.fn.__name__} on {self.group!r}>"
+
+
+def _refused(group, fn, failed_args):
+    """Enters the call of ``fn`` with ``failed_args``, which the library
+    rejects: it then fails the call on every rank, peers with
+    ``SymmRemoteError``, instead of leaving them to wait for this one."""
+    try:
+        group._check(fn(group.raw, *failed_args))
+    except SymmError:
+        pass  # certain: the library rejects failed_args; the error to report is the caller's
 
 
 def _prepared(group, fn, prepare, failed_args):
     """The ``_Call`` of ``fn`` with ``args, keep, result = prepare()``.
 
     If ``prepare`` finds an argument symm cannot even be given, this rank
-    still enters the call (with ``failed_args``, which the library rejects):
-    the library then fails the call on every rank, peers with
-    ``SymmRemoteError``, instead of leaving them to wait for this one.
+    still enters the call, refused (``_refused``).
     """
     try:
         args, keep, result = prepare()
     except (TypeError, ValueError) as e:
-        try:
-            group._check(fn(group.raw, *failed_args))
-        except SymmError:
-            pass  # certain: the library rejects failed_args; the error to report is ours
+        _refused(group, fn, failed_args)
         raise SymmInvalidArgument(_lib.ERROR_INVALID_ARGUMENT, f"{fn.__name__}: {e}") from e
-    return _Call(group, fn, args, keep, result)
+    return _Call(group, fn, args, keep, result, failed_args)
 
 
 def _listed(x, n, name):
