@@ -13,12 +13,12 @@ def as_stream(stream):
         raise TypeError("stream must be None, an int CUstream or a stream object, not a bool")
     if isinstance(stream, int):
         return stream or None
-    if hasattr(stream, "__cuda_stream__"):
-        _version, handle = stream.__cuda_stream__()
-        return int(handle) or None
-    for attr in ("cuda_stream", "ptr"):
+    for attr in ("__cuda_stream__", "cuda_stream", "ptr"):
         if hasattr(stream, attr):
-            return int(getattr(stream, attr)) or None
+            try:
+                return int(stream.__cuda_stream__()[1] if attr == "__cuda_stream__" else getattr(stream, attr)) or None
+            except Exception as e:
+                raise TypeError(f"stream's {attr} gave no CUstream: {type(e).__name__}: {e}") from e
     raise TypeError(
         f"stream must be None, an int CUstream, or have __cuda_stream__/.cuda_stream/.ptr; got {type(stream).__name__}"
     )

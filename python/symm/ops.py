@@ -31,13 +31,14 @@ cuBLASLt's D scale: the meaning torch documents for ``scale_result``
 
 import ctypes
 import functools
+import sys
 
 from . import _fastcall, _lib
 from ._alloc import empty_like
 from ._lib import lib
 from ._stream import operation_stream
 from ._tensor import Arg, array_of
-from .errors import SymmError, SymmInvalidArgument
+from .errors import SymmError, SymmInvalidArgument, error
 
 REDUCE_OPS = {"sum": _lib.REDUCE_SUM, "avg": _lib.REDUCE_AVG}
 
@@ -153,15 +154,28 @@ def _refused(group, fn, failed_args):
 def _prepared(group, fn, prepare, failed_args):
     """The ``_Call`` of ``fn`` with ``args, keep, result = prepare()``.
 
-    If ``prepare`` finds an argument symm cannot even be given, this rank
-    still enters the call, refused (``_refused``).
+    If ``prepare`` finds an argument symm cannot even be given, or fails
+    otherwise (whatever an argument's own methods raise, an output that
+    cannot be allocated), this rank still enters the call, refused
+    (``_refused``), and raises ``SymmInvalidArgument`` (out of memory:
+    ``SymmOutOfMemoryError``).
     """
     try:
         args, keep, result = prepare()
-    except (TypeError, ValueError) as e:
+    except Exception as e:
         _refused(group, fn, failed_args)
-        raise SymmInvalidArgument(_lib.ERROR_INVALID_ARGUMENT, f"{fn.__name__}: {e}") from e
+        if isinstance(e, SymmError):
+            raise
+        status = _lib.ERROR_OUT_OF_MEMORY if _out_of_memory(e) else _lib.ERROR_INVALID_ARGUMENT
+        what = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
+        raise error(status, f"{fn.__name__}: {what}") from e
     return _Call(group, fn, args, keep, result, failed_args)
+
+
+def _out_of_memory(e):
+    """Whether ``e`` says memory ran out (Python's or torch's, a RuntimeError)."""
+    torch = sys.modules.get("torch")
+    return isinstance(e, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError)))
 
 
 def _listed(x, n, name):
@@ -196,7 +210,7 @@ ALGORITHMS = {
 
 def _algorithm(name, algorithms=ALGORITHMS):
     """The C value of an ``algorithm=`` keyword, one of ``algorithms``."""
-    if name not in algorithms:
+    if not (name is None or isinstance(name, str)) or name not in algorithms:
         raise ValueError(f"algorithm is {name!r}; expected one of {sorted(k for k in algorithms if k)} or None")
     return algorithms[name]
 
@@ -271,12 +285,12 @@ def fused_ag_mm(
     raises ``UnsupportedError``), or None for symm's choice (``SYMM_ALGO``,
     else the cost model's, as ``Group.plan`` reports).
     """
-    _algorithm(algorithm)
     single = not isinstance(bs, (list, tuple))
-    b_objs = [bs] if single else list(bs)
-    out_objs = None if out is None else ([out] if single else list(out))
 
     def prepare():
+        _algorithm(algorithm)
+        b_objs = [bs] if single else list(bs)
+        out_objs = None if out is None else ([out] if single else list(out))
         s = operation_stream(stream, a_shard)
         a = Arg(group, a_shard, "a_shard", s)
         b = [_with_ndim(Arg(group, x, f"bs[{i}]", s), 2, f"bs[{i}]") for i, x in enumerate(b_objs)]
@@ -349,11 +363,11 @@ def mm_rs(
     rounded once, times ``result_scale`` (one f32) if given.
 
     ``algorithm``: as in ``fused_ag_mm``."""
-    _algorithm(algorithm)
 
     def prepare():
+        _algorithm(algorithm)
         s = operation_stream(stream, a)
-        if op not in REDUCE_OPS:
+        if not isinstance(op, str) or op not in REDUCE_OPS:
             raise ValueError(f"op is {op!r}; expected one of {sorted(REDUCE_OPS)}")
         x = Arg(group, a, "a", s)
         y = _with_ndim(Arg(group, b, "b", s), 2, "b")
@@ -427,20 +441,20 @@ def all_reduce(group, x, op="sum", out=None, stream=None, algorithm=None, inplac
     ones), or None for symm's choice by size (``Group.plan("all_reduce",
     numel)``), the same on every rank. An ``x`` in a rendezvoused
     symmetric buffer is read by the peers where it is."""
-    _all_reduce_options(algorithm)
 
     def prepare():
+        opts = _all_reduce_options(algorithm)
         s = operation_stream(stream, x)
-        if op not in REDUCE_OPS:
+        if not isinstance(op, str) or op not in REDUCE_OPS:
             raise ValueError(f"op is {op!r}; expected one of {sorted(REDUCE_OPS)}")
         i = Arg(group, x, "input", s, output=inplace)
         if inplace:
             if out is not None:
                 raise ValueError("out and inplace=True both given")
-            return (i.c, i.c, REDUCE_OPS[op], _all_reduce_options(algorithm), s), (i,), x
+            return (i.c, i.c, REDUCE_OPS[op], opts, s), (i,), x
         result = out if out is not None else empty_like(x, tuple(i.shape))
         o = Arg(group, result, "output", s, output=True)
-        return (i.c, o.c, REDUCE_OPS[op], _all_reduce_options(algorithm), s), (i, o), result
+        return (i.c, o.c, REDUCE_OPS[op], opts, s), (i, o), result
 
     return _prepared(group, lib.symm_all_reduce, prepare, (None, None, _lib.REDUCE_SUM, None, None))
 
@@ -456,9 +470,13 @@ def all_reduce_rmsnorm(
     bf16 or f16). Returns ``(out, residual_out)``; with ``inplace=True``,
     ``r`` goes into ``residual`` itself (returned as ``residual_out``).
     ``algorithm`` as in ``all_reduce``."""
-    _all_reduce_options(algorithm)
 
     def prepare():
+        opts = _all_reduce_options(algorithm)
+        try:
+            e = float(eps)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"eps is not a float: {exc}") from None
         s = operation_stream(stream, x)
         i = Arg(group, x, "input", s)
         res = Arg(group, residual, "residual", s)
@@ -472,8 +490,7 @@ def all_reduce_rmsnorm(
         else:
             ro_obj = residual_out if residual_out is not None else empty_like(x, tuple(i.shape))
             ro = Arg(group, ro_obj, "residual_out", s, output=True)
-        opts = _all_reduce_options(algorithm)
-        return (i.c, res.c, w.c, float(eps), o.c, ro.c, opts, s), (i, res, w, o, ro), (o_obj, ro_obj)
+        return (i.c, res.c, w.c, e, o.c, ro.c, opts, s), (i, res, w, o, ro), (o_obj, ro_obj)
 
     return _prepared(
         group, lib.symm_all_reduce_rmsnorm, prepare, (None, None, None, 0.0, None, None, None, None)

@@ -351,6 +351,54 @@ def test_python_side_rejection_on_one_rank_fails_all():
     fail_on_rank_1(call, symm.SymmInvalidArgument, "a has dtype float64")
 
 
+class BrokenStream:
+    """A stream object whose protocol raises."""
+
+    def __cuda_stream__(self):
+        raise RuntimeError("stream gone")
+
+
+def test_any_python_side_failure_on_one_rank_fails_all_and_the_group_goes_on():
+    """Whatever fails on one rank before its call reaches the library (a
+    misspelt algorithm, checked with the other arguments; an eps no float
+    holds; a stream object that raises; an output that cannot be allocated;
+    the same in bind) fails there as a SymmError, and reaches the peer at
+    once as SymmRemoteError instead of its timeout; the group goes on."""
+    a, b, w = np.ones((4, 8), np.float32), np.ones((8, 3), np.float32), np.ones(8, np.float32)
+    # [8, 2**50]: an output [8, 2**50] of f32 is more memory than there is.
+    endless_b = np.lib.stride_tricks.as_strided(b, shape=(8, 1 << 50), strides=(0, 0))
+    cases = [
+        (lambda g, bad: symm.all_reduce(g, a, algorithm="twoshot" if bad else None), "algorithm is 'twoshot'"),
+        (lambda g, bad: symm.mm_rs(g, a, b, 0, algorithm="fast" if bad else None), "algorithm is 'fast'"),
+        (lambda g, bad: symm.fused_ag_mm(g, a, b, 0, algorithm=["fast"] if bad else None), "algorithm is \\['fast'\\]"),
+        (lambda g, bad: symm.all_reduce_rmsnorm(g, a, a, w, eps=10**400 if bad else 1e-6), "eps is not a float"),
+        (lambda g, bad: symm.all_reduce(g, a, stream=BrokenStream() if bad else None), "RuntimeError: stream gone"),
+        (lambda g, bad: symm.bind(symm.all_reduce, g, a, algorithm="twoshot" if bad else None)(), "algorithm is"),
+    ]
+    for call, match in cases:
+        check_rank_1_fails_and_group_goes_on(call, symm.SymmInvalidArgument, match)
+    oom = lambda g, bad: symm.fused_ag_mm(g, a, endless_b if bad else b, 0)  # noqa: E731
+    check_rank_1_fails_and_group_goes_on(oom, symm.SymmOutOfMemoryError, "MemoryError")
+
+
+def check_rank_1_fails_and_group_goes_on(call, error, match):
+    """``fail_on_rank_1``, then an all-reduce on the same group."""
+    x = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) for r in range(2)]
+
+    def rank_main(g):
+        if g.rank == 1:
+            with pytest.raises(error, match=match):
+                call(g, bad=True)
+        else:
+            with pytest.raises(symm.SymmRemoteError, match="rank 1"):
+                call(g, bad=False)
+        out = poisoned((2, 3), np.float32)
+        return symm.all_reduce(g, x[g.rank], out=out)
+
+    for got in on_threads(rank_main, groups_of(2)):
+        np.testing.assert_array_equal(got.astype(np.float64), x[0].astype(np.float64) * 3)
+
+
 def test_ranks_that_disagree_all_fail_with_mismatch():
     def rank_main(g):
         with pytest.raises(symm.SymmMismatchError):
