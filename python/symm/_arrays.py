@@ -184,6 +184,19 @@ def _resolved(t, stream, output, name):
     return v._replace(keepalive=(t, *v.keepalive), copied=kind)
 
 
+def _detached(torch, t, stream, output, name):
+    """The view of a torch tensor requiring grad: its data, as torch's ops
+    read it (their autograd formula is not symm's to run). Written, it is
+    refused while grad mode is on, as torch's ops refuse such an out=."""
+    if output and torch.is_grad_enabled():
+        raise ValueError(
+            f"{name} requires grad, and symm writes it: functions with out=... arguments don't support automatic "
+            "differentiation (torch's rule); pass one that does not, or call under torch.no_grad()"
+        )
+    v = view(t.detach(), stream, output, name)
+    return v._replace(keepalive=(t, *v.keepalive))
+
+
 def view(obj, stream=None, output=False, name="the array"):
     """The ``ArrayView`` of ``obj``. ``stream`` (a CUstream int or None) is
     the stream the library will use, for the DLPack exchange; ``output``
@@ -196,6 +209,8 @@ def view(obj, stream=None, output=False, name="the array"):
             v = _from_torch(obj, stream)
             if v is not None:
                 return _checked(v)
+        if obj.requires_grad:
+            return _detached(torch, obj, stream, output, name)
         if obj.is_neg() or obj.is_conj():
             return _resolved(obj, stream, output, name)
     fp8 = _torch_fp8(obj)
