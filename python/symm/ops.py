@@ -81,10 +81,15 @@ def bind(operation, group, /, *args, **kwargs):
     decode step): a call then costs the library call alone, not the
     reading of every array, which at small sizes is most of an eager
     call's time. The arrays' pointers, shapes and strides are those of
-    now, so they must stay where they are (the bound call keeps them
-    alive; a tensor resized or re-pointed in place needs a new bind), and
-    the stream is the one given now (or, with none given, the current one
-    now). Every rank binds and calls alike.
+    now, so they must stay where they are, and the stream is the one given
+    now (or, with none given, the current one now). Every rank binds and
+    calls alike. The bound call keeps the arrays alive, and a torch
+    tensor's storage: re-pointed since (``set_``, ``.data =``), the tensor
+    needs a new bind, and meanwhile the call still uses the memory it had.
+    A bound tensor must not be resized: ``resize_`` to more elements frees
+    the storage's memory in place, and the call would use freed memory
+    (checking at every call would cost a bound call about a tenth of its
+    host time).
 
     An argument that cannot be read fails here (and the peers' first call
     fails with ``SymmRemoteError``); the library checks the call, and that
@@ -96,13 +101,18 @@ def bind(operation, group, /, *args, **kwargs):
             f"symm.all_reduce_rmsnorm, not {operation!r}"
         )
     call = prepare_call(group, *args, **kwargs)
-    for arg in _fastcall._args_in(call.keep, []):
+    bound = _fastcall._args_in(call.keep, [])
+    for arg in bound:
         if arg.copied:
             # The copy holds the values of now; a bound call promises those of each call.
             call.refuse(
                 f"{arg.name} is {arg.copied}, whose values are not in its memory, so a bound call cannot read "
                 "them there at each call; bind a tensor without the bit (x.resolve_neg(), x.resolve_conj())"
             )
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # A tensor re-pointed since (set_, .data =) would free the memory bound here.
+        call.storages = [a.obj.untyped_storage() for a in bound if isinstance(a.obj, torch.Tensor)]
     ext = _fastcall._ext
     if ext is not None:  # made from C (_fastcall_ext), without ctypes' conversions
         native = _fastcall._native(call.fn, call.args, (), (), None)
@@ -117,11 +127,11 @@ class _Call:
     returns. Calling it makes the call; ``bind`` keeps it to call again
     (`native`: through _fastcall_ext where it can)."""
 
-    __slots__ = ("group", "fn", "args", "keep", "result", "native", "failed_args")
+    __slots__ = ("group", "fn", "args", "keep", "result", "native", "failed_args", "storages")
 
     def __init__(self, group, fn, args, keep, result, failed_args):
         self.group, self.fn, self.args, self.keep, self.result = group, fn, args, keep, result
-        self.native, self.failed_args = None, failed_args
+        self.native, self.failed_args, self.storages = None, failed_args, ()
 
     def __call__(self):
         group = self.group

@@ -4,9 +4,15 @@ dtypes, outputs and streams give the fresh result; tensors the direct
 reader does not describe (requiring grad) are never kept. On both paths of
 a call, as test_fastcall.py."""
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
-from ranks import on_threads
+from ranks import SYMM_PARENT, on_threads
 from test_fastcall import assert_keys_agree, call_path
 
 import symm
@@ -273,3 +279,39 @@ def test_tensors_requiring_grad():
             torch.testing.assert_close(t.double(), total)
         torch.testing.assert_close(got[2].double(), torch.cat(xs).double())
         torch.testing.assert_close(got[4].double(), 2 * total)
+
+
+# Run in a process of its own: where the bound call used freed memory, it
+# crashed, or overwrote other tensors' data.
+REPOINTED_AFTER_BIND = """
+import torch, symm
+from ranks import on_threads
+
+def rank_main(g):
+    x = torch.ones(1024) * (g.rank + 1)
+    out = torch.full((1024,), float("nan"))
+    step = symm.bind(symm.all_reduce, g, x, out=out)
+    step()
+    first = out.clone()
+    out.set_(torch.zeros(1024))  # the bound memory has no other owner now
+    others = [torch.full((1024,), -7.0) for _ in range(64)]  # allocations that could reuse it
+    step()
+    return first, out, others
+
+for first, out, others in on_threads(rank_main, symm.local_groups(2, backend="host")):
+    assert bool((first == 3).all()) and bool((out == 0).all())
+    assert all(bool((o == -7).all()) for o in others), "the bound call wrote memory it no longer held"
+print("ok")
+"""
+
+
+def test_bind_keeps_a_repointed_tensors_memory(path):
+    """A bound tensor re-pointed to new storage (set_) leaves the memory it
+    had with the bound call, which keeps using it: never freed memory that
+    other tensors now hold."""
+    if path != "c":
+        pytest.skip("one run covers both: the storage is kept at bind")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SYMM_PARENT), str(Path(__file__).parent)]))
+    script = textwrap.dedent(REPOINTED_AFTER_BIND)
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stdout, run.stderr)
