@@ -436,10 +436,19 @@ def _all_reduce_options(algorithm):
     return _options(_lib.AllReduceOptions, algorithm, ALL_REDUCE_ALGORITHMS)
 
 
+def _one_element_if_0d(arg):
+    """``arg`` with a 0-d array described as ``[1]``: torch's all_reduce and
+    JAX's psum take scalars, the library arrays of 1 to 8 dimensions."""
+    if not arg.shape:
+        c = arg.c
+        c.ndim, c.shape[0], c.strides[0] = 1, 1, 1
+    return arg
+
+
 @_bindable
 def all_reduce(group, x, op="sum", out=None, stream=None, algorithm=None, inplace=False):
     """``x`` summed (``op="sum"``) or averaged (``"avg"``) over the ranks,
-    elementwise, any shape and strides: f32, bf16 or f16 summed in f32;
+    elementwise, any shape (0-d too) and strides: f32, bf16 or f16 summed in f32;
     int8, uint8, int32 or int64 summed exactly in their own type, wrapping
     on overflow ("avg": the wrapped sum divided by the world size,
     truncating toward zero, as NCCL's ``ncclAvg``). Returns ``out``
@@ -457,13 +466,13 @@ def all_reduce(group, x, op="sum", out=None, stream=None, algorithm=None, inplac
         s = operation_stream(stream, x)
         if not isinstance(op, str) or op not in REDUCE_OPS:
             raise ValueError(f"op is {op!r}; expected one of {sorted(REDUCE_OPS)}")
-        i = Arg(group, x, "input", s, output=inplace)
+        i = _one_element_if_0d(Arg(group, x, "input", s, output=inplace))
         if inplace:
             if out is not None:
                 raise ValueError("out and inplace=True both given")
             return (i.c, i.c, REDUCE_OPS[op], opts, s), (i,), x
         result = out if out is not None else empty_like(x, tuple(i.shape))
-        o = Arg(group, result, "output", s, output=True)
+        o = _one_element_if_0d(Arg(group, result, "output", s, output=True))
         return (i.c, o.c, REDUCE_OPS[op], opts, s), (i, o), result
 
     return _prepared(group, lib.symm_all_reduce, prepare, (None, None, _lib.REDUCE_SUM, None, None))

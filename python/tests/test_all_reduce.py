@@ -74,6 +74,36 @@ def test_in_place_strided_and_dlpack(algorithm):
         assert_close(out, ref, np.float32)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.int32])
+def test_zero_dimensional(dtype):
+    """A 0-d array reduces as one element and stays 0-d, as torch's
+    all_reduce and JAX's psum take scalars: given out=, allocated, in
+    place, repeated (the kept call) and bound."""
+    world = 3
+    xs = [np.array(2.5 * (r + 1) if dtype != np.int32 else 7 * (r + 1), dtype) for r in range(world)]
+    ref = sum(x.astype(np.float64) for x in xs)
+
+    def rank_main(g):
+        x, got = xs[g.rank], []
+        for _ in range(2):
+            out = np.array(np.nan if dtype != np.int32 else -1, dtype)
+            assert symm.all_reduce(g, x, out=out) is out
+            got.append(out)
+        got.append(symm.all_reduce(g, x, op="avg"))
+        y = x.copy()
+        symm.all_reduce(g, y, inplace=True)
+        got.append(y)
+        got.append(symm.bind(symm.all_reduce, g, x)())
+        return got
+
+    for got in on_threads(rank_main, groups_of(world)):
+        assert all(r.shape == () and r.dtype == dtype for r in got)
+        for i in (0, 1, 3, 4):
+            np.testing.assert_allclose(got[i].astype(np.float64), ref, rtol=1e-2)
+        want_avg = ref / world if dtype != np.int32 else ref // world
+        np.testing.assert_allclose(got[2].astype(np.float64), want_avg, rtol=1e-2)
+
+
 def test_symmetric_input_and_plan():
     world = 2
 

@@ -343,6 +343,23 @@ def test_all_reduce_rmsnorm(mesh, dtype):
         assert_close(got_out, want, dtype)
 
 
+def test_all_reduce_of_a_scalar(mesh):
+    """A 0-d array reduces as psum reduces it, to a 0-d result."""
+    x = jnp.arange(1.0, WORLD + 1, dtype=jnp.float32)  # device r holds r + 1
+
+    def body(v):
+        s = v.reshape(())
+        total, avg = sj.all_reduce(s, axis_name="x"), sj.all_reduce(s, "avg", axis_name="x")
+        assert total.shape == avg.shape == ()
+        return total.reshape(1), avg.reshape(1)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    total, avg = f(x)
+    want = float(sum(range(1, WORLD + 1)))
+    np.testing.assert_array_equal(f64(total), np.full(WORLD, want))
+    np.testing.assert_allclose(f64(avg), np.full(WORLD, want / WORLD), rtol=1e-6)
+
+
 def test_all_reduce_trace_time_errors(mesh):
     x = jnp.ones((WORLD, 8), jnp.float32)
     def mapped(body):

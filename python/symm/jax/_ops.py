@@ -115,7 +115,7 @@ def _ar_algorithm(algorithm):
 
 def all_reduce(x, op="sum", *, algorithm=None, axis_name=None):
     """``x`` summed (``op="sum"``) or averaged (``"avg"``) over the devices,
-    elementwise, any shape: f32, bf16 or f16 summed in f32; int8, uint8,
+    elementwise, any shape (0-d too): f32, bf16 or f16 summed in f32; int8, uint8,
     int32 or int64 summed exactly, wrapping on overflow ("avg": the wrapped
     sum divided by the world size, truncating toward zero, as NCCL).
     ``algorithm``: "one_shot", "two_shot" or None (symm's choice by size)."""
@@ -123,6 +123,8 @@ def all_reduce(x, op="sum", *, algorithm=None, axis_name=None):
     if op not in REDUCE_OPS:
         raise ValueError(f"op is {op!r}; expected one of {REDUCE_OPS}")
     _dtype(x, "x", ALL_REDUCE_DTYPES)
+    if x.ndim == 0:  # as psum; the handlers take arrays of 1 to 8 dimensions
+        return all_reduce(x.reshape(1), op, algorithm=algorithm, axis_name=axis_name).reshape(())
     return _grads.all_reduce(op, _ar_algorithm(algorithm), axis, world, vma(x))(x)
 
 
