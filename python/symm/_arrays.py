@@ -33,7 +33,7 @@ class ArrayView(NamedTuple):
     shape: tuple
     strides: tuple  # in elements
     dtype: str  # numpy-style name: "float32", "bfloat16", ...
-    memory: str  # "host", "cuda", or "managed" (usable from both)
+    memory: str  # "host", "cuda", "managed" (usable from both), or "meta" (a torch meta tensor: no data)
     writable: bool
     keepalive: tuple  # what must stay alive while the library uses ptr
     copied: str = None  # why ptr is a copy made here, not the object's memory (None: it is the object's)
@@ -104,14 +104,14 @@ def torch_fields(torch, t, stream):
     reads only."""
     if t.requires_grad or t.layout is not torch.strided or t.is_conj() or t.is_neg():
         return None
-    device = t.get_device()
+    device, ptr = t.get_device(), t.data_ptr()
     if device >= 0:
         if not t.is_cuda or current_torch_stream(torch, device) != (stream or 0):
             return None
         memory = "cuda"
     else:
-        memory = "host"
-    return t.data_ptr(), tuple(t.shape), t.stride(), _torch_name(torch, t.dtype), memory
+        memory = "meta" if not ptr and t.is_meta else "host"
+    return ptr, tuple(t.shape), t.stride(), _torch_name(torch, t.dtype), memory
 
 
 def _from_torch(t, stream):

@@ -49,6 +49,8 @@ class Arg:
         if code is None:
             raise TypeError(f"{name} has dtype {dtype}; symm supports {', '.join(DTYPES)}")
         if not accessible(memory, group.backend):
+            if memory == "meta":
+                raise ValueError(f"{name} is a meta tensor: it has no data")
             raise ValueError(f"{name} is in {memory} memory, which a {group.backend} group cannot use")
         if output and not writable:
             raise ValueError(f"{name} is read-only")

@@ -31,6 +31,7 @@ cuBLASLt's D scale: the meaning torch documents for ``scale_result``
 
 import ctypes
 import functools
+import operator
 import sys
 
 from . import _fastcall, _lib
@@ -45,6 +46,10 @@ REDUCE_OPS = {"sum": _lib.REDUCE_SUM, "avg": _lib.REDUCE_AVG}
 
 def _dim(dim, ndim, name):
     """``dim`` in 0..ndim-1, counting from the end when negative (numpy style)."""
+    try:
+        dim = operator.index(dim)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {dim!r}") from None
     if not -ndim <= dim < ndim:
         raise ValueError(f"{name} is {dim}; expected {-ndim}..{ndim - 1} for {ndim} dimensions")
     return dim % ndim

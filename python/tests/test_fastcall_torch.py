@@ -315,3 +315,17 @@ def test_bind_keeps_a_repointed_tensors_memory(path):
     script = textwrap.dedent(REPOINTED_AFTER_BIND)
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stdout, run.stderr)
+
+
+def test_meta_tensor_is_named_as_such():
+    """A meta tensor has no data: refused as what it is, its peer told."""
+
+    def rank_main(g):
+        if g.rank == 1:
+            with pytest.raises(symm.SymmInvalidArgument, match="input is a meta tensor: it has no data"):
+                symm.all_reduce(g, torch.ones(4, device="meta"))
+        else:
+            with pytest.raises(symm.SymmRemoteError, match="rank 1"):
+                symm.all_reduce(g, torch.ones(4))
+
+    on_threads(rank_main, groups())

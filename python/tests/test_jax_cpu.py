@@ -179,6 +179,11 @@ def test_trace_time_checks(mesh):
         traced(partial(sj.mm_rs, scatter_dim=1), a, jnp.ones((WORLD * 2, 6)), specs=(P(None, "x"), P("x")))
     with pytest.raises(TypeError, match="expected one of"):
         traced(sj.lc_allgather, jnp.ones((WORLD, 2), jnp.int16), specs=(P("x"),))
+    for dim in (None, 0.0, "0"):
+        with pytest.raises(TypeError, match=f"gather_dim must be an int, got {dim!r}"):
+            traced(partial(sj.fused_ag_mm, gather_dim=dim), a, jnp.ones((8, 3)), specs=(P("x"), P()))
+    with pytest.raises(TypeError, match="scatter_dim must be an int, got None"):
+        traced(partial(sj.mm_rs, scatter_dim=None), a, jnp.ones((8, 3)), specs=(P("x"), P()))
 
 
 def test_handler_rejects_bad_attributes_on_every_device(mesh):

@@ -10,6 +10,8 @@ pair up. (A side-effecting call would also leave a runtime token behind
 that re-raises a failed call at every later effects barrier.)
 """
 
+import operator
+
 import jax.numpy as jnp
 
 from . import _grads
@@ -34,6 +36,10 @@ def _dtype(x, name, allowed):
 
 
 def _dim(dim, ndim, name):
+    try:
+        dim = operator.index(dim)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {dim!r}") from None
     if not -ndim <= dim < ndim:
         raise ValueError(f"{name} is {dim}; expected {-ndim}..{ndim - 1} for {ndim} dimensions")
     return dim % ndim
