@@ -200,12 +200,7 @@ impl AllReduce {
                 return Err(err!(InvalidArgument, "eps is {}; expected a finite value >= 0", n.eps));
             }
             inputs.push(("weight".into(), &n.weight));
-            if same(&n.residual_out, &n.residual) {
-                // In place: written element by element after it is read.
-                if n.residual.self_overlaps() {
-                    outputs.push(("residual_out".into(), &n.residual_out));
-                }
-            } else {
+            if !same(&n.residual_out, &n.residual) {
                 inputs.push(("residual".into(), &n.residual));
                 outputs.push(("residual_out".into(), &n.residual_out));
             }
@@ -217,16 +212,18 @@ impl AllReduce {
             outputs.push((out_name.into(), output));
         }
         check::outputs_disjoint(&outputs, &inputs)?;
-        if self.norm.as_ref().is_some_and(|n| !same(&n.residual_out, &n.residual)) {
-            let n = self.norm.as_ref().unwrap();
-            if n.residual_out.overlaps(&n.residual) {
-                return Err(err!(
-                    InvalidArgument,
-                    "residual_out overlaps residual; pass residual itself or separate memory"
-                ));
+        match &self.norm {
+            // In place: residual is read, then written; out and weight
+            // must still lie apart from it.
+            Some(n) if same(&n.residual_out, &n.residual) => check::outputs_disjoint(
+                &[("residual_out (in place of residual)".into(), &n.residual_out)],
+                &[(out_name.into(), output), ("weight".into(), &n.weight)],
+            ),
+            Some(n) if n.residual_out.overlaps(&n.residual) => {
+                Err(err!(InvalidArgument, "residual_out overlaps residual; pass residual itself or separate memory"))
             }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     fn prepare(

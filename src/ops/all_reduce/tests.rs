@@ -432,6 +432,51 @@ fn bad_rmsnorm_arguments() {
     assert!(res.iter().all(|(k, m)| *k == ErrorKind::Mismatch && m.contains("eps is")), "{res:?}");
 }
 
+/// With residual_out in place of residual, out or weight in the
+/// residual's memory is refused on every rank, the residual untouched, and
+/// the group still runs the call with them apart.
+#[test]
+fn in_place_residual_apart_from_out_and_weight() {
+    let groups = host_groups(2);
+    let (shape, hidden) = ([2usize, 8usize], 8usize);
+    let cases: [(&str, fn(&Array, &Array, &Array) -> (Array, Array)); 3] = [
+        ("overlaps out", |res, _, w| (res.clone(), w.clone())),
+        ("overlaps weight", |res, out, _| (out.clone(), Array::contiguous(res.addr + 16, res.dtype, &[8]))),
+        ("", |_, out, w| (out.clone(), w.clone())),
+    ];
+    for (want, args) in cases {
+        let got = on_each(&groups, |rk, g| {
+            let mut inp = encode(DType::F32, &values(16, rk as u64));
+            let mut res = encode(DType::F32, &values(16, 9));
+            let mut w = encode(DType::F32, &values(hidden, 8));
+            let mut out = encode(DType::F32, &[POISON; 16]);
+            let residual = tensor(&mut res, DType::F32, &shape, None);
+            let (output, weight) =
+                args(&residual, &tensor(&mut out, DType::F32, &shape, None), &tensor(&mut w, DType::F32, &[8], None));
+            let call = AllReduce {
+                input: tensor(&mut inp, DType::F32, &shape, None),
+                output,
+                op: ReduceOp::Sum,
+                norm: Some(Norm { residual_out: residual.clone(), residual, weight, eps: 1e-6 }),
+                algorithm: None,
+            };
+            let r = all_reduce(g, Ok(call), Stream(0));
+            (r, res == encode(DType::F32, &values(16, 9)))
+        });
+        for (rk, (r, untouched)) in got.into_iter().enumerate() {
+            if want.is_empty() {
+                assert!(r.is_ok() && !untouched, "rank {rk}: {r:?}");
+                continue;
+            }
+            let e = r.unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "rank {rk}: {}", e.msg);
+            assert!(e.msg.contains(&format!("residual_out (in place of residual) {want}")), "rank {rk}: {}", e.msg);
+            assert!(untouched, "rank {rk}: {want}: residual written");
+        }
+    }
+    groups.iter().for_each(|g| g.release_scratch());
+}
+
 /// Integer element `v` (any value: truncated to the type) as bytes.
 pub(super) fn int_bytes(dtype: DType, v: i128) -> Vec<u8> {
     match dtype {
