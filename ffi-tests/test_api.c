@@ -167,6 +167,36 @@ static void symmetric_args(void) {
     EXPECT_MESSAGE("struct_size");
 }
 
+/* rank 1's bytes as a caller's allgather gone wrong would give them:
+ * all ones, all zeros, or rank 0's with a 1 TiB length in front. */
+static int garbling;
+static int garbled_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
+    unsigned char *peer = (unsigned char *)recv + bytes;
+    uint64_t huge = (uint64_t)1 << 40;
+    (void)ctx;
+    memcpy(recv, send, bytes);
+    memcpy(peer, send, bytes);
+    if (garbling == 0) memset(peer, 0xff, bytes);
+    if (garbling == 1) memset(peer, 0, bytes);
+    if (garbling == 2) memcpy(peer, &huge, sizeof huge);
+    return 0;
+}
+
+/* Corrupt data from a caller's bootstrap: a clear SYMM_ERROR_BOOTSTRAP, not
+ * a crash, an abort on a huge allocation, or SYMM_ERROR_INTERNAL. */
+static void corrupt_bootstrap(void) {
+    symm_bootstrap_t bs = SYMM_BOOTSTRAP_INIT;
+    symm_group_config_t cfg = SYMM_GROUP_CONFIG_INIT;
+    bs.allgather = garbled_allgather;
+    cfg.backend = SYMM_BACKEND_HOST;
+    for (garbling = 0; garbling < 3; garbling++) {
+        symm_group_t g = NULL;
+        EXPECT_STATUS(symm_group_init_bootstrap(&g, 2, 0, 0, &bs, &cfg), SYMM_ERROR_BOOTSTRAP);
+        EXPECT_MESSAGE("rank 1's data are corrupt");
+        EXPECT(g == NULL);
+    }
+}
+
 int main(void) {
     version_and_strings();
     check_args_always_flag();
@@ -180,6 +210,7 @@ int main(void) {
     handle_outlives_group();
     plan_queries();
     symmetric_args();
+    corrupt_bootstrap();
     printf("test_api: ok\n");
     return 0;
 }

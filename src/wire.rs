@@ -69,7 +69,7 @@ impl<'a> Reader<'a> {
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.buf.len() < n {
-            return Err(err!(Internal, "truncated {} from a peer", self.what));
+            return Err(err!(Bootstrap, "truncated {} from a peer", self.what));
         }
         let (head, tail) = self.buf.split_at(n);
         self.buf = tail;
@@ -140,6 +140,7 @@ mod tests {
         assert_eq!(r.raw(4).unwrap(), [b'c', 0, 0, 0]);
         assert_eq!(r.rest(), &[9]);
         assert!(r.is_empty() && r.rest().is_empty());
-        assert!(Reader::new(&b, "test").raw(8).is_err());
+        let e = Reader::new(&b, "test").raw(8).unwrap_err();
+        assert_eq!((e.kind, e.msg.as_str()), (crate::error::ErrorKind::Bootstrap, "truncated test from a peer"));
     }
 }

@@ -72,7 +72,7 @@ impl Bootstrap for CallbackBootstrap {
             .len()
             .checked_mul(self.world)
             .ok_or_else(|| err!(InvalidArgument, "bootstrap: {} x {} bytes overflows", self.world, data.len()))?;
-        let mut recv = vec![0u8; total];
+        let mut recv = super::zeroed(total, &format_args!("{} ranks' {} bytes", self.world, data.len()))?;
         self.call("allgather", || (self.allgather)(data, &mut recv))?;
         Ok(recv)
     }
