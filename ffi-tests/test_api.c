@@ -167,6 +167,44 @@ static void symmetric_args(void) {
     EXPECT_MESSAGE("struct_size");
 }
 
+/* A struct_size past 65536 (an uninitialized struct) is refused before
+ * symm reads or writes anything past the struct. */
+static void huge_struct_sizes(void) {
+    const size_t huge = (size_t)1 << 40;
+    symm_symmetric_args_t a = SYMM_SYMMETRIC_ARGS_INIT;
+    symm_build_info_t info;
+    symm_group_config_t cfg = SYMM_GROUP_CONFIG_INIT;
+    symm_all_reduce_options_t opts = SYMM_ALL_REDUCE_OPTIONS_INIT;
+    symm_group_t g = NULL;
+    float in[4] = {1, 2, 3, 4}, out[4] = {0};
+    int64_t shape[1] = {4};
+    symm_tensor_t it = symm_tensor_contiguous(in, SYMM_DTYPE_F32, 1, shape);
+    symm_tensor_t ot = symm_tensor_contiguous(out, SYMM_DTYPE_F32, 1, shape);
+    a.struct_size = huge;
+    a.count = 7;
+    EXPECT_STATUS(symm_op_symmetric_args("mm_rs", &a), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("args->struct_size is 1099511627776; expected at most 65536");
+    EXPECT(a.count == 7);
+    memset(&info, 0, sizeof info);
+    info.struct_size = huge;
+    EXPECT_STATUS(symm_get_build_info(&info), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT(info.version == NULL);
+    cfg.backend = SYMM_BACKEND_HOST;
+    cfg.struct_size = huge;
+    EXPECT_STATUS(symm_group_init_local(&g, 1, NULL, &cfg), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("config->struct_size");
+    cfg.struct_size = sizeof cfg;
+    CHECK(symm_group_init_local(&g, 1, NULL, &cfg));
+    opts.struct_size = huge;
+    EXPECT_STATUS(symm_all_reduce(g, &it, &ot, SYMM_REDUCE_SUM, &opts, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("opts->struct_size");
+    EXPECT(out[0] == 0);
+    opts.struct_size = sizeof opts;
+    CHECK(symm_all_reduce(g, &it, &ot, SYMM_REDUCE_SUM, &opts, NULL));
+    EXPECT(out[3] == 4);
+    CHECK(symm_group_destroy(g));
+}
+
 /* rank 1's bytes as a caller's allgather gone wrong would give them:
  * all ones, all zeros, or rank 0's with a 1 TiB length in front. */
 static int garbling;
@@ -211,6 +249,7 @@ int main(void) {
     plan_queries();
     symmetric_args();
     corrupt_bootstrap();
+    huge_struct_sizes();
     printf("test_api: ok\n");
     return 0;
 }

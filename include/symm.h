@@ -6,6 +6,11 @@
  * describes it and no output argument was written. Streams are CUstream
  * values passed as void*; operations are stream-ordered and return once
  * enqueued. Handles are opaque; destroy functions accept NULL.
+ *
+ * Structs that begin with `struct_size` grow only by appended fields;
+ * symm reads or writes only as far as the caller's `struct_size` says,
+ * and refuses one above 65536 bytes (an uninitialized struct, most
+ * likely) with SYMM_ERROR_INVALID_ARGUMENT.
  */
 
 #ifndef SYMM_H

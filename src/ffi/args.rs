@@ -25,15 +25,34 @@ pub fn write<T>(p: *mut T, v: T) {
     unsafe { p.write(v) }
 }
 
+/// The largest `struct_size` symm accepts (the header's preamble states
+/// it). Its structs are far smaller and grow by a few fields a version;
+/// a larger value is garbage (an uninitialized struct), and honouring it
+/// would read or zero memory far past the caller's struct.
+pub(crate) const MAX_STRUCT_SIZE: usize = 1 << 16;
+
+/// Refuses a `struct_size` past [`MAX_STRUCT_SIZE`]; `how` says what to
+/// set it to.
+pub(super) fn at_most_max(size: usize, name: &str, how: &dyn Display) -> Result<usize> {
+    if size > MAX_STRUCT_SIZE {
+        return Err(err!(
+            InvalidArgument,
+            "{name}->struct_size is {size}; expected at most {MAX_STRUCT_SIZE} (is the struct uninitialized? {how})"
+        ));
+    }
+    Ok(size)
+}
+
 /// The `struct_size` the caller set in an output struct (`out` passed
-/// `out_ptr`): at least this version's size, since all of it is written.
+/// `out_ptr`): at least this version's size, since all of it is written,
+/// and at most [`MAX_STRUCT_SIZE`].
 pub fn out_struct_size<T>(out: *mut T, name: &str, how: &str) -> Result<usize> {
     // SAFETY: non-NULL; `struct_size` is the first field of every version.
     let size = unsafe { std::ptr::read(out as *const usize) };
     if size < std::mem::size_of::<T>() {
         return Err(err!(InvalidArgument, "{name}->struct_size is {size}; {how}"));
     }
-    Ok(size)
+    at_most_max(size, name, &how)
 }
 
 /// Borrows an input the caller passed by pointer.
@@ -71,6 +90,7 @@ pub fn group_config(p: *const symm_group_config_t) -> Result<GroupConfig> {
             "config->struct_size is {size}; initialize the config with SYMM_GROUP_CONFIG_INIT"
         ));
     }
+    at_most_max(size, "config", &"initialize it with SYMM_GROUP_CONFIG_INIT")?;
     // SAFETY: the caller's struct is at least as large as every field we read.
     let c = unsafe { &*p };
     cfg.backend = backend_choice(c.backend)?;
@@ -215,9 +235,10 @@ pub fn optional_entries(p: *const symm_tensor_t, n: usize, name: &str) -> Result
 
 /// Reads an option struct (NULL: `defaults`), honouring `struct_size`:
 /// it must cover at least the first `min_size` bytes (the fields of the
-/// oldest version); fields an older caller's struct ends before keep their
-/// value in `defaults`; whatever a newer caller added beyond this
-/// version's fields must be zero, since this version cannot honour it.
+/// oldest version), and at most [`MAX_STRUCT_SIZE`]; fields an older
+/// caller's struct ends before keep their value in `defaults`; whatever a
+/// newer caller added beyond this version's fields must be zero, since
+/// this version cannot honour it.
 pub fn options<T: Copy>(p: *const T, name: &str, init: &str, min_size: usize, defaults: T) -> Result<T> {
     if p.is_null() {
         return Ok(defaults);
@@ -231,6 +252,7 @@ pub fn options<T: Copy>(p: *const T, name: &str, init: &str, min_size: usize, de
             "{name}->struct_size is {size}; expected at least {min_size} (initialize it with {init})"
         ));
     }
+    at_most_max(size, name, &format_args!("initialize it with {init}"))?;
     if size > ours {
         // SAFETY: the caller's struct holds `size` readable bytes.
         let tail = unsafe { std::slice::from_raw_parts((p as *const u8).add(ours), size - ours) };
@@ -276,5 +298,38 @@ mod tests {
             assert!(e.msg.contains("larger than the address space"), "{}", e.msg);
         }
         assert!(tensor(&desc(&[2, 8], &[1 << 40, 1]), &"a").is_ok());
+    }
+
+    /// A `struct_size` past MAX_STRUCT_SIZE (an uninitialized struct) is
+    /// refused before anything past the struct is read or written; up to
+    /// it, a newer caller's zeroed tail is accepted.
+    #[test]
+    fn struct_size_has_an_upper_bound() {
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        struct Opts {
+            struct_size: usize,
+            x: u64,
+        }
+        let none = Opts { struct_size: 0, x: 7 };
+        for size in [MAX_STRUCT_SIZE + 1, 1 << 40, usize::MAX] {
+            let mut o = Opts { struct_size: size, x: 1 };
+            let e = options(&o, "opts", "OPTS_INIT", 8, none).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
+            let hint = "(is the struct uninitialized? initialize it with OPTS_INIT)";
+            assert_eq!(e.msg, format!("opts->struct_size is {size}; expected at most 65536 {hint}"));
+            let e = out_struct_size(&mut o, "info", "set it to sizeof(info)").unwrap_err();
+            assert!(
+                e.msg.contains("expected at most 65536") && e.msg.ends_with("set it to sizeof(info))"),
+                "{}",
+                e.msg
+            );
+        }
+        // The largest accepted: a newer caller's struct of MAX_STRUCT_SIZE bytes.
+        let mut newer = vec![0u64; MAX_STRUCT_SIZE / 8];
+        newer[..2].copy_from_slice(&[MAX_STRUCT_SIZE as u64, 5]);
+        let o = newer.as_mut_ptr().cast::<Opts>();
+        assert_eq!(options(o, "opts", "OPTS_INIT", 8, none).unwrap(), Opts { struct_size: MAX_STRUCT_SIZE, x: 5 });
+        assert_eq!(out_struct_size(o, "info", "").unwrap(), MAX_STRUCT_SIZE);
     }
 }

@@ -25,6 +25,7 @@ pub fn from_table(t: &symm_bootstrap_t, rank: usize, world: usize) -> Result<Cal
             t.struct_size
         ));
     }
+    super::args::at_most_max(t.struct_size, "bootstrap", &"set it to sizeof(symm_bootstrap_t)")?;
     let allgather = t.allgather.ok_or_else(|| err!(InvalidArgument, "bootstrap->allgather is NULL"))?;
     let ctx = Ctx(t.ctx);
     let ag = move |send: &[u8], recv: &mut [u8]| -> Result<()> {
