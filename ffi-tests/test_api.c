@@ -60,6 +60,11 @@ static void bad_arguments(symm_group_t g) {
     EXPECT_STATUS(symm_group_init_local(&g2, 1, NULL, &cfg), SYMM_ERROR_INVALID_ARGUMENT);
     EXPECT(g2 == NULL);
     EXPECT_STATUS(symm_group_init_local(&g2, 0, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    /* Past the largest group: refused before any rank's thread starts. */
+    EXPECT_STATUS(symm_group_init_local(&g2, 257, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("n is 257; expected 1 to 256");
+    EXPECT_STATUS(symm_group_init_local(&g2, 100000, NULL, NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT(g2 == NULL);
 
     symm_unique_id_t id;
     memset(&id, 0xab, sizeof id);

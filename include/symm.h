@@ -528,7 +528,8 @@ symm_status_t symm_group_init_env(symm_group_t *group, const symm_group_config_t
 
 // Forms `n` groups in this process, one per rank, rank i on `devices[i]`
 // (`devices` may be NULL: rank i uses device i). Writes `groups[0..n]`.
-// Collectives of such groups must then be called from n threads at once.
+// `n` is 1 to 256, the largest group symm forms. Collectives of such
+// groups must then be called from n threads at once.
 symm_status_t symm_group_init_local(symm_group_t *groups, int n, const int *devices, const symm_group_config_t *cfg);
 
 // Releases this rank's reference to the group and frees its operations'

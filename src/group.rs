@@ -39,7 +39,7 @@ use crate::topology::Topology;
 use crate::wire::{Reader, Writer};
 use std::any::Any;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -300,17 +300,51 @@ impl Group {
     /// Forms one group per entry of `devices` in this process (rank i on
     /// `devices[i]`), each on its own thread so that they can meet.
     pub fn new_local(devices: &[i32], cfg: &GroupConfig) -> Result<Vec<Arc<Group>>> {
+        Self::new_local_with(devices, cfg, |_| std::thread::Builder::new())
+    }
+
+    /// [`Self::new_local`], rank r's thread made by `thread(r)`. A thread
+    /// that cannot be started is a `System` error; the ranks wait until
+    /// all are started, so that then none waits for it until the timeout.
+    fn new_local_with(
+        devices: &[i32],
+        cfg: &GroupConfig,
+        thread: impl Fn(usize) -> std::thread::Builder,
+    ) -> Result<Vec<Arc<Group>>> {
         let bootstraps = crate::bootstrap::local::local_bootstraps(devices.len());
+        let (gate, started) = (Mutex::new(()), AtomicBool::new(false));
         std::thread::scope(|s| {
-            let joins: Vec<_> = bootstraps
-                .into_iter()
-                .zip(devices)
-                .map(|(bs, &dev)| s.spawn(move || Group::new(Box::new(bs), dev, cfg)))
-                .collect();
+            let open = lock(&gate);
+            let mut joins = Vec::with_capacity(devices.len());
+            let mut failed = None;
+            for (r, (bs, &dev)) in bootstraps.into_iter().zip(devices).enumerate() {
+                let (gate, started) = (&gate, &started);
+                let rank = move || {
+                    drop(lock(gate));
+                    match started.load(Ordering::Relaxed) {
+                        true => Group::new(Box::new(bs), dev, cfg),
+                        false => Err(err!(System, "rank {r} of an in-process group: a peer's thread did not start")),
+                    }
+                };
+                match thread(r).spawn_scoped(s, rank) {
+                    Ok(j) => joins.push(j),
+                    Err(e) => {
+                        let n = devices.len();
+                        failed = Some(err!(System, "cannot start the thread of rank {r} of {n} in-process ranks: {e}"));
+                        break;
+                    }
+                }
+            }
+            // The gate's lock orders this store before the ranks' loads.
+            started.store(failed.is_none(), Ordering::Relaxed);
+            drop(open);
             let results: Vec<Result<Arc<Group>>> = joins
                 .into_iter()
                 .map(|j| j.join().unwrap_or_else(|_| Err(err!(Internal, "panic while forming an in-process group"))))
                 .collect();
+            if let Some(e) = failed {
+                return Err(e);
+            }
             // Report the root cause, not a peer's echo of it.
             let first = results.iter().position(|r| matches!(r, Err(e) if e.kind != crate::error::ErrorKind::Remote));
             match first.or_else(|| results.iter().position(Result::is_err)) {
@@ -803,6 +837,23 @@ mod tests {
 
     fn host_cfg() -> GroupConfig {
         GroupConfig { backend: Some(BackendChoice::Host), timeout: Some(Duration::from_secs(5)), ..Default::default() }
+    }
+
+    /// A rank whose thread cannot start (a stack no process can map) fails
+    /// the in-process group with `System` at once, without a panic, and
+    /// without the started ranks waiting for it until the timeout.
+    #[test]
+    fn a_local_rank_that_cannot_start_is_a_system_error() {
+        let cfg = GroupConfig { timeout: Some(Duration::from_secs(60)), ..host_cfg() };
+        let t = std::time::Instant::now();
+        let e = Group::new_local_with(&[0; 4], &cfg, |r| match r {
+            2 => std::thread::Builder::new().stack_size(1 << 60),
+            _ => std::thread::Builder::new(),
+        })
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::System, "{e}");
+        assert!(e.msg.starts_with("cannot start the thread of rank 2 of 4 in-process ranks: "), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     }
 
     #[test]

@@ -4,7 +4,7 @@ use super::args::{group_config, in_ref, non_negative, out_ptr, write};
 use super::boundary::call;
 use super::handles::Registry;
 use super::types::*;
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, MAX_WORLD};
 use crate::bootstrap::{env, tcp, unique_id::UniqueId, Bootstrap};
 use crate::error::{err, Result};
 use crate::group::{Group, GroupConfig};
@@ -142,7 +142,8 @@ pub unsafe extern "C" fn symm_group_init_env(
 
 /// Forms `n` groups in this process, one per rank, rank i on `devices[i]`
 /// (`devices` may be NULL: rank i uses device i). Writes `groups[0..n]`.
-/// Collectives of such groups must then be called from n threads at once.
+/// `n` is 1 to 256, the largest group symm forms. Collectives of such
+/// groups must then be called from n threads at once.
 #[no_mangle]
 pub unsafe extern "C" fn symm_group_init_local(
     groups: *mut symm_group_t,
@@ -152,10 +153,9 @@ pub unsafe extern "C" fn symm_group_init_local(
 ) -> symm_status_t {
     call_logged("symm_group_init_local", || {
         let out = out_ptr(groups, "groups")?;
-        let n = non_negative(n, "n")?;
-        if n == 0 {
-            return Err(err!(InvalidArgument, "n is 0"));
-        }
+        let n = usize::try_from(n).ok().filter(|n| (1..=MAX_WORLD).contains(n)).ok_or_else(|| {
+            err!(InvalidArgument, "n is {n}; expected 1 to {MAX_WORLD}, the largest group symm forms")
+        })?;
         let devices: Vec<c_int> = if devices.is_null() {
             (0..n as c_int).collect()
         } else {
