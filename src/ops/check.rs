@@ -94,9 +94,13 @@ pub fn shape_is(t: &Array, name: &str, want: &[usize]) -> Result<()> {
 pub fn outputs_disjoint(outputs: &[(String, &Array)], inputs: &[(String, &Array)]) -> Result<()> {
     for (i, (name, out)) in outputs.iter().enumerate() {
         if out.self_overlaps() {
+            let why = match crate::overlap::self_overlap(out) {
+                Some(true) => "so its elements overlap",
+                _ => "and symm cannot show its elements are distinct (too many to search)",
+            };
             return Err(err!(
                 InvalidArgument,
-                "{name} has strides {:?} for shape {:?}, so its elements overlap; expected non-overlapping strides",
+                "{name} has strides {:?} for shape {:?}, {why}; expected non-overlapping strides",
                 out.strides,
                 out.shape
             ));
@@ -176,5 +180,21 @@ mod tests {
         let bad = Array { strides: vec![1, 1], ..t(0x2000, &[2, 4]) };
         let e = outputs_disjoint(&[("out".into(), &bad)], &[]).unwrap_err();
         assert!(e.msg.contains("overlap"), "{}", e.msg);
+    }
+
+    /// Strides that do not nest but reach every element once are accepted;
+    /// where the search gives up, the message does not claim an overlap.
+    #[test]
+    fn self_overlap_is_decided_exactly() {
+        let distinct = Array { strides: vec![2, 3], ..Array::contiguous(0x1000, DType::F32, &[3, 2]) };
+        assert!(outputs_disjoint(&[("output".into(), &distinct)], &[]).is_ok());
+        let e = outputs_disjoint(&[("output".into(), &Array { strides: vec![2, 3], ..t(0x1000, &[4, 3]) })], &[])
+            .unwrap_err();
+        assert!(e.msg.contains("so its elements overlap"), "{}", e.msg);
+        let strides = vec![4099, 4093, 4091, 4079, 4073, 4057, 4051, 4049];
+        let unknown = Array { strides, ..t(0x1000, &[64; 8]) };
+        assert_eq!(crate::overlap::self_overlap(&unknown), None, "the search no longer gives up here");
+        let e = outputs_disjoint(&[("output".into(), &unknown)], &[]).unwrap_err();
+        assert!(e.msg.contains("symm cannot show its elements are distinct"), "{}", e.msg);
     }
 }
