@@ -200,7 +200,8 @@ mod tests {
     #[test]
     fn corrupt_peer_data_are_bootstrap_errors() {
         const FIRST: usize = 8 + INLINE;
-        let cases: [(&str, fn(usize, &mut Vec<u8>)); 5] = [
+        type Forge = fn(usize, &mut Vec<u8>);
+        let cases: [(&str, Forge); 5] = [
             ("ones", |_, p| p.fill(0xff)),
             ("zeros", |_, p| p.fill(0)),
             ("a 1 TiB length, unchecked", |_, p| p[..8].copy_from_slice(&(1u64 << 40).to_le_bytes())),

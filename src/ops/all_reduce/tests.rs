@@ -439,7 +439,9 @@ fn bad_rmsnorm_arguments() {
 fn in_place_residual_apart_from_out_and_weight() {
     let groups = host_groups(2);
     let (shape, hidden) = ([2usize, 8usize], 8usize);
-    let cases: [(&str, fn(&Array, &Array, &Array) -> (Array, Array)); 3] = [
+    // (residual, out, weight) -> the call's (out, weight).
+    type Args = fn(&Array, &Array, &Array) -> (Array, Array);
+    let cases: [(&str, Args); 3] = [
         ("overlaps out", |res, _, w| (res.clone(), w.clone())),
         ("overlaps weight", |res, out, _| (out.clone(), Array::contiguous(res.addr + 16, res.dtype, &[8]))),
         ("", |_, out, w| (out.clone(), w.clone())),
