@@ -407,7 +407,7 @@ mod tests {
                 assert_eq!(e.kind, ErrorKind::InvalidArgument);
                 assert!(e.msg.contains(&format!("on rank {r}")), "{}", e.msg);
                 assert!(failure.is_none(), "{failure:?}");
-                assert_eq!(next.unwrap(), false);
+                assert!(!next.unwrap());
             }
         }
     }
