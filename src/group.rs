@@ -231,6 +231,7 @@ impl Group {
         getrandom::fill(&mut secret).map_err(|e| err!(System, "getrandom: {e}"))?;
         let payload = match &local {
             Ok((settings, b)) => Ok(encode_rank_info(
+                rank,
                 &RankInfo {
                     host: cfg.resolved_host_id(),
                     pid: std::process::id(),
@@ -248,7 +249,14 @@ impl Group {
         let mut ranks = Vec::with_capacity(world);
         let mut rank0_secret = [0u8; 32];
         for (r, bytes) in all.iter().enumerate() {
-            let (info, s) = decode_rank_info(bytes)?;
+            let (announced, info, s) = decode_rank_info(bytes)?;
+            if announced != r {
+                return Err(err!(
+                    Bootstrap,
+                    "the bootstrap gave rank {announced}'s announcement in rank {r}'s place; does its all-gather \
+                     gather every rank's bytes in rank order?"
+                ));
+            }
             if r == 0 {
                 rank0_secret = s;
             }
@@ -654,8 +662,11 @@ fn watch_peers(health: &Arc<Health>) {
     }
 }
 
-fn encode_rank_info(m: &RankInfo, secret: &[u8; 32]) -> Vec<u8> {
+/// Rank `rank`'s announcement; the rank in it lets the group see a
+/// bootstrap that gathers the ranks' bytes out of order.
+fn encode_rank_info(rank: usize, m: &RankInfo, secret: &[u8; 32]) -> Vec<u8> {
     let w = Writer::new()
+        .u32(rank as u32)
         .str(&m.host)
         .u8(m.pretend_host as u8)
         .u32(m.pid)
@@ -665,8 +676,10 @@ fn encode_rank_info(m: &RankInfo, secret: &[u8; 32]) -> Vec<u8> {
     m.settings.encode(w).finish()
 }
 
-fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
+/// An announcement: the rank that made it, what it says, the secret.
+fn decode_rank_info(b: &[u8]) -> Result<(usize, RankInfo, [u8; 32])> {
     let mut r = Reader::new(b, "group announcement");
+    let rank = r.u32()? as usize;
     let host = r.str()?;
     let pretend_host = r.u8()? != 0;
     let pid = r.u32()?;
@@ -677,7 +690,7 @@ fn decode_rank_info(b: &[u8]) -> Result<(RankInfo, [u8; 32])> {
     };
     let secret: [u8; 32] = r.bytes()?.try_into().map_err(|_| err!(Internal, "malformed group secret"))?;
     let settings = Settings::decode(&mut r)?;
-    Ok((RankInfo { host, pretend_host, pid, device, backend, settings }, secret))
+    Ok((rank, RankInfo { host, pretend_host, pid, device, backend, settings }, secret))
 }
 
 /// Collective, for a group that spans hosts: every rank loads NCCL (any
@@ -854,6 +867,38 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::System, "{e}");
         assert!(e.msg.starts_with("cannot start the thread of rank 2 of 4 in-process ranks: "), "{e}");
         assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    }
+
+    /// A rank's announcement in another's place (a caller's bootstrap that
+    /// gathers out of order, or hands back one rank's bytes twice) is a
+    /// `Bootstrap` error on every rank, not a group whose calls time out.
+    #[test]
+    fn announcements_out_of_place_are_a_bootstrap_error() {
+        struct Cloned(crate::bootstrap::local::LocalBootstrap);
+        impl Bootstrap for Cloned {
+            fn rank(&self) -> usize {
+                self.0.rank()
+            }
+            fn world(&self) -> usize {
+                self.0.world()
+            }
+            fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+                let all = self.0.allgather(data, timeout)?;
+                let n = all.len() / self.world();
+                Ok(all[..n].repeat(self.world())) // rank 0's bytes everywhere
+            }
+        }
+        let res: Vec<Result<Arc<Group>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(2)
+                .into_iter()
+                .map(|b| s.spawn(move || Group::new(Box::new(Cloned(b)), 0, &host_cfg())))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for e in res.iter().map(|r| r.as_ref().unwrap_err()) {
+            assert_eq!(e.kind, ErrorKind::Bootstrap, "{e}");
+            assert!(e.msg.contains("rank 0's announcement in rank 1's place"), "{e}");
+        }
     }
 
     #[test]
