@@ -322,9 +322,10 @@ def test_bind_rejects_what_it_cannot_read_and_peers_learn_at_their_call():
 
 
 # --- argument errors --------------------------------------------------------------
-def fail_on_rank_1(call, error, match):
+def fail_on_rank_1(call, error, match, then=None):
     """Rank 1 makes a bad call: it raises ``error``; rank 0, whose own call
-    is fine, learns of it (SymmRemoteError) instead of timing out."""
+    is fine, learns of it (SymmRemoteError) instead of timing out. Then
+    every rank runs ``then(group)`` if given: the ranks' results."""
 
     def rank_main(g):
         if g.rank == 1:
@@ -333,8 +334,9 @@ def fail_on_rank_1(call, error, match):
         else:
             with pytest.raises(symm.SymmRemoteError, match="rank 1"):
                 call(g, bad=False)
+        return then(g) if then else None
 
-    on_threads(rank_main, groups_of(2))
+    return on_threads(rank_main, groups_of(2))
 
 
 def test_library_rejection_on_one_rank_fails_all():
@@ -385,17 +387,10 @@ def check_rank_1_fails_and_group_goes_on(call, error, match):
     """``fail_on_rank_1``, then an all-reduce on the same group."""
     x = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) for r in range(2)]
 
-    def rank_main(g):
-        if g.rank == 1:
-            with pytest.raises(error, match=match):
-                call(g, bad=True)
-        else:
-            with pytest.raises(symm.SymmRemoteError, match="rank 1"):
-                call(g, bad=False)
-        out = poisoned((2, 3), np.float32)
-        return symm.all_reduce(g, x[g.rank], out=out)
+    def all_reduce(g):
+        return symm.all_reduce(g, x[g.rank], out=poisoned((2, 3), np.float32))
 
-    for got in on_threads(rank_main, groups_of(2)):
+    for got in fail_on_rank_1(call, error, match, then=all_reduce):
         np.testing.assert_array_equal(got.astype(np.float64), x[0].astype(np.float64) * 3)
 
 
