@@ -68,8 +68,6 @@ pub struct Health {
     cause: Mutex<Option<Error>>,
     board: OnceLock<Board>,
     wakers: Mutex<Vec<Waker>>,
-    /// What this rank last posted of its calls.
-    posted: Mutex<CallWord>,
 }
 
 impl Health {
@@ -80,7 +78,6 @@ impl Health {
             cause: Mutex::new(None),
             board: OnceLock::new(),
             wakers: Mutex::new(Vec::new()),
-            posted: Mutex::new(CallWord(0)),
         }
     }
 
@@ -167,12 +164,12 @@ impl Health {
 
     /// Posts where this rank stands with its call number `call`; `false`
     /// without a board (ranks on other hosts see no board of this one).
+    /// Calls come one at a time (the group's collective lock), and only
+    /// this rank writes its word, so the word read back is its last post.
     pub fn post_call(&self, call: u64, state: CallState) -> bool {
         let Some(board) = self.board.get() else { return false };
-        let mut last = lock(&self.posted);
-        let word = last.next(call, state);
-        board.call(self.rank).store(word.0, Ordering::Release);
-        *last = word;
+        let word = board.call(self.rank);
+        word.store(CallWord(word.load(Ordering::Relaxed)).next(call, state).0, Ordering::Release);
         true
     }
 

@@ -1,12 +1,14 @@
-//! Locking that survives a panicking holder.
+//! Locking that survives a panicking holder, and polling for what peers
+//! write into shared memory.
 //!
 //! Every mutex in symm guards state that stays consistent between
 //! statements (maps, counters, caches), so a panic in one holder is no
 //! reason to fail every later caller: these helpers take the guard out of
 //! a poisoned lock instead of unwrapping.
 
+use crate::error::Error;
 use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Locks `m`, ignoring poisoning.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -36,6 +38,44 @@ pub(crate) fn wait_timeout<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>, timeou
 /// Waits on `cv` until notified, ignoring poisoning.
 pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     cv.wait(guard).unwrap_or_else(|p| p.into_inner())
+}
+
+/// Why a wait ended without its condition.
+pub(crate) enum Ended {
+    TimedOut,
+    Failed(Error),
+}
+
+/// Polls `done` until it returns true, `deadline` passes, or `failed`
+/// (looked at between sleeps) returns the group's failure. It spins
+/// briefly, then yields, then sleeps, so that many ranks on few cores
+/// still make progress.
+pub(crate) fn spin_until(
+    mut done: impl FnMut() -> bool,
+    failed: impl Fn() -> Option<Error>,
+    deadline: Instant,
+) -> std::result::Result<(), Ended> {
+    let mut tries = 0u32;
+    loop {
+        if done() {
+            return Ok(());
+        }
+        tries = tries.saturating_add(1);
+        if tries < 256 {
+            std::hint::spin_loop();
+        } else if tries < 1024 {
+            std::thread::yield_now();
+        } else {
+            if let Some(e) = failed() {
+                return Err(Ended::Failed(e));
+            }
+            if Instant::now() >= deadline {
+                // One last look: the peer may have arrived while we slept.
+                return if done() { Ok(()) } else { Err(Ended::TimedOut) };
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
 }
 
 #[cfg(test)]

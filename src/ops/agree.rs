@@ -43,9 +43,10 @@ use crate::backend::CallTag;
 use crate::error::{err, Error, Result};
 use crate::group::{Group, Purpose};
 use crate::health::CallState;
+use crate::sync::{spin_until, Ended};
 use crate::wire::{Reader, Writer};
 use std::fmt::Display;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Field {
@@ -179,34 +180,29 @@ enum Peers {
     Waiting(String),
 }
 
-/// How often a rank whose call failed looks at the board.
-const BOARD_POLL: Duration = Duration::from_micros(20);
-
 /// Waits, at most the group's timeout, until every peer has posted call
 /// number `call` (which failed on this rank), and says what they do.
 fn peers_of_failed(group: &Group, call: u64) -> Peers {
+    let Some(mut states) = group.calls(call) else { return Peers::Waiting("the board is gone".into()) };
+    let going = |states: &[Option<CallState>]| states.iter().position(|s| *s == Some(CallState::Going));
+    let settled = |states: &mut Vec<Option<CallState>>| {
+        *states = group.calls(call).unwrap_or_default();
+        going(states).is_some() || states.iter().all(Option::is_some)
+    };
     let deadline = Instant::now() + group.timeout();
-    loop {
-        let Some(states) = group.calls(call) else { return Peers::Waiting("the board is gone".into()) };
-        if let Some(r) = states.iter().position(|s| *s == Some(CallState::Going)) {
-            return Peers::Waiting(format!(
-                "rank {r} went ahead with this call, whose arguments the ranks had agreed on"
-            ));
+    match spin_until(|| settled(&mut states), || group.failure(), deadline) {
+        Err(Ended::Failed(_)) => Peers::Failed, // failed already: nothing more to tell
+        Err(Ended::TimedOut) => {
+            let r = states.iter().position(Option::is_none).unwrap_or(0);
+            Peers::Waiting(format!("rank {r} did not reach this call within {:?}", group.timeout()))
         }
-        if states.iter().all(Option::is_some) {
-            return match states.contains(&Some(CallState::Agreeing)) {
-                true => Peers::Agreeing,
-                false => Peers::Failed,
-            };
-        }
-        if group.failure().is_some() {
-            return Peers::Failed; // failed already: nothing more to tell
-        }
-        if Instant::now() > deadline {
-            let r = states.iter().position(Option::is_none).expect("a rank not there");
-            return Peers::Waiting(format!("rank {r} did not reach this call within {:?}", group.timeout()));
-        }
-        std::thread::sleep(BOARD_POLL);
+        Ok(()) => match going(&states) {
+            Some(r) => {
+                Peers::Waiting(format!("rank {r} went ahead with this call, whose arguments the ranks had agreed on"))
+            }
+            None if states.contains(&Some(CallState::Agreeing)) => Peers::Agreeing,
+            None => Peers::Failed,
+        },
     }
 }
 

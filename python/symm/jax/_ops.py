@@ -10,10 +10,9 @@ pair up. (A side-effecting call would also leave a runtime token behind
 that re-raises a failed call at every later effects barrier.)
 """
 
-import operator
-
 import jax.numpy as jnp
 
+from ..ops import _dim
 from . import _grads
 from ._context import axis as _axis
 from ._context import vma
@@ -33,16 +32,6 @@ def _dtype(x, name, allowed):
         names = ", ".join(jnp.dtype(a).name for a in allowed)
         raise TypeError(f"{name} has dtype {dt.name}; expected one of {names}")
     return dt
-
-
-def _dim(dim, ndim, name):
-    try:
-        dim = operator.index(dim)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {dim!r}") from None
-    if not -ndim <= dim < ndim:
-        raise ValueError(f"{name} is {dim}; expected {-ndim}..{ndim - 1} for {ndim} dimensions")
-    return dim % ndim
 
 
 def fused_ag_mm(a_shard, bs, gather_dim=0, *, return_ag=False, axis_name=None):

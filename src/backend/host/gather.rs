@@ -14,11 +14,11 @@
 //! ahead of a peer (each call waits for data every peer sends in it), so
 //! the two parities are never overwritten while read.
 
-use super::signals::{spin_until, Ended};
 use crate::array::Array;
 use crate::backend::{AllGatherCall, AllReduceLayout, CallTag, ReduceScatterCall};
 use crate::error::{err, Result};
 use crate::health::Health;
+use crate::sync::{spin_until, Ended};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 

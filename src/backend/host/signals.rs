@@ -7,8 +7,9 @@
 //! group's board), with that failure.
 
 use crate::backend::{slot_offset, CallTag, PadSet, Signals, Stream};
-use crate::error::{err, Error, Result};
+use crate::error::{err, Result};
 use crate::health::Health;
+use crate::sync::{spin_until, Ended};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,12 +17,6 @@ use std::time::{Duration, Instant};
 pub struct HostSignals {
     pads: PadSet,
     health: Arc<Health>,
-}
-
-/// Why a wait ended without its condition.
-pub(super) enum Ended {
-    TimedOut,
-    Failed(Error),
 }
 
 impl HostSignals {
@@ -196,36 +191,6 @@ fn check_channel(channel: usize) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Polls `done` until it returns true, `deadline` passes, or `failed`
-/// (looked at between sleeps) returns the group's failure.
-pub(super) fn spin_until(
-    mut done: impl FnMut() -> bool,
-    failed: impl Fn() -> Option<Error>,
-    deadline: Instant,
-) -> std::result::Result<(), Ended> {
-    let mut tries = 0u32;
-    loop {
-        if done() {
-            return Ok(());
-        }
-        tries = tries.saturating_add(1);
-        if tries < 256 {
-            std::hint::spin_loop();
-        } else if tries < 1024 {
-            std::thread::yield_now();
-        } else {
-            if let Some(e) = failed() {
-                return Err(Ended::Failed(e));
-            }
-            if Instant::now() >= deadline {
-                // One last look: the peer may have arrived while we slept.
-                return if done() { Ok(()) } else { Err(Ended::TimedOut) };
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
 }
 
 #[cfg(test)]
