@@ -93,8 +93,8 @@ pub fn graphs() -> bool {
 }
 
 /// `SYMM_GEMM_TUNE=0` keeps cuBLASLt's first choice for every matmul
-/// instead of timing its candidates for those with few rows (read once
-/// per process).
+/// instead of timing its candidates for those of the sizes
+/// `backend::cuda::gemm::tune` names (read once per process).
 pub fn gemm_tune() -> bool {
     static ON: once_cell::sync::Lazy<bool> = once_cell::sync::Lazy::new(|| {
         let on = var(GEMM_TUNE).is_none_or(|v| v != "0");

@@ -148,6 +148,8 @@ impl Drop for GemmWorkspace {
 struct Inner {
     handle: lt::cublasLtHandle_t,
     matmuls: HashMap<MatmulKey, LtMatmul>,
+    /// Candidate timings started (at most `tune::MAX_TRIALS`).
+    trials: usize,
 }
 
 // SAFETY: the handle and matmuls are only used under the Gemm's mutex.
@@ -192,7 +194,7 @@ impl Gemm {
         let mut handle = std::ptr::null_mut();
         // SAFETY: symbols checked; out-pointer valid; the device's context is current.
         lt_check(unsafe { lt::cublasLtCreate(&mut handle) }, "cublasLtCreate")?;
-        Ok(Gemm { ctx: ctx.clone(), inner: Mutex::new(Inner { handle, matmuls: HashMap::new() }), workspace })
+        Ok(Gemm { ctx: ctx.clone(), inner: Mutex::new(Inner { handle, matmuls: HashMap::new(), trials: 0 }), workspace })
     }
 
     /// Another workspace the size of the built-in one, for matmuls running
@@ -222,9 +224,9 @@ impl Gemm {
 
     /// Enqueues `p` on `stream` (a stream of this device). Legal during
     /// graph capture; the first call for a shape queries the heuristic
-    /// (host only), later calls reuse the cached matmul. A matmul with few
-    /// rows times the heuristic's candidates on its first call outside
-    /// capture (see `tune`; `SYMM_GEMM_TUNE=0` keeps the first choice).
+    /// (host only), later calls reuse the cached matmul. A matmul of a
+    /// size `tune` names times the heuristic's candidates on its first
+    /// call outside capture (`SYMM_GEMM_TUNE=0` keeps the first choice).
     pub fn matmul(&self, p: &MatmulParams, stream: Stream) -> Result<()> {
         p.validate()?;
         if p.m == 0 || p.n == 0 {
@@ -236,13 +238,13 @@ impl Gemm {
         }
         let (key, operands) = self.key(p);
         let mut inner = self.lock();
-        let Inner { handle, matmuls } = &mut *inner;
+        let Inner { handle, matmuls, trials } = &mut *inner;
         let matmul = Self::cached_in(*handle, matmuls, &key, p)?;
         if let Tuning::Pending(tries) = matmul.tuning {
-            if tune::worth_it(p) && crate::config::gemm_tune() {
+            if tune::worth_it(p) && *trials < tune::MAX_TRIALS && crate::config::gemm_tune() {
                 // The cache may change while the lock is released: look again.
                 let mut inner = self.tune(inner, tries, &key, p, operands, stream)?;
-                let Inner { handle, matmuls } = &mut *inner;
+                let Inner { handle, matmuls, .. } = &mut *inner;
                 return Self::launch(*handle, Self::cached_in(*handle, matmuls, &key, p)?, p, operands, stream);
             }
         }
@@ -297,7 +299,7 @@ impl Gemm {
         operands: Operands,
         stream: Stream,
     ) -> Result<std::sync::MutexGuard<'a, Inner>> {
-        let Inner { handle, matmuls } = &mut *inner;
+        let Inner { handle, matmuls, trials } = &mut *inner;
         let matmul = Self::cached_in(*handle, matmuls, key, p)?;
         // (A stream that cannot say is taken as capturing: the call itself
         // reports what is wrong with it.)
@@ -316,6 +318,7 @@ impl Gemm {
             }
         };
         matmul.tuning = Tuning::Running;
+        *trials += 1;
         drop(inner);
         let fastest = trial.fastest();
         let mut inner = self.lock();

@@ -529,6 +529,36 @@ fn gpu_decode_matmul_times_its_candidates_once() {
     verify(&accumulated, "accumulated into");
 }
 
+/// A mid-sized matmul (a pipelined path's piece, at a row count where
+/// cuBLASLt's first choice can be slow) times its candidates too and
+/// writes the product whichever it keeps; once the device has timed
+/// `MAX_TRIALS` shapes, a new one keeps the first choice untimed.
+#[test]
+fn gpu_mid_sized_matmul_times_its_candidates_within_the_budget() {
+    let Some(g) = gpu() else { return };
+    let gemm = Gemm::new(&g.ctx).unwrap();
+    let mid = |m: usize| {
+        let mut p = MatmulParams::new(m, 1024, 1024, 0, 0, 0, GemmDtype::BF16);
+        (p.b_trans, p.ldb, p.ldc) = (true, 1024, 1024 + 8);
+        p
+    };
+    let first = setup(&g, mid(2000), 0);
+    assert!(tune::worth_it(&first.p), "4.2 GFLOP is timed");
+    gemm.matmul(&first.p, g.stream()).unwrap();
+    g.sync();
+    let timed = if crate::config::gemm_tune() { Tuning::Done } else { Tuning::Pending(0) };
+    assert_eq!(gemm.tuning(&first.p), Some(timed), "after the first call");
+    verify(&first, "mid-sized, first call (candidates timed into C, then the call)");
+
+    gemm.lock().trials = tune::MAX_TRIALS;
+    let over = setup(&g, mid(2008), 0);
+    assert!(tune::worth_it(&over.p));
+    gemm.matmul(&over.p, g.stream()).unwrap();
+    g.sync();
+    assert_eq!(gemm.tuning(&over.p), Some(Tuning::Pending(0)), "past the budget: not timed");
+    verify(&over, "mid-sized, past the budget");
+}
+
 /// An fp8 matmul of decode size (row-wise scales: the scale pointers are
 /// set for the candidates too) times its candidates and writes the
 /// scaled product, and not C's padding.

@@ -1,8 +1,15 @@
-//! Choosing among cuBLASLt's algorithms by timing them, for matmuls with
-//! few rows (a decode step's). Such a matmul is bound by reading B, and
-//! cuBLASLt's first choice may leave SMs without tiles: on an H200,
-//! another of its candidates ran 7-8% faster for 64 rows against B of
-//! 8192 x 14336 either way round, 5% for 16 rows against 14336 x 8192.
+//! Choosing among cuBLASLt's algorithms by timing them. Its heuristic's
+//! first choice can be far from its best:
+//! - with few rows (a decode step's), bound by reading B, it may leave
+//!   SMs without tiles: on an H200 another candidate ran 7-8% faster for
+//!   64 rows against B of 8192 x 14336 either way round, 5% for 16 rows
+//!   against 14336 x 8192;
+//! - at some row counts it picks tiles that run 1.2-1.45 x the time its
+//!   pick for a few more rows takes (H200, torch's cuBLAS alike: 690-700
+//!   rows against B of 14336 x 7168 in 261-275 us, 750 rows in 205; 448
+//!   rows against 5120 x 3072 in 34.5 us, 512 in 24.0;
+//!   `bench/probes/matmul_rows_probe.py`). A pipelined path's pieces hit
+//!   such counts as often as whole matmuls do.
 //!
 //! The candidates run once per shape, on the first call outside graph
 //! capture: on the call's own stream, with its own operands, workspace
@@ -10,6 +17,7 @@
 //! written). The host waits for them, at most [`WAIT`]; where they have
 //! not finished by then (the stream is behind other work), the first
 //! choice stays and a later call tries again, [`ATTEMPTS`] times in all.
+//! A device times at most [`MAX_TRIALS`] shapes.
 
 use super::lt_matmul::{set_fp8_pointers, LtMatmul, MatmulKey, Operands, Pref};
 use super::params::MatmulParams;
@@ -19,11 +27,20 @@ use crate::error::Result;
 use cudarc::cublaslt::sys as lt;
 use std::time::{Duration, Instant};
 
-/// At most this many rows of A (the caller's m) ...
+/// Decode sizes: at most this many rows of A (the caller's m) ...
 pub(super) const MAX_ROWS: usize = 256;
 /// ... and at least this many bytes of B: a smaller matmul takes a few
 /// microseconds whatever its algorithm.
 pub(super) const MIN_B_BYTES: usize = 16 << 20;
+/// Other sizes: at least this much work (about 5 us on a Hopper GPU) ...
+pub(super) const MIN_FLOPS: f64 = 4e9;
+/// ... and at most this much (about 0.7 ms): the trial of a larger one
+/// would take longer than [`WAIT`], and the first choices measured there
+/// were within a few percent of the best.
+pub(super) const MAX_FLOPS: f64 = 5e11;
+/// Shapes a device times at most: a program running many row counts
+/// (prefills of every length) pays for the first ones only.
+pub(super) const MAX_TRIALS: usize = 64;
 /// The heuristic's first candidates timed.
 pub(super) const CANDIDATES: usize = 8;
 /// Rounds over the candidates, each round starting one candidate later
@@ -69,12 +86,15 @@ impl Tuning {
     }
 }
 
-/// Whether `p` is a matmul whose candidates are worth timing: few rows, a
-/// large B, one matrix, and an output the candidates may overwrite (not
-/// accumulated into).
+/// Whether `p` is a matmul whose candidates are worth timing: one matrix,
+/// an output the candidates may overwrite (not accumulated into), and
+/// either few rows against a large B or work between [`MIN_FLOPS`] and
+/// [`MAX_FLOPS`].
 pub(super) fn worth_it(p: &MatmulParams) -> bool {
     let b_bytes = p.k.saturating_mul(p.n).saturating_mul(p.operand_size() as usize);
-    p.m <= MAX_ROWS && p.batch == 1 && !p.accumulate && b_bytes >= MIN_B_BYTES
+    let flops = 2.0 * p.m as f64 * p.k as f64 * p.n as f64;
+    let decode = p.m <= MAX_ROWS && b_bytes >= MIN_B_BYTES;
+    p.batch == 1 && !p.accumulate && (decode || (MIN_FLOPS..=MAX_FLOPS).contains(&flops))
 }
 
 /// Launches the timing of `matmul`'s candidates (the heuristic's first
@@ -192,24 +212,29 @@ mod tests {
     use crate::backend::cuda::gemm::GemmDtype;
 
     #[test]
-    fn only_decode_sized_matmuls_are_timed() {
-        // B of 8192 x 14336 bf16 (224 MiB) against 16, 64 and 256 rows.
+    fn decode_and_mid_sized_matmuls_are_timed() {
+        // B of 8192 x 14336 bf16 (224 MiB) against 16 to 256 rows: decode.
         let p = |m| MatmulParams::new(m, 14336, 8192, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
         for m in [1, 16, 64, 256] {
             assert!(worth_it(&p(m)), "{m} rows");
         }
-        assert!(!worth_it(&p(257)), "more rows than MAX_ROWS: compute-bound, the heuristic's choice");
+        // Mid-sized: 690 rows (a pipelined piece), up to the work bound.
+        assert!(worth_it(&p(690)) && worth_it(&p(2000)));
+        assert!(!worth_it(&p(2200)), "more than MAX_FLOPS: the trial would outlast WAIT");
         let mut q = p(64);
         q.accumulate = true;
         assert!(!worth_it(&q), "an accumulated output cannot take the candidates' writes");
         q = p(64);
         (q.batch, q.stride_a, q.stride_c) = (2, 64 * 8192, 64 * 14336);
         assert!(!worth_it(&q), "batched");
-        // B just under and at the bound.
+        // Decode rows against B just under and at the bound.
         let small = MatmulParams::new(64, 1024, MIN_B_BYTES / 2048 - 1, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
         assert!(!worth_it(&small));
         let at = MatmulParams::new(64, 1024, MIN_B_BYTES / 2048, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
         assert!(worth_it(&at));
+        // More rows against a small B: timed from MIN_FLOPS of work.
+        let rows = |m| MatmulParams::new(m, 1024, 1024, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        assert!(!worth_it(&rows(1024)) && worth_it(&rows(2048)));
     }
 
     #[test]
