@@ -7,8 +7,10 @@ empty, the pieces cost more than the whole).
 
 For each B of k x n (bf16, as the operations' weights: [n, k] transposed)
 and each row count, the median ms of replays of a CUDA graph of
---calls matmuls: symm's own (a world-1 group's fused_ag_mm, which is its
-local matmul) and torch.matmul. Writes one JSON row per (k, n, rows)."""
+--calls matmuls: symm's own (a world-1 group's fused_ag_mm: its local
+matmul after staging A, a copy) and torch.matmul. Writes one JSON row per
+(k, n, rows); run it with SYMM_GEMM_TUNE=0 too to see what timing
+cuBLASLt's candidates gains."""
 import argparse
 import json
 import os
@@ -70,6 +72,7 @@ def main():
             symm_ms = replay_ms(mine, args.calls, args.reps)
             torch_ms = replay_ms(lambda: torch.matmul(a, w, out=c), args.calls, args.reps)
             row = {"k": k, "n": n, "rows": m, "symm_ms": symm_ms, "torch_ms": torch_ms,
+                   "gemm_tune": os.environ.get("SYMM_GEMM_TUNE", "1") != "0",
                    "symm_tflops": 2 * m * k * n / symm_ms / 1e9}
             out.append(row)
             print(json.dumps(row), flush=True)
