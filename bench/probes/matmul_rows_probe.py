@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -26,10 +27,14 @@ KN = "14336x7168,7168x4480,8192x14336,14336x8192,4096x11008,2048x4096,5120x3072,
 ROWS = list(range(64, 4097, 64)) + list(range(4608, 16385, 512))
 
 
-def replay_ms(fn, calls, reps):
-    """Median ms per call of `reps` replays of a graph of `calls` calls."""
+def replay_ms(fn, calls, reps, settle=0.0):
+    """Median ms per call of `reps` replays of a graph of `calls` calls,
+    `settle` seconds after a first call (which may time cuBLASLt's
+    candidates: dozens of launches that leave the GPU at its power cap,
+    slowing whatever is timed next by up to 10-20% on large matmuls)."""
     fn()
     torch.cuda.synchronize()
+    time.sleep(settle)
     graph = torch.cuda.CUDAGraph()
     # thread_local: symm's host-side calls beside the capture are legal.
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
@@ -54,6 +59,7 @@ def main():
     ap.add_argument("--rows", default=None, help="comma-separated row counts (default: 64..4096 by 64, then by 512)")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--settle", type=float, default=0.0, help="seconds idle after each shape's first call")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.cuda.set_device(args.device)
@@ -69,8 +75,8 @@ def main():
             a, c = a_all[:m], c_all[:m]
             # On the stream current at the call: the capture's, while capturing.
             mine = lambda: symm.fused_ag_mm(g, a, [w], 0, out=[c], stream=torch.cuda.current_stream().cuda_stream)  # noqa: E731
-            symm_ms = replay_ms(mine, args.calls, args.reps)
-            torch_ms = replay_ms(lambda: torch.matmul(a, w, out=c), args.calls, args.reps)
+            symm_ms = replay_ms(mine, args.calls, args.reps, args.settle)
+            torch_ms = replay_ms(lambda: torch.matmul(a, w, out=c), args.calls, args.reps, args.settle)
             row = {"k": k, "n": n, "rows": m, "symm_ms": symm_ms, "torch_ms": torch_ms,
                    "gemm_tune": os.environ.get("SYMM_GEMM_TUNE", "1") != "0",
                    "symm_tflops": 2 * m * k * n / symm_ms / 1e9}
