@@ -468,6 +468,9 @@ impl Prepared for AgMmPrepared {
         if self.decision.algorithm == Algorithm::Fused {
             return self.fused(ex);
         }
+        if self.alone(ex) {
+            return self.multiply_alone(ex);
+        }
         if self.decision.lines {
             self.gather_on_lines(ex)?;
             return self.multiply_gathered(ex);

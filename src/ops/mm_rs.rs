@@ -401,6 +401,9 @@ impl Prepared for MmRsPrepared {
         if self.decision.algorithm == Algorithm::Fused {
             return self.fused(ex);
         }
+        if self.alone(ex) {
+            return self.multiply_alone(ex);
+        }
         let MmRs { a, b, out, .. } = &self.call;
         // One matmul over all of `a` when its rows are the chunks in order
         // (packed first where `a` is no matrix: whether it is one differs

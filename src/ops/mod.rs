@@ -34,6 +34,8 @@ pub mod ag_mm;
 mod agree;
 pub mod all_reduce;
 #[cfg(test)]
+mod alone_tests;
+#[cfg(test)]
 mod batched_tests;
 pub(crate) mod check;
 pub(crate) mod decide;

@@ -1,7 +1,7 @@
 //! How a prepared `mm_rs` runs on each of its paths: the products, the
 //! signals and pulls, and the reductions (which path, `MmRsPrepared::execute`).
 
-use super::{partial_dtype, MmRs, MmRsPrepared, ReduceOp, MAX_PIECES};
+use super::{partial_dtype, MmRs, MmRsPrepared, MmRsScales, ReduceOp, MAX_PIECES};
 use crate::array::{Array, DType};
 use crate::backend::{FusedMatmul, FusedScatter, GemmScales, Quantize};
 use crate::error::Result;
@@ -77,6 +77,20 @@ impl MmRsPrepared {
     }
 
     /// A chunk of the product (or of the reduction) at `addr`.
+    /// Whether this rank is the group's only one and the call is a plain
+    /// matmul into `out` (no fp8 or other options, `out` a matrix): the
+    /// sum over one rank is the product itself, which then goes straight
+    /// into `out` instead of through the workspace.
+    pub(super) fn alone(&self, ex: &Exec<'_>) -> bool {
+        let c = &self.call;
+        ex.world() == 1 && self.mode.is_none() && c.scales == MmRsScales::default() && c.out.as_matrix().is_some()
+    }
+
+    /// [`Self::alone`]'s call (sum and avg alike over one rank).
+    pub(super) fn multiply_alone(&self, ex: &Exec<'_>) -> Result<()> {
+        self.multiply_into(ex, &self.call.out, &self.call.a, None, false)
+    }
+
     pub(in crate::ops) fn chunk(&self, addr: u64) -> Array {
         Array::contiguous(addr, partial_dtype(&self.call.out), &self.call.out.shape)
     }

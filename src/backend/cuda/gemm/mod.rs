@@ -194,7 +194,11 @@ impl Gemm {
         let mut handle = std::ptr::null_mut();
         // SAFETY: symbols checked; out-pointer valid; the device's context is current.
         lt_check(unsafe { lt::cublasLtCreate(&mut handle) }, "cublasLtCreate")?;
-        Ok(Gemm { ctx: ctx.clone(), inner: Mutex::new(Inner { handle, matmuls: HashMap::new(), trials: 0 }), workspace })
+        Ok(Gemm {
+            ctx: ctx.clone(),
+            inner: Mutex::new(Inner { handle, matmuls: HashMap::new(), trials: 0 }),
+            workspace,
+        })
     }
 
     /// Another workspace the size of the built-in one, for matmuls running
