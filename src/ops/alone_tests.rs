@@ -26,24 +26,50 @@ fn product(a: &[f32], b: &[f32], k: usize, n: usize, row: usize, j: usize) -> f3
 #[test]
 fn one_rank_gathers_and_multiplies_every_layout() {
     let g = &host_groups(1)[0];
-    // (shard, gather dim): matrices and batches along dim 0, a batch's
-    // sequence (dim 1), and K (the last: the general path).
-    for (shard, dim) in [(vec![7usize, 5], 0i64), (vec![3, 2, 5], 0), (vec![3, 2, 5], 1), (vec![4, 5], 1)] {
+    // (shard, gather dim, shard column-major, `ag_out` rows padded):
+    // matrices and batches along dim 0, a batch's sequence (dim 1), K (the
+    // last: the general path), and a column-major shard, whose copy into a
+    // padded `ag_out` no backend makes (the general path stages it).
+    let cases = [
+        (vec![7usize, 5], 0i64, false, false),
+        (vec![3, 2, 5], 0, false, false),
+        (vec![3, 2, 5], 1, false, false),
+        (vec![4, 5], 1, false, false),
+        (vec![7, 5], 0, false, true),
+        (vec![7, 5], 0, true, false),
+        (vec![7, 5], 0, true, true),
+    ];
+    for (shard, dim, col_major, padded) in cases {
         let k = *shard.last().unwrap();
         let rows = shard.iter().product::<usize>() / k;
         let ns = [3usize, 2];
+        let what = format!("{shard:?} along {dim} (column-major {col_major}, ag_out padded {padded})");
+        // Element (row, h) of the shard, wherever the layout keeps it.
         let a: Vec<f32> = (0..rows * k).map(|i| val(i, 1)).collect();
+        let stored: Vec<f32> = match col_major {
+            false => a.clone(),
+            true => (0..rows * k).map(|i| a[(i % rows) * k + i / rows]).collect(),
+        };
+        let mut a_arr = at(&stored, &shard);
+        if col_major {
+            a_arr.strides = vec![1, rows];
+        }
         let bs: Vec<Vec<f32>> =
             ns.iter().enumerate().map(|(i, &n)| (0..k * n).map(|e| val(e, 2 + i)).collect()).collect();
         let outs: Vec<Vec<f32>> = ns.iter().map(|&n| vec![f32::NAN; rows * n]).collect();
-        let ag = vec![f32::NAN; rows * k];
+        let ld = if padded { k + 3 } else { k };
+        let ag = vec![f32::NAN; rows * ld];
+        let mut ag_arr = at(&ag, &shard);
+        if padded {
+            ag_arr.strides = vec![ld, 1];
+        }
         let lead = &shard[..shard.len() - 1];
         let out_shape = |n: usize| lead.iter().copied().chain([n]).collect::<Vec<_>>();
         let call = AgMm {
-            a_shard: at(&a, &shard),
+            a_shard: a_arr,
             bs: bs.iter().zip(ns).map(|(b, n)| at(b, &[k, n])).collect(),
             gather_dim: dim,
-            ag_out: Some(at(&ag, &shard)),
+            ag_out: Some(ag_arr),
             outs: outs.iter().zip(ns).map(|(o, n)| at(o, &out_shape(n))).collect(),
             scales: AgMmScales::default(),
             algorithm: None,
@@ -53,11 +79,19 @@ fn one_rank_gathers_and_multiplies_every_layout() {
             for row in 0..rows {
                 for j in 0..n {
                     let want = product(&a, &bs[i], k, n, row, j);
-                    assert_eq!(outs[i][row * n + j], want, "{shard:?} along {dim}: outs[{i}][{row}, {j}]");
+                    assert_eq!(outs[i][row * n + j], want, "{what}: outs[{i}][{row}, {j}]");
                 }
             }
         }
-        assert_eq!(ag, a, "{shard:?} along {dim}: ag_out");
+        for row in 0..rows {
+            for h in 0..ld {
+                let got = ag[row * ld + h];
+                match h < k {
+                    true => assert_eq!(got, a[row * k + h], "{what}: ag_out[{row}, {h}]"),
+                    false => assert!(got.is_nan(), "{what}: ag_out's padding at [{row}, {h}] was written"),
+                }
+            }
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::{row_scale_slot, writable_by_fp8, AgMm, AgMmPrepared, Rows, STAGE_FIRST_BYTES};
 use crate::array::{Array, DType};
-use crate::backend::{FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
+use crate::backend::{check_copy, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
 use crate::error::{err, Result};
 use crate::ops::scaled::Mode;
@@ -103,11 +103,13 @@ impl AgMmPrepared {
 
     /// Whether this rank is the group's only one and the call can multiply
     /// its shard where the caller has it (no fp8, a matrix, gathered along
-    /// a dimension before the last): the gathered A is the shard itself,
-    /// and staging it would only copy A (a matmul's 5-35% on an H200).
+    /// a dimension before the last, and `ag_out`, if any, a layout a copy
+    /// from it can write): the gathered A is the shard itself, and staging
+    /// it would only copy A (a matmul's 5-35% on an H200).
     pub(super) fn alone(&self, ex: &Exec<'_>) -> bool {
         let a = &self.call.a_shard;
-        ex.world() == 1 && self.mode.is_none() && self.dim != a.ndim() - 1 && a.as_matrix().is_some()
+        let ag_copies = self.call.ag_out.as_ref().is_none_or(|ag| check_copy(ag, a).is_ok());
+        ex.world() == 1 && self.mode.is_none() && self.dim != a.ndim() - 1 && a.as_matrix().is_some() && ag_copies
     }
 
     /// [`Self::alone`]'s call: every product from the caller's A, then
