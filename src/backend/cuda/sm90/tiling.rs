@@ -232,19 +232,22 @@ pub(super) fn narrow_plan(m_chunk: usize, n: usize, chunks: usize) -> Option<Nar
 /// against 195 us one call at a time. Elsewhere (more waves) the pipelined
 /// path stays ahead or level.
 ///
-/// Comm-heavy, where its tiles run at least two waves: its pushes of one
-/// wave's tiles then hide behind the next (`cost::FUSED_SCATTER_COMM_SHARE`
-/// has the shapes). With fewer, the last wave's pushes and the peers'
-/// flags come after all of the matmul, while the sequential path's
-/// matmul fills the GPU: mm_rs 62x2048x4096 at world 2 took 26.3 us fused
-/// against 15.8 sequential, 340x4096x8192 64.2 against 57.1,
-/// 414x2816x6144 50.6 against 43.9 (graph-replayed, 2 x H200,
-/// bench/results/2026-11-30-h200-x2-ef80067-drawn/).
+/// Comm-heavy, where the rows of its tiles fill at least two waves: its
+/// pushes of one wave's tiles then hide behind the next
+/// (`cost::FUSED_SCATTER_COMM_SHARE` has the shapes). With fewer, the last
+/// wave's pushes and the peers' flags come after all of the matmul, while
+/// the sequential path's matmul fills the GPU: mm_rs 62x2048x4096 at world
+/// 2 took 26.3 us fused against 15.8 sequential, 340x4096x8192 64.2
+/// against 57.1, 414x2816x6144 50.6 against 43.9 (graph-replayed, 2 x
+/// H200, bench/results/2026-11-30-h200-x2-ef80067-drawn/); at
+/// 528x2816x6144 (f16) its 288 tiles (chunks of 264 rows: a third row of
+/// tiles 8 rows deep) filled 1.5 waves, and it took 70.8 us against
+/// NCCL-then-cuBLAS's 60.5 (...-5fc0d1b-x2-checks/).
 pub fn fused_scatter_preferred(chunk_rows: usize, n: usize, chunks: usize, in_elem: usize, comm_heavy: bool) -> bool {
     let wide_rows = chunks * chunk_rows * n.div_ceil(TileN::N256.cols());
     let one_full_wave =
         in_elem == 2 && 10 * wide_rows >= 9 * SHAPE_SMS * BM && narrow_plan(chunk_rows, n, chunks).is_some();
-    let tiles = chunks * chunk_rows.div_ceil(BM) * n.div_ceil(fused_tile(chunk_rows, n, chunks).cols());
-    let waves_hide = tiles >= 2 * SHAPE_SMS;
+    let filled_rows = chunks * chunk_rows * n.div_ceil(fused_tile(chunk_rows, n, chunks).cols());
+    let waves_hide = filled_rows >= 2 * SHAPE_SMS * BM;
     one_full_wave || (comm_heavy && waves_hide)
 }

@@ -179,6 +179,8 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     assert!(fused_scatter_preferred(2048, 8192, 2, 1, true));
     assert!(!fused_scatter_preferred(31, 4096, 2, 2, true));
     assert!(!fused_scatter_preferred(170, 8192, 2, 2, true));
+    // Two waves of tiles, but 1.5 of rows (528x2816x6144 f16, measured slower).
+    assert!(!fused_scatter_preferred(264, 6144, 2, 2, true));
 }
 
 #[test]
