@@ -553,7 +553,7 @@ pub fn gather_slice_k(shard_bytes: usize, k: usize, align: usize) -> usize {
 /// 4 16384x1024x8192 (1.6) 891 against 1019. Below it the pipelined path
 /// stayed ahead: world 4 8192x3584x8192 and 2048x3584x8192 (0.46), 794
 /// against 736 and 263 against 242. The backend prefers its kernel on such
-/// calls only where its tiles run two waves or more
+/// calls only where the rows of its tiles fill two waves or more
 /// (`Capabilities::fused_scatter_preferred`): on smaller ones the share
 /// counts latency, not bytes, and the other paths were faster.
 pub const FUSED_SCATTER_COMM_SHARE: f64 = 0.5;

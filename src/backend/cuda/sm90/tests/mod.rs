@@ -172,7 +172,7 @@ fn narrow_peer_tiles_fill_the_idle_sms() {
     assert!(!fused_scatter_preferred(128, 8192, 2, 2, false));
     assert!(!fused_scatter_preferred(256, 4096, 2, 2, false));
     assert!(!fused_scatter_preferred(1024, 8192, 2, 2, false));
-    // Comm-heavy: where its tiles run two waves or more (mm_rs 2048x1536x8192
+    // Comm-heavy: where the rows of its tiles fill two waves or more (mm_rs 2048x1536x8192
     // and 3000x1024x8192, fp8 too), not under one (62x2048x4096, 340x4096x8192).
     assert!(fused_scatter_preferred(1024, 8192, 2, 2, true));
     assert!(fused_scatter_preferred(1500, 8192, 2, 2, true));
