@@ -108,8 +108,12 @@ impl AgMmPrepared {
     /// it would only copy A (a matmul's 5-35% on an H200).
     pub(super) fn alone(&self, ex: &Exec<'_>) -> bool {
         let a = &self.call.a_shard;
-        let ag_copies = self.call.ag_out.as_ref().is_none_or(|ag| check_copy(ag, a).is_ok());
-        ex.world() == 1 && self.mode.is_none() && self.dim != a.ndim() - 1 && a.as_matrix().is_some() && ag_copies
+        // The world first: every call of every group asks.
+        ex.world() == 1
+            && self.mode.is_none()
+            && self.dim != a.ndim() - 1
+            && a.as_matrix().is_some()
+            && self.call.ag_out.as_ref().is_none_or(|ag| check_copy(ag, a).is_ok())
     }
 
     /// [`Self::alone`]'s call: every product from the caller's A, then

@@ -488,6 +488,16 @@ fn gpu_matmul_in_graph_capture() {
     verify(&fresh, "captured, matmul made during capture");
 }
 
+/// Where a matmul whose candidates are worth timing stands after its first
+/// call outside capture: timed, unless `SYMM_GEMM_TUNE=0`.
+fn timed_once_seen() -> Tuning {
+    if crate::config::gemm_tune() {
+        Tuning::Done
+    } else {
+        Tuning::Pending(0)
+    }
+}
+
 /// A matmul with few rows and a large B times cuBLASLt's candidates on
 /// its first call outside capture, once, and writes the product (and not
 /// C's padding) whichever it keeps; one first seen during capture, or
@@ -506,7 +516,7 @@ fn gpu_decode_matmul_times_its_candidates_once() {
     assert!(tune::worth_it(&first.p), "B of 16 MiB is timed");
     gemm.matmul(&first.p, g.stream()).unwrap();
     g.sync();
-    let timed = if crate::config::gemm_tune() { Tuning::Done } else { Tuning::Pending(0) };
+    let timed = timed_once_seen();
     assert_eq!(gemm.tuning(&first.p), Some(timed), "after the first call");
     verify(&first, "first call (candidates timed into C, then the call)");
     let second = setup(&g, decode(2048), 0);
@@ -546,7 +556,7 @@ fn gpu_mid_sized_matmul_times_its_candidates_within_the_budget() {
     assert!(tune::worth_it(&first.p), "4.2 GFLOP is timed");
     gemm.matmul(&first.p, g.stream()).unwrap();
     g.sync();
-    let timed = if crate::config::gemm_tune() { Tuning::Done } else { Tuning::Pending(0) };
+    let timed = timed_once_seen();
     assert_eq!(gemm.tuning(&first.p), Some(timed), "after the first call");
     verify(&first, "mid-sized, first call (candidates timed into C, then the call)");
 
@@ -592,7 +602,7 @@ fn gpu_decode_fp8_matmul_times_its_candidates() {
         r => r.unwrap(),
     }
     g.sync();
-    let timed = if crate::config::gemm_tune() { Tuning::Done } else { Tuning::Pending(0) };
+    let timed = timed_once_seen();
     assert_eq!(gemm.tuning(&p), Some(timed));
     let got = decode(GemmDtype::BF16, &bufs[2].read_bytes());
     for i in 0..m {
