@@ -28,6 +28,11 @@ pub struct DeviceModel {
     pub hbm_gbps: f64,
     /// Fixed cost of one kernel or copy launch in a pipeline, microseconds.
     pub launch_us: f64,
+    /// How much later than a barrier the pipelined all-gather's staged
+    /// shards start to land, microseconds: the shard's copy into the
+    /// workspace, then the copy engine starting after the SMs and the next
+    /// matmul after the copy engine ([`STAGED_SHARD_BYTES`]).
+    pub staged_pull_start_us: f64,
     /// One barrier or signal round trip between ranks, microseconds.
     pub barrier_us: f64,
     /// Relative matmul slowdown for each extra piece a matmul is split into.
@@ -51,6 +56,12 @@ impl DeviceModel {
         loaded_link_gbps: 230.0,
         hbm_gbps: 4300.0,
         launch_us: 6.0,
+        // Graph-replayed on 2 x H200, the pulled ag_mm 538x3072x7392,
+        // 578x7168x2240 and 780x4096x1280 exposed 10-20 us where a barrier
+        // each side and the pull's excess over the own shard's matmul
+        // (measured, bench/results/2026-12-01-h200-bcd3b9d-world1) came
+        // to 8: 15.5-19.7 us more.
+        staged_pull_start_us: 17.0,
         barrier_us: 4.0,
         split_penalty: 0.01,
         fused_slowdown: 1.04,
@@ -361,12 +372,28 @@ fn estimates(p: &Problem, whole: f64, bytes: f64, local_ms: f64, d: &DeviceModel
     out
 }
 
+/// The pipelined all-gather stages shards of at most this many bytes into
+/// its workspace (a copy of a few microseconds) for the peers to pull;
+/// larger ones their ranks push from the caller's memory (`ops::ag_mm`).
+pub const STAGED_SHARD_BYTES: usize = 4 << 20;
+
 /// All-gather of A (`m` rows in all) then matmul: each rank pulls every
 /// peer's shard; pipelined, its own shard's piece runs first, and each
 /// peer's shard may be pulled in pieces ([`gather_pieces`]).
 pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
     let mut out = estimates(p, matmul_ms(p, p.m, d), shard_bytes, 0.0, d);
+    // A staged shard's pull starts late: it hides behind the own shard's
+    // matmul only where that matmul outlasts the start and the pull
+    // together (small N).
+    let staged =
+        out.iter_mut().find(|e| e.algorithm == Algorithm::Pipelined && shard_bytes <= STAGED_SHARD_BYTES as f64);
+    if let Some(e) = staged {
+        let (pull, own) = (transfer_ms(shard_bytes, d), split_ms(p, d).1);
+        let late = d.staged_pull_start_us / 1e3 + pull - own;
+        e.exposed_ms += late.max(0.0) - (pull - own).max(0.0);
+        e.total_ms = e.compute_ms + e.exposed_ms;
+    }
     with_pieces(&mut out, gather_pieces(p, d));
     out
 }

@@ -365,7 +365,7 @@ impl AgMm {
             push: decision.algorithm == Algorithm::Pipelined
                 && dim != last
                 && mode.is_none()
-                && shard_bytes > STAGE_FIRST_BYTES,
+                && shard_bytes > cost::STAGED_SHARD_BYTES,
             decision,
             shape,
             workspace: layout.bytes(),
@@ -481,11 +481,6 @@ impl Prepared for AgMmPrepared {
         self.pulled(ex)
     }
 }
-
-/// Shards of at most this many bytes are staged on the main stream before
-/// the matmuls (a copy of a few microseconds) and pulled, never pushed
-/// (see [`AgMmPrepared::pushes`]).
-const STAGE_FIRST_BYTES: usize = 4 << 20;
 
 /// Why a call with fp8 outputs does not run the fused kernel.
 pub(super) const FP8_OUT_UNFUSED: &str = "fp8 outputs are computed in f32 and then rounded, outside the fused kernel";

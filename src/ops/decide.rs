@@ -538,6 +538,38 @@ mod tests {
         assert_ne!(decide(&f, &f32_call, true, None).unwrap().algorithm, Algorithm::Fused);
     }
 
+    /// A staged shard's pull starts late (`DeviceModel::staged_pull_start_us`):
+    /// where the own shard's matmul is short (small N) it no longer hides
+    /// the pull, and the gather runs sequentially, as measured faster on
+    /// 2 x H200 (graph-replayed, us): 578x7168x2240 52.5 against 59.5,
+    /// 780x4096x1280 37.7 against 44.8. Where it is long (550x7168x7168: 99.8
+    /// pipelined against 109.9), and for pushed shards (2412x4096x1408,
+    /// 9.4 MiB: 77.9 against 102.4), pipelined stays.
+    #[test]
+    fn small_gathers_with_short_matmuls_run_sequentially() {
+        let f = hopper(2, None);
+        for &(m, k, n, want) in &[
+            (578, 7168, 2240, Algorithm::Sequential),
+            (780, 4096, 1280, Algorithm::Sequential),
+            (550, 7168, 7168, Algorithm::Pipelined),
+            (2412, 4096, 1408, Algorithm::Pipelined),
+        ] {
+            let d = decide(&f, &shape(Op::AgMm, m, k, n), true, None).unwrap();
+            assert_eq!(d.algorithm, want, "ag_mm {m}x{k}x{n}");
+        }
+        // The start costs the pipelined estimate exactly its excess over
+        // the own shard's matmul.
+        let s = shape(Op::AgMm, 578, 7168, 2240);
+        let pipelined = |d: &DeviceModel| {
+            let p =
+                Problem { m: s.m, k: s.k, n: s.n, world: 2, elem_bytes: 2, out_bytes: 2, fused: false, split_len: 1 };
+            cost::ag_mm(&p, d).into_iter().find(|e| e.algorithm == Algorithm::Pipelined).unwrap().total_ms
+        };
+        let hopper = DeviceModel::HOPPER;
+        let late = pipelined(&hopper) - pipelined(&DeviceModel { staged_pull_start_us: 0.0, ..hopper });
+        assert!(late > 0.005 && late < hopper.staged_pull_start_us / 1e3, "{late}");
+    }
+
     /// Decode sizes gather on the LL lines, sequentially, estimated at the
     /// lines' cost; not where the gather is large, on shared devices, or
     /// where the call cannot use the lines (`Shape::lines`).

@@ -1,7 +1,7 @@
 //! How a prepared `fused_ag_mm` runs on each of its paths: the streams,
 //! copies, signals and matmuls (which path, `AgMmPrepared::execute`).
 
-use super::{row_scale_slot, writable_by_fp8, AgMm, AgMmPrepared, Rows, STAGE_FIRST_BYTES};
+use super::{row_scale_slot, writable_by_fp8, AgMm, AgMmPrepared, Rows};
 use crate::array::{Array, DType};
 use crate::backend::{check_copy, FusedGather, FusedMatmul, GemmScales, Quantize, Stream};
 use crate::cost::{self, Algorithm};
@@ -50,7 +50,7 @@ impl AgMmPrepared {
         // matmul holding every one of them, as a one-wave matmul at small M
         // does for all its time (27 us of 45 at ag_mm 512x4096x7168 on an
         // H200, bench/results/). So is one that no peer reads.
-        let stage_first = self.shard_bytes <= STAGE_FIRST_BYTES || peers_read_caller;
+        let stage_first = self.shard_bytes <= cost::STAGED_SHARD_BYTES || peers_read_caller;
         if stage_first && stage_own {
             self.stage(ex, ex.stream)?;
         }
@@ -130,7 +130,7 @@ impl AgMmPrepared {
     /// pipelined, gathering a dimension before the last, not fp8 (whose
     /// own matmul reads the staged shard and row scales), a shard not in
     /// symmetric memory (there the peers pull it in place), and larger than
-    /// [`STAGE_FIRST_BYTES`]: a smaller one stages in a few us, and its
+    /// [`cost::STAGED_SHARD_BYTES`]: a smaller one stages in a few us, and its
     /// pull lands within this rank's own matmul with no kernel between the
     /// two matmuls, where a pushed one's signals (kernels) wait for a
     /// matmul holding every multiprocessor to end.
