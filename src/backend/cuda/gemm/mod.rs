@@ -148,8 +148,9 @@ impl Drop for GemmWorkspace {
 struct Inner {
     handle: lt::cublasLtHandle_t,
     matmuls: HashMap<MatmulKey, LtMatmul>,
-    /// Candidate timings started (at most `tune::MAX_TRIALS`).
-    trials: usize,
+    /// What the candidate timings started so far cost (ms, at most
+    /// `tune::BUDGET_MS`).
+    tuning_spent_ms: f64,
 }
 
 // SAFETY: the handle and matmuls are only used under the Gemm's mutex.
@@ -196,7 +197,7 @@ impl Gemm {
         lt_check(unsafe { lt::cublasLtCreate(&mut handle) }, "cublasLtCreate")?;
         Ok(Gemm {
             ctx: ctx.clone(),
-            inner: Mutex::new(Inner { handle, matmuls: HashMap::new(), trials: 0 }),
+            inner: Mutex::new(Inner { handle, matmuls: HashMap::new(), tuning_spent_ms: 0.0 }),
             workspace,
         })
     }
@@ -242,10 +243,11 @@ impl Gemm {
         }
         let (key, operands) = self.key(p);
         let mut inner = self.lock();
-        let Inner { handle, matmuls, trials } = &mut *inner;
+        let Inner { handle, matmuls, tuning_spent_ms } = &mut *inner;
         let matmul = Self::cached_in(*handle, matmuls, &key, p)?;
         if let Tuning::Pending(tries) = matmul.tuning {
-            if tune::worth_it(p) && *trials < tune::MAX_TRIALS && crate::config::gemm_tune() {
+            let affordable = *tuning_spent_ms + tune::cost_ms(p) <= tune::BUDGET_MS;
+            if tune::worth_it(p) && affordable && crate::config::gemm_tune() {
                 // The cache may change while the lock is released: look again.
                 let mut inner = self.tune(inner, tries, &key, p, operands, stream)?;
                 let Inner { handle, matmuls, .. } = &mut *inner;
@@ -303,7 +305,7 @@ impl Gemm {
         operands: Operands,
         stream: Stream,
     ) -> Result<std::sync::MutexGuard<'a, Inner>> {
-        let Inner { handle, matmuls, trials } = &mut *inner;
+        let Inner { handle, matmuls, tuning_spent_ms } = &mut *inner;
         let matmul = Self::cached_in(*handle, matmuls, key, p)?;
         // (A stream that cannot say is taken as capturing: the call itself
         // reports what is wrong with it.)
@@ -322,7 +324,7 @@ impl Gemm {
             }
         };
         matmul.tuning = Tuning::Running;
-        *trials += 1;
+        *tuning_spent_ms += tune::cost_ms(p);
         drop(inner);
         let fastest = trial.fastest();
         let mut inner = self.lock();

@@ -541,8 +541,9 @@ fn gpu_decode_matmul_times_its_candidates_once() {
 
 /// A mid-sized matmul (a pipelined path's piece, at a row count where
 /// cuBLASLt's first choice can be slow) times its candidates too and
-/// writes the product whichever it keeps; once the device has timed
-/// `MAX_TRIALS` shapes, a new one keeps the first choice untimed.
+/// writes the product whichever it keeps; a new one whose trial would
+/// overrun what is left of the device's `tune::BUDGET_MS` keeps the first
+/// choice untimed, one that fits it is timed.
 #[test]
 fn gpu_mid_sized_matmul_times_its_candidates_within_the_budget() {
     let Some(g) = gpu() else { return };
@@ -560,13 +561,25 @@ fn gpu_mid_sized_matmul_times_its_candidates_within_the_budget() {
     assert_eq!(gemm.tuning(&first.p), Some(timed), "after the first call");
     verify(&first, "mid-sized, first call (candidates timed into C, then the call)");
 
-    gemm.lock().trials = tune::MAX_TRIALS;
     let over = setup(&g, mid(2008), 0);
     assert!(tune::worth_it(&over.p));
+    gemm.lock().tuning_spent_ms = tune::BUDGET_MS - tune::cost_ms(&over.p) / 2.0;
     gemm.matmul(&over.p, g.stream()).unwrap();
     g.sync();
     assert_eq!(gemm.tuning(&over.p), Some(Tuning::Pending(0)), "past the budget: not timed");
     verify(&over, "mid-sized, past the budget");
+
+    let fits = setup(&g, mid(2016), 0);
+    let left = tune::BUDGET_MS - tune::cost_ms(&fits.p) - 1.0;
+    gemm.lock().tuning_spent_ms = left;
+    gemm.matmul(&fits.p, g.stream()).unwrap();
+    g.sync();
+    assert_eq!(gemm.tuning(&fits.p), Some(timed), "the budget's last trial");
+    if crate::config::gemm_tune() {
+        let spent = gemm.lock().tuning_spent_ms;
+        assert!((spent - (tune::BUDGET_MS - 1.0)).abs() < 1e-6, "the trial's cost counted: {spent}");
+    }
+    verify(&fits, "mid-sized, the budget's last trial");
 }
 
 /// An fp8 matmul of decode size (row-wise scales: the scale pointers are

@@ -17,7 +17,9 @@
 //! written). The host waits for them, at most [`WAIT`]; where they have
 //! not finished by then (the stream is behind other work), the first
 //! choice stays and a later call tries again, [`ATTEMPTS`] times in all.
-//! A device times at most [`MAX_TRIALS`] shapes.
+//! A device spends at most [`BUDGET_MS`] on trials in its life (their
+//! estimated cost, [`cost_ms`]): many small shapes, or a few dozen of the
+//! largest.
 
 use super::lt_matmul::{set_fp8_pointers, LtMatmul, MatmulKey, Operands, Pref};
 use super::params::MatmulParams;
@@ -38,9 +40,21 @@ pub(super) const MIN_FLOPS: f64 = 4e9;
 /// would take longer than [`WAIT`], and the first choices measured there
 /// were within a few percent of the best.
 pub(super) const MAX_FLOPS: f64 = 5e11;
-/// Shapes a device times at most: a program running many row counts
-/// (prefills of every length) pays for the first ones only.
-pub(super) const MAX_TRIALS: usize = 64;
+/// What a device's trials may cost in all (ms, [`cost_ms`]): a program
+/// running many row counts (prefills of every length) pays for the first
+/// ones only. About 65 trials of the largest timed matmul, or over two
+/// thousand of the smallest: a count of shapes instead (64 once) left a
+/// run of 171 small ones with cuBLAS's slow first choices after the 64th
+/// (4096 x 7168 at 642 rows 80 us, against 53 at 578 rows; H200,
+/// bench/results/2026-12-01-h200-0c41640-small-n-rows).
+pub(super) const BUDGET_MS: f64 = 3000.0;
+/// A trial's host time beside its launches' GPU time (the heuristic's
+/// query, the events, issuing the launches), ms.
+const TRIAL_HOST_MS: f64 = 1.0;
+/// The rates a trial's launches are estimated at: a Hopper GPU's 16-bit
+/// matmul rate (fp8 twice it) and its memory bandwidth.
+const TFLOPS: f64 = 800.0;
+const HBM_GBPS: f64 = 4000.0;
 /// The heuristic's first candidates timed.
 pub(super) const CANDIDATES: usize = 8;
 /// Rounds over the candidates, each round starting one candidate later
@@ -95,6 +109,19 @@ pub(super) fn worth_it(p: &MatmulParams) -> bool {
     let flops = 2.0 * p.m as f64 * p.k as f64 * p.n as f64;
     let decode = p.m <= MAX_ROWS && b_bytes >= MIN_B_BYTES;
     p.batch == 1 && !p.accumulate && (decode || (MIN_FLOPS..=MAX_FLOPS).contains(&flops))
+}
+
+/// The estimated cost (ms) of timing `p`'s candidates: every launch of
+/// the trial at the larger of its matmul's compute and memory times (C
+/// counted at 4 bytes an element, at most its size), and the host's part.
+pub(super) fn cost_ms(p: &MatmulParams) -> f64 {
+    let size = p.operand_size() as f64;
+    let (m, k, n) = (p.m as f64, p.k as f64, p.n as f64);
+    let tflops = if size == 1.0 { 2.0 * TFLOPS } else { TFLOPS };
+    let compute = 2.0 * m * k * n / (tflops * 1e9);
+    let memory = ((m * k + k * n) * size + m * n * 4.0) / (HBM_GBPS * 1e6);
+    let launches = (ROUNDS * CANDIDATES * (1 + TIMED_LAUNCHES)) as f64;
+    launches * compute.max(memory) + TRIAL_HOST_MS
 }
 
 /// Launches the timing of `matmul`'s candidates (the heuristic's first
@@ -235,6 +262,21 @@ mod tests {
         // More rows against a small B: timed from MIN_FLOPS of work.
         let rows = |m| MatmulParams::new(m, 1024, 1024, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
         assert!(!worth_it(&rows(1024)) && worth_it(&rows(2048)));
+    }
+
+    /// The budget holds dozens of the largest trials and thousands of the
+    /// smallest; a decode trial costs a few ms.
+    #[test]
+    fn the_budget_counts_each_trial_s_cost() {
+        let largest = MatmulParams::new(2000, 14336, 8192, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        assert!(worth_it(&largest) && 2.0 * 2000.0 * 14336.0 * 8192.0 > 0.9 * MAX_FLOPS);
+        let trials = |p: &MatmulParams| BUDGET_MS / cost_ms(p);
+        assert!((50.0..80.0).contains(&trials(&largest)), "{}", trials(&largest));
+        let smallest = MatmulParams::new(2048, 1024, 1024, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        assert!(worth_it(&smallest) && trials(&smallest) > 2000.0, "{}", trials(&smallest));
+        let decode = MatmulParams::new(64, 14336, 8192, 0x1000, 0x2000, 0x3000, GemmDtype::BF16);
+        let ms = cost_ms(&decode);
+        assert!(worth_it(&decode) && (3.0..8.0).contains(&ms), "{ms}");
     }
 
     #[test]
