@@ -325,8 +325,16 @@ fn loaded_transfer_ms(bytes: f64, d: &DeviceModel) -> f64 {
 /// Both algorithms of an operation whose communication is `pulls`
 /// transfers of `bytes` each (one after another) around the matmul of `p`
 /// taking `whole` ms; `local_ms` is work the pipelined form adds after the
-/// last piece (a local reduction).
-fn estimates(p: &Problem, whole: f64, bytes: f64, local_ms: f64, d: &DeviceModel) -> Vec<Estimate> {
+/// last piece (a local reduction); `first_pull_late_ms`, how much later
+/// than the barrier the pipelined form's first pull starts.
+fn estimates(
+    p: &Problem,
+    whole: f64,
+    bytes: f64,
+    local_ms: f64,
+    first_pull_late_ms: f64,
+    d: &DeviceModel,
+) -> Vec<Estimate> {
     let (world, fused) = (p.world, p.fused);
     let pulls = world.saturating_sub(1) as f64;
     let barriers = 2.0 * d.barrier_us / 1e3;
@@ -341,9 +349,11 @@ fn estimates(p: &Problem, whole: f64, bytes: f64, local_ms: f64, d: &DeviceModel
     }];
     if world > 1 {
         // Each pull hides behind a matmul piece; only the barriers (and the
-        // local work) stay exposed, unless a pull is slower than a piece.
+        // local work) stay exposed, unless a pull (the first starting
+        // `first_pull_late_ms` late) is slower than a piece.
         let (split, piece) = split_ms(p, d);
-        let exposed = barriers + local_ms + pulls * (transfer_ms(bytes, d) - piece).max(0.0);
+        let excess = transfer_ms(bytes, d) - piece;
+        let exposed = barriers + local_ms + (first_pull_late_ms + excess).max(0.0) + (pulls - 1.0) * excess.max(0.0);
         out.push(Estimate {
             algorithm: Algorithm::Pipelined,
             compute_ms: split,
@@ -382,18 +392,11 @@ pub const STAGED_SHARD_BYTES: usize = 4 << 20;
 /// peer's shard may be pulled in pieces ([`gather_pieces`]).
 pub fn ag_mm(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let shard_bytes = (p.m / p.world * p.k * p.elem_bytes) as f64;
-    let mut out = estimates(p, matmul_ms(p, p.m, d), shard_bytes, 0.0, d);
     // A staged shard's pull starts late: it hides behind the own shard's
     // matmul only where that matmul outlasts the start and the pull
     // together (small N).
-    let staged =
-        out.iter_mut().find(|e| e.algorithm == Algorithm::Pipelined && shard_bytes <= STAGED_SHARD_BYTES as f64);
-    if let Some(e) = staged {
-        let (pull, own) = (transfer_ms(shard_bytes, d), split_ms(p, d).1);
-        let late = d.staged_pull_start_us / 1e3 + pull - own;
-        e.exposed_ms += late.max(0.0) - (pull - own).max(0.0);
-        e.total_ms = e.compute_ms + e.exposed_ms;
-    }
+    let late = if shard_bytes <= STAGED_SHARD_BYTES as f64 { d.staged_pull_start_us / 1e3 } else { 0.0 };
+    let mut out = estimates(p, matmul_ms(p, p.m, d), shard_bytes, 0.0, late, d);
     with_pieces(&mut out, gather_pieces(p, d));
     out
 }
@@ -492,7 +495,7 @@ pub fn mm_rs(p: &Problem, d: &DeviceModel) -> Vec<Estimate> {
     let chunk_bytes = (p.m / p.world * p.n * p.out_bytes) as f64;
     let local_reduce = (p.world as f64 + 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
     let whole = matmul_ms(p, p.m, d);
-    let mut out = estimates(p, whole, chunk_bytes, local_reduce, d);
+    let mut out = estimates(p, whole, chunk_bytes, local_reduce, 0.0, d);
     if let Some(f) = out.iter_mut().find(|e| e.algorithm == Algorithm::Fused) {
         let reads = (p.world as f64 - 1.0) * chunk_bytes / (d.hbm_gbps * 1e6);
         f.exposed_ms += reads - local_reduce;

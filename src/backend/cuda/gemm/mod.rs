@@ -246,8 +246,8 @@ impl Gemm {
         let Inner { handle, matmuls, tuning_spent_ms } = &mut *inner;
         let matmul = Self::cached_in(*handle, matmuls, &key, p)?;
         if let Tuning::Pending(tries) = matmul.tuning {
-            let affordable = *tuning_spent_ms + tune::cost_ms(p) <= tune::BUDGET_MS;
-            if tune::worth_it(p) && affordable && crate::config::gemm_tune() {
+            let affordable = || *tuning_spent_ms + tune::cost_ms(p) <= tune::BUDGET_MS;
+            if tune::worth_it(p) && crate::config::gemm_tune() && affordable() {
                 // The cache may change while the lock is released: look again.
                 let mut inner = self.tune(inner, tries, &key, p, operands, stream)?;
                 let Inner { handle, matmuls, .. } = &mut *inner;

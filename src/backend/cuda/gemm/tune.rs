@@ -117,7 +117,7 @@ pub(super) fn worth_it(p: &MatmulParams) -> bool {
 pub(super) fn cost_ms(p: &MatmulParams) -> f64 {
     let size = p.operand_size() as f64;
     let (m, k, n) = (p.m as f64, p.k as f64, p.n as f64);
-    let tflops = if size == 1.0 { 2.0 * TFLOPS } else { TFLOPS };
+    let tflops = if p.operand_size() == 1 { 2.0 * TFLOPS } else { TFLOPS };
     let compute = 2.0 * m * k * n / (tflops * 1e9);
     let memory = ((m * k + k * n) * size + m * n * 4.0) / (HBM_GBPS * 1e6);
     let launches = (ROUNDS * CANDIDATES * (1 + TIMED_LAUNCHES)) as f64;
