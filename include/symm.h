@@ -9,8 +9,8 @@
  *
  * Structs that begin with `struct_size` grow only by appended fields;
  * symm reads or writes only as far as the caller's `struct_size` says,
- * and refuses one above 65536 bytes (an uninitialized struct, most
- * likely) with SYMM_ERROR_INVALID_ARGUMENT.
+ * and refuses with SYMM_ERROR_INVALID_ARGUMENT one above 65536 bytes
+ * (an uninitialized struct, most likely) or one that ends inside a field.
  */
 
 #ifndef SYMM_H
@@ -565,7 +565,8 @@ symm_status_t symm_group_check_async_error(symm_group_t group);
 // group on every rank returns `SYMM_ERROR_ABORTED`. Returns at once; safe
 // to call from any thread, also while another thread is blocked in a
 // call of this group (as `ncclCommAbort`). An exchange already under way
-// with the bootstrap store still ends only at its timeout. The group must
+// through the bootstrap (a call's first agreement, a rendezvous) still
+// ends only at its timeout, with `SYMM_ERROR_TIMEOUT`. The group must
 // still be destroyed; a new one can be formed at once.
 symm_status_t symm_group_abort(symm_group_t group);
 
@@ -631,7 +632,11 @@ symm_status_t symm_get_build_info(symm_build_info_t *info);
 // out, or, where its call too was agreed before, fails the group with
 // `SYMM_ERROR_MISMATCH` at the first signal or data the ranks exchange
 // (each carries its call's tag; not yet NCCL's steps; on CUDA that call's
-// outputs are then undefined and the error comes with the next call).
+// outputs are then undefined and the error comes with the next call), or
+// with `SYMM_ERROR_TIMEOUT` where neither call waits for anything the
+// other sends. Ranks that reach different collectives of the group (a
+// call's agreement, a rendezvous, a reservation) fail it with
+// `SYMM_ERROR_MISMATCH`.
 // After `SYMM_ERROR_TIMEOUT` (or any
 // failure once data moved), outputs may be partly written and the group
 // has failed: every later call returns `SYMM_ERROR_ABORTED` (see

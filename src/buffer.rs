@@ -9,7 +9,7 @@
 
 use crate::backend::{pad_bytes, round_up, Allocation, CallTag, Mapping, PadSet, Signals, Stream};
 use crate::error::{err, ErrorKind, Result};
-use crate::group::{Attachment, Group};
+use crate::group::{Attachment, Group, Purpose};
 use crate::ipc;
 use crate::sync::lock;
 use crate::wire::{Reader, Writer};
@@ -202,9 +202,10 @@ pub fn rendezvous_locked(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
         Ok((publication, announce))
     };
     let published = publish();
-    let announced = group.exchange(published.as_ref().map(|(_, a)| a.encode()).map_err(|e| e.clone()))?;
+    let announced =
+        group.exchange(Purpose::Announce, published.as_ref().map(|(_, a)| a.encode()).map_err(|e| e.clone()))?;
     let _publication = published?.0;
-    let peers: Vec<Announce> = announced.iter().map(|b| Announce::decode(b)).collect::<Result<_>>()?;
+    let peers: Vec<Announce> = group.decoded(announced.iter().map(|b| Announce::decode(b)).collect())?;
 
     // Everything that allocates happens before the last exchange: once it
     // passes, a peer may be spinning in a kernel on the device, and a
@@ -227,7 +228,7 @@ pub fn rendezvous_locked(buffer: &Arc<Buffer>) -> Result<Arc<Handle>> {
         let signals = group.backend().signals(PadSet { rank, world, pads: pads.clone() })?;
         Ok((peers_mapped, data, pads, signals))
     });
-    group.exchange(mapped.as_ref().map(|_| Vec::new()).map_err(|e| e.clone()))?;
+    group.exchange(Purpose::Mapped, mapped.as_ref().map(|_| Vec::new()).map_err(|e| e.clone()))?;
     let (peers_mapped, data, pads, signals) = mapped?;
     let handle =
         Arc::new(Handle { signals, _peers: peers_mapped, data, pads, buffer: buffer.clone(), id: peers[0].token });

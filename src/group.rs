@@ -460,38 +460,39 @@ impl Group {
         GroupScope::enter(self.log_id, self.rank, self.world)
     }
 
-    /// Collective: every rank offers its own result; all get every rank's
-    /// payload if all succeeded, else an error (this rank's own, or
-    /// `Remote` naming the rank that failed and why). Call with the
-    /// collective lock held.
-    pub fn exchange(&self, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
-        if !self.topology.single_host() {
-            return self.exchange_across_hosts(Purpose::Collective, local);
-        }
-        self.health.check()?;
-        // A lost exchange leaves the ranks out of step: the group fails.
-        exchange(self.bootstrap.as_ref(), local, self.timeout(), &|e| self.fail(e))
-    }
-
-    /// [`Self::exchange`] for a group spanning hosts, each payload tagged
-    /// with its `purpose`: a rank agreeing on a call while a peer moves a
-    /// kept call's data through the bootstrap (see `crate::ops::agree`)
-    /// fails both with `Mismatch`, neither reading the other's bytes as its
-    /// own. Call with the collective lock held.
-    pub(crate) fn exchange_across_hosts(&self, purpose: Purpose, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    /// Collective: every rank offers its own result for `purpose`; all get
+    /// every rank's payload if all succeeded, else an error (this rank's
+    /// own, or `Remote` naming the rank that failed and why). Each payload
+    /// carries its purpose, so ranks that reached different collectives
+    /// (one reserving the workspace, one in a rendezvous; across hosts, one
+    /// agreeing on a call while a peer moves a kept call's data through the
+    /// bootstrap, see `crate::ops::agree`) fail with `Mismatch`, neither
+    /// reading the other's bytes as its own. Call with the collective lock
+    /// held.
+    pub(crate) fn exchange(&self, purpose: Purpose, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         self.health.check()?;
         let tag = purpose as u8;
         let tagged = local.map(|b| [&[tag][..], &b].concat());
+        // A lost exchange leaves the ranks out of step: the group fails.
         let all = exchange(self.bootstrap.as_ref(), tagged, self.timeout(), &|e| self.fail(e))?;
         if let Some(r) = all.iter().position(|b| b.first() != Some(&tag)) {
+            let theirs = all[r].first().and_then(|&t| Purpose::from_tag(t));
             let e = err!(
                 Mismatch,
-                "rank {r} made another call than this rank ({purpose:?} here): the ranks are out of step"
+                "rank {r} made another call than this rank ({} there, {purpose:?} here): the ranks are out of step",
+                theirs.map_or("an unknown one".to_string(), |p| format!("{p:?}"))
             );
             self.fail(&e);
             return Err(e);
         }
         Ok(all.into_iter().map(|mut b| b.split_off(1)).collect())
+    }
+
+    /// `decoded`, the decoding of payloads an exchange returned: one that
+    /// does not decode fails the group, as the ranks no longer agree on
+    /// what comes next.
+    pub(crate) fn decoded<T>(&self, decoded: Result<T>) -> Result<T> {
+        decoded.inspect_err(|e| self.fail(&e.clone().context("a peer's payload did not decode")))
     }
 
     /// Runs `enqueue`, a call's work across hosts on `stream` named `what`,
@@ -742,16 +743,28 @@ fn join_nccl(
     NcclTransport::new(comm, members).map_err(|e| e.context(context))
 }
 
-/// What an exchange across hosts is for (its tag).
+/// What an exchange through the bootstrap is for (its tag, see
+/// [`Group::exchange`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Purpose {
     /// The arguments of a call (`crate::ops::agree`).
     Agreement = 1,
-    /// A collective's data (the bootstrap's transport).
+    /// A collective's data (the bootstrap's transport across hosts).
     Data = 2,
-    /// The group's own collectives ([`Group::exchange`]: a rendezvous, the
-    /// workspace's growth).
-    Collective = 3,
+    /// A rendezvous's announcement of each rank's buffer.
+    Announce = 3,
+    /// A rendezvous's confirmation that every rank mapped its peers.
+    Mapped = 4,
+    /// The size of the workspace to reserve (`symm_group_reserve_workspace`).
+    Reserve = 5,
+}
+
+impl Purpose {
+    fn from_tag(tag: u8) -> Option<Purpose> {
+        [Purpose::Agreement, Purpose::Data, Purpose::Announce, Purpose::Mapped, Purpose::Reserve]
+            .into_iter()
+            .find(|&p| p as u8 == tag)
+    }
 }
 
 /// The watchdog of a group's NCCL communicators: it fails the group (held
@@ -1037,8 +1050,11 @@ mod tests {
                 assert_eq!(g.inside_host().expect("spans hosts").members(), g.topology().local_ranks());
             }
             std::thread::scope(|s| {
-                let hs: Vec<_> =
-                    groups.iter().enumerate().map(|(r, g)| s.spawn(move || g.exchange(Ok(vec![r as u8])))).collect();
+                let hs: Vec<_> = groups
+                    .iter()
+                    .enumerate()
+                    .map(|(r, g)| s.spawn(move || g.exchange(Purpose::Data, Ok(vec![r as u8]))))
+                    .collect();
                 for h in hs {
                     let all = h.join().unwrap().unwrap();
                     assert_eq!(all, (0..hosts.len()).map(|r| vec![r as u8]).collect::<Vec<_>>());
@@ -1154,8 +1170,11 @@ mod tests {
             }
             // Collectives run as in any group.
             std::thread::scope(|s| {
-                let hs: Vec<_> =
-                    groups.iter().enumerate().map(|(r, g)| s.spawn(move || g.exchange(Ok(vec![r as u8])))).collect();
+                let hs: Vec<_> = groups
+                    .iter()
+                    .enumerate()
+                    .map(|(r, g)| s.spawn(move || g.exchange(Purpose::Data, Ok(vec![r as u8]))))
+                    .collect();
                 for h in hs {
                     assert_eq!(h.join().unwrap().unwrap(), (0..world as u8).map(|r| vec![r]).collect::<Vec<_>>());
                 }

@@ -244,9 +244,11 @@ fuzz_target!(|data: &[u8]| {
     if !used.iter().all(|&i| callable(&ts[i], f.arena)) || !count_ok {
         return;
     }
+    // Sizes of a version (40, 48), too small (8) or anything up to 64,
+    // fields cut in half among them.
     let size_field = match with_opts % 4 {
         0 => 0usize,
-        1 => 8,
+        1 => [8, inp.byte() as usize % 65][inp.byte() as usize % 2],
         2 => 48,
         _ => 40,
     };

@@ -253,6 +253,16 @@ pub fn options<T: Copy>(p: *const T, name: &str, init: &str, min_size: usize, de
         ));
     }
     at_most_max(size, name, &format_args!("initialize it with {init}"))?;
+    // Every version's size is a multiple of the struct's alignment (its
+    // fields are naturally aligned and at most that wide), so an older
+    // size that is not ends inside a field: half a pointer copied over a
+    // NULL default would be followed.
+    if size < ours && size != min_size && size % std::mem::align_of::<T>() != 0 {
+        return Err(err!(
+            InvalidArgument,
+            "{name}->struct_size is {size}, which ends inside a field of {name} (initialize it with {init})"
+        ));
+    }
     if size > ours {
         // SAFETY: the caller's struct holds `size` readable bytes.
         let tail = unsafe { std::slice::from_raw_parts((p as *const u8).add(ours), size - ours) };
@@ -331,5 +341,35 @@ mod tests {
         let o = newer.as_mut_ptr().cast::<Opts>();
         assert_eq!(options(o, "opts", "OPTS_INIT", 8, none).unwrap(), Opts { struct_size: MAX_STRUCT_SIZE, x: 5 });
         assert_eq!(out_struct_size(o, "info", "").unwrap(), MAX_STRUCT_SIZE);
+    }
+
+    /// An older caller's size is honoured field by field; one that ends
+    /// inside a field (half of a pointer) is refused, not half-copied.
+    #[test]
+    fn struct_size_within_a_field_is_refused() {
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        struct Opts {
+            struct_size: usize,
+            x: i32,
+            p: *const u8,
+        }
+        let none = Opts { struct_size: 0, x: 7, p: std::ptr::null() };
+        let given = |size| Opts { struct_size: size, x: 1, p: 0x1000 as *const u8 };
+        // The oldest version ends after `x` (12), the next after `p` (24).
+        assert_eq!(
+            options(&given(12), "opts", "OPTS_INIT", 12, none).unwrap(),
+            Opts { p: std::ptr::null(), ..given(12) }
+        );
+        assert_eq!(
+            options(&given(16), "opts", "OPTS_INIT", 12, none).unwrap(),
+            Opts { p: std::ptr::null(), ..given(16) }
+        );
+        assert_eq!(options(&given(24), "opts", "OPTS_INIT", 12, none).unwrap(), given(24));
+        for size in [13, 17, 20, 23] {
+            let e = options(&given(size), "opts", "OPTS_INIT", 12, none).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
+            assert!(e.msg.contains(&format!("struct_size is {size}, which ends inside a field")), "{}", e.msg);
+        }
     }
 }

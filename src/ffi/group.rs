@@ -250,7 +250,8 @@ fn group_check(g: symm_group_t) -> Result<()> {
 /// group on every rank returns `SYMM_ERROR_ABORTED`. Returns at once; safe
 /// to call from any thread, also while another thread is blocked in a
 /// call of this group (as `ncclCommAbort`). An exchange already under way
-/// with the bootstrap store still ends only at its timeout. The group must
+/// through the bootstrap (a call's first agreement, a rendezvous) still
+/// ends only at its timeout, with `SYMM_ERROR_TIMEOUT`. The group must
 /// still be destroyed; a new one can be formed at once.
 #[no_mangle]
 pub extern "C" fn symm_group_abort(group: symm_group_t) -> symm_status_t {

@@ -49,7 +49,11 @@ use std::ffi::{c_int, c_void};
 /// out, or, where its call too was agreed before, fails the group with
 /// `SYMM_ERROR_MISMATCH` at the first signal or data the ranks exchange
 /// (each carries its call's tag; not yet NCCL's steps; on CUDA that call's
-/// outputs are then undefined and the error comes with the next call).
+/// outputs are then undefined and the error comes with the next call), or
+/// with `SYMM_ERROR_TIMEOUT` where neither call waits for anything the
+/// other sends. Ranks that reach different collectives of the group (a
+/// call's agreement, a rendezvous, a reservation) fail it with
+/// `SYMM_ERROR_MISMATCH`.
 /// After `SYMM_ERROR_TIMEOUT` (or any
 /// failure once data moved), outputs may be partly written and the group
 /// has failed: every later call returns `SYMM_ERROR_ABORTED` (see

@@ -104,7 +104,7 @@ pub struct Agreed {
 /// read, in which case `local` is the error); `local` is whether this
 /// rank's call is valid.
 pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>, call: u64) -> Result<Agreed> {
-    agree_through(group, sig, local, Some(call), |payload| group.exchange(payload))
+    agree_through(group, sig, local, Some(call), |payload| group.exchange(Purpose::Agreement, payload))
 }
 
 /// As [`agree`] for a group spanning hosts, through its transport across
@@ -114,8 +114,7 @@ pub fn agree(group: &Group, sig: Option<&Signature>, local: Result<()>, call: u6
 /// on the bootstrap's transport its agreement meets their data and every
 /// rank fails with `Mismatch`.
 pub fn agree_across_hosts(group: &Group, sig: &Signature, local: Result<()>) -> Result<CallTag> {
-    agree_through(group, Some(sig), local, None, |payload| group.exchange_across_hosts(Purpose::Agreement, payload))
-        .map(|a| a.tag)
+    agree_through(group, Some(sig), local, None, |payload| group.exchange(Purpose::Agreement, payload)).map(|a| a.tag)
 }
 
 /// [`agree`], the signatures exchanged by `exchange`; `call`: the call's
@@ -161,7 +160,7 @@ fn agree_through(
     }
     let payload = local.and_then(|()| encoded.ok_or_else(|| err!(Internal, "a valid call without a signature")));
     let all = exchange(payload)?;
-    let sigs: Vec<Signature> = all.iter().map(|b| Signature::decode(b)).collect::<Result<_>>()?;
+    let sigs: Vec<Signature> = group.decoded(all.iter().map(|b| Signature::decode(b)).collect())?;
     check_same(&sigs)?;
     let tag = CallTag::of(&all[group.rank()]);
     let first = state::of(group).mark_agreed(all[group.rank()].clone());

@@ -14,7 +14,7 @@ use super::state::{self, Scratch};
 use crate::backend::Stream;
 use crate::buffer::{self, Buffer, Handle};
 use crate::error::{err, Result};
-use crate::group::Group;
+use crate::group::{Group, Purpose};
 use crate::wire::{Reader, Writer};
 use std::sync::Arc;
 
@@ -81,7 +81,7 @@ pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize, stream: Option<St
         Err(e) => {
             // Meet the peers at the rendezvous's first exchange, so they
             // fail with this reason instead of waiting for us.
-            group.exchange(Err(e.clone()))?;
+            group.exchange(Purpose::Announce, Err(e.clone()))?;
             return Err(e);
         }
     };
@@ -94,8 +94,8 @@ pub fn ensure(group: &Arc<Group>, kind: Scratch, bytes: usize, stream: Option<St
 /// calls up to that size do not grow it. Every rank must pass the same size.
 pub fn reserve(group: &Arc<Group>, bytes: usize) -> Result<()> {
     let _lock = group.lock_collective();
-    let all = group.exchange(Ok(Writer::new().u64(bytes as u64).finish()))?;
-    let sizes: Vec<u64> = all.iter().map(|b| Reader::new(b, "workspace size").u64().unwrap_or(u64::MAX)).collect();
+    let all = group.exchange(Purpose::Reserve, Ok(Writer::new().u64(bytes as u64).finish()))?;
+    let sizes: Vec<u64> = group.decoded(all.iter().map(|b| Reader::new(b, "workspace size").u64()).collect())?;
     let differ: Vec<String> =
         sizes.iter().enumerate().filter(|&(_, &s)| s != sizes[0]).map(|(r, s)| format!("rank {r} {s}")).collect();
     if !differ.is_empty() {
@@ -113,6 +113,24 @@ pub fn reserve(group: &Arc<Group>, bytes: usize) -> Result<()> {
 mod tests {
     use super::*;
     use crate::ops::testing::{host_groups, on_each};
+
+    /// Ranks that reach different collectives (one reserving the
+    /// workspace, one in a rendezvous) both fail with `Mismatch`, and the
+    /// group with them: neither reads the other's payload as its own (a
+    /// size as an announcement, or the reverse).
+    #[test]
+    fn different_collectives_fail_both_ranks() {
+        let gs = host_groups(2);
+        let errs = on_each(&gs, |r, g| match r {
+            0 => reserve(g, 1 << 20).unwrap_err(),
+            _ => Buffer::create(g, 1 << 20).and_then(|b| buffer::rendezvous(&b)).map(drop).unwrap_err(),
+        });
+        for (r, e) in errs.iter().enumerate() {
+            assert_eq!(e.kind, crate::error::ErrorKind::Mismatch, "rank {r}: {e}");
+            assert!(e.msg.contains("out of step"), "rank {r}: {e}");
+        }
+        assert!(gs.iter().all(|g| g.check_healthy().is_err()));
+    }
 
     #[test]
     fn layout_aligns_regions() {

@@ -63,6 +63,10 @@ pub struct HostAllocation {
 impl HostAllocation {
     pub fn new(len: usize) -> Result<Self> {
         ensure!(len > 0, InvalidArgument, "cannot allocate 0 bytes");
+        // A memfd is sized lazily: a buffer larger than the host's memory
+        // would succeed here and kill the process once touched.
+        let ram = physical_memory();
+        ensure!(len <= ram, OutOfMemory, "cannot allocate {len} bytes: more than this host's memory ({ram} bytes)");
         let name: &CStr = c"symm";
         // SAFETY: name is a valid C string; flags are constants.
         let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
@@ -84,6 +88,16 @@ impl HostAllocation {
         }
         let map = SharedMap::new(fd.as_fd(), len)?;
         Ok(HostAllocation { fd, map })
+    }
+}
+
+/// This host's physical memory in bytes (`usize::MAX` where it cannot say).
+fn physical_memory() -> usize {
+    // SAFETY: sysconf reads constants.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    match (usize::try_from(pages), usize::try_from(size)) {
+        (Ok(p), Ok(s)) if p > 0 && s > 0 => p.saturating_mul(s),
+        _ => usize::MAX,
     }
 }
 
@@ -161,5 +175,15 @@ mod tests {
     #[test]
     fn zero_bytes_is_invalid() {
         assert_eq!(HostAllocation::new(0).err().unwrap().kind, crate::error::ErrorKind::InvalidArgument);
+    }
+
+    /// More than the host's memory (past `off_t` too) is out of memory,
+    /// not a buffer that kills the process when touched.
+    #[test]
+    fn more_than_the_host_has_is_out_of_memory() {
+        for len in [physical_memory() + 1, usize::MAX / 2 + 1, usize::MAX] {
+            let e = HostAllocation::new(len).err().unwrap();
+            assert_eq!(e.kind, crate::error::ErrorKind::OutOfMemory, "{e}");
+        }
     }
 }
