@@ -72,6 +72,11 @@ def _from_numpy(arr, keep):
     dtype = arr.dtype
     name = _NUMPY_NAMES.get(dtype)
     if name is None:
+        if not dtype.isnative:  # its name would not say so, and the library reads this machine's order
+            raise TypeError(
+                f"the array's dtype {dtype.str} is not in this machine's byte order; pass "
+                "arr.astype(arr.dtype.newbyteorder('='))"
+            )
         name = _NUMPY_NAMES.setdefault(dtype, dtype.name)
     ptr, readonly = arr.__array_interface__["data"]
     return ArrayView(
@@ -127,6 +132,11 @@ _DLPACK_MEMORY = {
 }
 
 
+# Producers of DLPack whose arrays are immutable (their legacy capsules
+# carry no read-only flag): refused as outputs.
+_IMMUTABLE_DLPACK = ("jax", "jaxlib")
+
+
 def _from_dlpack(obj, stream):
     device_type = _dlpack.device_type_of(obj)
     if device_type not in _DLPACK_MEMORY:
@@ -136,8 +146,9 @@ def _from_dlpack(obj, stream):
     capsule = obj.__dlpack__() if _DLPACK_MEMORY[device_type] == "host" else obj.__dlpack__(stream=stream)
     ptr, shape, strides, dtype = _dlpack.read(capsule)
     strides = _contiguous_strides(shape) if strides is None else strides
-    # Legacy capsules carry no read-only flag; a producer that hands out
-    # DLPack for memory it must not see written is outside this contract.
+    # Legacy capsules carry no read-only flag: view() refuses the outputs of
+    # producers known to be immutable; another that hands out DLPack for
+    # memory it must not see written is outside this contract.
     return ArrayView(ptr, shape, strides, dtype, _DLPACK_MEMORY[device_type], True, (obj, capsule))
 
 
@@ -220,10 +231,17 @@ def view(obj, stream=None, output=False, name="the array"):
         raw = _from_dlpack(obj.view(sys.modules["torch"].uint8), stream)
         v = raw._replace(dtype=fp8, keepalive=(obj, *raw.keepalive))
     elif hasattr(obj, "__dlpack__"):
+        if output and type(obj).__module__.split(".")[0] in _IMMUTABLE_DLPACK:
+            raise ValueError(
+                f"{name} is a jax array, which is immutable: symm cannot write it "
+                "(pass a writable array, or use symm.jax's operations, which return new arrays)"
+            )
         v = _from_dlpack(obj, stream)
     elif hasattr(obj, "__cuda_array_interface__"):
         v = _from_cai(obj)
     elif hasattr(obj, "__array_interface__"):
+        if output and isinstance(obj, np.generic):
+            raise ValueError(f"{name} is a numpy scalar, which is immutable: symm cannot write it; pass an array")
         v = _from_numpy(np.asarray(obj), obj)
     else:
         raise TypeError(

@@ -780,11 +780,13 @@ static int checked(PyObject *group, symm_status_t status) {
 static int make_call(Native *n, PyObject *group) {
     /* group._owned.raw: the handle without the `raw` property's Python
      * frame (after a wait, a cold frame costs microseconds); a closed group
-     * (`_owned` None) goes through the property, which raises. */
+     * (`_owned` None) or one inherited through a fork (`raw` None) goes
+     * through the property, which raises. */
     PyObject *owned = PyObject_GetAttr(group, s_owned), *raw = NULL;
     if (owned != NULL && owned != Py_None) raw = PyObject_GetAttr(owned, s_raw);
     Py_XDECREF(owned);
-    if (raw == NULL) {
+    if (raw == NULL || raw == Py_None) {
+        Py_XDECREF(raw);
         PyErr_Clear();
         raw = PyObject_GetAttr(group, s_raw);
     }

@@ -42,8 +42,10 @@ def symmetric_args(operation, c_names=False):
     lie in symmetric memory: a dict of argument name -> "read" (the peers
     read it in place instead of a copy in the workspace) or "write" (the
     peers may write into it). Such a tensor must be contiguous at the same
-    offset of the same rendezvoused buffer on every rank; anywhere else the
-    call works the same, through a copy. Names are the Python functions'
+    offset of the same rendezvoused buffer on every rank, and where it lies
+    is part of the arguments the ranks agree on: in symmetric memory on
+    every rank or on none (then the call works the same, through a copy),
+    else ``SymmMismatchError``. Names are the Python functions'
     parameters; ``c_names=True`` gives those of ``include/symm.h``
     (``symm_op_symmetric_args``, which answers this)."""
     out = _lib.SymmetricArgs(struct_size=ctypes.sizeof(_lib.SymmetricArgs))

@@ -201,43 +201,66 @@ C_STRUCT_NAMES = {
 }
 
 # --- functions: name -> (restype, argtypes) --------------------------------------
+
+
+def _in_range(ctype):
+    """``ctype`` as an argument type that refuses a Python int it cannot
+    hold (ctypes keeps the low bits: rank 2**32 + 1 would be rank 1, a size
+    of 2**64 + 16 bytes 16): ``ctypes.ArgumentError`` naming the argument."""
+    bits = 8 * ctypes.sizeof(ctype)
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if ctype(-1).value < 0 else (0, (1 << bits) - 1)
+
+    class InRange(ctype):
+        @classmethod
+        def from_param(cls, value):
+            if isinstance(value, int) and not lo <= value <= hi:
+                raise ValueError(f"{value} is out of range ({lo}..{hi})")
+            return ctype.from_param(value)
+
+    InRange.__name__ = InRange.__qualname__ = ctype.__name__
+    return InRange
+
+
+# The arguments callers pass as Python ints. (The operations' own are
+# checked or made in Python, and pass as plain C types.)
+_int, _int32, _int64, _u32, _size = (_in_range(t) for t in (c_int, c_int32, c_int64, c_uint32, c_size_t))
 _h = handle_t
 _out_h = POINTER(handle_t)
 FUNCTIONS = {
     # buffers, rendezvous, signals
-    "symm_create": (status_t, [_h, c_size_t, _out_h]),
+    "symm_create": (status_t, [_h, _size, _out_h]),
     "symm_buffer_ptr": (status_t, [_h, POINTER(c_void_p)]),
     "symm_buffer_size": (status_t, [_h, POINTER(c_size_t)]),
     "symm_buffer_destroy": (status_t, [_h]),
     "symm_rendezvous": (status_t, [_h, _out_h]),
-    "symm_handle_peer_ptr": (status_t, [_h, c_int, POINTER(c_void_p)]),
-    "symm_handle_signal_pad_ptr": (status_t, [_h, c_int, POINTER(c_void_p)]),
+    "symm_handle_peer_ptr": (status_t, [_h, _int, POINTER(c_void_p)]),
+    "symm_handle_signal_pad_ptr": (status_t, [_h, _int, POINTER(c_void_p)]),
     "symm_handle_destroy": (status_t, [_h]),
-    "symm_barrier": (status_t, [_h, c_int, stream_t]),
-    "symm_put_signal": (status_t, [_h, c_int, c_int, stream_t]),
-    "symm_wait_signal": (status_t, [_h, c_int, c_int, stream_t]),
-    "symm_write_value": (status_t, [_h, c_int, c_size_t, c_uint32, stream_t]),
-    "symm_wait_value": (status_t, [_h, c_int, c_size_t, c_uint32, stream_t]),
+    "symm_barrier": (status_t, [_h, _int, stream_t]),
+    "symm_put_signal": (status_t, [_h, _int, _int, stream_t]),
+    "symm_wait_signal": (status_t, [_h, _int, _int, stream_t]),
+    "symm_write_value": (status_t, [_h, _int, _size, _u32, stream_t]),
+    "symm_wait_value": (status_t, [_h, _int, _size, _u32, stream_t]),
     # groups
     "symm_get_unique_id": (status_t, [POINTER(UniqueId)]),
     "symm_get_unique_id_at": (status_t, [c_char_p, POINTER(UniqueId)]),
-    "symm_group_init": (status_t, [_out_h, c_int, c_int, c_int, POINTER(UniqueId), POINTER(GroupConfig)]),
+    "symm_group_init": (status_t, [_out_h, _int, _int, _int, POINTER(UniqueId), POINTER(GroupConfig)]),
     "symm_group_init_bootstrap": (
         status_t,
-        [_out_h, c_int, c_int, c_int, POINTER(Bootstrap), POINTER(GroupConfig)],
+        [_out_h, _int, _int, _int, POINTER(Bootstrap), POINTER(GroupConfig)],
     ),
     "symm_group_init_env": (status_t, [_out_h, POINTER(GroupConfig)]),
-    "symm_group_init_local": (status_t, [_out_h, c_int, POINTER(c_int), POINTER(GroupConfig)]),
+    "symm_group_init_local": (status_t, [_out_h, _int, POINTER(c_int), POINTER(GroupConfig)]),
     "symm_group_destroy": (status_t, [_h]),
     "symm_group_rank": (status_t, [_h, POINTER(c_int)]),
     "symm_group_world_size": (status_t, [_h, POINTER(c_int)]),
     "symm_group_device": (status_t, [_h, POINTER(c_int)]),
     "symm_group_backend": (status_t, [_h, POINTER(backend_t)]),
-    "symm_group_set_timeout": (status_t, [_h, c_int]),
+    "symm_group_set_timeout": (status_t, [_h, _int]),
     "symm_group_check_async_error": (status_t, [_h]),
     "symm_group_abort": (status_t, [_h]),
     "symm_group_health": (status_t, [_h, POINTER(status_t)]),
-    "symm_group_reserve_workspace": (status_t, [_h, c_size_t]),
+    "symm_group_reserve_workspace": (status_t, [_h, _size]),
     # operations
     "symm_fused_ag_mm": (
         status_t,
@@ -277,20 +300,20 @@ FUNCTIONS = {
         ],
     ),
     # cost queries
-    "symm_plan_ag_mm": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
-    "symm_plan_mm_rs": (status_t, [_h, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, dtype_t, POINTER(Plan)]),
-    "symm_plan_all_reduce": (status_t, [_h, ctypes.c_int64, dtype_t, POINTER(Plan)]),
+    "symm_plan_ag_mm": (status_t, [_h, _int64, _int64, _int64, dtype_t, POINTER(Plan)]),
+    "symm_plan_mm_rs": (status_t, [_h, _int64, _int64, _int64, dtype_t, POINTER(Plan)]),
+    "symm_plan_all_reduce": (status_t, [_h, _int64, dtype_t, POINTER(Plan)]),
     # which arguments an operation uses in place from symmetric memory
     "symm_op_symmetric_args": (status_t, [c_char_p, POINTER(SymmetricArgs)]),
     # XLA FFI handlers: which group serves a device
-    "symm_xla_bind_device": (status_t, [c_int32, c_int, _h]),
+    "symm_xla_bind_device": (status_t, [_int32, _int, _h]),
     # version and errors
     "symm_get_version": (status_t, [POINTER(c_int32)]),
     "symm_status_string": (c_char_p, [status_t]),
     "symm_last_error": (c_char_p, []),
     # logging and build information
     "symm_set_log_callback": (status_t, [LogCallbackFn, c_void_p]),
-    "symm_set_log_level": (status_t, [c_int]),
+    "symm_set_log_level": (status_t, [_int]),
     "symm_get_build_info": (status_t, [POINTER(BuildInfo)]),
 }
 

@@ -1,12 +1,13 @@
 """Groups of ranks: the four ways to form one, and their properties."""
 
 import ctypes
+import operator
 
 from . import _lib
 from ._callback import CallbackBootstrap
 from ._lib import lib
-from ._owned import Owned
-from .errors import SymmInvalidHandle, check, error
+from ._owned import Owned, raw_of
+from .errors import check, error
 from .memory import Buffer
 
 BACKENDS = {"auto": _lib.BACKEND_AUTO, "cuda": _lib.BACKEND_CUDA, "host": _lib.BACKEND_HOST}
@@ -143,9 +144,10 @@ class Group:
     @property
     def raw(self):
         """The ``symm_group_t`` value, for passing to other C code."""
-        if self._owned is None:
-            raise SymmInvalidHandle(_lib.ERROR_INVALID_HANDLE, f"{self!r} is closed")
-        return self._owned.raw
+        owned = self._owned
+        if owned is not None and owned.raw is not None:
+            return owned.raw
+        return raw_of(owned, repr(self))
 
     def _check(self, status):
         """Raises for a failed call on this group, chaining a bootstrap callback's exception."""
@@ -210,11 +212,14 @@ class Group:
         }
         if op not in fns or dtype not in dtypes:
             raise ValueError(f"op must be one of {sorted(fns)} and dtype one of {sorted(dtypes)}")
+        sizes = [m] if op == "all_reduce" else [m, k, n]
+        for i, (name, v) in enumerate(zip("mkn", sizes)):
+            try:
+                sizes[i] = operator.index(v)
+            except TypeError:
+                raise TypeError(f"{name} must be an int for {op!r}, got {v!r}") from None
         p = _lib.Plan(struct_size=ctypes.sizeof(_lib.Plan))
-        if op == "all_reduce":
-            self._check(fns[op](self.raw, m, dtypes[dtype], ctypes.byref(p)))
-        else:
-            self._check(fns[op](self.raw, m, k, n, dtypes[dtype], ctypes.byref(p)))
+        self._check(fns[op](self.raw, *sizes, dtypes[dtype], ctypes.byref(p)))
         names = {_lib.ALGORITHM_SEQUENTIAL: "sequential", _lib.ALGORITHM_PIPELINED: "pipelined",
                  _lib.ALGORITHM_FUSED: "fused", _lib.ALGORITHM_ONE_SHOT: "one_shot",
                  _lib.ALGORITHM_TWO_SHOT: "two_shot"}

@@ -8,9 +8,9 @@ import numpy as np
 
 from . import _lib
 from ._lib import lib
-from ._owned import Owned
+from ._owned import Owned, raw_of
 from ._stream import as_stream
-from .errors import SymmInvalidHandle, SymmUnsupported
+from .errors import SymmUnsupported
 
 
 class _Memory:
@@ -59,9 +59,12 @@ class Buffer:
     @property
     def raw(self):
         """The ``symm_buffer_t`` value."""
-        if self._owned is None:
-            raise SymmInvalidHandle(_lib.ERROR_INVALID_HANDLE, "the buffer is closed")
-        return self._owned.raw
+        return self._alive().raw
+
+    def _alive(self):
+        """What keeps the memory mapped, while this buffer is open."""
+        raw_of(self._owned, "the buffer")
+        return self._owned
 
     def _out(self, fn, ctype):
         out = ctype()
@@ -77,7 +80,7 @@ class Buffer:
 
     def array(self, dtype=np.uint8, shape=None, offset=0):
         """A numpy view of this rank's buffer (host backend)."""
-        return _view(self.group, self._owned, self.ptr, self.nbytes, dtype, shape, offset)
+        return _view(self.group, self._alive(), self.ptr, self.nbytes, dtype, shape, offset)
 
     def cuda_bytes(self, offset=0, nbytes=None):
         """This rank's buffer on a CUDA group as bytes any CUDA array library
@@ -89,7 +92,7 @@ class Buffer:
             raise SymmUnsupported(_lib.ERROR_UNSUPPORTED, f"cuda_bytes needs a CUDA group; this one is {self.group.backend}")
         nbytes = self.nbytes - offset if nbytes is None else nbytes
         _check_fits(nbytes, offset, self.nbytes)
-        return _Memory(self._owned, self.ptr + offset, nbytes, "__cuda_array_interface__")
+        return _Memory(self._alive(), self.ptr + offset, nbytes, "__cuda_array_interface__")
 
     def close(self):
         """Releases this reference; memory lives on while a handle or view of it does. Idempotent."""
@@ -113,9 +116,7 @@ class Handle:
     @property
     def raw(self):
         """The ``symm_handle_t`` value."""
-        if self._owned is None:
-            raise SymmInvalidHandle(_lib.ERROR_INVALID_HANDLE, "the handle is closed")
-        return self._owned.raw
+        return raw_of(self._owned, "the handle")
 
     def _ptr(self, fn, rank):
         out = ctypes.c_void_p()

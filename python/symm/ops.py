@@ -31,6 +31,7 @@ cuBLASLt's D scale: the meaning torch documents for ``scale_result``
 
 import ctypes
 import functools
+import inspect
 import operator
 import sys
 
@@ -58,22 +59,63 @@ def _dim(dim, ndim, name):
 # Public operation -> the function that prepares its _Call (see bind).
 _BINDABLE = {}
 
+# Each operation's C function (by name) -> the arguments it is entered with
+# when this rank refuses the call (`_refused`): NULL arrays, which the
+# library rejects.
+_REFUSED_WITH = {
+    "symm_fused_ag_mm": (None, None, 0, 0, None, None, None, None),
+    "symm_mm_rs": (None, None, 0, _lib.REDUCE_SUM, None, None, None),
+    "symm_lc_allgather": (None, None, None),
+    "symm_all_reduce": (None, None, _lib.REDUCE_SUM, None, None),
+    "symm_all_reduce_rmsnorm": (None, None, None, 0.0, None, None, None, None),
+}
 
-def _bindable(prepare_call):
-    """The operation that prepares its call with ``prepare_call`` and makes
-    it at once; ``bind`` prepares it only."""
 
-    @functools.wraps(prepare_call)
-    def op(*args, **kwargs):
-        if not args:
-            return prepare_call(*args, **kwargs)()
-        ext = _fastcall._ext
-        if ext is not None:  # the group stays in args: no slice, no frame of _fastcall.call
-            return ext.call_op(prepare_call, args, kwargs)
-        return _fastcall.call(args[0], prepare_call, args[1:], kwargs)
+def _bindable(fn):
+    """The operation of the C function ``fn`` whose call ``prepare_call``
+    prepares: made at once; ``bind`` prepares it only. Arguments that do
+    not even fit the operation's signature (a name it does not take, one
+    too many) are refused on this rank's group, as any other bad argument,
+    so the peers fail at once instead of waiting for this rank."""
 
-    _BINDABLE[op] = prepare_call
-    return op
+    def decorate(prepare_call):
+        signature = inspect.signature(prepare_call)
+
+        @functools.wraps(prepare_call)
+        def prepared(*args, **kwargs):
+            try:
+                return prepare_call(*args, **kwargs)
+            except TypeError:
+                _refuse_unbound(signature, fn, args, kwargs)
+                raise
+
+        @functools.wraps(prepare_call)
+        def op(*args, **kwargs):
+            if not args:
+                return prepared(*args, **kwargs)()
+            ext = _fastcall._ext
+            if ext is not None:  # the group stays in args: no slice, no frame of _fastcall.call
+                return ext.call_op(prepared, args, kwargs)
+            return _fastcall.call(args[0], prepared, args[1:], kwargs)
+
+        _BINDABLE[op] = prepared
+        return op
+
+    return decorate
+
+
+def _refuse_unbound(signature, fn, args, kwargs):
+    """Refuses the call (``_refused``) where ``args`` and ``kwargs`` do not
+    bind to ``signature`` (a TypeError from the body is the body's), on the
+    group they name, if any."""
+    try:
+        signature.bind(*args, **kwargs)
+        return
+    except TypeError:
+        pass
+    group = args[0] if args else kwargs.get("group")
+    if hasattr(type(group), "raw"):
+        _refused(group, fn, _REFUSED_WITH[fn.__name__])
 
 
 def bind(operation, group, /, *args, **kwargs):
@@ -166,7 +208,7 @@ def _refused(group, fn, failed_args):
         pass  # certain: the library rejects failed_args; the error to report is the caller's
 
 
-def _prepared(group, fn, prepare, failed_args):
+def _prepared(group, fn, prepare):
     """The ``_Call`` of ``fn`` with ``args, keep, result = prepare()``.
 
     If ``prepare`` finds an argument symm cannot even be given, or fails
@@ -175,6 +217,7 @@ def _prepared(group, fn, prepare, failed_args):
     (``_refused``), and raises ``SymmInvalidArgument`` (out of memory:
     ``SymmOutOfMemoryError``).
     """
+    failed_args = _REFUSED_WITH[fn.__name__]
     try:
         args, keep, result = prepare()
     except Exception as e:
@@ -258,7 +301,7 @@ def _with_ndim(arg, n, name):
     return arg
 
 
-@_bindable
+@_bindable(lib.symm_fused_ag_mm)
 def fused_ag_mm(
     group,
     a_shard,
@@ -285,7 +328,9 @@ def fused_ag_mm(
     ``(gathered_a, outputs)``. ``out`` and ``ag_out`` are written when given.
     An ``a_shard`` contiguous in a rendezvoused symmetric buffer (at the same
     offset on every rank) is pulled by the peers where it is, not first
-    copied into the group's workspace (not in fp8).
+    copied into the group's workspace (not in fp8). Where it lies is agreed
+    like its shape: in symmetric memory on some ranks only, or at different
+    offsets, is ``SymmMismatchError``.
 
     fp8 (as torch's ``fused_all_gather_scaled_matmul``): ``a_scale``, and
     ``b_scales``, ``biases`` and ``result_scales`` given like ``bs`` (a bias
@@ -347,10 +392,10 @@ def fused_ag_mm(
         outs = outs[0] if single else outs
         return args, (a, b, o, g, sa, sb, bias, rs), ((ag, outs) if return_ag else outs)
 
-    return _prepared(group, lib.symm_fused_ag_mm, prepare, (None, None, 0, 0, None, None, None, None))
+    return _prepared(group, lib.symm_fused_ag_mm, prepare)
 
 
-@_bindable
+@_bindable(lib.symm_mm_rs)
 def mm_rs(
     group,
     a,
@@ -403,10 +448,10 @@ def mm_rs(
         opts = _options(_lib.MmRsOptions, algorithm=algorithm, **tensors)
         return (x.c, y.c, dim, REDUCE_OPS[op], o.c, opts, s), (x, y, o, extra), result
 
-    return _prepared(group, lib.symm_mm_rs, prepare, (None, None, 0, _lib.REDUCE_SUM, None, None, None))
+    return _prepared(group, lib.symm_mm_rs, prepare)
 
 
-@_bindable
+@_bindable(lib.symm_lc_allgather)
 def lc_allgather(group, x, out=None, stream=None):
     """Gathers every rank's ``x`` along dimension 0 (``[world * d0, ...]``)
     with copy engines, leaving compute units to concurrent work; small
@@ -425,7 +470,7 @@ def lc_allgather(group, x, out=None, stream=None):
         o = Arg(group, result, "output", s, output=True)
         return (i.c, o.c, s), (i, o), result
 
-    return _prepared(group, lib.symm_lc_allgather, prepare, (None, None, None))
+    return _prepared(group, lib.symm_lc_allgather, prepare)
 
 
 ALL_REDUCE_ALGORITHMS = {
@@ -450,7 +495,7 @@ def _one_element_if_0d(arg):
     return arg
 
 
-@_bindable
+@_bindable(lib.symm_all_reduce)
 def all_reduce(group, x, op="sum", out=None, stream=None, algorithm=None, inplace=False):
     """``x`` summed (``op="sum"``) or averaged (``"avg"``) over the ranks,
     elementwise, any shape (0-d too) and strides: f32, bf16 or f16 summed in f32;
@@ -464,7 +509,8 @@ def all_reduce(group, x, op="sum", out=None, stream=None, algorithm=None, inplac
     small messages), "two_shot" (reduce-scatter, then all-gather; large
     ones), or None for symm's choice by size (``Group.plan("all_reduce",
     numel)``), the same on every rank. An ``x`` in a rendezvoused
-    symmetric buffer is read by the peers where it is."""
+    symmetric buffer (at the same offset on every rank: where it lies is
+    agreed like its shape) is read by the peers where it is."""
 
     def prepare():
         opts = _all_reduce_options(algorithm)
@@ -480,10 +526,10 @@ def all_reduce(group, x, op="sum", out=None, stream=None, algorithm=None, inplac
         o = _one_element_if_0d(Arg(group, result, "output", s, output=True))
         return (i.c, o.c, REDUCE_OPS[op], opts, s), (i, o), result
 
-    return _prepared(group, lib.symm_all_reduce, prepare, (None, None, _lib.REDUCE_SUM, None, None))
+    return _prepared(group, lib.symm_all_reduce, prepare)
 
 
-@_bindable
+@_bindable(lib.symm_all_reduce_rmsnorm)
 def all_reduce_rmsnorm(
     group, x, residual, weight, eps=1e-6, out=None, residual_out=None, stream=None, algorithm=None, inplace=False
 ):
@@ -503,7 +549,8 @@ def all_reduce_rmsnorm(
             raise ValueError(f"eps is not a float: {exc}") from None
         s = operation_stream(stream, x)
         i = Arg(group, x, "input", s)
-        res = Arg(group, residual, "residual", s)
+        # In place, the residual is also the output: checked as one.
+        res = Arg(group, residual, "residual", s, output=inplace)
         w = Arg(group, weight, "weight", s)
         o_obj = out if out is not None else empty_like(x, tuple(i.shape))
         o = Arg(group, o_obj, "out", s, output=True)
@@ -516,6 +563,4 @@ def all_reduce_rmsnorm(
             ro = Arg(group, ro_obj, "residual_out", s, output=True)
         return (i.c, res.c, w.c, e, o.c, ro.c, opts, s), (i, res, w, o, ro), (o_obj, ro_obj)
 
-    return _prepared(
-        group, lib.symm_all_reduce_rmsnorm, prepare, (None, None, None, 0.0, None, None, None, None)
-    )
+    return _prepared(group, lib.symm_all_reduce_rmsnorm, prepare)

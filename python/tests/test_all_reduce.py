@@ -202,6 +202,22 @@ def test_integers_refused_by_the_rmsnorm_and_planned():
         assert plan["algorithm"] == "one_shot"
 
 
+def test_rmsnorm_in_place_needs_a_writable_residual():
+    """In place, the residual is an output: a read-only one is refused on
+    its rank (the peers' calls fail with it) and left as it was."""
+
+    def rank_main(g):
+        x, w = np.ones((2, 8), np.float32), np.ones(8, np.float32)
+        res = np.full((2, 8), 2.0, np.float32)
+        res.flags.writeable = g.rank != 0
+        want = symm.SymmInvalidArgument if g.rank == 0 else symm.SymmRemoteError
+        with pytest.raises(want, match="residual is read-only" if g.rank == 0 else "rank 0"):
+            symm.all_reduce_rmsnorm(g, x, res, w, inplace=True)
+        assert (res == 2.0).all()
+
+    on_threads(rank_main, groups_of(2))
+
+
 def rmsnorm_ref(s, residual, weight, eps, dtype):
     r = (s.astype(dtype).astype(np.float64) + residual.astype(np.float64)).astype(dtype).astype(np.float64)
     inv = 1 / np.sqrt((r * r).mean(axis=-1, keepdims=True) + eps)

@@ -60,6 +60,24 @@ def test_non_arrays_and_too_many_dimensions():
         view(np.zeros((1,) * 9))
 
 
+def test_foreign_byte_order_is_refused():
+    with pytest.raises(TypeError, match="not in this machine's byte order"):
+        view(np.zeros(3, np.dtype(np.float32).newbyteorder("S")))
+    assert view(np.zeros(3, "|u1")).dtype == "uint8"  # bytes have no order
+
+
+def test_immutable_objects_are_refused_as_outputs():
+    """Writes into a numpy scalar land in a temporary; a jax array must not
+    change. As inputs they are read."""
+    with pytest.raises(ValueError, match="out is a numpy scalar, which is immutable"):
+        view(np.float32(3), output=True, name="out")
+    assert view(np.float32(3)).shape == ()
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(ValueError, match="out is a jax array, which is immutable"):
+        view(jnp.ones(4), output=True, name="out")
+    assert view(jnp.ones(4)).shape == (4,)
+
+
 class TorchLikeStream:
     cuda_stream = 0x1000
 

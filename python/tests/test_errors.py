@@ -134,6 +134,91 @@ def test_plan_query_predicts_and_validates():
         assert 2.0 < p["compute_ms"] < 4.0 and p["total_ms"] >= p["compute_ms"]
         with pytest.raises(symm.SymmInvalidArgument, match="m is 0"):
             g.plan("mm_rs", 0, 8, 8)
+        with pytest.raises(TypeError, match="k must be an int for 'ag_mm', got None"):
+            g.plan("ag_mm", 64)
+
+
+FORK_SCENARIO = """
+import os, sys
+import numpy as np
+import symm
+
+(g,) = symm.local_groups(1, backend="host")
+with g, g.create(64) as buf:
+    h = buf.rendezvous()
+    pid = os.fork()
+    if pid == 0:  # the child: its exit code says which use went wrong, and how
+        code = 0
+        uses = [
+            lambda: symm.all_reduce(g, np.ones(4, np.float32)),
+            lambda: g.plan("all_reduce", 4),
+            lambda: buf.array(),
+            lambda: h.peer_ptr(0),
+        ]
+        for i, use in enumerate(uses):
+            try:
+                use()
+                code = code or 10 + i
+            except symm.SymmInvalidHandle as e:
+                code = code or (0 if "forked from" in str(e) else 20 + i)
+            except BaseException:
+                code = code or 30 + i
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0, os.WEXITSTATUS(status)
+    np.testing.assert_array_equal(symm.all_reduce(g, np.ones(4, np.float32)), np.ones(4))
+    h.close()
+print("ok")
+"""
+
+
+def test_a_forked_child_cannot_use_the_parents_objects():
+    """A child inherits the group's memory, not its place in the group: its
+    uses raise at once (the parent's peers never hear of them), and the
+    parent's group goes on. (In a process of its own: this one may have
+    threads, JAX's, that a fork does not take along.)"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FORK_SCENARIO], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_objects_are_not_pickled_or_deep_copied():
+    import copy
+    import pickle
+
+    (g,) = symm.local_groups(1, backend="host")
+    with g, g.create(64) as buf:
+        for obj in (g, buf):
+            for how in (pickle.dumps, copy.deepcopy):
+                with pytest.raises(TypeError, match="cannot be pickled or deep-copied"):
+                    how(obj)
+
+
+def test_ints_out_of_a_c_type_are_refused_not_wrapped():
+    """ctypes keeps an int's low bits: rank 2**32 + 1 would be rank 1, a
+    value 2**32 + 7 would be 7. symm refuses them."""
+    import ctypes
+
+    import numpy as np
+
+    (g,) = symm.local_groups(1, backend="host")
+    with g, g.create(64) as buf:
+        h = buf.rendezvous()
+        calls = [
+            lambda: h.peer_ptr(2**32),
+            lambda: h.put_signal(2**32 + 1),
+            lambda: h.write_value(0, 0, 2**32 + 7),
+            lambda: h.write_value(0, -8, 1),
+            lambda: g.create(2**64 + 16),
+            lambda: g.set_timeout(2**32 + 500),
+        ]
+        for call in calls:
+            with pytest.raises(ctypes.ArgumentError, match="out of range"):
+                call()
+        h.write_value(0, 0, 2**32 - 1)  # the largest uint32 is one
+        assert buf.array(np.uint32)[0] == 2**32 - 1
 
 
 def test_abort_ends_a_blocked_call_and_fails_every_rank():

@@ -80,6 +80,11 @@ def test_views_keep_memory_alive_after_close():
     assert peer[3, 4] == 7.0
     with pytest.raises(symm.SymmInvalidHandle, match="closed"):
         h.barrier()
+    # A closed buffer or handle makes no new views (nothing would keep
+    # their memory mapped).
+    for view in (buf.array, lambda: h.peer_array(0), lambda: h.signal_pad(0)):
+        with pytest.raises(symm.SymmInvalidHandle, match="closed"):
+            view()
 
 
 def test_view_bounds_and_dtypes():

@@ -383,6 +383,24 @@ def test_any_python_side_failure_on_one_rank_fails_all_and_the_group_goes_on():
     check_rank_1_fails_and_group_goes_on(oom, symm.SymmOutOfMemoryError, "MemoryError")
 
 
+@pytest.mark.parametrize("how", ["keyword", "positional", "bound"])
+def test_arguments_that_do_not_fit_the_signature_fail_all(how):
+    """A keyword the operation does not take, or one argument too many, is
+    Python's TypeError on its rank and the peers' SymmRemoteError at once,
+    as any bad argument: not a wait for the timeout."""
+    x = np.ones((2, 3), np.float32)
+    bad = {
+        "keyword": lambda g: symm.all_reduce(g, x, inplcae=True),
+        "positional": lambda g: symm.all_reduce(g, x, "sum", None, None, None, False, "extra"),
+        "bound": lambda g: symm.bind(symm.all_reduce, g, x, outt=None)(),
+    }[how]
+
+    def call(g, bad_here):
+        return bad(g) if bad_here else symm.all_reduce(g, x)
+
+    check_rank_1_fails_and_group_goes_on(lambda g, bad: call(g, bad), TypeError, "argument")
+
+
 def check_rank_1_fails_and_group_goes_on(call, error, match):
     """``fail_on_rank_1``, then an all-reduce on the same group."""
     x = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) for r in range(2)]

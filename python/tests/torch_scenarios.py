@@ -344,6 +344,26 @@ def autograd(c):
         x = leaf(xs[r], c.device)
         (torch.ops.symm.one_shot_all_reduce(x, op, c.name) * c.mine(gs)).sum().backward()
         close(x.grad, want[0], f"grad of one_shot_all_reduce {op}", 1e-5)
+    # The in-place and _out all-reduces bump what they write's version, as
+    # torch's in-place ops: a backward that saved it before fails.
+    writes = {
+        "two_shot_all_reduce_": lambda t: torch.ops.symm.two_shot_all_reduce_(t, "sum", c.name),
+        "multimem_all_reduce_": lambda t: torch.ops.symm.multimem_all_reduce_(t, "sum", c.name),
+        "one_shot_all_reduce_out": lambda t: torch.ops.symm.one_shot_all_reduce_out(t.clone(), "sum", c.name, t),
+    }
+    for name, write in writes.items():
+        w = leaf(xs[r], c.device)
+        saved = c.mine(xs).clone()
+        y = (w * saved).sum()  # saves `saved` for w's gradient
+        before = saved._version
+        write(saved)
+        assert saved._version > before, f"{name} left the version at {before}"
+        try:
+            y.backward()
+        except RuntimeError as e:
+            assert "modified by an inplace operation" in str(e), f"{name}: {e}"
+        else:
+            raise AssertionError(f"{name}: backward used the values written after they were saved")
 
 
 # --- fake kernels and opcheck ---------------------------------------------------
