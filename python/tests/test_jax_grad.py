@@ -170,10 +170,13 @@ def test_grad_lc_allgather(world, out_spec):
 
 @pytest.mark.parametrize("op", ["sum", "avg"])
 @pytest.mark.parametrize("out_spec", [P("x"), P()], ids=["stacked", "replicated"])
-def test_grad_all_reduce(world, op, out_spec):
-    x = random(13, (world * 3, 24))
+@pytest.mark.parametrize("in_spec", [P("x"), P()], ids=["sharded_x", "replicated_x"])
+def test_grad_all_reduce(world, op, out_spec, in_spec):
+    """A replicated x (one value, every device's input) sums world copies:
+    its gradient is world times the cotangent's (sum)."""
+    x = random(13, ((world if in_spec == P("x") else 1) * 3, 24))
     ref = partial(jax.lax.pmean if op == "avg" else jax.lax.psum, axis_name="x")
-    check_grads(partial(sj.all_reduce, op=op), ref, P("x"), out_spec, (x,))
+    check_grads(partial(sj.all_reduce, op=op), ref, in_spec, out_spec, (x,))
 
 
 def rmsnorm(x, residual, weight, eps):
@@ -182,15 +185,17 @@ def rmsnorm(x, residual, weight, eps):
 
 
 @pytest.mark.parametrize("sharded_residual", [False, True], ids=["replicated_residual", "sharded_residual"])
-def test_grad_all_reduce_rmsnorm(world, sharded_residual):
+@pytest.mark.parametrize("sharded_x", [True, False], ids=["sharded_x", "replicated_x"])
+def test_grad_all_reduce_rmsnorm(world, sharded_residual, sharded_x):
     tokens, hidden, eps = 3, 32, 1e-5
-    x = random(14, (world * tokens, hidden))
+    x = random(14, ((world if sharded_x else 1) * tokens, hidden))
     residual = random(15, ((world if sharded_residual else 1) * tokens, hidden))
     weight = random(16, (hidden,))
     body = partial(sj.all_reduce_rmsnorm, eps=eps)
     ref = partial(rmsnorm, eps=eps)
     res_spec, out_spec = (P("x"), P("x")) if sharded_residual else (P(), P())
-    check_grads(body, ref, (P("x"), res_spec, P()), (out_spec, out_spec), (x, residual, weight))
+    x_spec = P("x") if sharded_x else P()
+    check_grads(body, ref, (x_spec, res_spec, P()), (out_spec, out_spec), (x, residual, weight))
 
 
 def test_grad_chain_of_operations(world):

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from . import _calls
-from ._context import fit, is_share, vary
+from ._context import checked, fit, is_share, vary
 
 F32 = jnp.float32
 FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
@@ -136,6 +136,14 @@ def lc_allgather(axis, world, x_vma):
     return f
 
 
+def _per_device(dx, axis):
+    """``dx``, the cotangent of every device's input of an all-reduce (the
+    sum over them of the reduction's), typed as varying over ``axis``, as
+    that input is: ``fit`` then sums the devices' for an ``x`` that is one
+    value on all (an invariant x is each device's input, world times)."""
+    return vary(dx, {axis}) if checked() else dx
+
+
 @lru_cache(maxsize=None)
 def all_reduce(op, algorithm, axis, world, x_vma):
     axes = x_vma | {axis}
@@ -149,11 +157,8 @@ def all_reduce(op, algorithm, axis, world, x_vma):
         return raw(x), None
 
     def bwd(_, ct):
-        if is_share(ct, axis):
-            dx = raw(ct)
-        else:
-            dx = ct if op == "sum" else ct / jnp.asarray(world, ct.dtype)
-        return (fit(dx, x_vma),)
+        dx = raw(ct) if is_share(ct, axis) else ct if op == "sum" else ct / jnp.asarray(world, ct.dtype)
+        return (fit(_per_device(dx, axis), x_vma),)
 
     f.defvjp(fwd, bwd)
     return f
@@ -186,7 +191,7 @@ def all_reduce_rmsnorm(eps, algorithm, axis, in_vmas):
         dr, dw = vjp(ct_out.astype(F32))
         dr = (dr + ct_r.astype(F32)).astype(r.dtype)
         dx = summed(dr) if is_share(dr, axis) else dr
-        return fit(dx, x_vma), fit(dr, res_vma), fit(dw.astype(weight.dtype), w_vma)
+        return fit(_per_device(dx, axis), x_vma), fit(dr, res_vma), fit(dw.astype(weight.dtype), w_vma)
 
     f.defvjp(fwd, bwd)
     return f
