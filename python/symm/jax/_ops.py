@@ -7,7 +7,10 @@ The calls are pure (no ``has_side_effect``): every device runs the same
 SPMD program, so when XLA drops a call whose result is unused, or merges
 two equal calls, it does so on every device alike and the collectives still
 pair up. (A side-effecting call would also leave a runtime token behind
-that re-raises a failed call at every later effects barrier.)
+that re-raises a failed call at every later effects barrier.) The devices
+meet the calls in the order they run them: one stream's on a GPU; XLA's
+CPU runtime runs calls that do not depend on each other concurrently, so
+there they must depend on each other (the README says so).
 """
 
 import jax.numpy as jnp
