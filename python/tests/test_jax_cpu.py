@@ -374,3 +374,14 @@ def test_all_reduce_trace_time_errors(mesh):
         mapped(lambda x: sj.all_reduce(x, algorithm="x"))(x)
     with pytest.raises(ValueError, match="weight"):
         mapped(lambda x: sj.all_reduce_rmsnorm(x, x, jnp.ones(3, jnp.float32)))(x)
+    # What the handlers would refuse only at run time, on every device.
+    w = jnp.ones(8, jnp.float32)
+    for eps in (float("nan"), -1e-6, 1e40):
+        with pytest.raises(ValueError, match="eps is"):
+            mapped(lambda x, eps=eps: sj.all_reduce_rmsnorm(x, x, w, eps)[0])(x)
+    with pytest.raises(TypeError, match="eps must be a number"):
+        mapped(lambda x: sj.all_reduce_rmsnorm(x, x, w, "small")[0])(x)
+    with pytest.raises(ValueError, match="at most 8"):
+        mapped(lambda x: sj.all_reduce(x.reshape(1, *(1,) * 8, 8)).reshape(1, 8))(x)
+    with pytest.raises(ValueError, match="no empty arrays"):
+        mapped(lambda x: sj.mm_rs(x[:, :0], jnp.ones((0, 4), jnp.float32)) + x[:, :4].sum())(x)

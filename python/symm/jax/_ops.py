@@ -14,6 +14,7 @@ there they must depend on each other (the README says so).
 """
 
 import jax.numpy as jnp
+import numpy as np
 
 from ..ops import _dim
 from . import _grads
@@ -27,6 +28,18 @@ INT_DTYPES = (jnp.int8, jnp.uint8, jnp.int32, jnp.int64)
 COPY_DTYPES = MATMUL_DTYPES + (jnp.float8_e4m3fn, jnp.float8_e5m2) + INT_DTYPES
 ALL_REDUCE_DTYPES = MATMUL_DTYPES + INT_DTYPES
 REDUCE_OPS = ("sum", "avg")
+
+
+MAX_DIMS = 8  # the handlers' (include/symm.h's SYMM_MAX_DIMS)
+
+
+def _shape(x, name):
+    """What the handlers refuse at run time, refused while tracing: more
+    than MAX_DIMS dimensions, or an empty one."""
+    if x.ndim > MAX_DIMS:
+        raise ValueError(f"{name} has {x.ndim} dimensions; symm takes at most {MAX_DIMS}")
+    if 0 in x.shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; symm takes no empty arrays")
 
 
 def _dtype(x, name, allowed):
@@ -52,12 +65,14 @@ def fused_ag_mm(a_shard, bs, gather_dim=0, *, return_ag=False, axis_name=None):
     if a_shard.ndim < 2:
         raise ValueError(f"a_shard has {a_shard.ndim} dimensions; expected at least 2")
     dt = _dtype(a_shard, "a_shard", MATMUL_DTYPES)
+    _shape(a_shard, "a_shard")
     dim = _dim(gather_dim, a_shard.ndim, "gather_dim")
     gathered = list(a_shard.shape)
     gathered[dim] *= world
     for i, b in enumerate(blist):
         if b.ndim != 2:
             raise ValueError(f"bs[{i}] has {b.ndim} dimensions; expected 2")
+        _shape(b, f"bs[{i}]")
         if jnp.dtype(b.dtype) != dt:
             raise TypeError(f"bs[{i}] has dtype {jnp.dtype(b.dtype).name}; a_shard has {dt.name}")
         if b.shape[0] != gathered[-1]:
@@ -82,6 +97,8 @@ def mm_rs(a, b, scatter_dim=0, op="sum", *, axis_name=None):
     dt = _dtype(a, "a", MATMUL_DTYPES)
     if jnp.dtype(b.dtype) != dt:
         raise TypeError(f"b has dtype {jnp.dtype(b.dtype).name}; a has {dt.name}")
+    _shape(a, "a")
+    _shape(b, "b")
     if b.shape[0] != a.shape[-1]:
         raise ValueError(f"b has {b.shape[0]} rows; a has {a.shape[-1]} columns")
     shape = [*a.shape[:-1], b.shape[1]]
@@ -99,6 +116,7 @@ def lc_allgather(x, *, axis_name=None):
     if x.ndim < 1:
         raise ValueError("x has no dimension 0 to gather along")
     _dtype(x, "x", COPY_DTYPES)
+    _shape(x, "x")
     return _grads.lc_allgather(axis, world, vma(x))(x)
 
 
@@ -121,6 +139,7 @@ def all_reduce(x, op="sum", *, algorithm=None, axis_name=None):
     if op not in REDUCE_OPS:
         raise ValueError(f"op is {op!r}; expected one of {REDUCE_OPS}")
     _dtype(x, "x", ALL_REDUCE_DTYPES)
+    _shape(x, "x")
     if x.ndim == 0:  # as psum; the handlers take arrays of 1 to 8 dimensions
         return all_reduce(x.reshape(1), op, algorithm=algorithm, axis_name=axis_name).reshape(())
     return _grads.all_reduce(op, _ar_algorithm(algorithm), axis, world, vma(x))(x)
@@ -140,5 +159,13 @@ def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, algorithm=None, axis_na
     for name, t in (("residual", residual), ("weight", weight)):
         if jnp.dtype(t.dtype) != dt:
             raise TypeError(f"{name} has dtype {jnp.dtype(t.dtype).name}; x has {dt.name}")
+    _shape(x, "x")
+    try:
+        with np.errstate(over="ignore"):  # past f32's range: inf, refused below
+            eps32 = float(np.float32(float(eps)))
+    except (TypeError, ValueError):
+        raise TypeError(f"eps must be a number, got {eps!r}") from None
+    if not np.isfinite(eps32) or eps32 < 0:
+        raise ValueError(f"eps is {eps}; expected a finite value >= 0 (in f32)")
     vmas = (vma(x), vma(residual), vma(weight))
-    return _grads.all_reduce_rmsnorm(float(eps), _ar_algorithm(algorithm), axis, vmas)(x, residual, weight)
+    return _grads.all_reduce_rmsnorm(eps32, _ar_algorithm(algorithm), axis, vmas)(x, residual, weight)
