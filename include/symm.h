@@ -589,6 +589,9 @@ symm_status_t symm_group_health(symm_group_t group, symm_status_t *health);
 // Routes symm's log lines to `callback` (with `ctx` passed back) instead
 // of stderr or `SYMM_DEBUG_FILE`; NULL restores those. The level stays
 // `SYMM_DEBUG`'s or `symm_set_log_level`'s: with neither, nothing is logged.
+// Returns once the callback replaced has returned on every other thread
+// (its `ctx` may then be freed); a callback may call this, and then does
+// not wait.
 symm_status_t symm_set_log_callback(symm_log_callback_t callback, void *ctx);
 
 // Sets the level (`SYMM_LOG_OFF`, `_WARN`, `_INFO` or `_TRACE`) from now

@@ -126,10 +126,23 @@ pub fn set_level(level: LevelFilter) {
 }
 
 /// Sends lines to `sink` instead of the file or stderr (`None`: back to
-/// them).
+/// them). Returns once the sink replaced has returned on every other thread
+/// (`emit` calls a clone of it outside the lock), so that the caller may
+/// free what it captured; called from inside a sink, it cannot wait for
+/// itself and does not wait.
 pub fn set_sink(sink: Option<Sink>) {
     init();
-    *SINK.write().unwrap_or_else(|p| p.into_inner()) = sink;
+    let old = std::mem::replace(&mut *SINK.write().unwrap_or_else(|p| p.into_inner()), sink);
+    let Some(old) = old else { return };
+    if IN_SINK.try_with(Cell::get).unwrap_or(true) {
+        return;
+    }
+    while Arc::strong_count(&old) > 1 {
+        std::thread::yield_now();
+    }
+    // Everything the callers did before dropping their clones happened
+    // before this returns.
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
 }
 
 /// `SYMM_DEBUG_FILE`'s pattern with `%h`, `%p` and `%%` replaced.

@@ -57,6 +57,9 @@ pub struct symm_build_info_t {
 /// Routes symm's log lines to `callback` (with `ctx` passed back) instead
 /// of stderr or `SYMM_DEBUG_FILE`; NULL restores those. The level stays
 /// `SYMM_DEBUG`'s or `symm_set_log_level`'s: with neither, nothing is logged.
+/// Returns once the callback replaced has returned on every other thread
+/// (its `ctx` may then be freed); a callback may call this, and then does
+/// not wait.
 #[no_mangle]
 pub extern "C" fn symm_set_log_callback(callback: symm_log_callback_t, ctx: *mut c_void) -> symm_status_t {
     call("symm_set_log_callback", || {
@@ -153,6 +156,8 @@ mod tests {
     use std::sync::Mutex;
 
     static SEEN: Mutex<Vec<(c_int, String)>> = Mutex::new(Vec::new());
+    /// Held by the tests that set the process's callback.
+    static CALLBACK: Mutex<()> = Mutex::new(());
 
     unsafe extern "C" fn collect(ctx: *mut c_void, level: c_int, message: *const c_char) {
         assert_eq!(ctx as usize, 0x5eed);
@@ -165,6 +170,7 @@ mod tests {
     #[test]
     fn callback_receives_a_timeout_warning() {
         use crate::bootstrap::Bootstrap;
+        let _one = CALLBACK.lock().unwrap_or_else(|p| p.into_inner());
         assert_eq!(symm_set_log_callback(Some(collect), 0x5eed as *mut c_void), SYMM_SUCCESS);
         assert_eq!(symm_set_log_level(SYMM_LOG_INFO), SYMM_SUCCESS);
         let bs = crate::bootstrap::local::local_bootstraps(3);
@@ -182,6 +188,34 @@ mod tests {
         let info = seen.iter().find(|(_, l)| l.contains("an explicit event")).expect("no info line");
         assert_eq!(info.0, SYMM_LOG_INFO);
         assert!(info.1.contains(" INFO g00000077:r0/2 ffi::log::tests: an explicit event"), "{}", info.1);
+    }
+
+    static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static FINISHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    unsafe extern "C" fn slow(_ctx: *mut c_void, _level: c_int, _message: *const c_char) {
+        use std::sync::atomic::Ordering::SeqCst;
+        STARTED.store(true, SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        FINISHED.store(true, SeqCst);
+    }
+
+    /// Once the callback is replaced, the old one runs on no thread: the
+    /// caller may free its context.
+    #[test]
+    fn replacing_the_callback_waits_for_calls_in_flight() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let _one = CALLBACK.lock().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(symm_set_log_callback(Some(slow), std::ptr::null_mut()), SYMM_SUCCESS);
+        assert_eq!(symm_set_log_level(SYMM_LOG_WARN), SYMM_SUCCESS);
+        let logger = std::thread::spawn(|| log::warn!("a line for the slow callback"));
+        while !STARTED.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        assert_eq!(symm_set_log_callback(None, std::ptr::null_mut()), SYMM_SUCCESS);
+        assert!(FINISHED.load(SeqCst), "the old callback was still running");
+        assert_eq!(symm_set_log_level(SYMM_LOG_OFF), SYMM_SUCCESS);
+        logger.join().unwrap();
     }
 
     #[test]
