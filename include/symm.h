@@ -30,7 +30,7 @@
 // NVRTC compile, a refused graph capture, cuBLASLt's pick for a shape.
 #define SYMM_LOG_INFO 2
 
-// Everything, per-call events included.
+// Every event: also those below INFO (a call captured as a CUDA graph).
 #define SYMM_LOG_TRACE 3
 
 // Capacity of `symm_symmetric_args_t`'s arrays.
@@ -773,6 +773,17 @@ symm_status_t symm_all_reduce(symm_group_t group, const symm_tensor_t *input, co
 // (`eps` and the shapes are agreed too).
 symm_status_t symm_all_reduce_rmsnorm(symm_group_t group, const symm_tensor_t *input, const symm_tensor_t *residual, const symm_tensor_t *weight, float eps, const symm_tensor_t *out, const symm_tensor_t *residual_out, const symm_all_reduce_options_t *opts, void *stream);
 
+// Collective: this rank's call of `operation` (a function's name without
+// `symm_`: "fused_ag_mm", "mm_rs", "lc_allgather", "all_reduce" or
+// "all_reduce_rmsnorm") on `stream`, refused with `message`, for bindings
+// that check a call's arguments themselves: it fails here with
+// `SYMM_ERROR_INVALID_ARGUMENT` and `message`, and its peers' call with
+// `SYMM_ERROR_REMOTE` quoting it, exactly as when symm refuses an
+// argument of that call (the group's state after it is the same too).
+// A NULL or non-UTF-8 `message` is refused with a message of symm's; an
+// unknown `operation` enters no call and fails this rank alone.
+symm_status_t symm_refuse_call(symm_group_t group, const char *operation, const char *message, void *stream);
+
 // Predicts `symm_fused_ag_mm` of an `m_total x k` gathered A (all ranks'
 // rows) times B of `n` columns (the sum over every B) on this group: shards
 // that are matrices, gathered along dimension 0 (fp8 operands: into a bf16
@@ -816,9 +827,9 @@ const char *symm_last_error(void);
 // reports there). A NULL `group` unbinds the device. Rebinding replaces.
 //
 // The handlers, exported by this library with XLA's handler signature
-// (`XLA_FFI_Error *(XLA_FFI_CallFrame *)`), are
-// `symm_xla_{fused_ag_mm,mm_rs,lc_allgather}_{cuda,cpu}`; register them
-// with XLA under the platform of their suffix. The binding refers to the
+// (`XLA_FFI_Error *(XLA_FFI_CallFrame *)`), are `symm_xla_{fused_ag_mm,
+// mm_rs,lc_allgather,all_reduce,all_reduce_rmsnorm}_{cuda,cpu}`; register
+// them with XLA under the platform of their suffix. The binding refers to the
 // handle: after `symm_group_destroy`, calls on the device fail until it is
 // bound again.
 symm_status_t symm_xla_bind_device(symm_xla_platform_t platform, int device_ordinal, symm_group_t group);

@@ -285,6 +285,7 @@ FUNCTIONS = {
         status_t,
         [_h, POINTER(Tensor), POINTER(Tensor), reduce_op_t, POINTER(AllReduceOptions), stream_t],
     ),
+    "symm_refuse_call": (status_t, [_h, c_char_p, c_char_p, stream_t]),
     "symm_all_reduce_rmsnorm": (
         status_t,
         [

@@ -59,18 +59,6 @@ def _dim(dim, ndim, name):
 # Public operation -> the function that prepares its _Call (see bind).
 _BINDABLE = {}
 
-# Each operation's C function (by name) -> the arguments it is entered with
-# when this rank refuses the call (`_refused`): NULL arrays, which the
-# library rejects.
-_REFUSED_WITH = {
-    "symm_fused_ag_mm": (None, None, 0, 0, None, None, None, None),
-    "symm_mm_rs": (None, None, 0, _lib.REDUCE_SUM, None, None, None),
-    "symm_lc_allgather": (None, None, None),
-    "symm_all_reduce": (None, None, _lib.REDUCE_SUM, None, None),
-    "symm_all_reduce_rmsnorm": (None, None, None, 0.0, None, None, None, None),
-}
-
-
 def _bindable(fn):
     """The operation of the C function ``fn`` whose call ``prepare_call``
     prepares: made at once; ``bind`` prepares it only. Arguments that do
@@ -85,8 +73,8 @@ def _bindable(fn):
         def prepared(*args, **kwargs):
             try:
                 return prepare_call(*args, **kwargs)
-            except TypeError:
-                _refuse_unbound(signature, fn, args, kwargs)
+            except TypeError as e:
+                _refuse_unbound(signature, fn, args, kwargs, e)
                 raise
 
         @functools.wraps(prepare_call)
@@ -104,10 +92,10 @@ def _bindable(fn):
     return decorate
 
 
-def _refuse_unbound(signature, fn, args, kwargs):
-    """Refuses the call (``_refused``) where ``args`` and ``kwargs`` do not
-    bind to ``signature`` (a TypeError from the body is the body's), on the
-    group they name, if any."""
+def _refuse_unbound(signature, fn, args, kwargs, why):
+    """Refuses the call (``_refused``) with ``why`` where ``args`` and
+    ``kwargs`` do not bind to ``signature`` (a TypeError from the body is
+    the body's), on the group they name, if any."""
     try:
         signature.bind(*args, **kwargs)
         return
@@ -115,7 +103,7 @@ def _refuse_unbound(signature, fn, args, kwargs):
         pass
     group = args[0] if args else kwargs.get("group")
     if hasattr(type(group), "raw"):
-        _refused(group, fn, _REFUSED_WITH[fn.__name__])
+        _refused(group, fn, why)
 
 
 def bind(operation, group, /, *args, **kwargs):
@@ -174,11 +162,11 @@ class _Call:
     returns. Calling it makes the call; ``bind`` keeps it to call again
     (`native`: through _fastcall_ext where it can)."""
 
-    __slots__ = ("group", "fn", "args", "keep", "result", "native", "failed_args", "storages")
+    __slots__ = ("group", "fn", "args", "keep", "result", "native", "storages")
 
-    def __init__(self, group, fn, args, keep, result, failed_args):
+    def __init__(self, group, fn, args, keep, result):
         self.group, self.fn, self.args, self.keep, self.result = group, fn, args, keep, result
-        self.native, self.failed_args, self.storages = None, failed_args, ()
+        self.native, self.storages = None, ()
 
     def __call__(self):
         group = self.group
@@ -191,21 +179,23 @@ class _Call:
     def refuse(self, message):
         """Raises ``SymmInvalidArgument`` with ``message`` instead of making
         the call, its peers told (``_refused``)."""
-        _refused(self.group, self.fn, self.failed_args)
+        _refused(self.group, self.fn, message)
         raise SymmInvalidArgument(_lib.ERROR_INVALID_ARGUMENT, f"{self.fn.__name__}: {message}")
 
     def __repr__(self):
         return f"<symm bound {self.fn.__name__} on {self.group!r}>"
 
 
-def _refused(group, fn, failed_args):
-    """Enters the call of ``fn`` with ``failed_args``, which the library
-    rejects: it then fails the call on every rank, peers with
-    ``SymmRemoteError``, instead of leaving them to wait for this one."""
+def _refused(group, fn, message):
+    """Enters the call of ``fn`` refused with ``message``
+    (``symm_refuse_call``): it fails on every rank, the peers with
+    ``SymmRemoteError`` quoting ``message``, instead of leaving them to
+    wait for this one."""
+    op = fn.__name__.removeprefix("symm_").encode()
     try:
-        group._check(fn(group.raw, *failed_args))
+        group._check(lib.symm_refuse_call(group.raw, op, str(message).encode(errors="replace"), None))
     except SymmError:
-        pass  # certain: the library rejects failed_args; the error to report is the caller's
+        pass  # certain: the call is refused; the error to report is the caller's
 
 
 def _prepared(group, fn, prepare):
@@ -217,17 +207,16 @@ def _prepared(group, fn, prepare):
     (``_refused``), and raises ``SymmInvalidArgument`` (out of memory:
     ``SymmOutOfMemoryError``).
     """
-    failed_args = _REFUSED_WITH[fn.__name__]
     try:
         args, keep, result = prepare()
     except Exception as e:
-        _refused(group, fn, failed_args)
+        what = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
+        _refused(group, fn, what)
         if isinstance(e, SymmError):
             raise
         status = _lib.ERROR_OUT_OF_MEMORY if _out_of_memory(e) else _lib.ERROR_INVALID_ARGUMENT
-        what = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
         raise error(status, f"{fn.__name__}: {what}") from e
-    return _Call(group, fn, args, keep, result, failed_args)
+    return _Call(group, fn, args, keep, result)
 
 
 def _out_of_memory(e):

@@ -25,7 +25,7 @@ pub const SYMM_LOG_WARN: c_int = 1;
 /// One-off decisions: the group formed, the algorithm chosen, the kernels'
 /// NVRTC compile, a refused graph capture, cuBLASLt's pick for a shape.
 pub const SYMM_LOG_INFO: c_int = 2;
-/// Everything, per-call events included.
+/// Every event: also those below INFO (a call captured as a CUDA graph).
 pub const SYMM_LOG_TRACE: c_int = 3;
 
 /// Receives each log line (formatted, without a newline; valid only during

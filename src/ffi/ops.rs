@@ -9,7 +9,7 @@
 //! `symm_group_reserve_workspace`.
 
 use super::args::{
-    non_negative, optional_entries, optional_tensor, optional_tensors, options, reduce_op, tensor_arg, tensors,
+    in_ref, non_negative, optional_entries, optional_tensor, optional_tensors, options, reduce_op, tensor_arg, tensors,
 };
 use super::boundary::call;
 use super::group::group;
@@ -18,7 +18,7 @@ use super::types::*;
 use crate::backend::Stream;
 use crate::error::{err, Result};
 use crate::ops::{self, AgMm, AgMmScales, AllReduce, LcAllgather, MmRs, MmRsScales, Norm};
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Collective: makes the group's workspace at least `bytes` large now, so
 /// that operations up to that size do not grow it later (growing is
@@ -350,5 +350,43 @@ pub unsafe extern "C" fn symm_all_reduce_rmsnorm(
             })
         };
         ops::all_reduce(&g, read(), Stream(stream as usize))
+    })
+}
+
+/// Collective: this rank's call of `operation` (a function's name without
+/// `symm_`: "fused_ag_mm", "mm_rs", "lc_allgather", "all_reduce" or
+/// "all_reduce_rmsnorm") on `stream`, refused with `message`, for bindings
+/// that check a call's arguments themselves: it fails here with
+/// `SYMM_ERROR_INVALID_ARGUMENT` and `message`, and its peers' call with
+/// `SYMM_ERROR_REMOTE` quoting it, exactly as when symm refuses an
+/// argument of that call (the group's state after it is the same too).
+/// A NULL or non-UTF-8 `message` is refused with a message of symm's; an
+/// unknown `operation` enters no call and fails this rank alone.
+#[no_mangle]
+pub unsafe extern "C" fn symm_refuse_call(
+    group: symm_group_t,
+    operation: *const c_char,
+    message: *const c_char,
+    stream: *mut c_void,
+) -> symm_status_t {
+    call("symm_refuse_call", || {
+        let g = self::group(group)?;
+        let operation = in_ref(operation, "operation")?;
+        // SAFETY: non-NULL, and the caller promises a NUL-terminated string.
+        let operation = unsafe { CStr::from_ptr(operation) }.to_str().unwrap_or("");
+        // SAFETY: as above, where not NULL.
+        let text = (!message.is_null()).then(|| unsafe { CStr::from_ptr(message) }.to_str().ok()).flatten();
+        let reason = err!(InvalidArgument, "{}", text.unwrap_or("refused by the caller (a message that is not text)"));
+        let stream = Stream(stream as usize);
+        match operation {
+            "fused_ag_mm" => ops::fused_ag_mm(&g, Err(reason), stream),
+            "mm_rs" => ops::mm_rs(&g, Err(reason), stream),
+            "lc_allgather" => ops::lc_allgather(&g, Err(reason), stream),
+            "all_reduce" | "all_reduce_rmsnorm" => ops::all_reduce(&g, Err(reason), stream),
+            other => Err(err!(
+                InvalidArgument,
+                "operation is {other:?}; expected fused_ag_mm, mm_rs, lc_allgather, all_reduce or all_reduce_rmsnorm"
+            )),
+        }
     })
 }

@@ -11,9 +11,9 @@ use std::ffi::c_int;
 /// reports there). A NULL `group` unbinds the device. Rebinding replaces.
 ///
 /// The handlers, exported by this library with XLA's handler signature
-/// (`XLA_FFI_Error *(XLA_FFI_CallFrame *)`), are
-/// `symm_xla_{fused_ag_mm,mm_rs,lc_allgather}_{cuda,cpu}`; register them
-/// with XLA under the platform of their suffix. The binding refers to the
+/// (`XLA_FFI_Error *(XLA_FFI_CallFrame *)`), are `symm_xla_{fused_ag_mm,
+/// mm_rs,lc_allgather,all_reduce,all_reduce_rmsnorm}_{cuda,cpu}`; register
+/// them with XLA under the platform of their suffix. The binding refers to the
 /// handle: after `symm_group_destroy`, calls on the device fail until it is
 /// bound again.
 #[no_mangle]
