@@ -727,6 +727,21 @@ static void disagreements(symm_group_t g, int rank, int world) {
     }
     EXPECT(tb_untouched(&out));
 
+    /* A binding that checks its arguments itself refuses its call with its
+     * own reason (symm_refuse_call); the peers quote that reason. */
+    if (odd) {
+        EXPECT_STATUS(symm_refuse_call(g, "mm_rs", "the binding's reason", NULL), SYMM_ERROR_INVALID_ARGUMENT);
+        EXPECT_MESSAGE("the binding's reason");
+    } else {
+        EXPECT_STATUS(symm_mm_rs(g, &a.t, &b.t, 0, SYMM_REDUCE_SUM, &out.t, NULL, NULL), SYMM_ERROR_REMOTE);
+        snprintf(want, sizeof want, "rank %d: the binding's reason", world - 1);
+        EXPECT_MESSAGE(want);
+        EXPECT(tb_untouched(&out));
+    }
+    /* An operation symm does not have enters no call: this rank alone fails. */
+    EXPECT_STATUS(symm_refuse_call(g, "matmul", "x", NULL), SYMM_ERROR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("operation is \"matmul\"");
+
     /* Workspace reservations must agree too. */
     EXPECT_STATUS(symm_group_reserve_workspace(g, odd ? 3u << 20 : 2u << 20), SYMM_ERROR_MISMATCH);
     EXPECT_MESSAGE("the ranks reserve different workspace sizes");
