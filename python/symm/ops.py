@@ -129,6 +129,7 @@ def bind(operation, group, /, *args, **kwargs):
     An argument that cannot be read fails here (and the peers' first call
     fails with ``SymmRemoteError``); the library checks the call, and that
     the ranks agree on it, at every call, as for the operation itself."""
+    _ = group.raw  # a closed group (or one inherited through a fork) fails here, not at the first call
     prepare_call = _BINDABLE.get(operation)
     if prepare_call is None:
         raise TypeError(

@@ -319,6 +319,8 @@ def test_bind_rejects_what_it_cannot_read_and_peers_learn_at_their_call():
     g.close()
     with pytest.raises(symm.SymmInvalidHandle, match="closed"):
         call()
+    with pytest.raises(symm.SymmInvalidHandle, match="closed"):
+        symm.bind(symm.lc_allgather, g, a)  # at once, not at the first call
 
 
 # --- argument errors --------------------------------------------------------------
