@@ -226,6 +226,8 @@ def view(obj, stream=None, output=False, name="the array"):
             return _resolved(obj, stream, output, name)
     fp8 = _torch_fp8(obj)
     if isinstance(obj, np.ndarray):
+        if isinstance(obj, np.ma.MaskedArray):  # its mask would be ignored
+            raise TypeError(f"{name} is a masked array, which symm does not support; pass arr.filled(value)")
         v = _from_numpy(obj, obj)
     elif fp8 is not None:
         raw = _from_dlpack(obj.view(sys.modules["torch"].uint8), stream)

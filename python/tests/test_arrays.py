@@ -60,6 +60,11 @@ def test_non_arrays_and_too_many_dimensions():
         view(np.zeros((1,) * 9))
 
 
+def test_masked_arrays_are_refused():
+    with pytest.raises(TypeError, match="x is a masked array"):
+        view(np.ma.masked_array(np.ones(3), mask=[0, 1, 0]), name="x")
+
+
 def test_foreign_byte_order_is_refused():
     with pytest.raises(TypeError, match="not in this machine's byte order"):
         view(np.zeros(3, np.dtype(np.float32).newbyteorder("S")))
