@@ -488,8 +488,8 @@ impl Group {
         Ok(all.into_iter().map(|mut b| b.split_off(1)).collect())
     }
 
-    /// `decoded`, the decoding of payloads an exchange returned: one that
-    /// does not decode fails the group, as the ranks no longer agree on
+    /// `decoded`, the payloads an exchange returned as decoded: where one
+    /// did not decode, the group fails, as the ranks no longer agree on
     /// what comes next.
     pub(crate) fn decoded<T>(&self, decoded: Result<T>) -> Result<T> {
         decoded.inspect_err(|e| self.fail(&e.clone().context("a peer's payload did not decode")))

@@ -59,6 +59,7 @@ def _dim(dim, ndim, name):
 # Public operation -> the function that prepares its _Call (see bind).
 _BINDABLE = {}
 
+
 def _bindable(fn):
     """The operation of the C function ``fn`` whose call ``prepare_call``
     prepares: made at once; ``bind`` prepares it only. Arguments that do
