@@ -181,7 +181,7 @@ mod tests {
     /// not a buffer that kills the process when touched.
     #[test]
     fn more_than_the_host_has_is_out_of_memory() {
-        for len in [physical_memory() + 1, usize::MAX / 2 + 1, usize::MAX] {
+        for len in [physical_memory().saturating_add(1), usize::MAX / 2 + 1, usize::MAX] {
             let e = HostAllocation::new(len).err().unwrap();
             assert_eq!(e.kind, crate::error::ErrorKind::OutOfMemory, "{e}");
         }
