@@ -16,6 +16,7 @@ there they must depend on each other (the README says so).
 import jax.numpy as jnp
 import numpy as np
 
+from .._lib import MAX_DIMS
 from ..ops import _dim
 from . import _grads
 from ._context import axis as _axis
@@ -28,9 +29,6 @@ INT_DTYPES = (jnp.int8, jnp.uint8, jnp.int32, jnp.int64)
 COPY_DTYPES = MATMUL_DTYPES + (jnp.float8_e4m3fn, jnp.float8_e5m2) + INT_DTYPES
 ALL_REDUCE_DTYPES = MATMUL_DTYPES + INT_DTYPES
 REDUCE_OPS = ("sum", "avg")
-
-
-MAX_DIMS = 8  # the handlers' (include/symm.h's SYMM_MAX_DIMS)
 
 
 def _shape(x, name):
