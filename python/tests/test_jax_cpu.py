@@ -165,6 +165,36 @@ def test_several_calls_in_one_program_and_repeated(mesh):
             np.testing.assert_array_equal(per_device(g)[r], np.asarray(c))
 
 
+def test_independent_calls_of_one_shape_run_in_program_order(mesh):
+    """Calls that neither depend on each other nor differ in their
+    arguments, large enough that XLA's CPU runtime runs them concurrently:
+    without the order token the devices ran them in different orders and
+    exchanged each other's data (about one output in five wrong)."""
+    x = random(np.random.default_rng(8), (32768, 16), jnp.float32)  # 2 MiB, replicated
+    calls = 8
+
+    def body(x):
+        return tuple(sj.all_reduce(x * k) for k in range(1, calls + 1))
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=tuple(P("x") for _ in range(calls))))
+    for _ in range(10):
+        for k, out in enumerate(f(x), 1):
+            for r in range(WORLD):
+                assert_close(per_device(out)[r], WORLD * k * f64(x), jnp.float32)
+
+
+def test_programs_dispatched_back_to_back_run_in_order(mesh):
+    """Two programs of alike calls dispatched without waiting: each device
+    runs them in the order they were dispatched."""
+    x = random(np.random.default_rng(9), (32768, 16), jnp.float32)
+    f = jax.jit(jax.shard_map(lambda x: sj.all_reduce(x), mesh=mesh, in_specs=P(), out_specs=P("x")))
+    g = jax.jit(jax.shard_map(lambda x: sj.all_reduce(x * 3), mesh=mesh, in_specs=P(), out_specs=P("x")))
+    outs = [h(x) for _ in range(8) for h in (f, g)]
+    for i, out in enumerate(outs):
+        for r in range(WORLD):
+            assert_close(per_device(out)[r], WORLD * (1 + 2 * (i % 2)) * f64(x), jnp.float32)
+
+
 # --- errors ---------------------------------------------------------------------------
 def test_trace_time_checks(mesh):
     def traced(body, *args, specs):
@@ -198,6 +228,27 @@ def test_handler_rejects_bad_attributes_on_every_device(mesh):
     with pytest.raises(Exception, match="symm_fused_ag_mm.*attribute gather_dim is missing") as e:
         f(jnp.ones((WORLD * 4, 8)), jnp.ones((8, 3))).block_until_ready()
     assert "rank" in str(e.value)
+
+
+def test_a_failed_call_does_not_fail_the_next_program(mesh):
+    """A call every device refuses fails its program, the order token it
+    hands on among its outputs; the next program still runs (its calls get
+    a fresh token), and nothing of the failure is left for JAX's exit."""
+    from symm.jax import _calls
+
+    # An algorithm the wrappers would refuse while tracing, so it reaches the handlers.
+    bad = jax.jit(
+        jax.shard_map(
+            _calls.all_reduce("sum", "nonsense", ("x",), ("x",)), mesh=mesh, in_specs=P("x"), out_specs=P("x")
+        )
+    )
+    good = jax.jit(jax.shard_map(sj.all_reduce, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    x = jnp.ones((WORLD * 2, 3))
+    with pytest.raises(Exception, match='attribute algorithm is "nonsense"'):
+        bad(x).block_until_ready()
+    for _ in range(2):
+        np.testing.assert_array_equal(np.asarray(good(x)), np.full((WORLD * 2, 3), WORLD))
+    jax.effects_barrier()
 
 
 def test_unbound_device_is_reported():
@@ -251,6 +302,7 @@ def test_outside_shard_map_fails_at_trace_time():
                 with pytest.raises(ValueError, match=r"outside jax.shard_map; call .* inside jax.shard_map\(f, mesh="):
                     run(x)
                 assert time.monotonic() - start < 5, name
+
         def mapped(body, mesh, axis="x"):
             return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
 
@@ -298,7 +350,9 @@ def test_all_reduce_integers_exact(mesh, dtype, algorithm):
     rng = np.random.default_rng(13)
     info = np.iinfo(dtype)
     if info.bits == 32:
-        x = np.where(rng.random((WORLD * 3, 40)) < 0.5, -1, 1) * ((1 << 25) + 1 + rng.integers(0, 1 << 19, (WORLD * 3, 40)))
+        x = np.where(rng.random((WORLD * 3, 40)) < 0.5, -1, 1) * (
+            (1 << 25) + 1 + rng.integers(0, 1 << 19, (WORLD * 3, 40))
+        )
         x[0, :4] = info.max  # sums that wrap
     else:
         x = rng.integers(info.min, info.max, (WORLD * 3, 40), endpoint=True)
@@ -367,6 +421,7 @@ def test_all_reduce_of_a_scalar(mesh):
 
 def test_all_reduce_trace_time_errors(mesh):
     x = jnp.ones((WORLD, 8), jnp.float32)
+
     def mapped(body):
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
 

@@ -212,6 +212,22 @@ def test_grad_chain_of_operations(world):
     check_grads(body, ref, (P("x"), P(None, "x"), P("x")), P("x"), (x, w1, w2))
 
 
+def test_grad_through_checkpoint(world):
+    """jax.checkpoint recomputes the forward's calls in the backward pass,
+    on every device alike and (on the CPU platform) in program order."""
+    x, w1, w2 = random(20, (world * 4, 16)), random(21, (16, world * 8)), random(22, (world * 8, 16))
+
+    @jax.checkpoint
+    def body(x, w1, w2):
+        return sj.mm_rs(jnp.tanh(sj.fused_ag_mm(x, w1)), w2)
+
+    def ref(x, w1, w2):
+        h = jnp.tanh(matmul(gather(x, 0), w1))
+        return jax.lax.psum_scatter(matmul(h, w2), "x", scatter_dimension=0, tiled=True)
+
+    check_grads(body, ref, (P("x"), P(None, "x"), P("x")), P("x"), (x, w1, w2))
+
+
 def test_grad_of_fp8_allgather_is_refused(world):
     """Its transpose would reduce-scatter fp8 cotangents (without check_vma
     every cotangent is a share to be summed)."""

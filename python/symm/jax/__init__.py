@@ -12,6 +12,7 @@ or ``jax_num_cpu_devices``) on the host backend. XLA's CPU client runs the
 N per-device programs of one multi-device executable concurrently on its
 own thread pool (sized at least N for exactly this), so the collectives
 meet; a call that waits longer than the group's timeout fails instead.
+Each device's calls run in program order there too (``_order``).
 
 The operations run only inside ``jax.shard_map`` over the group's devices
 (elsewhere they raise ValueError while tracing), and support ``jax.grad``

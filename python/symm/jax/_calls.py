@@ -17,10 +17,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
+from .._lib import XLA_PLATFORM_CPU
+from . import _order
 from ._context import result, vary
 
 
 def _ffi(target, results, args, attrs):
+    from ._setup import state
+
+    if state().platform == XLA_PLATFORM_CPU:  # in program order (see _order)
+        several = isinstance(results, (list, tuple))
+        out = _order.call(target, results if several else (results,), args, attrs)
+        return tuple(out) if several else out[0]
     out = jax.ffi.ffi_call(target, results)(*args, **attrs)
     return tuple(out) if isinstance(out, (list, tuple)) else out
 

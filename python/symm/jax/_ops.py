@@ -3,14 +3,13 @@ over the group's devices), shapes and dtypes are checked and the results'
 shapes computed at trace time; then each lowers to a custom call of symm's
 handlers, differentiable (``_grads``) and batchable (``_calls``).
 
-The calls are pure (no ``has_side_effect``): every device runs the same
-SPMD program, so when XLA drops a call whose result is unused, or merges
-two equal calls, it does so on every device alike and the collectives still
-pair up. (A side-effecting call would also leave a runtime token behind
-that re-raises a failed call at every later effects barrier.) The devices
-meet the calls in the order they run them: one stream's on a GPU; XLA's
-CPU runtime runs calls that do not depend on each other concurrently, so
-there they must depend on each other (the README says so).
+The devices meet the calls in the order they run them. On a GPU that is
+the stream's, and the calls are pure: every device runs the same SPMD
+program, so when XLA drops a call whose result is unused, or merges two
+equal calls, it does so on every device alike and the collectives still
+pair up. XLA's CPU runtime runs calls that do not depend on each other
+concurrently, so there each call is ordered after the one before
+(``_order``).
 """
 
 import jax.numpy as jnp

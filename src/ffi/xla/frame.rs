@@ -267,7 +267,7 @@ fn buffers<'a>(types: &[u32], ptrs: &[*mut c_void], want: u32, what: &str) -> Re
     let mut out = Vec::with_capacity(ptrs.len());
     for (i, (&ty, &p)) in types.iter().zip(ptrs).enumerate() {
         if ty != want {
-            return Err(err!(InvalidArgument, "{what} {i} is not a buffer (a token?); symm takes arrays only"));
+            return Err(err!(InvalidArgument, "{what} {i} is not a buffer; symm takes arrays only"));
         }
         // SAFETY: buffer arguments and results are `XLA_FFI_Buffer`s XLA
         // keeps alive for the call.
@@ -276,7 +276,11 @@ fn buffers<'a>(types: &[u32], ptrs: &[*mut c_void], want: u32, what: &str) -> Re
         if b.struct_size < XLA_FFI_Buffer_STRUCT_SIZE as usize {
             return Err(err!(Unsupported, "{what} {i}: XLA_FFI_Buffer is {} bytes", b.struct_size));
         }
-        out.push(XlaBuffer(b));
+        // A token only orders the call (symm.jax threads one through each
+        // call on XLA's CPU platform); it holds no data.
+        if b.dtype != XLA_FFI_DataType_TOKEN {
+            out.push(XlaBuffer(b));
+        }
     }
     Ok(out)
 }
@@ -342,6 +346,35 @@ mod tests {
         assert!(a.int("op").unwrap_err().msg.contains("expected an integer"));
         let b = Attrs { items: vec![("typo".into(), Attr::Int(0))] };
         assert!(b.finish().unwrap_err().msg.contains("typo"));
+    }
+
+    #[test]
+    fn tokens_are_skipped_and_other_kinds_refused() {
+        let mut dims = [4i64];
+        let mut data = [1f32; 4];
+        let f32_buf = XLA_FFI_Buffer {
+            struct_size: XLA_FFI_Buffer_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            dtype: XLA_FFI_DataType_F32,
+            data: data.as_mut_ptr().cast(),
+            rank: 1,
+            dims: dims.as_mut_ptr(),
+        };
+        let token = XLA_FFI_Buffer {
+            dtype: XLA_FFI_DataType_TOKEN,
+            data: std::ptr::null_mut(),
+            rank: 0,
+            dims: std::ptr::null_mut(),
+            ..f32_buf
+        };
+        let ptrs = [&token as *const XLA_FFI_Buffer as *mut c_void, &f32_buf as *const XLA_FFI_Buffer as *mut c_void];
+        let bufs = buffers(&[XLA_FFI_ArgType_BUFFER; 2], &ptrs, XLA_FFI_ArgType_BUFFER, "argument").unwrap();
+        assert_eq!(bufs.len(), 1);
+        assert_eq!(bufs[0].array("x").unwrap().shape, vec![4]);
+        let Err(e) = buffers(&[XLA_FFI_ArgType_BUFFER + 7; 2], &ptrs, XLA_FFI_ArgType_BUFFER, "argument") else {
+            panic!("an argument of another kind was taken");
+        };
+        assert!(e.msg.contains("argument 0 is not a buffer"), "{}", e.msg);
     }
 
     #[test]
