@@ -87,8 +87,8 @@ def _fresh_after_failure():
 
     tokens = getattr(dispatch, "RuntimeTokenSet", None)
     take = getattr(tokens, "get_token_input", None)
-    if take is None:
-        return
+    if take is None or not isinstance(getattr(dispatch.runtime_tokens, "current_tokens", None), dict):
+        return  # another JAX than this was written for: failures then carry on
 
     def get_token_input(self, eff, devices):
         if eff == IN_ORDER:
