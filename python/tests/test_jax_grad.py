@@ -198,8 +198,11 @@ def test_grad_all_reduce_rmsnorm(world, sharded_residual, sharded_x):
     check_grads(body, ref, (x_spec, res_spec, P()), (out_spec, out_spec), (x, residual, weight))
 
 
-def test_grad_chain_of_operations(world):
-    """A column- then row-parallel MLP: fused_ag_mm -> nonlinearity -> mm_rs."""
+@pytest.mark.parametrize("remat", [False, True], ids=["", "checkpoint"])
+def test_grad_chain_of_operations(world, remat):
+    """A column- then row-parallel MLP: fused_ag_mm -> nonlinearity -> mm_rs;
+    under jax.checkpoint the backward pass runs the forward's calls again,
+    on every device alike and (on the CPU platform) in program order."""
     x, w1, w2 = random(17, (world * 4, 16)), random(18, (16, world * 8)), random(19, (world * 8, 16))
 
     def body(x, w1, w2):
@@ -209,22 +212,7 @@ def test_grad_chain_of_operations(world):
         h = jnp.tanh(matmul(gather(x, 0), w1))
         return jax.lax.psum_scatter(matmul(h, w2), "x", scatter_dimension=0, tiled=True)
 
-    check_grads(body, ref, (P("x"), P(None, "x"), P("x")), P("x"), (x, w1, w2))
-
-
-def test_grad_through_checkpoint(world):
-    """jax.checkpoint recomputes the forward's calls in the backward pass,
-    on every device alike and (on the CPU platform) in program order."""
-    x, w1, w2 = random(20, (world * 4, 16)), random(21, (16, world * 8)), random(22, (world * 8, 16))
-
-    @jax.checkpoint
-    def body(x, w1, w2):
-        return sj.mm_rs(jnp.tanh(sj.fused_ag_mm(x, w1)), w2)
-
-    def ref(x, w1, w2):
-        h = jnp.tanh(matmul(gather(x, 0), w1))
-        return jax.lax.psum_scatter(matmul(h, w2), "x", scatter_dimension=0, tiled=True)
-
+    body = jax.checkpoint(body) if remat else body
     check_grads(body, ref, (P("x"), P(None, "x"), P("x")), P("x"), (x, w1, w2))
 
 

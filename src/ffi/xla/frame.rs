@@ -348,25 +348,23 @@ mod tests {
         assert!(b.finish().unwrap_err().msg.contains("typo"));
     }
 
-    #[test]
-    fn tokens_are_skipped_and_other_kinds_refused() {
-        let mut dims = [4i64];
-        let mut data = [1f32; 4];
-        let f32_buf = XLA_FFI_Buffer {
+    /// An f32 buffer over `data` shaped `dims`, as XLA passes one.
+    fn f32_buffer(data: &mut [f32], dims: &mut [i64]) -> XLA_FFI_Buffer {
+        XLA_FFI_Buffer {
             struct_size: XLA_FFI_Buffer_STRUCT_SIZE as usize,
             extension_start: std::ptr::null_mut(),
             dtype: XLA_FFI_DataType_F32,
             data: data.as_mut_ptr().cast(),
-            rank: 1,
+            rank: dims.len() as i64,
             dims: dims.as_mut_ptr(),
-        };
-        let token = XLA_FFI_Buffer {
-            dtype: XLA_FFI_DataType_TOKEN,
-            data: std::ptr::null_mut(),
-            rank: 0,
-            dims: std::ptr::null_mut(),
-            ..f32_buf
-        };
+        }
+    }
+
+    #[test]
+    fn tokens_are_skipped_and_other_kinds_refused() {
+        let (mut dims, mut data) = ([4i64], [1f32; 4]);
+        let f32_buf = f32_buffer(&mut data, &mut dims);
+        let token = XLA_FFI_Buffer { dtype: XLA_FFI_DataType_TOKEN, rank: 0, ..f32_buffer(&mut [], &mut []) };
         let ptrs = [&token as *const XLA_FFI_Buffer as *mut c_void, &f32_buf as *const XLA_FFI_Buffer as *mut c_void];
         let bufs = buffers(&[XLA_FFI_ArgType_BUFFER; 2], &ptrs, XLA_FFI_ArgType_BUFFER, "argument").unwrap();
         assert_eq!(bufs.len(), 1);
@@ -379,16 +377,8 @@ mod tests {
 
     #[test]
     fn buffers_become_row_major_arrays() {
-        let mut dims = [2i64, 3, 4];
-        let mut data = [0f32; 24];
-        let b = XLA_FFI_Buffer {
-            struct_size: XLA_FFI_Buffer_STRUCT_SIZE as usize,
-            extension_start: std::ptr::null_mut(),
-            dtype: XLA_FFI_DataType_F32,
-            data: data.as_mut_ptr().cast(),
-            rank: 3,
-            dims: dims.as_mut_ptr(),
-        };
+        let (mut dims, mut data) = ([2i64, 3, 4], [0f32; 24]);
+        let b = f32_buffer(&mut data, &mut dims);
         let a = XlaBuffer(&b).array("x").unwrap();
         assert_eq!((a.shape, a.strides), (vec![2, 3, 4], vec![12, 4, 1]));
         let s64 = XLA_FFI_Buffer { dtype: XLA_FFI_DataType_S64, ..b };
