@@ -1,9 +1,9 @@
 """symm.jax on CUDA: one process driving two GPUs, or SYMM_TEST_WORLD
-(JAX's default on one host), the three operations under jit + shard_map
-against jnp references and against what XLA itself does
-(``jax.lax.all_gather`` then a matmul, a matmul then
-``jax.lax.psum_scatter``). Skipped unless JAX sees that many GPUs;
-run it in its own pytest process (test_jax_cpu.py pins JAX to CPU):
+(JAX's default on one host; 1 runs them on one GPU, a group of one
+rank), the three operations under jit + shard_map against jnp references
+and against what XLA itself does (``jax.lax.all_gather`` then a matmul, a
+matmul then ``jax.lax.psum_scatter``). Skipped unless JAX sees that many
+GPUs; run it in its own pytest process (test_jax_cpu.py pins JAX to CPU):
 
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 python3 -m pytest -q python/tests/test_jax_cuda.py
 """
@@ -25,7 +25,7 @@ try:
     GPUS = jax.devices("gpu")
 except RuntimeError:
     GPUS = []
-WORLD = GPU_TEST_WORLD
+WORLD = int(os.environ.get("SYMM_TEST_WORLD", GPU_TEST_WORLD))
 if len(GPUS) < WORLD:
     pytest.skip(f"needs JAX with {WORLD} CUDA GPUs, JAX sees {len(GPUS)}", allow_module_level=True)
 
@@ -124,7 +124,7 @@ def test_lc_allgather_against_xla_all_gather(mesh, dtype):
     xla = smap(mesh, lambda x: jax.lax.all_gather(x, "x", axis=0, tiled=True), P("x"), P("x"))
     got = ours(x)
     np.testing.assert_array_equal(f64(got), f64(xla(x)))
-    np.testing.assert_array_equal(f64(np.split(np.asarray(got), WORLD)[1]), f64(x))
+    np.testing.assert_array_equal(f64(np.split(np.asarray(got), WORLD)[-1]), f64(x))
 
 
 def test_repeated_calls_and_larger_shapes_regrow_the_workspace(mesh):
