@@ -162,20 +162,39 @@ def _args_in(keep, found):
     return found
 
 
+def written(keep):
+    """The torch tensors among the outputs in ``keep`` (``Arg``s), each once."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    found = {id(a.obj): a.obj for a in _args_in(keep, []) if a.output and isinstance(a.obj, torch.Tensor)}
+    return tuple(found.values())
+
+
+def bump(tensor):
+    """Tells autograd that a call wrote ``tensor`` (its version, as torch's
+    in-place ops bump it): a backward that saved it before then raises
+    instead of using the new values. Inference tensors keep no version."""
+    if not tensor.is_inference():
+        sys.modules["torch"].autograd.graph.increment_version(tensor)
+
+
 class Template:
     """A prepared call without its arrays: the C function and arguments,
     the descriptors each array's address goes into, how to allocate the
-    outputs, and how to assemble the result. ``busy`` is held while a call
-    writes its descriptors: another thread's call of the same kind then
-    prepares its own."""
+    outputs, how to assemble the result, and which arrays given are torch
+    tensors it writes (``bumped``). ``busy`` is held while a call writes its
+    descriptors: another thread's call of the same kind then prepares its
+    own."""
 
-    __slots__ = ("fn", "args", "writes", "makers", "result", "busy", "native")
+    __slots__ = ("fn", "args", "writes", "makers", "result", "bumped", "busy", "native")
 
-    def __init__(self, fn, args, writes, makers, result):
+    def __init__(self, fn, args, writes, makers, result, bumped):
         self.fn, self.args, self.writes, self.makers, self.result = fn, args, writes, makers, result
+        self.bumped = bumped
         self.busy = threading.Lock()
         # The same call for the C path (which has its own busy flag), or None.
-        self.native = _native(fn, args, writes, makers, result) if _ext is not None else None
+        self.native = _native(fn, args, writes, makers, result, bumped) if _ext is not None else None
 
     @classmethod
     def of(cls, call, objs):
@@ -209,7 +228,8 @@ class Template:
             return None
         if not set(range(len(objs), len(everything))) <= set(_leaves(result)):
             return None  # an allocated output the call would not return
-        return cls(call.fn, call.args, writes, makers, result)
+        bumped = tuple(i for i, o in enumerate(objs) if any(o is w for w in call.written))
+        return cls(call.fn, call.args, writes, makers, result, bumped)
 
     def __call__(self, group, objs, ptrs):
         for make in self.makers:
@@ -219,6 +239,8 @@ class Template:
         for i, desc in self.writes:
             desc.data = ptrs[i]
         group._check(self.fn(group.raw, *self.args))
+        for i in self.bumped:
+            bump(objs[i])
         return _built(self.result, objs)
 
 
@@ -264,7 +286,7 @@ def _word(x):
     return None
 
 
-def _native(fn, args, writes, makers, result):
+def _native(fn, args, writes, makers, result, bumped):
     """The kept call as a ``_fastcall_ext.Native``, or None where it is not
     one of ``_NATIVE_OPS`` made by its ctypes function (wrapped, say)."""
     op = _NATIVE_OPS.get(getattr(fn, "__name__", None))
@@ -276,7 +298,7 @@ def _native(fn, args, writes, makers, result):
     data = _lib.Tensor.data.offset
     at = tuple((i, ctypes.addressof(desc) + data) for i, desc in writes)
     address = ctypes.cast(fn, ctypes.c_void_p).value
-    return _ext.Native(op, address, tuple(words), at, tuple(makers), result, (args, writes))
+    return _ext.Native(op, address, tuple(words), at, tuple(makers), result, (args, writes), bumped)
 
 
 def call(group, prepare_call, args, kwargs):
@@ -328,7 +350,7 @@ def _ext_torch_probe():
             stream_of = get or (lambda dev: current_torch_stream(torch, dev))
             _ext.set_torch(torch.Tensor, torch.strided, torch.dtype, stream_of, samples)
         except (AttributeError, TypeError):  # a torch whose tensors it cannot read: they take the full path
-            _ext.configure(np.ndarray, np.dtype, slow_call, None)
+            _ext.configure(np.ndarray, np.dtype, slow_call, None, bump)
 
 
 # symm's dtypes, and complex ones (never described: the table says which).
@@ -337,4 +359,4 @@ _EXCHANGED_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_
 
 
 if _ext is not None:
-    _ext.configure(np.ndarray, np.dtype, slow_call, _ext_torch_probe)
+    _ext.configure(np.ndarray, np.dtype, slow_call, _ext_torch_probe, bump)

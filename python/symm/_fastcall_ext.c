@@ -94,6 +94,7 @@ static PyObject *ndarray_type;  /* numpy.ndarray */
 static PyObject *np_dtype;      /* numpy.dtype */
 static PyObject *slow_call;     /* _fastcall.slow_call */
 static PyObject *torch_probe;   /* _fastcall._ext_torch_probe: calls set_torch once torch is imported */
+static PyObject *bump_fn;       /* _fastcall.bump: a written torch tensor's version, as torch's in-place ops */
 
 /* What the key reads of a torch tensor, each through torch.Tensor's own
  * descriptor (the attribute lookup and the bound method skipped). */
@@ -595,6 +596,8 @@ typedef struct {
     PyObject *makers;        /* tuple of functions making allocated outputs: () -> (array, address) */
     PyObject *result;        /* the result's spec (an index, or (type, [specs])) */
     PyObject *keep;          /* what the descriptors and words point into */
+    Py_ssize_t nbumped;
+    Py_ssize_t *bumped;      /* the arrays given that are torch tensors the call writes */
     int busy;                /* a call is using the descriptors (read and written with the GIL held) */
 } Native;
 
@@ -637,20 +640,20 @@ static uint64_t word_of(PyObject *o, int *ok) {
     return v;
 }
 
-/* Native(op, fn, words, writes, makers, result, keep): `op` an index of
- * enum Op, `fn` the C function's address, `words` its arguments after the
- * group (ints: addresses, integer arguments as two's complement, a float's
- * bits),
- * `writes` ((array index, address of a descriptor's data), ...). */
+/* Native(op, fn, words, writes, makers, result, keep, bumped): `op` an
+ * index of enum Op, `fn` the C function's address, `words` its arguments
+ * after the group (ints: addresses, integer arguments as two's complement,
+ * a float's bits), `writes` ((array index, address of a descriptor's
+ * data), ...), `bumped` (array index, ...). */
 static PyObject *native_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     int op;
-    PyObject *fn, *words, *writes, *makers, *result, *keep;
+    PyObject *fn, *words, *writes, *makers, *result, *keep, *bumped;
     if (kw != NULL && PyDict_Size(kw) > 0) {
         PyErr_SetString(PyExc_TypeError, "Native takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "iOO!O!O!OO", &op, &fn, &PyTuple_Type, &words, &PyTuple_Type, &writes,
-                          &PyTuple_Type, &makers, &result, &keep))
+    if (!PyArg_ParseTuple(args, "iOO!O!O!OOO!", &op, &fn, &PyTuple_Type, &words, &PyTuple_Type, &writes,
+                          &PyTuple_Type, &makers, &result, &keep, &PyTuple_Type, &bumped))
         return NULL;
     if (op < 0 || op >= OPS || PyTuple_Size(words) != OP_WORDS[op]) {
         PyErr_SetString(PyExc_ValueError, "Native: unknown operation, or the wrong number of words for it");
@@ -677,6 +680,11 @@ static PyObject *native_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         n->write_index[i] = (Py_ssize_t)word_of(PyTuple_GetItem(w, 0), &ok);
         if (ok) n->write_at[i] = (uint64_t *)(uintptr_t)word_of(PyTuple_GetItem(w, 1), &ok);
     }
+    n->nbumped = PyTuple_Size(bumped);
+    n->bumped = PyMem_Calloc(n->nbumped + 1, sizeof *n->bumped);
+    if (n->bumped == NULL) ok = 0;
+    for (Py_ssize_t i = 0; ok && i < n->nbumped; i++)
+        n->bumped[i] = (Py_ssize_t)word_of(PyTuple_GetItem(bumped, i), &ok);
     n->makers = Py_NewRef(makers);
     n->result = Py_NewRef(result);
     n->keep = Py_NewRef(keep);
@@ -692,6 +700,7 @@ static void native_dealloc(Native *n) {
     PyTypeObject *type = Py_TYPE(n);
     PyMem_Free(n->write_index);
     PyMem_Free(n->write_at);
+    PyMem_Free(n->bumped);
     Py_XDECREF(n->makers);
     Py_XDECREF(n->result);
     Py_XDECREF(n->keep);
@@ -827,6 +836,15 @@ static PyObject *run(Native *n, PyObject *group, Arrays *f) {
         *n->write_at[i] = f->ptrs[n->write_index[i]];
     }
     if (make_call(n, group) < 0) return NULL;
+    for (Py_ssize_t i = 0; i < n->nbumped; i++) {
+        if (n->bumped[i] >= f->n || bump_fn == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "a kept call bumps an array it was not given");
+            return NULL;
+        }
+        PyObject *r = PyObject_CallFunctionObjArgs(bump_fn, f->objs[n->bumped[i]], NULL);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
     return built(n->result, f);
 }
 
@@ -925,15 +943,16 @@ static void replace(PyObject **at, PyObject *value) {
     Py_XDECREF(old);
 }
 
-/* configure(ndarray, dtype, slow_call, torch_probe): once, at import. */
+/* configure(ndarray, dtype, slow_call, torch_probe, bump): once, at import. */
 static PyObject *py_configure(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *nd, *dt, *slow, *probe;
-    if (!PyArg_ParseTuple(args, "OOOO", &nd, &dt, &slow, &probe)) return NULL;
+    PyObject *nd, *dt, *slow, *probe, *bump;
+    if (!PyArg_ParseTuple(args, "OOOOO", &nd, &dt, &slow, &probe, &bump)) return NULL;
     replace(&ndarray_type, nd);
     replace(&np_dtype, dt);
     replace(&slow_call, slow);
     replace(&torch_probe, probe == Py_None ? NULL : probe); /* None: torch is not to be asked for */
+    replace(&bump_fn, bump);
     Py_RETURN_NONE;
 }
 

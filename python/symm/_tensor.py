@@ -26,9 +26,9 @@ class Arg:
     descriptor (the one the call reads: ``array_of`` moves it into its
     array), the object given and what keeps its memory alive for the call;
     ``copied`` says why the call reads a copy of the object's values (None:
-    it reads the object's memory)."""
+    it reads the object's memory); ``output``, whether the call writes it."""
 
-    __slots__ = ("shape", "dtype", "c", "obj", "_keep", "name", "copied")
+    __slots__ = ("shape", "dtype", "c", "obj", "_keep", "name", "copied", "output")
 
     def __init__(self, group, obj, name, stream, output=False):
         # Plain torch tensors (most calls) skip the general reader's
@@ -56,7 +56,7 @@ class Arg:
             raise ValueError(f"{name} is read-only")
         n = len(shape)
         self.shape, self.dtype, self.obj, self._keep = shape, dtype, obj, keep
-        self.name, self.copied = name, copied
+        self.name, self.copied, self.output = name, copied, output
         self.c = c = _lib.Tensor(ptr, code, n)
         c.shape[:n] = shape
         c.strides[:n] = strides

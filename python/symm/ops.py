@@ -152,7 +152,7 @@ def bind(operation, group, /, *args, **kwargs):
         call.storages = [a.obj.untyped_storage() for a in bound if isinstance(a.obj, torch.Tensor)]
     ext = _fastcall._ext
     if ext is not None:  # made from C (_fastcall_ext), without ctypes' conversions
-        native = _fastcall._native(call.fn, call.args, (), (), None)
+        native = _fastcall._native(call.fn, call.args, (), (), None, ())
         if native is not None:
             call.native = functools.partial(ext.call_bound, native)
     return call
@@ -162,12 +162,15 @@ class _Call:
     """One collective call with its arguments read: the C function, its
     arguments, the arrays behind them (kept alive) and what the call
     returns. Calling it makes the call; ``bind`` keeps it to call again
-    (`native`: through _fastcall_ext where it can)."""
+    (`native`: through _fastcall_ext where it can). The torch tensors it
+    writes (``written``) have their version bumped, as torch's in-place
+    ops do."""
 
-    __slots__ = ("group", "fn", "args", "keep", "result", "native", "storages")
+    __slots__ = ("group", "fn", "args", "keep", "result", "written", "native", "storages")
 
     def __init__(self, group, fn, args, keep, result):
         self.group, self.fn, self.args, self.keep, self.result = group, fn, args, keep, result
+        self.written = _fastcall.written(keep)
         self.native, self.storages = None, ()
 
     def __call__(self):
@@ -176,6 +179,8 @@ class _Call:
             self.native(group)
         else:
             group._check(self.fn(group.raw, *self.args))
+        for t in self.written:
+            _fastcall.bump(t)
         return self.result
 
     def refuse(self, message):

@@ -169,6 +169,47 @@ def test_all_reduce_repeat_and_outputs():
         torch.testing.assert_close(got[4], ref[:, ::2])
 
 
+def test_written_tensors_have_their_version_bumped():
+    """Every torch tensor a call writes (outputs given, ag_out, an in-place
+    all-reduce's or rmsnorm's residual) has its version bumped, as torch's
+    in-place ops do, on a first call, a kept one and a bound one; so a
+    backward that saved it raises instead of using the new values. Inputs
+    and inference tensors keep theirs."""
+    a, b = [torch.randn(4, 8) for _ in range(WORLD)], torch.randn(8, 6)
+
+    def rank_main(g):
+        x = a[g.rank]
+        out, ag, rs_out, gathered = torch.empty(8, 6), torch.empty(8, 8), torch.empty(2, 6), torch.empty(8, 8)
+        y, res = x.clone(), torch.randn(4, 8)
+        calls = [
+            (symm.fused_ag_mm, (x, b, 0), {"out": out, "ag_out": ag}, [out, ag]),
+            (symm.mm_rs, (x, b, 0), {"out": rs_out}, [rs_out]),
+            (symm.lc_allgather, (x,), {"out": gathered}, [gathered]),
+            (symm.all_reduce, (y,), {"inplace": True}, [y]),
+            (symm.all_reduce_rmsnorm, (x, res, torch.ones(8)), {"inplace": True}, [res]),
+        ]
+        for op, args, kwargs, written in calls:
+            for route in ("prepared", "kept", "bound"):
+                before, read = [t._version for t in written], x._version
+                if route == "bound":
+                    symm.bind(op, g, *args, **kwargs)()
+                else:
+                    op(g, *args, **kwargs)
+                assert [t._version for t in written] == [v + 1 for v in before], (op.__name__, route)
+                assert x._version == read
+        w = torch.randn(8, 4, requires_grad=True)
+        loss = (gathered @ w).sum()  # saves gathered for w's gradient
+        symm.lc_allgather(g, x, out=gathered)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+        with torch.inference_mode():
+            z = torch.empty(8, 8)
+            symm.lc_allgather(g, x, out=z)  # no version to bump
+        return True
+
+    assert all(on_threads(rank_main, groups()))
+
+
 def test_same_address_new_geometry():
     def rank_main(g):
         buf = torch.empty(256)

@@ -45,13 +45,6 @@ def _plain(t):
     return t.detach() if t.requires_grad else t
 
 
-def _written(t):
-    """Tells autograd that symm wrote ``t`` (its version, as torch's in-place
-    ops bump it): a backward that saved ``t`` before then raises instead of
-    using the new values."""
-    torch.autograd.graph.increment_version(t)
-
-
 def _check_reduce_op(reduce_op):
     if reduce_op not in REDUCE_OPS:
         raise ValueError(f"reduce_op is {reduce_op!r}; symm supports {REDUCE_OPS}")
@@ -247,8 +240,7 @@ ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "auto")
 def _all_reduce_(input, reduce_op, group_name, algorithm):
     _check_reduce_op(reduce_op)
     algo = None if algorithm == "auto" else algorithm
-    symm.all_reduce(get_group(group_name), input, op=reduce_op, algorithm=algo, inplace=True)
-    _written(input)
+    symm.all_reduce(get_group(group_name), input, op=reduce_op, algorithm=algo, inplace=True)  # bumps its version
 
 
 @_all_reduce_.register_fake
@@ -263,8 +255,7 @@ def _(input, reduce_op, group_name, algorithm):
 def _all_reduce_out(input, reduce_op, group_name, algorithm, out):
     _check_reduce_op(reduce_op)
     algo = None if algorithm == "auto" else algorithm
-    symm.all_reduce(get_group(group_name), _plain(input), op=reduce_op, algorithm=algo, out=out)
-    _written(out)
+    symm.all_reduce(get_group(group_name), _plain(input), op=reduce_op, algorithm=algo, out=out)  # bumps out's
 
 
 @_all_reduce_out.register_fake
