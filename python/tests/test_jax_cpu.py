@@ -183,6 +183,32 @@ def test_independent_calls_of_one_shape_run_in_program_order(mesh):
                 assert_close(per_device(out)[r], WORLD * k * f64(x), jnp.float32)
 
 
+def test_calls_in_scan_and_cond(mesh):
+    """The order token runs through control flow: calls in a lax.scan's
+    body, in the taken branch of a lax.cond, and under jax.checkpoint."""
+
+    def body(x, flag):
+        def step(c, _):
+            return sj.all_reduce(c) / WORLD + 1, sj.lc_allgather(c[:1])
+
+        c, rows = jax.lax.scan(step, x, None, length=5)
+        z = jax.lax.cond(flag[0] > 0, lambda v: sj.all_reduce(v * 2), lambda v: sj.all_reduce(v * 3), x)
+        w = jax.checkpoint(lambda v: sj.all_reduce(jnp.sin(v)))(x)
+        return c, rows, z, w
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=(P("x"),) * 4))
+    x = random(np.random.default_rng(10), (4, 8), jnp.float32)
+    for flag in (1, -1):
+        c, rows, z, w = f(x, jnp.array([flag]))
+        for r in range(WORLD):
+            assert_close(per_device(c)[r], f64(x) + 5, jnp.float32)
+            assert_close(per_device(z)[r], f64(x) * (2 if flag > 0 else 3) * WORLD, jnp.float32)
+            assert_close(per_device(w)[r], np.sin(f64(x)) * WORLD, jnp.float32)
+        # Step i gathered every device's first row of the carry then: x[0] + i.
+        want = np.stack([np.tile(f64(x)[:1] + i, (WORLD, 1)) for i in range(5)])
+        assert_close(per_device(rows)[0], want, jnp.float32)
+
+
 def test_programs_dispatched_back_to_back_run_in_order(mesh):
     """Two programs of alike calls dispatched without waiting: each device
     runs them in the order they were dispatched."""
