@@ -29,6 +29,7 @@ cuBLASLt's D scale: the meaning torch documents for ``scale_result``
 ``include/symm.h`` documents every rule.
 """
 
+import contextlib
 import ctypes
 import functools
 import inspect
@@ -48,6 +49,8 @@ REDUCE_OPS = {"sum": _lib.REDUCE_SUM, "avg": _lib.REDUCE_AVG}
 def _dim(dim, ndim, name):
     """``dim`` in 0..ndim-1, counting from the end when negative (numpy style)."""
     try:
+        if isinstance(dim, bool):  # an int to operator.index, but never a dimension
+            raise TypeError
         dim = operator.index(dim)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {dim!r}") from None
@@ -203,6 +206,18 @@ def _refused(group, fn, message):
         group._check(lib.symm_refuse_call(group.raw, op, str(message).encode(errors="replace"), None))
     except SymmError:
         pass  # certain: the call is refused; the error to report is the caller's
+
+
+@contextlib.contextmanager
+def refusing(group, fn):
+    """Within: an exception (a binding's own check of its arguments before
+    it calls ``fn``) refuses the call of ``fn`` on ``group`` (``_refused``)
+    as it propagates, so the peers fail at once instead of waiting."""
+    try:
+        yield
+    except Exception as e:
+        _refused(group, fn, e)
+        raise
 
 
 def _prepared(group, fn, prepare):
@@ -540,6 +555,8 @@ def all_reduce_rmsnorm(
     def prepare():
         opts = _all_reduce_options(algorithm)
         try:
+            if isinstance(eps, (str, bytes, bool)):  # float() takes them; a typo, not an epsilon
+                raise TypeError(f"{type(eps).__name__} {eps!r}")
             e = float(eps)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"eps is not a float: {exc}") from None

@@ -1,7 +1,9 @@
 """symm.torch on the CPU (the host backend): ``torch.ops.symm.*`` against
 float64 math, their fake kernels and opcheck, autograd against float64
 gradients, a tensor-parallel MLP under ``torch.compile(fullgraph=True)``
-against eager, and groups formed through the process group's store. Each
+against eager, groups formed through the process group's store (and
+formed again for a process group made again), and one rank's bad argument
+failing every rank's call. Each
 test runs torch_scenarios.py as 2 or 3 processes over a gloo process
 group. Skipped without torch (CI installs none)."""
 
@@ -97,3 +99,12 @@ def test_compiled_tensor_parallel_mlp_matches_eager(tmp_path):
 
 def test_groups_form_through_the_process_groups_store(tmp_path):
     run_ranks(tmp_path, 3, "bootstrap")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_ranks_bad_argument_fails_every_rank(tmp_path, world):
+    run_ranks(tmp_path, world, "refusals")
+
+
+def test_a_process_group_made_again_gets_a_new_symm_group(tmp_path):
+    run_ranks(tmp_path, 3, "reinit")

@@ -244,7 +244,28 @@ def scaled(c):
             close(got, total.view(out_shape).chunk(W, dim=sd)[r], what)
             if tops is not None:
                 agree(got, tops.fused_scaled_matmul_reduce_scatter(*args, **kwargs), what)
+    one_row_shards(c)
     scaled_fp8_outputs(c)
+
+
+def one_row_shards(c):
+    """A one-row shard's ``[1, 1]`` A scale is that row's (torch tests
+    row-wise first), gathered with it, also beside a one-element B scale:
+    not one rank's scale over the whole gathered A. Not compared with
+    torch.ops.symm_mem, whose _scaled_mm takes no row-wise A scale with a
+    tensor-wise B scale."""
+    W, r = c.world, c.rank
+    k, n = 32, 48
+    w, a = fp8(c, 30, (n, k)), fp8(c, 31, (1, k))
+    sa, bias = scales(c, 32, (1, 1)), c.inputs(33, (n,), torch.bfloat16)
+    for b_shape in ((1,), (1, n)):
+        what = f"fused_all_gather_scaled_matmul, one-row shards, B scale {list(b_shape)}"
+        sb = scales(c, 34, b_shape)
+        args = (c.mine(a), [c.mine(w).t()], c.mine(sa), [c.mine(sb)], 0, c.name, [c.mine(bias)], [None],
+                [torch.bfloat16], [False])
+        _, (out,) = torch.ops.symm.fused_all_gather_scaled_matmul(*args)
+        gathered = torch.cat([f64(x) * f64(s) for x, s in zip(a, sa)])
+        close(out, gathered @ (f64(w[r]).t() * f64(sb[r])) + f64(bias[r]), what)
 
 
 def scaled_fp8_outputs(c):
@@ -460,6 +481,46 @@ def compiled(c):
     close(got, f64(eager), f"compiled ({backend}) block vs eager", 1e-5)
 
 
+# --- arguments one rank gets wrong ----------------------------------------------
+def refusals(c):
+    """A bad argument on one rank, found by symm.torch or by symm, fails
+    the call on every rank (the others with SymmRemoteError quoting it)
+    instead of leaving them to pair the call with the bad rank's next one;
+    the group then goes on."""
+    W, r = c.world, c.rank
+    bad = r == W - 1
+    a, b = c.mine(c.inputs(40, (2 * W, 16))), c.mine(c.inputs(41, (16, 8)))
+    fa, w = c.mine(fp8(c, 42, (2 * W, 32))), c.mine(fp8(c, 43, (16, 32)))
+    sa, sb = c.mine(scales(c, 44, (1,))), c.mine(scales(c, 45, (1,)))
+    ag_args = [fa, [w.t()], sa, [sb], 0, c.name, [None], [None], [torch.bfloat16], [False]]
+    cases = {
+        "reduce_op": lambda: torch.ops.symm.fused_matmul_reduce_scatter(a, b, "max" if bad else "sum", 0, c.name),
+        "all-reduce op": lambda: torch.ops.symm.one_shot_all_reduce(a, "max" if bad else "sum", c.name),
+        "gather_dim": lambda: torch.ops.symm.fused_all_gather_scaled_matmul(
+            *ag_args[:4], 5 if bad else 0, *ag_args[5:]
+        ),
+        "out_dtypes": lambda: torch.ops.symm.fused_all_gather_scaled_matmul(
+            *ag_args[:8], [] if bad else ag_args[8], ag_args[9]
+        ),
+        "A_scale": lambda: torch.ops.symm.fused_all_gather_scaled_matmul(
+            *ag_args[:2], c.mine(scales(c, 46, (3, 1))) if bad else sa, *ag_args[3:]
+        ),
+        "output_shape": lambda: torch.ops.symm.fused_scaled_matmul_reduce_scatter(
+            fa, w.t(), sa, sb, "sum", 0, 0, c.name, [W, 3, 16] if bad else [W, 2, 16], out_dtype=torch.bfloat16
+        ),
+    }
+    for what, call in cases.items():
+        try:
+            call()
+        except (ValueError, RuntimeError, symm.SymmError) as e:
+            if not bad:
+                assert isinstance(e, symm.errors.SymmRemoteError), f"{what}: {type(e).__name__}: {e}"
+        else:
+            raise AssertionError(f"{what}: rank {r}'s call succeeded")
+        xs = c.inputs(47, (5,))
+        close(torch.ops.symm.one_shot_all_reduce(c.mine(xs), "sum", c.name), sum(f64(x) for x in xs), what)
+
+
 # --- bootstrap, CUDA graphs ------------------------------------------------------
 def bootstrap(c):
     """A subgroup formed with the process group's store as symm's
@@ -476,6 +537,30 @@ def bootstrap(c):
         close(torch.ops.symm.one_shot_all_reduce(c.mine(xs), "sum", name), sum(f64(x) for x in xs), how)
         st.disable_symm_mem_for_group(name)
         assert not st.is_symm_mem_enabled_for_group(name)
+
+
+def reinit(c):
+    """The default process group destroyed and made again (same name,
+    ranks reversed): the operators form a symm group for the new one,
+    not reuse the old one, whose ranks are the old ones. Groups are named
+    by name, ProcessGroup or None alike."""
+    W, r, name = c.world, c.rank, c.name
+    assert st.is_symm_mem_enabled_for_group(None) and st.is_symm_mem_enabled_for_group(dist.group.WORLD)
+    old = st.get_group(name)
+    dist.destroy_process_group()
+    assert not st.is_symm_mem_enabled_for_group(name), "the process group is gone"
+    rank = W - 1 - r
+    dist.init_process_group(
+        "gloo", init_method=f"file://{os.environ['SYMM_TEST_INIT_FILE']}.again", rank=rank, world_size=W
+    )
+    assert dist.group.WORLD.group_name == name, "torch reuses the name"
+    xs = c.inputs(90, (3, 4))
+    same(torch.ops.symm._low_contention_all_gather(xs[rank], name), torch.cat(xs), "all-gather after re-init")
+    g = st.get_group(dist.group.WORLD)
+    assert g is not old and g.rank == rank, (g, old)
+    st.disable_symm_mem_for_group(None)
+    assert not st.is_symm_mem_enabled_for_group(name)
+    st.enable_symm_mem_for_group(None, backend="host", timeout_ms=60_000)
 
 
 def graphs(c):
@@ -503,7 +588,7 @@ def graphs(c):
         close(y, sum(f64(t) for t in new_x), f"graph replay {seed}: one_shot_all_reduce")
 
 
-SCENARIOS = {f.__name__: f for f in (ops, scaled, autograd, fake, compiled, bootstrap, graphs)}
+SCENARIOS = {f.__name__: f for f in (ops, scaled, autograd, fake, compiled, refusals, bootstrap, reinit, graphs)}
 
 
 def main(names):

@@ -10,13 +10,14 @@ callback, for formation and every later bootstrap round."""
 
 import socket
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
 
 import symm
 
-_GROUPS = {}  # group name -> symm.Group
+_GROUPS = {}  # group name -> (weak reference to its ProcessGroup, symm.Group)
 _FORMED = {}  # group name -> how many times formed here (keys of each formation apart)
 _LOCK = threading.Lock()
 BOOTSTRAPS = ("auto", "unique_id", "store")
@@ -56,6 +57,40 @@ def _process_group(group):
     return group
 
 
+def _name_of(group):
+    """The name of a group given as ``enable_symm_mem_for_group`` takes it."""
+    return group if isinstance(group, str) else _process_group(group).group_name
+
+
+def _registered(pg):
+    """Whether ``pg`` is still one of torch's process groups (not destroyed
+    by ``destroy_process_group``)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        return pg in c10d._world.pg_map
+    except (AttributeError, TypeError):
+        return True  # a torch without the registry: trust the name
+
+
+def _cached(name):
+    """The symm group formed for the process group named ``name``, or
+    None. A name whose process group was destroyed (and perhaps made again
+    under the same name, with other ranks) has its old symm group dropped:
+    the next use forms one for the new process group."""
+    entry = _GROUPS.get(name)
+    if entry is None:
+        return None
+    pg, g = entry[0](), entry[1]
+    if pg is not None and _registered(pg):
+        return g
+    with _LOCK:
+        if _GROUPS.get(name) is entry:
+            del _GROUPS[name]
+    g.close()
+    return None
+
+
 def _store_of(pg, name, generation):
     """The ProcessGroup's store under a prefix of its name, global ranks
     (subgroups of one name on different ranks stay apart, as torch's) and
@@ -83,10 +118,11 @@ def enable_symm_mem_for_group(group_name, *, backend=None, device=None, bootstra
         raise ValueError(f"bootstrap is {bootstrap!r}; expected one of {BOOTSTRAPS}")
     pg = _process_group(group_name)
     name = pg.group_name
+    _cached(name)  # drops the symm group of a destroyed process group of this name
     with _LOCK:
-        g = _GROUPS.get(name)
-        if g is not None:
-            return g
+        entry = _GROUPS.get(name)
+        if entry is not None:
+            return entry[1]
         rank, world = pg.rank(), pg.size()
         if backend is None:
             backend = "cuda" if torch.cuda.is_available() else "host"
@@ -106,26 +142,27 @@ def enable_symm_mem_for_group(group_name, *, backend=None, device=None, bootstra
             g = symm.Group.from_unique_id(uid, world, rank, **common)
         else:
             g = symm.Group.from_callback(allgather, world_size=world, rank=rank, **common)
-        _GROUPS[name] = g
+        _GROUPS[name] = (weakref.ref(pg), g)
         return g
 
 
 def is_symm_mem_enabled_for_group(group_name):
     """Whether ``enable_symm_mem_for_group`` (or a first operation) formed
-    the symm group of ``group_name``."""
-    return group_name in _GROUPS
+    the symm group of ``group_name`` (a name, ProcessGroup or None, as
+    there), and its process group still exists."""
+    return _cached(_name_of(group_name)) is not None
 
 
 def get_group(group_name):
     """The symm group of ``group_name``, formed now (collectively) if needed."""
-    g = _GROUPS.get(group_name)
+    g = _cached(group_name) if isinstance(group_name, str) else None
     return g if g is not None else enable_symm_mem_for_group(group_name)
 
 
 def world_size(group_name):
     """The size of ``group_name``'s group, without forming anything (the
     fake kernels' question at trace time)."""
-    g = _GROUPS.get(group_name)
+    g = _cached(group_name)
     if g is not None:
         return g.world_size
     from torch.distributed import distributed_c10d as c10d
@@ -135,8 +172,10 @@ def world_size(group_name):
 
 def disable_symm_mem_for_group(group_name):
     """Forgets (and closes this rank's reference to) the symm group of
-    ``group_name``; the next use forms a new one, collectively."""
+    ``group_name`` (a name, ProcessGroup or None, as
+    ``enable_symm_mem_for_group``); the next use forms a new one,
+    collectively."""
     with _LOCK:
-        g = _GROUPS.pop(group_name, None)
-    if g is not None:
-        g.close()
+        entry = _GROUPS.pop(_name_of(group_name), None)
+    if entry is not None:
+        entry[1].close()

@@ -10,6 +10,8 @@ import torch
 from torch.distributed import _functional_collectives as funcol
 
 import symm
+from symm._lib import lib
+from symm.ops import refusing
 
 from ._groups import get_group, world_size
 
@@ -146,7 +148,6 @@ torch.library.register_autograd(
     "(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name) -> Tensor",
 )
 def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
-    _check_reduce_op(reduce_op)
     return symm.mm_rs(get_group(group_name), _plain(A), _plain(B), scatter_dim, op=reduce_op)
 
 
@@ -209,7 +210,6 @@ torch.library.register_autograd(f"{NAMESPACE}::_low_contention_all_gather", _lc_
 # --- all-reduce ---------------------------------------------------------------
 @_op("one_shot_all_reduce", "(Tensor input, str reduce_op, str group_name) -> Tensor")
 def one_shot_all_reduce(input, reduce_op, group_name):
-    _check_reduce_op(reduce_op)
     return symm.all_reduce(get_group(group_name), _plain(input), op=reduce_op, algorithm="one_shot")
 
 
@@ -238,7 +238,6 @@ ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "auto")
     "(Tensor(a!) input, str reduce_op, str group_name, str algorithm) -> ()",
 )
 def _all_reduce_(input, reduce_op, group_name, algorithm):
-    _check_reduce_op(reduce_op)
     algo = None if algorithm == "auto" else algorithm
     symm.all_reduce(get_group(group_name), input, op=reduce_op, algorithm=algo, inplace=True)  # bumps its version
 
@@ -253,7 +252,6 @@ def _(input, reduce_op, group_name, algorithm):
     "(Tensor input, str reduce_op, str group_name, str algorithm, Tensor(a!) out) -> ()",
 )
 def _all_reduce_out(input, reduce_op, group_name, algorithm, out):
-    _check_reduce_op(reduce_op)
     algo = None if algorithm == "auto" else algorithm
     symm.all_reduce(get_group(group_name), _plain(input), op=reduce_op, algorithm=algo, out=out)  # bumps out's
 
@@ -341,16 +339,30 @@ def _scale(t):
 
 
 def _a_scale_shard(A_scale, A_shard, gather_dim, world, rank):
-    """torch's three A-scale layouts as symm's: tensor-wise and row-wise of
-    the shard as they are; row-wise of the gathered A (replicated) cut to
-    this rank's rows."""
-    if A_scale.numel() == 1 or A_scale.shape[:-1] == A_shard.shape[:-1]:
-        return _scale(A_scale)
+    """torch's three A-scale layouts as symm's, and whether it is row-wise:
+    row-wise of the shard (``[..., 1]`` with the shard's leading shape,
+    tested first as torch does: a one-row shard's ``[1, 1]`` scale is this
+    row's, gathered with it) as it is; else one element, tensor-wise;
+    else row-wise of the gathered A (replicated) cut to this rank's rows."""
+    if A_scale.dim() == A_shard.dim() and A_scale.shape[:-1] == A_shard.shape[:-1] and A_scale.shape[-1] == 1:
+        return A_scale, True
+    if A_scale.numel() == 1:
+        return _scale(A_scale), False
     full = _gathered_shape(A_shard.shape, gather_dim, world)
     if list(A_scale.shape[:-1]) == full[:-1] and A_scale.shape[-1] == 1:
         n = A_shard.shape[gather_dim]
-        return A_scale.narrow(gather_dim, rank * n, n)
+        return A_scale.narrow(gather_dim, rank * n, n), True
     raise ValueError(f"A_scale has shape {list(A_scale.shape)}; A_shard {list(A_shard.shape)} takes no such scale")
+
+
+def _b_scale(B_scale, B, row_wise):
+    """A B scale as symm's: with a row-wise A scale, a one-element one
+    spread over ``[1, N]`` (symm reads one-element scales on both sides
+    as tensor-wise, which would scale the gathered A by this rank's A
+    scale alone)."""
+    if row_wise and B_scale.numel() == 1:
+        return B_scale.reshape(1, 1).expand(1, B.shape[1]).contiguous()
+    return _scale(B_scale)
 
 
 @_op(
@@ -363,10 +375,18 @@ def fused_all_gather_scaled_matmul(
 ):
     what = "fused_all_gather_scaled_matmul"
     g = get_group(group_name)
-    dim = _dim(gather_dim, A.dim(), "gather_dim")
-    full = _gathered_shape(A.shape, dim, g.world_size)
-    # One dtype per B, torch's default being the B's (fp8).
-    outs = [A.new_empty((*full[:-1], B.shape[1]), dtype=_out_dtype(d, B.dtype, what)) for B, d in zip(Bs, out_dtypes)]
+    with refusing(g, lib.symm_fused_ag_mm):  # a bad argument fails every rank's call
+        lists = {"B_scales": B_scales, "biases": biases, "result_scales": result_scales, "out_dtypes": out_dtypes}
+        for name, items in {**lists, "use_fast_accum": use_fast_accum}.items():
+            if len(items) != len(Bs):
+                raise ValueError(f"{what}: {len(items)} {name} for {len(Bs)} Bs")
+        dim = _dim(gather_dim, A.dim(), "gather_dim")
+        full = _gathered_shape(A.shape, dim, g.world_size)
+        # One dtype per B, torch's default being the B's (fp8).
+        dtypes = [_out_dtype(d, B.dtype, what) for B, d in zip(Bs, out_dtypes)]
+        outs = [A.new_empty((*full[:-1], B.shape[1]), dtype=d) for B, d in zip(Bs, dtypes)]
+        a_scale, row_wise = _a_scale_shard(A_scale, A, dim, g.world_size, g.rank)
+        b_scales = [_b_scale(s, B, row_wise) for s, B in zip(B_scales, Bs)]
     ag, outs = symm.fused_ag_mm(
         g,
         A,
@@ -374,10 +394,10 @@ def fused_all_gather_scaled_matmul(
         dim,
         out=outs,
         return_ag=True,
-        a_scale=_a_scale_shard(A_scale, A, dim, g.world_size, g.rank),
-        b_scales=[_scale(s) for s in B_scales],
+        a_scale=a_scale,
+        b_scales=b_scales,
         biases=list(biases),
-        result_scales=[_result_scale(r) for r in result_scales] or None,
+        result_scales=[_result_scale(r) for r in result_scales],
     )
     return ag, outs
 
@@ -423,19 +443,22 @@ def fused_scaled_matmul_reduce_scatter(
     use_fast_accum=False,
 ):
     what = "fused_scaled_matmul_reduce_scatter"
-    _check_reduce_op(reduce_op)
-    a, scale = _scaled_mm_rs_operands(A, A_scale, output_shape)
+    g = get_group(group_name)
+    with refusing(g, lib.symm_mm_rs):  # a bad argument fails every rank's call
+        a, scale = _scaled_mm_rs_operands(A, A_scale, output_shape)
+        dtype = _out_dtype(out_dtype, A.dtype, what)
+        b_scale = _b_scale(B_scale, B, scale.numel() > 1)
     return symm.mm_rs(
-        get_group(group_name),
+        g,
         a,
         B,
         orig_scatter_dim,
         op=reduce_op,
         a_scale=scale,
-        b_scale=_scale(B_scale),
+        b_scale=b_scale,
         bias=bias,
         result_scale=_result_scale(result_scale),
-        out_dtype=_out_dtype(out_dtype, A.dtype, what),
+        out_dtype=dtype,
     )
 
 
