@@ -235,7 +235,7 @@ def test_trace_time_checks(mesh):
         traced(partial(sj.mm_rs, scatter_dim=1), a, jnp.ones((WORLD * 2, 6)), specs=(P(None, "x"), P("x")))
     with pytest.raises(TypeError, match="expected one of"):
         traced(sj.lc_allgather, jnp.ones((WORLD, 2), jnp.int16), specs=(P("x"),))
-    for dim in (None, 0.0, "0"):
+    for dim in (None, 0.0, "0", True):
         with pytest.raises(TypeError, match=f"gather_dim must be an int, got {dim!r}"):
             traced(partial(sj.fused_ag_mm, gather_dim=dim), a, jnp.ones((8, 3)), specs=(P("x"), P()))
     with pytest.raises(TypeError, match="scatter_dim must be an int, got None"):
@@ -275,6 +275,88 @@ def test_a_failed_call_does_not_fail_the_next_program(mesh):
     for _ in range(2):
         np.testing.assert_array_equal(np.asarray(good(x)), np.full((WORLD * 2, 3), WORLD))
     jax.effects_barrier()
+
+
+def test_a_failure_leaves_no_failed_token_behind(mesh):
+    """A program whose symm call fails fails its other ordered effects'
+    tokens too (an ordered io_callback's): the next program with only such
+    a callback runs, and jax.effects_barrier reports the failure at most
+    once."""
+    from symm.jax import _calls
+
+    seen = []
+
+    def note(v):
+        seen.append(float(v))
+        return v
+
+    def bad_body(x):
+        jax.experimental.io_callback(note, jax.ShapeDtypeStruct((), x.dtype), x.sum(), ordered=True)
+        return _calls.all_reduce("sum", "nonsense", ("x",), ("x",))(x)
+
+    def callback_only(x):
+        return jax.experimental.io_callback(note, jax.ShapeDtypeStruct((), x.dtype), x.sum() + 1, ordered=True)
+
+    bad = jax.jit(bad_body)
+    x = jnp.ones((3,))
+    mapped_bad = jax.jit(jax.shard_map(bad, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    with pytest.raises(Exception, match='attribute algorithm is "nonsense"'):
+        mapped_bad(jnp.ones((WORLD * 3,))).block_until_ready()
+    np.testing.assert_array_equal(float(jax.jit(callback_only)(x)), 4.0)
+    jax.effects_barrier()
+    jax.effects_barrier()
+    # Straight to the barrier after a failure: it raises it once.
+    with pytest.raises(Exception):
+        mapped_bad(jnp.ones((WORLD * 3,)))
+        jax.effects_barrier()
+    jax.effects_barrier()
+    np.testing.assert_array_equal(float(jax.jit(callback_only)(x)), 4.0)
+
+
+def test_shutdown_waits_for_dispatched_programs():
+    """XLA's CPU runtime runs a program after its dispatch returns;
+    shutdown waits for it rather than unbinding the devices under it."""
+    sj.init(timeout_ms=60_000)
+    m = sj.mesh("x")
+    x = random(np.random.default_rng(11), (65536, 16), jnp.float32)
+
+    def body(x):
+        for _ in range(4):
+            x = sj.all_reduce(x) / WORLD
+        return x
+
+    f = jax.jit(jax.shard_map(body, mesh=m, in_specs=P(), out_specs=P("x")))
+    f(x).block_until_ready()  # compiled
+    out = f(x)
+    sj.shutdown()
+    for r in range(WORLD):
+        assert_close(per_device(out)[r], f64(x), jnp.float32)
+
+
+def test_a_program_traced_under_an_earlier_init_is_refused():
+    """A compiled program names the groups it was traced for: after
+    shutdown and an init over the devices in another order (other ranks),
+    it fails on every device instead of running on the new groups; jitted
+    functions are traced again (init clears JAX's caches) and run right."""
+    x = random(np.random.default_rng(12), (WORLD * 2, 3), jnp.float32)
+    sj.init(timeout_ms=60_000)
+    try:
+        m = sj.mesh("x")
+        f = jax.jit(jax.shard_map(sj.lc_allgather, mesh=m, in_specs=P("x"), out_specs=P("x")))
+        compiled = f.lower(x).compile()
+        np.testing.assert_array_equal(per_device(compiled(x))[0], np.asarray(x))
+        sj.shutdown()
+        sj.init(list(reversed(jax.devices())), timeout_ms=60_000)
+        with pytest.raises(Exception, match="traced for other symm groups"):
+            compiled(x).block_until_ready()
+        g = jax.jit(jax.shard_map(sj.lc_allgather, mesh=sj.mesh("x"), in_specs=P("x"), out_specs=P("x")))
+        for r in range(WORLD):
+            np.testing.assert_array_equal(per_device(g(x))[r], np.asarray(x))
+        # f is traced again, over its mesh of the devices in the old order.
+        with pytest.raises(ValueError, match="the mesh lists the devices .* in the order symm.jax.init"):
+            f(x)
+    finally:
+        sj.shutdown()
 
 
 def test_unbound_device_is_reported():
@@ -460,8 +542,9 @@ def test_all_reduce_trace_time_errors(mesh):
     for eps in (float("nan"), -1e-6, 1e40):
         with pytest.raises(ValueError, match="eps is"):
             mapped(lambda x, eps=eps: sj.all_reduce_rmsnorm(x, x, w, eps)[0])(x)
-    with pytest.raises(TypeError, match="eps must be a number"):
-        mapped(lambda x: sj.all_reduce_rmsnorm(x, x, w, "small")[0])(x)
+    for eps in ("small", "1e-5", True):
+        with pytest.raises(TypeError, match="eps must be a number"):
+            mapped(lambda x, eps=eps: sj.all_reduce_rmsnorm(x, x, w, eps)[0])(x)
     with pytest.raises(ValueError, match="at most 8"):
         mapped(lambda x: sj.all_reduce(x.reshape(1, *(1,) * 8, 8)).reshape(1, 8))(x)
     with pytest.raises(ValueError, match="no empty arrays"):

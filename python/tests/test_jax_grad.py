@@ -226,6 +226,30 @@ def test_grad_of_fp8_allgather_is_refused(world):
         jax.grad(lambda x: f(x).astype(F32).sum())(x)
 
 
+def test_second_derivatives_say_they_are_not_implemented(world):
+    """The operations' gradient rules run symm's calls, which have no
+    derivative of their own: differentiating a gradient says so, for every
+    operation, rather than failing somewhere inside JAX."""
+    mesh = sj.mesh("x")
+    x, w = random(21, (world * world * 2, 8)), random(22, (8, 8))
+    bodies = {
+        "fused_ag_mm": lambda x: sj.fused_ag_mm(x, w),
+        "mm_rs": lambda x: sj.mm_rs(x, w),
+        "lc_allgather": sj.lc_allgather,
+        "all_reduce": sj.all_reduce,
+        "all_reduce_rmsnorm": lambda x: sj.all_reduce_rmsnorm(x, x, w[0])[0],
+    }
+    for name, body in bodies.items():
+        f = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+
+        def loss(x, f=f):
+            return (f(x) ** 2).sum()
+
+        jax.grad(loss)(x)  # once is fine
+        with pytest.raises(NotImplementedError, match="differentiable once"):
+            jax.grad(lambda x, loss=loss: jax.grad(loss)(x).sum())(x)
+
+
 # --- vmap -------------------------------------------------------------------------------
 def check_vmap(body, in_axes, in_specs, out_specs, args, looped=False):
     """``vmap(body, in_axes)`` inside shard_map against a loop over the

@@ -18,19 +18,35 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from .._lib import XLA_PLATFORM_CPU
-from . import _order
+from . import _primitives
 from ._context import result, vary
 
 
+def _once_only(primals, tangents):
+    raise NotImplementedError(
+        "symm.jax operations are differentiable once (jax.grad, jax.vjp, jax.value_and_grad); derivatives of "
+        "their derivatives (jax.grad of jax.grad, jax.hessian) and forward mode (jax.jvp) are not implemented"
+    )
+
+
 def _ffi(target, results, args, attrs):
+    """The custom call; its JVP (reached only by differentiating the
+    gradients, whose rules are ``_grads``') says it is not implemented."""
+    call = jax.custom_jvp(lambda *xs: _custom_call(target, results, xs, attrs))
+    call.defjvp(_once_only)
+    return call(*args)
+
+
+def _custom_call(target, results, args, attrs):
     from ._setup import state
 
-    if state().platform == XLA_PLATFORM_CPU:  # in program order (see _order)
-        several = isinstance(results, (list, tuple))
-        out = _order.call(target, results if several else (results,), args, attrs)
-        return tuple(out) if several else out[0]
-    out = jax.ffi.ffi_call(target, results)(*args, **attrs)
-    return tuple(out) if isinstance(out, (list, tuple)) else out
+    now = state()
+    several = isinstance(results, (list, tuple))
+    # The handles of the groups traced for: a device bound to others since refuses the call.
+    attrs = {**attrs, "groups": now.handles}
+    ordered = now.platform == XLA_PLATFORM_CPU  # in program order (see _order)
+    out = _primitives.call(target, results if several else (results,), args, attrs, ordered)
+    return tuple(out) if several else out[0]
 
 
 def _sequential(f, in_batched, args):

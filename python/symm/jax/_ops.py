@@ -157,11 +157,10 @@ def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, algorithm=None, axis_na
         if jnp.dtype(t.dtype) != dt:
             raise TypeError(f"{name} has dtype {jnp.dtype(t.dtype).name}; x has {dt.name}")
     _shape(x, "x")
-    try:
-        with np.errstate(over="ignore"):  # past f32's range: inf, refused below
-            eps32 = float(np.float32(float(eps)))
-    except (TypeError, ValueError):
-        raise TypeError(f"eps must be a number, got {eps!r}") from None
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)):
+        raise TypeError(f"eps must be a number, got {eps!r}")
+    with np.errstate(over="ignore"):  # past f32's range: inf, refused below
+        eps32 = float(np.float32(eps))
     if not np.isfinite(eps32) or eps32 < 0:
         raise ValueError(f"eps is {eps}; expected a finite value >= 0 (in f32)")
     vmas = (vma(x), vma(residual), vma(weight))

@@ -1,4 +1,4 @@
-"""The calls in program order on XLA's CPU platform.
+"""The order of the calls on XLA's CPU platform, and the tokens it leaves.
 
 symm pairs the devices' calls in the order each device makes them. On a GPU
 that is the order of the device's stream, the same on every device. XLA's
@@ -7,22 +7,20 @@ each other concurrently, in an order that differs between devices and runs:
 two independent calls could meet their peers' other call, and calls of the
 same shapes would then exchange each other's data.
 
-So on the CPU platform each call is an ordered effect: JAX threads a token
-through every such call of a program (and from one program to the next),
-and the custom call takes the token in and gives a new one out, which XLA's
-CPU runtime honours as a dependency (a token merely passed through an
-optimization barrier is dropped before it runs). The handlers skip token
-buffers. GPU calls stay pure ``jax.ffi.ffi_call``s: the stream orders them,
-and tokens would only tie XLA's scheduler.
+So on the CPU platform each call is an ordered effect (``IN_ORDER``): JAX
+threads a token through every such call of a program (and from one program
+to the next), and the custom call takes the token in and gives a new one
+out (``_primitives``), which XLA's CPU runtime honours as a dependency (a
+token merely passed through an optimization barrier is dropped before it
+runs). The handlers skip token buffers. GPU calls stay pure: the stream
+orders them, and tokens would only tie XLA's scheduler.
 """
 
 import atexit
 import dataclasses
 
-import jax
-from jax._src import core, effects  # the token aval JAX compares by identity; the effect kinds
-from jax.extend.core import Effect, Primitive
-from jax.interpreters import mlir
+from jax._src import core, effects  # JAX's tokens; the effect kinds
+from jax.extend.core import Effect
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,69 +40,84 @@ for kinds in (
 ):
     kinds.add_type(_InOrder)
 
-_call_p = Primitive("symm_ordered_call")
-_call_p.multiple_results = True
+def _failed(token, wait):
+    """Whether ``token`` (a program's output token) is that of a failed
+    program; without ``wait``, False for one still running."""
+    if token is None or (isinstance(token, core.Token) and not (wait or token._buf.is_ready())):
+        return False
+    try:
+        token.block_until_ready()
+    except Exception:  # that program's error, raised to its caller already
+        return True
+    return False
 
 
-@_call_p.def_effectful_abstract_eval
-def _abstract(*args, target, results, attrs):
-    return results, {IN_ORDER}
-
-
-def _lower(ctx, *args, target, results, attrs):
-    token = ctx.tokens_in.get(IN_ORDER)
-    with_token = ctx.replace(
-        avals_in=(core.abstract_token, *ctx.avals_in), avals_out=(core.abstract_token, *ctx.avals_out)
-    )
-    token, *outs = jax.ffi.ffi_lowering(target)(with_token, token, *args, **dict(attrs))
-    ctx.set_tokens_out(mlir.TokenSet({IN_ORDER: token}))
-    return outs
-
-
-mlir.register_lowering(_call_p, _lower)
-
-
-def _drop_if_failed(tokens):
-    """Forgets the order token JAX holds for the next program (``tokens``,
-    its thread's runtime tokens) if the program that made it failed."""
-    held = tokens.current_tokens.get(IN_ORDER)
-    if isinstance(held, core.Token) and held._buf.is_ready():
-        try:
-            held.block_until_ready()
-        except Exception:  # that program's error, raised to its caller already
-            del tokens.current_tokens[IN_ORDER]
+def _drop_if_failed(tokens, wait=False):
+    """If the last program with symm calls failed (its order token did),
+    forgets every failed token JAX holds for later programs (``tokens``,
+    its thread's runtime tokens): the order token, the program's other
+    ordered effects' and its devices' runtime tokens, which the failure
+    failed alike."""
+    if not _failed(tokens.current_tokens.get(IN_ORDER), wait):
+        return
+    for eff, token in list(tokens.current_tokens.items()):
+        if _failed(token, True):
+            del tokens.current_tokens[eff]
+    for device, token in list(tokens.output_runtime_tokens.items()):
+        if _failed(token, True):
+            del tokens.output_runtime_tokens[device]
 
 
 def _fresh_after_failure():
-    """A failed call fails every output of its program, the order token
-    among them, and JAX hands that token to the next program with ordered
-    effects, which would fail with the old error however good its own
-    calls, and JAX would raise it again at exit. So a failed token is
-    dropped, and the next program starts a fresh one. (A program dispatched
-    while the failing one still ran has its token already and fails with
-    it, as work queued behind a failed kernel does.)"""
+    """A failed call fails every output of its program, its tokens among
+    them, and JAX hands those to the next program with ordered effects,
+    which would fail with the old error however good its own calls; JAX's
+    barrier (``jax.effects_barrier``, and its wait at exit) would raise it
+    again and again. So once a program with symm calls has failed, its
+    failed tokens are dropped when the next program takes its tokens, after
+    a barrier has raised the failure once, and at exit; later programs start
+    fresh ones. (A program dispatched while the failing one still ran has
+    its token already and fails with it, as work queued behind a failed
+    kernel does.)"""
     from jax._src import dispatch  # JAX's runtime tokens; no public hook
 
     tokens = getattr(dispatch, "RuntimeTokenSet", None)
     take = getattr(tokens, "get_token_input", None)
-    if take is None or not isinstance(getattr(dispatch.runtime_tokens, "current_tokens", None), dict):
+    barrier = getattr(tokens, "block_until_ready", None)
+    held = dispatch.runtime_tokens
+    if (
+        take is None
+        or barrier is None
+        or not isinstance(getattr(held, "current_tokens", None), dict)
+        or not isinstance(getattr(held, "output_runtime_tokens", None), dict)
+    ):
         return  # another JAX than this was written for: failures then carry on
 
     def get_token_input(self, eff, devices):
-        if eff == IN_ORDER:
-            _drop_if_failed(self)
+        _drop_if_failed(self)
         return take(self, eff, devices)
 
+    def block_until_ready(self):
+        try:
+            barrier(self)
+        except Exception:
+            _drop_if_failed(self, wait=True)
+            raise
+
     tokens.get_token_input = get_token_input
+    tokens.block_until_ready = block_until_ready
     # Runs before JAX's own wait at exit (registered when jax was imported).
-    atexit.register(lambda: _drop_if_failed(dispatch.runtime_tokens))
+    atexit.register(lambda: _drop_if_failed(dispatch.runtime_tokens, wait=True))
+
+
+def wait_for_calls():
+    """Waits for the symm calls of programs this thread dispatched (each
+    program's calls wait for the previous program's: its order token)."""
+    from jax._src import dispatch
+
+    token = getattr(dispatch.runtime_tokens, "current_tokens", {}).get(IN_ORDER)
+    if isinstance(token, core.Token):
+        _failed(token, True)  # a failure is that program's, raised to its caller
 
 
 _fresh_after_failure()
-
-
-def call(target, results, args, attrs):
-    """The custom call ``target`` on ``args`` with attributes ``attrs``,
-    ordered after the program's previous symm call; ``results`` are the
-    result avals."""
-    return _call_p.bind(*args, target=target, results=tuple(results), attrs=tuple(sorted(attrs.items())))

@@ -17,7 +17,7 @@ from .. import _lib
 from .._lib import lib
 from ..errors import check
 from ..group import Group, get_unique_id, local_groups
-from . import _targets
+from . import _order, _targets
 
 
 class _State:
@@ -25,6 +25,9 @@ class _State:
         self.devices = devices  # rank order
         self.platform = platform  # SYMM_XLA_PLATFORM_*
         self.groups = groups  # this process's: device -> Group
+        # Every call carries these (its program's `groups` attribute): a
+        # device bound to another group since refuses the call.
+        self.handles = tuple(int(g.raw) for g in groups.values())
 
 
 _state = None
@@ -55,6 +58,8 @@ def init(devices=None, *, timeout_ms=None, check_args_always=False):
     """Forms a symm group over ``devices`` (default ``jax.devices()``), rank
     r on ``devices[r]``, and registers the operations with JAX. Use the same
     order for the mesh axis the operations run over (``mesh()`` makes one).
+    Programs traced under an earlier init are traced again (JAX's caches
+    are cleared): a program is bound to the groups it was traced for.
 
     With devices of several processes (``jax.distributed``), every process
     calls this with the same list. ``timeout_ms`` bounds how long a device's
@@ -76,6 +81,8 @@ def init(devices=None, *, timeout_ms=None, check_args_always=False):
     if not local:
         raise ValueError(f"none of the devices belongs to this process ({me})")
     _targets.register()
+    if _generation:
+        jax.clear_caches()  # programs of the earlier init name its groups
     _generation += 1
     if len(local) == len(devices):
         hw = None if backend == "host" else [d.local_hardware_id for d in devices]
@@ -141,10 +148,15 @@ def _unbind(platform, groups):
 
 
 def shutdown():
-    """Unbinds the devices and releases the groups. Idempotent."""
+    """Waits for the calls of programs already dispatched on XLA's CPU
+    platform (which runs them asynchronously), then unbinds the devices and
+    releases the groups. A program that runs after this fails: it was
+    traced for groups that are gone. Idempotent."""
     global _state
     if _state is None:
         return
+    if _state.platform == _lib.XLA_PLATFORM_CPU:
+        _order.wait_for_calls()
     _unbind(_state.platform, _state.groups)
     for g in _state.groups.values():
         g.close()

@@ -107,6 +107,8 @@ pub fn fill_metadata(md: &mut XLA_FFI_Metadata) {
 pub enum Attr {
     Int(i64),
     Str(String),
+    /// An array of 64-bit integers.
+    Ints(Vec<i64>),
     /// Present but of a type no handler takes (arrays, dictionaries,
     /// floats...): named in the error when it is looked up.
     Other(&'static str),
@@ -140,6 +142,17 @@ impl Attrs {
         match self.take(name)? {
             Attr::Str(s) => Ok(s),
             other => Err(err!(InvalidArgument, "attribute {name} is {other:?}; expected a string")),
+        }
+    }
+
+    /// The integer array `name`, or None when it is absent.
+    pub fn optional_ints(&mut self, name: &str) -> Result<Option<Vec<i64>>> {
+        if !self.items.iter().any(|(n, _)| n == name) {
+            return Ok(None);
+        }
+        match self.take(name)? {
+            Attr::Ints(v) => Ok(Some(v)),
+            other => Err(err!(InvalidArgument, "attribute {name} is {other:?}; expected an array of int64")),
         }
     }
 
@@ -254,7 +267,16 @@ unsafe fn attr_value(ty: XLA_FFI_AttrType, value: *mut c_void) -> Result<Attr> {
         }
         // SAFETY: strings are passed as `XLA_FFI_ByteSpan`.
         XLA_FFI_AttrType_STRING => Ok(Attr::Str(unsafe { span_text(&*(value as *const XLA_FFI_ByteSpan)) }?)),
-        XLA_FFI_AttrType_ARRAY => Ok(Attr::Other("an array")),
+        XLA_FFI_AttrType_ARRAY => {
+            // SAFETY: arrays are passed as `XLA_FFI_Array`.
+            let a = unsafe { &*(value as *const XLA_FFI_Array) };
+            if a.dtype != XLA_FFI_DataType_S64 {
+                return Ok(Attr::Other("an array of other than int64"));
+            }
+            let n = i64::try_from(a.size).map_err(|_| err!(InvalidArgument, "has {} elements", a.size))?;
+            // SAFETY: XLA passes `size` values of the array's dtype.
+            Ok(Attr::Ints(unsafe { slice(a.data as *const i64, n) }?.to_vec()))
+        }
         XLA_FFI_AttrType_DICTIONARY => Ok(Attr::Other("a dictionary")),
         _ => Ok(Attr::Other("of an unknown type")),
     }
@@ -346,6 +368,23 @@ mod tests {
         assert!(a.int("op").unwrap_err().msg.contains("expected an integer"));
         let b = Attrs { items: vec![("typo".into(), Attr::Int(0))] };
         assert!(b.finish().unwrap_err().msg.contains("typo"));
+    }
+
+    #[test]
+    fn integer_arrays_are_read_and_optional() {
+        let mut values = [7i64, -2, 1 << 40];
+        let mut array = XLA_FFI_Array { dtype: XLA_FFI_DataType_S64, size: 3, data: values.as_mut_ptr().cast() };
+        // SAFETY: `array` points at `values`, alive here.
+        let attr = unsafe { attr_value(XLA_FFI_AttrType_ARRAY, (&mut array as *mut XLA_FFI_Array).cast()) }.unwrap();
+        assert_eq!(attr, Attr::Ints(vec![7, -2, 1 << 40]));
+        let mut f32s = XLA_FFI_Array { dtype: XLA_FFI_DataType_F32, ..array };
+        // SAFETY: as above.
+        let other = unsafe { attr_value(XLA_FFI_AttrType_ARRAY, (&mut f32s as *mut XLA_FFI_Array).cast()) }.unwrap();
+        assert!(matches!(other, Attr::Other(_)));
+        let mut a = Attrs { items: vec![("groups".into(), attr), ("dim".into(), Attr::Int(1))] };
+        assert_eq!(a.optional_ints("missing").unwrap(), None);
+        assert_eq!(a.optional_ints("groups").unwrap(), Some(vec![7, -2, 1 << 40]));
+        assert!(a.optional_ints("dim").unwrap_err().msg.contains("expected an array"));
     }
 
     /// An f32 buffer over `data` shaped `dims`, as XLA passes one.

@@ -17,10 +17,15 @@
 //! - all_reduce_rmsnorm: args `input, residual, weight`; results `out,
 //!   residual_out`; attributes `eps` (a string holding the f32 value) and
 //!   `algorithm`.
+//! - every call may carry `groups` (int64 array): the handles of the groups
+//!   bound when the program was traced. A device now bound to another
+//!   group refuses the call: a program traced before `symm.jax` was shut
+//!   down and initialized again must not run on the new group, whose ranks
+//!   may sit on other devices.
 
 use super::api::Api;
 use super::c_api::*;
-use super::frame::{self, Frame, Request, XlaBuffer};
+use super::frame::{self, Attrs, Frame, Request, XlaBuffer};
 use super::registry::{self, Platform};
 use crate::backend::AllReduceAlgorithm;
 use crate::backend::{BackendKind, Stream};
@@ -147,14 +152,15 @@ fn execute(f: &Frame<'_>, platform: Platform, op: Op) -> Result<()> {
         return Err(err!(InvalidArgument, "called at execution stage {}; symm handles only execute", f.stage()));
     }
     let ordinal = f.api.device_ordinal(f.ctx())?;
-    let group = registry::lookup(platform, ordinal)?;
+    let (handle, group) = registry::lookup(platform, ordinal)?;
     let whose = format!("{} device {ordinal}, rank {} of {}", platform.name(), group.rank(), group.world());
     let stream = match platform {
         Platform::Cpu => Ok(Stream(0)),
         Platform::Cuda => f.api.stream(f.ctx()).map(|s| Stream(s as usize)),
     };
     // From here on every failure enters the collective (see the module doc).
-    let ready = stream.clone().and_then(|_| check_backend(&group, platform, ordinal));
+    let ready =
+        stream.clone().and_then(|_| check_backend(&group, platform, ordinal)).and_then(|_| check_traced_for(f, handle));
     let on = stream.unwrap_or_default();
     let result = match op {
         Op::AgMm => ops::fused_ag_mm(&group, ready.and_then(|_| read_ag_mm(f)), on),
@@ -188,6 +194,29 @@ fn check_backend(group: &Arc<Group>, platform: Platform, ordinal: i32) -> Result
     }
 }
 
+/// The call's program must have been traced for the group now bound to
+/// the device (the `groups` attribute, where given).
+fn check_traced_for(f: &Frame<'_>, handle: usize) -> Result<()> {
+    let Some(traced) = f.attrs()?.optional_ints("groups")? else {
+        return Ok(());
+    };
+    if traced.iter().any(|&h| h as usize == handle) {
+        return Ok(());
+    }
+    Err(err!(
+        InvalidHandle,
+        "this program was traced for other symm groups than the one now bound to the device (symm.jax was shut \
+         down and initialized again since); trace it again (jax.clear_caches())"
+    ))
+}
+
+/// The call's attributes but `groups` (`check_traced_for`'s).
+fn op_attrs(f: &Frame<'_>) -> Result<Attrs> {
+    let mut attrs = f.attrs()?;
+    attrs.optional_ints("groups")?;
+    Ok(attrs)
+}
+
 fn arrays(bufs: &[XlaBuffer<'_>], name: &str) -> Result<Vec<crate::array::Array>> {
     bufs.iter().enumerate().map(|(i, b)| b.array(&format!("{name}[{i}]"))).collect()
 }
@@ -200,7 +229,7 @@ fn counted<'a, 'b>(bufs: &'b [XlaBuffer<'a>], n: usize, what: &str) -> Result<&'
 }
 
 fn read_ag_mm(f: &Frame<'_>) -> Result<AgMm> {
-    let (args, rets, mut attrs) = (f.args()?, f.rets()?, f.attrs()?);
+    let (args, rets, mut attrs) = (f.args()?, f.rets()?, op_attrs(f)?);
     let gather_dim = attrs.int("gather_dim")?;
     attrs.finish()?;
     if args.len() < 2 {
@@ -226,7 +255,7 @@ fn read_ag_mm(f: &Frame<'_>) -> Result<AgMm> {
 }
 
 fn read_mm_rs(f: &Frame<'_>) -> Result<MmRs> {
-    let (args, rets, mut attrs) = (f.args()?, f.rets()?, f.attrs()?);
+    let (args, rets, mut attrs) = (f.args()?, f.rets()?, op_attrs(f)?);
     let scatter_dim = attrs.int("scatter_dim")?;
     let op = match attrs.string("op")?.as_str() {
         "sum" => ReduceOp::Sum,
@@ -241,7 +270,7 @@ fn read_mm_rs(f: &Frame<'_>) -> Result<MmRs> {
 }
 
 fn read_lc_allgather(f: &Frame<'_>) -> Result<LcAllgather> {
-    let (args, rets, attrs) = (f.args()?, f.rets()?, f.attrs()?);
+    let (args, rets, attrs) = (f.args()?, f.rets()?, op_attrs(f)?);
     attrs.finish()?;
     let input = counted(&args, 1, "arguments")?[0].array("input")?;
     let output = counted(&rets, 1, "results")?[0].array("output")?;
@@ -258,7 +287,7 @@ fn algorithm(name: &str) -> Result<Option<AllReduceAlgorithm>> {
 }
 
 fn read_all_reduce(f: &Frame<'_>, norm: bool) -> Result<AllReduce> {
-    let (args, rets, mut attrs) = (f.args()?, f.rets()?, f.attrs()?);
+    let (args, rets, mut attrs) = (f.args()?, f.rets()?, op_attrs(f)?);
     let algorithm = algorithm(&attrs.string("algorithm")?)?;
     if !norm {
         let op = match attrs.string("op")?.as_str() {

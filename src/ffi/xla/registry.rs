@@ -55,8 +55,10 @@ pub fn bind(platform: Platform, ordinal: i32, group: symm_group_t) -> Result<()>
     Ok(())
 }
 
-/// The group of the device, with this rank's position in it.
-pub fn lookup(platform: Platform, ordinal: i32) -> Result<Arc<Group>> {
+/// The group of the device, with this rank's position in it, and the
+/// handle it is bound to (handles are never reused, so the handle names
+/// one formation of the group).
+pub fn lookup(platform: Platform, ordinal: i32) -> Result<(usize, Arc<Group>)> {
     let key = bound().as_ref().and_then(|m| m.get(&(platform, ordinal)).copied()).ok_or_else(|| {
         err!(
             InvalidArgument,
@@ -64,6 +66,7 @@ pub fn lookup(platform: Platform, ordinal: i32) -> Result<Arc<Group>> {
             platform.name()
         )
     })?;
-    crate::ffi::group::group(key as symm_group_t)
-        .map_err(|e| e.context(format!("{} device {ordinal}'s group (bind the device again)", platform.name())))
+    let group = crate::ffi::group::group(key as symm_group_t)
+        .map_err(|e| e.context(format!("{} device {ordinal}'s group (bind the device again)", platform.name())))?;
+    Ok((key, group))
 }

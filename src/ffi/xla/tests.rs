@@ -50,6 +50,8 @@ struct Call {
     n_args: usize,
     attr_names: Vec<CString>,
     attr_values: Vec<i64>,
+    /// The `groups` array attribute, when given.
+    groups: Option<Vec<i64>>,
 }
 
 impl Call {
@@ -74,7 +76,14 @@ impl Call {
             n_args: args.len(),
             attr_names: attrs.iter().map(|(n, _)| CString::new(*n).unwrap()).collect(),
             attr_values: attrs.iter().map(|(_, v)| *v).collect(),
+            groups: None,
         }
+    }
+
+    /// The call with the `groups` attribute (the handles its program was traced for).
+    fn traced_for(mut self, handles: &[i64]) -> Call {
+        self.groups = Some(handles.to_vec());
+        self
     }
 
     /// Runs `handler` with this call on device `ordinal`.
@@ -96,6 +105,17 @@ impl Call {
             .collect();
         let mut attr_ptrs: Vec<*mut c_void> = scalars.iter_mut().map(|s| (s as *mut XLA_FFI_Scalar).cast()).collect();
         let mut attr_types = vec![XLA_FFI_AttrType_SCALAR; attr_ptrs.len()];
+        let mut groups_name = XLA_FFI_ByteSpan { ptr: c"groups".as_ptr(), len: 6 };
+        let mut groups = self.groups.as_mut().map(|g| XLA_FFI_Array {
+            dtype: XLA_FFI_DataType_S64,
+            size: g.len(),
+            data: g.as_mut_ptr().cast(),
+        });
+        if let Some(g) = groups.as_mut() {
+            span_ptrs.push(&mut groups_name);
+            attr_ptrs.push((g as *mut XLA_FFI_Array).cast());
+            attr_types.push(XLA_FFI_AttrType_ARRAY);
+        }
         let mut frame = XLA_FFI_CallFrame {
             struct_size: XLA_FFI_CallFrame_STRUCT_SIZE as usize,
             extension_start: null_mut(),
@@ -253,5 +273,46 @@ fn a_call_one_device_cannot_read_fails_on_every_device() {
         GROUPS.remove(h as usize).unwrap();
         let e = call.run(Some(symm_xla_lc_allgather_cpu), 2000 + r as i32, XLA_FFI_ExecutionStage_EXECUTE).unwrap();
         assert!(e.contains("not a live symm_group_t") && e.contains("bind the device again"), "{e}");
+    }
+}
+
+#[test]
+fn a_program_traced_for_other_groups_is_refused_on_every_device() {
+    let handles = bound_pair(3000);
+    let run = |traced: Vec<i64>| -> Vec<(Option<String>, Vec<f32>)> {
+        std::thread::scope(|s| {
+            let joins: Vec<_> =
+                (0..2)
+                    .map(|r| {
+                        let traced = traced.clone();
+                        s.spawn(move || {
+                            let mut input = vec![r as f32 + 0.5; 4];
+                            let mut output = vec![f32::NAN; 8];
+                            let e = Call::new(&[(&mut input, &[4])], &[(&mut output, &[8])], &[])
+                                .traced_for(&traced)
+                                .run(Some(symm_xla_lc_allgather_cpu), 3000 + r, XLA_FFI_ExecutionStage_EXECUTE);
+                            (e, output)
+                        })
+                    })
+                    .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        })
+    };
+    // Traced for the groups bound now: runs.
+    for (e, out) in run(handles.iter().map(|&h| h as i64).collect()) {
+        assert_eq!(e, None);
+        assert_eq!(out, [0.5, 0.5, 0.5, 0.5, 1.5, 1.5, 1.5, 1.5]);
+    }
+    // Traced for groups since replaced (handles are never reused): refused
+    // on both devices, their outputs untouched.
+    let stale: Vec<i64> = handles.iter().map(|&h| h as i64 + (1 << 20)).collect();
+    for (e, out) in run(stale) {
+        let e = e.expect("a stale program ran");
+        assert!(e.contains("traced for other symm groups"), "{e}");
+        assert!(out.iter().all(|v| v.is_nan()), "{out:?}");
+    }
+    for (r, h) in handles.into_iter().enumerate() {
+        registry::bind(Platform::Cpu, 3000 + r as i32, null_mut()).unwrap();
+        GROUPS.remove(h as usize).unwrap();
     }
 }
