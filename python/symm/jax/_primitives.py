@@ -37,9 +37,9 @@ def _abstract_ordered(*args, target, results, attrs):
 def _check_mesh(ctx):
     """The devices of the mesh the call is lowered over must be the group's
     in rank order (``_context.axis`` checked the sizes while tracing)."""
-    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
-    devices = getattr(mesh, "devices", None)
-    if devices is None:
+    try:
+        devices = ctx.module_context.axis_context.mesh.devices
+    except Exception:  # no concrete mesh (an abstract one): nothing to check against
         return
     listed, ranks = list(devices.flat), state().devices
     if listed != ranks:
