@@ -313,6 +313,46 @@ def test_a_failure_leaves_no_failed_token_behind(mesh):
     np.testing.assert_array_equal(float(jax.jit(callback_only)(x)), 4.0)
 
 
+def test_a_users_failing_callback_is_still_reported(mesh):
+    """A failure of the user's own ordered io_callback in a program with a
+    symm call stays JAX's to report: the next ordered program and the
+    barrier raise it, as without symm."""
+    from jax._src import dispatch
+
+    def fail(v):
+        raise RuntimeError("the user's callback failed")
+
+    def body(x):
+        jax.experimental.io_callback(fail, jax.ShapeDtypeStruct((), x.dtype), x.sum(), ordered=True)
+        return sj.all_reduce(x)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    g = jax.jit(lambda v: jax.experimental.io_callback(lambda t: t, jax.ShapeDtypeStruct((), v.dtype), v, ordered=True))
+    try:
+        f(jnp.ones((WORLD * 3,)))  # its output is never read
+        with pytest.raises(Exception, match="the user's callback failed"):
+            g(jnp.float32(3)).block_until_ready()
+        with pytest.raises(Exception, match="the user's callback failed"):
+            jax.effects_barrier()
+    finally:
+        dispatch.runtime_tokens.clear()  # JAX keeps the failure for ever; later tests start clean
+
+
+def test_an_ahead_of_time_program_runs_again():
+    """A .lower().compile() program called again: JAX's fast path for a
+    second call would leave out the order token (the program has an
+    unordered effect too, which keeps it off that path)."""
+    sj.init(timeout_ms=60_000)
+    try:
+        f = jax.jit(jax.shard_map(sj.lc_allgather, mesh=sj.mesh("x"), in_specs=P("x"), out_specs=P("x")))
+        x = random(np.random.default_rng(13), (WORLD * 2, 3), jnp.float32)
+        compiled = f.lower(x).compile()
+        for _ in range(3):
+            np.testing.assert_array_equal(per_device(compiled(x))[WORLD - 1], np.asarray(x))
+    finally:
+        sj.shutdown()
+
+
 def test_shutdown_waits_for_dispatched_programs():
     """XLA's CPU runtime runs a program after its dispatch returns;
     shutdown waits for it rather than unbinding the devices under it."""
@@ -355,6 +395,12 @@ def test_a_program_traced_under_an_earlier_init_is_refused():
         # f is traced again, over its mesh of the devices in the old order.
         with pytest.raises(ValueError, match="the mesh lists the devices .* in the order symm.jax.init"):
             f(x)
+        # An abstract mesh does not show its devices' order: refused.
+        abstract = jax.jit(
+            jax.shard_map(sj.lc_allgather, mesh=sj.mesh("x").abstract_mesh, in_specs=P("x"), out_specs=P("x"))
+        )
+        with pytest.raises(ValueError, match="concrete mesh"):
+            abstract(jax.device_put(x, jax.sharding.NamedSharding(sj.mesh("x"), P("x"))))
     finally:
         sj.shutdown()
 

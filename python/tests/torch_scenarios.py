@@ -554,13 +554,15 @@ def reinit(c):
         "gloo", init_method=f"file://{os.environ['SYMM_TEST_INIT_FILE']}.again", rank=rank, world_size=W
     )
     assert dist.group.WORLD.group_name == name, "torch reuses the name"
-    xs = c.inputs(90, (3, 4))
-    same(torch.ops.symm._low_contention_all_gather(xs[rank], name), torch.cat(xs), "all-gather after re-init")
-    g = st.get_group(dist.group.WORLD)
+    backend = "cuda" if CUDA else "host"  # (forming at first use would pick CUDA wherever torch sees it)
+    g = st.enable_symm_mem_for_group(dist.group.WORLD, backend=backend, timeout_ms=60_000)
     assert g is not old and g.rank == rank, (g, old)
+    xs = c.inputs(90, (3, 4))
+    got = torch.ops.symm._low_contention_all_gather(xs[rank].to(c.device), name)
+    same(got, torch.cat(xs), "all-gather after re-init")
     st.disable_symm_mem_for_group(None)
     assert not st.is_symm_mem_enabled_for_group(name)
-    st.enable_symm_mem_for_group(None, backend="host", timeout_ms=60_000)
+    st.enable_symm_mem_for_group(None, backend=backend, timeout_ms=60_000)
 
 
 def graphs(c):

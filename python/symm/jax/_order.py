@@ -40,31 +40,64 @@ for kinds in (
 ):
     kinds.add_type(_InOrder)
 
-def _failed(token, wait):
-    """Whether ``token`` (a program's output token) is that of a failed
-    program; without ``wait``, False for one still running."""
+
+@dataclasses.dataclass(frozen=True)
+class _Dispatched(Effect):
+    def __str__(self):
+        return "symm call"
+
+
+# Unordered, beside IN_ORDER: JAX's ahead-of-time executables (``.lower().
+# compile()``) take a fast path on a second call unless a program has
+# unordered effects or host callbacks, and that path leaves out the order
+# token the program expects (XLA then reads past its arguments and crashes).
+DISPATCHED = _Dispatched()
+for kinds in (
+    effects.lowerable_effects,
+    effects.control_flow_allowed_effects,
+    effects.custom_derivatives_allowed_effects,
+    effects.remat_allowed_effects,
+):
+    kinds.add_type(_Dispatched)
+
+
+def _failure(token, wait):
+    """The error of a failed program's output ``token``, else None (also
+    for one still running, without ``wait``)."""
     if token is None or (isinstance(token, core.Token) and not (wait or token._buf.is_ready())):
-        return False
+        return None
     try:
         token.block_until_ready()
-    except Exception:  # that program's error, raised to its caller already
-        return True
-    return False
+    except Exception as e:  # that program's error, raised to its caller already
+        return e
+    return None
+
+
+# What the handlers' errors start with (``symm_<operation>: ...``).
+_SYMM_FAILURE = ("symm_fused_ag_mm:", "symm_mm_rs:", "symm_lc_allgather:", "symm_all_reduce")
+
+
+def _is_symms(error):
+    return error is not None and any(s in str(error) for s in _SYMM_FAILURE)
 
 
 def _drop_if_failed(tokens, wait=False):
     """If the last program with symm calls failed (its order token did),
-    forgets every failed token JAX holds for later programs (``tokens``,
-    its thread's runtime tokens): the order token, the program's other
-    ordered effects' and its devices' runtime tokens, which the failure
-    failed alike."""
-    if not _failed(tokens.current_tokens.get(IN_ORDER), wait):
+    forgets that token (``tokens``: its thread's runtime tokens), and, if
+    a symm call failed it, every other token a symm call failed (the
+    program's other ordered effects', its devices' runtime tokens). A
+    failure of the user's own (an io_callback's) stays JAX's to report."""
+    error = _failure(tokens.current_tokens.get(IN_ORDER), wait)
+    if error is None:
+        return
+    del tokens.current_tokens[IN_ORDER]
+    if not _is_symms(error):
         return
     for eff, token in list(tokens.current_tokens.items()):
-        if _failed(token, True):
+        if _is_symms(_failure(token, True)):
             del tokens.current_tokens[eff]
     for device, token in list(tokens.output_runtime_tokens.items()):
-        if _failed(token, True):
+        if _is_symms(_failure(token, True)):
             del tokens.output_runtime_tokens[device]
 
 
@@ -74,9 +107,9 @@ def _fresh_after_failure():
     which would fail with the old error however good its own calls; JAX's
     barrier (``jax.effects_barrier``, and its wait at exit) would raise it
     again and again. So once a program with symm calls has failed, its
-    failed tokens are dropped when the next program takes its tokens, after
-    a barrier has raised the failure once, and at exit; later programs start
-    fresh ones. (A program dispatched while the failing one still ran has
+    failed tokens are dropped (``_drop_if_failed``) when the next program
+    takes its tokens, after a barrier has raised the failure once, and at
+    exit; later programs start fresh ones. (A program dispatched while the failing one still ran has
     its token already and fails with it, as work queued behind a failed
     kernel does.)"""
     from jax._src import dispatch  # JAX's runtime tokens; no public hook
@@ -116,8 +149,7 @@ def wait_for_calls():
     from jax._src import dispatch
 
     token = getattr(dispatch.runtime_tokens, "current_tokens", {}).get(IN_ORDER)
-    if isinstance(token, core.Token):
-        _failed(token, True)  # a failure is that program's, raised to its caller
+    _failure(token, True)  # a failure is that program's, raised to its caller
 
 
 _fresh_after_failure()

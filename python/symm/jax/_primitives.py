@@ -15,7 +15,7 @@ from jax._src import core  # the token aval JAX compares by identity
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from ._order import IN_ORDER
+from ._order import DISPATCHED, IN_ORDER
 from ._setup import state
 
 _call_p = Primitive("symm_call")
@@ -31,17 +31,22 @@ def _abstract(*args, target, results, attrs):
 
 @_ordered_p.def_effectful_abstract_eval
 def _abstract_ordered(*args, target, results, attrs):
-    return results, {IN_ORDER}
+    return results, {IN_ORDER, DISPATCHED}
 
 
 def _check_mesh(ctx):
     """The devices of the mesh the call is lowered over must be the group's
     in rank order (``_context.axis`` checked the sizes while tracing)."""
-    try:
-        devices = ctx.module_context.axis_context.mesh.devices
-    except Exception:  # no concrete mesh (an abstract one): nothing to check against
-        return
-    listed, ranks = list(devices.flat), state().devices
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    if mesh is None:
+        return  # not a shard_map's (the operations refused that while tracing)
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        # Its devices are chosen later, from the arguments: no way to see their order.
+        raise ValueError(
+            "symm.jax operations need jax.shard_map over a concrete mesh (symm.jax.mesh(), or jax.set_mesh "
+            "of one), not an abstract mesh: the devices' order must be checked against the ranks'"
+        )
+    listed, ranks = list(mesh.devices.flat), state().devices
     if listed != ranks:
         raise ValueError(
             f"the mesh lists the devices {[d.id for d in listed]} but the symm group's ranks are on devices "

@@ -150,6 +150,8 @@ def is_symm_mem_enabled_for_group(group_name):
     """Whether ``enable_symm_mem_for_group`` (or a first operation) formed
     the symm group of ``group_name`` (a name, ProcessGroup or None, as
     there), and its process group still exists."""
+    if group_name is None and not dist.is_initialized():
+        return False
     return _cached(_name_of(group_name)) is not None
 
 
@@ -175,6 +177,8 @@ def disable_symm_mem_for_group(group_name):
     ``group_name`` (a name, ProcessGroup or None, as
     ``enable_symm_mem_for_group``); the next use forms a new one,
     collectively."""
+    if group_name is None and not dist.is_initialized():
+        return
     with _LOCK:
         entry = _GROUPS.pop(_name_of(group_name), None)
     if entry is not None:
