@@ -20,6 +20,7 @@ from jax.custom_batching import custom_vmap
 from .._lib import XLA_PLATFORM_CPU
 from . import _primitives
 from ._context import result, vary
+from ._setup import state
 
 
 def _once_only(primals, tangents):
@@ -38,8 +39,6 @@ def _ffi(target, results, args, attrs):
 
 
 def _custom_call(target, results, args, attrs):
-    from ._setup import state
-
     now = state()
     several = isinstance(results, (list, tuple))
     # The handles of the groups traced for: a device bound to others since refuses the call.
@@ -188,6 +187,4 @@ def all_reduce_rmsnorm(eps, algorithm, axes, out_r, out_norm):
 
 
 def _world():
-    from ._setup import state
-
     return len(state().devices)
