@@ -15,7 +15,10 @@ use std::ffi::c_int;
 /// mm_rs,lc_allgather,all_reduce,all_reduce_rmsnorm}_{cuda,cpu}`; register
 /// them with XLA under the platform of their suffix. The binding refers to the
 /// handle: after `symm_group_destroy`, calls on the device fail until it is
-/// bound again.
+/// bound again. A call may carry an int64-array attribute `groups`, the
+/// handles bound when its program was built: on a device bound to a handle
+/// not among them, it fails (on every device) instead of running on a group
+/// the program was not made for.
 #[no_mangle]
 pub extern "C" fn symm_xla_bind_device(
     platform: symm_xla_platform_t,
