@@ -7,6 +7,14 @@
  * values passed as void*; operations are stream-ordered and return once
  * enqueued. Handles are opaque; destroy functions accept NULL.
  *
+ * A group's collectives (its operations, rendezvous, barriers, workspace
+ * reservations) pair up across ranks in the order each rank makes them,
+ * as NCCL's do: every rank makes them in the same order. A rank may call
+ * from several threads, and symm runs one call at a time, but the order
+ * among those threads is the caller's to keep: two threads calling at
+ * once pair with whichever call the peers made first, which for calls of
+ * one signature exchanges the wrong data without an error.
+ *
  * Structs that begin with `struct_size` grow only by appended fields;
  * symm reads or writes only as far as the caller's `struct_size` says,
  * and refuses with SYMM_ERROR_INVALID_ARGUMENT one above 65536 bytes

@@ -472,7 +472,11 @@ impl Group {
     pub(crate) fn exchange(&self, purpose: Purpose, local: Result<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         self.health.check()?;
         let tag = purpose as u8;
-        let tagged = local.map(|b| [&[tag][..], &b].concat());
+        // Each payload says whose it is: a bootstrap (a caller's callback)
+        // that hands back bytes out of rank order would otherwise map one
+        // rank's buffer in another's place, or add the wrong rank's data.
+        let head = [&[tag][..], &(self.rank() as u32).to_le_bytes()].concat();
+        let tagged = local.map(|b| [&head[..], &b].concat());
         // A lost exchange leaves the ranks out of step: the group fails.
         let all = exchange(self.bootstrap.as_ref(), tagged, self.timeout(), &|e| self.fail(e))?;
         if let Some(r) = all.iter().position(|b| b.first() != Some(&tag)) {
@@ -485,7 +489,18 @@ impl Group {
             self.fail(&e);
             return Err(e);
         }
-        Ok(all.into_iter().map(|mut b| b.split_off(1)).collect())
+        let sender = |b: &[u8]| b.get(1..head.len()).map(|x| u32::from_le_bytes(x.try_into().expect("4 bytes")));
+        if let Some(r) = all.iter().enumerate().position(|(r, b)| sender(b) != Some(r as u32)) {
+            let e = err!(
+                Bootstrap,
+                "the bootstrap gave {} in rank {r}'s place ({purpose:?}); does its all-gather gather every rank's \
+                 bytes in rank order?",
+                sender(&all[r]).map_or("malformed bytes".to_string(), |s| format!("rank {s}'s bytes"))
+            );
+            self.fail(&e);
+            return Err(e);
+        }
+        Ok(all.into_iter().map(|mut b| b.split_off(head.len())).collect())
     }
 
     /// `decoded`, the payloads an exchange returned as decoded: where one
@@ -912,6 +927,54 @@ mod tests {
             assert_eq!(e.kind, ErrorKind::Bootstrap, "{e}");
             assert!(e.msg.contains("rank 0's announcement in rank 1's place"), "{e}");
         }
+    }
+
+    /// A bootstrap that turns to handing back the ranks' bytes out of
+    /// order after the group formed: the next exchange (a workspace's
+    /// reservation here) is a `Bootstrap` error on every rank, not a
+    /// mapping of one rank's memory in another's place.
+    #[test]
+    fn exchanges_out_of_rank_order_are_a_bootstrap_error() {
+        struct Reversing(crate::bootstrap::local::LocalBootstrap, Arc<AtomicBool>);
+        impl Bootstrap for Reversing {
+            fn rank(&self) -> usize {
+                self.0.rank()
+            }
+            fn world(&self) -> usize {
+                self.0.world()
+            }
+            fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+                let all = self.0.allgather(data, timeout)?;
+                if !self.1.load(Ordering::SeqCst) {
+                    return Ok(all);
+                }
+                Ok(all.chunks(data.len().max(1)).rev().flatten().copied().collect())
+            }
+        }
+        let reverse = Arc::new(AtomicBool::new(false));
+        let groups: Vec<Arc<Group>> = std::thread::scope(|s| {
+            let hs: Vec<_> = local_bootstraps(2)
+                .into_iter()
+                .map(|b| {
+                    let reverse = reverse.clone();
+                    s.spawn(move || Group::new(Box::new(Reversing(b, reverse)), 0, &host_cfg()).unwrap())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        reverse.store(true, Ordering::SeqCst);
+        let errors: Vec<Error> = std::thread::scope(|s| {
+            let hs: Vec<_> = groups
+                .iter()
+                .map(|g| s.spawn(move || g.exchange(Purpose::Reserve, Ok(vec![7; 8])).unwrap_err()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, e) in errors.iter().enumerate() {
+            assert_eq!(e.kind, ErrorKind::Bootstrap, "{e}");
+            assert!(e.msg.contains("rank 1's bytes in rank 0's place"), "rank {r}: {e}");
+        }
+        assert!(groups.iter().all(|g| g.health.check().is_err()), "the groups failed");
     }
 
     #[test]

@@ -22,7 +22,14 @@ def _config(backend, timeout_ms, allow_shared_device, check_args_always):
         _lib.GROUP_CHECK_ARGS_ALWAYS if check_args_always else 0
     )
     # timeout_ms None -> 0, which the library reads as env SYMM_TIMEOUT_MS or
-    # its default; other values go through unchanged so it validates them.
+    # its default; other values go through unchanged so it validates them,
+    # once known to fit the struct's int32 (ctypes would keep the low bits).
+    if timeout_ms is not None:
+        if isinstance(timeout_ms, bool):
+            raise TypeError(f"timeout_ms must be an int, got {timeout_ms!r}")
+        timeout_ms = operator.index(timeout_ms)
+        if not -(1 << 31) <= timeout_ms < 1 << 31:
+            raise ValueError(f"timeout_ms is {timeout_ms}; expected 1 to {(1 << 31) - 1} ms, or None")
     return _lib.GroupConfig(ctypes.sizeof(_lib.GroupConfig), BACKENDS[backend], timeout_ms or 0, flags)
 
 
@@ -50,7 +57,13 @@ class Group:
     "host"), ``timeout_ms`` (None: env ``SYMM_TIMEOUT_MS`` or 300000),
     ``allow_shared_device`` (several ranks on one GPU) and
     ``check_args_always`` (the ranks compare an operation's arguments on
-    every call, not only the first time they see them)."""
+    every call, not only the first time they see them).
+
+    A group's collectives pair up across ranks in the order each rank
+    makes them, so every rank makes them in the same order (as NCCL's). A
+    rank may call from several threads, one call running at a time, but
+    keeping their order the same on every rank is the caller's part: two
+    threads calling at once may exchange each other's data."""
 
     def __init__(self, raw, bootstrap=None):
         """Wraps a ``symm_group_t`` the caller owns (internal)."""
@@ -256,7 +269,9 @@ def local_groups(n, devices=None, backend="auto", timeout_ms=None, allow_shared_
     if devices is not None and len(devices) != n:
         raise ValueError(f"{len(devices)} devices given for {n} ranks")
     cfg = _config(backend, timeout_ms, allow_shared_device, check_args_always)
-    raws = (_lib.handle_t * max(n, 0))()  # n <= 0 is the library's to reject
+    # The library refuses n <= 0 and n past its largest group before it
+    # writes a handle, so a huge n needs no array of its size.
+    raws = (_lib.handle_t * (n if 0 < n <= 4096 else 0))()
     devs = None if devices is None else (ctypes.c_int * n)(*devices)
     check(lib.symm_group_init_local(raws, n, devs, ctypes.byref(cfg)))
     return [Group(raw) for raw in raws]

@@ -90,6 +90,15 @@ def test_group_formation_arguments():
         symm.local_groups(0)
     with pytest.raises(symm.SymmInvalidArgument, match="timeout_ms"):
         symm.local_groups(1, timeout_ms=-5)
+    # Past the config's int32: refused, not wrapped (2**32 + 1500 was 1.5 s).
+    for t in (2**31, 2**32 + 1500):
+        with pytest.raises(ValueError, match=f"timeout_ms is {t}; expected 1 to 2147483647"):
+            symm.local_groups(1, timeout_ms=t)
+    with pytest.raises(TypeError, match="timeout_ms must be an int"):
+        symm.local_groups(1, timeout_ms=True)
+    # A world past the largest group: the library's message, not a MemoryError.
+    with pytest.raises(symm.SymmInvalidArgument, match="n is 1073741824; expected 1 to"):
+        symm.local_groups(2**30)
     with pytest.raises(ValueError, match="backend 'gpu'"):
         symm.local_groups(1, backend="gpu")
     with pytest.raises(ValueError, match="2 devices given for 3 ranks"):

@@ -488,12 +488,21 @@ fn serve_requests(stream: &Stream, ns: &Namespace, rank: usize) -> bool {
 }
 
 /// Records that connection `conn` is rank `rank` of `world`; true when
-/// this made every rank of the group joined. A second live claimant means
-/// two processes were given one rank: the namespace is poisoned so every
-/// rank fails now rather than exchanging garbage.
+/// this made every rank of the group joined. A second live claimant while
+/// the group forms means two processes were given one rank: the namespace
+/// is poisoned so every rank fails now rather than exchanging garbage.
+/// Once every rank has joined, the group is formed and a claimant is a
+/// stray process reusing its unique id: it alone is refused.
 fn claim(ns: &Namespace, rank: usize, world: usize, conn: u64) -> Result<bool> {
     let mut m = lock(&ns.members);
     if m.claims.contains_key(&rank) {
+        if m.complete() {
+            return Err(err!(
+                Mismatch,
+                "bootstrap: rank {rank} of this unique id's group is taken by a formed group (a unique id serves \
+                 one group: get a new one for another)"
+            ));
+        }
         let e = err!(Mismatch, "bootstrap: rank {rank} was claimed by two processes (check RANK / rank arguments)");
         ns.exchange.poison(e.clone());
         return Err(e);

@@ -148,15 +148,28 @@ fn wrong_secret_is_refused() {
 #[test]
 fn duplicate_rank_fails_the_group() {
     let id = create_unique_id(None).unwrap();
-    let r0 = TcpBootstrap::connect(&id, 0, 2, T).unwrap();
-    let r1 = TcpBootstrap::connect(&id, 1, 2, T).unwrap();
+    let r0 = TcpBootstrap::connect(&id, 0, 3, T).unwrap();
+    let r1 = TcpBootstrap::connect(&id, 1, 3, T).unwrap();
     let waiting = thread::spawn(move || r0.allgather(&[0], T));
-    let e = TcpBootstrap::connect(&id, 1, 2, T).unwrap_err();
+    let e = TcpBootstrap::connect(&id, 1, 3, T).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Mismatch);
     assert!(e.msg.contains("rank 1 was claimed by two processes"), "{e}");
     // Both legitimate-looking ranks hear about it instead of hanging.
     assert_eq!(waiting.join().unwrap().unwrap_err(), e);
     assert_eq!(r1.allgather(&[1], T).unwrap_err(), e);
+}
+
+/// Once every rank has joined, a process reusing the unique id for one of
+/// its ranks is refused alone: the group it would disturb goes on.
+#[test]
+fn a_stray_claim_on_a_formed_group_is_refused_alone() {
+    let id = create_unique_id(None).unwrap();
+    let bs = connect_all(&id, 2);
+    let e = TcpBootstrap::connect(&id, 0, 2, T).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Mismatch);
+    assert!(e.msg.contains("taken by a formed group"), "{e}");
+    let out = on_ranks(bs, |b| b.allgather(&[b.rank() as u8], T).unwrap());
+    assert!(out.iter().all(|o| *o == [0, 1]), "{out:?}");
 }
 
 /// A rank that leaves frees its rank for a successor while the group
