@@ -5,7 +5,9 @@
  * Every function returns a symm_status_t; on failure, symm_last_error()
  * describes it and no output argument was written. Streams are CUstream
  * values passed as void*; operations are stream-ordered and return once
- * enqueued. Handles are opaque; destroy functions accept NULL.
+ * enqueued. Handles are opaque; destroy functions accept NULL. A forked
+ * process gets SYMM_ERROR_INVALID_HANDLE for its parent's handles, destroy
+ * included: it forms a group of its own.
  *
  * A group's collectives (its operations, rendezvous, barriers, workspace
  * reservations) pair up across ranks in the order each rank makes them,
