@@ -6,7 +6,7 @@
 //! here, so both report timeouts and mismatches identically.
 
 use super::{name_ranks, Bootstrap};
-use crate::error::{err, Error, Result};
+use crate::error::{err, Error, ErrorKind, Result};
 use crate::sync::{self, lock};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -230,7 +230,12 @@ impl Exchange {
     /// not fit, so every participant hears of the problem instead of hanging.
     fn admit(&self, round: &mut Round, seq: u64, rank: usize, world: usize, data: &[u8]) -> Result<()> {
         if let Some(e) = round.failure() {
-            return Err(e);
+            // A rank arriving at a round that timed out is one the others
+            // waited for: told so, not only that it "did not arrive".
+            return Err(match e.kind {
+                ErrorKind::Timeout => e.context(format!("bootstrap: rank {rank} came after the others gave up")),
+                _ => e,
+            });
         }
         if let Err(e) = round.check(seq, rank, world, data.len()) {
             round.fail(e.clone());
@@ -418,9 +423,11 @@ mod tests {
         let e = bs[0].allgather(&[1], short).unwrap_err();
         assert_eq!(e.msg, "bootstrap: rank 1 of 2 did not arrive within 100 ms");
         assert_eq!(bs[0].exchange.open_rounds(), 1);
-        // Rank 1 comes late to round 0: it gets the same error at once...
+        // Rank 1 comes late to round 0: it gets the error at once, told it was the late one...
         let t = Instant::now();
-        assert_eq!(bs[1].allgather(&[1], T).unwrap_err(), e);
+        let late = bs[1].allgather(&[1], T).unwrap_err();
+        assert_eq!(late.kind, ErrorKind::Timeout);
+        assert_eq!(late.msg, format!("bootstrap: rank 1 came after the others gave up: {}", e.msg));
         assert!(t.elapsed() < Duration::from_secs(1));
         // ...the round is forgotten, and the group is still in step.
         assert_eq!(bs[0].exchange.open_rounds(), 0);
