@@ -6,7 +6,7 @@
 //! here, so both report timeouts and mismatches identically.
 
 use super::{name_ranks, Bootstrap};
-use crate::error::{err, Error, ErrorKind, Result};
+use crate::error::{err, Error, Result};
 use crate::sync::{self, lock};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -74,6 +74,9 @@ struct State {
     /// Set when the group is known to be broken (e.g. two processes claim
     /// one rank); every round from then on fails with this error.
     poisoned: Option<Error>,
+    /// A rank known to be gone (`lost`), and the error its absence gives:
+    /// every round that still needs it fails with it at once.
+    gone: Option<(usize, Error)>,
 }
 
 enum Outcome {
@@ -95,6 +98,8 @@ struct Round {
     served: usize,
     outcome: Option<Outcome>,
     failed_at: Option<Instant>,
+    /// Failed because a waiter's timeout passed (a later rank came late).
+    timed_out: bool,
 }
 
 impl Round {
@@ -112,6 +117,7 @@ impl Round {
             served: 0,
             outcome: None,
             failed_at: None,
+            timed_out: false,
         })
     }
 
@@ -127,6 +133,11 @@ impl Round {
         self.arrived[rank] = true;
         self.arrived_count += 1;
         true
+    }
+
+    /// Whether the round is open and waits for `rank`'s contribution.
+    fn needs(&self, rank: usize) -> bool {
+        self.is_open() && self.arrived.get(rank) == Some(&false)
     }
 
     fn fail(&mut self, e: Error) {
@@ -193,7 +204,10 @@ impl Round {
 
 impl Exchange {
     pub(crate) fn new() -> Self {
-        Exchange { state: Mutex::new(State { rounds: HashMap::new(), poisoned: None }), cond: Condvar::new() }
+        Exchange {
+            state: Mutex::new(State { rounds: HashMap::new(), poisoned: None, gone: None }),
+            cond: Condvar::new(),
+        }
     }
 
     /// Contributes `data` as `rank` of `world` to round `seq` and waits until
@@ -223,7 +237,28 @@ impl Exchange {
             Self::serve_rejected(&mut st, seq, rank);
             return Err(e);
         }
+        let state = &mut *st;
+        if let (Some((gone, e)), Some(round)) = (&state.gone, state.rounds.get_mut(&seq)) {
+            if round.needs(*gone) {
+                round.fail(e.clone());
+            }
+        }
         self.wait(st, seq, world, timeout)
+    }
+
+    /// `rank` will not contribute again (its connection to the store closed
+    /// without a goodbye): the open rounds that still need it, and every
+    /// later one, fail with `e` at once instead of at their timeout. Rounds
+    /// it contributed to go on.
+    pub(crate) fn lost(&self, rank: usize, e: Error) {
+        let mut st = lock(&self.state);
+        for round in st.rounds.values_mut() {
+            if round.needs(rank) {
+                round.fail(e.clone());
+            }
+        }
+        st.gone.get_or_insert((rank, e));
+        self.cond.notify_all();
     }
 
     /// Adds a contribution to the round, or fails the whole round if it does
@@ -232,9 +267,9 @@ impl Exchange {
         if let Some(e) = round.failure() {
             // A rank arriving at a round that timed out is one the others
             // waited for: told so, not only that it "did not arrive".
-            return Err(match e.kind {
-                ErrorKind::Timeout => e.context(format!("bootstrap: rank {rank} came after the others gave up")),
-                _ => e,
+            return Err(match round.timed_out {
+                true => e.context(format!("bootstrap: rank {rank} came after the others gave up")),
+                false => e,
             });
         }
         if let Err(e) = round.check(seq, rank, world, data.len()) {
@@ -276,6 +311,7 @@ impl Exchange {
                 );
                 log::warn!("{}", e.msg);
                 round.fail(e);
+                round.timed_out = true;
                 self.cond.notify_all();
             }
             if let Some(outcome) = &round.outcome {

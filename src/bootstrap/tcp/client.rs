@@ -233,6 +233,14 @@ impl Bootstrap for TcpBootstrap {
     }
 }
 
+#[cfg(test)]
+impl TcpBootstrap {
+    /// Closes the connection as a process that ends does: no goodbye.
+    pub(crate) fn vanish(mut self) {
+        sync::get_mut(&mut self.conn).stream.take();
+    }
+}
+
 impl Drop for TcpBootstrap {
     /// Says goodbye so the store releases this rank at once (a new client
     /// for the same rank may follow immediately); on the hosting process,

@@ -367,6 +367,17 @@ impl Server {
         drop(claim);
         if said_bye {
             let _ = Reply::Ok(&[]).write_to(&mut &stream);
+        } else if !ns.done() {
+            // Gone without a goodbye: the others hear it now, not at their timeout.
+            let world = lock(&ns.members).world;
+            ns.exchange.lost(
+                rank,
+                err!(
+                    Timeout,
+                    "bootstrap: rank {rank} of {world} closed its connection to the store without a goodbye (its \
+                     process ended, or its bootstrap failed): it will not arrive"
+                ),
+            );
         }
     }
 

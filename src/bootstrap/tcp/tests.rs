@@ -159,6 +159,32 @@ fn duplicate_rank_fails_the_group() {
     assert_eq!(r1.allgather(&[1], T).unwrap_err(), e);
 }
 
+/// A rank whose connection closes without a goodbye (its process ended)
+/// fails the rounds that need it at once, a timeout naming it, while a
+/// round it finished before is served as usual.
+#[test]
+fn a_rank_gone_without_a_goodbye_fails_the_rounds_that_need_it_at_once() {
+    let id = create_unique_id(None).unwrap();
+    let mut bs = connect_all(&id, 3);
+    let r2 = bs.pop().unwrap();
+    let r1 = bs.pop().unwrap();
+    let r0 = bs.pop().unwrap();
+    let done = thread::spawn(move || (r1.allgather(&[1], T).unwrap(), r1));
+    let h2 = thread::spawn(move || (r2.allgather(&[2], T).unwrap(), r2));
+    assert_eq!(r0.allgather(&[0], T).unwrap(), [0, 1, 2]);
+    let ((_, r1), (_, r2)) = (done.join().unwrap(), h2.join().unwrap());
+    r1.vanish();
+    let t = Instant::now();
+    let h2 = thread::spawn(move || r2.allgather(&[2], T).unwrap_err());
+    let e0 = r0.allgather(&[0], T).unwrap_err();
+    let e2 = h2.join().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    for e in [e0, e2] {
+        assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+        assert!(e.msg.contains("rank 1 of 3 closed its connection to the store without a goodbye"), "{e}");
+    }
+}
+
 /// Once every rank has joined, a process reusing the unique id for one of
 /// its ranks is refused alone: the group it would disturb goes on.
 #[test]
