@@ -900,26 +900,29 @@ mod tests {
     /// A rank's announcement in another's place (a caller's bootstrap that
     /// gathers out of order, or hands back one rank's bytes twice) is a
     /// `Bootstrap` error on every rank, not a group whose calls time out.
+    /// A caller's faulty bootstrap: a local one whose gathered bytes pass
+    /// through `.1` (with each rank's length).
+    struct Rewriting<F>(crate::bootstrap::local::LocalBootstrap, F);
+
+    impl<F: Fn(Vec<u8>, usize) -> Vec<u8> + Send + Sync> Bootstrap for Rewriting<F> {
+        fn rank(&self) -> usize {
+            self.0.rank()
+        }
+        fn world(&self) -> usize {
+            self.0.world()
+        }
+        fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+            Ok((self.1)(self.0.allgather(data, timeout)?, data.len()))
+        }
+    }
+
     #[test]
     fn announcements_out_of_place_are_a_bootstrap_error() {
-        struct Cloned(crate::bootstrap::local::LocalBootstrap);
-        impl Bootstrap for Cloned {
-            fn rank(&self) -> usize {
-                self.0.rank()
-            }
-            fn world(&self) -> usize {
-                self.0.world()
-            }
-            fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
-                let all = self.0.allgather(data, timeout)?;
-                let n = all.len() / self.world();
-                Ok(all[..n].repeat(self.world())) // rank 0's bytes everywhere
-            }
-        }
+        let cloned = |all: Vec<u8>, n: usize| all[..n].repeat(2); // rank 0's bytes everywhere
         let res: Vec<Result<Arc<Group>>> = std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(2)
                 .into_iter()
-                .map(|b| s.spawn(move || Group::new(Box::new(Cloned(b)), 0, &host_cfg())))
+                .map(|b| s.spawn(move || Group::new(Box::new(Rewriting(b, cloned)), 0, &host_cfg())))
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
@@ -935,29 +938,17 @@ mod tests {
     /// mapping of one rank's memory in another's place.
     #[test]
     fn exchanges_out_of_rank_order_are_a_bootstrap_error() {
-        struct Reversing(crate::bootstrap::local::LocalBootstrap, Arc<AtomicBool>);
-        impl Bootstrap for Reversing {
-            fn rank(&self) -> usize {
-                self.0.rank()
-            }
-            fn world(&self) -> usize {
-                self.0.world()
-            }
-            fn allgather(&self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
-                let all = self.0.allgather(data, timeout)?;
-                if !self.1.load(Ordering::SeqCst) {
-                    return Ok(all);
-                }
-                Ok(all.chunks(data.len().max(1)).rev().flatten().copied().collect())
-            }
-        }
         let reverse = Arc::new(AtomicBool::new(false));
         let groups: Vec<Arc<Group>> = std::thread::scope(|s| {
             let hs: Vec<_> = local_bootstraps(2)
                 .into_iter()
                 .map(|b| {
                     let reverse = reverse.clone();
-                    s.spawn(move || Group::new(Box::new(Reversing(b, reverse)), 0, &host_cfg()).unwrap())
+                    let reversing = move |all: Vec<u8>, n: usize| match reverse.load(Ordering::SeqCst) {
+                        true => all.chunks(n.max(1)).rev().flatten().copied().collect(),
+                        false => all,
+                    };
+                    s.spawn(move || Group::new(Box::new(Rewriting(b, reversing)), 0, &host_cfg()).unwrap())
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()

@@ -29,15 +29,17 @@ class _InOrder(Effect):
         return "symm call order"
 
 
-IN_ORDER = _InOrder()
-for kinds in (
-    effects.ordered_effects,
-    effects.shardable_ordered_effects,  # inside shard_map
+# Where both effects may stand: lowered, in control flow (lax.map, scan,
+# cond), in the custom VJPs and under jax.checkpoint.
+_ALLOWED = (
     effects.lowerable_effects,
-    effects.control_flow_allowed_effects,  # lax.map, scan, cond
-    effects.custom_derivatives_allowed_effects,  # the custom VJPs
-    effects.remat_allowed_effects,  # jax.checkpoint
-):
+    effects.control_flow_allowed_effects,
+    effects.custom_derivatives_allowed_effects,
+    effects.remat_allowed_effects,
+)
+
+IN_ORDER = _InOrder()
+for kinds in (effects.ordered_effects, effects.shardable_ordered_effects, *_ALLOWED):  # shardable: in shard_map
     kinds.add_type(_InOrder)
 
 
@@ -52,12 +54,7 @@ class _Dispatched(Effect):
 # unordered effects or host callbacks, and that path leaves out the order
 # token the program expects (XLA then reads past its arguments and crashes).
 DISPATCHED = _Dispatched()
-for kinds in (
-    effects.lowerable_effects,
-    effects.control_flow_allowed_effects,
-    effects.custom_derivatives_allowed_effects,
-    effects.remat_allowed_effects,
-):
+for kinds in _ALLOWED:
     kinds.add_type(_Dispatched)
 
 

@@ -376,8 +376,14 @@ def fused_all_gather_scaled_matmul(
     what = "fused_all_gather_scaled_matmul"
     g = get_group(group_name)
     with refusing(g, lib.symm_fused_ag_mm):  # a bad argument fails every rank's call
-        lists = {"B_scales": B_scales, "biases": biases, "result_scales": result_scales, "out_dtypes": out_dtypes}
-        for name, items in {**lists, "use_fast_accum": use_fast_accum}.items():
+        per_b = {
+            "B_scales": B_scales,
+            "biases": biases,
+            "result_scales": result_scales,
+            "out_dtypes": out_dtypes,
+            "use_fast_accum": use_fast_accum,
+        }
+        for name, items in per_b.items():
             if len(items) != len(Bs):
                 raise ValueError(f"{what}: {len(items)} {name} for {len(Bs)} Bs")
         dim = _dim(gather_dim, A.dim(), "gather_dim")

@@ -159,15 +159,14 @@ fn execute(f: &Frame<'_>, platform: Platform, op: Op) -> Result<()> {
         Platform::Cuda => f.api.stream(f.ctx()).map(|s| Stream(s as usize)),
     };
     // From here on every failure enters the collective (see the module doc).
-    let ready =
-        stream.clone().and_then(|_| check_backend(&group, platform, ordinal)).and_then(|_| check_traced_for(f, handle));
+    let ready = stream.clone().and_then(|_| check_backend(&group, platform, ordinal)).and_then(|_| op_attrs(f, handle));
     let on = stream.unwrap_or_default();
     let result = match op {
-        Op::AgMm => ops::fused_ag_mm(&group, ready.and_then(|_| read_ag_mm(f)), on),
-        Op::MmRs => ops::mm_rs(&group, ready.and_then(|_| read_mm_rs(f)), on),
-        Op::LcAllgather => ops::lc_allgather(&group, ready.and_then(|_| read_lc_allgather(f)), on),
-        Op::AllReduce => ops::all_reduce(&group, ready.and_then(|_| read_all_reduce(f, false)), on),
-        Op::AllReduceRmsNorm => ops::all_reduce(&group, ready.and_then(|_| read_all_reduce(f, true)), on),
+        Op::AgMm => ops::fused_ag_mm(&group, ready.and_then(|a| read_ag_mm(f, a)), on),
+        Op::MmRs => ops::mm_rs(&group, ready.and_then(|a| read_mm_rs(f, a)), on),
+        Op::LcAllgather => ops::lc_allgather(&group, ready.and_then(|a| read_lc_allgather(f, a)), on),
+        Op::AllReduce => ops::all_reduce(&group, ready.and_then(|a| read_all_reduce(f, a, false)), on),
+        Op::AllReduceRmsNorm => ops::all_reduce(&group, ready.and_then(|a| read_all_reduce(f, a, true)), on),
     };
     result.map_err(|e| e.context(whose))
 }
@@ -194,27 +193,19 @@ fn check_backend(group: &Arc<Group>, platform: Platform, ordinal: i32) -> Result
     }
 }
 
-/// The call's program must have been traced for the group now bound to
-/// the device (the `groups` attribute, where given).
-fn check_traced_for(f: &Frame<'_>, handle: usize) -> Result<()> {
-    let Some(traced) = f.attrs()?.optional_ints("groups")? else {
-        return Ok(());
-    };
-    if traced.iter().any(|&h| h as usize == handle) {
-        return Ok(());
-    }
-    Err(err!(
-        InvalidHandle,
-        "this program was traced for other symm groups than the one now bound to the device (symm.jax was shut \
-         down and initialized again since); trace it again (jax.clear_caches())"
-    ))
-}
-
-/// The call's attributes but `groups` (`check_traced_for`'s).
-fn op_attrs(f: &Frame<'_>) -> Result<Attrs> {
+/// The call's attributes but `groups`, read once: the call's program must
+/// have been traced for the group now bound to the device (`handle`),
+/// where `groups` says which it was.
+fn op_attrs(f: &Frame<'_>, handle: usize) -> Result<Attrs> {
     let mut attrs = f.attrs()?;
-    attrs.optional_ints("groups")?;
-    Ok(attrs)
+    match attrs.optional_ints("groups")? {
+        Some(traced) if !traced.iter().any(|&h| h as usize == handle) => Err(err!(
+            InvalidHandle,
+            "this program was traced for other symm groups than the one now bound to the device (symm.jax was shut \
+             down and initialized again since); trace it again (jax.clear_caches())"
+        )),
+        _ => Ok(attrs),
+    }
 }
 
 fn arrays(bufs: &[XlaBuffer<'_>], name: &str) -> Result<Vec<crate::array::Array>> {
@@ -228,8 +219,8 @@ fn counted<'a, 'b>(bufs: &'b [XlaBuffer<'a>], n: usize, what: &str) -> Result<&'
     Ok(bufs)
 }
 
-fn read_ag_mm(f: &Frame<'_>) -> Result<AgMm> {
-    let (args, rets, mut attrs) = (f.args()?, f.rets()?, op_attrs(f)?);
+fn read_ag_mm(f: &Frame<'_>, mut attrs: Attrs) -> Result<AgMm> {
+    let (args, rets) = (f.args()?, f.rets()?);
     let gather_dim = attrs.int("gather_dim")?;
     attrs.finish()?;
     if args.len() < 2 {
@@ -254,8 +245,8 @@ fn read_ag_mm(f: &Frame<'_>) -> Result<AgMm> {
     })
 }
 
-fn read_mm_rs(f: &Frame<'_>) -> Result<MmRs> {
-    let (args, rets, mut attrs) = (f.args()?, f.rets()?, op_attrs(f)?);
+fn read_mm_rs(f: &Frame<'_>, mut attrs: Attrs) -> Result<MmRs> {
+    let (args, rets) = (f.args()?, f.rets()?);
     let scatter_dim = attrs.int("scatter_dim")?;
     let op = match attrs.string("op")?.as_str() {
         "sum" => ReduceOp::Sum,
@@ -269,8 +260,8 @@ fn read_mm_rs(f: &Frame<'_>) -> Result<MmRs> {
     Ok(MmRs { a, b, scatter_dim, op, out, scales: MmRsScales::default(), algorithm: None })
 }
 
-fn read_lc_allgather(f: &Frame<'_>) -> Result<LcAllgather> {
-    let (args, rets, attrs) = (f.args()?, f.rets()?, op_attrs(f)?);
+fn read_lc_allgather(f: &Frame<'_>, attrs: Attrs) -> Result<LcAllgather> {
+    let (args, rets) = (f.args()?, f.rets()?);
     attrs.finish()?;
     let input = counted(&args, 1, "arguments")?[0].array("input")?;
     let output = counted(&rets, 1, "results")?[0].array("output")?;
@@ -286,8 +277,8 @@ fn algorithm(name: &str) -> Result<Option<AllReduceAlgorithm>> {
     }
 }
 
-fn read_all_reduce(f: &Frame<'_>, norm: bool) -> Result<AllReduce> {
-    let (args, rets, mut attrs) = (f.args()?, f.rets()?, op_attrs(f)?);
+fn read_all_reduce(f: &Frame<'_>, mut attrs: Attrs, norm: bool) -> Result<AllReduce> {
+    let (args, rets) = (f.args()?, f.rets()?);
     let algorithm = algorithm(&attrs.string("algorithm")?)?;
     if !norm {
         let op = match attrs.string("op")?.as_str() {
